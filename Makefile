@@ -1,0 +1,30 @@
+# Two commands set everything up on a fresh machine: `make test` and `make demo`.
+# torch is pinned to the local CPU wheel only when no torch is importable, so a user's own
+# (e.g. CUDA) build is kept: if the system python already has torch, the venv sees it.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: test demo install bench clean
+
+$(VENV)/.installed: pyproject.toml
+	@if [ ! -x $(PY) ]; then \
+	  if $(PYTHON) -c "import torch" 2>/dev/null; then $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else $(PYTHON) -m venv $(VENV); fi; fi
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[test]"
+	@touch $@
+
+install: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	$(PY) -m pytest
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/bnlab demo
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/norms.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
