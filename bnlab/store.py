@@ -1,0 +1,336 @@
+"""Durable record of training runs: a SQLite database shared by every process that trains.
+
+One file (default ``runs/bnlab.db``) holds two tables::
+
+    runs(id, config, config_hash, status, created, updated, finished, env, steps, error, summary)
+    metrics(run_id, step, name, value)
+
+``config``, ``env`` and ``summary`` are JSON text; times are UNIX seconds (float). Status is one of
+``running``, ``finished``, ``diverged`` or ``failed``.
+
+Several processes may write at once (a learning-rate sweep launched as separate jobs): the database
+runs in WAL mode so readers never block the writer, every write is a short ``BEGIN IMMEDIATE``
+transaction (the write lock is taken up front, so two writers cannot deadlock upgrading a read
+lock), ``busy_timeout`` makes a writer wait for the lock instead of failing, and a bounded retry
+loop covers the rare ``database is locked`` that SQLite still reports under heavy contention.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+STATUSES = ("running", "finished", "diverged", "failed")
+EXPORT_FORMATS = ("csv", "json")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id          TEXT PRIMARY KEY,
+    config      TEXT NOT NULL,
+    config_hash TEXT NOT NULL,
+    status      TEXT NOT NULL,
+    created     REAL NOT NULL,
+    updated     REAL NOT NULL,
+    finished    REAL,
+    env         TEXT,
+    steps       INTEGER NOT NULL DEFAULT 0,
+    error       TEXT,
+    summary     TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_by_hash ON runs(config_hash);
+CREATE TABLE IF NOT EXISTS metrics (
+    run_id TEXT NOT NULL,
+    step   INTEGER NOT NULL,
+    name   TEXT NOT NULL,
+    value  REAL
+);
+CREATE INDEX IF NOT EXISTS metrics_by_run ON metrics(run_id, name, step);
+"""
+
+_BUSY_TIMEOUT_MS = 60_000
+_LOCK_RETRIES = 50
+
+
+def _json_value(value: Any) -> Any:
+    """JSON cannot hold NaN/inf; a diverged loss is stored as ``null`` rather than invalid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    return value
+
+
+def dumps(value: Any, **kwargs: Any) -> str:
+    """Strict JSON (non-finite floats become ``null``), used for every JSON column and export."""
+    return json.dumps(_json_value(value), allow_nan=False, **kwargs)
+
+
+class Store:
+    """A run store backed by the SQLite file at ``path`` (created with its folder if missing).
+
+    Each ``Store`` owns one connection; open one per process (connections must not cross a
+    ``fork``). All methods are safe to call from several processes on the same file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves so that each write is one
+        # explicit IMMEDIATE transaction.
+        self._conn = sqlite3.connect(
+            str(self.path), timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None
+        )
+        self._conn.row_factory = sqlite3.Row
+        self._conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+        self._retry(lambda: self._conn.execute("PRAGMA journal_mode=WAL").fetchone())
+        # NORMAL is durable against process crashes in WAL mode (only an OS crash can lose the
+        # last transactions), and much faster than FULL for many small commits.
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._write(lambda c: c.executescript(_SCHEMA), script=True)
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _retry(fn):
+        for attempt in range(_LOCK_RETRIES):
+            try:
+                return fn()
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) and "busy" not in str(err):
+                    raise
+                if attempt == _LOCK_RETRIES - 1:
+                    raise
+                time.sleep(0.01 * (attempt + 1))
+        return None  # pragma: no cover
+
+    def _write(self, fn, *, script: bool = False):
+        """Run ``fn(conn)`` inside one IMMEDIATE transaction, retrying if the lock is contended."""
+
+        def attempt():
+            if script:
+                # executescript commits on its own; the schema is idempotent (IF NOT EXISTS).
+                return fn(self._conn)
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(self._conn)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+            return result
+
+        return self._retry(attempt)
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        run_id: str,
+        config: Mapping[str, Any],
+        *,
+        config_hash: str | None = None,
+        env: Mapping[str, Any] | None = None,
+        status: str = "running",
+    ) -> str:
+        """Insert a run; if a run with this id already exists it is left untouched. Returns the id."""
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}; valid: {', '.join(STATUSES)}")
+        now = time.time()
+        self._write(
+            lambda c: c.execute(
+                "INSERT OR IGNORE INTO runs(id, config, config_hash, status, created, updated, env)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    dumps(dict(config), sort_keys=True),
+                    config_hash or run_id,
+                    status,
+                    now,
+                    now,
+                    dumps(dict(env or {}), sort_keys=True),
+                ),
+            )
+        )
+        return run_id
+
+    def set_status(
+        self,
+        run_id: str,
+        status: str,
+        *,
+        steps: int | None = None,
+        error: str | None = None,
+        summary: Mapping[str, Any] | None = None,
+        env: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Update a run's status (and optionally its step count, error text, summary, env).
+
+        ``finished`` time is set when the status is terminal (finished/diverged/failed) and cleared
+        when a run goes back to ``running`` (a resumed run).
+        """
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}; valid: {', '.join(STATUSES)}")
+        now = time.time()
+        sets = ["status = ?", "updated = ?", "finished = ?", "error = ?"]
+        args: list[Any] = [status, now, None if status == "running" else now, error]
+        if steps is not None:
+            sets.append("steps = ?")
+            args.append(int(steps))
+        if summary is not None:
+            sets.append("summary = ?")
+            args.append(dumps(dict(summary), sort_keys=True))
+        if env is not None:
+            sets.append("env = ?")
+            args.append(dumps(dict(env), sort_keys=True))
+        args.append(run_id)
+
+        def update(c):
+            cur = c.execute(f"UPDATE runs SET {', '.join(sets)} WHERE id = ?", args)
+            if cur.rowcount == 0:
+                raise KeyError(f"no run with id {run_id!r} in {self.path}")
+
+        self._write(update)
+
+    def set_steps(self, run_id: str, steps: int) -> None:
+        self._write(
+            lambda c: c.execute(
+                "UPDATE runs SET steps = ?, updated = ? WHERE id = ?", (int(steps), time.time(), run_id)
+            )
+        )
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        """The run as a dict (JSON columns decoded), or None. A unique id prefix is accepted."""
+        rows = self._conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchall()
+        if not rows:
+            rows = self._conn.execute(
+                "SELECT * FROM runs WHERE id LIKE ? ESCAPE '\\' LIMIT 2",
+                (run_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",),
+            ).fetchall()
+            if len(rows) > 1:
+                raise ValueError(f"run id prefix {run_id!r} is ambiguous; give more characters")
+        return self._decode(rows[0]) if rows else None
+
+    def list_runs(self, *, status: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """Runs, newest first, optionally only those with ``status``."""
+        query = "SELECT * FROM runs"
+        args: list[Any] = []
+        if status is not None:
+            if status not in STATUSES:
+                raise ValueError(f"unknown status {status!r}; valid: {', '.join(STATUSES)}")
+            query += " WHERE status = ?"
+            args.append(status)
+        query += " ORDER BY created DESC, id"
+        if limit is not None:
+            query += " LIMIT ?"
+            args.append(int(limit))
+        return [self._decode(r) for r in self._conn.execute(query, args).fetchall()]
+
+    @staticmethod
+    def _decode(row: sqlite3.Row) -> dict[str, Any]:
+        out = dict(row)
+        for key in ("config", "env", "summary"):
+            out[key] = json.loads(out[key]) if out.get(key) else ({} if key != "summary" else None)
+        return out
+
+    # -- metrics -------------------------------------------------------------------------------
+
+    def log_metrics(self, run_id: str, step: int, values: Mapping[str, float]) -> None:
+        """Record several metrics of one step in one transaction (one ``executemany``)."""
+        self.log_rows(run_id, ((step, name, value) for name, value in values.items()))
+
+    def log_rows(self, run_id: str, rows: Iterable[tuple[int, str, float | None]]) -> None:
+        """Record many ``(step, name, value)`` rows in one transaction (the trainer's buffer flush)."""
+        payload = [(run_id, int(step), str(name), _sql_float(value)) for step, name, value in rows]
+        if not payload:
+            return
+        self._write(
+            lambda c: c.executemany(
+                "INSERT INTO metrics(run_id, step, name, value) VALUES (?, ?, ?, ?)", payload
+            )
+        )
+
+    def delete_metrics_after(self, run_id: str, step: int) -> int:
+        """Drop rows logged after ``step``: a resumed run replays those steps and logs them again."""
+        return self._write(
+            lambda c: c.execute(
+                "DELETE FROM metrics WHERE run_id = ? AND step > ?", (run_id, int(step))
+            ).rowcount
+        )
+
+    def metrics(
+        self, run_id: str, names: Iterable[str] | str | None = None
+    ) -> dict[str, list[tuple[int, float]]]:
+        """``{name: [(step, value), ...]}`` in step order (value is NaN where it was not finite)."""
+        query = "SELECT step, name, value FROM metrics WHERE run_id = ?"
+        args: list[Any] = [run_id]
+        if isinstance(names, str):
+            names = [names]
+        if names is not None:
+            names = list(names)
+            query += f" AND name IN ({', '.join('?' * len(names))})"
+            args.extend(names)
+        query += " ORDER BY name, step, rowid"
+        out: dict[str, list[tuple[int, float]]] = {}
+        for step, name, value in self._conn.execute(query, args):
+            out.setdefault(name, []).append((step, math.nan if value is None else value))
+        return out
+
+    def count_metrics(self, run_id: str | None = None) -> int:
+        if run_id is None:
+            return self._conn.execute("SELECT COUNT(*) FROM metrics").fetchone()[0]
+        return self._conn.execute(
+            "SELECT COUNT(*) FROM metrics WHERE run_id = ?", (run_id,)
+        ).fetchone()[0]
+
+    # -- export --------------------------------------------------------------------------------
+
+    def export(self, run_id: str, fmt: str = "json") -> str:
+        """The run and its metrics as text: ``json`` (one object) or ``csv`` (step,name,value rows)."""
+        if fmt not in EXPORT_FORMATS:
+            raise ValueError(f"unknown export format {fmt!r}; valid: {', '.join(EXPORT_FORMATS)}")
+        run = self.get_run(run_id)
+        if run is None:
+            raise KeyError(f"no run with id {run_id!r} in {self.path}")
+        metrics = self.metrics(run["id"])
+        if fmt == "json":
+            run["metrics"] = {name: [[s, v] for s, v in rows] for name, rows in metrics.items()}
+            return dumps(run, indent=2, sort_keys=True)
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(["run_id", "step", "name", "value"])
+        flat = sorted(
+            ((s, name, v) for name, rows in metrics.items() for s, v in rows),
+            key=lambda r: (r[0], r[1]),
+        )
+        for step, name, value in flat:
+            writer.writerow([run["id"], step, name, repr(float(value))])
+        return buf.getvalue()
+
+
+def _sql_float(value: Any) -> float | None:
+    """SQLite turns NaN into NULL on its own; do it explicitly (and accept 0-d tensors)."""
+    if value is None:
+        return None
+    if hasattr(value, "item"):
+        value = value.item()
+    value = float(value)
+    return None if math.isnan(value) else value
