@@ -1,0 +1,39 @@
+"""Normalization layers from the five papers, as drop-in ``torch.nn`` modules.
+
+``create(spec, num_features)`` builds a layer from a spec string such as ``"cbn(rho=2, amat=true)"``;
+``bnlab norms list`` prints the catalogue. See the README's "Layers" section.
+"""
+
+from . import catalog as _catalog  # noqa: F401  (registers the layers)
+from .base import ChannelNorm
+from .batchnorm import BatchNorm, MeanOnlyBatchNorm, NativeBatchNorm, VarOnlyBatchNorm
+from .complete import CompleteBatchNorm, amat_eta
+from .lp import LpBatchNorm, hoffer_linf_constant
+from .momentum import MomentumBatchNorm, mbn_lambda
+from .noisy import NoisyBatchNorm, StochasticLayer
+from .ops import (
+    PLACEMENTS,
+    convert,
+    create,
+    describe,
+    fold,
+    normalized,
+    regularization_loss,
+    removes_mean,
+    seed_layers,
+    set_progress,
+    stochastic_layers,
+    validate,
+)
+from .registry import REGISTRY, NormInfo, Param, lookup, parse_spec
+from .renorm import BatchRenorm
+from .wrappers import ScaleInvariantBN, ScaleInvariantConvBN, ScaleInvariantLinearBN, WeightNorm
+
+__all__ = [
+    "BatchNorm", "BatchRenorm", "ChannelNorm", "CompleteBatchNorm", "LpBatchNorm", "MeanOnlyBatchNorm",
+    "MomentumBatchNorm", "NativeBatchNorm", "NoisyBatchNorm", "NormInfo", "PLACEMENTS", "Param", "REGISTRY",
+    "ScaleInvariantBN", "ScaleInvariantConvBN", "ScaleInvariantLinearBN", "StochasticLayer",
+    "VarOnlyBatchNorm", "WeightNorm", "amat_eta", "convert", "create", "describe", "fold",
+    "hoffer_linf_constant", "lookup", "mbn_lambda", "normalized", "parse_spec", "regularization_loss",
+    "removes_mean", "seed_layers", "set_progress", "stochastic_layers", "validate",
+]

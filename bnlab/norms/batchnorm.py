@@ -1,0 +1,98 @@
+"""BatchNorm written from tensor ops, and Luo et al.'s mean-only / variance-only variants."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from .base import ChannelNorm
+
+
+class BatchNorm(ChannelNorm):
+    """Batch normalization (Ioffe & Szegedy 2015, Alg. 1), the reference the variants build on.
+
+    Training: ``y = γ (x − μ_B)/√(σ²_B + ε) + β`` with per-channel statistics over the batch and all
+    trailing dimensions (biased variance); ``running_var`` receives the unbiased variance, momentum 0.1,
+    exactly as ``torch.nn.BatchNorm2d``. Eval: the running statistics replace the batch ones.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.check_input(x)
+        gamma, beta = self.gamma_beta(x)
+        if self.use_batch_stats():
+            mean, var, n = self.batch_stats(x)
+            self.update_running_stats(mean, var, n)
+        else:
+            mean, var = self.running_mean, self.running_var
+        scale = gamma * torch.rsqrt(var + self.eps)
+        return self.apply_affine(x, scale, beta - mean * scale)
+
+    def inference_affine(self):
+        scale = self.weight_or_one() * torch.rsqrt(self.running_var + self.eps)
+        return scale, self.bias_or_zero() - self.running_mean * scale
+
+
+class MeanOnlyBatchNorm(BatchNorm):
+    """Mean-only BN (Luo et al. 2019 §5; Salimans & Kingma 2016): ``y = γ (x − μ_B) + β``.
+
+    Only the batch mean is used (and tracked into ``running_mean``); ``running_var`` is kept for
+    state_dict compatibility but ignored. Combined with weight normalization it isolates the
+    regularization that comes from the noise of μ_B.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.check_input(x)
+        gamma, beta = self.gamma_beta(x)
+        if self.use_batch_stats():
+            mean = x.mean(dim=self.reduce_dims(x))
+            if self.training and self.track_running_stats:
+                with torch.no_grad():
+                    self.num_batches_tracked.add_(1)
+                    self.running_mean.lerp_(mean.detach(), self.momentum)
+        else:
+            mean = self.running_mean
+        return self.apply_affine(x, gamma, beta - mean * gamma)
+
+    def inference_affine(self):
+        scale = self.weight_or_one()
+        return scale, self.bias_or_zero() - self.running_mean * scale
+
+
+class VarOnlyBatchNorm(BatchNorm):
+    """Variance-only BN (Luo et al. 2019 §5): ``y = γ x / √(σ²_B + ε) + β``; the mean is not removed.
+
+    σ²_B is still the variance around the batch mean (what BN divides by); only the division is kept,
+    so the noise of σ_B alone is studied.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.check_input(x)
+        gamma, beta = self.gamma_beta(x)
+        if self.use_batch_stats():
+            mean, var, n = self.batch_stats(x)
+            self.update_running_stats(mean, var, n)
+        else:
+            var = self.running_var
+        return self.apply_affine(x, gamma * torch.rsqrt(var + self.eps), beta)
+
+    def inference_affine(self):
+        return self.weight_or_one() * torch.rsqrt(self.running_var + self.eps), self.bias_or_zero()
+
+
+class NativeBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """torch's own fused BatchNorm, accepting (N, C) and (N, C, *) like the other layers."""
+
+    def _check_input_dim(self, x: Tensor) -> None:
+        if x.dim() < 2:
+            raise ValueError(f"NativeBatchNorm expects input of shape (N, C) or (N, C, *), got {tuple(x.shape)}")
+
+    def forward(self, x: Tensor) -> Tensor:
+        ChannelNorm.check_input(self, x)
+        return super().forward(x)
+
+    def inference_affine(self):
+        w = self.weight if self.affine else torch.ones_like(self.running_mean)
+        b = self.bias if self.affine else torch.zeros_like(self.running_mean)
+        scale = w * torch.rsqrt(self.running_var + self.eps)
+        return scale, b - self.running_mean * scale

@@ -1,0 +1,108 @@
+"""Complete Batch Normalization (Peng et al., Eqs. 4–9 and Algorithm 1)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import ChannelNorm
+
+
+def amat_eta(lr: float | None, omega: float) -> float:
+    """AMAT's moving-average weight η = max(1 − ω·lr, 0) (Peng Algorithm 1); 0 while lr is unknown."""
+    if lr is None:
+        return 0.0
+    return max(1.0 - omega * float(lr), 0.0)
+
+
+def _forward_as(value: Tensor, carrier: Tensor) -> Tensor:
+    """A tensor equal to ``value`` in the forward pass whose gradient flows into ``carrier``.
+
+    ``carrier + stop_grad(value − carrier)``: Batch-Renorm's additive correction.
+    """
+    return carrier + (value - carrier).detach()
+
+
+class CompleteBatchNorm(ChannelNorm):
+    """CBN, placed before the linear layer (``placement="pre_linear"``).
+
+    Training with ``decouple=True`` (Peng Eqs. 4–5 with AMAT, Eqs. 8–9), per channel, η as in
+    :func:`amat_eta` when ``amat`` is on, else η = 0::
+
+        μ_A ← η μ_A + (1−η) μ_B                 (the current batch is folded in first)
+        x'  = x − μ_A + β
+        σ²_B = mean(x'²)                         (second moment of x', β included)
+        σ²_A ← η σ²_A + (1−η) σ²_B
+        x'' = (γ/ρ) · x' / √(σ²_A + ε)
+
+    The forward pass uses the moving values, the backward pass the batch ones, through stop-gradient
+    corrections (the exact form): ``μ_A = μ_B + sg(μ_A − μ_B)`` (additive, as Batch Renorm's d) and
+    ``√(σ²_A+ε) = √(σ²_B+ε) · sg(√(σ²_A+ε)/√(σ²_B+ε))`` (multiplicative, as Batch Renorm's r).
+    Algorithm 1 prints the mean correction as a ratio r_μ = μ_A/μ_B, which is singular when μ_B → 0
+    (e.g. after tanh); the additive form has the same forward value and an unscaled gradient. Its
+    σ²_A update prints (η σ_A)² where Eq. 9 has η σ²_A; we follow Eq. 9. With η = 0 the layer is
+    exactly the decoupled normalization of Eqs. 4–5. The first training batch initializes μ_A, σ²_A.
+
+    ``decouple=False``: vanilla centring and normalization with the same moving statistics,
+    ``y = (γ/ρ)(x − μ_A)/√(σ²_A + ε) + β`` (σ²_A the moving variance) — rows ③, ⑥, ⑦ of Tables 1–4.
+
+    Inference: ``running_mean``/``running_var`` tracked as in BN (mean and unbiased variance of x),
+    with the second moment of x' taken as ``running_var + β²``.
+    """
+
+    def __init__(self, num_features: int, rho: float = 1.0, amat: bool = True, omega: float = 10.0,
+                 decouple: bool = True, **kwargs) -> None:
+        super().__init__(num_features, **kwargs)
+        if not self.track_running_stats:
+            raise ValueError("cbn needs running statistics (track_running_stats=True)")
+        self.rho, self.amat, self.omega, self.decouple = rho, amat, omega, decouple
+        self.lr: float | None = None
+        self.register_buffer("amat_mean", torch.zeros(num_features))
+        self.register_buffer("amat_var", torch.ones(num_features))
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", rho={self.rho}, amat={self.amat}, omega={self.omega}, decouple={self.decouple}"
+
+    def set_progress(self, *, lr=None, epoch=None, epochs=None) -> None:
+        if lr is not None:
+            self.lr = float(lr)
+
+    def current_eta(self) -> float:
+        if not self.amat or int(self.num_batches_tracked) == 0:
+            return 0.0
+        return amat_eta(self.lr, self.omega)
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.check_input(x)
+        gamma, beta = self.gamma_beta(x)
+        if not self.training:
+            return self.apply_affine(x, *self._affine(gamma, beta))
+        mean_b, var_b, n = self.batch_stats(x)
+        eta = self.current_eta()
+        mean = _forward_as(eta * self.amat_mean + (1 - eta) * mean_b.detach(), mean_b)
+        if self.decouple:
+            shift = beta - mean                              # x' = x + shift
+            second_b = var_b + (mean_b + shift) ** 2         # mean(x'²), differentiable
+        else:
+            second_b = var_b
+        second_a = eta * self.amat_var + (1 - eta) * second_b.detach()
+        std_b = torch.sqrt(second_b + self.eps)
+        std = std_b * (torch.sqrt(second_a + self.eps) / std_b).detach()
+        with torch.no_grad():
+            self.amat_mean.copy_(mean.detach())
+            self.amat_var.copy_(second_a)
+        self.update_running_stats(mean_b, var_b, n)
+        scale = gamma / (self.rho * std)
+        if self.decouple:
+            return self.apply_affine(x, scale, shift * scale)
+        return self.apply_affine(x, scale, beta - mean * scale)
+
+    def _affine(self, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+        if self.decouple:
+            scale = gamma / (self.rho * torch.sqrt(self.running_var + beta**2 + self.eps))
+            return scale, (beta - self.running_mean) * scale
+        scale = gamma / (self.rho * torch.sqrt(self.running_var + self.eps))
+        return scale, beta - self.running_mean * scale
+
+    def inference_affine(self):
+        return self._affine(self.weight_or_one(), self.bias_or_zero())

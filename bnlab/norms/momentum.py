@@ -1,0 +1,82 @@
+"""Momentum Batch Normalization (Yong, Huang, Meng, Hua & Zhang, ECCV 2020)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import ChannelNorm
+
+
+def mbn_lambda(epoch: int, epochs: int, batch_size: int, ideal_batch: int) -> float:
+    """MBN's momentum λ at epoch t (1-based) of T for batch size m and ideal batch m0.
+
+    ρ = min(m/m0, 1)^{1/T},  λ(t) = ρ^{T/(T−1)·max(T−t, 0)} − ρ^T,
+    so λ(1) = 0 (plain BN at the start) and λ(T) = 1 − min(m/m0, 1) (strongest smoothing at the end,
+    none at all when m ≥ m0). For T = 1 there is only the first epoch, λ = 0.
+    """
+    if epochs < 1 or epoch < 1:
+        raise ValueError(f"epoch and epochs are 1-based and positive, got epoch={epoch}, epochs={epochs}")
+    ratio = min(batch_size / ideal_batch, 1.0)
+    if epochs == 1:
+        return 0.0
+    rho = ratio ** (1.0 / epochs)
+    return rho ** (epochs / (epochs - 1) * max(epochs - epoch, 0)) - rho**epochs
+
+
+class MomentumBatchNorm(ChannelNorm):
+    """MBN: normalize with moving statistics that already include the current batch.
+
+    Training, with λ from :func:`mbn_lambda` (needs :func:`bnlab.norms.set_progress`; before it is
+    called λ = 0 and MBN is BN):
+
+        μ ← λ μ + (1−λ) μ_B,   σ² ← λ σ² + (1−λ) σ²_B,   x̂ = (x − μ)/√(σ² + ε)
+
+    The old μ, σ² are constants for autograd: gradients flow through μ_B and σ²_B only (scaled by 1−λ).
+    Inference uses a separate EMA (``running_mean``/``running_var``, BN's conventions) with
+    τ = τ0^{m/m0}, i.e. update weight 1 − τ.
+    """
+
+    def __init__(self, num_features: int, ideal_batch: int = 32, tau0: float = 0.9, **kwargs) -> None:
+        super().__init__(num_features, **kwargs)
+        self.ideal_batch = ideal_batch
+        self.tau0 = tau0
+        self.epoch: int | None = None
+        self.epochs: int | None = None
+        self.register_buffer("train_mean", torch.zeros(num_features))
+        self.register_buffer("train_var", torch.ones(num_features))
+
+    def set_progress(self, *, lr=None, epoch=None, epochs=None) -> None:
+        if epoch is not None:
+            self.epoch = int(epoch)
+        if epochs is not None:
+            self.epochs = int(epochs)
+
+    def current_lambda(self, batch_size: int) -> float:
+        if self.epoch is None or self.epochs is None:
+            return 0.0
+        return mbn_lambda(min(self.epoch, self.epochs), self.epochs, batch_size, self.ideal_batch)
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.check_input(x)
+        gamma, beta = self.gamma_beta(x)
+        if not self.use_batch_stats():
+            scale = gamma * torch.rsqrt(self.running_var + self.eps)
+            return self.apply_affine(x, scale, beta - self.running_mean * scale)
+        mean_b, var_b, n = self.batch_stats(x)
+        m = x.shape[0]  # MBN's m is the number of samples, not samples × positions
+        lam = self.current_lambda(m)
+        mean = lam * self.train_mean + (1 - lam) * mean_b
+        var = lam * self.train_var + (1 - lam) * var_b
+        if self.training:
+            with torch.no_grad():
+                self.train_mean.copy_(mean.detach())
+                self.train_var.copy_(var.detach())
+            tau = self.tau0 ** (m / self.ideal_batch)
+            self.update_running_stats(mean_b, var_b, n, momentum=1 - tau)
+        scale = gamma * torch.rsqrt(var + self.eps)
+        return self.apply_affine(x, scale, beta - mean * scale)
+
+    def inference_affine(self):
+        scale = self.weight_or_one() * torch.rsqrt(self.running_var + self.eps)
+        return scale, self.bias_or_zero() - self.running_mean * scale

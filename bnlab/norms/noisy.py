@@ -1,0 +1,66 @@
+"""Santurkar et al. 2018, Appendix A.2.1, Algorithm 1: "noisy" BatchNorm."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .batchnorm import BatchNorm
+
+
+class StochasticLayer:
+    """Mixin for layers that draw random numbers: one private, seedable ``torch.Generator``.
+
+    The generator lives on the input's device and is exposed as ``self.generator`` so a trainer can
+    checkpoint its state; :func:`bnlab.norms.seed_layers` gives each layer of a model its own seed.
+    """
+
+    def init_generator(self) -> None:
+        # Draw the default seed from torch's global RNG so `torch.manual_seed` makes models reproducible.
+        self._seed = int(torch.randint(0, 2**62, (1,)).item())
+        self._generator: torch.Generator | None = None
+
+    def reseed(self, seed: int) -> None:
+        self._seed = int(seed)
+        self._generator = None
+
+    def generator_for(self, device: torch.device) -> torch.Generator:
+        if self._generator is None or self._generator.device != device:
+            self._generator = torch.Generator(device=device)
+            self._generator.manual_seed(self._seed)
+        return self._generator
+
+    @property
+    def generator(self) -> torch.Generator:
+        return self._generator if self._generator is not None else self.generator_for(torch.device("cpu"))
+
+
+class NoisyBatchNorm(BatchNorm, StochasticLayer):
+    """BN followed by time-varying, non-zero-mean, non-unit-variance noise (Santurkar Alg. 1).
+
+    After the BN output ``a`` (affine included), at each training step and for each unit j draw
+    ``μ_j ~ U(−n_μ, n_μ)`` and ``σ_j ~ U(1, n_σ)``; then for every sample i (and, for convolutions,
+    every spatial position, which counts as a batch dimension) draw ``m_ij ~ U(μ_j − r_μ, μ_j + r_μ)``
+    and ``s_ij ~ N(σ_j, r_σ²)`` (r_σ is a standard deviation) and output ``s_ij · a_ij + m_ij``.
+    The noise is only applied in training; evaluation is plain BN.
+    """
+
+    def __init__(self, num_features: int, n_mu: float = 0.5, n_sigma: float = 1.25, r_mu: float = 0.1,
+                 r_sigma: float = 0.1, **kwargs) -> None:
+        super().__init__(num_features, **kwargs)
+        self.n_mu, self.n_sigma, self.r_mu, self.r_sigma = n_mu, n_sigma, r_mu, r_sigma
+        self.init_generator()
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = super().forward(x)
+        if not self.training:
+            return a
+        g = self.generator_for(a.device)
+        c = self.num_features
+        mu = (torch.rand(c, generator=g, device=a.device, dtype=a.dtype) * 2 - 1) * self.n_mu
+        sigma = 1 + torch.rand(c, generator=g, device=a.device, dtype=a.dtype) * (self.n_sigma - 1)
+        u = torch.rand(a.shape, generator=g, device=a.device, dtype=a.dtype)
+        m = self.per_channel(mu, a) + (u * 2 - 1) * self.r_mu
+        z = torch.randn(a.shape, generator=g, device=a.device, dtype=a.dtype)
+        s = self.per_channel(sigma, a) + z * self.r_sigma
+        return s * a + m

@@ -1,0 +1,97 @@
+"""Normalizations that need the weight of the layer they follow: SI-BN (Arora) and WN (Salimans)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+from torch.nn.utils.parametrizations import weight_norm
+
+from .base import ChannelNorm
+
+LINEAR_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def _out_features(layer: nn.Module) -> int:
+    if isinstance(layer, nn.Linear):
+        return layer.out_features
+    if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        return layer.out_channels
+    raise ValueError(f"expected nn.Linear or nn.Conv1d/2d/3d, got {type(layer).__name__}")
+
+
+class _WeightScaledEpsBN(ChannelNorm):
+    """BN whose ε of channel k is ε·‖w_k‖² (the SI-BN of Arora et al. 2019, Eq. 8)."""
+
+    def forward(self, z: Tensor, weight_sq: Tensor) -> Tensor:
+        self.check_input(z)
+        gamma, beta = self.gamma_beta(z)
+        eps = self.eps * weight_sq
+        if self.use_batch_stats():
+            mean, var, n = self.batch_stats(z)
+            self.update_running_stats(mean, var, n)
+        else:
+            mean, var = self.running_mean, self.running_var
+        scale = gamma * torch.rsqrt(var + eps)
+        return self.apply_affine(z, scale, beta - mean * scale)
+
+
+class ScaleInvariantBN(nn.Module):
+    """A linear/conv layer followed by BN that keeps its weight exactly scale-invariant.
+
+    Arora, Li & Lyu 2019, Eq. 8: for channel k with weight w_k,
+    ``z̃ = γ_k (w_kᵀx − u)/‖w_k‖_{S+εI} + β_k`` where ``‖w‖²_{S+εI} = wᵀSw + ε‖w‖² = Var(w_kᵀx) + ε‖w_k‖²``.
+    (The paper's text says "replace ε with ε‖w_k‖₂"; inside the square root it is ε‖w_k‖₂² that makes the
+    map exactly invariant to w_k → c·w_k, which is what we implement and test.) Hence
+    ⟨w, ∇_w L⟩ = 0 (Lemma 2.4) holds to rounding, while plain BN with ε > 0 violates it.
+
+    State dict: ``layer.weight`` (and ``layer.bias`` if any) and ``norm.{weight,bias,running_mean,
+    running_var,num_batches_tracked}`` — the BN names. Build the layer with ``bias=False``.
+    """
+
+    def __init__(self, layer: nn.Module, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True) -> None:
+        super().__init__()
+        self.layer = layer
+        self.norm = _WeightScaledEpsBN(_out_features(layer), eps=eps, momentum=momentum, affine=affine)
+
+    def weight_sq(self) -> Tensor:
+        return self.layer.weight.flatten(1).pow(2).sum(dim=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(self.layer(x), self.weight_sq())
+
+    def inference_affine(self):
+        n = self.norm
+        scale = n.weight_or_one() * torch.rsqrt(n.running_var + n.eps * self.weight_sq())
+        return scale, n.bias_or_zero() - n.running_mean * scale
+
+
+# The issue and the model builders name the two uses; they are the same module.
+ScaleInvariantConvBN = ScaleInvariantBN
+ScaleInvariantLinearBN = ScaleInvariantBN
+
+
+class WeightNorm(nn.Module):
+    """Weight normalization (Salimans & Kingma 2016) of a linear/conv layer: ``w_k = γ_k v_k/‖v_k‖``.
+
+    Built on ``torch.nn.utils.parametrizations.weight_norm`` (γ = ``original0``, v = ``original1``).
+    ``zeta`` > 0 exposes Luo et al.'s γ-decay (their Eq. 15, the term ζ Σ_k γ_k² that BN's noise induces
+    implicitly) through :meth:`regularization_loss`; :func:`bnlab.norms.regularization_loss` sums it
+    over a model, and the trainer adds it to the loss.
+    """
+
+    def __init__(self, layer: nn.Module, zeta: float = 0.0) -> None:
+        super().__init__()
+        _out_features(layer)
+        self.layer = weight_norm(layer, dim=0)
+        self.zeta = zeta
+
+    @property
+    def gamma(self) -> Tensor:
+        return self.layer.parametrizations.weight.original0.flatten()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.layer(x)
+
+    def regularization_loss(self) -> Tensor:
+        return self.zeta * self.gamma.pow(2).sum()
