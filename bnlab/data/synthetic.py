@@ -1,0 +1,252 @@
+"""The two synthetic tasks of the papers and scikit-learn's bundled digits.
+
+* ``gaussian_regression`` — Santurkar et al. (2018), appendix A, "25-layer deep linear network on
+  synthetic Gaussian data": fit ``A x`` from ``x`` with ``x`` Gaussian and ``A`` (10x10) i.i.d.
+  Gaussian, 1000 samples, trained full batch.
+* ``teacher_student`` — Luo et al. (2019), section 4: linear teacher ``y = w*ᵀx + ε`` with
+  ``x ~ N(0, 1/N)`` per coordinate, ``(1/N) w*ᵀw* = 1`` (section 3.2) and load ``α = P/N``.
+* ``digits`` — ``sklearn.datasets.load_digits``: 1797 8x8 grey images of handwritten digits.
+
+Every random draw comes from one CPU ``torch.Generator`` seeded with ``seed``; samples are drawn in
+float64 and cast to ``dtype`` so float32 and float64 data agree to rounding, and the result is the
+same whatever ``device`` it is moved to.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .base import DataSource, as_choice, as_float, as_float_dtype, as_int, cpu_generator
+
+
+def gaussian_regression(
+    *,
+    device="cpu",
+    seed=0,
+    data_dir=None,
+    verify=True,
+    download=False,
+    d=10,
+    n=1000,
+    n_test=0,
+    dtype="float32",
+) -> DataSource:
+    """Santurkar et al. (2018), appendix A: targets ``y = A x``, ``x ~ N(0, I_d)``, ``A_ij ~ N(0, 1)``.
+
+    The paper trains on ``n = 1000`` samples (the full batch) with ``d = 10`` and reports training
+    loss only, so by default there is no test split (``n_test = 0``); ``n_test > 0`` draws a test
+    set from the same distribution with the same ``A``. Draw order: ``A``, training inputs, test
+    inputs — so ``n_test`` never changes the training data. Targets are exact products (computed
+    in float64): ``y_train == x_train @ A.T``. ``meta["A"]`` holds ``A`` (shape ``(d, d)``).
+    ``data_dir``, ``verify`` and ``download`` are accepted for a uniform signature and ignored.
+    """
+    d = as_int("d", d, minimum=1)
+    n = as_int("n", n, minimum=1)
+    n_test = as_int("n_test", n_test, minimum=0)
+    dtype = as_float_dtype(dtype)
+    gen = cpu_generator(seed)
+    A = torch.randn(d, d, generator=gen, dtype=torch.float64)
+    x_train = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    x_test = torch.randn(n_test, d, generator=gen, dtype=torch.float64) if n_test else None
+    # Cast x first and compute y from the cast x, so the returned pair satisfies y = A x exactly
+    # up to one rounding of the product.
+    x_train = x_train.to(dtype)
+    y_train = (x_train.double() @ A.T).to(dtype)
+    if x_test is not None:
+        x_test = x_test.to(dtype)
+        y_test = (x_test.double() @ A.T).to(dtype)
+    else:
+        y_test = None
+    A = A.to(dtype)
+    device = torch.device(device)
+    return DataSource(
+        name="gaussian_regression",
+        x_train=x_train.to(device),
+        y_train=y_train.to(device),
+        x_test=None if x_test is None else x_test.to(device),
+        y_test=None if y_test is None else y_test.to(device),
+        task="regression",
+        input_shape=(d,),
+        num_outputs=d,
+        meta={"A": A.to(device), "d": d, "n": n, "n_test": n_test, "seed": seed},
+    )
+
+
+def teacher_student(
+    *,
+    device="cpu",
+    seed=0,
+    data_dir=None,
+    verify=True,
+    download=False,
+    N=512,
+    P=None,
+    alpha=None,
+    noise_var=0.25,
+    n_test=2048,
+    dtype="float32",
+) -> DataSource:
+    """Luo et al. (2019), section 4: the linear teacher ``y = w*ᵀx + ε``.
+
+    * inputs ``x ∈ R^N`` with i.i.d. coordinates ``N(0, 1/N)`` (section 4, "x is drawn from
+      N(0, 1/N)"), so ``E[xxᵀ] = I/N`` and the eigenvalues of ``XᵀX`` (``P`` samples) fill the
+      Marchenko–Pastur interval ``[(√α − 1)², (√α + 1)²]`` quoted after Eq. (16);
+    * teacher ``w*`` drawn ``N(0, I_N)`` and rescaled so that ``(1/N) w*ᵀw* = 1`` exactly
+      (section 3.2: "the norm of the ground-truth vector is (1/N) w*ᵀw* = 1"); hence the clean
+      target ``w*ᵀx`` is ``N(0, 1)`` — signal variance 1;
+    * label noise ``ε ~ N(0, noise_var)``, independent per sample, on the training *and* the test
+      targets (the generalization error is "validation loss − training loss"). ``noise_var`` is
+      the variance, the ``ϵ²`` of Eq. (14); the default 0.25 is the paper's "noise variance ... be
+      0.25" (section 4.1).
+
+    ``P`` (training samples) or ``alpha = P/N`` choose the load; ``P = round(alpha * N)``; with
+    neither, ``alpha = 1`` (the interpolation peak). The paper's numerical study uses ``N = 4096``;
+    the default ``N = 512`` keeps runs short. Targets have shape ``(n, 1)`` (``num_outputs = 1``).
+    Draw order: ``w*``, training inputs, training noise, test inputs, test noise.
+
+    ``meta``: ``w_star`` (shape ``(N,)``), ``noise_var``, ``alpha`` (= P/N as realized), ``N``,
+    ``P``, ``n_test``, ``signal_var`` (= 1).
+    """
+    N = as_int("N", N, minimum=1)
+    if P is not None:
+        P = as_int("P", P, minimum=1)
+    if alpha is not None:
+        alpha = as_float("alpha", alpha, strictly_positive=True)
+        P_from_alpha = int(round(alpha * N))
+        if P_from_alpha < 1:
+            raise ValueError(f"option alpha={alpha} with N={N} gives P={P_from_alpha}; P must be >= 1")
+        if P is not None and P != P_from_alpha:
+            raise ValueError(f"options P={P} and alpha={alpha} disagree: alpha*N = {alpha * N:g}; give one of them")
+        P = P_from_alpha
+    if P is None:
+        P = N
+    noise_var = as_float("noise_var", noise_var, minimum=0.0)
+    n_test = as_int("n_test", n_test, minimum=0)
+    dtype = as_float_dtype(dtype)
+    gen = cpu_generator(seed)
+
+    w_star = torch.randn(N, generator=gen, dtype=torch.float64)
+    w_star = w_star * (N**0.5 / w_star.norm())
+    noise_std = noise_var**0.5
+
+    def draw(count):
+        x = torch.randn(count, N, generator=gen, dtype=torch.float64) / N**0.5
+        eps = torch.randn(count, generator=gen, dtype=torch.float64) * noise_std
+        x = x.to(dtype)
+        y = (x.double() @ w_star + eps).to(dtype).unsqueeze(1)
+        return x, y
+
+    x_train, y_train = draw(P)
+    x_test, y_test = draw(n_test) if n_test else (None, None)
+    device = torch.device(device)
+    return DataSource(
+        name="teacher_student",
+        x_train=x_train.to(device),
+        y_train=y_train.to(device),
+        x_test=None if x_test is None else x_test.to(device),
+        y_test=None if y_test is None else y_test.to(device),
+        task="regression",
+        input_shape=(N,),
+        num_outputs=1,
+        meta={
+            "w_star": w_star.to(dtype).to(device),
+            "noise_var": noise_var,
+            "alpha": P / N,
+            "N": N,
+            "P": P,
+            "n_test": n_test,
+            "signal_var": 1.0,
+            "seed": seed,
+        },
+    )
+
+
+DIGITS_STANDARDIZE = ("channel", "pixel", "none")
+
+
+def digits(
+    *,
+    device="cpu",
+    seed=0,
+    data_dir=None,
+    verify=True,
+    download=False,
+    test_fraction=0.2,
+    standardize="channel",
+) -> DataSource:
+    """scikit-learn's bundled handwritten digits (1797 samples, 10 classes) as ``(n, 1, 8, 8)`` images.
+
+    Split: stratified — within each class the samples are permuted by the seeded generator and
+    ``round(test_fraction * class_size)`` go to the test set (default 80/20: 1438 train / 359
+    test). Both splits keep scikit-learn's original order; ``meta["train_index"]`` and
+    ``meta["test_index"]`` index into ``load_digits()``.
+
+    Standardization uses training-set statistics only (the test set never leaks into them):
+    ``"channel"`` (default) subtracts the one mean and divides by the one standard deviation of all
+    training pixels — the single-channel analogue of CIFAR's per-channel normalization, so the
+    image stays an image for a CNN; ``"pixel"`` standardizes each of the 64 pixels separately
+    (scikit-learn's ``StandardScaler``; pixels constant on the training set, such as the always-blank
+    corners, get std 1 so they stay 0); ``"none"`` keeps the raw 0–16 intensities. The constants are
+    in ``meta["mean"]``/``meta["std"]`` (shape ``(1, 1, 1)`` or ``(1, 8, 8)``).
+    """
+    from sklearn.datasets import load_digits
+
+    test_fraction = as_float("test_fraction", test_fraction)
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"option test_fraction must be in [0, 1), got {test_fraction}")
+    standardize = as_choice("standardize", standardize, DIGITS_STANDARDIZE)
+    gen = cpu_generator(seed)
+
+    bunch = load_digits()
+    images = torch.from_numpy(np.asarray(bunch.images, dtype=np.float64)).unsqueeze(1)  # (1797,1,8,8)
+    labels = torch.from_numpy(np.asarray(bunch.target, dtype=np.int64))
+
+    test_parts = []
+    for c in range(10):
+        members = torch.nonzero(labels == c).flatten()
+        n_test_c = int(round(test_fraction * members.numel()))
+        perm = torch.randperm(members.numel(), generator=gen)
+        test_parts.append(members[perm[:n_test_c]])
+    test_index = torch.sort(torch.cat(test_parts)).values
+    is_test = torch.zeros(labels.numel(), dtype=torch.bool)
+    is_test[test_index] = True
+    train_index = torch.nonzero(~is_test).flatten()
+
+    x_train, y_train = images[train_index], labels[train_index]
+    x_test, y_test = images[test_index], labels[test_index]
+    if standardize == "channel":
+        mean = x_train.mean().reshape(1, 1, 1)
+        std = x_train.std().reshape(1, 1, 1)
+    elif standardize == "pixel":
+        mean = x_train.mean(dim=0)
+        std = x_train.std(dim=0)
+        std = torch.where(std > 0, std, torch.ones_like(std))
+    else:
+        mean = torch.zeros(1, 1, 1, dtype=torch.float64)
+        std = torch.ones(1, 1, 1, dtype=torch.float64)
+    x_train = ((x_train - mean) / std).float()
+    x_test = ((x_test - mean) / std).float()
+
+    device = torch.device(device)
+    has_test = test_index.numel() > 0
+    return DataSource(
+        name="digits",
+        x_train=x_train.to(device),
+        y_train=y_train.to(device),
+        x_test=x_test.to(device) if has_test else None,
+        y_test=y_test.to(device) if has_test else None,
+        task="classification",
+        input_shape=(1, 8, 8),
+        num_outputs=10,
+        meta={
+            "mean": mean.float().to(device),
+            "std": std.float().to(device),
+            "standardize": standardize,
+            "test_fraction": test_fraction,
+            "train_index": train_index.to(device),
+            "test_index": test_index.to(device),
+            "classes": [str(c) for c in range(10)],
+            "seed": seed,
+        },
+    )
