@@ -173,7 +173,7 @@ def _fold_into(module: nn.Module) -> None:
     keys = list(module._modules)
     i = 0
     while i < len(keys) - 1:
-        a, b = module._modules[keys[i]], module._modules[keys[i + 1]]
+        a, b = (_unwrap(module._modules[k]) for k in keys[i:i + 2])
         if isinstance(a, LINEAR_TYPES) and (aff := _affine_of(b)) is not None:
             module._modules[keys[i]] = _scaled_output(a, *aff)
             module._modules[keys[i + 1]] = nn.Identity()
@@ -181,6 +181,11 @@ def _fold_into(module: nn.Module) -> None:
             module._modules[keys[i + 1]] = _scaled_input(b, *aff)
             module._modules[keys[i]] = nn.Identity()
         i += 1
+
+
+def _unwrap(module: nn.Module) -> nn.Module:
+    """WN is a reparametrized linear layer: fold into (a plain copy of) the layer it wraps."""
+    return module.layer if isinstance(module, WeightNorm) else module
 
 
 def _accepts_input_fold(layer: nn.Module) -> bool:
