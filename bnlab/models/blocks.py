@@ -1,0 +1,120 @@
+"""The one building block every model is made of: a linear/conv layer, its normalization, an activation.
+
+``placement="pre_activation"`` (the usual BN position, Peng et al. Fig. 1(b); Ioffe & Szegedy 2015):
+``layer → norm → act``. ``placement="pre_linear"`` (CBN's position, Peng et al. Fig. 1(c)): the norm
+sits in front of the layer, ``norm → layer → act``, so it normalizes the previous block's activations;
+for the first block that is the raw network input, as in Peng's Fig. 1(c). Either way every hidden
+layer owns exactly one norm and the final classifier layer none.
+
+The layer and its norm are built by :func:`bnlab.norms.normalized`, which returns them as neighbours
+inside one ``nn.Sequential``; the activation is appended to that same ``nn.Sequential``, so
+``bnlab.norms.fold`` finds ``[layer, norm]`` (or ``[norm, layer]``) pairs and each norm has a readable
+module path such as ``features.3.1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+import bnlab.norms as norms
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "relu": nn.ReLU,
+    "sigmoid": nn.Sigmoid,
+    "tanh": nn.Tanh,
+    "selu": nn.SELU,
+    "swish": nn.SiLU,  # swish with β = 1 (Ramachandran et al. 2017), x·sigmoid(x)
+    "softplus": nn.Softplus,
+    "identity": nn.Identity,
+}
+
+INITS = ("glorot", "xavier", "kaiming")
+
+
+def check_choice(kind: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {kind} {value!r}; valid {kind}s: {', '.join(choices)}")
+
+
+def activation(name: str) -> nn.Module:
+    """A fresh activation module by name (see :data:`ACTIVATIONS`)."""
+    check_choice("activation", name, tuple(ACTIVATIONS))
+    return ACTIVATIONS[name]()
+
+
+def scaled(channels: int, width: float) -> int:
+    """A width multiplier applied to a channel/unit count; never below one unit."""
+    return max(1, int(round(channels * width)))
+
+
+@dataclass
+class BlockFactory:
+    """Builds the blocks of one model with one norm spec, placement, activation and initialization.
+
+    ``init="glorot"`` (alias ``"xavier"``): Glorot & Bengio 2010 uniform, Var(w) = 2/(fan_in+fan_out),
+    what Arora et al. (App. D) and Peng et al. (App., remark on Eq. 30) use. ``init="kaiming"``:
+    He et al. 2015 normal, Var(w) = 2/fan_in. Biases start at 0. Draws go through ``generator`` when
+    given, else through torch's global RNG (so ``torch.manual_seed`` fixes them).
+    """
+
+    norm: str = "bn"
+    placement: str = "pre_activation"
+    act: str = "relu"
+    init: str = "glorot"
+    generator: torch.Generator | None = None
+
+    # ---- layers ------------------------------------------------------------------------------
+    def initialize(self, layer: nn.Module) -> nn.Module:
+        # Before any wrapper (WN) is applied, so WN's g = ‖v‖ starts from the initialized weight.
+        if self.init in ("glorot", "xavier"):
+            nn.init.xavier_uniform_(layer.weight, generator=self.generator)
+        else:
+            nn.init.kaiming_normal_(layer.weight, mode="fan_in", nonlinearity="relu", generator=self.generator)
+        if layer.bias is not None:
+            nn.init.zeros_(layer.bias)
+        return layer
+
+    def layer_bias(self) -> bool:
+        # A mean-removing norm right after the layer makes its bias redundant, and without a bias the
+        # weight is exactly scale-invariant (Arora et al. 2019, §2). In pre_linear placement the
+        # activation sits between the layer and the next norm, so the bias matters.
+        return self.placement == "pre_linear" or not norms.removes_mean(self.norm)
+
+    def conv(self, in_channels: int, out_channels: int, *, kernel_size: int = 3, stride: int = 1,
+             padding: int = 1, bias: bool | None = None) -> nn.Conv2d:
+        bias = self.layer_bias() if bias is None else bias
+        return self.initialize(nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride,
+                                         padding=padding, bias=bias))
+
+    def linear(self, in_features: int, out_features: int, *, bias: bool | None = None) -> nn.Linear:
+        bias = self.layer_bias() if bias is None else bias
+        return self.initialize(nn.Linear(in_features, out_features, bias=bias))
+
+    def classifier(self, in_features: int, out_features: int, *, bias: bool = True) -> nn.Linear:
+        """The final layer: no norm, no activation."""
+        return self.initialize(nn.Linear(in_features, out_features, bias=bias))
+
+    # ---- blocks ------------------------------------------------------------------------------
+    def unit(self, layer: nn.Module, *, with_activation: bool = True) -> nn.Sequential:
+        """``[layer, norm, act]`` (pre_activation) or ``[norm, layer, act]`` (pre_linear) as one Sequential.
+
+        ``with_activation=False`` leaves the activation to the caller (ResNet: after the residual sum).
+        """
+        block = norms.normalized(layer, self.norm, self.placement)
+        if with_activation:
+            block.append(activation(self.act))
+        return block
+
+    def conv_unit(self, in_channels: int, out_channels: int, **kw) -> nn.Sequential:
+        with_activation = kw.pop("with_activation", True)
+        return self.unit(self.conv(in_channels, out_channels, **kw), with_activation=with_activation)
+
+    def linear_unit(self, in_features: int, out_features: int, *, bias: bool | None = None,
+                    with_activation: bool = True) -> nn.Sequential:
+        return self.unit(self.linear(in_features, out_features, bias=bias), with_activation=with_activation)
+
+    def activation(self) -> nn.Module:
+        return activation(self.act)

@@ -1,0 +1,149 @@
+"""Model registry: ``MODELS`` (name → builder) and ``create(name, ...)``."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+import bnlab.norms as norms
+
+from . import mlp as _mlp
+from . import resnet as _resnet
+from . import vgg as _vgg
+from .blocks import ACTIVATIONS, INITS, BlockFactory, check_choice
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Catalogue entry: how to build a model, where it comes from, its options and defaults."""
+
+    name: str
+    build: Callable[..., nn.Module]  # build(factory, input_shape, num_classes, **options)
+    paper: str
+    images_only: bool
+    default_activation: str = "relu"
+
+    @property
+    def options(self) -> dict[str, Any]:
+        sig = inspect.signature(self.build)
+        return {k: p.default for k, p in sig.parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    @property
+    def summary(self) -> str:
+        return (self.build.__doc__ or "").strip().splitlines()[0]
+
+
+MODEL_INFO: dict[str, ModelInfo] = {
+    info.name: info
+    for info in (
+        ModelInfo("vgg_santurkar", _vgg.vgg_santurkar, "Santurkar et al. 2018, App. A.1", True),
+        ModelInfo("vgg_arora", _vgg.vgg_arora, "Arora, Li & Lyu 2019, App. D", True),
+        ModelInfo("luo_cnn", _vgg.luo_cnn, "Luo et al. 2019, §5", True),
+        ModelInfo("resnet20", _resnet.resnet20, "He et al. 2016 §4.2; Peng et al. (CBN)", True),
+        ModelInfo("vgg16", _vgg.vgg16, "Simonyan & Zisserman 2015 (D); Peng et al. (CBN)", True),
+        ModelInfo("dln", _mlp.dln, "Santurkar et al. 2018, App. A.1", False, default_activation="identity"),
+        ModelInfo("mlp", _mlp.mlp, "-", False),
+        ModelInfo("perceptron", _mlp.perceptron, "Luo et al. 2019, §2-3, Fig. 1(a)", False),
+    )
+}
+
+
+def _check_option(model: str, key: str, value: Any, default: Any) -> Any:
+    where = f"{model}: option {key}={value!r}"
+    if key == "bias" or isinstance(default, bool):
+        if isinstance(value, bool) or (value is None and default is None):
+            return value
+        raise ValueError(f"{where}: expected true or false" + (" or None (automatic)" if default is None else ""))
+    if isinstance(default, int):
+        minimum = 2 if key == "depth" else 1
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum:
+            return int(value)
+        raise ValueError(f"{where}: expected an integer >= {minimum}")
+    if isinstance(default, float):
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+            return float(value)
+        raise ValueError(f"{where}: expected a positive number")
+    if isinstance(default, tuple):
+        items = tuple(value) if isinstance(value, (list, tuple)) else None
+        if items is not None and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+                                     for v in items):
+            return tuple(int(v) for v in items)
+        raise ValueError(f"{where}: expected a list of positive integers")
+    return value
+
+
+def _check_shape(input_shape: Any, num_classes: Any) -> tuple[int, ...]:
+    try:
+        shape = tuple(input_shape)
+    except TypeError:
+        shape = None
+    if not shape or not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1 for s in shape):
+        raise ValueError(f"input_shape must be a non-empty tuple of positive integers, got {input_shape!r}")
+    if not isinstance(num_classes, numbers.Integral) or isinstance(num_classes, bool) or num_classes < 1:
+        raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
+    return tuple(int(s) for s in shape)
+
+
+def _make_builder(info: ModelInfo) -> Callable[..., nn.Module]:
+    def builder(*, norm: str = "bn", activation: str | None = None, placement: str = "pre_activation",
+                input_shape: tuple = (3, 32, 32), num_classes: int = 10, init: str = "glorot",
+                seed: int | None = None, **options: Any) -> nn.Module:
+        norm = "none" if norm is None else norm
+        norms.validate(norm)
+        activation = info.default_activation if activation is None else activation
+        check_choice("activation", activation, tuple(ACTIVATIONS))
+        check_choice("placement", placement, norms.PLACEMENTS)
+        check_choice("init", init, INITS)
+        shape = _check_shape(input_shape, num_classes)
+        valid = info.options
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ValueError(f"{info.name}: unknown option(s) {', '.join(unknown)}; valid options: "
+                             f"{', '.join(valid) or '(none)'} (and norm, activation, placement, input_shape, "
+                             f"num_classes, init, seed)")
+        resolved = {k: _check_option(info.name, k, options.get(k, d), d) for k, d in valid.items()}
+        generator = None
+        if seed is not None:
+            generator = torch.Generator().manual_seed(int(seed))
+        factory = BlockFactory(norm=norm, placement=placement, act=activation, init=init, generator=generator)
+        model = info.build(factory, shape, int(num_classes), **resolved)
+        if seed is not None:
+            norms.seed_layers(model, int(seed))
+        model.spec = dict(name=info.name, norm=norm, activation=activation, placement=placement,
+                          input_shape=shape, num_classes=int(num_classes), init=init, seed=seed, **resolved)
+        return model
+
+    builder.__name__ = builder.__qualname__ = info.name
+    builder.__doc__ = (
+        f"{inspect.getdoc(info.build)}\n\nBuilt with ``bnlab.models.create({info.name!r}, ...)``; "
+        f"options: {', '.join(f'{k}={v!r}' for k, v in info.options.items()) or '(none)'}."
+    )
+    return builder
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {name: _make_builder(info) for name, info in MODEL_INFO.items()}
+
+
+def create(name: str, *, norm: str = "bn", activation: str | None = None, placement: str = "pre_activation",
+           input_shape: tuple = (3, 32, 32), num_classes: int = 10, **kw: Any) -> nn.Module:
+    """Build model ``name`` with normalization ``norm`` (a :mod:`bnlab.norms` spec) at ``placement``.
+
+    ``activation`` defaults to ``"relu"`` (``"identity"`` for ``dln``). ``input_shape`` is one sample's
+    shape (``(C, H, W)`` for the conv nets, anything for the fully connected ones); ``num_classes`` the
+    output size (for regression, the target dimension). Further keywords: ``init`` (``"glorot"`` —
+    default — or ``"kaiming"``), ``seed`` (draw the weights from a generator seeded with it instead of
+    torch's global RNG, and seed noisy layers) and the model's own options (``width``, ``depth``, …;
+    see ``bnlab models list``). Unknown names, activations, placements and options raise ``ValueError``
+    naming the valid choices; a bad norm spec raises :func:`bnlab.norms.validate`'s ``ValueError``.
+    The model's ``spec`` attribute records every setting.
+    """
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; valid models: {', '.join(MODELS)}")
+    return MODELS[name](norm=norm, activation=activation, placement=placement, input_shape=input_shape,
+                        num_classes=num_classes, **kw)
