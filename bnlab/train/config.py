@@ -1,0 +1,237 @@
+"""Training configuration: one dataclass, its validation, and the run identity derived from it.
+
+Every knob of a run lives in :class:`TrainConfig`; the same keys are accepted from Python (a
+dataclass or a dict), from a YAML file (``bnlab train --config run.yaml``) and from command-line
+flags (which override the file). :func:`validate_static` checks everything that can be checked
+without data or models; the engine then checks the rest (batch size against the data, norm spec,
+model construction) before the first step, so a bad combination never starts training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bnlab.train.schedules import parse_schedule
+
+OPTIMIZERS = ("sgd", "psgd")
+
+# Keys that do not change what a run computes or records, so they are left out of its identity:
+# where files live, integrity checking of input files, and how often a checkpoint is written.
+COSMETIC_KEYS = frozenset({"runs_dir", "data_dir", "verify", "download", "checkpoint_every"})
+
+
+@dataclass
+class TrainConfig:
+    """All settings of one training run (see ``docs/readme/train.md`` for each key)."""
+
+    model: str = "mlp"
+    norm: str = "bn"
+    activation: str = "relu"
+    placement: str = "pre_activation"
+    model_options: dict[str, Any] = field(default_factory=dict)
+    data: str = "digits"
+    data_options: dict[str, Any] = field(default_factory=dict)
+    data_dir: str | None = None
+    verify: bool = True
+    download: bool = False
+    epochs: int | None = None
+    steps: int | None = None
+    lr: float = 0.1
+    lr_scale_invariant: float | None = None
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    batch_size: int | str = 128
+    optimizer: str = "sgd"
+    schedule: str = "constant"
+    seed: int = 0
+    checkpoint_every: int | None = None
+    eval_every: int | None = None
+    log_every: int | None = None
+    augment: bool = False
+    device: str = "cpu"
+    scale_invariant: list[str] | None = None
+    probes: list[str] = field(default_factory=list)
+    probe_every: int = 1
+    runs_dir: str = "runs"
+
+    # -- construction ----------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """Build from a mapping; unknown keys are an error that lists the valid ones."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        values = {k.replace("-", "_"): v for k, v in dict(values).items()}
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise ValueError(
+                f"unknown config key(s) {', '.join(unknown)}; valid keys: {', '.join(names)}"
+            )
+        return cls(**values)
+
+    @classmethod
+    def coerce(cls, config: TrainConfig | Mapping[str, Any]) -> TrainConfig:
+        if isinstance(config, TrainConfig):
+            return dataclasses.replace(config)
+        if isinstance(config, Mapping):
+            return cls.from_dict(config)
+        raise TypeError(f"config must be a TrainConfig or a dict, not {type(config).__name__}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    # -- identity --------------------------------------------------------------------------
+
+    def identity(self) -> dict[str, Any]:
+        """The keys that define what the run computes (and hence its id)."""
+        return {k: v for k, v in self.to_dict().items() if k not in COSMETIC_KEYS}
+
+    def config_hash(self) -> str:
+        blob = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def run_id(self) -> str:
+        """Runs are addressed by a prefix of their config hash: same config, same run (resume)."""
+        return self.config_hash()[:12]
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML (or JSON) file of config keys; a clear error if it is not a mapping."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ValueError(f"cannot read config file {path}: {err.strerror or err}") from None
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"config file {path} is not valid YAML: {err}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ValueError(f"config file {path} must hold a mapping of keys to values")
+    return {str(k).replace("-", "_"): v for k, v in values.items()}
+
+
+def _positive_int(name: str, value: Any, *, allow_none: bool = True) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _float(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return number
+
+
+def validate_static(config: TrainConfig, *, check_model: bool = True) -> TrainConfig:
+    """Check and normalise every key that needs no data or model; raises ``ValueError``.
+
+    Names of models, data sets and norm specs are checked against the registries of
+    ``bnlab.models``, ``bnlab.data`` and ``bnlab.norms`` when those are importable
+    (``check_model=False`` when the caller supplies its own model factory).
+    """
+    c = config
+    if (c.epochs is None) == (c.steps is None):
+        raise ValueError("give exactly one of epochs or steps (e.g. epochs=10 or steps=1000)")
+    _positive_int("epochs", c.epochs)
+    _positive_int("steps", c.steps)
+    c.lr = _float("lr", c.lr)
+    if c.lr <= 0:
+        raise ValueError(f"lr must be positive, got {c.lr}")
+    if c.lr_scale_invariant is not None:
+        c.lr_scale_invariant = _float("lr_scale_invariant", c.lr_scale_invariant)
+        if c.lr_scale_invariant <= 0:
+            raise ValueError(f"lr_scale_invariant must be positive, got {c.lr_scale_invariant}")
+    c.momentum = _float("momentum", c.momentum)
+    if not 0 <= c.momentum < 1:
+        raise ValueError(f"momentum must be in [0, 1), got {c.momentum}")
+    c.weight_decay = _float("weight_decay", c.weight_decay)
+    if c.weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {c.weight_decay}")
+    if isinstance(c.batch_size, str):
+        if c.batch_size.strip().lower() == "full":
+            c.batch_size = "full"
+        else:
+            try:
+                c.batch_size = int(c.batch_size)
+            except ValueError:
+                raise ValueError(
+                    f"batch_size must be a positive integer or 'full', got {c.batch_size!r}"
+                ) from None
+    if c.batch_size != "full":
+        _positive_int("batch_size", c.batch_size, allow_none=False)
+    if c.optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {c.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    parse_schedule(c.schedule)  # raises with the valid forms
+    if isinstance(c.seed, bool) or not isinstance(c.seed, int) or c.seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}")
+    _positive_int("checkpoint_every", c.checkpoint_every)
+    _positive_int("eval_every", c.eval_every)
+    _positive_int("log_every", c.log_every)
+    _positive_int("probe_every", c.probe_every, allow_none=False)
+    if not isinstance(c.model_options, dict) or not isinstance(c.data_options, dict):
+        raise ValueError("model_options and data_options must be mappings of keyword arguments")
+    if c.scale_invariant is not None:
+        if isinstance(c.scale_invariant, str):
+            c.scale_invariant = [s for s in c.scale_invariant.split(",") if s]
+        if not all(isinstance(s, str) for s in c.scale_invariant):
+            raise ValueError("scale_invariant must be a list of parameter names or patterns")
+        c.scale_invariant = list(c.scale_invariant)
+    if isinstance(c.probes, str):
+        c.probes = [c.probes]
+    c.probes = list(c.probes)
+    for flag in ("augment", "verify", "download"):
+        if getattr(c, flag) not in (True, False):
+            raise ValueError(f"{flag} must be true or false, got {getattr(c, flag)!r}")
+    c.device = str(c.device)
+    _check_registries(c, check_model)
+    return c
+
+
+def _check_registries(c: TrainConfig, check_model: bool = True) -> None:
+    """Names against the registries of the other sub-packages (skipped if one is not importable)."""
+    try:
+        from bnlab import models
+    except ImportError:  # pragma: no cover - other sub-packages land separately
+        models = None
+    if check_model and models is not None and hasattr(models, "MODELS") and c.model not in models.MODELS:
+        raise ValueError(f"unknown model {c.model!r}; valid: {', '.join(sorted(models.MODELS))}")
+    try:
+        from bnlab import data
+    except ImportError:  # pragma: no cover
+        data = None
+    if data is not None and hasattr(data, "SOURCES"):
+        # the same spelling rules as bnlab.data.load: case-insensitive, '-' for '_'
+        key = str(c.data).strip().lower().replace("-", "_")
+        if key not in data.SOURCES:
+            raise ValueError(f"unknown data {c.data!r}; valid: {', '.join(sorted(data.SOURCES))}")
+    try:
+        from bnlab import norms
+    except ImportError:  # pragma: no cover
+        norms = None
+    placements = getattr(norms, "PLACEMENTS", None) if norms is not None else None
+    if placements and c.placement not in placements:
+        raise ValueError(f"unknown placement {c.placement!r}; valid: {', '.join(placements)}")
+    if norms is not None and hasattr(norms, "validate"):
+        try:
+            norms.validate(c.norm)
+        except ValueError as err:
+            raise ValueError(f"bad norm spec {c.norm!r}: {err}") from None

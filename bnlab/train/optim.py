@@ -1,0 +1,206 @@
+"""Optimizers of the papers: SGD (momentum, weight decay, full batch), separate learning rates for
+scale-invariant parameters, and projected SGD; plus the numerical scale-invariance check.
+
+Arora, Li & Lyu, "Theoretical analysis of auto rate-tuning by batch normalization" (ICLR 2019):
+
+* Definition 2.1: ``w`` is scale-invariant if ``F(c w, θ') = F(w, θ')`` for all ``c > 0``.
+  :func:`find_scale_invariant` tests it numerically on a fixed batch in train mode (the mode the
+  gradient is taken in), scaling by exactly 2 and 0.5. Those factors are powers of two, so in
+  floating point the pre-normalization activations scale *exactly*; the loss then changes only
+  through what truly breaks invariance (e.g. BN's ``eps``, which Arora eq. 7 notes), and the
+  relative tolerance 1e-4 can stay far above float32 rounding yet far below any real dependence.
+* Eq. 4 / Appendix D.1: separate learning rates ``η_w`` (scale-invariant) and ``η_g`` (the rest),
+  realised as two parameter groups of one ``torch.optim.SGD``.
+* Appendix D, Setting 2 (projected SGD): after each step, every scale-invariant parameter is
+  rescaled to the norm it had before the step. By induction that norm is the initial one, so we
+  keep the initial norms (float64) and project onto them; this is the same map but free of the
+  float32 drift that re-measuring the norm every step would accumulate.
+* Lemma 2.4: for plain SGD ``‖w_{t+1}‖² = ‖w_t‖² + η²‖∇_w F‖²`` -- the norm of a scale-invariant
+  weight only grows. Tested in ``tests/test_train_optim.py`` against this identity.
+
+Scale invariance of a weight feeding a BN layer holds per output unit (each row of a linear
+weight, each filter of a convolution: Arora Sec. 2.1). The check therefore also scales rows by
+alternating factors 2 / 0.5; if the loss is still unchanged the parameter is recorded with
+granularity ``rows`` and projected row by row (which also fixes the whole tensor's norm),
+otherwise with granularity ``tensor``.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+from torch import nn
+
+GRANULARITIES = ("tensor", "rows")
+RELATIVE_TOLERANCE = 1e-4
+# Loss values below this are treated as this for the relative comparison, so a loss of ~0 does not
+# make every parameter look invariant through the absolute floor alone.
+_LOSS_FLOOR = 1e-6
+
+
+def _loss_of_copy(
+    model: nn.Module,
+    loss_fn: Callable,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    seed: int,
+    edit: Callable[[dict[str, nn.Parameter]], None] | None,
+) -> float:
+    """Loss of a deep copy of ``model`` (train mode) after ``edit``; the original is untouched.
+
+    The copy carries every buffer, Python attribute and layer ``torch.Generator`` state, so each
+    evaluation starts from exactly the same state (running statistics, layer noise), and the
+    global RNG (dropout) is re-seeded identically inside a fork. Nothing leaks back.
+    """
+    clone = copy.deepcopy(model)
+    clone.train()
+    params = dict(clone.named_parameters())
+    xb, yb = batch
+    devices = [xb.device.index or 0] if xb.device.type == "cuda" else []
+    with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        if edit is not None:
+            edit(params)
+        return float(loss_fn(clone(xb), yb))
+
+
+def _same(reference: float, value: float, rtol: float) -> bool:
+    if reference != reference or value != value:  # NaN: invariance cannot be judged
+        return False
+    return abs(value - reference) <= rtol * max(abs(reference), _LOSS_FLOOR)
+
+
+def find_scale_invariant(
+    model: nn.Module,
+    loss_fn: Callable,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    *,
+    rtol: float = RELATIVE_TOLERANCE,
+    seed: int = 0,
+) -> dict[str, str]:
+    """Names of the scale-invariant weights (every parameter with ≥ 2 dimensions is tried).
+
+    Returns ``{name: granularity}`` with granularity ``"rows"`` (each slice along dim 0 is
+    invariant on its own) or ``"tensor"`` (only the whole tensor). See the module docstring.
+    """
+    reference = _loss_of_copy(model, loss_fn, batch, seed, None)
+    found: dict[str, str] = {}
+    for name, param in model.named_parameters():
+        if param.dim() < 2 or not param.requires_grad:
+            continue
+
+        def scale(factor, name=name):
+            def edit(params):
+                params[name].mul_(factor)
+
+            return edit
+
+        if not all(
+            _same(reference, _loss_of_copy(model, loss_fn, batch, seed, scale(c)), rtol)
+            for c in (2.0, 0.5)
+        ):
+            continue
+        granularity = "tensor"
+        if param.shape[0] >= 2:
+            shape = (param.shape[0],) + (1,) * (param.dim() - 1)
+            factors = torch.where(
+                torch.arange(param.shape[0], device=param.device) % 2 == 0, 2.0, 0.5
+            ).to(param.dtype).reshape(shape)
+            if _same(reference, _loss_of_copy(model, loss_fn, batch, seed, scale(factors)), rtol):
+                granularity = "rows"
+        found[name] = granularity
+    return found
+
+
+def resolve_override(model: nn.Module, patterns: Iterable[str]) -> dict[str, str]:
+    """Explicit scale-invariant parameters: names or shell patterns, optionally ``name:rows``.
+
+    Each pattern must match at least one parameter; the error lists the parameter names.
+    """
+    names = [n for n, _ in model.named_parameters()]
+    chosen: dict[str, str] = {}
+    for raw in patterns:
+        pattern, _, granularity = raw.partition(":")
+        granularity = granularity or "tensor"
+        if granularity not in GRANULARITIES:
+            raise ValueError(
+                f"scale_invariant entry {raw!r}: granularity must be one of {', '.join(GRANULARITIES)}"
+            )
+        matches = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not matches:
+            shown = ", ".join(names[:40]) + (" ..." if len(names) > 40 else "")
+            raise ValueError(
+                f"scale_invariant entry {pattern!r} matches no parameter; parameters: {shown}"
+            )
+        for n in matches:
+            chosen[n] = granularity
+    return chosen
+
+
+def _norms(param: torch.Tensor, granularity: str) -> torch.Tensor:
+    flat = param.detach().to(torch.float64)
+    if granularity == "rows":
+        return flat.reshape(flat.shape[0], -1).norm(dim=1)
+    return flat.norm()
+
+
+class Projection:
+    """Projected SGD (Arora App. D, Setting 2): keep each scale-invariant norm at its initial value."""
+
+    def __init__(self, model: nn.Module, invariant: Mapping[str, str]):
+        params = dict(model.named_parameters())
+        self.targets = {name: (params[name], gran) for name, gran in invariant.items()}
+        self.radii = {name: _norms(p, g) for name, (p, g) in self.targets.items()}
+
+    @torch.no_grad()
+    def project(self) -> None:
+        for name, (param, granularity) in self.targets.items():
+            current = _norms(param, granularity)
+            radius = self.radii[name]
+            # a zero slice has no direction to keep; leave it at zero instead of dividing by 0
+            factor = torch.where(current > 0, radius / current.clamp_min(1e-300), torch.ones_like(current))
+            if granularity == "rows":
+                factor = factor.reshape((param.shape[0],) + (1,) * (param.dim() - 1))
+            param.copy_((param.to(torch.float64) * factor).to(param.dtype))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: r.clone() for name, r in self.radii.items()}
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        missing = set(self.radii) - set(state)
+        if missing:
+            raise ValueError(f"checkpoint lacks projection radii for {sorted(missing)}")
+        self.radii = {name: state[name].to(torch.float64) for name in self.radii}
+
+
+def build_optimizer(
+    model: nn.Module,
+    invariant: Mapping[str, str],
+    *,
+    lr: float,
+    lr_scale_invariant: float | None,
+    momentum: float,
+    weight_decay: float,
+) -> torch.optim.SGD:
+    """SGD with two parameter groups (Arora eq. 4): scale-invariant ones at ``lr_scale_invariant``
+    (``lr`` if None), the rest at ``lr``. Each group keeps its ``base_lr`` for the schedule."""
+    invariant_params, other_params = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (invariant_params if name in invariant else other_params).append(param)
+    lr_w = lr if lr_scale_invariant is None else lr_scale_invariant
+    groups = []
+    if invariant_params:
+        groups.append({"params": invariant_params, "lr": lr_w, "base_lr": lr_w, "group": "scale_invariant"})
+    if other_params:
+        groups.append({"params": other_params, "lr": lr, "base_lr": lr, "group": "scale_variant"})
+    if not groups:
+        raise ValueError("the model has no trainable parameters")
+    return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def set_lr_factor(optimizer: torch.optim.Optimizer, factor: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = group["base_lr"] * factor
