@@ -410,12 +410,14 @@ def _open(layout: CifarLayout, data_dir, verify: bool, download: bool):
 def _channel_stats(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Exact per-channel mean and std (population) of uint8 images (n, 3, 32, 32), via histograms.
 
-    A 256-bin histogram per channel gives exact sums without a float copy of the whole set.
+    A 256-bin histogram per channel gives exact sums without a float copy of the whole set
+    (torch.bincount counts uint8 directly; numpy's would first widen every pixel to int64).
     """
     values = np.arange(256, dtype=np.float64)
+    pixels = torch.from_numpy(images)
     means, stds = [], []
     for c in range(images.shape[1]):
-        counts = np.bincount(images[:, c].reshape(-1), minlength=256).astype(np.float64)
+        counts = torch.bincount(pixels[:, c].reshape(-1), minlength=256).double().numpy()
         total = counts.sum()
         mean = (counts * values).sum() / total
         var = (counts * (values - mean) ** 2).sum() / total
