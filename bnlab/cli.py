@@ -19,6 +19,7 @@ app = typer.Typer(
 # Modules whose ``register(app)`` adds commands; order is the order of `bnlab --help`.
 COMMAND_MODULES = [
     "bnlab.norms.cli",
+    "bnlab.models.cli",
     "bnlab.train.cli",
 ]
 

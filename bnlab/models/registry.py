@@ -36,7 +36,7 @@ class ModelInfo:
 
     @property
     def summary(self) -> str:
-        return (self.build.__doc__ or "").strip().splitlines()[0]
+        return (self.build.__doc__ or "").strip().splitlines()[0].replace("``", "")
 
 
 MODEL_INFO: dict[str, ModelInfo] = {
@@ -108,12 +108,16 @@ def _make_builder(info: ModelInfo) -> Callable[..., nn.Module]:
                              f"{', '.join(valid) or '(none)'} (and norm, activation, placement, input_shape, "
                              f"num_classes, init, seed)")
         resolved = {k: _check_option(info.name, k, options.get(k, d), d) for k, d in valid.items()}
-        generator = None
-        if seed is not None:
+        if seed is None:
+            factory = BlockFactory(norm=norm, placement=placement, act=activation, init=init)
+            model = info.build(factory, shape, int(num_classes), **resolved)
+        else:
             generator = torch.Generator().manual_seed(int(seed))
-        factory = BlockFactory(norm=norm, placement=placement, act=activation, init=init, generator=generator)
-        model = info.build(factory, shape, int(num_classes), **resolved)
-        if seed is not None:
+            factory = BlockFactory(norm=norm, placement=placement, act=activation, init=init, generator=generator)
+            # torch's layer constructors draw a default init from the global RNG before ours replaces
+            # it; fork_rng keeps a seeded build from disturbing the caller's random stream.
+            with torch.random.fork_rng(devices=[]):
+                model = info.build(factory, shape, int(num_classes), **resolved)
             norms.seed_layers(model, int(seed))
         model.spec = dict(name=info.name, norm=norm, activation=activation, placement=placement,
                           input_shape=shape, num_classes=int(num_classes), init=init, seed=seed, **resolved)
