@@ -4,12 +4,9 @@ All files are tiny look-alikes written here in the exact "python version" format
 downloaded.
 """
 
-import io
 import os
 import pickle
-import shutil
 import struct
-import tarfile
 
 import numpy as np
 import pytest

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-FULL_BATCH = ("full", None)
 
 
 def resolve_batch_size(batch_size, n: int) -> int:
