@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 
-
 def resolve_batch_size(batch_size, n: int) -> int:
     """An integer batch size for ``n`` samples: ``None`` or ``"full"`` mean ``n`` (full batch).
 
