@@ -476,3 +476,32 @@ def test_bad_inputs_raise_clear_errors():
         N.normalized(nn.Linear(2, 2), "bn", placement="after")
     with pytest.raises(ValueError, match="pre_linear"):
         N.normalized(nn.Linear(2, 2), "si_bn", placement="pre_linear")
+
+
+@pytest.mark.parametrize("spec", ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn(rho=2)", "cbn(decouple=false)", "brn"])
+def test_fused_path_equals_plain_autograd(spec):
+    """The fused kernel (stats → per-channel coefficients → addcmul) equals autograd on the plain ops."""
+    results = []
+    for plain in (False, True):
+        torch.manual_seed(0)
+        layer = N.create(spec, 3).double()
+        N.set_progress(layer, lr=0.05, epoch=2, epochs=4)
+        layer(randn(8, 3, 2, 2, seed=1) + 1)  # a first step so moving statistics are in play
+        x = (randn(8, 3, 2, 2, seed=2) * 2).requires_grad_()
+        with N.plain_autograd() if plain else torch.enable_grad():
+            y = layer(x)
+        grads = torch.autograd.grad(y, [x, layer.weight, layer.bias], randn(8, 3, 2, 2, seed=3))
+        results.append((y.detach(), *grads, *(b.clone() for b in layer.buffers())))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
+def test_double_backward_needs_plain_autograd():
+    layer = N.create("bn", 3).double()
+    x = randn(8, 3, seed=4).requires_grad_()
+    with pytest.raises(RuntimeError, match="plain_autograd"):
+        torch.autograd.grad(layer(x).pow(3).sum(), x, create_graph=True)
+    with N.plain_autograd():
+        (g,) = torch.autograd.grad(layer(x).pow(3).sum(), x, create_graph=True)
+    (h,) = torch.autograd.grad(g.sum(), x)
+    assert torch.isfinite(h).all() and h.abs().sum() > 0

@@ -5,7 +5,7 @@
 """
 
 from . import catalog as _catalog  # noqa: F401  (registers the layers)
-from .base import ChannelNorm
+from .base import ChannelNorm, plain_autograd
 from .batchnorm import BatchNorm, MeanOnlyBatchNorm, NativeBatchNorm, VarOnlyBatchNorm
 from .complete import CompleteBatchNorm, amat_eta
 from .lp import LpBatchNorm, hoffer_linf_constant
@@ -33,7 +33,7 @@ __all__ = [
     "BatchNorm", "BatchRenorm", "ChannelNorm", "CompleteBatchNorm", "LpBatchNorm", "MeanOnlyBatchNorm",
     "MomentumBatchNorm", "NativeBatchNorm", "NoisyBatchNorm", "NormInfo", "PLACEMENTS", "Param", "REGISTRY",
     "ScaleInvariantBN", "ScaleInvariantConvBN", "ScaleInvariantLinearBN", "StochasticLayer",
-    "VarOnlyBatchNorm", "WeightNorm", "amat_eta", "convert", "create", "describe", "fold",
+    "VarOnlyBatchNorm", "WeightNorm", "amat_eta", "plain_autograd", "convert", "create", "describe", "fold",
     "hoffer_linf_constant", "lookup", "mbn_lambda", "normalized", "parse_spec", "regularization_loss",
     "removes_mean", "seed_layers", "set_progress", "stochastic_layers", "validate",
 ]

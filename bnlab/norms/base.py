@@ -13,9 +13,97 @@ to the speed of torch's fused kernel.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn as nn
 from torch import Tensor
+
+CoefFn = Callable[..., tuple[Tensor, Tensor]]
+
+
+def channel_sum(t: Tensor) -> Tensor:
+    """Σ over every dim but 1, without a strided multi-dim reduction (faster on CPU)."""
+    return t.sum(0) if t.dim() == 2 else t.flatten(2).sum(2).sum(0)
+
+
+def channel_dot(a: Tensor, b: Tensor) -> Tensor:
+    """Per-channel Σ a·b as a batched matrix product: no (N, C, *) temporary."""
+    if a.dim() == 2:
+        return (a * b).sum(0)
+    n, c = a.shape[:2]
+    return (a.reshape(n, c, 1, -1) @ b.reshape(n, c, -1, 1)).sum(0).flatten()
+
+
+class _StatsAffine(torch.autograd.Function):
+    """y = scale·x + shift with (scale, shift) = coef_fn(μ_B, σ²_B, *tensors), in a few fused passes.
+
+    The per-channel coefficient graph is built with ordinary autograd inside forward and differentiated
+    in backward; the (N, C, *) part of the gradient is then assembled in two passes,
+    ``∂L/∂x = scale·g + (2/n)·g_v·(x − μ) + g_μ/n``. Double backward is refused with a clear error:
+    compute Hessian-vector products inside ``with bnlab.norms.plain_autograd():``.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, coef_fn: CoefFn, *tensors: Tensor):
+        n = x.numel() // x.shape[1]
+        mean = channel_sum(x) / n
+        # E[x²] − μ², accumulated in float64 per channel: the cancellation costs float32 digits only
+        # when |μ| ≫ σ, far beyond what activations show.
+        sq = channel_dot(x, x).double() / n
+        var = (sq - mean.double() ** 2).clamp_min(0).to(x.dtype)
+        with torch.enable_grad():
+            m = mean.detach().requires_grad_()
+            v = var.detach().requires_grad_()
+            leaves = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
+            scale, shift = coef_fn(m, v, *leaves)
+        ctx.graph = (m, v, leaves, scale, shift)
+        ctx.n = n
+        ctx.save_for_backward(x)
+        view = [1, -1] + [1] * (x.dim() - 2)
+        y = torch.addcmul(shift.detach().view(view), x, scale.detach().view(view))
+        ctx.mark_non_differentiable(mean, var)
+        return y, mean, var
+
+    @staticmethod
+    def backward(ctx, g: Tensor, _gm, _gv):
+        if torch.is_grad_enabled():
+            raise RuntimeError("bnlab's fused normalization does not support double backward (create_graph=True); "
+                               "run the forward pass inside `with bnlab.norms.plain_autograd():`")
+        (x,) = ctx.saved_tensors
+        m, v, leaves, scale, shift = ctx.graph
+        view = [1, -1] + [1] * (x.dim() - 2)
+        inputs = [m, v] + [t for t in leaves if t.requires_grad]
+        grads = torch.autograd.grad((scale, shift), inputs, (channel_dot(g, x), channel_sum(g)),
+                                    allow_unused=True, retain_graph=True)  # tiny; lets gradcheck re-run
+        grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(grads, inputs)]
+        g_mean, g_var, rest = grads[0], grads[1], iter(grads[2:])
+        s = (2.0 / ctx.n) * g_var
+        gx = torch.addcmul((g_mean / ctx.n - s * m.detach()).view(view), x, s.view(view))
+        gx.addcmul_(g, scale.detach().view(view))
+        return (gx, None, *[next(rest) if t.requires_grad else None for t in leaves])
+
+
+_PLAIN_AUTOGRAD = [False]
+
+
+class plain_autograd:
+    """Context manager: build normalization layers' graphs from plain autograd ops (slower, but
+    twice differentiable), e.g. for Hessian-vector products."""
+
+    def __enter__(self):
+        self._previous = _PLAIN_AUTOGRAD[0]
+        _PLAIN_AUTOGRAD[0] = True
+        return self
+
+    def __exit__(self, *exc):
+        _PLAIN_AUTOGRAD[0] = self._previous
+        return False
+
+
+def fused_enabled(x: Tensor) -> bool:
+    # torch.func transforms (vmap, grad) cannot trace through a Function with a closure graph.
+    return not _PLAIN_AUTOGRAD[0] and not torch._C._are_functorch_transforms_active()
 
 
 class ChannelNorm(nn.Module):
@@ -86,6 +174,20 @@ class ChannelNorm(nn.Module):
         """Per-channel mean and biased variance over the batch and all trailing dims, and the count."""
         var, mean = torch.var_mean(x, dim=self.reduce_dims(x), correction=0)
         return mean, var, x.numel() // x.shape[1]
+
+    def normalize_with_batch_stats(self, x: Tensor, coef_fn: CoefFn, *tensors: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
+        """Apply the per-channel affine map ``coef_fn(μ_B, σ²_B, *tensors) -> (scale, shift)`` to x.
+
+        Returns ``(y, μ_B, σ²_B, n)`` (statistics detached, for running-statistics updates). Gradients
+        flow through μ_B, σ²_B and ``tensors`` exactly as autograd on the plain expression would give.
+        """
+        n = x.numel() // x.shape[1]
+        if fused_enabled(x):
+            y, mean, var = _StatsAffine.apply(x, coef_fn, *tensors)
+            return y, mean, var, n
+        var, mean = torch.var_mean(x, dim=self.reduce_dims(x), correction=0)
+        scale, shift = coef_fn(mean, var, *tensors)
+        return self.apply_affine(x, scale, shift), mean.detach(), var.detach(), n
 
     def use_batch_stats(self) -> bool:
         return self.training or not self.track_running_stats

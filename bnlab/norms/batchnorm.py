@@ -20,17 +20,19 @@ class BatchNorm(ChannelNorm):
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
         gamma, beta = self.gamma_beta(x)
-        if self.use_batch_stats():
-            mean, var, n = self.batch_stats(x)
-            self.update_running_stats(mean, var, n)
-        else:
-            mean, var = self.running_mean, self.running_var
+        if not self.use_batch_stats():
+            return self.apply_affine(x, *self.coefficients(self.running_mean, self.running_var, gamma, beta))
+        y, mean, var, n = self.normalize_with_batch_stats(x, self.coefficients, gamma, beta)
+        self.update_running_stats(mean, var, n)
+        return y
+
+    def coefficients(self, mean: Tensor, var: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+        """The layer as a per-channel affine map of x given the statistics: (scale, shift)."""
         scale = gamma * torch.rsqrt(var + self.eps)
-        return self.apply_affine(x, scale, beta - mean * scale)
+        return scale, beta - mean * scale
 
     def inference_affine(self):
-        scale = self.weight_or_one() * torch.rsqrt(self.running_var + self.eps)
-        return scale, self.bias_or_zero() - self.running_mean * scale
+        return self.coefficients(self.running_mean, self.running_var, self.weight_or_one(), self.bias_or_zero())
 
 
 class MeanOnlyBatchNorm(BatchNorm):
@@ -44,19 +46,17 @@ class MeanOnlyBatchNorm(BatchNorm):
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
         gamma, beta = self.gamma_beta(x)
-        if self.use_batch_stats():
-            mean = x.mean(dim=self.reduce_dims(x))
-            if self.training and self.track_running_stats:
-                with torch.no_grad():
-                    self.num_batches_tracked.add_(1)
-                    self.running_mean.lerp_(mean.detach(), self.momentum)
-        else:
-            mean = self.running_mean
-        return self.apply_affine(x, gamma, beta - mean * gamma)
+        if not self.use_batch_stats():
+            return self.apply_affine(x, *self.coefficients(self.running_mean, self.running_var, gamma, beta))
+        y, mean, _, _ = self.normalize_with_batch_stats(x, self.coefficients, gamma, beta)
+        if self.training and self.track_running_stats:
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                self.running_mean.lerp_(mean, self.momentum)
+        return y
 
-    def inference_affine(self):
-        scale = self.weight_or_one()
-        return scale, self.bias_or_zero() - self.running_mean * scale
+    def coefficients(self, mean, var, gamma, beta):
+        return gamma, beta - mean * gamma
 
 
 class VarOnlyBatchNorm(BatchNorm):
@@ -66,18 +66,8 @@ class VarOnlyBatchNorm(BatchNorm):
     so the noise of σ_B alone is studied.
     """
 
-    def forward(self, x: Tensor) -> Tensor:
-        self.check_input(x)
-        gamma, beta = self.gamma_beta(x)
-        if self.use_batch_stats():
-            mean, var, n = self.batch_stats(x)
-            self.update_running_stats(mean, var, n)
-        else:
-            var = self.running_var
-        return self.apply_affine(x, gamma * torch.rsqrt(var + self.eps), beta)
-
-    def inference_affine(self):
-        return self.weight_or_one() * torch.rsqrt(self.running_var + self.eps), self.bias_or_zero()
+    def coefficients(self, mean, var, gamma, beta):
+        return gamma * torch.rsqrt(var + self.eps), beta
 
 
 class NativeBatchNorm(nn.modules.batchnorm._BatchNorm):

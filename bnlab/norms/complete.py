@@ -77,25 +77,29 @@ class CompleteBatchNorm(ChannelNorm):
         gamma, beta = self.gamma_beta(x)
         if not self.training:
             return self.apply_affine(x, *self._affine(gamma, beta))
-        mean_b, var_b, n = self.batch_stats(x)
         eta = self.current_eta()
-        mean = _forward_as(eta * self.amat_mean + (1 - eta) * mean_b.detach(), mean_b)
-        if self.decouple:
-            shift = beta - mean                              # x' = x + shift
-            second_b = var_b + (mean_b + shift) ** 2         # mean(x'²), differentiable
-        else:
-            second_b = var_b
-        second_a = eta * self.amat_var + (1 - eta) * second_b.detach()
-        std_b = torch.sqrt(second_b + self.eps)
-        std = std_b * (torch.sqrt(second_a + self.eps) / std_b).detach()
+        moving = {}
+
+        def coefficients(mean_b, var_b, gamma, beta):
+            mean = _forward_as(eta * self.amat_mean + (1 - eta) * mean_b.detach(), mean_b)
+            if self.decouple:
+                shift = beta - mean                              # x' = x + shift
+                second_b = var_b + (mean_b + shift) ** 2         # mean(x'²), differentiable
+            else:
+                second_b = var_b
+            second_a = eta * self.amat_var + (1 - eta) * second_b.detach()
+            std_b = torch.sqrt(second_b + self.eps)
+            std = std_b * (torch.sqrt(second_a + self.eps) / std_b).detach()
+            moving.update(mean=mean.detach(), second=second_a)
+            scale = gamma / (self.rho * std)
+            return scale, (shift * scale if self.decouple else beta - mean * scale)
+
+        y, mean_b, var_b, n = self.normalize_with_batch_stats(x, coefficients, gamma, beta)
         with torch.no_grad():
-            self.amat_mean.copy_(mean.detach())
-            self.amat_var.copy_(second_a)
+            self.amat_mean.copy_(moving["mean"])
+            self.amat_var.copy_(moving["second"])
         self.update_running_stats(mean_b, var_b, n)
-        scale = gamma / (self.rho * std)
-        if self.decouple:
-            return self.apply_affine(x, scale, shift * scale)
-        return self.apply_affine(x, scale, beta - mean * scale)
+        return y
 
     def _affine(self, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
         if self.decouple:

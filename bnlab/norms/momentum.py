@@ -63,19 +63,26 @@ class MomentumBatchNorm(ChannelNorm):
         if not self.use_batch_stats():
             scale = gamma * torch.rsqrt(self.running_var + self.eps)
             return self.apply_affine(x, scale, beta - self.running_mean * scale)
-        mean_b, var_b, n = self.batch_stats(x)
         m = x.shape[0]  # MBN's m is the number of samples, not samples × positions
         lam = self.current_lambda(m)
-        mean = lam * self.train_mean + (1 - lam) * mean_b
-        var = lam * self.train_var + (1 - lam) * var_b
+        moving = {}
+
+        def coefficients(mean_b, var_b, gamma, beta):
+            # the old moving values are constants: gradients reach only μ_B and σ²_B
+            mean = lam * self.train_mean + (1 - lam) * mean_b
+            var = lam * self.train_var + (1 - lam) * var_b
+            moving.update(mean=mean.detach(), var=var.detach())
+            scale = gamma * torch.rsqrt(var + self.eps)
+            return scale, beta - mean * scale
+
+        y, mean_b, var_b, n = self.normalize_with_batch_stats(x, coefficients, gamma, beta)
         if self.training:
             with torch.no_grad():
-                self.train_mean.copy_(mean.detach())
-                self.train_var.copy_(var.detach())
+                self.train_mean.copy_(moving["mean"])
+                self.train_var.copy_(moving["var"])
             tau = self.tau0 ** (m / self.ideal_batch)
             self.update_running_stats(mean_b, var_b, n, momentum=1 - tau)
-        scale = gamma * torch.rsqrt(var + self.eps)
-        return self.apply_affine(x, scale, beta - mean * scale)
+        return y
 
     def inference_affine(self):
         scale = self.weight_or_one() * torch.rsqrt(self.running_var + self.eps)

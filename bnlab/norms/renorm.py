@@ -29,15 +29,18 @@ class BatchRenorm(ChannelNorm):
         if not self.training:
             scale = gamma * torch.rsqrt(self.running_var + self.eps)
             return self.apply_affine(x, scale, beta - self.running_mean * scale)
-        mean_b, var_b, n = self.batch_stats(x)
-        std_b = torch.sqrt(var_b + self.eps)
         std = torch.sqrt(self.running_var + self.eps)
-        with torch.no_grad():
-            r = (std_b / std).clamp(1 / self.r_max, self.r_max)
-            d = ((mean_b - self.running_mean) / std).clamp(-self.d_max, self.d_max)
+
+        def coefficients(mean_b, var_b, gamma, beta):
+            std_b = torch.sqrt(var_b + self.eps)
+            r = (std_b / std).clamp(1 / self.r_max, self.r_max).detach()
+            d = ((mean_b - self.running_mean) / std).clamp(-self.d_max, self.d_max).detach()
+            scale = gamma * r / std_b
+            return scale, beta + gamma * d - mean_b * scale
+
+        y, mean_b, var_b, n = self.normalize_with_batch_stats(x, coefficients, gamma, beta)
         self.update_running_stats(mean_b, var_b, n)
-        scale = gamma * r / std_b
-        return self.apply_affine(x, scale, beta + gamma * d - mean_b * scale)
+        return y
 
     def inference_affine(self):
         scale = self.weight_or_one() * torch.rsqrt(self.running_var + self.eps)

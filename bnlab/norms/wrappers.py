@@ -26,14 +26,15 @@ class _WeightScaledEpsBN(ChannelNorm):
     def forward(self, z: Tensor, weight_sq: Tensor) -> Tensor:
         self.check_input(z)
         gamma, beta = self.gamma_beta(z)
-        eps = self.eps * weight_sq
-        if self.use_batch_stats():
-            mean, var, n = self.batch_stats(z)
-            self.update_running_stats(mean, var, n)
-        else:
-            mean, var = self.running_mean, self.running_var
-        scale = gamma * torch.rsqrt(var + eps)
-        return self.apply_affine(z, scale, beta - mean * scale)
+        if not self.use_batch_stats():
+            return self.apply_affine(z, *self.coefficients(self.running_mean, self.running_var, gamma, beta, weight_sq))
+        y, mean, var, n = self.normalize_with_batch_stats(z, self.coefficients, gamma, beta, weight_sq)
+        self.update_running_stats(mean, var, n)
+        return y
+
+    def coefficients(self, mean, var, gamma, beta, weight_sq):
+        scale = gamma * torch.rsqrt(var + self.eps * weight_sq)
+        return scale, beta - mean * scale
 
 
 class ScaleInvariantBN(nn.Module):
@@ -62,8 +63,7 @@ class ScaleInvariantBN(nn.Module):
 
     def inference_affine(self):
         n = self.norm
-        scale = n.weight_or_one() * torch.rsqrt(n.running_var + n.eps * self.weight_sq())
-        return scale, n.bias_or_zero() - n.running_mean * scale
+        return n.coefficients(n.running_mean, n.running_var, n.weight_or_one(), n.bias_or_zero(), self.weight_sq())
 
 
 # The issue and the model builders name the two uses; they are the same module.
