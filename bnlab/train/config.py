@@ -33,7 +33,7 @@ class TrainConfig:
 
     model: str = "mlp"
     norm: str = "bn"
-    activation: str = "relu"
+    activation: str | None = None  # None: the model's own default (relu; identity for dln)
     placement: str = "pre_activation"
     model_options: dict[str, Any] = field(default_factory=dict)
     data: str = "digits"

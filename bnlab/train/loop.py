@@ -50,6 +50,7 @@ from bnlab.train.schedules import parse_schedule
 
 DETECTION_BATCH = 256  # samples of the fixed batch used to test scale invariance
 EVAL_CHUNK = 1024
+CHECKPOINT_SECONDS = 30.0  # default cadence: first epoch end after this much time
 _FLUSH_ROWS = 5000
 
 
@@ -419,7 +420,10 @@ class _Trainer:
         self.schedule = parse_schedule(cfg.schedule)
         self.classification = self.data.task == "classification"
         self.log_every = cfg.log_every or (1 if self.total_steps <= 20000 else self.total_steps // 10000)
-        self.checkpoint_every = cfg.checkpoint_every or max(self.spe, -(-self.total_steps // 100))
+        # Default: at epoch ends, but at most every CHECKPOINT_SECONDS of wall time (a full-batch
+        # run has an "epoch" per step). Where checkpoints fall never changes the result.
+        self.checkpoint_every = cfg.checkpoint_every
+        self.last_checkpoint_time = time.monotonic()
         if cfg.eval_every is not None:
             self.eval_every = cfg.eval_every
         else:  # every epoch, but at most ~100 evaluations per run
@@ -519,6 +523,11 @@ class _Trainer:
         self.final = ckpt.get("final_summary")
         self.resumed_from = self.step
 
+    def _checkpoint_due(self) -> bool:
+        if self.checkpoint_every is not None:
+            return self.step % self.checkpoint_every == 0
+        return self.step % self.spe == 0 and time.monotonic() - self.last_checkpoint_time >= CHECKPOINT_SECONDS
+
     def _checkpoint(self, *, final_summary: dict[str, Any] | None = None) -> None:
         self.flush()  # the store then holds every row up to this step, and none beyond it
         at_boundary = self.step % self.spe == 0
@@ -545,6 +554,7 @@ class _Trainer:
             "final_summary": _primitive(final_summary) if final_summary is not None else None,
         }
         save_checkpoint(self.ckpt_path, state)
+        self.last_checkpoint_time = time.monotonic()
 
     # -- training ------------------------------------------------------------------------------
 
@@ -646,7 +656,7 @@ class _Trainer:
                         )
                 if self.step == self.total_steps:
                     break
-                if self.step % self.checkpoint_every == 0:
+                if self._checkpoint_due():
                     self._checkpoint()
             if status == "diverged":
                 break
