@@ -1,0 +1,286 @@
+"""The probe protocol: a measurement taken at some steps of a training loop, never changing the loop.
+
+A probe is a training-loop callback (``on_start``, ``after_backward``, ``after_step``, ``on_end``,
+the protocol of ``bnlab.train``) with one job. At steps ``step % every == 0`` its ``after_backward``
+(gradients of the step present, optimizer not yet stepped) takes a :class:`Snapshot` of all training
+state, calls :meth:`Probe.measure`, restores the state, and logs each returned quantity as the metric
+``probe/<name>/<quantity>[/<layer>]`` plus ``probe/<name>/seconds`` (its own wall time, snapshot and
+restore included). Two-phase probes (``effective_lr``) finish in ``after_step``.
+
+The engine's callback context must expose ``model``, ``loss_fn``, ``batch`` (``(x, y)``), ``step``,
+``optimizer`` and/or ``lr``, and ``log(name, value)``; :class:`bnlab.probes.Lab` builds the same context
+for plain PyTorch loops. Probes compute losses as ``loss_fn(model(x), y)`` (a regularization term
+the trainer adds is not included).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from bnlab.norms import ChannelNorm, CompleteBatchNorm
+
+from .state import Snapshot, preserved
+
+WEIGHT_LAYER_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def is_bn_layer(module: nn.Module) -> bool:
+    """BN-family layers: bnlab's ChannelNorm subclasses and torch's own nn.BatchNorm*d."""
+    return isinstance(module, (ChannelNorm, nn.modules.batchnorm._BatchNorm))
+
+
+def bn_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(name, m) for name, m in model.named_modules() if is_bn_layer(m)]
+
+
+def weight_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, WEIGHT_LAYER_TYPES)]
+
+
+def select_layers(model: nn.Module, names: Iterable[str] | None, default: list[tuple[str, nn.Module]],
+                  what: str) -> list[tuple[str, nn.Module]]:
+    """``default`` unless ``names`` is given; unknown names are a ValueError that lists the valid ones."""
+    if names is None:
+        return default
+    modules = dict(model.named_modules())
+    chosen = []
+    for name in names:
+        if name not in modules:
+            valid = ", ".join(n for n, _ in default) or "(none)"
+            raise ValueError(f"no module named {name!r} in the model; {what} layers: {valid}")
+        chosen.append((name, modules[name]))
+    return chosen
+
+
+def channels_first(x: torch.Tensor) -> torch.Tensor:
+    """(N, C, *) -> (C, N·prod(*)): each row holds what BN pools for one channel."""
+    return x.transpose(0, 1).reshape(x.shape[1], -1)
+
+
+def bn_affine(module: nn.Module, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(γ, β) of a BN layer, ones/zeros when it has no affine parameters."""
+    weight = getattr(module, "weight", None)
+    bias = getattr(module, "bias", None)
+    c = like.shape[0]
+    gamma = weight.detach() if weight is not None else torch.ones(c, dtype=like.dtype, device=like.device)
+    beta = bias.detach() if bias is not None else torch.zeros(c, dtype=like.dtype, device=like.device)
+    return gamma.to(like.dtype), beta.to(like.dtype)
+
+
+def cbn_rho(module: nn.Module) -> float:
+    return float(module.rho) if isinstance(module, CompleteBatchNorm) else 1.0
+
+
+@dataclass
+class ProbeContext:
+    """What a probe sees of the training loop at one step (built from the engine's or the Lab's context)."""
+
+    model: nn.Module
+    loss_fn: Callable
+    batch: tuple[torch.Tensor, torch.Tensor]
+    step: int
+    optimizer: torch.optim.Optimizer | None = None
+    lr: float | None = None
+    epoch: int | None = None
+    snapshot: Snapshot | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_callback(cls, ctx: Any) -> ProbeContext:
+        batch = getattr(ctx, "batch")
+        if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+            raise ValueError("probes need ctx.batch = (inputs, targets)")
+        return cls(
+            model=ctx.model, loss_fn=ctx.loss_fn, batch=(batch[0], batch[1]), step=int(ctx.step),
+            optimizer=getattr(ctx, "optimizer", None), lr=getattr(ctx, "lr", None),
+            epoch=getattr(ctx, "epoch", None),
+        )
+
+    @property
+    def x(self) -> torch.Tensor:
+        return self.batch[0]
+
+    @property
+    def y(self) -> torch.Tensor:
+        return self.batch[1]
+
+    def learning_rate(self, param: torch.Tensor | None = None) -> float:
+        """The step size: of ``param``'s optimizer group if known, else the context's ``lr``."""
+        if self.optimizer is not None:
+            groups = self.optimizer.param_groups
+            if param is not None:
+                for group in groups:
+                    if any(p is param for p in group["params"]):
+                        return float(group["lr"])
+            if self.lr is None:
+                return float(groups[0]["lr"])
+        if self.lr is None:
+            raise ValueError("this probe needs the learning rate: pass an optimizer or lr")
+        return float(self.lr)
+
+    def loss(self, params: dict[str, torch.Tensor] | None = None, x: torch.Tensor | None = None,
+             y: torch.Tensor | None = None) -> torch.Tensor:
+        """``loss_fn(model(x), y)``, with ``params`` substituted by ``torch.func.functional_call``."""
+        x = self.x if x is None else x
+        y = self.y if y is None else y
+        out = self.model(x) if params is None else torch.func.functional_call(self.model, params, (x,))
+        return self.loss_fn(out, y)
+
+
+def named_params(model: nn.Module) -> dict[str, nn.Parameter]:
+    return dict(model.named_parameters())
+
+
+def loss_and_grads(ctx: ProbeContext, wrt: list[str], params: dict[str, torch.Tensor] | None = None,
+                   x: torch.Tensor | None = None, y: torch.Tensor | None = None,
+                   reset: bool = True) -> tuple[float, list[torch.Tensor]]:
+    """One train-mode forward/backward: the loss and its gradient with respect to the named parameters.
+
+    ``params`` (name -> tensor) replaces the model's values; the gradient is taken with
+    ``torch.autograd.grad`` so ``.grad`` is never touched. With ``reset`` the buffers and RNGs are
+    rewound first, so every pass of a probe sees the same running statistics and layer noise.
+    """
+    if reset and ctx.snapshot is not None:
+        ctx.snapshot.reset_forward_state()
+    current = named_params(ctx.model)
+    leaves = {}
+    for name, p in current.items():
+        value = p if params is None or name not in params else params[name]
+        leaves[name] = value.detach().requires_grad_(p.requires_grad)
+    with torch.enable_grad():
+        loss = ctx.loss(leaves, x, y)
+        grads = torch.autograd.grad(loss, [leaves[n] for n in wrt], allow_unused=True)
+    grads = [torch.zeros_like(leaves[n]) if g is None else g for n, g in zip(wrt, grads)]
+    return float(loss.detach()), grads
+
+
+def flat(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    na, nb = a.norm(), b.norm()
+    if float(na) == 0.0 or float(nb) == 0.0:
+        return float("nan")
+    return float(torch.dot(a, b) / (na * nb))
+
+
+class capture_inputs:
+    """Context manager recording the first input (or output) of each named module during forwards."""
+
+    def __init__(self, modules: list[tuple[str, nn.Module]], outputs: bool = False) -> None:
+        self.modules = modules
+        self.outputs = outputs
+        self.values: dict[str, torch.Tensor] = {}
+        self._handles = []
+
+    def __enter__(self) -> capture_inputs:
+        for name, module in self.modules:
+            def hook(mod, inputs, output, name=name):
+                value = output if self.outputs else inputs[0]
+                if torch.is_tensor(value):
+                    self.values[name] = value.detach()
+            self._handles.append(module.register_forward_hook(hook))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+class Probe:
+    """Base class. Subclasses set ``name``, ``cost`` and implement :meth:`measure` (and maybe :meth:`finish`).
+
+    ``measure`` runs inside a :class:`Snapshot` (``ctx.snapshot``) that is restored afterwards, and
+    returns ``{quantity: value}``; quantities may carry a layer suffix (``"l2/features.3"``).
+    """
+
+    name: ClassVar[str] = "probe"
+    cost: ClassVar[str] = ""
+    # Probes that only read parameters/gradients skip the snapshot (and its copying cost).
+    read_only: ClassVar[bool] = False
+
+    def __init__(self, every: int = 1) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a positive integer, got {every!r}")
+        self.every = every
+        # Set by a two-phase probe's ``measure`` to what ``finish`` needs after the optimizer step.
+        self._carry: Any = None
+        self._pending: tuple[int, float] | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(every={self.every})"
+
+    def due(self, step: int) -> bool:
+        return int(step) % self.every == 0
+
+    # -- to implement ---------------------------------------------------------------------------------
+    def measure(self, ctx: ProbeContext) -> dict[str, float]:
+        raise NotImplementedError
+
+    def finish(self, ctx: ProbeContext) -> dict[str, float]:
+        """Second phase, after ``optimizer.step()``, for probes whose ``measure`` set ``self._carry``."""
+        return {}
+
+    # -- running ------------------------------------------------------------------------------------
+    def run_after_backward(self, ctx: ProbeContext) -> dict[str, float]:
+        """Measure at this step (if due) and return the metrics to log, full names."""
+        if not self.due(ctx.step):
+            return {}
+        start = time.perf_counter()
+        self._carry = None
+        self._pending = None
+        if self.read_only:
+            values = self.measure(ctx)
+        else:
+            with preserved(ctx.model, ctx.optimizer) as snap:
+                ctx.snapshot = snap
+                try:
+                    values = self.measure(ctx)
+                finally:
+                    ctx.snapshot = None
+        seconds = time.perf_counter() - start
+        metrics = {f"probe/{self.name}/{k}": float(v) for k, v in values.items()}
+        if self._carry is not None:
+            self._pending = (int(ctx.step), seconds)
+        else:
+            metrics[f"probe/{self.name}/seconds"] = seconds
+        return metrics
+
+    def run_after_step(self, ctx: ProbeContext) -> dict[str, float]:
+        if self._pending is None or self._pending[0] != int(ctx.step):
+            return {}
+        start = time.perf_counter()
+        values = self.finish(ctx)
+        seconds = self._pending[1] + time.perf_counter() - start
+        self._pending = None
+        self._carry = None
+        metrics = {f"probe/{self.name}/{k}": float(v) for k, v in values.items()}
+        metrics[f"probe/{self.name}/seconds"] = seconds
+        return metrics
+
+    # -- the bnlab.train callback protocol ------------------------------------------------------------
+    def on_start(self, ctx: Any) -> None:
+        self._pending = None
+
+    def after_backward(self, ctx: Any) -> None:
+        if not self.due(int(ctx.step)):
+            return
+        for name, value in self.run_after_backward(ProbeContext.from_callback(ctx)).items():
+            ctx.log(name, value)
+
+    def after_step(self, ctx: Any) -> None:
+        if self._pending is None:
+            return
+        for name, value in self.run_after_step(ProbeContext.from_callback(ctx)).items():
+            ctx.log(name, value)
+
+    def on_end(self, ctx: Any) -> None:
+        self._pending = None

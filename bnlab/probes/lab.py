@@ -1,0 +1,143 @@
+"""The probe registry (``create``) and :class:`Lab`, which runs probes from a plain PyTorch loop."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .activations import HistogramsProbe, MomentsProbe
+from .base import Probe, ProbeContext
+from .bn_stats import BatchNoiseProbe, BNRegularizationProbe, CBNRatiosProbe, GammaProbe
+from .effective_lr import EffectiveLRProbe
+from .gradients import GradStatsProbe
+from .ics import ICSProbe
+from .landscape import LandscapeProbe
+
+PROBES: dict[str, type[Probe]] = {
+    cls.name: cls
+    for cls in (ICSProbe, MomentsProbe, HistogramsProbe, LandscapeProbe, EffectiveLRProbe, GradStatsProbe,
+                CBNRatiosProbe, BatchNoiseProbe, GammaProbe, BNRegularizationProbe)
+}
+SEARCHES = ("max_stable_lr",)
+
+
+def available() -> list[str]:
+    """Names accepted by :func:`create` (and ``bnlab train --probe``)."""
+    return list(PROBES)
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(name, what it measures, cost) for every step probe."""
+    rows = []
+    for name, cls in PROBES.items():
+        doc = (cls.__doc__ or "").strip().split("\n")[0]
+        rows.append((name, doc, cls.cost))
+    return rows
+
+
+def create(name: str, every: int = 1, **options: Any) -> Probe:
+    """Build the step probe ``name`` to run every ``every`` steps; ``options`` go to its constructor.
+
+    >>> create("landscape", every=50, num=6)
+    """
+    if not isinstance(name, str) or name not in PROBES:
+        if name in SEARCHES:
+            raise ValueError(
+                f"{name} is a search over training runs, not a step probe: call "
+                f"bnlab.probes.max_stable_lr(train_fn) or max_stable_lr_for(model, loss_fn, batches, steps); "
+                f"valid probes: {', '.join(PROBES)}"
+            )
+        raise ValueError(f"unknown probe {name!r}; valid probes: {', '.join(PROBES)}")
+    cls = PROBES[name]
+    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "every")]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(unknown)} for probe {name!r}; valid options: "
+                         f"{', '.join(accepted) or '(none)'}")
+    return cls(every=every, **options)
+
+
+Recorder = Callable[[int, str, float], Any]
+
+
+class Lab:
+    """Run probes from a plain PyTorch training loop.
+
+    >>> lab = Lab(model, loss_fn, probes=["landscape", create("ics", every=10)], optimizer=opt)
+    >>> for step, (x, y) in enumerate(batches):
+    ...     opt.zero_grad(); loss_fn(model(x), y).backward()
+    ...     lab.after_backward((x, y), step)      # gradients present, before the update
+    ...     opt.step()
+    ...     lab.after_step((x, y), step)          # only two-phase probes (effective_lr) need it
+    >>> lab.records                                # [(step, "probe/landscape/beta_smoothness", 3.1), ...]
+
+    ``recorder`` receives every metric too: a callable ``recorder(step, name, value)`` or an object with
+    ``log_metrics(run_id, step, {name: value})`` (e.g. :class:`bnlab.store.Store`, with ``run_id``).
+    ``lr`` is needed only without an optimizer. Probes given by name run every step (``every=1``).
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: Callable, probes: Iterable[Probe | str] = (), *,
+                 optimizer: torch.optim.Optimizer | None = None, recorder: Any = None,
+                 run_id: str | None = None, lr: float | None = None) -> None:
+        self.model = model
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.lr = lr
+        self.probes: list[Probe] = [create(p) if isinstance(p, str) else p for p in probes]
+        for p in self.probes:
+            if not isinstance(p, Probe):
+                raise ValueError(f"probes must be probe names ({', '.join(PROBES)}) or Probe objects, got {p!r}")
+        if recorder is not None and not callable(recorder) and not hasattr(recorder, "log_metrics"):
+            raise ValueError("recorder must be callable(step, name, value) or have log_metrics(run_id, step, dict)")
+        if recorder is not None and hasattr(recorder, "log_metrics") and not callable(recorder) and run_id is None:
+            run_id = getattr(recorder, "run_id", None)
+            if run_id is None:
+                raise ValueError("a recorder with log_metrics(run_id, step, values) needs run_id=")
+        self.recorder = recorder
+        self.run_id = run_id
+        self.records: list[tuple[int, str, float]] = []
+
+    def _context(self, batch, step: int, lr: float | None) -> ProbeContext:
+        if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+            raise ValueError("batch must be an (inputs, targets) pair")
+        return ProbeContext(model=self.model, loss_fn=self.loss_fn, batch=(batch[0], batch[1]), step=int(step),
+                            optimizer=self.optimizer, lr=self.lr if lr is None else lr)
+
+    def _record(self, step: int, metrics: dict[str, float]) -> None:
+        if not metrics:
+            return
+        for name, value in metrics.items():
+            self.records.append((int(step), name, value))
+        if self.recorder is None:
+            return
+        if hasattr(self.recorder, "log_metrics"):
+            self.recorder.log_metrics(self.run_id, int(step), metrics)
+        else:
+            for name, value in metrics.items():
+                self.recorder(int(step), name, value)
+
+    def after_backward(self, batch, step: int, *, lr: float | None = None) -> dict[str, float]:
+        """Run the probes due at ``step``; returns (and records) the metrics they produced."""
+        ctx = self._context(batch, step, lr)
+        metrics = {}
+        for probe in self.probes:
+            metrics.update(probe.run_after_backward(ctx))
+        self._record(step, metrics)
+        return metrics
+
+    def after_step(self, batch, step: int, *, lr: float | None = None) -> dict[str, float]:
+        """Finish two-phase probes after ``optimizer.step()``."""
+        ctx = self._context(batch, step, lr)
+        metrics = {}
+        for probe in self.probes:
+            metrics.update(probe.run_after_step(ctx))
+        self._record(step, metrics)
+        return metrics
+
+    def series(self, name: str) -> list[tuple[int, float]]:
+        """(step, value) pairs of one metric, e.g. ``lab.series("probe/landscape/beta_smoothness")``."""
+        return [(s, v) for s, n, v in self.records if n == name]
