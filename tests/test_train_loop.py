@@ -250,11 +250,16 @@ def test_probe_flag(tmp_path):
     names = sorted(getattr(probes, "PROBES", {}) or [])
     if not names:
         pytest.skip("bnlab.probes lists no probes")
-    result = runner.invoke(app, ["train", "--model", "mlp", "--data", "digits", "--steps", "4", "--probe", names[0],
+    name = "grad_stats" if "grad_stats" in names else names[0]
+    result = runner.invoke(app, ["train", "--model", "mlp", "--data", "digits", "--steps", "4", "--probe", name,
                                  "--probe-every", "2", "--runs-dir", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout.strip().splitlines()[-1])
     with Store(tmp_path / "bnlab.db") as store:
         names_logged = set(store.metrics(record["id"]))
-    assert names_logged - {"train_loss", "train_accuracy", "test_loss", "test_accuracy", "epoch_train_loss",
-                           "epoch_train_accuracy", "lr"}, "the probe logged nothing"
+    probe_rows = names_logged - {"train_loss", "train_accuracy", "test_loss", "test_accuracy",
+                                 "epoch_train_loss", "epoch_train_accuracy", "lr"}
+    assert probe_rows, "the probe logged nothing"
+    with Store(tmp_path / "bnlab.db") as store:
+        steps = {s for rows in store.metrics(record["id"], sorted(probe_rows)).values() for s, _ in rows}
+    assert steps == {2, 4}  # --probe-every 2 over 4 steps

@@ -637,6 +637,8 @@ class _Trainer:
                     for name, value in self._epoch_means().items():
                         self.log(f"epoch_{name}", value, self.step)
                     self.log("lr", ctx.lr, self.step)
+                if epoch_end:
+                    last_eval = {}  # the progress line shows only evaluations of this step
                 if self.step % self.eval_every == 0 and self.step < self.total_steps:
                     last_eval = self.evaluate()
                     for name, value in last_eval.items():
