@@ -19,6 +19,8 @@ app = typer.Typer(
 # Modules whose ``register(app)`` adds commands; order is the order of `bnlab --help`.
 COMMAND_MODULES = [
     "bnlab.norms.cli",
+    "bnlab.demo",
+    "bnlab.experiments.cli",
     "bnlab.models.cli",
     "bnlab.train.cli",
 ]

@@ -1,0 +1,118 @@
+"""The report: ``runs/report/index.html`` and ``index.md`` built from the store alone.
+
+For each stored entry: its figures, our numbers beside the paper's, the verdict on the claim,
+the exact run configs and the environment. Nothing is trained here; figures are redrawn from
+stored metrics and computation results.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from bnlab.experiments.base import PAPERS
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value != value:
+            return "nan"
+        return f"{value:.4g}"
+    if value is None:
+        return "—"
+    return str(value)
+
+
+def write_report(runs_dir: str | Path = "runs") -> Path:
+    """(Re)write ``<runs_dir>/report/index.html`` and ``index.md``; returns the HTML path."""
+    from bnlab.experiments.runner import iter_outcomes
+
+    runs_dir = Path(runs_dir)
+    out = runs_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    sections = []
+    for experiment_id, preset, ctx, outcome in iter_outcomes(runs_dir):
+        sections.append(_section(experiment_id, preset, ctx, outcome, out))
+    md = ["# bnlab report", "", f"{len(sections)} entries. Generated from `{runs_dir}` (no training was run to draw this).", ""]
+    md += [s["md"] for s in sections]
+    (out / "index.md").write_text("\n".join(md))
+    body = "\n".join(s["html"] for s in sections)
+    toc = "".join(f'<li><a href="#{s["anchor"]}">{html.escape(s["title"])}</a> — <b>{s["verdict"]}</b></li>' for s in sections)
+    page = _PAGE.format(count=len(sections), toc=toc, body=body, runs_dir=html.escape(str(runs_dir)))
+    (out / "index.html").write_text(page)
+    return out / "index.html"
+
+
+def _section(experiment_id: str, preset: str, ctx, outcome, out: Path) -> dict:
+    exp = ctx.experiment
+    anchor = f"{experiment_id}-{preset}"
+    title = f"{experiment_id} [{preset}{', tiny' if ctx.tiny else ''}] — {PAPERS[exp.paper].split(',')[0]} {exp.target}: {exp.title}"
+    if isinstance(outcome, Exception):
+        verdict, summary, figures, table = "error", f"analysis failed: {type(outcome).__name__}: {outcome}", [], []
+    else:
+        verdict, summary, figures, table = outcome.verdict, outcome.summary, outcome.figures, outcome.table
+    rel = [os.path.relpath(f, out) for f in figures]
+    status = {}
+    for r in ctx.runs:
+        status[r.status] = status.get(r.status, 0) + 1
+    configs = [{"label": r.label, "id": r.id, "status": r.status, "config": _short_config(r.record.get("config") or {})}
+               for r in ctx.runs]
+    env = next((r.record.get("env") for r in ctx.runs if r.record.get("env")), {})
+    cols = _columns(table)
+    md = [f"## {title}", "", f"**Claim.** {exp.claim}", "", f"**Verdict: {verdict}.** {summary}", ""]
+    md += [f"![{Path(f).stem}]({f})" for f in rel] + [""]
+    if table:
+        md += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        md += ["| " + " | ".join(_fmt(row.get(c)) for c in cols) + " |" for row in table]
+        md.append("")
+    md += [f"*Preset {preset}:* {exp.smoke_changes if preset == 'smoke' else 'the paper configuration.'}",
+           f"Runs: {len(ctx.runs)} ({', '.join(f'{v} {k}' for k, v in status.items()) or 'none'}).", ""]
+    h = [f'<section id="{anchor}"><h2>{html.escape(title)}</h2>',
+         f"<p><b>Claim.</b> {html.escape(exp.claim)}</p>",
+         f'<p class="verdict {verdict.replace(" ", "-")}"><b>Verdict: {html.escape(verdict)}.</b> {html.escape(summary)}</p>']
+    h += [f'<img src="{html.escape(f)}" alt="{html.escape(Path(f).stem)}">' for f in rel]
+    if table:
+        h.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>")
+        h += ["<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(c)))}</td>" for c in cols) + "</tr>" for row in table]
+        h.append("</table>")
+    h.append(f"<p><i>Preset {preset}:</i> {html.escape(exp.smoke_changes if preset == 'smoke' else 'the paper configuration.')} "
+             f"Runs: {len(ctx.runs)} ({html.escape(', '.join(f'{v} {k}' for k, v in status.items()) or 'none')}).</p>")
+    h.append("<details><summary>Run configs</summary><pre>" + html.escape(json.dumps(configs, indent=1, default=str)) + "</pre></details>")
+    h.append("<details><summary>Environment</summary><pre>" + html.escape(json.dumps(env, indent=1, default=str)) + "</pre></details>")
+    h.append("</section>")
+    return {"md": "\n".join(md), "html": "\n".join(h), "anchor": anchor, "title": title, "verdict": verdict}
+
+
+def _columns(table: list[dict]) -> list[str]:
+    cols: list[str] = []
+    for row in table:
+        for key in row:
+            if key not in cols:
+                cols.append(key)
+    return cols
+
+
+def _short_config(config: dict) -> dict:
+    return {k: v for k, v in config.items() if v not in (None, [], {}) and k not in ("runs_dir",)}
+
+
+_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>bnlab report</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }}
+img {{ max-width: 100%; border: 1px solid #ddd; margin: 0.3em 0; }}
+table {{ border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }}
+td, th {{ border: 1px solid #ccc; padding: 3px 8px; }}
+.verdict.held {{ color: #17632a; }} .verdict.not-held {{ color: #a11; }} .verdict.inconclusive, .verdict.error {{ color: #a60; }}
+section {{ border-top: 2px solid #eee; padding-top: 0.5em; }}
+pre {{ font-size: 0.8em; background: #f7f7f7; padding: 0.5em; overflow-x: auto; }}
+</style></head><body>
+<h1>bnlab report</h1>
+<p>{count} entries, generated from <code>{runs_dir}</code> alone (nothing re-trained to draw this).</p>
+<ul>{toc}</ul>
+{body}
+</body></html>
+"""

@@ -1,0 +1,105 @@
+"""The shape of a catalogue entry.
+
+An :class:`Experiment` is declarative: ``plan(preset)`` says which training runs (each a
+``bnlab.train`` config) and which pure computations (theory, simulations) make up the figure or table;
+``analyze(ctx)`` draws the figures and fills the table from what was stored, so the report can be
+rebuilt from the store without training anything again.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+PRESETS = ("smoke", "paper")
+PAPERS = {
+    "santurkar": "Santurkar et al. 2018, How does batch normalization help optimization?",
+    "luo": "Luo et al. 2019, Towards understanding regularization in batch normalization",
+    "peng": "Peng et al., Complete batch normalization (CBN)",
+    "arora": "Arora, Li & Lyu 2019, Theoretical analysis of auto rate-tuning by batch normalization",
+    "mbn": "Yong et al. 2020, Momentum batch normalization for deep learning with small batch size",
+}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of an entry: a label for plots/tables, its config, and its factors."""
+
+    label: str
+    config: dict[str, Any]
+    factors: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    """What an entry executes for one preset."""
+
+    runs: list[RunSpec] = field(default_factory=list)
+    # Pure computations (theory, simulators): name -> callable returning JSON-able data.
+    compute: dict[str, Callable[[], Any]] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    """What ``analyze`` returns: figures written, our numbers beside the paper's, the verdict."""
+
+    figures: list[Path]
+    table: list[dict[str, Any]]  # rows with at least "quantity", "ours", "paper"
+    verdict: str                 # "held", "not held" or "inconclusive"
+    summary: str                 # one or two sentences: what was compared and what we saw
+
+
+@dataclass
+class Experiment:
+    id: str
+    paper: str
+    target: str          # "Fig. 9", "Table 1", "App. D.1"
+    title: str
+    claim: str
+    smoke_changes: str   # what the smoke preset changes from the paper, and why
+    cost: dict[str, str]  # preset -> rough cost ("≈1 min on 2 CPU cores")
+    plan: Callable[[str], Plan]
+    analyze: Callable[["AnalysisContext"], Outcome]  # noqa: F821 (defined in runner)
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.id, "paper": self.paper, "paper_title": PAPERS[self.paper], "target": self.target,
+                "title": self.title, "claim": self.claim, "smoke_changes": self.smoke_changes, "cost": self.cost}
+
+
+CATALOGUE: dict[str, Experiment] = {}
+
+
+def register(experiment: Experiment) -> Experiment:
+    if experiment.paper not in PAPERS:
+        raise ValueError(f"unknown paper {experiment.paper!r}; valid: {', '.join(PAPERS)}")
+    if experiment.id in CATALOGUE:
+        raise ValueError(f"experiment {experiment.id!r} registered twice")
+    CATALOGUE[experiment.id] = experiment
+    return experiment
+
+
+def get(experiment_id: str) -> Experiment:
+    from . import load_catalogue
+
+    load_catalogue()
+    if experiment_id not in CATALOGUE:
+        raise ValueError(f"unknown experiment {experiment_id!r}; valid ids: {', '.join(sorted(CATALOGUE))}")
+    return CATALOGUE[experiment_id]
+
+
+def check_preset(preset: str) -> str:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+    return preset
+
+
+def shrink(config: dict[str, Any], steps: int) -> dict[str, Any]:
+    """A copy of ``config`` cut to at most ``steps`` optimizer steps (used by the tests' 'tiny' runs)."""
+    out = copy.deepcopy(config)
+    out.pop("epochs", None)
+    out["steps"] = min(int(out.get("steps") or steps), steps)
+    if out.get("checkpoint_every"):
+        out["checkpoint_every"] = None
+    return out

@@ -1,0 +1,310 @@
+"""Run catalogue entries: sweeps of training runs (locally or on Ray), computations, stored results."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from .base import Experiment, Outcome, Plan, RunSpec, check_preset, get, shrink
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS experiments (
+    id TEXT NOT NULL, preset TEXT NOT NULL, runs TEXT NOT NULL, data TEXT NOT NULL,
+    tiny INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL, seconds REAL,
+    PRIMARY KEY (id, preset)
+);
+"""
+
+
+class ResultStore:
+    """Entry-level results beside the run store (same SQLite file, own table).
+
+    For each (experiment, preset): the run ids by label with their factors, and the JSON data of the
+    entry's computations. Together with the runs' metrics this is all the report needs.
+    """
+
+    def __init__(self, runs_dir: str | Path):
+        self.runs_dir = Path(runs_dir)
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.runs_dir / "bnlab.db"
+        self._conn = sqlite3.connect(str(self.path), timeout=60)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def save(self, experiment_id: str, preset: str, runs: list[dict], data: dict, tiny: bool, seconds: float) -> None:
+        with self._conn:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO experiments(id, preset, runs, data, tiny, created, seconds) VALUES (?,?,?,?,?,?,?)",
+                (experiment_id, preset, json.dumps(runs), json.dumps(data, default=_jsonable), int(tiny), time.time(), seconds))
+
+    def load(self, experiment_id: str, preset: str) -> dict | None:
+        row = self._conn.execute("SELECT runs, data, tiny, created, seconds FROM experiments WHERE id=? AND preset=?",
+                                 (experiment_id, preset)).fetchone()
+        if row is None:
+            return None
+        return {"runs": json.loads(row[0]), "data": json.loads(row[1]), "tiny": bool(row[2]), "created": row[3],
+                "seconds": row[4]}
+
+    def entries(self) -> list[tuple[str, str]]:
+        return [tuple(r) for r in self._conn.execute("SELECT id, preset FROM experiments ORDER BY id, preset")]
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        import numpy as np
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            return value.detach().cpu().tolist()
+        if isinstance(value, (np.ndarray, np.generic)):
+            return value.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    if hasattr(value, "__dict__"):
+        return vars(value)
+    return str(value)
+
+
+# ---- sweeps ------------------------------------------------------------------------------------
+
+def _train_one(config: dict) -> dict:
+    """Train one config; a crash becomes a 'failed' record instead of stopping the sweep."""
+    from bnlab.train import run
+
+    try:
+        return run(config, progress=False).to_dict()
+    except Exception as err:  # noqa: BLE001 — the sweep must go on; the error is recorded
+        from bnlab.train import TrainConfig
+
+        try:
+            run_id = TrainConfig.coerce(config).run_id()
+        except Exception:  # noqa: BLE001
+            run_id = None
+        return {"id": run_id, "status": "failed", "steps": 0, "config": config, "metrics": {},
+                "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(limit=5)}
+
+
+def run_sweep(configs: list[dict], *, ray_address: str | None = None, progress: bool | None = None) -> list[dict]:
+    """Train every config; finished runs in the store are skipped (``bnlab.train.run`` resumes).
+
+    Locally the runs go one after another in this process; with ``ray_address`` each run is a Ray
+    task (``"local"`` starts a local Ray instance) writing to the same store. A failed or diverged
+    run never stops the others. Returns the records in the order of ``configs``.
+    """
+    if ray_address is None:
+        bar = _bar(len(configs), progress)
+        records = []
+        for config in configs:
+            records.append(_train_one(config))
+            bar.set_postfix_str(f"{records[-1]['status']}")
+            bar.update()
+        bar.close()
+        return records
+    return _run_on_ray(configs, ray_address, progress)
+
+
+def _run_on_ray(configs: list[dict], address: str, progress: bool | None) -> list[dict]:
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--ray needs the 'ray' package: pip install 'bnlab[ray]'") from None
+    started = False
+    if not ray.is_initialized():
+        kwargs = {"include_dashboard": False, "log_to_driver": False}
+        ray.init(address=None if address == "local" else address, **kwargs)
+        started = True
+    try:
+        task = ray.remote(num_cpus=1)(_train_one)
+        pending = {task.remote(c): i for i, c in enumerate(configs)}
+        records: list[dict | None] = [None] * len(configs)
+        bar = _bar(len(configs), progress)
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            index = pending.pop(done[0])
+            try:
+                records[index] = ray.get(done[0])
+            except Exception as err:  # noqa: BLE001 — a lost worker is a failed run, not a failed sweep
+                records[index] = {"id": None, "status": "failed", "steps": 0, "config": configs[index],
+                                  "metrics": {}, "error": f"{type(err).__name__}: {err}"}
+            bar.update()
+        bar.close()
+        return records  # type: ignore[return-value]
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _bar(total: int, progress: bool | None):
+    from tqdm.auto import tqdm
+
+    disable = (not sys.stderr.isatty()) if progress is None else not progress
+    return tqdm(total=total, desc="runs", unit="run", disable=disable, leave=False)
+
+
+# ---- reproduce ---------------------------------------------------------------------------------
+
+TINY_STEPS = 6
+
+
+def reproduce(experiment_id: str, preset: str = "smoke", *, runs_dir: str | Path = "runs",
+              ray_address: str | None = None, tiny: bool = False, progress: bool | None = None,
+              report: bool = True) -> Outcome:
+    """Run one entry end to end: its training runs and computations, stored, then analysed.
+
+    ``tiny`` cuts every run to a few steps (the test suite's reduced form); results are stored
+    under the same (id, preset) but marked tiny in the report.
+    """
+    exp = get(experiment_id)
+    check_preset(preset)
+    runs_dir = Path(runs_dir)
+    start = time.time()
+    plan: Plan = exp.plan(preset)
+    specs = [RunSpec(s.label, _prepare_config(s.config, runs_dir, tiny), s.factors) for s in plan.runs]
+    records = run_sweep([s.config for s in specs], ray_address=ray_address, progress=progress)
+    data = {}
+    for name, fn in plan.compute.items():
+        data[name] = fn(tiny=tiny) if _accepts_tiny(fn) else fn()
+    runs = [{"label": s.label, "factors": s.factors, "id": r.get("id"), "status": r.get("status"),
+             "error": r.get("error")} for s, r in zip(specs, records)]
+    store = ResultStore(runs_dir)
+    try:
+        store.save(exp.id, preset, runs, data, tiny, time.time() - start)
+    finally:
+        store.close()
+    outcome = analyze(experiment_id, preset, runs_dir=runs_dir)
+    if report:
+        from bnlab.report import write_report
+
+        write_report(runs_dir)
+    return outcome
+
+
+def _accepts_tiny(fn) -> bool:
+    import inspect
+
+    try:
+        return "tiny" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _prepare_config(config: dict, runs_dir: Path, tiny: bool) -> dict:
+    config = shrink(config, TINY_STEPS) if tiny else dict(config)
+    config["runs_dir"] = str(runs_dir)
+    return config
+
+
+@dataclass
+class RunView:
+    """A stored run as the analysis sees it: label, factors, record and metric series."""
+
+    label: str
+    factors: dict[str, Any]
+    id: str | None
+    status: str
+    record: dict[str, Any]
+    _store: Any
+
+    def series(self, name: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of one metric, in step order."""
+        if self.id is None:
+            return [], []
+        rows = self._store.metrics(self.id, names=[name]).get(name, [])
+        return [s for s, _ in rows], [v for _, v in rows]
+
+    def final(self, name: str, default: float | None = None) -> float | None:
+        value = (self.record.get("metrics") or {}).get(name)
+        return default if value is None else value
+
+    def metric_names(self, prefix: str = "") -> list[str]:
+        if self.id is None:
+            return []
+        return sorted(n for n in self._store.metrics(self.id) if n.startswith(prefix))
+
+
+@dataclass
+class AnalysisContext:
+    """Everything ``Experiment.analyze`` may use; nothing here trains."""
+
+    experiment: Experiment
+    preset: str
+    runs: list[RunView]
+    data: dict[str, Any]
+    out_dir: Path
+    tiny: bool
+
+    def run(self, label: str) -> RunView:
+        for r in self.runs:
+            if r.label == label:
+                return r
+        raise KeyError(f"no run labelled {label!r}; labels: {', '.join(r.label for r in self.runs)}")
+
+    def figure_path(self, name: str) -> Path:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        return self.out_dir / f"{name}.png"
+
+
+def analysis_context(experiment_id: str, preset: str, *, runs_dir: str | Path = "runs") -> AnalysisContext:
+    from bnlab.store import Store
+
+    exp = get(experiment_id)
+    runs_dir = Path(runs_dir)
+    results = ResultStore(runs_dir)
+    try:
+        saved = results.load(exp.id, preset)
+    finally:
+        results.close()
+    if saved is None:
+        raise ValueError(f"no stored results for {experiment_id} ({preset}) in {runs_dir}; "
+                         f"run `bnlab reproduce {experiment_id} --preset {preset}` first")
+    store = Store(runs_dir / "bnlab.db")
+    views = []
+    for r in saved["runs"]:
+        row = store.get_run(r["id"]) if r.get("id") else None
+        record = _record_dict(row) if row else {"status": r.get("status", "failed"), "metrics": {}, "error": r.get("error")}
+        views.append(RunView(r["label"], r.get("factors") or {}, r.get("id"), record.get("status", "failed"), record, store))
+    return AnalysisContext(exp, preset, views, saved["data"], runs_dir / "report" / "figures" / exp.id / preset,
+                           saved["tiny"])
+
+
+def _record_dict(row: dict) -> dict:
+    from bnlab.train import RunRecord
+
+    return RunRecord.from_store(row).to_dict()
+
+
+def analyze(experiment_id: str, preset: str, *, runs_dir: str | Path = "runs") -> Outcome:
+    ctx = analysis_context(experiment_id, preset, runs_dir=runs_dir)
+    return ctx.experiment.analyze(ctx)
+
+
+def stored_entries(runs_dir: str | Path) -> list[tuple[str, str]]:
+    if not (Path(runs_dir) / "bnlab.db").exists():
+        return []
+    store = ResultStore(runs_dir)
+    try:
+        return store.entries()
+    finally:
+        store.close()
+
+
+def iter_outcomes(runs_dir: str | Path) -> Iterable[tuple[str, str, AnalysisContext, Outcome | Exception]]:
+    for experiment_id, preset in stored_entries(runs_dir):
+        try:
+            ctx = analysis_context(experiment_id, preset, runs_dir=runs_dir)
+        except ValueError:
+            continue  # an entry that no longer exists in the catalogue
+        try:
+            outcome: Outcome | Exception = ctx.experiment.analyze(ctx)
+        except Exception as err:  # noqa: BLE001 — one broken entry must not hide the others
+            outcome = err
+        yield experiment_id, preset, ctx, outcome
