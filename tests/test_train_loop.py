@@ -263,3 +263,18 @@ def test_probe_flag(tmp_path):
     with Store(tmp_path / "bnlab.db") as store:
         steps = {s for rows in store.metrics(record["id"], sorted(probe_rows)).values() for s, _ in rows}
     assert steps == {2, 4}  # --probe-every 2 over 4 steps
+
+
+@needs_models
+def test_cli_failed_run_prints_stored_record_and_exits_1(tmp_path, monkeypatch):
+    from bnlab.train import loop
+
+    def broken_evaluate(self):
+        raise RuntimeError("evaluation exploded")
+
+    monkeypatch.setattr(loop._Trainer, "evaluate", broken_evaluate)
+    result = runner.invoke(app, ["train", "--model", "mlp", "--data", "digits", "--steps", "2",
+                                 "--runs-dir", str(tmp_path), "--json"])
+    assert result.exit_code == 1
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert record["status"] == "failed" and "evaluation exploded" in record["error"] and record["steps"] == 2

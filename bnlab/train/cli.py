@@ -7,7 +7,6 @@ line on stderr and exit code 2; a diverged run is a result (exit 0); a failed ru
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -80,8 +79,9 @@ def train_command(
 ) -> None:
     """Train a model and record the run; re-running the same command resumes it."""
     from bnlab.train.config import TrainConfig, load_config_file
-    from bnlab.train.loop import run
+    from bnlab.train.loop import RunLockedError, run
 
+    config = None
     try:
         values: dict[str, Any] = load_config_file(config_file) if config_file is not None else {}
         flags = {
@@ -134,13 +134,13 @@ def train_command(
     except ValueError as err:  # configuration, data files, checkpoints: all before training
         _fail(str(err))
         return
-    except RuntimeError as err:
+    except RunLockedError as err:
         _fail(str(err), EXIT_FAILED)
         return
     except Exception as err:  # noqa: BLE001 - the run is marked failed in the store
         typer.echo(f"error: run failed: {type(err).__name__}: {err}", err=True)
         if as_json:
-            typer.echo(json.dumps({"status": "failed", "error": f"{type(err).__name__}: {err}"}))
+            typer.echo(_failed_record_json(config, err))
         raise typer.Exit(EXIT_FAILED) from None
     if as_json:
         typer.echo(record.to_json())
@@ -148,6 +148,23 @@ def train_command(
         typer.echo(_summary_line(record))
     if record.status == "failed":
         raise typer.Exit(EXIT_FAILED)
+
+
+def _failed_record_json(config, err: Exception) -> str:
+    """The stored record of a run that raised (status failed), or a minimal one if none was stored."""
+    from bnlab.store import Store, dumps
+    from bnlab.train.config import validate_static
+    from bnlab.train.loop import RunRecord
+
+    try:
+        cfg = validate_static(config)
+        with Store(Path(cfg.runs_dir) / "bnlab.db") as store:
+            row = store.get_run(cfg.run_id())
+        if row is not None:
+            return RunRecord.from_store(row).to_json()
+    except Exception:  # noqa: BLE001 - reporting must not mask the original error
+        pass
+    return dumps({"status": "failed", "error": f"{type(err).__name__}: {err}"})
 
 
 def _fmt(value: Any) -> str:

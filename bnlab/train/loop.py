@@ -368,6 +368,10 @@ def environment(device: torch.device) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
+class RunLockedError(RuntimeError):
+    """Another process is training this run right now."""
+
+
 class _RunLock:
     """An advisory lock so two processes never train the same run at once (freed on SIGKILL)."""
 
@@ -387,7 +391,7 @@ class _RunLock:
         except BlockingIOError:
             self.handle.close()
             self.handle = None
-            raise RuntimeError(
+            raise RunLockedError(
                 f"run {self.path.stem} is being trained by another process (lock {self.path})"
             ) from None
         return self
@@ -595,7 +599,6 @@ class _Trainer:
         return out
 
     def train(self) -> tuple[str, dict[str, Any]]:
-        cfg = self.config
         ctx = StepContext(self)
         _call(self.callbacks, "on_start", ctx)
         bar = self._progress_bar()
@@ -637,7 +640,6 @@ class _Trainer:
                     for name, value in self._epoch_means().items():
                         self.log(f"epoch_{name}", value, self.step)
                     self.log("lr", ctx.lr, self.step)
-                if epoch_end:
                     last_eval = {}  # the progress line shows only evaluations of this step
                 if self.step % self.eval_every == 0 and self.step < self.total_steps:
                     last_eval = self.evaluate()
