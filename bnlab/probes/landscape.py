@@ -100,26 +100,33 @@ def _unbatchable_reason(model: nn.Module) -> str | None:
     return None
 
 
+def _flat(tensors) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
 def _naive(ctx: ProbeContext, names, theta, direction, steps) -> tuple[list[float], list[torch.Tensor]]:
+    """One forward/backward per step size (buffers and RNG rewound before each)."""
     losses, grads = [], []
     for s in steps.tolist():
         params = {n: theta[n] - s * direction[n] for n in names}
         loss, g = loss_and_grads(ctx, names, params)
         losses.append(loss)
-        grads.append(torch.cat([t.reshape(-1) for t in g]))
+        grads.append(_flat(g))
     return losses, grads
 
 
 def _batched(ctx: ProbeContext, names, theta, direction, steps, chunk_size=None):
-    """Loss and gradient at θ − s g for every s (and s = 0 first) in one vmapped pass."""
+    """Loss and gradient at θ − s g for every s in one pass: the forward is vmapped over the step sizes
+    (``functional_call`` with per-s parameters and per-s buffer copies), the backward is ordinary
+    autograd through the batched kernels (the losses of different s are independent, so the gradient
+    of their sum holds each one's gradient in its slice)."""
     model = ctx.model
     frozen = {n: p.detach() for n, p in model.named_parameters() if n not in names}
-    steps = torch.cat([torch.zeros(1, dtype=steps.dtype), steps])
     count = steps.numel()
-    batched_params = {}
+    leaves = {}
     for n in names:
         s = steps.to(device=theta[n].device, dtype=theta[n].dtype).view(-1, *([1] * theta[n].dim()))
-        batched_params[n] = theta[n].unsqueeze(0) - s * direction[n].unsqueeze(0)
+        leaves[n] = (theta[n].unsqueeze(0) - s * direction[n].unsqueeze(0)).requires_grad_()
     if ctx.snapshot is not None:
         ctx.snapshot.reset_forward_state()  # the copies must hold the buffers as the step left them
     batched_buffers = {n: b.detach().unsqueeze(0).expand(count, *b.shape).clone()
@@ -128,64 +135,84 @@ def _batched(ctx: ProbeContext, names, theta, direction, steps, chunk_size=None)
     loss_fn = ctx.loss_fn
 
     def loss_of(params, buffers):
-        out = torch.func.functional_call(model, {**params, **frozen, **buffers}, (x,))
-        return loss_fn(out, y)
-
-    def one(params, buffers):
-        return torch.func.grad_and_value(loss_of)(params, buffers)
+        return loss_fn(torch.func.functional_call(model, {**params, **buffers, **frozen}, (x,)), y)
 
     toggled = [m for m in model.modules() if is_bn_layer(m) and getattr(m, "track_running_stats", False)]
     for m in toggled:
         m.track_running_stats = False
     try:
         if ctx.snapshot is not None:
-            ctx.snapshot.reset_forward_state()
-        grads, losses = torch.func.vmap(one, randomness="same", chunk_size=chunk_size)(
-            batched_params, batched_buffers)
+            ctx.snapshot.reset_rng()
+        with torch.enable_grad():
+            losses = torch.func.vmap(loss_of, randomness="same", chunk_size=chunk_size)(leaves, batched_buffers)
+            grads = torch.autograd.grad(losses.sum(), [leaves[n] for n in names], allow_unused=True)
     finally:
         for m in toggled:
             m.track_running_stats = True
-    flat = torch.cat([grads[n].reshape(count, -1) for n in names], dim=1)
+    grads = [torch.zeros_like(leaves[n]) if g is None else g for n, g in zip(names, grads)]
+    flat = torch.cat([g.reshape(count, -1) for g in grads], dim=1)
     return [float(v) for v in losses.detach()], list(flat.detach())
 
 
+DIRECTIONS = ("grad", "recompute")
+
+
 def evaluate_landscape(ctx: ProbeContext, steps: torch.Tensor, method: str = "batched",
-                       chunk_size: int | None = None) -> LandscapeResult:
-    """Evaluate the landscape at ``steps`` (absolute step sizes); runs inside ``ctx.snapshot`` or its own."""
+                       chunk_size: int | None = None, direction: str = "grad") -> LandscapeResult:
+    """Evaluate the landscape at ``steps`` (absolute step sizes); runs inside ``ctx.snapshot`` or its own.
+
+    ``direction="grad"`` moves along the ``.grad`` the optimizer is about to use when every trainable
+    parameter has one (the training step's gradient), else — and with ``"recompute"`` — along a
+    freshly computed ∇L(θ) on the batch. ∇L(θ) itself, from which gradient changes are measured, is
+    always evaluated by the same code path as ∇L(θ − s g) (s = 0 added to the grid), so the changes
+    are free of differences between code paths. Cost (passes): naive 1 + S (+1 if recomputing the
+    direction), batched 1 vmapped pass over S + 1 (+1).
+    """
     if method not in METHODS:
         raise ValueError(f"unknown landscape method {method!r}; valid methods: {', '.join(METHODS)}")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"unknown direction {direction!r}; valid directions: {', '.join(DIRECTIONS)}")
     if ctx.snapshot is None:
         with preserved(ctx.model, ctx.optimizer) as snap:
             ctx.snapshot = snap
             try:
-                return evaluate_landscape(ctx, steps, method, chunk_size)
+                return evaluate_landscape(ctx, steps, method, chunk_size, direction)
             finally:
                 ctx.snapshot = None
     model = ctx.model
     model.train()
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    theta = {n: p.detach() for n, p in model.named_parameters()}
-    loss0, g_list = loss_and_grads(ctx, names)
-    direction = dict(zip(names, g_list))
-    g0 = torch.cat([t.reshape(-1) for t in g_list])
+    params = dict(model.named_parameters())
+    names = [n for n, p in params.items() if p.requires_grad]
+    theta = {n: p.detach() for n, p in params.items()}
+    eager = None
+    if direction == "grad" and all(params[n].grad is not None for n in names):
+        g_dir = {n: params[n].grad.detach().clone() for n in names}
+    else:
+        loss0, g_list = loss_and_grads(ctx, names)
+        g_dir = dict(zip(names, g_list))
+        eager = (loss0, _flat(g_list))
+    grid = torch.cat([torch.zeros(1, dtype=steps.dtype), steps])
     reason = None
     if method == "batched":
         reason = _unbatchable_reason(model)
         if reason is None:
             try:
-                losses, grads = _batched(ctx, names, theta, direction, steps, chunk_size)
-                g0 = grads.pop(0)  # the s = 0 gradient from the same code path: differences are clean
-                losses.pop(0)
+                losses, grads = _batched(ctx, names, theta, g_dir, grid, chunk_size)
             except Exception as err:  # vmap cannot trace some layer: fall back, say why
                 reason = f"{type(err).__name__}: {err}".splitlines()[0][:300]
         if reason is not None:
             method = "naive"
     if method == "naive":
-        losses, grads = _naive(ctx, names, theta, direction, steps)
+        if eager is not None:  # the direction pass is the s = 0 pass
+            head_losses, head_grads = [eager[0]], [eager[1]]
+            tail_losses, tail_grads = _naive(ctx, names, theta, g_dir, steps)
+            losses, grads = head_losses + tail_losses, head_grads + tail_grads
+        else:
+            losses, grads = _naive(ctx, names, theta, g_dir, grid)
+    loss0, g0 = losses.pop(0), grads.pop(0)
     changes = [float((g0 - g).norm()) for g in grads]
     return LandscapeResult(steps=steps.tolist(), losses=losses, grad_changes=changes, loss=loss0,
-                           grad_norm=float(torch.cat([t.reshape(-1) for t in g_list]).norm()),
-                           method=method, fallback_reason=reason)
+                           grad_norm=float(_flat(g_dir.values()).norm()), method=method, fallback_reason=reason)
 
 
 class LandscapeProbe(Probe):
@@ -195,23 +222,26 @@ class LandscapeProbe(Probe):
     ``grad_change_max`` (‖∇L(θ) − ∇L(θ − s g)‖ over the grid), ``beta_smoothness`` and ``batched``
     (1 if the vmapped evaluation ran, 0 for the naive one). ``multipliers=(a, b)`` defaults to
     [1/2, 4] for convolutional models and [1/100, 30] otherwise, times the learning rate; ``num``
-    points, ``spacing`` linear or log. With ``verify=True`` the first batched evaluation is checked
-    against the naive one (relative 1e-3) and the probe switches to naive for good if they disagree.
+    points, ``spacing`` linear or log; ``direction`` as in :func:`evaluate_landscape`. With
+    ``verify=True`` the first batched evaluation is checked against the naive one (relative 1e-3) and
+    the probe switches to naive for good if they disagree.
 
-    Cost: naive 1 + num forward/backward passes; batched 1 forward/backward + one vmapped
-    forward/backward over num + 1 parameter sets (memory: num + 1 copies of the activations;
-    ``chunk_size`` bounds it).
+    Cost: naive 1 + num forward/backward passes; batched one vmapped forward/backward over num + 1
+    parameter sets (memory: num + 1 copies of the activations; ``chunk_size`` bounds it); one more
+    pass if the direction is recomputed; the first batched call also runs the naive one (``verify``).
     """
 
     name = "landscape"
-    cost = "naive: 1 + num forward/backward passes; batched: 1 + one vmapped pass over num+1 step sizes"
+    cost = "naive: 1 + num forward/backward passes; batched: one vmapped forward/backward over num + 1 step sizes"
 
     def __init__(self, every: int = 1, multipliers: Sequence[float] | None = None, num: int = 8,
                  spacing: str = "linear", method: str = "batched", verify: bool = True,
-                 chunk_size: int | None = None) -> None:
+                 chunk_size: int | None = None, direction: str = "grad") -> None:
         super().__init__(every)
         if method not in METHODS:
             raise ValueError(f"unknown landscape method {method!r}; valid methods: {', '.join(METHODS)}")
+        if direction not in DIRECTIONS:
+            raise ValueError(f"unknown direction {direction!r}; valid directions: {', '.join(DIRECTIONS)}")
         if multipliers is not None:
             multipliers = tuple(float(v) for v in multipliers)
             if len(multipliers) != 2:
@@ -225,6 +255,7 @@ class LandscapeProbe(Probe):
         self.method = method
         self.verify = verify
         self.chunk_size = chunk_size
+        self.direction = direction
         self.verified = False
         self.fallback_reason: str | None = None
         self.last: LandscapeResult | None = None
@@ -233,13 +264,13 @@ class LandscapeProbe(Probe):
         multipliers = self.multipliers or default_range(ctx.model)
         steps = step_sizes(ctx.learning_rate(), multipliers, self.num, self.spacing)
         method = "naive" if self.fallback_reason is not None else self.method
-        result = evaluate_landscape(ctx, steps, method, self.chunk_size)
+        result = evaluate_landscape(ctx, steps, method, self.chunk_size, self.direction)
         if result.fallback_reason is not None and self.fallback_reason is None:
             self.fallback_reason = result.fallback_reason
             warnings.warn(f"landscape probe: batched evaluation unavailable, using naive ({result.fallback_reason})",
                           stacklevel=2)
         if result.method == "batched" and self.verify and not self.verified:
-            reference = evaluate_landscape(ctx, steps, "naive")
+            reference = evaluate_landscape(ctx, steps, "naive", direction=self.direction)
             mismatch = _mismatch(result, reference)
             self.verified = True
             if mismatch is not None:
