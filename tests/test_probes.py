@@ -219,7 +219,7 @@ def test_grad_stats_known_variance():
 def _batch_noise_moments(draw, m, calls=40, channels=256):
     model = nn.Sequential(nn.BatchNorm1d(channels, affine=False), nn.Linear(channels, 1))
     g = torch.Generator().manual_seed(7)
-    heldout = draw((8_000, channels), g)  # population estimate: relative error ~1.6 %, negligible here
+    heldout = draw((4_000, channels), g)  # population estimate: ~2 % per channel, <0.5 % on the moments
     probe = probes.create("batch_noise", heldout=heldout)
     lab = probes.Lab(model, nn.MSELoss(), [probe])
     for step in range(calls):
