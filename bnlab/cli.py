@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "bnlab.experiments.cli",
     "bnlab.models.cli",
     "bnlab.train.cli",
+    "bnlab.theory.cli",
 ]
 
 
