@@ -60,6 +60,7 @@ __all__ = [
     "ACTIVATIONS",
     "order_parameter_integrals",
     "relu_integrals_printed",
+    "erf_integrals_printed",
     "ode_rhs",
     "integrate_order_parameters",
     "relu_fixed_point",
@@ -205,10 +206,12 @@ def zeta_relu_mc(
         raise ValueError(f"need at least M={M} activations, got {h.size}")
     rng = np.random.default_rng(seed)
     mu, sd = h.mean(), h.std()
-    # argsort of uniforms = a random M-subset per row, without replacement within the batch.
-    idx = np.argsort(rng.random((n_batches, h.size)), axis=1)[:, :M] if h.size <= 4096 else rng.choice(
-        h.size, size=(n_batches, M), replace=True
-    )
+    # Batches without replacement, as an epoch of BN training draws them: shuffle, cut into
+    # consecutive batches of M, repeat with fresh shuffles until n_batches are collected.
+    per_perm = h.size // M
+    idx = np.concatenate(
+        [rng.permutation(h.size)[: per_perm * M].reshape(per_perm, M) for _ in range(-(-n_batches // per_perm))]
+    )[:n_batches]
     hb = h[idx]
     h_hat = gamma * (hb - hb.mean(axis=1, keepdims=True)) / hb.std(axis=1, keepdims=True) + beta
     h_bar = gamma * (hb - mu) / sd + beta
@@ -405,6 +408,23 @@ def relu_integrals_printed(gamma: float, R: float) -> tuple[float, float, float]
     ) / (2 * math.pi)
     i3 = (math.pi + 2 * R * c + 2 * asr) / (4 * math.pi) - gamma * R / 2
     return i1, i2, i3
+
+
+def erf_integrals_printed(gamma: float, R: float) -> tuple[float, float]:
+    """I₁ and I₂ for g(x) = erf(x/√2) exactly as printed in Appendix 2 (Proposition 2's proof).
+
+    I₁ agrees with quadrature; the printed I₂ does not (e.g. γ = 0.8, R = 1: 0.0173 against the
+    correct 0.0021), so the erf case is computed by quadrature here.
+    """
+    Q = float(gamma)
+    i1 = 2 * Q * R / ((math.pi + math.pi * Q * Q) * math.sqrt(2 + 2 * Q * Q - Q * Q * R * R)) - 2 * Q * Q / (
+        (math.pi + math.pi * Q * Q) * math.sqrt(1 + 2 * Q * Q)
+    )
+    i2 = 4 / (math.pi * math.sqrt(1 + 2 * Q * Q)) * (
+        math.asin(1 / (1 + 3 * Q * Q))
+        - math.asin(1 / (math.sqrt(1 + 3 * Q * Q) * math.sqrt(2 * (1 + 2 * Q * Q) - 2 * Q * Q * R * R)))
+    )
+    return i1, i2
 
 
 def order_parameter_integrals(
