@@ -30,3 +30,35 @@ def final_table(ctx, *, paper: dict[str, str] | None = None,
             row["paper"] = paper.get(r.label, "—")
         rows.append(row)
     return rows
+
+
+# ---- appended for the Luo / Momentum-BN entries -----------------------------------------------
+
+def finite_or_none(value) -> float | None:
+    """``float(value)`` if it is a finite number, else None (missing metrics, NaN/inf of diverged runs)."""
+    import math
+
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def tail_mean(run, metric: str, k: int = 3) -> float | None:
+    """Mean of the last ``k`` finite values of a run's metric series (None if it has none)."""
+    values = [v for v in (finite_or_none(v) for v in run.series(metric)[1]) if v is not None]
+    return sum(values[-k:]) / len(values[-k:]) if values else None
+
+
+def spearman(xs, ys) -> float | None:
+    """Spearman rank correlation (average ranks for ties); None for fewer than 2 points or a constant side."""
+    import numpy as np
+    from scipy import stats
+
+    if len(xs) < 2 or len(xs) != len(ys):
+        return None
+    rx, ry = stats.rankdata(xs), stats.rankdata(ys)
+    if np.std(rx) == 0 or np.std(ry) == 0:
+        return None
+    return float(np.corrcoef(rx, ry)[0, 1])
