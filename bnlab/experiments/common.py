@@ -62,3 +62,49 @@ def spearman(xs, ys) -> float | None:
     if np.std(rx) == 0 or np.std(ry) == 0:
         return None
     return float(np.corrcoef(rx, ry)[0, 1])
+
+
+# ---- appended for the Peng / Arora entries ----------------------------------------------------
+
+def grouped_finals(ctx, keys: tuple[str, ...], metric: str) -> dict[tuple, list[float]]:
+    """Final ``metric`` of every run grouped by the values of the factors ``keys`` (e.g. ("row", "activation")).
+
+    Runs without a finite final value (failed, diverged to NaN, missing) are left out of their group; a
+    group whose runs all lack the value is present with an empty list, so callers can tell "no runs"
+    from "no usable runs".
+    """
+    groups: dict[tuple, list[float]] = {}
+    for r in ctx.runs:
+        key = tuple(r.factors.get(k) for k in keys)
+        values = groups.setdefault(key, [])
+        value = finite_or_none(r.final(metric))
+        if value is not None and r.status == "finished":
+            values.append(value)
+    return groups
+
+
+def mean_std(values) -> tuple[float | None, float | None]:
+    """(mean, sample standard deviation with n−1) of finite values; std is None for fewer than 2."""
+    import math
+
+    vals = [v for v in (finite_or_none(v) for v in values) if v is not None]
+    if not vals:
+        return None, None
+    mean = sum(vals) / len(vals)
+    if len(vals) < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+
+
+def smooth(xs, ys, points: int = 60) -> tuple[list, list]:
+    """Block means of a long (x, y) series down to about ``points`` points (non-finite values skipped)."""
+    pairs = [(x, y) for x, y in zip(xs, ys) if finite_or_none(y) is not None]
+    if len(pairs) <= points:
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+    size = -(-len(pairs) // points)
+    out_x, out_y = [], []
+    for i in range(0, len(pairs), size):
+        block = pairs[i:i + size]
+        out_x.append(block[-1][0])
+        out_y.append(sum(p[1] for p in block) / len(block))
+    return out_x, out_y
