@@ -308,9 +308,9 @@ def luo_dynamics(
         )
         fig, ax = plt.subplots(figsize=(5.5, 4))
         for key in ("gamma", "R", "L"):
-            ax.plot(fine["t"], fine[key], label=f"{key} (ODE)")
+            (line,) = ax.plot(fine["t"], fine[key], label=f"{key} (ODE)")
             if sim is not None:
-                ax.plot(sim["t"], sim[key], "o", ms=4, label=f"{key} (N={simulate})")
+                ax.plot(sim["t"], sim[key], "o", ms=4, color=line.get_color(), label=f"{key} (N={simulate})")
         ax.set_xlabel("t = j/N")
         ax.legend()
         _save(fig, plot)
