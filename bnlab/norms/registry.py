@@ -84,7 +84,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     name, inner = match.group(1), match.group(2)
     kwargs: dict[str, str] = {}
     if inner and inner.strip():
-        for item in inner.split(","):
+        for item in _split_top_level(inner):
             if "=" not in item:
                 raise ValueError(f"in spec {spec!r}: {item.strip()!r} is not of the form key=value")
             key, raw = (s.strip() for s in item.split("=", 1))
@@ -92,6 +92,25 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
                 raise ValueError(f"in spec {spec!r}: {key!r} given twice")
             kwargs[key] = raw
     return name, kwargs
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas outside brackets and quotes, so values may be tuples or quoted strings."""
+    parts, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
 
 
 def lookup(spec: str) -> tuple[NormInfo, dict[str, Any]]:

@@ -289,8 +289,9 @@ def prepare(
             probes = None
         if probes is None or not hasattr(probes, "create"):
             raise ValueError("probes need bnlab.probes.create, which is not available in this install")
-        for name in cfg.probes:
-            cbs.append(probes.create(name, every=cfg.probe_every))
+        for spec in cfg.probes:
+            name, options = parse_probe_spec(spec)
+            cbs.append(probes.create(name, every=options.pop("every", cfg.probe_every), **options))
 
     return Prepared(
         config=cfg,
@@ -307,6 +308,32 @@ def prepare(
         augment=augment,
         callbacks=cbs,
     )
+
+
+def parse_probe_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"landscape(num=8, lo=0.5)"`` -> ``("landscape", {"num": 8, "lo": 0.5})``.
+
+    Values are Python literals (numbers, strings, tuples, True/False; ``true``/``false``/``inf`` too).
+    ``every=N`` overrides ``--probe-every`` for that probe.
+    """
+    import ast
+
+    from bnlab.norms.registry import parse_spec
+
+    name, raw = parse_spec(spec)
+    options: dict[str, Any] = {}
+    for key, text in raw.items():
+        low = text.lower()
+        if low in ("true", "false"):
+            options[key] = low == "true"
+        elif low in ("inf", "+inf", "-inf"):
+            options[key] = float(low)
+        else:
+            try:
+                options[key] = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                options[key] = text.strip("'\"")
+    return name, options
 
 
 def _check_forward(cfg: TrainConfig, model: nn.Module, ds: Any, loss_fn: Callable) -> None:
