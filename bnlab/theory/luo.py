@@ -38,7 +38,7 @@ import math
 from typing import Callable, Sequence
 
 import numpy as np
-from scipy import integrate, optimize, special, stats
+from scipy import integrate, optimize, special
 
 from ._common import check_choice, check_int, check_positive, gauss_hermite
 
@@ -743,7 +743,7 @@ def simulate_teacher_student(
     noise_var: float = 0.25,
     zeta: float = 0.0,
     epochs: int = 300,
-    lr: float = 8.0,
+    lr: float | None = None,
     lr_gamma: float = 0.05,
     n_seeds: int = 2,
     inference: str = "population",
@@ -758,7 +758,9 @@ def simulate_teacher_student(
                ridge parameter ``zeta`` (a check of the simulator against :func:`gen_error_wn`).
       * "sgd": y = wᵀx from w = 0 (approaches the pseudo-inverse, Eq. 14).
     Training: ``epochs`` passes over the data in random minibatches of M, SGD with a cosine
-    schedule from ``lr`` (on w) and ``lr_gamma`` (on γ). The BN/WN output is invariant to ‖w‖, so w
+    schedule from ``lr`` (on w; default M/4, which gives the same progress per epoch for every M —
+    including full batch, M = P — and is stable for M ≪ N) and ``lr_gamma`` (on γ). ``preset``
+    (see :data:`TEACHER_STUDENT_PRESETS`) overrides N, M, epochs and n_seeds. The BN/WN output is invariant to ‖w‖, so w
     is rescaled to ‖w‖ = √N after each step: the function is unchanged and the effective learning
     rate stays ``lr`` instead of decaying as ‖w‖ grows (Arora et al., Thm 2.5). w starts at Xᵀy, the
     direction plain SGD from zero takes first, so that no random null-space component is left over
@@ -779,6 +781,7 @@ def simulate_teacher_student(
     N = check_int("N", N, minimum=4)
     M = check_int("M", M, minimum=2)
     n_seeds = check_int("n_seeds", n_seeds, minimum=1)
+    lr = M / 4.0 if lr is None else check_positive("lr", lr)
     alphas = [float(a) for a in alphas]
     per_seed = np.zeros((len(alphas), n_seeds))
     gammas = np.zeros((len(alphas), n_seeds))

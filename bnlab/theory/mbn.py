@@ -38,7 +38,7 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy import optimize, special, stats
 
-from ._common import check_int, check_positive, gauss_hermite, ks_distance
+from ._common import check_int, gauss_hermite, ks_distance
 
 __all__ = [
     "standardized_samples",
