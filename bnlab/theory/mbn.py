@@ -175,7 +175,7 @@ def theorem2_terms(
     and l + R^add + R^mul + R = E[l((x + ξ_μ)/√ξ_σ)] (``expected``). All expectations are computed by
     Gauss–Hermite × generalised Gauss–Laguerre quadrature; ``loss`` must accept numpy arrays.
     """
-    m = check_int("m (batch size)", m, minimum=4)
+    m = check_int("m (batch size)", m, minimum=2)
     x = np.atleast_1d(np.asarray(x, dtype=np.float64))
     hu, hw = gauss_hermite(n_nodes)
     xi_mu = hu / math.sqrt(m)
