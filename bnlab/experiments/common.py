@@ -108,3 +108,18 @@ def smooth(xs, ys, points: int = 60) -> tuple[list, list]:
         out_x.append(block[-1][0])
         out_y.append(sum(p[1] for p in block) / len(block))
     return out_x, out_y
+
+
+def safe_panels(path, specs: list[dict], **kwargs):
+    """``plots.panels`` with log axes switched off where a panel has no positive finite value to show
+    (matplotlib refuses a log axis without one: empty series of tiny runs, diverged runs)."""
+    fixed = []
+    for spec in specs:
+        spec = dict(spec)
+        for axis, index in (("logy", 1), ("logx", 0)):
+            if spec.get(axis):
+                values = [finite_or_none(v) for xy in (spec.get("series") or {}).values() for v in xy[index]]
+                if not any(v is not None and v > 0 for v in values):
+                    spec[axis] = False
+        fixed.append(spec)
+    return panels(path, fixed, **kwargs)
