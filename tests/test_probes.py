@@ -116,6 +116,20 @@ def test_landscape_batched_agrees_with_naive_on_bn_net_and_falls_back_for_noisy_
     assert "Generator" in probe.fallback_reason
 
 
+def test_landscape_auto_picks_naive_for_conv_nets_on_cpu():
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(2, 3, 3, bias=False), norms.create("bn", 3), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(12, 2))
+    fc = nn.Sequential(nn.Flatten(), nn.Linear(32, 3, bias=False), norms.create("bn", 3), nn.Linear(3, 2))
+    x, y = torch.randn(8, 2, 4, 4), torch.randn(8, 2)
+    for model, expected in ((conv, 0.0), (fc, 1.0)):
+        probe = probes.create("landscape", num=3)
+        lab, _ = run_lab(model, nn.MSELoss(), [(x, y)], [probe], lr=0.1)
+        assert last(lab, "probe/landscape/batched") == expected
+        assert probe.fallback_reason is None
+    assert probes.default_range(conv) == (0.5, 4.0) and probes.default_range(fc) == (0.01, 30.0)
+
+
 # --------------------------------------------------------------------------------------------------- ics
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])

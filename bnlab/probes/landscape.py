@@ -11,13 +11,16 @@ BN layers run in training mode on the same batch for every s (batch statistics o
 the same running statistics and layer noise. Two evaluations:
 
 * ``naive``: one forward/backward per step size;
-* ``batched``: all step sizes in one pass, ``torch.func.vmap`` over ``functional_call`` + ``grad``.
-  BN buffers are handed to the vmapped function as per-step-size copies (so in-place statistic
-  updates stay inside the transform) and running-statistic tracking is switched off for the duration
-  (it changes nothing in training mode but would cost a slow per-sample ``lerp_`` fallback). Layers
-  vmap cannot trace (data-dependent Python control flow such as CBN's ``int(num_batches_tracked)``,
-  or a private ``torch.Generator`` as in ``noisy_bn``) make it fall back to ``naive``; the probe
-  records which one ran (``probe/landscape/batched`` = 1 or 0) and why.
+* ``batched``: all step sizes in one pass: the forward is ``torch.func.vmap`` over
+  ``functional_call`` with per-step-size parameters, the backward plain autograd through the batched
+  kernels. BN buffers are handed to the vmapped function as per-step-size copies (so in-place
+  statistic updates stay inside the transform) and running-statistic tracking is switched off for the
+  duration (it changes nothing in training mode but would cost a slow per-sample ``lerp_`` fallback).
+  Layers vmap cannot trace (data-dependent Python control flow such as CBN's
+  ``int(num_batches_tracked)``, or a private ``torch.Generator`` as in ``noisy_bn``) make it fall back
+  to ``naive``; the probe records which one ran (``probe/landscape/batched`` = 1 or 0) and why;
+* ``auto`` (default): ``naive`` for convolutional models on the CPU, where it is faster, else
+  ``batched`` (:func:`resolve_method`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,22 @@ from bnlab.norms import StochasticLayer
 from .base import Probe, ProbeContext, is_bn_layer, loss_and_grads
 from .state import preserved
 
-METHODS = ("batched", "naive")
+METHODS = ("auto", "batched", "naive")
+
+
+def resolve_method(model: nn.Module, method: str) -> str:
+    """``auto``: ``naive`` for convolutional models on the CPU, ``batched`` otherwise.
+
+    Measured (benchmarks/results/probes.json, one CPU thread): vmapped evaluation is 2–6× faster than
+    naive on the DLN, but 0.6× on vgg_santurkar — a convolution with a different weight per vmapped
+    step size has no fast CPU kernel.
+    """
+    if method != "auto":
+        return method
+    param = next(iter(model.parameters()), None)
+    on_cpu = param is None or param.device.type == "cpu"
+    has_conv = any(isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) for m in model.modules())
+    return "naive" if (has_conv and on_cpu) else "batched"
 SPACINGS = ("linear", "log")
 CNN_RANGE = (0.5, 4.0)  # Santurkar App. A.2.2, VGG
 DLN_RANGE = (0.01, 30.0)  # Santurkar App. A.2.2, deep linear network
@@ -157,7 +175,7 @@ def _batched(ctx: ProbeContext, names, theta, direction, steps, chunk_size=None)
 DIRECTIONS = ("grad", "recompute")
 
 
-def evaluate_landscape(ctx: ProbeContext, steps: torch.Tensor, method: str = "batched",
+def evaluate_landscape(ctx: ProbeContext, steps: torch.Tensor, method: str = "auto",
                        chunk_size: int | None = None, direction: str = "grad") -> LandscapeResult:
     """Evaluate the landscape at ``steps`` (absolute step sizes); runs inside ``ctx.snapshot`` or its own.
 
@@ -181,6 +199,7 @@ def evaluate_landscape(ctx: ProbeContext, steps: torch.Tensor, method: str = "ba
                 ctx.snapshot = None
     model = ctx.model
     model.train()
+    method = resolve_method(model, method)
     params = dict(model.named_parameters())
     names = [n for n, p in params.items() if p.requires_grad]
     theta = {n: p.detach() for n, p in params.items()}
@@ -224,7 +243,8 @@ class LandscapeProbe(Probe):
     [1/2, 4] for convolutional models and [1/100, 30] otherwise, times the learning rate; ``num``
     points, ``spacing`` linear or log; ``direction`` as in :func:`evaluate_landscape`. With
     ``verify=True`` the first batched evaluation is checked against the naive one (relative 1e-3) and
-    the probe switches to naive for good if they disagree.
+    the probe switches to naive for good if they disagree. ``method``: ``auto`` (default; see
+    :func:`resolve_method`), ``batched`` or ``naive``.
 
     Cost: naive 1 + num forward/backward passes; batched one vmapped forward/backward over num + 1
     parameter sets (memory: num + 1 copies of the activations; ``chunk_size`` bounds it); one more
@@ -235,7 +255,7 @@ class LandscapeProbe(Probe):
     cost = "naive: 1 + num forward/backward passes; batched: one vmapped forward/backward over num + 1 step sizes"
 
     def __init__(self, every: int = 1, multipliers: Sequence[float] | None = None, num: int = 8,
-                 spacing: str = "linear", method: str = "batched", verify: bool = True,
+                 spacing: str = "linear", method: str = "auto", verify: bool = True,
                  chunk_size: int | None = None, direction: str = "grad") -> None:
         super().__init__(every)
         if method not in METHODS:
