@@ -1,0 +1,298 @@
+"""Arora, Li & Lyu 2019 — Theoretical analysis of auto rate-tuning by batch normalization (Appendix D).
+
+Entries ``arora-d1`` (separate learning rates for scale-invariant and scale-variant parameters),
+``arora-d2`` (one unified learning rate, with and without BN) and ``arora-d3`` (test accuracy of the
+runs of D.1 and D.2). The three share runs: D.1's run at lr 0.1 is D.2's, and D.3 plans exactly the
+runs of D.1 and D.2 (a run is addressed by its config, so in one runs dir nothing is trained twice).
+
+The settings of App. D: 1 = plain SGD (no momentum, lr decay, weight decay or dropout); 2 = projected
+SGD (PSGD: after each step every scale-invariant parameter is rescaled to its norm before the step,
+which removes the auto-tuning of its effective lr); 3 = SGD with every BN layer removed (D.2 only).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .base import Experiment, Outcome, Plan, RunSpec, register
+from .common import finite_or_none, safe_panels
+
+LRS = (1e-2, 1e-1, 1.0, 1e1, 1e2)        # "ranging from 10^-2 to 10^2"
+SCALE_VARIANT_LR = 0.1                    # D.1: "we fix the learning rate for scale-variant ones to 0.1"
+TAIL_EPOCHS = 5                           # Figs 1–3 (left): "the average ... of the last 5 epochs"
+NUM_CLASSES = 10
+SETTINGS = {"SGD": ("sgd", True), "PSGD": ("psgd", True), "SGD, BN removed": ("sgd", False)}
+
+# App. D: the modified VGG on CIFAR-10 with BN right before each ReLU, ε = 0, Glorot-uniform init, β = 0,
+# γ = 1; 100 epochs; SGD without momentum, lr decay, weight decay or dropout. The batch size is not
+# stated: 128. bnlab's BN needs ε > 0 (it divides by √(σ² + ε)); ε = 1e-8 is far below float32
+# resolution relative to the unit-scale variances here, so the weights stay scale-invariant to the
+# detection's tolerance.
+PAPER_BASE = dict(model="vgg_arora", data="cifar10", epochs=100, batch_size=128, momentum=0.0, weight_decay=0.0,
+                  schedule="constant")
+# Smoke: an MLP with BN (3 hidden layers of 128, BN before each ReLU, the classifier without BN — the same
+# structure of scale-invariant weights and scale-variant last BN/classifier as the VGG), 15 epochs of digits.
+SMOKE_BASE = dict(model="mlp", model_options={"depth": 4, "width": 128}, data="digits", epochs=15, batch_size=128,
+                  momentum=0.0, weight_decay=0.0, schedule="constant")
+BN_SPEC = "bn(eps=1e-8)"
+
+
+def _base(preset: str) -> dict[str, Any]:
+    return dict(PAPER_BASE if preset == "paper" else SMOKE_BASE)
+
+
+def _config(base: dict, setting: str, lr: float, lr_scale_invariant: float) -> dict[str, Any]:
+    optimizer, with_bn = SETTINGS[setting]
+    return {**base, "norm": BN_SPEC if with_bn else "none", "optimizer": optimizer, "lr": lr,
+            "lr_scale_invariant": lr_scale_invariant, "seed": 0}
+
+
+def _d1_runs(preset: str) -> list[RunSpec]:
+    base = _base(preset)
+    return [RunSpec(f"{setting}, separate, lr_si {lr:g}", _config(base, setting, SCALE_VARIANT_LR, lr),
+                    {"setting": setting, "mode": "separate", "lr": lr})
+            for setting in ("SGD", "PSGD") for lr in LRS]
+
+
+def _d2_runs(preset: str) -> list[RunSpec]:
+    base = _base(preset)
+    # lr_scale_invariant is spelled out (= lr) so that the lr-0.1 runs are the same runs as D.1's.
+    return [RunSpec(f"{setting}, unified, lr {lr:g}", _config(base, setting, lr, lr),
+                    {"setting": setting, "mode": "unified", "lr": lr})
+            for setting in SETTINGS for lr in LRS]
+
+
+def tail_value(run, metric: str, k: int = TAIL_EPOCHS) -> float | None:
+    """Mean of the last ``k`` values of a per-epoch metric; None for a run that did not finish (diverged or
+    failed: the paper's "very large or NaN", not drawn) or has no finite values."""
+    if run.status != "finished":
+        return None
+    values = [v for v in (finite_or_none(v) for v in run.series(metric)[1]) if v is not None]
+    return sum(values[-k:]) / len(values[-k:]) if values else None
+
+
+def _collect(ctx, metric: str) -> dict[tuple[str, str], dict[float, float | None]]:
+    """(setting, mode) -> {lr: tail mean of ``metric``}."""
+    out: dict[tuple[str, str], dict[float, float | None]] = {}
+    for r in ctx.runs:
+        key = (r.factors.get("setting"), r.factors.get("mode"))
+        out.setdefault(key, {})[r.factors.get("lr")] = tail_value(r, metric)
+    return out
+
+
+def _fmt_loss(value: float | None) -> str:
+    return "diverged / not finished" if value is None else f"{value:.4g}"
+
+
+# Thresholds on the average training loss of the last epochs, as fractions of the loss at chance ln(10)
+# = 2.303: "converges" below 10 % (0.23), "stuck" above 20 % (0.46; the paper's stuck PSGD runs sit near
+# chance) or not finished.
+CONVERGED = 0.1 * math.log(NUM_CLASSES)
+STUCK = 0.2 * math.log(NUM_CLASSES)
+
+
+def _is_stuck(value: float | None) -> bool:
+    return value is None or value >= STUCK
+
+
+def d1_verdict(loss: dict[str, dict[float, float | None]], tiny: bool = False) -> tuple[str, str]:
+    """D.1: with SGD the training loss converges for every scale-invariant lr; PSGD gets stuck at large ones.
+
+    ``loss[setting][lr]`` = average training loss of the last epochs (None: diverged). held if SGD converges
+    (≤ 0.1·ln 10) at every lr and PSGD is stuck (≥ 0.2·ln 10, or diverged) at the largest; not held if SGD is
+    stuck at some lr or PSGD trains as well as SGD at the largest; otherwise inconclusive.
+    """
+    sgd, psgd = loss.get("SGD", {}), loss.get("PSGD", {})
+    lrs = sorted(set(sgd) & set(psgd))
+    if not lrs:
+        return "inconclusive", "no SGD/PSGD runs"
+    summary = "average training loss of the last epochs, SGD vs PSGD: " + ", ".join(
+        f"lr_si {lr:g}: {_fmt_loss(sgd[lr])} vs {_fmt_loss(psgd[lr])}" for lr in lrs)
+    if tiny:
+        return "inconclusive", summary + " (tiny runs)"
+    top = lrs[-1]
+    if any(_is_stuck(sgd[lr]) for lr in lrs):
+        return "not held", summary + "; SGD does not train at some lr"
+    if not _is_stuck(psgd[top]) and psgd[top] <= sgd[top] * 1.5 + 0.01:
+        return "not held", summary + "; PSGD trains as well as SGD at the largest lr"
+    if all(sgd[lr] <= CONVERGED for lr in lrs) and _is_stuck(psgd[top]):
+        return "held", summary + "; SGD converges at every lr, PSGD is stuck at the largest"
+    return "inconclusive", summary
+
+
+def d2_verdict(loss: dict[str, dict[float, float | None]], tiny: bool = False) -> tuple[str, str]:
+    """D.2: with one lr for all parameters SGD with BN converges at every lr, PSGD and SGD without BN fail at
+    large ones. held if SGD converges (≤ 0.1·ln 10) at every lr and both others are stuck or diverge at the
+    largest; not held if SGD is stuck or diverges at some lr, or the others train at the largest lr;
+    otherwise inconclusive."""
+    sgd = loss.get("SGD", {})
+    others = {k: loss.get(k, {}) for k in ("PSGD", "SGD, BN removed")}
+    lrs = sorted(set(sgd).intersection(*[set(v) for v in others.values()]))
+    if not lrs:
+        return "inconclusive", "missing settings"
+    summary = "average training loss of the last epochs (SGD / PSGD / no BN): " + ", ".join(
+        f"lr {lr:g}: {_fmt_loss(sgd[lr])} / {_fmt_loss(others['PSGD'][lr])} / {_fmt_loss(others['SGD, BN removed'][lr])}"
+        for lr in lrs)
+    if tiny:
+        return "inconclusive", summary + " (tiny runs)"
+    top = lrs[-1]
+    failing = [lr for lr in lrs if _is_stuck(sgd[lr])]
+    if failing:
+        return "not held", summary + "; SGD with BN does not converge at lr " + ", ".join(f"{lr:g}" for lr in failing)
+    if any(not _is_stuck(v[top]) for v in others.values()):
+        return "not held", summary + "; PSGD or SGD without BN still trains at the largest lr"
+    if all(sgd[lr] <= CONVERGED for lr in lrs):
+        return "held", summary + "; only SGD with BN converges at every lr"
+    return "inconclusive", summary
+
+
+def d3_verdict(acc: dict[tuple[str, str], dict[float, float | None]], tiny: bool = False) -> tuple[str, str]:
+    """D.3: SGD's test accuracy stays above 75 % at every lr (unified and separate), PSGD's falls as the lr
+    grows past 0.1. ``acc[(setting, mode)][lr]`` = average test accuracy of the last epochs (None: diverged).
+    held if both; not held if SGD drops below 75 % (or diverges) somewhere or PSGD does not fall (its accuracy
+    at the largest lr is not 0.05 below the one at 0.1) in some mode; otherwise inconclusive."""
+    lines, sgd_low, psgd_flat = [], [], []
+    for mode in ("unified", "separate"):
+        sgd, psgd = acc.get(("SGD", mode), {}), acc.get(("PSGD", mode), {})
+        lrs = sorted(set(sgd) & set(psgd))
+        if not lrs or 0.1 not in lrs:
+            return "inconclusive", f"missing {mode} runs"
+        lines.append(f"{mode}: " + ", ".join(
+            f"lr {lr:g} {'—' if sgd[lr] is None else f'{sgd[lr]:.3f}'}/{'—' if psgd[lr] is None else f'{psgd[lr]:.3f}'}"
+            for lr in lrs))
+        sgd_low += [f"{mode} lr {lr:g}" for lr in lrs if sgd[lr] is None or sgd[lr] < 0.75]
+        top = psgd[lrs[-1]]
+        if psgd[0.1] is not None and top is not None and top > psgd[0.1] - 0.05:
+            psgd_flat.append(mode)
+    summary = "average test accuracy of the last epochs, SGD/PSGD — " + "; ".join(lines)
+    if tiny:
+        return "inconclusive", summary + " (tiny runs)"
+    if sgd_low:
+        return "not held", summary + "; SGD below 75 % at " + ", ".join(sgd_low)
+    if psgd_flat:
+        return "not held", summary + "; PSGD's accuracy does not fall at large lr (" + ", ".join(psgd_flat) + ")"
+    return "held", summary + "; SGD stays above 75 % at every lr while PSGD falls"
+
+
+def _left_right(ctx, metric: str, ylabel: str, path, title: str, modes: tuple[str, ...], logy: bool) -> Any:
+    values = _collect(ctx, metric)
+    left = {}
+    for (setting, mode), by_lr in values.items():
+        if mode not in modes:
+            continue
+        points = sorted((lr, v) for lr, v in by_lr.items() if v is not None)
+        left[f"{setting}" + (f", {mode}" if len(modes) > 1 else "")] = ([p[0] for p in points], [p[1] for p in points])
+    specs = [{"series": left, "xlabel": "learning rate" + (" (scale-invariant)" if modes == ("separate",) else ""),
+              "ylabel": f"{ylabel}, mean of last {TAIL_EPOCHS} epochs", "logx": True, "logy": logy, "markers": True,
+              "title": f"{ylabel} vs lr"}]
+    for mode in modes:
+        series = {}
+        for r in ctx.runs:
+            if r.factors.get("mode") != mode:
+                continue
+            steps, vals = r.series(metric)
+            series[f"{r.factors['setting']}, lr {r.factors['lr']:g}"] = (list(range(1, len(vals) + 1)), vals)
+        specs.append({"series": series, "xlabel": "epoch", "ylabel": ylabel, "logy": logy,
+                      "title": f"{ylabel} per epoch ({mode} lr)"})
+    return safe_panels(path, specs, title=title, ncols=len(specs))
+
+
+# ---- D.1 ------------------------------------------------------------------------------------------
+
+def _d1_plan(preset: str) -> Plan:
+    return Plan(runs=_d1_runs(preset))
+
+
+def _d1_analyze(ctx) -> Outcome:
+    fig = _left_right(ctx, "epoch_train_loss", "training loss", ctx.figure_path("training_loss_vs_lr"),
+                      f"Arora App. D.1, Fig. 1: separate lrs, scale-variant lr {SCALE_VARIANT_LR} ({ctx.preset})",
+                      ("separate",), logy=True)
+    values = _collect(ctx, "epoch_train_loss")
+    loss = {setting: values.get((setting, "separate"), {}) for setting in ("SGD", "PSGD")}
+    rows = [{"quantity": f"training loss, last {TAIL_EPOCHS} epochs · {setting} · lr_si {lr:g}",
+             "ours": _fmt_loss(v),
+             "paper": ("converges to 0" if setting == "SGD" else
+                       ("≈ SGD" if lr <= 0.1 else "stuck at a relatively large loss")) + " (Fig. 1, no numbers)"}
+            for setting, by_lr in loss.items() for lr, v in sorted(by_lr.items())]
+    verdict, summary = d1_verdict(loss, ctx.tiny)
+    return Outcome([fig], rows, verdict, summary)
+
+
+register(Experiment(
+    id="arora-d1", paper="arora", target="App. D.1 (Fig. 1)",
+    title="Separate learning rates: scale-invariant lr from 1e-2 to 1e2, SGD vs projected SGD",
+    claim="With the scale-variant lr fixed at 0.1, SGD drives the training loss to 0 for every scale-invariant lr "
+          "from 0.01 to 100 (BN's auto rate-tuning), while projected SGD, which removes it, gets stuck at large lrs.",
+    smoke_changes="digits and an MLP with BN (3 hidden layers of 128; same structure of scale-invariant weights as "
+                  "the VGG) instead of the modified VGG on CIFAR-10, 15 epochs instead of 100; BN ε = 1e-8 "
+                  "instead of 0 in both presets.",
+    cost={"smoke": "10 runs, ≈20 s on 2 CPU cores", "paper": "10 runs × 100 epochs of the VGG on CIFAR-10 (GPU)"},
+    plan=_d1_plan, analyze=_d1_analyze))
+
+
+# ---- D.2 ------------------------------------------------------------------------------------------
+
+def _d2_plan(preset: str) -> Plan:
+    return Plan(runs=_d2_runs(preset))
+
+
+def _d2_analyze(ctx) -> Outcome:
+    fig = _left_right(ctx, "epoch_train_loss", "training loss", ctx.figure_path("training_loss_vs_lr"),
+                      f"Arora App. D.2, Fig. 2: one lr for all parameters ({ctx.preset})", ("unified",), logy=True)
+    values = _collect(ctx, "epoch_train_loss")
+    loss = {setting: values.get((setting, "unified"), {}) for setting in SETTINGS}
+    paper = {"SGD": "converges to 0", "PSGD": "fails to converge at large lr",
+             "SGD, BN removed": "fails at large lr; very large or NaN for lr > 10"}
+    rows = [{"quantity": f"training loss, last {TAIL_EPOCHS} epochs · {setting} · lr {lr:g}", "ours": _fmt_loss(v),
+             "paper": paper[setting] + " (Fig. 2, no numbers)"}
+            for setting, by_lr in loss.items() for lr, v in sorted(by_lr.items())]
+    verdict, summary = d2_verdict(loss, ctx.tiny)
+    return Outcome([fig], rows, verdict, summary)
+
+
+register(Experiment(
+    id="arora-d2", paper="arora", target="App. D.2 (Fig. 2)",
+    title="Unified learning rate from 1e-2 to 1e2: SGD, projected SGD, and SGD without BN",
+    claim="With one lr for all parameters, SGD with BN still drives the training loss to 0 at every lr, while PSGD "
+          "and SGD with BN removed fail to converge (or diverge) at large lrs.",
+    smoke_changes="digits and an MLP (3 hidden layers of 128) instead of the modified VGG on CIFAR-10, 15 epochs "
+                  "instead of 100; BN ε = 1e-8 instead of 0.",
+    cost={"smoke": "15 runs, ≈25 s on 2 CPU cores", "paper": "15 runs × 100 epochs of the VGG on CIFAR-10 (GPU)"},
+    plan=_d2_plan, analyze=_d2_analyze))
+
+
+# ---- D.3 ------------------------------------------------------------------------------------------
+
+def _d3_plan(preset: str) -> Plan:
+    return Plan(runs=_d1_runs(preset) + _d2_runs(preset))
+
+
+def _d3_analyze(ctx) -> Outcome:
+    fig = _left_right(ctx, "test_accuracy", "test accuracy", ctx.figure_path("test_accuracy_vs_lr"),
+                      f"Arora App. D.3, Fig. 3: test accuracy, unified and separate lrs ({ctx.preset})",
+                      ("unified", "separate"), logy=False)
+    acc = _collect(ctx, "test_accuracy")
+    rows = []
+    for (setting, mode), by_lr in sorted(acc.items()):
+        for lr, v in sorted(by_lr.items()):
+            paper = ("> 75 % at every lr" if setting == "SGD" else
+                     "falls as lr grows past 0.1" if setting == "PSGD" else "10 % (NaN) at lr ≥ 1")
+            rows.append({"quantity": f"test accuracy, last {TAIL_EPOCHS} epochs · {setting} · {mode} · lr {lr:g}",
+                         "ours": "diverged / not finished" if v is None else f"{v:.3f}",
+                         "paper": paper + " (Fig. 3, no numbers)"})
+    verdict, summary = d3_verdict(acc, ctx.tiny)
+    return Outcome([fig], rows, verdict, summary)
+
+
+register(Experiment(
+    id="arora-d3", paper="arora", target="App. D.3 (Fig. 3)",
+    title="Test accuracy across learning rates: SGD vs projected SGD (unified and separate lrs)",
+    claim="Auto rate-tuning also helps generalization: SGD's test accuracy stays above 75 % over lrs from 0.01 to 100 "
+          "(unified, or separate with the scale-variant lr at 0.1), while PSGD's falls as the lr grows past 0.1 "
+          "(underfitting).",
+    smoke_changes="the runs of arora-d1 and arora-d2's smoke presets (digits, MLP, 15 epochs), evaluated each epoch "
+                  "on digits' 359 test images; the 75 % threshold is kept although digits is easier than CIFAR-10.",
+    cost={"smoke": "23 runs (those of arora-d1 and arora-d2; none retrained in the same runs dir), ≈45 s",
+          "paper": "23 runs × 100 epochs of the VGG on CIFAR-10 (GPU), shared with arora-d1/d2"},
+    plan=_d3_plan, analyze=_d3_analyze))

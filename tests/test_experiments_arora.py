@@ -1,0 +1,119 @@
+"""Arora, Li & Lyu (App. D) catalogue entries: plans against the paper, verdict logic, tiny runs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bnlab.experiments import arora as A
+from bnlab.experiments import get, reproduce
+from bnlab.train import TrainConfig
+
+IDS = ["arora-d1", "arora-d2", "arora-d3"]
+
+
+def _run_id(config: dict) -> str:
+    return TrainConfig.coerce(config).run_id()
+
+
+def test_d1_plan_matches_appendix_d1():
+    runs = get("arora-d1").plan("paper").runs
+    assert len(runs) == 2 * 5
+    for r in runs:
+        c = r.config
+        assert (c["model"], c["data"], c["epochs"]) == ("vgg_arora", "cifar10", 100)
+        assert (c["momentum"], c["weight_decay"], c["schedule"]) == (0.0, 0.0, "constant")  # plain SGD
+        assert c["lr"] == 0.1 and c["norm"].startswith("bn")                               # scale-variant lr fixed
+    assert sorted(r.config["lr_scale_invariant"] for r in runs if r.config["optimizer"] == "sgd") == \
+        [1e-2, 1e-1, 1.0, 1e1, 1e2]
+    assert {r.config["optimizer"] for r in runs} == {"sgd", "psgd"}
+
+
+def test_d2_plan_and_sharing():
+    runs = get("arora-d2").plan("paper").runs
+    assert len(runs) == 3 * 5
+    assert all(r.config["lr"] == r.config["lr_scale_invariant"] for r in runs)
+    removed = [r for r in runs if r.factors["setting"] == "SGD, BN removed"]
+    assert len(removed) == 5 and all(r.config["norm"] == "none" and r.config["optimizer"] == "sgd" for r in removed)
+    for preset in ("paper", "smoke"):
+        d1 = {_run_id(r.config) for r in get("arora-d1").plan(preset).runs}
+        d2 = {_run_id(r.config) for r in get("arora-d2").plan(preset).runs}
+        d3 = {_run_id(r.config) for r in get("arora-d3").plan(preset).runs}
+        assert len(d1 & d2) == 2          # SGD and PSGD at lr 0.1 are the same runs
+        assert d3 == d1 | d2 and len(d3) == 23
+
+
+def test_smoke_plans_are_small():
+    for eid in IDS:
+        for r in get(eid).plan("smoke").runs:
+            assert r.config["data"] == "digits" and r.config["epochs"] <= 15 and r.config["model"] == "mlp"
+
+
+# ---- verdicts on synthetic numbers ------------------------------------------------------------------
+
+def test_d1_verdict():
+    sgd = {lr: 0.02 for lr in A.LRS}
+    psgd = {0.01: 0.02, 0.1: 0.02, 1.0: 0.05, 10.0: 0.8, 100.0: 2.1}
+    assert A.d1_verdict({"SGD": sgd, "PSGD": psgd})[0] == "held"
+    assert A.d1_verdict({"SGD": sgd, "PSGD": psgd}, tiny=True)[0] == "inconclusive"
+    assert A.d1_verdict({"SGD": {**sgd, 100.0: None}, "PSGD": psgd})[0] == "not held"   # SGD diverged
+    assert A.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 100.0: 0.02}})[0] == "not held"   # PSGD not stuck
+    assert A.d1_verdict({"SGD": {**sgd, 0.01: 0.3}, "PSGD": psgd})[0] == "inconclusive"  # slow, not stuck
+    assert A.d1_verdict({"SGD": {}, "PSGD": {}})[0] == "inconclusive"
+
+
+def test_d2_verdict():
+    sgd = {lr: 0.01 for lr in A.LRS}
+    psgd = {0.01: 0.05, 0.1: 0.01, 1.0: 0.3, 10.0: 2.3, 100.0: None}
+    none = {0.01: 0.4, 0.1: 0.1, 1.0: None, 10.0: None, 100.0: None}
+    loss = {"SGD": sgd, "PSGD": psgd, "SGD, BN removed": none}
+    assert A.d2_verdict(loss)[0] == "held"
+    assert A.d2_verdict({**loss, "SGD": {**sgd, 10.0: 2.15}})[0] == "not held"
+    assert A.d2_verdict({**loss, "PSGD": {**psgd, 100.0: 0.01}})[0] == "not held"
+    assert A.d2_verdict({"SGD": sgd})[0] == "inconclusive"
+
+
+def test_d3_verdict():
+    def acc(sgd, psgd):
+        return {("SGD", m): dict(zip(A.LRS, sgd)) for m in ("unified", "separate")} | \
+               {("PSGD", m): dict(zip(A.LRS, psgd)) for m in ("unified", "separate")}
+
+    good = acc([0.80, 0.85, 0.84, 0.82, 0.80], [0.80, 0.85, 0.60, 0.30, 0.10])
+    assert A.d3_verdict(good)[0] == "held"
+    assert A.d3_verdict(acc([0.80, 0.85, 0.84, 0.82, None], [0.8, 0.85, 0.6, 0.3, 0.1]))[0] == "not held"
+    assert A.d3_verdict(acc([0.80, 0.85, 0.84, 0.82, 0.8], [0.8, 0.85, 0.86, 0.85, 0.84]))[0] == "not held"
+    assert A.d3_verdict({})[0] == "inconclusive"
+
+
+class _FakeRun:
+    def __init__(self, status, values):
+        self.status, self._values = status, values
+
+    def series(self, name):
+        return list(range(len(self._values))), list(self._values)
+
+
+def test_tail_value():
+    assert A.tail_value(_FakeRun("finished", [9, 9, 1, 2, 3, 4, 5]), "m") == pytest.approx(3.0)  # last 5 epochs
+    assert A.tail_value(_FakeRun("finished", [2.0, float("nan"), 4.0]), "m") == pytest.approx(3.0)
+    assert A.tail_value(_FakeRun("diverged", [1.0, 2.0]), "m") is None
+    assert A.tail_value(_FakeRun("finished", []), "m") is None
+    assert A.CONVERGED == pytest.approx(0.1 * math.log(10)) and A.STUCK > A.CONVERGED
+
+
+# ---- end to end, tiny ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("arora_runs")
+
+
+@pytest.mark.parametrize("experiment_id", IDS)
+def test_tiny_reproduce(experiment_id, runs_dir):
+    outcome = reproduce(experiment_id, "smoke", runs_dir=runs_dir, tiny=True, report=False, progress=False)
+    assert outcome.figures and all(f.suffix == ".png" and f.stat().st_size > 2000 for f in outcome.figures)
+    assert outcome.table and all({"quantity", "ours", "paper"} <= set(row) for row in outcome.table)
+    assert outcome.verdict == "inconclusive" and "tiny" in outcome.summary
+    expected_rows = {"arora-d1": 10, "arora-d2": 15, "arora-d3": 25}[experiment_id]
+    assert len(outcome.table) == expected_rows
