@@ -139,7 +139,8 @@ def bench_model(label, make_model, loss_fn, batches, lr, repeats, probe_repeats,
     from bnlab.probes.landscape import _mismatch
     landscape.update({
         "naive_seconds": naive_s, "batched_seconds": batched_s, "speedup": naive_s / batched_s,
-        "naive_seconds_min": naive_min, "batched_seconds_min": batched_min, "speedup_of_minima": naive_min / batched_min,
+        "naive_seconds_min": naive_min, "batched_seconds_min": batched_min,
+        "speedup_of_minima": naive_min / batched_min,
         "batched_method_used": bat.method, "fallback_reason": bat.fallback_reason,
         "agree_within_1e-3": _mismatch(bat, ref) is None, "beta_naive": ref.beta_smoothness,
         "beta_batched": bat.beta_smoothness, "calls_each": len(results["naive"]),

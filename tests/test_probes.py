@@ -329,7 +329,8 @@ def test_moments_and_histograms_match_direct_computation():
     for unit in range(4):
         for level in (0.05, 0.5, 0.95):
             expected = float(torch.quantile(before[:, unit], level))
-            assert last(lab, f"probe/histograms/q{round(level * 100):02d}/0[{unit}]") == pytest.approx(expected, rel=1e-12)
+            name = f"probe/histograms/q{round(level * 100):02d}/0[{unit}]"
+            assert last(lab, name) == pytest.approx(expected, rel=1e-12)
 
 
 def test_gamma_and_cbn_ratios_match_hand_computation():

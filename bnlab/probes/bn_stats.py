@@ -38,7 +38,8 @@ def _heldout_inputs(heldout):
     if isinstance(heldout, (tuple, list)):
         heldout = heldout[0]
     if not torch.is_tensor(heldout):
-        raise ValueError(f"heldout must be a tensor of inputs or an (inputs, targets) pair, got {type(heldout).__name__}")
+        raise ValueError("heldout must be a tensor of inputs or an (inputs, targets) pair, "
+                         f"got {type(heldout).__name__}")
     return heldout
 
 
