@@ -310,6 +310,24 @@ def test_bn_regularization_zeta_matches_monte_carlo_of_theorem_1():
     assert errors[256] < errors[64] / 2  # the neglected terms are O(1/M²)
 
 
+def test_bn_regularization_agrees_with_theory_module_when_present():
+    luo = pytest.importorskip("bnlab.theory.luo")
+    if not hasattr(luo, "zeta_relu_estimate"):
+        pytest.skip("bnlab.theory.luo.zeta_relu_estimate not available")
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(500, 3, generator=g, dtype=torch.float64) ** 3  # heavy-tailed, three channels
+    model = nn.Sequential(nn.BatchNorm1d(3)).double()
+    with torch.no_grad():
+        model[0].weight.copy_(torch.tensor([0.5, 1.0, 2.0]))
+        model[0].bias.copy_(torch.tensor([-0.2, 0.0, 0.7]))
+    lab = probes.Lab(model, nn.MSELoss(), [probes.create("bn_regularization", batch_size=32)])
+    lab.after_backward((h, torch.zeros(500, 1, dtype=torch.float64)), 0)
+    gamma, beta = model[0].weight.detach(), model[0].bias.detach()
+    expected = [luo.zeta_relu_estimate(h[:, c].numpy(), 32, gamma=float(gamma[c]),
+                                       beta=float(beta[c]))["zeta"] for c in range(3)]
+    assert last(lab, "probe/bn_regularization/zeta/0") == pytest.approx(sum(expected) / 3, rel=1e-10)
+
+
 # ------------------------------------------------------------------------- moments, histograms, gamma, cbn
 
 def test_moments_and_histograms_match_direct_computation():
