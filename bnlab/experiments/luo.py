@@ -467,19 +467,32 @@ def _fig5_plan(preset: str) -> Plan:
     n_train = _train_size(base)
     runs = []
     for M in _FIG5_BATCHES:
-        total = base["epochs"] * -(-n_train // M)
+        spe = -(-n_train // M)
+        every = max(1, base["epochs"] * spe // 20)
+        if spe > 1 and every % spe == 0:
+            every += 1  # else every probe lands on the epoch's last (partial) batch, whose M is not M
         config = {**base, "norm": "bn", "batch_size": M, "lr": base["lr"] * M / 64,
-                  "probes": ["gamma", "bn_regularization"], "probe_every": max(1, total // 20)}
-        runs.append(RunSpec(f"BN, M = {M}", config, {"batch_size": M}))
+                  "probes": ["gamma", "bn_regularization"], "probe_every": every}
+        runs.append(RunSpec(f"BN, M = {M}", config,
+                            {"batch_size": M, "steps_per_epoch": spe, "partial_last_batch": n_train % M != 0}))
     return Plan(runs=runs)
 
 
-def _last_per_layer(run, prefix: str) -> dict[str, float]:
+def _last_per_layer(run, prefix: str, k: int = 1) -> dict[str, float]:
+    """Per layer, the mean of the last ``k`` finite values of ``<prefix><layer>``.
+
+    Values measured on an epoch's last, partial batch are skipped: the probe takes M from the batch it
+    sees, and Theorem 1's ζ ∝ 1/M would then belong to another batch size.
+    """
+    spe = run.factors.get("steps_per_epoch")
+    skip_epoch_end = bool(run.factors.get("partial_last_batch")) and spe
     out = {}
     for name in run.metric_names(prefix):
-        values = [v for v in run.series(name)[1] if finite_or_none(v) is not None]
-        if values:
-            out[name[len(prefix):]] = values[-1]
+        steps, values = run.series(name)
+        kept = [v for s, v in zip(steps, values)
+                if finite_or_none(v) is not None and not (skip_epoch_end and s % spe == 0)]
+        if kept:
+            out[name[len(prefix):]] = float(np.mean(kept[-k:]))
     return out
 
 
@@ -507,23 +520,25 @@ def _fig5_analyze(ctx) -> Outcome:
     runs = sorted(ctx.runs, key=lambda r: r.factors.get("batch_size", 0))
     batches = [r.factors.get("batch_size") for r in runs]
     per_layer = [_last_per_layer(r, "probe/gamma/sq_mean/") for r in runs]
-    zetas = [_last_per_layer(r, "probe/bn_regularization/zeta/") for r in runs]
+    zetas = [_last_per_layer(r, "probe/bn_regularization/zeta/", k=3) for r in runs]
     mean_sq = [float(np.mean(list(d.values()))) if d else None for d in per_layer]
     mean_zeta = [float(np.mean(list(d.values()))) if d else None for d in zetas]
     val = [finite_or_none(r.final("test_loss")) if r.status == "finished" else None for r in runs]
     layers = sorted({k for d in per_layer for k in d})
-    gamma_series = {layer: _points(batches, [d.get(layer) for d in per_layer]) for layer in layers}
-    gamma_series["mean over layers"] = _points(batches, mean_sq)
-    zeta_series = {"ζ (Theorem 1, layer mean)": _points(batches, mean_zeta)}
+    # log₂ M on a linear axis: matplotlib labels the minor ticks of a short log axis unreadably
+    x = [math.log2(m) if m else None for m in batches]
+    gamma_series = {layer: _points(x, [d.get(layer) for d in per_layer]) for layer in layers}
+    gamma_series["mean over layers"] = _points(x, mean_sq)
+    zeta_series = {"ζ (Theorem 1, layer mean)": _points(x, mean_zeta)}
     first = next(((m, z) for m, z in zip(batches, mean_zeta) if z), None)
     if first:
-        zeta_series["∝ 1/M"] = ([m for m in batches], [first[1] * first[0] / m for m in batches])
+        zeta_series["∝ 1/M"] = (x, [first[1] * first[0] / m for m in batches])
     fig = safe_panels(ctx.figure_path("gamma_vs_batch"), [
-        {"series": gamma_series, "xlabel": "batch size M", "ylabel": "mean γ²", "logx": True, "markers": True,
+        {"series": gamma_series, "xlabel": "log₂ M", "ylabel": "mean γ²", "markers": True,
          "title": "(a) γ² per BN layer"},
-        {"series": {"validation loss": _points(batches, val)}, "xlabel": "batch size M", "ylabel": "validation loss",
-         "logx": True, "markers": True, "title": "(b) validation loss"},
-        {"series": zeta_series, "xlabel": "batch size M", "ylabel": "ζ", "logx": True, "logy": True, "markers": True,
+        {"series": {"validation loss": _points(x, val)}, "xlabel": "log₂ M", "ylabel": "validation loss",
+         "markers": True, "title": "(b) validation loss"},
+        {"series": zeta_series, "xlabel": "log₂ M", "ylabel": "ζ", "logy": True, "markers": True,
          "title": "ζ from the data (Eq. 4)"},
     ], title="Luo Fig. 5: batch size, γ² and regularization strength")
     verdict, summary, rhos = fig5_verdict(batches, {layer: [d.get(layer) for d in per_layer] for layer in layers},

@@ -105,19 +105,20 @@ def _analyze(ctx) -> Outcome:
             acc[n][M] = _accuracy(r)
             loss[n][M] = finite_or_none(r.final("test_loss")) if r.status == "finished" else None
     noise = ctx.data.get("normalizer_noise") or {}
+    # log₂ M on a linear axis: matplotlib labels the minor ticks of a short log axis unreadably
+    x = [math.log2(m) for m in BATCH_SIZES]
     specs = [
-        {"series": {n: (list(BATCH_SIZES), [acc[n].get(M) for M in BATCH_SIZES]) for n in NORMS},
-         "xlabel": "batch size M", "ylabel": "test accuracy", "logx": True, "markers": True,
-         "title": "final test accuracy"},
-        {"series": {n: (list(BATCH_SIZES), [loss[n].get(M) for M in BATCH_SIZES]) for n in NORMS},
-         "xlabel": "batch size M", "ylabel": "test loss", "logx": True, "logy": True, "markers": True,
-         "title": "final test loss"},
+        {"series": {n: (x, [acc[n].get(M) for M in BATCH_SIZES]) for n in NORMS},
+         "xlabel": "log₂ M", "ylabel": "test accuracy", "markers": True, "title": "final test accuracy"},
+        {"series": {n: (x, [loss[n].get(M) for M in BATCH_SIZES]) for n in NORMS},
+         "xlabel": "log₂ M", "ylabel": "test loss", "logy": True, "markers": True, "title": "final test loss"},
     ]
     if noise.get("m"):
-        specs.append({"series": {"BN: batch mean (1/M)": (noise["m"], noise["bn"]),
-                                 "MBN: moving mean, simulated": (noise["m"], noise["mbn"]),
-                                 "MBN: (1−λ)/((1+λ)M)": (noise["m"], noise["mbn_theory"])},
-                      "xlabel": "batch size M", "ylabel": "Var[μ]/σ² at the last epoch", "logx": True, "logy": True,
+        xn = [math.log2(m) for m in noise["m"]]
+        specs.append({"series": {"BN: batch mean (1/M)": (xn, noise["bn"]),
+                                 "MBN: moving mean, simulated": (xn, noise["mbn"]),
+                                 "MBN: (1−λ)/((1+λ)M)": (xn, noise["mbn_theory"])},
+                      "xlabel": "log₂ M", "ylabel": "Var[μ]/σ² at the last epoch", "logy": True,
                       "markers": True, "title": f"normalizer noise (m0 = {IDEAL_BATCH})"})
     fig = safe_panels(ctx.figure_path("accuracy_vs_batch_size"), specs, title="Momentum BN vs BN across batch sizes")
     verdict, summary = batch_size_verdict(acc, ctx.tiny)
