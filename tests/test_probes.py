@@ -46,7 +46,7 @@ def test_create_rejects_bad_names_and_options():
         probes.create("landscape", method="fast")
     assert set(probes.available()) == {"ics", "moments", "histograms", "landscape", "effective_lr", "grad_stats",
                                        "cbn_ratios", "batch_noise", "gamma", "bn_regularization"}
-    assert all(cost for _, _, cost in probes.describe())
+    assert all(summary and cost for _, summary, cost in probes.describe())
 
 
 # --------------------------------------------------------------------------------------------- landscape

@@ -43,6 +43,7 @@ class MomentsProbe(Probe):
     """
 
     name = "moments"
+    summary = "change of each layer's activation mean/variance caused by one update (Santurkar Fig. 7)"
     cost = "1 optimizer step (simulated) + 2 forward passes"
 
     def __init__(self, every: int = 1, layers: Iterable[str] | None = None) -> None:
@@ -82,6 +83,7 @@ class HistogramsProbe(Probe):
     """
 
     name = "histograms"
+    summary = "quantiles of sampled units' activations over training (Santurkar Figs 8, 14)"
     cost = "1 forward pass"
 
     def __init__(self, every: int = 1, layers: Iterable[str] | None = None, units: int = 2,

@@ -203,6 +203,7 @@ class Probe:
     """
 
     name: ClassVar[str] = "probe"
+    summary: ClassVar[str] = ""  # one line: what it measures, and the paper
     cost: ClassVar[str] = ""
     # Probes that only read parameters/gradients skip the snapshot (and its copying cost).
     read_only: ClassVar[bool] = False

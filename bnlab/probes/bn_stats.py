@@ -51,6 +51,7 @@ class GammaProbe(Probe):
     """
 
     name = "gamma"
+    summary = "mean |γ| and γ² per BN layer (Luo Fig. 5a)"
     cost = "0 passes (reads γ)"
     read_only = True
 
@@ -84,6 +85,7 @@ class CBNRatiosProbe(Probe):
     """
 
     name = "cbn_ratios"
+    summary = "Peng's η_k = (μ_B − β)/E[x] and τ_k = γ/(ρσ_B) per channel (Peng Figs 2-3)"
     cost = "1 forward pass"
 
     def __init__(self, every: int = 1, layers: Iterable[str] | None = None) -> None:
@@ -138,6 +140,7 @@ class BatchNoiseProbe(Probe):
     """
 
     name = "batch_noise"
+    summary = "ξ_μ, ξ_σ of each BN layer against N(0, 1/m) and χ²(m−1)/m (MBN Thm 1)"
     cost = "1 forward pass (+1 on the held-out batch)"
 
     def __init__(self, every: int = 1, heldout=None, layers: Iterable[str] | None = None) -> None:
@@ -230,6 +233,7 @@ class BNRegularizationProbe(Probe):
     """
 
     name = "bn_regularization"
+    summary = "Luo's ζ per BN layer from the data: kurtosis, Fisher term, μ_B term (Luo Thm 1)"
     cost = "1 forward pass"
 
     def __init__(self, every: int = 1, activation: str = "relu", batch_size: int | None = None,

@@ -49,6 +49,7 @@ class EffectiveLRProbe(Probe):
     """
 
     name = "effective_lr"
+    summary = "‖w‖, η/‖w‖², cos(w, ∇w) and Lemma 2.4's norm-growth residual per scale-invariant weight (Arora)"
     cost = "0 passes (reads weights and gradients)"
     read_only = True
 

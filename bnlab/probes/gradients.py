@@ -31,6 +31,7 @@ class GradStatsProbe(Probe):
     """
 
     name = "grad_stats"
+    summary = "E‖g‖² and variance of the stochastic gradient from k micro-batches (Peng Figs 7, 10)"
     cost = "k forward/backward passes on B/k samples each (about one full-batch pass)"
 
     def __init__(self, every: int = 1, k: int = 8, per_layer: bool = False) -> None:

@@ -34,8 +34,7 @@ def describe() -> list[tuple[str, str, str]]:
     """(name, what it measures, cost) for every step probe."""
     rows = []
     for name, cls in PROBES.items():
-        doc = (cls.__doc__ or "").strip().split("\n")[0]
-        rows.append((name, doc, cls.cost))
+        rows.append((name, cls.summary, cls.cost))
     return rows
 
 

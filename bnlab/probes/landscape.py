@@ -252,6 +252,7 @@ class LandscapeProbe(Probe):
     """
 
     name = "landscape"
+    summary = "loss range, gradient predictiveness and β-smoothness along the gradient (Santurkar Figs 9-12)"
     cost = "naive: 1 + num forward/backward passes; batched: one vmapped forward/backward over num + 1 step sizes"
 
     def __init__(self, every: int = 1, multipliers: Sequence[float] | None = None, num: int = 8,
