@@ -214,7 +214,7 @@ register(Experiment(
           "WN + ζγ² curve with ζ ≈ 0.014, inside Eq. 13's ζ ≈ 0.02λ, while vanilla SGD diverges at α = 1.",
     smoke_changes="N = 256 inputs instead of 4096 (P = αN), 6 values of α, 150 epochs, 2 seeds: the "
                   "finite-N fluctuations are larger but the curves are the same functions of α.",
-    cost={"smoke": "≈5 s CPU (numpy)", "paper": "N = 4096, 9 α values, 300 epochs: ≈10 min CPU"},
+    cost={"smoke": "≈5 s CPU (numpy)", "paper": "N = 4096, 9 α values, 300 epochs: ≈15–20 min on one CPU core"},
     plan=_fig2_plan, analyze=_fig2_analyze))
 
 
@@ -352,7 +352,7 @@ register(Experiment(
     smoke_changes="N = P = 256 instead of 4096 (8 steps per epoch), 400 epochs. BN is evaluated twice: with "
                   "its running averages (the engine's test_loss) and with the statistics of the test inputs "
                   "(a re-run with a callback), since the theory's h̄ uses population statistics.",
-    cost={"smoke": "≈30 s CPU (4 perceptron runs)", "paper": "N = 4096, 400 epochs: 4 × 51k steps, minutes on GPU"},
+    cost={"smoke": "≈20 s CPU (4 perceptron runs)", "paper": "N = 4096, 400 epochs: 4 × 51k steps, ≈7 min on one CPU core"},
     plan=_fig3_plan, analyze=_fig3_analyze))
 
 
@@ -451,7 +451,7 @@ register(Experiment(
     smoke_changes="digits (8×8) with 70 % held out (539 training images, so over-fitting shows) instead of "
                   "CIFAR-10, luo_cnn at 1/4 width, 40 epochs at lr 0.05, two seeds (gaps averaged); the ordering of "
                   "the gaps is what is checked.",
-    cost={"smoke": "≈50 s CPU (10 runs)", "paper": "5 runs × 100 epochs luo_cnn on CIFAR-10 (GPU, ~1 h)"},
+    cost={"smoke": "≈40 s CPU (10 runs), ≈70 s wall on a busy 2-core machine", "paper": "5 runs × 100 epochs luo_cnn on CIFAR-10 (GPU, ~1 h)"},
     plan=_fig4_plan, analyze=_fig4_analyze))
 
 
@@ -558,7 +558,7 @@ register(Experiment(
           "(and the validation loss with it).",
     smoke_changes="digits with 70 % held out, luo_cnn at 1/4 width, 60 epochs, lr 0.05·M/64; BN in every layer at once (the paper "
                   "trains five models with BN in one layer each — bnlab.models has one norm spec for all layers).",
-    cost={"smoke": "≈40 s CPU (5 runs)", "paper": "5 runs × 100 epochs luo_cnn on CIFAR-10 (GPU)"},
+    cost={"smoke": "≈40 s CPU (5 runs), ≈90 s wall on a busy 2-core machine", "paper": "5 runs × 100 epochs luo_cnn on CIFAR-10 (GPU)"},
     plan=_fig5_plan, analyze=_fig5_analyze))
 
 
@@ -679,7 +679,25 @@ def _fig6_analyze(ctx) -> Outcome:
         table.append({"quantity": f"{names[key]}: final train / validation loss",
                       "ours": f"{_fmt(finite_or_none(m.get('train_loss')), 4)} / {_fmt(finite_or_none(m.get('test_loss')), 4)}",
                       "paper": "BN: stable" if key == "bn" else "lower train, higher validation than BN"})
+    growth = {key: kernel_growth(b) for key, b in branches.items()}
+    if growth.get("bn") and growth.get("frozen"):
+        common = sorted(set(growth["bn"]) & set(growth["frozen"]))
+        more = [k for k in common if growth["frozen"][k] > growth["bn"][k]]
+        table.append({"quantity": "layers whose kernel grows more frozen than with BN (effective kernel)",
+                      "ours": f"{len(more)}/{len(common)}",
+                      "paper": "kernel norms increase when freezing BN, 'compared to the results of BN'"})
     return Outcome([fig], table, verdict, summary)
+
+
+def kernel_growth(branch: dict) -> dict[str, float]:
+    """Per layer: last minus first recorded kernel norm of a fine-tuning branch."""
+    out = {}
+    for name in (branch.get("series") or {}):
+        if name.startswith("kernel_norm/"):
+            values = [v for v in _series(branch, name)[1] if finite_or_none(v) is not None]
+            if len(values) >= 2:
+                out[name[len("kernel_norm/"):]] = values[-1] - values[0]
+    return out
 
 
 def _scale_steps(series: tuple[list, list], spe: int) -> tuple[list, list]:
@@ -694,7 +712,7 @@ register(Experiment(
     smoke_changes="digits with 70 % held out (539 training images, so over-fitting shows quickly), luo_cnn at 1/4 "
                   "width, 20 epochs of BN training, then 20 fine-tuning epochs at lr 0.03 (paper 1e-3 on CIFAR-10). "
                   "Computed in one step (bnlab.train configs cannot start from another run's folded weights).",
-    cost={"smoke": "≈45 s CPU (3 runs)", "paper": "100 + 2 × 20 epochs luo_cnn on CIFAR-10 (GPU)"},
+    cost={"smoke": "≈15 s CPU (3 runs)", "paper": "100 + 2 × 20 epochs luo_cnn on CIFAR-10 (GPU)"},
     plan=_fig6_plan, analyze=_fig6_analyze))
 
 
@@ -756,5 +774,5 @@ register(Experiment(
     smoke_changes="digits with 70 % held out, luo_cnn at 1/4 width, 60 epochs, lr 0.05·M/64. The dropout arms are not run: "
                   "bnlab.models.create has no dropout option and configs cannot carry a custom model, so only "
                   "the batch-size premise is measured and the verdict stays 'inconclusive'.",
-    cost={"smoke": "≈25 s CPU (3 runs)", "paper": "3 runs (5 with dropout) × 100 epochs luo_cnn on CIFAR-10 (GPU)"},
+    cost={"smoke": "≈15 s CPU (3 runs)", "paper": "3 runs (5 with dropout) × 100 epochs luo_cnn on CIFAR-10 (GPU)"},
     plan=_fig7_plan, analyze=_fig7_analyze))

@@ -143,6 +143,6 @@ register(Experiment(
     smoke_changes="digits and a 3-layer MLP (width 64) instead of CIFAR and a ResNet, 6 epochs, one seed. The paper "
                   "preset is our standard CIFAR-10/ResNet-20 recipe: the repository holds only the supplement, not "
                   "the main text's settings.",
-    cost={"smoke": "≈1 min CPU (10 runs; M = 2 is 720 steps/epoch)",
+    cost={"smoke": "≈35 s CPU, ≈70 s wall on a busy 2-core machine (10 runs; M = 2 is 720 steps/epoch)",
           "paper": "10 runs × 160 epochs ResNet-20 on CIFAR-10 (GPU; M = 2 runs are slow, ~25k steps/epoch)"},
     plan=_plan, analyze=_analyze))
