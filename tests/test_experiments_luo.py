@@ -273,3 +273,14 @@ def test_smoke_presets_stay_on_cpu_sized_data():
             assert run.config.get("model_options", {}).get("width", 0.25) <= 0.25
     assert luo._FIG6["smoke"]["base"]["data"] == "digits"
     assert math.isclose(luo._FIG2_SIZES["smoke"]["N"], 256)
+
+
+@pytest.mark.parametrize("experiment_id", LUO_IDS)
+def test_analysis_survives_missing_and_nan_results(experiment_id, tmp_path):
+    nan = float("nan")
+    runs = [(r.label, r.factors, "diverged", {"test_loss": nan, "test_accuracy": nan},
+             {"test_loss": [nan, nan], "epoch_train_loss": [nan]}) for r in get(experiment_id).plan("smoke").runs]
+    for data in ({}, {"fig2": {"sim": {"alpha": [1.0], "gen_error": [None]}}, "fig6": {"branches": {}}}):
+        outcome = get(experiment_id).analyze(fake_context(experiment_id, runs, data, tmp_path))
+        check_outcome(outcome)
+        assert outcome.verdict == "inconclusive"

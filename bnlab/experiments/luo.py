@@ -599,7 +599,7 @@ def fig6_data(preset: str, tiny: bool = False) -> dict:
     """Train BN; then fine-tune (a) the same BN model and (b) ``fold(model)`` (BN frozen into the kernels,
     w_sgd = γ w_bn/σ, §5.1) with plain SGD at a small lr; kernel norms and losses of both."""
     from bnlab.norms import fold
-    from bnlab.train import TrainConfig, load_model, run
+    from bnlab.train import load_model, run
 
     from .runner import TINY_STEPS
 
@@ -608,10 +608,14 @@ def fig6_data(preset: str, tiny: bool = False) -> dict:
     pre_cfg = shrink(pre_cfg, TINY_STEPS) if tiny else pre_cfg
     spe = -(-_train_size(s["base"]) // s["base"]["batch_size"])
     with tempfile.TemporaryDirectory(prefix="bnlab-fig6-") as tmp:
-        record = run({**pre_cfg, "runs_dir": tmp}, progress=False)
+        try:
+            record = run({**pre_cfg, "runs_dir": tmp}, progress=False)
+        except Exception as err:  # noqa: BLE001 — reported in the entry, never fatal to the sweep
+            return {"pretrain": {"status": "failed", "metrics": {}, "error": f"{type(err).__name__}: {err}"},
+                    "branches": {}}
         if record.status != "finished":
             return {"pretrain": {"status": record.status, "metrics": _clean(record.metrics)}, "branches": {}}
-        bn_model = load_model(TrainConfig.coerce(pre_cfg).run_id(), tmp)
+        bn_model = load_model(record.id, tmp)
     folded = fold(bn_model)
     branches = {}
     for key, model, norm in (("bn", bn_model, "bn"), ("frozen", folded, "none")):
