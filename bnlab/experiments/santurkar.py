@@ -42,10 +42,8 @@ import re
 import statistics
 from typing import Any
 
-from bnlab.report.plots import panels
-
 from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import finite_or_none, smooth
+from .common import finite_or_none, safe_panels, smooth
 
 # ---- shared configurations --------------------------------------------------------------------
 
@@ -57,32 +55,40 @@ DLN_LR = 1e-3            # see the module docstring: 30 × lr sits at the standa
 DLN_RANGE = (0.01, 30.0)  # App. A.2.2, DLN
 VGG_RANGE = (0.5, 4.0)    # App. A.2.2, VGG
 SMOKE_VGG_STEPS = 600
-SMOKE_DLN_STEPS = 1000
+SMOKE_DLN_STEPS = 600
 COS_TOLERANCE = 0.02  # Fig. 6 "similar": BN's cos(G, G') may exceed standard's by this much and still count
 SHIFT_FACTOR = 2.0    # Fig. 7 "significantly higher": at least twice the standard network's moment change
 
 
+# ICS and moments are taken only in the runs whose entries plot them (fig6/fig7: none, bn, noisy_bn); the
+# ℓp runs of fig11 carry the landscape and histograms probes only, which keeps that entry in budget.
+_FULL_PROBES = ("none", "bn", "noisy_bn")
+
+
 def vgg_config(preset: str, norm: str) -> dict[str, Any]:
     """The VGG run of every Santurkar entry for ``norm`` (App. A.1: SGD, lr 0.1, batch 128, no augmentation)."""
+    full = norm in _FULL_PROBES
     if preset == "paper":
+        probes = ["ics(every=150)", "moments(every=150)"] if full else []
         return dict(model="vgg_santurkar", norm=norm, data="cifar10", steps=15000, lr=0.1, batch_size=128,
                     momentum=0.0, augment=False, seed=0, eval_every=500,
-                    probes=["ics(every=150)", "moments(every=150)", "histograms(every=75)",
-                            "landscape(every=150)"])
+                    probes=probes + ["histograms(every=75)", "landscape(every=150)"])
+    probes = ["ics(every=10)", "moments(every=10)"] if full else []
     return dict(model="vgg_santurkar", norm=norm, model_options={"width": 0.125, "init": "kaiming"},
                 data="digits", steps=SMOKE_VGG_STEPS, lr=0.1, batch_size=128, momentum=0.0, seed=0, eval_every=50,
-                probes=["ics(every=30)", "moments(every=15)", "histograms(every=10)", "landscape(every=30)"])
+                probes=probes + ["histograms(every=10)", "landscape(every=20)"])
 
 
 def dln_config(preset: str, norm: str) -> dict[str, Any]:
     """The DLN run of every Santurkar entry for ``norm`` (App. A.1: 25 square 10×10 layers, full batch of 1000)."""
     base = dict(model="dln", norm=norm, model_options={"depth": 25, "width": 10}, data="gaussian_regression",
                 data_options={"d": 10, "n": 1000}, batch_size="full", lr=DLN_LR, momentum=0.0, seed=0)
+    full = norm in _FULL_PROBES
     if preset == "paper":
-        return {**base, "steps": 10000,
-                "probes": ["ics(every=100)", "histograms(every=50)", "landscape(every=100)"]}
-    return {**base, "steps": SMOKE_DLN_STEPS,
-            "probes": ["ics(every=50)", "histograms(every=10)", "landscape(every=25)"]}
+        probes = ["ics(every=100)"] if full else []
+        return {**base, "steps": 10000, "probes": probes + ["histograms(every=50)", "landscape(every=100)"]}
+    probes = ["ics(every=25)"] if full else []
+    return {**base, "steps": SMOKE_DLN_STEPS, "probes": probes + ["histograms(every=10)", "landscape(every=25)"]}
 
 
 def _vgg_runs(preset: str, labels, prefix: str = "") -> list[RunSpec]:
@@ -291,7 +297,7 @@ def _fig2_analyze(ctx) -> Outcome:
         for layer in pick(layers, (0.2, 0.8)):
             unit = next(u for u in units if u.split("[")[0] == layer)
             specs.append(_distribution_panel(r, unit, f"{label}: activation {unit}"))
-    fig = panels(ctx.figure_path("training_curves"), specs, ncols=3,
+    fig = safe_panels(ctx.figure_path("training_curves"), specs, ncols=3,
                  title="Santurkar Fig. 2: VGG with standard, BN and noisy BN layers")
     means = {label: mean_train_loss(r) for label, r in runs.items()}
     finals = {label: (r.final("train_accuracy") if r is not None else None,
@@ -377,17 +383,18 @@ def _fig6_analyze(ctx) -> Outcome:
                       "paper": "BN similar or larger (worse) than standard (Fig. 6)"})
         if cos_std is not None and cos_bn is not None:
             verdicts.append((net, cos_bn <= cos_std + COS_TOLERANCE, cos_std, cos_bn))
-    fig = panels(ctx.figure_path("ics"), specs or [{"title": "no ICS measurements"}], ncols=4,
+    fig = safe_panels(ctx.figure_path("ics"), specs or [{"title": "no ICS measurements"}], ncols=4,
                  title="Santurkar Fig. 6: ICS (Definition 2.1) with and without BN")
     tiny = _inconclusive_if_tiny(ctx)
     if tiny or len(verdicts) < 2:
         return Outcome([fig], table, "inconclusive", tiny or "ICS was not measured for both networks")
     held = all(ok for _, ok, _, _ in verdicts)
-    parts = "; ".join(f"{net}: cos standard {_fmt(c_std)}, BN {_fmt(c_bn)}" for net, _, c_std, c_bn in verdicts)
+    parts = "; ".join(f"{net}: standard {_fmt(c_std)}, BN {_fmt(c_bn)} — "
+                      f"{'BN similar or worse (claim holds)' if ok else 'BN clearly less ICS (claim fails)'}"
+                      for net, ok, c_std, c_bn in verdicts)
     return Outcome([fig], table, "held" if held else "not held",
-                   f"median cos(G, G′) over steps and layers — {parts}; BN's gradients "
-                   f"{'change at least as much' if held else 'change clearly less'} under the preceding layers' "
-                   f"update (tolerance {COS_TOLERANCE} in cos)")
+                   f"median cos(G, G′) over probed steps and layers (first layer excluded; 'similar' = BN at most "
+                   f"{COS_TOLERANCE} above standard): {parts}")
 
 
 register(Experiment(
@@ -395,9 +402,9 @@ register(Experiment(
     title="Internal covariate shift (Definition 2.1) with and without BN",
     claim="Networks with BN have similar or even larger ICS — the change of a layer's gradient when the "
           "preceding layers are updated, ‖G − G′‖ and cos(G, G′) — than standard networks, while training better.",
-    smoke_changes="VGG: the shared smoke VGG runs of fig2 (digits, 1/8 width, 600 steps, He init), ICS every 30 "
-                  "steps. DLN: the paper's 25 layers of width 10 on 1000 Gaussian samples, full batch, 1000 "
-                  "instead of 10 000 steps, ICS every 50 steps. 'Similar or worse' is judged by the median "
+    smoke_changes="VGG: the shared smoke VGG runs of fig2 (digits, 1/8 width, 600 steps, He init), ICS every 10 "
+                  "steps. DLN: the paper's 25 layers of width 10 on 1000 Gaussian samples, full batch, 600 "
+                  "instead of 10 000 steps, ICS every 25 steps. 'Similar or worse' is judged by the median "
                   "cos(G, G′) over steps and layers: BN's may not exceed standard's by more than 0.02.",
     cost={"smoke": "≈ 60 s on 2 CPU cores (2 VGG + 2 DLN runs; VGG runs shared with fig2)",
           "paper": "2 VGG × 15 000 steps on CIFAR-10 + 2 DLN × 10 000 steps (GPU, ≈ 45 min)"},
@@ -430,7 +437,7 @@ def _fig7_analyze(ctx) -> Outcome:
             specs.append({"series": series, "xlabel": "step", "ylabel": ylabel, "logy": True,
                           "title": f"layer at depth {fraction:.0%}: {ylabel} per step"})
     specs.append(_curve_panel(runs, "train_loss", "training loss (block means)", "loss", logy=True))
-    fig = panels(ctx.figure_path("moments"), specs, ncols=3,
+    fig = safe_panels(ctx.figure_path("moments"), specs, ncols=3,
                  title="Santurkar Fig. 7: change of activation moments between successive steps")
     medians = {label: (_layer_medians(r, "moments", "mean_change"), _layer_medians(r, "moments", "var_change"))
                for label, r in runs.items()}
@@ -461,7 +468,7 @@ register(Experiment(
     claim="'Noisy' BN layers change the mean and variance of a layer's activations between successive steps "
           "far more than a standard network does, yet the network trains better (cf. Fig. 2).",
     smoke_changes="the shared smoke VGG runs of fig2 (digits, 1/8 width, 600 steps, He init), moments probe every "
-                  "15 steps; layers are the BN outputs (conv outputs without BN), paired across networks by "
+                  "10 steps; layers are the BN outputs (conv outputs without BN), paired across networks by "
                   "depth. 'Significantly higher' is taken as ≥ 2× the standard network's median change.",
     cost={"smoke": "≈ 40 s on 2 CPU cores (the 3 runs of fig2; free after fig2)",
           "paper": "the 3 runs of fig2 (GPU)"},
@@ -482,7 +489,7 @@ def _fig8_analyze(ctx) -> Outcome:
         for layer in pick(_hist_layers(r), (0.1, 0.5, 0.9)):
             unit = next(u for u in units if u.split("[")[0] == layer)
             specs.append(_distribution_panel(r, unit, f"{label}: {unit}"))
-    fig = panels(ctx.figure_path("activations"), specs or [{"title": "no activation histograms"}], ncols=3,
+    fig = safe_panels(ctx.figure_path("activations"), specs or [{"title": "no activation histograms"}], ncols=3,
                  title="Santurkar Fig. 8: activation distributions of a 25-layer DLN over training")
     drift = {label: distribution_drift(r) for label, r in runs.items()}
     table = [{"quantity": f"{label}: median drift of a unit's distribution (centre shift in initial spreads "
@@ -505,7 +512,7 @@ register(Experiment(
     title="Activation distributions of a deep linear network over training",
     claim="Sampled activations of a 25-layer DLN drift in distribution over training without BN and stay "
           "stable with BN (the distributional stability BN is usually credited with).",
-    smoke_changes="the paper's DLN (25 layers of width 10, 1000 Gaussian samples, full batch) for 1000 instead "
+    smoke_changes="the paper's DLN (25 layers of width 10, 1000 Gaussian samples, full batch) for 600 instead "
                   "of 10 000 steps at lr 1e-3 (module docstring: the paper's 1e-6 is for its summed loss), "
                   "2 units per layer every 10 steps; the figure shows 3 layers (10 %, 50 %, 90 % depth). The "
                   "verdict compares a scale-free drift of the distributions (the figure itself states no number).",
@@ -525,24 +532,42 @@ def landscape_summary(run) -> dict[str, float | None]:
     return {k: _median(_values(run, f"probe/landscape/{k}")) for k in LANDSCAPE}
 
 
-def predictiveness_curves(preset: str = "smoke", tiny: bool = False, num: int = 16) -> dict:
-    """Fig. 10: ‖∇L(θ) − ∇L(θ − s g)‖ against the distance s‖g‖ moved along the gradient, DLN ± BN.
+FIG10_MULTIPLIERS = (0.01, 1000.0)  # Fig. 10's replay goes past the paper's 30 × lr ("BN keeps smoothing further")
+LITERAL_LR = 1e-2  # the paper's 1e-6 converted as if its loss summed over all 1000 samples and 10 outputs
 
-    Trains each DLN of :func:`dln_config` (same model, data, rate; plain full-batch SGD loop, model
-    seeded with ``seed=0``) and at a few steps evaluates the landscape at ``num`` log-spaced step sizes
-    over [1/100, 30] × lr with :func:`bnlab.probes.evaluate_landscape`. The training probe records only
-    the range over the grid; this keeps the whole curve.
+
+def fig10_grid(lr: float = DLN_LR, points_per_decade: int = 5) -> list[float]:
+    """Log-spaced step sizes over FIG10_MULTIPLIERS × lr plus the exact ends 30 × lr and 300 × lr.
+
+    30 × lr ends the paper's range at our rate; 30 × LITERAL_LR = 300 × lr ends it at the other
+    reading of the paper's rate, so both ranges can be cut from one curve."""
+    lo, hi = (math.log10(m) for m in FIG10_MULTIPLIERS)
+    count = round((hi - lo) * points_per_decade)
+    multipliers = {10 ** (lo + i * (hi - lo) / count) for i in range(count + 1)} | {30.0, 300.0}
+    return [m * lr for m in sorted(multipliers)]
+
+
+def predictiveness_curves(preset: str = "smoke", tiny: bool = False) -> dict:
+    """Fig. 10: ‖∇L(θ) − ∇L(θ − s g)‖ and L(θ − s g) against the step s along the gradient, DLN ± BN.
+
+    Replays each DLN of :func:`dln_config` (same model, data and rate; a plain full-batch SGD loop,
+    weights drawn with ``seed=0``) and at a few steps evaluates the landscape with
+    :func:`bnlab.probes.evaluate_landscape` (naive, exact) on :func:`fig10_grid`. The training probe
+    keeps only the range over its grid; this keeps the whole curve, and reaches past the paper's
+    30 × lr up to 1000 × lr, which also covers [1/100, 30] × 1e-2 (the literal conversion of the
+    paper's rate, module docstring).
     """
     import torch
 
     import bnlab.models as M
     from bnlab import data as D
-    from bnlab.probes import ProbeContext, evaluate_landscape, step_sizes
+    from bnlab.probes import ProbeContext, evaluate_landscape
 
-    at = {"paper": (0, 1000, 10000), "smoke": (0, 200, 1000)}[preset]
+    at = {"paper": (0, 1000, 10000), "smoke": (0, 200, SMOKE_DLN_STEPS)}[preset]
     if tiny:
         at = (0, 2)
-    out: dict[str, Any] = {"at_steps": list(at), "lr": DLN_LR, "multipliers": list(DLN_RANGE), "runs": {}}
+    grid = torch.tensor(fig10_grid(), dtype=torch.float64)
+    out: dict[str, Any] = {"at_steps": list(at), "lr": DLN_LR, "step_sizes": grid.tolist(), "runs": {}}
     for label in FIG6_LABELS:
         cfg = dln_config(preset, NORMS[label])
         ds = D.load(cfg["data"], **cfg["data_options"], seed=cfg["seed"])
@@ -551,7 +576,6 @@ def predictiveness_curves(preset: str = "smoke", tiny: bool = False, num: int = 
         opt = torch.optim.SGD(model.parameters(), lr=DLN_LR)
         x, y = ds.x_train, ds.y_train
         loss_fn = torch.nn.functional.mse_loss
-        grid = step_sizes(DLN_LR, DLN_RANGE, num, "log")
         curves = []
         status = "finished"
         for step in range(max(at) + 1):
@@ -563,13 +587,28 @@ def predictiveness_curves(preset: str = "smoke", tiny: bool = False, num: int = 
             loss.backward()
             if step in at:
                 res = evaluate_landscape(ProbeContext(model, loss_fn, (x, y), step, optimizer=opt), grid, "naive")
-                curves.append({"step": step, "distance": [s * res.grad_norm for s in res.steps],
-                               "grad_change": [finite_or_none(v) for v in res.grad_changes],
+                curves.append({"step": step, "grad_change": [finite_or_none(v) for v in res.grad_changes],
                                "loss": [finite_or_none(v) for v in res.losses], "grad_norm": res.grad_norm,
                                "loss_at_theta": res.loss})
             opt.step()
         out["runs"][label] = {"status": status, "curves": curves}
     return out
+
+
+def window_summary(curve: dict, step_sizes: list[float], lo: float, hi: float) -> dict[str, float | None]:
+    """Loss range, largest gradient change and effective β of one Fig. 10 curve over s ∈ [lo, hi].
+
+    Same definitions as the landscape probe (:class:`bnlab.probes.LandscapeResult`): the range of
+    L(θ − s g), max ‖∇L(θ) − ∇L(θ − s g)‖ and max of that over s‖g‖; non-finite points are skipped."""
+    rows = [(s, l, d) for s, l, d in zip(step_sizes, curve["loss"], curve["grad_change"])
+            if lo * (1 - 1e-9) <= s <= hi * (1 + 1e-9)]
+    losses = [l for _, l, _ in rows if l is not None]
+    changes = [(s, d) for s, _, d in rows if d is not None]
+    g = curve.get("grad_norm") or 0.0
+    betas = [d / (s * g) for s, d in changes if s > 0 and g > 0]
+    return {"loss_range": (max(losses) - min(losses)) if losses else None,
+            "grad_change_max": max(d for _, d in changes) if changes else None,
+            "beta_smoothness": max(betas) if betas else None}
 
 
 def _fig9_plan(preset: str) -> Plan:
@@ -587,45 +626,83 @@ def _landscape_panels(runs: dict, prefix: str) -> list[dict]:
     ]
 
 
+def _replay_windows(pred: dict) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Median over the replay's evaluation steps of :func:`window_summary`, per run, for the paper's
+    range at our rate ([1/100, 30] × lr) and at the literal conversion ([1/100, 30] × 1e-2)."""
+    lr = pred.get("lr") or DLN_LR
+    sizes = pred.get("step_sizes") or []
+    windows = {"ours": (DLN_RANGE[0] * lr, DLN_RANGE[1] * lr),
+               "literal": (DLN_RANGE[0] * LITERAL_LR, DLN_RANGE[1] * LITERAL_LR)}
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    for label, info in (pred.get("runs") or {}).items():
+        curves = info.get("curves") or []
+        out[label] = {}
+        for name, (lo, hi) in windows.items():
+            summaries = [window_summary(c, sizes, lo, hi) for c in curves]
+            out[label][name] = {k: _median([sm[k] for sm in summaries]) for k in LANDSCAPE}
+    return out
+
+
+def _fig10_panels(pred: dict) -> list[dict]:
+    lr = pred.get("lr") or DLN_LR
+    multiples = [v / lr for v in pred.get("step_sizes") or []]
+    runs = pred.get("runs") or {}
+    specs = []
+    for quantity, ylabel in (("grad_change", "‖∇L(θ) − ∇L(θ − s g)‖"), ("loss", "L(θ − s g)")):
+        for index, step in enumerate(pred.get("at_steps") or []):
+            series = {}
+            for label, info in runs.items():
+                curves = info.get("curves") or []
+                if index < len(curves):
+                    series[label] = (multiples, curves[index][quantity])
+            specs.append({"series": series, "xlabel": "step size s / lr (paper's range ends at 30)",
+                          "ylabel": ylabel, "title": f"training step {step}", "logx": True, "logy": True,
+                          "markers": True})
+    return specs
+
+
 def _fig9_analyze(ctx) -> Outcome:
     runs = {label: _runs_by_label(ctx).get(label) for label in FIG6_LABELS}
     specs = _landscape_panels(runs, "")
     specs.append(_curve_panel(runs, "train_loss", "training loss", "loss", logy=True))
-    fig9 = panels(ctx.figure_path("landscape"), specs, ncols=4,
-                  title="Santurkar Fig. 9: DLN landscape along the gradient, [1/100, 30] × lr")
+    fig9 = safe_panels(ctx.figure_path("landscape"), specs, ncols=4,
+                       title="Santurkar Fig. 9: DLN landscape along the gradient, [1/100, 30] × lr")
     pred = (ctx.data or {}).get("predictiveness") or {}
-    fig10_specs = []
-    for label, info in (pred.get("runs") or {}).items():
-        series = {f"step {c['step']}": (c["distance"], c["grad_change"]) for c in info.get("curves", [])}
-        fig10_specs.append({"series": series, "xlabel": "distance moved ‖s g‖", "ylabel": "‖∇L(θ) − ∇L(θ − s g)‖",
-                            "title": label, "logx": True, "logy": True, "markers": True})
-    fig10 = panels(ctx.figure_path("predictiveness"), fig10_specs or [{"title": "no predictiveness data"}],
-                   ncols=2, title="Santurkar Fig. 10: gradient change against distance moved along the gradient")
+    fig10 = safe_panels(ctx.figure_path("predictiveness"), _fig10_panels(pred) or [{"title": "no replay data"}],
+                        ncols=3, title="Santurkar Fig. 10: gradient change and loss along the gradient, "
+                                       "against the step size")
     summary = {label: landscape_summary(r) for label, r in runs.items()}
     paper = {"loss_range": "BN much smaller (Fig. 9a)", "grad_change_max": "BN much smaller (Figs 9b, 10)",
              "beta_smoothness": "BN smaller (Fig. 9c)"}
-    table = [{"quantity": f"median {LANDSCAPE[k]}: standard / BN",
+    table = [{"quantity": f"median {LANDSCAPE[k]} over training, [1/100, 30] × {DLN_LR:g}: standard / BN",
               "ours": f"{_fmt(summary[STANDARD][k])} / {_fmt(summary[BN][k])}", "paper": paper[k]} for k in LANDSCAPE]
-    # Fig. 10 summary: gradient change at the largest distance, at the last evaluated step.
-    last = {}
-    for label, info in (pred.get("runs") or {}).items():
-        curves = info.get("curves") or []
-        if curves and curves[-1]["grad_change"] and curves[-1]["grad_change"][-1] is not None:
-            last[label] = (curves[-1]["step"], curves[-1]["grad_change"][-1], curves[-1]["grad_norm"])
-    if len(last) == 2:
-        table.append({"quantity": "Fig. 10: ‖∇L(θ) − ∇L(θ − 30 lr g)‖ / ‖g‖ at the last evaluated step, standard / BN",
-                      "ours": f"{_fmt(last[STANDARD][1] / last[STANDARD][2])} / {_fmt(last[BN][1] / last[BN][2])}",
-                      "paper": "gradients with BN change far less over the same steps (Fig. 10)"})
+    beta_bn = summary[BN]["beta_smoothness"]
+    table.append({"quantity": "BN's median β × lr / 2 (1 = the stability edge 2/lr of gradient descent)",
+                  "ours": _fmt(None if beta_bn is None else beta_bn * DLN_LR / 2), "paper": "—"})
+    replay = _replay_windows(pred)
+    literal_smaller = None
+    if STANDARD in replay and BN in replay:
+        for name, text in (("ours", f"[1/100, 30] × {DLN_LR:g}"), ("literal", f"[1/100, 30] × {LITERAL_LR:g}")):
+            for k in LANDSCAPE:
+                table.append({"quantity": f"Fig. 10 replay, {text}: median {LANDSCAPE[k]}, standard / BN",
+                              "ours": f"{_fmt(replay[STANDARD][name][k])} / {_fmt(replay[BN][name][k])}",
+                              "paper": paper[k]})
+        pairs = [(replay[BN]["literal"][k], replay[STANDARD]["literal"][k]) for k in LANDSCAPE]
+        if all(a is not None and b is not None for a, b in pairs):
+            literal_smaller = sum(a < b for a, b in pairs)
     tiny = _inconclusive_if_tiny(ctx)
     if tiny or any(v is None for s in summary.values() for v in s.values()):
         return Outcome([fig9, fig10], table, "inconclusive", tiny or "landscape measurements missing for a run")
     smaller = {k: summary[BN][k] < summary[STANDARD][k] for k in LANDSCAPE}
     held = all(smaller.values())
     parts = ", ".join(f"{LANDSCAPE[k]} {_fmt(summary[BN][k])} vs {_fmt(summary[STANDARD][k])}" for k in LANDSCAPE)
-    return Outcome([fig9, fig10], table, "held" if held else "not held",
-                   f"medians over training, BN vs standard: {parts}; "
-                   + ("BN is smoother on all three" if held else
-                      "not smoother on: " + ", ".join(LANDSCAPE[k] for k, ok in smaller.items() if not ok)))
+    text = (f"medians over training at [1/100, 30] × {DLN_LR:g}, BN vs standard: {parts}; "
+            + ("BN is smoother on all three" if held else
+               "BN is not smoother on: " + ", ".join(LANDSCAPE[k] for k, ok in smaller.items() if not ok)))
+    if literal_smaller is not None:
+        text += (f". Replay over [1/100, 30] × {LITERAL_LR:g} (the literal reading of the paper's rate): BN smaller "
+                 f"on {literal_smaller} of 3")
+    return Outcome([fig9, fig10], table, "held" if held else "not held", text)
 
 
 register(Experiment(
@@ -633,9 +710,11 @@ register(Experiment(
     title="DLN loss landscape, gradient predictiveness and β-smoothness with and without BN",
     claim="Along the gradient direction, over steps of [1/100, 30] × lr, a DLN with BN has a much smaller loss "
           "range, more predictive gradients and a smaller effective β-smoothness than without BN.",
-    smoke_changes="the paper's DLN and range at lr 1e-3 (module docstring) for 1000 instead of 10 000 steps, "
-                  "landscape (8 linear points) every 25 steps; Fig. 10's curves at steps 0, 200, 1000 (16 "
-                  "log-spaced points) come from a separate plain-SGD replay of the same two DLNs.",
+    smoke_changes="the paper's DLN and range at lr 1e-3 (module docstring) for 600 instead of 10 000 steps, "
+                  "landscape (8 linear points) every 25 steps; Fig. 10's curves at steps 0, 200, 600 (27 "
+                  "log-spaced step sizes from 1/100 to 1000 × lr) come from a plain-SGD replay of the same two "
+                  "DLNs, which also gives the landscape over [1/100, 30] × 1e-2 (the literal reading of the "
+                  "paper's rate). The verdict uses the training probe at the paper's range.",
     cost={"smoke": "≈ 70 s on 2 CPU cores (2 DLN runs + the Fig. 10 replay; runs shared with fig6/fig8)",
           "paper": "2 DLN runs × 10 000 steps + replay (≈ 15 min on a CPU)"},
     plan=_fig9_plan, analyze=_fig9_analyze))
@@ -644,7 +723,7 @@ register(Experiment(
 # ---- Figs 11–14: ℓp normalizations ------------------------------------------------------------
 
 LP_LABELS = (STANDARD, BN, L1, L2, LINF)
-SMOKE_LP_LABELS = LP_LABELS
+SMOKE_LP_LABELS = (STANDARD, BN, L1, LINF)  # ℓ2 is BN up to where ε enters (measured equal, see docs)
 
 
 def _fig11_plan(preset: str) -> Plan:
@@ -655,13 +734,17 @@ def _fig11_plan(preset: str) -> Plan:
 def _fig11_analyze(ctx) -> Outcome:
     by_label = _runs_by_label(ctx)
     labels = [l for l in LP_LABELS if f"VGG: {l}" in by_label or f"DLN: {l}" in by_label]
-    figures, table, failures, checks = [], [], [], 0
+    normalized = [l for l in labels if l != STANDARD]
+    figures, table = [], []
+    # (net, criterion) -> [normalized labels that beat standard], [those that had data]
+    wins: dict[tuple[str, str], list[str]] = {}
+    tried: dict[tuple[str, str], list[str]] = {}
     for net, fig_name, target in (("VGG", "vgg", "Fig. 11"), ("DLN", "dln", "Fig. 12")):
         runs = {label: by_label.get(f"{net}: {label}") for label in labels}
         specs = [_curve_panel(runs, "train_loss", f"(a) {net} training loss", "loss", logy=True)]
         specs += _landscape_panels(runs, f"{net}: ")
-        figures.append(panels(ctx.figure_path(f"{fig_name}_lp"), specs, ncols=4,
-                              title=f"Santurkar {target}: {net} with ℓp normalizations"))
+        figures.append(safe_panels(ctx.figure_path(f"{fig_name}_lp"), specs, ncols=4,
+                                   title=f"Santurkar {target}: {net} with ℓp normalizations"))
         losses = {label: mean_train_loss(r) for label, r in runs.items()}
         land = {label: landscape_summary(r) for label, r in runs.items()}
         for label in labels:
@@ -670,18 +753,16 @@ def _fig11_analyze(ctx) -> Outcome:
                                   f"{_fmt(land[label]['beta_smoothness'])}",
                           "paper": "worst training, roughest landscape" if label == STANDARD else
                                    "trains better and smoother than Standard (Figs 11–13)"})
-        std_loss, std_land = losses.get(STANDARD), land.get(STANDARD, {})
-        for label in labels:
-            if label == STANDARD:
-                continue
-            for name, ours, ref in (("training loss", losses[label], std_loss),
-                                    ("loss range", land[label]["loss_range"], std_land.get("loss_range")),
-                                    ("β", land[label]["beta_smoothness"], std_land.get("beta_smoothness"))):
+        for label in normalized:
+            for criterion, ours, ref in (
+                    ("training loss", losses[label], losses.get(STANDARD)),
+                    ("loss range", land[label]["loss_range"], land.get(STANDARD, {}).get("loss_range")),
+                    ("β", land[label]["beta_smoothness"], land.get(STANDARD, {}).get("beta_smoothness"))):
                 if ours is None or ref is None:
                     continue
-                checks += 1
-                if not ours < ref:
-                    failures.append(f"{net} {label} {name} {_fmt(ours)} ≥ standard {_fmt(ref)}")
+                tried.setdefault((net, criterion), []).append(label)
+                if ours < ref:
+                    wins.setdefault((net, criterion), []).append(label)
     # Fig. 14: activation distributions of the VGG under the normalizations, one layer at 75 % depth.
     specs, drift = [], {}
     for label in labels:
@@ -691,23 +772,25 @@ def _fig11_analyze(ctx) -> Outcome:
         for layer in pick(_hist_layers(r), (0.75,)):
             unit = next(u for u in units if u.split("[")[0] == layer)
             specs.append(_distribution_panel(r, unit, f"{label}: {unit}"))
-    figures.append(panels(ctx.figure_path("vgg_lp_activations"), specs or [{"title": "no activation histograms"}],
-                          ncols=3, title="Santurkar Fig. 14: VGG activation distributions under ℓp normalizations"))
+    figures.append(safe_panels(ctx.figure_path("vgg_lp_activations"), specs or [{"title": "no activation histograms"}],
+                               ncols=3, title="Santurkar Fig. 14: VGG activation distributions under ℓp normalizations"))
     table.append({"quantity": "VGG median distribution drift (Fig. 14): " + " / ".join(labels),
                   "ours": " / ".join(_fmt(drift[l]) for l in labels),
                   "paper": "ℓp normalizations shift the distributions more than BN, yet train well (Fig. 14)"})
     tiny = _inconclusive_if_tiny(ctx)
-    expected = 2 * 3 * (len(labels) - 1)
-    if tiny or checks < expected:
+    expected = 2 * 3 * len(normalized)
+    checks = sum(len(v) for v in tried.values())
+    if tiny or not normalized or checks < expected:
         return Outcome(figures, table, "inconclusive",
                        tiny or f"only {checks} of {expected} comparisons with the standard network had data")
-    if failures:
-        return Outcome(figures, table, "not held",
-                       f"{expected - len(failures)} of {expected} comparisons favour the normalized network; "
-                       "failed: " + "; ".join(failures))
-    return Outcome(figures, table, "held",
-                   f"all {expected} comparisons (VGG and DLN; BN, ℓ1, ℓ2, ℓ∞ against standard; mean training "
-                   f"loss, median loss range, median β) favour the normalized network")
+    won = sum(len(v) for v in wins.values())
+    parts = "; ".join(f"{net} " + ", ".join(f"{criterion} {len(wins.get((net, criterion), []))}/{len(normalized)}"
+                                            for criterion in ("training loss", "loss range", "β"))
+                      for net in ("VGG", "DLN"))
+    return Outcome(figures, table, "held" if won == expected else "not held",
+                   f"{won} of {expected} comparisons of a normalized network ({', '.join(normalized)}) with the "
+                   f"standard one favour the normalized network (mean training loss, median loss range and median "
+                   f"β along the gradient; count of normalizations that win): {parts}")
 
 
 register(Experiment(
@@ -716,10 +799,11 @@ register(Experiment(
     claim="Every normalization — BN and the ℓ1, ℓ2, ℓ∞ batch normalizations, which do not fix the mean and "
           "variance of the activations — trains better than the standard network and makes its loss landscape "
           "smoother (smaller loss range and β-smoothness along the gradient), for the VGG and the DLN.",
-    smoke_changes="the shared smoke VGG (digits, 1/8 width, 600 steps, He init) and DLN (1000 steps, lr 1e-3) runs "
-                  "with norms none, bn, lp_bn(p=1), lp_bn(p=2) (equal to BN up to where ε enters) and "
-                  "lp_bn(p=inf) (Hoffer's top-10 scale); landscapes every 30 (VGG) / 25 (DLN) steps, histograms "
-                  "every 10.",
-    cost={"smoke": "≈ 2 min on 2 CPU cores (5 VGG + 5 DLN runs; none/bn shared with the other entries)",
+    smoke_changes="the shared smoke VGG (digits, 1/8 width, 600 steps, He init) and DLN (600 steps, lr 1e-3) runs "
+                  "with norms none, bn, lp_bn(p=1) and lp_bn(p=inf) (Hoffer's top-10 scale); ℓ2 is left to the "
+                  "paper preset to stay in budget: it is BN up to where ε enters and trained to the same mean loss "
+                  "(VGG 0.103 vs BN 0.109, DLN 7.42 vs 7.42 in a measured smoke run). Landscapes every 20 (VGG) / "
+                  "25 (DLN) steps, histograms every 10.",
+    cost={"smoke": "≈ 95 s CPU (4 VGG + 4 DLN runs; none/bn shared with the other entries)",
           "paper": "5 VGG × 15 000 steps on CIFAR-10 + 5 DLN × 10 000 steps (GPU, ≈ 2 h)"},
     plan=_fig11_plan, analyze=_fig11_analyze))
