@@ -420,22 +420,22 @@ def _fig7_plan(preset: str) -> Plan:
 def _fig7_analyze(ctx) -> Outcome:
     runs = {label: _runs_by_label(ctx).get(label) for label in FIG2_LABELS}
     specs = []
-    # Layers differ in name (conv outputs without BN, BN outputs with it): pair them by depth.
-    layer_lists = {label: probe_layers(r, "moments", "mean_change") if r is not None else []
-                   for label, r in runs.items()}
-    for fraction in (0.25, 0.75):
+    # Layers differ in name (the conv output "features.4.0" without BN, the BN output "features.4.1" with it):
+    # pair them by their block "features.4", at depths picked among the blocks every run has.
+    block_maps = {label: {layer.rsplit(".", 1)[0]: layer for layer in probe_layers(r, "moments", "mean_change")}
+                  if r is not None else {} for label, r in runs.items()}
+    present = [m for m in block_maps.values() if m]
+    common = sorted(set.intersection(*(set(m) for m in present)), key=layer_key) if present else []
+    for block in pick(common, (0.25, 0.75)):
         for quantity, ylabel in (("mean_change", "|Δ mean|"), ("var_change", "|Δ variance|")):
             series = {}
-            names = []
-            for label, layers in layer_lists.items():
-                chosen = pick(layers, (fraction,))
-                if chosen:
-                    xs, ys = runs[label].series(f"probe/moments/{quantity}/{chosen[0]}")
+            for label, blocks in block_maps.items():
+                if block in blocks:
+                    xs, ys = runs[label].series(f"probe/moments/{quantity}/{blocks[block]}")
                     if xs:
-                        series[f"{label} ({chosen[0]})"] = (xs, ys)
-                        names.append(chosen[0])
+                        series[label] = (xs, ys)
             specs.append({"series": series, "xlabel": "step", "ylabel": ylabel, "logy": True,
-                          "title": f"layer at depth {fraction:.0%}: {ylabel} per step"})
+                          "title": f"block {block} output: {ylabel} per step"})
     specs.append(_curve_panel(runs, "train_loss", "training loss (block means)", "loss", logy=True))
     fig = safe_panels(ctx.figure_path("moments"), specs, ncols=3,
                  title="Santurkar Fig. 7: change of activation moments between successive steps")
@@ -616,13 +616,16 @@ def _fig9_plan(preset: str) -> Plan:
                 compute={"predictiveness": lambda tiny=False: predictiveness_curves(preset, tiny)})
 
 
-def _landscape_panels(runs: dict, prefix: str) -> list[dict]:
+def _landscape_panels(runs: dict, prefix: str, lr: float) -> list[dict]:
+    beta = _curve_panel(runs, "probe/landscape/beta_smoothness", f"{prefix}effective β-smoothness (dashed: 2/lr)",
+                        "β", logy=True)
+    beta["hline"] = 2.0 / lr  # gradient descent's stability edge: sharper directions make a step overshoot
     return [
         _band_panel(runs, "probe/landscape/loss_min", "probe/landscape/loss_max", "probe/landscape/loss",
                     f"{prefix}loss landscape (loss along the gradient)", "loss", logy=True),
         _band_panel(runs, "probe/landscape/grad_change_min", "probe/landscape/grad_change_max", None,
                     f"{prefix}gradient predictiveness", "‖∇L(θ) − ∇L(θ − s g)‖", logy=True),
-        _curve_panel(runs, "probe/landscape/beta_smoothness", f"{prefix}effective β-smoothness", "β", logy=True),
+        beta,
     ]
 
 
@@ -663,7 +666,7 @@ def _fig10_panels(pred: dict) -> list[dict]:
 
 def _fig9_analyze(ctx) -> Outcome:
     runs = {label: _runs_by_label(ctx).get(label) for label in FIG6_LABELS}
-    specs = _landscape_panels(runs, "")
+    specs = _landscape_panels(runs, "", DLN_LR)
     specs.append(_curve_panel(runs, "train_loss", "training loss", "loss", logy=True))
     fig9 = safe_panels(ctx.figure_path("landscape"), specs, ncols=4,
                        title="Santurkar Fig. 9: DLN landscape along the gradient, [1/100, 30] × lr")
@@ -742,7 +745,7 @@ def _fig11_analyze(ctx) -> Outcome:
     for net, fig_name, target in (("VGG", "vgg", "Fig. 11"), ("DLN", "dln", "Fig. 12")):
         runs = {label: by_label.get(f"{net}: {label}") for label in labels}
         specs = [_curve_panel(runs, "train_loss", f"(a) {net} training loss", "loss", logy=True)]
-        specs += _landscape_panels(runs, f"{net}: ")
+        specs += _landscape_panels(runs, f"{net}: ", (vgg_config if net == "VGG" else dln_config)(ctx.preset, "none")["lr"])
         figures.append(safe_panels(ctx.figure_path(f"{fig_name}_lp"), specs, ncols=4,
                                    title=f"Santurkar {target}: {net} with ℓp normalizations"))
         losses = {label: mean_train_loss(r) for label, r in runs.items()}
