@@ -121,7 +121,8 @@ def test_table6_plan():
     seed0 = [r for r in paper.runs if r.factors["seed"] == 0]
     assert sorted({r.config["lr"] for r in seed0}) == [1e-4, 1e-3, 1e-2, 1e-1, 1.0]
     assert {r.config["lr"] for r in paper.runs if r.factors["seed"] > 0} == {0.1}
-    assert len(get("peng-table6").plan("smoke").runs) == 4 * 3 * 5
+    smoke = get("peng-table6").plan("smoke").runs
+    assert len(smoke) == 4 * 3 * 4 and 1e-4 not in {r.config["lr"] for r in smoke}
 
 
 def test_fig2_plan_probes_the_papers_layers():
@@ -270,6 +271,41 @@ def test_run_trains():
     assert not P.run_trains(_FakeRun("finished", [2.4], None))
 
 
+class _FakeProbedRun:
+    """A stored run with given metric series (what RunView offers the analysis)."""
+
+    status = "finished"
+
+    def __init__(self, series: dict[str, list[float]]):
+        self._series = series
+
+    def series(self, name):
+        values = self._series.get(name, [])
+        return list(range(1, len(values) + 1)), list(values)
+
+    def metric_names(self, prefix=""):
+        return sorted(n for n in self._series if n.startswith(prefix))
+
+
+def test_ratio_fractions_find_the_papers_layers():
+    series = {}
+    for i, layer in enumerate(P.FIG2_LAYERS.values()):
+        series[f"probe/cbn_ratios/eta_in_range/{layer}.0"] = [1.0, 0.5 + 0.1 * i]
+        series[f"probe/cbn_ratios/tau_in_range/{layer}.0"] = [0.25, float("nan"), 0.75]
+    # a similarly named layer of another block must not be picked up
+    series["probe/cbn_ratios/eta_in_range/stage1.0.unit10.0"] = [0.0]
+    fractions = P.ratio_fractions(_FakeProbedRun(series))
+    assert [d["eta"] for d in fractions.values()] == pytest.approx([0.75, 0.8, 0.85])
+    assert all(d["tau"] == pytest.approx(0.5) for d in fractions.values())
+    assert P.ratio_fractions(_FakeProbedRun({}))["layer#2 (stage1.0.cbn1)"] == {"eta": None, "tau": None}
+
+
+def test_mean_variance_skips_the_transient():
+    run = _FakeProbedRun({"probe/grad_stats/variance": [100.0, 4.0, 2.0, float("inf"), 3.0]})
+    assert P._mean_variance(run) == pytest.approx(3.0)          # 4 finite values, first quarter (1) skipped
+    assert P._mean_variance(_FakeProbedRun({})) is None
+
+
 # ---- every entry end to end, tiny -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -278,8 +314,17 @@ def runs_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("peng_runs")
 
 
+@pytest.fixture
+def two_steps(monkeypatch):
+    # 250 tiny runs: 2 steps each exercise every code path (training, probes at step 2, analysis of
+    # one-point series) at a third of the runner's default 6 steps' cost.
+    from bnlab.experiments import runner
+
+    monkeypatch.setattr(runner, "TINY_STEPS", 2)
+
+
 @pytest.mark.parametrize("experiment_id", IDS)
-def test_tiny_reproduce(experiment_id, runs_dir):
+def test_tiny_reproduce(experiment_id, runs_dir, two_steps):
     outcome = reproduce(experiment_id, "smoke", runs_dir=runs_dir, tiny=True, report=False, progress=False)
     assert outcome.figures
     for fig in outcome.figures:

@@ -106,7 +106,7 @@ def d1_verdict(loss: dict[str, dict[float, float | None]], tiny: bool = False) -
     sgd, psgd = loss.get("SGD", {}), loss.get("PSGD", {})
     lrs = sorted(set(sgd) & set(psgd))
     if not lrs:
-        return "inconclusive", "no SGD/PSGD runs"
+        return "inconclusive", "no SGD/PSGD runs" + (" (tiny runs)" if tiny else "")
     summary = "average training loss of the last epochs, SGD vs PSGD: " + ", ".join(
         f"lr_si {lr:g}: {_fmt_loss(sgd[lr])} vs {_fmt_loss(psgd[lr])}" for lr in lrs)
     if tiny:
@@ -130,7 +130,7 @@ def d2_verdict(loss: dict[str, dict[float, float | None]], tiny: bool = False) -
     others = {k: loss.get(k, {}) for k in ("PSGD", "SGD, BN removed")}
     lrs = sorted(set(sgd).intersection(*[set(v) for v in others.values()]))
     if not lrs:
-        return "inconclusive", "missing settings"
+        return "inconclusive", "missing settings" + (" (tiny runs)" if tiny else "")
     summary = "average training loss of the last epochs (SGD / PSGD / no BN): " + ", ".join(
         f"lr {lr:g}: {_fmt_loss(sgd[lr])} / {_fmt_loss(others['PSGD'][lr])} / {_fmt_loss(others['SGD, BN removed'][lr])}"
         for lr in lrs)
@@ -157,7 +157,7 @@ def d3_verdict(acc: dict[tuple[str, str], dict[float, float | None]], tiny: bool
         sgd, psgd = acc.get(("SGD", mode), {}), acc.get(("PSGD", mode), {})
         lrs = sorted(set(sgd) & set(psgd))
         if not lrs or 0.1 not in lrs:
-            return "inconclusive", f"missing {mode} runs"
+            return "inconclusive", f"missing {mode} runs" + (" (tiny runs)" if tiny else "")
         lines.append(f"{mode}: " + ", ".join(
             f"lr {lr:g} {'—' if sgd[lr] is None else f'{sgd[lr]:.3f}'}/{'—' if psgd[lr] is None else f'{psgd[lr]:.3f}'}"
             for lr in lrs))
