@@ -175,26 +175,41 @@ def d3_verdict(acc: dict[tuple[str, str], dict[float, float | None]], tiny: bool
     return "held", summary + "; SGD stays above 75 % at every lr while PSGD falls"
 
 
+LOSS_CAP = 10 * math.log(NUM_CLASSES)
+LR_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
+SETTING_LINES = {"SGD": "-", "PSGD": ":", "SGD, BN removed": "--"}
+
+
 def _left_right(ctx, metric: str, ylabel: str, path, title: str, modes: tuple[str, ...], logy: bool) -> Any:
+    # Losses above 10·ln 10 are left out, as the paper leaves out its "very large or NaN" ones; the table
+    # still lists them.
+    cap = LOSS_CAP if logy else None
     values = _collect(ctx, metric)
     left = {}
     for (setting, mode), by_lr in values.items():
         if mode not in modes:
             continue
-        points = sorted((lr, v) for lr, v in by_lr.items() if v is not None)
+        points = sorted((lr, v) for lr, v in by_lr.items() if v is not None and (cap is None or v <= cap))
         left[f"{setting}" + (f", {mode}" if len(modes) > 1 else "")] = ([p[0] for p in points], [p[1] for p in points])
     specs = [{"series": left, "xlabel": "learning rate" + (" (scale-invariant)" if modes == ("separate",) else ""),
               "ylabel": f"{ylabel}, mean of last {TAIL_EPOCHS} epochs", "logx": True, "logy": logy, "markers": True,
               "title": f"{ylabel} vs lr"}]
     for mode in modes:
-        series = {}
+        series, style = {}, {}
         for r in ctx.runs:
             if r.factors.get("mode") != mode:
                 continue
             steps, vals = r.series(metric)
-            series[f"{r.factors['setting']}, lr {r.factors['lr']:g}"] = (list(range(1, len(vals) + 1)), vals)
-        specs.append({"series": series, "xlabel": "epoch", "ylabel": ylabel, "logy": logy,
+            vals = [v if cap is None or (v is not None and v <= cap) else None for v in vals]
+            label = f"{r.factors['setting']}, lr {r.factors['lr']:g}"
+            series[label] = (list(range(1, len(vals) + 1)), vals)
+            # as in the paper's figures: colour = lr, line style = setting
+            style[label] = {"color": LR_COLORS[LRS.index(r.factors["lr"]) % len(LR_COLORS)] if r.factors["lr"] in LRS
+                            else None, "ls": SETTING_LINES.get(r.factors["setting"], "-")}
+        specs.append({"series": series, "style": style, "xlabel": "epoch", "ylabel": ylabel, "logy": logy,
                       "title": f"{ylabel} per epoch ({mode} lr)"})
+    if cap is not None:
+        title += f" — losses above {cap:.0f} not drawn"
     return safe_panels(path, specs, title=title, ncols=len(specs))
 
 

@@ -489,7 +489,9 @@ FIG2_LAYERS = {"layer#2 (stage1.0.cbn1)": "stage1.0.unit1", "layer#8 (stage2.0.c
 
 def _fig2_plan(preset: str) -> Plan:
     if preset == "paper":
-        base = {**_base("resnet20", "cifar10", "paper"), "probe_every": 391}  # once an epoch (391 steps)
+        # about once an epoch; 390, not 391 (= steps per epoch), so the probes do not all land on the
+        # epoch's last, 80-sample batch
+        base = {**_base("resnet20", "cifar10", "paper"), "probe_every": 390}
     else:
         base = {**_base("resnet20", "digits", "smoke"), "probe_every": 2}
     # Fig. 3's caption: "we set ρ = 1 in the experiment"; ResNet-20's own activation, ReLU.
@@ -627,7 +629,7 @@ def fig8_verdict(acc: dict[str, dict[float | None, float | None]], tiny: bool = 
 
 def _fig8_analyze(ctx) -> Outcome:
     acc: dict[str, dict] = {}
-    loss_specs, acc_series = [], {}
+    loss_specs, acc_specs = [], []
     for act in ACTIVATIONS:
         runs = [r for r in ctx.runs if r.factors.get("activation") == act]
         if not runs:
@@ -643,13 +645,14 @@ def _fig8_analyze(ctx) -> Outcome:
         loss_specs.append({"series": series, "style": style, "xlabel": "step", "ylabel": "training loss",
                            "title": ACT_TITLE[act], "logy": True})
         points = sorted((rho, v) for rho, v in acc[act].items() if rho is not None and v is not None)
-        acc_series[ACT_TITLE[act]] = ([p[0] for p in points], [p[1] for p in points])
+        # log2 ρ on a linear axis: −2 … 3 label the grid 0.25 … 8 readably
+        acc_specs.append({"series": {"CBN": ([math.log2(p[0]) for p in points], [p[1] for p in points])},
+                          "hline": acc[act].get(None), "xlabel": "log2 ρ (dashed: BN)", "ylabel": "final test accuracy",
+                          "markers": True, "title": ACT_TITLE[act]})
     fig_loss = safe_panels(ctx.figure_path("training_loss_vs_rho"), loss_specs, ncols=5,
-                      title=f"Peng Fig. 8: training loss of CBN for ρ ∈ {{0.25 … 8}} and BN ({ctx.preset})")
-    fig_acc = safe_panels(ctx.figure_path("test_accuracy_vs_rho"),
-                     [{"series": acc_series, "xlabel": "ρ", "ylabel": "final test accuracy", "logx": True,
-                       "markers": True, "title": "CBN test accuracy vs ρ"}],
-                     title=f"Peng Figs 8–9: ρ sensitivity ({ctx.preset})")
+                           title=f"Peng Fig. 8: training loss of CBN for ρ ∈ {{0.25 … 8}} and BN ({ctx.preset})")
+    fig_acc = panels(ctx.figure_path("test_accuracy_vs_rho"), acc_specs, ncols=5,
+                     title=f"Peng Figs 8–9: final test accuracy of CBN vs ρ, BN dashed ({ctx.preset})")
     rows = []
     for act, values in acc.items():
         for rho in (None, *RHO_GRID):
@@ -695,11 +698,12 @@ def _fig10_variants(lr: float) -> dict[str, tuple[str, str, Any]]:
 def _fig10_plan(preset: str) -> Plan:
     if preset == "paper":
         # ResNet-18 on ImageNet is not in bnlab: ResNet-20 with the CIFAR-10 recipe stands in.
-        base, lr = {**_base("resnet20", "cifar10", "paper"), "probe_every": 391}, 0.1
+        base, lr = {**_base("resnet20", "cifar10", "paper"), "probe_every": 390}, 0.1  # see _fig2_plan
     else:
         lr = SMOKE_FIG10_LR
-        # probe every 6 of the 48 steps: grad_stats costs 8 small forward/backward passes per call
-        base = {**_base("resnet20", "cifar10", "smoke"), "lr": lr, "schedule": "constant", "probe_every": 6}
+        # probe every 5 of the 48 steps: grad_stats costs 8 small forward/backward passes per call, and
+        # steps 12, 24, … are the epochs' last batches (30 of digits' 1438 images: micro-batches of 3)
+        base = {**_base("resnet20", "cifar10", "smoke"), "lr": lr, "schedule": "constant", "probe_every": 5}
     runs = []
     for act in ACTIVATIONS:
         for name, (placement, norm) in _fig10_variants(lr).items():
@@ -775,7 +779,7 @@ register(Experiment(
     smoke_changes=f"digits, ResNet-20 at width 1/4 (the paper: ResNet-18 on ImageNet, which bnlab lacks; the paper "
                   f"preset uses ResNet-20 on CIFAR-10), 4 epochs at a constant lr {SMOKE_FIG10_LR} so that AMAT acts "
                   f"from the start (η = {1 - 10 * SMOKE_FIG10_LR:g}; at lr 0.1 η = 0 and AMAT is off), variance from "
-                  "8 micro-batches every 6 steps. Fixed η = 0.9 is cbn with ω = 0.1/lr, exact only while the lr is "
+                  "8 micro-batches every 5 steps. Fixed η = 0.9 is cbn with ω = 0.1/lr, exact only while the lr is "
                   "constant (in the paper preset: the first 60 epochs).",
     cost={"smoke": "20 runs with a probe, ≈1.5 min on 2 CPU cores",
           "paper": "20 runs × 120 epochs of ResNet-20 on CIFAR-10 with a gradient-variance probe per epoch (GPU)"},
