@@ -119,3 +119,12 @@ def test_ray_sweep_on_a_local_instance(tmp_path):
 
     with Store(tmp_path / "bnlab.db") as store:  # both Ray tasks wrote into the same store
         assert {r["status"] for r in store.list_runs()} == {"finished", "diverged"}
+
+
+def test_demo_covers_all_five_papers_with_catalogue_entries():
+    from bnlab.demo import DEMO_ENTRIES
+    from bnlab.experiments.base import PAPERS
+
+    catalogue = E.load_catalogue()
+    assert set(DEMO_ENTRIES) <= set(catalogue)
+    assert {catalogue[i].paper for i in DEMO_ENTRIES} == set(PAPERS)
