@@ -702,6 +702,8 @@ def _fig9_analyze(ctx) -> Outcome:
     text = (f"medians over training at [1/100, 30] × {DLN_LR:g}, BN vs standard: {parts}; "
             + ("BN is smoother on all three" if held else
                "BN is not smoother on: " + ", ".join(LANDSCAPE[k] for k, ok in smaller.items() if not ok)))
+    if beta_bn is not None:
+        text += f" (BN's β is {beta_bn * DLN_LR / 2:.2f} × 2/lr: full-batch GD holds it at its stability edge)"
     if literal_smaller is not None:
         text += (f". Replay over [1/100, 30] × {LITERAL_LR:g} (the literal reading of the paper's rate): BN smaller "
                  f"on {literal_smaller} of 3")
