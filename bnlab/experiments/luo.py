@@ -247,9 +247,9 @@ register(Experiment(
     title="Generalization error vs effective load α: SGD, WN + ζγ², BN",
     claim="BN's batch statistics act as a ridge regularizer: the simulated BN student's ε_gen follows the "
           "WN + ζγ² curve with ζ ≈ 0.014, inside Eq. 13's ζ ≈ 0.02λ, while vanilla SGD diverges at α = 1.",
-    smoke_changes="N = 256 inputs instead of 4096 (P = αN), 6 values of α, 150 epochs, 2 seeds: the "
+    smoke_changes="N = 256 inputs instead of 4096 (P = αN), 7 values of α, 150 epochs, 2 seeds: the "
                   "finite-N fluctuations are larger but the curves are the same functions of α.",
-    cost={"smoke": "≈5 s CPU (numpy)", "paper": "N = 4096, 9 α values, 300 epochs: ≈15–20 min on one CPU core"},
+    cost={"smoke": "≈5 s CPU (numpy)", "paper": "N = 4096, 9 α values, 300 epochs: ≈3 min on one CPU core"},
     plan=_fig2_plan, analyze=_fig2_analyze))
 
 
@@ -387,7 +387,7 @@ register(Experiment(
     smoke_changes="N = P = 256 instead of 4096 (8 steps per epoch), 400 epochs. BN is evaluated twice: with "
                   "its running averages (the engine's test_loss) and with the statistics of the test inputs "
                   "(a re-run with a callback), since the theory's h̄ uses population statistics.",
-    cost={"smoke": "≈20 s CPU (4 perceptron runs)", "paper": "N = 4096, 400 epochs: 4 × 51k steps, ≈7 min on one CPU core"},
+    cost={"smoke": "≈20 s CPU (4 perceptron runs)", "paper": "N = 4096, 400 epochs: 4 × 51k steps, ≈4 min on one CPU core"},
     plan=_fig3_plan, analyze=_fig3_analyze))
 
 
