@@ -12,7 +12,7 @@ Paper: /work/shared/papers/luo-regularization-in-bn.md. Entries:
 * ``luo-fig7`` — BN at M = 64 and 256, WN at 256; the dropout arms need a model option bnlab lacks (see
   the entry's ``smoke_changes``).
 
-Conventions: the generalization error of Figs 2 is the excess test error of Eqs. 14–16; in Figs 3–7
+Conventions: the generalization error of Fig. 2 is the excess test error of Eqs. 14–16; in Figs 3–7
 "generalization error" is validation loss − training loss (§4.1, §5).
 """
 
