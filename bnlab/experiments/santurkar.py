@@ -329,7 +329,7 @@ register(Experiment(
                   "at chance for the whole smoke budget), one seed. The runs carry the ics/moments/histograms/"
                   "landscape probes so that fig6, fig7 and fig11 reuse them. 'Trains faster' is judged by the "
                   "mean training loss over the run.",
-    cost={"smoke": "≈ 40 s on 2 CPU cores (3 VGG runs of 600 steps with probes)",
+    cost={"smoke": "≈ 55 s CPU, one thread (3 VGG runs of 600 steps with probes)",
           "paper": "3 runs × 15 000 steps VGG on CIFAR-10 (GPU, ≈ 1 h with probes)"},
     plan=_fig2_plan, analyze=_fig2_analyze))
 
@@ -406,7 +406,7 @@ register(Experiment(
                   "steps. DLN: the paper's 25 layers of width 10 on 1000 Gaussian samples, full batch, 600 "
                   "instead of 10 000 steps, ICS every 25 steps. 'Similar or worse' is judged by the median "
                   "cos(G, G′) over steps and layers: BN's may not exceed standard's by more than 0.02.",
-    cost={"smoke": "≈ 60 s on 2 CPU cores (2 VGG + 2 DLN runs; VGG runs shared with fig2)",
+    cost={"smoke": "≈ 50 s CPU (2 VGG + 2 DLN runs; the VGG runs are fig2's)",
           "paper": "2 VGG × 15 000 steps on CIFAR-10 + 2 DLN × 10 000 steps (GPU, ≈ 45 min)"},
     plan=_fig6_plan, analyze=_fig6_analyze))
 
@@ -470,7 +470,7 @@ register(Experiment(
     smoke_changes="the shared smoke VGG runs of fig2 (digits, 1/8 width, 600 steps, He init), moments probe every "
                   "10 steps; layers are the BN outputs (conv outputs without BN), paired across networks by "
                   "depth. 'Significantly higher' is taken as ≥ 2× the standard network's median change.",
-    cost={"smoke": "≈ 40 s on 2 CPU cores (the 3 runs of fig2; free after fig2)",
+    cost={"smoke": "≈ 52 s CPU (the 3 runs of fig2; free after fig2)",
           "paper": "the 3 runs of fig2 (GPU)"},
     plan=_fig7_plan, analyze=_fig7_analyze))
 
@@ -516,7 +516,7 @@ register(Experiment(
                   "of 10 000 steps at lr 1e-3 (module docstring: the paper's 1e-6 is for its summed loss), "
                   "2 units per layer every 10 steps; the figure shows 3 layers (10 %, 50 %, 90 % depth). The "
                   "verdict compares a scale-free drift of the distributions (the figure itself states no number).",
-    cost={"smoke": "≈ 50 s on 2 CPU cores (2 DLN runs; shared with fig6/fig9)",
+    cost={"smoke": "≈ 25 s CPU (2 DLN runs; shared with fig6/fig9)",
           "paper": "2 DLN runs × 10 000 steps (GPU or CPU, ≈ 10 min)"},
     plan=_fig8_plan, analyze=_fig8_analyze))
 
@@ -720,7 +720,7 @@ register(Experiment(
                   "log-spaced step sizes from 1/100 to 1000 × lr) come from a plain-SGD replay of the same two "
                   "DLNs, which also gives the landscape over [1/100, 30] × 1e-2 (the literal reading of the "
                   "paper's rate). The verdict uses the training probe at the paper's range.",
-    cost={"smoke": "≈ 70 s on 2 CPU cores (2 DLN runs + the Fig. 10 replay; runs shared with fig6/fig8)",
+    cost={"smoke": "≈ 35 s CPU (2 DLN runs + the Fig. 10 replay; runs shared with fig6/fig8)",
           "paper": "2 DLN runs × 10 000 steps + replay (≈ 15 min on a CPU)"},
     plan=_fig9_plan, analyze=_fig9_analyze))
 
