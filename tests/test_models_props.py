@@ -146,7 +146,7 @@ def test_norm_layers_have_readable_paths_and_spec_is_recorded():
     assert paths[:3] == ["stem.0", "stage1.0.unit1.0", "stage1.0.unit2.0"]  # Peng Fig. 2: layer#2 = stage1.0
     assert paths[7] == "stage2.0.unit1.0" and paths[13] == "stage3.0.unit1.0"  # layer#8, layer#14
     assert model.spec == dict(name="luo_cnn", norm="bn", activation="relu", placement="pre_activation",
-                              input_shape=(1, 8, 8), num_classes=4, init="glorot", seed=None, width=0.25)
+                              input_shape=(1, 8, 8), num_classes=4, init="glorot", seed=None, dropout=0.0, width=0.25)
 
 
 @pytest.mark.parametrize("norm,has_bias", [("bn", False), ("mean_only_bn", False), ("cbn", False),

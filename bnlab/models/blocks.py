@@ -65,6 +65,7 @@ class BlockFactory:
     act: str = "relu"
     init: str = "glorot"
     generator: torch.Generator | None = None
+    dropout: float = 0.0  # Luo et al. Fig. 7: dropout after each normalized block (after its activation)
 
     # ---- layers ------------------------------------------------------------------------------
     def initialize(self, layer: nn.Module) -> nn.Module:
@@ -106,6 +107,8 @@ class BlockFactory:
         block = norms.normalized(layer, self.norm, self.placement)
         if with_activation:
             block.append(activation(self.act))
+            if self.dropout > 0:
+                block.append(nn.Dropout(self.dropout))
         return block
 
     def conv_unit(self, in_channels: int, out_channels: int, **kw) -> nn.Sequential:

@@ -93,7 +93,7 @@ def _check_shape(input_shape: Any, num_classes: Any) -> tuple[int, ...]:
 def _make_builder(info: ModelInfo) -> Callable[..., nn.Module]:
     def builder(*, norm: str = "bn", activation: str | None = None, placement: str = "pre_activation",
                 input_shape: tuple = (3, 32, 32), num_classes: int = 10, init: str = "glorot",
-                seed: int | None = None, **options: Any) -> nn.Module:
+                seed: int | None = None, dropout: float = 0.0, **options: Any) -> nn.Module:
         norm = "none" if norm is None else norm
         norms.validate(norm)
         activation = info.default_activation if activation is None else activation
@@ -101,26 +101,30 @@ def _make_builder(info: ModelInfo) -> Callable[..., nn.Module]:
         check_choice("placement", placement, norms.PLACEMENTS)
         check_choice("init", init, INITS)
         shape = _check_shape(input_shape, num_classes)
+        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
+            raise ValueError(f"{info.name}: dropout must be a probability in [0, 1), got {dropout!r}")
         valid = info.options
         unknown = sorted(set(options) - set(valid))
         if unknown:
             raise ValueError(f"{info.name}: unknown option(s) {', '.join(unknown)}; valid options: "
                              f"{', '.join(valid) or '(none)'} (and norm, activation, placement, input_shape, "
-                             f"num_classes, init, seed)")
+                             f"num_classes, init, seed, dropout)")
         resolved = {k: _check_option(info.name, k, options.get(k, d), d) for k, d in valid.items()}
         if seed is None:
-            factory = BlockFactory(norm=norm, placement=placement, act=activation, init=init)
+            factory = BlockFactory(norm=norm, placement=placement, act=activation, init=init, dropout=float(dropout))
             model = info.build(factory, shape, int(num_classes), **resolved)
         else:
             generator = torch.Generator().manual_seed(int(seed))
-            factory = BlockFactory(norm=norm, placement=placement, act=activation, init=init, generator=generator)
+            factory = BlockFactory(norm=norm, placement=placement, act=activation, init=init, generator=generator,
+                                   dropout=float(dropout))
             # torch's layer constructors draw a default init from the global RNG before ours replaces
             # it; fork_rng keeps a seeded build from disturbing the caller's random stream.
             with torch.random.fork_rng(devices=[]):
                 model = info.build(factory, shape, int(num_classes), **resolved)
             norms.seed_layers(model, int(seed))
         model.spec = dict(name=info.name, norm=norm, activation=activation, placement=placement,
-                          input_shape=shape, num_classes=int(num_classes), init=init, seed=seed, **resolved)
+                          input_shape=shape, num_classes=int(num_classes), init=init, seed=seed,
+                          dropout=float(dropout), **resolved)
         return model
 
     builder.__name__ = builder.__qualname__ = info.name
@@ -141,7 +145,8 @@ def create(name: str, *, norm: str = "bn", activation: str | None = None, placem
     ``activation`` defaults to ``"relu"`` (``"identity"`` for ``dln``). ``input_shape`` is one sample's
     shape (``(C, H, W)`` for the conv nets, anything for the fully connected ones); ``num_classes`` the
     output size (for regression, the target dimension). Further keywords: ``init`` (``"glorot"`` —
-    default — or ``"kaiming"``), ``seed`` (draw the weights from a generator seeded with it instead of
+    default — or ``"kaiming"``), ``dropout`` (probability of an ``nn.Dropout`` after each normalized
+    block's activation; 0 = none), ``seed`` (draw the weights from a generator seeded with it instead of
     torch's global RNG, and seed noisy layers) and the model's own options (``width``, ``depth``, …;
     see ``bnlab models list``). Unknown names, activations, placements and options raise ``ValueError``
     naming the valid choices; a bad norm spec raises :func:`bnlab.norms.validate`'s ``ValueError``.
