@@ -272,7 +272,7 @@ def test_clear_value_errors():
     with pytest.raises(ValueError, match="valid placements: pre_activation, pre_linear"):
         M.create("mlp", placement="post_activation")
     with pytest.raises(ValueError, match="valid options: depth, width"):
-        M.create("mlp", input_shape=(4,), dropout=0.5)
+        M.create("mlp", input_shape=(4,), momentum=0.5)
     with pytest.raises(ValueError, match="valid options: width$|valid options: width "):
         M.create("luo_cnn", depth=3)
     with pytest.raises(ValueError, match="width"):
