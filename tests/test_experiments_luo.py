@@ -254,16 +254,23 @@ def test_fig6_analysis_verdicts(tmp_path):
 
 def test_fig7_plan_and_analysis(tmp_path):
     runs = {r.label: r.config for r in get("luo-fig7").plan("paper").runs}
-    assert set(runs) == {"BN, M = 64", "BN, M = 256", "WN, M = 256"}
+    assert set(runs) == {"BN, M = 64", "BN, M = 256", "WN, M = 256", "BN + dropout 0.125, M = 256",
+                         "WN + dropout 0.25, M = 256"}
     assert runs["BN, M = 256"]["lr"] == pytest.approx(4 * runs["BN, M = 64"]["lr"])  # lr ∝ M
-    fake = [(label, {}, "finished", {"test_loss": loss, "test_accuracy": acc}, {"test_loss": [loss]})
-            for label, loss, acc in (("BN, M = 64", 0.6, 0.80), ("BN, M = 256", 0.9, 0.76), ("WN, M = 256", 1.0, 0.73))]
-    outcome = get("luo-fig7").analyze(fake_context("luo-fig7", fake, None, tmp_path))
+    assert runs["BN + dropout 0.125, M = 256"]["model_options"]["dropout"] == 0.125
+    assert runs["WN + dropout 0.25, M = 256"]["model_options"]["dropout"] == 0.25
+    assert "dropout" not in (runs["BN, M = 256"].get("model_options") or {})
+
+    def fake(bn_drop, wn_drop):
+        values = (("BN, M = 64", 0.6, 0.80), ("BN, M = 256", 0.9, 0.76), ("WN, M = 256", 1.0, 0.73),
+                  ("BN + dropout 0.125, M = 256", bn_drop, 0.79), ("WN + dropout 0.25, M = 256", wn_drop, 0.80))
+        return [(label, {}, "finished", {"test_loss": loss, "test_accuracy": acc}, {"test_loss": [loss]})
+                for label, loss, acc in values]
+
+    outcome = get("luo-fig7").analyze(fake_context("luo-fig7", fake(0.7, 0.8), None, tmp_path))
     check_outcome(outcome)
-    # the dropout arms cannot be run, so the claim stays open whatever the batch-size arms show
-    assert outcome.verdict == "inconclusive"
-    assert "— worse at the large batch" in outcome.summary
-    assert sum("not run" in str(row["ours"]) for row in outcome.table) == 2
+    assert outcome.verdict == "held" and "(worse at the large batch)" in outcome.summary
+    assert get("luo-fig7").analyze(fake_context("luo-fig7", fake(0.95, 0.8), None, tmp_path)).verdict == "not held"
 
 
 def test_smoke_presets_stay_on_cpu_sized_data():
