@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 from bnlab.experiments import get
 from bnlab.experiments import luo
@@ -16,14 +15,6 @@ from bnlab.experiments.runner import AnalysisContext, RunView, reproduce
 LUO_IDS = ["luo-fig2", "luo-fig3", "luo-fig4", "luo-fig5", "luo-fig6", "luo-fig7"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny conv nets: two threads on a busy 2-core machine are ~20x slower than one.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def check_outcome(outcome):

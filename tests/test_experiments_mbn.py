@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from bnlab.experiments import get
 from bnlab.experiments import mbn
@@ -11,13 +10,6 @@ from bnlab.experiments.runner import reproduce
 
 from .test_experiments_luo import check_outcome, fake_context
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_tiny_smoke_runs_end_to_end(tmp_path):

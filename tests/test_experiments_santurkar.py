@@ -24,14 +24,6 @@ IDS = ["santurkar-fig2", "santurkar-fig6", "santurkar-fig7", "santurkar-fig8", "
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # These networks are tiny: one intra-op thread is faster, and much faster on a shared, loaded machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):

@@ -38,14 +38,6 @@ def layer_units(model: nn.Module) -> list[nn.Sequential]:
             and not any(isinstance(c, nn.Sequential) for c in m.children()) and len(m) >= 2]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # These are tiny models: on a busy 2-core machine torch's thread pool costs far more than it saves.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def run_case(name: str, norm: str, act: str, placement: str, input_shape, num_classes=3, batch=6, **options):
     torch.manual_seed(0)

@@ -13,14 +13,6 @@ import bnlab.models as M
 import bnlab.norms as N
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny models: on a busy 2-core machine torch's thread pool costs far more than it saves.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def weight_layers(model):
     return [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]

@@ -34,13 +34,6 @@ def _models_available() -> bool:
 needs_models = pytest.mark.skipif(not _models_available(), reason="bnlab.models not available yet")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 # -- a small local model with every kind of state a checkpoint must carry -------------------------
 

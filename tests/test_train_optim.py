@@ -10,14 +10,6 @@ from torch import nn
 from bnlab.train import Projection, build_optimizer, find_scale_invariant, resolve_override, run
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # small models: one thread is faster and keeps results independent of the machine's load
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 class FrobeniusNormalized(nn.Module):
     """A linear layer whose weight is divided by its Frobenius norm: invariant as a whole tensor
