@@ -233,6 +233,11 @@ class ChannelNorm(nn.Module):
         return torch.addcmul(self.per_channel(shift, x), x, self.per_channel(scale, x))
 
     # ---- inference ---------------------------------------------------------------------------
+    def running_affine(self, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+        """BN with the running statistics as a per-channel (scale, shift) — most layers' eval mode."""
+        scale = gamma * torch.rsqrt(self.running_var + self.eps)
+        return scale, beta - self.running_mean * scale
+
     def inference_affine(self) -> tuple[Tensor, Tensor] | None:
         """The eval-mode map as per-channel (scale, shift), or None if the layer is not affine.
 

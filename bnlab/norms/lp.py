@@ -54,8 +54,7 @@ class LpBatchNorm(BatchNorm):
         self.check_input(x)
         gamma, beta = self.gamma_beta(x)
         if not self.use_batch_stats():
-            scale = gamma * torch.rsqrt(self.running_var + self.eps)
-            return self.apply_affine(x, scale, beta - self.running_mean * scale)
+            return self.apply_affine(x, *self.running_affine(gamma, beta))
         mean, var, n = self.batch_stats(x)
         self.update_running_stats(mean, var, n)
         centred = x - self.per_channel(mean, x)

@@ -61,8 +61,7 @@ class MomentumBatchNorm(ChannelNorm):
         self.check_input(x)
         gamma, beta = self.gamma_beta(x)
         if not self.use_batch_stats():
-            scale = gamma * torch.rsqrt(self.running_var + self.eps)
-            return self.apply_affine(x, scale, beta - self.running_mean * scale)
+            return self.apply_affine(x, *self.running_affine(gamma, beta))
         m = x.shape[0]  # MBN's m is the number of samples, not samples × positions
         lam = self.current_lambda(m)
         moving = {}
@@ -85,5 +84,4 @@ class MomentumBatchNorm(ChannelNorm):
         return y
 
     def inference_affine(self):
-        scale = self.weight_or_one() * torch.rsqrt(self.running_var + self.eps)
-        return scale, self.bias_or_zero() - self.running_mean * scale
+        return self.running_affine(self.weight_or_one(), self.bias_or_zero())

@@ -27,8 +27,7 @@ class BatchRenorm(ChannelNorm):
         self.check_input(x)
         gamma, beta = self.gamma_beta(x)
         if not self.training:
-            scale = gamma * torch.rsqrt(self.running_var + self.eps)
-            return self.apply_affine(x, scale, beta - self.running_mean * scale)
+            return self.apply_affine(x, *self.running_affine(gamma, beta))
         std = torch.sqrt(self.running_var + self.eps)
 
         def coefficients(mean_b, var_b, gamma, beta):
@@ -43,5 +42,4 @@ class BatchRenorm(ChannelNorm):
         return y
 
     def inference_affine(self):
-        scale = self.weight_or_one() * torch.rsqrt(self.running_var + self.eps)
-        return scale, self.bias_or_zero() - self.running_mean * scale
+        return self.running_affine(self.weight_or_one(), self.bias_or_zero())
