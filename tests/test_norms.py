@@ -26,7 +26,7 @@ def fused(monkeypatch):
     monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0)
 
 CHANNEL_SPECS = ["bn", "native_bn", "mean_only_bn", "var_only_bn", "noisy_bn", "lp_bn(p=1)", "lp_bn(p=2)",
-                 "lp_bn(p=inf)", "mbn", "cbn", "cbn(decouple=false, rho=2)", "brn"]
+                 "lp_bn(p=inf)", "mbn", "cbn", "cbn(decouple=false, rho=2)", "cbn(center=false)", "brn"]
 
 
 def gen(seed=0):
@@ -215,7 +215,7 @@ def test_bn_equals_torch_batchnorm(shape, ref_cls):
     torch.testing.assert_close(mine(x), ref(x), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("spec", ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn(rho=2)", "brn", "lp_bn(p=1)", "noisy_bn"])
+@pytest.mark.parametrize("spec", ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn(rho=2)", "cbn(center=false)", "brn", "lp_bn(p=1)", "noisy_bn"])
 def test_eval_mode_uses_running_statistics(spec):
     layer = N.create(spec, 3)
     for seed in range(4):
@@ -490,7 +490,7 @@ def test_bad_inputs_raise_clear_errors():
         N.normalized(nn.Linear(2, 2), "si_bn", placement="pre_linear")
 
 
-@pytest.mark.parametrize("spec", ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn(rho=2)", "cbn(decouple=false)", "brn"])
+@pytest.mark.parametrize("spec", ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn(rho=2)", "cbn(decouple=false)", "cbn(center=false)", "brn"])
 def test_fused_path_equals_plain_autograd(spec, fused):
     """The fused kernel (stats → per-channel coefficients → addcmul) equals autograd on the plain ops."""
     results = []
@@ -529,3 +529,26 @@ def test_double_backward_needs_plain_autograd(fused):
 
     fd = (grad_sq(x + bump) - grad_sq(x - bump)) / (2 * eps)
     assert float(h[0, 0]) == pytest.approx(float(fd), rel=1e-5)
+
+
+def test_cbn_without_centering_is_eq5_alone_in_training_and_eval():
+    """center=false: x'' = (γ/ρ)(x+β)/√(mean((x+β)²)+ε) — Peng Table 6's "ℓ2 normalization" ablation."""
+    layer = N.create("cbn(center=false, amat=false, rho=2)", 3).double()
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([1.0, 2.0, 0.5]))
+        layer.bias.copy_(torch.tensor([0.3, -0.4, 0.1]))
+    x = randn(16, 3, 2, 2, seed=21) + 2
+    g, b = layer.weight.detach().view(1, -1, 1, 1), layer.bias.detach().view(1, -1, 1, 1)
+    xp = x + b
+    expected = g / 2 * xp / torch.sqrt(xp.pow(2).mean([0, 2, 3], keepdim=True) + layer.eps)
+    torch.testing.assert_close(layer(x), expected)
+    with torch.no_grad():
+        layer.running_mean.copy_(torch.tensor([1.0, -1.0, 0.5]))
+        layer.running_var.copy_(torch.tensor([2.0, 0.5, 1.0]))
+    layer.eval()
+    rm, rv = layer.running_mean.view(1, -1, 1, 1), layer.running_var.view(1, -1, 1, 1)
+    # E[(x+β)²] = Var x + (E x + β)² from the running statistics
+    torch.testing.assert_close(layer(x), g / 2 * xp / torch.sqrt(rv + (rm + b) ** 2 + layer.eps))
+    plain = N.create("cbn(center=false, decouple=false, amat=false)", 3).double().eval()
+    plain.running_mean.copy_(rm.flatten()), plain.running_var.copy_(rv.flatten())
+    torch.testing.assert_close(plain(x), x / torch.sqrt(rv + rm**2 + plain.eps))

@@ -41,7 +41,8 @@ register(NormInfo("mbn", MomentumBatchNorm, "normalize with moving statistics, �
 register(NormInfo("cbn", CompleteBatchNorm, "Complete BN: decoupled centring + ℓ2 scale, ρ, AMAT",
                   "Peng et al.", "Eqs. 4-9, Alg. 1", {
                       "rho": Param(1.0, float, **_POS), "amat": Param(True, bool),
-                      "omega": Param(10.0, float, minimum=0.0), "decouple": Param(True, bool), **_BN}))
+                      "omega": Param(10.0, float, minimum=0.0), "decouple": Param(True, bool),
+                      "center": Param(True, bool, help="remove the mean (false: Eq. 5 alone)"), **_BN}))
 register(NormInfo("brn", BatchRenorm, "Batch Renormalization (stop-gradient r, d corrections)",
                   "Ioffe 2017", "Alg. 1", {
                       "r_max": Param(3.0, float, minimum=1.0), "d_max": Param(5.0, float, minimum=0.0), **_BN}))

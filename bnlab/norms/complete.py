@@ -46,22 +46,27 @@ class CompleteBatchNorm(ChannelNorm):
     ``decouple=False``: vanilla centring and normalization with the same moving statistics,
     ``y = (γ/ρ)(x − μ_A)/√(σ²_A + ε) + β`` (σ²_A the moving variance) — rows ③, ⑥, ⑦ of Tables 1–4.
 
+    ``center=False`` drops the mean removal (μ_A ≡ 0): with ``decouple=True`` that is Eq. 5 alone,
+    ``x'' = (γ/ρ)(x + β)/√(mean((x+β)²) + ε)`` — the "normalization with the ℓ2-norm" ablation of
+    Table 6 (root mean square, not standard deviation).
+
     Inference: ``running_mean``/``running_var`` tracked as in BN (mean and unbiased variance of x),
     with the second moment of x' taken as ``running_var + β²``.
     """
 
     def __init__(self, num_features: int, rho: float = 1.0, amat: bool = True, omega: float = 10.0,
-                 decouple: bool = True, **kwargs) -> None:
+                 decouple: bool = True, center: bool = True, **kwargs) -> None:
         super().__init__(num_features, **kwargs)
         if not self.track_running_stats:
             raise ValueError("cbn needs running statistics (track_running_stats=True)")
-        self.rho, self.amat, self.omega, self.decouple = rho, amat, omega, decouple
+        self.rho, self.amat, self.omega, self.decouple, self.center = rho, amat, omega, decouple, center
         self.lr: float | None = None
         self.register_buffer("amat_mean", torch.zeros(num_features))
         self.register_buffer("amat_var", torch.ones(num_features))
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", rho={self.rho}, amat={self.amat}, omega={self.omega}, decouple={self.decouple}"
+        return (super().extra_repr() + f", rho={self.rho}, amat={self.amat}, omega={self.omega}, "
+                f"decouple={self.decouple}, center={self.center}")
 
     def set_progress(self, *, lr=None, epoch=None, epochs=None) -> None:
         if lr is not None:
@@ -81,7 +86,12 @@ class CompleteBatchNorm(ChannelNorm):
         moving = {}
 
         def coefficients(mean_b, var_b, gamma, beta):
-            mean = _forward_as(eta * self.amat_mean + (1 - eta) * mean_b.detach(), mean_b)
+            if self.center:
+                mean = _forward_as(eta * self.amat_mean + (1 - eta) * mean_b.detach(), mean_b)
+            else:
+                mean = torch.zeros_like(mean_b)
+            if not self.decouple and not self.center:
+                var_b = var_b + mean_b**2  # second moment about 0: nothing is centred
             if self.decouple:
                 shift = beta - mean                              # x' = x + shift
                 second_b = var_b + (mean_b + shift) ** 2         # mean(x'²), differentiable
@@ -102,11 +112,13 @@ class CompleteBatchNorm(ChannelNorm):
         return y
 
     def _affine(self, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
-        if self.decouple:
-            scale = gamma / (self.rho * torch.sqrt(self.running_var + beta**2 + self.eps))
-            return scale, (beta - self.running_mean) * scale
-        scale = gamma / (self.rho * torch.sqrt(self.running_var + self.eps))
-        return scale, beta - self.running_mean * scale
+        centre = self.running_mean if self.center else torch.zeros_like(self.running_mean)
+        offset = self.running_mean - centre  # mean of x about the centre that is removed
+        if self.decouple:  # second moment of x' = x − centre + β
+            scale = gamma / (self.rho * torch.sqrt(self.running_var + (offset + beta) ** 2 + self.eps))
+            return scale, (beta - centre) * scale
+        scale = gamma / (self.rho * torch.sqrt(self.running_var + offset**2 + self.eps))
+        return scale, beta - centre * scale
 
     def inference_affine(self):
         return self._affine(self.weight_or_one(), self.bias_or_zero())
