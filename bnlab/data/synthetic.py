@@ -58,19 +58,17 @@ def gaussian_regression(
         y_test = (x_test.double() @ A.T).to(dtype)
     else:
         y_test = None
-    A = A.to(dtype)
-    device = torch.device(device)
     return DataSource(
         name="gaussian_regression",
-        x_train=x_train.to(device),
-        y_train=y_train.to(device),
-        x_test=None if x_test is None else x_test.to(device),
-        y_test=None if y_test is None else y_test.to(device),
+        x_train=x_train,
+        y_train=y_train,
+        x_test=x_test,
+        y_test=y_test,
         task="regression",
         input_shape=(d,),
         num_outputs=d,
-        meta={"A": A.to(device), "d": d, "n": n, "n_test": n_test, "seed": seed},
-    )
+        meta={"A": A.to(dtype), "d": d, "n": n, "n_test": n_test, "seed": seed},
+    ).to(device)
 
 
 def teacher_student(
@@ -139,18 +137,17 @@ def teacher_student(
 
     x_train, y_train = draw(P)
     x_test, y_test = draw(n_test) if n_test else (None, None)
-    device = torch.device(device)
     return DataSource(
         name="teacher_student",
-        x_train=x_train.to(device),
-        y_train=y_train.to(device),
-        x_test=None if x_test is None else x_test.to(device),
-        y_test=None if y_test is None else y_test.to(device),
+        x_train=x_train,
+        y_train=y_train,
+        x_test=x_test,
+        y_test=y_test,
         task="regression",
         input_shape=(N,),
         num_outputs=1,
         meta={
-            "w_star": w_star.to(dtype).to(device),
+            "w_star": w_star.to(dtype),
             "noise_var": noise_var,
             "alpha": P / N,
             "N": N,
@@ -159,7 +156,7 @@ def teacher_student(
             "signal_var": 1.0,
             "seed": seed,
         },
-    )
+    ).to(device)
 
 
 DIGITS_STANDARDIZE = ("channel", "pixel", "none")
