@@ -152,7 +152,6 @@ def test_fig8_plan_and_sharing_with_table1():
 def test_fig10_plan_fixes_eta():
     import bnlab.models as M
     from bnlab.norms import CompleteBatchNorm
-    from bnlab.norms.complete import amat_eta
 
     for preset in ("paper", "smoke"):
         runs = get("peng-fig10").plan(preset).runs
@@ -164,7 +163,14 @@ def test_fig10_plan_fixes_eta():
             model = M.create("resnet20", norm=r.config["norm"], placement="pre_linear", input_shape=(1, 8, 8),
                              width=0.25)
             layer = next(m for m in model.modules() if isinstance(m, CompleteBatchNorm))
-            eta = amat_eta(lr, layer.omega) if layer.amat else 0.0
+            layer.num_batches_tracked.fill_(1)  # past the first batch, which initializes the averages
+            for current_lr in (lr, lr / 10):  # the fixed η must survive a learning-rate decay
+                layer.set_progress(lr=current_lr)
+                if r.factors["variant"] != "CBN with AMAT":
+                    assert layer.current_eta() == pytest.approx(
+                        {"CBN without AMAT": 0.0, "CBN, fixed η = 0.9": 0.9}[r.factors["variant"]])
+            layer.set_progress(lr=lr)
+            eta = layer.current_eta()
             expected = {"CBN without AMAT": 0.0, "CBN, fixed η = 0.9": 0.9,
                         "CBN with AMAT": max(1 - 10 * lr, 0.0)}[r.factors["variant"]]
             assert eta == pytest.approx(expected, abs=1e-12)

@@ -552,3 +552,16 @@ def test_cbn_without_centering_is_eq5_alone_in_training_and_eval():
     plain = N.create("cbn(center=false, decouple=false, amat=false)", 3).double().eval()
     plain.running_mean.copy_(rm.flatten()), plain.running_var.copy_(rv.flatten())
     torch.testing.assert_close(plain(x), x / torch.sqrt(rv + rm**2 + plain.eps))
+
+
+def test_cbn_fixed_eta_ignores_the_learning_rate():
+    layer = N.create("cbn(eta=0.9, amat=false)", 3).double()
+    x1, x2 = randn(16, 3, seed=31) + 1, randn(16, 3, seed=32) - 1
+    layer(x1)
+    for lr in (1.0, 0.001):  # AMAT's rule would give η = 0 and 0.99
+        N.set_progress(layer, lr=lr)
+        assert layer.current_eta() == 0.9
+    layer(x2)
+    torch.testing.assert_close(layer.amat_mean, 0.9 * x1.mean(0) + 0.1 * x2.mean(0))
+    with pytest.raises(ValueError, match=r"eta must be in \[0, 1\)"):
+        N.create("cbn(eta=1)", 3)

@@ -42,7 +42,9 @@ register(NormInfo("cbn", CompleteBatchNorm, "Complete BN: decoupled centring + â
                   "Peng et al.", "Eqs. 4-9, Alg. 1", {
                       "rho": Param(1.0, float, **_POS), "amat": Param(True, bool),
                       "omega": Param(10.0, float, minimum=0.0), "decouple": Param(True, bool),
-                      "center": Param(True, bool, help="remove the mean (false: Eq. 5 alone)"), **_BN}))
+                      "center": Param(True, bool, help="remove the mean (false: Eq. 5 alone)"),
+                      "eta": Param(None, float, minimum=0.0, help="fixed moving weight instead of AMAT's rule"),
+                      **_BN}))
 register(NormInfo("brn", BatchRenorm, "Batch Renormalization (stop-gradient r, d corrections)",
                   "Ioffe 2017", "Alg. 1", {
                       "r_max": Param(3.0, float, minimum=1.0), "d_max": Param(5.0, float, minimum=0.0), **_BN}))

@@ -46,6 +46,9 @@ class CompleteBatchNorm(ChannelNorm):
     ``decouple=False``: vanilla centring and normalization with the same moving statistics,
     ``y = (γ/ρ)(x − μ_A)/√(σ²_A + ε) + β`` (σ²_A the moving variance) — rows ③, ⑥, ⑦ of Tables 1–4.
 
+    ``eta=0.9`` fixes the moving-average weight instead of AMAT's learning-rate rule (the "fixed η"
+    arm of Peng's Fig. 10); it overrides ``amat``.
+
     ``center=False`` drops the mean removal (μ_A ≡ 0): with ``decouple=True`` that is Eq. 5 alone,
     ``x'' = (γ/ρ)(x + β)/√(mean((x+β)²) + ε)`` — the "normalization with the ℓ2-norm" ablation of
     Table 6 (root mean square, not standard deviation).
@@ -55,11 +58,14 @@ class CompleteBatchNorm(ChannelNorm):
     """
 
     def __init__(self, num_features: int, rho: float = 1.0, amat: bool = True, omega: float = 10.0,
-                 decouple: bool = True, center: bool = True, **kwargs) -> None:
+                 decouple: bool = True, center: bool = True, eta: float | None = None, **kwargs) -> None:
         super().__init__(num_features, **kwargs)
         if not self.track_running_stats:
             raise ValueError("cbn needs running statistics (track_running_stats=True)")
+        if eta is not None and not 0 <= eta < 1:
+            raise ValueError(f"cbn: eta must be in [0, 1), got {eta!r}")
         self.rho, self.amat, self.omega, self.decouple, self.center = rho, amat, omega, decouple, center
+        self.eta = eta
         self.lr: float | None = None
         self.register_buffer("amat_mean", torch.zeros(num_features))
         self.register_buffer("amat_var", torch.ones(num_features))
@@ -73,9 +79,11 @@ class CompleteBatchNorm(ChannelNorm):
             self.lr = float(lr)
 
     def current_eta(self) -> float:
-        if not self.amat or int(self.num_batches_tracked) == 0:
+        if int(self.num_batches_tracked) == 0:
             return 0.0
-        return amat_eta(self.lr, self.omega)
+        if self.eta is not None:  # a fixed moving weight (Peng §6.4's "fixed η = 0.9" comparison)
+            return self.eta
+        return amat_eta(self.lr, self.omega) if self.amat else 0.0
 
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
