@@ -164,3 +164,50 @@ def test_separate_learning_rates_reach_their_groups(tmp_path):
         callbacks=[Spy()], model_factory=_digits_bn, progress=False)
     assert seen[0] == {"scale_invariant": 3.0, "scale_variant": 0.05}
     assert seen[1] == {"scale_invariant": 1.5, "scale_variant": 0.025}  # schedule scales both
+
+
+def relu_bn_mlp(d_in=64, width=32, classes=10):
+    return nn.Sequential(nn.Flatten(), nn.Linear(d_in, width, bias=False), nn.BatchNorm1d(width), nn.ReLU(),
+                         nn.Linear(width, width, bias=False), nn.BatchNorm1d(width), nn.ReLU(),
+                         nn.Linear(width, classes))
+
+
+def test_joint_gamma_beta_groups_found_only_before_a_normalized_layer():
+    """Arora App. D: with ReLU, each BN's (γ, β) is scale-invariant as one vector, except the last BN's."""
+    torch.manual_seed(0)
+    model = relu_bn_mlp()
+    with torch.no_grad():  # non-trivial γ, β so that a wrong scaling would show
+        for bn in (model[2], model[5]):
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.5, 0.5)
+    found = find_scale_invariant(model, F.cross_entropy, _batch())
+    assert found == {"1.weight": "rows", "4.weight": "rows", "2.weight": "joint:2", "2.bias": "joint:2"}
+    # the function really is invariant to (γ, β) → c(γ, β) for the first BN and not for the last one
+    x, y = _batch()
+    model.train()
+    loss = F.cross_entropy(model(x), y)
+    with torch.no_grad():
+        model[2].weight.mul_(3), model[2].bias.mul_(3)
+    assert F.cross_entropy(model(x), y).item() == pytest.approx(loss.item(), rel=1e-4)
+
+
+def test_joint_group_projection_and_learning_rate():
+    torch.manual_seed(3)
+    model = relu_bn_mlp()
+    invariant = {"2.weight": "joint:2", "2.bias": "joint:2"}
+    with torch.no_grad():
+        model[2].bias.fill_(0.5)
+    radius = torch.sqrt(model[2].weight.double().norm() ** 2 + model[2].bias.double().norm() ** 2)
+    proj = Projection(model, invariant)
+    with torch.no_grad():
+        model[2].weight.mul_(4.0)
+        model[2].bias.mul_(0.5)
+    proj.project()
+    after = torch.sqrt(model[2].weight.double().norm() ** 2 + model[2].bias.double().norm() ** 2)
+    assert after.item() == pytest.approx(radius.item(), rel=1e-6)  # float32 parameters
+    # one common factor for the whole group: the direction (γ·4 : β·0.5 from γ = 1, β = 0.5) is kept
+    assert (model[2].weight.double().norm() / model[2].bias.double().norm()).item() == pytest.approx(16.0, rel=1e-6)
+    opt = build_optimizer(model, invariant, lr=0.1, lr_scale_invariant=5.0, momentum=0.0, weight_decay=0.0)
+    by_group = {g["group"]: {id(p) for p in g["params"]} for g in opt.param_groups}
+    assert {id(model[2].weight), id(model[2].bias)} <= by_group["scale_invariant"]
+    assert resolve_override(model, ["2.*:joint"]) == {"2.weight": "joint:2.*", "2.bias": "joint:2.*"}

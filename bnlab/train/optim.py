@@ -23,6 +23,12 @@ weight, each filter of a convolution: Arora Sec. 2.1). The check therefore also 
 alternating factors 2 / 0.5; if the loss is still unchanged the parameter is recorded with
 granularity ``rows`` and projected row by row (which also fixes the whole tensor's norm),
 otherwise with granularity ``tensor``.
+
+Joint groups (Arora Sec. 2.1, App. D): with a positively homogeneous activation (ReLU) between a BN
+layer and the next normalized layer, the concatenation (γ, β) of that BN is scale-invariant although
+neither vector is alone. Each module with 1-D ``weight`` and ``bias`` is tested by scaling both
+together; an invariant pair is recorded as granularity ``joint:<module>`` and projected (and given the
+scale-invariant learning rate) as one vector.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 from torch import nn
 
-GRANULARITIES = ("tensor", "rows")
+GRANULARITIES = ("tensor", "rows", "joint")  # "joint" is written "joint:<group>"
 RELATIVE_TOLERANCE = 1e-4
 # Loss values below this are treated as this for the relative comparison, so a loss of ~0 does not
 # make every parameter look invariant through the absolute floor alone.
@@ -112,6 +118,33 @@ def find_scale_invariant(
             for c in (2.0, 0.5)
         ):
             found[name] = "tensor"
+    found.update(_joint_affine_groups(model, loss_fn, batch, reference, rtol, seed))
+    return found
+
+
+def _joint_affine_groups(model, loss_fn, batch, reference, rtol, seed) -> dict[str, str]:
+    """(γ, β) pairs of normalization layers that are scale-invariant together (see module docstring)."""
+    params = dict(model.named_parameters())
+    found: dict[str, str] = {}
+    for module_name, module in model.named_modules():
+        w, b = getattr(module, "weight", None), getattr(module, "bias", None)
+        if not (isinstance(w, nn.Parameter) and isinstance(b, nn.Parameter) and w.dim() == 1
+                and w.shape == b.shape and w.requires_grad and b.requires_grad):
+            continue
+        names = [f"{module_name}.weight" if module_name else "weight", f"{module_name}.bias" if module_name else "bias"]
+        if any(n not in params or n in found for n in names):
+            continue
+
+        def scale(factor, names=names):
+            def edit(p):
+                for n in names:
+                    p[n].mul_(factor)
+
+            return edit
+
+        if all(_same(reference, _loss_of_copy(model, loss_fn, batch, seed, scale(c)), rtol) for c in (2.0, 0.5)):
+            for n in names:
+                found[n] = f"joint:{module_name}"
     return found
 
 
@@ -129,6 +162,8 @@ def resolve_override(model: nn.Module, patterns: Iterable[str]) -> dict[str, str
             raise ValueError(
                 f"scale_invariant entry {raw!r}: granularity must be one of {', '.join(GRANULARITIES)}"
             )
+        if granularity == "joint":  # every parameter the pattern matches forms one group
+            granularity = f"joint:{pattern}"
         matches = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
         if not matches:
             shown = ", ".join(names[:40]) + (" ..." if len(names) > 40 else "")
@@ -147,24 +182,39 @@ def _norms(param: torch.Tensor, granularity: str) -> torch.Tensor:
     return flat.norm()
 
 
+def _group_norms(members: list[torch.Tensor], granularity: str) -> torch.Tensor:
+    if granularity == "joint":
+        return torch.sqrt(sum(_norms(p, "tensor") ** 2 for p in members))
+    return _norms(members[0], granularity)
+
+
 class Projection:
-    """Projected SGD (Arora App. D, Setting 2): keep each scale-invariant norm at its initial value."""
+    """Projected SGD (Arora App. D, Setting 2): keep each scale-invariant norm at its initial value.
+
+    Targets are single parameters (``tensor``/``rows``) or joint groups (``joint:<group>``), whose
+    members are rescaled together to keep the norm of their concatenation.
+    """
 
     def __init__(self, model: nn.Module, invariant: Mapping[str, str]):
         params = dict(model.named_parameters())
-        self.targets = {name: (params[name], gran) for name, gran in invariant.items()}
-        self.radii = {name: _norms(p, g) for name, (p, g) in self.targets.items()}
+        self.targets: dict[str, tuple[list[torch.Tensor], str]] = {}
+        for name, gran in invariant.items():
+            if gran.startswith("joint:"):
+                self.targets.setdefault(gran, ([], "joint"))[0].append(params[name])
+            else:
+                self.targets[name] = ([params[name]], gran)
+        self.radii = {key: _group_norms(ps, g) for key, (ps, g) in self.targets.items()}
 
     @torch.no_grad()
     def project(self) -> None:
-        for name, (param, granularity) in self.targets.items():
-            current = _norms(param, granularity)
-            radius = self.radii[name]
+        for key, (members, granularity) in self.targets.items():
+            current = _group_norms(members, granularity)
+            radius = self.radii[key]
             # a zero slice has no direction to keep; leave it at zero instead of dividing by 0
             factor = torch.where(current > 0, radius / current.clamp_min(1e-300), torch.ones_like(current))
-            if granularity == "rows":
-                factor = factor.reshape((param.shape[0],) + (1,) * (param.dim() - 1))
-            param.copy_((param.to(torch.float64) * factor).to(param.dtype))
+            for param in members:
+                f = factor.reshape((param.shape[0],) + (1,) * (param.dim() - 1)) if granularity == "rows" else factor
+                param.copy_((param.to(torch.float64) * f).to(param.dtype))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {name: r.clone() for name, r in self.radii.items()}
