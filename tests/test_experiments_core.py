@@ -111,9 +111,18 @@ def test_catalogue_lists_every_paper_with_claims():
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray not installed")
 def test_ray_sweep_on_a_local_instance(tmp_path):
+    import ray
+
+    try:  # a sandbox without shared memory or sockets cannot host Ray at all: that is not our bug
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"a local Ray instance could not start here: {err}")
     configs = [{**BASE, "norm": "bn", "lr": 0.1, "runs_dir": str(tmp_path)},
                {**WILD, "runs_dir": str(tmp_path)}]
-    records = runner.run_sweep(configs, ray_address="local", progress=False)
+    try:
+        records = runner.run_sweep(configs, ray_address="local", progress=False)
+    finally:
+        ray.shutdown()
     assert [r["status"] for r in records] == ["finished", "diverged"]
     from bnlab.store import Store
 
