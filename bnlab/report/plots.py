@@ -14,6 +14,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 Series = tuple[Sequence[float], Sequence[float]]
 
 
+def _save(fig, path: Path, title: str | None = None) -> Path:
+    """Title, lay out, write the PNG (creating its folder) and free the figure."""
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _finite(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
     pairs = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y)]
     return [p[0] for p in pairs], [p[1] for p in pairs]
@@ -53,13 +64,7 @@ def panels(path: Path, panels: Sequence[Mapping], *, title: str | None = None, n
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    if title:
-        fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, title)
 
 
 def histograms(path: Path, groups: Mapping[str, Mapping[str, Sequence[float]]], *, title: str | None = None,
@@ -75,21 +80,14 @@ def histograms(path: Path, groups: Mapping[str, Mapping[str, Sequence[float]]], 
         ax.set_title(name, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.legend(fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, title)
 
 
 def bars(path: Path, groups: Mapping[str, Mapping[str, float]], *, ylabel: str, title: str | None = None,
          errors: Mapping[str, Mapping[str, float]] | None = None) -> Path:
     """Grouped bar chart: groups on the x axis (e.g. activations), one bar per series (e.g. method)."""
     names = list(groups)
-    series = sorted({s for g in groups.values() for s in g}, key=lambda s: list(next(iter(groups.values()))).index(s)
-                    if s in next(iter(groups.values())) else 99)
+    series = list(dict.fromkeys(s for g in groups.values() for s in g))  # first-seen order
     width = 0.8 / max(len(series), 1)
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(names) * max(1, len(series) / 3)), 3.5))
     for i, s in enumerate(series):
@@ -103,8 +101,4 @@ def bars(path: Path, groups: Mapping[str, Mapping[str, float]], *, ylabel: str, 
         ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, ncol=min(len(series), 4))
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
