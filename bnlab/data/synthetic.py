@@ -160,6 +160,17 @@ def teacher_student(
 
 
 DIGITS_STANDARDIZE = ("channel", "pixel", "none")
+DIGITS_SIZES = (8, 16, 32)
+
+
+def resize_images(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Bilinear resize of ``(n, C, H, W)`` images to ``size × size`` (``align_corners=False``: pixel
+    centres map to pixel centres, so a constant image stays constant); ``size == H == W`` returns them."""
+    import torch.nn.functional as F
+
+    if images.shape[-2:] == (size, size):
+        return images
+    return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
 
 
 def digits(
@@ -171,8 +182,14 @@ def digits(
     download=False,
     test_fraction=0.2,
     standardize="channel",
+    size=8,
 ) -> DataSource:
-    """scikit-learn's bundled handwritten digits (1797 samples, 10 classes) as ``(n, 1, 8, 8)`` images.
+    """scikit-learn's bundled handwritten digits (1797 samples, 10 classes) as ``(n, 1, size, size)`` images.
+
+    ``size`` (8, 16 or 32): the 8×8 originals bilinearly upsampled (:func:`resize_images`) before
+    standardization. Why: a 3×3 zero-padded conv net on 8×8 inputs has 2×2 (all border) or 4×4 maps in
+    its deep stages, where the padding pattern — the same for every sample — dominates the norms' input
+    variance; 16×16 or 32×32 inputs give those stages interior pixels (see ``bnlab.models.padding_share``).
 
     Split: stratified — within each class the samples are permuted by the seeded generator and
     ``round(test_fraction * class_size)`` go to the test set (default 80/20: 1438 train / 359
@@ -185,7 +202,7 @@ def digits(
     image stays an image for a CNN; ``"pixel"`` standardizes each of the 64 pixels separately
     (scikit-learn's ``StandardScaler``; pixels constant on the training set, such as the always-blank
     corners, get std 1 so they stay 0); ``"none"`` keeps the raw 0–16 intensities. The constants are
-    in ``meta["mean"]``/``meta["std"]`` (shape ``(1, 1, 1)`` or ``(1, 8, 8)``).
+    in ``meta["mean"]``/``meta["std"]`` (shape ``(1, 1, 1)`` or ``(1, size, size)``).
     """
     from sklearn.datasets import load_digits
 
@@ -193,10 +210,14 @@ def digits(
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"option test_fraction must be in [0, 1), got {test_fraction}")
     standardize = as_choice("standardize", standardize, DIGITS_STANDARDIZE)
+    size = as_int("size", size)
+    if size not in DIGITS_SIZES:
+        raise ValueError(f"option size must be one of {', '.join(map(str, DIGITS_SIZES))}; got {size!r}")
     gen = cpu_generator(seed)
 
     bunch = load_digits()
     images = torch.from_numpy(np.asarray(bunch.images, dtype=np.float64)).unsqueeze(1)  # (1797,1,8,8)
+    images = resize_images(images, size)
     labels = torch.from_numpy(np.asarray(bunch.target, dtype=np.int64))
 
     test_parts = []
@@ -234,9 +255,10 @@ def digits(
         x_test=x_test.to(device) if has_test else None,
         y_test=y_test.to(device) if has_test else None,
         task="classification",
-        input_shape=(1, 8, 8),
+        input_shape=(1, size, size),
         num_outputs=10,
         meta={
+            "size": size,
             "mean": mean.float().to(device),
             "std": std.float().to(device),
             "standardize": standardize,
