@@ -45,7 +45,7 @@ def test_create_rejects_bad_names_and_options():
     with pytest.raises(ValueError, match="valid methods"):
         probes.create("landscape", method="fast")
     assert set(probes.available()) == {"ics", "moments", "histograms", "landscape", "effective_lr", "grad_stats",
-                                       "cbn_ratios", "batch_noise", "gamma", "bn_regularization"}
+                                       "cbn_ratios", "batch_noise", "gamma", "bn_regularization", "hessian"}
     assert all(summary and cost for _, summary, cost in probes.describe())
 
 

@@ -9,7 +9,7 @@ generators of stochastic layers and train/eval flags are restored after every ca
 (:mod:`bnlab.probes.state`), so a run with probes is bitwise identical to one without.
 
 Step probes: ``ics``, ``moments``, ``histograms``, ``landscape``, ``effective_lr``, ``grad_stats``,
-``cbn_ratios``, ``batch_noise``, ``gamma``, ``bn_regularization``. Search: :func:`max_stable_lr`.
+``cbn_ratios``, ``batch_noise``, ``gamma``, ``bn_regularization``, ``hessian``. Search: :func:`max_stable_lr`.
 """
 
 from .activations import HistogramsProbe, MomentsProbe
@@ -17,6 +17,7 @@ from .base import Probe, ProbeContext, bn_layers, weight_layers
 from .bn_stats import BatchNoiseProbe, BNRegularizationProbe, CBNRatiosProbe, GammaProbe, luo_zeta
 from .effective_lr import EffectiveLRProbe, scale_invariant_weights
 from .gradients import GradStatsProbe
+from .hessian import HessianProbe, hutchinson_trace, lanczos_extremes
 from .ics import ICSProbe
 from .lab import PROBES, SEARCHES, Lab, available, create, describe
 from .landscape import LandscapeProbe, LandscapeResult, default_range, evaluate_landscape, step_sizes
@@ -32,9 +33,9 @@ from .state import Snapshot, preserved, simulated_step
 
 __all__ = [
     "BNRegularizationProbe", "BatchNoiseProbe", "CBNRatiosProbe", "DEFAULT_CANDIDATES", "EffectiveLRProbe",
-    "GammaProbe", "GradStatsProbe", "HistogramsProbe", "ICSProbe", "Lab", "LandscapeProbe", "LandscapeResult",
+    "GammaProbe", "GradStatsProbe", "HessianProbe", "HistogramsProbe", "ICSProbe", "Lab", "LandscapeProbe", "LandscapeResult",
     "MomentsProbe", "PROBES", "Probe", "ProbeContext", "SEARCHES", "Snapshot", "StableLRResult", "available",
-    "bn_layers", "create", "default_range", "describe", "evaluate_landscape", "is_stable", "luo_zeta",
+    "bn_layers", "create", "default_range", "describe", "evaluate_landscape", "hutchinson_trace", "is_stable", "lanczos_extremes", "luo_zeta",
     "max_stable_lr", "max_stable_lr_for", "preserved", "scale_invariant_weights", "simulated_step",
     "step_sizes", "train_status", "weight_layers",
 ]

@@ -14,13 +14,14 @@ from .base import Probe, ProbeContext
 from .bn_stats import BatchNoiseProbe, BNRegularizationProbe, CBNRatiosProbe, GammaProbe
 from .effective_lr import EffectiveLRProbe
 from .gradients import GradStatsProbe
+from .hessian import HessianProbe
 from .ics import ICSProbe
 from .landscape import LandscapeProbe
 
 PROBES: dict[str, type[Probe]] = {
     cls.name: cls
     for cls in (ICSProbe, MomentsProbe, HistogramsProbe, LandscapeProbe, EffectiveLRProbe, GradStatsProbe,
-                CBNRatiosProbe, BatchNoiseProbe, GammaProbe, BNRegularizationProbe)
+                CBNRatiosProbe, BatchNoiseProbe, GammaProbe, BNRegularizationProbe, HessianProbe)
 }
 SEARCHES = ("max_stable_lr",)
 
