@@ -251,6 +251,30 @@ class Store:
             out[key] = json.loads(out[key]) if out.get(key) else ({} if key != "summary" else None)
         return out
 
+    def delete_run(self, run_id: str, *, checkpoints: bool = True) -> dict[str, Any]:
+        """Remove a run: its row, its metric rows and (``checkpoints``) its checkpoint files.
+
+        ``run_id`` is the full id. Refused with ``RunLockedError`` while another process trains
+        the run. Returns ``{"id", "metrics": rows deleted, "files": [paths removed]}``; a run
+        that is not stored is ``KeyError``.
+        """
+        from bnlab.train.checkpoint import RunLock, lock_path, remove_checkpoint_files
+
+        runs_dir = self.path.parent
+        if self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
+            raise KeyError(f"no run with id {run_id!r} in {self.path}")
+        # hold the run's lock while deleting, so a trainer cannot start (or be) in the middle
+        with RunLock(lock_path(runs_dir, run_id)):
+
+            def delete(c):
+                rows = c.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,)).rowcount
+                c.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+                return rows
+
+            rows = self._write(delete)
+            files = [str(p) for p in remove_checkpoint_files(runs_dir, run_id)] if checkpoints else []
+        return {"id": run_id, "metrics": rows, "files": files}
+
     # -- metrics -------------------------------------------------------------------------------
 
     def log_metrics(self, run_id: str, step: int, values: Mapping[str, float]) -> None:

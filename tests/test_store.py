@@ -110,3 +110,30 @@ def test_export_csv_and_json(tmp_path):
     assert doc["config"] == {"lr": 0.5} and doc["metrics"]["a"] == [[1, 1.5], [2, 0.25]]
     with pytest.raises(ValueError, match="csv, json"):
         store.export("r1", "xml")
+
+
+def test_delete_run_removes_rows_and_checkpoint_files_but_not_other_runs(tmp_path):
+    import torch
+
+    from bnlab.train.checkpoint import RunLock, RunLockedError, checkpoint_path, lock_path, save_checkpoint
+
+    store = Store(tmp_path / "bnlab.db")
+    for run_id in ("keep", "gone"):
+        store.create_run(run_id, {})
+        store.log_metrics(run_id, 1, {"a": 1.0, "b": 2.0})
+        save_checkpoint(checkpoint_path(tmp_path, run_id), {"run_id": run_id, "w": torch.ones(2)})
+    orphan = checkpoint_path(tmp_path, "gone").parent / ".gone.pt.x1y2.tmp"
+    orphan.write_bytes(b"half a checkpoint")
+    with RunLock(lock_path(tmp_path, "gone")):
+        with pytest.raises(RunLockedError):  # another process is training it: refuse
+            store.delete_run("gone")
+    assert store.get_run("gone") is not None
+
+    result = store.delete_run("gone")
+    assert result["metrics"] == 2 and str(checkpoint_path(tmp_path, "gone")) in result["files"]
+    assert store.get_run("gone") is None and store.metrics("gone") == {}
+    assert not checkpoint_path(tmp_path, "gone").exists() and not orphan.exists()
+    assert store.metrics("keep") == {"a": [(1, 1.0)], "b": [(1, 2.0)]}
+    assert checkpoint_path(tmp_path, "keep").exists()
+    with pytest.raises(KeyError, match="no run"):
+        store.delete_run("gone")
