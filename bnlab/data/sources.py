@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import cifar, synthetic
+from . import cifar, imagefolder, synthetic
 from .base import DataSource
 
 # name -> loader(*, device, seed, data_dir, verify, download, **options) -> DataSource
@@ -15,6 +15,7 @@ SOURCES: dict[str, Callable[..., DataSource]] = {
     "cifar10": cifar.cifar10,
     "cifar100": cifar.cifar100,
     "digits": synthetic.digits,
+    "imagefolder": imagefolder.imagefolder,
     "gaussian_regression": synthetic.gaussian_regression,
     "teacher_student": synthetic.teacher_student,
 }
