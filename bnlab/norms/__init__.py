@@ -11,20 +11,20 @@ from .complete import CompleteBatchNorm, amat_eta
 from .lp import LpBatchNorm, hoffer_linf_constant
 from .momentum import MomentumBatchNorm, mbn_lambda
 from .noisy import NoisyBatchNorm, StochasticLayer
+from .convert import NormAct, convert
+from .fold import FoldReport, fold
 from .ops import (
     PLACEMENTS,
-    convert,
     create,
     describe,
-    fold,
     normalized,
     regularization_loss,
     removes_mean,
     seed_layers,
-    set_progress,
     stochastic_layers,
     validate,
 )
+from .progress import ProgressTracker, set_progress, track
 from .registry import REGISTRY, NormInfo, Param, lookup, parse_spec
 from .renorm import BatchRenorm
 from .wrappers import ScaleInvariantBN, ScaleInvariantConvBN, ScaleInvariantLinearBN, WeightNorm
@@ -34,6 +34,7 @@ __all__ = [
     "MomentumBatchNorm", "NativeBatchNorm", "NoisyBatchNorm", "NormInfo", "PLACEMENTS", "Param", "REGISTRY",
     "ScaleInvariantBN", "ScaleInvariantConvBN", "ScaleInvariantLinearBN", "StochasticLayer",
     "VarOnlyBatchNorm", "WeightNorm", "amat_eta", "plain_autograd", "convert", "create", "describe", "fold",
+    "FoldReport", "NormAct", "ProgressTracker", "track",
     "hoffer_linf_constant", "lookup", "mbn_lambda", "normalized", "parse_spec", "regularization_loss",
     "removes_mean", "seed_layers", "set_progress", "stochastic_layers", "validate",
 ]

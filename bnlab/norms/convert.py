@@ -1,0 +1,155 @@
+"""Replace the BatchNorm layers of any torch model (torchvision, timm, your own) by bnlab layers.
+
+:func:`convert` takes every kind of BatchNorm a model is built with — ``nn.BatchNorm1d/2d/3d``,
+``nn.SyncBatchNorm``, lazy BatchNorm once initialized, subclasses that only change defaults, and timm's
+norm-act layers (``BatchNormAct2d``, ``SyncBatchNormAct``: BatchNorm → drop path → activation, which
+become a :class:`NormAct`). torch's hyper-parameters (``eps``, ``momentum`` including ``None`` for the
+cumulative average, ``affine``, ``track_running_stats``) and the parameters and running statistics are
+carried over. A ``_BatchNorm`` subclass with behaviour of its own (another ``forward``, submodules) is
+refused with an error that names it: bnlab would silently drop what it adds.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.lazy import LazyModuleMixin
+
+from .batchnorm import NativeBatchNorm
+from .ops import _parts, create
+from .registry import lookup, parse_spec
+
+# torch's option names, passed to the new layer's constructor with torch's semantics.
+TORCH_OPTIONS = ("eps", "momentum", "affine", "track_running_stats")
+
+# Layers whose forward is exactly BatchNorm over dim 1 (what every bnlab layer generalizes).
+_PLAIN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, NativeBatchNorm)
+_TORCH_FORWARDS = {cls.forward for cls in (_BatchNorm, *_PLAIN)}
+
+# timm's norm-act layers: forward = BatchNorm, then self.drop, then self.act (timm/layers/norm_act.py).
+NORM_ACT_CLASSES = ("timm.layers.norm_act.BatchNormAct2d", "timm.layers.norm_act.SyncBatchNormAct")
+
+
+class NormAct(nn.Module):
+    """``act(drop(norm(x)))``: the converted form of a BatchNorm fused with its activation (timm).
+
+    The state_dict keeps the names of the layer it replaces: the norm's entries sit at the top level
+    (``weight``, ``running_mean``, ...), not under ``norm.``, so checkpoints of the original model load.
+    """
+
+    def __init__(self, norm: nn.Module, drop: nn.Module, act: nn.Module) -> None:
+        super().__init__()
+        self.norm, self.drop, self.act = norm, drop, act
+        self.register_state_dict_post_hook(_lift_norm_entries)
+        self.register_load_state_dict_pre_hook(_nest_norm_entries)
+
+    def forward(self, x):
+        return self.act(self.drop(self.norm(x)))
+
+
+def _lift_norm_entries(module: NormAct, state_dict, prefix, local_metadata) -> None:
+    nested = prefix + "norm."
+    for key in [k for k in state_dict if k.startswith(nested)]:
+        state_dict[prefix + key[len(nested):]] = state_dict.pop(key)
+
+
+def _nest_norm_entries(module: NormAct, state_dict, prefix, *args) -> None:
+    for name in module.norm.state_dict():
+        if "." not in name and prefix + name in state_dict:
+            state_dict[prefix + "norm." + name] = state_dict.pop(prefix + name)
+
+
+def convert(model: nn.Module, spec: str) -> nn.Module:
+    """Replace every BatchNorm of ``model`` (in place) by ``create(spec, C)``; returns the model.
+
+    ``eps``, ``momentum`` (``None``: cumulative average), ``affine`` and ``track_running_stats`` of
+    each replaced layer are passed on, unless ``spec`` sets them (``"bn(momentum=0.01)"``);
+    ``weight``, ``bias`` and the running statistics are copied where the new layer has them; device,
+    dtype and train/eval mode follow the replaced layer. timm's ``BatchNormAct2d`` becomes a
+    :class:`NormAct` that keeps its activation and drop path. ``SyncBatchNorm`` becomes a layer that
+    synchronizes its statistics over the same process group. Raises ``ValueError`` for an
+    uninitialized lazy BatchNorm and for a ``_BatchNorm`` subclass whose extra behaviour would be lost.
+    """
+    parts = _parts(spec)
+    if len(parts) > 1:
+        raise ValueError(f"convert replaces each norm by one layer; {spec!r} combines several "
+                         "(use bnlab.norms.normalized(layer, spec) to build such blocks)")
+    lookup(spec)  # unknown names and bad values fail before the model is touched
+    if isinstance(model, _BatchNorm):
+        return _replacement(model, spec, type(model).__name__)
+    _check_convertible(model)
+    _replace_children(model, spec, prefix="")
+    return model
+
+
+def _check_convertible(model: nn.Module) -> None:
+    """Refuse before changing anything: a half-converted model is worse than none."""
+    for name, module in model.named_modules():
+        if isinstance(module, _BatchNorm):
+            _kind(module, name or type(module).__name__)
+
+
+def _replace_children(module: nn.Module, spec: str, prefix: str) -> None:
+    for name, child in list(module.named_children()):
+        path = prefix + name
+        if isinstance(child, _BatchNorm):
+            setattr(module, name, _replacement(child, spec, path))
+        else:
+            _replace_children(child, spec, path + ".")
+
+
+def _kind(module: _BatchNorm, path: str) -> str:
+    """'plain' (BatchNorm's own forward) or 'norm_act' (timm); raises for anything else."""
+    cls = type(module)
+    if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
+        raise ValueError(f"cannot convert {path!r}: {cls.__name__} is an uninitialized lazy BatchNorm (its "
+                         "number of channels is unknown); run one forward pass before convert()")
+    if f"{cls.__module__}.{cls.__qualname__}" in NORM_ACT_CLASSES:
+        return "norm_act"
+    if cls.forward in _TORCH_FORWARDS and not any(True for _ in module.children()):
+        return "plain"  # a subclass that changes defaults or checks only
+    raise ValueError(
+        f"cannot convert {path!r}: {cls.__module__}.{cls.__qualname__} subclasses torch's BatchNorm with "
+        "behaviour of its own (its own forward or submodules), which a bnlab layer would drop. Supported: "
+        "nn.BatchNorm1d/2d/3d, nn.SyncBatchNorm, initialized lazy BatchNorm, subclasses that keep "
+        f"BatchNorm's forward, and {', '.join(NORM_ACT_CLASSES)}")
+
+
+def _replacement(old: _BatchNorm, spec: str, path: str) -> nn.Module:
+    kind = _kind(old, path)
+    try:
+        new = create_like(old, spec)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"cannot convert {path!r} ({old!r}) to {spec!r}: {err}") from err
+    if isinstance(old, nn.SyncBatchNorm):
+        from .sync import convert_sync
+
+        new = convert_sync(new, old.process_group)
+    if kind == "norm_act":
+        new = NormAct(new, old.drop, old.act)
+    return new.train(old.training)
+
+
+def create_like(old: _BatchNorm, spec: str) -> nn.Module:
+    """``create(spec, C)`` with ``old``'s torch options, parameters, statistics, device and dtype."""
+    info, _ = lookup(spec)
+    explicit = set(parse_spec(spec)[1])
+    options = {k: getattr(old, k) for k in TORCH_OPTIONS if k not in explicit and _accepts(info.factory, k)}
+    new = create(spec, old.num_features, **options)
+    ref = next(iter(old.parameters()), None)
+    ref = old.running_mean if ref is None else ref
+    if ref is not None:
+        new = new.to(device=ref.device, dtype=ref.dtype)
+    wanted = new.state_dict()
+    new.load_state_dict({k: v for k, v in old.state_dict().items() if k in wanted}, strict=False)
+    return new
+
+
+def _accepts(factory, name: str) -> bool:
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
