@@ -1,18 +1,28 @@
 """Durable record of training runs: a SQLite database shared by every process that trains.
 
-One file (default ``runs/bnlab.db``) holds two tables::
+One file (default ``runs/bnlab.db``) holds three tables::
 
     runs(id, config, config_hash, status, created, updated, finished, env, steps, error, summary)
     metrics(run_id, step, name, value)
+    experiments(id, preset, runs, data, tiny, created, seconds)   -- catalogue entries' results
 
 ``config``, ``env`` and ``summary`` are JSON text; times are UNIX seconds (float). Status is one of
-``running``, ``finished``, ``diverged`` or ``failed``.
+``running``, ``finished``, ``diverged``, ``failed`` or ``interrupted``. ``steps`` follows a
+running run: every flush of its metric rows raises it to the last step logged.
 
 Several processes may write at once (a learning-rate sweep launched as separate jobs): the database
 runs in WAL mode so readers never block the writer, every write is a short ``BEGIN IMMEDIATE``
 transaction (the write lock is taken up front, so two writers cannot deadlock upgrading a read
 lock), ``busy_timeout`` makes a writer wait for the lock instead of failing, and a bounded retry
 loop covers the rare ``database is locked`` that SQLite still reports under heavy contention.
+
+Durability: ``synchronous=FULL`` (every commit is on disk before it returns), and
+:meth:`Store.sync_rows`, called at each training checkpoint, copies the write-ahead log into the
+database file and returns the run's rows so the checkpoint can carry them; on resume
+:meth:`Store.check_rows_up_to` re-creates any row the store lost (a deleted or garbled WAL, a
+dropped table). The schema is versioned (``PRAGMA user_version``): an unversioned store of an
+earlier bnlab is migrated, a newer or unknown one refused with a message, never misread. A store
+in a folder this process cannot write (a shared results folder) opens read-only.
 """
 
 from __future__ import annotations
@@ -24,14 +34,19 @@ import math
 import os
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-STATUSES = ("running", "finished", "diverged", "failed")
+STATUSES = ("running", "finished", "diverged", "failed", "interrupted")
 EXPORT_FORMATS = ("csv", "json")
 
-_SCHEMA = """
+#: Version of the layout below, stored in ``PRAGMA user_version``. 0 is an unversioned store of an
+#: earlier bnlab (same tables, maybe fewer optional columns), migrated on first writable open.
+SCHEMA_VERSION = 1
+
+_TABLES = """
 CREATE TABLE IF NOT EXISTS runs (
     id          TEXT PRIMARY KEY,
     config      TEXT NOT NULL,
@@ -53,10 +68,38 @@ CREATE TABLE IF NOT EXISTS metrics (
     value  REAL
 );
 CREATE INDEX IF NOT EXISTS metrics_by_run ON metrics(run_id, name, step);
+CREATE TABLE IF NOT EXISTS experiments (
+    id TEXT NOT NULL, preset TEXT NOT NULL, runs TEXT NOT NULL, data TEXT NOT NULL,
+    tiny INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL, seconds REAL,
+    PRIMARY KEY (id, preset)
+);
 """
+
+# Columns a store must have to be read at all, and those an older layout may lack (added with
+# their defaults by the migration from version 0).
+_REQUIRED = {"runs": ("id", "config", "status", "created"), "metrics": ("run_id", "step", "name", "value")}
+_ADDABLE = {
+    "runs": {
+        "config_hash": "TEXT NOT NULL DEFAULT ''",
+        "updated": "REAL NOT NULL DEFAULT 0",
+        "finished": "REAL",
+        "env": "TEXT",
+        "steps": "INTEGER NOT NULL DEFAULT 0",
+        "error": "TEXT",
+        "summary": "TEXT",
+    }
+}
 
 _BUSY_TIMEOUT_MS = 60_000
 _LOCK_RETRIES = 50
+
+
+class StoreVersionError(ValueError):
+    """The store was written by a bnlab this version cannot read (newer, or an unknown layout)."""
+
+
+class ReadOnlyStoreError(PermissionError):
+    """A write was attempted on a store opened read-only."""
 
 
 def _json_value(value: Any) -> Any:
@@ -76,27 +119,42 @@ def dumps(value: Any, **kwargs: Any) -> str:
 
 
 class Store:
-    """A run store backed by the SQLite file at ``path`` (created with its folder if missing).
+    """A run store backed by the SQLite file at ``path``.
 
-    Each ``Store`` owns one connection; open one per process (connections must not cross a
-    ``fork``). All methods are safe to call from several processes on the same file.
+    ``readonly``: ``None`` (default) opens read-only when the file exists and this process cannot
+    write it or its folder, else read-write (creating the file and folder if missing); ``True``
+    forces read-only (the file must exist; nothing is ever written, not even the WAL index), ``False``
+    forces read-write. Each ``Store`` owns one connection; open one per process (connections must
+    not cross a ``fork``). All methods are safe to call from several processes on the same file.
     """
 
-    def __init__(self, path: str | os.PathLike[str]):
+    def __init__(self, path: str | os.PathLike[str], *, readonly: bool | None = None):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # isolation_level=None: we issue BEGIN/COMMIT ourselves so that each write is one
-        # explicit IMMEDIATE transaction.
-        self._conn = sqlite3.connect(
-            str(self.path), timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None
-        )
+        if readonly is None:
+            readonly = self.path.exists() and not _writable(self.path)
+        self.readonly = bool(readonly)
+        if self.readonly:
+            if not self.path.exists():
+                raise FileNotFoundError(f"no run store at {self.path}")
+            self._conn = _open_readonly(self.path)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves so that each write is one
+            # explicit IMMEDIATE transaction.
+            self._conn = sqlite3.connect(
+                str(self.path), timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None
+            )
+            self._conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+            self._retry(lambda: self._conn.execute("PRAGMA journal_mode=WAL").fetchone())
+            # FULL: a commit is on disk (WAL fsynced) before it returns, so a crash -- of the
+            # process or of the machine -- never loses a row the trainer believes stored.
+            self._conn.execute("PRAGMA synchronous=FULL")
         self._conn.row_factory = sqlite3.Row
-        self._conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
-        self._retry(lambda: self._conn.execute("PRAGMA journal_mode=WAL").fetchone())
-        # NORMAL is durable against process crashes in WAL mode (only an OS crash can lose the
-        # last transactions), and much faster than FULL for many small commits.
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._write(lambda c: c.executescript(_SCHEMA), script=True)
+        try:
+            self._check_schema()
+        except BaseException:
+            self._conn.close()
+            raise
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -108,6 +166,49 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _check_schema(self) -> None:
+        """Refuse a newer or unknown layout; create or migrate ours (writable stores only)."""
+        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreVersionError(
+                f"run store {self.path} has schema version {version}, newer than this bnlab reads "
+                f"(up to {SCHEMA_VERSION}); upgrade bnlab, or use another --runs-dir"
+            )
+        if version == SCHEMA_VERSION and (self.readonly or set(_REQUIRED) <= self._tables()):
+            return
+        columns = self._columns()
+        # a store of an earlier bnlab (or one missing a table): ours only if the columns it has are
+        for table, needed in _REQUIRED.items():
+            if table in columns:
+                lacking = [c for c in needed if c not in columns[table]]
+                if lacking:
+                    raise StoreVersionError(
+                        f"run store {self.path} has an unknown layout (table {table} lacks "
+                        f"{', '.join(lacking)}); it was not written by bnlab, or by a version this "
+                        f"one cannot read -- use another --runs-dir"
+                    )
+        if self.readonly:
+            return  # read as is: queries below only name columns present or defaulted
+        self._write(lambda c: self._migrate(c, version))
+
+    def _columns(self) -> dict[str, list[str]]:
+        tables = [r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {t: [r[1] for r in self._conn.execute(f"PRAGMA table_info({t})")] for t in tables}
+
+    def _migrate(self, c: sqlite3.Connection, version: int) -> None:
+        """Version 0 -> 1 inside one transaction: add missing optional columns, stamp the version;
+        (re)create missing tables (a new store, or a table dropped by accident)."""
+        if c.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:  # not done meanwhile
+            existing = self._columns()
+            for table, added in _ADDABLE.items():
+                for column, decl in added.items():
+                    if table in existing and column not in existing[table]:
+                        c.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        for statement in _TABLES.split(";"):
+            if statement.strip():
+                c.execute(statement)
+        c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @staticmethod
     def _retry(fn):
@@ -122,13 +223,15 @@ class Store:
                 time.sleep(0.01 * (attempt + 1))
         return None  # pragma: no cover
 
-    def _write(self, fn, *, script: bool = False):
+    def _write(self, fn):
         """Run ``fn(conn)`` inside one IMMEDIATE transaction, retrying if the lock is contended."""
+        if self.readonly:
+            raise ReadOnlyStoreError(
+                f"run store {self.path} is open read-only (its folder or file is not writable); "
+                f"train into another --runs-dir"
+            )
 
         def attempt():
-            if script:
-                # executescript commits on its own; the schema is idempotent (IF NOT EXISTS).
-                return fn(self._conn)
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 result = fn(self._conn)
@@ -184,8 +287,8 @@ class Store:
     ) -> None:
         """Update a run's status (and optionally its step count, error text, summary, env).
 
-        ``finished`` time is set when the status is terminal (finished/diverged/failed) and cleared
-        when a run goes back to ``running`` (a resumed run).
+        ``finished`` time is set when the status is terminal (finished/diverged/failed/interrupted)
+        and cleared when a run goes back to ``running`` (a resumed run).
         """
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}; valid: {', '.join(STATUSES)}")
@@ -211,6 +314,7 @@ class Store:
         self._write(update)
 
     def set_steps(self, run_id: str, steps: int) -> None:
+        """Progress of a running run (``runs list`` shows it)."""
         self._write(
             lambda c: c.execute(
                 "UPDATE runs SET steps = ?, updated = ? WHERE id = ?", (int(steps), time.time(), run_id)
@@ -282,15 +386,75 @@ class Store:
         self.log_rows(run_id, ((step, name, value) for name, value in values.items()))
 
     def log_rows(self, run_id: str, rows: Iterable[tuple[int, str, float | None]]) -> None:
-        """Record many ``(step, name, value)`` rows in one transaction (the trainer's buffer flush)."""
+        """Record many ``(step, name, value)`` rows in one transaction (the trainer's buffer flush).
+
+        The run's ``steps`` rises to the last step among them in the same transaction, so
+        ``runs list`` shows a running run's progress.
+        """
         payload = [(run_id, int(step), str(name), _sql_float(value)) for step, name, value in rows]
         if not payload:
             return
-        self._write(
-            lambda c: c.executemany(
-                "INSERT INTO metrics(run_id, step, name, value) VALUES (?, ?, ?, ?)", payload
+        last = max(p[1] for p in payload)
+
+        def insert(c):
+            c.executemany("INSERT INTO metrics(run_id, step, name, value) VALUES (?, ?, ?, ?)", payload)
+            c.execute(
+                "UPDATE runs SET steps = MAX(steps, ?), updated = ? WHERE id = ? AND status = 'running'",
+                (last, time.time(), run_id),
             )
-        )
+
+        self._write(insert)
+
+    def sync_rows(self, run_id: str, step: int) -> list[tuple[int, str, float | None]]:
+        """At a training checkpoint: move the write-ahead log into the database file and return the
+        run's rows up to ``step`` in insertion order (the checkpoint carries them, so a resume can
+        re-create rows the store lost). ``value`` is None where it was not finite-or-inf (NaN)."""
+        # PASSIVE never waits for other processes; whatever it cannot copy stays in the fsynced WAL
+        self._retry(lambda: self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone())
+        return [
+            (s, n, v)
+            for s, n, v in self._conn.execute(
+                "SELECT step, name, value FROM metrics WHERE run_id = ? AND step <= ? ORDER BY rowid",
+                (run_id, int(step)),
+            )
+        ]
+
+    def check_rows_up_to(
+        self, run_id: str, step: int, expected: Iterable[tuple[int, str, float | None]] | None = None
+    ) -> list[int]:
+        """On resume from a checkpoint at ``step``: the steps whose rows the store lacks.
+
+        ``expected`` are the rows the checkpoint carried (:meth:`sync_rows`); any of them missing
+        from the store are re-created, so the returned steps are what *was* missing. Without
+        ``expected`` (a checkpoint of an earlier bnlab) only a store with no row at all up to a
+        step > 0 can be detected: ``[step]`` is returned then, nothing re-created.
+        """
+        stored = self._conn.execute(
+            "SELECT step, name, value FROM metrics WHERE run_id = ? AND step <= ?", (run_id, int(step))
+        ).fetchall()
+        if expected is None:
+            return [int(step)] if step > 0 and not stored else []
+        expected = [(int(s), str(n), _sql_float(v)) for s, n, v in expected]
+        have: dict[tuple, int] = {}
+        for row in stored:
+            key = (row[0], row[1], row[2])
+            have[key] = have.get(key, 0) + 1
+        missing = []
+        for row in expected:
+            if have.get(row, 0) > 0:
+                have[row] -= 1
+            else:
+                missing.append(row)
+        if missing:
+            # replace the run's rows up to the checkpoint with the checkpoint's, in their order
+            payload = [(run_id, s, n, v) for s, n, v in expected]
+
+            def replace(c):
+                c.execute("DELETE FROM metrics WHERE run_id = ? AND step <= ?", (run_id, int(step)))
+                c.executemany("INSERT INTO metrics(run_id, step, name, value) VALUES (?, ?, ?, ?)", payload)
+
+            self._write(replace)
+        return sorted({s for s, _, _ in missing})
 
     def delete_metrics_after(self, run_id: str, step: int) -> int:
         """Drop rows logged after ``step``: a resumed run replays those steps and logs them again."""
@@ -318,12 +482,60 @@ class Store:
             out.setdefault(name, []).append((step, math.nan if value is None else value))
         return out
 
+    def metric_names(self, run_id: str) -> list[str]:
+        """The names of the series recorded for a run, sorted."""
+        return [r[0] for r in self._conn.execute(
+            "SELECT DISTINCT name FROM metrics WHERE run_id = ? ORDER BY name", (run_id,)
+        )]
+
     def count_metrics(self, run_id: str | None = None) -> int:
         if run_id is None:
             return self._conn.execute("SELECT COUNT(*) FROM metrics").fetchone()[0]
         return self._conn.execute(
             "SELECT COUNT(*) FROM metrics WHERE run_id = ?", (run_id,)
         ).fetchone()[0]
+
+    # -- catalogue entries' results -------------------------------------------------------------
+
+    def save_entry(
+        self, experiment_id: str, preset: str, runs: list[dict], data: dict, *, tiny: bool, seconds: float,
+        default: Any = None,
+    ) -> None:
+        """Store (replace) a catalogue entry's run ids by label and its computations' JSON data."""
+        row = (experiment_id, preset, json.dumps(runs), json.dumps(data, default=default), int(tiny), time.time(), seconds)
+        self._write(lambda c: c.execute(
+            "INSERT OR REPLACE INTO experiments(id, preset, runs, data, tiny, created, seconds)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)", row))
+
+    def load_entry(self, experiment_id: str, preset: str) -> dict[str, Any] | None:
+        if "experiments" not in self._tables():
+            return None
+        row = self._conn.execute(
+            "SELECT runs, data, tiny, created, seconds FROM experiments WHERE id = ? AND preset = ?",
+            (experiment_id, preset),
+        ).fetchone()
+        if row is None:
+            return None
+        return {"runs": json.loads(row[0]), "data": json.loads(row[1]), "tiny": bool(row[2]),
+                "created": row[3], "seconds": row[4]}
+
+    def entries(self) -> list[tuple[str, str]]:
+        """``(experiment id, preset)`` of every stored entry."""
+        if "experiments" not in self._tables():
+            return []
+        return [(r[0], r[1]) for r in self._conn.execute("SELECT id, preset FROM experiments ORDER BY id, preset")]
+
+    def entry_of_runs(self) -> dict[str, str]:
+        """``{run id: "entry/preset:label"}`` for the runs of stored catalogue entries."""
+        out: dict[str, str] = {}
+        for experiment_id, preset in self.entries():
+            for r in (self.load_entry(experiment_id, preset) or {}).get("runs", []):
+                if r.get("id"):
+                    out.setdefault(r["id"], f"{experiment_id}/{preset}:{r.get('label')}")
+        return out
+
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
     # -- export --------------------------------------------------------------------------------
 
@@ -348,6 +560,27 @@ class Store:
         for step, name, value in flat:
             writer.writerow([run["id"], step, name, repr(float(value))])
         return buf.getvalue()
+
+
+def _writable(path: Path) -> bool:
+    """Can this process write the store file and its folder (SQLite needs both, for the WAL)?"""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+
+
+def _open_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only connection. With no write-ahead log beside the file (a store whose writers all
+    closed) ``immutable=1``: nothing at all is written, not even a WAL index. With one (a writer
+    is active or was killed) ``mode=ro``, which reads the log's rows; where the WAL index cannot
+    be created (a folder we cannot write) that fails and ``immutable=1`` reads the file alone."""
+    base = "file:" + urllib.parse.quote(str(path.resolve()))
+    if Path(f"{path}-wal").exists():
+        try:
+            conn = sqlite3.connect(f"{base}?mode=ro", uri=True, timeout=_BUSY_TIMEOUT_MS / 1000)
+            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            return conn
+        except sqlite3.OperationalError:
+            pass
+    return sqlite3.connect(f"{base}?immutable=1", uri=True)
 
 
 def _sql_float(value: Any) -> float | None:

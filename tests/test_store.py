@@ -71,7 +71,7 @@ def test_run_round_trip_and_status(tmp_path):
     run = store.get_run("abc")  # unique prefix
     assert run["status"] == "diverged" and run["steps"] == 7 and run["finished"] is not None
     assert run["summary"] == {"metrics": {"train_loss": None}}  # strict JSON: inf -> null
-    with pytest.raises(ValueError, match="valid: running, finished, diverged, failed"):
+    with pytest.raises(ValueError, match="valid: running, finished, diverged, failed, interrupted"):
         store.set_status("abc123", "exploded")
     with pytest.raises(KeyError):
         store.set_status("nope", "failed")

@@ -1,22 +1,36 @@
-"""Atomic, ``weights_only``-loadable checkpoints.
+"""Atomic, checksummed, ``weights_only``-loadable checkpoints, and the run lock.
 
 A checkpoint holds only tensors and primitive containers (dicts, lists, str, int, float, bool,
 None) -- random-generator states are byte tensors -- so it loads with
 ``torch.load(weights_only=True)``, which never executes code from the file. It is written to a
 temporary file in the same folder, flushed to disk, and moved over the old one with ``os.replace``
-(atomic on POSIX): a process killed mid-write leaves the previous checkpoint intact.
+(atomic on POSIX): a process killed mid-write leaves the previous checkpoint intact, and the next
+save removes the temporary file it left.
+
+Integrity: each checkpoint carries a SHA-256 of every top-level entry (tensor bytes, dtypes,
+shapes and the primitive values), verified on load. A changed byte -- a bit flip on disk, a
+truncated copy -- is :class:`CheckpointCorruptError` naming the damaged entry and the way out:
+the checkpoint before it is kept as ``<id>.prev.pt`` (resume from there), or delete the run's
+checkpoints and train from scratch. A damaged checkpoint is never resumed silently.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-FORMAT = 1
+FORMAT = 2  # 2: with "checksum"; 1: an earlier bnlab's, loaded unverified with a warning
+_READABLE_FORMATS = (1, 2)
+
+
+class CheckpointCorruptError(ValueError):
+    """A checkpoint whose content does not match its checksum, or that cannot be unpickled."""
 
 
 def checkpoint_path(runs_dir: str | os.PathLike[str], run_id: str) -> Path:
@@ -120,15 +134,25 @@ def previous_path(path: str | os.PathLike[str]) -> Path:
 
 
 def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
+    """Write ``state`` (with its checksum) atomically to ``path``; the checkpoint it replaces is
+    kept as :func:`previous_path` (a hard link: no copy). Removes orphaned temporary files of
+    this checkpoint first (the caller holds the run's lock, so none of them is in flight)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for orphan in orphaned_temporaries(path):
+        orphan.unlink(missing_ok=True)
+    payload = {"format": FORMAT, **state}
+    payload["checksum"] = checksum(payload)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            torch.save({"format": FORMAT, **state}, handle)
+            torch.save(payload, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        if path.exists():
+            _keep_previous(path)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -137,17 +161,110 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None
         raise
 
 
-def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> dict[str, Any] | None:
-    """The checkpoint at ``path``, or None if there is none. A damaged file is an error that says so."""
+def _keep_previous(path: Path) -> None:
+    """Make the current checkpoint ``<id>.prev.pt`` without ever leaving ``path`` missing."""
+    link = path.with_name(f".{path.name}.prev.tmp")
+    link.unlink(missing_ok=True)
+    try:
+        os.link(path, link)
+    except OSError:  # a file system without hard links: no previous checkpoint is kept
+        return
+    os.replace(link, previous_path(path))
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename itself durable (POSIX: the directory entry lives in the folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # pragma: no cover - not POSIX
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def checksum(state: dict[str, Any]) -> dict[str, str]:
+    """``{top-level key: sha256 hex}`` of everything in ``state`` except ``checksum`` itself."""
+    return {str(k): _digest(v) for k, v in sorted(state.items(), key=lambda kv: str(kv[0])) if k != "checksum"}
+
+
+def _digest(value: Any) -> str:
+    h = hashlib.sha256()
+    _feed(h, value)
+    return h.hexdigest()
+
+
+def _feed(h: Any, value: Any) -> None:
+    """Hash a value of a checkpoint canonically: type tags, dict keys in sorted order, tensor
+    dtype, shape and raw bytes (so one flipped bit anywhere changes the digest)."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, dict):
+        h.update(b"D%d" % len(value))
+        for k in sorted(value, key=repr):
+            h.update(repr(k).encode())
+            _feed(h, value[k])
+    elif isinstance(value, (list, tuple)):
+        h.update(b"L%d" % len(value))
+        for v in value:
+            _feed(h, v)
+    else:
+        h.update(f"{type(value).__name__}:{value!r};".encode())
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str], *, map_location: Any = "cpu", verify: bool = True
+) -> dict[str, Any] | None:
+    """The checkpoint at ``path`` (checksum verified), or None if there is none.
+
+    A file that cannot be unpickled or whose content does not match its checksum raises
+    :class:`CheckpointCorruptError` with the recovery; an unknown format is ``ValueError``.
+    """
     path = Path(path)
     if not path.exists():
         return None
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unpickling failure means a damaged file
-        raise ValueError(
-            f"checkpoint {path} cannot be read ({type(err).__name__}: {err}); delete it to restart the run"
+        raise CheckpointCorruptError(
+            f"checkpoint {path} cannot be read ({type(err).__name__}: {err}). " + _recovery(path)
         ) from err
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ValueError(f"checkpoint {path} has an unknown format; delete it to restart the run")
+    if not isinstance(state, dict) or state.get("format") not in _READABLE_FORMATS:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(
+            f"checkpoint {path} has format {found!r}; this bnlab reads {_READABLE_FORMATS}. "
+            + _recovery(path)
+        )
+    if state["format"] == 1:
+        warnings.warn(f"checkpoint {path} was written by an earlier bnlab without a checksum; "
+                      "loaded unverified", stacklevel=2)
+    elif verify:
+        damaged = [k for k, v in checksum(state).items() if (state.get("checksum") or {}).get(k) != v]
+        damaged += [k for k in (state.get("checksum") or {}) if k not in state]
+        if damaged or not state.get("checksum"):
+            raise CheckpointCorruptError(
+                f"checkpoint {path} is damaged: {', '.join(sorted(damaged)) or 'its checksum'} "
+                "no longer match(es) the checksum written with it; nothing was resumed. " + _recovery(path)
+            )
     return state
+
+
+def _recovery(path: Path) -> str:
+    """The documented way out of a damaged checkpoint (docs/readme/train.md)."""
+    prev = previous_path(path)
+    run_id = path.stem
+    scratch = f"delete it ({path}) or the run (`bnlab runs delete {run_id}`) and re-run to train from scratch"
+    if not prev.exists():
+        return f"Recovery: {scratch}."
+    try:
+        step = load_checkpoint(prev, map_location="cpu").get("step")
+    except (ValueError, AttributeError):
+        return f"The previous checkpoint {prev} is damaged too. Recovery: {scratch}."
+    return (f"Recovery: resume from the previous checkpoint (step {step}) with `mv {prev} {path}` and "
+            f"re-run the same command (the steps after it are retrained: same result), or {scratch}.")

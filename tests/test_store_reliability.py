@@ -1,0 +1,230 @@
+"""Nothing lost, nothing silently wrong: checkpoint checksums, the previous checkpoint, orphaned
+temporaries, the store's schema version, read-only stores, durability, re-created rows and live
+progress."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sqlite3
+
+import pytest
+import torch
+
+from bnlab.store import SCHEMA_VERSION, ReadOnlyStoreError, Store, StoreVersionError
+from bnlab.train.checkpoint import (
+    CheckpointCorruptError,
+    checkpoint_path,
+    load_checkpoint,
+    orphaned_temporaries,
+    previous_path,
+    save_checkpoint,
+)
+
+# -- checkpoints ---------------------------------------------------------------------------------
+
+
+def _state(step: int) -> dict:
+    g = torch.Generator().manual_seed(step)
+    return {"run_id": "r1", "step": step, "model": {"w": torch.randn(64, generator=g), "n": torch.tensor(step)},
+            "accumulators": {"loss_sum": 1.5 * step, "batches": step}}
+
+
+def _flip_byte_of(path, tensor: torch.Tensor, offset: int = 5) -> None:
+    raw = bytearray(path.read_bytes())
+    at = bytes(raw).find(tensor.numpy().tobytes())
+    assert at >= 0, "the tensor's bytes are stored verbatim in the zip archive"
+    raw[at + offset] ^= 0x10
+    path.write_bytes(bytes(raw))
+
+
+def test_flipped_byte_in_a_weight_is_a_clear_error_with_the_previous_checkpoint_as_recovery(tmp_path):
+    path = checkpoint_path(tmp_path, "r1")
+    save_checkpoint(path, _state(4))
+    save_checkpoint(path, _state(8))
+    assert load_checkpoint(previous_path(path))["step"] == 4  # the one before is kept
+    loaded = load_checkpoint(path)
+    assert loaded["step"] == 8 and torch.equal(loaded["model"]["w"], _state(8)["model"]["w"])
+
+    _flip_byte_of(path, _state(8)["model"]["w"])
+    with pytest.raises(CheckpointCorruptError, match=r"damaged: model .*nothing was resumed") as err:
+        load_checkpoint(path)
+    message = str(err.value)
+    assert "previous checkpoint (step 4)" in message and f"mv {previous_path(path)} {path}" in message
+    assert "runs delete r1" in message
+    os.replace(previous_path(path), path)  # the documented recovery
+    assert load_checkpoint(path)["step"] == 4
+
+
+def test_malicious_pickle_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    path = checkpoint_path(tmp_path, "r1")
+    path.parent.mkdir(parents=True)
+    with open(path, "wb") as f:
+        torch.save({"format": 2, "model": Exploit()}, f, pickle_module=pickle)
+    with pytest.raises(CheckpointCorruptError, match="cannot be read"):
+        load_checkpoint(path)
+    assert not marker.exists()
+    # a payload that unpickles but whose format is unknown is refused too, naming what it reads
+    torch.save({"format": 99}, path)
+    with pytest.raises(ValueError, match=r"format 99; this bnlab reads \(1, 2\)"):
+        load_checkpoint(path)
+
+
+def test_orphaned_temporary_files_are_removed_by_the_next_save(tmp_path):
+    path = checkpoint_path(tmp_path, "r1")
+    save_checkpoint(path, _state(1))
+    orphans = [path.parent / f".{path.name}.k{i}.tmp" for i in range(3)]
+    for orphan in orphans:
+        orphan.write_bytes(b"killed mid-write")
+    other = checkpoint_path(tmp_path, "r2").parent / ".r2.pt.zz.tmp"  # another run's: left alone
+    other.write_bytes(b"x")
+    assert orphaned_temporaries(path) == sorted(orphans)
+    save_checkpoint(path, _state(2))
+    assert orphaned_temporaries(path) == [] and other.exists()
+    assert load_checkpoint(path)["step"] == 2
+
+
+# -- schema version ------------------------------------------------------------------------------
+
+_OLDER_LAYOUT = """
+CREATE TABLE runs (id TEXT PRIMARY KEY, config TEXT NOT NULL, config_hash TEXT NOT NULL,
+                   status TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL, steps INTEGER);
+CREATE TABLE metrics (run_id TEXT NOT NULL, step INTEGER NOT NULL, name TEXT NOT NULL, value REAL);
+INSERT INTO runs VALUES ('old1', '{"lr": 0.1}', 'h', 'finished', 1.0, 2.0, 12);
+INSERT INTO metrics VALUES ('old1', 12, 'train_loss', 0.5);
+"""
+
+
+def test_an_older_unversioned_store_is_migrated_and_read(tmp_path):
+    path = tmp_path / "bnlab.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(_OLDER_LAYOUT)  # no env/error/summary/finished columns, no version
+    conn.close()
+    with Store(path) as store:
+        run = store.get_run("old1")
+        assert run["config"] == {"lr": 0.1} and run["status"] == "finished" and run["summary"] is None
+        assert store.metrics("old1") == {"train_loss": [(12, 0.5)]}
+        store.set_status("old1", "finished", summary={"metrics": {"x": 1.0}})  # a migrated column
+        assert store.get_run("old1")["summary"] == {"metrics": {"x": 1.0}}
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_a_newer_or_unknown_store_is_refused_with_a_message(tmp_path):
+    newer = tmp_path / "newer.db"
+    Store(newer).close()
+    conn = sqlite3.connect(newer)
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    conn.commit()
+    conn.close()
+    for readonly in (False, True):
+        with pytest.raises(StoreVersionError, match=f"schema version {SCHEMA_VERSION + 1}, newer"):
+            Store(newer, readonly=readonly)
+
+    unknown = tmp_path / "unknown.db"
+    conn = sqlite3.connect(unknown)
+    conn.execute("CREATE TABLE runs (name TEXT)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreVersionError, match="unknown layout .*lacks id, config, status, created"):
+        Store(unknown)
+
+
+# -- read-only stores ----------------------------------------------------------------------------
+
+
+def test_read_only_store_lists_and_exports_and_writes_nothing(tmp_path):
+    path = tmp_path / "bnlab.db"
+    with Store(path) as store:
+        store.create_run("r1", {"lr": 0.1})
+        store.log_metrics("r1", 1, {"train_loss": 2.0})
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with Store(path, readonly=True) as ro:
+        assert ro.readonly and [r["id"] for r in ro.list_runs()] == ["r1"]
+        assert ro.metrics("r1") == {"train_loss": [(1, 2.0)]}
+        assert '"lr": 0.1' in ro.export("r1", "json")
+        with pytest.raises(ReadOnlyStoreError, match="read-only .*another --runs-dir"):
+            ro.create_run("r2", {})
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    with pytest.raises(FileNotFoundError, match="no run store"):
+        Store(tmp_path / "missing.db", readonly=True)
+
+
+def test_unwritable_folder_opens_read_only_by_itself(tmp_path, monkeypatch):
+    from bnlab import store as store_mod
+
+    path = tmp_path / "bnlab.db"
+    with Store(path) as store:
+        store.create_run("r1", {})
+    # tests may run as root, where chmod blocks nothing: stand in for the permission check
+    monkeypatch.setattr(store_mod, "_writable", lambda p: False)
+    with Store(path) as ro:
+        assert ro.readonly and ro.get_run("r1") is not None
+
+
+# -- durability, lost rows, progress ----------------------------------------------------------------
+
+
+def _rows(n: int) -> list[tuple[int, str, float]]:
+    return [(s, name, float(s) * k) for s in range(1, n + 1) for k, name in ((1, "a"), (2, "b"))]
+
+
+@pytest.mark.parametrize("damage", ["delete_wal", "drop_table", "delete_rows"])
+def test_rows_lost_by_the_store_are_recreated_from_the_checkpoint(tmp_path, damage):
+    path = tmp_path / "bnlab.db"
+    store = Store(path)
+    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    store.create_run("r1", {})
+    store.log_rows("r1", _rows(10))
+    carried = store.sync_rows("r1", 8)  # what a checkpoint at step 8 carries
+    assert carried == [r for r in _rows(10) if r[0] <= 8]
+    store.log_rows("r1", [(9, "late", 1.0)])
+    holder = sqlite3.connect(path)  # keeps the WAL from being folded in at close
+    holder.execute("SELECT 1 FROM runs").fetchone()
+    store.close()
+    if damage == "delete_wal":
+        os.unlink(f"{path}-wal")
+    elif damage == "drop_table":
+        holder.execute("DROP TABLE metrics")
+        holder.commit()
+    else:
+        holder.execute("DELETE FROM metrics WHERE step BETWEEN 3 AND 5")
+        holder.commit()
+    holder.close()
+
+    store = Store(path)
+    missing = store.check_rows_up_to("r1", 8, carried)
+    expected_missing = [3, 4, 5] if damage == "delete_rows" else list(range(1, 9))
+    if damage == "delete_wal":  # sync_rows folded the WAL into the file: nothing up to 8 is lost
+        expected_missing = []
+    assert missing == expected_missing
+    got = store.metrics("r1")
+    assert [s for s, _ in got["a"] if s <= 8] == list(range(1, 9))
+    assert [v for s, v in got["b"] if s <= 8] == [2.0 * s for s in range(1, 9)]
+    assert store.check_rows_up_to("r1", 8, carried) == []  # now complete
+    store.close()
+
+
+def test_check_rows_without_carried_rows_reports_an_empty_store(tmp_path):
+    with Store(tmp_path / "bnlab.db") as store:
+        store.create_run("r1", {})
+        assert store.check_rows_up_to("r1", 5) == [5]
+        store.log_rows("r1", [(1, "a", 1.0)])
+        assert store.check_rows_up_to("r1", 5) == []
+
+
+def test_running_runs_show_progress_as_rows_are_flushed(tmp_path):
+    with Store(tmp_path / "bnlab.db") as store:
+        store.create_run("r1", {})
+        store.log_rows("r1", [(1, "a", 1.0), (7, "a", 1.0)])
+        assert store.get_run("r1")["steps"] == 7
+        store.log_rows("r1", [(3, "probe", 1.0)])  # a late row never moves progress back
+        assert store.get_run("r1")["steps"] == 7
+        store.set_status("r1", "finished", steps=10)
+        store.log_rows("r1", [(12, "a", 1.0)])  # a finished run's step count is its own
+        assert store.get_run("r1")["steps"] == 10
