@@ -1,0 +1,251 @@
+"""Batch statistics synchronized over the ranks of a ``torch.distributed`` process group.
+
+Under data parallelism every rank holds a slice of the global batch. A synchronized layer computes
+its statistics over the whole global batch, as ``nn.SyncBatchNorm`` does, so that N ranks with
+slices of one batch give the outputs, the gradients and the running buffers of one process given
+the whole batch (``tests/test_norms_sync.py`` checks this for every layer with 2 and 3 gloo ranks,
+uneven slices included).
+
+The primitives are differentiable. Each forward collective's backward is an all-reduce of the
+gradient: the training loss of data parallelism is the sum (or, after DDP's averaging, the mean)
+of the ranks' losses, and every rank's loss depends on the global statistic, so the gradient that
+reaches a rank's local contribution is the sum over ranks of ∂L_r/∂(global statistic). This is the
+backward of ``nn.SyncBatchNorm`` (Ioffe & Szegedy 2015, Alg. 1, with the batch split over devices).
+
+Outside an initialized process group, or in a group of one, nothing is communicated: a synchronized
+layer then behaves exactly like the unsynchronized one. Statistics are synchronized in training
+only (evaluation uses the running statistics, and ranks need not evaluate in lockstep).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch import Tensor
+
+__all__ = [
+    "active_group", "all_gather", "all_reduce_sum", "batch_samples", "broadcast_seed", "channel_count",
+    "channel_mean", "channel_topk", "convert_sync", "global_batch_rows", "global_topk", "module_group",
+    "sample_offset", "synced_moments",
+]
+
+
+def active_group(process_group=None):
+    """The process group to synchronize over, or ``None`` when there is nothing to synchronize.
+
+    ``None`` outside an initialized default group or when the group has a single rank; ``process_group``
+    ``None`` means the default (world) group.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    group = process_group if process_group is not None else dist.group.WORLD
+    return group if dist.get_world_size(group) > 1 else None
+
+
+def module_group(module: nn.Module):
+    """The group a layer synchronizes its batch statistics over now (training, ``sync`` on), or None."""
+    if not (getattr(module, "sync", False) and module.training):
+        return None
+    return active_group(getattr(module, "process_group", None))
+
+
+class _AllGather(torch.autograd.Function):
+    """Stack of every rank's ``t`` (equal shapes), shape ``(world, *t.shape)``; backward sums over ranks."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor, group) -> Tensor:
+        ctx.group = group
+        ctx.rank = dist.get_rank(group)
+        parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, t.contiguous(), group=group)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        # Rank r's loss depends on every row; row q's total gradient is Σ_r ∂L_r/∂row_q.
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad[ctx.rank], None
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Σ over ranks of ``t``; backward all-reduces the gradient (every rank's loss sees the sum)."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor, group) -> Tensor:
+        ctx.group = group
+        out = t.contiguous().clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def all_gather(t: Tensor, group) -> Tensor:
+    """Differentiable all-gather of equal-shaped tensors: ``(world, *t.shape)``."""
+    return _AllGather.apply(t, group)
+
+
+def all_reduce_sum(t: Tensor, group) -> Tensor:
+    """Differentiable all-reduce (sum)."""
+    return _AllReduceSum.apply(t, group)
+
+
+def _channel_last_flat(x: Tensor) -> Tensor:
+    """x of shape (N, C, *) as (C, N·∏*)."""
+    return x.transpose(0, 1).reshape(x.shape[1], -1)
+
+
+def synced_moments(x: Tensor, group, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor, int]:
+    """Per-channel mean and biased variance over the global batch, and the global count per channel.
+
+    Each rank reduces its slice to (count n_r, mean μ_r, M2_r = Σ(x − μ_r)²) — a two-pass, shifted
+    sum, so a large mean does not cancel the variance — and the slices are combined exactly (Chan,
+    Golub & LeVeque's parallel update): ``μ = Σ n_r μ_r / N``, ``M2 = Σ M2_r + Σ n_r (μ_r − μ)²``,
+    ``σ² = M2 / N``. One all-gather of ``2C + 1`` numbers per rank: uneven (even empty) slices need
+    no padding. Every rank combines the same gathered numbers in the same order, so the statistics
+    are bitwise identical on all ranks. ``dtype``: accumulation dtype (default float32 for half
+    inputs, else x's). Differentiable in x.
+    """
+    acc = dtype or (torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype)
+    flat = _channel_last_flat(x).to(acc)
+    n_local = flat.shape[1]
+    mean_r = flat.sum(1) / max(n_local, 1)
+    m2_r = (flat - mean_r[:, None]).pow(2).sum(1)
+    count = torch.full((1,), float(n_local), dtype=acc, device=x.device)
+    gathered = all_gather(torch.cat([mean_r, m2_r, count]), group)  # (world, 2C + 1)
+    c = x.shape[1]
+    means, m2s, counts = gathered[:, :c], gathered[:, c:2 * c], gathered[:, 2 * c:].detach()
+    total = int(counts.sum().item())
+    if total < 2:
+        raise ValueError(f"Expected more than 1 value per channel over all ranks when training, got {total}")
+    mean = (counts * means).sum(0) / total
+    m2 = m2s.sum(0) + (counts * (means - mean).pow(2)).sum(0)
+    return mean, m2 / total, total
+
+
+def global_topk(values: Tensor, k: int, group) -> Tensor:
+    """The k largest entries of each row of ``values`` (shape (C, n_r) on rank r) over all ranks.
+
+    Every rank offers its local top-min(k, n_r) per row (padded to k with the dtype's lowest value,
+    never selected while the global row holds ≥ k entries); the gathered (C, world·k) candidates
+    contain the global top-k, which is taken again. Returns (C, min(k, Σ n_r)), sorted descending,
+    identical on all ranks; gradients reach the local entries that are among the global top-k.
+    """
+    rows, n_local = values.shape
+    k_local = min(k, n_local)
+    local = values.topk(k_local, dim=1).values if k_local else values[:, :0]
+    if k_local < k:
+        pad = torch.full((rows, k - k_local), torch.finfo(values.dtype).min, dtype=values.dtype,
+                         device=values.device)
+        local = torch.cat([local, pad], dim=1)
+    k_global = min(k, sample_offset(n_local, group, values.device)[1])
+    candidates = all_gather(local, group).permute(1, 0, 2).reshape(rows, -1)
+    return candidates.topk(k_global, dim=1).values
+
+
+# ---- layer-level helpers: what a layer calls instead of a local reduction --------------------
+
+def batch_samples(module: nn.Module, x: Tensor) -> int:
+    """Number of samples in the batch the layer normalizes over: x.shape[0], summed over ranks when synced.
+
+    MBN's m (its λ schedule and τ = τ0^{m/m0}, Yong et al. 2020 Eq. 4) is the batch the statistics
+    come from, so with synchronized statistics it is the global batch: λ is then identical on all ranks.
+    """
+    group = module_group(module)
+    return x.shape[0] if group is None else sample_offset(x.shape[0], group, x.device)[1]
+
+
+def channel_mean(module: nn.Module, t: Tensor) -> Tensor:
+    """Per-channel mean of t (N, C, *) over the batch and trailing dims, over all ranks when synced."""
+    group = module_group(module)
+    if group is None:
+        return t.mean(dim=[0, *range(2, t.dim())])
+    flat = _channel_last_flat(t)
+    total = all_reduce_sum(flat.sum(1), group)
+    return total / sample_offset(flat.shape[1], group, t.device)[1]
+
+
+def channel_count(module: nn.Module, t: Tensor) -> int:
+    """Values per channel of t (N, C, *), over all ranks when synced."""
+    group = module_group(module)
+    n = t.numel() // t.shape[1]
+    return n if group is None else sample_offset(n, group, t.device)[1]
+
+
+def channel_topk(module: nn.Module, values: Tensor, k: int) -> Tensor:
+    """Top-min(k, n) of each row of ``values`` (C, n), over the rows of all ranks when synced."""
+    group = module_group(module)
+    if group is None:
+        return values.topk(min(k, values.shape[1]), dim=1).values
+    return global_topk(values, k, group)
+
+
+def global_batch_rows(module: nn.Module, x: Tensor) -> tuple[tuple[int, ...], slice]:
+    """(shape of the global batch, this rank's rows in it) for drawing per-sample noise.
+
+    A synced stochastic layer draws the noise of the whole global batch from a generator that is
+    identical on every rank and keeps its own rows: the ranks together then draw exactly what one
+    process given the whole batch draws (Santurkar et al. 2018, App. A.2.1, Alg. 1's noise).
+    Unsynced: (x.shape, every row).
+    """
+    group = module_group(module)
+    if group is None:
+        return tuple(x.shape), slice(None)
+    offset, total = sample_offset(x.shape[0], group, x.device)
+    return (total, *x.shape[1:]), slice(offset, offset + x.shape[0])
+
+
+def sample_offset(n_local: int, group, device: torch.device | None = None) -> tuple[int, int]:
+    """(index of this rank's first sample in the global batch, global batch size): ranks in order."""
+    counts = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
+    counts[dist.get_rank(group)] = n_local
+    dist.all_reduce(counts, group=group)
+    return int(counts[: dist.get_rank(group)].sum()), int(counts.sum())
+
+
+def broadcast_seed(seed: int, group, device: torch.device | None = None) -> int:
+    """Rank 0's ``seed`` (of ``group``) on every rank."""
+    t = torch.tensor([int(seed)], dtype=torch.int64, device=device)
+    dist.broadcast(t, src=dist.get_global_rank(group, 0), group=group)
+    return int(t.item())
+
+
+def convert_sync(model: nn.Module, process_group=None) -> nn.Module:
+    """Switch every bnlab normalization layer of ``model`` (in place) to synchronized statistics.
+
+    bnlab layers (``bn``, ``mean_only_bn``, ``var_only_bn``, ``mbn``, ``cbn``, ``brn``, ``lp_bn``,
+    ``noisy_bn``, ``si_bn``'s inner norm) get ``sync=True`` and ``process_group``; ``native_bn`` (torch's
+    fused kernel) becomes torch's own ``nn.SyncBatchNorm``, which torch supports on GPUs only. Stochastic
+    layers (``noisy_bn``) take rank 0's noise seed when a process group is initialized, so every rank
+    draws the same noise. Like ``nn.SyncBatchNorm.convert_sync_batchnorm``, returns the model.
+    """
+    from .base import ChannelNorm
+    from .batchnorm import NativeBatchNorm
+    from .noisy import StochasticLayer
+
+    if isinstance(model, NativeBatchNorm):
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group)
+    for name, child in list(model.named_children()):
+        if isinstance(child, NativeBatchNorm):
+            setattr(model, name, nn.SyncBatchNorm.convert_sync_batchnorm(child, process_group))
+        else:
+            convert_sync(child, process_group)
+    if isinstance(model, ChannelNorm):
+        model.sync = True
+        model.process_group = process_group
+        if isinstance(model, StochasticLayer):
+            align_seed(model)
+    return model
+
+
+def align_seed(layer) -> None:
+    """Give a stochastic synced layer rank 0's seed (no-op outside a multi-rank group)."""
+    group = active_group(getattr(layer, "process_group", None))
+    if group is not None:
+        layer.reseed(broadcast_seed(layer._seed, group))
