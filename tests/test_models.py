@@ -119,7 +119,8 @@ def test_conv_models(name, norm, act, placement):
     run_case(name, norm, act, placement, input_shape=input_shape, batch=4, **options)
 
 
-@pytest.mark.parametrize("name", list(M.MODELS))
+# tv_* (torchvision, RGB input only) have their own tests in tests/test_models_vision.py
+@pytest.mark.parametrize("name", [n for n in M.MODELS if not n.startswith("tv_")])
 def test_every_hidden_layer_has_exactly_one_norm_and_the_output_layer_none(name):
     options = {**FLAT_MODELS.get(name, {}), **CONV_MODELS.get(name, {})}
     input_shape = options.pop("input_shape", (2, 3))

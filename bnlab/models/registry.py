@@ -16,6 +16,7 @@ import bnlab.norms as norms
 from . import mlp as _mlp
 from . import resnet as _resnet
 from . import vgg as _vgg
+from . import vision as _vision
 from .blocks import ACTIVATIONS, INITS, BlockFactory, check_choice
 
 
@@ -50,6 +51,11 @@ MODEL_INFO: dict[str, ModelInfo] = {
         ModelInfo("dln", _mlp.dln, "Santurkar et al. 2018, App. A.1", False, default_activation="identity"),
         ModelInfo("mlp", _mlp.mlp, "-", False),
         ModelInfo("perceptron", _mlp.perceptron, "Luo et al. 2019, §2-3, Fig. 1(a)", False),
+        # torchvision's ImageNet networks (imported only when built): Peng et al. Table 5 / Fig. 6
+        ModelInfo("tv_resnet18", _vision.tv_resnet18, "He et al. 2016 (torchvision); Peng et al. Table 5", True),
+        ModelInfo("tv_resnet50", _vision.tv_resnet50, "He et al. 2016 (torchvision); Peng et al. Table 5", True),
+        ModelInfo("tv_efficientnet_b0", _vision.tv_efficientnet_b0, "Tan & Le 2019 (torchvision); Peng et al. Table 5",
+                  True, default_activation="swish"),
     )
 }
 
