@@ -1,14 +1,20 @@
 """Shared machinery of the per-channel normalization layers.
 
 Every layer here keeps ``torch.nn.BatchNorm``'s names (``weight``, ``bias``, ``running_mean``,
-``running_var``, ``num_batches_tracked``) so that state_dicts interchange where the semantics match.
+``running_var``, ``num_batches_tracked``) and options (``eps``, ``momentum`` with ``None`` for a
+cumulative average, ``affine``, ``track_running_stats``) so that state_dicts and hyper-parameters
+interchange where the semantics match.
 
 Most layers are, for a fixed batch, an affine map per channel whose coefficients depend on the batch
-statistics: ``y = a(μ_B, σ²_B) · x + b(μ_B, σ²_B)``. They compute ``(μ_B, σ²_B)`` with one fused
-``torch.var_mean``, build the per-channel ``a, b`` with ordinary autograd (cheap: C numbers), and apply
-them with a single ``addcmul``. Autograd then differentiates through the statistics exactly, which is
-what makes the variants (moving statistics, stop-gradient corrections) one-liners and keeps them close
-to the speed of torch's fused kernel.
+statistics: ``y = a(μ_B, σ²_B) · x + b(μ_B, σ²_B)``. The statistics come from ONE overridable method,
+:meth:`ChannelNorm.batch_moments` (the hook for synchronized statistics across processes); the
+per-channel ``a, b`` are built with ordinary autograd on C numbers (a variant is one ``coefficients``
+function), and applied with a single ``addcmul``.
+
+Numerics: statistics are two-pass (mean, then the mean of squared deviations), accumulated in float32
+or better whatever the input dtype, so a large mean does not destroy the variance and half-precision
+inputs cannot overflow; the per-channel coefficient graph runs in float64 (C numbers: free). Autocast
+is switched off inside the layer (like ``nn.BatchNorm``, the output has the input's dtype).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch.nn as nn
 from torch import Tensor
 
 CoefFn = Callable[..., tuple[Tensor, Tensor]]
+MomentsFn = Callable[[Tensor], tuple[Tensor, Tensor, int]]
 
 
 def channel_sum(t: Tensor) -> Tensor:
@@ -35,33 +42,46 @@ def channel_dot(a: Tensor, b: Tensor) -> Tensor:
     return (a.reshape(n, c, 1, -1) @ b.reshape(n, c, -1, 1)).sum(0).flatten()
 
 
+def stats_dtype(x: Tensor) -> torch.dtype:
+    """float32 for half-precision inputs (no overflow of Σx², no 8-bit mantissa sums), else x's dtype."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def coef_dtype(x: Tensor) -> torch.dtype:
+    """The per-channel coefficient graph runs in float64 (C numbers), except where float64 is missing."""
+    return torch.float32 if x.device.type == "mps" else torch.float64
+
+
+def per_channel(t: Tensor, x: Tensor) -> Tensor:
+    """View a (C,) tensor so that it broadcasts against x of shape (N, C, *)."""
+    return t.view(1, -1, *([1] * (x.dim() - 2)))
+
+
 class _StatsAffine(torch.autograd.Function):
     """y = scale·x + shift with (scale, shift) = coef_fn(μ_B, σ²_B, *tensors), in a few fused passes.
 
-    The per-channel coefficient graph is built with ordinary autograd inside forward and differentiated
-    in backward; the (N, C, *) part of the gradient is then assembled in two passes,
-    ``∂L/∂x = scale·g + (2/n)·g_v·(x − μ) + g_μ/n``. Double backward is refused with a clear error:
-    compute Hessian-vector products inside ``with bnlab.norms.plain_autograd():``.
+    Eager only: :func:`_fused_normalize` is excluded from torch.compile, because dynamo cannot trace
+    the closure graph built here; when it tried, it inlined ``forward`` as plain code and silently
+    dropped this ``backward`` (the input gradient lost its statistics terms: 1e-2 relative error).
+
+    The per-channel coefficient graph is built with ordinary autograd (in float64) inside forward and
+    differentiated in backward; the (N, C, *) part of the gradient is then assembled from the centred
+    input, ``∂L/∂x = scale·g + (2/n)·g_v·(x − μ) + g_μ/n``, so a large mean cancels nothing. Double
+    backward is refused with a clear error: use ``with bnlab.norms.plain_autograd():``.
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, coef_fn: CoefFn, *tensors: Tensor):
-        n = x.numel() // x.shape[1]
-        mean = channel_sum(x) / n
-        # E[x²] − μ², accumulated in float64 per channel: the cancellation costs float32 digits only
-        # when |μ| ≫ σ, far beyond what activations show.
-        sq = channel_dot(x, x).double() / n
-        var = (sq - mean.double() ** 2).clamp_min(0).to(x.dtype)
+    def forward(ctx, x: Tensor, moments_fn: MomentsFn, coef_fn: CoefFn, *tensors: Tensor):
+        mean, var, n = moments_fn(x)
         with torch.enable_grad():
-            m = mean.detach().requires_grad_()
-            v = var.detach().requires_grad_()
+            m = mean.detach().to(coef_dtype(x)).requires_grad_()
+            v = var.detach().to(coef_dtype(x)).requires_grad_()
             leaves = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
             scale, shift = coef_fn(m, v, *leaves)
         ctx.graph = (m, v, leaves, scale, shift)
         ctx.n = n
         ctx.save_for_backward(x)
-        view = [1, -1] + [1] * (x.dim() - 2)
-        y = torch.addcmul(shift.detach().view(view), x, scale.detach().view(view))
+        y = torch.addcmul(per_channel(shift.detach().to(x.dtype), x), x, per_channel(scale.detach().to(x.dtype), x))
         ctx.mark_non_differentiable(mean, var)
         return y, mean, var
 
@@ -72,16 +92,26 @@ class _StatsAffine(torch.autograd.Function):
                                "run the forward pass inside `with bnlab.norms.plain_autograd():`")
         (x,) = ctx.saved_tensors
         m, v, leaves, scale, shift = ctx.graph
-        view = [1, -1] + [1] * (x.dim() - 2)
+        centred = x - per_channel(m.detach().to(x.dtype), x)
+        g_sum = channel_sum(g).to(m.dtype)
+        g_dot = channel_dot(g, centred).to(m.dtype) + m.detach() * g_sum  # Σ g·x, without cancellation
         inputs = [m, v] + [t for t in leaves if t.requires_grad]
-        grads = torch.autograd.grad((scale, shift), inputs, (channel_dot(g, x), channel_sum(g)),
+        grads = torch.autograd.grad((scale, shift), inputs, (g_dot, g_sum),
                                     allow_unused=True, retain_graph=True)  # tiny; lets gradcheck re-run
         grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(grads, inputs)]
         g_mean, g_var, rest = grads[0], grads[1], iter(grads[2:])
-        s = (2.0 / ctx.n) * g_var
-        gx = torch.addcmul((g_mean / ctx.n - s * m.detach()).view(view), x, s.view(view))
-        gx.addcmul_(g, scale.detach().view(view))
-        return (gx, None, *[next(rest) if t.requires_grad else None for t in leaves])
+        s = ((2.0 / ctx.n) * g_var).to(x.dtype)
+        # gx = s·(x − μ) + g_μ/n + scale·g, written into the centred buffer
+        const = (g_mean / ctx.n).to(x.dtype)
+        gx = torch.addcmul(per_channel(const, x), centred, per_channel(s, x), out=centred)
+        gx.addcmul_(g, per_channel(scale.detach().to(x.dtype), x))
+        return (gx, None, None, *[next(rest) if t.requires_grad else None for t in leaves])
+
+
+@torch.compiler.disable
+def _fused_normalize(x: Tensor, moments_fn: MomentsFn, coef_fn: CoefFn, *tensors: Tensor):
+    """Run :class:`_StatsAffine` eagerly, never traced (see its docstring for why)."""
+    return _StatsAffine.apply(x, moments_fn, coef_fn, *tensors)
 
 
 _PLAIN_AUTOGRAD = [False]
@@ -107,25 +137,36 @@ FUSED_MIN_NUMEL = 1 << 16
 
 
 def fused_enabled(x: Tensor) -> bool:
-    # torch.func transforms (vmap, grad) cannot trace through a Function with a closure graph.
+    """Whether the eager fused function runs. Never under torch.compile (inductor fuses the plain ops,
+    and the function cannot be traced) nor torch.func transforms (vmap, grad: a closure graph); only
+    for float32/float64 inputs (half inputs take the plain path, which promotes them to float32)."""
     return (not _PLAIN_AUTOGRAD[0] and x.numel() >= FUSED_MIN_NUMEL
+            and x.dtype in (torch.float32, torch.float64)
+            and not torch.compiler.is_compiling()
             and not torch._C._are_functorch_transforms_active())
 
 
 class ChannelNorm(nn.Module):
-    """Base class: parameters, buffers, input checks and running-statistics bookkeeping."""
+    """Base class: parameters, buffers, input checks, batch moments and running-statistics bookkeeping.
+
+    Options follow ``torch.nn.BatchNorm2d``: ``momentum=None`` is a cumulative moving average,
+    ``track_running_stats=False`` keeps no buffers and normalizes with batch statistics in eval mode too,
+    ``affine=False`` has no γ, β.
+    """
 
     def __init__(
         self,
         num_features: int,
         eps: float = 1e-5,
-        momentum: float = 0.1,
+        momentum: float | None = 0.1,
         affine: bool = True,
         track_running_stats: bool = True,
     ) -> None:
         super().__init__()
         if not isinstance(num_features, int) or num_features < 1:
             raise ValueError(f"num_features must be a positive integer, got {num_features!r}")
+        if momentum is not None and not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"momentum must be in [0, 1] or None (cumulative average), got {momentum!r}")
         self.num_features = num_features
         self.eps = eps
         self.momentum = momentum
@@ -147,7 +188,8 @@ class ChannelNorm(nn.Module):
             self.register_buffer("num_batches_tracked", None)
 
     def extra_repr(self) -> str:
-        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}"
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"track_running_stats={self.track_running_stats}")
 
     # ---- helpers -------------------------------------------------------------------------------
     def check_input(self, x: Tensor) -> None:
@@ -171,47 +213,65 @@ class ChannelNorm(nn.Module):
     def reduce_dims(x: Tensor) -> list[int]:
         return [0, *range(2, x.dim())]
 
-    @staticmethod
-    def per_channel(t: Tensor, x: Tensor) -> Tensor:
-        """View a (C,) tensor so that it broadcasts against x of shape (N, C, *)."""
-        return t.view(1, -1, *([1] * (x.dim() - 2)))
+    per_channel = staticmethod(per_channel)
 
-    def batch_stats(self, x: Tensor) -> tuple[Tensor, Tensor, int]:
-        """Per-channel mean and biased variance over the batch and all trailing dims, and the count."""
+    def batch_moments(self, x: Tensor) -> tuple[Tensor, Tensor, int]:
+        """Per-channel mean, biased variance and count of x over the batch and all trailing dims.
+
+        THE single place batch statistics come from (both the fused and the plain path): override it to
+        synchronize statistics across processes. Results are in :func:`stats_dtype` (float32 or
+        better), two-pass, so a mean of 1e4 costs no variance digits. Differentiable when grad is on;
+        without grad (inside the fused function) torch's two-pass statistics kernel runs instead.
+        """
+        n = x.numel() // x.shape[1]
+        plain = (torch.is_grad_enabled() or x.dtype != stats_dtype(x) or x.device.type not in ("cpu", "cuda")
+                 or torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active())
+        if not plain:  # one call, double accumulation; eager and no-grad only
+            mean, var = torch.batch_norm_update_stats(x, None, None, 0.0)
+            return mean, var, n
         dims = self.reduce_dims(x)
-        if torch._C._are_functorch_transforms_active():
-            var, mean = torch.var_mean(x, dim=dims, correction=0)
-        else:  # two passes: several times faster than var_mean's strided Welford on CPU
-            mean = x.mean(dim=dims)
-            var = (x - self.per_channel(mean, x)).pow(2).mean(dim=dims)
-        return mean, var, x.numel() // x.shape[1]
+        mean = x.mean(dim=dims, dtype=stats_dtype(x))
+        var = (x - per_channel(mean, x)).pow(2).mean(dim=dims)
+        return mean, var, n
 
     def normalize_with_batch_stats(self, x: Tensor, coef_fn: CoefFn, *tensors: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
         """Apply the per-channel affine map ``coef_fn(μ_B, σ²_B, *tensors) -> (scale, shift)`` to x.
 
         Returns ``(y, μ_B, σ²_B, n)`` (statistics detached, for running-statistics updates). Gradients
         flow through μ_B, σ²_B and ``tensors`` exactly as autograd on the plain expression would give.
+        ``y`` has x's dtype; everything per-channel is computed in float32 or better, autocast off.
         """
-        n = x.numel() // x.shape[1]
-        if fused_enabled(x):
-            y, mean, var = _StatsAffine.apply(x, coef_fn, *tensors)
-            return y, mean, var, n
-        mean, var, _ = self.batch_stats(x)
-        scale, shift = coef_fn(mean, var, *tensors)
-        return self.apply_affine(x, scale, shift), mean.detach(), var.detach(), n
+        with torch.autocast(x.device.type, enabled=False):
+            if fused_enabled(x):
+                y, mean, var = _fused_normalize(x, self.batch_moments, coef_fn, *tensors)
+                return y, mean, var, x.numel() // x.shape[1]
+            mean, var, n = self.batch_moments(x)
+            dt = coef_dtype(x)
+            scale, shift = coef_fn(mean.to(dt), var.to(dt), *tensors)
+            # y = scale·(x − μ) + (shift + scale·μ): the centred form keeps a large mean out of autograd
+            centred = x - per_channel(mean, x)
+            y = torch.addcmul(per_channel((shift + scale * mean).to(centred.dtype), x), centred,
+                              per_channel(scale.to(centred.dtype), x))
+            return y.to(x.dtype), mean.detach(), var.detach(), n
 
     def use_batch_stats(self) -> bool:
         return self.training or not self.track_running_stats
+
+    def momentum_weight(self, momentum: float | None = None) -> float | Tensor:
+        """This step's running-average weight: ``momentum``, or 1/t (cumulative average) when None.
+        Call after ``num_batches_tracked`` was incremented. A tensor for None, so compile never guards on t."""
+        m = self.momentum if momentum is None else momentum
+        if m is None:
+            return 1.0 / self.num_batches_tracked.to(self.running_mean.dtype)
+        return m
 
     @torch.no_grad()
     def update_running_stats(self, mean: Tensor, var: Tensor, n: int, momentum: float | None = None) -> None:
         """PyTorch's convention: biased variance normalizes, the unbiased one goes into running_var."""
         if not (self.training and self.track_running_stats):
             return
-        m = self.momentum if momentum is None else momentum
         self.num_batches_tracked.add_(1)
-        if m is None:  # cumulative moving average, as torch does for momentum=None
-            m = 1.0 / float(self.num_batches_tracked)
+        m = self.momentum_weight(momentum)
         self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), m)
         unbiased = var.detach() * (n / max(n - 1, 1))
         self.running_var.lerp_(unbiased.to(self.running_var.dtype), m)
@@ -219,7 +279,7 @@ class ChannelNorm(nn.Module):
     def gamma_beta(self, x: Tensor) -> tuple[Tensor, Tensor]:
         if self.affine:
             return self.weight, self.bias
-        one = torch.ones(self.num_features, dtype=x.dtype, device=x.device)
+        one = torch.ones(self.num_features, dtype=stats_dtype(x), device=x.device)
         return one, torch.zeros_like(one)
 
     def weight_or_one(self) -> Tensor:
@@ -228,9 +288,13 @@ class ChannelNorm(nn.Module):
     def bias_or_zero(self) -> Tensor:
         return self.bias if self.affine else torch.zeros_like(self.running_mean)
 
-    def apply_affine(self, x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
-        """y = scale·x + shift per channel, in one pass."""
-        return torch.addcmul(self.per_channel(shift, x), x, self.per_channel(scale, x))
+    @staticmethod
+    def apply_affine(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
+        """y = scale·x + shift per channel, in one pass, computed in float32 or better, x's dtype out."""
+        dt = stats_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            y = torch.addcmul(per_channel(shift.to(dt), x), x, per_channel(scale.to(dt), x))
+        return y.to(x.dtype)
 
     # ---- inference ---------------------------------------------------------------------------
     def running_affine(self, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:

@@ -14,7 +14,8 @@ class BatchNorm(ChannelNorm):
 
     Training: ``y = γ (x − μ_B)/√(σ²_B + ε) + β`` with per-channel statistics over the batch and all
     trailing dimensions (biased variance); ``running_var`` receives the unbiased variance, momentum 0.1,
-    exactly as ``torch.nn.BatchNorm2d``. Eval: the running statistics replace the batch ones.
+    exactly as ``torch.nn.BatchNorm2d`` (``momentum=None``: cumulative average). Eval: the running
+    statistics replace the batch ones (batch statistics if ``track_running_stats=False``).
     """
 
     def forward(self, x: Tensor) -> Tensor:
@@ -52,7 +53,7 @@ class MeanOnlyBatchNorm(BatchNorm):
         if self.training and self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
-                self.running_mean.lerp_(mean, self.momentum)
+                self.running_mean.lerp_(mean.to(self.running_mean.dtype), self.momentum_weight())
         return y
 
     def coefficients(self, mean, var, gamma, beta):

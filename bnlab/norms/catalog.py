@@ -13,10 +13,12 @@ from .registry import NormInfo, Param, register
 from .renorm import BatchRenorm
 from .wrappers import ScaleInvariantBN, WeightNorm
 
-_BN = {
+_BN = {  # torch.nn.BatchNorm2d's options, with torch's names and semantics
     "eps": Param(1e-5, float, positive=True, help="added to the variance"),
-    "momentum": Param(0.1, float, minimum=0.0, help="running-statistics update weight"),
+    "momentum": Param(0.1, float, minimum=0.0, nullable=True,
+                      help="running-statistics update weight; none = cumulative moving average"),
     "affine": Param(True, bool, help="learnable γ (weight) and β (bias)"),
+    "track_running_stats": Param(True, bool, help="false: no running statistics, batch statistics in eval"),
 }
 _POS = {"positive": True}
 
@@ -43,17 +45,20 @@ register(NormInfo("cbn", CompleteBatchNorm, "Complete BN: decoupled centring + �
                       "rho": Param(1.0, float, **_POS), "amat": Param(True, bool),
                       "omega": Param(10.0, float, minimum=0.0), "decouple": Param(True, bool),
                       "center": Param(True, bool, help="remove the mean (false: Eq. 5 alone)"),
-                      "eta": Param(None, float, minimum=0.0, help="fixed moving weight instead of AMAT's rule"),
+                      "eta": Param(None, float, minimum=0.0, nullable=True,
+                                   help="fixed moving weight instead of AMAT's rule"),
                       **_BN}))
 register(NormInfo("brn", BatchRenorm, "Batch Renormalization (stop-gradient r, d corrections)",
                   "Ioffe 2017", "Alg. 1", {
-                      "r_max": Param(3.0, float, minimum=1.0), "d_max": Param(5.0, float, minimum=0.0), **_BN}))
+                      "r_max": Param(3.0, float, minimum=1.0), "d_max": Param(5.0, float, minimum=0.0),
+                      "relax_from": Param(0, int, minimum=0, help="warm-up: r_max=1, d_max=0 before this step"),
+                      "r_max_at": Param(0, int, minimum=0, help="warm-up: step at which r_max is reached"),
+                      "d_max_at": Param(0, int, minimum=0, help="warm-up: step at which d_max is reached"),
+                      **_BN}))
 register(NormInfo("none", lambda num_features: nn.Identity(), "no normalization (identity)",
                   "-", "-", {}, removes_mean=False))
 register(NormInfo("si_bn", ScaleInvariantBN, "BN with ε‖w‖² smoothing: keeps the weight scale-invariant",
-                  "Arora et al. 2019", "Eq. 8, Lemma 2.4", {
-                      "eps": Param(1e-5, float, positive=True), "momentum": Param(0.1, float, minimum=0.0),
-                      "affine": Param(True, bool)}, kind="wrapper"))
+                  "Arora et al. 2019", "Eq. 8, Lemma 2.4", dict(_BN), kind="wrapper"))
 register(NormInfo("wn", WeightNorm, "weight normalization w = γ v/‖v‖, optional γ-decay ζ Σγ²",
                   "Salimans & Kingma 2016; Luo et al. 2019", "Luo Eq. 15", {
                       "zeta": Param(0.0, float, minimum=0.0)}, kind="wrapper", removes_mean=False))

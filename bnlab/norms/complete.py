@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+import warnings
+
 from .base import ChannelNorm
 
 
@@ -53,71 +55,109 @@ class CompleteBatchNorm(ChannelNorm):
     ``x'' = (γ/ρ)(x + β)/√(mean((x+β)²) + ε)`` — the "normalization with the ℓ2-norm" ablation of
     Table 6 (root mean square, not standard deviation).
 
-    Inference: ``running_mean``/``running_var`` tracked as in BN (mean and unbiased variance of x),
-    with the second moment of x' taken as ``running_var + β²``.
+    Inference uses statistics consistent with the training normalization: ``running_mean`` is an EMA
+    (BN's ``momentum``) of the centre μ_A that training removed, and ``running_var`` an EMA of the part
+    of the divisor σ²_A that does not depend on β, ``σ²_A − (off + β)²`` (off = μ_B − centre, 0 when
+    centring), so eval divides by ``√(running_var + (off + β)² + ε)`` — the AMAT second moment, smoothed
+    (BN-style running statistics of x overstate it when AMAT's moving values lag). Before the first
+    training step they are BN's statistics, so a converted ``nn.BatchNorm`` keeps its inference map.
+    ``track_running_stats=False``: no inference buffers, eval normalizes with the batch (η = 0).
+
+    AMAT needs the learning rate: call :func:`bnlab.norms.set_progress` (or let
+    ``bnlab.norms.track`` do it); training without it warns once and runs with η = 0.
     """
 
     def __init__(self, num_features: int, rho: float = 1.0, amat: bool = True, omega: float = 10.0,
                  decouple: bool = True, center: bool = True, eta: float | None = None, **kwargs) -> None:
         super().__init__(num_features, **kwargs)
-        if not self.track_running_stats:
-            raise ValueError("cbn needs running statistics (track_running_stats=True)")
         if eta is not None and not 0 <= eta < 1:
             raise ValueError(f"cbn: eta must be in [0, 1), got {eta!r}")
         self.rho, self.amat, self.omega, self.decouple, self.center = rho, amat, omega, decouple, center
         self.eta = eta
         self.lr: float | None = None
+        self._warned_progress = False
         self.register_buffer("amat_mean", torch.zeros(num_features))
         self.register_buffer("amat_var", torch.ones(num_features))
+        # η as a tensor (not a Python float) so a changing learning rate never recompiles a compiled model;
+        # the step counter says whether μ_A, σ²_A hold a batch yet (the first batch initializes them).
+        self.register_buffer("_eta", torch.tensor(self._python_eta()), persistent=False)
+        self.register_buffer("_amat_steps", torch.tensor(0, dtype=torch.long), persistent=False)
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", rho={self.rho}, amat={self.amat}, omega={self.omega}, "
-                f"decouple={self.decouple}, center={self.center}")
+                f"decouple={self.decouple}, center={self.center}, eta={self.eta}")
 
     def set_progress(self, *, lr=None, epoch=None, epochs=None) -> None:
         if lr is not None:
             self.lr = float(lr)
+            self._eta.fill_(self._python_eta())
 
-    def current_eta(self) -> float:
-        if int(self.num_batches_tracked) == 0:
-            return 0.0
+    def _python_eta(self) -> float:
         if self.eta is not None:  # a fixed moving weight (Peng §6.4's "fixed η = 0.9" comparison)
             return self.eta
         return amat_eta(self.lr, self.omega) if self.amat else 0.0
 
+    def _steps(self) -> Tensor:
+        return self.num_batches_tracked if self.track_running_stats else self._amat_steps
+
+    def current_eta(self) -> float:
+        return 0.0 if int(self._steps()) == 0 else self._python_eta()
+
+    def eta_tensor(self) -> Tensor:
+        return torch.where(self._steps() > 0, self._eta, torch.zeros_like(self._eta))
+
+    def _warn_without_progress(self) -> None:
+        if self.amat and self.eta is None and self.lr is None and not self._warned_progress:
+            self._warned_progress = True
+            warnings.warn("cbn with AMAT is training without a learning rate, so AMAT is off (η = 0): call "
+                          "bnlab.norms.set_progress(model, lr=...) every step, or bnlab.norms.track(model, "
+                          "optimizer, epochs=...) once", UserWarning, stacklevel=5)
+
+    def moving_statistics(self, mean_b: Tensor, var_b: Tensor, beta: Tensor, eta: Tensor):
+        """(μ_A or 0, σ²_A, σ²_B, off + β or off): the moving centre and second moment after folding in
+        this batch (Peng Eqs. 8–9), the batch second moment and the β-dependent offset of x'."""
+        centre = eta * self.amat_mean + (1 - eta) * mean_b.detach() if self.center else torch.zeros_like(mean_b)
+        off = mean_b - centre if not self.center else torch.zeros_like(mean_b)
+        if self.center:  # forward value μ_A, gradient through μ_B (Batch-Renorm's additive correction)
+            centre = _forward_as(centre, mean_b)
+        k = (mean_b - centre + beta) if self.decouple else off  # mean of x' = x − centre (+ β)
+        second_b = var_b + k**2 if (self.decouple or not self.center) else var_b
+        second_a = eta * self.amat_var + (1 - eta) * second_b.detach()
+        return centre, second_a, second_b, (off + beta) if self.decouple else off
+
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
         gamma, beta = self.gamma_beta(x)
-        if not self.training:
+        if not self.use_batch_stats():
             return self.apply_affine(x, *self._affine(gamma, beta))
-        eta = self.current_eta()
-        moving = {}
+        learning = self.training
+        if learning and not torch.compiler.is_compiling():
+            self._warn_without_progress()
+        eta = self.eta_tensor() if learning else torch.zeros_like(self._eta)
 
         def coefficients(mean_b, var_b, gamma, beta):
-            if self.center:
-                mean = _forward_as(eta * self.amat_mean + (1 - eta) * mean_b.detach(), mean_b)
-            else:
-                mean = torch.zeros_like(mean_b)
-            if not self.decouple and not self.center:
-                var_b = var_b + mean_b**2  # second moment about 0: nothing is centred
-            if self.decouple:
-                shift = beta - mean                              # x' = x + shift
-                second_b = var_b + (mean_b + shift) ** 2         # mean(x'²), differentiable
-            else:
-                second_b = var_b
-            second_a = eta * self.amat_var + (1 - eta) * second_b.detach()
+            centre, second_a, second_b, _ = self.moving_statistics(mean_b, var_b, beta, eta)
             std_b = torch.sqrt(second_b + self.eps)
             std = std_b * (torch.sqrt(second_a + self.eps) / std_b).detach()
-            moving.update(mean=mean.detach(), second=second_a)
             scale = gamma / (self.rho * std)
-            return scale, (shift * scale if self.decouple else beta - mean * scale)
+            return scale, ((beta - centre) * scale if self.decouple else beta - centre * scale)
 
         y, mean_b, var_b, n = self.normalize_with_batch_stats(x, coefficients, gamma, beta)
-        with torch.no_grad():
-            self.amat_mean.copy_(moving["mean"])
-            self.amat_var.copy_(moving["second"])
-        self.update_running_stats(mean_b, var_b, n)
+        if learning:
+            self._update_statistics(mean_b, var_b, beta.detach(), eta)
         return y
+
+    @torch.no_grad()
+    def _update_statistics(self, mean_b: Tensor, var_b: Tensor, beta: Tensor, eta: Tensor) -> None:
+        centre, second_a, _, k = self.moving_statistics(mean_b, var_b, beta, eta)
+        self.amat_mean.copy_(centre)
+        self.amat_var.copy_(second_a)
+        self._amat_steps.add_(1)
+        if self.track_running_stats:  # the inference statistics: EMAs of what training normalized with
+            self.num_batches_tracked.add_(1)
+            m = self.momentum_weight()
+            self.running_mean.lerp_((centre if self.center else mean_b).to(self.running_mean.dtype), m)
+            self.running_var.lerp_((second_a - k**2).to(self.running_var.dtype), m)
 
     def _affine(self, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
         centre = self.running_mean if self.center else torch.zeros_like(self.running_mean)

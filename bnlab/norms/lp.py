@@ -27,8 +27,11 @@ class LpBatchNorm(BatchNorm):
       This constant is Hoffer's, not an exact one: for Gaussian inputs and k=10 we measure the estimate
       at ≈1.06σ for n=128 and ≈1.20σ for n=1024 (the test pins the formula, the README the bias).
 
-    ``eps`` is added to the scale (not to a variance). Running statistics are tracked like BN (mean and
-    unbiased variance) and replace the batch ones at evaluation, as in Santurkar's experiments.
+    ``eps`` is added to the scale (not to a variance). Inference uses a running ℓp scale, the one
+    training divides by: an EMA (BN's ``momentum``; None = cumulative) of the batch scale s_B, stored
+    squared in ``running_var`` (BN's name, so a BatchNorm state_dict loads; for p=2 it is the biased
+    variance), and eval computes ``γ(x − μ)/(√running_var + ε) + β``. (Dividing by BN's running standard
+    deviation instead made ℓ∞ eval outputs 2.5–3× off on heavy-tailed activations.)
     """
 
     def __init__(self, num_features: int, p: str = "2", topk: int = 10, **kwargs) -> None:
@@ -39,10 +42,11 @@ class LpBatchNorm(BatchNorm):
     def extra_repr(self) -> str:
         return super().extra_repr() + f", p={self.p}"
 
-    def batch_scale(self, centred: Tensor) -> Tensor:
+    def batch_scale(self, centred: Tensor, var: Tensor | None = None) -> Tensor:
+        """The calibrated ℓp scale of the centred batch (var: its biased variance if known, p=2's scale²)."""
         dims = self.reduce_dims(centred)
         if self.p == "2":
-            return centred.pow(2).mean(dim=dims).sqrt()
+            return (centred.pow(2).mean(dim=dims) if var is None else var).sqrt()
         if self.p == "1":
             return math.sqrt(math.pi / 2) * centred.abs().mean(dim=dims)
         # p = inf: top-k of |x − μ| per channel, channels first so topk runs along one dim.
@@ -50,13 +54,30 @@ class LpBatchNorm(BatchNorm):
         k = min(self.topk, flat.shape[1])
         return hoffer_linf_constant(flat.shape[1]) * flat.topk(k, dim=1).values.mean(dim=1)
 
+    def coefficients(self, mean: Tensor, scale: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+        """The layer as a per-channel affine map given the mean and the ℓp scale."""
+        a = gamma / (scale + self.eps)
+        return a, beta - mean * a
+
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
         gamma, beta = self.gamma_beta(x)
         if not self.use_batch_stats():
-            return self.apply_affine(x, *self.running_affine(gamma, beta))
-        mean, var, n = self.batch_stats(x)
-        self.update_running_stats(mean, var, n)
-        centred = x - self.per_channel(mean, x)
-        scale = gamma / (self.batch_scale(centred) + self.eps)
-        return self.apply_affine(centred, scale, beta)
+            return self.apply_affine(x, *self.inference_affine())
+        with torch.autocast(x.device.type, enabled=False):
+            mean, var, _ = self.batch_moments(x)
+            centred = x - self.per_channel(mean, x)  # float32 or better, whatever x's dtype
+            scale = self.batch_scale(centred, var)
+            a = gamma / (scale + self.eps)
+            y = torch.addcmul(self.per_channel(beta.to(centred.dtype), x), centred, self.per_channel(a.to(centred.dtype), x))
+        if self.training and self.track_running_stats:
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                m = self.momentum_weight()
+                self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), m)
+                running_scale = self.running_var.sqrt().lerp_(scale.detach().to(self.running_var.dtype), m)
+                self.running_var.copy_(running_scale**2)
+        return y.to(x.dtype)
+
+    def inference_affine(self):
+        return self.coefficients(self.running_mean, self.running_var.sqrt(), self.weight_or_one(), self.bias_or_zero())

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+import warnings
+
 from .base import ChannelNorm
 
 
@@ -34,7 +36,12 @@ class MomentumBatchNorm(ChannelNorm):
 
     The old μ, σ² are constants for autograd: gradients flow through μ_B and σ²_B only (scaled by 1−λ).
     Inference uses a separate EMA (``running_mean``/``running_var``, BN's conventions) with
-    τ = τ0^{m/m0}, i.e. update weight 1 − τ.
+    τ = τ0^{m/m0}, i.e. update weight 1 − τ (Yong et al.'s rule; the ``momentum`` option is not used).
+    ``track_running_stats=False``: no inference EMA, eval normalizes with the batch (λ = 0).
+
+    λ lives in a tensor (``λ = r^e − r`` with r = min(m/m0, 1) and the exponent e set by
+    :meth:`set_progress`; e = 1 gives λ = 0), so a compiled model does not recompile every epoch.
+    Training without epoch and epochs warns once.
     """
 
     def __init__(self, num_features: int, ideal_batch: int = 32, tau0: float = 0.9, **kwargs) -> None:
@@ -43,19 +50,30 @@ class MomentumBatchNorm(ChannelNorm):
         self.tau0 = tau0
         self.epoch: int | None = None
         self.epochs: int | None = None
+        self._warned_progress = False
         self.register_buffer("train_mean", torch.zeros(num_features))
         self.register_buffer("train_var", torch.ones(num_features))
+        self.register_buffer("_lambda_exponent", torch.tensor(1.0), persistent=False)
 
     def set_progress(self, *, lr=None, epoch=None, epochs=None) -> None:
         if epoch is not None:
             self.epoch = int(epoch)
         if epochs is not None:
             self.epochs = int(epochs)
+        if self.epoch is not None and self.epochs is not None and self.epochs > 1:
+            t, big_t = min(self.epoch, self.epochs), self.epochs
+            # λ = ρ^{T/(T−1)·max(T−t,0)} − ρ^T with ρ = r^{1/T}  ⇔  λ = r^{max(T−t,0)/(T−1)} − r
+            mbn_lambda(t, big_t, 1, 1)  # validates epoch, epochs
+            self._lambda_exponent.fill_(max(big_t - t, 0) / (big_t - 1))
 
     def current_lambda(self, batch_size: int) -> float:
         if self.epoch is None or self.epochs is None:
             return 0.0
         return mbn_lambda(min(self.epoch, self.epochs), self.epochs, batch_size, self.ideal_batch)
+
+    def lambda_tensor(self, batch_size: int) -> Tensor:
+        ratio = min(batch_size / self.ideal_batch, 1.0)
+        return ratio ** self._lambda_exponent - ratio
 
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
@@ -63,25 +81,33 @@ class MomentumBatchNorm(ChannelNorm):
         if not self.use_batch_stats():
             return self.apply_affine(x, *self.running_affine(gamma, beta))
         m = x.shape[0]  # MBN's m is the number of samples, not samples × positions
-        lam = self.current_lambda(m)
-        moving = {}
+        learning = self.training
+        if (learning and not torch.compiler.is_compiling() and (self.epoch is None or self.epochs is None)
+                and not self._warned_progress):
+            self._warned_progress = True
+            warnings.warn("mbn is training without epoch/epochs, so its momentum λ is 0 (plain BN): call "
+                          "bnlab.norms.set_progress(model, epoch=..., epochs=...) every epoch, or "
+                          "bnlab.norms.track(model, optimizer, epochs=...) once", UserWarning, stacklevel=4)
+        lam = self.lambda_tensor(m) if learning else torch.zeros_like(self._lambda_exponent)
 
         def coefficients(mean_b, var_b, gamma, beta):
-            # the old moving values are constants: gradients reach only μ_B and σ²_B
-            mean = lam * self.train_mean + (1 - lam) * mean_b
-            var = lam * self.train_var + (1 - lam) * var_b
-            moving.update(mean=mean.detach(), var=var.detach())
+            mean, var = self.moving_statistics(mean_b, var_b, lam)
             scale = gamma * torch.rsqrt(var + self.eps)
             return scale, beta - mean * scale
 
         y, mean_b, var_b, n = self.normalize_with_batch_stats(x, coefficients, gamma, beta)
-        if self.training:
+        if learning:
             with torch.no_grad():
-                self.train_mean.copy_(moving["mean"])
-                self.train_var.copy_(moving["var"])
+                mean, var = self.moving_statistics(mean_b, var_b, lam)
+                self.train_mean.copy_(mean)
+                self.train_var.copy_(var)
             tau = self.tau0 ** (m / self.ideal_batch)
             self.update_running_stats(mean_b, var_b, n, momentum=1 - tau)
         return y
+
+    def moving_statistics(self, mean_b: Tensor, var_b: Tensor, lam: Tensor) -> tuple[Tensor, Tensor]:
+        """μ ← λμ + (1−λ)μ_B, σ² ← λσ² + (1−λ)σ²_B; the old moving values are constants for autograd."""
+        return lam * self.train_mean + (1 - lam) * mean_b, lam * self.train_var + (1 - lam) * var_b
 
     def inference_affine(self):
         return self.running_affine(self.weight_or_one(), self.bias_or_zero())

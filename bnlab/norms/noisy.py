@@ -55,6 +55,15 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         a = super().forward(x)
         if not self.training:
             return a
+        scale, offset = self.draw_noise(a)
+        return torch.addcmul(offset, scale, a)
+
+    @torch.compiler.disable
+    def draw_noise(self, a: Tensor) -> tuple[Tensor, Tensor]:
+        """(s, m) of Algorithm 1 for an output shaped like ``a``, from the layer's own generator.
+
+        Excluded from torch.compile: dynamo does not trace draws from a ``torch.Generator`` (one graph
+        break per noisy layer; the normalization before it and the noise application are compiled)."""
         g = self.generator_for(a.device)
         c = self.num_features
         mu = (torch.rand(c, generator=g, device=a.device, dtype=a.dtype) * 2 - 1) * self.n_mu
@@ -63,4 +72,4 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         m = self.per_channel(mu, a) + (u * 2 - 1) * self.r_mu
         z = torch.randn(a.shape, generator=g, device=a.device, dtype=a.dtype)
         s = self.per_channel(sigma, a) + z * self.r_sigma
-        return s * a + m
+        return s, m

@@ -25,8 +25,11 @@ class Param:
     minimum: float | None = None  # inclusive
     positive: bool = False
     help: str = ""
+    nullable: bool = False  # accepts None / "none" (e.g. torch's momentum=None)
 
     def convert(self, name: str, key: str, raw: Any) -> Any:
+        if self.nullable and (raw is None or (isinstance(raw, str) and raw.strip().strip("'\"").lower() == "none")):
+            return None
         value = _coerce(raw, self.type, f"{name}({key}=...)")
         if self.choices is not None and value not in self.choices:
             raise ValueError(

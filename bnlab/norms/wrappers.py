@@ -50,10 +50,12 @@ class ScaleInvariantBN(nn.Module):
     running_var,num_batches_tracked}`` — the BN names. Build the layer with ``bias=False``.
     """
 
-    def __init__(self, layer: nn.Module, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True) -> None:
+    def __init__(self, layer: nn.Module, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True) -> None:
         super().__init__()
         self.layer = layer
-        self.norm = _WeightScaledEpsBN(_out_features(layer), eps=eps, momentum=momentum, affine=affine)
+        self.norm = _WeightScaledEpsBN(_out_features(layer), eps=eps, momentum=momentum, affine=affine,
+                                       track_running_stats=track_running_stats)
 
     def weight_sq(self) -> Tensor:
         return self.layer.weight.flatten(1).pow(2).sum(dim=1)
