@@ -203,7 +203,8 @@ def test_large_lr_without_normalization_diverges_cleanly_via_cli(tmp_path):
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout.strip().splitlines()[-1])
     assert record["status"] == "diverged"
-    assert 1 <= record["metrics"]["diverged_step"] <= 50 and record["steps"] == record["metrics"]["diverged_step"]
+    # found at the next check (every 50 steps by default: no host sync per step), stopped there
+    assert 1 <= record["metrics"]["diverged_step"] <= record["steps"] <= 50
     assert {"train_loss", "test_loss", "test_accuracy"} <= set(record["metrics"])
 
 
@@ -215,8 +216,8 @@ def test_lr_sweep_completes_and_reports_divergence(tmp_path):
                      runs_dir=str(tmp_path)), progress=False)
         statuses[lr] = r.status
         assert (r.status == "diverged") == ("diverged_step" in r.metrics)
-    # (lr 10 sends the loss to ~1e21 and back without overflowing: only non-finite values count)
-    assert statuses[1e-2] == "finished" and statuses[1e2] == "diverged", statuses
+    # (lr 10 sends the loss to ~1e21 and back: above divergence_factor x the first loss, diverged)
+    assert statuses[1e-2] == "finished" and statuses[1e1] == "diverged" and statuses[1e2] == "diverged", statuses
     with Store(tmp_path / "bnlab.db") as store:
         assert sorted(r["status"] for r in store.list_runs()) == sorted(statuses.values())
 

@@ -9,7 +9,7 @@ See ``docs/readme/train.md``.
 
 from bnlab.train.callbacks import Callback
 from bnlab.train.config import COSMETIC_KEYS, OPTIMIZERS, TrainConfig, load_config_file, validate_static
-from bnlab.train.loop import RunRecord, StepContext, load_model, prepare, run
+from bnlab.train.loop import RunInterrupted, RunRecord, StepContext, load_model, prepare, run
 from bnlab.train.optim import Projection, build_optimizer, find_scale_invariant, resolve_override
 from bnlab.train.schedules import SCHEDULE_FORMS, Schedule, parse_schedule
 
@@ -19,6 +19,7 @@ __all__ = [
     "OPTIMIZERS",
     "SCHEDULE_FORMS",
     "Projection",
+    "RunInterrupted",
     "RunRecord",
     "Schedule",
     "StepContext",

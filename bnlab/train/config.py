@@ -21,6 +21,9 @@ from typing import Any
 from bnlab.train.schedules import parse_schedule
 
 OPTIMIZERS = ("sgd", "psgd")
+# A loss a million times its starting value is no transient: cross-entropy that large means logits
+# of ~1e6, a squared error that large means outputs ~1e3 times their scale.
+DIVERGENCE_FACTOR = 1e6
 
 # Keys that do not change what a run computes or records, so they are left out of its identity:
 # where files live, integrity checking of input files, and how often a checkpoint is written.
@@ -59,6 +62,10 @@ class TrainConfig:
     scale_invariant: list[str] | None = None
     probes: list[str] = field(default_factory=list)
     probe_every: int = 1
+    # diverged when a step's loss exceeds this multiple of the first step's loss (None: only
+    # non-finite losses, parameters and buffers count)
+    divergence_factor: float | None = DIVERGENCE_FACTOR
+    compile: bool = False  # torch.compile the model for the training step
     runs_dir: str = "runs"
 
     # -- construction ----------------------------------------------------------------------
@@ -97,7 +104,10 @@ class TrainConfig:
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def run_id(self) -> str:
-        """Runs are addressed by a prefix of their config hash: same config, same run (resume)."""
+        """A prefix of the config hash: the id of the config alone. A stored run's id
+        (:func:`bnlab.train.prepare.run_identity`) also covers the model's architecture, the
+        callbacks that change training and the bnlab version; it equals neither this nor a prefix
+        of it. Two configs with equal ``run_id()`` and the same model train the same run."""
         return self.config_hash()[:12]
 
 
@@ -198,7 +208,11 @@ def validate_static(config: TrainConfig, *, check_model: bool = True) -> TrainCo
     if isinstance(c.probes, str):
         c.probes = [c.probes]
     c.probes = list(c.probes)
-    for flag in ("augment", "verify", "download"):
+    if c.divergence_factor is not None:
+        c.divergence_factor = _float("divergence_factor", c.divergence_factor)
+        if c.divergence_factor <= 1:
+            raise ValueError(f"divergence_factor must be > 1 (or null to disable), got {c.divergence_factor}")
+    for flag in ("augment", "verify", "download", "compile"):
         if getattr(c, flag) not in (True, False):
             raise ValueError(f"{flag} must be true or false, got {getattr(c, flag)!r}")
     c.device = str(c.device)

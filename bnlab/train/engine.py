@@ -1,0 +1,462 @@
+"""The engine: the training loop of one prepared run, its checkpoints and its divergence checks.
+
+Speed (Issue 12): the step does no host synchronisation. The loss of every step and the epoch
+accumulators stay on the device; logged values are kept as device tensors and read (one
+``tolist`` for all of them) every ``check_every`` steps, at checkpoints and at the end, where
+the losses of the window and every parameter and floating buffer are also checked for
+divergence. Module lists (layers that follow the learning rate, regularizers, noise generators,
+the tensors checked for finiteness) are built once, not walked per step.
+
+Divergence is data: a run whose loss turns non-finite or exceeds ``divergence_factor`` × its
+first loss, or whose parameters or buffers (BN running statistics) turn non-finite, ends with
+status ``diverged``; ``diverged_step`` is the first offending step within the checked window
+(for a non-finite parameter or buffer with finite losses, the step of the check), and the run
+stops at the check that found it (at most ``check_every - 1`` steps later).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from bnlab.store import Store
+from bnlab.train.callbacks import LEGACY_HOOKS, CallbackList, StepContext
+from bnlab.train.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from bnlab.train.optim import Projection, build_optimizer, find_scale_invariant, set_lr_factor
+from bnlab.train.prepare import Prepared, derive_seed
+from bnlab.train.progress import Progress
+from bnlab.train.record import _primitive
+from bnlab.train.schedules import parse_schedule
+
+DETECTION_BATCH = 256  # samples of the fixed batch used to test scale invariance
+EVAL_CHUNK = 1024
+CHECKPOINT_SECONDS = 30.0  # default cadence: first epoch end after this much time
+CHECK_EVERY = 50  # default steps between reads of the device values (no host sync in between)
+_FLUSH_ROWS = 5000
+
+
+class Divergence(Exception):
+    """Raised inside the loop when a check finds the run diverged (caught by :meth:`Trainer.train`)."""
+
+    def __init__(self, step: int, loss: float, reason: str):
+        super().__init__(reason)
+        self.step, self.loss, self.reason = step, loss, reason
+
+
+class Trainer:
+    """Trains one prepared run; ``run`` creates it. Exposes ``config``, ``run_id``, ``model``,
+    ``optimizer``, ``step`` (steps taken), ``total_steps``, ``data``, ``scale_invariant``."""
+
+    def __init__(self, prep: Prepared, store: Store, run_id: str, progress: Any, callbacks: list[Any]):
+        self.prep = prep
+        self.config = cfg = prep.config
+        self.store = store
+        self.run_id = run_id
+        self.model = prep.model
+        self.data = prep.data
+        self.loss_fn = prep.loss_fn
+        self.device = prep.device
+        self.total_steps = prep.total_steps
+        self.spe = prep.steps_per_epoch
+        self.callbacks = CallbackList(callbacks)
+        self.schedule = parse_schedule(cfg.schedule)
+        self.classification = self.data.task == "classification"
+        self.log_every = cfg.log_every or (1 if self.total_steps <= 20000 else self.total_steps // 10000)
+        self.check_every = cfg.log_every or CHECK_EVERY
+        # Default: at epoch ends, but at most every CHECKPOINT_SECONDS of wall time (a full-batch
+        # run has an "epoch" per step). Where checkpoints fall never changes the result.
+        self.checkpoint_every = cfg.checkpoint_every
+        self.last_checkpoint_time = time.monotonic()
+        if cfg.eval_every is not None:
+            self.eval_every = cfg.eval_every
+        else:  # every epoch, but at most ~100 evaluations per run
+            self.eval_every = self.spe * max(1, -(-prep.total_epochs // 100))
+        self.ckpt_path = checkpoint_path(cfg.runs_dir, run_id)
+        self.progress_mode = progress
+        self.buffer: list[tuple[int, str, float]] = []  # rows read back, not yet in the store
+        self.pending: list[tuple[int, str, Any, float]] = []  # (step, name, value, divisor)
+        self.window: list[torch.Tensor] = []  # losses of the steps since the last check
+        self.step = 0
+        self.data_gen = torch.Generator(device="cpu")
+        self.data_gen.manual_seed(derive_seed(cfg.seed, "data-order"))
+        self.epoch_start_state = self.data_gen.get_state()
+        self._reset_accumulators()
+        self.last_loss = math.nan
+        self.start_loss: float | None = None
+        self.resumed_from: int | None = None
+        self.scale_invariant: dict[str, str] = {}
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.projection: Projection | None = None
+        self.final: dict[str, Any] | None = None
+        self._build_module_lists()
+
+    # -- module lists, built once ----------------------------------------------------------------
+
+    def _build_module_lists(self) -> None:
+        from bnlab.norms import regularization_loss
+
+        modules = list(self.model.modules())
+        self.progress_layers = [m for m in modules if callable(getattr(m, "set_progress", None))]
+        # regularization_loss is 0.0 (a float) when no layer has a regularizer: skip it per step
+        self.regularizer = regularization_loss if torch.is_tensor(regularization_loss(self.model)) else None
+        self.state_tensors = [p for p in self.model.parameters() if p.numel()] + [
+            b for b in self.model.buffers() if b.numel() and b.is_floating_point()
+        ]
+        self.noise_layers = []
+        for name, module in self.model.named_modules():
+            if hasattr(module, "generator_for"):
+                self.noise_layers.append((name, module.generator_for(self.device)))
+            elif isinstance(getattr(module, "generator", None), torch.Generator):
+                self.noise_layers.append((name, module.generator))
+        self.forward = torch.compile(self.model) if self.config.compile else self.model
+        self._progress_key: tuple | None = None
+        self._lr_factor: float | None = None
+
+    def _reset_accumulators(self) -> None:
+        self.acc_loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.acc_correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.acc_batches = 0
+        self.acc_count = 0
+
+    # -- metrics ---------------------------------------------------------------------------------
+
+    def log(self, name: str, value: Any, step: int, divisor: float = 1.0) -> None:
+        """Record ``value`` (a number or a 0-d device tensor, read at the next check) at ``step``."""
+        if torch.is_tensor(value):
+            value = value.detach()
+        self.pending.append((int(step), str(name), value, divisor))
+
+    def _read_pending(self) -> None:
+        """Read every pending device value in one transfer; hand rows to on_log/on_probe."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        tensors = [v for _, _, v, _ in pending if torch.is_tensor(v)]
+        read = iter(torch.stack([t.reshape(()).double() for t in tensors]).tolist() if tensors else [])
+        rows = [(s, n, (next(read) if torch.is_tensor(v) else float(v)) / d) for s, n, v, d in pending]
+        self.buffer.extend(rows)
+        if self.callbacks.has("on_log") or self.callbacks.has("on_probe"):
+            by_step: dict[int, list[tuple[int, str, float]]] = {}
+            for row in rows:
+                by_step.setdefault(row[0], []).append(row)
+            for step, step_rows in by_step.items():
+                scalars = {n: v for _, n, v in step_rows if not n.startswith("probe/")}
+                if scalars:
+                    self.callbacks.call("on_log", self, step, scalars)
+                self.callbacks.emit_probes(self, step, step_rows)
+        if len(self.buffer) >= _FLUSH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Read pending values and write every buffered row to the store."""
+        self._read_pending()
+        if self.buffer:
+            rows, self.buffer = self.buffer, []
+            self.store.log_rows(self.run_id, rows)
+
+    # -- divergence ------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Read the window's losses and pending values; raise :class:`Divergence` if diverged."""
+        losses = torch.stack(self.window).double().tolist() if self.window else []
+        first = self.step - len(losses) + 1
+        self.window = []
+        self._read_pending()
+        if losses:
+            if self.start_loss is None and first == 1:
+                self.start_loss = losses[0]
+            self.last_loss = losses[-1]
+        factor = self.config.divergence_factor
+        limit = factor * max(abs(self.start_loss), 1e-12) if factor and self.start_loss is not None else math.inf
+        for offset, value in enumerate(losses):
+            if not math.isfinite(value):
+                raise Divergence(first + offset, value, f"non-finite loss {value} at step {first + offset}")
+            if value > limit:
+                raise Divergence(
+                    first + offset, value,
+                    f"loss {value:.4g} at step {first + offset} exceeds divergence_factor {factor:g} "
+                    f"x the first loss {self.start_loss:.4g}",
+                )
+        if self.state_tensors:
+            peaks = torch.stack([t.detach().abs().amax().float() for t in self.state_tensors])
+            finite = torch.isfinite(peaks).tolist()
+            if not all(finite):
+                names = [*(n for n, p in self.model.named_parameters() if p.numel()),
+                         *(n for n, b in self.model.named_buffers() if b.numel() and b.is_floating_point())]
+                bad = [n for n, ok in zip(names, finite) if not ok]
+                raise Divergence(self.step, self.last_loss,
+                                 f"non-finite parameters/buffers after step {self.step}: {', '.join(bad[:5])}")
+
+    # -- setup -----------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Load the checkpoint (if any), find scale-invariant weights, build the optimizer. Writes
+        nothing to the store: an error here leaves no record."""
+        ckpt = load_checkpoint(self.ckpt_path, map_location="cpu")
+        if ckpt is not None and ckpt.get("run_id") != self.run_id:
+            raise ValueError(f"checkpoint {self.ckpt_path} belongs to run {ckpt.get('run_id')!r}")
+        cfg = self.config
+        if ckpt is not None:
+            self.scale_invariant = dict(ckpt["scale_invariant"])
+        elif self.prep.scale_invariant is not None:
+            self.scale_invariant = dict(self.prep.scale_invariant)
+        else:
+            n = min(DETECTION_BATCH, self.data.n_train)
+            batch = (self.data.x_train[:n], self.data.y_train[:n])
+            self.scale_invariant = find_scale_invariant(
+                self.model, self.loss_fn, batch, seed=derive_seed(cfg.seed, "detection")
+            )
+        self.optimizer = build_optimizer(
+            self.model,
+            self.scale_invariant,
+            lr=cfg.lr,
+            lr_scale_invariant=cfg.lr_scale_invariant,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+        )
+        if cfg.optimizer == "psgd":
+            self.projection = Projection(self.model, self.scale_invariant)
+        self._ckpt = ckpt
+        if ckpt is not None:
+            self._restore(ckpt)
+
+    def truncate_store(self) -> None:
+        """Whatever a previous attempt logged after its last checkpoint is replayed, so drop it."""
+        self.store.delete_metrics_after(self.run_id, self._ckpt["step"] if self._ckpt else -1)
+
+    def _restore(self, ckpt: dict[str, Any]) -> None:
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.projection is not None:
+            self.projection.load_state_dict(ckpt["projection"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        if self.device.type == "cuda" and ckpt.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(ckpt["cuda_rng"], self.device)
+        self.data_gen.set_state(ckpt["data_generator"])
+        self.epoch_start_state = ckpt["data_generator"]
+        noise = ckpt.get("noise_generators", {})
+        for name, gen in self.noise_layers:
+            if name in noise:
+                gen.set_state(noise[name].to(gen.get_state().device))
+        self.callbacks.load_state_dict(ckpt.get("callbacks", {}))
+        acc = ckpt["accumulators"]
+        self.acc_loss.fill_(float(acc["loss_sum"]))
+        self.acc_correct.fill_(int(acc["correct"]))
+        self.acc_count, self.acc_batches = int(acc["count"]), int(acc["batches"])
+        self.last_loss = float(ckpt["last_loss"])
+        start = ckpt.get("start_loss")
+        self.start_loss = float(start) if start is not None else None
+        self.step = int(ckpt["step"])
+        self.final = ckpt.get("final_summary")
+        self.resumed_from = self.step
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def _checkpoint_due(self) -> bool:
+        if self.checkpoint_every is not None:
+            return self.step % self.checkpoint_every == 0
+        return self.step % self.spe == 0 and time.monotonic() - self.last_checkpoint_time >= CHECKPOINT_SECONDS
+
+    def checkpoint(self, *, final_summary: dict[str, Any] | None = None) -> None:
+        self.flush()  # the store then holds every row up to this step, and none beyond it
+        at_boundary = self.step % self.spe == 0
+        state = {
+            "run_id": self.run_id,
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "model_spec": self.prep.model_spec,
+            "config": _primitive(self.config.to_dict()),
+            "optimizer": self.optimizer.state_dict(),
+            "projection": self.projection.state_dict() if self.projection else None,
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+            # at an epoch boundary the next epoch starts from the current state; mid-epoch the
+            # resumed run re-draws this epoch from its start and skips the batches already taken
+            "data_generator": self.data_gen.get_state() if at_boundary else self.epoch_start_state,
+            "noise_generators": {name: g.get_state().cpu() for name, g in self.noise_layers},
+            "callbacks": self.callbacks.state_dict(),
+            "scale_invariant": dict(self.scale_invariant),
+            "accumulators": {
+                "loss_sum": float(self.acc_loss), "correct": int(self.acc_correct),
+                "count": self.acc_count, "batches": self.acc_batches,
+            },
+            "last_loss": self.last_loss,
+            "start_loss": self.start_loss,
+            "final_summary": _primitive(final_summary) if final_summary is not None else None,
+        }
+        save_checkpoint(self.ckpt_path, state)
+        self.last_checkpoint_time = time.monotonic()
+
+    # -- evaluation --------------------------------------------------------------------------------
+
+    def evaluate(self) -> dict[str, float]:
+        """Loss (and accuracy) on the test split in eval mode; non-finite outputs count as wrong."""
+        x, y = self.data.x_test, self.data.y_test
+        if x is None:
+            return {}
+        was_training = self.model.training
+        self.model.eval()
+        n = x.shape[0]
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        with torch.no_grad():
+            for start in range(0, n, EVAL_CHUNK):
+                xb, yb = x[start : start + EVAL_CHUNK], y[start : start + EVAL_CHUNK]
+                out = self.model(xb)
+                loss_sum += self.loss_fn(out, yb).double() * xb.shape[0]
+                if self.classification:
+                    ok = torch.isfinite(out).all(dim=1) & (out.argmax(dim=1) == yb)
+                    correct += ok.sum()
+        self.model.train(was_training)
+        result = {"test_loss": float(loss_sum) / n}
+        if self.classification:
+            result["test_accuracy"] = int(correct) / n
+        return result
+
+    def epoch_means(self) -> dict[str, float]:
+        if self.acc_batches == 0:
+            return {}
+        out = {"train_loss": float(self.acc_loss) / self.acc_batches}
+        if self.classification and self.acc_count:
+            out["train_accuracy"] = int(self.acc_correct) / self.acc_count
+        return out
+
+    def _log_epoch_means(self, lr: float) -> None:
+        if self.acc_batches:
+            self.log("epoch_train_loss", self.acc_loss.clone(), self.step, self.acc_batches)
+            if self.classification and self.acc_count:
+                self.log("epoch_train_accuracy", self.acc_correct.clone(), self.step, self.acc_count)
+        self.log("lr", lr, self.step)
+
+    # -- the step --------------------------------------------------------------------------------
+
+    def step_once(self, xb: torch.Tensor, yb: torch.Tensor, epoch: int, ctx: StepContext | None) -> float:
+        """One SGD step (no host sync); returns the learning rate used."""
+        factor = self.schedule(self.step, epoch)
+        if factor != self._lr_factor:
+            set_lr_factor(self.optimizer, factor)
+            self._lr_factor = factor
+        lr = self.config.lr * factor
+        number = self.step + 1
+        key = (lr, epoch)
+        if self.progress_layers and key != self._progress_key:
+            for layer in self.progress_layers:
+                layer.set_progress(lr=lr, epoch=epoch + 1, epochs=self.prep.total_epochs)
+            self._progress_key = key
+        out = self.forward(xb)
+        loss = self.loss_fn(out, yb)
+        objective = loss + self.regularizer(self.model) if self.regularizer is not None else loss
+        self.optimizer.zero_grad(set_to_none=True)
+        objective.backward()
+        if ctx is not None:
+            ctx.batch, ctx.step, ctx.epoch, ctx.lr, ctx.loss = (xb, yb), number, epoch + 1, lr, loss
+            self.callbacks.call("after_backward", ctx)
+        self.optimizer.step()
+        if self.projection is not None:
+            self.projection.project()
+        self.step = number
+        value = loss.detach()
+        self.window.append(value)
+        self.acc_loss += value
+        self.acc_batches += 1
+        self.acc_count += int(yb.shape[0])
+        if number % self.log_every == 0 or number == 1:
+            self.log("train_loss", value, number)
+        if self.classification:
+            correct = (out.detach().argmax(dim=1) == yb).sum()
+            self.acc_correct += correct
+            if number % self.log_every == 0 or number == 1:
+                self.log("train_accuracy", correct, number, int(yb.shape[0]))
+        if ctx is not None:
+            self.callbacks.call("after_step", ctx)
+        if self.callbacks.has("on_step_end"):
+            self.callbacks.call("on_step_end", self, number, {"loss": value, "lr": lr})
+        return lr
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def train(self) -> tuple[str, dict[str, Any]]:
+        """Train to ``total_steps`` (or divergence); returns ``(status, final metrics)``."""
+        from bnlab.data import batches
+
+        legacy = any(self.callbacks.has(h) for h in LEGACY_HOOKS)
+        ctx = StepContext(self) if legacy else None
+        if ctx is not None:
+            self.callbacks.call("on_start", ctx)
+        self.callbacks.call("on_train_start", self)
+        progress = Progress(self)
+        divergence: Divergence | None = None
+        self.model.train()
+        try:
+            while self.step < self.total_steps and self.final is None:
+                epoch, skip = divmod(self.step, self.spe)  # 0-based epoch
+                if skip == 0:
+                    self.epoch_start_state = self.data_gen.get_state()
+                    self._reset_accumulators()
+                epoch_batches = batches(
+                    self.data.x_train, self.data.y_train, self.prep.batch_size, generator=self.data_gen,
+                    shuffle=True, drop_last=self.prep.drop_last, augment=self.prep.augment,
+                )
+                for _ in range(skip):  # replay the draws of batches taken before the checkpoint
+                    next(epoch_batches)
+                for xb, yb in epoch_batches:
+                    lr = self.step_once(xb, yb, epoch, ctx)
+                    self._after_step(epoch, lr, progress)
+                    if self.step == self.total_steps:
+                        break
+        except Divergence as found:
+            divergence = found
+        progress.close()
+        if self.final is not None:  # killed after the final checkpoint, before the status update
+            return self.final["status"], self.final["metrics"]
+        if divergence is None:
+            try:
+                self.check()
+            except Divergence as found:
+                divergence = found
+        return self._finish(divergence, ctx)
+
+    def _after_step(self, epoch: int, lr: float, progress: Progress) -> None:
+        epoch_end = self.step % self.spe == 0 or self.step == self.total_steps
+        if epoch_end:
+            self._log_epoch_means(lr)
+        if self.step % self.check_every == 0:
+            self.check()
+        last_eval = {}
+        if self.step % self.eval_every == 0 and self.step < self.total_steps:
+            last_eval = self.evaluate()
+            for name, value in last_eval.items():
+                self.log(name, value, self.step)
+        if epoch_end:
+            self.callbacks.call("on_epoch_end", self, epoch + 1)
+        progress.update(epoch, epoch_end, last_eval)
+        if self.step < self.total_steps and self._checkpoint_due():
+            self.check()  # never checkpoint a diverged state
+            self.checkpoint()
+
+    def _finish(self, divergence: Divergence | None, ctx: StepContext | None) -> tuple[str, dict[str, Any]]:
+        metrics: dict[str, Any] = self.epoch_means()
+        status = "finished"
+        if divergence is not None:
+            status = "diverged"
+            metrics["train_loss"] = divergence.loss
+            metrics["diverged_step"] = divergence.step
+            metrics["diverged_loss"] = divergence.loss
+            self.divergence_reason = divergence.reason
+            self.log("diverged_step", divergence.step, self.step)
+        final_eval = self.evaluate()
+        metrics.update(final_eval)
+        for name, value in final_eval.items():
+            self.log(name, value, self.step)
+        metrics["epochs"] = self.step / self.spe
+        if ctx is not None:
+            ctx.step = self.step
+            self.callbacks.call("on_end", ctx)
+        summary = {"status": status, "metrics": metrics}
+        if status == "finished":
+            self.checkpoint(final_summary=summary)
+        self.flush()
+        return status, metrics

@@ -1,0 +1,166 @@
+"""`bnlab train ...`: train one run from flags and/or a YAML file, and print its record.
+
+Configuration precedence: the defaults of :class:`~bnlab.train.config.TrainConfig`, then the keys
+of ``--config run.yaml``, then the flags given on the command line. A configuration error is one
+line on stderr and exit code 2; a diverged run is a result (exit 0); a failed run exits 1; Ctrl-C
+stores the run ``interrupted``, says how to resume, and exits 130.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from bnlab.train.cli import EXIT_FAILED, _fail, _fmt, _parse_pairs
+
+EXIT_INTERRUPTED = 130
+
+
+def train_command(
+    config_file: Optional[Path] = typer.Option(None, "--config", help="YAML file of config keys; flags override it."),
+    model: Optional[str] = typer.Option(None, help="Model name (bnlab.models.MODELS), e.g. mlp, resnet20."),
+    norm: Optional[str] = typer.Option(None, help='Norm spec, e.g. bn, none, "cbn(rho=2)".'),
+    activation: Optional[str] = typer.Option(None, help="Activation, e.g. relu, sigmoid."),
+    placement: Optional[str] = typer.Option(None, help="Norm placement: pre_activation or pre_linear."),
+    model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="KEY=VALUE for the model (repeatable)."),
+    data: Optional[str] = typer.Option(None, help="Data source: digits, cifar10, gaussian_regression, ..."),
+    data_option: Optional[list[str]] = typer.Option(None, "--data-option", help="KEY=VALUE for the data source (repeatable)."),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Folder with data files (default $BNLAB_DATA)."),
+    no_verify: bool = typer.Option(False, "--no-verify", help="Skip checksum verification of data files."),
+    download: bool = typer.Option(False, "--download", help="Download missing CIFAR files from the official URL."),
+    epochs: Optional[int] = typer.Option(None, help="Epochs to train (or --steps)."),
+    steps: Optional[int] = typer.Option(None, help="Steps to train (instead of --epochs)."),
+    lr: Optional[float] = typer.Option(None, help="Learning rate (of the scale-variant parameters)."),
+    lr_scale_invariant: Optional[float] = typer.Option(
+        None, "--lr-scale-invariant", help="Separate learning rate for scale-invariant weights (Arora D.1)."
+    ),
+    momentum: Optional[float] = typer.Option(None, help="SGD momentum."),
+    weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="L2 weight decay."),
+    batch_size: Optional[str] = typer.Option(None, "--batch-size", help="Batch size N, or 'full' for full-batch GD."),
+    optimizer: Optional[str] = typer.Option(None, help="sgd or psgd (projected SGD, Arora App. D Setting 2)."),
+    schedule: Optional[str] = typer.Option(None, help="constant | step:60,100 | exp:0.9999"),
+    seed: Optional[int] = typer.Option(None, help="Seed for init, data order, augmentation and layer noise."),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="Checkpoint every N steps."),
+    eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Evaluate the test split every N steps."),
+    log_every: Optional[int] = typer.Option(None, "--log-every", help="Record train_loss every N steps."),
+    augment: Optional[bool] = typer.Option(None, "--augment/--no-augment", help="CIFAR crop+flip augmentation."),
+    device: Optional[str] = typer.Option(None, help="cpu, cuda, cuda:1, ..."),
+    scale_invariant: Optional[list[str]] = typer.Option(
+        None, "--scale-invariant", help="Override detection: parameter name/pattern[:rows] (repeatable)."
+    ),
+    probe: Optional[list[str]] = typer.Option(None, "--probe", help="Probe to run during training (repeatable)."),
+    probe_every: Optional[int] = typer.Option(None, "--probe-every", help="Run probes every N steps."),
+    runs_dir: Optional[str] = typer.Option(None, "--runs-dir", help="Folder of the run store and checkpoints (default runs/)."),
+    divergence_factor: Optional[float] = typer.Option(
+        None, "--divergence-factor", help="Diverged when the loss exceeds this multiple of the first loss (default 1e6)."
+    ),
+    compile_step: bool = typer.Option(False, "--compile", help="Compile the model's training step with torch.compile."),
+    force: bool = typer.Option(False, "--force", help="Delete a stored run of this identity and train it again."),
+    as_json: bool = typer.Option(False, "--json", help="Print the final record as one JSON object."),
+) -> None:
+    """Train a model and record the run; re-running the same command resumes it."""
+    from bnlab.train.config import TrainConfig, load_config_file
+    from bnlab.train.loop import RunInterrupted, RunLockedError, run
+
+    config = None
+    try:
+        values: dict[str, Any] = load_config_file(config_file) if config_file is not None else {}
+        flags = {
+            "model": model,
+            "norm": norm,
+            "activation": activation,
+            "placement": placement,
+            "data": data,
+            "data_dir": data_dir,
+            "epochs": epochs,
+            "steps": steps,
+            "lr": lr,
+            "lr_scale_invariant": lr_scale_invariant,
+            "momentum": momentum,
+            "weight_decay": weight_decay,
+            "batch_size": batch_size,
+            "optimizer": optimizer,
+            "schedule": schedule,
+            "seed": seed,
+            "checkpoint_every": checkpoint_every,
+            "eval_every": eval_every,
+            "log_every": log_every,
+            "augment": augment,
+            "device": device,
+            "probe_every": probe_every,
+            "runs_dir": runs_dir,
+            "scale_invariant": list(scale_invariant) if scale_invariant else None,
+            "probes": list(probe) if probe else None,
+            "divergence_factor": divergence_factor,
+            "compile": True if compile_step else None,
+        }
+        given = {k: v for k, v in flags.items() if v is not None}
+        # --steps on the command line replaces epochs from the file, and vice versa
+        if "steps" in given:
+            values.pop("epochs", None)
+        if "epochs" in given:
+            values.pop("steps", None)
+        values.update(given)
+        if model_option:
+            values["model_options"] = {**values.get("model_options", {}), **_parse_pairs(model_option, "--model-option")}
+        if data_option:
+            values["data_options"] = {**values.get("data_options", {}), **_parse_pairs(data_option, "--data-option")}
+        if no_verify:
+            values["verify"] = False
+        if download:
+            values["download"] = True
+        if "epochs" not in values and "steps" not in values:
+            values["epochs"] = 1
+        config = TrainConfig.from_dict(values)
+        progress = "bar" if sys.stderr.isatty() else "lines"
+        record = run(config, progress=progress, force=force)
+    except RunInterrupted as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except ValueError as err:  # configuration, data files, checkpoints: all before training
+        _fail(str(err))
+        return
+    except RunLockedError as err:
+        _fail(str(err), EXIT_FAILED)
+        return
+    except Exception as err:  # noqa: BLE001 - the run is marked failed in the store
+        typer.echo(f"error: run failed: {type(err).__name__}: {err}", err=True)
+        if as_json:
+            typer.echo(_failed_record_json(config, err))
+        raise typer.Exit(EXIT_FAILED) from None
+    if as_json:
+        typer.echo(record.to_json())
+    else:
+        typer.echo(_summary_line(record))
+    if record.status == "failed":
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _failed_record_json(config, err: Exception) -> str:
+    """The stored record of a run that raised (status failed), or a minimal one if none was stored."""
+    from bnlab.store import Store, dumps
+    from bnlab.train.config import validate_static
+    from bnlab.train.record import RunRecord
+
+    try:
+        cfg = validate_static(config)
+        with Store(Path(cfg.runs_dir) / "bnlab.db") as store:
+            row = store.get_run(err.bnlab_run_id)
+        if row is not None:
+            return RunRecord.from_store(row).to_json()
+    except Exception:  # noqa: BLE001 - reporting must not mask the original error
+        pass
+    return dumps({"status": "failed", "error": f"{type(err).__name__}: {err}"})
+
+
+def _summary_line(record) -> str:
+    metrics = ", ".join(
+        f"{k} {_fmt(record.metrics[k])}"
+        for k in ("train_loss", "train_accuracy", "test_loss", "test_accuracy", "diverged_step")
+        if k in record.metrics
+    )
+    runs_dir = record.config.get("runs_dir", "runs")
+    return f"run {record.id} {record.status} after {record.steps} steps: {metrics} (store {runs_dir}/bnlab.db)"
