@@ -376,7 +376,8 @@ class Store:
                 return rows
 
             rows = self._write(delete)
-            files = [str(p) for p in remove_checkpoint_files(runs_dir, run_id)] if checkpoints else []
+            removed = remove_checkpoint_files(runs_dir, run_id) if checkpoints else []
+            files = [str(p) for p in removed if p != lock_path(runs_dir, run_id)]
         return {"id": run_id, "metrics": rows, "files": files}
 
     # -- metrics -------------------------------------------------------------------------------
