@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .base import stats_dtype
 from .batchnorm import BatchNorm
+from .sync import global_batch_rows
 
 
 class StochasticLayer:
@@ -55,8 +57,8 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         a = super().forward(x)
         if not self.training:
             return a
-        scale, offset = self.draw_noise(a)
-        return torch.addcmul(offset, scale, a)
+        scale, offset = self.draw_noise(a)  # drawn and applied in float32 or better, as the statistics
+        return torch.addcmul(offset, scale, a).to(a.dtype)
 
     @torch.compiler.disable
     def draw_noise(self, a: Tensor) -> tuple[Tensor, Tensor]:
@@ -65,11 +67,12 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         Excluded from torch.compile: dynamo does not trace draws from a ``torch.Generator`` (one graph
         break per noisy layer; the normalization before it and the noise application are compiled)."""
         g = self.generator_for(a.device)
-        c = self.num_features
-        mu = (torch.rand(c, generator=g, device=a.device, dtype=a.dtype) * 2 - 1) * self.n_mu
-        sigma = 1 + torch.rand(c, generator=g, device=a.device, dtype=a.dtype) * (self.n_sigma - 1)
-        u = torch.rand(a.shape, generator=g, device=a.device, dtype=a.dtype)
+        c, dtype = self.num_features, stats_dtype(a)
+        mu = (torch.rand(c, generator=g, device=a.device, dtype=dtype) * 2 - 1) * self.n_mu
+        sigma = 1 + torch.rand(c, generator=g, device=a.device, dtype=dtype) * (self.n_sigma - 1)
+        shape, rows = global_batch_rows(self, a)  # synced: the global batch's noise, this rank's rows
+        u = torch.rand(shape, generator=g, device=a.device, dtype=dtype)[rows]
         m = self.per_channel(mu, a) + (u * 2 - 1) * self.r_mu
-        z = torch.randn(a.shape, generator=g, device=a.device, dtype=a.dtype)
+        z = torch.randn(shape, generator=g, device=a.device, dtype=dtype)[rows]
         s = self.per_channel(sigma, a) + z * self.r_sigma
         return s, m
