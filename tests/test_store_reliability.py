@@ -228,3 +228,68 @@ def test_running_runs_show_progress_as_rows_are_flushed(tmp_path):
         store.set_status("r1", "finished", steps=10)
         store.log_rows("r1", [(12, "a", 1.0)])  # a finished run's step count is its own
         assert store.get_run("r1")["steps"] == 10
+
+
+# -- end to end: a resumed run with a damaged store or checkpoint ------------------------------------
+
+E2E = dict(model="mlp", data="digits", steps=12, lr=0.05, batch_size=200, seed=3, checkpoint_every=4,
+           log_every=1, model_options={"width": 16})
+
+
+class FailOnceAt:
+    """Raises at a step the first time (an interrupted attempt that left a checkpoint)."""
+
+    name = "FailOnceAt"
+
+    def __init__(self, step):
+        self.step, self.fired = step, False
+
+    def on_step_end(self, trainer, step, metrics):
+        if step == self.step and not self.fired:
+            self.fired = True
+            raise RuntimeError("crash")
+
+
+def _failed_attempt(runs_dir):
+    from bnlab.train import run
+
+    with pytest.raises(RuntimeError, match="crash"):
+        run(dict(E2E, runs_dir=str(runs_dir)), callbacks=[FailOnceAt(10)], progress=False)
+    with Store(runs_dir / "bnlab.db") as store:
+        (row,) = store.list_runs()
+    return row["id"]
+
+
+@pytest.mark.parametrize("damage", ["drop_table", "delete_rows"])
+def test_resume_recreates_rows_the_store_lost(tmp_path, damage, capsys):
+    from bnlab.train import run
+
+    clean = run(dict(E2E, runs_dir=str(tmp_path / "clean")), progress=False)
+    run_id = _failed_attempt(tmp_path / "hurt")
+    conn = sqlite3.connect(tmp_path / "hurt" / "bnlab.db")
+    conn.execute("DROP TABLE metrics" if damage == "drop_table" else "DELETE FROM metrics WHERE step IN (2, 5)")
+    conn.commit()
+    conn.close()
+    resumed = run(dict(E2E, runs_dir=str(tmp_path / "hurt")), progress=None)
+    assert resumed.id == run_id == clean.id and resumed.resumed_from == 8 and resumed.status == "finished"
+    lost = "8 steps up to the checkpoint (1..8)" if damage == "drop_table" else "2 steps up to the checkpoint (2..5)"
+    assert lost in capsys.readouterr().err
+    with Store(tmp_path / "hurt" / "bnlab.db") as a, Store(tmp_path / "clean" / "bnlab.db") as b:
+        assert a.metrics(run_id) == b.metrics(clean.id)  # not one row lost
+
+
+def test_resume_from_a_corrupted_checkpoint_is_refused_never_finished(tmp_path):
+    from bnlab.train import run
+
+    run_id = _failed_attempt(tmp_path)
+    path = checkpoint_path(tmp_path, run_id)
+    weight = load_checkpoint(path)["model"]
+    name = next(k for k, v in weight.items() if v.dtype == torch.float32 and v.numel() > 16)
+    _flip_byte_of(path, weight[name])
+    with pytest.raises(CheckpointCorruptError, match="damaged: model"):
+        run(dict(E2E, runs_dir=str(tmp_path)), progress=False)
+    with Store(tmp_path / "bnlab.db") as store:
+        assert store.get_run(run_id)["status"] != "finished"
+    os.replace(previous_path(path), path)  # the documented recovery: the checkpoint before it
+    resumed = run(dict(E2E, runs_dir=str(tmp_path)), progress=False)
+    assert resumed.status == "finished" and resumed.resumed_from == 4

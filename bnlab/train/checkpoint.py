@@ -268,3 +268,27 @@ def _recovery(path: Path) -> str:
         return f"The previous checkpoint {prev} is damaged too. Recovery: {scratch}."
     return (f"Recovery: resume from the previous checkpoint (step {step}) with `mv {prev} {path}` and "
             f"re-run the same command (the steps after it are retrained: same result), or {scratch}.")
+
+
+def pack_rows(rows: list[tuple[int, str, float | None]]) -> dict[str, Any]:
+    """A run's metric rows (:meth:`bnlab.store.Store.sync_rows`) as compact tensors a checkpoint
+    can carry (``weights_only``-loadable): steps, an index into the names, values (NaN for None)."""
+    names = sorted({n for _, n, _ in rows})
+    index = {n: i for i, n in enumerate(names)}
+    return {
+        "names": names,
+        "steps": torch.tensor([s for s, _, _ in rows], dtype=torch.int64),
+        "name_index": torch.tensor([index[n] for _, n, _ in rows], dtype=torch.int32),
+        "values": torch.tensor([float("nan") if v is None else v for _, _, v in rows], dtype=torch.float64),
+    }
+
+
+def unpack_rows(packed: dict[str, Any] | None) -> list[tuple[int, str, float | None]] | None:
+    """The rows :func:`pack_rows` packed (None for a checkpoint that carries none)."""
+    if packed is None:
+        return None
+    names = packed["names"]
+    return [
+        (s, names[i], None if v != v else v)
+        for s, i, v in zip(packed["steps"].tolist(), packed["name_index"].tolist(), packed["values"].tolist())
+    ]

@@ -24,7 +24,7 @@ import torch
 
 from bnlab.store import Store
 from bnlab.train.callbacks import LEGACY_HOOKS, CallbackList, StepContext
-from bnlab.train.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from bnlab.train.checkpoint import checkpoint_path, load_checkpoint, pack_rows, save_checkpoint, unpack_rows
 from bnlab.train.optim import Projection, build_optimizer, find_scale_invariant, set_lr_factor
 from bnlab.train.prepare import Prepared, derive_seed
 from bnlab.train.progress import Progress
@@ -36,6 +36,7 @@ EVAL_CHUNK = 1024
 CHECKPOINT_SECONDS = 30.0  # default cadence: first epoch end after this much time
 CHECK_EVERY = 50  # default steps between reads of the device values (no host sync in between)
 _FLUSH_ROWS = 5000
+FLUSH_SECONDS = 10.0  # at most this long between writes of rows: `runs list` follows progress
 
 
 class Divergence(Exception):
@@ -77,6 +78,8 @@ class Trainer:
         self.ckpt_path = checkpoint_path(cfg.runs_dir, run_id)
         self.progress_mode = progress
         self.buffer: list[tuple[int, str, float]] = []  # rows read back, not yet in the store
+        self.last_flush = time.monotonic()
+        self.rows_recreated: list[int] = []  # steps whose rows a resume re-created in the store
         self.pending: list[tuple[int, str, Any, float]] = []  # (step, name, value, divisor)
         self.window: list[torch.Tensor] = []  # losses of the steps since the last check
         self.step = 0
@@ -147,12 +150,13 @@ class Trainer:
                 if scalars:
                     self.callbacks.call("on_log", self, step, scalars)
                 self.callbacks.emit_probes(self, step, step_rows)
-        if len(self.buffer) >= _FLUSH_ROWS:
+        if len(self.buffer) >= _FLUSH_ROWS or time.monotonic() - self.last_flush >= FLUSH_SECONDS:
             self.flush()
 
     def flush(self) -> None:
         """Read pending values and write every buffered row to the store."""
         self._read_pending()
+        self.last_flush = time.monotonic()
         if self.buffer:
             rows, self.buffer = self.buffer, []
             self.store.log_rows(self.run_id, rows)
@@ -224,7 +228,12 @@ class Trainer:
             self._restore(ckpt)
 
     def truncate_store(self) -> None:
-        """Whatever a previous attempt logged after its last checkpoint is replayed, so drop it."""
+        """Whatever a previous attempt logged after its last checkpoint is replayed, so drop it.
+        Rows up to the checkpoint that the store lost are re-created from those it carries
+        (``rows_recreated``: the steps that were missing)."""
+        if self._ckpt:
+            expected = unpack_rows(self._ckpt.get("store_rows"))
+            self.rows_recreated = self.store.check_rows_up_to(self.run_id, self._ckpt["step"], expected)
         self.store.delete_metrics_after(self.run_id, self._ckpt["step"] if self._ckpt else -1)
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
@@ -286,6 +295,8 @@ class Trainer:
             "last_loss": self.last_loss,
             "start_loss": self.start_loss,
             "final_summary": _primitive(final_summary) if final_summary is not None else None,
+            # the store's rows up to here, made durable; a resume re-creates any the store loses
+            "store_rows": pack_rows(self.store.sync_rows(self.run_id, self.step)),
         }
         save_checkpoint(self.ckpt_path, state)
         self.last_checkpoint_time = time.monotonic()

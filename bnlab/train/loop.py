@@ -137,6 +137,10 @@ def _train(prep: Prepared, store: Store, run_id: str, identity: dict, progress: 
     env = {**environment(prep.device), "identity": _brief_identity(identity)}
     store.create_run(run_id, cfg.to_dict(), config_hash=cfg.config_hash(), env=env)
     trainer.truncate_store()
+    if trainer.rows_recreated:
+        lost = trainer.rows_recreated
+        _say(progress, f"the store had lost the rows of {len(lost)} steps up to the checkpoint "
+                       f"({lost[0]}..{lost[-1]}); re-created them from the checkpoint")
     if trainer.resumed_from is not None and trainer.final is None:
         _say(progress, f"resuming {run_id} from step {trainer.resumed_from} of {trainer.total_steps}")
     base_summary = {"scale_invariant": trainer.scale_invariant, "checkpoint": str(trainer.ckpt_path)}
