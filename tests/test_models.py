@@ -56,12 +56,14 @@ def run_case(name: str, norm: str, act: str, placement: str, input_shape, num_cl
     channel_parts = [p for p in norm.split("+") if N.lookup(p)[0].kind == "channel" and N.lookup(p)[0].name != "none"]
     units = layer_units(model)
     assert units
+    # Arora's logit norm (logit_bn) follows the last layer whatever the placement (Arora Eq. 2)
+    logit_unit = units[-1] if model.spec.get("logit_bn") else None
     for unit in units:
         children = list(unit.children())
         layer_at = [i for i, c in enumerate(children) if isinstance(c, WEIGHT_TYPES)]
         norm_at = [i for i, c in enumerate(children) if isinstance(c, NORM_TYPES)]
         assert len(layer_at) == 1 and len(norm_at) == len(channel_parts), unit
-        if norm_at and placement == "pre_activation":
+        if norm_at and (placement == "pre_activation" or unit is logit_unit):
             assert layer_at[0] < min(norm_at), unit
         elif norm_at:
             assert max(norm_at) < layer_at[0], unit
@@ -128,12 +130,13 @@ def test_every_hidden_layer_has_exactly_one_norm_and_the_output_layer_none(name)
         model = M.create(name, norm="bn", placement=placement, input_shape=input_shape, **options)
         weight_layers = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
         norm_layers = [m for m in model.modules() if isinstance(m, N.ChannelNorm)]
-        # The perceptron's only layer is normalized; everywhere else the output layer is not.
-        expected = len(weight_layers) if name == "perceptron" else len(weight_layers) - 1
+        # The perceptron's only layer is normalized, and Arora's VGG has BN on the logits (Arora Eq. 2);
+        # everywhere else the output layer is not.
+        expected = len(weight_layers) if name in ("perceptron", "vgg_arora") else len(weight_layers) - 1
         assert len(norm_layers) == expected, (name, placement)
         last = weight_layers[-1]
         assert last.out_features == 10
         # dln is W_1⋯W_k x (Santurkar App. A.1): no biases anywhere; other output layers have one.
         # The perceptron's layer follows the block rule (no bias before a mean-removing norm).
-        no_bias = name == "dln" or (name == "perceptron" and placement == "pre_activation")
+        no_bias = name in ("dln", "vgg_arora") or (name == "perceptron" and placement == "pre_activation")
         assert (last.bias is None) == no_bias

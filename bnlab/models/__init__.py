@@ -6,11 +6,12 @@
 
 from .blocks import ACTIVATIONS, INITS, BlockFactory, activation
 from .mlp import FlatNet
+from .padding import padding_share, position_share
 from .registry import MODEL_INFO, MODELS, ModelInfo, create
 from .resnet import BasicBlock, ResNet, ZeroPadShortcut
 from .vgg import ConvNet
 
 __all__ = [
     "ACTIVATIONS", "BasicBlock", "BlockFactory", "ConvNet", "FlatNet", "INITS", "MODELS", "MODEL_INFO",
-    "ModelInfo", "ResNet", "ZeroPadShortcut", "activation", "create",
+    "ModelInfo", "ResNet", "ZeroPadShortcut", "activation", "create", "padding_share", "position_share",
 ]

@@ -66,6 +66,7 @@ class BlockFactory:
     init: str = "glorot"
     generator: torch.Generator | None = None
     dropout: float = 0.0  # Luo et al. Fig. 7: dropout after each normalized block (after its activation)
+    padding_mode: str = "zeros"  # of every conv: "zeros" (the papers') or "replicate" (a proxy check, see padding_share)
 
     # ---- layers ------------------------------------------------------------------------------
     def initialize(self, layer: nn.Module) -> nn.Module:
@@ -88,15 +89,26 @@ class BlockFactory:
              padding: int = 1, bias: bool | None = None) -> nn.Conv2d:
         bias = self.layer_bias() if bias is None else bias
         return self.initialize(nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride,
-                                         padding=padding, bias=bias))
+                                         padding=padding, bias=bias, padding_mode=self.padding_mode))
 
     def linear(self, in_features: int, out_features: int, *, bias: bool | None = None) -> nn.Linear:
         bias = self.layer_bias() if bias is None else bias
         return self.initialize(nn.Linear(in_features, out_features, bias=bias))
 
-    def classifier(self, in_features: int, out_features: int, *, bias: bool = True) -> nn.Linear:
-        """The final layer: no norm, no activation."""
-        return self.initialize(nn.Linear(in_features, out_features, bias=bias))
+    def classifier(self, in_features: int, out_features: int, *, bias: bool = True,
+                   logit_norm: bool = False) -> nn.Module:
+        """The final layer: no activation; no norm unless ``logit_norm``.
+
+        ``logit_norm=True`` (Arora et al. 2019, Eq. 2 and App. D): the model's norm on the logits,
+        ``norm(W x)``, so the classifier weight is scale-invariant like every other kernel and only that
+        last norm's γ and β are scale-variant. The norm always follows the layer (Eq. 2), whatever the
+        placement; the layer has no bias when the norm removes the mean. With ``norm="none"`` it is the
+        plain linear layer.
+        """
+        if not logit_norm or self.norm == "none":
+            return self.initialize(nn.Linear(in_features, out_features, bias=bias))
+        layer = self.initialize(nn.Linear(in_features, out_features, bias=not norms.removes_mean(self.norm)))
+        return norms.normalized(layer, self.norm, "pre_activation")
 
     # ---- blocks ------------------------------------------------------------------------------
     def unit(self, layer: nn.Module, *, with_activation: bool = True) -> nn.Sequential:

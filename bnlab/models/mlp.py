@@ -29,18 +29,23 @@ def flat_size(input_shape: tuple) -> int:
 
 
 def _stack(f: BlockFactory, in_features: int, depth: int, width: int, num_classes: int,
-           bias: bool | None) -> nn.Sequential:
+           bias: bool | None, logit_norm: bool = False) -> nn.Sequential:
     layers: list[nn.Module] = []
     for _ in range(depth - 1):
         layers.append(f.linear_unit(in_features, width, bias=bias))
         in_features = width
-    layers.append(f.classifier(in_features, num_classes, bias=True if bias is None else bias))
+    layers.append(f.classifier(in_features, num_classes, bias=True if bias is None else bias, logit_norm=logit_norm))
     return nn.Sequential(*layers)
 
 
-def mlp(f: BlockFactory, input_shape: tuple, num_classes: int, *, depth: int = 3, width: int = 128) -> FlatNet:
-    """Multilayer perceptron: ``depth`` linear layers (``depth − 1`` hidden blocks of ``width`` units + output)."""
-    return FlatNet(_stack(f, flat_size(input_shape), depth, width, num_classes, bias=None))
+def mlp(f: BlockFactory, input_shape: tuple, num_classes: int, *, depth: int = 3, width: int = 128,
+        logit_bn: bool = False) -> FlatNet:
+    """Multilayer perceptron: ``depth`` linear layers (``depth − 1`` hidden blocks of ``width`` units + output).
+
+    ``logit_bn=True`` puts the model's norm on the logits as well (Arora et al. 2019, Eq. 2): every
+    weight matrix is then scale-invariant.
+    """
+    return FlatNet(_stack(f, flat_size(input_shape), depth, width, num_classes, bias=None, logit_norm=logit_bn))
 
 
 def dln(f: BlockFactory, input_shape: tuple, num_classes: int, *, depth: int = 25, width: int = 10,

@@ -8,7 +8,13 @@ weights and no norms; the well-known 0.27M parameters (269,722 with BN) follow.
 Norm placement applies inside blocks. ``pre_activation`` is He's block,
 ``x → [conv, norm, act] → [conv, norm] (+ shortcut) → act``; ``pre_linear`` is Peng's Fig. 1(c),
 ``x → [norm, conv, act] → [norm, conv] (+ shortcut) → act``, so the first norm of a block sees the
-block input (the shortcut does not pass through it). Module paths follow Peng's Fig. 2 naming
+block input (the shortcut does not pass through it).
+
+``residual`` says where the block's last activation sits relative to the shortcut sum:
+``"he"`` (He et al. 2016): ``act(F(x) + shortcut(x))``; ``"peng"`` (Peng et al. Eq. 7, and Eq. 13 for
+the BN block): ``x⁽ˡ⁺¹⁾ = 𝕀(SC)·x⁽ˡ⁾ + δ(y⁽ˡ⁾)``, the activation applied to the residual branch before
+the sum, ``shortcut(x) + act(F(x))``. With a bounded activation (Sigmoid, Tanh) the two differ a lot:
+He's form squashes the running sum at every block, Eq. 7's lets it grow. Module paths follow Peng's Fig. 2 naming
 (``stage1.0.unit1`` is "layer#2": the first unit of block 0 of stage 1; ``stem`` is layer #1).
 """
 
@@ -18,8 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import BlockFactory, scaled
-from .vgg import image_shape
+from .blocks import BlockFactory, check_choice, scaled
+from .vgg import image_shape, with_padding
 
 
 class ZeroPadShortcut(nn.Module):
@@ -41,16 +47,25 @@ class ZeroPadShortcut(nn.Module):
         return f"{self.in_channels}->{self.out_channels}, stride={self.stride}"
 
 
+RESIDUAL_FORMS = ("he", "peng")
+
+
 class BasicBlock(nn.Module):
-    def __init__(self, f: BlockFactory, in_channels: int, out_channels: int, stride: int) -> None:
+    """Two conv units and a shortcut; ``residual`` = ``"he"`` (act after the sum) or ``"peng"`` (Eq. 7: before)."""
+
+    def __init__(self, f: BlockFactory, in_channels: int, out_channels: int, stride: int,
+                 residual: str = "he") -> None:
         super().__init__()
+        check_choice("residual", residual, RESIDUAL_FORMS)
+        self.residual = residual
         self.unit1 = f.conv_unit(in_channels, out_channels, stride=stride)
-        self.unit2 = f.conv_unit(out_channels, out_channels, with_activation=False)
+        # Eq. 7's activation belongs to the branch (inside unit2, so fold/probes see one unit)
+        self.unit2 = f.conv_unit(out_channels, out_channels, with_activation=residual == "peng")
         if stride != 1 or in_channels != out_channels:
             self.shortcut = ZeroPadShortcut(in_channels, out_channels, stride)
         else:
             self.shortcut = nn.Identity()
-        self.act = f.activation()
+        self.act = f.activation() if residual == "he" else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.act(self.unit2(self.unit1(x)) + self.shortcut(x))
@@ -73,8 +88,15 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.pool(x), 1))
 
 
-def resnet20(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0) -> ResNet:
-    """He et al. 2016 CIFAR ResNet-20 (3 stages × 3 basic blocks, 16/32/64 channels) as Peng et al. use."""
+def resnet20(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0, residual: str = "he",
+             padding_mode: str = "zeros") -> ResNet:
+    """He et al. 2016 CIFAR ResNet-20 (3 stages × 3 basic blocks, 16/32/64 channels) as Peng et al. use.
+
+    ``residual``: ``"he"`` (activation after the shortcut sum) or ``"peng"`` (Peng Eq. 7: before it).
+    ``padding_mode``: the convs' padding, ``"zeros"`` (the paper's) or ``"replicate"``.
+    """
+    check_choice("residual", residual, RESIDUAL_FORMS)
+    f = with_padding(f, padding_mode)
     channels = image_shape(input_shape, "resnet20")[0]
     widths = [scaled(c, width) for c in (16, 32, 64)]
     stem = f.conv_unit(channels, widths[0])
@@ -83,7 +105,7 @@ def resnet20(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: fl
         blocks = []
         for b in range(3):
             stride = 2 if (index > 0 and b == 0) else 1
-            blocks.append(BasicBlock(f, in_ch, out_ch, stride))
+            blocks.append(BasicBlock(f, in_ch, out_ch, stride, residual))
             in_ch = out_ch
         stages.append(nn.Sequential(*blocks))
     return ResNet(stem, stages, f.classifier(in_ch, num_classes))

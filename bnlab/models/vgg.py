@@ -8,10 +8,20 @@ feature map (C·H·W), so a CIFAR input reproduces the papers' layer sizes exact
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn as nn
 
-from .blocks import BlockFactory, scaled
+from .blocks import BlockFactory, check_choice, scaled
+
+PADDING_MODES = ("zeros", "replicate")
+
+
+def with_padding(f: BlockFactory, padding_mode: str) -> BlockFactory:
+    """The factory with its convs' ``padding_mode`` set (one of :data:`PADDING_MODES`); same generator."""
+    check_choice("padding_mode", padding_mode, PADDING_MODES)
+    return f if padding_mode == f.padding_mode else dataclasses.replace(f, padding_mode=padding_mode)
 
 POOL = "M"
 
@@ -68,20 +78,20 @@ def make_features(f: BlockFactory, cfg: list, input_shape: tuple, width: float) 
 
 
 def make_classifier(f: BlockFactory, in_features: int, hidden: list[int], num_classes: int,
-                    width: float) -> nn.Sequential:
+                    width: float, logit_norm: bool = False) -> nn.Sequential:
     layers: list[nn.Module] = []
     for units in hidden:
         out = scaled(units, width)
         layers.append(f.linear_unit(in_features, out))
         in_features = out
-    layers.append(f.classifier(in_features, num_classes))
+    layers.append(f.classifier(in_features, num_classes, logit_norm=logit_norm))
     return nn.Sequential(*layers)
 
 
 def vgg_net(f: BlockFactory, input_shape: tuple, num_classes: int, convs: list, fcs: list, width: float,
-            model: str) -> ConvNet:
+            model: str, logit_norm: bool = False) -> ConvNet:
     features, flat = make_features(f, convs, image_shape(input_shape, model), width)
-    return ConvNet(features, make_classifier(f, flat, fcs, num_classes, width))
+    return ConvNet(features, make_classifier(f, flat, fcs, num_classes, width, logit_norm))
 
 
 def vgg_santurkar(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0) -> ConvNet:
@@ -89,18 +99,26 @@ def vgg_santurkar(f: BlockFactory, input_shape: tuple, num_classes: int, *, widt
     return vgg_net(f, input_shape, num_classes, SANTURKAR_CONVS, SANTURKAR_FCS, width, "vgg_santurkar")
 
 
-def vgg_arora(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0) -> ConvNet:
-    """Arora et al. 2019 App. D: modified VGG, 14 conv (64×2,128×3,256×3,512×3,512×3) + fc512-fc."""
-    return vgg_net(f, input_shape, num_classes, ARORA_CONVS, ARORA_FCS, width, "vgg_arora")
+def vgg_arora(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0,
+              logit_bn: bool = True) -> ConvNet:
+    """Arora et al. 2019 App. D: modified VGG, 14 conv (64×2,128×3,256×3,512×3,512×3) + fc512-fc-BN.
+
+    The last BN sits on the logits (Eq. 2; App. D: "every kernel is scale-invariant ... only β and γ
+    in the last BN are scale-variant"); ``logit_bn=False`` drops it.
+    """
+    return vgg_net(f, input_shape, num_classes, ARORA_CONVS, ARORA_FCS, width, "vgg_arora", logit_bn)
 
 
 def vgg16(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0,
-          fc_widths: tuple = ()) -> ConvNet:
+          fc_widths: tuple = (), padding_mode: str = "zeros") -> ConvNet:
     """CIFAR VGG-16 as in Peng et al.: 13 conv (configuration D) + linear classifier on 512 features.
 
     ``fc_widths=(512, 512)`` adds the two hidden fc blocks of the ImageNet-style 16-weight-layer variant.
+    VGG has no shortcuts (𝕀(SC) = 0 in Peng's Eq. 7), so the residual forms coincide and there is no
+    ``residual`` option. ``padding_mode``: ``"zeros"`` (the paper's) or ``"replicate"``.
     """
-    return vgg_net(f, input_shape, num_classes, VGG16_CONVS, list(fc_widths), width, "vgg16")
+    return vgg_net(with_padding(f, padding_mode), input_shape, num_classes, VGG16_CONVS, list(fc_widths), width,
+                   "vgg16")
 
 
 def luo_cnn(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0) -> ConvNet:

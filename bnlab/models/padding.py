@@ -1,0 +1,75 @@
+"""How much of what a norm sees is a spatial pattern shared by every sample (e.g. the conv padding's)?
+
+A 3×3 conv with zero padding adds, at each border position, a different constant (the missing taps'
+contribution is zero instead of the data's): a pattern over (h, w) that is the same for every sample.
+On small maps every position is border (a 2×2 map: four corners), and that pattern can make up most
+of the input variance a batch norm divides by — normalizing a proxy network's deep stages by the
+padding instead of by the data (issue 10; Peng's Table 1 on 8×8 digits). :func:`padding_share`
+measures, for each norm, the share of its per-channel input variance explained by the per-position
+mean over the batch. On the deep stages of a zero-padded network this is the padding pattern (compare
+with ``padding_mode="replicate"`` or larger inputs to see how much of it is); on the stem it also
+contains the data's own mean image.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+from bnlab.norms import ChannelNorm
+
+
+def position_share(x: torch.Tensor) -> float:
+    """Share of the per-channel variance of ``x`` (N, C, H, W) explained by the mean over samples at each position.
+
+    For channel c: total = mean over (n, h, w) of (x − x̄_c)², between = mean over (h, w) of
+    (m(h, w) − x̄_c)² with m(h, w) the sample mean at (h, w). The sample means carry noise (within /
+    N on average), removed with the unbiased correction between − within/(N − 1), floored at 0.
+    Returns the mean over channels of between/total (channels without variance are skipped); 0 for
+    1×1 maps (no spatial pattern). ``x = p(h, w) + ε`` with Var_hw(p) = P, Var(ε) = σ² gives P/(P + σ²).
+    """
+    if x.dim() != 4:
+        raise ValueError(f"position_share needs (N, C, H, W) activations, got shape {tuple(x.shape)}")
+    x = x.detach().double()
+    n = x.shape[0]
+    if n < 2:
+        raise ValueError("position_share needs at least 2 samples")
+    centred = x - x.mean(dim=(0, 2, 3), keepdim=True)
+    total = centred.pow(2).mean(dim=(0, 2, 3))
+    between = centred.mean(dim=0).pow(2).mean(dim=(1, 2))
+    within = total - between
+    between = (between - within / (n - 1)).clamp(min=0.0)
+    keep = total > 0
+    if not bool(keep.any()):
+        return 0.0
+    return float((between[keep] / total[keep]).mean())
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, (ChannelNorm, nn.modules.batchnorm._BatchNorm))
+
+
+@torch.no_grad()
+def padding_share(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
+    """``{norm module path: position_share of its input}`` for every norm on a 4-D (conv) input.
+
+    One train-mode forward pass of a copy of ``model`` on the batch ``x`` (the model itself, its
+    running statistics included, is not touched).
+    """
+    probe = copy.deepcopy(model).train()
+    shares: dict[str, float] = {}
+    hooks = []
+    for name, module in probe.named_modules():
+        if _is_norm(module):
+            def hook(mod, inputs, _name=name):
+                if inputs and inputs[0].dim() == 4:
+                    shares[_name] = position_share(inputs[0])
+            hooks.append(module.register_forward_pre_hook(hook))
+    try:
+        probe(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return shares
