@@ -61,11 +61,21 @@ def reproduce_cmd(
         typer.echo(f"report: {path}")
 
 
-def report_cmd(runs_dir: Path = typer.Option(Path("runs"), "--runs-dir")) -> None:
+def report_cmd(runs_dir: Path = typer.Option(Path("runs"), "--runs-dir"),
+               out: Optional[Path] = typer.Option(None, "--out", help="report folder (default RUNS_DIR/report; "
+                                                  "needed when the runs dir is read-only)")) -> None:
     """Write runs/report/index.html and index.md from the store (nothing is re-trained)."""
     from bnlab.report import write_report
 
-    typer.echo(str(write_report(runs_dir)))
+    if not (runs_dir / "bnlab.db").is_file():  # never create an empty report for a mistyped folder
+        typer.echo(f"error: no run store at {runs_dir / 'bnlab.db'}; pass the --runs-dir that `bnlab reproduce` "
+                   "or `bnlab train` wrote to", err=True)
+        raise typer.Exit(2)
+    try:
+        typer.echo(str(write_report(runs_dir, out)))
+    except PermissionError as err:  # a read-only runs dir without --out
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
 
 
 def register(app: typer.Typer) -> None:
