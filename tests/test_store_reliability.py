@@ -293,3 +293,52 @@ def test_resume_from_a_corrupted_checkpoint_is_refused_never_finished(tmp_path):
     os.replace(previous_path(path), path)  # the documented recovery: the checkpoint before it
     resumed = run(dict(E2E, runs_dir=str(tmp_path)), progress=False)
     assert resumed.status == "finished" and resumed.resumed_from == 4
+
+
+# -- two sweeps on one runs dir, reports of read-only or missing runs dirs ----------------------------
+
+
+def test_a_sweep_waits_for_a_run_another_process_holds_instead_of_recording_it_failed(tmp_path, monkeypatch):
+    import threading
+
+    from bnlab.experiments import runner
+    from bnlab.train import run
+    from bnlab.train.checkpoint import RunLock, lock_path
+
+    config = dict(E2E, runs_dir=str(tmp_path))
+    run_id = run(config, progress=False).id  # learn the id, then forget the run
+    with Store(tmp_path / "bnlab.db") as store:
+        store.delete_run(run_id)
+    monkeypatch.setattr(runner, "LOCK_POLL_SECONDS", 0.05)
+    lock = RunLock(lock_path(tmp_path, run_id)).__enter__()  # "another sweep" is training it
+    timer = threading.Timer(0.5, lock.__exit__, args=(None, None, None))
+    timer.start()
+    try:
+        record = runner._train_one(config)
+    finally:
+        timer.cancel()
+        lock.__exit__(None, None, None)
+    assert record["status"] == "finished" and record["id"] == run_id, record.get("error")
+
+
+def test_report_of_a_read_only_runs_dir_goes_elsewhere_and_writes_nothing_there(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from bnlab import store as store_mod
+    from bnlab.cli import app
+    from bnlab.report import write_report
+
+    runs_dir = tmp_path / "shared"
+    with Store(runs_dir / "bnlab.db") as store:
+        store.create_run("r1", {"norm": "bn"})
+        store.log_rows("r1", [(1, "train_loss", 1.0)])
+        store.save_entry("no-such-entry", "smoke", [{"label": "a", "id": "r1"}], {}, tiny=False, seconds=0.1)
+    before = {p.name: p.read_bytes() for p in runs_dir.iterdir()}
+    monkeypatch.setattr(store_mod, "_writable", lambda p: False)  # root ignores chmod: stand in
+    result = CliRunner().invoke(app, ["report", "--runs-dir", str(runs_dir), "--out", str(tmp_path / "rep")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "rep" / "index.html").exists()
+    assert {p.name: p.read_bytes() for p in runs_dir.iterdir()} == before
+    with pytest.raises(FileNotFoundError, match="no run store at"):
+        write_report(tmp_path / "nowhere")
+    assert not (tmp_path / "nowhere").exists()

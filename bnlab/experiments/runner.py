@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sqlite3
 import sys
 import time
 import traceback
@@ -13,49 +11,33 @@ from typing import Any, Iterable
 
 from .base import Experiment, Outcome, Plan, RunSpec, check_preset, get, shrink
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS experiments (
-    id TEXT NOT NULL, preset TEXT NOT NULL, runs TEXT NOT NULL, data TEXT NOT NULL,
-    tiny INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL, seconds REAL,
-    PRIMARY KEY (id, preset)
-);
-"""
-
-
 class ResultStore:
-    """Entry-level results beside the run store (same SQLite file, own table).
+    """Entry-level results beside the run store: the ``experiments`` table of the same SQLite file,
+    read and written through :class:`bnlab.store.Store` (one access path: its busy timeout, retries,
+    schema version and read-only opening).
 
     For each (experiment, preset): the run ids by label with their factors, and the JSON data of the
     entry's computations. Together with the runs' metrics this is all the report needs.
     """
 
     def __init__(self, runs_dir: str | Path):
+        from bnlab.store import Store
+
         self.runs_dir = Path(runs_dir)
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.runs_dir / "bnlab.db"
-        self._conn = sqlite3.connect(str(self.path), timeout=60)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.executescript(_SCHEMA)
+        self._store = Store(self.path)
 
     def close(self) -> None:
-        self._conn.close()
+        self._store.close()
 
     def save(self, experiment_id: str, preset: str, runs: list[dict], data: dict, tiny: bool, seconds: float) -> None:
-        with self._conn:
-            self._conn.execute(
-                "INSERT OR REPLACE INTO experiments(id, preset, runs, data, tiny, created, seconds) VALUES (?,?,?,?,?,?,?)",
-                (experiment_id, preset, json.dumps(runs), json.dumps(data, default=_jsonable), int(tiny), time.time(), seconds))
+        self._store.save_entry(experiment_id, preset, runs, data, tiny=tiny, seconds=seconds, default=_jsonable)
 
     def load(self, experiment_id: str, preset: str) -> dict | None:
-        row = self._conn.execute("SELECT runs, data, tiny, created, seconds FROM experiments WHERE id=? AND preset=?",
-                                 (experiment_id, preset)).fetchone()
-        if row is None:
-            return None
-        return {"runs": json.loads(row[0]), "data": json.loads(row[1]), "tiny": bool(row[2]), "created": row[3],
-                "seconds": row[4]}
+        return self._store.load_entry(experiment_id, preset)
 
     def entries(self) -> list[tuple[str, str]]:
-        return [tuple(r) for r in self._conn.execute("SELECT id, preset FROM experiments ORDER BY id, preset")]
+        return self._store.entries()
 
 
 def _jsonable(value: Any) -> Any:
@@ -76,12 +58,26 @@ def _jsonable(value: Any) -> Any:
 
 # ---- sweeps ------------------------------------------------------------------------------------
 
-def _train_one(config: dict) -> dict:
-    """Train one config; a crash becomes a 'failed' record instead of stopping the sweep."""
-    from bnlab.train import run
+LOCK_POLL_SECONDS = 2.0
 
+
+def _train_one(config: dict) -> dict:
+    """Train one config; a crash becomes a 'failed' record instead of stopping the sweep. A run
+    another process is training (a second sweep on the same runs dir) is waited for, then read:
+    it is that process's run, not a failure of this one."""
+    from bnlab.train import run
+    from bnlab.train.checkpoint import RunLockedError
+
+    said = False
     try:
-        return run(config, progress=False).to_dict()
+        while True:
+            try:
+                return run(config, progress=False).to_dict()
+            except RunLockedError as err:
+                if not said:
+                    print(f"waiting: {err}", file=sys.stderr, flush=True)
+                    said = True
+                time.sleep(LOCK_POLL_SECONDS)
     except Exception as err:  # noqa: BLE001 — the sweep must go on; the error is recorded
         from bnlab.train import TrainConfig
 
@@ -253,11 +249,15 @@ class AnalysisContext:
         return self.out_dir / f"{name}.png"
 
 
-def analysis_context(experiment_id: str, preset: str, *, runs_dir: str | Path = "runs") -> AnalysisContext:
+def analysis_context(experiment_id: str, preset: str, *, runs_dir: str | Path = "runs",
+                     report_dir: str | Path | None = None) -> AnalysisContext:
+    """``report_dir`` (default ``<runs_dir>/report``) receives the figures: a read-only runs dir
+    is analysed with a report folder elsewhere."""
     from bnlab.store import Store
 
     exp = get(experiment_id)
     runs_dir = Path(runs_dir)
+    report_dir = Path(report_dir) if report_dir is not None else runs_dir / "report"
     results = ResultStore(runs_dir)
     try:
         saved = results.load(exp.id, preset)
@@ -272,7 +272,7 @@ def analysis_context(experiment_id: str, preset: str, *, runs_dir: str | Path = 
         row = store.get_run(r["id"]) if r.get("id") else None
         record = _record_dict(row) if row else {"status": r.get("status", "failed"), "metrics": {}, "error": r.get("error")}
         views.append(RunView(r["label"], r.get("factors") or {}, r.get("id"), record.get("status", "failed"), record, store))
-    return AnalysisContext(exp, preset, views, saved["data"], runs_dir / "report" / "figures" / exp.id / preset,
+    return AnalysisContext(exp, preset, views, saved["data"], report_dir / "figures" / exp.id / preset,
                            saved["tiny"])
 
 
@@ -297,10 +297,11 @@ def stored_entries(runs_dir: str | Path) -> list[tuple[str, str]]:
         store.close()
 
 
-def iter_outcomes(runs_dir: str | Path) -> Iterable[tuple[str, str, AnalysisContext, Outcome | Exception]]:
+def iter_outcomes(runs_dir: str | Path, report_dir: str | Path | None = None
+                  ) -> Iterable[tuple[str, str, AnalysisContext, Outcome | Exception]]:
     for experiment_id, preset in stored_entries(runs_dir):
         try:
-            ctx = analysis_context(experiment_id, preset, runs_dir=runs_dir)
+            ctx = analysis_context(experiment_id, preset, runs_dir=runs_dir, report_dir=report_dir)
         except ValueError:
             continue  # an entry that no longer exists in the catalogue
         try:

@@ -26,15 +26,27 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def write_report(runs_dir: str | Path = "runs") -> Path:
-    """(Re)write ``<runs_dir>/report/index.html`` and ``index.md``; returns the HTML path."""
+def write_report(runs_dir: str | Path = "runs", out_dir: str | Path | None = None) -> Path:
+    """(Re)write ``index.html`` and ``index.md`` in ``out_dir`` (default ``<runs_dir>/report``);
+    returns the HTML path. The runs dir must hold a store (``FileNotFoundError`` otherwise: a
+    mistyped folder never yields an empty report); a read-only one is read without a write, and
+    then needs an ``out_dir`` elsewhere (``PermissionError`` naming it otherwise)."""
     from bnlab.experiments.runner import iter_outcomes
 
     runs_dir = Path(runs_dir)
-    out = runs_dir / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    if not (runs_dir / "bnlab.db").is_file():
+        raise FileNotFoundError(f"no run store at {runs_dir / 'bnlab.db'}; pass the --runs-dir that "
+                                "`bnlab reproduce` or `bnlab train` wrote to")
+    out = Path(out_dir) if out_dir is not None else runs_dir / "report"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise PermissionError(f"cannot write the report to {out} ({err.strerror}); the runs dir is "
+                              "read-only? pass --out DIR (bnlab report --out DIR)") from None
+    if not os.access(out, os.W_OK):
+        raise PermissionError(f"cannot write the report to {out}; pass --out DIR (bnlab report --out DIR)")
     sections = []
-    for experiment_id, preset, ctx, outcome in iter_outcomes(runs_dir):
+    for experiment_id, preset, ctx, outcome in iter_outcomes(runs_dir, out):
         sections.append(_section(experiment_id, preset, ctx, outcome, out))
     md = ["# bnlab report", "", f"{len(sections)} entries. Generated from `{runs_dir}` (no training was run to draw this).", ""]
     md += [s["md"] for s in sections]
