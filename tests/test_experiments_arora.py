@@ -19,47 +19,57 @@ def _run_id(config: dict) -> str:
 
 def test_d1_plan_matches_appendix_d1():
     runs = get("arora-d1").plan("paper").runs
-    assert len(runs) == 2 * 5
+    assert len(runs) == 2 * 5 * len(A.SEEDS) and len(A.SEEDS) >= 3
     for r in runs:
         c = r.config
         assert (c["model"], c["data"], c["epochs"]) == ("vgg_arora", "cifar10", 100)
         assert (c["momentum"], c["weight_decay"], c["schedule"]) == (0.0, 0.0, "constant")  # plain SGD
         assert c["lr"] == 0.1 and c["norm"].startswith("bn")                               # scale-variant lr fixed
-    assert sorted(r.config["lr_scale_invariant"] for r in runs if r.config["optimizer"] == "sgd") == \
+    assert sorted({r.config["lr_scale_invariant"] for r in runs if r.config["optimizer"] == "sgd"}) == \
         [1e-2, 1e-1, 1.0, 1e1, 1e2]
     assert {r.config["optimizer"] for r in runs} == {"sgd", "psgd"}
 
 
 def test_d2_plan_and_sharing():
     runs = get("arora-d2").plan("paper").runs
-    assert len(runs) == 3 * 5
+    n = len(A.SEEDS)
+    assert len(runs) == 3 * 5 * n
     assert all(r.config["lr"] == r.config["lr_scale_invariant"] for r in runs)
     removed = [r for r in runs if r.factors["setting"] == "SGD, BN removed"]
-    assert len(removed) == 5 and all(r.config["norm"] == "none" and r.config["optimizer"] == "sgd" for r in removed)
+    assert len(removed) == 5 * n and all(r.config["norm"] == "none" and r.config["optimizer"] == "sgd" for r in removed)
     for preset in ("paper", "smoke"):
         d1 = {_run_id(r.config) for r in get("arora-d1").plan(preset).runs}
         d2 = {_run_id(r.config) for r in get("arora-d2").plan(preset).runs}
         d3 = {_run_id(r.config) for r in get("arora-d3").plan(preset).runs}
-        assert len(d1 & d2) == 2          # SGD and PSGD at lr 0.1 are the same runs
-        assert d3 == d1 | d2 and len(d3) == 23
+        assert len(d1 & d2) == 2 * n      # SGD and PSGD at lr 0.1 are the same runs
+        assert d3 == d1 | d2 and len(d3) == 23 * n
 
 
 def test_smoke_plans_are_small():
     for eid in IDS:
         for r in get(eid).plan("smoke").runs:
             assert r.config["data"] == "digits" and r.config["epochs"] <= 15 and r.config["model"] == "mlp"
+            # Arora Eq. 2: BN on the logits too (every kernel scale-invariant) wherever there is BN
+            assert r.config["model_options"]["logit_bn"] is True
 
 
 # ---- verdicts on synthetic numbers ------------------------------------------------------------------
 
 def test_d1_verdict():
-    sgd = {lr: 0.02 for lr in A.LRS}
-    psgd = {0.01: 0.02, 0.1: 0.02, 1.0: 0.05, 10.0: 0.8, 100.0: 2.1}
+    sgd = {lr: [0.02, 0.03, 0.025] for lr in A.LRS}
+    psgd = {0.01: [0.02, 0.03, 0.02], 0.1: [0.02, 0.02, 0.03], 1.0: [0.6, 0.7, 0.65], 10.0: [0.8, 0.9, 1.0],
+            100.0: [2.1, 2.0, None]}
     assert A.d1_verdict({"SGD": sgd, "PSGD": psgd})[0] == "held"
     assert A.d1_verdict({"SGD": sgd, "PSGD": psgd}, tiny=True)[0] == "inconclusive"
-    assert A.d1_verdict({"SGD": {**sgd, 100.0: None}, "PSGD": psgd})[0] == "not held"   # SGD diverged
-    assert A.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 100.0: 0.02}})[0] == "not held"   # PSGD not stuck
-    assert A.d1_verdict({"SGD": {**sgd, 0.01: 0.3}, "PSGD": psgd})[0] == "inconclusive"  # slow, not stuck
+    assert A.d1_verdict({"SGD": {**sgd, 100.0: [0.02, None, 0.02]}, "PSGD": psgd})[0] == "not held"  # SGD diverged
+    assert A.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 100.0: [0.02] * 3}})[0] == "not held"   # PSGD not stuck
+    # every arm counts: PSGD training at lr_si = 1 (the old verdict looked at the largest lr only)
+    verdict, summary = A.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 1.0: [0.05, 0.04, 0.06]}})
+    assert verdict == "not held" and "lr_si 1" in summary
+    assert A.d1_verdict({"SGD": {**sgd, 0.01: [0.3] * 3}, "PSGD": psgd})[0] == "inconclusive"  # slow, not stuck
+    # stuck-level loss but one seed only: the rule cannot tell PSGD from SGD
+    assert A.d1_verdict({"SGD": {lr: [0.02] for lr in A.LRS}, "PSGD": {lr: [v[0]] for lr, v in psgd.items()}}
+                        )[0] == "inconclusive"
     assert A.d1_verdict({"SGD": {}, "PSGD": {}})[0] == "inconclusive"
 
 
