@@ -101,3 +101,7 @@ def test_padding_share_sees_the_zero_padding_pattern_of_small_maps():
     deep = [k for k in shares["zeros"] if k.startswith("stage3")]
     assert deep and min(shares["zeros"][k] for k in deep) > 0.9
     assert max(shares["replicate"][k] for k in deep) < 0.2
+    model = M.create("resnet20", norm="bn", activation="sigmoid", input_shape=(1, 8, 8), width=0.25, seed=0)
+    by_size = M.padding_share_by_size(model, x)
+    assert list(by_size) == ["8×8", "4×4", "2×2"]
+    assert by_size["2×2"] == pytest.approx(sum(shares["zeros"][k] for k in deep) / len(deep))

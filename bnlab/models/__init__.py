@@ -6,12 +6,13 @@
 
 from .blocks import ACTIVATIONS, INITS, BlockFactory, activation
 from .mlp import FlatNet
-from .padding import padding_share, position_share
+from .padding import padding_share, padding_share_by_size, position_share
 from .registry import MODEL_INFO, MODELS, ModelInfo, create
 from .resnet import BasicBlock, ResNet, ZeroPadShortcut
 from .vgg import ConvNet
 
 __all__ = [
     "ACTIVATIONS", "BasicBlock", "BlockFactory", "ConvNet", "FlatNet", "INITS", "MODELS", "MODEL_INFO",
-    "ModelInfo", "ResNet", "ZeroPadShortcut", "activation", "create", "padding_share", "position_share",
+    "ModelInfo", "ResNet", "ZeroPadShortcut", "activation", "create", "padding_share", "padding_share_by_size",
+    "position_share",
 ]

@@ -52,24 +52,38 @@ def _is_norm(module: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def padding_share(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
-    """``{norm module path: position_share of its input}`` for every norm on a 4-D (conv) input.
-
-    One train-mode forward pass of a copy of ``model`` on the batch ``x`` (the model itself, its
-    running statistics included, is not touched).
-    """
+def _norm_inputs(model: nn.Module, x: torch.Tensor) -> dict[str, tuple[float, int, int]]:
+    """{norm path: (position_share, H, W)} from one train-mode pass of a copy of ``model`` (which is not touched)."""
     probe = copy.deepcopy(model).train()
-    shares: dict[str, float] = {}
+    found: dict[str, tuple[float, int, int]] = {}
     hooks = []
     for name, module in probe.named_modules():
         if _is_norm(module):
             def hook(mod, inputs, _name=name):
                 if inputs and inputs[0].dim() == 4:
-                    shares[_name] = position_share(inputs[0])
+                    found[_name] = (position_share(inputs[0]), *inputs[0].shape[-2:])
             hooks.append(module.register_forward_pre_hook(hook))
     try:
         probe(x)
     finally:
         for h in hooks:
             h.remove()
-    return shares
+    return found
+
+
+def padding_share(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
+    """``{norm module path: position_share of its input}`` for every norm on a 4-D (conv) input.
+
+    One train-mode forward pass of a copy of ``model`` on the batch ``x`` (the model itself, its
+    running statistics included, is not touched).
+    """
+    return {name: share for name, (share, _, _) in _norm_inputs(model, x).items()}
+
+
+def padding_share_by_size(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
+    """Mean :func:`padding_share` over the norms whose inputs have the same map size, ``{"4×4": share, ...}``,
+    largest maps first (a network's stages, whatever its module names)."""
+    groups: dict[tuple[int, int], list[float]] = {}
+    for share, h, w in _norm_inputs(model, x).values():
+        groups.setdefault((h, w), []).append(share)
+    return {f"{h}×{w}": sum(v) / len(v) for (h, w), v in sorted(groups.items(), reverse=True)}
