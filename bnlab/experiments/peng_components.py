@@ -1,0 +1,155 @@
+"""Peng et al. (CBN) §6.3, CBN's components (no normalization, mean removal, ℓ2 normalization, CBN):
+``peng-table6`` (maximal learning rate) and ``peng-fig7`` (gradient norm). Registered on import (``peng.py``
+imports this module)."""
+
+from __future__ import annotations
+
+import math
+
+from bnlab.report.plots import bars
+
+from .base import Experiment, Outcome, Plan, RunSpec, register
+from .common import finite_or_none, grouped_finals, mean_std
+from .peng_common import ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, _base, _fmt, _pct, _run, _status_note
+
+# ---- Table 6: maximal learning rate of CBN's components ------------------------------------------
+
+LR_CANDIDATES = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # §6.3
+# The four approaches of §6.3, all in front of the linear layer (CBN's position). "ℓ2 normalization"
+# is Eq. 5 alone: CBN without mean removal, dividing by the root mean square of x + β.
+T6_APPROACHES = {"no normalization": "none", "mean removal": "mean_only_bn",
+                 "ℓ2 normalization": "cbn(center=false, amat=false)", "CBN": "cbn(amat=true)"}
+T6_ORDER = tuple(T6_APPROACHES)
+T6_SMOKE_ACTIVATIONS = ("sigmoid", "tanh", "relu")
+# 1e-4 trains nothing in 36 steps, so it can never be the maximal stable rate there: left out of smoke.
+SMOKE_LR_CANDIDATES = LR_CANDIDATES[1:]
+
+
+def _t6_plan(preset: str) -> Plan:
+    if preset == "paper":
+        # Table 6's caption says CIFAR-10 (as does Fig. 7's, the same ablation); §6.3's text says CIFAR-100.
+        base, acts, extra_seeds = _base("resnet20", "cifar10", "paper"), ACTIVATIONS, range(1, PAPER_TRIALS)
+        candidates = LR_CANDIDATES
+    else:
+        base = {**_base("resnet20", "digits", "smoke"), "epochs": 3, "schedule": "constant"}
+        acts, extra_seeds = T6_SMOKE_ACTIVATIONS, range(0)
+        candidates = SMOKE_LR_CANDIDATES
+    runs = []
+    for act in acts:
+        for name, norm in T6_APPROACHES.items():
+            for lr in candidates:
+                runs.append(RunSpec(f"{name} · {ACT_TITLE[act]} · lr {lr:g}",
+                                    _run(base, norm=norm, placement="pre_linear", activation=act, seed=0, lr=lr),
+                                    {"approach": name, "activation": act, "lr": lr, "seed": 0}))
+            for seed in extra_seeds:  # the accuracy columns: 10 trials at the recipe's lr 0.1
+                runs.append(RunSpec(f"{name} · {ACT_TITLE[act]} · lr 0.1 · seed {seed}",
+                                    _run(base, norm=norm, placement="pre_linear", activation=act, seed=seed, lr=0.1),
+                                    {"approach": name, "activation": act, "lr": 0.1, "seed": seed}))
+    return Plan(runs=runs)
+
+
+def run_trains(run, num_classes: int = 10) -> bool:
+    """Did this run train without collapsing (Peng §6.3's criterion, made operational)?
+
+    Collapsed: not finished (diverged to a non-finite loss, or failed), or the final epoch's mean
+    training loss is not finite, not below the first step's loss, or not below chance level ln(C) − 0.05
+    (a network stuck at uniform predictions). In a short smoke run the smallest candidates may also
+    count as "not trained"; that does not move the *maximal* stable rate as long as a larger one trains.
+    """
+    if run.status != "finished":
+        return False
+    final = finite_or_none(run.final("train_loss"))
+    first = run.series("train_loss")[1][:1]
+    first = finite_or_none(first[0]) if first else None
+    if final is None:
+        return False
+    if first is not None and final >= first:
+        return False
+    return final < math.log(num_classes) - 0.05
+
+
+def table6_verdict(lr_max: dict[tuple[str, str], float | None], tiny: bool = False) -> tuple[str, str]:
+    """Verdict on §6.3's ordering of the maximal learning rate, per activation.
+
+    Claim: mean removal and ℓ2 normalization both raise the maximal stable lr over no normalization,
+    ℓ2 more than mean removal, and CBN keeps at least ℓ2's. "not held" if any of none ≤ mean removal ≤
+    ℓ2 ≤ CBN is violated for some activation; "held" if none is and ℓ2 raises the rate for at least one
+    activation; "inconclusive" if nothing differs, or on tiny runs. A rate of None (nothing trained)
+    counts as 0.
+    """
+    acts = sorted({a for _, a in lr_max}, key=lambda a: ACTIVATIONS.index(a) if a in ACTIVATIONS else 99)
+    if not acts:
+        return "inconclusive", "no runs" + (" (tiny runs)" if tiny else "")
+    lines, violated, raised = [], [], False
+    for act in acts:
+        rate = [lr_max.get((name, act)) or 0.0 for name in T6_ORDER]
+        lines.append(f"{ACT_TITLE.get(act, act)}: " + " / ".join(f"{r:g}" for r in rate))
+        if not (rate[0] <= rate[1] <= rate[2] <= rate[3]):
+            violated.append(ACT_TITLE.get(act, act))
+        raised = raised or rate[2] > rate[0]
+    summary = "maximal stable lr (none / mean removal / ℓ2 / CBN): " + "; ".join(lines)
+    if tiny:
+        return "inconclusive", summary + " (tiny runs)"
+    if violated:
+        return "not held", summary + "; the order none ≤ mean removal ≤ ℓ2 ≤ CBN breaks for " + ", ".join(violated)
+    if raised:
+        return "held", summary + "; normalization raises the maximal lr, ℓ2 at least as much as mean removal"
+    return "inconclusive", summary + "; no approach changes the maximal lr on this grid"
+
+
+def _t6_analyze(ctx) -> Outcome:
+    from bnlab.probes import max_stable_lr
+
+    acts = [a for a in ACTIVATIONS if any(r.factors.get("activation") == a for r in ctx.runs)]
+    lr_max, trained = {}, {}
+    for act in acts:
+        for name in T6_ORDER:
+            by_lr = {r.factors["lr"]: r for r in ctx.runs if r.factors.get("approach") == name
+                     and r.factors.get("activation") == act and r.factors.get("seed") == 0}
+            status = {lr: run_trains(run) for lr, run in by_lr.items()}
+            trained[(name, act)] = status
+            if status:
+                lr_max[(name, act)] = max_stable_lr(lambda lr, s=status: s[lr], candidates=list(status),
+                                                    strategy="all").lr
+    accuracy = grouped_finals(ctx, ("approach", "activation", "lr"), "test_accuracy")
+    rows = []
+    paper_claim = ("not in our copy (Table 6's body is missing); §6.3: none < mean removal < ℓ2, ℓ2 "
+                   "“contributes more”; CBN “1 + 1 > 2”")
+    for act in acts:
+        for name in T6_ORDER:
+            rate = lr_max.get((name, act))
+            mean, std = mean_std(accuracy.get((name, act, 0.1), []))
+            status = trained.get((name, act), {})
+            rows.append({"quantity": f"max stable lr · {name} · {ACT_TITLE[act]}",
+                         "ours": "none trains" if rate is None else f"{rate:g}",
+                         "trained at": " ".join(f"{lr:g}:{'✓' if ok else '✗'}" for lr, ok in sorted(status.items())),
+                         "test acc at lr 0.1 (%)": _fmt(_pct(mean), _pct(std), len(accuracy.get((name, act, 0.1), []))),
+                         "paper": paper_claim})
+    groups = {ACT_TITLE[a]: {n: math.log10(lr_max[(n, a)]) if lr_max.get((n, a)) else float("nan") for n in T6_ORDER}
+              for a in acts}
+    fig_lr = bars(ctx.figure_path("max_stable_lr"), groups, ylabel="log10 maximal stable lr",
+                  title=f"Peng Table 6 / §6.3: maximal lr from {{1e-4 … 1}} ({ctx.preset})")
+    acc_groups = {ACT_TITLE[a]: {n: (_pct(mean_std(accuracy.get((n, a, 0.1), []))[0]) or float("nan"))
+                                 for n in T6_ORDER} for a in acts}
+    fig_acc = bars(ctx.figure_path("test_accuracy"), acc_groups, ylabel="test accuracy at lr 0.1 (%)",
+                   title=f"Peng Table 6: test accuracy of CBN's components ({ctx.preset})")
+    verdict, summary = table6_verdict(lr_max, ctx.tiny)
+    return Outcome([fig_lr, fig_acc], rows, verdict, summary + _status_note(ctx))
+
+
+register(Experiment(
+    id="peng-table6", paper="peng", target="Table 6",
+    title="Maximal learning rate (and accuracy) of CBN's components: none, mean removal, ℓ2 normalization, CBN",
+    claim="Mean removal and normalization via the ℓ2 norm both lower the gradient Lipschitz constant, so both raise "
+          "the maximal stable learning rate (lr_max = 1/L, Theorem 1), ℓ2 normalization more; together (CBN) they do "
+          "better than either.",
+    smoke_changes="digits, ResNet-20 at width 1/4, 3 epochs at a constant lr, Sigmoid/Tanh/ReLU only, one run per "
+                  "candidate lr from 1e-3 to 1 (1e-4 trains nothing in 36 steps, so it cannot be the maximum); the "
+                  "paper also reports 10-trial accuracies, smoke's accuracy column is the single lr-0.1 run. ℓ2 normalization is Eq. 5 alone, "
+                  "`cbn(center=false, amat=false)` (root mean square).",
+    cost={"smoke": "48 short runs, ≈1.5 min on 2 CPU cores",
+          "paper": "280 runs (4 approaches × 5 activations × (5 candidate lrs + 9 more trials at 0.1)) × 120 epochs of "
+                   "ResNet-20 on CIFAR-10 (GPU)"},
+    plan=_t6_plan, analyze=_t6_analyze))
+
+
