@@ -59,6 +59,11 @@ def train_command(
     ),
     compile_step: bool = typer.Option(False, "--compile", help="Compile the model's training step with torch.compile."),
     force: bool = typer.Option(False, "--force", help="Delete a stored run of this identity and train it again."),
+    # --- trackers (bnlab/train/trackers.py) ---
+    log_to: Optional[list[str]] = typer.Option(
+        None, "--log-to", help="Mirror the run to tensorboard:DIR or mlflow:URI (repeatable; pip install 'bnlab[track]')."
+    ),
+    # --- end trackers ---
     as_json: bool = typer.Option(False, "--json", help="Print the final record as one JSON object."),
 ) -> None:
     """Train a model and record the run; re-running the same command resumes it."""
@@ -116,7 +121,9 @@ def train_command(
             values["epochs"] = 1
         config = TrainConfig.from_dict(values)
         progress = "bar" if sys.stderr.isatty() else "lines"
-        record = run(config, progress=progress, force=force)
+        from bnlab.train.trackers import parse_log_to  # --log-to (trackers.py)
+
+        record = run(config, progress=progress, force=force, callbacks=[parse_log_to(s) for s in log_to or []])
     except RunInterrupted as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
