@@ -274,3 +274,61 @@ def test_cli_failed_run_prints_stored_record_and_exits_1(tmp_path, monkeypatch):
     assert result.exit_code == 1
     record = json.loads(result.stdout.strip().splitlines()[-1])
     assert record["status"] == "failed" and "evaluation exploded" in record["error"] and record["steps"] == 2
+
+
+# -- clean edges -------------------------------------------------------------------------------------
+
+
+@needs_models
+def test_ctrl_c_stores_interrupted_and_says_how_to_resume(tmp_path):
+    """A real SIGINT to a `bnlab train` process once its first checkpoint exists."""
+    import time
+
+    args = [sys.executable, "-m", "bnlab.cli", "train", "--model", "mlp", "--data", "digits", "--steps", "20000",
+            "--batch-size", "64", "--checkpoint-every", "5", "--runs-dir", str(tmp_path)]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "checkpoints").glob("*.pt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    with Store(tmp_path / "bnlab.db") as store:
+        (row,) = store.list_runs()
+    assert row["status"] == "interrupted" and 5 <= row["steps"] < 20000
+    assert f"interrupted at step {row['steps']} — re-run the same command to resume" in err
+
+
+def test_invalid_scale_invariant_override_leaves_no_record(tmp_path):
+    with pytest.raises(ValueError, match="nomatch"):
+        run(dict(RESUME_CONFIG, steps=2, scale_invariant=["nomatch"], runs_dir=str(tmp_path)),
+            model_factory=noisy_model, progress=False)
+    assert not (tmp_path / "bnlab.db").exists()
+    result = runner.invoke(app, ["train", "--model", "mlp", "--data", "digits", "--steps", "2",
+                                 "--scale-invariant", "nomatch", "--runs-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "nomatch" in result.output
+    assert not (tmp_path / "bnlab.db").exists()
+
+
+def test_load_model_of_a_model_factory_run_says_how(tmp_path):
+    record = run(dict(RESUME_CONFIG, steps=2, runs_dir=str(tmp_path)), model_factory=noisy_model, progress=False)
+    with pytest.raises(ValueError, match="model_factory=your_factory"):
+        load_model(record.id, tmp_path)
+
+
+def test_report_on_a_missing_runs_dir_fails_clearly(tmp_path):
+    missing = tmp_path / "nothing"
+    result = runner.invoke(app, ["report", "--runs-dir", str(missing)])
+    assert result.exit_code == 2 and "no run store" in result.output
+    assert not missing.exists()
+
+
+@needs_models
+def test_compile_trains_like_eager(tmp_path):
+    base = dict(model="mlp", data="digits", steps=3, lr=0.05, batch_size=64, runs_dir=str(tmp_path))
+    eager = run(base, progress=False)
+    compiled = run(dict(base, compile=True), progress=False)
+    assert compiled.id != eager.id and compiled.status == "finished"
+    assert compiled.metrics["train_loss"] == pytest.approx(eager.metrics["train_loss"], rel=1e-4)
