@@ -27,6 +27,7 @@ from .ops import (
 from .progress import ProgressTracker, set_progress, track
 from .registry import REGISTRY, NormInfo, Param, lookup, parse_spec
 from .renorm import BatchRenorm
+from .sync import convert_sync
 from .wrappers import ScaleInvariantBN, ScaleInvariantConvBN, ScaleInvariantLinearBN, WeightNorm
 
 __all__ = [
@@ -34,7 +35,7 @@ __all__ = [
     "MomentumBatchNorm", "NativeBatchNorm", "NoisyBatchNorm", "NormInfo", "PLACEMENTS", "Param", "REGISTRY",
     "ScaleInvariantBN", "ScaleInvariantConvBN", "ScaleInvariantLinearBN", "StochasticLayer",
     "VarOnlyBatchNorm", "WeightNorm", "amat_eta", "plain_autograd", "convert", "create", "describe", "fold",
-    "FoldReport", "NormAct", "ProgressTracker", "track",
+    "FoldReport", "NormAct", "ProgressTracker", "track", "convert_sync",
     "hoffer_linf_constant", "lookup", "mbn_lambda", "normalized", "parse_spec", "regularization_loss",
     "removes_mean", "seed_layers", "set_progress", "stochastic_layers", "validate",
 ]

@@ -25,6 +25,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from .sync import module_group, synced_moments
+
 CoefFn = Callable[..., tuple[Tensor, Tensor]]
 MomentsFn = Callable[[Tensor], tuple[Tensor, Tensor, int]]
 
@@ -161,8 +163,11 @@ class ChannelNorm(nn.Module):
         momentum: float | None = 0.1,
         affine: bool = True,
         track_running_stats: bool = True,
+        sync: bool = False,
     ) -> None:
         super().__init__()
+        # batch statistics over all ranks of process_group (None: the default group): bnlab.norms.sync
+        self.sync, self.process_group = bool(sync), None
         if not isinstance(num_features, int) or num_features < 1:
             raise ValueError(f"num_features must be a positive integer, got {num_features!r}")
         if momentum is not None and not 0.0 <= momentum <= 1.0:
@@ -204,7 +209,7 @@ class ChannelNorm(nn.Module):
                 f"{type(self).__name__} was built for {self.num_features} channels but the input has "
                 f"{x.shape[1]} (shape {tuple(x.shape)})"
             )
-        if self.training and x.numel() // x.shape[1] <= 1:
+        if self.training and x.numel() // x.shape[1] <= 1 and module_group(self) is None:  # synced: counted globally
             raise ValueError(
                 f"Expected more than 1 value per channel when training, got input of shape {tuple(x.shape)}"
             )
@@ -223,6 +228,8 @@ class ChannelNorm(nn.Module):
         better), two-pass, so a mean of 1e4 costs no variance digits. Differentiable when grad is on;
         without grad (inside the fused function) torch's two-pass statistics kernel runs instead.
         """
+        if (group := module_group(self)) is not None:  # training with sync=True in a process group
+            return synced_moments(x, group, stats_dtype(x))
         n = x.numel() // x.shape[1]
         plain = (torch.is_grad_enabled() or x.dtype != stats_dtype(x) or x.device.type not in ("cpu", "cuda")
                  or torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active())
@@ -242,7 +249,7 @@ class ChannelNorm(nn.Module):
         ``y`` has x's dtype; everything per-channel is computed in float32 or better, autocast off.
         """
         with torch.autocast(x.device.type, enabled=False):
-            if fused_enabled(x):
+            if fused_enabled(x) and module_group(self) is None:  # synced: autograd through the collectives
                 y, mean, var = _fused_normalize(x, self.batch_moments, coef_fn, *tensors)
                 return y, mean, var, x.numel() // x.shape[1]
             mean, var, n = self.batch_moments(x)

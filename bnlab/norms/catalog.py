@@ -19,13 +19,14 @@ _BN = {  # torch.nn.BatchNorm2d's options, with torch's names and semantics
                       help="running-statistics update weight; none = cumulative moving average"),
     "affine": Param(True, bool, help="learnable γ (weight) and β (bias)"),
     "track_running_stats": Param(True, bool, help="false: no running statistics, batch statistics in eval"),
+    "sync": Param(False, bool, help="batch statistics over all ranks of torch.distributed (bnlab.norms.sync)"),
 }
 _POS = {"positive": True}
 
 register(NormInfo("bn", BatchNorm, "BatchNorm from tensor ops; equals nn.BatchNorm2d",
                   "Ioffe & Szegedy 2015", "Alg. 1", dict(_BN)))
 register(NormInfo("native_bn", NativeBatchNorm, "torch's own fused BatchNorm",
-                  "Ioffe & Szegedy 2015", "Alg. 1", dict(_BN)))
+                  "Ioffe & Szegedy 2015", "Alg. 1", {k: v for k, v in _BN.items() if k != "sync"}))  # convert_sync: nn.SyncBatchNorm
 register(NormInfo("mean_only_bn", MeanOnlyBatchNorm, "subtract the batch mean only",
                   "Luo et al. 2019", "§5 (with WN)", dict(_BN)))
 register(NormInfo("var_only_bn", VarOnlyBatchNorm, "divide by the batch std only",

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from .batchnorm import BatchNorm
+from .sync import channel_count, channel_mean, channel_topk
 
 
 def hoffer_linf_constant(n: int) -> float:
@@ -44,15 +45,14 @@ class LpBatchNorm(BatchNorm):
 
     def batch_scale(self, centred: Tensor, var: Tensor | None = None) -> Tensor:
         """The calibrated ℓp scale of the centred batch (var: its biased variance if known, p=2's scale²)."""
-        dims = self.reduce_dims(centred)
+        # channel_mean/_count/_topk reduce over all ranks when the layer is synced (bnlab.norms.sync)
         if self.p == "2":
-            return (centred.pow(2).mean(dim=dims) if var is None else var).sqrt()
+            return (channel_mean(self, centred.pow(2)) if var is None else var).sqrt()
         if self.p == "1":
-            return math.sqrt(math.pi / 2) * centred.abs().mean(dim=dims)
+            return math.sqrt(math.pi / 2) * channel_mean(self, centred.abs())
         # p = inf: top-k of |x − μ| per channel, channels first so topk runs along one dim.
         flat = centred.transpose(0, 1).reshape(self.num_features, -1).abs()
-        k = min(self.topk, flat.shape[1])
-        return hoffer_linf_constant(flat.shape[1]) * flat.topk(k, dim=1).values.mean(dim=1)
+        return hoffer_linf_constant(channel_count(self, centred)) * channel_topk(self, flat, self.topk).mean(dim=1)
 
     def coefficients(self, mean: Tensor, scale: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
         """The layer as a per-channel affine map given the mean and the ℓp scale."""

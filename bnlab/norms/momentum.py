@@ -8,6 +8,7 @@ from torch import Tensor
 import warnings
 
 from .base import ChannelNorm
+from .sync import batch_samples
 
 
 def mbn_lambda(epoch: int, epochs: int, batch_size: int, ideal_batch: int) -> float:
@@ -80,7 +81,7 @@ class MomentumBatchNorm(ChannelNorm):
         gamma, beta = self.gamma_beta(x)
         if not self.use_batch_stats():
             return self.apply_affine(x, *self.running_affine(gamma, beta))
-        m = x.shape[0]  # MBN's m is the number of samples, not samples × positions
+        m = batch_samples(self, x)  # MBN's m (over all ranks when synced) is the number of samples, not samples × positions
         learning = self.training
         if (learning and not torch.compiler.is_compiling() and (self.epoch is None or self.epochs is None)
                 and not self._warned_progress):

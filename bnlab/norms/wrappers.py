@@ -51,11 +51,11 @@ class ScaleInvariantBN(nn.Module):
     """
 
     def __init__(self, layer: nn.Module, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-                 track_running_stats: bool = True) -> None:
+                 track_running_stats: bool = True, sync: bool = False) -> None:
         super().__init__()
         self.layer = layer
         self.norm = _WeightScaledEpsBN(_out_features(layer), eps=eps, momentum=momentum, affine=affine,
-                                       track_running_stats=track_running_stats)
+                                       track_running_stats=track_running_stats, sync=sync)
 
     def weight_sq(self) -> Tensor:
         return self.layer.weight.flatten(1).pow(2).sum(dim=1)
