@@ -34,72 +34,27 @@ import math
 import os
 import sqlite3
 import time
-import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from bnlab.store_schema import (  # noqa: F401 - re-exported: bnlab.store is the one public module
+    BUSY_TIMEOUT_MS,
+    SCHEMA_VERSION,
+    ReadOnlyStoreError,
+    StoreVersionError,
+    _open_readonly,
+    _writable,
+    check_schema,
+    migrate,
+    tables,
+)
+
 STATUSES = ("running", "finished", "diverged", "failed", "interrupted")
 EXPORT_FORMATS = ("csv", "json")
 
-#: Version of the layout below, stored in ``PRAGMA user_version``. 0 is an unversioned store of an
-#: earlier bnlab (same tables, maybe fewer optional columns), migrated on first writable open.
-SCHEMA_VERSION = 1
-
-_TABLES = """
-CREATE TABLE IF NOT EXISTS runs (
-    id          TEXT PRIMARY KEY,
-    config      TEXT NOT NULL,
-    config_hash TEXT NOT NULL,
-    status      TEXT NOT NULL,
-    created     REAL NOT NULL,
-    updated     REAL NOT NULL,
-    finished    REAL,
-    env         TEXT,
-    steps       INTEGER NOT NULL DEFAULT 0,
-    error       TEXT,
-    summary     TEXT
-);
-CREATE INDEX IF NOT EXISTS runs_by_hash ON runs(config_hash);
-CREATE TABLE IF NOT EXISTS metrics (
-    run_id TEXT NOT NULL,
-    step   INTEGER NOT NULL,
-    name   TEXT NOT NULL,
-    value  REAL
-);
-CREATE INDEX IF NOT EXISTS metrics_by_run ON metrics(run_id, name, step);
-CREATE TABLE IF NOT EXISTS experiments (
-    id TEXT NOT NULL, preset TEXT NOT NULL, runs TEXT NOT NULL, data TEXT NOT NULL,
-    tiny INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL, seconds REAL,
-    PRIMARY KEY (id, preset)
-);
-"""
-
-# Columns a store must have to be read at all, and those an older layout may lack (added with
-# their defaults by the migration from version 0).
-_REQUIRED = {"runs": ("id", "config", "status", "created"), "metrics": ("run_id", "step", "name", "value")}
-_ADDABLE = {
-    "runs": {
-        "config_hash": "TEXT NOT NULL DEFAULT ''",
-        "updated": "REAL NOT NULL DEFAULT 0",
-        "finished": "REAL",
-        "env": "TEXT",
-        "steps": "INTEGER NOT NULL DEFAULT 0",
-        "error": "TEXT",
-        "summary": "TEXT",
-    }
-}
-
-_BUSY_TIMEOUT_MS = 60_000
+_BUSY_TIMEOUT_MS = BUSY_TIMEOUT_MS
 _LOCK_RETRIES = 50
-
-
-class StoreVersionError(ValueError):
-    """The store was written by a bnlab this version cannot read (newer, or an unknown layout)."""
-
-
-class ReadOnlyStoreError(PermissionError):
-    """A write was attempted on a store opened read-only."""
 
 
 def _json_value(value: Any) -> Any:
@@ -169,46 +124,8 @@ class Store:
 
     def _check_schema(self) -> None:
         """Refuse a newer or unknown layout; create or migrate ours (writable stores only)."""
-        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StoreVersionError(
-                f"run store {self.path} has schema version {version}, newer than this bnlab reads "
-                f"(up to {SCHEMA_VERSION}); upgrade bnlab, or use another --runs-dir"
-            )
-        if version == SCHEMA_VERSION and (self.readonly or set(_REQUIRED) <= self._tables()):
-            return
-        columns = self._columns()
-        # a store of an earlier bnlab (or one missing a table): ours only if the columns it has are
-        for table, needed in _REQUIRED.items():
-            if table in columns:
-                lacking = [c for c in needed if c not in columns[table]]
-                if lacking:
-                    raise StoreVersionError(
-                        f"run store {self.path} has an unknown layout (table {table} lacks "
-                        f"{', '.join(lacking)}); it was not written by bnlab, or by a version this "
-                        f"one cannot read -- use another --runs-dir"
-                    )
-        if self.readonly:
-            return  # read as is: queries below only name columns present or defaulted
-        self._write(lambda c: self._migrate(c, version))
-
-    def _columns(self) -> dict[str, list[str]]:
-        tables = [r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        return {t: [r[1] for r in self._conn.execute(f"PRAGMA table_info({t})")] for t in tables}
-
-    def _migrate(self, c: sqlite3.Connection, version: int) -> None:
-        """Version 0 -> 1 inside one transaction: add missing optional columns, stamp the version;
-        (re)create missing tables (a new store, or a table dropped by accident)."""
-        if c.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:  # not done meanwhile
-            existing = self._columns()
-            for table, added in _ADDABLE.items():
-                for column, decl in added.items():
-                    if table in existing and column not in existing[table]:
-                        c.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
-        for statement in _TABLES.split(";"):
-            if statement.strip():
-                c.execute(statement)
-        c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        if check_schema(self._conn, self.path, readonly=self.readonly):
+            self._write(lambda c: migrate(c))
 
     @staticmethod
     def _retry(fn):
@@ -536,7 +453,7 @@ class Store:
         return out
 
     def _tables(self) -> set[str]:
-        return {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        return tables(self._conn)
 
     # -- export --------------------------------------------------------------------------------
 
@@ -561,27 +478,6 @@ class Store:
         for step, name, value in flat:
             writer.writerow([run["id"], step, name, repr(float(value))])
         return buf.getvalue()
-
-
-def _writable(path: Path) -> bool:
-    """Can this process write the store file and its folder (SQLite needs both, for the WAL)?"""
-    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
-
-
-def _open_readonly(path: Path) -> sqlite3.Connection:
-    """A read-only connection. With no write-ahead log beside the file (a store whose writers all
-    closed) ``immutable=1``: nothing at all is written, not even a WAL index. With one (a writer
-    is active or was killed) ``mode=ro``, which reads the log's rows; where the WAL index cannot
-    be created (a folder we cannot write) that fails and ``immutable=1`` reads the file alone."""
-    base = "file:" + urllib.parse.quote(str(path.resolve()))
-    if Path(f"{path}-wal").exists():
-        try:
-            conn = sqlite3.connect(f"{base}?mode=ro", uri=True, timeout=_BUSY_TIMEOUT_MS / 1000)
-            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
-            return conn
-        except sqlite3.OperationalError:
-            pass
-    return sqlite3.connect(f"{base}?immutable=1", uri=True)
 
 
 def _sql_float(value: Any) -> float | None:
