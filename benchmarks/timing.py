@@ -1,0 +1,152 @@
+"""Paired timing shared by benchmarks/norms.py (CPU) and benchmarks/gpu.py (CUDA).
+
+A layer and its reference (torch's native BatchNorm, cuDNN on a GPU) are timed alternately in one
+process — pair i runs A then B when i is even, B then A when odd — and the reported ratio is the median
+of the per-pair ratios, so drifts of the machine (other jobs, clocks, thermals) cancel instead of
+landing on whichever ran second. Timing lives here, never in tests: tests only check that the scripts
+run and write the right keys (``--quick``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import nullcontext
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from bnlab.norms import NativeBatchNorm
+from bnlab.norms.bench import DEFAULT_SPECS, _layer
+
+SPECS = DEFAULT_SPECS
+BN_FAMILY = ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn", "cbn(decouple=false)", "brn"]
+WRAPPERS = ("si_bn", "wn")  # they include their 1×1 conv: compared with that conv + native BN
+AMP_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Budget:
+    """Wall-clock budget: compiles are skipped (and say so) once the next one would not fit."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.compile_estimate = 0.0  # the slowest compile seen so far
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def allows_compile(self) -> bool:
+        return self.left() > 1.5 * self.compile_estimate + 5.0
+
+    def record_compile(self, seconds: float) -> None:
+        self.compile_estimate = max(self.compile_estimate, seconds)
+
+
+def reference_for(spec: str, shape: tuple[int, ...]) -> tuple[nn.Module, str]:
+    c = shape[1]
+    if spec in WRAPPERS:
+        inner = nn.Conv2d(c, c, 1, bias=False) if len(shape) == 4 else nn.Linear(c, c, bias=False)
+        return nn.Sequential(inner, NativeBatchNorm(c)), "conv1x1+native_bn" if len(shape) == 4 else "linear+native_bn"
+    return NativeBatchNorm(c), "native_bn"
+
+
+def fwd_bwd(module: nn.Module, x: torch.Tensor, precision: str = "fp32") -> Callable[[], None]:
+    """One training-mode forward + backward of ``module`` on ``x`` (under autocast for fp16/bf16)."""
+    module.train()
+    dtype = AMP_DTYPES[precision]
+    autocast = (lambda: torch.autocast(x.device.type, dtype=dtype)) if dtype is not None else nullcontext
+    grad = {}
+
+    def step() -> None:
+        xi = x.detach().requires_grad_()
+        with autocast():
+            y = module(xi)
+        if y.dtype not in grad:
+            grad[y.dtype] = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y.device, y.dtype)
+        y.backward(grad[y.dtype])
+
+    return step
+
+
+def paired(a: Callable[[], None], b: Callable[[], None], pairs: int, warmup: int = 2, inner: int = 1,
+           sync: Callable[[], None] = lambda: None) -> dict:
+    """Median ms of ``a`` and ``b`` and the median of the per-pair ratios a/b, timed alternately."""
+    for _ in range(warmup):
+        a(), b()
+    sync()
+    times: dict[Callable, list[float]] = {a: [], b: []}
+    for i in range(pairs):
+        for f in ((a, b) if i % 2 == 0 else (b, a)):
+            start = time.perf_counter()
+            for _ in range(inner):
+                f()
+            sync()
+            times[f].append((time.perf_counter() - start) / inner)
+    ratios = [ta / tb for ta, tb in zip(times[a], times[b])]
+    return {"ms": 1e3 * statistics.median(times[a]), "ref_ms": 1e3 * statistics.median(times[b]),
+            "ratio": statistics.median(ratios)}
+
+
+def measure(step: Callable[[], None], ref_step: Callable[[], None], pairs: int, inner: int,
+            sync: Callable[[], None]) -> dict:
+    """:func:`paired`, or the error: one layer that fails (e.g. under autocast) must not end the run."""
+    try:
+        return paired(step, ref_step, pairs, inner=inner, sync=sync)
+    except Exception as err:
+        return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+
+
+def compile_and_warm(module: nn.Module, make_step: Callable[[nn.Module], Callable[[], None]], budget: Budget,
+                     backend: str = "inductor") -> tuple[Callable[[], None] | None, dict]:
+    """``make_step(torch.compile(module))`` after its first calls (the compile), or None and why not."""
+    if not budget.allows_compile():
+        return None, {"skipped": f"time budget ({budget.left():.0f} s left, a compile took up to "
+                                 f"{budget.compile_estimate:.0f} s)"}
+    start = time.perf_counter()
+    try:
+        step = make_step(torch.compile(module, backend=backend))
+        step(), step()  # the first call compiles forward and backward; the second catches recompiles
+    except Exception as err:  # a layer that does not compile is a result to report, not a crash
+        return None, {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+    seconds = time.perf_counter() - start
+    budget.record_compile(seconds)
+    return step, {"compile_s": round(seconds, 1)}
+
+
+def layer_table(specs: list[str], shape: tuple[int, ...], device: torch.device, precisions: list[str],
+                modes: list[str], pairs: int, budget: Budget, backend: str = "inductor", inner: int = 1,
+                sync: Callable[[], None] = lambda: None, progress: Callable[[dict], None] | None = None) -> list[dict]:
+    """One row per (spec, precision, mode): the layer's fwd+bwd against its native reference in eager mode."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(device)
+    rows = []
+    for precision in precisions:
+        xp = x if precision == "fp32" else x.to(AMP_DTYPES[precision])  # AMP activations arrive in half
+        for spec in specs:
+            torch.manual_seed(0)
+            reference, ref_name = reference_for(spec, shape)
+            ref_step = fwd_bwd(reference.to(device), xp, precision)
+            layer = _layer(spec, shape).to(device)
+            for mode in modes:
+                row = {"spec": spec, "precision": precision, "mode": mode, "reference": f"{ref_name} eager"}
+                step, info = ((fwd_bwd(layer, xp, precision), {}) if mode == "eager" else
+                              compile_and_warm(layer, lambda m: fwd_bwd(m, xp, precision), budget, backend))
+                row.update(info)
+                if step is not None:
+                    row.update(measure(step, ref_step, pairs, inner, sync))
+                rows.append(row)
+                if progress is not None:
+                    progress(row)
+    return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+    lines = ["| layer | precision | mode | ms | reference ms | × reference |", "|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        if "ratio" in r:
+            lines.append(f"| `{r['spec']}` | {r['precision']} | {r['mode']} | {r['ms']:.3f} | {r['ref_ms']:.3f} | "
+                         f"{r['ratio']:.2f} |")
+        else:
+            lines.append(f"| `{r['spec']}` | {r['precision']} | {r['mode']} | – | – | "
+                         f"{r.get('error') or r.get('skipped')} |")
+    return "\n".join(lines)

@@ -1,0 +1,63 @@
+"""The benchmark scripts run and write the documented keys (--quick dry runs; no timing is asserted)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    yield
+    torch._dynamo.reset()
+
+
+def test_gpu_benchmark_refuses_without_cuda(monkeypatch, capsys, tmp_path):
+    gpu = load("gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu.main(["--out-dir", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert gpu.main(["--device", "cpu", "--out-dir", str(tmp_path)]) == 2  # CPU only as a --quick dry run
+    assert "only a dry run" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(SystemExit):
+        gpu.main(["--device", "cpu", "--quick", "--specs", "nope"])
+
+
+def test_gpu_benchmark_dry_run_writes_every_section(tmp_path):
+    gpu = load("gpu")
+    assert gpu.main(["--device", "cpu", "--quick", "--specs", "bn", "--out-dir", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "gpu-cpu.json").read_text())
+    assert {"device", "torch", "cuda", "layers", "resnet20_step", "elapsed_s", "budget_s"} <= set(result)
+    layers = {(r["spec"], r["precision"], r["mode"]) for r in result["layers"]}
+    assert layers == {("bn", p, "eager") for p in ("fp32", "fp16", "bf16")} | {("bn", "fp32", "compiled")}
+    resnet = {(r["spec"], r["precision"], r["mode"]) for r in result["resnet20_step"]}
+    assert resnet == {("bn", "fp32", "eager"), ("bn", "bf16", "eager"), ("bn", "fp32", "compiled")}
+    for row in result["layers"] + result["resnet20_step"]:
+        assert {"ms", "ref_ms", "ratio", "reference"} <= set(row), row  # no error, nothing skipped
+
+
+def test_norms_benchmark_quick_writes_eager_and_compiled_columns(tmp_path):
+    norms = load("norms")
+    out = tmp_path / "norms.json"
+    result = norms.main(["--quick", "--threads", "1", "--specs", "native_bn,bn,si_bn", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert {(r["spec"], r["mode"]) for r in result["rows"]} == {
+        (s, m) for s in ("native_bn", "bn", "si_bn") for m in ("eager", "compiled")}
+    assert all(r["ratio"] > 0 and r["ms"] > 0 for r in result["rows"])
+    si = next(r for r in result["rows"] if r["spec"] == "si_bn")
+    assert si["reference"].startswith("conv1x1+native_bn")  # wrappers are compared with their conv + BN
+    goals = result["goals"]
+    assert set(goals) == {"eager_bn_family_le_1.3", "compiled_every_layer_le_1.0", "eager_others_le_1.5"}
+    assert goals["eager_bn_family_le_1.3"]["met"] is False  # mbn, cbn, ... were not run: cannot be met
