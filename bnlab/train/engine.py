@@ -25,10 +25,11 @@ import torch
 from bnlab.store import Store
 from bnlab.train.callbacks import LEGACY_HOOKS, CallbackList, StepContext
 from bnlab.train.checkpoint import checkpoint_path, load_checkpoint, pack_rows, save_checkpoint, unpack_rows
+from bnlab.train.divergence import Divergence, check_state, scan_losses, state_tensors
 from bnlab.train.optim import Projection, build_optimizer, find_scale_invariant, set_lr_factor
 from bnlab.train.prepare import Prepared, derive_seed
 from bnlab.train.progress import Progress
-from bnlab.train.record import _primitive
+from bnlab.train.resume import checkpoint_state, restore_state
 from bnlab.train.schedules import parse_schedule
 
 DETECTION_BATCH = 256  # samples of the fixed batch used to test scale invariance
@@ -37,14 +38,6 @@ CHECKPOINT_SECONDS = 30.0  # default cadence: first epoch end after this much ti
 CHECK_EVERY = 50  # default steps between reads of the device values (no host sync in between)
 _FLUSH_ROWS = 5000
 FLUSH_SECONDS = 10.0  # at most this long between writes of rows: `runs list` follows progress
-
-
-class Divergence(Exception):
-    """Raised inside the loop when a check finds the run diverged (caught by :meth:`Trainer.train`)."""
-
-    def __init__(self, step: int, loss: float, reason: str):
-        super().__init__(reason)
-        self.step, self.loss, self.reason = step, loss, reason
 
 
 class Trainer:
@@ -105,9 +98,7 @@ class Trainer:
         self.progress_layers = [m for m in modules if callable(getattr(m, "set_progress", None))]
         # regularization_loss is 0.0 (a float) when no layer has a regularizer: skip it per step
         self.regularizer = regularization_loss if torch.is_tensor(regularization_loss(self.model)) else None
-        self.state_tensors = [p for p in self.model.parameters() if p.numel()] + [
-            b for b in self.model.buffers() if b.numel() and b.is_floating_point()
-        ]
+        self.state_tensors = state_tensors(self.model)
         self.noise_layers = []
         for name, module in self.model.named_modules():
             if hasattr(module, "generator_for"):
@@ -128,7 +119,7 @@ class Trainer:
 
     def log(self, name: str, value: Any, step: int, divisor: float = 1.0) -> None:
         """Record ``value`` (a number or a 0-d device tensor, read at the next check) at ``step``."""
-        if torch.is_tensor(value):
+        if torch.is_tensor(value) and value.requires_grad:
             value = value.detach()
         self.pending.append((int(step), str(name), value, divisor))
 
@@ -173,26 +164,8 @@ class Trainer:
             if self.start_loss is None and first == 1:
                 self.start_loss = losses[0]
             self.last_loss = losses[-1]
-        factor = self.config.divergence_factor
-        limit = factor * max(abs(self.start_loss), 1e-12) if factor and self.start_loss is not None else math.inf
-        for offset, value in enumerate(losses):
-            if not math.isfinite(value):
-                raise Divergence(first + offset, value, f"non-finite loss {value} at step {first + offset}")
-            if value > limit:
-                raise Divergence(
-                    first + offset, value,
-                    f"loss {value:.4g} at step {first + offset} exceeds divergence_factor {factor:g} "
-                    f"x the first loss {self.start_loss:.4g}",
-                )
-        if self.state_tensors:
-            peaks = torch.stack([t.detach().abs().amax().float() for t in self.state_tensors])
-            finite = torch.isfinite(peaks).tolist()
-            if not all(finite):
-                names = [*(n for n, p in self.model.named_parameters() if p.numel()),
-                         *(n for n, b in self.model.named_buffers() if b.numel() and b.is_floating_point())]
-                bad = [n for n, ok in zip(names, finite) if not ok]
-                raise Divergence(self.step, self.last_loss,
-                                 f"non-finite parameters/buffers after step {self.step}: {', '.join(bad[:5])}")
+        scan_losses(losses, first, self.start_loss, self.config.divergence_factor)
+        check_state(self.state_tensors, self.step, self.last_loss)
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -237,30 +210,7 @@ class Trainer:
         self.store.delete_metrics_after(self.run_id, self._ckpt["step"] if self._ckpt else -1)
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
-        self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        if self.projection is not None:
-            self.projection.load_state_dict(ckpt["projection"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        if self.device.type == "cuda" and ckpt.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(ckpt["cuda_rng"], self.device)
-        self.data_gen.set_state(ckpt["data_generator"])
-        self.epoch_start_state = ckpt["data_generator"]
-        noise = ckpt.get("noise_generators", {})
-        for name, gen in self.noise_layers:
-            if name in noise:
-                gen.set_state(noise[name].to(gen.get_state().device))
-        self.callbacks.load_state_dict(ckpt.get("callbacks", {}))
-        acc = ckpt["accumulators"]
-        self.acc_loss.fill_(float(acc["loss_sum"]))
-        self.acc_correct.fill_(int(acc["correct"]))
-        self.acc_count, self.acc_batches = int(acc["count"]), int(acc["batches"])
-        self.last_loss = float(ckpt["last_loss"])
-        start = ckpt.get("start_loss")
-        self.start_loss = float(start) if start is not None else None
-        self.step = int(ckpt["step"])
-        self.final = ckpt.get("final_summary")
-        self.resumed_from = self.step
+        restore_state(self, ckpt)
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -271,61 +221,15 @@ class Trainer:
 
     def checkpoint(self, *, final_summary: dict[str, Any] | None = None) -> None:
         self.flush()  # the store then holds every row up to this step, and none beyond it
-        at_boundary = self.step % self.spe == 0
-        state = {
-            "run_id": self.run_id,
-            "step": self.step,
-            "model": self.model.state_dict(),
-            "model_spec": self.prep.model_spec,
-            "config": _primitive(self.config.to_dict()),
-            "optimizer": self.optimizer.state_dict(),
-            "projection": self.projection.state_dict() if self.projection else None,
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-            # at an epoch boundary the next epoch starts from the current state; mid-epoch the
-            # resumed run re-draws this epoch from its start and skips the batches already taken
-            "data_generator": self.data_gen.get_state() if at_boundary else self.epoch_start_state,
-            "noise_generators": {name: g.get_state().cpu() for name, g in self.noise_layers},
-            "callbacks": self.callbacks.state_dict(),
-            "scale_invariant": dict(self.scale_invariant),
-            "accumulators": {
-                "loss_sum": float(self.acc_loss), "correct": int(self.acc_correct),
-                "count": self.acc_count, "batches": self.acc_batches,
-            },
-            "last_loss": self.last_loss,
-            "start_loss": self.start_loss,
-            "final_summary": _primitive(final_summary) if final_summary is not None else None,
-            # the store's rows up to here, made durable; a resume re-creates any the store loses
-            "store_rows": pack_rows(self.store.sync_rows(self.run_id, self.step)),
-        }
+        state = checkpoint_state(self, final_summary)
         save_checkpoint(self.ckpt_path, state)
         self.last_checkpoint_time = time.monotonic()
 
     # -- evaluation --------------------------------------------------------------------------------
 
     def evaluate(self) -> dict[str, float]:
-        """Loss (and accuracy) on the test split in eval mode; non-finite outputs count as wrong."""
-        x, y = self.data.x_test, self.data.y_test
-        if x is None:
-            return {}
-        was_training = self.model.training
-        self.model.eval()
-        n = x.shape[0]
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        correct = torch.zeros((), dtype=torch.int64, device=self.device)
-        with torch.no_grad():
-            for start in range(0, n, EVAL_CHUNK):
-                xb, yb = x[start : start + EVAL_CHUNK], y[start : start + EVAL_CHUNK]
-                out = self.model(xb)
-                loss_sum += self.loss_fn(out, yb).double() * xb.shape[0]
-                if self.classification:
-                    ok = torch.isfinite(out).all(dim=1) & (out.argmax(dim=1) == yb)
-                    correct += ok.sum()
-        self.model.train(was_training)
-        result = {"test_loss": float(loss_sum) / n}
-        if self.classification:
-            result["test_accuracy"] = int(correct) / n
-        return result
+        """Loss (and accuracy) on the test split in eval mode (:func:`evaluate`)."""
+        return evaluate(self.model, self.data, self.loss_fn, self.classification)
 
     def epoch_means(self) -> dict[str, float]:
         if self.acc_batches == 0:
@@ -377,7 +281,7 @@ class Trainer:
         if number % self.log_every == 0 or number == 1:
             self.log("train_loss", value, number)
         if self.classification:
-            correct = (out.detach().argmax(dim=1) == yb).sum()
+            correct = (out.argmax(dim=1) == yb).sum()  # argmax has no gradient: no graph is built
             self.acc_correct += correct
             if number % self.log_every == 0 or number == 1:
                 self.log("train_accuracy", correct, number, int(yb.shape[0]))
@@ -471,3 +375,28 @@ class Trainer:
             self.checkpoint(final_summary=summary)
         self.flush()
         return status, metrics
+
+
+def evaluate(model: torch.nn.Module, data: Any, loss_fn: Any, classification: bool) -> dict[str, float]:
+    """Loss (and accuracy) on ``data``'s test split in eval mode; non-finite outputs count as wrong."""
+    x, y = data.x_test, data.y_test
+    if x is None:
+        return {}
+    was_training = model.training
+    model.eval()
+    n = x.shape[0]
+    loss_sum = torch.zeros((), dtype=torch.float64, device=x.device)
+    correct = torch.zeros((), dtype=torch.int64, device=x.device)
+    with torch.no_grad():
+        for start in range(0, n, EVAL_CHUNK):
+            xb, yb = x[start : start + EVAL_CHUNK], y[start : start + EVAL_CHUNK]
+            out = model(xb)
+            loss_sum += loss_fn(out, yb).double() * xb.shape[0]
+            if classification:
+                ok = torch.isfinite(out).all(dim=1) & (out.argmax(dim=1) == yb)
+                correct += ok.sum()
+    model.train(was_training)
+    result = {"test_loss": float(loss_sum) / n}
+    if classification:
+        result["test_accuracy"] = int(correct) / n
+    return result
