@@ -66,6 +66,9 @@ class TrainConfig:
     # non-finite losses, parameters and buffers count)
     divergence_factor: float | None = DIVERGENCE_FACTOR
     compile: bool = False  # torch.compile the model for the training step
+    # data parallel (bnlab.train.distributed): processes sharing each batch, norms' statistics over all
+    nproc: int = 1
+    sync_norms: bool = True
     runs_dir: str = "runs"
 
     # -- construction ----------------------------------------------------------------------
@@ -212,12 +215,22 @@ def validate_static(config: TrainConfig, *, check_model: bool = True) -> TrainCo
         c.divergence_factor = _float("divergence_factor", c.divergence_factor)
         if c.divergence_factor <= 1:
             raise ValueError(f"divergence_factor must be > 1 (or null to disable), got {c.divergence_factor}")
-    for flag in ("augment", "verify", "download", "compile"):
+    for flag in ("augment", "verify", "download", "compile", "sync_norms"):
         if getattr(c, flag) not in (True, False):
             raise ValueError(f"{flag} must be true or false, got {getattr(c, flag)!r}")
     c.device = str(c.device)
+    _check_data_parallel(c)
     _check_registries(c, check_model)
     return c
+
+
+def _check_data_parallel(c: TrainConfig) -> None:
+    """nproc and sync_norms (bnlab.train.distributed)."""
+    c.nproc = _positive_int("nproc", c.nproc, allow_none=False)
+    if c.nproc == 1 and not c.sync_norms:
+        raise ValueError("sync_norms=false (--no-sync-norms) needs nproc > 1: one process has no other ranks")
+    if c.nproc > 1 and c.probes:
+        raise ValueError(f"probes run in one process only; drop the probes or use nproc 1 (got nproc {c.nproc})")
 
 
 def _check_registries(c: TrainConfig, check_model: bool = True) -> None:

@@ -32,6 +32,7 @@ from bnlab.store import Store
 from bnlab.train.callbacks import Callback, StepContext
 from bnlab.train.checkpoint import checkpoint_path, load_checkpoint
 from bnlab.train.config import TrainConfig
+from bnlab.train import distributed
 from bnlab.train.engine import Trainer
 from bnlab.train.prepare import (
     ModelFactory,
@@ -98,6 +99,8 @@ def run(
     cfg = prep.config
     identity = run_identity(prep)
     run_id = identity_hash(identity)[:12]
+    if distributed.is_follower():  # --- data parallel: ranks > 0 train in step with rank 0, store nothing
+        return distributed.follow(prep, run_id)
     runs_dir = Path(cfg.runs_dir)
     store = Store(runs_dir / "bnlab.db")
     try:
@@ -110,8 +113,10 @@ def run(
             record = RunRecord.from_store(existing)
             record.message = f"{run_id} already {existing['status']} — stored result; --force to retrain"
             _say(progress, record.message)
+            distributed.announce(False, run_id)  # data parallel: the other ranks stop too
             return record
         with RunLock(checkpoint_path(runs_dir, run_id).with_suffix(".lock")):
+            distributed.announce(True, run_id)  # data parallel: the other ranks train with this one
             return _train(prep, store, run_id, identity, progress)
     finally:
         store.close()
@@ -132,7 +137,8 @@ def _delete(store: Store, runs_dir: Path, run_id: str, existing: dict | None) ->
 
 def _train(prep: Prepared, store: Store, run_id: str, identity: dict, progress: Any) -> RunRecord:
     cfg = prep.config
-    trainer = Trainer(prep, store, run_id, progress, prep.callbacks)
+    trainer = (distributed.DataParallelTrainer if distributed.current() else Trainer)(  # data parallel
+        prep, store, run_id, progress, prep.callbacks)
     trainer.setup()  # reads the checkpoint and detects scale invariance; stores nothing
     env = {**environment(prep.device), "identity": _brief_identity(identity)}
     store.create_run(run_id, cfg.to_dict(), config_hash=cfg.config_hash(), env=env)

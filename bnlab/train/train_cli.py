@@ -64,11 +64,19 @@ def train_command(
         None, "--log-to", help="Mirror the run to tensorboard:DIR or mlflow:URI (repeatable; pip install 'bnlab[track]')."
     ),
     # --- end trackers ---
+    # --- data parallel (bnlab/train/distributed.py) ---
+    nproc: Optional[int] = typer.Option(
+        None, "--nproc", help="Processes sharing each batch (DDP via torch.distributed's launcher; gloo on CPU, nccl on CUDA)."
+    ),
+    sync_norms: Optional[bool] = typer.Option(
+        None, "--sync-norms/--no-sync-norms", help="With --nproc > 1: norms' batch statistics over all processes (default) or per process."
+    ),
+    # --- end data parallel ---
     as_json: bool = typer.Option(False, "--json", help="Print the final record as one JSON object."),
 ) -> None:
     """Train a model and record the run; re-running the same command resumes it."""
     from bnlab.train.config import TrainConfig, load_config_file
-    from bnlab.train.loop import RunInterrupted, RunLockedError, run
+    from bnlab.train.loop import RunInterrupted, RunLockedError
 
     config = None
     try:
@@ -101,6 +109,8 @@ def train_command(
             "probes": list(probe) if probe else None,
             "divergence_factor": divergence_factor,
             "compile": True if compile_step else None,
+            "nproc": nproc,
+            "sync_norms": sync_norms,
         }
         given = {k: v for k, v in flags.items() if v is not None}
         # --steps on the command line replaces epochs from the file, and vice versa
@@ -123,7 +133,11 @@ def train_command(
         progress = "bar" if sys.stderr.isatty() else "lines"
         from bnlab.train.trackers import parse_log_to  # --log-to (trackers.py)
 
-        record = run(config, progress=progress, force=force, callbacks=[parse_log_to(s) for s in log_to or []])
+        from bnlab.train.distributed import train  # one process, --nproc N local ones, or a torchrun rank
+
+        record = train(config, progress=progress, force=force, callbacks=[parse_log_to(s) for s in log_to or []])
+        if record is None:  # a rank > 0 of a torchrun launch: rank 0 reports
+            return
     except RunInterrupted as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None

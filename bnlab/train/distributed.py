@@ -1,0 +1,262 @@
+"""Data-parallel training on torch.distributed: ``bnlab train --nproc N``, or any ``torchrun`` launch.
+
+Semantics (``docs/readme/distributed.md``):
+
+* The global batch is the batch of the one-process run (``batch_size``), drawn by the same seeded
+  generator on every rank; rank r trains on its contiguous slice (sizes differ by at most one). The
+  model's outputs are all-gathered (differentiably) and every rank computes the loss of the whole
+  batch, so the loss, the accuracy, the divergence checks and every logged number are the
+  one-process ones. The gradient: autograd across the ranks differentiates Σ_r L = N·L, DDP averages
+  over the N ranks, so each rank steps with ∇L exactly (up to float summation order).
+* ``sync_norms`` (default): every bnlab norm computes its batch statistics over the global batch
+  (:func:`bnlab.norms.convert_sync`), so N processes train the one-process model. ``sync_norms=false``
+  keeps per-rank statistics (what plain DDP does): the per-device batch then sets the statistics'
+  noise, MBN's subject; DDP then broadcasts rank 0's buffers (running statistics) before each forward.
+* Rank 0 alone writes the run store and the checkpoints; at start every rank receives rank 0's
+  checkpoint over the process group (no shared filesystem needed), so a killed run resumes when the
+  same command runs again. Ranks > 0 keep only the callbacks that change training (observers and
+  loggers run on rank 0) and skip evaluation.
+
+Launching: :func:`train` runs one process, or starts ``config.nproc`` local processes through
+torch.distributed's own elastic launcher (what ``torchrun --standalone`` runs), or, inside a
+``torchrun`` worker (``WORLD_SIZE`` > 1 in the environment), joins that process group — the way to
+use several nodes. Backend: gloo on CPU, nccl on CUDA (one GPU per local rank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from bnlab.norms.sync import all_gather
+from bnlab.train.config import TrainConfig, validate_static
+from bnlab.train.engine import Trainer
+
+
+@dataclass(frozen=True)
+class Rank:
+    """This process's place in the default process group."""
+
+    rank: int
+    world: int
+    local_rank: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def current() -> Rank | None:
+    """This process's rank in an initialized default group of more than one process, else None."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    return Rank(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+
+
+def is_follower() -> bool:
+    """True on ranks > 0 of a data-parallel run: they train in step with rank 0 and store nothing."""
+    me = current()
+    return me is not None and not me.is_main
+
+
+def split_sizes(n: int, world: int) -> list[int]:
+    """Rows of a batch of n per rank, in rank order: contiguous, sizes differing by at most one."""
+    return [n // world + (1 if r < n % world else 0) for r in range(world)]
+
+
+# --------------------------------------------------------------------------------------------
+# the data-parallel step: a forward over this rank's rows whose output is the global batch's
+# --------------------------------------------------------------------------------------------
+
+
+def gather_rows(t: torch.Tensor, sizes: list[int], group=None) -> torch.Tensor:
+    """Every rank's rows of t (rank r holds sizes[r]) concatenated in rank order; differentiable."""
+    group = group if group is not None else dist.group.WORLD
+    top = max(sizes)
+    padded = torch.cat([t, t.new_zeros((top - t.shape[0], *t.shape[1:]))]) if t.shape[0] < top else t
+    stacked = all_gather(padded, group)  # backward: Σ over ranks of ∂L_r/∂(rows), reaching each owner
+    return torch.cat([stacked[r, :n] for r, n in enumerate(sizes)])
+
+
+class ShardedForward(nn.Module):
+    """``net`` (the DDP module) on this rank's slice of a global batch; returns the global output."""
+
+    def __init__(self, net: nn.Module, me: Rank):
+        super().__init__()
+        self.net, self.me = net, me
+
+    def forward(self, xb: torch.Tensor) -> torch.Tensor:
+        sizes = split_sizes(xb.shape[0], self.me.world)
+        lo = sum(sizes[: self.me.rank])
+        return gather_rows(self.net(xb[lo : lo + sizes[self.me.rank]]), sizes)
+
+
+class DataParallelTrainer(Trainer):
+    """:class:`~bnlab.train.engine.Trainer` on one rank of a data-parallel run (see the module docstring)."""
+
+    def __init__(self, prep, store, run_id: str, progress: Any, callbacks: list[Any]):
+        me = current()
+        if me is None:
+            raise RuntimeError("DataParallelTrainer needs an initialized process group of more than one rank")
+        self.me = me
+        super().__init__(prep, store, run_id, progress if me.is_main else False, callbacks)
+        self.ddp: nn.Module | None = None
+
+    def setup(self) -> None:
+        received = self._share_checkpoint()
+        try:
+            super().setup()  # scale-invariance detection runs on the unsynced model, as in one process
+        finally:
+            if received is not None:
+                received.unlink(missing_ok=True)
+        if self.config.sync_norms:
+            from bnlab.norms import convert_sync
+
+            convert_sync(self.model)
+        cuda = self.device.type == "cuda"
+        self.ddp = nn.parallel.DistributedDataParallel(
+            self.model, device_ids=[self.device.index] if cuda else None,
+            # synced buffers are equal on every rank already; unsynced ones follow rank 0, as in plain DDP
+            forward_sync_buffers=not self.config.sync_norms)
+        net = torch.compile(self.ddp) if self.config.compile else self.ddp
+        self.forward = ShardedForward(net, self.me)
+
+    def _share_checkpoint(self) -> Path | None:
+        """Rank 0's checkpoint file, sent as bytes to every rank; ranks > 0 load it from a private copy."""
+        payload = [self.ckpt_path.read_bytes() if self.me.is_main and self.ckpt_path.exists() else b""]
+        dist.broadcast_object_list(payload, src=0)
+        if self.me.is_main:
+            return None
+        fd, name = tempfile.mkstemp(prefix=f"bnlab-rank{self.me.rank}-", suffix=".pt")
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload[0])
+        self.ckpt_path = Path(name)
+        if not payload[0]:
+            self.ckpt_path.unlink()
+        return self.ckpt_path
+
+    def checkpoint(self, *, final_summary: dict[str, Any] | None = None) -> None:
+        if self.me.is_main:
+            super().checkpoint(final_summary=final_summary)
+        else:
+            self.flush()
+            self.last_checkpoint_time = time.monotonic()
+
+    def evaluate(self) -> dict[str, float]:
+        return super().evaluate() if self.me.is_main else {}
+
+
+# --------------------------------------------------------------------------------------------
+# ranks > 0 in bnlab.train.loop.run
+# --------------------------------------------------------------------------------------------
+
+
+def announce(train: bool, run_id: str) -> None:
+    """Rank 0 tells the other ranks whether the run trains (False: it had already ended)."""
+    if current() is not None:
+        dist.broadcast_object_list([(train, run_id)], src=0)
+
+
+def follow(prep, run_id: str) -> None:
+    """A rank > 0's part of ``bnlab.train.loop.run``: train in step with rank 0 into a throwaway store."""
+    from bnlab.store import Store
+
+    message = [None]
+    dist.broadcast_object_list(message, src=0)
+    train, main_id = message[0]
+    if main_id != run_id:
+        raise RuntimeError(f"rank {dist.get_rank()} built run {run_id} but rank 0 runs {main_id}: "
+                           "the ranks were given different configurations")
+    if not train:
+        return
+    with tempfile.TemporaryDirectory(prefix=f"bnlab-rank{dist.get_rank()}-") as scratch:
+        store = Store(Path(scratch) / "bnlab.db")
+        try:
+            store.create_run(run_id, prep.config.to_dict(), config_hash=prep.config.config_hash(), env={})
+            kept = [cb for cb in prep.callbacks if getattr(cb, "changes_training", False)]
+            trainer = DataParallelTrainer(prep, store, run_id, False, kept)
+            trainer.setup()
+            trainer.train()
+        finally:
+            store.close()
+
+
+# --------------------------------------------------------------------------------------------
+# launching
+# --------------------------------------------------------------------------------------------
+
+
+def torchrun_environment() -> bool:
+    """True in a worker that torchrun (or the elastic agent) started with more than one rank."""
+    return "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def train(config: TrainConfig | dict, *, callbacks=(), progress: Any = None, force: bool = False,
+          model_factory=None):
+    """``bnlab train``: one process; ``config.nproc`` local processes; or this rank of a torchrun launch.
+
+    Returns the run's record (on rank 0; ``None`` on the other ranks of a torchrun launch).
+    """
+    from bnlab.train.loop import run
+
+    cfg = TrainConfig.coerce(config)
+    if torchrun_environment() and current() is None:
+        cfg = validate_static(_with_world_size(cfg), check_model=model_factory is None)
+        return _as_rank(cfg.to_dict(), list(callbacks), progress, force, model_factory)
+    cfg = validate_static(cfg, check_model=model_factory is None)
+    if cfg.nproc > 1 and current() is None:
+        return launch(cfg, callbacks=callbacks, progress=progress, force=force, model_factory=model_factory)
+    return run(cfg, callbacks=callbacks, progress=progress, force=force, model_factory=model_factory)
+
+
+def launch(cfg: TrainConfig, *, callbacks=(), progress: Any = None, force: bool = False, model_factory=None):
+    """Run ``cfg`` on ``cfg.nproc`` local processes with torch.distributed's elastic launcher (the one
+    ``torchrun --standalone`` uses: rendezvous on a free localhost port, no restarts); rank 0's record."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    launch_config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=cfg.nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, start_method="spawn")
+    results = elastic_launch(launch_config, _as_rank)(cfg.to_dict(), list(callbacks), progress, force, model_factory)
+    return results[0]
+
+
+def _with_world_size(cfg: TrainConfig) -> TrainConfig:
+    """cfg with nproc = the launch's WORLD_SIZE (an nproc given and different is an error)."""
+    world = int(os.environ["WORLD_SIZE"])
+    if cfg.nproc not in (1, world):
+        raise ValueError(f"nproc {cfg.nproc} does not match the launch's WORLD_SIZE {world}")
+    return dataclasses.replace(cfg, nproc=world)
+
+
+def _as_rank(config: dict, callbacks: list, progress: Any, force: bool, model_factory):
+    """One rank: join the default process group from the environment, train, leave."""
+    from bnlab.train.loop import run
+
+    cfg = _with_world_size(TrainConfig.from_dict(config))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.device(cfg.device).type == "cuda"
+    if cuda:
+        if torch.device(cfg.device).index is not None:
+            raise ValueError(f"device {cfg.device!r} names one GPU; with several processes use device cuda "
+                             "(each local rank takes GPU LOCAL_RANK)")
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        main = dist.get_rank() == 0
+        kept = [cb for cb in callbacks if main or getattr(cb, "changes_training", False)]
+        record = run(cfg, callbacks=kept, progress=progress if main else False, force=force and main,
+                     model_factory=model_factory)
+    finally:
+        dist.destroy_process_group()
+    return record if main else None
