@@ -199,3 +199,30 @@ def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds:
     else:
         decision = "no detectable difference"
     return Comparison(diff, se, float(df), p, mde, n_a, n_b, decision)
+
+
+def mean_curve(runs, metric: str) -> tuple[list, list]:
+    """(steps, mean over ``runs`` of ``metric`` at each step), over the steps every run recorded (seeds of one
+    arm share their logging steps; a run that stopped early shortens the curve). Non-finite values are skipped
+    in the mean; a step where every value is non-finite is left out."""
+    series = [r.series(metric) for r in runs]
+    series = [(list(s), list(v)) for s, v in series if s]
+    if not series:
+        return [], []
+    length = min(len(s) for s, _ in series)
+    steps, means = [], []
+    for i in range(length):
+        values = [v for v in (finite_or_none(vals[i]) for _, vals in series) if v is not None]
+        if values:
+            steps.append(series[0][0][i])
+            means.append(sum(values) / len(values))
+    return steps, means
+
+
+def value_at_fraction(curve: tuple[list, list], fraction: float) -> float | None:
+    """The value of a (steps, values) curve at the first step ≥ ``fraction`` of its last step (None if empty)."""
+    steps, values = curve
+    if not steps:
+        return None
+    target = steps[-1] * fraction
+    return next(v for s, v in zip(steps, values) if s >= target)

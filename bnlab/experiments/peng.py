@@ -1,8 +1,10 @@
 """Peng, Yu & Yu — Re-thinking the effectiveness of batch normalization and beyond (Complete BN, CBN).
 
-Entries: ``peng-table1`` … ``peng-table4`` (the seven-row ablation of Tables 1–4), ``peng-table6``
-(maximal learning rate of CBN's components, §6.3), ``peng-fig2`` (η_k and τ_k, Figs 2–3),
-``peng-fig8`` (ρ sensitivity, §6.4, Figs 8–9) and ``peng-fig10`` (AMAT's gradient variance, §6.5).
+Entries: ``peng-table1`` … ``peng-table4`` (the seven-row ablation of Tables 1–4) and ``peng-fig4`` /
+``peng-fig5`` (their training-loss curves, Figs 4–5) here; ``peng-table6`` and ``peng-fig7`` (CBN's
+components, §6.3) in ``peng_components.py``; ``peng-fig2`` (η_k and τ_k, Figs 2–3), ``peng-fig8`` (ρ
+sensitivity, §6.4, Figs 8–9) and ``peng-fig10`` (AMAT's gradient variance, §6.5) in ``peng_figures.py``;
+the rows, the paper's numbers and the recipes in ``peng_common.py``.
 
 Rows ①–⑦ of Tables 1–4 as ``bnlab`` norm specs (checked against the tables' feature columns "Before
 Opera." / "Decouple" / "Tune ρ" / "AMAT"):
@@ -34,90 +36,129 @@ import math
 from bnlab.report.plots import bars
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import grouped_finals, mean_std, safe_panels, smooth
+from .common import RULE, compare_arms, grouped_finals, mean_curve, mean_std, safe_panels, smooth, value_at_fraction
 from .peng_common import *  # noqa: F401,F403 (re-exported: the names tests and other entries use)
 from .peng_common import (ACT_TITLE, ACTIVATIONS, NON_RELU, PAPER_TABLES, PAPER_TRIALS, RELU_LIKE, ROW_FEATURES,
-                          ROW_NAMES, ROWS, SMOKE_WIDTH, TABLES, _base, _fmt, _pct, _run, _status_note, row_spec)
+                          ROW_NAMES, ROWS, SMOKE_SEEDS, SMOKE_WIDTH, TABLES, _base, _fmt, _pct, _run, _status_note,
+                          padding_shares, row_spec)
+
+COMPARED = ("①", "②")  # the rows the tables' claim compares (BN, CBN)
 
 # ---- Tables 1–4 ----------------------------------------------------------------------------------
 
-def _table_plan(table: int):
-    spec = TABLES[table]
 
+def _compared_runs(table: int, preset: str, rows=COMPARED, residual: str = "peng") -> list[RunSpec]:
+    spec = TABLES[table]
+    base = _base(spec["model"], spec["data"], preset, residual)
+    seeds = range(PAPER_TRIALS) if preset == "paper" else SMOKE_SEEDS
+    if residual != "peng":
+        seeds = seeds[:1]
+    form = residual if spec["model"] == "resnet20" else None
+    tag = " · He's block" if residual != "peng" else ""
+    runs = []
+    for act in ACTIVATIONS:
+        for row in rows:
+            norm, placement = row_spec(row, act)
+            for seed in seeds:
+                runs.append(RunSpec(f"{row} {ROW_NAMES[row]} · {ACT_TITLE[act]}{tag} · seed {seed}",
+                                    _run(base, norm=norm, placement=placement, activation=act, seed=seed),
+                                    {"row": row, "activation": act, "seed": seed, "norm": norm,
+                                     "placement": placement, "residual": form}))
+    return runs
+
+
+def _table_plan(table: int):
     def plan(preset: str) -> Plan:
-        base = _base(spec["model"], spec["data"], preset)
-        trials = PAPER_TRIALS if preset == "paper" else 1
-        runs = []
-        for act in ACTIVATIONS:
-            for row in ROWS:
-                norm, placement = row_spec(row, act)
-                for seed in range(trials):
-                    runs.append(RunSpec(f"{row} {ROW_NAMES[row]} · {ACT_TITLE[act]} · seed {seed}",
-                                        _run(base, norm=norm, placement=placement, activation=act, seed=seed),
-                                        {"row": row, "activation": act, "seed": seed, "norm": norm,
-                                         "placement": placement}))
-        return Plan(runs=runs)
+        if preset == "paper":
+            return Plan(runs=_compared_runs(table, preset, ROWS))
+        # smoke spends its budget on the compared rows ① and ② (3 seeds each); rows ③–⑦ run in the paper
+        # preset. The ResNet tables add He's block form (activation after the shortcut sum) as a side arm.
+        runs = _compared_runs(table, preset)
+        if TABLES[table]["model"] == "resnet20":
+            runs += _compared_runs(table, preset, residual="he")
+        model = TABLES[table]["model"]
+
+        def shares(tiny: bool = False) -> dict:
+            return padding_shares(model, {"width": SMOKE_WIDTH[model]}, n=16 if tiny else 128)
+
+        return Plan(runs=runs, compute={"padding_shares": shares})
 
     return plan
 
 
-def _gain_tolerance(a: list[float], b: list[float]) -> float:
-    """Two standard errors of the difference of two means, floored.
+def paper_gain(table: int, act: str) -> float:
+    """The paper's gain of ② over ① (points) for one activation of Table ``table``."""
+    i = ACTIVATIONS.index(act)
+    return PAPER_TABLES[table]["②"][i][0] - PAPER_TABLES[table]["①"][i][0]
 
-    With fewer than 2 trials on either side there is no spread to estimate; the floor 0.05 is about
-    1.5 standard deviations of the difference of two single runs in the smoke preset (seed-to-seed
-    standard deviation of the test accuracy measured 0.01–0.05 over 4 seeds, ResNet-20 at width 1/4
-    on digits). With trials, 2·SE (floored at 0.005) is the usual two-sided 95 % margin.
+
+def table_verdict(cells: dict[tuple[str, str], list[float]], tiny: bool = False,
+                  paper_gains: dict[str, float] | None = None) -> tuple[str, str]:
+    """The verdict on Tables 1–4's main claim from final test accuracies (fractions) per (row, activation), by
+    :data:`common.RULE` (Welch's t over ≥ 3 seeds per arm).
+
+    Claim: CBN (②) beats BN (①) with every activation, and gains most where the nonlinearity is least like
+    ReLU (Sigmoid, Tanh, SELU). "not held": CBN is significantly worse with some activation, or (given
+    ``paper_gains``, points) no Sigmoid/Tanh/SELU gain is detected although each was resolvable at the paper's
+    size (minimum detectable effect below it). "held": nowhere significantly worse, significantly better with
+    at least two of Sigmoid/Tanh/SELU, and a larger mean gain there than over ReLU/Swish. Otherwise — fewer
+    than 3 seeds, effects below what the seeds resolve, tiny runs — "inconclusive" with the resolvable effect.
     """
-    if len(a) < 2 or len(b) < 2:
-        return 0.05
-    _, sa = mean_std(a)
-    _, sb = mean_std(b)
-    return max(2.0 * math.sqrt(sa**2 / len(a) + sb**2 / len(b)), 0.005)
-
-
-def table_verdict(cells: dict[tuple[str, str], list[float]], tiny: bool = False) -> tuple[str, str]:
-    """The verdict on Tables 1–4's main claim from final test accuracies (fractions) per (row, activation).
-
-    Claim: CBN (②) beats BN (①) with every activation, and gains most where the nonlinearity is least
-    like ReLU (Sigmoid, Tanh, SELU). "not held": CBN is worse than BN beyond the tolerance for some
-    activation, or does not gain on average over Sigmoid/Tanh/SELU; "held": no activation is worse
-    beyond tolerance, the mean gain over Sigmoid/Tanh/SELU exceeds its tolerance and the mean gain over
-    ReLU/Swish; otherwise (or with runs missing, or tiny runs) "inconclusive".
-    """
-    gains, tols = {}, {}
+    comps = {}
     for act in ACTIVATIONS:
         bn, cbn = cells.get(("①", act)) or [], cells.get(("②", act)) or []
         if not bn or not cbn:
             return "inconclusive", f"no finished ① and ② runs for {ACT_TITLE[act]}" + (" (tiny runs)" if tiny else "")
-        gains[act] = mean_std(cbn)[0] - mean_std(bn)[0]
-        tols[act] = _gain_tolerance(bn, cbn)
-    text = ", ".join(f"{ACT_TITLE[a]} {100 * gains[a]:+.1f}" for a in ACTIVATIONS)
-    summary = f"test-accuracy gain of CBN (②) over BN (①), points: {text}"
+        comps[act] = compare_arms(bn, cbn)
+    summary = "test-accuracy gain of CBN (②) over BN (①), points: " + "; ".join(
+        f"{ACT_TITLE[a]} {comps[a].text(100)}" for a in ACTIVATIONS)
     if tiny:
         return "inconclusive", summary + " (tiny runs: a few steps each)"
-    trio = sum(gains[a] for a in NON_RELU) / len(NON_RELU)
-    trio_tol = sum(tols[a] for a in NON_RELU) / len(NON_RELU)
-    relu_like = sum(gains[a] for a in RELU_LIKE) / len(RELU_LIKE)
-    worse = [a for a in ACTIVATIONS if gains[a] < -tols[a]]
+    few = [ACT_TITLE[a] for a in ACTIVATIONS if comps[a].decision == "too few seeds"]
+    if few:
+        return "inconclusive", summary + "; fewer than 3 seeds for " + ", ".join(few) + f" ({RULE})"
+    gain = {a: comps[a].diff for a in ACTIVATIONS}
+    trio = sum(gain[a] for a in NON_RELU) / len(NON_RELU)
+    relu_like = sum(gain[a] for a in RELU_LIKE) / len(RELU_LIKE)
     summary += f"; mean over Sigmoid/Tanh/SELU {100 * trio:+.1f}, over ReLU/Swish {100 * relu_like:+.1f}"
+    worse = [ACT_TITLE[a] for a in ACTIVATIONS if comps[a].decision == "lower"]
+    better = [a for a in NON_RELU if comps[a].decision == "higher"]
     if worse:
-        return "not held", summary + "; CBN is worse beyond the tolerance with " + ", ".join(ACT_TITLE[a] for a in worse)
-    if trio <= 0:
-        return "not held", summary + "; no average gain where the paper reports the largest ones"
-    if trio > trio_tol and trio > relu_like:
-        return "held", summary + (f"; CBN is nowhere worse beyond the tolerance (±{100 * max(tols.values()):.1f} "
-                                  "points) and gains most away from ReLU, as in the paper")
-    if trio <= trio_tol:
-        return "inconclusive", summary + f"; the gain is within the tolerance (±{100 * trio_tol:.1f} points)"
-    return "inconclusive", summary + "; CBN gains, but not most where the activation is least like ReLU"
+        return "not held", summary + "; CBN is significantly worse with " + ", ".join(worse)
+    if len(better) >= 2 and trio > relu_like:
+        return "held", summary + "; CBN significantly better with " + ", ".join(ACT_TITLE[a] for a in better) + \
+            ", nowhere worse, and gains most away from ReLU"
+    resolvable = max(comps[a].mde for a in NON_RELU)
+    if not better and paper_gains and all(comps[a].mde < paper_gains[a] / 100 for a in NON_RELU):
+        return "not held", summary + "; no gain detected with Sigmoid/Tanh/SELU although gains of the paper's size " \
+            f"(≥ {min(paper_gains[a] for a in NON_RELU):.1f} points) were resolvable"
+    return "inconclusive", summary + f"; this proxy resolves gains of ≥ {100 * resolvable:.1f} points " \
+        "(Sigmoid/Tanh/SELU, power 0.8)"
+
+
+def _side_rows(cells: dict, main: dict) -> list[dict]:
+    """He's block form vs Eq. 7's (ResNet tables): one seed each, shown, not judged."""
+    rows = []
+    for (row, act, form), values in sorted(cells.items(), key=lambda kv: (ACTIVATIONS.index(kv[0][1]), kv[0][0])):
+        if form != "he":
+            continue
+        mean, _ = mean_std(values)
+        peng_mean, _ = mean_std(main.get((row, act), []))
+        rows.append({"quantity": f"side arm · {row} {ROW_NAMES[row]} · {ACT_TITLE[act]} · He's block (act after sum)",
+                     "ours": _fmt(_pct(mean), None, len(values)),
+                     "paper": f"Eq. 7's form (main rows): {_fmt(_pct(peng_mean), None)}"})
+    return rows
 
 
 def _table_analyze(table: int):
     spec = TABLES[table]
 
     def analyze(ctx) -> Outcome:
-        cells = grouped_finals(ctx, ("row", "activation"), "test_accuracy")
+        by_form = grouped_finals(ctx, ("row", "activation", "residual"), "test_accuracy")
+        cells: dict[tuple[str, str], list[float]] = {}
+        for (row, act, form), values in by_form.items():
+            if form != "he":
+                cells.setdefault((row, act), []).extend(values)
         paper = PAPER_TABLES[table]
         rows, ours_bars, ours_err, paper_bars = [], {}, {}, {}
         for i, act in enumerate(ACTIVATIONS):
@@ -127,62 +168,198 @@ def _table_analyze(table: int):
                 mean, std = mean_std(values)
                 pm, ps = paper[row][i]
                 rows.append({"quantity": f"{row} {ROW_NAMES[row]} · {ACT_TITLE[act]}",
-                             "ours": _fmt(_pct(mean), _pct(std), len(values)),
+                             "ours": _fmt(_pct(mean), _pct(std), len(values)) if values else "— (paper preset only)",
                              "paper": _fmt(pm, ps) + (f" (n={PAPER_TRIALS})" if ps is not None else " (std unreadable)"),
                              "features": "/".join("✓" if f else "-" for f in ROW_FEATURES[row])})
                 ours_bars[ACT_TITLE[act]][row] = _pct(mean) if mean is not None else float("nan")
                 ours_err[ACT_TITLE[act]][row] = _pct(std) or 0.0
                 paper_bars[ACT_TITLE[act]][row] = pm
+        rows += _side_rows(by_form, cells)
+        rows += _proxy_rows(ctx)
         fig_ours = bars(ctx.figure_path("test_accuracy_ours"), ours_bars, errors=ours_err, ylabel="test accuracy (%)",
-                        title=f"Peng {spec['target']} (ours, {ctx.preset}): rows ①–⑦ per activation")
+                        title=f"Peng {spec['target']} (ours, {ctx.preset}): rows per activation, mean ± std over seeds")
         fig_paper = bars(ctx.figure_path("test_accuracy_paper"), paper_bars, ylabel="test accuracy (%)",
                          title=f"Peng {spec['target']} as printed ({spec['what']}, 10 trials)")
-        fig_curves = _bn_vs_cbn_curves(ctx, ctx.figure_path("training_loss_bn_vs_cbn"),
-                                       f"Training loss, BN (①) vs CBN (②) — cf. Peng Figs 4–5 ({ctx.preset})")
-        verdict, summary = table_verdict(cells, ctx.tiny)
+        fig_curves = _curves(ctx, ctx.figure_path("test_accuracy_curves"), "test_accuracy",
+                             f"Test accuracy during training, BN (①) vs CBN (②), mean over seeds ({ctx.preset})")
+        verdict, summary = table_verdict(cells, ctx.tiny, {a: paper_gain(table, a) for a in ACTIVATIONS})
+        summary += settling(_arm_runs(ctx), "test_accuracy")
         return Outcome([fig_ours, fig_paper, fig_curves], rows, verdict, summary + _status_note(ctx))
 
     return analyze
 
 
-def _bn_vs_cbn_curves(ctx, path, title):
+def _arm_runs(ctx, table: int | None = None) -> dict[tuple, list]:
+    """(table, row, activation) -> the runs of the compared rows in Eq. 7's form (the main arms)."""
+    arms: dict[tuple, list] = {}
+    for r in ctx.runs:
+        if r.factors.get("row") in COMPARED and r.factors.get("residual") != "he":
+            arms.setdefault((r.factors.get("table", table), r.factors["row"], r.factors["activation"]), []).append(r)
+    return arms
+
+
+def _proxy_rows(ctx) -> list[dict]:
+    shares = (ctx.data or {}).get("padding_shares") or {}
+    return [{"quantity": f"padding-pattern share of the norms' input variance at init · {arm} · {size} input",
+             "ours": ", ".join(f"{k} maps {v:.2f}" for k, v in by_map.items()),
+             "paper": "CIFAR is 32×32 (digits 8×8 made 2×2 deep maps, all border)"}
+            for arm, by_size in shares.items() for size, by_map in by_size.items()]
+
+
+def _curves(ctx, path, metric: str, title: str, table: int | None = None):
+    arms = _arm_runs(ctx)
     specs = []
-    for act in ACTIVATIONS:
-        series = {}
-        for row in ("①", "②"):
-            run = next((r for r in ctx.runs if r.factors.get("row") == row and r.factors.get("activation") == act), None)
-            if run is not None:
-                series[f"{row} {ROW_NAMES[row]}"] = smooth(*run.series("train_loss"))
-        specs.append({"series": series, "xlabel": "step", "ylabel": "training loss", "title": ACT_TITLE[act],
-                      "logy": True})
+    for key in sorted({k[0] for k in arms}, key=lambda t: (t is None, t)):
+        for act in ACTIVATIONS:
+            series = {}
+            for row in COMPARED:
+                runs = arms.get((key, row, act), [])
+                if runs:
+                    series[f"{row} {ROW_NAMES[row]} (n={len(runs)})"] = smooth(*mean_curve(runs, metric))
+            specs.append({"series": series, "xlabel": "step", "ylabel": metric, "logy": metric.endswith("loss"),
+                          "title": ACT_TITLE[act] + (f" · Table {key}" if key is not None else "")})
     return safe_panels(path, specs, title=title, ncols=5)
+
+
+def settling(arms: dict[tuple, list], metric: str, scale: float = 100.0) -> str:
+    """How far the compared quantity still moved: ``; ② − ① in <metric> at 2/3 of training → at the end: …``
+    (mean curves over seeds; ``scale`` 100 gives points). A gap that changes little over the last third has
+    settled; the figure shows the whole curves."""
+    parts = []
+    for table, act in sorted({(k[0], k[2]) for k in arms}, key=lambda k: (k[0] is None, k[0] or 0,
+                                                                         ACTIVATIONS.index(k[1]))):
+        bn, cbn = arms.get((table, "①", act)), arms.get((table, "②", act))
+        if not bn or not cbn:
+            continue
+        a, b = mean_curve(bn, metric), mean_curve(cbn, metric)
+        ends = [(value_at_fraction(b, f), value_at_fraction(a, f)) for f in (2 / 3, 1.0)]
+        if any(x is None or y is None for x, y in ends):
+            continue
+        label = ACT_TITLE[act] + (f" (T{table})" if table is not None else "")
+        parts.append(f"{label} {scale * (ends[0][0] - ends[0][1]):+.1f} → {scale * (ends[1][0] - ends[1][1]):+.1f}")
+    return f"; ② − ① in {metric} at 2/3 of training → at the end: " + ", ".join(parts) if parts else ""
 
 
 _TABLE_CLAIM = ("CBN (②: normalization moved in front of the linear layer, mean removal decoupled from the ℓ2 "
                 "scaling, tuned ρ, AMAT) beats vanilla BN (①) with every activation, by the most where the "
                 "activation is least like ReLU (Sigmoid, Tanh, SELU); rows ③–⑦ add one feature at a time.")
-_TABLE_SMOKE = ("digits (8×8, 10 classes) instead of CIFAR, {model} at width {width:g}, 48 steps (4 epochs) with the lr "
-                "÷10 for the last 12 (so AMAT acts), 1 trial instead of 10{extra}: only gross effects (BN with Sigmoid "
-                "barely trains in 48 steps) can be told apart from seed noise (±2–5 points).")
+_TABLE_SMOKE = ("digits upsampled to 16×16 (10 classes) instead of CIFAR, {model} at width {width:g}{form}, {steps} "
+                "steps with the lr ÷10 for the last {last} (so AMAT acts), rows ① and ② only with 3 seeds each "
+                "(compared by Welch's t-test; rows ③–⑦ run in the paper preset){side}{extra}. The report lists the "
+                "padding-pattern share of the norms' input variance at 8×8, 16×16 and 32×32.")
 
 
 def _register_table(table: int) -> None:
     spec = TABLES[table]
+    c100 = spec["data"] == "cifar100"
     extra = ("; half the digits go to the test split as a harder stand-in for CIFAR-100 (digits has 10 classes, "
-             "not 100), so 48 steps are 6 epochs with the lr ÷10 for the last") if spec["data"] == "cifar100" else ""
+             "not 100)") if c100 else ""
+    resnet = spec["model"] == "resnet20"
     register(Experiment(
         id=f"peng-table{table}", paper="peng", target=spec["target"],
         title=f"BN vs CBN and its ablations, {spec['what']}, five activations",
         claim=_TABLE_CLAIM,
-        smoke_changes=_TABLE_SMOKE.format(model=spec["model"], width=SMOKE_WIDTH[spec["model"]], extra=extra),
-        cost={"smoke": "35 runs, ≈1.5–2 min on 2 CPU cores",
+        smoke_changes=_TABLE_SMOKE.format(
+            model=spec["model"], width=SMOKE_WIDTH[spec["model"]], steps=176 if c100 else 180, last=32 if c100 else 36,
+            form=" in Peng's block form (Eq. 7: activation before the shortcut sum) for BN and CBN alike" if resnet
+            else "", side="; side arm: rows ① and ② in He's block form, 1 seed" if resnet else "", extra=extra),
+        cost={"smoke": (f"{40 if resnet else 30} runs, ≈{'11' if resnet else '7'} min on 2 CPU cores "
+                        "(estimated from the step cost, uncontended)"),
               "paper": f"350 runs (7 rows × 5 activations × 10 trials) × 120 epochs of {spec['what']} (GPU; "
-                       f"≈ {'0.5' if spec['model'] == 'resnet20' else '1'} GPU-hour each)"},
+                       f"≈ {'0.5' if resnet else '1'} GPU-hour each)"},
         plan=_table_plan(table), analyze=_table_analyze(table)))
 
 
 for _t in TABLES:
     _register_table(_t)
+
+
+# ---- Figs 4–5: training-loss curves of BN and CBN -------------------------------------------------
+
+FIGURES = {4: (1, 2), 5: (3, 4)}  # Fig. 4: CIFAR-10 (Tables 1, 2); Fig. 5: CIFAR-100 (Tables 3, 4)
+
+
+def _fig_plan(fig: int):
+    def plan(preset: str) -> Plan:
+        runs = []
+        for table in FIGURES[fig]:  # the tables' compared runs, shared with them in one runs dir
+            runs += [RunSpec(f"Table {table} · {r.label}", r.config, {**r.factors, "table": table})
+                     for r in _compared_runs(table, preset)]
+        return Plan(runs=runs)
+
+    return plan
+
+
+def mean_train_loss(run) -> float | None:
+    """Mean training loss over the whole run (area under the loss curve per step): lower = faster convergence.
+    None for a run that did not finish."""
+    if run.status != "finished":
+        return None
+    _, values = mean_curve([run], "train_loss")
+    return sum(values) / len(values) if values else None
+
+
+def loss_curve_verdict(losses: dict[tuple[int, str], dict[str, list[float]]], tiny: bool = False) -> tuple[str, str]:
+    """Figs 4–5: CBN's training loss lies below BN's for every activation, on both networks.
+
+    ``losses[(table, activation)]["①" | "②"]`` = per-seed mean training loss over the run. Compared by
+    :data:`common.RULE`. held: nowhere significantly higher for CBN, and significantly lower in at least two
+    thirds of the Sigmoid/Tanh/SELU panels; not held: CBN's loss significantly higher in some panel; otherwise
+    (fewer than 3 seeds, differences below resolution, tiny runs) inconclusive.
+    """
+    if not losses:
+        return "inconclusive", "no runs" + (" (tiny runs)" if tiny else "")
+    comps = {key: compare_arms(d.get("①", []), d.get("②", [])) for key, d in losses.items()}
+    summary = "mean training loss over the run, CBN − BN: " + "; ".join(
+        f"T{t} {ACT_TITLE.get(a, a)} {c.text()}" for (t, a), c in sorted(comps.items()))
+    if tiny:
+        return "inconclusive", summary + " (tiny runs)"
+    if any(c.decision == "too few seeds" for c in comps.values()):
+        return "inconclusive", summary + f"; fewer than 3 seeds in some panel ({RULE})"
+    higher = [f"T{t} {ACT_TITLE.get(a, a)}" for (t, a), c in sorted(comps.items()) if c.decision == "higher"]
+    if higher:
+        return "not held", summary + "; CBN's loss is significantly higher in " + ", ".join(higher)
+    trio = [c for (t, a), c in comps.items() if a in NON_RELU]
+    lower = sum(c.decision == "lower" for c in trio)
+    if trio and lower >= 2 * len(trio) / 3:
+        return "held", summary + f"; CBN lower in {lower} of {len(trio)} Sigmoid/Tanh/SELU panels, nowhere higher"
+    return "inconclusive", summary + f"; CBN lower in {lower} of {len(trio)} Sigmoid/Tanh/SELU panels; resolvable " \
+        f"≥ {max(c.mde for c in comps.values()):.3g}"
+
+
+def _fig_analyze(fig: int):
+    def analyze(ctx) -> Outcome:
+        losses: dict[tuple[int, str], dict[str, list[float]]] = {}
+        for r in ctx.runs:
+            value = mean_train_loss(r)
+            entry = losses.setdefault((r.factors["table"], r.factors["activation"]), {}).setdefault(r.factors["row"], [])
+            if value is not None:
+                entry.append(value)
+        fig_loss = _curves(ctx, ctx.figure_path("training_loss"), "train_loss",
+                           f"Peng Fig. {fig}: training loss, BN (①) vs CBN (②), mean over seeds ({ctx.preset})")
+        rows = [{"quantity": f"mean training loss over the run · Table {t} ({TABLES[t]['what']}) · {ACT_TITLE[a]} · "
+                             f"{row} {ROW_NAMES[row]}",
+                 "ours": _fmt(*mean_std(d.get(row, [])), len(d.get(row, [])), digits=3),
+                 "paper": "CBN below BN in every panel (curves only)"}
+                for (t, a), d in sorted(losses.items()) for row in COMPARED]
+        verdict, summary = loss_curve_verdict(losses, ctx.tiny)
+        summary += settling(_arm_runs(ctx), "train_loss", scale=1.0)
+        return Outcome([fig_loss], rows, verdict, summary + _status_note(ctx))
+
+    return analyze
+
+
+for _fig, (_a, _b) in FIGURES.items():
+    register(Experiment(
+        id=f"peng-fig{_fig}", paper="peng", target=f"Fig. {_fig}",
+        title=f"Training loss of BN and CBN, ResNet-20 and VGG-16 on CIFAR-{10 if _fig == 4 else 100}, five activations",
+        claim="CBN's training loss falls faster and lower than BN's with every activation, on both networks.",
+        smoke_changes=f"the compared runs of peng-table{_a} and peng-table{_b}'s smoke presets (rows ① and ②, 3 seeds, "
+                      "digits at 16×16); the claim is judged on the mean training loss over the run (the area under "
+                      "the curve: lower = faster), by Welch's t-test.",
+        cost={"smoke": f"60 runs, shared with peng-table{_a}/{_b} (none retrained in the same runs dir)",
+              "paper": f"100 runs, shared with peng-table{_a}/{_b}"},
+        plan=_fig_plan(_fig), analyze=_fig_analyze(_fig)))
 
 
 from .peng_components import *  # noqa: E402,F401,F403 (registers Table 6 / Fig. 7; re-exports their verdicts)

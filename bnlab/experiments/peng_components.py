@@ -153,3 +153,113 @@ register(Experiment(
     plan=_t6_plan, analyze=_t6_analyze))
 
 
+
+
+# ---- Fig. 7: gradient norm of CBN's components -------------------------------------------------------
+
+F7_SMOKE_ACTIVATIONS = ("sigmoid", "tanh", "relu")
+F7_SMOKE_EPOCHS = 8      # 96 steps at a constant lr: the gradient norm is compared after its first quarter
+F7_PROBE_EVERY = 4
+
+
+def _f7_plan(preset: str) -> Plan:
+    from .peng_common import SMOKE_SEEDS
+
+    if preset == "paper":
+        # Fig. 7's caption: ResNet-20 on CIFAR-10, the Table 6 approaches, the standard recipe.
+        base, acts, seeds = {**_base("resnet20", "cifar10", "paper"), "probe_every": 390}, ACTIVATIONS, range(PAPER_TRIALS)
+    else:
+        base = {**_base("resnet20", "digits", "smoke"), "epochs": F7_SMOKE_EPOCHS, "schedule": "constant",
+                "probe_every": F7_PROBE_EVERY}
+        acts, seeds = F7_SMOKE_ACTIVATIONS, SMOKE_SEEDS
+    return Plan(runs=[RunSpec(f"{name} · {ACT_TITLE[act]} · seed {seed}",
+                              _run(base, norm=norm, placement="pre_linear", activation=act, seed=seed,
+                                   probes=["grad_stats"]),
+                              {"approach": name, "activation": act, "seed": seed})
+                      for act in acts for name, norm in T6_APPROACHES.items() for seed in seeds])
+
+
+def mean_sq_grad_norm(run, skip_fraction: float = 0.25) -> float | None:
+    """log10 of the mean of ``probe/grad_stats/sq_norm`` (E‖g‖², Peng's "stochastic gradient squared
+    expectation") after the first quarter of the probes; log because the approaches differ by orders of
+    magnitude and seeds spread multiplicatively. None without finite measurements."""
+    _, values = run.series("probe/grad_stats/sq_norm")
+    values = [v for v in (finite_or_none(v) for v in values) if v is not None and v > 0]
+    if not values:
+        return None
+    values = values[int(len(values) * skip_fraction):] or values
+    return math.log10(sum(values) / len(values))
+
+
+F7_CLAIMS = (("mean removal", "no normalization"), ("ℓ2 normalization", "no normalization"))
+
+
+def fig7_verdict(sq: dict[str, dict[str, list[float]]], tiny: bool = False) -> tuple[str, str]:
+    """§6.3 / Fig. 7: mean removal and ℓ2 normalization each lower E‖g‖² relative to no normalization.
+
+    ``sq[activation][approach]`` = per-seed log10 E‖g‖² (:func:`mean_sq_grad_norm`). Each claim (mean removal
+    < none, ℓ2 < none) per activation by :data:`common.RULE`. held: every comparison "lower"; not held: some
+    comparison "higher"; otherwise inconclusive. ℓ2 vs mean removal and CBN vs none are reported, not judged.
+    """
+    from .common import RULE, compare_arms
+
+    if not sq:
+        return "inconclusive", "no runs" + (" (tiny runs)" if tiny else "")
+    parts, decisions = [], []
+    for act, d in sq.items():
+        for a, b in F7_CLAIMS + (("ℓ2 normalization", "mean removal"), ("CBN", "no normalization")):
+            c = compare_arms(d.get(b, []), d.get(a, []))
+            parts.append(f"{ACT_TITLE.get(act, act)} {a} − {b} {c.text(unit=' dex')}")
+            if (a, b) in F7_CLAIMS:
+                decisions.append(c.decision)
+    summary = "log10 E‖g‖² after the first quarter: " + "; ".join(parts)
+    if tiny:
+        return "inconclusive", summary + " (tiny runs)"
+    if "too few seeds" in decisions:
+        return "inconclusive", summary + f"; fewer than 3 seeds somewhere ({RULE})"
+    if "higher" in decisions:
+        return "not held", summary + "; a normalization raises E‖g‖² over no normalization"
+    if all(d == "lower" for d in decisions):
+        return "held", summary + "; mean removal and ℓ2 normalization both lower E‖g‖² with every activation"
+    return "inconclusive", summary
+
+
+def _f7_analyze(ctx) -> Outcome:
+    from .common import mean_curve, safe_panels, smooth
+
+    sq: dict[str, dict[str, list[float]]] = {}
+    specs = []
+    for act in ACTIVATIONS:
+        runs = [r for r in ctx.runs if r.factors.get("activation") == act]
+        if not runs:
+            continue
+        sq[act] = {}
+        series = {}
+        for name in T6_ORDER:
+            arm = [r for r in runs if r.factors.get("approach") == name]
+            sq[act][name] = [v for v in (mean_sq_grad_norm(r) for r in arm) if v is not None]
+            series[f"{name} (n={len(arm)})"] = smooth(*mean_curve(arm, "probe/grad_stats/sq_norm"))
+        specs.append({"series": series, "xlabel": "step", "ylabel": "E‖g‖² (mean over seeds)", "logy": True,
+                      "title": ACT_TITLE[act]})
+    fig = safe_panels(ctx.figure_path("gradient_sq_norm"), specs, ncols=len(specs) or 1,
+                      title=f"Peng Fig. 7: stochastic-gradient squared norm of CBN's components ({ctx.preset})")
+    rows = [{"quantity": f"log10 E‖g‖² · {ACT_TITLE[act]} · {name}",
+             "ours": _fmt(*mean_std(values), len(values), digits=2),
+             "paper": "mean removal and ℓ2 normalization below no normalization (curves only)"}
+            for act, d in sq.items() for name, values in d.items()]
+    verdict, summary = fig7_verdict(sq, ctx.tiny)
+    return Outcome([fig], rows, verdict, summary + _status_note(ctx))
+
+
+register(Experiment(
+    id="peng-fig7", paper="peng", target="Fig. 7",
+    title="Gradient norm of CBN's components: no normalization, mean removal, ℓ2 normalization, CBN",
+    claim="Mean removal and normalization with the ℓ2 norm both reduce the stochastic-gradient squared expectation "
+          "E‖g‖² (Theorems 2–3, second conclusion), relative to no normalization.",
+    smoke_changes=f"digits at 16×16, ResNet-20 at width 1/4 in Eq. 7's block form, {F7_SMOKE_EPOCHS} epochs "
+                  f"({12 * F7_SMOKE_EPOCHS} steps) at the constant lr 0.1, Sigmoid/Tanh/ReLU, 3 seeds per arm, E‖g‖² "
+                  f"from 8 micro-batches every {F7_PROBE_EVERY} steps (grad_stats probe), compared in log10 by "
+                  "Welch's t-test.",
+    cost={"smoke": "36 runs with a probe, ≈8 min on 2 CPU cores (estimated from the step cost, uncontended)",
+          "paper": "200 runs × 120 epochs of ResNet-20 on CIFAR-10 with a gradient probe per epoch (GPU)"},
+    plan=_f7_plan, analyze=_f7_analyze))

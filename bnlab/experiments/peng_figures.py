@@ -25,7 +25,7 @@ def _fig2_plan(preset: str) -> Plan:
         # epoch's last, 80-sample batch
         base = {**_base("resnet20", "cifar10", "paper"), "probe_every": 390}
     else:
-        base = {**_base("resnet20", "digits", "smoke"), "probe_every": 2}
+        base = {**_base("resnet20", "digits", "smoke"), "probe_every": 6}
     # Fig. 3's caption: "we set ρ = 1 in the experiment"; ResNet-20's own activation, ReLU.
     config = _run(base, norm=cbn_spec(), placement="pre_linear", activation="relu", seed=0, probes=["cbn_ratios"])
     return Plan(runs=[RunSpec("CBN (ρ = 1) ResNet-20", config, {"norm": config["norm"]})])
@@ -103,9 +103,10 @@ register(Experiment(
     title="Distributions of η_k (Theorem 2) and τ_k (Theorem 3) across channels during training",
     claim="The assumptions of Theorems 2 and 3, 0 ≤ η_k = (μ_B − β)/E[x] ≤ 2 and 0 < τ_k = γ/(ρσ_B) < 1, are commonly "
           "satisfied in practice (ResNet-20 with CBN, ρ = 1, CIFAR-10).",
-    smoke_changes="digits, ResNet-20 at width 1/4, 4 epochs (48 steps), probe every 2 steps instead of once an epoch. "
+    smoke_changes="digits at 16×16, ResNet-20 at width 1/4 in Eq. 7's block form, 15 epochs (180 steps), probe every 6 steps "
+                  "instead of once an epoch. "
                   "E[x] is replaced by the moving average μ_A as in the paper.",
-    cost={"smoke": "1 run, ≈10 s", "paper": "1 run, 120 epochs of ResNet-20 on CIFAR-10 with a probe per epoch (GPU, ~30 min)"},
+    cost={"smoke": "1 run, ≈30 s (estimated)", "paper": "1 run, 120 epochs of ResNet-20 on CIFAR-10 with a probe per epoch (GPU, ~30 min)"},
     plan=_fig2_plan, analyze=_fig2_analyze))
 
 
@@ -204,8 +205,9 @@ register(Experiment(
     claim="A moderately large ρ speeds up training and lowers the final loss; Sigmoid and Tanh are sensitive to ρ, "
           "ReLU/SELU/Swish robust; even the worst ρ beats vanilla BN with Sigmoid or Tanh.",
     smoke_changes="digits, ResNet-20 at width 1/4 (the paper's figures use VGG-16 on CIFAR-100; its text says "
-                  "ResNet-20), 4 epochs, 1 run per ρ; the BN and ρ* runs are the same runs as peng-table1's smoke.",
-    cost={"smoke": "35 runs, ≈1.5 min on 2 CPU cores (fewer if peng-table1 ran in the same runs dir)",
+                  "ResNet-20), digits at 16×16, Eq. 7's block form, 15 epochs (180 steps), 1 run per ρ; the BN and ρ* "
+                  "runs are the same runs as peng-table1's smoke (seed 0).",
+    cost={"smoke": "35 runs, ≈12 min on 2 CPU cores (estimated; 10 fewer if peng-table1 ran in the same runs dir)",
           "paper": "35 runs × 120 epochs of VGG-16 on CIFAR-100 (GPU)"},
     plan=_fig8_plan, analyze=_fig8_analyze))
 
@@ -312,11 +314,11 @@ register(Experiment(
     claim="CBN with AMAT (η_k = max(1 − 10·lr, 0)) reduces the stochastic-gradient variance compared with CBN without "
           "AMAT and with a fixed moving parameter η = 0.9, for every activation.",
     smoke_changes=f"digits, ResNet-20 at width 1/4 (the paper: ResNet-18 on ImageNet, which bnlab lacks; the paper "
-                  f"preset uses ResNet-20 on CIFAR-10), 4 epochs at a constant lr {SMOKE_FIG10_LR} so that AMAT acts "
+                  f"preset uses ResNet-20 on CIFAR-10), digits at 16×16, 15 epochs at a constant lr {SMOKE_FIG10_LR} so that AMAT acts "
                   f"from the start (η = {1 - 10 * SMOKE_FIG10_LR:g}; at lr 0.1 η = 0 and AMAT is off), variance from "
                   "8 micro-batches every 5 steps. Fixed η = 0.9 is cbn with ω = 0.1/lr, exact only while the lr is "
                   "constant (in the paper preset: the first 60 epochs).",
-    cost={"smoke": "20 runs with a probe, ≈1.5 min on 2 CPU cores",
+    cost={"smoke": "20 runs with a probe, ≈8 min on 2 CPU cores (estimated)",
           "paper": "20 runs × 120 epochs of ResNet-20 on CIFAR-10 with a gradient-variance probe per epoch (GPU)"},
     plan=_fig10_plan, analyze=_fig10_analyze))
 
