@@ -97,3 +97,12 @@ def test_torchrun_world_size_must_match_nproc(monkeypatch):
     assert distributed._with_world_size(TrainConfig.from_dict(BASE)).nproc == 4
     with pytest.raises(ValueError, match="WORLD_SIZE 4"):
         distributed._with_world_size(TrainConfig.from_dict({**BASE, "nproc": 2}))
+
+
+def test_reproduce_nproc_reaches_every_run_without_probes(tmp_path):
+    from bnlab.experiments.runner import _prepare_config
+
+    assert _prepare_config(dict(BASE), tmp_path, False, 2)["nproc"] == 2
+    assert "nproc" not in _prepare_config({**BASE, "probes": ["grad_norm"]}, tmp_path, False, 2)
+    assert _prepare_config({**BASE, "nproc": 3}, tmp_path, False, 2)["nproc"] == 3  # an arm's own nproc wins
+    assert "nproc" not in _prepare_config(dict(BASE), tmp_path, False, None)

@@ -33,6 +33,8 @@ def reproduce_cmd(
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="store, checkpoints and report"),
     ray: Optional[str] = typer.Option(None, "--ray", help="run each training run as a Ray task: ADDRESS or 'local'"),
     tiny: bool = typer.Option(False, "--tiny", help="cut every run to a few steps (a wiring check)"),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="train each run without probes data-parallel on N "
+                                        "processes, norms synced (docs: distributed)"),
     as_json: bool = typer.Option(False, "--json", help="print the outcomes as JSON"),
 ) -> None:
     """Run catalogue entries end to end and (re)write the report."""
@@ -41,13 +43,16 @@ def reproduce_cmd(
 
     try:
         check_preset(preset)
+        if nproc is not None and nproc < 1:
+            raise ValueError(f"--nproc must be a positive integer, got {nproc}")
         targets = sorted(load_catalogue()) if ids == ["all"] else [get(i).id for i in ids]
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     results = {}
     for experiment_id in targets:
-        outcome = reproduce(experiment_id, preset, runs_dir=runs_dir, ray_address=ray, tiny=tiny, report=False)
+        outcome = reproduce(experiment_id, preset, runs_dir=runs_dir, ray_address=ray, tiny=tiny, report=False,
+                            nproc=nproc)
         results[experiment_id] = {"verdict": outcome.verdict, "summary": outcome.summary,
                                   "figures": [str(f) for f in outcome.figures], "table": outcome.table}
         if not as_json:

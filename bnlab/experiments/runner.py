@@ -65,8 +65,11 @@ def _train_one(config: dict) -> dict:
     """Train one config; a crash becomes a 'failed' record instead of stopping the sweep. A run
     another process is training (a second sweep on the same runs dir) is waited for, then read:
     it is that process's run, not a failure of this one."""
-    from bnlab.train import run
+    from bnlab.train import distributed, run
     from bnlab.train.checkpoint import RunLockedError
+
+    if int(config.get("nproc") or 1) > 1:  # a data-parallel launch (bnlab.train.distributed)
+        run = distributed.train
 
     said = False
     try:
@@ -153,18 +156,19 @@ TINY_STEPS = 6
 
 def reproduce(experiment_id: str, preset: str = "smoke", *, runs_dir: str | Path = "runs",
               ray_address: str | None = None, tiny: bool = False, progress: bool | None = None,
-              report: bool = True) -> Outcome:
+              report: bool = True, nproc: int | None = None) -> Outcome:
     """Run one entry end to end: its training runs and computations, stored, then analysed.
 
     ``tiny`` cuts every run to a few steps (the test suite's reduced form); results are stored
-    under the same (id, preset) but marked tiny in the report.
+    under the same (id, preset) but marked tiny in the report. ``nproc`` trains every run without
+    probes (and without its own ``nproc``) data-parallel on that many processes (bnlab.train.distributed).
     """
     exp = get(experiment_id)
     check_preset(preset)
     runs_dir = Path(runs_dir)
     start = time.time()
     plan: Plan = exp.plan(preset)
-    specs = [RunSpec(s.label, _prepare_config(s.config, runs_dir, tiny), s.factors) for s in plan.runs]
+    specs = [RunSpec(s.label, _prepare_config(s.config, runs_dir, tiny, nproc), s.factors) for s in plan.runs]
     records = run_sweep([s.config for s in specs], ray_address=ray_address, progress=progress)
     data = {}
     for name, fn in plan.compute.items():
@@ -193,9 +197,11 @@ def _accepts_tiny(fn) -> bool:
         return False
 
 
-def _prepare_config(config: dict, runs_dir: Path, tiny: bool) -> dict:
+def _prepare_config(config: dict, runs_dir: Path, tiny: bool, nproc: int | None = None) -> dict:
     config = shrink(config, TINY_STEPS) if tiny else dict(config)
     config["runs_dir"] = str(runs_dir)
+    if nproc is not None and nproc > 1 and not config.get("probes") and "nproc" not in config:
+        config["nproc"] = nproc  # probes run in one process only
     return config
 
 

@@ -248,4 +248,6 @@ def align_seed(layer) -> None:
     """Give a stochastic synced layer rank 0's seed (no-op outside a multi-rank group)."""
     group = active_group(getattr(layer, "process_group", None))
     if group is not None:
-        layer.reseed(broadcast_seed(layer._seed, group))
+        seed = broadcast_seed(layer._seed, group)
+        if seed != layer._seed:  # equal seeds keep the generator (and any state restored into it)
+            layer.reseed(seed)
