@@ -10,9 +10,10 @@ import pytest
 
 from bnlab.experiments import get
 from bnlab.experiments import luo
+from bnlab.experiments import luo_table2
 from bnlab.experiments.runner import AnalysisContext, RunView, reproduce
 
-LUO_IDS = ["luo-fig2", "luo-fig3", "luo-fig4", "luo-fig5", "luo-fig6", "luo-fig7"]
+LUO_IDS = ["luo-fig2", "luo-fig3", "luo-fig4", "luo-fig5", "luo-fig6", "luo-fig7", "luo-table2"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -282,3 +283,41 @@ def test_analysis_survives_missing_and_nan_results(experiment_id, tmp_path):
         outcome = get(experiment_id).analyze(fake_context(experiment_id, runs, data, tmp_path))
         check_outcome(outcome)
         assert outcome.verdict == "inconclusive"
+
+
+# ---- Table 2: fixed points, η_max, η_eff -----------------------------------------------------------
+
+def test_table2_stability_edge_by_simulation():
+    """The fixed-L ODE's largest stable η: WN's is Table 2's η_max^wn = 2 (γ₀ = 1); BN's sits within a few per
+    cent of η_max^bn/γ₀, below it (the finite-η fixed point has R* < 1)."""
+    from bnlab.theory import luo as theory
+
+    assert luo_table2.simulated_threshold(0.0) == pytest.approx(2.0, rel=0.02)
+    assert luo_table2.stable_at(1.8, 0.0, 1.0) and not luo_table2.stable_at(2.2, 0.0, 1.0)
+    st = theory.stability(0.1, eta=1.0)
+    edge = st["eta_max"] / st["gamma0"]
+    simulated = luo_table2.simulated_threshold(0.1)
+    assert 0.9 * edge < simulated < edge
+
+
+def _table2_data(gamma_ode=None, edge_sim=None, eff=(0.7, 0.9, 0.95)):
+    rows = []
+    for zeta in (0.0, 0.1):
+        g0 = 1 / (2 * zeta + 1)
+        edge = 2.0 + 4 * zeta
+        track = {"t": [0, 1], "gamma": [0.5, g0 if gamma_ode is None else gamma_ode], "R": [0.2, 0.999]}
+        rows.append({"zeta": zeta, "gamma0": g0, "eta_max": 2 + 4 * zeta, "eta_max_printed": 2 + 4 * zeta,
+                     "eta_max_wn": 2.0, "eta_max_sgd": 2.0, "edge": edge, "edge_printed": edge,
+                     "edge_simulated": edge * 0.98 if edge_sim is None else edge_sim,
+                     "ode": track, "sgd": {**track, "gamma": [0.5, g0]}})
+    return {"rows": rows, "eta_eff_vs_M": [{"M": m, "zeta": 0.1, "eta_eff": e} for m, e in zip((8, 16, 32), eff)]}
+
+
+def test_table2_verdict():
+    assert luo_table2.table2_verdict(_table2_data())[0] == "held"
+    verdict, summary = luo_table2.table2_verdict(_table2_data(gamma_ode=0.6))  # fixed point missed
+    assert verdict == "not held" and "ode" in summary
+    assert luo_table2.table2_verdict(_table2_data(edge_sim=1.5))[0] == "not held"  # edge 25 % off
+    assert luo_table2.table2_verdict(_table2_data(eff=(0.9, 0.8, 0.95)))[0] == "not held"  # not monotone in M
+    assert luo_table2.table2_verdict(_table2_data(), tiny=True)[0] == "inconclusive"
+    assert luo_table2.table2_verdict({})[0] == "inconclusive"

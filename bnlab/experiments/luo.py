@@ -827,3 +827,7 @@ register(Experiment(
                   "`dropout`) follows each normalized block's activation.",
     cost={"smoke": "≈25 s CPU (5 runs)", "paper": "5 runs × 100 epochs luo_cnn on CIFAR-10 (GPU)"},
     plan=_fig7_plan, analyze=_fig7_analyze))
+
+
+# Table 2 (fixed points, η_max, η_eff) is its own module; importing it registers luo-table2.
+from . import luo_table2  # noqa: E402,F401
