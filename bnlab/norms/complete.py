@@ -150,11 +150,11 @@ class CompleteBatchNorm(ChannelNorm):
     @torch.no_grad()
     def _update_statistics(self, mean_b: Tensor, var_b: Tensor, beta: Tensor, eta: Tensor) -> None:
         centre, second_a, _, k = self.moving_statistics(mean_b, var_b, beta, eta)
-        self.amat_mean.copy_(centre)
-        self.amat_var.copy_(second_a)
-        self._amat_steps.add_(1)
+        self.write_buffer("amat_mean", centre)  # (read by this step's graph: see write_buffer)
+        self.write_buffer("amat_var", second_a)
+        self.write_buffer("_amat_steps", self._amat_steps + 1)
         if self.track_running_stats:  # the inference statistics: EMAs of what training normalized with
-            self.num_batches_tracked.add_(1)
+            self.write_buffer("num_batches_tracked", self.num_batches_tracked + 1)
             m = self.momentum_weight()
             self.running_mean.lerp_((centre if self.center else mean_b).to(self.running_mean.dtype), m)
             self.running_var.lerp_((second_a - k**2).to(self.running_var.dtype), m)

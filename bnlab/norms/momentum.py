@@ -100,8 +100,8 @@ class MomentumBatchNorm(ChannelNorm):
         if learning:
             with torch.no_grad():
                 mean, var = self.moving_statistics(mean_b, var_b, lam)
-                self.train_mean.copy_(mean)
-                self.train_var.copy_(var)
+                self.write_buffer("train_mean", mean)
+                self.write_buffer("train_var", var)
             tau = self.tau0 ** (m / self.ideal_batch)
             self.update_running_stats(mean_b, var_b, n, momentum=1 - tau)
         return y

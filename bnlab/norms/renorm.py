@@ -76,11 +76,12 @@ class BatchRenorm(ChannelNorm):
 
     @torch.no_grad()
     def _update_running(self, mean_b: Tensor, var_b: Tensor) -> None:
-        self.num_batches_tracked.add_(1)
+        # running statistics and the step are read by this step's graph (r, d, warm-up): see write_buffer
+        self.write_buffer("num_batches_tracked", self.num_batches_tracked + 1)
         alpha = self.momentum_weight()
         std = torch.sqrt(self.running_var + self.eps).lerp_(torch.sqrt(var_b + self.eps).to(self.running_var.dtype), alpha)
-        self.running_mean.lerp_(mean_b.to(self.running_mean.dtype), alpha)
-        self.running_var.copy_((std**2 - self.eps).clamp_min(0))
+        self.write_buffer("running_mean", self.running_mean.lerp(mean_b.to(self.running_mean.dtype), alpha))
+        self.write_buffer("running_var", (std**2 - self.eps).clamp_min(0))
 
     def inference_affine(self):
         return self.running_affine(self.weight_or_one(), self.bias_or_zero())
