@@ -342,3 +342,27 @@ def test_report_of_a_read_only_runs_dir_goes_elsewhere_and_writes_nothing_there(
     with pytest.raises(FileNotFoundError, match="no run store at"):
         write_report(tmp_path / "nowhere")
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_finished_run_is_returned_from_a_read_only_runs_dir(tmp_path, monkeypatch):
+    from bnlab import store as store_mod
+    from bnlab.train import run
+
+    first = run(dict(E2E, steps=4, runs_dir=str(tmp_path)), progress=False)
+    before = (tmp_path / "bnlab.db").read_bytes()
+    monkeypatch.setattr(store_mod, "_writable", lambda p: False)  # root ignores chmod: stand in
+    again = run(dict(E2E, steps=4, runs_dir=str(tmp_path)), progress=False)
+    assert again.status == "finished" and again.id == first.id and again.metrics == first.metrics
+    assert (tmp_path / "bnlab.db").read_bytes() == before
+
+
+def test_a_flipped_byte_in_an_entry_name_is_caught(tmp_path):
+    """The pickle stores each key once, shared by the state and its per-entry digests: renaming it
+    renames both, so only the digest over all entries and their names can tell."""
+    path = checkpoint_path(tmp_path, "r1")
+    save_checkpoint(path, _state(3))
+    raw = path.read_bytes()
+    assert raw.count(b"accumulators") == 1
+    path.write_bytes(raw.replace(b"accumulators", b"accumulatorz"))
+    with pytest.raises(CheckpointCorruptError, match="damaged: its entry names"):
+        load_checkpoint(path)

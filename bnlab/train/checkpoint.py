@@ -186,9 +186,14 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def checksum(state: dict[str, Any]) -> dict[str, str]:
-    """``{top-level key: sha256 hex}`` of everything in ``state`` except ``checksum`` itself."""
-    return {str(k): _digest(v) for k, v in sorted(state.items(), key=lambda kv: str(kv[0])) if k != "checksum"}
+def checksum(state: dict[str, Any]) -> dict[str, Any]:
+    """SHA-256 of everything in ``state`` except ``checksum`` itself: ``{"entries": {key: hex}}``
+    (names the damaged entry) and ``"all"``, over the keys and the entries' digests. ``all`` is what
+    catches a flipped byte in a key: the pickle stores each key string once and both ``state`` and
+    ``entries`` refer to it, so a renamed key is renamed in both and only ``all`` changes."""
+    entries = {str(k): _digest(v) for k, v in state.items() if k != "checksum"}
+    whole = hashlib.sha256(repr(sorted(entries.items())).encode()).hexdigest()
+    return {"entries": entries, "all": whole}
 
 
 def _digest(value: Any) -> str:
@@ -245,14 +250,23 @@ def load_checkpoint(
         warnings.warn(f"checkpoint {path} was written by an earlier bnlab without a checksum; "
                       "loaded unverified", stacklevel=2)
     elif verify:
-        damaged = [k for k, v in checksum(state).items() if (state.get("checksum") or {}).get(k) != v]
-        damaged += [k for k in (state.get("checksum") or {}) if k not in state]
-        if damaged or not state.get("checksum"):
-            raise CheckpointCorruptError(
-                f"checkpoint {path} is damaged: {', '.join(sorted(damaged)) or 'its checksum'} "
-                "no longer match(es) the checksum written with it; nothing was resumed. " + _recovery(path)
-            )
+        _verify(path, state)
     return state
+
+
+def _verify(path: Path, state: dict[str, Any]) -> None:
+    """Raise :class:`CheckpointCorruptError` unless ``state`` matches the checksum it carries."""
+    stored = state.get("checksum")
+    actual = checksum(state)
+    if isinstance(stored, dict) and stored.get("all") == actual["all"]:
+        return
+    written = stored.get("entries") if isinstance(stored, dict) and isinstance(stored.get("entries"), dict) else {}
+    damaged = sorted(k for k, v in actual["entries"].items() if written.get(k) != v)
+    what = ", ".join(damaged) if damaged else ("its entry names" if written else "its checksum")
+    raise CheckpointCorruptError(
+        f"checkpoint {path} is damaged: {what} no longer match(es) the checksum written with it; "
+        "nothing was resumed. " + _recovery(path)
+    )
 
 
 def _recovery(path: Path) -> str:
