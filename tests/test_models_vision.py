@@ -94,3 +94,6 @@ def test_peng_residual_puts_the_activation_before_the_sum(tv):
         branch = torch.tanh(bn2(block.conv2(torch.tanh(bn1(block.conv1(x))))))
         torch.testing.assert_close(block(x), x + branch)
         assert (block(x).abs() > 1).any()  # He's form would squash the sum into (-1, 1)
+    # torchvision adds the shortcut in place: the branch's last Tanh output must survive for the backward
+    model.train()(torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(3))).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())

@@ -14,7 +14,7 @@ import importlib
 
 from .base import CATALOGUE, PAPERS, PRESETS, Experiment, Outcome, Plan, RunSpec, check_preset, get, register, shrink
 
-PAPER_MODULES = ["santurkar", "luo", "peng", "arora", "mbn"]
+PAPER_MODULES = ["santurkar", "luo", "peng", "peng_imagenet", "arora", "mbn"]
 
 
 def load_catalogue() -> dict[str, Experiment]:

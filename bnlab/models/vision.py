@@ -110,11 +110,21 @@ def peng_residual(model: nn.Module, act: str) -> int:
     tvm = torchvision_models()
     blocks = [m for m in model.modules() if isinstance(m, (tvm.resnet.BasicBlock, tvm.resnet.Bottleneck))]
     for block in blocks:
-        for name, child in list(block.named_children()):
-            if re.fullmatch(r"bn\d+", name):
-                setattr(block, name, nn.Sequential(child, activation(act)))
+        names = [n for n, _ in block.named_children() if re.fullmatch(r"bn\d+", n)]
+        for name in names:
+            extra = [_Copy()] if name == names[-1] else []
+            setattr(block, name, nn.Sequential(getattr(block, name), activation(act), *extra))
         block.relu = nn.Identity()
     return len(blocks)
+
+
+class _Copy(nn.Module):
+    """A copy of its input. torchvision's blocks add the shortcut in place (``out += identity``); after the
+    branch's last activation that would overwrite the activation's output, which the backward of Sigmoid,
+    Tanh and ReLU needs, so the branch ends in a fresh tensor."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
 
 
 def _check_input(name: str, input_shape: tuple, f: BlockFactory) -> None:

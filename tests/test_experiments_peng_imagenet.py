@@ -1,0 +1,120 @@
+"""peng-table5 / peng-fig6: Peng et al.'s ILSVRC2012 comparison of BN and CBN (Table 5, Fig. 6)."""
+
+import pytest
+import torch
+
+from bnlab.experiments import get, reproduce
+from bnlab.experiments import peng_imagenet as P
+from bnlab.experiments.peng import ACTIVATIONS, RHO_STAR
+
+
+def test_paper_table_against_its_printed_improvements():
+    for arch in P.ARCHS:
+        for i, act in enumerate(ACTIVATIONS):
+            assert P.paper_gain(arch, act) == pytest.approx(P.PRINTED_IMPROVEMENTS[arch][i], abs=0.005), (arch, act)
+
+
+def test_smoke_plan_arms_seeds_and_recipe():
+    runs = get("peng-table5").plan("smoke").runs
+    assert len(runs) == 5 * 2 * P.SEEDS == 30
+    assert [r.config for r in runs] == [r.config for r in get("peng-fig6").plan("smoke").runs]  # one shared sweep
+    for r in runs:
+        c, f = r.config, r.factors
+        if f["arm"] == "BN":
+            assert (c["norm"], c["placement"]) == ("bn", "pre_activation")
+        else:
+            assert c["placement"] == "pre_linear" and "amat=true" in c["norm"]
+            assert (f"rho={RHO_STAR[f['activation']]:g}" in c["norm"]) == (RHO_STAR[f["activation"]] != 1.0)
+        assert c["model_options"]["residual"] == "peng" and c["data"] == "imagefolder"
+        assert c["data_options"]["generate"] is True
+    seeds = {(r.factors["arm"], r.factors["activation"]): set() for r in runs}
+    for r in runs:
+        seeds[(r.factors["arm"], r.factors["activation"])].add(r.config["seed"])
+    assert all(s == {0, 1, 2} for s in seeds.values()) and len(seeds) == 10
+
+
+def test_paper_plan_follows_section_6_1():
+    runs = get("peng-table5").plan("paper").runs
+    assert len(runs) == 3 * 5 * 2 * P.SEEDS
+    assert {r.config["model"] for r in runs} == {"tv_resnet18", "tv_resnet50", "tv_efficientnet_b0"}
+    for r in runs:
+        c = r.config
+        assert (c["lr"], c["momentum"], c["weight_decay"], c["batch_size"]) == (0.1, 0.9, 1e-4, 256)
+        assert (c["epochs"], c["schedule"]) == (120, "step:30,60,90")
+        assert c["data_options"]["image_size"] == 224 and c["data_options"]["resize_size"] == 256
+
+
+def test_paper_models_build_from_the_plan(monkeypatch):
+    """Each paper network accepts its plan's options and runs forward/backward with CBN in front of the convs."""
+    from tests.vision_shim import import_or_skip
+
+    import_or_skip("torchvision")
+    import bnlab.models as M
+
+    seen = set()
+    for r in get("peng-table5").plan("paper").runs:
+        c = r.config
+        if c["model"] in seen or r.factors["arm"] != "CBN":
+            continue
+        seen.add(c["model"])
+        model = M.create(c["model"], norm=c["norm"], activation=c["activation"], placement=c["placement"],
+                         input_shape=(3, 32, 32), num_classes=4, **c["model_options"])
+        out = model(torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
+        out.sum().backward()
+        assert out.shape == (2, 4) and torch.isfinite(out).all()
+    assert len(seen) == 3
+
+
+def _cells(values, arch="resnet18"):
+    """{(arch, arm, act): per-seed values} from {(arm, act): values}; other activations default to a clear gain."""
+    cells = {}
+    for act in ACTIVATIONS:
+        cells[(arch, "BN", act)] = values.get(("BN", act), [0.50, 0.51, 0.49])
+        cells[(arch, "CBN", act)] = values.get(("CBN", act), [0.70, 0.71, 0.69])
+    return cells
+
+
+def test_table5_verdict_rule():
+    verdict, text = P.table5_verdict(_cells({}))
+    assert verdict == "held" and "Welch" in text
+    noisy = [0.3, 0.6, 0.9]  # a spread too wide to resolve Tanh's +5.67 points
+    verdict, text = P.table5_verdict(_cells({("BN", "tanh"): noisy, ("CBN", "tanh"): noisy[::-1]}))
+    assert verdict == "inconclusive" and "ResNet-18/Tanh (resolvable ≥" in text
+    verdict, text = P.table5_verdict(_cells({("CBN", "relu"): [0.40, 0.41, 0.39]}))
+    assert verdict == "not held" and "ResNet-18/ReLU" in text
+    # a precise null where the paper reports +5.64 (SELU): the paper's effect would have been seen
+    verdict, _ = P.table5_verdict(_cells({("BN", "selu"): [0.60, 0.61, 0.59], ("CBN", "selu"): [0.61, 0.59, 0.60]}))
+    assert verdict == "not held"
+    # ReLU below resolution (paper +0.41, spread of several points) does not block "held"
+    verdict, text = P.table5_verdict(_cells({("BN", "relu"): [0.5, 0.6, 0.7], ("CBN", "relu"): [0.7, 0.5, 0.6]}))
+    assert verdict == "held"
+    assert P.table5_verdict(_cells({("CBN", "sigmoid"): [0.9, 0.9]}))[0] == "inconclusive"  # 2 seeds
+    assert P.table5_verdict(_cells({}), tiny=True)[0] == "inconclusive"
+    assert P.table5_verdict({})[0] == "inconclusive"
+
+
+def test_fig6_verdict_rule():
+    assert P.fig6_verdict(_cells({}))[0] == "not held"  # default BN 0.5 < CBN 0.7: CBN's loss higher everywhere
+    lower = {("CBN", act): [0.20, 0.21, 0.19] for act in ACTIVATIONS}
+    base = {("BN", act): [0.50, 0.51, 0.49] for act in ACTIVATIONS}
+    assert P.fig6_verdict(_cells({**base, **lower}))[0] == "held"
+    verdict, text = P.fig6_verdict(_cells({**base, **lower, ("CBN", "relu"): [0.3, 0.5, 0.7]}))
+    assert verdict == "inconclusive" and "ResNet-18/ReLU (resolvable ≥" in text
+    assert P.fig6_verdict(_cells({**base, **lower}), tiny=True)[0] == "inconclusive"
+
+
+def test_tiny_reproduce_end_to_end_on_a_generated_image_folder(tmp_path, monkeypatch):
+    """Both entries, every run cut to a few steps, on the generated image folder written into $BNLAB_DATA.
+    One seed per arm instead of 3 keeps the test within its time budget (10 runs instead of 30)."""
+    monkeypatch.setenv("BNLAB_DATA", str(tmp_path / "data"))
+    monkeypatch.setattr(P, "SEEDS", 1)
+    runs_dir = tmp_path / "runs"
+    table = reproduce("peng-table5", "smoke", runs_dir=runs_dir, tiny=True, progress=False, report=False)
+    assert (tmp_path / "data" / "bnlab-gratings" / "train").is_dir()
+    assert len(list((tmp_path / "data" / "bnlab-gratings" / "val").rglob("*.JPEG"))) == 300
+    assert table.verdict == "inconclusive" and "tiny" in table.summary
+    assert len(table.table) == 5 * 3 and all(f.exists() for f in table.figures)
+    assert all("(n=1)" in row["ours"] for row in table.table if row["quantity"].endswith("top-1 (%)"))
+    assert "too few seeds" in table.table[2]["ours"]  # the CBN − BN row of ResNet-18/Sigmoid
+    fig = reproduce("peng-fig6", "smoke", runs_dir=runs_dir, tiny=True, progress=False, report=False)
+    assert fig.verdict == "inconclusive" and len(fig.table) == 10 and fig.figures[0].exists()
