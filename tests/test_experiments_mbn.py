@@ -65,3 +65,21 @@ def test_analysis_verdicts(tmp_path):
     failed = good[:]
     failed[0] = (*failed[0][:2], "failed", {}, {})
     assert get("mbn-batch-size").analyze(fake_context("mbn-batch-size", failed, None, tmp_path)).verdict == "inconclusive"
+
+
+def test_data_parallel_arms_planned_and_reported_next_to_the_runs_they_mirror(tmp_path):
+    for preset, p in mbn.PROCESSES.items():
+        ddp = [r for r in get("mbn-batch-size").plan(preset).runs if r.config.get("nproc")]
+        assert {(r.config["norm"], r.config["sync_norms"]) for r in ddp} == {("bn", False), ("bn", True), ("mbn", False)}
+        assert all(r.config["nproc"] == p and r.config["batch_size"] == p * mbn.PER_DEVICE for r in ddp)
+    runs = _runs([0.50, 0.90, 0.95, 0.97, 0.98], [0.93, 0.96, 0.97, 0.98, 0.98])
+    for arm, acc in (("unsynced BN", 0.89), ("synced BN", 0.95), ("unsynced MBN", 0.96)):
+        runs.append((arm, {"norm": "BN", "batch_size": 8, "nproc": 2, "arm": arm}, "finished",
+                     {"test_accuracy": acc, "test_loss": 1 - acc}, {"test_accuracy": [acc]}))
+    outcome = get("mbn-batch-size").analyze(fake_context("mbn-batch-size", runs, None, tmp_path))
+    assert outcome.verdict == "held"  # the one-process arms alone decide the paper's claim
+    rows = {row["quantity"].split(": test")[0]: row["ours"] for row in outcome.table if "processes" in row["quantity"]}
+    assert rows == {"2 processes, global batch 8 (4 each), unsynced BN": "0.89 (0.9)",
+                    "2 processes, global batch 8 (4 each), synced BN": "0.95 (0.95)",
+                    "2 processes, global batch 8 (4 each), unsynced MBN": "0.96 (0.96)"}
+    assert "unsynced BN 0.89" in outcome.summary

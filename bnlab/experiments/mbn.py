@@ -5,6 +5,9 @@ Only the supplement is in /work/shared/papers (Theorems 1–2); MBN itself is sp
 
 * ``mbn-batch-size`` — BN against MBN at batch sizes 2…32: final test accuracy against the batch size,
   and the noise of the normalizer each uses at the last epoch (``bnlab.theory.mbn.moving_average_noise``).
+  Three data-parallel arms reach a small per-device batch the way users meet it: P processes sharing a
+  global batch of 4P (4 per process), with per-process BN statistics (plain DDP), with synchronized BN
+  (``bnlab.norms.convert_sync``: the statistics of the global batch) and with per-process MBN.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from .common import finite_or_none, safe_panels
 BATCH_SIZES = (2, 4, 8, 16, 32)
 IDEAL_BATCH = 32   # m0, issue 2's default for the `mbn` spec
 NORMS = {"BN": "bn", "MBN": "mbn"}
+PROCESSES = {"smoke": 2, "paper": 4}  # the data-parallel arms: P processes, PER_DEVICE samples each
+PER_DEVICE = 4
+DDP_ARMS = {"unsynced BN": ("bn", False), "synced BN": ("bn", True), "unsynced MBN": ("mbn", False)}
 MIN_ADVANTAGE = 0.02  # accuracy points: ≈ 7 of digits' 359 test images, above one seed's jitter at M = 32
 
 
@@ -41,11 +47,43 @@ def _plan(preset: str) -> Plan:
     runs = [RunSpec(f"{label}, M = {M}", {**base, "norm": norm, "batch_size": M, "lr": 0.1 * M / 32},
                     {"norm": label, "batch_size": M})
             for label, norm in NORMS.items() for M in BATCH_SIZES]
+    runs += ddp_runs(base, PROCESSES[preset])
 
     def normalizer_noise(tiny: bool = False) -> dict:
         return normalizer_noise_data(BATCH_SIZES, base["epochs"], n_steps=2_000 if tiny else 20_000)
 
     return Plan(runs=runs, compute={"normalizer_noise": normalizer_noise})
+
+
+def ddp_runs(base: dict, processes: int) -> list[RunSpec]:
+    """The data-parallel arms: ``processes`` × PER_DEVICE samples, lr scaled with the global batch."""
+    m = processes * PER_DEVICE
+    return [RunSpec(f"{processes} processes × {PER_DEVICE}: {arm}",
+                    {**base, "norm": norm, "batch_size": m, "lr": 0.1 * m / 32, "nproc": processes, "sync_norms": sync},
+                    {"norm": "BN" if norm == "bn" else "MBN", "batch_size": m, "nproc": processes, "arm": arm})
+            for arm, (norm, sync) in DDP_ARMS.items()]
+
+
+def ddp_table(runs, acc: dict[str, dict[int, float | None]]) -> tuple[list[dict], str]:
+    """Rows (and a summary clause) for the data-parallel arms, next to the one-process runs they mirror."""
+    ddp = {r.factors["arm"]: r for r in runs if r.factors.get("nproc")}
+    if not ddp:
+        return [], ""
+    p = next(iter(ddp.values())).factors["nproc"]
+    m = p * PER_DEVICE
+    mirror = {"unsynced BN": ("BN", PER_DEVICE, "per-process statistics: BN at M = {M}"),
+              "synced BN": ("BN", m, "global statistics: equal to BN at M = {M}"),
+              "unsynced MBN": ("MBN", PER_DEVICE, "per-process statistics: MBN at M = {M}")}
+    rows, parts = [], []
+    for arm, run in ddp.items():
+        norm, M, expectation = mirror[arm]
+        ours = _accuracy(run)
+        rows.append({"quantity": f"{p} processes, global batch {m} ({PER_DEVICE} each), {arm}: test accuracy "
+                                 f"(one process, {norm} at M = {M})",
+                     "ours": f"{_fmt(ours)} ({_fmt(acc.get(norm, {}).get(M))})",
+                     "paper": expectation.format(M=M) + " (bnlab's expectation; the paper uses one device)"})
+        parts.append(f"{arm} {_fmt(ours)}")
+    return rows, f"; {p} processes × {PER_DEVICE}: " + ", ".join(parts)
 
 
 def normalizer_noise_data(batch_sizes: Sequence[int], epochs: int, *, n_steps: int = 20_000) -> dict:
@@ -101,7 +139,7 @@ def _analyze(ctx) -> Outcome:
     loss: dict[str, dict[int, float | None]] = {n: {} for n in NORMS}
     for r in ctx.runs:
         n, M = r.factors.get("norm"), r.factors.get("batch_size")
-        if n in acc:
+        if n in acc and not r.factors.get("nproc"):
             acc[n][M] = _accuracy(r)
             loss[n][M] = finite_or_none(r.final("test_loss")) if r.status == "finished" else None
     noise = ctx.data.get("normalizer_noise") or {}
@@ -128,7 +166,8 @@ def _analyze(ctx) -> Outcome:
         table.append({"quantity": f"M = {M}: test accuracy BN / MBN (MBN's equivalent batch for μ)",
                       "ours": f"{_fmt(acc['BN'].get(M))} / {_fmt(acc['MBN'].get(M))} ({_fmt(finite_or_none(eq))})",
                       "paper": "MBN ≥ BN, the gap growing as M shrinks; MBN close to its M = 32 accuracy"})
-    return Outcome([fig], table, verdict, summary)
+    rows, clause = ddp_table(ctx.runs, acc)
+    return Outcome([fig], table + rows, verdict, summary + clause)
 
 
 def _fmt(x: float | None) -> str:
