@@ -1,10 +1,13 @@
-"""The Santurkar catalogue entries (fig2, fig6, fig7, fig8, fig9, fig11): wiring, plans, analysis logic.
+"""The Santurkar catalogue entries (figs 2, 6, 7, 8, 9, 10, 11–13, 14): wiring, plans, analysis logic.
 
-* every entry runs end to end in the suite's reduced form (``tiny``: 6 steps per run) and draws its figures;
+* every entry runs end to end in the suite's reduced form (``tiny``: 6 steps per run, one seed) and draws
+  its figures;
 * a longer reduced form (50 steps) makes every probe of the shared runs fire, so the analyses read the
-  real metric names (ICS, moments, histograms, landscape) and produce finite numbers;
+  real metric names (ICS, moments, histograms, landscape, hessian) and produce finite numbers;
 * the paper presets match App. A.1 (architectures, data, steps, rates, batch sizes) and each figure's runs;
-* each analysis gives the known verdict on synthetic stored runs built to satisfy or to break its claim;
+  the smoke VGG sees digits at 16×16 and every arm runs 3 seeds;
+* each verdict is a pure function of per-seed numbers and gives the known answer on synthetic values built
+  to satisfy the claim, to break it, or to leave it unresolved (seeds too noisy: inconclusive);
 * the DLN learning rate rule (module docstring): 30 × lr is where the standard DLN diverges, lr trains.
 """
 
@@ -18,11 +21,21 @@ import torch
 import bnlab.experiments as E
 from bnlab.experiments import runner
 from bnlab.experiments import santurkar as S
+from bnlab.experiments import santurkar_dln as DL
+from bnlab.experiments import santurkar_lp as LP
+from bnlab.experiments import santurkar_vgg as V
 from bnlab.experiments.runner import AnalysisContext
 
-IDS = ["santurkar-fig2", "santurkar-fig6", "santurkar-fig7", "santurkar-fig8", "santurkar-fig9", "santurkar-fig11"]
+IDS = ["santurkar-fig2", "santurkar-fig6", "santurkar-fig7", "santurkar-fig8", "santurkar-fig9", "santurkar-fig10",
+       "santurkar-fig11", "santurkar-fig14"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
+
+@pytest.fixture
+def one_seed(monkeypatch):
+    """The suite's reduced runs use one seed per arm (the smoke/paper presets use three)."""
+    monkeypatch.setattr(S, "SEEDS", (0,))
+    monkeypatch.setattr(DL, "SEEDS", (0,))
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +55,7 @@ def _check_outcome(outcome):
 
 
 @pytest.mark.parametrize("experiment_id", IDS)
-def test_tiny_reproduce_draws_figures(experiment_id, tiny_dir):
+def test_tiny_reproduce_draws_figures(experiment_id, tiny_dir, one_seed):
     outcome = runner.reproduce(experiment_id, "smoke", runs_dir=tiny_dir, tiny=True, report=False, progress=False)
     _check_outcome(outcome)
     assert outcome.verdict == "inconclusive"  # six steps decide nothing, and the entries say so
@@ -51,9 +64,11 @@ def test_tiny_reproduce_draws_figures(experiment_id, tiny_dir):
     assert len(ctx.runs) == len(E.get(experiment_id).plan("smoke").runs)
 
 
-def test_probes_fire_and_analyses_read_them(tmp_path, monkeypatch):
+def test_probes_fire_and_analyses_read_them(tmp_path, monkeypatch, one_seed):
     """50 steps per run: every probe of the shared VGG/DLN runs fires, the tables fill with finite numbers."""
     monkeypatch.setattr(runner, "TINY_STEPS", 50)
+    monkeypatch.setattr(S, "SMOKE_HESSIAN", "hessian(iters=3, samples=2, every=20)")
+    monkeypatch.setattr(S, "SMOKE_DLN_HESSIAN", "hessian(iters=3, samples=2, every=20)")
     numbers = {}
     for experiment_id in ("santurkar-fig7", "santurkar-fig6", "santurkar-fig8", "santurkar-fig9"):
         outcome = runner.reproduce(experiment_id, "smoke", runs_dir=tmp_path, tiny=True, report=False, progress=False)
@@ -61,7 +76,7 @@ def test_probes_fire_and_analyses_read_them(tmp_path, monkeypatch):
         numbers[experiment_id] = [row["ours"] for row in outcome.table]
     # fig7: per-step moment changes of all three networks; noisy BN's fresh noise dominates the change
     ctx = runner.analysis_context("santurkar-fig7", "smoke", runs_dir=tmp_path)
-    by = {r.label: r for r in ctx.runs}
+    by = S._runs_by_label(ctx)
     assert S.probe_layers(by[S.BN], "moments", "mean_change")[0] == "features.0.1"      # BN outputs
     assert S.probe_layers(by[S.STANDARD], "moments", "mean_change")[0] == "features.0.0"  # conv outputs
     noisy = S._layer_medians(by[S.NOISY], "moments", "mean_change")
@@ -69,24 +84,28 @@ def test_probes_fire_and_analyses_read_them(tmp_path, monkeypatch):
     assert noisy > 10 * plain  # means of U(−0.5, 0.5) redrawn each step vs β's drift at lr 0.1
     # fig6: ICS of every weight layer; the first layer has nothing before it, so G' = G exactly
     ctx = runner.analysis_context("santurkar-fig6", "smoke", runs_dir=tmp_path)
-    vgg = next(r for r in ctx.runs if r.label == f"VGG: {S.BN}")
+    vgg = S._runs_by_label(ctx)[f"VGG: {S.BN}"]
     layers = S.probe_layers(vgg, "ics", "l2")
     assert layers[0] == "features.0.0" and layers[-1] == "classifier.2" and len(layers) == 11
     assert S._first_layer_zero(vgg) == {"features.0.0"}
-    dln = next(r for r in ctx.runs if r.label == f"DLN: {S.STANDARD}")
+    dln = S._runs_by_label(ctx)[f"DLN: {S.STANDARD}"]
     assert len(S.probe_layers(dln, "ics", "cos")) == 25
     for row in numbers["santurkar-fig6"]:
         assert "—" not in row and "nan" not in row
-    # fig9: landscape medians and the Fig. 10 replay are finite
+    # fig9: landscape medians are finite; the hessian probe ran in train mode and its sharpness is finite
     for row in numbers["santurkar-fig9"]:
         assert "—" not in row and "nan" not in row
     ctx = runner.analysis_context("santurkar-fig9", "smoke", runs_dir=tmp_path)
-    pred = ctx.data["predictiveness"]
-    assert set(pred["runs"]) == {S.STANDARD, S.BN}
-    assert all(len(info["curves"]) == 2 for info in pred["runs"].values())
+    for r in S._runs_by_label(ctx).values():
+        assert S.sharpness_ratio(r, S.DLN_LR) > 0
+        assert r.series("probe/hessian/threshold")[1][0] == pytest.approx(2 / S.DLN_LR)
+    assert "sharpness λ_max / (2/lr)" in runner.reproduce("santurkar-fig9", "smoke", runs_dir=tmp_path, tiny=True,
+                                                          report=False, progress=False).summary
+    vgg_runs = S._runs_by_label(runner.analysis_context("santurkar-fig7", "smoke", runs_dir=tmp_path))
+    assert all(S.sharpness_ratio(r, 0.1) > 0 for r in vgg_runs.values())
     # fig8: the distributions of 2 sampled units per BN layer were recorded every 10 steps
     ctx = runner.analysis_context("santurkar-fig8", "smoke", runs_dir=tmp_path)
-    bn = next(r for r in ctx.runs if r.label == S.BN)
+    bn = S._runs_by_label(ctx)[S.BN]
     assert len(S._hist_units(bn)) == 2 * 24
     assert S.distribution_drift(bn) is not None
 
@@ -102,18 +121,32 @@ def test_paper_presets_follow_appendix_a1():
     assert (dln["model"], dln["data"], dln["steps"], dln["batch_size"]) == ("dln", "gaussian_regression", 10000, "full")
     assert dln["model_options"] == {"depth": 25, "width": 10} and dln["data_options"] == {"d": 10, "n": 1000}
     plans = {i: E.get(i).plan("paper") for i in IDS}
-    norms = {i: [(r.factors["net"], r.config["norm"]) for r in p.runs] for i, p in plans.items()}
+    norms = {i: list(dict.fromkeys((r.factors["net"], r.config["norm"]) for r in p.runs)) for i, p in plans.items()}
     assert norms["santurkar-fig2"] == norms["santurkar-fig7"] == [("vgg", "none"), ("vgg", "bn"), ("vgg", "noisy_bn")]
     assert norms["santurkar-fig6"] == [("vgg", "none"), ("vgg", "bn"), ("dln", "none"), ("dln", "bn")]
     assert norms["santurkar-fig8"] == norms["santurkar-fig9"] == [("dln", "none"), ("dln", "bn")]
     lp = ["none", "bn", "lp_bn(p=1)", "lp_bn(p=2)", "lp_bn(p=inf)"]
     assert norms["santurkar-fig11"] == [("vgg", n) for n in lp] + [("dln", n) for n in lp]
+    assert norms["santurkar-fig14"] == [("vgg", n) for n in lp]
+    for i, plan in plans.items():  # every arm: three seeds
+        seeds = {}
+        for r in plan.runs:
+            seeds.setdefault(r.factors["arm"], []).append(r.config["seed"])
+        assert all(v == [0, 1, 2] for v in seeds.values()), i
     probes = {i: [{spec.split("(")[0] for spec in r.config["probes"]} for r in p.runs] for i, p in plans.items()}
     assert all("ics" in s for s in probes["santurkar-fig6"])
     assert all("moments" in s for s in probes["santurkar-fig7"])
     assert all("histograms" in s for s in probes["santurkar-fig8"])
     assert all("landscape" in s for s in probes["santurkar-fig9"] + probes["santurkar-fig11"])
-    assert "predictiveness" in plans["santurkar-fig9"].compute
+    assert all("hessian" in s for s in probes["santurkar-fig9"] + probes["santurkar-fig2"])
+    assert "predictiveness" in plans["santurkar-fig10"].compute and not plans["santurkar-fig10"].runs
+
+
+def test_smoke_vgg_sees_16x16_digits_and_probes_sharpness():
+    vgg = S.vgg_config("smoke", "bn", seed=2)
+    assert vgg["data"] == "digits" and vgg["data_options"] == {"size": 16} and vgg["seed"] == 2
+    assert any(p.startswith("hessian(") for p in vgg["probes"])
+    assert any(p.startswith("hessian(") for p in S.dln_config("smoke", "none")["probes"])
 
 
 def test_noisy_bn_uses_algorithm_1_constants():
@@ -135,12 +168,12 @@ def test_landscape_probe_ranges_are_the_papers():
 def test_shared_runs_have_identical_configs():
     # Identical configs give identical run ids: fig6/7/8/9/11 reuse what fig2/fig9 trained.
     for preset in ("smoke", "paper"):
-        by_entry = {i: {(r.factors["net"], r.config["norm"]): r.config for r in E.get(i).plan(preset).runs}
-                    for i in IDS}
-        for key in [("vgg", "none"), ("vgg", "bn")]:
+        by_entry = {i: {(r.factors["net"], r.config["norm"], r.config["seed"]): r.config
+                        for r in E.get(i).plan(preset).runs} for i in IDS}
+        for key in [("vgg", "none", seed) for seed in S.SEEDS] + [("vgg", "bn", 2)]:
             assert by_entry["santurkar-fig2"][key] == by_entry["santurkar-fig6"][key] == \
-                by_entry["santurkar-fig7"][key] == by_entry["santurkar-fig11"][key]
-        for key in [("dln", "none"), ("dln", "bn")]:
+                by_entry["santurkar-fig7"][key] == by_entry["santurkar-fig11"][key] == by_entry["santurkar-fig14"][key]
+        for key in [("dln", "none", 0), ("dln", "bn", 1)]:
             assert by_entry["santurkar-fig6"][key] == by_entry["santurkar-fig8"][key] == \
                 by_entry["santurkar-fig9"][key] == by_entry["santurkar-fig11"][key]
 
@@ -176,10 +209,10 @@ def test_dln_learning_rate_rule():
 
 
 def test_fig10_grid_contains_both_range_ends():
-    grid = [v / S.DLN_LR for v in S.fig10_grid()]
+    grid = [v / S.DLN_LR for v in DL.fig10_grid()]
     assert grid == sorted(grid) and math.isclose(grid[0], 0.01) and math.isclose(grid[-1], 1000.0)
     assert any(math.isclose(v, 30.0) for v in grid) and any(math.isclose(v, 300.0) for v in grid)
-    assert math.isclose(30 * S.LITERAL_LR / S.DLN_LR, 300.0)
+    assert math.isclose(30 * DL.LITERAL_LR / S.DLN_LR, 300.0)
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -197,8 +230,9 @@ def test_layer_order_and_picks():
 class FakeRun:
     """A stored run as ``RunView`` presents it, from a dict of metric series."""
 
-    def __init__(self, label, metrics, status="finished", final=None):
-        self.label, self.status, self.factors, self.id = label, status, {}, "fake"
+    def __init__(self, label, metrics, status="finished", final=None, seed=0):
+        self.label, self.status, self.id = f"{label} · seed {seed}", status, "fake"
+        self.factors = {"arm": label, "seed": seed}
         self.record = {"metrics": final or {}}
         self._metrics = metrics
 
@@ -214,6 +248,7 @@ class FakeRun:
 
 
 STEPS = list(range(10, 210, 10))
+JITTER = (0.97, 1.0, 1.03)  # three seeds: a small, fixed spread around each arm's value
 
 
 def _const(value):
@@ -223,18 +258,6 @@ def _const(value):
 def _loss(level):
     # a decaying curve whose mean is ∝ level
     return [(s, level * (1.0 + 1.0 / s)) for s in range(1, 201)]
-
-
-def _ics(cos, l2, layers=("layers.0.0", "layers.1.0", "layers.2.0")):
-    out = {}
-    for i, layer in enumerate(layers):
-        out[f"probe/ics/cos/{layer}"] = _const(1.0 if i == 0 else cos)
-        out[f"probe/ics/l2/{layer}"] = _const(0.0 if i == 0 else l2)
-    return out
-
-
-def _moments(change, layers=("features.0.1", "features.2.1")):
-    return {f"probe/moments/{q}/{layer}": _const(change) for q in ("mean_change", "var_change") for layer in layers}
 
 
 def _hist(shift_per_step, widen_per_step, layers=("layers.0.1", "layers.1.1", "layers.2.1")):
@@ -258,115 +281,163 @@ def _ctx(experiment_id, runs, tmp_path, data=None, tiny=False):
     return AnalysisContext(E.get(experiment_id), "smoke", runs, data or {}, tmp_path / experiment_id, tiny)
 
 
-def test_fig2_verdicts(tmp_path):
-    def runs(noisy_level):
-        return [FakeRun(S.STANDARD, {"train_loss": _loss(1.0)}), FakeRun(S.BN, {"train_loss": _loss(0.1)}),
-                FakeRun(S.NOISY, {"train_loss": _loss(noisy_level), **_hist(0.01, 0.0, ("features.4.1",))})]
-    held = S._fig2_analyze(_ctx("santurkar-fig2", runs(0.2), tmp_path))
-    _check_outcome(held)
-    assert held.verdict == "held"
-    assert S._fig2_analyze(_ctx("santurkar-fig2", runs(2.0), tmp_path)).verdict == "not held"
-    assert S._fig2_analyze(_ctx("santurkar-fig2", runs(0.2), tmp_path, tiny=True)).verdict == "inconclusive"
-    # a diverged standard run trains worse than anything finite
-    diverged = runs(0.2)
-    diverged[0] = FakeRun(S.STANDARD, {"train_loss": [(1, 2.3), (2, float("nan"))]}, status="diverged")
-    assert S._fig2_analyze(_ctx("santurkar-fig2", diverged, tmp_path)).verdict == "held"
+def seeds(value, spread=JITTER):
+    return [value * j for j in spread]
 
 
-def test_fig6_verdicts(tmp_path):
-    def runs(cos_std, cos_bn):
-        return [FakeRun(f"VGG: {S.STANDARD}", _ics(cos_std, 0.1)), FakeRun(f"VGG: {S.BN}", _ics(cos_bn, 0.2)),
-                FakeRun(f"DLN: {S.STANDARD}", _ics(cos_std, 0.1)), FakeRun(f"DLN: {S.BN}", _ics(cos_bn, 0.2))]
-    out = S._fig6_analyze(_ctx("santurkar-fig6", runs(0.99, 0.90), tmp_path))
-    _check_outcome(out)
-    assert out.verdict == "held"          # BN's gradients change more: the paper's "even worse"
-    assert S._fig6_analyze(_ctx("santurkar-fig6", runs(0.95, 0.96), tmp_path)).verdict == "held"  # similar
-    assert S._fig6_analyze(_ctx("santurkar-fig6", runs(0.5, 0.9), tmp_path)).verdict == "not held"
-    # the first layer (cos 1, l2 0 by definition) does not enter the medians
-    assert S._ics_summary(FakeRun("x", _ics(0.3, 0.5))) == (0.3, 0.5)
+# ---- the shared decision rule ------------------------------------------------------------------
+
+def test_decide_and_combine():
+    from bnlab.experiments.common import compare_arms
+
+    assert S.decide(compare_arms(seeds(1.0), seeds(0.5)), "lower") == "held"
+    assert S.decide(compare_arms(seeds(0.5), seeds(1.0)), "lower") == "not held"
+    noisy = compare_arms([1.0, 0.2, 1.8], [0.9, 1.7, 0.1])
+    assert S.decide(noisy, "lower") == "inconclusive" and noisy.mde > 0.5
+    assert S.decide(compare_arms([1.0], [0.5]), "lower") == "inconclusive"  # one seed: too few
+    assert S.combine(["held", "held"]) == "held"
+    assert S.combine(["held", "inconclusive"]) == "inconclusive"
+    assert S.combine(["inconclusive", "not held"]) == "not held"
 
 
-def test_fig7_verdicts(tmp_path):
-    def runs(noisy_change, noisy_level=0.2):
-        return [FakeRun(S.STANDARD, {"train_loss": _loss(1.0), **_moments(0.05, ("features.0.0", "features.2.0"))}),
-                FakeRun(S.BN, {"train_loss": _loss(0.1), **_moments(0.001)}),
-                FakeRun(S.NOISY, {"train_loss": _loss(noisy_level), **_moments(noisy_change)})]
-    out = S._fig7_analyze(_ctx("santurkar-fig7", runs(0.3), tmp_path))
-    _check_outcome(out)
-    assert out.verdict == "held"
-    assert S._fig7_analyze(_ctx("santurkar-fig7", runs(0.06), tmp_path)).verdict == "not held"  # < 2× standard
-    assert S._fig7_analyze(_ctx("santurkar-fig7", runs(0.3, 3.0), tmp_path)).verdict == "not held"  # trains worse
+def test_sharpness_ratio_reads_the_second_half():
+    run = FakeRun("x", {"probe/hessian/top_eigenvalue": [(0, 100.0), (100, 5.0), (200, 20.0), (300, 40.0)]})
+    assert S.sharpness_ratio(run, lr=0.1) == pytest.approx(statistics_median([20.0, 40.0]) * 0.1 / 2)
+    assert S.sharpness_ratio(run, lr=0.1, half=False) == pytest.approx(statistics_median([100, 5, 20, 40]) * 0.05)
+    assert "x 1.5" in S.sharpness_line({"x": [run]}, 0.1)
+    assert S.sharpness_line({"x": [FakeRun("x", {})]}, 0.1) == "sharpness not measured"
 
 
-def test_fig8_verdicts_and_drift(tmp_path):
+def statistics_median(values):
+    import statistics
+
+    return statistics.median(values)
+
+
+# ---- verdicts as pure functions -------------------------------------------------------------------
+
+def test_fig2_verdict():
+    losses = {S.STANDARD: seeds(1.0), S.BN: seeds(0.1), S.NOISY: seeds(0.2)}
+    assert V.fig2_verdict(losses)[0] == "held"
+    assert V.fig2_verdict({**losses, S.NOISY: seeds(2.0)})[0] == "not held"
+    verdict, text = V.fig2_verdict({**losses, S.NOISY: [0.3, 1.5, 3.0]})
+    assert verdict == "inconclusive" and "resolvable" in text
+    assert V.fig2_verdict(losses, "tiny")[0] == "inconclusive"
+    assert V.fig2_verdict({**losses, S.NOISY: [0.2]})[0] == "inconclusive"  # one seed decides nothing
+
+
+def test_fig6_verdict():
+    def cos(std, bn):
+        return {(net, S.STANDARD): seeds(std, (0.99, 1.0, 1.01)) for net in ("VGG", "DLN")} | \
+               {(net, S.BN): seeds(bn, (0.99, 1.0, 1.01)) for net in ("VGG", "DLN")}
+    assert V.fig6_verdict(cos(0.99, 0.90))[0] == "held"   # BN's gradients change more: "even worse"
+    assert V.fig6_verdict(cos(0.5, 0.9))[0] == "not held"  # BN clearly less ICS
+    assert V.fig6_verdict(cos(0.6, 0.62))[0] == "inconclusive"  # right at the tolerance: undecidable
+
+
+def test_fig7_verdict():
+    def changes(noisy):
+        return {S.STANDARD: {"mean_change": seeds(0.05), "var_change": seeds(0.05)},
+                S.NOISY: {"mean_change": seeds(noisy), "var_change": seeds(noisy)}}
+    losses = {S.STANDARD: seeds(1.0), S.NOISY: seeds(0.2)}
+    assert V.fig7_verdict(changes(0.3), losses)[0] == "held"
+    assert V.fig7_verdict(changes(0.06), losses)[0] == "not held"  # < 2× standard
+    assert V.fig7_verdict(changes(0.3), {**losses, S.NOISY: seeds(3.0)})[0] == "not held"  # trains worse
+
+
+def test_fig8_verdict_and_drift():
     # the drift measure: a pure shift of the median by half the initial 5–95 % spread gives 0.5,
     # a pure doubling of the spread gives ln 2
     span = STEPS[-1] - STEPS[0]
-    shifted = FakeRun("x", _hist(0.5 * 2 * 1.645 / span, 0.0))
-    assert S.distribution_drift(shifted) == pytest.approx(0.5, rel=1e-9)
+    assert S.distribution_drift(FakeRun("x", _hist(0.5 * 2 * 1.645 / span, 0.0))) == pytest.approx(0.5, rel=1e-9)
     widen = 1.0 / (STEPS[-1] - 2 * STEPS[0])  # (1 + w·s_last) / (1 + w·s_first) = 2
-    widened = FakeRun("z", _hist(0.0, widen))
-    assert S.distribution_drift(widened) == pytest.approx(math.log(2), rel=1e-9)
-    steady = FakeRun("y", _hist(0.0, 0.0))
-    assert S.distribution_drift(steady) == 0.0
-    out = S._fig8_analyze(_ctx("santurkar-fig8", [FakeRun(S.STANDARD, _hist(0.02, 0.01)),
-                                                  FakeRun(S.BN, _hist(0.0, 0.0005))], tmp_path))
-    _check_outcome(out)
-    assert out.verdict == "held"
-    out = S._fig8_analyze(_ctx("santurkar-fig8", [FakeRun(S.STANDARD, _hist(0.0, 0.0)),
-                                                  FakeRun(S.BN, _hist(0.02, 0.0))], tmp_path))
-    assert out.verdict == "not held"
+    assert S.distribution_drift(FakeRun("z", _hist(0.0, widen))) == pytest.approx(math.log(2), rel=1e-9)
+    assert S.distribution_drift(FakeRun("y", _hist(0.0, 0.0))) == 0.0
+    assert DL.fig8_verdict({S.STANDARD: seeds(0.8), S.BN: seeds(0.1)})[0] == "held"
+    assert DL.fig8_verdict({S.STANDARD: seeds(0.1), S.BN: seeds(0.8)})[0] == "not held"
 
 
-def _pred(std_scale, bn_scale):
-    sizes = S.fig10_grid()
-    def curve(scale):
-        return {"step": 0, "grad_norm": 1.0, "loss_at_theta": 5.0,
-                "grad_change": [scale * s for s in sizes], "loss": [5.0 + scale * s for s in sizes]}
-    return {"predictiveness": {"at_steps": [0], "lr": S.DLN_LR, "step_sizes": sizes,
-                               "runs": {S.STANDARD: {"status": "finished", "curves": [curve(std_scale)]},
-                                        S.BN: {"status": "finished", "curves": [curve(bn_scale)]}}}}
-
-
-def test_fig9_verdicts(tmp_path):
-    smooth_bn = [FakeRun(S.STANDARD, {"train_loss": _loss(10.0), **_landscape(5.0, 50.0, 500.0)}),
-                 FakeRun(S.BN, {"train_loss": _loss(5.0), **_landscape(0.5, 5.0, 50.0)})]
-    out = S._fig9_analyze(_ctx("santurkar-fig9", smooth_bn, tmp_path, data=_pred(100.0, 10.0)))
-    _check_outcome(out)
-    assert out.verdict == "held" and len(out.figures) == 2
-    assert "BN smaller on 3 of 3" in out.summary
-    rough_bn = [FakeRun(S.STANDARD, {"train_loss": _loss(10.0), **_landscape(0.5, 5.0, 500.0)}),
-                FakeRun(S.BN, {"train_loss": _loss(5.0), **_landscape(5.0, 50.0, 50.0)})]
-    out = S._fig9_analyze(_ctx("santurkar-fig9", rough_bn, tmp_path, data=_pred(10.0, 100.0)))
-    assert out.verdict == "not held" and "loss range" in out.summary and "BN smaller on 0 of 3" in out.summary
-    # missing replay data and missing probes: still figures, inconclusive
+def test_fig9_verdict_and_analysis(tmp_path):
+    def summaries(loss_range, change, beta):
+        return [{"loss_range": loss_range * j, "grad_change_max": change * j, "beta_smoothness": beta * j}
+                for j in JITTER]
+    smooth = {S.STANDARD: summaries(5.0, 50.0, 500.0), S.BN: summaries(0.5, 5.0, 50.0)}
+    assert DL.landscape_verdict(smooth, S.BN)[0] == "held"
+    rough = {S.STANDARD: summaries(0.5, 5.0, 500.0), S.BN: summaries(5.0, 50.0, 50.0)}
+    verdict, comps, _ = DL.landscape_verdict(rough, S.BN)
+    assert verdict == "not held" and comps["beta_smoothness"].decision == "lower"
+    # end to end on synthetic stored runs, 3 seeds per arm, with a sharpness series
+    runs = [FakeRun(label, {"train_loss": _loss(lvl), **_landscape(r * j, 10 * r * j, 100 * r * j),
+                            "probe/hessian/top_eigenvalue": _const(1500.0 * j)}, seed=i)
+            for label, lvl, r in ((S.STANDARD, 10.0, 5.0), (S.BN, 5.0, 0.5)) for i, j in enumerate(JITTER)]
+    out = DL._fig9_analyze(_ctx("santurkar-fig9", runs, tmp_path))
+    assert out.verdict == "held" and "λ_max / (2/lr)" in out.summary and "Standard 0.75" in out.summary
     bare = [FakeRun(S.STANDARD, {"train_loss": _loss(10.0)}), FakeRun(S.BN, {"train_loss": _loss(5.0)})]
-    out = S._fig9_analyze(_ctx("santurkar-fig9", bare, tmp_path))
+    out = DL._fig9_analyze(_ctx("santurkar-fig9", bare, tmp_path))
     assert out.verdict == "inconclusive" and all(p.stat().st_size > 1000 for p in out.figures)
+
+
+def _pred(std_scale, bn_scale, spread=JITTER):
+    sizes = DL.fig10_grid()
+
+    def replay(scale):
+        return {"status": "finished", "curves": [
+            {"step": step, "grad_norm": 1.0, "loss_at_theta": 5.0, "grad_change": [scale * s for s in sizes],
+             "loss": [5.0 + scale * s for s in sizes]} for step in (0, 200)]}
+    return {"predictiveness": {"at_steps": [0, 200], "lr": S.DLN_LR, "step_sizes": sizes,
+                               "runs": {S.STANDARD: [replay(std_scale * j) for j in spread],
+                                        S.BN: [replay(bn_scale * j) for j in spread]}}}
+
+
+def test_fig10_verdict(tmp_path):
+    out = DL._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path, data=_pred(100.0, 10.0)))
+    _check_outcome(out)
+    assert out.verdict == "held" and "(30, 1000]" in out.summary
+    assert DL._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path, data=_pred(10.0, 100.0))).verdict == "not held"
+    noisy = _pred(10.0, 9.0, (0.3, 1.0, 3.0))
+    assert DL._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path, data=noisy)).verdict == "inconclusive"
+    assert DL._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path)).verdict == "inconclusive"  # no replay
 
 
 def test_fig10_window_summary():
     sizes = [1e-3, 1e-2, 1e-1]
     curve = {"grad_norm": 2.0, "loss": [5.0, 4.0, 9.0], "grad_change": [0.01, 0.4, None]}
-    assert S.window_summary(curve, sizes, 1e-3, 1e-2) == {
+    assert DL.window_summary(curve, sizes, 1e-3, 1e-2) == {
         "loss_range": 1.0, "grad_change_max": 0.4, "beta_smoothness": pytest.approx(max(0.01 / 2e-3, 0.4 / 2e-2))}
-    assert S.window_summary(curve, sizes, 1e-2, 1e-1)["loss_range"] == 5.0
+    assert DL.window_summary(curve, sizes, 1e-2, 1e-1)["loss_range"] == 5.0
 
 
-def test_fig11_verdicts(tmp_path):
+def test_fig11_verdict(tmp_path):
     def runs(bad=None):
         out = []
         for net in ("VGG", "DLN"):
-            for label in S.LP_LABELS:
-                worse = label == S.STANDARD or (net, label) == bad
-                out.append(FakeRun(f"{net}: {label}", {
-                    "train_loss": _loss(1.0 if worse else 0.2),
-                    **_landscape(2.0 if worse else 0.2, 20.0 if worse else 2.0, 100.0 if worse else 10.0),
-                    **_hist(0.01, 0.0, ("features.4.1",))}))
+            for label in LP.LP_LABELS:
+                # normalized arms 5× better than standard; the ``bad`` one 2× worse
+                f = 1.0 if label == S.STANDARD else (2.0 if (net, label) == bad else 0.2)
+                for i, j in enumerate(JITTER):
+                    out.append(FakeRun(f"{net}: {label}", {
+                        "train_loss": _loss(f * j), **_landscape(2.0 * f * j, 20.0 * f * j, 100.0 * f * j),
+                        **_hist(0.01, 0.0, ("features.4.1",))}, seed=i))
         return out
-    out = S._fig11_analyze(_ctx("santurkar-fig11", runs(), tmp_path))
+    out = LP._fig11_analyze(_ctx("santurkar-fig11", runs(), tmp_path))
     _check_outcome(out)
-    assert out.verdict == "held" and len(out.figures) == 3
-    out = S._fig11_analyze(_ctx("santurkar-fig11", runs(("DLN", S.LINF)), tmp_path))
-    assert out.verdict == "not held"
-    assert out.summary.startswith("21 of 24") and "DLN training loss 3/4, loss range 3/4, β 3/4" in out.summary
+    assert out.verdict == "held" and len(out.figures) == 2
+    assert out.summary.startswith("16 of 16 checks")
+    out = LP._fig11_analyze(_ctx("santurkar-fig11", runs(("DLN", S.LINF)), tmp_path))
+    assert out.verdict == "not held" and "14 of 16 checks" in out.summary \
+        and "detectably, 2 the standard one" in out.summary
+
+
+def test_fig14_verdict(tmp_path):
+    drift = {S.STANDARD: seeds(0.2), S.BN: seeds(0.1), S.L1: seeds(0.6), S.LINF: seeds(0.5)}
+    losses = {S.STANDARD: seeds(1.0), S.BN: seeds(0.1), S.L1: seeds(0.2), S.LINF: seeds(0.3)}
+    assert LP.fig14_verdict(drift, losses, [S.L1, S.LINF])[0] == "held"
+    assert LP.fig14_verdict({**drift, S.LINF: seeds(0.05)}, losses, [S.L1, S.LINF])[0] == "not held"
+    assert LP.fig14_verdict(drift, {**losses, S.L1: [0.2, 1.5, 3.0]}, [S.L1, S.LINF])[0] == "inconclusive"
+    runs = [FakeRun(f"VGG: {label}", {"train_loss": _loss(losses[label][i]),
+                                      **_hist(drift[label][i] * 2 * 1.645 / (STEPS[-1] - STEPS[0]), 0.0,
+                                              ("features.2.1", "features.4.1"))}, seed=i)
+            for label in (S.STANDARD, S.BN, S.L1, S.LINF) for i in range(3)]
+    out = LP._fig14_analyze(_ctx("santurkar-fig14", runs, tmp_path))
+    _check_outcome(out)
+    assert out.verdict == "held"

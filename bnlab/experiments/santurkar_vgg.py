@@ -1,0 +1,244 @@
+"""Santurkar et al. 2018, the VGG entries: Fig. 2 (standard / BN / noisy BN), Fig. 6 (ICS), Fig. 7 (moments).
+
+Shared configurations, helpers and the statistical rule are in :mod:`bnlab.experiments.santurkar`.
+Each verdict is a pure function of per-seed numbers (``fig2_verdict`` ...), tested on synthetic values.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .base import Experiment, Outcome, Plan, register
+from .common import RULE, compare_arms, safe_panels
+from .santurkar import (
+    BN, COS_TOLERANCE, NOISY, SHIFT_FACTOR, STANDARD, _curve_panel, _distribution_panel, _dln_runs, _first_layer_zero,
+    _fmt, _hist_layers, _hist_units, _inconclusive_if_tiny, _layer_medians, _median, _runs_by_label, _values, _vgg_runs,
+    arm_runs, combine, compare_text, decide, layer_key, log_values, mean_train_loss, per_seed, pick,
+    probe_layers, sharpness_line, sharpness_panel, vgg_config,
+)
+
+# ---- Fig. 2: standard vs BN vs "noisy" BN ------------------------------------------------------
+
+FIG2_LABELS = (STANDARD, BN, NOISY)
+
+
+def _fig2_plan(preset: str) -> Plan:
+    return Plan(runs=_vgg_runs(preset, FIG2_LABELS))
+
+
+def _fig2_analyze(ctx) -> Outcome:
+    runs = {label: _runs_by_label(ctx).get(label) for label in FIG2_LABELS}
+    specs = [_curve_panel(runs, "train_loss", "training loss (block means)", "loss", logy=True),
+             _curve_panel(runs, "train_accuracy", "training accuracy (batch, block means)", "accuracy"),
+             _curve_panel(runs, "test_accuracy", "test accuracy", "accuracy", points=200)]
+    for label in (BN, NOISY):
+        r = runs.get(label)
+        units = _hist_units(r)
+        layers = _hist_layers(r)
+        for layer in pick(layers, (0.2, 0.8)):
+            unit = next(u for u in units if u.split("[")[0] == layer)
+            specs.append(_distribution_panel(r, unit, f"{label}: activation {unit}"))
+    arms = arm_runs(ctx)
+    losses = {label: per_seed(arms.get(label), mean_train_loss) for label in FIG2_LABELS}
+    finals = {label: (r.final("train_accuracy") if r is not None else None,
+                      r.final("test_accuracy") if r is not None else None) for label, r in runs.items()}
+    paper = {STANDARD: "trains slowest; test acc. 80 % (App. A.1, CIFAR-10, no augmentation)",
+             BN: "trains fastest; test acc. 83 % (App. A.1)",
+             NOISY: "trains like BN, faster than Standard, despite the noise (Fig. 2)"}
+    table = [{"quantity": f"{label}: mean training loss per seed / seed 0's final train acc. / test acc.",
+              "ours": f"{' '.join(_fmt(v) for v in losses[label]) or '—'} / {_fmt(finals[label][0])} / "
+                      f"{_fmt(finals[label][1])}",
+              "paper": paper[label]} for label in FIG2_LABELS]
+    lr = vgg_config(ctx.preset, "none")["lr"]
+    fig = safe_panels(ctx.figure_path("training_curves"), specs + [sharpness_panel(runs, lr)], ncols=3,
+                      title="Santurkar Fig. 2: VGG with standard, BN and noisy BN layers (seed 0)")
+    verdict, summary = fig2_verdict(losses, _inconclusive_if_tiny(ctx))
+    return Outcome([fig], table, verdict, f"{summary}; {sharpness_line(arms, lr)}")
+
+
+def fig2_verdict(losses: dict[str, list[float]], tiny: str | None = None) -> tuple[str, str]:
+    """Fig. 2: noisy BN trains faster than the standard network. Per seed, the mean training loss over the run
+    (area under the curve, ln scale: ∞ for a diverged run); the rule of :func:`compare_arms`."""
+    if tiny:
+        return "inconclusive", tiny
+    c = compare_arms(log_values(losses.get(STANDARD, [])), log_values(losses.get(NOISY, [])))
+    bn = compare_arms(log_values(losses.get(STANDARD, [])), log_values(losses.get(BN, [])))
+    verdict = decide(c, "lower")
+    return verdict, (f"mean training loss over the run, noisy BN − standard, {compare_text(c, 'per seed', log=True)}; "
+                     f"BN − standard {bn.decision}. {RULE}")
+
+
+register(Experiment(
+    id="santurkar-fig2", paper="santurkar", target="Fig. 2",
+    title="Training with standard, BN and noisy BN VGG",
+    claim="BN with injected, time-varying covariate shift ('noisy' BN) still trains as well as BN and better "
+          "than the standard network: ICS reduction is not what makes BN work.",
+    smoke_changes="digits upsampled to 16×16 instead of CIFAR-10, VGG at 1/8 width, 600 steps (≈ 53 epochs of "
+                  "digits) instead of 15 000, He instead of Glorot init (with Glorot the 11-layer standard VGG "
+                  "stays at chance for the whole smoke budget), 3 seeds per arm. The runs carry the ics/moments/"
+                  "histograms/landscape/hessian probes so that fig6, fig7, fig11 and fig14 reuse them. 'Trains "
+                  "faster': Welch's t-test over seeds of the ln mean training loss over the run.",
+    cost={"smoke": "≈ 8 min CPU, one thread (9 VGG runs of 600 steps with probes)",
+          "paper": "9 runs × 15 000 steps VGG on CIFAR-10 (GPU, ≈ 3 h with probes)"},
+    plan=_fig2_plan, analyze=_fig2_analyze))
+
+
+# ---- Fig. 6: ICS (Definition 2.1) -------------------------------------------------------------
+
+FIG6_LABELS = (STANDARD, BN)
+
+
+def _fig6_plan(preset: str) -> Plan:
+    return Plan(runs=_vgg_runs(preset, FIG6_LABELS, "VGG: ") + _dln_runs(preset, FIG6_LABELS, "DLN: "))
+
+
+def ics_summary(run) -> tuple[float | None, float | None]:
+    """(median cos(G, G'), median ‖G − G'‖) over probed steps and layers, the first layer left out."""
+    if run is None:
+        return None, None
+    skip = _first_layer_zero(run)
+    cos = [v for layer in probe_layers(run, "ics", "cos") if layer not in skip
+           for v in _values(run, f"probe/ics/cos/{layer}")]
+    return _median(cos), _layer_medians(run, "ics", "l2", skip_zero=True)
+
+
+def _fig6_analyze(ctx) -> Outcome:
+    by_label = _runs_by_label(ctx)
+    arms = arm_runs(ctx)
+    specs, table = [], []
+    cos: dict[tuple[str, str], list[float]] = {}
+    for net in ("VGG", "DLN"):
+        runs = {label: by_label.get(f"{net}: {label}") for label in FIG6_LABELS}
+        reference = runs[STANDARD] or runs[BN]
+        layers = [l for l in probe_layers(reference, "ics", "l2") if l not in _first_layer_zero(reference)] \
+            if reference is not None else []
+        for layer in pick(layers, (0.3, 0.9)):
+            for quantity, ylabel in (("l2", "‖G − G′‖₂"), ("cos", "cos(G, G′)")):
+                series = {}
+                for label, r in runs.items():
+                    if r is not None:
+                        xs, ys = r.series(f"probe/ics/{quantity}/{layer}")
+                        if xs:
+                            series[label] = (xs, ys)
+                specs.append({"series": series, "xlabel": "step", "ylabel": ylabel, "markers": True,
+                              "title": f"{net} layer {layer}: {ylabel}", "logy": quantity == "l2"})
+        l2 = {}
+        for label in FIG6_LABELS:
+            seeds = arms.get(f"{net}: {label}")
+            cos[(net, label)] = per_seed(seeds, lambda r: ics_summary(r)[0])
+            l2[label] = per_seed(seeds, lambda r: ics_summary(r)[1])
+        table.append({"quantity": f"{net}: median cos(G, G′) per seed, standard / BN",
+                      "ours": " / ".join(" ".join(_fmt(v) for v in cos[(net, label)]) or "—" for label in FIG6_LABELS),
+                      "paper": "BN similar or lower (worse) than standard (Fig. 6)"})
+        table.append({"quantity": f"{net}: median ‖G − G′‖₂ per seed, standard / BN",
+                      "ours": " / ".join(" ".join(_fmt(v) for v in l2[label]) or "—" for label in FIG6_LABELS),
+                      "paper": "BN similar or larger (worse) than standard (Fig. 6)"})
+    fig = safe_panels(ctx.figure_path("ics"), specs or [{"title": "no ICS measurements"}], ncols=4,
+                      title="Santurkar Fig. 6: ICS (Definition 2.1) with and without BN (seed 0)")
+    verdict, summary = fig6_verdict(cos, _inconclusive_if_tiny(ctx))
+    return Outcome([fig], table, verdict, summary)
+
+
+def fig6_verdict(cos: dict[tuple[str, str], list[float]], tiny: str | None = None) -> tuple[str, str]:
+    """Fig. 6: BN's ICS is similar or worse. Per seed, the median cos(G, G′) over steps and layers (first layer
+    out); 'similar' allows BN up to COS_TOLERANCE above standard. Per network: held when BN's cos is detectably
+    below standard's + tolerance, not held when detectably above it, else inconclusive."""
+    if tiny:
+        return "inconclusive", tiny
+    verdicts, parts = [], []
+    for net in ("VGG", "DLN"):
+        c = compare_arms([v + COS_TOLERANCE for v in cos.get((net, STANDARD), [])], cos.get((net, BN), []))
+        verdicts.append(decide(c, "lower"))
+        parts.append(f"{net} " + compare_text(c, f"BN − (standard + {COS_TOLERANCE})"))
+    return combine(verdicts), ("median cos(G, G′) over probed steps and layers (first layer excluded), per seed; "
+                               + "; ".join(parts) + f". {RULE}")
+
+
+register(Experiment(
+    id="santurkar-fig6", paper="santurkar", target="Fig. 6",
+    title="Internal covariate shift (Definition 2.1) with and without BN",
+    claim="Networks with BN have similar or even larger ICS — the change of a layer's gradient when the "
+          "preceding layers are updated, ‖G − G′‖ and cos(G, G′) — than standard networks, while training better.",
+    smoke_changes="VGG: the shared smoke VGG runs of fig2 (digits at 16×16, 1/8 width, 600 steps, He init, 3 "
+                  "seeds), ICS every 30 steps. DLN: the paper's 25 layers of width 10 on 1000 Gaussian samples, "
+                  "full batch, 600 instead of 10 000 steps, 3 seeds, ICS every 25 steps. 'Similar or worse': per "
+                  "seed the median cos(G, G′) over steps and layers; Welch's t-test of BN against standard + 0.02.",
+    cost={"smoke": "≈ 7 min CPU (6 VGG + 6 DLN runs; the VGG runs are fig2's)",
+          "paper": "6 VGG × 15 000 steps on CIFAR-10 + 6 DLN × 10 000 steps (GPU, ≈ 2 h)"},
+    plan=_fig6_plan, analyze=_fig6_analyze))
+
+
+# ---- Fig. 7: moments drift --------------------------------------------------------------------
+
+def _fig7_plan(preset: str) -> Plan:
+    return Plan(runs=_vgg_runs(preset, FIG2_LABELS))
+
+
+def _fig7_analyze(ctx) -> Outcome:
+    runs = {label: _runs_by_label(ctx).get(label) for label in FIG2_LABELS}
+    specs = []
+    # Layers differ in name (the conv output "features.4.0" without BN, the BN output "features.4.1" with it):
+    # pair them by their block "features.4", at depths picked among the blocks every run has.
+    block_maps = {label: {layer.rsplit(".", 1)[0]: layer for layer in probe_layers(r, "moments", "mean_change")}
+                  if r is not None else {} for label, r in runs.items()}
+    present = [m for m in block_maps.values() if m]
+    common = sorted(set.intersection(*(set(m) for m in present)), key=layer_key) if present else []
+    for block in pick(common, (0.25, 0.75)):
+        for quantity, ylabel in (("mean_change", "|Δ mean|"), ("var_change", "|Δ variance|")):
+            series = {}
+            for label, blocks in block_maps.items():
+                if block in blocks:
+                    xs, ys = runs[label].series(f"probe/moments/{quantity}/{blocks[block]}")
+                    if xs:
+                        series[label] = (xs, ys)
+            specs.append({"series": series, "xlabel": "step", "ylabel": ylabel, "logy": True,
+                          "title": f"block {block} output: {ylabel} per step"})
+    specs.append(_curve_panel(runs, "train_loss", "training loss (block means)", "loss", logy=True))
+    fig = safe_panels(ctx.figure_path("moments"), specs, ncols=3,
+                 title="Santurkar Fig. 7: change of activation moments between successive steps")
+    arms = arm_runs(ctx)
+    changes = {label: {q: per_seed(arms.get(label), lambda r, q=q: _layer_medians(r, "moments", q))
+                       for q in ("mean_change", "var_change")} for label in FIG2_LABELS}
+    losses = {label: per_seed(arms.get(label), mean_train_loss) for label in FIG2_LABELS}
+    paper = {STANDARD: "small change of mean and variance", BN: "small change",
+             NOISY: "much larger change of both moments than Standard, yet trains faster (Figs 2, 7)"}
+    table = [{"quantity": f"{label}: median |Δ mean| / |Δ var| per step; mean training loss (per seed)",
+              "ours": f"{' '.join(_fmt(v) for v in changes[label]['mean_change']) or '—'} / "
+                      f"{' '.join(_fmt(v) for v in changes[label]['var_change']) or '—'}; "
+                      f"{' '.join(_fmt(v) for v in losses[label]) or '—'}",
+              "paper": paper[label]} for label in FIG2_LABELS]
+    verdict, summary = fig7_verdict(changes, losses, _inconclusive_if_tiny(ctx))
+    return Outcome([fig], table, verdict, summary)
+
+
+def fig7_verdict(changes: dict[str, dict[str, list[float]]], losses: dict[str, list[float]],
+                 tiny: str | None = None) -> tuple[str, str]:
+    """Fig. 7: noisy BN changes both moments per step far more than the standard network (≥ SHIFT_FACTOR ×,
+    tested on ln values against ln(SHIFT_FACTOR × standard)) and still trains faster (ln mean training loss)."""
+    if tiny:
+        return "inconclusive", tiny
+    verdicts, parts = [], []
+    for q in ("mean_change", "var_change"):
+        std = [v + math.log(SHIFT_FACTOR) for v in log_values(changes.get(STANDARD, {}).get(q, []))]
+        c = compare_arms(std, log_values(changes.get(NOISY, {}).get(q, [])))
+        verdicts.append(decide(c, "higher"))
+        parts.append(compare_text(c, f"noisy BN − {SHIFT_FACTOR:g}× standard, median |Δ {q.split('_')[0]}|", log=True))
+    c = compare_arms(log_values(losses.get(STANDARD, [])), log_values(losses.get(NOISY, [])))
+    verdicts.append(decide(c, "lower"))
+    parts.append(compare_text(c, "noisy BN − standard, mean training loss", log=True))
+    return combine(verdicts), "per seed: " + "; ".join(parts) + f". {RULE}"
+
+
+register(Experiment(
+    id="santurkar-fig7", paper="santurkar", target="Fig. 7",
+    title="Change of activation moments per step: standard, BN, noisy BN",
+    claim="'Noisy' BN layers change the mean and variance of a layer's activations between successive steps "
+          "far more than a standard network does, yet the network trains better (cf. Fig. 2).",
+    smoke_changes="the shared smoke VGG runs of fig2 (digits at 16×16, 1/8 width, 600 steps, He init, 3 seeds), "
+                  "moments probe every 15 steps; layers are the BN outputs (conv outputs without BN), paired "
+                  "across networks by depth. 'Significantly higher': Welch's t-test over seeds of ln(noisy BN's "
+                  "median change) against ln(2 × standard's).",
+    cost={"smoke": "≈ 8 min CPU (the 9 runs of fig2; free after fig2)",
+          "paper": "the 3 runs of fig2 (GPU)"},
+    plan=_fig7_plan, analyze=_fig7_analyze))
+
