@@ -119,3 +119,14 @@ def test_read_only_runs_dir_lists_shows_exports_and_plots(runs_dir, tmp_path, mo
     refused = _invoke("runs", "delete", "aaa111", "--runs-dir", str(runs_dir))
     assert refused.exit_code == 2 and "read-only" in refused.output
     assert {p.name: p.read_bytes() for p in runs_dir.iterdir() if p.is_file()} == before
+
+
+def test_a_store_of_a_newer_bnlab_is_a_clear_error(runs_dir):
+    import sqlite3
+
+    conn = sqlite3.connect(runs_dir / "bnlab.db")
+    conn.execute("PRAGMA user_version=7")
+    conn.commit()
+    conn.close()
+    result = _invoke("runs", "list", "--runs-dir", str(runs_dir))
+    assert result.exit_code == 2 and "schema version 7, newer than this bnlab reads" in result.output

@@ -99,3 +99,33 @@ def test_log_to_flag_of_bnlab_train(tmp_path):
     assert list((tmp_path / "tb").glob("*/events.out.tfevents.*"))
     bad = CliRunner().invoke(app, ["train", "--steps", "2", "--runs-dir", str(tmp_path), "--log-to", "neptune:x"])
     assert bad.exit_code == 2 and "unknown tracker 'neptune'" in bad.output
+
+
+def test_mlflow_run_of_a_failed_then_resumed_bnlab_run_is_one_run(tmp_path):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from bnlab.train.callbacks import Callback
+
+    class FailOnce(Callback):
+        fired = False
+
+        def on_step_end(self, trainer, step, metrics):
+            if step == 5 and not FailOnce.fired:
+                FailOnce.fired = True
+                raise RuntimeError("crash")
+
+    uri = (tmp_path / "mlruns").resolve().as_uri()
+    config = dict(CONFIG, probes=[], checkpoint_every=2, runs_dir=str(tmp_path))
+    with pytest.raises(RuntimeError, match="crash"):
+        run(config, callbacks=[MLflowLogger(uri), FailOnce()], progress=False)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("bnlab")
+    (failed,) = client.search_runs([experiment.experiment_id])
+    assert failed.info.status == "FAILED" and failed.data.tags["bnlab.status"] == "failed"
+    record = run(config, callbacks=[MLflowLogger(uri), FailOnce()], progress=False)
+    assert record.status == "finished" and record.resumed_from == 4
+    (resumed,) = client.search_runs([experiment.experiment_id])  # the same MLflow run, continued
+    assert resumed.info.run_id == failed.info.run_id and resumed.info.status == "FINISHED"
+    steps = {m.step for m in client.get_metric_history(resumed.info.run_id, "train_loss")}
+    assert steps == {s for s, _ in _stored(tmp_path, record.id)["train_loss"]}
