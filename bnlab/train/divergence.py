@@ -52,7 +52,8 @@ def check_state(named: Sequence[tuple[str, torch.Tensor]], step: int, loss: floa
     """Raise :class:`Divergence` if any of ``named`` holds a non-finite value (one host read)."""
     if not named:
         return
-    peaks = torch.stack([t.detach().abs().amax().float() for _, t in named])
+    # one multi-tensor kernel for the max-norms (NaN and inf propagate), one read
+    peaks = torch.stack([p.float() for p in torch._foreach_norm([t.detach() for _, t in named], math.inf)])
     finite = torch.isfinite(peaks).tolist()
     if not all(finite):
         bad = [name for (name, _), ok in zip(named, finite) if not ok]

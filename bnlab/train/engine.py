@@ -29,11 +29,11 @@ from bnlab.train.divergence import Divergence, check_state, scan_losses, state_t
 from bnlab.train.optim import Projection, build_optimizer, find_scale_invariant, set_lr_factor
 from bnlab.train.prepare import Prepared, derive_seed
 from bnlab.train.progress import Progress
+from bnlab.train.record import evaluate, read_values
 from bnlab.train.resume import checkpoint_state, restore_state
 from bnlab.train.schedules import parse_schedule
 
 DETECTION_BATCH = 256  # samples of the fixed batch used to test scale invariance
-EVAL_CHUNK = 1024
 CHECKPOINT_SECONDS = 30.0  # default cadence: first epoch end after this much time
 CHECK_EVERY = 50  # default steps between reads of the device values (no host sync in between)
 _FLUSH_ROWS = 5000
@@ -74,7 +74,12 @@ class Trainer:
         self.last_flush = time.monotonic()
         self.rows_recreated: list[int] = []  # steps whose rows a resume re-created in the store
         self.pending: list[tuple[int, str, Any, float]] = []  # (step, name, value, divisor)
-        self.window: list[torch.Tensor] = []  # losses of the steps since the last check
+        # per step since the last read: loss and (classification) correct count on the device,
+        # batch size on the host; read in one transfer each, then summed on the host
+        self.window: list[torch.Tensor] = []
+        self.window_correct: list[torch.Tensor] = []
+        self.window_sizes: list[int] = []
+        self.unscanned: list[tuple[int, list[float]]] = []  # (first step, losses) read, not yet checked
         self.step = 0
         self.data_gen = torch.Generator(device="cpu")
         self.data_gen.manual_seed(derive_seed(cfg.seed, "data-order"))
@@ -110,8 +115,9 @@ class Trainer:
         self._lr_factor: float | None = None
 
     def _reset_accumulators(self) -> None:
-        self.acc_loss = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.acc_correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        """The epoch's sums (host floats, fed from the steps read at each check)."""
+        self.acc_loss = 0.0
+        self.acc_correct = 0
         self.acc_batches = 0
         self.acc_count = 0
 
@@ -123,14 +129,47 @@ class Trainer:
             value = value.detach()
         self.pending.append((int(step), str(name), value, divisor))
 
+    def _read_window(self) -> list[tuple[int, str, float]]:
+        """Read the steps since the last read (one transfer each for losses and correct counts),
+        add them to the epoch sums, and return their rows: ``train_loss``/``train_accuracy`` every
+        ``log_every`` steps (and step 1), the epoch means at each epoch's last step."""
+        if not self.window:
+            return []
+        losses = torch.stack(self.window).tolist()
+        corrects = torch.stack(self.window_correct).tolist() if self.window_correct else None
+        sizes, first = self.window_sizes, self.step - len(losses) + 1
+        self.window, self.window_correct, self.window_sizes = [], [], []
+        rows: list[tuple[int, str, float]] = []
+        for i, loss in enumerate(losses):
+            step = first + i
+            if (step - 1) % self.spe == 0:
+                self._reset_accumulators()
+            self.acc_loss += loss
+            self.acc_batches += 1
+            self.acc_count += sizes[i]
+            if corrects is not None:
+                self.acc_correct += int(corrects[i])
+            if step % self.log_every == 0 or step == 1:
+                rows.append((step, "train_loss", loss))
+                if corrects is not None:
+                    rows.append((step, "train_accuracy", corrects[i] / sizes[i]))
+            if step % self.spe == 0 or step == self.total_steps:
+                rows.extend((step, f"epoch_{name}", value) for name, value in self.epoch_means().items())
+        if self.start_loss is None and first == 1:
+            self.start_loss = losses[0]
+        self.last_loss = losses[-1]
+        self.unscanned.append((first, losses))
+        return rows
+
     def _read_pending(self) -> None:
-        """Read every pending device value in one transfer; hand rows to on_log/on_probe."""
-        if not self.pending:
+        """Read the window and every pending device value; hand the rows to on_log/on_probe."""
+        rows = self._read_window()
+        if self.pending:
+            pending, self.pending = self.pending, []
+            values = read_values([v for _, _, v, _ in pending])
+            rows += [(s, n, value / d) for (s, n, _, d), value in zip(pending, values)]
+        if not rows:
             return
-        pending, self.pending = self.pending, []
-        tensors = [v for _, _, v, _ in pending if torch.is_tensor(v)]
-        read = iter(torch.stack([t.reshape(()).double() for t in tensors]).tolist() if tensors else [])
-        rows = [(s, n, (next(read) if torch.is_tensor(v) else float(v)) / d) for s, n, v, d in pending]
         self.buffer.extend(rows)
         if self.callbacks.has("on_log") or self.callbacks.has("on_probe"):
             by_step: dict[int, list[tuple[int, str, float]]] = {}
@@ -155,16 +194,12 @@ class Trainer:
     # -- divergence ------------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Read the window's losses and pending values; raise :class:`Divergence` if diverged."""
-        losses = torch.stack(self.window).double().tolist() if self.window else []
-        first = self.step - len(losses) + 1
-        self.window = []
+        """Read the steps since the last check and pending values; raise :class:`Divergence` if
+        one of those losses, or a parameter or buffer now, says the run diverged."""
         self._read_pending()
-        if losses:
-            if self.start_loss is None and first == 1:
-                self.start_loss = losses[0]
-            self.last_loss = losses[-1]
-        scan_losses(losses, first, self.start_loss, self.config.divergence_factor)
+        unscanned, self.unscanned = self.unscanned, []
+        for first, losses in unscanned:
+            scan_losses(losses, first, self.start_loss, self.config.divergence_factor)
         check_state(self.state_tensors, self.step, self.last_loss)
 
     # -- setup -----------------------------------------------------------------------------------
@@ -234,17 +269,10 @@ class Trainer:
     def epoch_means(self) -> dict[str, float]:
         if self.acc_batches == 0:
             return {}
-        out = {"train_loss": float(self.acc_loss) / self.acc_batches}
+        out = {"train_loss": self.acc_loss / self.acc_batches}
         if self.classification and self.acc_count:
-            out["train_accuracy"] = int(self.acc_correct) / self.acc_count
+            out["train_accuracy"] = self.acc_correct / self.acc_count
         return out
-
-    def _log_epoch_means(self, lr: float) -> None:
-        if self.acc_batches:
-            self.log("epoch_train_loss", self.acc_loss.clone(), self.step, self.acc_batches)
-            if self.classification and self.acc_count:
-                self.log("epoch_train_accuracy", self.acc_correct.clone(), self.step, self.acc_count)
-        self.log("lr", lr, self.step)
 
     # -- the step --------------------------------------------------------------------------------
 
@@ -275,16 +303,9 @@ class Trainer:
         self.step = number
         value = loss.detach()
         self.window.append(value)
-        self.acc_loss += value
-        self.acc_batches += 1
-        self.acc_count += int(yb.shape[0])
-        if number % self.log_every == 0 or number == 1:
-            self.log("train_loss", value, number)
-        if self.classification:
-            correct = (out.argmax(dim=1) == yb).sum()  # argmax has no gradient: no graph is built
-            self.acc_correct += correct
-            if number % self.log_every == 0 or number == 1:
-                self.log("train_accuracy", correct, number, int(yb.shape[0]))
+        self.window_sizes.append(int(yb.shape[0]))
+        if self.classification:  # argmax has no gradient: no graph is built
+            self.window_correct.append((out.argmax(dim=1) == yb).sum())
         if ctx is not None:
             self.callbacks.call("after_step", ctx)
         if self.callbacks.has("on_step_end"):
@@ -310,7 +331,6 @@ class Trainer:
                 epoch, skip = divmod(self.step, self.spe)  # 0-based epoch
                 if skip == 0:
                     self.epoch_start_state = self.data_gen.get_state()
-                    self._reset_accumulators()
                 epoch_batches = batches(
                     self.data.x_train, self.data.y_train, self.prep.batch_size, generator=self.data_gen,
                     shuffle=True, drop_last=self.prep.drop_last, augment=self.prep.augment,
@@ -337,7 +357,7 @@ class Trainer:
     def _after_step(self, epoch: int, lr: float, progress: Progress) -> None:
         epoch_end = self.step % self.spe == 0 or self.step == self.total_steps
         if epoch_end:
-            self._log_epoch_means(lr)
+            self.log("lr", lr, self.step)
         if self.step % self.check_every == 0:
             self.check()
         last_eval = {}
@@ -375,28 +395,3 @@ class Trainer:
             self.checkpoint(final_summary=summary)
         self.flush()
         return status, metrics
-
-
-def evaluate(model: torch.nn.Module, data: Any, loss_fn: Any, classification: bool) -> dict[str, float]:
-    """Loss (and accuracy) on ``data``'s test split in eval mode; non-finite outputs count as wrong."""
-    x, y = data.x_test, data.y_test
-    if x is None:
-        return {}
-    was_training = model.training
-    model.eval()
-    n = x.shape[0]
-    loss_sum = torch.zeros((), dtype=torch.float64, device=x.device)
-    correct = torch.zeros((), dtype=torch.int64, device=x.device)
-    with torch.no_grad():
-        for start in range(0, n, EVAL_CHUNK):
-            xb, yb = x[start : start + EVAL_CHUNK], y[start : start + EVAL_CHUNK]
-            out = model(xb)
-            loss_sum += loss_fn(out, yb).double() * xb.shape[0]
-            if classification:
-                ok = torch.isfinite(out).all(dim=1) & (out.argmax(dim=1) == yb)
-                correct += ok.sum()
-    model.train(was_training)
-    result = {"test_loss": float(loss_sum) / n}
-    if classification:
-        result["test_accuracy"] = int(correct) / n
-    return result

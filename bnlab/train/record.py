@@ -1,4 +1,5 @@
-"""The run record: what a run stored and returns, the environment it ran in, and its lock."""
+"""The run record: what a run stores and returns (its final evaluation, the values read back from
+the device), the environment it ran in, and its lock."""
 
 from __future__ import annotations
 
@@ -108,37 +109,46 @@ def _primitive(value: Any) -> Any:
     return str(value)
 
 
-try:  # the run store's helper owns the lock (it also guards `runs delete`)
-    from bnlab.train.checkpoint import RunLock, RunLockedError
-except ImportError:  # pragma: no cover - until bnlab.train.checkpoint provides it
-    class RunLockedError(RuntimeError):
-        """Another process is training this run right now."""
+# the run lock lives with the checkpoints (it also guards `runs delete`); re-exported here
+from bnlab.train.checkpoint import RunLock, RunLockedError  # noqa: E402,F401
+
+EVAL_CHUNK = 1024
 
 
-    class RunLock:
-        """An advisory lock so two processes never train the same run at once (freed on SIGKILL)."""
+def evaluate(model: torch.nn.Module, data: Any, loss_fn: Any, classification: bool) -> dict[str, float]:
+    """Loss (and accuracy) on ``data``'s test split in eval mode; non-finite outputs count as wrong."""
+    x, y = data.x_test, data.y_test
+    if x is None:
+        return {}
+    was_training = model.training
+    model.eval()
+    n = x.shape[0]
+    loss_sum = torch.zeros((), dtype=torch.float64, device=x.device)
+    correct = torch.zeros((), dtype=torch.int64, device=x.device)
+    with torch.no_grad():
+        for start in range(0, n, EVAL_CHUNK):
+            xb, yb = x[start : start + EVAL_CHUNK], y[start : start + EVAL_CHUNK]
+            out = model(xb)
+            loss_sum += loss_fn(out, yb).double() * xb.shape[0]
+            if classification:
+                ok = torch.isfinite(out).all(dim=1) & (out.argmax(dim=1) == yb)
+                correct += ok.sum()
+    model.train(was_training)
+    result = {"test_loss": float(loss_sum) / n}
+    if classification:
+        result["test_accuracy"] = int(correct) / n
+    return result
 
-        def __init__(self, path: Path):
-            self.path = path
-            self.handle = None
 
-        def __enter__(self) -> RunLock:
-            try:
-                import fcntl
-            except ImportError:  # pragma: no cover - not POSIX: no locking
-                return self
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.handle = open(self.path, "a+")
-            try:
-                fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                self.handle.close()
-                self.handle = None
-                raise RunLockedError(
-                    f"run {self.path.stem} is being trained by another process (lock {self.path})"
-                ) from None
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            if self.handle is not None:
-                self.handle.close()
+def read_values(values: list[Any]) -> list[float]:
+    """Python floats of ``values`` (numbers or 0-d tensors): one stack and one read per dtype."""
+    out: list[Any] = [float(v) if not torch.is_tensor(v) else None for v in values]
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for index, value in enumerate(values):
+        if torch.is_tensor(value):
+            by_dtype.setdefault(value.dtype, []).append(index)
+    for indices in by_dtype.values():
+        read = torch.stack([values[i].reshape(()) for i in indices]).tolist()
+        for index, value in zip(indices, read):
+            out[index] = float(value)
+    return out

@@ -37,7 +37,7 @@ def checkpoint_state(trainer: Any, final_summary: dict[str, Any] | None = None) 
         "callbacks": trainer.callbacks.state_dict(),
         "scale_invariant": dict(trainer.scale_invariant),
         "accumulators": {
-            "loss_sum": float(trainer.acc_loss), "correct": int(trainer.acc_correct),
+            "loss_sum": trainer.acc_loss, "correct": trainer.acc_correct,
             "count": trainer.acc_count, "batches": trainer.acc_batches,
         },
         "last_loss": trainer.last_loss,
@@ -66,8 +66,7 @@ def restore_state(trainer: Any, ckpt: dict[str, Any]) -> None:
             gen.set_state(noise[name].to(gen.get_state().device))
     trainer.callbacks.load_state_dict(ckpt.get("callbacks", {}))
     acc = ckpt["accumulators"]
-    trainer.acc_loss.fill_(float(acc["loss_sum"]))
-    trainer.acc_correct.fill_(int(acc["correct"]))
+    trainer.acc_loss, trainer.acc_correct = float(acc["loss_sum"]), int(acc["correct"])
     trainer.acc_count, trainer.acc_batches = int(acc["count"]), int(acc["batches"])
     trainer.last_loss = float(ckpt["last_loss"])
     start = ckpt.get("start_loss")
