@@ -51,8 +51,13 @@ def test_list_shows_full_specs_entry_date_and_live_steps(runs_dir):
     row = next(line for line in lines if line.startswith("aaa111"))
     assert LONG_NORM in row and "relu" in row and "peng-fig2/smoke:cbn" in row
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", row)
-    live = next(line for line in lines if line.startswith("ddd444"))
-    assert re.search(r"running\s+40\b", live)  # the running run's progress, from its flushed rows
+    dead = next(line for line in lines if line.startswith("ddd444"))
+    assert re.search(r"stopped\s+40\b", dead)  # recorded running, but no process holds its lock
+    from bnlab.train.checkpoint import RunLock, lock_path
+
+    with RunLock(lock_path(runs_dir, "ddd444")):  # a process training it: running, with its progress
+        live = _invoke("runs", "list", "--runs-dir", str(runs_dir), "--status", "running").stdout.splitlines()
+    assert len(live) == 2 and re.search(r"^ddd444\s+running\s+40\b", live[1])
     assert "default" in next(line for line in lines if line.startswith("ccc333"))  # activation unset
 
 

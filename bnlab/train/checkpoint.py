@@ -80,21 +80,25 @@ class RunLock:
             self.handle = None
 
 
-def is_locked(runs_dir: str | os.PathLike[str], run_id: str) -> bool:
-    """True while another process holds the run's lock (it is training the run right now)."""
+def is_locked(runs_dir: str | os.PathLike[str], run_id: str) -> bool | None:
+    """True while a process holds the run's lock (it is training the run right now), False if
+    none does, None where that cannot be told (no ``flock``, an unreadable lock file)."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX: no locking
-        return False
+        return None
     path = lock_path(runs_dir, run_id)
     if not path.exists():
         return False
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
+    try:
+        with open(path) as handle:  # read-only: works in a read-only runs dir, creates nothing
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    except OSError:
+        return None
     return False
 
 

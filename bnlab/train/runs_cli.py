@@ -48,13 +48,23 @@ def _get(store, run_id: str) -> dict[str, Any]:
     return row
 
 
-def brief(row: dict[str, Any], entries: dict[str, str]) -> dict[str, Any]:
+def _live_status(row: dict[str, Any], runs_dir: Path) -> str:
+    """``running`` only while a process holds the run's lock; a run whose process died (killed,
+    machine lost) without recording an end is ``stopped``: re-running its config resumes it."""
+    if row["status"] != "running":
+        return row["status"]
+    from bnlab.train.checkpoint import is_locked
+
+    return "stopped" if is_locked(runs_dir, row["id"]) is False else "running"
+
+
+def brief(row: dict[str, Any], entries: dict[str, str], runs_dir: Path) -> dict[str, Any]:
     """One run as `runs list` shows it: config keys people filter on, final metrics, its entry."""
     cfg = row["config"]
     metrics = (row.get("summary") or {}).get("metrics") or {}
     return {
         "id": row["id"],
-        "status": row["status"],
+        "status": _live_status(row, runs_dir),
         "steps": row.get("steps") or 0,
         "date": datetime.datetime.fromtimestamp(row["created"]).strftime("%Y-%m-%d %H:%M"),
         "model": cfg.get("model"),
@@ -119,20 +129,27 @@ def runs_list(
 ) -> None:
     """Runs in the store, newest first: full norm spec, activation, seed, catalogue entry, date, status.
 
-    A running run's steps follow its training (they rise at every flush of its metrics).
+    A running run's steps follow its training (they rise at every flush of its metrics); a run
+    recorded as running whose process is gone (killed) shows as ``stopped``.
     """
     from bnlab.store import dumps
 
     store = _open_store(runs_dir)
     try:
         filters = _parse_pairs(where, "--where")
-        rows = store.list_runs(status=status)
+        if status is not None:
+            from bnlab.store import STATUSES
+
+            if status not in (*STATUSES, "stopped"):
+                raise ValueError(f"unknown status {status!r}; valid: {', '.join((*STATUSES, 'stopped'))}")
+            filters["status"] = status
+        rows = store.list_runs()
         entries = store.entry_of_runs()
     except ValueError as err:
         _fail(str(err))
     finally:
         store.close()
-    items = [brief(r, entries) for r in rows]
+    items = [brief(r, entries, Path(runs_dir)) for r in rows]
     known = _where_keys(items)
     unknown = [k for k in filters if k.split(".")[0] not in known]
     if unknown and items:
