@@ -145,6 +145,15 @@ class DataParallelTrainer(Trainer):
             self.ckpt_path.unlink()
         return self.ckpt_path
 
+    def _checkpoint_due(self) -> bool:
+        """As in one process, but a wall-time cadence is rank 0's decision: a checkpoint runs a divergence
+        check, and every rank must stop at the same step."""
+        if self.checkpoint_every is not None or self.step % self.spe:
+            return super()._checkpoint_due()  # a function of the step alone: equal on every rank
+        due = torch.tensor([int(super()._checkpoint_due())], device=self.device)
+        dist.broadcast(due, src=0)
+        return bool(due.item())
+
     def checkpoint(self, *, final_summary: dict[str, Any] | None = None) -> None:
         if self.me.is_main:
             super().checkpoint(final_summary=final_summary)
