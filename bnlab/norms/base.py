@@ -44,6 +44,20 @@ def channel_dot(a: Tensor, b: Tensor) -> Tensor:
     return (a.reshape(n, c, 1, -1) @ b.reshape(n, c, -1, 1)).sum(0).flatten()
 
 
+def centred_reductions(g: Tensor, x: Tensor, mean: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-channel (Σ g, Σ g·(x − mean)) in one pass over g and x, accumulated in double on CPU.
+
+    torch's BatchNorm backward kernel computes exactly these two reductions for its weight and bias
+    gradients; with invstd = 1 its "x̂" is x − mean. Elsewhere: a centred temporary and two reductions.
+    """
+    if x.device.type in ("cpu", "cuda"):
+        one = torch.ones_like(mean)
+        _, dot, total = torch.ops.aten.native_batch_norm_backward(
+            g, x, None, None, None, mean, one, True, 0.0, [False, True, True])
+        return total, dot
+    return channel_sum(g), channel_dot(g, x - per_channel(mean, x))
+
+
 def stats_dtype(x: Tensor) -> torch.dtype:
     """float32 for half-precision inputs (no overflow of Σx², no 8-bit mantissa sums), else x's dtype."""
     return torch.promote_types(x.dtype, torch.float32)
@@ -94,18 +108,20 @@ class _StatsAffine(torch.autograd.Function):
                                "run the forward pass inside `with bnlab.norms.plain_autograd():`")
         (x,) = ctx.saved_tensors
         m, v, leaves, scale, shift = ctx.graph
-        centred = x - per_channel(m.detach().to(x.dtype), x)
-        g_sum = channel_sum(g).to(m.dtype)
-        g_dot = channel_dot(g, centred).to(m.dtype) + m.detach() * g_sum  # Σ g·x, without cancellation
+        m_x = m.detach().to(x.dtype)  # the mean as x's dtype: every use below takes this same value
+        g_sum, g_dot_centred = centred_reductions(g, x, m_x)
+        g_sum = g_sum.to(m.dtype)
+        g_dot = g_dot_centred.to(m.dtype) + m_x.to(m.dtype) * g_sum  # Σ g·x, exactly, without cancellation
         inputs = [m, v] + [t for t in leaves if t.requires_grad]
         grads = torch.autograd.grad((scale, shift), inputs, (g_dot, g_sum),
                                     allow_unused=True, retain_graph=True)  # tiny; lets gradcheck re-run
         grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(grads, inputs)]
         g_mean, g_var, rest = grads[0], grads[1], iter(grads[2:])
-        s = ((2.0 / ctx.n) * g_var).to(x.dtype)
-        # gx = s·(x − μ) + g_μ/n + scale·g, written into the centred buffer
-        const = (g_mean / ctx.n).to(x.dtype)
-        gx = torch.addcmul(per_channel(const, x), centred, per_channel(s, x), out=centred)
+        s = (2.0 / ctx.n) * g_var
+        # gx = s·(x − μ) + g_μ/n + scale·g = s·x + (g_μ/n − s·μ) + scale·g: the constant in float64, so
+        # only s·x rounds at |x| (as nn.BatchNorm's own x·a + b does)
+        const = (g_mean / ctx.n - s * m_x.to(m.dtype)).to(x.dtype)
+        gx = torch.addcmul(per_channel(const, x), x, per_channel(s.to(x.dtype), x))
         gx.addcmul_(g, per_channel(scale.detach().to(x.dtype), x))
         return (gx, None, None, *[next(rest) if t.requires_grad else None for t in leaves])
 
