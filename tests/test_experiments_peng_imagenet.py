@@ -26,6 +26,7 @@ def test_smoke_plan_arms_seeds_and_recipe():
             assert c["placement"] == "pre_linear" and "amat=true" in c["norm"]
             assert (f"rho={RHO_STAR[f['activation']]:g}" in c["norm"]) == (RHO_STAR[f["activation"]] != 1.0)
         assert c["model_options"]["residual"] == "peng" and c["data"] == "imagefolder"
+        assert c["model_options"]["padding_mode"] == "replicate"  # no padding-pattern artifact in the 4×4 stage
         assert c["data_options"]["generate"] is True
     seeds = {(r.factors["arm"], r.factors["activation"]): set() for r in runs}
     for r in runs:
@@ -118,3 +119,27 @@ def test_tiny_reproduce_end_to_end_on_a_generated_image_folder(tmp_path, monkeyp
     assert "too few seeds" in table.table[2]["ours"]  # the CBN − BN row of ResNet-18/Sigmoid
     fig = reproduce("peng-fig6", "smoke", runs_dir=runs_dir, tiny=True, progress=False, report=False)
     assert fig.verdict == "inconclusive" and len(fig.table) == 10 and fig.figures[0].exists()
+
+
+def test_smoke_network_norms_see_the_data_not_the_padding(tmp_path):
+    """The smoke preset's BN+Sigmoid ResNet-20 at 16×16: with zero padding most of the 4×4 stage's norm-input
+    variance is the padding pattern; the preset's replicate padding removes it (issue: no proxy artifacts)."""
+    import bnlab.models as M
+    from bnlab import data
+    from bnlab.data.image_writer import write_image_folder
+    from bnlab.models.padding import padding_share_by_size
+
+    write_image_folder(tmp_path / "g", classes=10, train_per_class=3, val_per_class=1, size=24, fmt="jpeg")
+    run = next(r for r in get("peng-table5").plan("smoke").runs
+               if r.factors["arm"] == "BN" and r.factors["activation"] == "sigmoid")
+    c = run.config
+    options = {k: v for k, v in c["data_options"].items() if k not in ("folder", "generate")}
+    ds = data.load("imagefolder", data_dir=tmp_path, folder="g", **options)
+    x = ds.x_train[:]
+    shares = {}
+    for padding in ("zeros", c["model_options"]["padding_mode"]):
+        torch.manual_seed(0)
+        model = M.create(c["model"], norm=c["norm"], activation=c["activation"], placement=c["placement"],
+                         input_shape=ds.input_shape, num_classes=10, **{**c["model_options"], "padding_mode": padding})
+        shares[padding] = padding_share_by_size(model, x)["4×4"]
+    assert shares["zeros"] > 0.5 and shares["replicate"] < 0.05
