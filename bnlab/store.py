@@ -42,6 +42,7 @@ from bnlab.store_schema import (  # noqa: F401 - re-exported: bnlab.store is the
     BUSY_TIMEOUT_MS,
     SCHEMA_VERSION,
     ReadOnlyStoreError,
+    StoreCorruptError,
     StoreVersionError,
     _open_readonly,
     _writable,
@@ -88,33 +89,44 @@ class Store:
         if readonly is None:
             readonly = self.path.exists() and not _writable(self.path)
         self.readonly = bool(readonly)
-        if self.readonly:
-            if not self.path.exists():
-                raise FileNotFoundError(f"no run store at {self.path}")
-            self._conn = _open_readonly(self.path)
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # isolation_level=None: we issue BEGIN/COMMIT ourselves so that each write is one
-            # explicit IMMEDIATE transaction.
-            self._conn = sqlite3.connect(
-                str(self.path), timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None
-            )
-            self._conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
-            self._retry(lambda: self._conn.execute("PRAGMA journal_mode=WAL").fetchone())
-            # FULL: a commit is on disk (WAL fsynced) before it returns, so a crash -- of the
-            # process or of the machine -- never loses a row the trainer believes stored.
-            self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.row_factory = sqlite3.Row
+        if self.readonly and not self.path.exists():
+            raise FileNotFoundError(f"no run store at {self.path}")
         try:
+            self._conn = _open_readonly(self.path) if self.readonly else self._open_writable()
+            self._conn.row_factory = sqlite3.Row
             self._check_schema()
+        except sqlite3.DatabaseError as err:
+            self.close()
+            if isinstance(err, sqlite3.OperationalError):  # locked, unable to open: as they are
+                raise
+            raise StoreCorruptError(
+                f"run store {self.path} is damaged ({err}). Its runs' checkpoints carry their rows: "
+                f"move the file away and re-run each run's config (or `bnlab reproduce`) -- every run "
+                f"with a checkpoint is rebuilt from it without retraining what it had done"
+            ) from None
         except BaseException:
-            self._conn.close()
+            self.close()
             raise
+
+    def _open_writable(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves so that each write is one
+        # explicit IMMEDIATE transaction.
+        conn = sqlite3.connect(str(self.path), timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        self._conn = conn
+        conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+        self._retry(lambda: conn.execute("PRAGMA journal_mode=WAL").fetchone())
+        # FULL: a commit is on disk (WAL fsynced) before it returns, so a crash -- of the
+        # process or of the machine -- never loses a row the trainer believes stored.
+        conn.execute("PRAGMA synchronous=FULL")
+        return conn
 
     # -- plumbing ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        self._conn.close()
+        conn = getattr(self, "_conn", None)
+        if conn is not None:
+            conn.close()
 
     def __enter__(self) -> Store:
         return self

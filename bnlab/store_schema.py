@@ -67,6 +67,10 @@ class StoreVersionError(ValueError):
     """The store was written by a bnlab this version cannot read (newer, or an unknown layout)."""
 
 
+class StoreCorruptError(ValueError):
+    """The store file is not a readable SQLite database (garbled, truncated, not a database)."""
+
+
 class ReadOnlyStoreError(PermissionError):
     """A write was attempted on a store opened read-only."""
 

@@ -366,3 +366,21 @@ def test_a_flipped_byte_in_an_entry_name_is_caught(tmp_path):
     path.write_bytes(raw.replace(b"accumulators", b"accumulatorz"))
     with pytest.raises(CheckpointCorruptError, match="damaged: its entry names"):
         load_checkpoint(path)
+
+
+def test_a_garbled_store_file_is_a_clear_error_and_runs_are_rebuilt_from_their_checkpoints(tmp_path):
+    from bnlab.store import StoreCorruptError
+    from bnlab.train import run
+
+    first = run(dict(E2E, runs_dir=str(tmp_path)), progress=False)
+    with Store(tmp_path / "bnlab.db") as store:
+        rows = store.metrics(first.id)
+    db = tmp_path / "bnlab.db"
+    db.write_bytes(b"\x00garbage" * 512)
+    with pytest.raises(StoreCorruptError, match="is damaged .*move the file away and re-run"):
+        Store(db)
+    db.unlink()  # the documented recovery
+    again = run(dict(E2E, runs_dir=str(tmp_path)), progress=False)
+    assert again.status == "finished" and again.metrics == first.metrics and again.resumed_from == 12
+    with Store(db) as store:
+        assert store.metrics(first.id) == rows

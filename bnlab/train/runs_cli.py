@@ -27,14 +27,14 @@ LIST_COLUMNS = (
 
 
 def _open_store(runs_dir: str):
-    from bnlab.store import Store, StoreVersionError
+    from bnlab.store import Store
 
     path = Path(runs_dir) / "bnlab.db"
     if not path.exists():
         _fail(f"no run store at {path} (train something first, or pass --runs-dir)")
     try:
         return Store(path)
-    except StoreVersionError as err:
+    except ValueError as err:  # StoreVersionError, StoreCorruptError: the message says what to do
         _fail(str(err))
 
 
