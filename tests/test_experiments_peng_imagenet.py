@@ -41,7 +41,7 @@ def test_paper_plan_follows_section_6_1():
     for r in runs:
         c = r.config
         assert (c["lr"], c["momentum"], c["weight_decay"], c["batch_size"]) == (0.1, 0.9, 1e-4, 256)
-        assert (c["epochs"], c["schedule"]) == (120, "step:30,60,90")
+        assert (c["epochs"], c["schedule"], c["device"]) == (120, "step:30,60,90", "cuda")
         assert c["data_options"]["image_size"] == 224 and c["data_options"]["resize_size"] == 256
 
 

@@ -56,7 +56,7 @@ SEEDS = 3
 PAPER_RECIPE = dict(data="imagefolder", data_options={"folder": "imagenet", "image_size": 224, "resize_size": 256,
                                                       "cache": "none", "workers": 8},
                     epochs=120, lr=0.1, momentum=0.9, weight_decay=1e-4, batch_size=256, schedule="step:30,60,90",
-                    scale_invariant=[], log_every=100)
+                    scale_invariant=[], log_every=100, device="cuda")  # 120 ImageNet epochs: a GPU or nothing
 SMOKE_ARCH = "resnet18"  # the paper column the stand-in is compared with
 # Replicate padding: with zero padding, 94 % of the input variance of BN+Sigmoid's 4×4 stage-3 norms in this
 # proxy is the padding pattern (81 % at 8×8), against 26–37 % per stage in torchvision's ResNet-18 at 224
