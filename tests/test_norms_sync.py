@@ -193,11 +193,13 @@ def test_sync_in_the_spec(name):
     assert not any(m.sync for m in _norms_of(name))
 
 
-def test_convert_sync_switches_every_layer_and_native_bn_becomes_torch_sync_batchnorm():
+def test_convert_sync_switches_every_layer_and_torch_batchnorms_become_sync_batchnorm():
     model = nn.Sequential(nn.Conv2d(2, 3, 1), N.create("cbn", 3), N.create("native_bn", 3),
-                          N.normalized(nn.Conv2d(3, 3, 1), "si_bn"), N.create("noisy_bn", 3))
+                          N.normalized(nn.Conv2d(3, 3, 1), "si_bn"), N.create("noisy_bn", 3), nn.BatchNorm2d(3))
+    weight = model[2].weight
     assert sync.convert_sync(model) is model
     assert all(m.sync for m in model.modules() if isinstance(m, N.ChannelNorm))
-    assert isinstance(model[2], nn.SyncBatchNorm)
+    assert isinstance(model[2], nn.SyncBatchNorm) and model[2].weight is weight  # an optimizer keeps working
+    assert isinstance(model[5], nn.SyncBatchNorm)
     with pytest.raises(ValueError, match="native_bn|valid"):
         N.create("native_bn(sync=true)", 3)

@@ -220,19 +220,19 @@ def convert_sync(model: nn.Module, process_group=None) -> nn.Module:
     """Switch every bnlab normalization layer of ``model`` (in place) to synchronized statistics.
 
     bnlab layers (``bn``, ``mean_only_bn``, ``var_only_bn``, ``mbn``, ``cbn``, ``brn``, ``lp_bn``,
-    ``noisy_bn``, ``si_bn``'s inner norm) get ``sync=True`` and ``process_group``; ``native_bn`` (torch's
-    fused kernel) becomes torch's own ``nn.SyncBatchNorm``, which torch supports on GPUs only. Stochastic
+    ``noisy_bn``, ``si_bn``'s inner norm) get ``sync=True`` and ``process_group``; ``native_bn`` and any
+    other torch BatchNorm become torch's own ``nn.SyncBatchNorm`` (same parameters and buffers), which
+    torch runs on GPUs only — nothing is left unsynchronized silently. Stochastic
     layers (``noisy_bn``) take rank 0's noise seed when a process group is initialized, so every rank
     draws the same noise. Like ``nn.SyncBatchNorm.convert_sync_batchnorm``, returns the model.
     """
     from .base import ChannelNorm
-    from .batchnorm import NativeBatchNorm
     from .noisy import StochasticLayer
 
-    if isinstance(model, NativeBatchNorm):
+    if _torch_batchnorm(model):
         return nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group)
     for name, child in list(model.named_children()):
-        if isinstance(child, NativeBatchNorm):
+        if _torch_batchnorm(child):
             setattr(model, name, nn.SyncBatchNorm.convert_sync_batchnorm(child, process_group))
         else:
             convert_sync(child, process_group)
@@ -242,6 +242,10 @@ def convert_sync(model: nn.Module, process_group=None) -> nn.Module:
         if isinstance(model, StochasticLayer):
             align_seed(model)
     return model
+
+
+def _torch_batchnorm(module: nn.Module) -> bool:
+    return isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, nn.SyncBatchNorm)
 
 
 def align_seed(layer) -> None:
