@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     shape, pairs = (QUICK_SHAPE, 2) if args.quick else (FULL_SHAPE, args.pairs)
     backend = "eager" if args.quick else "inductor"
+    load_before = os.getloadavg()[0]  # other processes on the machine distort 2-thread timings: recorded
     rows = layer_table(specs, shape, torch.device("cpu"), ["fp32"], ["eager", "compiled"], pairs,
                        Budget(args.budget_s), backend=backend,
                        progress=lambda r: print(f"{r['spec']:<22}{r['mode']:<10}"
@@ -72,6 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "norms forward+backward, training mode, float32, CPU; paired with native BN, median ratio",
         "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
         "shape": list(shape), "pairs": pairs, "compile_backend": backend, "quick": args.quick,
+        "load_average_1min": {"start": load_before, "end": os.getloadavg()[0], "cpus": os.cpu_count()},
         "rows": rows, "goals": goals(rows),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
