@@ -491,7 +491,7 @@ def test_bad_inputs_raise_clear_errors():
         N.normalized(nn.Linear(2, 2), "si_bn", placement="pre_linear")
 
 
-@pytest.mark.parametrize("spec", ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn(rho=2)", "cbn(decouple=false)", "cbn(center=false)", "brn"])
+@pytest.mark.parametrize("spec", ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn(rho=2)", "cbn(decouple=false)", "cbn(center=false)", "brn", "lp_bn(p=2)"])
 def test_fused_path_equals_plain_autograd(spec, fused):
     """The fused kernel (stats → per-channel coefficients → addcmul) equals autograd on the plain ops."""
     results = []

@@ -59,17 +59,26 @@ class LpBatchNorm(BatchNorm):
         a = gamma / (scale + self.eps)
         return a, beta - mean * a
 
+    def rms_coefficients(self, mean: Tensor, var: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+        """p=2 from the batch moments: ε is added to the scale √σ²_B, not to the variance."""
+        return self.coefficients(mean, var.sqrt(), gamma, beta)
+
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
         gamma, beta = self.gamma_beta(x)
         if not self.use_batch_stats():
             return self.apply_affine(x, *self.inference_affine())
-        with torch.autocast(x.device.type, enabled=False):
-            mean, var, _ = self.batch_moments(x)
-            centred = x - self.per_channel(mean, x)  # float32 or better, whatever x's dtype
-            scale = self.batch_scale(centred, var)
-            a = gamma / (scale + self.eps)
-            y = torch.addcmul(self.per_channel(beta.to(centred.dtype), x), centred, self.per_channel(a.to(centred.dtype), x))
+        if self.p == "2":  # the scale is √σ²_B: the shared statistics → coefficients machinery (fused)
+            y, mean, var, _ = self.normalize_with_batch_stats(x, self.rms_coefficients, gamma, beta)
+            scale = var.sqrt()
+        else:
+            with torch.autocast(x.device.type, enabled=False):
+                mean, var, _ = self.batch_moments(x)
+                centred = x - self.per_channel(mean, x)  # float32 or better, whatever x's dtype
+                scale = self.batch_scale(centred, var)
+                a = gamma / (scale + self.eps)
+                y = torch.addcmul(self.per_channel(beta.to(centred.dtype), x), centred,
+                                  self.per_channel(a.to(centred.dtype), x))
         if self.training and self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)

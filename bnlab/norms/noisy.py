@@ -72,7 +72,7 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         sigma = 1 + torch.rand(c, generator=g, device=a.device, dtype=dtype) * (self.n_sigma - 1)
         shape, rows = global_batch_rows(self, a)  # synced: the global batch's noise, this rank's rows
         u = torch.rand(shape, generator=g, device=a.device, dtype=dtype)[rows]
-        m = self.per_channel(mu, a) + (u * 2 - 1) * self.r_mu
+        m = u.mul_(2 * self.r_mu).add_(self.per_channel(mu - self.r_mu, a))  # μ_j + (2u − 1)·r_μ, in place
         z = torch.randn(shape, generator=g, device=a.device, dtype=dtype)[rows]
-        s = self.per_channel(sigma, a) + z * self.r_sigma
+        s = z.mul_(self.r_sigma).add_(self.per_channel(sigma, a))  # σ_j + r_σ·z, in place
         return s, m
