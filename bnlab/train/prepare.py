@@ -134,20 +134,7 @@ def prepare(
         download=cfg.download,
         **options,
     )
-    n = ds.n_train
-    if cfg.batch_size == "full":
-        batch_size = n
-    else:
-        if cfg.batch_size > n:
-            raise ValueError(
-                f"batch_size {cfg.batch_size} is larger than the training set of {cfg.data!r} "
-                f"({n} samples); use at most {n}, or batch_size full"
-            )
-        batch_size = int(cfg.batch_size)
-    # A final batch of a single sample has no batch statistics (BN would divide by zero), so it
-    # is dropped in that one case; otherwise every sample is used every epoch.
-    drop_last = batch_size < n and n % batch_size == 1
-    steps_per_epoch = n // batch_size if drop_last else -(-n // batch_size)
+    batch_size, drop_last, steps_per_epoch = _batching(cfg, ds.n_train)
     total_steps = cfg.steps if cfg.steps is not None else cfg.epochs * steps_per_epoch
     total_epochs = -(-total_steps // steps_per_epoch)
 
@@ -165,17 +152,7 @@ def prepare(
     # an override that names no parameter is a config error: raised here, before any record
     overrides = resolve_override(model, cfg.scale_invariant) if cfg.scale_invariant is not None else None
 
-    cbs = list(callbacks)
-    if cfg.probes:
-        try:
-            from bnlab import probes
-        except ImportError:
-            probes = None
-        if probes is None or not hasattr(probes, "create"):
-            raise ValueError("probes need bnlab.probes.create, which is not available in this install")
-        for spec in cfg.probes:
-            name, options = parse_probe_spec(spec)
-            cbs.append(probes.create(name, every=options.pop("every", cfg.probe_every), **options))
+    cbs = list(callbacks) + _probe_callbacks(cfg)
 
     return Prepared(
         config=cfg,
@@ -200,6 +177,41 @@ def prepare(
         custom_model=model_factory is not None,
         model_fingerprint=model_fingerprint(model),
     )
+
+
+def _batching(cfg: TrainConfig, n: int) -> tuple[int, bool, int]:
+    """``(batch_size, drop_last, steps_per_epoch)`` for ``n`` training samples."""
+    if cfg.batch_size == "full":
+        batch_size = n
+    else:
+        if cfg.batch_size > n:
+            raise ValueError(
+                f"batch_size {cfg.batch_size} is larger than the training set of {cfg.data!r} "
+                f"({n} samples); use at most {n}, or batch_size full"
+            )
+        batch_size = int(cfg.batch_size)
+    # A final batch of a single sample has no batch statistics (BN would divide by zero), so it
+    # is dropped in that one case; otherwise every sample is used every epoch.
+    drop_last = batch_size < n and n % batch_size == 1
+    return batch_size, drop_last, n // batch_size if drop_last else -(-n // batch_size)
+
+
+def _probe_callbacks(cfg: TrainConfig) -> list[Any]:
+    """The probes ``cfg.probes`` names, created with their options (``every`` from the spec or
+    ``probe_every``)."""
+    if not cfg.probes:
+        return []
+    try:
+        from bnlab import probes
+    except ImportError:
+        probes = None
+    if probes is None or not hasattr(probes, "create"):
+        raise ValueError("probes need bnlab.probes.create, which is not available in this install")
+    out = []
+    for spec in cfg.probes:
+        name, options = parse_probe_spec(spec)
+        out.append(probes.create(name, every=options.pop("every", cfg.probe_every), **options))
+    return out
 
 
 def parse_probe_spec(spec: str) -> tuple[str, dict[str, Any]]:
