@@ -11,7 +11,7 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 import bnlab.norms as N
-from tests.vision_shim import build
+from tests.vision_shim import build, import_or_skip
 
 NORM_TYPES = (N.ChannelNorm, _BatchNorm, N.ScaleInvariantBN)
 
@@ -37,14 +37,24 @@ def test_resnet18_folds_completely(name, spec):
     assert_same_output(folded, model, torch.randn(2, 3, 32, 32, generator=gen(1)))
 
 
-def test_timm_norm_act_folds_and_unconverted_norm_act_is_named():
+@pytest.mark.parametrize("convert", [True, False])
+def test_timm_norm_act_layers_fold_keeping_their_activation(convert):
     model = build("timm.efficientnet_b0", gen(2))
-    with pytest.warns(UserWarning, match=r"bn1: BatchNormAct2d .*convert it first"):
-        N.fold(model)
-    N.convert(model, "bn")
+    if convert:
+        N.convert(model, "bn")
     folded, report = N.fold(model, report=True)
     assert report.unfolded == {} and len(report.folded) == 49
+    assert sum(isinstance(m, nn.SiLU) for m in folded.modules()) == sum(
+        isinstance(m, nn.SiLU) for m in model.modules())
     assert_same_output(folded, model, torch.randn(2, 3, 32, 32, generator=gen(3)))
+
+
+def test_norm_act_never_folds_into_the_next_layer():
+    norm_act = import_or_skip("timm").layers.BatchNormAct2d(3, act_layer=nn.ReLU)
+    model = _randomized(nn.Sequential(norm_act, nn.Conv2d(3, 2, 1)), 12)
+    folded, report = N.fold(model, report=True)
+    assert "folds only into the layer before it" in report.unfolded["0"]
+    assert_same_output(folded, model, torch.randn(2, 3, 4, 4, generator=gen(13)))
 
 
 class _Shared(nn.Module):

@@ -28,10 +28,12 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .base import ChannelNorm
+from .convert import NORM_ACT_CLASSES
 from .wrappers import LINEAR_TYPES, ScaleInvariantBN, WeightNorm
 
-# torch's BatchNorm classes whose eval forward is the running-statistics affine map (timm's norm-act
-# layers add an activation, so they are not): convert them with bnlab.norms.convert first.
+# torch's BatchNorm classes whose eval forward is the running-statistics affine map. timm's norm-act
+# layers apply that map and then an activation: they fold into the layer before them only, and leave
+# their drop path and activation behind.
 _TORCH_AFFINE = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 _NORMS = (ChannelNorm, _BatchNorm, ScaleInvariantBN)
 
@@ -110,7 +112,7 @@ def _plan(graph: fx.Graph, module: nn.Module, prefix: str, rep: FoldReport) -> l
             rep.unfolded[prefix + node.target] = "called more than once in forward"
         elif isinstance(norm, ScaleInvariantBN):
             plan.append(("self", node.target, node.target, affine))
-        elif (side := _neighbour(node, modules, calls, taken)) and isinstance(side, tuple):
+        elif (side := _neighbour(node, modules, calls, taken, _is_norm_act(norm))) and isinstance(side, tuple):
             taken.add(side)
             plan.append((side[1], side[0], node.target, affine))
         else:
@@ -118,7 +120,8 @@ def _plan(graph: fx.Graph, module: nn.Module, prefix: str, rep: FoldReport) -> l
     return plan
 
 
-def _neighbour(node: fx.Node, modules: dict, calls: Counter, taken: set) -> tuple[str, str] | str:
+def _neighbour(node: fx.Node, modules: dict, calls: Counter, taken: set,
+               output_only: bool) -> tuple[str, str] | str:
     """(layer, "output"|"input") the norm can fold into, or the reason it cannot."""
     src = node.args[0] if len(node.args) == 1 and not node.kwargs else None
     if isinstance(src, fx.Node) and src.op == "call_module":
@@ -133,6 +136,8 @@ def _neighbour(node: fx.Node, modules: dict, calls: Counter, taken: set) -> tupl
     else:
         producer_note = f"its input comes from {_describe(src)}"
     users = list(node.users)
+    if output_only:
+        return f"a norm-act layer folds only into the layer before it: {producer_note}"
     if len(users) == 1 and users[0].op == "call_module" and users[0].args == (node,) and not users[0].kwargs:
         dst = users[0]
         layer = _unwrap(modules[dst.target])
@@ -157,14 +162,18 @@ def _eval_affine(norm: nn.Module) -> tuple[tuple[Tensor, Tensor] | None, str]:
     if getattr(norm, "track_running_stats", True) is False or getattr(norm, "running_mean", 0) is None:
         return None, "uses batch statistics in eval mode (track_running_stats=False): not a fixed affine map"
     if isinstance(norm, _BatchNorm) and not hasattr(norm, "inference_affine"):
-        if type(norm) not in _TORCH_AFFINE:
-            return None, (f"{type(norm).__name__} is not a plain BatchNorm (norm-act or custom forward); "
-                          "bnlab.norms.convert it first")
+        if type(norm) not in _TORCH_AFFINE and not _is_norm_act(norm):
+            return None, f"{type(norm).__name__} has a forward of its own: not known to be affine"
         return _running_affine(norm), ""
     affine = norm.inference_affine()
     if affine is None:
         return None, f"{type(norm).__name__} is not an affine map in eval mode"
     return affine, ""
+
+
+def _is_norm_act(module: nn.Module) -> bool:
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}" in NORM_ACT_CLASSES
 
 
 def _running_affine(bn: _BatchNorm) -> tuple[Tensor, Tensor]:
@@ -190,7 +199,8 @@ def _apply(root: nn.Module, kind: str, layer_path: str, norm_path: str, affine) 
     layer = _unwrap(root.get_submodule(layer_path))
     new = _scaled_output(layer, *affine) if kind == "output" else _scaled_input(layer, *affine)
     _set(root, layer_path, new)
-    _set(root, norm_path, nn.Identity())
+    norm = root.get_submodule(norm_path)
+    _set(root, norm_path, nn.Sequential(norm.drop, norm.act) if _is_norm_act(norm) else nn.Identity())
 
 
 def _set(root: nn.Module, path: str, module: nn.Module) -> None:
