@@ -384,3 +384,16 @@ def test_a_garbled_store_file_is_a_clear_error_and_runs_are_rebuilt_from_their_c
     assert again.status == "finished" and again.metrics == first.metrics and again.resumed_from == 12
     with Store(db) as store:
         assert store.metrics(first.id) == rows
+
+
+def test_checkpoints_are_readable_like_any_file_the_process_creates(tmp_path):
+    """A shared results folder: mkstemp's private 0600 would hide checkpoints from other users."""
+    import stat
+
+    path = checkpoint_path(tmp_path, "r1")
+    old = os.umask(0o027)
+    try:
+        save_checkpoint(path, _state(1))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640

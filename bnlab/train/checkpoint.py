@@ -149,6 +149,9 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None
     payload["checksum"] = checksum(payload)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp makes the file private (0600); a checkpoint in a shared results folder must be
+        # readable as any file this process creates is (0666 less the umask)
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as handle:
             torch.save(payload, handle)
             handle.flush()
@@ -163,6 +166,17 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None
         except FileNotFoundError:
             pass
         raise
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (Linux ``/proc``); 0o022 where unknown."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 def _keep_previous(path: Path) -> None:
