@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from bnlab.store_entries import EntriesMixin
 from bnlab.store_schema import (  # noqa: F401 - re-exported: bnlab.store is the one public module
     BUSY_TIMEOUT_MS,
     SCHEMA_VERSION,
@@ -48,7 +49,6 @@ from bnlab.store_schema import (  # noqa: F401 - re-exported: bnlab.store is the
     _writable,
     check_schema,
     migrate,
-    tables,
 )
 
 STATUSES = ("running", "finished", "diverged", "failed", "interrupted")
@@ -74,7 +74,7 @@ def dumps(value: Any, **kwargs: Any) -> str:
     return json.dumps(_json_value(value), allow_nan=False, **kwargs)
 
 
-class Store:
+class Store(EntriesMixin):
     """A run store backed by the SQLite file at ``path``.
 
     ``readonly``: ``None`` (default) opens read-only when the file exists and this process cannot
@@ -424,48 +424,6 @@ class Store:
         return self._conn.execute(
             "SELECT COUNT(*) FROM metrics WHERE run_id = ?", (run_id,)
         ).fetchone()[0]
-
-    # -- catalogue entries' results -------------------------------------------------------------
-
-    def save_entry(
-        self, experiment_id: str, preset: str, runs: list[dict], data: dict, *, tiny: bool, seconds: float,
-        default: Any = None,
-    ) -> None:
-        """Store (replace) a catalogue entry's run ids by label and its computations' JSON data."""
-        row = (experiment_id, preset, json.dumps(runs), json.dumps(data, default=default), int(tiny), time.time(), seconds)
-        self._write(lambda c: c.execute(
-            "INSERT OR REPLACE INTO experiments(id, preset, runs, data, tiny, created, seconds)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)", row))
-
-    def load_entry(self, experiment_id: str, preset: str) -> dict[str, Any] | None:
-        if "experiments" not in self._tables():
-            return None
-        row = self._conn.execute(
-            "SELECT runs, data, tiny, created, seconds FROM experiments WHERE id = ? AND preset = ?",
-            (experiment_id, preset),
-        ).fetchone()
-        if row is None:
-            return None
-        return {"runs": json.loads(row[0]), "data": json.loads(row[1]), "tiny": bool(row[2]),
-                "created": row[3], "seconds": row[4]}
-
-    def entries(self) -> list[tuple[str, str]]:
-        """``(experiment id, preset)`` of every stored entry."""
-        if "experiments" not in self._tables():
-            return []
-        return [(r[0], r[1]) for r in self._conn.execute("SELECT id, preset FROM experiments ORDER BY id, preset")]
-
-    def entry_of_runs(self) -> dict[str, str]:
-        """``{run id: "entry/preset:label"}`` for the runs of stored catalogue entries."""
-        out: dict[str, str] = {}
-        for experiment_id, preset in self.entries():
-            for r in (self.load_entry(experiment_id, preset) or {}).get("runs", []):
-                if r.get("id"):
-                    out.setdefault(r["id"], f"{experiment_id}/{preset}:{r.get('label')}")
-        return out
-
-    def _tables(self) -> set[str]:
-        return tables(self._conn)
 
     # -- export --------------------------------------------------------------------------------
 

@@ -1,0 +1,57 @@
+"""The catalogue's results in the run store: the ``experiments`` table, as methods of
+:class:`bnlab.store.Store` (one access path: its busy timeout, retries, version check, read-only
+opening). For each (entry, preset): the run ids by label with their factors, and the JSON data of
+the entry's computations.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from bnlab.store_schema import tables
+
+
+class EntriesMixin:
+    """``save_entry``/``load_entry``/``entries``/``entry_of_runs``; needs ``_conn`` and ``_write``."""
+
+    def save_entry(
+        self, experiment_id: str, preset: str, runs: list[dict], data: dict, *, tiny: bool, seconds: float,
+        default: Any = None,
+    ) -> None:
+        """Store (replace) a catalogue entry's run ids by label and its computations' JSON data."""
+        row = (experiment_id, preset, json.dumps(runs), json.dumps(data, default=default), int(tiny), time.time(), seconds)
+        self._write(lambda c: c.execute(
+            "INSERT OR REPLACE INTO experiments(id, preset, runs, data, tiny, created, seconds)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)", row))
+
+    def load_entry(self, experiment_id: str, preset: str) -> dict[str, Any] | None:
+        if "experiments" not in self._tables():
+            return None
+        row = self._conn.execute(
+            "SELECT runs, data, tiny, created, seconds FROM experiments WHERE id = ? AND preset = ?",
+            (experiment_id, preset),
+        ).fetchone()
+        if row is None:
+            return None
+        return {"runs": json.loads(row[0]), "data": json.loads(row[1]), "tiny": bool(row[2]),
+                "created": row[3], "seconds": row[4]}
+
+    def entries(self) -> list[tuple[str, str]]:
+        """``(experiment id, preset)`` of every stored entry."""
+        if "experiments" not in self._tables():
+            return []
+        return [(r[0], r[1]) for r in self._conn.execute("SELECT id, preset FROM experiments ORDER BY id, preset")]
+
+    def entry_of_runs(self) -> dict[str, str]:
+        """``{run id: "entry/preset:label"}`` for the runs of stored catalogue entries."""
+        out: dict[str, str] = {}
+        for experiment_id, preset in self.entries():
+            for r in (self.load_entry(experiment_id, preset) or {}).get("runs", []):
+                if r.get("id"):
+                    out.setdefault(r["id"], f"{experiment_id}/{preset}:{r.get('label')}")
+        return out
+
+    def _tables(self) -> set[str]:
+        return tables(self._conn)
