@@ -32,8 +32,8 @@ from typing import Any
 from bnlab.report.plots import bars
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import RULE, compare_arms, finite_or_none, grouped_finals, mean_std, safe_panels, smooth
-from .peng import ACT_TITLE, ACTIVATIONS, NON_RELU, row_spec
+from .common import RULE, compare_arms, finite_or_none, grouped_finals, mean_curve, mean_std, safe_panels, smooth
+from .peng_common import ACT_TITLE, ACTIVATIONS, NON_RELU, _status_note, row_spec
 
 ARCHS = ("resnet18", "resnet50", "efficientnet_b0")
 ARCH_TITLE = {"resnet18": "ResNet-18", "resnet50": "ResNet-50", "efficientnet_b0": "EfficientNet-B0"}
@@ -227,14 +227,7 @@ def _table5_analyze(ctx) -> Outcome:
                bars(ctx.figure_path("top1_paper"), paper, ylabel="top-1 accuracy (%)",
                     title="Peng Table 5 as printed (ILSVRC2012)")]
     verdict, summary = table5_verdict(cells, ctx.tiny)
-    return Outcome(figures, rows, verdict, summary)
-
-
-def _mean_curve(runs) -> tuple[list, list]:
-    """The seed-mean of the runs' smoothed training-loss curves at the steps they share."""
-    curves = [dict(zip(*smooth(*r.series("train_loss")))) for r in runs if r.status == "finished"]
-    steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
-    return steps, [sum(c[s] for c in curves) / len(curves) for s in steps]
+    return Outcome(figures, rows, verdict, summary + _status_note(ctx))
 
 
 def _fig6_analyze(ctx) -> Outcome:
@@ -247,7 +240,8 @@ def _fig6_analyze(ctx) -> Outcome:
             for arm in ARMS:
                 runs = [r for r in ctx.runs if (r.factors.get("arch"), r.factors.get("arm"),
                                                 r.factors.get("activation")) == (arch, arm, act)]
-                series[f"{arm} (mean of {len(runs)} seeds)"] = _mean_curve(runs)
+                finished = [r for r in runs if r.status == "finished"]
+                series[f"{arm} (mean of {len(finished)} seeds)"] = smooth(*mean_curve(finished, "train_loss"))
                 mean, std = mean_std(cells.get((arch, arm, act), []))
                 rows.append({"quantity": f"{ARCH_TITLE[arch]} · {ACT_TITLE[act]} · {arm} mean training loss",
                              "ours": "—" if mean is None else f"{mean:.3f}" + (f" ± {std:.3f}" if std else ""),
@@ -257,7 +251,7 @@ def _fig6_analyze(ctx) -> Outcome:
     figure = safe_panels(ctx.figure_path("training_loss"), specs, ncols=5,
                          title=f"Peng Fig. 6 (ours, {ctx.preset}): training loss, BN vs CBN")
     verdict, summary = fig6_verdict(cells, ctx.tiny)
-    return Outcome([figure], rows, verdict, summary)
+    return Outcome([figure], rows, verdict, summary + _status_note(ctx))
 
 
 _SMOKE = ("bnlab's ResNet-20 at width ¼ (Eq. 7 residual form, replicate padding) stands in for ResNet-18 (ResNet-50 and "
