@@ -31,8 +31,6 @@ CBN insensitive to ρ). ``peng-fig8`` measures the sensitivity this choice leans
 
 from __future__ import annotations
 
-import math
-
 from bnlab.report.plots import bars
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
@@ -206,7 +204,7 @@ def _proxy_rows(ctx) -> list[dict]:
             for arm, by_size in shares.items() for size, by_map in by_size.items()]
 
 
-def _curves(ctx, path, metric: str, title: str, table: int | None = None):
+def _curves(ctx, path, metric: str, title: str):
     arms = _arm_runs(ctx)
     specs = []
     for key in sorted({k[0] for k in arms}, key=lambda t: (t is None, t)):

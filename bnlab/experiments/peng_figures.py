@@ -6,12 +6,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bnlab.report.plots import bars, panels
+from bnlab.report.plots import panels
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import finite_or_none, grouped_finals, mean_std, safe_panels, smooth
-from .peng_common import (ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, RHO_GRID, RHO_STAR, _base, _fmt, _pct, _run,
-                          _status_note, cbn_spec)
+from .common import finite_or_none, safe_panels, smooth
+from .peng_common import ACT_TITLE, ACTIVATIONS, RHO_GRID, RHO_STAR, _base, _run, _status_note, cbn_spec
 
 # ---- Figs 2–3: η_k and τ_k -------------------------------------------------------------------------
 
