@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import BN_FAMILY, SPECS, Budget, format_rows, layer_table  # noqa: E402
+from timing import BN_FAMILY, SPECS, Budget, layer_table  # noqa: E402
 
 FULL_SHAPE, QUICK_SHAPE = (128, 64, 32, 32), (8, 4, 4, 4)
 EAGER_1_5 = ["noisy_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "si_bn", "wn"]
@@ -49,6 +49,21 @@ def goals(rows: list[dict]) -> dict:
     return {"eager_bn_family_le_1.3": check(BN_FAMILY, "eager", 1.3),
             "compiled_every_layer_le_1.0": check(SPECS, "compiled", 1.0),
             "eager_others_le_1.5": check(EAGER_1_5, "eager", 1.5)}
+
+
+def side_by_side(rows: list[dict]) -> str:
+    """The README table: one line per layer, eager and compiled ratios against eager native BN."""
+    cells = {(r["spec"], r["mode"]): r for r in rows}
+
+    def ratio(row):
+        return f"{row['ratio']:.2f}" if row and "ratio" in row else (row or {}).get("error", "–")[:40]
+
+    lines = ["| layer | reference | eager ms | reference ms | eager × | compiled × |", "|---|---|---:|---:|---:|---:|"]
+    for spec in dict.fromkeys(r["spec"] for r in rows):
+        eager, compiled = cells.get((spec, "eager")), cells.get((spec, "compiled"))
+        ms = f"{eager['ms']:.1f} | {eager['ref_ms']:.1f}" if eager and "ms" in eager else "– | –"
+        lines.append(f"| `{spec}` | {(eager or compiled)['reference']} | {ms} | {ratio(eager)} | {ratio(compiled)} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -79,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
-    print(format_rows(rows))
+    print(side_by_side(rows))
     return result
 
 
