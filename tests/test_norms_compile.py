@@ -167,3 +167,21 @@ def test_noisy_bn_compiles_with_its_noise_drawn_eagerly():
                                    rtol=1e-5, atol=1e-6)
     explanation = torch._dynamo.explain(copy.deepcopy(eager))(x)
     assert explanation.graph_break_count == 1
+
+
+def test_changing_lr_and_epoch_does_not_recompile():
+    """AMAT's η, MBN's λ, BRN's warm-up and momentum=None's 1/t live in tensors: one graph for a whole
+    schedule (Python floats would be guarded on, recompiling every step until dynamo gives up)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = nn.Sequential(N.create("cbn", 3), N.create("mbn", 3), N.create("brn(relax_from=1, r_max_at=5)", 3),
+                          N.create("bn(momentum=none)", 3))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    counters.clear()
+    for step in range(5):
+        N.set_progress(model, lr=0.1 / (step + 1), epoch=step + 1, epochs=5)
+        compiled(torch.randn(8, 3, 2, 2, generator=gen(step))).sum().backward()
+    assert counters["stats"]["unique_graphs"] == 1
+    assert float(model[0]._eta) == pytest.approx(1 - 10 * 0.1 / 5)
+    torch._dynamo.reset()
