@@ -16,6 +16,8 @@ Setting: an MLP (width 16) with BN on the bundled digits, 40 steps of batch 200,
 * Corruptions: single random bytes of a checkpoint flipped (anywhere in the file, then inside the
   bytes of a weight tensor). *Handled* = the load raises, or loads a state identical to the
   original (a byte the format does not use); *silently wrong* = loads different content, no error.
+* Concurrent sweeps: two processes sweep the same three configs over one runs dir at once (two
+  ``bnlab reproduce``); every record both return must be ``finished``, none ``failed``.
 * Malicious inputs: a checkpoint whose pickle runs a shell command, a checkpoint of another run, a
   forged checkpoint format, a store of a newer schema, a foreign SQLite file as the store, a YAML
   config with a Python object tag, a run-id prefix of SQL wildcards. *Refused* = a clear error (or
@@ -243,6 +245,34 @@ def malicious_inputs(work: Path) -> dict:
     return {"tried": len(cases), "refused": sum(cases.values()), "cases": cases}
 
 
+SWEEP_CHILD = """
+import json, sys, torch
+torch.set_num_threads(1)
+sys.path.insert(0, {repo!r})
+from bnlab.experiments.runner import run_sweep
+records = run_sweep({configs!r}, progress=False)
+print(json.dumps([[r["id"], r["status"], r.get("error")] for r in records]))
+"""
+
+
+def concurrent_sweeps(work: Path) -> dict:
+    """Two processes sweep the same configs over one runs dir at once (two `bnlab reproduce`)."""
+    runs_dir = work / "sweeps"
+    configs = [dict(CONFIG, seed=s, runs_dir=str(runs_dir)) for s in (11, 12, 13)]
+    script = SWEEP_CHILD.format(repo=str(REPO), configs=configs)
+    children = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True) for _ in range(2)]
+    outputs = [child.communicate(timeout=900) for child in children]
+    records = [rec for out, _ in outputs for rec in json.loads(out.strip().splitlines()[-1])]
+    with Store(runs_dir / "bnlab.db") as store:
+        stored = {r["id"]: r["status"] for r in store.list_runs()}
+    return {"processes": 2, "configs": len(configs), "records": len(records),
+            "waits": sum(err.count("waiting: ") for _, err in outputs),  # runs met while the other trained them
+            "finished": sum(status == "finished" for _, status, _ in records),
+            "failed": [[run_id, error] for run_id, status, error in records if status != "finished"],
+            "stored": stored}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer trials")
@@ -257,17 +287,20 @@ def main() -> None:
         interruptions = interruption_trials(5 if args.quick else 10, rng, work)
         corruptions = corruption_trials(40 if args.quick else 200, rng, work)
         malicious = malicious_inputs(work)
+        sweeps = concurrent_sweeps(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {"config": CONFIG, "seed": args.seed, "seconds": round(time.perf_counter() - started, 1),
               "torch": torch.__version__, "python": sys.version.split()[0],
-              "interruptions": interruptions, "corruptions": corruptions, "malicious": malicious}
+              "interruptions": interruptions, "corruptions": corruptions, "malicious": malicious,
+              "concurrent_sweeps": sweeps}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"interruptions survived {interruptions['survived']}/{interruptions['trials']}, "
           f"rows lost {interruptions['rows_lost']}; corruptions handled {corruptions['handled']}/{corruptions['trials']} "
           f"(silently wrong: {corruptions['anywhere']['silently_wrong'] + corruptions['in_weight']['silently_wrong']}); "
-          f"malicious inputs refused {malicious['refused']}/{malicious['tried']}; {result['seconds']} s -> {args.out}")
+          f"malicious inputs refused {malicious['refused']}/{malicious['tried']}; two concurrent sweeps: "
+          f"{sweeps['finished']}/{sweeps['records']} records finished; {result['seconds']} s -> {args.out}")
 
 
 if __name__ == "__main__":
