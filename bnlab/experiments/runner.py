@@ -84,8 +84,8 @@ def _train_one(config: dict) -> dict:
     except Exception as err:  # noqa: BLE001 — the sweep must go on; the error is recorded
         from bnlab.train import TrainConfig
 
-        try:
-            run_id = TrainConfig.coerce(config).run_id()
+        try:  # the stored run's id (run identity covers more than the config), else the config's
+            run_id = getattr(err, "bnlab_run_id", None) or TrainConfig.coerce(config).run_id()
         except Exception:  # noqa: BLE001
             run_id = None
         return {"id": run_id, "status": "failed", "steps": 0, "config": config, "metrics": {},
