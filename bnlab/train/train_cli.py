@@ -112,23 +112,7 @@ def train_command(
             "nproc": nproc,
             "sync_norms": sync_norms,
         }
-        given = {k: v for k, v in flags.items() if v is not None}
-        # --steps on the command line replaces epochs from the file, and vice versa
-        if "steps" in given:
-            values.pop("epochs", None)
-        if "epochs" in given:
-            values.pop("steps", None)
-        values.update(given)
-        if model_option:
-            values["model_options"] = {**values.get("model_options", {}), **_parse_pairs(model_option, "--model-option")}
-        if data_option:
-            values["data_options"] = {**values.get("data_options", {}), **_parse_pairs(data_option, "--data-option")}
-        if no_verify:
-            values["verify"] = False
-        if download:
-            values["download"] = True
-        if "epochs" not in values and "steps" not in values:
-            values["epochs"] = 1
+        values = _merge(values, flags, model_option, data_option, no_verify=no_verify, download=download)
         config = TrainConfig.from_dict(values)
         progress = "bar" if sys.stderr.isatty() else "lines"
         from bnlab.train.trackers import parse_log_to  # --log-to (trackers.py)
@@ -158,6 +142,29 @@ def train_command(
         typer.echo(_summary_line(record))
     if record.status == "failed":
         raise typer.Exit(EXIT_FAILED)
+
+
+def _merge(values: dict[str, Any], flags: dict[str, Any], model_option, data_option, *, no_verify: bool,
+           download: bool) -> dict[str, Any]:
+    """The file's keys overridden by the flags given (``None``: not given)."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    # --steps on the command line replaces epochs from the file, and vice versa
+    if "steps" in given:
+        values.pop("epochs", None)
+    if "epochs" in given:
+        values.pop("steps", None)
+    values.update(given)
+    if model_option:
+        values["model_options"] = {**values.get("model_options", {}), **_parse_pairs(model_option, "--model-option")}
+    if data_option:
+        values["data_options"] = {**values.get("data_options", {}), **_parse_pairs(data_option, "--data-option")}
+    if no_verify:
+        values["verify"] = False
+    if download:
+        values["download"] = True
+    if "epochs" not in values and "steps" not in values:
+        values["epochs"] = 1
+    return values
 
 
 def _failed_record_json(config, err: Exception) -> str:
