@@ -36,6 +36,7 @@ from bnlab.train.schedules import parse_schedule
 DETECTION_BATCH = 256  # samples of the fixed batch used to test scale invariance
 CHECKPOINT_SECONDS = 30.0  # default cadence: first epoch end after this much time
 CHECK_EVERY = 50  # default steps between reads of the device values (no host sync in between)
+MAX_WINDOW = 1000
 _FLUSH_ROWS = 5000
 FLUSH_SECONDS = 10.0  # at most this long between writes of rows: `runs list` follows progress
 
@@ -59,7 +60,8 @@ class Trainer:
         self.schedule = parse_schedule(cfg.schedule)
         self.classification = self.data.task == "classification"
         self.log_every = cfg.log_every or (1 if self.total_steps <= 20000 else self.total_steps // 10000)
-        self.check_every = cfg.log_every or CHECK_EVERY
+        # at most MAX_WINDOW steps' values wait on the device (a huge log_every must not hoard them)
+        self.check_every = min(cfg.log_every or CHECK_EVERY, MAX_WINDOW)
         # Default: at epoch ends, but at most every CHECKPOINT_SECONDS of wall time (a full-batch
         # run has an "epoch" per step). Where checkpoints fall never changes the result.
         self.checkpoint_every = cfg.checkpoint_every
