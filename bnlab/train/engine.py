@@ -24,7 +24,7 @@ import torch
 
 from bnlab.store import Store
 from bnlab.train.callbacks import LEGACY_HOOKS, CallbackList, StepContext
-from bnlab.train.checkpoint import checkpoint_path, load_checkpoint, pack_rows, save_checkpoint, unpack_rows
+from bnlab.train.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint, unpack_rows
 from bnlab.train.divergence import Divergence, check_state, scan_losses, state_tensors
 from bnlab.train.optim import Projection, build_optimizer, find_scale_invariant, set_lr_factor
 from bnlab.train.prepare import Prepared, derive_seed
