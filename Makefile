@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test demo install bench clean
+.PHONY: test demo install bench clean docs
 
 $(VENV)/.installed: pyproject.toml
 	@if [ ! -x $(PY) ]; then \
@@ -22,6 +22,10 @@ test: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/bnlab demo
+
+docs: $(VENV)/.installed
+	@$(PY) -c "import mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null || $(PY) -m pip install -q -e ".[docs]"
+	$(PY) -m mkdocs build --strict
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/norms.py
