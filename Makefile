@@ -1,4 +1,6 @@
 # Two commands set everything up on a fresh machine: `make test` and `make demo`.
+# `make demo` installs bnlab with the [lab] extra (CLI, training, theory, catalogue, report);
+# `make test` adds the [test] extra (pytest, and what the suite exercises: Ray, trackers, timm, ...).
 # torch is pinned to the local CPU wheel only when no torch is importable, so a user's own
 # (e.g. CUDA) build is kept: if the system python already has torch, the venv sees it.
 PYTHON ?= python3
@@ -7,20 +9,27 @@ PY := $(VENV)/bin/python
 
 .PHONY: test demo install bench clean docs
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.torch:
 	@if [ ! -x $(PY) ]; then \
 	  if $(PYTHON) -c "import torch" 2>/dev/null; then $(PYTHON) -m venv --system-site-packages $(VENV); \
 	  else $(PYTHON) -m venv $(VENV); fi; fi
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[test]"
 	@touch $@
+
+$(VENV)/.lab: pyproject.toml $(VENV)/.torch
+	$(PY) -m pip install -q -e ".[lab]"
+	@touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(PY) -m pip install -q -e ".[lab,test]"
+	@touch $@ $(VENV)/.lab
 
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.lab
 	$(VENV)/bin/bnlab demo
 
 docs: $(VENV)/.installed
