@@ -1,6 +1,6 @@
 """Yong, Huang, Meng, Hua & Zhang 2020 — Momentum batch normalization for deep learning with small batch size.
 
-Only the supplement is in /work/shared/papers (Theorems 1–2); MBN itself is specified in issue 2
+Only the paper's supplementary material was available to us (Theorems 1–2); MBN itself is specified in issue 2
 (item 7, ``bnlab.norms`` spec ``mbn(ideal_batch=32, tau0=0.9)``). Entry:
 
 * ``mbn-batch-size`` — BN against MBN at batch sizes 2…32: final test accuracy against the batch size,

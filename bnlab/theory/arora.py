@@ -1,6 +1,5 @@
-"""Arora, Li & Lyu, "Theoretical Analysis of Auto Rate-Tuning by Batch Normalization" (ICLR 2019).
-
-Paper: /work/shared/papers/arora-auto-rate-tuning.md.
+"""Arora, Li & Lyu, "Theoretical Analysis of Auto Rate-Tuning by Batch Normalization" (ICLR 2019),
+arXiv:1812.03981.
 
 * Theorem 2.5: plain (S)GD on a scale-invariant weight w equals an adaptive projected method on
   v = w/‖w‖: v_{t+1} = Π(v_t − (η/G_t)∇_v F), G_{t+1} = G_t + (η²/G_t)‖∇_v F‖², G_0 = ‖w_0‖².

@@ -1,6 +1,5 @@
-"""Luo, Wang, Shao & Peng, "Understanding Regularization in Batch Normalization" (ICLR 2019).
-
-Paper: /work/shared/papers/luo-regularization-in-bn.md. Everything below was derived again; the
+"""Luo, Wang, Shao & Peng, "Towards Understanding Regularization in Batch Normalization" (ICLR
+2019), arXiv:1809.00846. Everything below was derived again; the
 places where the printed formulas are wrong are marked ``CORRECTION`` and each has a test.
 
 Contents

@@ -1,7 +1,7 @@
 """Yong, Huang, Meng, Hua & Zhang, "Momentum Batch Normalization for Deep Learning with Small
 Batch Size" (ECCV 2020), supplementary Theorems 1 and 2.
 
-Paper: /work/shared/papers/momentum-bn-supplement.md. Notation: for a batch x_1..x_m of i.i.d.
+Supplementary material only (the main text is not used here). Notation: for a batch x_1..x_m of i.i.d.
 samples with mean μ and standard deviation σ, μ_B and σ_B² are the batch mean and the (biased,
 as in BN) batch variance, and
 

@@ -1,6 +1,5 @@
-"""Peng et al., "Towards Understanding Batch Normalization: a Complete ..." (CBN), Theorem 1.
-
-Paper: /work/shared/papers/peng-complete-bn.md (Sec. 3 and Appendix A).
+"""Peng, Yu & Yu, "Re-Thinking the Effectiveness of Batch Normalization and Beyond" (Complete BN,
+CBN), Theorem 1 (Sec. 3 and Appendix A).
 
 Theorem 1 (derived again). Let F be 𝓛-smooth, w_{k+1} = w_k − α_k v_k with any update direction
 v_k (plain SGD: the minibatch gradient; momentum/Adam-like: a weighted gradient sum),

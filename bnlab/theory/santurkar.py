@@ -1,7 +1,5 @@
 """Santurkar, Tsipras, Ilyas & Madry, "How Does Batch Normalization Help Optimization?" (NeurIPS
-2018), Appendix C: Theorem 4.1 (gradient), Theorem 4.2 (curvature) and Lemma 4.5.
-
-Paper: /work/shared/papers/santurkar-how-does-bn-help-appendix.md.
+2018), Appendix C: Theorem 4.1 (gradient), Theorem 4.2 (curvature) and Lemma 4.5. arXiv:1805.11604.
 
 Setup (one unit j over a batch of m): y ∈ Rᵐ are the pre-BN activations, μ, σ² their batch mean
 and biased variance, ŷ = (y − μ)/σ, z = γŷ + β. The BN network's loss is L̂(y) = L(z(y)) where L is
