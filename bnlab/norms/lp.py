@@ -26,7 +26,7 @@ class LpBatchNorm(BatchNorm):
     * ``p=inf``: Hoffer's top-k: ``C(n) · mean of the k largest |x−μ|`` with
       ``C(n) = ½(1+√(π ln 4))/√(2 ln n)``, n the number of values per channel, k = ``topk`` (10).
       This constant is Hoffer's, not an exact one: for Gaussian inputs and k=10 we measure the estimate
-      at ≈1.06σ for n=128 and ≈1.20σ for n=1024 (the test pins the formula, the README the bias).
+      at ≈1.06σ for n=128 and ≈1.20σ for n=1024 (the test pins the formula, docs/readme/norms.md the bias).
 
     ``eps`` is added to the scale (not to a variance). Inference uses a running ℓp scale, the one
     training divides by: an EMA (BN's ``momentum``; None = cumulative) of the batch scale s_B, stored
