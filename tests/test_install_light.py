@@ -87,3 +87,15 @@ except SystemExit as exit:
 ''')
     assert result.returncode == 1, (result.stdout, result.stderr[-3000:])
     assert "error: `bnlab theory` needs scipy, which is not installed: pip install 'bnlab[lab]'" in result.stderr
+
+
+def test_digits_load_without_scikit_learn():
+    result = run_without(("sklearn",), '''
+import torch
+torch.set_num_threads(1)
+from bnlab import data
+ds = data.load("digits", seed=0)
+print("SHAPES", tuple(ds.x_train.shape), tuple(ds.x_test.shape))
+''')
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "SHAPES (1438, 1, 8, 8) (359, 1, 8, 8)" in result.stdout

@@ -1,11 +1,12 @@
-"""The two synthetic tasks of the papers and scikit-learn's bundled digits.
+"""The two synthetic tasks of the papers and the 8×8 handwritten digits (shipped in bnlab/data).
 
 * ``gaussian_regression`` — Santurkar et al. (2018), appendix A, "25-layer deep linear network on
   synthetic Gaussian data": fit ``A x`` from ``x`` with ``x`` Gaussian and ``A`` (10x10) i.i.d.
   Gaussian, 1000 samples, trained full batch.
 * ``teacher_student`` — Luo et al. (2019), section 4: linear teacher ``y = w*ᵀx + ε`` with
   ``x ~ N(0, 1/N)`` per coordinate, ``(1/N) w*ᵀw* = 1`` (section 3.2) and load ``α = P/N``.
-* ``digits`` — ``sklearn.datasets.load_digits``: 1797 8x8 grey images of handwritten digits.
+* ``digits`` — scikit-learn's copy of the UCI 8x8 handwritten digits, 1797 grey images, shipped
+  as ``bnlab/data/digits.npz`` (:mod:`bnlab.data.digits_archive`), equal to ``load_digits()``.
 
 Every random draw comes from one CPU ``torch.Generator`` seeded with ``seed``; samples are drawn in
 float64 and cast to ``dtype`` so float32 and float64 data agree to rounding, and the result is the
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from .base import DataSource, as_choice, as_float, as_float_dtype, as_int, cpu_generator
+from .digits_archive import load_digits_arrays
 
 
 def gaussian_regression(
@@ -204,8 +206,6 @@ def digits(
     corners, get std 1 so they stay 0); ``"none"`` keeps the raw 0–16 intensities. The constants are
     in ``meta["mean"]``/``meta["std"]`` (shape ``(1, 1, 1)`` or ``(1, size, size)``).
     """
-    from sklearn.datasets import load_digits
-
     test_fraction = as_float("test_fraction", test_fraction)
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"option test_fraction must be in [0, 1), got {test_fraction}")
@@ -215,10 +215,10 @@ def digits(
         raise ValueError(f"option size must be one of {', '.join(map(str, DIGITS_SIZES))}; got {size!r}")
     gen = cpu_generator(seed)
 
-    bunch = load_digits()
-    images = torch.from_numpy(np.asarray(bunch.images, dtype=np.float64)).unsqueeze(1)  # (1797,1,8,8)
+    raw_images, raw_target = load_digits_arrays()  # scikit-learn's load_digits() values and order
+    images = torch.from_numpy(np.asarray(raw_images, dtype=np.float64)).unsqueeze(1)  # (1797,1,8,8)
     images = resize_images(images, size)
-    labels = torch.from_numpy(np.asarray(bunch.target, dtype=np.int64))
+    labels = torch.from_numpy(np.asarray(raw_target, dtype=np.int64))
 
     test_parts = []
     for c in range(10):
