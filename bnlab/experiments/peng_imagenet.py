@@ -264,7 +264,7 @@ _SMOKE = ("bnlab's ResNet-20 at width ¼ (Eq. 7 residual form, replicate padding
           "random resized crops of at least 35 % of the area; 16 epochs of 10 steps (batch 60), lr 0.1 ÷10 after epochs 8 "
           "and 12; 3 seeds per arm. "
           "The proxy can resolve gains of a few points, not ReLU's or Swish's +0.3–0.6.")
-_COST = {"smoke": "30 runs × 160 steps, ≈4–6 min on 2 CPU cores (shared with the other entry of the pair)",
+_COST = {"smoke": "30 runs × 160 steps (shared by the pair): 313 s of CPU with one thread, measured",
          "paper": "90 runs (3 networks × 5 activations × 2 arms × 3 seeds) × 120 ImageNet epochs (GPU; the paper "
                   "used 8 per run; not run here)"}
 
