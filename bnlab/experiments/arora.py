@@ -283,7 +283,8 @@ register(Experiment(
     smoke_changes="digits and an MLP with BN (3 hidden layers of 128 and BN on the logits, Eq. 2: every kernel "
                   "scale-invariant, as in the VGG) instead of the modified VGG on CIFAR-10, 15 epochs instead of 100, "
                   "3 seeds per arm (compared by Welch's t-test); BN ε = 1e-8 instead of 0 in both presets.",
-    cost={"smoke": "10 runs, ≈20 s on 2 CPU cores", "paper": "10 runs × 100 epochs of the VGG on CIFAR-10 (GPU)"},
+    cost={"smoke": "30 runs, ≈1 min on 2 CPU cores (3× the measured 1-seed cost)",
+          "paper": "30 runs × 100 epochs of the VGG on CIFAR-10 (GPU)"},
     plan=_d1_plan, analyze=_d1_analyze))
 
 
@@ -314,7 +315,8 @@ register(Experiment(
           "and SGD with BN removed fail to converge (or diverge) at large lrs.",
     smoke_changes="digits and an MLP (3 hidden layers of 128, BN on the logits too) instead of the modified VGG on "
                   "CIFAR-10, 15 epochs instead of 100, 3 seeds per arm; BN ε = 1e-8 instead of 0.",
-    cost={"smoke": "15 runs, ≈25 s on 2 CPU cores", "paper": "15 runs × 100 epochs of the VGG on CIFAR-10 (GPU)"},
+    cost={"smoke": "45 runs, ≈1.5 min on 2 CPU cores (3× the measured 1-seed cost)",
+          "paper": "45 runs × 100 epochs of the VGG on CIFAR-10 (GPU)"},
     plan=_d2_plan, analyze=_d2_analyze))
 
 
@@ -349,6 +351,6 @@ register(Experiment(
           "(underfitting).",
     smoke_changes="the runs of arora-d1 and arora-d2's smoke presets (digits, MLP, 15 epochs), evaluated each epoch "
                   "on digits' 359 test images; the 75 % threshold is kept although digits is easier than CIFAR-10.",
-    cost={"smoke": "23 runs (those of arora-d1 and arora-d2; none retrained in the same runs dir), ≈45 s",
-          "paper": "23 runs × 100 epochs of the VGG on CIFAR-10 (GPU), shared with arora-d1/d2"},
+    cost={"smoke": "69 runs (those of arora-d1 and arora-d2; none retrained in the same runs dir), ≈2.5 min",
+          "paper": "69 runs × 100 epochs of the VGG on CIFAR-10 (GPU), shared with arora-d1/d2"},
     plan=_d3_plan, analyze=_d3_analyze))
