@@ -385,4 +385,4 @@ def _inconclusive_if_tiny(ctx) -> str | None:
 
 
 # The entries register themselves on import (the catalogue imports this module only).
-from . import santurkar_dln, santurkar_lp, santurkar_vgg  # noqa: E402,F401
+from . import santurkar_vgg, santurkar_dln, santurkar_lp  # noqa: E402,F401,I001  (figure order)
