@@ -163,3 +163,11 @@ def test_the_torchvision_shim_stays_in_the_tests():
     offenders = [str(p) for p in package.rglob("*.py")
                  if re.search(r"vision_shim|Library\(\s*[\"']torchvision", p.read_text())]
     assert offenders == []
+
+
+def test_frozen_batchnorm_is_left_in_place_with_a_warning():
+    torchvision = import_or_skip("torchvision")
+    model = nn.Sequential(torchvision.ops.misc.FrozenBatchNorm2d(4), nn.BatchNorm2d(4))
+    with pytest.warns(UserWarning, match=r"leaves 1 frozen BatchNorm layer\(s\) in place.*: 0"):
+        N.convert(model, "bn")
+    assert type(model[0]).__name__ == "FrozenBatchNorm2d" and isinstance(model[1], N.BatchNorm)

@@ -12,6 +12,7 @@ refused with an error that names it: bnlab would silently drop what it adds.
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -86,9 +87,16 @@ def convert(model: nn.Module, spec: str) -> nn.Module:
 
 def _check_convertible(model: nn.Module) -> None:
     """Refuse before changing anything: a half-converted model is worse than none."""
+    frozen = []
     for name, module in model.named_modules():
         if isinstance(module, _BatchNorm):
             _kind(module, name or type(module).__name__)
+        elif type(module).__name__.startswith("FrozenBatchNorm"):
+            frozen.append(name)
+    if frozen:  # torchvision's/timm's frozen BN keeps fixed statistics by design (detection backbones)
+        warnings.warn(f"convert leaves {len(frozen)} frozen BatchNorm layer(s) in place (fixed statistics by "
+                      f"design, not torch BatchNorm): {', '.join(frozen[:5])}{' ...' if len(frozen) > 5 else ''}",
+                      stacklevel=3)
 
 
 def _replace_children(module: nn.Module, spec: str, prefix: str) -> None:
