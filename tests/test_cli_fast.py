@@ -65,9 +65,10 @@ def _first_paragraph(text: str) -> str:
 
 def test_listed_commands_and_help_lines_are_the_commands_own():
     eager = typer.main.get_group(_eager_app())
-    assert set(eager.commands) == set(cli.COMMANDS)
+    assert set(eager.commands) == set(cli.COMMANDS), "a command was added or removed: update bnlab.cli.COMMANDS"
     for name, command in cli.COMMANDS.items():
-        assert command.help == _first_paragraph(eager.commands[name].help or ""), name
+        own_help = _first_paragraph(eager.commands[name].help or "")
+        assert command.help == own_help, f"bnlab.cli.COMMANDS[{name!r}].help should be {own_help!r}"
         assert cli.load_command(name).help == eager.commands[name].help
 
 
