@@ -165,3 +165,15 @@ def test_batch_statistics_in_eval_are_named_and_a_clean_fold_is_silent():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         N.fold(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)))
+
+
+def test_frozen_batchnorm_folds():
+    frozen = import_or_skip("torchvision").ops.misc.FrozenBatchNorm2d(4)
+    g = gen(14)
+    for buffer in (frozen.weight, frozen.bias, frozen.running_mean):
+        buffer.uniform_(-1, 1, generator=g)
+    frozen.running_var.uniform_(0.5, 2, generator=g)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), frozen, nn.ReLU()).eval()
+    folded, report = N.fold(model, report=True)
+    assert report.folded == {"1": "0"} and isinstance(folded[1], nn.Identity)
+    assert_same_output(folded, model, torch.randn(2, 3, 5, 5, generator=gen(15)))

@@ -38,6 +38,15 @@ _TORCH_AFFINE = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNor
 _NORMS = (ChannelNorm, _BatchNorm, ScaleInvariantBN)
 
 
+def _is_norm(module: nn.Module) -> bool:
+    """bnlab's and torch's norms, and frozen BatchNorm (torchvision/timm), which is affine by design."""
+    return isinstance(module, _NORMS) or _is_frozen(module)
+
+
+def _is_frozen(module: nn.Module) -> bool:
+    return type(module).__name__ == "FrozenBatchNorm2d" and hasattr(module, "running_var")
+
+
 @dataclass
 class FoldReport:
     """What :func:`fold` did: ``folded`` maps each norm to the layer that absorbed it, ``unfolded`` each
@@ -78,7 +87,7 @@ class _Tracer(fx.Tracer):
     """Norms and weight wrappers are leaves: fold reasons about them as whole layers."""
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return isinstance(m, (*_NORMS, WeightNorm)) or super().is_leaf_module(m, qualname)
+        return _is_norm(m) or isinstance(m, WeightNorm) or super().is_leaf_module(m, qualname)
 
 
 def _fold_traced(root: nn.Module, module: nn.Module, prefix: str, rep: FoldReport) -> None:
@@ -87,7 +96,7 @@ def _fold_traced(root: nn.Module, module: nn.Module, prefix: str, rep: FoldRepor
     except Exception as err:  # fx raises many kinds (TraceError, TypeError, ...) on untraceable code
         rep.untraced[prefix.rstrip(".") or "<model>"] = f"{type(err).__name__}: {err}".splitlines()[0]
         for name, child in module.named_children():
-            if not isinstance(child, (*_NORMS, WeightNorm)):
+            if not (_is_norm(child) or isinstance(child, WeightNorm)):
                 _fold_traced(root, child, prefix + name + ".", rep)
         return
     for kind, layer, norm, affine in _plan(graph, module, prefix, rep):
@@ -102,7 +111,7 @@ def _plan(graph: fx.Graph, module: nn.Module, prefix: str, rep: FoldReport) -> l
     taken: set[tuple[str, str]] = set()  # (layer, side): one norm per side of a layer
     plan = []
     for node in graph.nodes:
-        if node.op != "call_module" or not isinstance(modules[node.target], _NORMS):
+        if node.op != "call_module" or not _is_norm(modules[node.target]):
             continue
         norm = modules[node.target]
         affine, reason = _eval_affine(norm)
@@ -159,6 +168,8 @@ def _describe(node) -> str:
 
 def _eval_affine(norm: nn.Module) -> tuple[tuple[Tensor, Tensor] | None, str]:
     """The eval-mode map as per-channel (scale, shift), or (None, why it is not one)."""
+    if _is_frozen(norm):
+        return _running_affine(norm), ""
     if getattr(norm, "track_running_stats", True) is False or getattr(norm, "running_mean", 0) is None:
         return None, "uses batch statistics in eval mode (track_running_stats=False): not a fixed affine map"
     if isinstance(norm, _BatchNorm) and not hasattr(norm, "inference_affine"):
@@ -176,9 +187,9 @@ def _is_norm_act(module: nn.Module) -> bool:
     return f"{cls.__module__}.{cls.__qualname__}" in NORM_ACT_CLASSES
 
 
-def _running_affine(bn: _BatchNorm) -> tuple[Tensor, Tensor]:
-    weight = bn.weight if bn.affine else torch.ones_like(bn.running_mean)
-    bias = bn.bias if bn.affine else torch.zeros_like(bn.running_mean)
+def _running_affine(bn: nn.Module) -> tuple[Tensor, Tensor]:
+    weight = bn.weight if bn.weight is not None else torch.ones_like(bn.running_mean)
+    bias = bn.bias if bn.bias is not None else torch.zeros_like(bn.running_mean)
     scale = weight * torch.rsqrt(bn.running_var + bn.eps)
     return scale, bias - bn.running_mean * scale
 
@@ -186,7 +197,7 @@ def _running_affine(bn: _BatchNorm) -> tuple[Tensor, Tensor]:
 def _explain_leftovers(model: nn.Module, rep: FoldReport) -> None:
     """Every norm still in the model gets a reason (e.g. never called, or inside untraceable code)."""
     for name, module in model.named_modules():
-        if isinstance(module, _NORMS) and name not in rep.unfolded and name not in rep.folded:
+        if _is_norm(module) and name not in rep.unfolded and name not in rep.folded:
             parents = [p for p in rep.untraced if p == "<model>" or name.startswith(p + ".")]
             rep.unfolded[name] = (f"inside {parents[-1]!r}, whose forward fx cannot trace ({rep.untraced[parents[-1]]})"
                                   if parents else "not called by the traced forward")
