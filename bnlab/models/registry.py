@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import math
 import numbers
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -12,6 +11,7 @@ import torch
 import torch.nn as nn
 
 import bnlab.norms as norms
+from bnlab.spec import Param, Registry
 
 from . import mlp as _mlp
 from . import resnet as _resnet
@@ -40,48 +40,44 @@ class ModelInfo:
         return (self.build.__doc__ or "").strip().splitlines()[0].replace("``", "")
 
 
-MODEL_INFO: dict[str, ModelInfo] = {
-    info.name: info
-    for info in (
-        ModelInfo("vgg_santurkar", _vgg.vgg_santurkar, "Santurkar et al. 2018, App. A.1", True),
-        ModelInfo("vgg_arora", _vgg.vgg_arora, "Arora, Li & Lyu 2019, App. D", True),
-        ModelInfo("luo_cnn", _vgg.luo_cnn, "Luo et al. 2019, §5", True),
-        ModelInfo("resnet20", _resnet.resnet20, "He et al. 2016 §4.2; Peng et al. (CBN)", True),
-        ModelInfo("vgg16", _vgg.vgg16, "Simonyan & Zisserman 2015 (D); Peng et al. (CBN)", True),
-        ModelInfo("dln", _mlp.dln, "Santurkar et al. 2018, App. A.1", False, default_activation="identity"),
-        ModelInfo("mlp", _mlp.mlp, "-", False),
-        ModelInfo("perceptron", _mlp.perceptron, "Luo et al. 2019, §2-3, Fig. 1(a)", False),
-        # torchvision's ImageNet networks (imported only when built): Peng et al. Table 5 / Fig. 6
-        ModelInfo("tv_resnet18", _vision.tv_resnet18, "He et al. 2016 (torchvision); Peng et al. Table 5", True),
-        ModelInfo("tv_resnet50", _vision.tv_resnet50, "He et al. 2016 (torchvision); Peng et al. Table 5", True),
-        ModelInfo("tv_efficientnet_b0", _vision.tv_efficientnet_b0, "Tan & Le 2019 (torchvision); Peng et al. Table 5",
-                  True, default_activation="swish"),
-    )
-}
-
-
-def _check_option(model: str, key: str, value: Any, default: Any) -> Any:
-    where = f"{model}: option {key}={value!r}"
+def _option_param(key: str, default: Any) -> Param:
+    """A model option's type and range, from its default: counts >= 1 (depth >= 2), widths > 0 and
+    finite, layer-width lists of counts >= 1; ``bias`` is true/false (None: automatic)."""
     if key == "bias" or isinstance(default, bool):
-        if isinstance(value, bool) or (value is None and default is None):
-            return value
-        raise ValueError(f"{where}: expected true or false" + (" or None (automatic)" if default is None else ""))
+        return Param(default, bool, nullable=default is None)
     if isinstance(default, int):
-        minimum = 2 if key == "depth" else 1
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum:
-            return int(value)
-        raise ValueError(f"{where}: expected an integer >= {minimum}")
+        return Param(default, int, minimum=2 if key == "depth" else 1)
     if isinstance(default, float):
-        if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-            return float(value)
-        raise ValueError(f"{where}: expected a positive number")
+        return Param(default, float, positive=True, finite=True)
     if isinstance(default, tuple):
-        items = tuple(value) if isinstance(value, (list, tuple)) else None
-        if items is not None and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
-                                     for v in items):
-            return tuple(int(v) for v in items)
-        raise ValueError(f"{where}: expected a list of positive integers")
-    return value
+        return Param(default, tuple, item=int, minimum=1)
+    return Param(default, None if default is None else type(default), nullable=default is None)
+
+
+def _add(info: ModelInfo) -> None:
+    sig = inspect.signature(info.build).parameters.values()
+    params = {p.name: _option_param(p.name, p.default) for p in sig if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    MODEL_INFO.add(info.name, info, params)
+
+
+# name -> ModelInfo; each model's options are typed bnlab.spec Params read from its builder's signature.
+MODEL_INFO: Registry[ModelInfo] = Registry("model", names_label="models", key_label="option")
+for _info in (
+    ModelInfo("vgg_santurkar", _vgg.vgg_santurkar, "Santurkar et al. 2018, App. A.1", True),
+    ModelInfo("vgg_arora", _vgg.vgg_arora, "Arora, Li & Lyu 2019, App. D", True),
+    ModelInfo("luo_cnn", _vgg.luo_cnn, "Luo et al. 2019, §5", True),
+    ModelInfo("resnet20", _resnet.resnet20, "He et al. 2016 §4.2; Peng et al. (CBN)", True),
+    ModelInfo("vgg16", _vgg.vgg16, "Simonyan & Zisserman 2015 (D); Peng et al. (CBN)", True),
+    ModelInfo("dln", _mlp.dln, "Santurkar et al. 2018, App. A.1", False, default_activation="identity"),
+    ModelInfo("mlp", _mlp.mlp, "-", False),
+    ModelInfo("perceptron", _mlp.perceptron, "Luo et al. 2019, §2-3, Fig. 1(a)", False),
+    # torchvision's ImageNet networks (imported only when built): Peng et al. Table 5 / Fig. 6
+    ModelInfo("tv_resnet18", _vision.tv_resnet18, "He et al. 2016 (torchvision); Peng et al. Table 5", True),
+    ModelInfo("tv_resnet50", _vision.tv_resnet50, "He et al. 2016 (torchvision); Peng et al. Table 5", True),
+    ModelInfo("tv_efficientnet_b0", _vision.tv_efficientnet_b0, "Tan & Le 2019 (torchvision); Peng et al. Table 5",
+              True, default_activation="swish"),
+):
+    _add(_info)
 
 
 def _check_shape(input_shape: Any, num_classes: Any) -> tuple[int, ...]:
@@ -109,13 +105,11 @@ def _make_builder(info: ModelInfo) -> Callable[..., nn.Module]:
         shape = _check_shape(input_shape, num_classes)
         if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
             raise ValueError(f"{info.name}: dropout must be a probability in [0, 1), got {dropout!r}")
-        valid = info.options
-        unknown = sorted(set(options) - set(valid))
-        if unknown:
-            raise ValueError(f"{info.name}: unknown option(s) {', '.join(unknown)}; valid options: "
-                             f"{', '.join(valid) or '(none)'} (and norm, activation, placement, input_shape, "
-                             f"num_classes, init, seed, dropout)")
-        resolved = {k: _check_option(info.name, k, options.get(k, d), d) for k, d in valid.items()}
+        try:
+            _, resolved = MODEL_INFO.resolve(info.name, options)
+        except ValueError as err:
+            note = " (and norm, activation, placement, input_shape, num_classes, init, seed, dropout)"
+            raise ValueError(f"{err}{note if set(options) - set(info.options) else ''}") from None
         if seed is None:
             factory = BlockFactory(norm=norm, placement=placement, act=activation, init=init, dropout=float(dropout))
             model = info.build(factory, shape, int(num_classes), **resolved)
@@ -158,7 +152,5 @@ def create(name: str, *, norm: str = "bn", activation: str | None = None, placem
     naming the valid choices; a bad norm spec raises :func:`bnlab.norms.validate`'s ``ValueError``.
     The model's ``spec`` attribute records every setting.
     """
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; valid models: {', '.join(MODELS)}")
-    return MODELS[name](norm=norm, activation=activation, placement=placement, input_shape=input_shape,
+    return MODELS[MODEL_INFO.entry(name).name](norm=norm, activation=activation, placement=placement, input_shape=input_shape,
                         num_classes=num_classes, **kw)

@@ -7,7 +7,10 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-from .base import Probe, ProbeContext, bn_layers, capture_inputs, channels_first, select_layers, weight_layers
+from .base import (
+    PROBES, Probe, ProbeContext, bn_layers,
+    capture_inputs, channels_first, select_layers, weight_layers,
+)
 from .state import simulated_step
 
 
@@ -28,6 +31,7 @@ def _forward_outputs(ctx: ProbeContext, layers, params=None, reset_rng: bool = T
     return cap.values
 
 
+@PROBES.register()
 class MomentsProbe(Probe):
     """Change of each layer's activation moments caused by one update (Santurkar Fig. 7).
 
@@ -71,6 +75,7 @@ class MomentsProbe(Probe):
         return out
 
 
+@PROBES.register()
 class HistogramsProbe(Probe):
     """Distribution of a few sampled units' activations over training (Santurkar Figs 8 and 14).
 

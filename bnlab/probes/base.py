@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from bnlab.norms import ChannelNorm, CompleteBatchNorm
+from bnlab.spec import Registry
 
 from .state import Snapshot, preserved
 
@@ -285,3 +286,9 @@ class Probe:
 
     def on_end(self, ctx: Any) -> None:
         self._pending = None
+
+
+# Every step probe, registered next to its class with ``@PROBES.register()`` (its ``name``; options
+# and their types from ``__init__``'s signature). ``bnlab train --probe "grad_stats(per_layer=no)"``
+# and :func:`bnlab.probes.create` both resolve through it.
+PROBES: Registry[type[Probe]] = Registry("probe", names_label="probes", key_label="option")

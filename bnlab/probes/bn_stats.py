@@ -8,7 +8,10 @@ import torch
 
 from bnlab.norms import CompleteBatchNorm
 
-from .base import Probe, ProbeContext, bn_affine, bn_layers, capture_inputs, cbn_rho, channels_first, select_layers
+from .base import (
+    PROBES, Probe, ProbeContext, bn_affine,
+    bn_layers, capture_inputs, cbn_rho, channels_first, select_layers,
+)
 
 ACTIVATIONS = ("relu", "linear", "tanh", "sigmoid")
 
@@ -43,6 +46,7 @@ def _heldout_inputs(heldout):
     return heldout
 
 
+@PROBES.register()
 class GammaProbe(Probe):
     """|γ| per BN layer over training (Luo et al. 2019, Fig. 5a): ``abs_mean/<layer>`` = mean_c |γ_c| and
     ``sq_mean/<layer>`` = mean_c γ_c² (the quantity Theorem 1's ζγ² penalizes).
@@ -71,6 +75,7 @@ class GammaProbe(Probe):
         return out
 
 
+@PROBES.register()
 class CBNRatiosProbe(Probe):
     """Peng et al.'s η_k and τ_k per channel (Theorems 2–3, Figs 2–3), summarized over channels.
 
@@ -120,6 +125,7 @@ class CBNRatiosProbe(Probe):
         return out
 
 
+@PROBES.register()
 class BatchNoiseProbe(Probe):
     """The noise BN's batch statistics inject, per BN layer (MBN, Yong et al. 2020, Theorem 1).
 
@@ -220,6 +226,7 @@ def luo_zeta(h: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, batch_siz
             "zeta": sigma_term + mu_term}
 
 
+@PROBES.register()
 class BNRegularizationProbe(Probe):
     """Luo et al.'s implicit regularization strength ζ per BN layer (Theorem 1), from the data.
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from bnlab.norms import ScaleInvariantBN
 
-from .base import WEIGHT_LAYER_TYPES, Probe, ProbeContext, cosine, is_bn_layer
+from .base import PROBES, Probe, ProbeContext, WEIGHT_LAYER_TYPES, cosine, is_bn_layer
 
 
 def scale_invariant_weights(model: nn.Module) -> list[str]:
@@ -33,6 +33,7 @@ def scale_invariant_weights(model: nn.Module) -> list[str]:
     return names
 
 
+@PROBES.register()
 class EffectiveLRProbe(Probe):
     """Per scale-invariant weight w: ‖w‖, the effective learning rate η/‖w‖² (Theorem 2.5), cos(w, ∇w)
     (0 for exact scale invariance, Lemma 2.4's ⟨w, ∇w⟩ = 0) and, after the optimizer step, the residual

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from .base import Probe, ProbeContext, loss_and_grads
+from .base import PROBES, Probe, ProbeContext, loss_and_grads
 
 
+@PROBES.register()
 class GradStatsProbe(Probe):
     """E‖g‖² of the stochastic gradient and its variance, from k disjoint micro-batches of this batch.
 

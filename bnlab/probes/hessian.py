@@ -17,7 +17,7 @@ import torch
 
 from bnlab.norms import plain_autograd
 
-from .base import Probe, ProbeContext, named_params
+from .base import PROBES, Probe, ProbeContext, named_params
 
 
 def hessian_vector_product(ctx: ProbeContext, names: list[str]):
@@ -107,6 +107,7 @@ def stability_threshold(ctx: ProbeContext) -> float:
     return (2.0 + 2.0 * momentum) / lr
 
 
+@PROBES.register()
 class HessianProbe(Probe):
     """Top Hessian eigenvalue and Hessian trace of this step's train-mode loss (Santurkar §3, edge of stability).
 

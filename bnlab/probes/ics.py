@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .base import Probe, ProbeContext, cosine, flat, loss_and_grads, select_layers, weight_layers
+from .base import PROBES, Probe, ProbeContext, cosine, flat, loss_and_grads, select_layers, weight_layers
 from .state import simulated_step
 
 
@@ -41,6 +41,7 @@ def execution_order(ctx: ProbeContext) -> dict[str, int]:
     return {n: calls.get(id(owners[n]), late + i) for i, n in enumerate(names)}
 
 
+@PROBES.register()
 class ICSProbe(Probe):
     """ICS per weight layer i (Santurkar Definition 2.1): the gradient of layer i before and after the
     preceding layers take this step's update, on the same batch.

@@ -2,63 +2,49 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from .activations import HistogramsProbe, MomentsProbe
-from .base import Probe, ProbeContext
-from .bn_stats import BatchNoiseProbe, BNRegularizationProbe, CBNRatiosProbe, GammaProbe
-from .effective_lr import EffectiveLRProbe
-from .gradients import GradStatsProbe
-from .hessian import HessianProbe
-from .ics import ICSProbe
-from .landscape import LandscapeProbe
+from . import activations, bn_stats, effective_lr, gradients, hessian, ics, landscape  # noqa: F401 (register)
+from .base import PROBES, Probe, ProbeContext
 
-PROBES: dict[str, type[Probe]] = {
-    cls.name: cls
-    for cls in (ICSProbe, MomentsProbe, HistogramsProbe, LandscapeProbe, EffectiveLRProbe, GradStatsProbe,
-                CBNRatiosProbe, BatchNoiseProbe, GammaProbe, BNRegularizationProbe, HessianProbe)
-}
 SEARCHES = ("max_stable_lr",)
 
 
 def available() -> list[str]:
     """Names accepted by :func:`create` (and ``bnlab train --probe``)."""
-    return list(PROBES)
+    return PROBES.names()
 
 
 def describe() -> list[tuple[str, str, str]]:
     """(name, what it measures, cost) for every step probe."""
-    rows = []
-    for name, cls in PROBES.items():
-        rows.append((name, cls.summary, cls.cost))
-    return rows
+    return [(name, cls.summary, cls.cost) for name, cls in PROBES.items()]
 
 
 def create(name: str, every: int = 1, **options: Any) -> Probe:
     """Build the step probe ``name`` to run every ``every`` steps; ``options`` go to its constructor.
 
+    ``name`` may be a whole spec, ``"landscape(num=6, every=50)"`` (its ``every`` wins over the
+    argument); options are typed and checked by the probe's registered parameters (:mod:`bnlab.spec`).
+
     >>> create("landscape", every=50, num=6)
     """
-    if not isinstance(name, str) or name not in PROBES:
-        if name in SEARCHES:
-            raise ValueError(
-                f"{name} is a search over training runs, not a step probe: call "
-                f"bnlab.probes.max_stable_lr(train_fn) or max_stable_lr_for(model, loss_fn, batches, steps); "
-                f"valid probes: {', '.join(PROBES)}"
-            )
-        raise ValueError(f"unknown probe {name!r}; valid probes: {', '.join(PROBES)}")
-    cls = PROBES[name]
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "every")]
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise ValueError(f"unknown option(s) {', '.join(unknown)} for probe {name!r}; valid options: "
-                         f"{', '.join(accepted) or '(none)'}")
-    return cls(every=every, **options)
+    if name in SEARCHES:
+        raise ValueError(
+            f"{name} is a search over training runs, not a step probe: call "
+            f"bnlab.probes.max_stable_lr(train_fn) or max_stable_lr_for(model, loss_fn, batches, steps); "
+            f"valid probes: {', '.join(PROBES)}"
+        )
+    if isinstance(name, str) and "(" in name:
+        entry, from_spec = PROBES.lookup(name, defaults=False)
+        options = {**options, **from_spec}
+    else:
+        entry = PROBES.entry(name)
+    _, kwargs = PROBES.resolve(entry.name, {"every": every, **options}, defaults=False)
+    return entry.target(**kwargs)
 
 
 Recorder = Callable[[int, str, float], Any]

@@ -34,7 +34,7 @@ from torch import nn
 
 from bnlab.norms import StochasticLayer
 
-from .base import Probe, ProbeContext, is_bn_layer, loss_and_grads
+from .base import PROBES, Probe, ProbeContext, is_bn_layer, loss_and_grads
 from .state import preserved
 
 METHODS = ("auto", "batched", "naive")
@@ -234,6 +234,7 @@ def evaluate_landscape(ctx: ProbeContext, steps: torch.Tensor, method: str = "au
                            grad_norm=float(_flat(g_dir.values()).norm()), method=method, fallback_reason=reason)
 
 
+@PROBES.register()
 class LandscapeProbe(Probe):
     """Loss, gradient predictiveness and effective β-smoothness along the gradient (Santurkar Figs 9–12).
 

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bnlab.probes import PROBES
+from bnlab.probes import create as create_probe
 from bnlab.train.callbacks import identity_of
 from bnlab.train.config import TrainConfig, validate_static
 from bnlab.train.optim import resolve_override
@@ -199,45 +201,17 @@ def _batching(cfg: TrainConfig, n: int) -> tuple[int, bool, int]:
 def _probe_callbacks(cfg: TrainConfig) -> list[Any]:
     """The probes ``cfg.probes`` names, created with their options (``every`` from the spec or
     ``probe_every``)."""
-    if not cfg.probes:
-        return []
-    try:
-        from bnlab import probes
-    except ImportError:
-        probes = None
-    if probes is None or not hasattr(probes, "create"):
-        raise ValueError("probes need bnlab.probes.create, which is not available in this install")
-    out = []
-    for spec in cfg.probes:
-        name, options = parse_probe_spec(spec)
-        out.append(probes.create(name, every=options.pop("every", cfg.probe_every), **options))
-    return out
+    return [create_probe(spec, every=cfg.probe_every) for spec in cfg.probes or []]
 
 
 def parse_probe_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``"landscape(num=8, lo=0.5)"`` -> ``("landscape", {"num": 8, "lo": 0.5})``.
+    """``"landscape(num=8, lo=0.5)"`` -> ``("landscape", {"num": 8, "lo": 0.5})``: the options given,
+    typed by the probe's registered parameters (:mod:`bnlab.spec`; ``per_layer=no`` is ``False``).
 
-    Values are Python literals (numbers, strings, tuples, True/False; ``true``/``false``/``inf`` too).
     ``every=N`` overrides ``--probe-every`` for that probe.
     """
-    import ast
-
-    from bnlab.norms.registry import parse_spec
-
-    name, raw = parse_spec(spec)
-    options: dict[str, Any] = {}
-    for key, text in raw.items():
-        low = text.lower()
-        if low in ("true", "false"):
-            options[key] = low == "true"
-        elif low in ("inf", "+inf", "-inf"):
-            options[key] = float(low)
-        else:
-            try:
-                options[key] = ast.literal_eval(text)
-            except (ValueError, SyntaxError):
-                options[key] = text.strip("'\"")
-    return name, options
+    entry, options = PROBES.lookup(spec, defaults=False)
+    return entry.name, options
 
 
 def _check_forward(cfg: TrainConfig, model: nn.Module, ds: Any, loss_fn: Callable) -> None:
