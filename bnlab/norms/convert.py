@@ -80,32 +80,23 @@ def convert(model: nn.Module, spec: str) -> nn.Module:
     lookup(spec)  # unknown names and bad values fail before the model is touched
     if isinstance(model, _BatchNorm):
         return _replacement(model, spec, type(model).__name__)
-    _check_convertible(model)
-    _replace_children(model, spec, prefix="")
+    _warn_frozen(model)
+    # every replacement is built (and may refuse) before the first one is set: never half-converted
+    replacements = [(parent, name, _replacement(child, spec, f"{path}.{name}" if path else name))
+                    for path, parent in model.named_modules() for name, child in parent.named_children()
+                    if isinstance(child, _BatchNorm) and not isinstance(parent, _BatchNorm)]
+    for parent, name, new in replacements:
+        setattr(parent, name, new)
     return model
 
 
-def _check_convertible(model: nn.Module) -> None:
-    """Refuse before changing anything: a half-converted model is worse than none."""
-    frozen = []
-    for name, module in model.named_modules():
-        if isinstance(module, _BatchNorm):
-            _kind(module, name or type(module).__name__)
-        elif type(module).__name__.startswith("FrozenBatchNorm"):
-            frozen.append(name)
-    if frozen:  # torchvision's/timm's frozen BN keeps fixed statistics by design (detection backbones)
+def _warn_frozen(model: nn.Module) -> None:
+    """torchvision's/timm's frozen BN keeps fixed statistics by design (detection backbones): not converted."""
+    frozen = [name for name, m in model.named_modules() if type(m).__name__.startswith("FrozenBatchNorm")]
+    if frozen:
         warnings.warn(f"convert leaves {len(frozen)} frozen BatchNorm layer(s) in place (fixed statistics by "
                       f"design, not torch BatchNorm): {', '.join(frozen[:5])}{' ...' if len(frozen) > 5 else ''}",
                       stacklevel=3)
-
-
-def _replace_children(module: nn.Module, spec: str, prefix: str) -> None:
-    for name, child in list(module.named_children()):
-        path = prefix + name
-        if isinstance(child, _BatchNorm):
-            setattr(module, name, _replacement(child, spec, path))
-        else:
-            _replace_children(child, spec, path + ".")
 
 
 def _kind(module: _BatchNorm, path: str) -> str:
