@@ -14,7 +14,7 @@ from bnlab.data import DataSource
 
 
 def test_sources_registry_names_the_five_sources():
-    assert set(data.SOURCES) == {"cifar10", "cifar100", "digits", "gaussian_regression", "teacher_student"}
+    assert set(data.SOURCES) == {"cifar10", "cifar100", "digits", "imagefolder", "gaussian_regression", "teacher_student"}
     assert all(callable(f) for f in data.SOURCES.values())
 
 

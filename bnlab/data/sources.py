@@ -2,44 +2,40 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
 import torch
 
+from bnlab.spec import Registry, params_from_signature
+
 from . import cifar, imagefolder, synthetic
 from .base import DataSource
-
-# name -> loader(*, device, seed, data_dir, verify, download, **options) -> DataSource
-SOURCES: dict[str, Callable[..., DataSource]] = {
-    "cifar10": cifar.cifar10,
-    "cifar100": cifar.cifar100,
-    "digits": synthetic.digits,
-    "imagefolder": imagefolder.imagefolder,
-    "gaussian_regression": synthetic.gaussian_regression,
-    "teacher_student": synthetic.teacher_student,
-}
 
 COMMON_ARGUMENTS = ("device", "seed", "data_dir", "verify", "download")
 
 
+def _spelling(name: str) -> str:
+    return name.strip().lower().replace("-", "_")
+
+
+# name -> loader(*, device, seed, data_dir, verify, download, **options) -> DataSource; the options are
+# typed bnlab.spec Params read from the loader's signature (types from the defaults).
+SOURCES: Registry[Callable[..., DataSource]] = Registry("data source", names_label="choices", key_label="option",
+                                                        normalize=_spelling)
+for _name, _loader in (
+    ("cifar10", cifar.cifar10),
+    ("cifar100", cifar.cifar100),
+    ("digits", synthetic.digits),
+    ("imagefolder", imagefolder.imagefolder),
+    ("gaussian_regression", synthetic.gaussian_regression),
+    ("teacher_student", synthetic.teacher_student),
+):
+    SOURCES.add(_name, _loader, params_from_signature(_loader, skip=COMMON_ARGUMENTS))
+
+
 def source_options(name: str) -> dict[str, object]:
     """The source-specific options of ``name`` and their defaults (e.g. ``{"N": 512, ...}``)."""
-    loader = SOURCES[_canonical(name)]
-    return {
-        p.name: p.default
-        for p in inspect.signature(loader).parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in COMMON_ARGUMENTS
-    }
-
-
-def _canonical(name) -> str:
-    if not isinstance(name, str):
-        raise ValueError(f"data source name must be a string, one of {', '.join(SOURCES)}; got {name!r}")
-    key = name.strip().lower().replace("-", "_")
-    if key not in SOURCES:
-        raise ValueError(f"unknown data source {name!r}; valid choices: {', '.join(SOURCES)}")
-    return key
+    return {k: p.default for k, p in SOURCES.entry(name).params.items()}
 
 
 def load(
@@ -60,14 +56,9 @@ def load(
     an unknown name or option raises ``ValueError`` naming the valid choices. Names are
     case-insensitive and ``-`` may stand for ``_`` (``teacher-student``).
     """
-    key = _canonical(name)
-    valid = source_options(key)
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        choices = ", ".join(f"{k} (default {v!r})" for k, v in valid.items()) or "none"
-        raise ValueError(f"unknown option(s) {', '.join(unknown)} for data source {key!r}; valid options: {choices}")
+    entry, options = SOURCES.resolve(name, options, defaults=False)
     try:
         torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"invalid device {device!r}: {exc}") from None
-    return SOURCES[key](device=device, seed=seed, data_dir=data_dir, verify=verify, download=download, **options)
+    return entry.target(device=device, seed=seed, data_dir=data_dir, verify=verify, download=download, **options)

@@ -22,22 +22,6 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
     raise typer.Exit(code)
 
 
-def _parse_pairs(pairs: list[str] | None, flag: str) -> dict[str, Any]:
-    """``KEY=VALUE`` flags; the value is read as YAML so numbers and booleans keep their type."""
-    import yaml
-
-    out: dict[str, Any] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"{flag} expects KEY=VALUE, got {pair!r}")
-        try:
-            out[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            out[key.strip()] = value
-    return out
-
-
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"

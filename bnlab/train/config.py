@@ -246,10 +246,10 @@ def _check_registries(c: TrainConfig, check_model: bool = True) -> None:
     except ImportError:  # pragma: no cover
         data = None
     if data is not None and hasattr(data, "SOURCES"):
-        # the same spelling rules as bnlab.data.load: case-insensitive, '-' for '_'
-        key = str(c.data).strip().lower().replace("-", "_")
-        if key not in data.SOURCES:
-            raise ValueError(f"unknown data {c.data!r}; valid: {', '.join(sorted(data.SOURCES))}")
+        try:  # the registry's spelling rules, as in bnlab.data.load: case-insensitive, '-' for '_'
+            data.SOURCES.entry(c.data)
+        except ValueError:
+            raise ValueError(f"unknown data {c.data!r}; valid: {', '.join(sorted(data.SOURCES))}") from None
     try:
         from bnlab import norms
     except ImportError:  # pragma: no cover

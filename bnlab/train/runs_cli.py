@@ -13,7 +13,8 @@ from typing import Any, Optional
 
 import typer
 
-from bnlab.train.cli import EXIT_FAILED, _fail, _fmt, _parse_pairs
+from bnlab.spec import read_pairs
+from bnlab.train.cli import EXIT_FAILED, _fail, _fmt
 
 runs_app = typer.Typer(help="The recorded runs: list, show, export, delete, plot.", no_args_is_help=True)
 
@@ -136,7 +137,7 @@ def runs_list(
 
     store = _open_store(runs_dir)
     try:
-        filters = _parse_pairs(where, "--where")
+        filters = read_pairs(where, "--where")
         if status is not None:
             from bnlab.store import STATUSES
 

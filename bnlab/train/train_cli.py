@@ -14,7 +14,8 @@ from typing import Any, Optional
 
 import typer
 
-from bnlab.train.cli import EXIT_FAILED, _fail, _fmt, _parse_pairs
+from bnlab.spec import read_pairs
+from bnlab.train.cli import EXIT_FAILED, _fail, _fmt
 
 EXIT_INTERRUPTED = 130
 
@@ -155,9 +156,9 @@ def _merge(values: dict[str, Any], flags: dict[str, Any], model_option, data_opt
         values.pop("steps", None)
     values.update(given)
     if model_option:
-        values["model_options"] = {**values.get("model_options", {}), **_parse_pairs(model_option, "--model-option")}
+        values["model_options"] = {**values.get("model_options", {}), **read_pairs(model_option, "--model-option")}
     if data_option:
-        values["data_options"] = {**values.get("data_options", {}), **_parse_pairs(data_option, "--data-option")}
+        values["data_options"] = {**values.get("data_options", {}), **read_pairs(data_option, "--data-option")}
     if no_verify:
         values["verify"] = False
     if download:
