@@ -144,10 +144,10 @@ class Param:
     choices: tuple | None = None
     minimum: float | None = None  # inclusive
     positive: bool = False
-    finite: bool = False
-    nullable: bool = False  # accepts None / "none"
-    item: type | None = None
     help: str = ""
+    nullable: bool = False  # accepts None / "none"
+    finite: bool = False
+    item: type | None = None
 
     def convert(self, owner: str, key: str, raw: Any, text: bool = False) -> Any:
         """``raw`` (spec text when ``text``, else a Python/YAML value) as this parameter's value."""

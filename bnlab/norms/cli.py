@@ -13,7 +13,7 @@ norms_app = typer.Typer(help="Normalization layers: the catalogue and how to bui
 def list_norms(as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
     """Every layer with its paper, equation and parameters (with defaults)."""
     from . import describe
-    from .registry import _fmt
+    from bnlab.spec import format_value as _fmt
 
     rows = [
         {

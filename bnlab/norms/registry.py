@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch.nn as nn
 
-from bnlab.spec import Param, Registry, format_value
+from bnlab.spec import Param, Registry
 
 __all__ = ["NORMS", "REGISTRY", "NormInfo", "Param", "lookup", "parse_spec", "register"]
 
@@ -58,5 +58,3 @@ def lookup(spec: str) -> tuple[NormInfo, dict[str, Any]]:
     entry, kwargs = NORMS.lookup(spec)
     return entry.target, kwargs
 
-
-_fmt = format_value  # bnlab.norms.cli prints defaults with it
