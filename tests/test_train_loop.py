@@ -345,3 +345,18 @@ def test_compile_trains_like_eager(tmp_path, monkeypatch):
     compiled = run(dict(base, compile=True), model_factory=small, progress=False)
     assert len(compiled_modules) == 1 and compiled.id != eager.id and compiled.status == "finished"
     assert compiled.metrics["train_loss"] == pytest.approx(eager.metrics["train_loss"], rel=1e-4)
+
+
+def test_progress_lines_show_the_last_steps_loss_not_nan(tmp_path, capsys):
+    """The engine reads losses only at checks; a progress line must not show a never-read loss."""
+    record = run(dict(model="mlp", norm="bn", data="digits", steps=7, lr=0.1, batch_size=64,
+                      runs_dir=str(tmp_path)), progress="lines")
+    assert record.status == "finished"
+    err = capsys.readouterr().err
+    line = [ln for ln in err.splitlines() if " step 7/7 " in ln]
+    assert line, err
+    assert "loss nan" not in line[-1]
+    shown = float(line[-1].split(" loss ")[1].split()[0])
+    with Store(tmp_path / "bnlab.db") as store:
+        last = store.metrics(record.id, "train_loss")["train_loss"][-1]
+    assert last[0] == 7 and abs(shown - last[1]) <= 1e-3 * abs(last[1])

@@ -360,7 +360,10 @@ class Trainer:
         epoch_end = self.step % self.spe == 0 or self.step == self.total_steps
         if epoch_end:
             self.log("lr", lr, self.step)
-        if self.step % self.check_every == 0:
+        # A progress line or the run's last step reads the losses (one sync), so what is shown is
+        # this step's loss, never a stale or not-yet-read (nan) one.
+        if (self.step % self.check_every == 0 or self.step == self.total_steps
+                or progress.line_due(epoch_end)):
             self.check()
         last_eval = {}
         if self.step % self.eval_every == 0 and self.step < self.total_steps:

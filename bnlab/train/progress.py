@@ -28,6 +28,11 @@ class Progress:
             self.bar = tqdm(total=trainer.total_steps, initial=trainer.step, unit="step",
                             desc=f"{cfg.model}/{cfg.norm}", file=sys.stderr, dynamic_ncols=True)
 
+    def line_due(self, epoch_end: bool) -> bool:
+        """Whether :meth:`update` will print a line for this step (so the loss must be read)."""
+        return bool(epoch_end and self.lines and (time.perf_counter() - self.last_line >= 5.0
+                                                  or self.trainer.step == self.trainer.total_steps))
+
     def update(self, epoch: int, epoch_end: bool, last_eval: dict[str, float]) -> None:
         t = self.trainer
         if self.bar is not None and (t.step % 10 == 0 or t.step == t.total_steps):
