@@ -179,10 +179,6 @@ class Param:
                 raise ValueError(f"{where} must be >= {format_value(self.minimum)}, got {raw!r}")
         return value
 
-    def describe(self) -> str:
-        kind = "any" if self.type is None else self.type.__name__
-        return f"{kind}, default {format_value(self.default)}" + (f": {self.help}" if self.help else "")
-
 
 def _coerce(raw: Any, typ: type, where: str) -> Any:
     expected = f"{where}: expected {_TYPE_WORDS.get(typ, typ.__name__)}"

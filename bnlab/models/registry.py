@@ -32,8 +32,7 @@ class ModelInfo:
 
     @property
     def options(self) -> dict[str, Any]:
-        sig = inspect.signature(self.build)
-        return {k: p.default for k, p in sig.parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        return {k: p.default for k, p in MODEL_INFO.entry(self.name).params.items()}
 
     @property
     def summary(self) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch.nn as nn
 
-from bnlab.spec import Param, Registry
+from bnlab.spec import Param, Registry, parse
 
 __all__ = ["NORMS", "REGISTRY", "NormInfo", "Param", "lookup", "parse_spec", "register"]
 
@@ -48,8 +48,6 @@ def register(info: NormInfo) -> NormInfo:
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     """Split ``"name(k=v, ...)"`` into ``(name, {k: raw_value})`` without interpreting the values."""
-    from bnlab.spec import parse
-
     return parse(spec, "normalization spec")
 
 
