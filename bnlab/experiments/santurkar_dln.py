@@ -229,7 +229,7 @@ register(Experiment(
     smoke_changes="the paper's DLN and range at lr 1e-3 (module docstring) for 600 instead of 10 000 steps, 3 seeds "
                   "per arm, landscape (8 linear points) every 25 steps, hessian (12 Lanczos steps, 4 Hutchinson "
                   "vectors) every 50. Verdict: Welch's t-test over seeds of each run's median (ln scale).",
-    cost={"smoke": "≈ 1.5 min CPU (6 DLN runs; shared with fig6/fig8)",
+    cost={"smoke": "≈ 2 min CPU (6 DLN runs; shared with fig6/fig8)",
           "paper": "6 DLN runs × 10 000 steps (≈ 30 min on a CPU)"},
     plan=_fig9_plan, analyze=_fig9_analyze))
 
@@ -324,6 +324,6 @@ register(Experiment(
                   "evaluated at steps 0, 200 and 600 on 27 log-spaced step sizes from 1/100 to 1000 × lr (the "
                   "paper's range ends at 30 × lr). Verdict: Welch's t-test over seeds of the median (steps 200, "
                   "600) of the largest gradient change over [1/100, 30] × lr, ln scale.",
-    cost={"smoke": "≈ 1 min CPU (6 DLN replays of 600 steps, 3 landscape evaluations each)",
+    cost={"smoke": "≈ 50 s CPU (6 DLN replays of 600 steps, 3 landscape evaluations each)",
           "paper": "6 replays × 10 000 steps (≈ 20 min on a CPU)"},
     plan=_fig10_plan, analyze=_fig10_analyze))

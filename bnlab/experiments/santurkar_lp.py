@@ -95,7 +95,7 @@ register(Experiment(
                   "scale); ℓ2 is left to the paper preset to stay in budget (it is BN up to where ε enters). "
                   "Landscapes every 30 (VGG) / 25 (DLN) steps, histograms every 20 / 10, hessian every 100 / 50. "
                   "Verdict: Welch's t-test over seeds (ln scale) per normalization, criterion and network.",
-    cost={"smoke": "≈ 12 min CPU (12 VGG + 12 DLN runs; none/bn shared with the other entries)",
+    cost={"smoke": "≈ 10 min CPU (12 VGG + 12 DLN runs; none/bn shared with the other entries)",
           "paper": "15 VGG × 15 000 steps on CIFAR-10 + 15 DLN × 10 000 steps (GPU, ≈ 6 h)"},
     plan=_fig11_plan, analyze=_fig11_analyze))
 
@@ -156,6 +156,6 @@ register(Experiment(
                   "layer every 20 steps). The shift is a scale-free drift of each sampled unit's distribution "
                   "from the first to the last measurement (centre shift in initial 5–95 % spreads + |ln width "
                   "ratio|), median over units; compared with the standard network (and reported against BN).",
-    cost={"smoke": "≈ 8 min CPU (12 VGG runs, shared with fig11)",
+    cost={"smoke": "≈ 6.5 min CPU (12 VGG runs, shared with fig11)",
           "paper": "the 15 VGG runs of fig11 (GPU)"},
     plan=_fig14_plan, analyze=_fig14_analyze))

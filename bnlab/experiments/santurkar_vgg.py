@@ -78,7 +78,7 @@ register(Experiment(
                   "stays at chance for the whole smoke budget), 3 seeds per arm. The runs carry the ics/moments/"
                   "histograms/landscape/hessian probes so that fig6, fig7, fig11 and fig14 reuse them. 'Trains "
                   "faster': Welch's t-test over seeds of the ln mean training loss over the run.",
-    cost={"smoke": "≈ 8 min CPU, one thread (9 VGG runs of 600 steps with probes)",
+    cost={"smoke": "≈ 5 min CPU, one thread (9 VGG runs of 600 steps with probes, ≈ 32 s each)",
           "paper": "9 runs × 15 000 steps VGG on CIFAR-10 (GPU, ≈ 3 h with probes)"},
     plan=_fig2_plan, analyze=_fig2_analyze))
 
@@ -163,7 +163,7 @@ register(Experiment(
                   "seeds), ICS every 30 steps. DLN: the paper's 25 layers of width 10 on 1000 Gaussian samples, "
                   "full batch, 600 instead of 10 000 steps, 3 seeds, ICS every 25 steps. 'Similar or worse': per "
                   "seed the median cos(G, G′) over steps and layers; Welch's t-test of BN against standard + 0.02.",
-    cost={"smoke": "≈ 7 min CPU (6 VGG + 6 DLN runs; the VGG runs are fig2's)",
+    cost={"smoke": "≈ 5 min CPU (6 VGG + 6 DLN runs; the VGG runs are fig2's)",
           "paper": "6 VGG × 15 000 steps on CIFAR-10 + 6 DLN × 10 000 steps (GPU, ≈ 2 h)"},
     plan=_fig6_plan, analyze=_fig6_analyze))
 
@@ -238,7 +238,7 @@ register(Experiment(
                   "moments probe every 15 steps; layers are the BN outputs (conv outputs without BN), paired "
                   "across networks by depth. 'Significantly higher': Welch's t-test over seeds of ln(noisy BN's "
                   "median change) against ln(2 × standard's).",
-    cost={"smoke": "≈ 8 min CPU (the 9 runs of fig2; free after fig2)",
+    cost={"smoke": "≈ 5 min CPU (the 9 runs of fig2; free after fig2)",
           "paper": "the 3 runs of fig2 (GPU)"},
     plan=_fig7_plan, analyze=_fig7_analyze))
 
