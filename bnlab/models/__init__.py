@@ -4,10 +4,10 @@
 :data:`MODELS`; ``bnlab models list`` prints the catalogue. See ``docs/readme/models.md``.
 """
 
+from .registry import MODEL_INFO, MODELS, ModelInfo, create  # first: it fixes the catalogue's order
 from .blocks import ACTIVATIONS, INITS, BlockFactory, activation
 from .mlp import FlatNet
 from .padding import padding_share, padding_share_by_size, position_share
-from .registry import MODEL_INFO, MODELS, ModelInfo, create
 from .resnet import BasicBlock, ResNet, ZeroPadShortcut
 from .vgg import ConvNet
 

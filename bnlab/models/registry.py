@@ -4,79 +4,18 @@ from __future__ import annotations
 
 import inspect
 import numbers
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.nn as nn
 
 import bnlab.norms as norms
-from bnlab.spec import Param, Registry
 
-from . import mlp as _mlp
-from . import resnet as _resnet
-from . import vgg as _vgg
-from . import vision as _vision
+from . import vgg, resnet, mlp, vision  # noqa: F401, I001  (their @model decorators fill MODEL_INFO, in this order)
 from .blocks import ACTIVATIONS, INITS, BlockFactory, check_choice
+from .catalog import MODEL_INFO, ModelInfo
 
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """Catalogue entry: how to build a model, where it comes from, its options and defaults."""
-
-    name: str
-    build: Callable[..., nn.Module]  # build(factory, input_shape, num_classes, **options)
-    paper: str
-    images_only: bool
-    default_activation: str = "relu"
-
-    @property
-    def options(self) -> dict[str, Any]:
-        return {k: p.default for k, p in MODEL_INFO.entry(self.name).params.items()}
-
-    @property
-    def summary(self) -> str:
-        return (self.build.__doc__ or "").strip().splitlines()[0].replace("``", "")
-
-
-def _option_param(key: str, default: Any) -> Param:
-    """A model option's type and range, from its default: counts >= 1 (depth >= 2), widths > 0 and
-    finite, layer-width lists of counts >= 1; ``bias`` is true/false (None: automatic)."""
-    if key == "bias" or isinstance(default, bool):
-        return Param(default, bool, nullable=default is None)
-    if isinstance(default, int):
-        return Param(default, int, minimum=2 if key == "depth" else 1)
-    if isinstance(default, float):
-        return Param(default, float, positive=True, finite=True)
-    if isinstance(default, tuple):
-        return Param(default, tuple, item=int, minimum=1)
-    return Param(default, None if default is None else type(default), nullable=default is None)
-
-
-def _add(info: ModelInfo) -> None:
-    sig = inspect.signature(info.build).parameters.values()
-    params = {p.name: _option_param(p.name, p.default) for p in sig if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    MODEL_INFO.add(info.name, info, params)
-
-
-# name -> ModelInfo; each model's options are typed bnlab.spec Params read from its builder's signature.
-MODEL_INFO: Registry[ModelInfo] = Registry("model", names_label="models", key_label="option")
-for _info in (
-    ModelInfo("vgg_santurkar", _vgg.vgg_santurkar, "Santurkar et al. 2018, App. A.1", True),
-    ModelInfo("vgg_arora", _vgg.vgg_arora, "Arora, Li & Lyu 2019, App. D", True),
-    ModelInfo("luo_cnn", _vgg.luo_cnn, "Luo et al. 2019, §5", True),
-    ModelInfo("resnet20", _resnet.resnet20, "He et al. 2016 §4.2; Peng et al. (CBN)", True),
-    ModelInfo("vgg16", _vgg.vgg16, "Simonyan & Zisserman 2015 (D); Peng et al. (CBN)", True),
-    ModelInfo("dln", _mlp.dln, "Santurkar et al. 2018, App. A.1", False, default_activation="identity"),
-    ModelInfo("mlp", _mlp.mlp, "-", False),
-    ModelInfo("perceptron", _mlp.perceptron, "Luo et al. 2019, §2-3, Fig. 1(a)", False),
-    # torchvision's ImageNet networks (imported only when built): Peng et al. Table 5 / Fig. 6
-    ModelInfo("tv_resnet18", _vision.tv_resnet18, "He et al. 2016 (torchvision); Peng et al. Table 5", True),
-    ModelInfo("tv_resnet50", _vision.tv_resnet50, "He et al. 2016 (torchvision); Peng et al. Table 5", True),
-    ModelInfo("tv_efficientnet_b0", _vision.tv_efficientnet_b0, "Tan & Le 2019 (torchvision); Peng et al. Table 5",
-              True, default_activation="swish"),
-):
-    _add(_info)
+__all__ = ["MODELS", "MODEL_INFO", "ModelInfo", "create"]
 
 
 def _check_shape(input_shape: Any, num_classes: Any) -> tuple[int, ...]:

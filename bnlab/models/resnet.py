@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .blocks import BlockFactory, check_choice, scaled
+from .catalog import model
 from .vgg import image_shape, with_padding
 
 
@@ -88,6 +89,7 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.pool(x), 1))
 
 
+@model("resnet20", "He et al. 2016 §4.2; Peng et al. (CBN)", images_only=True)
 def resnet20(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0, residual: str = "he",
              padding_mode: str = "zeros") -> ResNet:
     """He et al. 2016 CIFAR ResNet-20 (3 stages × 3 basic blocks, 16/32/64 channels) as Peng et al. use.

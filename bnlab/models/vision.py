@@ -29,6 +29,7 @@ import torch.nn as nn
 import bnlab.norms as norms
 
 from .blocks import BlockFactory, activation, check_choice
+from .catalog import model
 
 RESIDUAL_FORMS = ("he", "peng")
 SWAPPED = (nn.ReLU, nn.SiLU)  # the nonlinearities of torchvision's ResNets (ReLU) and EfficientNet (SiLU)
@@ -149,11 +150,13 @@ def _finish(model: nn.Module, f: BlockFactory, residual: str | None) -> nn.Modul
     return norms.convert(model, f.norm)
 
 
+@model("tv_resnet18", "He et al. 2016 (torchvision); Peng et al. Table 5", images_only=True)
 def tv_resnet18(f: BlockFactory, input_shape: tuple, num_classes: int, *, residual: str = "he") -> nn.Module:
     """torchvision ResNet-18 (He et al. 2016) with bnlab norms; Peng et al. Table 5."""
     return _tv_resnet("resnet18", f, input_shape, num_classes, residual)
 
 
+@model("tv_resnet50", "He et al. 2016 (torchvision); Peng et al. Table 5", images_only=True)
 def tv_resnet50(f: BlockFactory, input_shape: tuple, num_classes: int, *, residual: str = "he") -> nn.Module:
     """torchvision ResNet-50 (He et al. 2016) with bnlab norms; Peng et al. Table 5."""
     return _tv_resnet("resnet50", f, input_shape, num_classes, residual)
@@ -166,6 +169,7 @@ def _tv_resnet(arch: str, f: BlockFactory, input_shape: tuple, num_classes: int,
     return _finish(model, f, residual)
 
 
+@model("tv_efficientnet_b0", "Tan & Le 2019 (torchvision); Peng et al. Table 5", images_only=True, default_activation="swish")
 def tv_efficientnet_b0(f: BlockFactory, input_shape: tuple, num_classes: int) -> nn.Module:
     """torchvision EfficientNet-B0 (Tan & Le 2019) with bnlab norms; Peng et al. Table 5."""
     _check_input("tv_efficientnet_b0", input_shape, f)
