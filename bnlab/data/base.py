@@ -1,4 +1,5 @@
-"""The `DataSource` record, the data errors, and small option-parsing helpers shared by the loaders."""
+"""The `DataSource` record, the data errors, small option-parsing helpers shared by the loaders, and
+`SOURCES`, the registry the `source` decorator on each loader fills."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import pickle
 from dataclasses import dataclass, field, replace
 
 import torch
+
+from bnlab.spec import Registry
 
 TASKS = ("classification", "regression")
 
@@ -170,3 +173,22 @@ def cpu_generator(seed) -> torch.Generator:
     """The generator every loader draws from: on the CPU, so a seed gives the same data on any device."""
     seed = as_int("seed", seed)
     return torch.Generator(device="cpu").manual_seed(seed)
+
+
+COMMON_ARGUMENTS = ("device", "seed", "data_dir", "verify", "download")
+
+
+def _spelling(name: str) -> str:
+    return name.strip().lower().replace("-", "_")
+
+
+# name -> loader(*, device, seed, data_dir, verify, download, **options) -> DataSource; the options are
+# typed bnlab.spec Params read from the loader's signature (types from the defaults). Names are
+# case-insensitive and '-' may stand for '_'.
+SOURCES: Registry = Registry("data source", names_label="choices", key_label="option", normalize=_spelling)
+
+
+def source(name: str):
+    """Decorator: register a loader as data source ``name`` (its keyword options beyond
+    ``COMMON_ARGUMENTS`` are the source's options)."""
+    return SOURCES.register(name, skip=COMMON_ARGUMENTS)

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import ChecksumError, DataError, DataNotFoundError, DataSource, UnsafePickleError, as_int
+from .base import ChecksumError, DataError, DataNotFoundError, DataSource, UnsafePickleError, as_int, source
 
 try:  # numpy >= 2 moved the implementation; old pickles still name numpy.core.multiarray.
     from numpy._core.multiarray import _reconstruct as _np_reconstruct
@@ -499,6 +499,7 @@ def _load(
     )
 
 
+@source("cifar10")
 def cifar10(
     *, device="cpu", seed=0, data_dir=None, verify=True, download=False, n_train=None, n_test=None, normalize=True
 ) -> DataSource:
@@ -516,6 +517,7 @@ def cifar10(
                  n_train=n_train, n_test=n_test, normalize=normalize)
 
 
+@source("cifar100")
 def cifar100(
     *, device="cpu", seed=0, data_dir=None, verify=True, download=False, n_train=None, n_test=None, normalize=True
 ) -> DataSource:

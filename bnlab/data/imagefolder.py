@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from . import image_transforms as T
-from .base import DataError, DataNotFoundError, DataSource, as_choice, as_float, as_int, cpu_generator
+from .base import DataError, DataNotFoundError, DataSource, as_choice, as_float, as_int, cpu_generator, source
 from .cifar import resolve_data_dir
 
 EXTENSIONS = (".jpeg", ".jpg", ".png")
@@ -192,6 +192,7 @@ def find_root(data_dir, folder: str) -> Path:
         f"--data-dir / set $BNLAB_DATA to the folder above it, and data option folder=<name>.")
 
 
+@source("imagefolder")
 def imagefolder(*, device="cpu", seed=0, data_dir=None, verify=True, download=False, folder="imagenet",
                 image_size=224, resize_size=256, augment=True, crop_scale_min=0.08, cache="auto", workers=0,
                 max_per_class=None, generate=False) -> DataSource:

@@ -2,35 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from bnlab.spec import Registry, params_from_signature
+from . import cifar, imagefolder, synthetic  # noqa: F401  (their @source decorators fill SOURCES)
+from .base import COMMON_ARGUMENTS, SOURCES, DataSource
 
-from . import cifar, imagefolder, synthetic
-from .base import DataSource
-
-COMMON_ARGUMENTS = ("device", "seed", "data_dir", "verify", "download")
-
-
-def _spelling(name: str) -> str:
-    return name.strip().lower().replace("-", "_")
-
-
-# name -> loader(*, device, seed, data_dir, verify, download, **options) -> DataSource; the options are
-# typed bnlab.spec Params read from the loader's signature (types from the defaults).
-SOURCES: Registry[Callable[..., DataSource]] = Registry("data source", names_label="choices", key_label="option",
-                                                        normalize=_spelling)
-for _name, _loader in (
-    ("cifar10", cifar.cifar10),
-    ("cifar100", cifar.cifar100),
-    ("digits", synthetic.digits),
-    ("imagefolder", imagefolder.imagefolder),
-    ("gaussian_regression", synthetic.gaussian_regression),
-    ("teacher_student", synthetic.teacher_student),
-):
-    SOURCES.add(_name, _loader, params_from_signature(_loader, skip=COMMON_ARGUMENTS))
+__all__ = ["COMMON_ARGUMENTS", "SOURCES", "load", "source_options"]
 
 
 def source_options(name: str) -> dict[str, object]:

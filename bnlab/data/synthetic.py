@@ -18,10 +18,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import DataSource, as_choice, as_float, as_float_dtype, as_int, cpu_generator
+from .base import DataSource, as_choice, as_float, as_float_dtype, as_int, cpu_generator, source
 from .digits_archive import load_digits_arrays
 
 
+@source("gaussian_regression")
 def gaussian_regression(
     *,
     device="cpu",
@@ -73,6 +74,7 @@ def gaussian_regression(
     ).to(device)
 
 
+@source("teacher_student")
 def teacher_student(
     *,
     device="cpu",
@@ -175,6 +177,7 @@ def resize_images(images: torch.Tensor, size: int) -> torch.Tensor:
     return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
 
 
+@source("digits")
 def digits(
     *,
     device="cpu",
