@@ -20,7 +20,7 @@ WILD = {**BASE, "norm": "none", "lr": 1e3, "activation": "identity"}
 def _analyze(ctx) -> Outcome:
     statuses = {r.label: r.status for r in ctx.runs}
     losses = {r.label: r.series("train_loss")[1] for r in ctx.runs}
-    from bnlab.report.plots import panels
+    from bnlab.plots import panels
 
     fig = panels(ctx.figure_path("loss"), [{"series": {k: (list(range(len(v))), v) for k, v in losses.items()}}])
     held = statuses.get("calm") == "finished"
@@ -46,7 +46,10 @@ def toy_entry():
 
 
 def test_sweep_with_diverging_and_failing_runs_records_all(toy_entry, tmp_path):
+    from bnlab.report import write_report
+
     outcome = runner.reproduce("test-toy", "smoke", runs_dir=tmp_path, progress=False)
+    write_report(tmp_path)
     statuses = {row["quantity"]: row["ours"] for row in outcome.table}
     assert statuses == {"calm": "finished", "wild": "diverged", "broken": "failed"}
     assert outcome.verdict == "held"

@@ -9,6 +9,7 @@ rebuilt from the store without training anything again.
 from __future__ import annotations
 
 import copy
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -80,9 +81,23 @@ def register(experiment: Experiment) -> Experiment:
     return experiment
 
 
-def get(experiment_id: str) -> Experiment:
-    from . import load_catalogue
+# The paper modules, imported by name (they import this module to register their entries).
+PAPER_MODULES = ["santurkar", "luo", "peng", "peng_imagenet", "arora", "mbn"]
 
+
+def load_catalogue() -> dict[str, Experiment]:
+    """Import every paper's module (each registers its entries once) and return the catalogue."""
+    package = __name__.rpartition(".")[0]
+    for name in PAPER_MODULES:
+        try:
+            importlib.import_module(f"{package}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{package}.{name}":
+                raise
+    return CATALOGUE
+
+
+def get(experiment_id: str) -> Experiment:
     load_catalogue()
     if experiment_id not in CATALOGUE:
         raise ValueError(f"unknown experiment {experiment_id!r}; valid ids: {', '.join(sorted(CATALOGUE))}")

@@ -8,14 +8,17 @@ from typing import List, Optional
 
 import typer
 
+from bnlab.report import write_report
+
+from .base import check_preset, get, load_catalogue
+from .runner import reproduce
+
 experiments_app = typer.Typer(help="The catalogue of the papers' figures and tables.", no_args_is_help=True)
 
 
 @experiments_app.command("list")
 def list_experiments(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Every entry with its paper, figure/table, claim and preset costs."""
-    from . import load_catalogue
-
     entries = [e.describe() for e in load_catalogue().values()]
     if as_json:
         typer.echo(json.dumps(entries, indent=2))
@@ -38,9 +41,6 @@ def reproduce_cmd(
     as_json: bool = typer.Option(False, "--json", help="print the outcomes as JSON"),
 ) -> None:
     """Run catalogue entries end to end and (re)write the report."""
-    from . import check_preset, get, load_catalogue
-    from .runner import reproduce
-
     try:
         check_preset(preset)
         if nproc is not None and nproc < 1:
@@ -57,8 +57,6 @@ def reproduce_cmd(
                                   "figures": [str(f) for f in outcome.figures], "table": outcome.table}
         if not as_json:
             typer.echo(f"{experiment_id}: {outcome.verdict} — {outcome.summary}")
-    from bnlab.report import write_report
-
     path = write_report(runs_dir)
     if as_json:
         typer.echo(json.dumps(results, indent=2, default=str))
@@ -70,8 +68,6 @@ def report_cmd(runs_dir: Path = typer.Option(Path("runs"), "--runs-dir"),
                out: Optional[Path] = typer.Option(None, "--out", help="report folder (default RUNS_DIR/report; "
                                                   "needed when the runs dir is read-only)")) -> None:
     """Write runs/report/index.html and index.md from the store (nothing is re-trained)."""
-    from bnlab.report import write_report
-
     if not (runs_dir / "bnlab.db").is_file():  # never create an empty report for a mistyped folder
         typer.echo(f"error: no run store at {runs_dir / 'bnlab.db'}; pass the --runs-dir that `bnlab reproduce` "
                    "or `bnlab train` wrote to", err=True)

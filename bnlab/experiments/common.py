@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from bnlab.report.plots import panels
+from bnlab.plots import panels
 
 
 def training_curves(ctx, path: Path, *, title: str, metrics=("train_loss", "train_accuracy", "test_accuracy"),
@@ -37,8 +38,6 @@ def final_table(ctx, *, paper: dict[str, str] | None = None,
 
 def finite_or_none(value) -> float | None:
     """``float(value)`` if it is a finite number, else None (missing metrics, NaN/inf of diverged runs)."""
-    import math
-
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -86,8 +85,6 @@ def grouped_finals(ctx, keys: tuple[str, ...], metric: str) -> dict[tuple, list[
 
 def mean_std(values) -> tuple[float | None, float | None]:
     """(mean, sample standard deviation with n−1) of finite values; std is None for fewer than 2."""
-    import math
-
     vals = [v for v in (finite_or_none(v) for v in values) if v is not None]
     if not vals:
         return None, None
@@ -173,8 +170,6 @@ def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds:
     than ``min_seeds`` values in an arm: "too few seeds" (diff still given). Identical values (SE = 0): any
     nonzero difference counts as detected (p = 0).
     """
-    import math
-
     from scipy import stats
 
     xa = [v for v in (finite_or_none(v) for v in a) if v is not None]

@@ -9,6 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+import bnlab.train as train
+from bnlab.jsonsafe import jsonable
+from bnlab.store import Store
+from bnlab.train import distributed
+from bnlab.train.checkpoint import RunLockedError
+
 from .base import Experiment, Outcome, Plan, RunSpec, check_preset, get, shrink
 
 class ResultStore:
@@ -21,8 +27,6 @@ class ResultStore:
     """
 
     def __init__(self, runs_dir: str | Path):
-        from bnlab.store import Store
-
         self.runs_dir = Path(runs_dir)
         self.path = self.runs_dir / "bnlab.db"
         self._store = Store(self.path)
@@ -31,29 +35,15 @@ class ResultStore:
         self._store.close()
 
     def save(self, experiment_id: str, preset: str, runs: list[dict], data: dict, tiny: bool, seconds: float) -> None:
-        self._store.save_entry(experiment_id, preset, runs, data, tiny=tiny, seconds=seconds, default=_jsonable)
+        # tensors/arrays as lists, other objects as their fields; NaN kept as the analyses read it back
+        data = jsonable(data, nonfinite="keep", objects=True)
+        self._store.save_entry(experiment_id, preset, runs, data, tiny=tiny, seconds=seconds)
 
     def load(self, experiment_id: str, preset: str) -> dict | None:
         return self._store.load_entry(experiment_id, preset)
 
     def entries(self) -> list[tuple[str, str]]:
         return self._store.entries()
-
-
-def _jsonable(value: Any) -> Any:
-    try:
-        import numpy as np
-        import torch
-
-        if isinstance(value, torch.Tensor):
-            return value.detach().cpu().tolist()
-        if isinstance(value, (np.ndarray, np.generic)):
-            return value.tolist()
-    except ImportError:  # pragma: no cover
-        pass
-    if hasattr(value, "__dict__"):
-        return vars(value)
-    return str(value)
 
 
 # ---- sweeps ------------------------------------------------------------------------------------
@@ -65,11 +55,8 @@ def _train_one(config: dict) -> dict:
     """Train one config; a crash becomes a 'failed' record instead of stopping the sweep. A run
     another process is training (a second sweep on the same runs dir) is waited for, then read:
     it is that process's run, not a failure of this one."""
-    from bnlab.train import distributed, run
-    from bnlab.train.checkpoint import RunLockedError
-
-    if int(config.get("nproc") or 1) > 1:  # a data-parallel launch (bnlab.train.distributed)
-        run = distributed.train
+    # bnlab.train.run looked up at call time: a test may replace it
+    run = distributed.train if int(config.get("nproc") or 1) > 1 else train.run  # nproc > 1: data-parallel
 
     said = False
     try:
@@ -82,10 +69,8 @@ def _train_one(config: dict) -> dict:
                     said = True
                 time.sleep(LOCK_POLL_SECONDS)
     except Exception as err:  # noqa: BLE001 — the sweep must go on; the error is recorded
-        from bnlab.train import TrainConfig
-
         try:  # the stored run's id (run identity covers more than the config), else the config's
-            run_id = getattr(err, "bnlab_run_id", None) or TrainConfig.coerce(config).run_id()
+            run_id = getattr(err, "bnlab_run_id", None) or train.TrainConfig.coerce(config).run_id()
         except Exception:  # noqa: BLE001
             run_id = None
         return {"id": run_id, "status": "failed", "steps": 0, "config": config, "metrics": {},
@@ -156,13 +141,20 @@ TINY_STEPS = 6
 
 def reproduce(experiment_id: str, preset: str = "smoke", *, runs_dir: str | Path = "runs",
               ray_address: str | None = None, tiny: bool = False, progress: bool | None = None,
-              report: bool = True, nproc: int | None = None) -> Outcome:
+              report: bool = False, nproc: int | None = None) -> Outcome:
     """Run one entry end to end: its training runs and computations, stored, then analysed.
 
     ``tiny`` cuts every run to a few steps (the test suite's reduced form); results are stored
     under the same (id, preset) but marked tiny in the report. ``nproc`` trains every run without
     probes (and without its own ``nproc``) data-parallel on that many processes (bnlab.train.distributed).
+
+    The report is not written here: it sits a layer above the catalogue. Call
+    ``bnlab.report.write_report(runs_dir)`` after the entries (``bnlab reproduce`` does);
+    ``report=True`` is refused with that advice rather than silently ignored.
     """
+    if report:
+        raise ValueError("reproduce() no longer writes the report (the report layer sits above the catalogue): "
+                         "call bnlab.report.write_report(runs_dir) after reproducing")
     exp = get(experiment_id)
     check_preset(preset)
     runs_dir = Path(runs_dir)
@@ -181,10 +173,6 @@ def reproduce(experiment_id: str, preset: str = "smoke", *, runs_dir: str | Path
     finally:
         store.close()
     outcome = analyze(experiment_id, preset, runs_dir=runs_dir)
-    if report:
-        from bnlab.report import write_report
-
-        write_report(runs_dir)
     return outcome
 
 
@@ -259,8 +247,6 @@ def analysis_context(experiment_id: str, preset: str, *, runs_dir: str | Path = 
                      report_dir: str | Path | None = None) -> AnalysisContext:
     """``report_dir`` (default ``<runs_dir>/report``) receives the figures: a read-only runs dir
     is analysed with a report folder elsewhere."""
-    from bnlab.store import Store
-
     exp = get(experiment_id)
     runs_dir = Path(runs_dir)
     report_dir = Path(report_dir) if report_dir is not None else runs_dir / "report"
@@ -283,9 +269,7 @@ def analysis_context(experiment_id: str, preset: str, *, runs_dir: str | Path = 
 
 
 def _record_dict(row: dict) -> dict:
-    from bnlab.train import RunRecord
-
-    return RunRecord.from_store(row).to_dict()
+    return train.RunRecord.from_store(row).to_dict()
 
 
 def analyze(experiment_id: str, preset: str, *, runs_dir: str | Path = "runs") -> Outcome:

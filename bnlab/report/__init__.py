@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bnlab.experiments.base import PAPERS
+from bnlab.experiments.runner import iter_outcomes
 
 
 def _fmt(value: Any) -> str:
@@ -31,8 +32,6 @@ def write_report(runs_dir: str | Path = "runs", out_dir: str | Path | None = Non
     returns the HTML path. The runs dir must hold a store (``FileNotFoundError`` otherwise: a
     mistyped folder never yields an empty report); a read-only one is read without a write, and
     then needs an ``out_dir`` elsewhere (``PermissionError`` naming it otherwise)."""
-    from bnlab.experiments.runner import iter_outcomes
-
     runs_dir = Path(runs_dir)
     if not (runs_dir / "bnlab.db").is_file():
         raise FileNotFoundError(f"no run store at {runs_dir / 'bnlab.db'}; pass the --runs-dir that "

@@ -55,21 +55,3 @@ def loglog_slope(x: np.ndarray, y: np.ndarray) -> float:
     x = np.log(np.asarray(x, dtype=np.float64))
     y = np.log(np.asarray(y, dtype=np.float64))
     return float(np.polyfit(x, y, 1)[0])
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Convert numpy scalars/arrays (recursively) into JSON-serialisable Python objects."""
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return to_jsonable(obj.tolist())
-    if isinstance(obj, (np.floating, float)):
-        value = float(obj)
-        return value if math.isfinite(value) else str(value)
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    return obj

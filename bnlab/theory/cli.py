@@ -13,6 +13,8 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from bnlab.jsonsafe import jsonable
+
 theory_app = typer.Typer(help="The papers' closed forms and simulators (bnlab.theory).", no_args_is_help=True)
 
 EXIT_BAD_INPUT = 2
@@ -77,10 +79,8 @@ def _table(rows: list[dict[str, Any]]) -> None:
 
 
 def _emit(result: Any, rows: list[dict[str, Any]], as_json: bool, notes: list[str] | None = None) -> None:
-    from ._common import to_jsonable
-
     if as_json:
-        typer.echo(json.dumps(to_jsonable(result), indent=2))
+        typer.echo(json.dumps(jsonable(result, nonfinite="string"), indent=2))
         return
     _table(rows)
     for note in notes or []:

@@ -1,0 +1,104 @@
+"""Small matplotlib helpers the catalogue entries draw with (Agg backend; PNG files)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+Series = tuple[Sequence[float], Sequence[float]]
+
+
+def _save(fig, path: Path, title: str | None = None) -> Path:
+    """Title, lay out, write the PNG (creating its folder) and free the figure."""
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _finite(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
+    pairs = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y)]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def panels(path: Path, panels: Sequence[Mapping], *, title: str | None = None, ncols: int | None = None) -> Path:
+    """Draw several line panels side by side.
+
+    Each panel: ``{"series": {label: (x, y)}, "xlabel", "ylabel", "title", "logy": bool, "logx": bool,
+    "band": {label: (x, lo, hi)}, "hline": value}``.
+    """
+    n = len(panels)
+    ncols = ncols or min(n, 3)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.3 * nrows), squeeze=False)
+    for ax, spec in zip(axes.flat, panels):
+        for label, (xs, ys) in spec.get("series", {}).items():
+            xs, ys = _finite(xs, ys)
+            style = spec.get("style", {}).get(label, {})
+            if len(xs) == 1 or spec.get("markers"):
+                ax.plot(xs, ys, marker="o", ms=3, label=label, **style)
+            else:
+                ax.plot(xs, ys, label=label, **style)
+        for label, (xs, lo, hi) in spec.get("band", {}).items():
+            ax.fill_between(xs, lo, hi, alpha=0.25, label=label)
+        if spec.get("hline") is not None:
+            ax.axhline(spec["hline"], color="k", lw=0.8, ls="--")
+        if spec.get("logy"):
+            ax.set_yscale("log")
+        if spec.get("logx"):
+            ax.set_xscale("log")
+        ax.set_xlabel(spec.get("xlabel", ""))
+        ax.set_ylabel(spec.get("ylabel", ""))
+        ax.set_title(spec.get("title", ""), fontsize=10)
+        if spec.get("series") or spec.get("band"):
+            ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    return _save(fig, path, title)
+
+
+def histograms(path: Path, groups: Mapping[str, Mapping[str, Sequence[float]]], *, title: str | None = None,
+               bins: int = 40, xlabel: str = "activation") -> Path:
+    """One panel per group, overlaid histograms of its samples (e.g. one per training step)."""
+    n = len(groups)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.3), squeeze=False)
+    for ax, (name, hists) in zip(axes.flat, groups.items()):
+        for label, values in hists.items():
+            vals = [v for v in values if v is not None and math.isfinite(v)]
+            if vals:
+                ax.hist(vals, bins=bins, histtype="step", density=True, label=label)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.legend(fontsize=7)
+    return _save(fig, path, title)
+
+
+def bars(path: Path, groups: Mapping[str, Mapping[str, float]], *, ylabel: str, title: str | None = None,
+         errors: Mapping[str, Mapping[str, float]] | None = None) -> Path:
+    """Grouped bar chart: groups on the x axis (e.g. activations), one bar per series (e.g. method)."""
+    names = list(groups)
+    series = list(dict.fromkeys(s for g in groups.values() for s in g))  # first-seen order
+    width = 0.8 / max(len(series), 1)
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(names) * max(1, len(series) / 3)), 3.5))
+    for i, s in enumerate(series):
+        xs = [j + i * width for j in range(len(names))]
+        ys = [groups[g].get(s, float("nan")) for g in names]
+        err = [errors[g].get(s, 0.0) for g in names] if errors else None
+        ax.bar(xs, ys, width, label=s, yerr=err)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, ncol=min(len(series), 4))
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path)
