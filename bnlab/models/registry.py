@@ -90,5 +90,6 @@ def create(name: str, *, norm: str = "bn", activation: str | None = None, placem
     naming the valid choices; a bad norm spec raises :func:`bnlab.norms.validate`'s ``ValueError``.
     The model's ``spec`` attribute records every setting.
     """
-    return MODELS[MODEL_INFO.entry(name).name](norm=norm, activation=activation, placement=placement, input_shape=input_shape,
-                        num_classes=num_classes, **kw)
+    build = MODELS[MODEL_INFO.entry(name).name]
+    return build(norm=norm, activation=activation, placement=placement, input_shape=input_shape,
+                 num_classes=num_classes, **kw)

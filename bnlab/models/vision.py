@@ -169,7 +169,8 @@ def _tv_resnet(arch: str, f: BlockFactory, input_shape: tuple, num_classes: int,
     return _finish(model, f, residual)
 
 
-@model("tv_efficientnet_b0", "Tan & Le 2019 (torchvision); Peng et al. Table 5", images_only=True, default_activation="swish")
+@model("tv_efficientnet_b0", "Tan & Le 2019 (torchvision); Peng et al. Table 5", images_only=True,
+       default_activation="swish")
 def tv_efficientnet_b0(f: BlockFactory, input_shape: tuple, num_classes: int) -> nn.Module:
     """torchvision EfficientNet-B0 (Tan & Le 2019) with bnlab norms; Peng et al. Table 5."""
     _check_input("tv_efficientnet_b0", input_shape, f)

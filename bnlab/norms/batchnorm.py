@@ -7,8 +7,10 @@ import torch.nn as nn
 from torch import Tensor
 
 from .base import ChannelNorm
+from .registry import BN_OPTIONS, norm
 
 
+@norm("bn", "BatchNorm from tensor ops; equals nn.BatchNorm2d", "Ioffe & Szegedy 2015", "Alg. 1", BN_OPTIONS)
 class BatchNorm(ChannelNorm):
     """Batch normalization (Ioffe & Szegedy 2015, Alg. 1), the reference the variants build on.
 
@@ -36,6 +38,7 @@ class BatchNorm(ChannelNorm):
         return self.coefficients(self.running_mean, self.running_var, self.weight_or_one(), self.bias_or_zero())
 
 
+@norm("mean_only_bn", "subtract the batch mean only", "Luo et al. 2019", "§5 (with WN)", BN_OPTIONS)
 class MeanOnlyBatchNorm(BatchNorm):
     """Mean-only BN (Luo et al. 2019 §5; Salimans & Kingma 2016): ``y = γ (x − μ_B) + β``.
 
@@ -60,6 +63,8 @@ class MeanOnlyBatchNorm(BatchNorm):
         return gamma, beta - mean * gamma
 
 
+@norm("var_only_bn", "divide by the batch std only", "Luo et al. 2019", "§5 (with WN)", BN_OPTIONS,
+      removes_mean=False)
 class VarOnlyBatchNorm(BatchNorm):
     """Variance-only BN (Luo et al. 2019 §5): ``y = γ x / √(σ²_B + ε) + β``; the mean is not removed.
 
@@ -71,6 +76,9 @@ class VarOnlyBatchNorm(BatchNorm):
         return gamma * torch.rsqrt(var + self.eps), beta
 
 
+# no sync option: convert_sync swaps it for nn.SyncBatchNorm
+@norm("native_bn", "torch's own fused BatchNorm", "Ioffe & Szegedy 2015", "Alg. 1",
+      {k: v for k, v in BN_OPTIONS.items() if k != "sync"})
 class NativeBatchNorm(nn.modules.batchnorm._BatchNorm):
     """torch's own fused BatchNorm, accepting (N, C) and (N, C, *) like the other layers."""
 

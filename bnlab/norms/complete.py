@@ -8,6 +8,7 @@ from torch import Tensor
 import warnings
 
 from .base import ChannelNorm
+from .registry import BN_OPTIONS, Param, norm
 
 
 def amat_eta(lr: float | None, omega: float) -> float:
@@ -25,6 +26,12 @@ def _forward_as(value: Tensor, carrier: Tensor) -> Tensor:
     return carrier + (value - carrier).detach()
 
 
+@norm("cbn", "Complete BN: decoupled centring + ℓ2 scale, ρ, AMAT", "Peng et al.", "Eqs. 4-9, Alg. 1", {
+    "rho": Param(1.0, float, positive=True), "amat": Param(True, bool),
+    "omega": Param(10.0, float, minimum=0.0), "decouple": Param(True, bool),
+    "center": Param(True, bool, help="remove the mean (false: Eq. 5 alone)"),
+    "eta": Param(None, float, minimum=0.0, nullable=True, help="fixed moving weight instead of AMAT's rule"),
+    **BN_OPTIONS})
 class CompleteBatchNorm(ChannelNorm):
     """CBN, placed before the linear layer (``placement="pre_linear"``).
 

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from .batchnorm import BatchNorm
 from .sync import channel_count, channel_mean, channel_topk
+from .registry import BN_OPTIONS, Param, norm
 
 
 def hoffer_linf_constant(n: int) -> float:
@@ -16,6 +17,9 @@ def hoffer_linf_constant(n: int) -> float:
     return 0.5 * (1 + math.sqrt(math.pi * math.log(4))) / math.sqrt(2 * math.log(n))
 
 
+@norm("lp_bn", "centre, divide by a Gaussian-calibrated ℓp scale", "Santurkar et al. 2018 / Hoffer et al. 2018",
+      "§3.3, App. B", {"p": Param("2", str, choices=("1", "2", "inf")), "topk": Param(10, int, minimum=1),
+                       **BN_OPTIONS})
 class LpBatchNorm(BatchNorm):
     """Subtract the batch mean, divide by a per-channel ℓp scale of the centred batch.
 

@@ -9,6 +9,7 @@ import warnings
 
 from .base import ChannelNorm
 from .sync import batch_samples
+from .registry import BN_OPTIONS, Param, norm
 
 
 def mbn_lambda(epoch: int, epochs: int, batch_size: int, ideal_batch: int) -> float:
@@ -27,6 +28,9 @@ def mbn_lambda(epoch: int, epochs: int, batch_size: int, ideal_batch: int) -> fl
     return rho ** (epochs / (epochs - 1) * max(epochs - epoch, 0)) - rho**epochs
 
 
+@norm("mbn", "normalize with moving statistics, λ scheduled by epoch", "Yong et al. 2020 (Momentum BN)",
+      "Eqs. 3-4, λ schedule", {"ideal_batch": Param(32, int, minimum=1), "tau0": Param(0.9, float, minimum=0.0),
+                               **BN_OPTIONS})
 class MomentumBatchNorm(ChannelNorm):
     """MBN: normalize with moving statistics that already include the current batch.
 

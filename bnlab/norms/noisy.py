@@ -8,6 +8,7 @@ from torch import Tensor
 from .base import stats_dtype
 from .batchnorm import BatchNorm
 from .sync import global_batch_rows
+from .registry import BN_OPTIONS, Param, norm
 
 
 class StochasticLayer:
@@ -37,6 +38,10 @@ class StochasticLayer:
         return self._generator if self._generator is not None else self.generator_for(torch.device("cpu"))
 
 
+@norm("noisy_bn", "BN + time-varying non-zero-mean, non-unit-variance noise", "Santurkar et al. 2018",
+      "App. A.2.1, Alg. 1", {"n_mu": Param(0.5, float, minimum=0.0), "n_sigma": Param(1.25, float, minimum=1.0),
+                             "r_mu": Param(0.1, float, minimum=0.0), "r_sigma": Param(0.1, float, minimum=0.0),
+                             **BN_OPTIONS})
 class NoisyBatchNorm(BatchNorm, StochasticLayer):
     """BN followed by time-varying, non-zero-mean, non-unit-variance noise (Santurkar Alg. 1).
 

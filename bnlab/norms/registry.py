@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from bnlab.spec import Param, Registry, parse
 
-__all__ = ["NORMS", "REGISTRY", "NormInfo", "Param", "lookup", "parse_spec", "register"]
+__all__ = ["BN_OPTIONS", "NORMS", "REGISTRY", "NormInfo", "Param", "lookup", "norm", "parse_spec", "register"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,26 @@ REGISTRY = NORMS  # name -> NormInfo (the historical name)
 
 def register(info: NormInfo) -> NormInfo:
     return NORMS.add(info.name, info, info.params)
+
+
+def norm(name: str, summary: str, paper: str, equation: str, params: dict[str, Param] | None = None, *,
+         kind: str = "channel", removes_mean: bool = True) -> Callable:
+    """Decorator next to a layer class: register it as spec ``name`` with its paper, equation and
+    typed parameters (``kind="wrapper"``: it wraps the linear/conv layer it normalizes)."""
+    def decorate(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        register(NormInfo(name, factory, summary, paper, equation, dict(params or {}), kind, removes_mean))
+        return factory
+    return decorate
+
+
+BN_OPTIONS = {  # torch.nn.BatchNorm2d's options, with torch's names and semantics
+    "eps": Param(1e-5, float, positive=True, help="added to the variance"),
+    "momentum": Param(0.1, float, minimum=0.0, nullable=True,
+                      help="running-statistics update weight; none = cumulative moving average"),
+    "affine": Param(True, bool, help="learnable γ (weight) and β (bias)"),
+    "track_running_stats": Param(True, bool, help="false: no running statistics, batch statistics in eval"),
+    "sync": Param(False, bool, help="batch statistics over all ranks of torch.distributed (bnlab.norms.sync)"),
+}
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:

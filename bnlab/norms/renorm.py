@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from .base import ChannelNorm
+from .registry import BN_OPTIONS, Param, norm
 
 
 def relaxed_limit(step: Tensor, start: float, final: float, relax_from: int, reach_at: int) -> Tensor:
@@ -20,6 +21,12 @@ def relaxed_limit(step: Tensor, start: float, final: float, relax_from: int, rea
     return start + (final - start) * frac
 
 
+@norm("brn", "Batch Renormalization (stop-gradient r, d corrections)", "Ioffe 2017", "Alg. 1", {
+    "r_max": Param(3.0, float, minimum=1.0), "d_max": Param(5.0, float, minimum=0.0),
+    "relax_from": Param(0, int, minimum=0, help="warm-up: r_max=1, d_max=0 before this step"),
+    "r_max_at": Param(0, int, minimum=0, help="warm-up: step at which r_max is reached"),
+    "d_max_at": Param(0, int, minimum=0, help="warm-up: step at which d_max is reached"),
+    **BN_OPTIONS})
 class BatchRenorm(ChannelNorm):
     """Batch Renormalization (Ioffe 2017, Algorithm 1).
 

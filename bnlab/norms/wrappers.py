@@ -8,6 +8,7 @@ from torch import Tensor
 from torch.nn.utils.parametrizations import weight_norm
 
 from .base import ChannelNorm
+from .registry import BN_OPTIONS, Param, norm
 
 LINEAR_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -37,6 +38,8 @@ class _WeightScaledEpsBN(ChannelNorm):
         return scale, beta - mean * scale
 
 
+@norm("si_bn", "BN with ε‖w‖² smoothing: keeps the weight scale-invariant", "Arora et al. 2019",
+      "Eq. 8, Lemma 2.4", BN_OPTIONS, kind="wrapper")
 class ScaleInvariantBN(nn.Module):
     """A linear/conv layer followed by BN that keeps its weight exactly scale-invariant.
 
@@ -73,6 +76,8 @@ ScaleInvariantConvBN = ScaleInvariantBN
 ScaleInvariantLinearBN = ScaleInvariantBN
 
 
+@norm("wn", "weight normalization w = γ v/‖v‖, optional γ-decay ζ Σγ²", "Salimans & Kingma 2016; Luo et al. 2019",
+      "Luo Eq. 15", {"zeta": Param(0.0, float, minimum=0.0)}, kind="wrapper", removes_mean=False)
 class WeightNorm(nn.Module):
     """Weight normalization (Salimans & Kingma 2016) of a linear/conv layer: ``w_k = γ_k v_k/‖v_k‖``.
 
