@@ -84,3 +84,13 @@ def test_model_and_data_options_are_typed():
     assert tuple(ds.x_train.shape) == (8, 3)
     with pytest.raises(ValueError, match="gaussian_regression: n='many': expected an integer"):
         data.load("gaussian_regression", n="many")
+
+
+def test_training_config_probes_get_typed_options_and_cadence():
+    from bnlab.train.config import TrainConfig
+    from bnlab.train.prepare import _probe_callbacks
+
+    spec_probe, plain = _probe_callbacks(TrainConfig(probes=["grad_stats(per_layer=no, every=3)", "grad_stats"],
+                                                     probe_every=5))
+    assert (spec_probe.per_layer, spec_probe.every) == (False, 3)  # the spec's every wins over probe_every
+    assert (plain.per_layer, plain.every) == (False, 5)
