@@ -70,7 +70,7 @@ def test_theorem1_relu_estimator_matches_direct_expansion(kurtosis):
     assert mc == pytest.approx(est["zeta"], rel=0.06)
     expected_rho = 0.0 if kurtosis is None else kurtosis - 3.0
     # SE of a sample kurtosis is √((E x⁸ − κ²)/n): ≈ 0.03 (Gaussian), 0.55 (Laplace, E x⁸ = 2520)
-    assert est["kurtosis_excess"] == pytest.approx(expected_rho, abs=2.2 if kurtosis == 6.0 else 0.35)
+    assert est["kurtosis"] == pytest.approx(expected_rho, abs=2.2 if kurtosis == 6.0 else 0.35)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,3 +263,32 @@ def test_cli_luo_commands():
         assert name in listed
     bad = runner.invoke(app, ["theory", "luo-zeta", "--m", "2"])
     assert bad.exit_code == 2 and "batch size" in bad.output
+
+
+def test_one_zeta_estimator_shared_with_the_probe():
+    # Theorem 1's ζ has one implementation (bnlab.theory.luo_zeta, numpy only); the probe and
+    # zeta_relu_estimate return its terms under the same keys.
+    import torch
+
+    from bnlab.probes import luo_zeta
+    from bnlab.theory.luo_zeta import ACTIVATIONS, ZETA_KEYS, zeta_terms
+
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(2, 300, generator=g, dtype=torch.float64) ** 3
+    gamma, beta = torch.tensor([0.5, 2.0], dtype=torch.float64), torch.tensor([0.1, -0.3], dtype=torch.float64)
+    for activation in ACTIVATIONS:
+        probe = luo_zeta(h, gamma, beta, 16, activation)
+        theory = zeta_terms(h.numpy(), 16, gamma.numpy(), beta.numpy(), activation)
+        assert tuple(probe) == ZETA_KEYS == tuple(theory)
+        one_unit = zeta_terms(h[1].numpy(), 16, 2.0, -0.3, activation)
+        for key in ZETA_KEYS:
+            np.testing.assert_allclose(probe[key].numpy(), theory[key], rtol=1e-12)
+            assert float(one_unit[key]) == pytest.approx(float(theory[key][1]), rel=1e-12)
+    # linear A'' = 1: F_γ = E z² = 1, so ζ = (ρ + 2)/(8M) + 1/(2M) exactly
+    lin = zeta_terms(h[0].numpy(), 16, activation="linear")
+    z = (h[0].numpy() - h[0].numpy().mean()) / h[0].numpy().std()
+    rho = float(np.mean(z**4) - 3)
+    assert float(lin["zeta"]) == pytest.approx((rho + 2) / 128 + 1 / 32, rel=1e-12)
+    assert set(luo.zeta_relu_estimate(h[0].numpy(), 16, gamma=0.5, beta=0.1)) == set(ZETA_KEYS)
+    with pytest.raises(ValueError, match="valid activations: relu, linear, tanh, sigmoid"):
+        zeta_terms(h.numpy(), 16, activation="gelu")

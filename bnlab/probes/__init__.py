@@ -12,14 +12,18 @@ Step probes: ``ics``, ``moments``, ``histograms``, ``landscape``, ``effective_lr
 ``cbn_ratios``, ``batch_noise``, ``gamma``, ``bn_regularization``, ``hessian``. Search: :func:`max_stable_lr`.
 """
 
-from .activations import HistogramsProbe, MomentsProbe
+from .lab import PROBES, SEARCHES, Lab, available, create, describe  # isort: skip (registers in order)
+from .activations import MomentsProbe
 from .base import Probe, ProbeContext, bn_layers, weight_layers
-from .bn_stats import BatchNoiseProbe, BNRegularizationProbe, CBNRatiosProbe, GammaProbe, luo_zeta
+from .batch_noise import BatchNoiseProbe
+from .bn_regularization import BNRegularizationProbe, luo_zeta
+from .cbn_ratios import CBNRatiosProbe
 from .effective_lr import EffectiveLRProbe, scale_invariant_weights
+from .gamma import GammaProbe
 from .gradients import GradStatsProbe
 from .hessian import HessianProbe, hutchinson_trace, lanczos_extremes
+from .histograms import HistogramsProbe
 from .ics import ICSProbe
-from .lab import PROBES, SEARCHES, Lab, available, create, describe
 from .landscape import LandscapeProbe, LandscapeResult, default_range, evaluate_landscape, step_sizes
 from .stable_lr import (
     DEFAULT_CANDIDATES,

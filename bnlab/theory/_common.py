@@ -7,7 +7,7 @@ numpy arrays so that the experiment catalogue can store and plot them without co
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 

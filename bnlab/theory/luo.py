@@ -40,6 +40,7 @@ import numpy as np
 from scipy import integrate, optimize, special
 
 from ._common import check_choice, check_int, check_positive, gauss_hermite
+from .luo_zeta import zeta_terms
 
 __all__ = [
     "zeta_linear",
@@ -164,30 +165,17 @@ def zeta_relu_estimate(h: np.ndarray, M: int, *, gamma: float = 1.0, beta: float
 
     h̄_j = γ (h_j − μ_P)/σ_P + β, ρ = excess kurtosis of h, σ = logistic sigmoid (A'' of the
     softplus partition function that stands in for ReLU), and F_γ = mean_j σ(h̄_j)·((h_j−μ_P)/σ_P)²
-    (the Fisher information of γ, Appendix 1). Returns both terms and the ingredients.
+    (the Fisher information of γ, Appendix 1). Returns the terms as floats under the keys of
+    :func:`bnlab.theory.luo_zeta.zeta_terms` (the one estimator, shared with the
+    ``bn_regularization`` probe): ``zeta``, ``sigma_term``, ``mu_term``, ``kurtosis``, ``fisher``.
     """
     h = np.asarray(h, dtype=np.float64).ravel()
     if h.size < 4:
         raise ValueError("h must contain at least 4 activations")
     M = check_int("M (batch size)", M, minimum=2)
-    mu, sd = h.mean(), h.std()
-    if sd == 0:
+    if h.std() == 0:
         raise ValueError("h has zero variance; ζ is undefined")
-    z = (h - mu) / sd
-    rho = float(np.mean(z**4) - 3.0)
-    h_bar = gamma * z + beta
-    a2 = _sigmoid(h_bar)
-    fisher = float(np.mean(a2 * z**2))
-    zeta_sigma = (rho + 2.0) / (8.0 * M) * fisher
-    zeta_mu = float(np.mean(a2)) / (2.0 * M)
-    return {
-        "zeta": zeta_sigma + zeta_mu,
-        "zeta_sigma": zeta_sigma,
-        "zeta_mu": zeta_mu,
-        "kurtosis_excess": rho,
-        "fisher_gamma": fisher,
-        "mean_sigmoid": float(np.mean(a2)),
-    }
+    return {key: float(value) for key, value in zeta_terms(h, M, gamma, beta, "relu").items()}
 
 
 def zeta_relu_mc(
