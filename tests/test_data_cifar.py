@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bnlab import data
-from bnlab.data import cifar
+from bnlab.data import cifar, cifar_download
 
 
 @pytest.fixture(autouse=True)
@@ -288,7 +288,7 @@ def test_download_fetches_verifies_and_renames(tmp_path, monkeypatch):
         urls.append(url)
         out.write(paths["cifar-10-python.tar.gz"].read_bytes())
 
-    monkeypatch.setattr(cifar, "_fetch", fake_fetch)
+    monkeypatch.setattr(cifar_download, "_fetch", fake_fetch)
     target = tmp_path / "store"
     ds = data.load("cifar10", data_dir=target, download=True)
     assert urls == ["https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"]

@@ -23,190 +23,30 @@ The archive is read member by member with `tarfile` without extracting it (no pa
 
 from __future__ import annotations
 
-import codecs
-import hashlib
-import io
-import os
-import pickle
 import tarfile
-import tempfile
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .base import ChecksumError, DataError, DataNotFoundError, DataSource, UnsafePickleError, as_int, source
+from .base import DataError, DataNotFoundError, DataSource, as_int, source
+from .cifar_download import download_cifar
+from .cifar_fixture import write_cifar_like
+from .cifar_layout import (
+    DATA_ENV,
+    DEFAULT_DATA_DIR,
+    LAYOUTS,
+    PUBLISHED_MD5,
+    CifarLayout,
+    check_md5,
+    md5_of,
+    resolve_data_dir,
+)
+from .safe_pickle import RestrictedUnpickler, restricted_loads
 
-try:  # numpy >= 2 moved the implementation; old pickles still name numpy.core.multiarray.
-    from numpy._core.multiarray import _reconstruct as _np_reconstruct
-    from numpy._core.multiarray import scalar as _np_scalar
-except ImportError:  # pragma: no cover - numpy 1.x
-    from numpy.core.multiarray import _reconstruct as _np_reconstruct
-    from numpy.core.multiarray import scalar as _np_scalar
-
-
-# Published MD5 checksums, keyed by the path relative to the data directory. Source: torchvision's
-# torchvision/datasets/cifar.py (CIFAR10.tgz_md5 / train_list / test_list / meta and the CIFAR100
-# equivalents), which match the checksums listed beside the downloads. Tests monkeypatch this table.
-PUBLISHED_MD5 = {
-    "cifar-10-python.tar.gz": "c58f30108f718f92721af3b95e74349a",
-    "cifar-10-batches-py/data_batch_1": "c99cafc152244af753f735de768cd75f",
-    "cifar-10-batches-py/data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
-    "cifar-10-batches-py/data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
-    "cifar-10-batches-py/data_batch_4": "634d18415352ddfa80567beed471001a",
-    "cifar-10-batches-py/data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
-    "cifar-10-batches-py/test_batch": "40351d587109b95175f43aff81a1287e",
-    "cifar-10-batches-py/batches.meta": "5ff9c542aee3614f3951f8cda6e48888",
-    "cifar-100-python.tar.gz": "eb9058c3a382ffc7106e4002c42a8d85",
-    "cifar-100-python/train": "16019d7e3df5f24257cddd939b257f8d",
-    "cifar-100-python/test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
-    "cifar-100-python/meta": "7973b15100ade9c7d40fb424638fde48",
-}
-
-
-@dataclass(frozen=True)
-class CifarLayout:
-    """Where each part of one CIFAR release lives and what its keys are called."""
-
-    name: str
-    title: str
-    archive: str
-    url: str
-    folder: str
-    train_files: tuple
-    test_files: tuple
-    meta_file: str
-    label_key: bytes
-    label_names_key: bytes
-    num_classes: int
-
-
-LAYOUTS = {
-    "cifar10": CifarLayout(
-        name="cifar10",
-        title="CIFAR-10",
-        archive="cifar-10-python.tar.gz",
-        url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
-        folder="cifar-10-batches-py",
-        train_files=tuple(f"data_batch_{i}" for i in range(1, 6)),
-        test_files=("test_batch",),
-        meta_file="batches.meta",
-        label_key=b"labels",
-        label_names_key=b"label_names",
-        num_classes=10,
-    ),
-    "cifar100": CifarLayout(
-        name="cifar100",
-        title="CIFAR-100",
-        archive="cifar-100-python.tar.gz",
-        url="https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
-        folder="cifar-100-python",
-        train_files=("train",),
-        test_files=("test",),
-        meta_file="meta",
-        label_key=b"fine_labels",
-        label_names_key=b"fine_label_names",
-        num_classes=100,
-    ),
-}
-
-DATA_ENV = "BNLAB_DATA"
-DEFAULT_DATA_DIR = "data"
-
-
-# ----------------------------------------------------------------------------- restricted unpickling
-
-# (module, name) as the pickle spells it -> the object it may resolve to. Both spellings of numpy's
-# core module are listed: the official files (Python 2, numpy 1) say numpy.core.multiarray, files
-# written with numpy >= 2 say numpy._core.multiarray.
-_ALLOWED_GLOBALS = {
-    ("numpy.core.multiarray", "_reconstruct"): _np_reconstruct,
-    ("numpy._core.multiarray", "_reconstruct"): _np_reconstruct,
-    ("numpy.core.multiarray", "scalar"): _np_scalar,
-    ("numpy._core.multiarray", "scalar"): _np_scalar,
-    ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): np.dtype,
-    ("_codecs", "encode"): codecs.encode,
-}
-
-
-class RestrictedUnpickler(pickle.Unpickler):
-    """A `pickle.Unpickler` whose ``find_class`` admits only the globals of the CIFAR format.
-
-    Anything else — in particular every callable that could run code (``os.system``, ``eval``,
-    ``subprocess.Popen``, ``builtins.getattr``...) — raises `UnsafePickleError` naming the global,
-    before it is called. Persistent ids are refused too.
-    """
-
-    source = "<bytes>"
-
-    def find_class(self, module: str, name: str):
-        try:
-            return _ALLOWED_GLOBALS[(module, name)]
-        except KeyError:
-            allowed = ", ".join(f"{m}.{n}" for m, n in _ALLOWED_GLOBALS)
-            raise UnsafePickleError(
-                f"refusing to unpickle {self.source}: it asks for the global {module}.{name}, which the "
-                f"CIFAR format never uses (allowed: {allowed}). The file is not a CIFAR batch and may be "
-                f"malicious; do not load it with the plain pickle module."
-            ) from None
-
-    def persistent_load(self, pid):
-        raise UnsafePickleError(f"refusing to unpickle {self.source}: it uses persistent ids ({pid!r})")
-
-
-def restricted_loads(data: bytes, *, source: str = "<bytes>"):
-    """Unpickle ``data`` (Python-2 str → bytes) with `RestrictedUnpickler`; clear errors on failure."""
-    unpickler = RestrictedUnpickler(io.BytesIO(data), encoding="bytes")
-    unpickler.source = source
-    try:
-        return unpickler.load()
-    except UnsafePickleError:
-        raise
-    except Exception as exc:  # truncated / garbage bytes raise many different types
-        raise DataError(
-            f"could not read {source}: not a valid pickle ({type(exc).__name__}: {exc}). The file is "
-            f"corrupt or truncated."
-        ) from exc
-
-
-# ----------------------------------------------------------------------------- checksums and paths
-
-
-def md5_of(data: bytes | str | os.PathLike) -> str:
-    """The MD5 hex digest of bytes, or of a file read in 1 MiB chunks."""
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        return hashlib.md5(data).hexdigest()
-    digest = hashlib.md5()
-    with open(data, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _check_md5(actual: str, key: str, where: str, layout: CifarLayout) -> None:
-    expected = PUBLISHED_MD5.get(key)
-    if expected is None:  # pragma: no cover - the table covers every file the loader reads
-        raise ChecksumError(f"no published checksum is known for {key}; load it with verify=False")
-    if actual != expected:
-        raise ChecksumError(
-            f"{layout.title}: checksum mismatch for {where}: MD5 {actual}, expected the published "
-            f"{expected}. The file is corrupt, truncated or not the official release. Delete it and "
-            f"download {layout.url} again (or pass --download / download=True). If you made this file "
-            f"yourself, load it with --no-verify (verify=False); the restricted unpickler still guards it."
-        )
-
-
-def resolve_data_dir(data_dir=None) -> tuple[Path, str]:
-    """The directory to search and where that choice came from: argument, ``$BNLAB_DATA``, or ./data."""
-    if data_dir is not None:
-        return Path(data_dir).expanduser(), "the data_dir argument (--data-dir)"
-    env = os.environ.get(DATA_ENV)
-    if env:
-        return Path(env).expanduser(), f"${DATA_ENV}"
-    return Path(DEFAULT_DATA_DIR), f"the default ./{DEFAULT_DATA_DIR} (neither --data-dir nor ${DATA_ENV} set)"
+# Public names of the CIFAR loader, wherever they are defined (bnlab.data.cifar is the documented module).
+__all__ = ["DATA_ENV", "DEFAULT_DATA_DIR", "LAYOUTS", "PUBLISHED_MD5", "CifarLayout", "RestrictedUnpickler", "cifar10",
+           "cifar100", "download_cifar", "md5_of", "resolve_data_dir", "restricted_loads", "write_cifar_like"]
 
 
 def _candidates(root: Path, layout: CifarLayout):
@@ -298,7 +138,7 @@ class _FolderReader:
                 f"{self.layout.url} again (or pass --download / download=True)."
             ) from None
         if self.verify:  # checked on the bytes in memory, so what is verified is what is unpickled
-            _check_md5(md5_of(data), f"{self.layout.folder}/{name}", str(path), self.layout)
+            check_md5(md5_of(data), f"{self.layout.folder}/{name}", str(path), self.layout)
         return data
 
     def close(self) -> None:
@@ -309,7 +149,7 @@ class _ArchiveReader:
     def __init__(self, archive: Path, layout: CifarLayout, verify: bool):
         self.archive, self.layout = archive, layout
         if verify:
-            _check_md5(md5_of(archive), layout.archive, str(archive), layout)
+            check_md5(md5_of(archive), layout.archive, str(archive), layout)
         try:
             self.tar = tarfile.open(archive, "r:gz")
             self.members = {m.name: m for m in self.tar.getmembers()}
@@ -343,46 +183,6 @@ class _ArchiveReader:
 
     def close(self) -> None:
         self.tar.close()
-
-
-def download_cifar(name: str, data_dir=None, *, verify: bool = True, timeout: float = 60.0) -> Path:
-    """Fetch the official archive of ``name`` ("cifar10"/"cifar100") into ``data_dir``; return its path.
-
-    Opt-in only (``download=True`` / ``--download``); never called by the tests. The file is written
-    to a temporary name, checked against the published MD5 (unless ``verify=False``) and then
-    renamed into place, so an interrupted download never leaves a half file under the real name.
-    """
-    layout = _layout(name)
-    root, _ = resolve_data_dir(data_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / layout.archive
-    fd, tmp_name = tempfile.mkstemp(prefix=layout.archive + ".", suffix=".part", dir=root)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            _fetch(layout.url, out, timeout)
-        if verify:
-            _check_md5(md5_of(tmp_name), layout.archive, f"the download of {layout.url}", layout)
-        os.replace(tmp_name, target)
-    except OSError as exc:
-        raise DataError(f"{layout.title}: downloading {layout.url} failed: {exc}") from exc
-    finally:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
-    return target
-
-
-def _fetch(url: str, out, timeout: float) -> None:
-    # A separate function so a test can replace the network with a local copy.
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - fixed https URL
-        while chunk := response.read(1 << 20):
-            out.write(chunk)
-
-
-def _layout(name: str) -> CifarLayout:
-    try:
-        return LAYOUTS[name]
-    except KeyError:
-        raise ValueError(f"unknown CIFAR variant {name!r}; valid: {', '.join(LAYOUTS)}") from None
 
 
 def _open(layout: CifarLayout, data_dir, verify: bool, download: bool):
@@ -426,6 +226,33 @@ def _channel_stats(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.array(means), np.array(stds)
 
 
+def _read_splits(reader, layout: CifarLayout) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[str] | None]:
+    """Every batch file decoded (restricted unpickling, then validation): uint8 images (n, 3, 32, 32)
+    and int64 labels per split, and the class names when the meta file is there."""
+    splits = {}
+    for split, files in (("train", layout.train_files), ("test", layout.test_files)):
+        parts = []
+        for f in files:
+            source = reader.describe(f)
+            parts.append(_decode_batch(restricted_loads(reader.read(f), source=source), source, layout))
+        images = np.concatenate([p[0] for p in parts]).reshape(-1, 3, 32, 32)
+        splits[split] = (images, np.concatenate([p[1] for p in parts]))
+    classes = None
+    if reader.has(layout.meta_file):
+        source = reader.describe(layout.meta_file)
+        classes = _decode_names(restricted_loads(reader.read(layout.meta_file), source=source), source, layout)
+    return splits, classes
+
+
+def _first(images: np.ndarray, labels: np.ndarray, n: int | None, option: str, split: str):
+    """The first ``n`` images of a split (all when ``n`` is None)."""
+    if n is None:
+        return images, labels
+    if n > len(labels):
+        raise ValueError(f"option {option}={n} exceeds the {len(labels)} {split} images")
+    return images[:n], labels[:n]
+
+
 def _load(
     layout: CifarLayout, *, device, data_dir, verify: bool, download: bool, n_train, n_test, normalize
 ) -> DataSource:
@@ -435,39 +262,20 @@ def _load(
     n_test = None if n_test is None else as_int("n_test", n_test, minimum=0)
     reader, path = _open(layout, data_dir, bool(verify), bool(download))
     try:
-        splits = {}
-        for split, files in (("train", layout.train_files), ("test", layout.test_files)):
-            parts = []
-            for f in files:
-                source = reader.describe(f)
-                raw = reader.read(f)
-                parts.append(_decode_batch(restricted_loads(raw, source=source), source, layout))
-            splits[split] = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
-        classes = None
-        if reader.has(layout.meta_file):
-            source = reader.describe(layout.meta_file)
-            classes = _decode_names(restricted_loads(reader.read(layout.meta_file), source=source), source, layout)
+        splits, classes = _read_splits(reader, layout)
     finally:
         reader.close()
 
     x_train_u8, y_train = splits["train"]
     x_test_u8, y_test = splits["test"]
-    x_train_u8 = x_train_u8.reshape(-1, 3, 32, 32)
-    x_test_u8 = x_test_u8.reshape(-1, 3, 32, 32)
     if normalize:
         # Statistics of the full training set (before any n_train cut), so the constants do not
         # depend on how much of the data a run uses.
         mean, std = _channel_stats(x_train_u8)
     else:
         mean, std = np.zeros(3), np.full(3, 255.0)
-    if n_train is not None:
-        if n_train > len(y_train):
-            raise ValueError(f"option n_train={n_train} exceeds the {len(y_train)} training images")
-        x_train_u8, y_train = x_train_u8[:n_train], y_train[:n_train]
-    if n_test is not None:
-        if n_test > len(y_test):
-            raise ValueError(f"option n_test={n_test} exceeds the {len(y_test)} test images")
-        x_test_u8, y_test = x_test_u8[:n_test], y_test[:n_test]
+    x_train_u8, y_train = _first(x_train_u8, y_train, n_train, "n_train", "training")
+    x_test_u8, y_test = _first(x_test_u8, y_test, n_test, "n_test", "test")
 
     device = torch.device(device)
     mean_t = torch.tensor(mean, dtype=torch.float32, device=device).view(1, 3, 1, 1)
@@ -527,70 +335,3 @@ def cifar100(
     """
     return _load(LAYOUTS["cifar100"], device=device, data_dir=data_dir, verify=verify, download=download,
                  n_train=n_train, n_test=n_test, normalize=normalize)
-
-
-# ----------------------------------------------------------------------------- writing look-alikes
-
-
-def write_cifar_like(
-    directory,
-    name: str = "cifar10",
-    *,
-    n_per_file: int = 4,
-    seed: int = 0,
-    archive: bool = False,
-    folder: bool = True,
-) -> dict[str, Path]:
-    """Write a tiny dataset in the exact CIFAR "python version" layout, for tests and demos.
-
-    Creates ``<directory>/cifar-10-batches-py/`` (or ``cifar-100-python/``) with every batch file
-    and the meta file — Python-2-compatible protocol-2 pickles of dicts with bytes keys, ``b"data"``
-    uint8 ``(n_per_file, 3072)`` and list-of-int labels — and, with ``archive=True``, the matching
-    ``.tar.gz``. Pixel values and labels come from ``numpy.random.default_rng(seed)``. Returns the
-    paths written (keyed by their path relative to ``directory``). Such files do not match the
-    published checksums: load them with ``verify=False``.
-    """
-    layout = _layout(name)
-    directory = Path(directory)
-    rng = np.random.default_rng(seed)
-    files: dict[str, bytes] = {}
-    for split, names in (("training", layout.train_files), ("testing", layout.test_files)):
-        for i, fname in enumerate(names, start=1):
-            data = rng.integers(0, 256, size=(n_per_file, 3072), dtype=np.uint8)
-            labels = [int(v) for v in rng.integers(0, layout.num_classes, size=n_per_file)]
-            record = {
-                b"batch_label": f"{split} batch {i} of {len(names)}".encode(),
-                b"data": data,
-                b"filenames": [f"image_{split}_{i}_{j}.png".encode() for j in range(n_per_file)],
-            }
-            if layout.name == "cifar100":
-                record[b"fine_labels"] = labels
-                record[b"coarse_labels"] = [v // 5 for v in labels]
-            else:
-                record[b"labels"] = labels
-            files[f"{layout.folder}/{fname}"] = pickle.dumps(record, protocol=2)
-    names_list = [f"class_{c}".encode() for c in range(layout.num_classes)]
-    if layout.name == "cifar100":
-        meta = {b"fine_label_names": names_list, b"coarse_label_names": [f"super_{c}".encode() for c in range(20)]}
-    else:
-        meta = {b"num_cases_per_batch": n_per_file, b"label_names": names_list, b"num_vis": 3072}
-    files[f"{layout.folder}/{layout.meta_file}"] = pickle.dumps(meta, protocol=2)
-
-    written: dict[str, Path] = {}
-    if folder:
-        for rel, payload in files.items():
-            path = directory / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(payload)
-            written[rel] = path
-    if archive:
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / layout.archive
-        with tarfile.open(path, "w:gz") as tar:
-            for rel, payload in files.items():
-                info = tarfile.TarInfo(rel)
-                info.size = len(payload)
-                info.mode = 0o644
-                tar.addfile(info, io.BytesIO(payload))
-        written[layout.archive] = path
-    return written
