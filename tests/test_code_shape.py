@@ -15,16 +15,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "bnlab"
 MODULE_LINES = 400
 FUNCTION_LINES = 60
 
-# Not yet split; path relative to bnlab/. Measured 2026-11-26: theory/luo.py 856, theory/cli.py 625
-# (theory clean-up, issue 13); train/engine.py 402 (train); experiments/luo_cnn.py 454 (the Luo entries).
-LONG_MODULES_ALLOWED = {"theory/luo.py", "theory/cli.py", "train/engine.py",
+# Not yet split; path relative to bnlab/. Measured 2026-11-26: theory/cli.py 625 (theory clean-up,
+# issue 13); train/engine.py 402 (train); experiments/luo_cnn.py 454 (the Luo entries).
+LONG_MODULES_ALLOWED = {"theory/cli.py", "train/engine.py",
                         "experiments/luo_cnn.py"}
 # "path:function" (methods as Class.method), with their lengths when listed.
 LONG_FUNCTIONS_ALLOWED: set[str] = {
     "data/synthetic.py:digits",  # 94
     "data/synthetic.py:teacher_student",  # 86
-    "theory/luo.py:simulate_online_student",  # 76
-    "theory/luo.py:simulate_teacher_student",  # 75
     "train/config.py:validate_static",  # 68
     "train/prepare.py:prepare",  # 62
     "train/train_cli.py:train_command",  # 123
