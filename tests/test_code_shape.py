@@ -15,9 +15,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "bnlab"
 MODULE_LINES = 400
 FUNCTION_LINES = 60
 
-# Not yet split; path relative to bnlab/. Measured 2026-11-26: theory/cli.py 625 (theory clean-up,
-# issue 13); train/engine.py 402 (train); experiments/luo_cnn.py 454 (the Luo entries).
-LONG_MODULES_ALLOWED = {"theory/cli.py", "train/engine.py",
+# Not yet split (other work streams of issue 13); path relative to bnlab/. Measured 2026-11-26:
+# train/engine.py 402 (train); experiments/luo_cnn.py 454 (the Luo entries).
+LONG_MODULES_ALLOWED = {"train/engine.py",
                         "experiments/luo_cnn.py"}
 # "path:function" (methods as Class.method), with their lengths when listed.
 LONG_FUNCTIONS_ALLOWED: set[str] = {

@@ -46,8 +46,6 @@ IN_FUNCTION_ALLOWED: dict[str, int] = {
     "bnlab.experiments.luo": 3, "bnlab.experiments.luo_cnn": 4, "bnlab.experiments.luo_student": 2,
     "bnlab.experiments.luo_table2": 3, "bnlab.experiments.mbn": 2, "bnlab.experiments.peng_common": 2,
     "bnlab.experiments.peng_components": 4, "bnlab.experiments.santurkar_dln": 3,
-    # theory CLI: to move with its computations into the theory modules
-    "bnlab.theory.cli": 13,
     # Store.delete_run needs the run locks of bnlab.train.checkpoint, and importing that runs
     # bnlab/train/__init__, whose loop imports the store: move the locks below train to drop this.
     "bnlab.store": 1,

@@ -11,9 +11,12 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import numpy as np
 import typer
 
 from bnlab.jsonsafe import jsonable
+
+from . import arora, figures, luo, mbn, peng, santurkar
 
 theory_app = typer.Typer(help="The papers' closed forms and simulators (bnlab.theory).", no_args_is_help=True)
 
@@ -58,13 +61,7 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def _fmt(v: Any) -> str:
-    if isinstance(v, bool):
-        return str(v)
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
+    return f"{v:.6g}" if isinstance(v, float) else str(v)  # bools and ints as written
 
 
 def _table(rows: list[dict[str, Any]]) -> None:
@@ -94,19 +91,7 @@ def _run(fn: Callable[[], Any]) -> Any:
         _fail(str(exc))
 
 
-def _figure():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def _plotted(path: Path) -> None:
     typer.echo(f"plot written to {path}", err=True)
 
 
@@ -135,34 +120,11 @@ def luo_zeta(
     plot: Optional[Path] = PLOT,
 ) -> None:
     """ζ(M) of Eq. 13 (exact), its large-M limit λ/2M, and Monte Carlo of E[(1 − σ_P/σ_B)²]."""
-    from . import luo
-
     ms = _ints(m_values, "--m")
-
-    def compute():
-        return [
-            {
-                "M": m,
-                "zeta_exact": luo.zeta_linear(m, lam),
-                "zeta_large_M": luo.zeta_linear_large_m(m, lam),
-                "zeta_mc": lam * luo.zeta_linear_mc(m, n_batches, seed=seed),
-                "penalty_with_mean_mc": luo.bn_output_noise_mc(m, n_batches, seed=seed),
-            }
-            for m in ms
-        ]
-
-    rows = _run(compute)
+    rows = _run(lambda: luo.zeta_table(ms, lam, n_batches, seed=seed))
     _emit(rows, rows, as_json, ["penalty_with_mean_mc: E[(ĥ−h̄)²] incl. the μ_B noise Eq. 13 drops (≈ 1/M more)."])
     if plot:
-        plt = _figure()
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.loglog(ms, [r["zeta_exact"] for r in rows], "o-", label="Eq. 13 exact")
-        ax.loglog(ms, [r["zeta_large_M"] for r in rows], "--", label="λ/2M")
-        ax.loglog(ms, [r["zeta_mc"] for r in rows], "x", label="Monte Carlo")
-        ax.set_xlabel("batch size M")
-        ax.set_ylabel("ζ")
-        ax.legend()
-        _save(fig, plot)
+        _plotted(figures.luo_zeta(plot, ms, rows))
 
 
 @theory_app.command("luo-gen-error")
@@ -174,36 +136,12 @@ def luo_gen_error(
     plot: Optional[Path] = PLOT,
 ) -> None:
     """ε_gen(α) of vanilla SGD (Eq. 14, corrected sign) and of WN with each ζ (Eqs. 15-16)."""
-    import numpy as np
-
-    from . import luo
-
     al = _floats(alphas, "--alpha")
     zs = _floats(zetas, "--zeta")
-
-    def compute():
-        rows = []
-        for a in al:
-            row = {"alpha": a, "sgd": float(luo.gen_error_sgd(a, noise_var))}
-            for z in zs:
-                row[f"wn_zeta={z:g}"] = float(luo.gen_error_wn(a, z, noise_var))
-            rows.append(row)
-        return rows
-
-    rows = _run(compute)
+    rows = _run(lambda: luo.gen_error_table(al, zs, noise_var))
     _emit({"noise_var": noise_var, "rows": rows}, rows, as_json, [f"optimum ζ* = noise variance = {noise_var:g}"])
     if plot:
-        plt = _figure()
-        grid = np.linspace(0.02, max(al + [3.0]), 400)
-        fig, ax = plt.subplots(figsize=(5.5, 4))
-        ax.plot(grid, np.minimum(luo.gen_error_sgd(grid, noise_var), 5), label="SGD (Eq. 14)")
-        for z in zs:
-            ax.plot(grid, luo.gen_error_wn(grid, z, noise_var), label=f"WN ζ={z:g}")
-        ax.set_ylim(0, 2.5)
-        ax.set_xlabel("α = P/N")
-        ax.set_ylabel("ε_gen")
-        ax.legend()
-        _save(fig, plot)
+        _plotted(figures.luo_gen_error(plot, al, zs, noise_var))
 
 
 @theory_app.command("luo-teacher-student")
@@ -218,28 +156,11 @@ def luo_teacher_student(
     plot: Optional[Path] = PLOT,
 ) -> None:
     """Fig. 2's squares: train the student by SGD (batch M) and compare with the WN curve of Eq. 13's ζ."""
-    import numpy as np
-
-    from . import luo
-
     al = _floats(alphas, "--alpha")
-
-    def compute():
-        res = luo.simulate_teacher_student(
-            al, student=student, preset=preset, noise_var=noise_var, inference=inference, seed=seed
-        )
-        M = res["settings"]["M"]
-        res["wn_eq13"] = np.array([luo.gen_error_wn(a, luo.zeta_linear(M), noise_var) for a in al])
-        res["wn_eq13_ridge"] = np.array([luo.gen_error_wn(a, luo.zeta_linear(M, a), noise_var) for a in al])
-        res["sgd_curve"] = np.array([luo.gen_error_sgd(a, noise_var) for a in al])
-        res["fitted_zeta"] = luo.fit_zeta(al, res["gen_error"], noise_var)
-        return res
-
-    res = _run(compute)
+    res = _run(lambda: luo.teacher_student_vs_theory(al, noise_var=noise_var, student=student, preset=preset,
+                                                     inference=inference, seed=seed))
     rows = [
-        {
-            "alpha": a, "simulated": e, "sem": s, "wn(zeta_eq13)": w, "wn(alpha*zeta_eq13)": wr, "sgd": g,
-        }
+        {"alpha": a, "simulated": e, "sem": s, "wn(zeta_eq13)": w, "wn(alpha*zeta_eq13)": wr, "sgd": g}
         for a, e, s, w, wr, g in zip(
             al, res["gen_error"], res["gen_error_sem"], res["wn_eq13"], res["wn_eq13_ridge"], res["sgd_curve"]
         )
@@ -247,18 +168,7 @@ def luo_teacher_student(
     _emit(res, rows, as_json, [f"best-fit Krogh-Hertz ζ = {res['fitted_zeta']:.4g}; Eq. 13 ζ(M) = "
                                f"{luo.zeta_linear(res['settings']['M']):.4g}"])
     if plot:
-        plt = _figure()
-        grid = np.linspace(0.05, max(al) * 1.05, 300)
-        fig, ax = plt.subplots(figsize=(5.5, 4))
-        ax.plot(grid, np.minimum(luo.gen_error_sgd(grid, noise_var), 5), label="SGD")
-        ax.plot(grid, luo.gen_error_wn(grid, luo.zeta_linear(res["settings"]["M"]), noise_var), label="WN ζ (Eq. 13)")
-        ax.plot(grid, luo.gen_error_wn(grid, noise_var, noise_var), ":", label="WN ζ = σ² (optimal)")
-        ax.errorbar(al, res["gen_error"], yerr=res["gen_error_sem"], fmt="ks", label=f"{student} simulation")
-        ax.set_ylim(0, 2.5)
-        ax.set_xlabel("α = P/N")
-        ax.set_ylabel("ε_gen")
-        ax.legend()
-        _save(fig, plot)
+        _plotted(figures.luo_teacher_student(plot, al, res, noise_var, student))
 
 
 @theory_app.command("luo-dynamics")
@@ -277,21 +187,8 @@ def luo_dynamics(
     plot: Optional[Path] = PLOT,
 ) -> None:
     """Integrate Eqs. 9-11 and (optionally) compare with a direct simulation of the student."""
-    from . import luo
-
-    def compute():
-        res = {"ode": luo.integrate_order_parameters(
-            eta=eta, zeta=zeta, gamma0=gamma0, R0=r0, L0=l0, t_max=t_max, n_points=11, activation=activation
-        )}
-        if simulate:
-            res["simulation"] = luo.simulate_online_student(
-                N=simulate, eta=eta, zeta=zeta, gamma0=gamma0, R0=r0, L0=l0, t_max=t_max, activation=activation,
-                n_students=students, n_records=11, seed=seed,
-            )
-        res["fixed_point"] = luo.fixed_point(zeta, activation)
-        return res
-
-    res = _run(compute)
+    start = dict(eta=eta, zeta=zeta, gamma0=gamma0, R0=r0, L0=l0, t_max=t_max, activation=activation)
+    res = _run(lambda: luo.dynamics_vs_simulation(**start, simulate=simulate, students=students, seed=seed))
     ode, sim = res["ode"], res.get("simulation")
     rows = []
     for i, t in enumerate(ode["t"]):
@@ -302,18 +199,8 @@ def luo_dynamics(
     g0, _, _ = res["fixed_point"]
     _emit(res, rows, as_json, [f"fixed point γ0 = {g0:.6g}, R0 = 1 (small-η limit)"])
     if plot:
-        plt = _figure()
-        fine = luo.integrate_order_parameters(
-            eta=eta, zeta=zeta, gamma0=gamma0, R0=r0, L0=l0, t_max=t_max, n_points=200, activation=activation
-        )
-        fig, ax = plt.subplots(figsize=(5.5, 4))
-        for key in ("gamma", "R", "L"):
-            (line,) = ax.plot(fine["t"], fine[key], label=f"{key} (ODE)")
-            if sim is not None:
-                ax.plot(sim["t"], sim[key], "o", ms=4, color=line.get_color(), label=f"{key} (N={simulate})")
-        ax.set_xlabel("t = j/N")
-        ax.legend()
-        _save(fig, plot)
+        fine = luo.integrate_order_parameters(**start, n_points=200)
+        _plotted(figures.luo_dynamics(plot, fine, sim, simulate))
 
 
 @theory_app.command("luo-rates")
@@ -325,22 +212,7 @@ def luo_rates(
     as_json: bool = JSON,
 ) -> None:
     """Fixed point, λ_Q, λ_R (analytic and finite-difference) and η_max, η_eff for BN, WN, SGD."""
-    from . import luo
-
-    def compute():
-        rows = []
-        for z in _floats(zetas, "--zeta"):
-            for method in ("bn", "wn", "sgd"):
-                st = luo.stability(z, eta=eta, L0=l0, activation=activation, method=method)
-                printed = luo.stability(z, eta=eta, L0=l0, activation=activation, method=method, include_i2_term=False)
-                rows.append({
-                    "zeta": z, "method": method, "gamma0": st["gamma0"], "lambda_Q": st["lambda_Q"],
-                    "lambda_R": st["lambda_R"], "lambda_R_fd": st.get("lambda_R_fd", float("nan")),
-                    "eta_max": st["eta_max"], "eta_max_printed": printed["eta_max"], "eta_eff": st["eta_eff"],
-                })
-        return rows
-
-    rows = _run(compute)
+    rows = _run(lambda: luo.rates_table(_floats(zetas, "--zeta"), eta=eta, L0=l0, activation=activation))
     _emit(rows, rows, as_json, ["eta_max_printed drops the I2 term of ∂(R·I2)/∂R (Table 2 as printed)."])
 
 
@@ -354,8 +226,6 @@ def mbn_theorem1(
     plot: Optional[Path] = PLOT,
 ) -> None:
     """Moments and KS distances of ξ_μ, ξ_σ against N(0,1/m), χ²(m−1)/m and the normal limits."""
-    from . import mbn
-
     ms = _ints(m_values, "--m")
     reports = _run(lambda: [mbn.theorem1_report(m, n_batches, kurtosis=kurtosis, seed=seed + m) for m in ms])
     keys = ("m", "xi_mu_var", "xi_mu_var_theory", "xi_sigma_mean", "xi_sigma_mean_theory", "xi_sigma_var",
@@ -364,19 +234,7 @@ def mbn_theorem1(
     rows = [{k: r[k] for k in keys} for r in reports]
     _emit(reports, rows, as_json, [f"KS 95% noise floor: {reports[0]['ks_noise_floor']:.4f}"])
     if plot:
-        import numpy as np
-        from scipy import stats
-
-        plt = _figure()
-        fig, axes = plt.subplots(1, len(ms), figsize=(3 * len(ms), 3), squeeze=False)
-        for ax, m in zip(axes[0], ms):
-            _, xs = mbn.simulate_batch_noise(m, n_batches, kurtosis=kurtosis, seed=seed + m)
-            ax.hist(xs, bins=80, density=True, alpha=0.6)
-            grid = np.linspace(max(1e-4, xs.min()), xs.max(), 300)
-            ax.plot(grid, stats.chi2(m - 1, scale=1 / m).pdf(grid), label="χ²(m−1)/m")
-            ax.set_title(f"ξ_σ, m={m}")
-        axes[0][0].legend()
-        _save(fig, plot)
+        _plotted(figures.mbn_theorem1(plot, ms, n_batches, kurtosis, seed))
 
 
 @theory_app.command("mbn-theorem2")
@@ -389,20 +247,8 @@ def mbn_theorem2(
     as_json: bool = JSON,
 ) -> None:
     """Theorem 2's expansion l + R_add + R_mul + R against Monte Carlo over real batches."""
-    import numpy as np
-
-    from . import mbn
-
     xs = np.array(_floats(points, "--x"))
-
-    def compute():
-        loss = lambda x: np.cos(omega * x)  # noqa: E731
-        terms = mbn.theorem2_terms(loss, xs, m)
-        lead = mbn.theorem2_leading_order(-omega * np.sin(omega * xs), -omega**2 * np.cos(omega * xs), xs, m)
-        mc = mbn.expected_loss_mc(loss, xs, m, n_batches, seed=seed)
-        return {"terms": terms, "leading_order": lead, "monte_carlo": mc}
-
-    res = _run(compute)
+    res = _run(lambda: mbn.theorem2_cosine(m, omega, xs, n_batches, seed=seed))
     t, lo, mc = res["terms"], res["leading_order"], res["monte_carlo"]
     rows = [
         {
@@ -426,8 +272,6 @@ def mbn_momentum(
     plot: Optional[Path] = PLOT,
 ) -> None:
     """Variance of MBN's moving mean/variance over steps against (1−λ)/(1+λ) × the batch noise."""
-    from . import mbn
-
     ms, lams = _ints(m_values, "--m"), _floats(momenta, "--momentum")
     res = _run(lambda: mbn.moving_noise_curve(ms, lams, n_steps, seed=seed))
     rows = [
@@ -438,15 +282,7 @@ def mbn_momentum(
     ]
     _emit(res, rows, as_json)
     if plot:
-        plt = _figure()
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        for i, lam in enumerate(lams):
-            ax.loglog(ms, res["var_mu"][i], "o", label=f"λ={lam:g} sim")
-            ax.loglog(ms, res["var_mu_theory"][i], "-", color=ax.lines[-1].get_color())
-        ax.set_xlabel("batch size m")
-        ax.set_ylabel("Var of moving mean")
-        ax.legend(fontsize=7)
-        _save(fig, plot)
+        _plotted(figures.mbn_momentum(plot, ms, lams, res))
 
 
 @theory_app.command("santurkar")
@@ -458,23 +294,8 @@ def santurkar_cmd(
     as_json: bool = JSON,
 ) -> None:
     """Theorems 4.1 and 4.2 on a BN layer: both sides via autograd, the slack, the printed 1/√m form."""
-    from . import santurkar
-
-    def compute():
-        rows = []
-        for loss in [s.strip() for s in losses.split(",") if s.strip()]:
-            for m in _ints(m_values, "--m"):
-                a = santurkar.theorem41(m=m, gamma=gamma, loss=loss, seed=seed)
-                b = santurkar.theorem42(m=m, gamma=gamma, loss=loss, seed=seed)
-                rows.append({
-                    "loss": loss, "m": m, "grad_sq": a["lhs"], "thm41_rhs": a["rhs"], "thm41_printed": a["rhs_printed"],
-                    "printed_violated": a["printed_violated"], "bn_reduction": a["reduction"],
-                    "curv": b["lhs"], "thm42_rhs": b["rhs"], "thm42_second": b["rhs_second"],
-                    "second_holds": b["second_holds"],
-                })
-        return rows
-
-    rows = _run(compute)
+    names = [s.strip() for s in losses.split(",") if s.strip()]
+    rows = _run(lambda: santurkar.theorems_table(_ints(m_values, "--m"), names, gamma=gamma, seed=seed))
     _emit(rows, rows, as_json)
 
 
@@ -485,19 +306,7 @@ def santurkar_lemma45(
     as_json: bool = JSON,
 ) -> None:
     """Lemma 4.5 on random W0, W* (with <W0, W*> > 0)."""
-    import numpy as np
-
-    from . import santurkar
-
-    def compute():
-        rng = np.random.default_rng(seed)
-        w0 = rng.standard_normal(dim)
-        ws = rng.standard_normal(dim)
-        if w0 @ ws <= 0:
-            ws = -ws
-        return santurkar.lemma45(w0, ws, seed=seed)
-
-    res = _run(compute)
+    res = _run(lambda: santurkar.lemma45_random(dim, seed=seed))
     _emit(res, [res], as_json)
 
 
@@ -514,8 +323,6 @@ def arora_equivalence(
     plot: Optional[Path] = PLOT,
 ) -> None:
     """Theorem 2.5: run SGD on w and the adaptive projected update on v together; print the gaps."""
-    from . import arora
-
     res = _run(lambda: arora.run_intrinsic_pair(
         steps=steps, lr_w=lr_w, lr_g=lr_g, batch_size=batch_size, eps=eps, eps_mode=eps_mode, seed=seed
     ))
@@ -528,12 +335,7 @@ def arora_equivalence(
     dev = max(res["dev_v"].max(), res["dev_G"].max(), res["dev_g"].max())
     _emit(res, rows, as_json, [f"max deviation between the trajectories: {dev:.3e}"])
     if plot:
-        plt = _figure()
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.plot(res["eff_lr"])
-        ax.set_xlabel("step")
-        ax.set_ylabel("effective lr η/‖w_t‖²")
-        _save(fig, plot)
+        _plotted(figures.arora_equivalence(plot, res))
 
 
 @theory_app.command("arora-rate")
@@ -546,34 +348,11 @@ def arora_rate(
     plot: Optional[Path] = PLOT,
 ) -> None:
     """Theorem 3.1: min_t ‖∇L‖ and rms ‖∇L‖ against T for several η_w, auto-tuned and projected."""
-    from . import arora
-
     lrs = _floats(lr_ws, "--lr-w")
-    res = _run(lambda: {
-        "auto": arora.convergence_rate(lrs, steps=steps, lr_g=lr_g, seed=seed),
-        "projected": arora.convergence_rate(lrs, steps=steps, lr_g=lr_g, seed=seed, projected=True),
-    })
-    rows = []
-    for mode in ("auto", "projected"):
-        r = res[mode]
-        for i, lr in enumerate(lrs):
-            rows.append({"setting": mode, "lr_w": lr, "min_grad_T": float(r["min_grad"][i][-1]),
-                         "rms_grad_T": float(r["rms_grad"][i][-1]), "rms_slope": float(r["rms_slope"][i]),
-                         "min_slope": float(r["min_slope"][i]), "max_norm_sq": float(r["G_final"][i])})
-    _emit(res, rows, as_json, ["auto: plain GD (norms grow, rate auto-tuned); projected: Setting 2 (‖w‖ = 1)."])
+    res = _run(lambda: arora.convergence_rates(lrs, steps=steps, lr_g=lr_g, seed=seed))
+    _emit(res, arora.convergence_table(res, lrs), as_json, ["auto: plain GD (norms grow, rate auto-tuned); projected: Setting 2 (‖w‖ = 1)."])
     if plot:
-        plt = _figure()
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
-        for ax, mode in zip(axes, ("auto", "projected")):
-            r = res[mode]
-            for i, lr in enumerate(lrs):
-                ax.loglog(r["T"], r["min_grad"][i], label=f"η_w={lr:g}")
-            ax.loglog(r["T"], r["min_grad"][:, 0].max() / r["T"] ** 0.5, "k:", label="T^-1/2")
-            ax.set_title(mode)
-            ax.set_xlabel("T")
-        axes[0].set_ylabel("min_t ‖∇L‖")
-        axes[0].legend(fontsize=7)
-        _save(fig, plot)
+        _plotted(figures.arora_rate(plot, lrs, res))
 
 
 @theory_app.command("peng-terms")
@@ -593,17 +372,9 @@ def peng_terms(
     as_json: bool = JSON,
 ) -> None:
     """Peng et al. Theorem 1: T1, T2, T3 and their sum, from recorded statistics or a synthetic run."""
-    from . import peng
-
     def compute():
         if synthetic:
-            run = peng.simulate_quadratic_sgd(seed=seed)
-            terms = peng.theorem1_terms(
-                run["lr"], run["sq_norm"], run["variance"], initial_loss=run["initial_loss"],
-                loss_lower_bound=run["loss_min"], lipschitz=run["lipschitz"],
-            )
-            terms["lhs_mean_sq_grad"] = peng.gradient_norm_lhs(run["grad_norm"])["mean_sq"]
-            return terms
+            return peng.synthetic_terms(seed=seed)
         if records is None:
             raise ValueError("give --records FILE.json or --synthetic")
         if initial_loss is None:

@@ -34,6 +34,7 @@ Conventions
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 from scipy import special
@@ -93,6 +94,11 @@ __all__ = [
     "simulate_online_student",
     "simulate_teacher_student",
     "TEACHER_STUDENT_PRESETS",
+    "zeta_table",
+    "gen_error_table",
+    "teacher_student_vs_theory",
+    "dynamics_vs_simulation",
+    "rates_table",
 ]
 
 
@@ -225,3 +231,70 @@ def zeta_relu_mc(
     h_hat = gamma * (hb - hb.mean(axis=1, keepdims=True)) / hb.std(axis=1, keepdims=True) + beta
     h_bar = gamma * (hb - mu) / sd + beta
     return float(np.mean(_sigmoid(h_bar) / 2.0 * (h_hat - h_bar) ** 2) / gamma**2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables (what `bnlab theory luo-*` prints)
+# ---------------------------------------------------------------------------------------------
+
+
+def zeta_table(ms: Sequence[int], lam: float = 1.0, n_batches: int = 100_000, *, seed: int = 0) -> list[dict]:
+    """Per batch size M: Eq. 13's ζ exact, its large-M limit λ/2M, λ × the Monte Carlo of
+    E[(1 − σ_P/σ_B)²], and the Monte Carlo of E[(ĥ − h̄)²] with the μ_B noise Eq. 13 drops."""
+    return [{"M": m, "zeta_exact": zeta_linear(m, lam), "zeta_large_M": zeta_linear_large_m(m, lam),
+             "zeta_mc": lam * zeta_linear_mc(m, n_batches, seed=seed),
+             "penalty_with_mean_mc": bn_output_noise_mc(m, n_batches, seed=seed)} for m in ms]
+
+
+def gen_error_table(alphas: Sequence[float], zetas: Sequence[float], noise_var: float) -> list[dict]:
+    """Per load α: ε_gen of SGD (Eq. 14, corrected) and of WN with each ridge ζ (Eqs. 15-16)."""
+    rows = []
+    for a in alphas:
+        row = {"alpha": a, "sgd": float(gen_error_sgd(a, noise_var))}
+        for z in zetas:
+            row[f"wn_zeta={z:g}"] = float(gen_error_wn(a, z, noise_var))
+        rows.append(row)
+    return rows
+
+
+def teacher_student_vs_theory(alphas: Sequence[float], *, noise_var: float = 0.25, **simulation) -> dict:
+    """Fig. 2: :func:`simulate_teacher_student` (``simulation`` its options) with the WN curve at
+    Eq. 13's ζ(M) (``wn_eq13``) and at α·ζ(M) (``wn_eq13_ridge``), the SGD curve and the best-fit ζ."""
+    res = simulate_teacher_student(alphas, noise_var=noise_var, **simulation)
+    M = res["settings"]["M"]
+    res["wn_eq13"] = np.array([gen_error_wn(a, zeta_linear(M), noise_var) for a in alphas])
+    res["wn_eq13_ridge"] = np.array([gen_error_wn(a, zeta_linear(M, a), noise_var) for a in alphas])
+    res["sgd_curve"] = np.array([gen_error_sgd(a, noise_var) for a in alphas])
+    res["fitted_zeta"] = fit_zeta(alphas, res["gen_error"], noise_var)
+    return res
+
+
+def dynamics_vs_simulation(*, eta: float, zeta: float, gamma0: float, R0: float, L0: float, t_max: float,
+                           activation: str = "relu", simulate: int = 0, students: int = 4, n_points: int = 11,
+                           seed: int = 0) -> dict:
+    """Eqs. 9-11 integrated (``ode``), the fixed point, and with ``simulate`` = N > 0 the mean of
+    ``students`` N-dimensional online students at the same times (``simulation``)."""
+    res = {"ode": integrate_order_parameters(eta=eta, zeta=zeta, gamma0=gamma0, R0=R0, L0=L0, t_max=t_max,
+                                             n_points=n_points, activation=activation)}
+    if simulate:
+        res["simulation"] = simulate_online_student(N=simulate, eta=eta, zeta=zeta, gamma0=gamma0, R0=R0, L0=L0,
+                                                    t_max=t_max, activation=activation, n_students=students,
+                                                    n_records=n_points, seed=seed)
+    res["fixed_point"] = fixed_point(zeta, activation)
+    return res
+
+
+def rates_table(zetas: Sequence[float], *, eta: float, L0: float = 1.0, activation: str = "relu") -> list[dict]:
+    """Table 2 per ζ and method (bn, wn, sgd): fixed point, λ_Q, λ_R (analytic and finite
+    difference), η_max (and as printed, without the I2 term of ∂(R·I2)/∂R) and η_eff."""
+    rows = []
+    for z in zetas:
+        for method in ("bn", "wn", "sgd"):
+            st = stability(z, eta=eta, L0=L0, activation=activation, method=method)
+            printed = stability(z, eta=eta, L0=L0, activation=activation, method=method, include_i2_term=False)
+            rows.append({
+                "zeta": z, "method": method, "gamma0": st["gamma0"], "lambda_Q": st["lambda_Q"],
+                "lambda_R": st["lambda_R"], "lambda_R_fd": st.get("lambda_R_fd", float("nan")),
+                "eta_max": st["eta_max"], "eta_max_printed": printed["eta_max"], "eta_eff": st["eta_eff"],
+            })
+    return rows

@@ -50,6 +50,7 @@ __all__ = [
     "expected_loss_mc",
     "moving_average_noise",
     "moving_noise_curve",
+    "theorem2_cosine",
 ]
 
 _GAUSSIAN_KURTOSIS = 3.0
@@ -302,3 +303,17 @@ def moving_noise_curve(
     out["m"] = np.asarray(ms)
     out["momentum"] = np.asarray(momenta)
     return out
+
+
+def theorem2_cosine(m: int, omega: float, xs, n_batches: int = 200_000, *, seed: int = 0) -> dict:
+    """Theorem 2 for the bounded, analytic test loss l(x) = cos(ωx) at the points ``xs``: the terms
+    (:func:`theorem2_terms`), their leading order (:func:`theorem2_leading_order`, l' = −ω sin ωx,
+    l'' = −ω² cos ωx) and the Monte Carlo of E[l] over real batches (:func:`expected_loss_mc`)."""
+    xs = np.asarray(xs, dtype=np.float64)
+
+    def loss(x):
+        return np.cos(omega * x)
+
+    terms = theorem2_terms(loss, xs, m)
+    lead = theorem2_leading_order(-omega * np.sin(omega * xs), -omega**2 * np.cos(omega * xs), xs, m)
+    return {"terms": terms, "leading_order": lead, "monte_carlo": expected_loss_mc(loss, xs, m, n_batches, seed=seed)}

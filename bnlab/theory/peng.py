@@ -44,6 +44,7 @@ __all__ = [
     "gradient_norm_lhs",
     "estimate_lipschitz",
     "simulate_quadratic_sgd",
+    "synthetic_terms",
 ]
 
 SQ_NORM_KEY = "probe/grad_stats/sq_norm"
@@ -218,3 +219,13 @@ def simulate_quadratic_sgd(
     res = {k: np.asarray(val) for k, val in out.items()}
     res.update({"initial_loss": F(np.zeros(d)), "loss_min": F(w_opt), "lipschitz": L})
     return res
+
+
+def synthetic_terms(*, seed: int = 0) -> dict:
+    """Theorem 1's terms on a synthetic least-squares SGD run (:func:`simulate_quadratic_sgd`), with
+    the left-hand side mean ‖∇F‖² of the same run (``lhs_mean_sq_grad``)."""
+    run = simulate_quadratic_sgd(seed=seed)
+    terms = theorem1_terms(run["lr"], run["sq_norm"], run["variance"], initial_loss=run["initial_loss"],
+                           loss_lower_bound=run["loss_min"], lipschitz=run["lipschitz"])
+    terms["lhs_mean_sq_grad"] = gradient_norm_lhs(run["grad_norm"])["mean_sq"]
+    return terms

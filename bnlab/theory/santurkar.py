@@ -37,7 +37,8 @@ import torch
 
 from ._common import check_choice, check_int
 
-__all__ = ["LOSSES", "batchnorm_1d", "bn_layer_quantities", "theorem41", "theorem42", "lemma45"]
+__all__ = ["LOSSES", "batchnorm_1d", "bn_layer_quantities", "theorem41", "theorem42", "lemma45", "theorems_table",
+           "lemma45_random"]
 
 
 def batchnorm_1d(y: torch.Tensor, gamma: float | torch.Tensor, beta: float | torch.Tensor, eps: float = 0.0):
@@ -224,3 +225,30 @@ def lemma45(w0, w_star, *, n_samples: int = 64, seed: int = 0) -> dict:
         "bn_loss_at_w_star": bn_loss(ws),
         "bn_loss_at_k_w_star": bn_loss(k * ws),
     }
+
+
+def theorems_table(ms, losses, *, gamma: float = 1.5, seed: int = 0) -> list[dict]:
+    """Theorems 4.1 and 4.2 per loss and batch size m: both sides, the printed 1/√m form and whether
+    it is violated, BN's reduction, and Theorem 4.2's second bound."""
+    rows = []
+    for loss in losses:
+        for m in ms:
+            a = theorem41(m=m, gamma=gamma, loss=loss, seed=seed)
+            b = theorem42(m=m, gamma=gamma, loss=loss, seed=seed)
+            rows.append({
+                "loss": loss, "m": m, "grad_sq": a["lhs"], "thm41_rhs": a["rhs"], "thm41_printed": a["rhs_printed"],
+                "printed_violated": a["printed_violated"], "bn_reduction": a["reduction"],
+                "curv": b["lhs"], "thm42_rhs": b["rhs"], "thm42_second": b["rhs_second"],
+                "second_holds": b["second_holds"],
+            })
+    return rows
+
+
+def lemma45_random(dim: int = 10, *, seed: int = 0) -> dict:
+    """Lemma 4.5 on random W0, W* of ``dim`` entries, W* flipped so that <W0, W*> > 0."""
+    rng = np.random.default_rng(seed)
+    w0 = rng.standard_normal(dim)
+    ws = rng.standard_normal(dim)
+    if w0 @ ws <= 0:
+        ws = -ws
+    return lemma45(w0, ws, seed=seed)
