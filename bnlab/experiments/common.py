@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from bnlab.plots import panels
 
 
@@ -53,7 +55,6 @@ def tail_mean(run, metric: str, k: int = 3) -> float | None:
 
 def spearman(xs, ys) -> float | None:
     """Spearman rank correlation (average ranks for ties); None for fewer than 2 points or a constant side."""
-    import numpy as np
     from scipy import stats
 
     if len(xs) < 2 or len(xs) != len(ys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 import traceback
@@ -177,8 +178,6 @@ def reproduce(experiment_id: str, preset: str = "smoke", *, runs_dir: str | Path
 
 
 def _accepts_tiny(fn) -> bool:
-    import inspect
-
     try:
         return "tiny" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
