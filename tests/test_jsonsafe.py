@@ -47,3 +47,23 @@ def test_objects_only_when_asked():
     assert jsonable(point) is point  # left for json.dumps to refuse
     with pytest.raises(TypeError):
         dumps(point)
+
+
+def test_reproduce_json_is_strict(monkeypatch, tmp_path):
+    # `bnlab reproduce --json` printed NaN (invalid JSON) for a quantity that could not be measured.
+    from typer.testing import CliRunner
+
+    from bnlab.experiments import cli
+    from bnlab.experiments.base import Outcome
+
+    monkeypatch.setattr(cli, "get", lambda experiment_id: type("E", (), {"id": experiment_id})())
+    monkeypatch.setattr(cli, "reproduce", lambda *a, **k: Outcome([tmp_path / "f.png"], [
+        {"quantity": "slope", "ours": math.nan, "paper": np.float64(0.5)}], "inconclusive", "no finite slope"))
+    monkeypatch.setattr(cli, "write_report", lambda runs_dir: tmp_path / "index.html")
+    app = __import__("typer").Typer()
+    cli.register(app)
+    result = CliRunner().invoke(app, ["reproduce", "toy", "--runs-dir", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output, parse_constant=lambda name: pytest.fail(f"non-JSON constant {name}"))
+    assert out["toy"]["table"] == [{"quantity": "slope", "ours": None, "paper": 0.5}]
+    assert out["toy"]["figures"] == [str(tmp_path / "f.png")]

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from bnlab.jsonsafe import dumps, jsonable
 from bnlab.report import write_report
 
 from .base import check_preset, get, load_catalogue
@@ -59,7 +60,7 @@ def reproduce_cmd(
             typer.echo(f"{experiment_id}: {outcome.verdict} — {outcome.summary}")
     path = write_report(runs_dir)
     if as_json:
-        typer.echo(json.dumps(results, indent=2, default=str))
+        typer.echo(dumps(jsonable(results, objects=True), indent=2))  # strict JSON: NaN as null
     else:
         typer.echo(f"report: {path}")
 
