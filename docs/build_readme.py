@@ -17,6 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bnlab.experiments.base import PAPERS
+from bnlab.experiments.runner import iter_outcomes
+from bnlab.store import Store
+
 START, END = "<!-- verdicts:start -->", "<!-- verdicts:end -->"
 REPO = Path(__file__).resolve().parent.parent
 # The docs page that discusses each paper's entries (links in the table; paths relative to the README).
@@ -32,28 +36,25 @@ PAPER_PAGES = {
 def collect_rows(runs_dir: Path) -> list[dict]:
     """One row per stored (entry, preset): id, paper, target, preset, tiny, verdict, summary, date.
     An entry whose analysis fails is a row with verdict ``error`` (never dropped silently)."""
-    from bnlab.experiments.base import PAPERS
-    from bnlab.experiments.runner import iter_outcomes
-    from bnlab.store import Store
-
     if not (runs_dir / "bnlab.db").is_file():
         raise FileNotFoundError(f"no run store at {runs_dir / 'bnlab.db'}; run `make demo` or "
                                 "`bnlab reproduce ID` first, or pass --runs-dir")
     store = Store(runs_dir / "bnlab.db")
     rows = []
-    with tempfile.TemporaryDirectory() as figures:  # analyses draw figures; the README needs none
-        for experiment_id, preset, ctx, outcome in iter_outcomes(runs_dir, figures):
-            failed = isinstance(outcome, Exception)
-            stored = store.load_entry(experiment_id, preset) or {}
-            rows.append({
-                "id": experiment_id, "paper": ctx.experiment.paper, "target": ctx.experiment.target,
-                "authors": PAPERS[ctx.experiment.paper].split(",")[0],
-                "preset": preset, "tiny": ctx.tiny,
-                "verdict": "error" if failed else outcome.verdict,
-                "summary": f"analysis failed: {type(outcome).__name__}: {outcome}" if failed else outcome.summary,
-                "date": _date(stored.get("created")),
-            })
-    store.close()
+    try:
+        with tempfile.TemporaryDirectory() as figures:  # analyses draw figures; the README needs none
+            for experiment_id, preset, ctx, outcome in iter_outcomes(runs_dir, figures):
+                failed = isinstance(outcome, Exception)
+                stored = store.load_entry(experiment_id, preset) or {}
+                rows.append({
+                    "id": experiment_id, "paper": ctx.experiment.paper, "target": ctx.experiment.target,
+                    "authors": PAPERS[ctx.experiment.paper].split(",")[0], "preset": preset, "tiny": ctx.tiny,
+                    "verdict": "error" if failed else outcome.verdict,
+                    "summary": f"analysis failed: {type(outcome).__name__}: {outcome}" if failed else outcome.summary,
+                    "date": _date(stored.get("created")),
+                })
+    finally:
+        store.close()
     order = list(PAPERS)
     return sorted(rows, key=lambda r: (order.index(r["paper"]) if r["paper"] in order else len(order), r["id"], r["preset"]))
 
