@@ -27,8 +27,9 @@ def jsonable(value: Any, *, nonfinite: str = "null", objects: bool = False) -> A
     tensors become lists and Python numbers. A non-finite float (JSON has no NaN/inf) becomes
     ``None`` (``nonfinite="null"``), its name (``"string"``: ``"nan"``, ``"inf"``, ``"-inf"``, the
     sign kept for a reader) or stays a float (``"keep"``: Python's ``json`` writes ``NaN``, which
-    only Python reads back; the catalogue's stored results rely on it). With ``objects`` a dataclass or plain object becomes its fields and
-    anything else its ``str``; without, such values are left for ``json.dumps`` to refuse.
+    only Python reads back; the catalogue's stored results rely on it). With ``objects`` a dataclass
+    or plain object becomes its fields and anything else its ``str``; without, such values are left
+    for ``json.dumps`` to refuse.
     """
     if nonfinite not in NONFINITE:
         raise ValueError(f"nonfinite must be one of {', '.join(NONFINITE)}, got {nonfinite!r}")

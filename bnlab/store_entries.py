@@ -21,7 +21,8 @@ class EntriesMixin:
         default: Any = None,
     ) -> None:
         """Store (replace) a catalogue entry's run ids by label and its computations' JSON data."""
-        row = (experiment_id, preset, json.dumps(runs), json.dumps(data, default=default), int(tiny), time.time(), seconds)
+        row = (experiment_id, preset, json.dumps(runs), json.dumps(data, default=default), int(tiny), time.time(),
+               seconds)
         self._write(lambda c: c.execute(
             "INSERT OR REPLACE INTO experiments(id, preset, runs, data, tiny, created, seconds)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)", row))

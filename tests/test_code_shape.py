@@ -2,8 +2,8 @@
 
 A module or function over the limit must be in the allow-list below, which may only shrink: the
 test fails when a listed one is back under its limit (remove it) and when an unlisted one grows
-past it. Lines are counted as written, so a long line cannot hide code (the style's 120-column
-limit holds that end).
+past it. Lines are counted as written; lines over 120 characters are refused too, so packing code
+into long lines cannot dodge the other limits.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "bnlab"
 MODULE_LINES = 400
 FUNCTION_LINES = 60
+LINE_CHARS = 120
 
 # Not yet split (other work streams of issue 13); path relative to bnlab/. Measured 2026-11-26:
 # train/engine.py 402 (train); experiments/luo_cnn.py 454 (the Luo entries).
@@ -26,6 +27,17 @@ LONG_FUNCTIONS_ALLOWED: set[str] = {
     "train/config.py:validate_static",  # 68
     "train/prepare.py:prepare",  # 62
     "train/train_cli.py:train_command",  # 123
+}
+
+
+# Modules (path relative to bnlab/) with lines over 120 characters, and how many; owned by other work
+# streams of issue 13. May only shrink.
+LONG_LINES_ALLOWED: dict[str, int] = {
+    "experiments/arora.py": 2, "experiments/luo_cnn.py": 11, "experiments/luo_student.py": 3,
+    "experiments/luo_table2.py": 4, "experiments/peng.py": 3, "experiments/peng_components.py": 2,
+    "experiments/peng_figures.py": 5, "experiments/peng_imagenet.py": 3, "experiments/santurkar_lp.py": 1,
+    "models/blocks.py": 1, "norms/base.py": 1, "norms/cli.py": 1, "norms/momentum.py": 1, "norms/renorm.py": 1,
+    "train/divergence.py": 1, "train/train_cli.py": 7,
 }
 
 
@@ -62,8 +74,8 @@ def test_modules_under_400_lines():
     modules, _ = measure()
     assert not set(modules) - LONG_MODULES_ALLOWED, f"modules over {MODULE_LINES} lines: split them " \
         f"{ {m: n for m, n in modules.items() if m not in LONG_MODULES_ALLOWED} }"
-    assert not LONG_MODULES_ALLOWED - set(modules), \
-        f"now under {MODULE_LINES} lines: remove from LONG_MODULES_ALLOWED {sorted(LONG_MODULES_ALLOWED - set(modules))}"
+    fixed = sorted(LONG_MODULES_ALLOWED - set(modules))
+    assert not fixed, f"now under {MODULE_LINES} lines: remove from LONG_MODULES_ALLOWED {fixed}"
 
 
 def test_functions_under_60_lines():
@@ -72,6 +84,18 @@ def test_functions_under_60_lines():
         f"{ {f: n for f, n in functions.items() if f not in LONG_FUNCTIONS_ALLOWED} }"
     assert not LONG_FUNCTIONS_ALLOWED - set(functions), \
         f"now short: remove from LONG_FUNCTIONS_ALLOWED {sorted(LONG_FUNCTIONS_ALLOWED - set(functions))}"
+
+
+def test_no_lines_over_120_characters():
+    counts = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        n = sum(len(line) > LINE_CHARS for line in path.read_text().splitlines())
+        if n:
+            counts[path.relative_to(PACKAGE).as_posix()] = n
+    grown = {m: n for m, n in counts.items() if n > LONG_LINES_ALLOWED.get(m, 0)}
+    assert not grown, f"lines over {LINE_CHARS} characters (wrap them): {grown}"
+    shrunk = {m: counts.get(m, 0) for m, n in LONG_LINES_ALLOWED.items() if counts.get(m, 0) < n}
+    assert not shrunk, f"fewer long lines now: lower LONG_LINES_ALLOWED to {shrunk}"
 
 
 def test_the_measure_sees_a_long_function(tmp_path):

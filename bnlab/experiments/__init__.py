@@ -15,5 +15,5 @@ from .base import (CATALOGUE, PAPER_MODULES, PAPERS, PRESETS, Experiment, Outcom
 from .runner import reproduce
 
 
-__all__ = ["CATALOGUE", "PAPER_MODULES", "PAPERS", "PRESETS", "Experiment", "Outcome", "Plan", "RunSpec", "check_preset", "get",
-           "load_catalogue", "register", "reproduce", "shrink"]
+__all__ = ["CATALOGUE", "PAPER_MODULES", "PAPERS", "PRESETS", "Experiment", "Outcome", "Plan", "RunSpec",
+           "check_preset", "get", "load_catalogue", "register", "reproduce", "shrink"]

@@ -261,8 +261,10 @@ def analysis_context(experiment_id: str, preset: str, *, runs_dir: str | Path = 
     views = []
     for r in saved["runs"]:
         row = store.get_run(r["id"]) if r.get("id") else None
-        record = _record_dict(row) if row else {"status": r.get("status", "failed"), "metrics": {}, "error": r.get("error")}
-        views.append(RunView(r["label"], r.get("factors") or {}, r.get("id"), record.get("status", "failed"), record, store))
+        unstored = {"status": r.get("status", "failed"), "metrics": {}, "error": r.get("error")}
+        record = _record_dict(row) if row else unstored
+        views.append(RunView(r["label"], r.get("factors") or {}, r.get("id"), record.get("status", "failed"), record,
+                             store))
     return AnalysisContext(exp, preset, views, saved["data"], report_dir / "figures" / exp.id / preset,
                            saved["tiny"])
 

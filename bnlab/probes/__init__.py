@@ -37,9 +37,11 @@ from .state import Snapshot, preserved, simulated_step
 
 __all__ = [
     "BNRegularizationProbe", "BatchNoiseProbe", "CBNRatiosProbe", "DEFAULT_CANDIDATES", "EffectiveLRProbe",
-    "GammaProbe", "GradStatsProbe", "HessianProbe", "HistogramsProbe", "ICSProbe", "Lab", "LandscapeProbe", "LandscapeResult",
-    "MomentsProbe", "PROBES", "Probe", "ProbeContext", "SEARCHES", "Snapshot", "StableLRResult", "available",
-    "bn_layers", "create", "default_range", "describe", "evaluate_landscape", "hutchinson_trace", "is_stable", "lanczos_extremes", "luo_zeta",
+    "GammaProbe", "GradStatsProbe", "HessianProbe", "HistogramsProbe", "ICSProbe", "Lab", "LandscapeProbe",
+    "LandscapeResult", "MomentsProbe", "PROBES", "Probe", "ProbeContext", "SEARCHES", "Snapshot", "StableLRResult",
+    "available",
+    "bn_layers", "create", "default_range", "describe", "evaluate_landscape", "hutchinson_trace", "is_stable",
+    "lanczos_extremes", "luo_zeta",
     "max_stable_lr", "max_stable_lr_for", "preserved", "scale_invariant_weights", "simulated_step",
     "step_sizes", "train_status", "weight_layers",
 ]

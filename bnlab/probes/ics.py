@@ -59,7 +59,8 @@ class ICSProbe(Probe):
     """
 
     name = "ics"
-    summary = "gradient change of each layer when the preceding layers take this step's update (Santurkar Def. 2.1, Fig. 6)"
+    summary = ("gradient change of each layer when the preceding layers take this step's update "
+               "(Santurkar Def. 2.1, Fig. 6)")
     cost = "1 optimizer step (simulated) + 1 + k' forward/backward passes (k' = weight layers after the first)"
 
     def __init__(self, every: int = 1, layers: Iterable[str] | None = None) -> None:

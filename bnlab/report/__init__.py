@@ -47,11 +47,13 @@ def write_report(runs_dir: str | Path = "runs", out_dir: str | Path | None = Non
     sections = []
     for experiment_id, preset, ctx, outcome in iter_outcomes(runs_dir, out):
         sections.append(_section(experiment_id, preset, ctx, outcome, out))
-    md = ["# bnlab report", "", f"{len(sections)} entries. Generated from `{runs_dir}` (no training was run to draw this).", ""]
+    md = ["# bnlab report", "",
+          f"{len(sections)} entries. Generated from `{runs_dir}` (no training was run to draw this).", ""]
     md += [s["md"] for s in sections]
     (out / "index.md").write_text("\n".join(md))
     body = "\n".join(s["html"] for s in sections)
-    toc = "".join(f'<li><a href="#{s["anchor"]}">{html.escape(s["title"])}</a> — <b>{s["verdict"]}</b></li>' for s in sections)
+    toc = "".join(f'<li><a href="#{s["anchor"]}">{html.escape(s["title"])}</a> — <b>{s["verdict"]}</b></li>'
+                  for s in sections)
     page = _PAGE.format(count=len(sections), toc=toc, body=body, runs_dir=html.escape(str(runs_dir)))
     (out / "index.html").write_text(page)
     return out / "index.html"
@@ -60,7 +62,8 @@ def write_report(runs_dir: str | Path = "runs", out_dir: str | Path | None = Non
 def _section(experiment_id: str, preset: str, ctx, outcome, out: Path) -> dict:
     exp = ctx.experiment
     anchor = f"{experiment_id}-{preset}"
-    title = f"{experiment_id} [{preset}{', tiny' if ctx.tiny else ''}] — {PAPERS[exp.paper].split(',')[0]} {exp.target}: {exp.title}"
+    paper = PAPERS[exp.paper].split(",")[0]
+    title = f"{experiment_id} [{preset}{', tiny' if ctx.tiny else ''}] — {paper} {exp.target}: {exp.title}"
     if isinstance(outcome, Exception):
         verdict, summary, figures, table = "error", f"analysis failed: {type(outcome).__name__}: {outcome}", [], []
     else:
@@ -69,8 +72,8 @@ def _section(experiment_id: str, preset: str, ctx, outcome, out: Path) -> dict:
     status = {}
     for r in ctx.runs:
         status[r.status] = status.get(r.status, 0) + 1
-    configs = [{"label": r.label, "id": r.id, "status": r.status, "config": _short_config(r.record.get("config") or {})}
-               for r in ctx.runs]
+    configs = [{"label": r.label, "id": r.id, "status": r.status,
+                "config": _short_config(r.record.get("config") or {})} for r in ctx.runs]
     env = next((r.record.get("env") for r in ctx.runs if r.record.get("env")), {})
     cols = _columns(table)
     md = [f"## {title}", "", f"**Claim.** {exp.claim}", "", f"**Verdict: {verdict}.** {summary}", ""]
@@ -79,22 +82,28 @@ def _section(experiment_id: str, preset: str, ctx, outcome, out: Path) -> dict:
         md += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         md += ["| " + " | ".join(_fmt(row.get(c)) for c in cols) + " |" for row in table]
         md.append("")
-    md += [f"*Preset {preset}:* {exp.smoke_changes if preset == 'smoke' else 'the paper configuration.'}",
-           f"Runs: {len(ctx.runs)} ({', '.join(f'{v} {k}' for k, v in status.items()) or 'none'}).", ""]
+    preset_note = exp.smoke_changes if preset == "smoke" else "the paper configuration."
+    runs_note = ", ".join(f"{v} {k}" for k, v in status.items()) or "none"
+    md += [f"*Preset {preset}:* {preset_note}", f"Runs: {len(ctx.runs)} ({runs_note}).", ""]
     h = [f'<section id="{anchor}"><h2>{html.escape(title)}</h2>',
          f"<p><b>Claim.</b> {html.escape(exp.claim)}</p>",
-         f'<p class="verdict {verdict.replace(" ", "-")}"><b>Verdict: {html.escape(verdict)}.</b> {html.escape(summary)}</p>']
+         f'<p class="verdict {verdict.replace(" ", "-")}"><b>Verdict: {html.escape(verdict)}.</b> '
+         f"{html.escape(summary)}</p>"]
     h += [f'<img src="{html.escape(f)}" alt="{html.escape(Path(f).stem)}">' for f in rel]
     if table:
         h.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>")
         h += ["<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(c)))}</td>" for c in cols) + "</tr>" for row in table]
         h.append("</table>")
-    h.append(f"<p><i>Preset {preset}:</i> {html.escape(exp.smoke_changes if preset == 'smoke' else 'the paper configuration.')} "
-             f"Runs: {len(ctx.runs)} ({html.escape(', '.join(f'{v} {k}' for k, v in status.items()) or 'none')}).</p>")
-    h.append("<details><summary>Run configs</summary><pre>" + html.escape(json.dumps(configs, indent=1, default=str)) + "</pre></details>")
-    h.append("<details><summary>Environment</summary><pre>" + html.escape(json.dumps(env, indent=1, default=str)) + "</pre></details>")
+    h.append(f"<p><i>Preset {preset}:</i> {html.escape(preset_note)} "
+             f"Runs: {len(ctx.runs)} ({html.escape(runs_note)}).</p>")
+    h += [_details("Run configs", configs), _details("Environment", env)]
     h.append("</section>")
     return {"md": "\n".join(md), "html": "\n".join(h), "anchor": anchor, "title": title, "verdict": verdict}
+
+
+def _details(summary: str, value: Any) -> str:
+    text = html.escape(json.dumps(value, indent=1, default=str))
+    return f"<details><summary>{summary}</summary><pre>{text}</pre></details>"
 
 
 def _columns(table: list[dict]) -> list[str]:
@@ -117,7 +126,8 @@ body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto;
 img {{ max-width: 100%; border: 1px solid #ddd; margin: 0.3em 0; }}
 table {{ border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }}
 td, th {{ border: 1px solid #ccc; padding: 3px 8px; }}
-.verdict.held {{ color: #17632a; }} .verdict.not-held {{ color: #a11; }} .verdict.inconclusive, .verdict.error {{ color: #a60; }}
+.verdict.held {{ color: #17632a; }} .verdict.not-held {{ color: #a11; }}
+.verdict.inconclusive, .verdict.error {{ color: #a60; }}
 section {{ border-top: 2px solid #eee; padding-top: 0.5em; }}
 pre {{ font-size: 0.8em; background: #f7f7f7; padding: 0.5em; overflow-x: auto; }}
 </style></head><body>

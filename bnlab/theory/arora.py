@@ -124,7 +124,8 @@ class ScaleInvariantNet:
         z = X @ W
         c = z - z.mean(dim=0)
         norm2 = (W * W).sum(dim=0)
-        smooth = {"scaled": self.eps * norm2, "linear": self.eps * torch.sqrt(norm2), "constant": self.eps}[self.eps_mode]
+        smoothings = {"scaled": self.eps * norm2, "linear": self.eps * torch.sqrt(norm2), "constant": self.eps}
+        smooth = smoothings[self.eps_mode]
         h = c / torch.sqrt((c * c).mean(dim=0) + smooth)
         out = torch.nn.functional.softplus(gamma * h + beta) @ a
         return ((out - y) ** 2).mean()

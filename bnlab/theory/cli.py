@@ -329,7 +329,8 @@ def arora_equivalence(
     idx = sorted({0, steps // 10, steps // 4, steps // 2, steps - 1})
     rows = [
         {"step": i + 1, "dev_v": res["dev_v"][i], "dev_G": res["dev_G"][i], "dev_g": res["dev_g"][i],
-         "eff_lr_min": float(res["eff_lr"][i].min()), "eff_lr_max": float(res["eff_lr"][i].max()), "loss": res["loss"][i]}
+         "eff_lr_min": float(res["eff_lr"][i].min()), "eff_lr_max": float(res["eff_lr"][i].max()),
+         "loss": res["loss"][i]}
         for i in idx
     ]
     dev = max(res["dev_v"].max(), res["dev_G"].max(), res["dev_g"].max())
@@ -350,7 +351,8 @@ def arora_rate(
     """Theorem 3.1: min_t ‖∇L‖ and rms ‖∇L‖ against T for several η_w, auto-tuned and projected."""
     lrs = _floats(lr_ws, "--lr-w")
     res = _run(lambda: arora.convergence_rates(lrs, steps=steps, lr_g=lr_g, seed=seed))
-    _emit(res, arora.convergence_table(res, lrs), as_json, ["auto: plain GD (norms grow, rate auto-tuned); projected: Setting 2 (‖w‖ = 1)."])
+    notes = ["auto: plain GD (norms grow, rate auto-tuned); projected: Setting 2 (‖w‖ = 1)."]
+    _emit(res, arora.convergence_table(res, lrs), as_json, notes)
     if plot:
         _plotted(figures.arora_rate(plot, lrs, res))
 

@@ -215,9 +215,9 @@ def _derivatives(gamma: float, R: float, activation: str) -> dict:
             for k in range(3)
         }
         hg = 1e-5 * max(1.0, gamma)
-        d["dI1_dgamma"] = (
-            order_parameter_integrals(gamma + hg, R, activation)[0] - order_parameter_integrals(gamma - hg, R, activation)[0]
-        ) / (2 * hg)
+        i1_up = order_parameter_integrals(gamma + hg, R, activation)[0]
+        i1_down = order_parameter_integrals(gamma - hg, R, activation)[0]
+        d["dI1_dgamma"] = (i1_up - i1_down) / (2 * hg)
     d.update({"I1": i1, "I2": i2, "I3": i3})
     return d
 
