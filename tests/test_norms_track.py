@@ -108,3 +108,30 @@ def test_track_rejects_bad_arguments():
     tracker = N.track(model, opt, epochs=2, steps_per_epoch=3)
     with pytest.raises(RuntimeError, match="steps_per_epoch"):
         tracker.epoch_end()
+
+
+def test_track_under_torch_compile_keeps_one_graph_and_matches_eager():
+    """The hook's epoch/step counters must not become dynamo guards (a recompile every epoch)."""
+    import torch._dynamo as dynamo
+
+    def train(compiled: bool) -> tuple[torch.Tensor, int]:
+        dynamo.reset()
+        dynamo.utils.counters.clear()
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), N.create("cbn(rho=2, amat=true)", 8),
+                              nn.Linear(8, 2), N.create("mbn", 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        N.track(model, opt, epochs=6, steps_per_epoch=2)
+        forward = torch.compile(model, backend="aot_eager") if compiled else model
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(10):
+            opt.zero_grad()
+            forward(torch.randn(16, 8, generator=gen)).square().mean().backward()
+            opt.step()
+        graphs = dynamo.utils.counters["stats"].get("unique_graphs", 0)
+        return torch.cat([p.detach().flatten() for p in model.parameters()]), graphs
+
+    eager, _ = train(False)
+    compiled, graphs = train(True)
+    assert graphs == 1
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)

@@ -7,6 +7,7 @@ tells them by hand; :func:`track` does it for every training forward pass, read 
 
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
 from torch.optim import Optimizer
 
@@ -72,7 +73,11 @@ class ProgressTracker:
     def load_state_dict(self, state: dict) -> None:
         self.steps, self._epochs_ended = int(state["steps"]), int(state["epochs_ended"])
 
+    @torch.compiler.disable
     def _before_forward(self, module: nn.Module, args) -> None:
+        # Kept out of torch.compile: traced, the hook's Python counters become guards and every
+        # epoch (every step with steps_per_epoch) recompiles; eager, it only writes the layers'
+        # progress tensors, which the compiled graph reads as inputs.
         # Read at the moment the layers use it, so a scheduler that steps per batch or per epoch, and
         # Lightning's closure (forward inside optimizer.step), all give the lr of the current update.
         if module.training:
