@@ -1,8 +1,10 @@
 """`bnlab demo`: the main job on embedded data.
 
 Runs a curated set of smoke-preset catalogue entries covering all five papers (digits, Gaussian
-regression, teacher–student and closed forms; ≈6 minutes on 2 CPU cores) and writes the report to
-``runs/report/index.html``. ``--layers`` instead prints the layer timing table on small shapes.
+regression, teacher–student and closed forms) and writes the report to ``runs/report/index.html``.
+The entries are chosen for cost: the Peng tables' and Santurkar's VGG smoke presets take 5–12
+minutes each on their own (``bnlab reproduce ID``). ``--layers`` instead prints the layer timing
+table on small shapes.
 """
 
 from __future__ import annotations
@@ -12,14 +14,13 @@ from pathlib import Path
 import typer
 
 DEMO_ENTRIES = [
-    "santurkar-fig2",   # standard vs BN vs noisy BN
-    "santurkar-fig9",   # DLN landscape, predictiveness, β-smoothness
+    "santurkar-fig8",   # 25-layer DLN: standard vs BN (activation drift), 3 seeds
     "luo-fig2",         # generalization error vs α: theory and BN simulation
+    "luo-table2",       # fixed points, η_max, η_eff against the ODE and simulation
     "luo-fig4",         # SGD, BN, WN, WN + mean-only / variance-only BN
-    "peng-table1",      # BN vs CBN and its ablations × five activations
-    "peng-fig2",        # η_k, τ_k distributions
-    "arora-d1",         # SGD vs projected SGD over learning rates
-    "mbn-batch-size",   # BN vs MBN at small batch
+    "peng-fig2",        # η_k, τ_k distributions (ResNet-20, Eq. 7 block)
+    "arora-d1",         # SGD vs projected SGD over learning rates (BN on the logits), 3 seeds
+    "mbn-batch-size",   # BN vs MBN at small batch, and the data-parallel arms
 ]
 
 

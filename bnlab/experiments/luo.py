@@ -30,6 +30,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from bnlab.jsonsafe import jsonable
+
 from .base import shrink
 from .common import finite_or_none
 
@@ -46,17 +48,7 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 def _clean(obj: Any) -> Any:
     """JSON-able copy: arrays to lists, non-finite floats to None (strict JSON, plots skip None)."""
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _clean(obj.tolist())
-    if isinstance(obj, (np.floating, float)):
-        return finite_or_none(float(obj))
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj
+    return jsonable(obj)
 
 
 def _points(xs: Sequence[float], ys: Sequence[float | None]) -> tuple[list[float], list[float | None]]:

@@ -31,7 +31,7 @@ CBN insensitive to ρ). ``peng-fig8`` measures the sensitivity this choice leans
 
 from __future__ import annotations
 
-from bnlab.report.plots import bars
+from bnlab.plots import bars
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
 from .common import RULE, compare_arms, grouped_finals, mean_curve, mean_std, safe_panels, smooth, value_at_fraction

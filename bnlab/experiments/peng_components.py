@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from bnlab.report.plots import bars
+from bnlab.plots import bars
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
 from .common import finite_or_none, grouped_finals, mean_std

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bnlab.report.plots import panels
+from bnlab.plots import panels
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
 from .common import finite_or_none, safe_panels, smooth

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bnlab.report.plots import bars
+from bnlab.plots import bars
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
 from .common import RULE, compare_arms, finite_or_none, grouped_finals, mean_curve, mean_std, safe_panels, smooth
