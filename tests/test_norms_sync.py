@@ -51,7 +51,7 @@ def _excess(a: torch.Tensor, b: torch.Tensor) -> float:
 def _check_layer(spec: str, rank: int, split: list[int], shape: tuple[int, ...]) -> dict[str, float]:
     """Deviation of the synced layer on this rank's rows from the reference on the whole batch."""
     ref = _build(spec, seed=0)
-    synced = sync.convert_sync(_build(spec, seed=rank))  # other ranks start from other noise seeds
+    synced = N.convert_sync(_build(spec, seed=rank))  # other ranks start from other noise seeds
     synced.load_state_dict(ref.state_dict())
     for layer in (ref, synced):
         N.set_progress(layer, lr=0.05, epoch=3, epochs=5)  # MBN λ > 0, CBN's AMAT η = 0.5
@@ -83,8 +83,8 @@ def _check_layer(spec: str, rank: int, split: list[int], shape: tuple[int, ...])
 
 def _schedules_on_ranks(rank: int, split: list[int]) -> dict[str, float]:
     """MBN's λ and CBN's AMAT η as each rank uses them (gathered, so the parent compares ranks)."""
-    mbn = sync.convert_sync(N.create("mbn(ideal_batch=64)", 3))
-    cbn = sync.convert_sync(N.create("cbn", 3))
+    mbn = N.convert_sync(N.create("mbn(ideal_batch=64)", 3))
+    cbn = N.convert_sync(N.create("cbn", 3))
     for layer in (mbn, cbn):
         N.set_progress(layer, lr=0.05, epoch=3, epochs=5)
         layer(torch.randn(split[rank], 3, 2, 2))
@@ -170,7 +170,7 @@ def test_synced_layer_outside_a_process_group_is_the_unsynced_layer(spec, fused,
     monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0 if fused else 1 << 62)
     shape = (2, 2, 2) if spec == "si_bn" else (3, 2, 2)
     plain = _build(spec, seed=0)
-    synced = sync.convert_sync(copy.deepcopy(plain))
+    synced = N.convert_sync(copy.deepcopy(plain))
     assert not dist.is_initialized()
     gen = torch.Generator().manual_seed(3)
     for layer in (plain, synced):
@@ -200,7 +200,7 @@ def test_convert_sync_switches_every_layer_and_torch_batchnorms_become_sync_batc
     model = nn.Sequential(nn.Conv2d(2, 3, 1), N.create("cbn", 3), N.create("native_bn", 3),
                           N.normalized(nn.Conv2d(3, 3, 1), "si_bn"), N.create("noisy_bn", 3), nn.BatchNorm2d(3))
     weight = model[2].weight
-    assert sync.convert_sync(model) is model
+    assert N.convert_sync(model) is model
     assert all(m.sync for m in model.modules() if isinstance(m, N.ChannelNorm))
     assert isinstance(model[2], nn.SyncBatchNorm) and model[2].weight is weight  # an optimizer keeps working
     assert isinstance(model[5], nn.SyncBatchNorm)

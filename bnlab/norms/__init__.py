@@ -11,7 +11,7 @@ from .complete import CompleteBatchNorm, amat_eta
 from .lp import LpBatchNorm, hoffer_linf_constant
 from .momentum import MomentumBatchNorm, mbn_lambda
 from .noisy import NoisyBatchNorm, StochasticLayer
-from .convert import NormAct, convert
+from .convert import NormAct, convert, convert_sync
 from .fold import FoldReport, fold
 from .ops import (
     PLACEMENTS,
@@ -27,7 +27,6 @@ from .ops import (
 from .progress import ProgressTracker, set_progress, track
 from .registry import REGISTRY, NormInfo, Param, lookup, parse_spec
 from .renorm import BatchRenorm
-from .sync import convert_sync
 from .wrappers import ScaleInvariantBN, ScaleInvariantConvBN, ScaleInvariantLinearBN, WeightNorm
 
 __all__ = [

@@ -18,9 +18,12 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.lazy import LazyModuleMixin
 
+from .base import ChannelNorm
 from .batchnorm import NativeBatchNorm
+from .noisy import StochasticLayer
 from .ops import _parts, create
 from .registry import lookup, parse_spec
+from .sync import active_group, broadcast_seed
 
 # torch's option names, passed to the new layer's constructor with torch's semantics.
 TORCH_OPTIONS = ("eps", "momentum", "affine", "track_running_stats")
@@ -123,8 +126,6 @@ def _replacement(old: _BatchNorm, spec: str, path: str) -> nn.Module:
     except (TypeError, ValueError) as err:
         raise ValueError(f"cannot convert {path!r} ({old!r}) to {spec!r}: {err}") from err
     if isinstance(old, nn.SyncBatchNorm):
-        from .sync import convert_sync
-
         new = convert_sync(new, old.process_group)
     if kind == "norm_act":
         new = NormAct(new, old.drop, old.act)
@@ -152,3 +153,41 @@ def _accepts(factory, name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def convert_sync(model: nn.Module, process_group=None) -> nn.Module:
+    """Switch every bnlab normalization layer of ``model`` (in place) to synchronized statistics.
+
+    bnlab layers (``bn``, ``mean_only_bn``, ``var_only_bn``, ``mbn``, ``cbn``, ``brn``, ``lp_bn``,
+    ``noisy_bn``, ``si_bn``'s inner norm) get ``sync=True`` and ``process_group``; ``native_bn`` and any
+    other torch BatchNorm become torch's own ``nn.SyncBatchNorm`` (same parameters and buffers), which
+    torch runs on GPUs only — nothing is left unsynchronized silently. Stochastic
+    layers (``noisy_bn``) take rank 0's noise seed when a process group is initialized, so every rank
+    draws the same noise. Like ``nn.SyncBatchNorm.convert_sync_batchnorm``, returns the model.
+    """
+    if _torch_batchnorm(model):
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group)
+    for name, child in list(model.named_children()):
+        if _torch_batchnorm(child):
+            setattr(model, name, nn.SyncBatchNorm.convert_sync_batchnorm(child, process_group))
+        else:
+            convert_sync(child, process_group)
+    if isinstance(model, ChannelNorm):
+        model.sync = True
+        model.process_group = process_group
+        if isinstance(model, StochasticLayer):
+            align_seed(model)
+    return model
+
+
+def _torch_batchnorm(module: nn.Module) -> bool:
+    return isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, nn.SyncBatchNorm)
+
+
+def align_seed(layer) -> None:
+    """Give a stochastic synced layer rank 0's seed (no-op outside a multi-rank group)."""
+    group = active_group(getattr(layer, "process_group", None))
+    if group is not None:
+        seed = broadcast_seed(layer._seed, group)
+        if seed != layer._seed:  # equal seeds keep the generator (and any state restored into it)
+            layer.reseed(seed)

@@ -26,7 +26,7 @@ from torch import Tensor
 
 __all__ = [
     "active_group", "all_gather", "all_reduce_sum", "batch_samples", "broadcast_seed", "channel_count",
-    "channel_mean", "channel_topk", "convert_sync", "global_batch_rows", "global_topk", "module_group",
+    "channel_mean", "channel_topk", "global_batch_rows", "global_topk", "module_group",
     "sample_offset", "synced_moments",
 ]
 
@@ -214,44 +214,3 @@ def broadcast_seed(seed: int, group, device: torch.device | None = None) -> int:
     t = torch.tensor([int(seed)], dtype=torch.int64, device=device)
     dist.broadcast(t, src=dist.get_global_rank(group, 0), group=group)
     return int(t.item())
-
-
-def convert_sync(model: nn.Module, process_group=None) -> nn.Module:
-    """Switch every bnlab normalization layer of ``model`` (in place) to synchronized statistics.
-
-    bnlab layers (``bn``, ``mean_only_bn``, ``var_only_bn``, ``mbn``, ``cbn``, ``brn``, ``lp_bn``,
-    ``noisy_bn``, ``si_bn``'s inner norm) get ``sync=True`` and ``process_group``; ``native_bn`` and any
-    other torch BatchNorm become torch's own ``nn.SyncBatchNorm`` (same parameters and buffers), which
-    torch runs on GPUs only — nothing is left unsynchronized silently. Stochastic
-    layers (``noisy_bn``) take rank 0's noise seed when a process group is initialized, so every rank
-    draws the same noise. Like ``nn.SyncBatchNorm.convert_sync_batchnorm``, returns the model.
-    """
-    from .base import ChannelNorm
-    from .noisy import StochasticLayer
-
-    if _torch_batchnorm(model):
-        return nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group)
-    for name, child in list(model.named_children()):
-        if _torch_batchnorm(child):
-            setattr(model, name, nn.SyncBatchNorm.convert_sync_batchnorm(child, process_group))
-        else:
-            convert_sync(child, process_group)
-    if isinstance(model, ChannelNorm):
-        model.sync = True
-        model.process_group = process_group
-        if isinstance(model, StochasticLayer):
-            align_seed(model)
-    return model
-
-
-def _torch_batchnorm(module: nn.Module) -> bool:
-    return isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, nn.SyncBatchNorm)
-
-
-def align_seed(layer) -> None:
-    """Give a stochastic synced layer rank 0's seed (no-op outside a multi-rank group)."""
-    group = active_group(getattr(layer, "process_group", None))
-    if group is not None:
-        seed = broadcast_seed(layer._seed, group)
-        if seed != layer._seed:  # equal seeds keep the generator (and any state restored into it)
-            layer.reseed(seed)
