@@ -113,9 +113,9 @@ class _StatsAffine(torch.autograd.Function):
         g_sum = g_sum.to(m.dtype)
         g_dot = g_dot_centred.to(m.dtype) + m_x.to(m.dtype) * g_sum  # Σ g·x, exactly, without cancellation
         inputs = [m, v] + [t for t in leaves if t.requires_grad]
-        grads = torch.autograd.grad((scale, shift), inputs, (g_dot, g_sum),
-                                    allow_unused=True, retain_graph=True)  # tiny; lets gradcheck re-run
-        grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(grads, inputs)]
+        raw_grads = torch.autograd.grad((scale, shift), inputs, (g_dot, g_sum),
+                                        allow_unused=True, retain_graph=True)  # tiny; lets gradcheck re-run
+        grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(raw_grads, inputs)]
         g_mean, g_var, rest = grads[0], grads[1], iter(grads[2:])
         s = (2.0 / ctx.n) * g_var
         # gx = s·(x − μ) + g_μ/n + scale·g = s·x + (g_μ/n − s·μ) + scale·g: the constant in float64, so
@@ -172,6 +172,14 @@ class ChannelNorm(nn.Module):
     ``affine=False`` has no γ, β.
     """
 
+    # Declared for the type checker (nn.Module.__getattr__ would type them ``Tensor | Module``). They are
+    # None when affine=False / track_running_stats=False; every read is behind those flags (or use_batch_stats).
+    weight: Tensor
+    bias: Tensor
+    running_mean: Tensor
+    running_var: Tensor
+    num_batches_tracked: Tensor
+
     def __init__(
         self,
         num_features: int,
@@ -213,7 +221,7 @@ class ChannelNorm(nn.Module):
                 f"track_running_stats={self.track_running_stats}")
 
     # ---- helpers -------------------------------------------------------------------------------
-    def check_input(self, x: Tensor) -> None:
+    def check_input(self: nn.Module, x: Tensor) -> None:  # self: nn.Module, NativeBatchNorm calls it too
         """Clear errors for the mistakes people make when dropping a layer into a model."""
         if not torch.is_tensor(x) or not x.is_floating_point():
             dtype = getattr(x, "dtype", type(x).__name__)

@@ -74,6 +74,11 @@ class CompleteBatchNorm(ChannelNorm):
     ``bnlab.norms.track`` do it); training without it warns once and runs with η = 0.
     """
 
+    amat_mean: Tensor  # buffers, declared for the type checker (see ChannelNorm)
+    amat_var: Tensor
+    _eta: Tensor
+    _amat_steps: Tensor
+
     def __init__(self, num_features: int, rho: float = 1.0, amat: bool = True, omega: float = 10.0,
                  decouple: bool = True, center: bool = True, eta: float | None = None, **kwargs) -> None:
         super().__init__(num_features, **kwargs)

@@ -20,12 +20,14 @@ import copy
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable, cast
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.conv import _ConvNd
 
 from .base import ChannelNorm
 from .convert import NORM_ACT_CLASSES
@@ -137,7 +139,7 @@ def _neighbour(node: fx.Node, modules: dict, calls: Counter, taken: set,
         layer = _unwrap(modules[src.target])
         if isinstance(layer, LINEAR_TYPES) and calls[src.target] == 1 and (src.target, "output") not in taken:
             if len(src.users) == 1:
-                return src.target, "output"
+                return str(src.target), "output"  # a call_module node's target is the module's path
             others = ", ".join(sorted(u.name for u in src.users if u is not node))
             producer_note = f"the output of {src.target!r} also feeds {others}"
         else:
@@ -151,7 +153,7 @@ def _neighbour(node: fx.Node, modules: dict, calls: Counter, taken: set,
         dst = users[0]
         layer = _unwrap(modules[dst.target])
         if calls[dst.target] == 1 and (dst.target, "input") not in taken and _accepts_input_fold(layer):
-            return dst.target, "input"
+            return str(dst.target), "input"
     consumer_note = "its output feeds " + (", ".join(_describe(u) for u in users) or "nothing")
     return f"no adjacent conv/linear to fold into: {producer_note}; {consumer_note}"
 
@@ -176,7 +178,8 @@ def _eval_affine(norm: nn.Module) -> tuple[tuple[Tensor, Tensor] | None, str]:
         if type(norm) not in _TORCH_AFFINE and not _is_norm_act(norm):
             return None, f"{type(norm).__name__} has a forward of its own: not known to be affine"
         return _running_affine(norm), ""
-    affine = norm.inference_affine()
+    inference_affine = cast(Callable[[], "tuple[Tensor, Tensor] | None"], norm.inference_affine)
+    affine = inference_affine()
     if affine is None:
         return None, f"{type(norm).__name__} is not an affine map in eval mode"
     return affine, ""
@@ -188,10 +191,12 @@ def _is_norm_act(module: nn.Module) -> bool:
 
 
 def _running_affine(bn: nn.Module) -> tuple[Tensor, Tensor]:
-    weight = bn.weight if bn.weight is not None else torch.ones_like(bn.running_mean)
-    bias = bn.bias if bn.bias is not None else torch.zeros_like(bn.running_mean)
-    scale = weight * torch.rsqrt(bn.running_var + bn.eps)
-    return scale, bias - bn.running_mean * scale
+    # a BN-like module (torch's or ours) that tracks running statistics: its buffers are tensors
+    mean, var = cast(Tensor, bn.running_mean), cast(Tensor, bn.running_var)
+    weight = cast(Tensor, bn.weight) if bn.weight is not None else torch.ones_like(mean)
+    bias = cast(Tensor, bn.bias) if bn.bias is not None else torch.zeros_like(mean)
+    scale = weight * torch.rsqrt(var + cast(float, bn.eps))
+    return scale, bias - mean * scale
 
 
 def _explain_leftovers(model: nn.Module, rep: FoldReport) -> None:
@@ -205,13 +210,14 @@ def _explain_leftovers(model: nn.Module, rep: FoldReport) -> None:
 
 def _apply(root: nn.Module, kind: str, layer_path: str, norm_path: str, affine) -> None:
     if kind == "self":  # si_bn: the norm wraps its own layer
-        _set(root, norm_path, _scaled_output(root.get_submodule(norm_path).layer, *affine))
+        _set(root, norm_path, _scaled_output(cast(ScaleInvariantBN, root.get_submodule(norm_path)).layer, *affine))
         return
     layer = _unwrap(root.get_submodule(layer_path))
     new = _scaled_output(layer, *affine) if kind == "output" else _scaled_input(layer, *affine)
     _set(root, layer_path, new)
     norm = root.get_submodule(norm_path)
-    _set(root, norm_path, nn.Sequential(norm.drop, norm.act) if _is_norm_act(norm) else nn.Identity())
+    _set(root, norm_path,
+         nn.Sequential(cast(nn.Module, norm.drop), cast(nn.Module, norm.act)) if _is_norm_act(norm) else nn.Identity())
 
 
 def _set(root: nn.Module, path: str, module: nn.Module) -> None:
@@ -221,7 +227,7 @@ def _set(root: nn.Module, path: str, module: nn.Module) -> None:
 
 def _unwrap(module: nn.Module) -> nn.Module:
     """WN is a reparametrized linear layer: fold into (a plain copy of) the layer it wraps."""
-    return module.layer if isinstance(module, WeightNorm) else module
+    return cast(nn.Module, module.layer) if isinstance(module, WeightNorm) else module
 
 
 def _accepts_input_fold(layer: nn.Module) -> bool:
@@ -232,26 +238,36 @@ def _accepts_input_fold(layer: nn.Module) -> bool:
     return False
 
 
-def _plain_copy(layer: nn.Module, bias: bool) -> nn.Module:
+def _plain_copy(layer: nn.Module, bias: bool) -> nn.Linear | _ConvNd:
     """A parametrization-free copy (so WN-wrapped layers fold too), with a bias."""
-    weight = layer.weight.detach().clone()
+    weight = cast(Tensor, layer.weight).detach().clone()
+    new: nn.Linear | _ConvNd
     if isinstance(layer, nn.Linear):
         new = nn.Linear(layer.in_features, layer.out_features, bias=bias)
-    else:
-        new = type(layer)(layer.in_channels, layer.out_channels, layer.kernel_size, stride=layer.stride,
-                          padding=layer.padding, dilation=layer.dilation, groups=layer.groups, bias=bias,
-                          padding_mode=layer.padding_mode)
+    else:  # Conv1d/2d/3d (LINEAR_TYPES): one constructor, which the stubs spell per dimension
+        conv = cast(_ConvNd, layer)
+        conv_type = cast(Callable[..., _ConvNd], type(conv))
+        new = conv_type(conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride,
+                        padding=conv.padding, dilation=conv.dilation, groups=conv.groups, bias=bias,
+                        padding_mode=conv.padding_mode)
     new = new.to(device=weight.device, dtype=weight.dtype)
     new.weight.copy_(weight)
     if bias:
-        new.bias.copy_(layer.bias.detach() if layer.bias is not None else torch.zeros_like(new.bias))
+        old_bias = cast("Tensor | None", layer.bias)
+        _bias(new).copy_(old_bias.detach() if old_bias is not None else torch.zeros_like(_bias(new)))
     return new
+
+
+def _bias(layer: nn.Linear | _ConvNd) -> Tensor:
+    if layer.bias is None:  # _plain_copy(bias=True) always makes one
+        raise RuntimeError(f"{type(layer).__name__} copy has no bias")
+    return layer.bias
 
 
 def _scaled_output(layer: nn.Module, scale: Tensor, shift: Tensor) -> nn.Module:
     new = _plain_copy(layer, bias=True)
     new.weight.mul_(scale.view(-1, *([1] * (new.weight.dim() - 1))))
-    new.bias.mul_(scale).add_(shift)
+    _bias(new).mul_(scale).add_(shift)
     return new
 
 
@@ -260,6 +276,6 @@ def _scaled_input(layer: nn.Module, scale: Tensor, shift: Tensor) -> nn.Module:
     w = new.weight
     # The bias gains W·shift; a conv without padding sees the shift at every tap of its kernel.
     per_input = w.flatten(2).sum(-1) if w.dim() > 2 else w
-    new.bias.add_(per_input @ shift)
+    _bias(new).add_(per_input @ shift)
     w.mul_(scale.view(1, -1, *([1] * (w.dim() - 2))))
     return new
