@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from .ops import create
+from .progress import set_progress
 from .wrappers import ScaleInvariantBN, WeightNorm
 
 DEFAULT_SPECS = ["native_bn", "bn", "mean_only_bn", "var_only_bn", "mbn", "cbn", "cbn(decouple=false)", "brn",
@@ -22,10 +23,8 @@ def _layer(spec: str, shape: tuple[int, ...]) -> nn.Module:
         inner = nn.Conv2d(c, c, 1, bias=False) if len(shape) == 4 else nn.Linear(c, c, bias=False)
         return ScaleInvariantBN(inner) if spec == "si_bn" else WeightNorm(inner)
     layer = create(spec, c)
-    if spec.startswith("mbn"):
-        layer.set_progress(epoch=2, epochs=4)  # λ > 0: the moving statistics are exercised
-    if spec.startswith("cbn"):
-        layer.set_progress(lr=0.05)
+    if spec.startswith(("mbn", "cbn")):
+        set_progress(layer, epoch=2, epochs=4, lr=0.05)  # mbn: λ > 0 (moving statistics exercised); cbn: AMAT on
     return layer
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 
 import typer
@@ -15,7 +17,7 @@ def list_norms(as_json: bool = typer.Option(False, "--json", help="print JSON in
     from . import describe
     from bnlab.spec import format_value as _fmt
 
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "name": info.name,
             "summary": info.summary,

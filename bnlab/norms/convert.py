@@ -11,10 +11,13 @@ refused with an error that names it: bnlab would silently drop what it adds.
 
 from __future__ import annotations
 
+from typing import cast
+
 import inspect
 import warnings
 
 import torch.nn as nn
+from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.lazy import LazyModuleMixin
 
@@ -128,7 +131,7 @@ def _replacement(old: _BatchNorm, spec: str, path: str) -> nn.Module:
     if isinstance(old, nn.SyncBatchNorm):
         new = convert_sync(new, old.process_group)
     if kind == "norm_act":
-        new = NormAct(new, old.drop, old.act)
+        new = NormAct(new, cast(nn.Module, old.drop), cast(nn.Module, old.act))
     return new.train(old.training)
 
 
@@ -138,7 +141,7 @@ def create_like(old: _BatchNorm, spec: str) -> nn.Module:
     explicit = set(parse_spec(spec)[1])
     options = {k: getattr(old, k) for k in TORCH_OPTIONS if k not in explicit and _accepts(info.factory, k)}
     new = create(spec, old.num_features, **options)
-    ref = next(iter(old.parameters()), None)
+    ref: Tensor | None = next(iter(old.parameters()), None)
     ref = old.running_mean if ref is None else ref
     if ref is not None:
         new = new.to(device=ref.device, dtype=ref.dtype)

@@ -49,6 +49,10 @@ class MomentumBatchNorm(ChannelNorm):
     Training without epoch and epochs warns once.
     """
 
+    train_mean: Tensor  # buffers, declared for the type checker (see ChannelNorm)
+    train_var: Tensor
+    _lambda_exponent: Tensor
+
     def __init__(self, num_features: int, ideal_batch: int = 32, tau0: float = 0.9, **kwargs) -> None:
         super().__init__(num_features, **kwargs)
         self.ideal_batch = ideal_batch

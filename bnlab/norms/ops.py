@@ -6,6 +6,8 @@ progress (learning rate, epoch) in :mod:`.progress`.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn as nn
 
@@ -75,7 +77,7 @@ def normalized(layer: nn.Module, spec: str, placement: str = "pre_activation") -
         width = _out_features(layer.layer if isinstance(layer, (ScaleInvariantBN, WeightNorm)) else layer)
         return nn.Sequential(layer, *(create(p, width) for p in parts))
     inner = layer.layer if isinstance(layer, (ScaleInvariantBN, WeightNorm)) else layer
-    width = inner.in_features if isinstance(inner, nn.Linear) else inner.in_channels
+    width = inner.in_features if isinstance(inner, nn.Linear) else cast(int, inner.in_channels)  # a conv
     return nn.Sequential(*(create(p, width) for p in parts), layer)
 
 

@@ -7,6 +7,8 @@ tells them by hand; :func:`track` does it for every training forward pass, read 
 
 from __future__ import annotations
 
+from typing import Protocol, cast
+
 import torch
 import torch.nn as nn
 from torch.optim import Optimizer
@@ -21,8 +23,14 @@ def set_progress(model: nn.Module, *, lr: float | None = None, epoch: int | None
         module.set_progress(lr=lr, epoch=epoch, epochs=epochs)
 
 
-def _progress_layers(model: nn.Module) -> list[nn.Module]:
-    return [m for m in model.modules() if isinstance(m, ChannelNorm) and hasattr(m, "set_progress")]
+class _ProgressLayer(Protocol):
+    def set_progress(self, *, lr: float | None = None, epoch: int | None = None,
+                     epochs: int | None = None) -> None: ...
+
+
+def _progress_layers(model: nn.Module) -> list[_ProgressLayer]:
+    return [cast(_ProgressLayer, m) for m in model.modules()
+            if isinstance(m, ChannelNorm) and hasattr(m, "set_progress")]
 
 
 class ProgressTracker:

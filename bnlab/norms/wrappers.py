@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn as nn
 from torch import Tensor
@@ -61,7 +63,7 @@ class ScaleInvariantBN(nn.Module):
                                        track_running_stats=track_running_stats, sync=sync)
 
     def weight_sq(self) -> Tensor:
-        return self.layer.weight.flatten(1).pow(2).sum(dim=1)
+        return cast(Tensor, self.layer.weight).flatten(1).pow(2).sum(dim=1)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.norm(self.layer(x), self.weight_sq())
