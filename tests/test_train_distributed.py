@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from bnlab.cli import app
 from bnlab.store import Store
-from bnlab.train import distributed, run
+from bnlab.train import distributed, launcher, run
 from bnlab.train.callbacks import Callback
 from bnlab.train.config import TrainConfig
 
@@ -51,7 +51,7 @@ def test_two_processes_equal_one_and_a_killed_run_resumes(tmp_path, monkeypatch)
     assert one.status == "finished"
 
     with pytest.raises(Exception, match="(?i)fail"):  # torch's ChildFailedError names the exit code
-        distributed.launch(TrainConfig.from_dict({**config, "nproc": 2}), callbacks=[KillRankZeroAt(5)],
+        launcher.launch(TrainConfig.from_dict({**config, "nproc": 2}), callbacks=[KillRankZeroAt(5)],
                            progress=False)
     with Store(tmp_path / "bnlab.db") as store:
         killed = [r for r in store.list_runs() if r["config"].get("nproc") == 2]
@@ -94,9 +94,9 @@ def test_split_sizes_cover_the_batch_in_rank_order():
 def test_torchrun_world_size_must_match_nproc(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "0")
-    assert distributed._with_world_size(TrainConfig.from_dict(BASE)).nproc == 4
+    assert launcher._with_world_size(TrainConfig.from_dict(BASE)).nproc == 4
     with pytest.raises(ValueError, match="WORLD_SIZE 4"):
-        distributed._with_world_size(TrainConfig.from_dict({**BASE, "nproc": 2}))
+        launcher._with_world_size(TrainConfig.from_dict({**BASE, "nproc": 2}))
 
 
 def test_reproduce_nproc_reaches_every_run_without_probes(tmp_path):

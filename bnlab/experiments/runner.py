@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import bnlab.train as train
 from bnlab.jsonsafe import jsonable
 from bnlab.store import Store
-from bnlab.train import distributed
+from bnlab.train import launcher
 from bnlab.train.checkpoint import RunLockedError
 
 from .base import Experiment, Outcome, Plan, RunSpec, check_preset, get, shrink
@@ -57,7 +57,7 @@ def _train_one(config: dict) -> dict:
     another process is training (a second sweep on the same runs dir) is waited for, then read:
     it is that process's run, not a failure of this one."""
     # bnlab.train.run looked up at call time: a test may replace it
-    run = distributed.train if int(config.get("nproc") or 1) > 1 else train.run  # nproc > 1: data-parallel
+    run = launcher.train if int(config.get("nproc") or 1) > 1 else train.run  # nproc > 1: data-parallel
 
     said = False
     try:

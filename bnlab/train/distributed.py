@@ -25,11 +25,9 @@ use several nodes. Backend: gloo on CPU, nccl on CUDA (one GPU per local rank).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +36,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bnlab.norms import convert_sync
 from bnlab.norms.sync import all_gather
-from bnlab.train.config import TrainConfig, validate_static
+from bnlab.store import Store
 from bnlab.train.engine import Trainer
 
 
@@ -120,8 +119,6 @@ class DataParallelTrainer(Trainer):
             if received is not None:
                 received.unlink(missing_ok=True)
         if self.config.sync_norms:
-            from bnlab.norms import convert_sync
-
             convert_sync(self.model)
         cuda = self.device.type == "cuda"
         self.ddp = nn.parallel.DistributedDataParallel(
@@ -178,8 +175,6 @@ def announce(train: bool, run_id: str) -> None:
 
 def follow(prep, run_id: str) -> None:
     """A rank > 0's part of ``bnlab.train.loop.run``: train in step with rank 0 into a throwaway store."""
-    from bnlab.store import Store
-
     message = [None]
     dist.broadcast_object_list(message, src=0)
     train, main_id = message[0]
@@ -208,64 +203,3 @@ def follow(prep, run_id: str) -> None:
 def torchrun_environment() -> bool:
     """True in a worker that torchrun (or the elastic agent) started with more than one rank."""
     return "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def train(config: TrainConfig | dict, *, callbacks=(), progress: Any = None, force: bool = False,
-          model_factory=None):
-    """``bnlab train``: one process; ``config.nproc`` local processes; or this rank of a torchrun launch.
-
-    Returns the run's record (on rank 0; ``None`` on the other ranks of a torchrun launch).
-    """
-    from bnlab.train.loop import run
-
-    cfg = TrainConfig.coerce(config)
-    if torchrun_environment() and current() is None:
-        cfg = validate_static(_with_world_size(cfg), check_model=model_factory is None)
-        return _as_rank(cfg.to_dict(), list(callbacks), progress, force, model_factory)
-    cfg = validate_static(cfg, check_model=model_factory is None)
-    if cfg.nproc > 1 and current() is None:
-        return launch(cfg, callbacks=callbacks, progress=progress, force=force, model_factory=model_factory)
-    return run(cfg, callbacks=callbacks, progress=progress, force=force, model_factory=model_factory)
-
-
-def launch(cfg: TrainConfig, *, callbacks=(), progress: Any = None, force: bool = False, model_factory=None):
-    """Run ``cfg`` on ``cfg.nproc`` local processes with torch.distributed's elastic launcher (the one
-    ``torchrun --standalone`` uses: rendezvous on a free localhost port, no restarts); rank 0's record."""
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    launch_config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=cfg.nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, start_method="spawn")
-    results = elastic_launch(launch_config, _as_rank)(cfg.to_dict(), list(callbacks), progress, force, model_factory)
-    return results[0]
-
-
-def _with_world_size(cfg: TrainConfig) -> TrainConfig:
-    """cfg with nproc = the launch's WORLD_SIZE (an nproc given and different is an error)."""
-    world = int(os.environ["WORLD_SIZE"])
-    if cfg.nproc not in (1, world):
-        raise ValueError(f"nproc {cfg.nproc} does not match the launch's WORLD_SIZE {world}")
-    return dataclasses.replace(cfg, nproc=world)
-
-
-def _as_rank(config: dict, callbacks: list, progress: Any, force: bool, model_factory):
-    """One rank: join the default process group from the environment, train, leave."""
-    from bnlab.train.loop import run
-
-    cfg = _with_world_size(TrainConfig.from_dict(config))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = torch.device(cfg.device).type == "cuda"
-    if cuda:
-        if torch.device(cfg.device).index is not None:
-            raise ValueError(f"device {cfg.device!r} names one GPU; with several processes use device cuda "
-                             "(each local rank takes GPU LOCAL_RANK)")
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if cuda else "gloo")
-    try:
-        main = dist.get_rank() == 0
-        kept = [cb for cb in callbacks if main or getattr(cb, "changes_training", False)]
-        record = run(cfg, callbacks=kept, progress=progress if main else False, force=force and main,
-                     model_factory=model_factory)
-    finally:
-        dist.destroy_process_group()
-    return record if main else None

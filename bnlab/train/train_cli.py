@@ -118,7 +118,7 @@ def train_command(
         progress = "bar" if sys.stderr.isatty() else "lines"
         from bnlab.train.trackers import parse_log_to  # --log-to (trackers.py)
 
-        from bnlab.train.distributed import train  # one process, --nproc N local ones, or a torchrun rank
+        from bnlab.train.launcher import train  # one process, --nproc N local ones, or a torchrun rank
 
         record = train(config, progress=progress, force=force, callbacks=[parse_log_to(s) for s in log_to or []])
         if record is None:  # a rank > 0 of a torchrun launch: rank 0 reports
