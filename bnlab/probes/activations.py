@@ -59,7 +59,7 @@ class MomentsProbe(Probe):
         layers = activation_layers(model, self.layers)
         before = _forward_outputs(ctx, layers)
         lr = None if ctx.optimizer is not None else ctx.learning_rate()
-        updated_by_id = simulated_step(ctx.snapshot, lr)
+        updated_by_id = simulated_step(ctx.require_snapshot(), lr)
         updated = {n: updated_by_id[id(p)] for n, p in model.named_parameters()}
         after = _forward_outputs(ctx, layers, updated, reset_rng=False)
         out = {}

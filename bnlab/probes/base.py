@@ -111,6 +111,13 @@ class ProbeContext:
     def y(self) -> torch.Tensor:
         return self.batch[1]
 
+    def require_snapshot(self) -> Snapshot:
+        """The snapshot a probe that is not ``read_only`` runs inside (``Probe.__call__`` takes it)."""
+        if self.snapshot is None:
+            raise RuntimeError("this probe needs ctx.snapshot (a Snapshot), which is None: call the probe "
+                               "itself, which takes one for every probe that is not read_only")
+        return self.snapshot
+
     def learning_rate(self, param: torch.Tensor | None = None) -> float:
         """The step size: of ``param``'s optimizer group if known, else the context's ``lr``."""
         if self.optimizer is not None:
@@ -157,8 +164,7 @@ def loss_and_grads(ctx: ProbeContext, wrt: list[str], params: dict[str, torch.Te
     with torch.enable_grad():
         loss = ctx.loss(leaves, x, y)
         grads = torch.autograd.grad(loss, [leaves[n] for n in wrt], allow_unused=True)
-    grads = [torch.zeros_like(leaves[n]) if g is None else g for n, g in zip(wrt, grads)]
-    return float(loss.detach()), grads
+    return float(loss.detach()), [torch.zeros_like(leaves[n]) if g is None else g for n, g in zip(wrt, grads)]
 
 
 def flat(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
@@ -179,7 +185,7 @@ class capture_inputs:
         self.modules = modules
         self.outputs = outputs
         self.values: dict[str, torch.Tensor] = {}
-        self._handles = []
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def __enter__(self) -> capture_inputs:
         for name, module in self.modules:

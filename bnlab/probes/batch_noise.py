@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import torch
+from torch import Tensor
 
 from .base import PROBES, Probe, ProbeContext, bn_layers, channels_first, select_layers
 from .bn_stats import _bn_inputs, _heldout_inputs
@@ -45,8 +47,8 @@ class BatchNoiseProbe(Probe):
         if self.heldout is None:
             for name, module in layers:
                 if getattr(module, "running_mean", None) is not None:
-                    population[name] = (module.running_mean.detach().double().clone(),
-                                        module.running_var.detach().double().clone())
+                    population[name] = (cast(Tensor, module.running_mean).detach().double().clone(),
+                                        cast(Tensor, module.running_var).detach().double().clone())
         inputs = _bn_inputs(ctx, layers)
         if self.heldout is not None:
             held = _bn_inputs(ctx, layers, self.heldout.to(ctx.x.device))

@@ -44,7 +44,7 @@ class CBNRatiosProbe(Probe):
             if buf is not None:
                 moving[name] = buf.detach().clone()
         inputs = _bn_inputs(ctx, layers)
-        out = {}
+        out: dict[str, float] = {}
         for name, module in layers:
             if name not in inputs:
                 continue

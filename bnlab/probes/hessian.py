@@ -60,7 +60,8 @@ def lanczos_extremes(hvp, dim: int, iters: int, generator: torch.Generator) -> t
     """
     k = min(iters, dim)
     basis = torch.zeros(k, dim, dtype=torch.float64)
-    alphas, betas = [], []
+    alphas: list[float] = []
+    betas: list[float] = []
     v = torch.randn(dim, generator=generator, dtype=torch.float64)
     v /= v.norm()
     for j in range(k):

@@ -70,12 +70,11 @@ class ICSProbe(Probe):
     def measure(self, ctx: ProbeContext) -> dict[str, float]:
         model = ctx.model
         model.train()
-        snap = ctx.snapshot
         chosen = select_layers(model, self.layers, weight_layers(model), "weight")
         params = dict(model.named_parameters())
         order = execution_order(ctx)
         lr = None if ctx.optimizer is not None else ctx.learning_rate()
-        updated_by_id = simulated_step(snap, lr)
+        updated_by_id = simulated_step(ctx.require_snapshot(), lr)
         theta = {n: p.detach() for n, p in params.items()}
         updated = {n: updated_by_id[id(p)] for n, p in params.items()}
         layer_params = {}

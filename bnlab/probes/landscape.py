@@ -156,8 +156,8 @@ def _batched(ctx: ProbeContext, names, theta, direction, steps, chunk_size=None)
         return loss_fn(torch.func.functional_call(model, {**params, **buffers, **frozen}, (x,)), y)
 
     toggled = [m for m in model.modules() if is_bn_layer(m) and getattr(m, "track_running_stats", False)]
-    for m in toggled:
-        m.track_running_stats = False
+    for m in toggled:  # (setattr: a BN-like module, torch's or bnlab's; nn.Module declares no such flag)
+        setattr(m, "track_running_stats", False)
     try:
         if ctx.snapshot is not None:
             ctx.snapshot.reset_rng()
@@ -166,9 +166,9 @@ def _batched(ctx: ProbeContext, names, theta, direction, steps, chunk_size=None)
             grads = torch.autograd.grad(losses.sum(), [leaves[n] for n in names], allow_unused=True)
     finally:
         for m in toggled:
-            m.track_running_stats = True
-    grads = [torch.zeros_like(leaves[n]) if g is None else g for n, g in zip(names, grads)]
-    flat = torch.cat([g.reshape(count, -1) for g in grads], dim=1)
+            setattr(m, "track_running_stats", True)
+    dense = [torch.zeros_like(leaves[n]) if g is None else g for n, g in zip(names, grads)]
+    flat = torch.cat([g.reshape(count, -1) for g in dense], dim=1)
     return [float(v) for v in losses.detach()], list(flat.detach())
 
 
@@ -204,8 +204,9 @@ def evaluate_landscape(ctx: ProbeContext, steps: torch.Tensor, method: str = "au
     names = [n for n, p in params.items() if p.requires_grad]
     theta = {n: p.detach() for n, p in params.items()}
     eager = None
-    if direction == "grad" and all(params[n].grad is not None for n in names):
-        g_dir = {n: params[n].grad.detach().clone() for n in names}
+    grads_now = {n: params[n].grad for n in names}
+    if direction == "grad" and all(g is not None for g in grads_now.values()):
+        g_dir = {n: g.detach().clone() for n, g in grads_now.items() if g is not None}
     else:
         loss0, g_list = loss_and_grads(ctx, names)
         g_dir = dict(zip(names, g_list))

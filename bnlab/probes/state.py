@@ -130,7 +130,7 @@ class Snapshot:
     def restore(self) -> None:
         self.reset_parameters()
         for p, _, grad, saved_grad in self.params:
-            if grad is None:
+            if grad is None or saved_grad is None:  # both None together: p had no gradient
                 p.grad = None
             else:
                 if grad.shape == saved_grad.shape:
@@ -146,18 +146,20 @@ class Snapshot:
             self._restore_optimizer()
 
     def _restore_optimizer(self) -> None:
-        optimizer = self.optimizer
+        optimizer, saved_state, saved_groups = self.optimizer, self.optimizer_state, self.optimizer_groups
+        if optimizer is None or saved_state is None or saved_groups is None:
+            return  # no optimizer was snapshotted
         for p in list(optimizer.state.keys()):
-            if p not in self.optimizer_state:
+            if p not in saved_state:
                 del optimizer.state[p]
-        for p, saved in self.optimizer_state.items():
+        for p, saved in saved_state.items():
             state = optimizer.state[p]
             for key in list(state.keys()):
                 if key not in saved:
                     del state[key]
             for key, value in saved.items():
                 _write_back(state, key, value)
-        for group, saved in zip(optimizer.param_groups, self.optimizer_groups):
+        for group, saved in zip(optimizer.param_groups, saved_groups):
             for key in list(group.keys()):
                 if key != "params" and key not in saved:
                     del group[key]
