@@ -14,7 +14,7 @@ from typing import Any, Optional
 import typer
 
 from bnlab.spec import read_pairs
-from bnlab.train.cli import EXIT_FAILED, _fail, _fmt
+from bnlab.train.cli_common import EXIT_FAILED, _fail, _fmt
 
 runs_app = typer.Typer(help="The recorded runs: list, show, export, delete, plot.", no_args_is_help=True)
 

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import typer
 
 from bnlab.spec import read_pairs
-from bnlab.train.cli import EXIT_FAILED, _fail, _fmt
+from bnlab.train.cli_common import EXIT_FAILED, _fail, _fmt
 
 EXIT_INTERRUPTED = 130
 
