@@ -1,6 +1,6 @@
 """Luo et al. 2019, the CNN entries of §5: Fig. 4 (BN and its parts), Fig. 5 (γ² and ζ against the batch size),
 Fig. 6 (fine-tuning with BN folded) and Fig. 7 (dropout at large batch). Shared constants and helpers are in
-:mod:`bnlab.experiments.luo`."""
+:mod:`bnlab.experiments.luo_common`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 
 from .base import Experiment, Outcome, Plan, RunSpec, register, shrink
 from .common import finite_or_none, safe_panels, spearman, tail_mean
-from .luo import TRAIN_SIZES, _clean, _fmt, _points, _series, train_collecting
+from .luo_common import TRAIN_SIZES, _clean, _fmt, _points, _series, train_collecting
 
 
 # ================================================================================================

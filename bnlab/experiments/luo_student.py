@@ -1,5 +1,5 @@
 """Luo et al. 2019, the teacher–student entries: Fig. 2 (ε_gen against the load α) and Fig. 3 (validation loss
-at α = 1). Shared constants and helpers are in :mod:`bnlab.experiments.luo`."""
+at α = 1). Shared constants and helpers are in :mod:`bnlab.experiments.luo_common`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
 from .common import finite_or_none, safe_panels
-from .luo import FIG2_ZETAS, FIG3_ZETA, NOISE_VAR, _TOL, _clean, _fmt, _points, _series, train_collecting
+from .luo_common import FIG2_ZETAS, FIG3_ZETA, NOISE_VAR, _TOL, _clean, _fmt, _points, _series, train_collecting
 
 
 # ================================================================================================

@@ -1,0 +1,64 @@
+"""Constants and helpers shared by the Luo et al. 2019 entries (:mod:`bnlab.experiments.luo`)."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from typing import Any, Callable, Sequence
+
+from bnlab.jsonsafe import jsonable
+from bnlab.store import Store
+from bnlab.train import run
+
+from .base import shrink
+from .runner import TINY_STEPS
+
+NOISE_VAR = 0.25          # §4.1: "let the noise variance ϵ of the teacher be 0.25"
+FIG2_ZETAS = (0.014, 0.25)  # the two WN curves of Fig. 2
+FIG3_ZETA = 0.014          # Fig. 3's WN with regularization
+TRAIN_SIZES = {"cifar10": 50000}
+_TOL = math.log(1.5)       # "matches within a factor 1.5" for ratios compared in the verdicts
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "—" if x is None else f"{x:.{digits}g}"
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-able copy: arrays to lists, non-finite floats to None (strict JSON, plots skip None)."""
+    return jsonable(obj)
+
+
+def _points(xs: Sequence[float], ys: Sequence[float | None]) -> tuple[list[float], list[float | None]]:
+    # plots.panels draws a single point with its own marker; doubling it keeps our marker style.
+    xs, ys = list(xs), list(ys)
+    return (xs * 2, ys * 2) if len(xs) == 1 else (xs, ys)
+
+
+def train_collecting(config: dict, *, callbacks: Sequence[Any] = (), model_factory: Callable | None = None,
+                     tiny: bool = False) -> dict:
+    """Train one config in a throw-away store and return its final record and every metric series.
+
+    For the entries whose runs need Python objects a config cannot hold (a model folded from another
+    run, a callback measuring something no probe does). ``tiny`` cuts the run as the runner does.
+    Returns ``{"status", "metrics", "series": {name: [[step, value], ...]}}``; never raises for a run
+    that diverged or failed (the error is in ``"error"``).
+    """
+    config = shrink(config, TINY_STEPS) if tiny else dict(config)
+    with tempfile.TemporaryDirectory(prefix="bnlab-entry-") as tmp:
+        config["runs_dir"] = tmp
+        try:
+            record = run(config, callbacks=list(callbacks), progress=False, model_factory=model_factory)
+        except Exception as err:  # noqa: BLE001 — a failed computation is reported, not fatal
+            return {"status": "failed", "metrics": {}, "series": {}, "error": f"{type(err).__name__}: {err}"}
+        store = Store(f"{tmp}/bnlab.db")
+        try:
+            series = {name: [[s, v] for s, v in rows] for name, rows in store.metrics(record.id).items()}
+        finally:
+            store.close()
+    return {"status": record.status, "metrics": _clean(record.metrics), "series": _clean(series), "error": record.error}
+
+
+def _series(data: dict, name: str) -> tuple[list[float], list[float]]:
+    rows = (data.get("series") or {}).get(name) or []
+    return [r[0] for r in rows], [r[1] for r in rows]
