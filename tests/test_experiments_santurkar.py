@@ -21,6 +21,7 @@ import torch
 import bnlab.experiments as E
 from bnlab.experiments import runner
 from bnlab.experiments import santurkar as S
+from bnlab.experiments import santurkar_common as SC
 from bnlab.experiments import santurkar_dln as DL
 from bnlab.experiments import santurkar_lp as LP
 from bnlab.experiments import santurkar_vgg as V
@@ -34,7 +35,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture
 def one_seed(monkeypatch):
     """The suite's reduced runs use one seed per arm (the smoke/paper presets use three)."""
-    monkeypatch.setattr(S, "SEEDS", (0,))
+    monkeypatch.setattr(SC, "SEEDS", (0,))
     monkeypatch.setattr(DL, "SEEDS", (0,))
 
 
@@ -67,8 +68,8 @@ def test_tiny_reproduce_draws_figures(experiment_id, tiny_dir, one_seed):
 def test_probes_fire_and_analyses_read_them(tmp_path, monkeypatch, one_seed):
     """50 steps per run: every probe of the shared VGG/DLN runs fires, the tables fill with finite numbers."""
     monkeypatch.setattr(runner, "TINY_STEPS", 50)
-    monkeypatch.setattr(S, "SMOKE_HESSIAN", "hessian(iters=3, samples=2, every=20)")
-    monkeypatch.setattr(S, "SMOKE_DLN_HESSIAN", "hessian(iters=3, samples=2, every=20)")
+    monkeypatch.setattr(SC, "SMOKE_HESSIAN", "hessian(iters=3, samples=2, every=20)")
+    monkeypatch.setattr(SC, "SMOKE_DLN_HESSIAN", "hessian(iters=3, samples=2, every=20)")
     numbers = {}
     for experiment_id in ("santurkar-fig7", "santurkar-fig6", "santurkar-fig8", "santurkar-fig9"):
         outcome = runner.reproduce(experiment_id, "smoke", runs_dir=tmp_path, tiny=True, report=False, progress=False)

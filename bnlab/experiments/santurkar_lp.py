@@ -1,7 +1,7 @@
 """Santurkar et al. 2018 §3.3, the ℓp-normalization entries: Figs 11–13 (training and loss landscapes of VGG and
 DLN under ℓ1, ℓ2, ℓ∞ batch normalizations) and Fig. 14 (VGG activation distributions under them).
 
-Shared configurations, helpers and the statistical rule are in :mod:`bnlab.experiments.santurkar`.
+Shared configurations, helpers and the statistical rule are in :mod:`bnlab.experiments.santurkar_common`.
 Each verdict is a pure function of per-seed numbers, tested on synthetic values.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .base import Experiment, Outcome, Plan, register
 from .common import RULE, compare_arms, safe_panels
-from .santurkar import (
+from .santurkar_common import (
     BN, L1, L2, LINF, STANDARD, _curve_panel, _distribution_panel, _dln_runs, _fmt, _hist_layers, _hist_units,
     _inconclusive_if_tiny, _runs_by_label, _vgg_runs, arm_runs, combine, compare_text, decide, distribution_drift,
     dln_config, log_values, mean_train_loss, per_seed, pick, sharpness_line, vgg_config,
