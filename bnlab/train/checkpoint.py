@@ -21,7 +21,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -55,7 +55,7 @@ class RunLock:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        self.handle = None
+        self.handle: IO[str] | None = None
 
     def __enter__(self) -> RunLock:
         try:
@@ -63,11 +63,11 @@ class RunLock:
         except ImportError:  # pragma: no cover - not POSIX: no locking
             return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.handle = open(self.path, "a+")
+        self.handle = handle = open(self.path, "a+")
         try:
-            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self.handle.close()
+            handle.close()
             self.handle = None
             raise RunLockedError(
                 f"run {self.path.stem} is being trained by another process (lock {self.path})"
@@ -278,7 +278,8 @@ def _verify(path: Path, state: dict[str, Any]) -> None:
     actual = checksum(state)
     if isinstance(stored, dict) and stored.get("all") == actual["all"]:
         return
-    written = stored.get("entries") if isinstance(stored, dict) and isinstance(stored.get("entries"), dict) else {}
+    entries = stored.get("entries") if isinstance(stored, dict) else None
+    written = entries if isinstance(entries, dict) else {}
     damaged = sorted(k for k, v in actual["entries"].items() if written.get(k) != v)
     what = ", ".join(damaged) if damaged else ("its entry names" if written else "its checksum")
     raise CheckpointCorruptError(
@@ -295,7 +296,10 @@ def _recovery(path: Path) -> str:
     if not prev.exists():
         return f"Recovery: {scratch}."
     try:
-        step = load_checkpoint(prev, map_location="cpu").get("step")
+        previous = load_checkpoint(prev, map_location="cpu")
+        if previous is None:  # gone since the exists() above
+            raise ValueError(prev)
+        step = previous.get("step")
     except (ValueError, AttributeError):
         return f"The previous checkpoint {prev} is damaged too. Recovery: {scratch}."
     return (f"Recovery: resume from the previous checkpoint (step {step}) with `mv {prev} {path}` and "

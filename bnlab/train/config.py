@@ -16,7 +16,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, Literal, overload
 
 from bnlab.train.schedules import parse_schedule
 
@@ -134,6 +135,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in values.items()}
 
 
+@overload
+def _positive_int(name: str, value: Any, *, allow_none: Literal[False]) -> int: ...
+@overload
+def _positive_int(name: str, value: Any, *, allow_none: bool = True) -> int | None: ...
 def _positive_int(name: str, value: Any, *, allow_none: bool = True) -> int | None:
     if value is None and allow_none:
         return None
@@ -235,6 +240,9 @@ def _check_data_parallel(c: TrainConfig) -> None:
 
 def _check_registries(c: TrainConfig, check_model: bool = True) -> None:
     """Names against the registries of the other sub-packages (skipped if one is not importable)."""
+    models: ModuleType | None
+    data: ModuleType | None
+    norms: ModuleType | None
     try:
         from bnlab import models
     except ImportError:  # pragma: no cover - other sub-packages land separately

@@ -30,7 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -125,7 +125,8 @@ class DataParallelTrainer(Trainer):
             self.model, device_ids=[self.device.index] if cuda else None,
             # synced buffers are equal on every rank already; unsynced ones follow rank 0, as in plain DDP
             forward_sync_buffers=not self.config.sync_norms)
-        net = torch.compile(self.ddp) if self.config.compile else self.ddp
+        # torch.compile of a module returns an OptimizedModule (an nn.Module); its stub says only Callable
+        net = cast(nn.Module, torch.compile(self.ddp)) if self.config.compile else self.ddp
         self.forward = ShardedForward(net, self.me)
 
     def _share_checkpoint(self) -> Path | None:
@@ -175,7 +176,7 @@ def announce(train: bool, run_id: str) -> None:
 
 def follow(prep, run_id: str) -> None:
     """A rank > 0's part of ``bnlab.train.loop.run``: train in step with rank 0 into a throwaway store."""
-    message = [None]
+    message: list[Any] = [None]  # filled with rank 0's (train, run id)
     dist.broadcast_object_list(message, src=0)
     train, main_id = message[0]
     if main_id != run_id:

@@ -102,7 +102,8 @@ class Trainer:
         from bnlab.norms import regularization_loss
 
         modules = list(self.model.modules())
-        self.progress_layers = [m for m in modules if callable(getattr(m, "set_progress", None))]
+        # duck-typed: any layer with set_progress(lr=, epoch=, epochs=) (CBN, MBN, a user's own)
+        self.progress_layers: list[Any] = [m for m in modules if callable(getattr(m, "set_progress", None))]
         # regularization_loss is 0.0 (a float) when no layer has a regularizer: skip it per step
         self.regularizer = regularization_loss if torch.is_tensor(regularization_loss(self.model)) else None
         self.state_tensors = state_tensors(self.model)
@@ -280,9 +281,12 @@ class Trainer:
 
     def step_once(self, xb: torch.Tensor, yb: torch.Tensor, epoch: int, ctx: StepContext | None) -> float:
         """One SGD step (no host sync); returns the learning rate used."""
+        optimizer = self.optimizer
+        if optimizer is None:
+            raise RuntimeError("step_once needs the optimizer: call setup() first")
         factor = self.schedule(self.step, epoch)
         if factor != self._lr_factor:
-            set_lr_factor(self.optimizer, factor)
+            set_lr_factor(optimizer, factor)
             self._lr_factor = factor
         lr = self.config.lr * factor
         number = self.step + 1
@@ -294,12 +298,12 @@ class Trainer:
         out = self.forward(xb)
         loss = self.loss_fn(out, yb)
         objective = loss + self.regularizer(self.model) if self.regularizer is not None else loss
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         objective.backward()
         if ctx is not None:
             ctx.batch, ctx.step, ctx.epoch, ctx.lr, ctx.loss = (xb, yb), number, epoch + 1, lr, loss
             self.callbacks.call("after_backward", ctx)
-        self.optimizer.step()
+        optimizer.step()
         if self.projection is not None:
             self.projection.project()
         self.step = number

@@ -76,8 +76,9 @@ def run(
     progress: Any = None,
     model_factory: ModelFactory | None = None,
     force: bool = False,
-) -> RunRecord:
+) -> RunRecord | None:
     """Train one run (or resume it, or return it if it already ended) and return its record.
+    (None on ranks > 0 of a data-parallel run: rank 0 stores the record.)
 
     ``config`` is a :class:`TrainConfig` or a dict of its keys. Every check happens before
     training, and before anything is stored: a bad config raises ``ValueError`` naming the problem
@@ -100,7 +101,8 @@ def run(
     identity = run_identity(prep)
     run_id = identity_hash(identity)[:12]
     if distributed.is_follower():  # --- data parallel: ranks > 0 train in step with rank 0, store nothing
-        return distributed.follow(prep, run_id)
+        distributed.follow(prep, run_id)
+        return None
     runs_dir = Path(cfg.runs_dir)
     store = Store(runs_dir / "bnlab.db")
     try:
@@ -165,16 +167,19 @@ def _train(prep: Prepared, store: Store, run_id: str, identity: dict, progress: 
         if interrupted:
             raise RunInterrupted(run_id, trainer.step) from None
         try:  # lets a caller find the stored record of the failed run
-            err.bnlab_run_id = run_id
+            setattr(err, "bnlab_run_id", run_id)
         except AttributeError:  # pragma: no cover - exceptions with __slots__
             pass
         raise
     trainer.callbacks.call("on_train_end", trainer, status)
     checkpoint = str(trainer.ckpt_path) if status == "finished" else None
     summary = {"metrics": metrics, "scale_invariant": trainer.scale_invariant, "checkpoint": checkpoint}
-    error = getattr(trainer, "divergence_reason", None) if status == "diverged" else None
-    store.set_status(run_id, status, steps=trainer.step, error=error, summary=summary)
-    record = RunRecord.from_store(store.get_run(run_id))
+    reason = getattr(trainer, "divergence_reason", None) if status == "diverged" else None
+    store.set_status(run_id, status, steps=trainer.step, error=reason, summary=summary)
+    row = store.get_run(run_id)
+    if row is None:  # deleted by another process since set_status
+        raise RuntimeError(f"run {run_id} is no longer in the store (deleted while it trained)")
+    record = RunRecord.from_store(row)
     record.resumed_from = trainer.resumed_from
     record.origin = "resumed" if trainer.resumed_from is not None else "trained"
     return record

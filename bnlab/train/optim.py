@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 from collections.abc import Callable, Iterable, Mapping
+from typing import cast
 
 import torch
 from torch import nn
@@ -184,7 +185,7 @@ def _norms(param: torch.Tensor, granularity: str) -> torch.Tensor:
 
 def _group_norms(members: list[torch.Tensor], granularity: str) -> torch.Tensor:
     if granularity == "joint":
-        return torch.sqrt(sum(_norms(p, "tensor") ** 2 for p in members))
+        return torch.sqrt(cast(torch.Tensor, sum(_norms(p, "tensor") ** 2 for p in members)))  # members: not empty
     return _norms(members[0], granularity)
 
 
@@ -237,7 +238,8 @@ def build_optimizer(
 ) -> torch.optim.SGD:
     """SGD with two parameter groups (Arora eq. 4): scale-invariant ones at ``lr_scale_invariant``
     (``lr`` if None), the rest at ``lr``. Each group keeps its ``base_lr`` for the schedule."""
-    invariant_params, other_params = [], []
+    invariant_params: list[nn.Parameter] = []
+    other_params: list[nn.Parameter] = []
     for name, param in model.named_parameters():
         if param.requires_grad:
             (invariant_params if name in invariant else other_params).append(param)

@@ -91,6 +91,7 @@ def build_model(
         model = model_factory(tuple(input_shape), int(num_outputs))
     else:
         model = _create_model(config, input_shape, num_outputs)
+    seed_layers: Callable[[nn.Module, int], None] | None
     try:
         from bnlab.norms import seed_layers
     except ImportError:  # pragma: no cover
@@ -137,7 +138,12 @@ def prepare(
         **options,
     )
     batch_size, drop_last, steps_per_epoch = _batching(cfg, ds.n_train)
-    total_steps = cfg.steps if cfg.steps is not None else cfg.epochs * steps_per_epoch
+    if cfg.steps is not None:
+        total_steps = cfg.steps
+    elif cfg.epochs is not None:  # exactly one of them is set (checked by the config)
+        total_steps = cfg.epochs * steps_per_epoch
+    else:
+        raise ValueError("the config sets neither epochs nor steps")
     total_epochs = -(-total_steps // steps_per_epoch)
 
     augment = None
@@ -183,7 +189,7 @@ def prepare(
 
 def _batching(cfg: TrainConfig, n: int) -> tuple[int, bool, int]:
     """``(batch_size, drop_last, steps_per_epoch)`` for ``n`` training samples."""
-    if cfg.batch_size == "full":
+    if isinstance(cfg.batch_size, str):  # "full" (the only string the config accepts)
         batch_size = n
     else:
         if cfg.batch_size > n:
@@ -241,7 +247,7 @@ _PRIMITIVES = (bool, int, float, str, type(None))
 def _hyper_parameters(module: nn.Module) -> dict[str, Any]:
     """A module's own settings: ``extra_repr`` plus its public primitive attributes (``eps``,
     ``momentum``, a noise level, ...), which ``extra_repr`` of a custom layer may not show."""
-    values = {"repr": module.extra_repr()}
+    values: dict[str, Any] = {"repr": module.extra_repr()}
     for key, value in sorted(vars(module).items()):
         if key.startswith("_") or key == "training":
             continue

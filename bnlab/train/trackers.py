@@ -70,7 +70,7 @@ class TensorBoardLogger(Callback):
     def __init__(self, log_dir: str | os.PathLike[str]):
         _need("tensorboard", "tensorboard", "--log-to tensorboard")
         self.log_dir = Path(log_dir)
-        self.writer = None
+        self.writer: Any = None  # a SummaryWriter from on_train_start (tensorboard: an optional dependency)
 
     def on_train_start(self, trainer: Any) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -120,7 +120,7 @@ class MLflowLogger(Callback):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.tracking_uri = tracking_uri
         self.experiment = experiment
-        self.client = None
+        self.client: Any = None  # an MlflowClient from on_train_start (mlflow: an optional dependency)
         self.mlflow_run_id: str | None = None
         self.pending: list[Any] = []
 

@@ -177,7 +177,8 @@ def _failed_record_json(config, err: Exception) -> str:
     try:
         cfg = validate_static(config)
         with Store(Path(cfg.runs_dir) / "bnlab.db") as store:
-            row = store.get_run(err.bnlab_run_id)
+            run_id = getattr(err, "bnlab_run_id", None)  # set by bnlab.train.loop.run once the run is stored
+            row = store.get_run(run_id) if run_id is not None else None
         if row is not None:
             return RunRecord.from_store(row).to_json()
     except Exception:  # noqa: BLE001 - reporting must not mask the original error
