@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bnlab.jsonsafe import dumps  # strict JSON (a diverged loss is null) for every column and export
+from bnlab.run_files import RunLock, lock_path, remove_checkpoint_files
 from bnlab.store_entries import EntriesMixin
 from bnlab.store_metrics import EXPORT_FORMATS, MetricsMixin  # noqa: F401 - EXPORT_FORMATS re-exported
 from bnlab.store_schema import (  # noqa: F401 - re-exported: bnlab.store is the one public module
@@ -273,9 +274,6 @@ class Store(MetricsMixin, EntriesMixin):
         the run. Returns ``{"id", "metrics": rows deleted, "files": [paths removed]}``; a run
         that is not stored is ``KeyError``.
         """
-        # imported here: bnlab.train's package imports this module (its loop records runs here)
-        from bnlab.train.checkpoint import RunLock, lock_path, remove_checkpoint_files
-
         runs_dir = self.path.parent
         if self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
             raise KeyError(f"no run with id {run_id!r} in {self.path}")
