@@ -17,9 +17,8 @@ FUNCTION_LINES = 60
 LINE_CHARS = 120
 
 # Not yet split (other work streams of issue 13); path relative to bnlab/. Measured 2026-11-26:
-# train/engine.py 402 (train); experiments/luo_cnn.py 454 (the Luo entries).
-LONG_MODULES_ALLOWED = {"train/engine.py",
-                        "experiments/luo_cnn.py"}
+# train/engine.py 402 (train).
+LONG_MODULES_ALLOWED = {"train/engine.py"}
 # "path:function" (methods as Class.method), with their lengths when listed.
 LONG_FUNCTIONS_ALLOWED: set[str] = {
     "data/synthetic.py:digits",  # 94
@@ -33,7 +32,7 @@ LONG_FUNCTIONS_ALLOWED: set[str] = {
 # Modules (path relative to bnlab/) with lines over 120 characters, and how many; owned by other work
 # streams of issue 13. May only shrink.
 LONG_LINES_ALLOWED: dict[str, int] = {
-    "experiments/arora.py": 2, "experiments/luo_cnn.py": 11, "experiments/luo_student.py": 3,
+    "experiments/arora.py": 2, "experiments/luo_cnn.py": 4, "experiments/luo_student.py": 3,
     "experiments/luo_table2.py": 4, "experiments/peng.py": 3, "experiments/peng_components.py": 2,
     "experiments/peng_figures.py": 5, "experiments/peng_imagenet.py": 3, "experiments/santurkar_lp.py": 1,
     "models/blocks.py": 1, "norms/base.py": 1, "norms/cli.py": 1, "norms/momentum.py": 1, "norms/renorm.py": 1,
