@@ -17,7 +17,7 @@ FUNCTION_LINES = 60
 LINE_CHARS = 120
 
 # Not yet split (other work streams of issue 13); path relative to bnlab/. Measured 2026-11-26:
-# train/engine.py 402 (train).
+# train/engine.py 404 (train).
 LONG_MODULES_ALLOWED = {"train/engine.py"}
 # "path:function" (methods as Class.method), with their lengths when listed.
 LONG_FUNCTIONS_ALLOWED: set[str] = {

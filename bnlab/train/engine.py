@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from bnlab.data import batches
+from bnlab.norms import regularization_loss
 from bnlab.store import Store
 from bnlab.train.callbacks import LEGACY_HOOKS, CallbackList, StepContext
 from bnlab.train.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint, unpack_rows
@@ -99,8 +101,6 @@ class Trainer:
     # -- module lists, built once ----------------------------------------------------------------
 
     def _build_module_lists(self) -> None:
-        from bnlab.norms import regularization_loss
-
         modules = list(self.model.modules())
         # duck-typed: any layer with set_progress(lr=, epoch=, epochs=) (CBN, MBN, a user's own)
         self.progress_layers: list[Any] = [m for m in modules if callable(getattr(m, "set_progress", None))]
@@ -322,8 +322,6 @@ class Trainer:
 
     def train(self) -> tuple[str, dict[str, Any]]:
         """Train to ``total_steps`` (or divergence); returns ``(status, final metrics)``."""
-        from bnlab.data import batches
-
         legacy = any(self.callbacks.has(h) for h in LEGACY_HOOKS)
         ctx = StepContext(self) if legacy else None
         if ctx is not None:
