@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .base import DataSource, as_choice, as_float, as_float_dtype, as_int, cpu_generator, source
 from .digits_archive import load_digits_arrays
@@ -111,18 +112,7 @@ def teacher_student(
     ``P``, ``n_test``, ``signal_var`` (= 1).
     """
     N = as_int("N", N, minimum=1)
-    if P is not None:
-        P = as_int("P", P, minimum=1)
-    if alpha is not None:
-        alpha = as_float("alpha", alpha, strictly_positive=True)
-        P_from_alpha = int(round(alpha * N))
-        if P_from_alpha < 1:
-            raise ValueError(f"option alpha={alpha} with N={N} gives P={P_from_alpha}; P must be >= 1")
-        if P is not None and P != P_from_alpha:
-            raise ValueError(f"options P={P} and alpha={alpha} disagree: alpha*N = {alpha * N:g}; give one of them")
-        P = P_from_alpha
-    if P is None:
-        P = N
+    P = _training_size(N, P, alpha)
     noise_var = as_float("noise_var", noise_var, minimum=0.0)
     n_test = as_int("n_test", n_test, minimum=0)
     dtype = as_float_dtype(dtype)
@@ -130,37 +120,38 @@ def teacher_student(
 
     w_star = torch.randn(N, generator=gen, dtype=torch.float64)
     w_star = w_star * (N**0.5 / w_star.norm())
-    noise_std = noise_var**0.5
+    x_train, y_train = _teacher_samples(P, w_star, noise_var, dtype, gen)
+    x_test, y_test = _teacher_samples(n_test, w_star, noise_var, dtype, gen) if n_test else (None, None)
+    meta = {"w_star": w_star.to(dtype), "noise_var": noise_var, "alpha": P / N, "N": N, "P": P, "n_test": n_test,
+            "signal_var": 1.0, "seed": seed}
+    return DataSource(name="teacher_student", x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
+                      task="regression", input_shape=(N,), num_outputs=1, meta=meta).to(device)
 
-    def draw(count):
-        x = torch.randn(count, N, generator=gen, dtype=torch.float64) / N**0.5
-        eps = torch.randn(count, generator=gen, dtype=torch.float64) * noise_std
-        x = x.to(dtype)
-        y = (x.double() @ w_star + eps).to(dtype).unsqueeze(1)
-        return x, y
 
-    x_train, y_train = draw(P)
-    x_test, y_test = draw(n_test) if n_test else (None, None)
-    return DataSource(
-        name="teacher_student",
-        x_train=x_train,
-        y_train=y_train,
-        x_test=x_test,
-        y_test=y_test,
-        task="regression",
-        input_shape=(N,),
-        num_outputs=1,
-        meta={
-            "w_star": w_star.to(dtype),
-            "noise_var": noise_var,
-            "alpha": P / N,
-            "N": N,
-            "P": P,
-            "n_test": n_test,
-            "signal_var": 1.0,
-            "seed": seed,
-        },
-    ).to(device)
+def _training_size(N: int, P, alpha) -> int:
+    """The teacher-student option ``P``, or ``round(alpha * N)``, or ``N`` (alpha = 1) with neither."""
+    if P is not None:
+        P = as_int("P", P, minimum=1)
+    if alpha is None:
+        return N if P is None else P
+    alpha = as_float("alpha", alpha, strictly_positive=True)
+    P_from_alpha = int(round(alpha * N))
+    if P_from_alpha < 1:
+        raise ValueError(f"option alpha={alpha} with N={N} gives P={P_from_alpha}; P must be >= 1")
+    if P is not None and P != P_from_alpha:
+        raise ValueError(f"options P={P} and alpha={alpha} disagree: alpha*N = {alpha * N:g}; give one of them")
+    return P_from_alpha
+
+
+def _teacher_samples(count: int, w_star: torch.Tensor, noise_var: float, dtype: torch.dtype,
+                     gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` inputs ``x ~ N(0, I/N)`` and targets ``w*ᵀx + ε``, ``ε ~ N(0, noise_var)`` (draw order: x, ε)."""
+    N = w_star.numel()
+    x = torch.randn(count, N, generator=gen, dtype=torch.float64) / N**0.5
+    eps = torch.randn(count, generator=gen, dtype=torch.float64) * noise_var**0.5
+    x = x.to(dtype)
+    y = (x.double() @ w_star + eps).to(dtype).unsqueeze(1)
+    return x, y
 
 
 DIGITS_STANDARDIZE = ("channel", "pixel", "none")
@@ -170,8 +161,6 @@ DIGITS_SIZES = (8, 16, 32)
 def resize_images(images: torch.Tensor, size: int) -> torch.Tensor:
     """Bilinear resize of ``(n, C, H, W)`` images to ``size × size`` (``align_corners=False``: pixel
     centres map to pixel centres, so a constant image stays constant); ``size == H == W`` returns them."""
-    import torch.nn.functional as F
-
     if images.shape[-2:] == (size, size):
         return images
     return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
@@ -196,18 +185,10 @@ def digits(
     its deep stages, where the padding pattern — the same for every sample — dominates the norms' input
     variance; 16×16 or 32×32 inputs give those stages interior pixels (see ``bnlab.models.padding_share``).
 
-    Split: stratified — within each class the samples are permuted by the seeded generator and
-    ``round(test_fraction * class_size)`` go to the test set (default 80/20: 1438 train / 359
-    test). Both splits keep scikit-learn's original order; ``meta["train_index"]`` and
-    ``meta["test_index"]`` index into ``load_digits()``.
-
-    Standardization uses training-set statistics only (the test set never leaks into them):
-    ``"channel"`` (default) subtracts the one mean and divides by the one standard deviation of all
-    training pixels — the single-channel analogue of CIFAR's per-channel normalization, so the
-    image stays an image for a CNN; ``"pixel"`` standardizes each of the 64 pixels separately
-    (scikit-learn's ``StandardScaler``; pixels constant on the training set, such as the always-blank
-    corners, get std 1 so they stay 0); ``"none"`` keeps the raw 0–16 intensities. The constants are
-    in ``meta["mean"]``/``meta["std"]`` (shape ``(1, 1, 1)`` or ``(1, size, size)``).
+    Split: stratified (:func:`stratified_split`, default 80/20: 1438 train / 359 test);
+    ``meta["train_index"]`` and ``meta["test_index"]`` index into ``load_digits()``. Standardization
+    (``standardize``: ``"channel"``, ``"pixel"`` or ``"none"``, :func:`standardization`) uses training-set
+    statistics only; the constants are in ``meta["mean"]``/``meta["std"]``.
     """
     test_fraction = as_float("test_fraction", test_fraction)
     if not 0.0 <= test_fraction < 1.0:
@@ -223,8 +204,29 @@ def digits(
     images = resize_images(images, size)
     labels = torch.from_numpy(np.asarray(raw_target, dtype=np.int64))
 
+    train_index, test_index = stratified_split(labels, test_fraction, gen)
+    x_train, y_train = images[train_index], labels[train_index]
+    x_test, y_test = images[test_index], labels[test_index]
+    mean, std = standardization(x_train, standardize)
+    x_train = ((x_train - mean) / std).float()
+    x_test = ((x_test - mean) / std).float()
+
+    device = torch.device(device)
+    has_test = test_index.numel() > 0
+    meta = {"size": size, "mean": mean.float().to(device), "std": std.float().to(device), "standardize": standardize,
+            "test_fraction": test_fraction, "train_index": train_index.to(device),
+            "test_index": test_index.to(device), "classes": [str(c) for c in range(10)], "seed": seed}
+    return DataSource(name="digits", x_train=x_train.to(device), y_train=y_train.to(device),
+                      x_test=x_test.to(device) if has_test else None, y_test=y_test.to(device) if has_test else None,
+                      task="classification", input_shape=(1, size, size), num_outputs=10, meta=meta)
+
+
+def stratified_split(labels: torch.Tensor, test_fraction: float,
+                     gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train_index, test_index): within each class (in class order) the samples are permuted by ``gen`` and
+    ``round(test_fraction * class_size)`` go to the test set; both splits keep the original order."""
     test_parts = []
-    for c in range(10):
+    for c in range(int(labels.max()) + 1):
         members = torch.nonzero(labels == c).flatten()
         n_test_c = int(round(test_fraction * members.numel()))
         perm = torch.randperm(members.numel(), generator=gen)
@@ -232,43 +234,21 @@ def digits(
     test_index = torch.sort(torch.cat(test_parts)).values
     is_test = torch.zeros(labels.numel(), dtype=torch.bool)
     is_test[test_index] = True
-    train_index = torch.nonzero(~is_test).flatten()
+    return torch.nonzero(~is_test).flatten(), test_index
 
-    x_train, y_train = images[train_index], labels[train_index]
-    x_test, y_test = images[test_index], labels[test_index]
+
+def standardization(x_train: torch.Tensor, standardize: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, std) from the training images only (the test set never leaks into them).
+
+    ``"channel"`` (the digits default): the one mean and standard deviation of all training pixels — the
+    single-channel analogue of CIFAR's per-channel normalization, so the image stays an image for a CNN
+    (shape ``(1, 1, 1)``); ``"pixel"``: each pixel separately (scikit-learn's ``StandardScaler``; pixels
+    constant on the training set, such as the always-blank corners, get std 1 so they stay 0; shape
+    ``(1, size, size)``); ``"none"``: mean 0 and std 1 (the raw 0–16 intensities stay).
+    """
     if standardize == "channel":
-        mean = x_train.mean().reshape(1, 1, 1)
-        std = x_train.std().reshape(1, 1, 1)
-    elif standardize == "pixel":
-        mean = x_train.mean(dim=0)
+        return x_train.mean().reshape(1, 1, 1), x_train.std().reshape(1, 1, 1)
+    if standardize == "pixel":
         std = x_train.std(dim=0)
-        std = torch.where(std > 0, std, torch.ones_like(std))
-    else:
-        mean = torch.zeros(1, 1, 1, dtype=torch.float64)
-        std = torch.ones(1, 1, 1, dtype=torch.float64)
-    x_train = ((x_train - mean) / std).float()
-    x_test = ((x_test - mean) / std).float()
-
-    device = torch.device(device)
-    has_test = test_index.numel() > 0
-    return DataSource(
-        name="digits",
-        x_train=x_train.to(device),
-        y_train=y_train.to(device),
-        x_test=x_test.to(device) if has_test else None,
-        y_test=y_test.to(device) if has_test else None,
-        task="classification",
-        input_shape=(1, size, size),
-        num_outputs=10,
-        meta={
-            "size": size,
-            "mean": mean.float().to(device),
-            "std": std.float().to(device),
-            "standardize": standardize,
-            "test_fraction": test_fraction,
-            "train_index": train_index.to(device),
-            "test_index": test_index.to(device),
-            "classes": [str(c) for c in range(10)],
-            "seed": seed,
-        },
-    )
+        return x_train.mean(dim=0), torch.where(std > 0, std, torch.ones_like(std))
+    return torch.zeros(1, 1, 1, dtype=torch.float64), torch.ones(1, 1, 1, dtype=torch.float64)
