@@ -360,3 +360,16 @@ def test_progress_lines_show_the_last_steps_loss_not_nan(tmp_path, capsys):
     with Store(tmp_path / "bnlab.db") as store:
         last = store.metrics(record.id, "train_loss")["train_loss"][-1]
     assert last[0] == 7 and abs(shown - last[1]) <= 1e-3 * abs(last[1])
+
+
+@pytest.mark.parametrize("norm", ["mbn", "cbn(rho=2, amat=true)"])
+def test_engine_never_triggers_the_missing_progress_warning(tmp_path, norm):
+    """bnlab.train tells the layers lr and epoch itself, also before the scale-invariance detection's
+    training-mode forward passes: a user must not see the 'training without set_progress' warning."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        record = run(dict(model="mlp", norm=norm, data="digits", steps=3, lr=0.1, batch_size=64,
+                          runs_dir=str(tmp_path)), progress=False)
+    assert record.status == "finished"

@@ -221,6 +221,10 @@ class Trainer:
         else:
             n = min(DETECTION_BATCH, self.data.n_train)
             batch = (self.data.x_train[:n], self.data.y_train[:n])
+            # The detection's forward passes are training-mode passes: layers that need progress
+            # (CBN's AMAT, MBN's λ) get the run's first values instead of warning they have none.
+            for layer in self.progress_layers:
+                layer.set_progress(lr=cfg.lr, epoch=1, epochs=self.prep.total_epochs)
             self.scale_invariant = find_scale_invariant(
                 self.model, self.loss_fn, batch, seed=derive_seed(cfg.seed, "detection")
             )
