@@ -171,34 +171,7 @@ def validate_static(config: TrainConfig, *, check_model: bool = True) -> TrainCo
         raise ValueError("give exactly one of epochs or steps (e.g. epochs=10 or steps=1000)")
     _positive_int("epochs", c.epochs)
     _positive_int("steps", c.steps)
-    c.lr = _float("lr", c.lr)
-    if c.lr <= 0:
-        raise ValueError(f"lr must be positive, got {c.lr}")
-    if c.lr_scale_invariant is not None:
-        c.lr_scale_invariant = _float("lr_scale_invariant", c.lr_scale_invariant)
-        if c.lr_scale_invariant <= 0:
-            raise ValueError(f"lr_scale_invariant must be positive, got {c.lr_scale_invariant}")
-    c.momentum = _float("momentum", c.momentum)
-    if not 0 <= c.momentum < 1:
-        raise ValueError(f"momentum must be in [0, 1), got {c.momentum}")
-    c.weight_decay = _float("weight_decay", c.weight_decay)
-    if c.weight_decay < 0:
-        raise ValueError(f"weight_decay must be >= 0, got {c.weight_decay}")
-    if isinstance(c.batch_size, str):
-        if c.batch_size.strip().lower() == "full":
-            c.batch_size = "full"
-        else:
-            try:
-                c.batch_size = int(c.batch_size)
-            except ValueError:
-                raise ValueError(
-                    f"batch_size must be a positive integer or 'full', got {c.batch_size!r}"
-                ) from None
-    if c.batch_size != "full":
-        _positive_int("batch_size", c.batch_size, allow_none=False)
-    if c.optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {c.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
-    parse_schedule(c.schedule)  # raises with the valid forms
+    _check_optimization(c)
     if isinstance(c.seed, bool) or not isinstance(c.seed, int) or c.seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}")
     _positive_int("checkpoint_every", c.checkpoint_every)
@@ -227,6 +200,39 @@ def validate_static(config: TrainConfig, *, check_model: bool = True) -> TrainCo
     _check_data_parallel(c)
     _check_registries(c, check_model)
     return c
+
+
+def _check_optimization(c: TrainConfig) -> None:
+    """Check and normalise the optimization keys: learning rates, momentum, weight decay, batch size,
+    optimizer and schedule."""
+    c.lr = _float("lr", c.lr)
+    if c.lr <= 0:
+        raise ValueError(f"lr must be positive, got {c.lr}")
+    if c.lr_scale_invariant is not None:
+        c.lr_scale_invariant = _float("lr_scale_invariant", c.lr_scale_invariant)
+        if c.lr_scale_invariant <= 0:
+            raise ValueError(f"lr_scale_invariant must be positive, got {c.lr_scale_invariant}")
+    c.momentum = _float("momentum", c.momentum)
+    if not 0 <= c.momentum < 1:
+        raise ValueError(f"momentum must be in [0, 1), got {c.momentum}")
+    c.weight_decay = _float("weight_decay", c.weight_decay)
+    if c.weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {c.weight_decay}")
+    if isinstance(c.batch_size, str):
+        if c.batch_size.strip().lower() == "full":
+            c.batch_size = "full"
+        else:
+            try:
+                c.batch_size = int(c.batch_size)
+            except ValueError:
+                raise ValueError(
+                    f"batch_size must be a positive integer or 'full', got {c.batch_size!r}"
+                ) from None
+    if c.batch_size != "full":
+        _positive_int("batch_size", c.batch_size, allow_none=False)
+    if c.optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {c.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    parse_schedule(c.schedule)  # raises with the valid forms
 
 
 def _check_data_parallel(c: TrainConfig) -> None:
