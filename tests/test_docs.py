@@ -44,7 +44,7 @@ def test_site_builds_strict(tmp_path):
     assert 'id="bnlab.norms.create"' in (site / "api" / "norms" / "index.html").read_text()
     assert 'id="bnlab.probes.Lab"' in (site / "api" / "probes" / "index.html").read_text()
     assert 'id="bnlab.train.run"' in (site / "api" / "train" / "index.html").read_text()
-    assert (site / "figures" / "santurkar-fig2-training_curves.png").is_file()
+    assert (site / "figures" / "santurkar-fig8-activations.png").is_file()
     assert "Unreleased" in (site / "changelog" / "index.html").read_text()
     assert "BNLAB_EXAMPLE_QUICK" in (site / "examples" / "index.html").read_text()  # the scripts, included
     assert not list(site.rglob("*.py")), "scripts in docs/ must not be published"
