@@ -47,7 +47,7 @@ IN_FUNCTION_ALLOWED: dict[str, int] = {
     "bnlab.norms.ops": 1, "bnlab.norms.cli": 2,
     "bnlab.models.cli": 1, "bnlab.data.imagefolder": 1,
     # train (its own work stream)
-    "bnlab.train.config": 3, "bnlab.train.prepare": 4,
+    "bnlab.train.config": 3,
     "bnlab.train.record": 1, "bnlab.train.loop": 2, "bnlab.train.runs_cli": 8,
     "bnlab.train.train_cli": 7, "bnlab.demo": 3,
     # the paper entries (experiments work streams)

@@ -20,6 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import bnlab
+from bnlab import data as data_mod
+from bnlab import models
+from bnlab.norms import seed_layers
 from bnlab.probes import PROBES
 from bnlab.probes import create as create_probe
 from bnlab.train.callbacks import identity_of
@@ -91,19 +95,11 @@ def build_model(
         model = model_factory(tuple(input_shape), int(num_outputs))
     else:
         model = _create_model(config, input_shape, num_outputs)
-    seed_layers: Callable[[nn.Module, int], None] | None
-    try:
-        from bnlab.norms import seed_layers
-    except ImportError:  # pragma: no cover
-        seed_layers = None
-    if seed_layers is not None:
-        seed_layers(model, derive_seed(config.seed, "layer-noise"))
+    seed_layers(model, derive_seed(config.seed, "layer-noise"))
     return model
 
 
 def _create_model(config: TrainConfig, input_shape: Sequence[int], num_outputs: int) -> nn.Module:
-    from bnlab import models
-
     try:
         return models.create(
             config.model,
@@ -122,38 +118,16 @@ def prepare(
     config: TrainConfig | dict, callbacks: Iterable[Any] = (), model_factory: ModelFactory | None = None
 ) -> Prepared:
     """Validate ``config`` completely and build data, model and callbacks; ``ValueError`` if bad."""
-    from bnlab import data as data_mod
-
     cfg = validate_static(TrainConfig.coerce(config), check_model=model_factory is None)
     device = _resolve_device(cfg.device)
     options = dict(cfg.data_options)
     data_seed = options.pop("seed", cfg.seed)
-    ds = data_mod.load(
-        cfg.data,
-        device=device,
-        seed=data_seed,
-        data_dir=cfg.data_dir,
-        verify=cfg.verify,
-        download=cfg.download,
-        **options,
-    )
+    ds = data_mod.load(cfg.data, device=device, seed=data_seed, data_dir=cfg.data_dir, verify=cfg.verify,
+                       download=cfg.download, **options)
     batch_size, drop_last, steps_per_epoch = _batching(cfg, ds.n_train)
-    if cfg.steps is not None:
-        total_steps = cfg.steps
-    elif cfg.epochs is not None:  # exactly one of them is set (checked by the config)
-        total_steps = cfg.epochs * steps_per_epoch
-    else:
-        raise ValueError("the config sets neither epochs nor steps")
+    total_steps = _total_steps(cfg, steps_per_epoch)
     total_epochs = -(-total_steps // steps_per_epoch)
-
-    augment = None
-    if cfg.augment:
-        if len(ds.input_shape) != 3:
-            raise ValueError(
-                f"augment needs image data (C, H, W); {cfg.data!r} has input shape {ds.input_shape}"
-            )
-        augment = data_mod.cifar_augment
-
+    augment = _augmentation(cfg, ds.input_shape)
     model = build_model(cfg, ds.input_shape, ds.num_outputs, model_factory).to(device)
     loss_fn = _loss_for(ds.task)
     _check_forward(cfg, model, ds, loss_fn)
@@ -185,6 +159,23 @@ def prepare(
         custom_model=model_factory is not None,
         model_fingerprint=model_fingerprint(model),
     )
+
+
+def _total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+    if cfg.steps is not None:
+        return cfg.steps
+    if cfg.epochs is not None:  # exactly one of them is set (checked by the config)
+        return cfg.epochs * steps_per_epoch
+    raise ValueError("the config sets neither epochs nor steps")
+
+
+def _augmentation(cfg: TrainConfig, input_shape: Sequence[int]) -> Callable | None:
+    """CIFAR's crop + flip when ``cfg.augment`` (image data only), else None."""
+    if not cfg.augment:
+        return None
+    if len(input_shape) != 3:
+        raise ValueError(f"augment needs image data (C, H, W); {cfg.data!r} has input shape {input_shape}")
+    return data_mod.cifar_augment
 
 
 def _batching(cfg: TrainConfig, n: int) -> tuple[int, bool, int]:
@@ -274,8 +265,6 @@ def model_fingerprint(model: nn.Module) -> str:
 def run_identity(prep: Prepared, extra_callbacks: Iterable[Any] = ()) -> dict[str, Any]:
     """What a run id is the hash of: the config keys that change the result, the model's
     architecture fingerprint, the callbacks that change training, and the bnlab version."""
-    import bnlab
-
     return {
         "config": prep.config.identity(),
         "model": prep.model_fingerprint,
