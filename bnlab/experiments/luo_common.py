@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 from bnlab.jsonsafe import jsonable
 from bnlab.store import Store
-from bnlab.train import run
+import bnlab.train as bnlab_train  # looked up on use: a test can patch bnlab.train.run
 
 from .base import shrink
 from .runner import TINY_STEPS
@@ -48,7 +48,7 @@ def train_collecting(config: dict, *, callbacks: Sequence[Any] = (), model_facto
     with tempfile.TemporaryDirectory(prefix="bnlab-entry-") as tmp:
         config["runs_dir"] = tmp
         try:
-            record = run(config, callbacks=list(callbacks), progress=False, model_factory=model_factory)
+            record = bnlab_train.run(config, callbacks=list(callbacks), progress=False, model_factory=model_factory)
         except Exception as err:  # noqa: BLE001 — a failed computation is reported, not fatal
             return {"status": "failed", "metrics": {}, "series": {}, "error": f"{type(err).__name__}: {err}"}
         store = Store(f"{tmp}/bnlab.db")

@@ -11,7 +11,7 @@ import numpy as np
 from torch import nn
 
 from bnlab.norms import fold
-from bnlab.train import load_model, run
+import bnlab.train as bnlab_train  # looked up on use: a test can patch bnlab.train.run
 
 from .base import Experiment, Outcome, Plan, RunSpec, register, shrink
 from .common import finite_or_none, safe_panels
@@ -59,13 +59,13 @@ def fig6_data(preset: str, tiny: bool = False) -> dict:
     spe = -(-_train_size(s["base"]) // s["base"]["batch_size"])
     with tempfile.TemporaryDirectory(prefix="bnlab-fig6-") as tmp:
         try:
-            record = run({**pre_cfg, "runs_dir": tmp}, progress=False)
+            record = bnlab_train.run({**pre_cfg, "runs_dir": tmp}, progress=False)
         except Exception as err:  # noqa: BLE001 — reported in the entry, never fatal to the sweep
             return {"pretrain": {"status": "failed", "metrics": {}, "error": f"{type(err).__name__}: {err}"},
                     "branches": {}}
         if record.status != "finished":
             return {"pretrain": {"status": record.status, "metrics": _clean(record.metrics)}, "branches": {}}
-        bn_model = load_model(record.id, tmp)
+        bn_model = bnlab_train.load_model(record.id, tmp)
     folded = fold(bn_model)
     branches = {}
     for key, model, norm in (("bn", bn_model, "bn"), ("frozen", folded, "none")):

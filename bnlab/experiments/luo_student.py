@@ -7,6 +7,9 @@ import copy
 import math
 
 import numpy as np
+import torch
+
+from bnlab.theory import luo as theory
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
 from .common import finite_or_none, safe_panels
@@ -36,8 +39,6 @@ def fig2_data(preset: str, tiny: bool = False) -> dict:
     population statistics of wᵀx (Luo's h̄, Eq. 3 — the primary points, used by the verdict) and with the
     training-set statistics that BN's running averages estimate (``sim_train_stats``).
     """
-    from bnlab.theory import luo as theory
-
     s = _FIG2_SIZES["tiny" if tiny else preset]
     M = s["M"]
     grid = np.linspace(0.05, 3.0, 119)
@@ -190,8 +191,6 @@ class PopulationStatisticsEval:
         self.every, self.name = int(every), name
 
     def after_step(self, ctx) -> None:
-        import torch
-
         if ctx.step % self.every and ctx.step != ctx.total_steps:
             return
         model = copy.deepcopy(ctx.model).train()
@@ -251,8 +250,6 @@ def fig3_verdict(final: dict[str, float | None], sgd_min: float | None, tiny: bo
 
 
 def _fig3_analyze(ctx) -> Outcome:
-    from bnlab.theory.luo import gen_error_wn
-
     pop = ctx.data.get("bn_population") or {}
     spe = pop.get("steps_per_epoch") or next((r.factors.get("steps_per_epoch") for r in ctx.runs), 1) or 1
     val, train = {}, {}
@@ -265,7 +262,7 @@ def _fig3_analyze(ctx) -> Outcome:
     pop_steps, pop_values = _series(pop, "test_loss_population")
     if pop_steps:
         val[_FIG3_LABELS["bn"] + " — test-set statistics"] = ([s / spe for s in pop_steps], pop_values)
-    asymptote = NOISE_VAR + gen_error_wn(1.0, FIG3_ZETA, NOISE_VAR)
+    asymptote = NOISE_VAR + theory.gen_error_wn(1.0, FIG3_ZETA, NOISE_VAR)
     fig = safe_panels(ctx.figure_path("validation_loss_alpha1"), [
         {"series": val, "xlabel": "epoch", "ylabel": "validation loss (MSE)", "logy": True, "hline": asymptote,
          "title": f"α = 1 (dashed: ridge ζ = {FIG3_ZETA} theory, {asymptote:.3f})"},

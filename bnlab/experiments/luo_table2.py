@@ -24,6 +24,8 @@ import math
 
 import numpy as np
 
+from bnlab.theory import luo
+
 from .base import Experiment, Outcome, Plan, register
 from .common import finite_or_none, safe_panels
 
@@ -42,8 +44,6 @@ def _method(zeta: float) -> str:
 
 
 def _fixed_norm_rhs(eta: float, zeta: float, L: float):
-    from bnlab.theory import luo
-
     def f(_t, y):
         dg, dR, _ = luo.ode_rhs(y[0], min(y[1], 1.0), L, eta=eta, zeta=zeta)
         return [dg, dR]
@@ -69,8 +69,6 @@ def stable_at(eta: float, zeta: float, gamma0: float, L: float = 1.0, horizon: f
 
 def simulated_threshold(zeta: float, L: float = 1.0, iters: int = 30) -> float:
     """The largest η at which :func:`stable_at` holds, by bisection on [0.25, 4] × the closed-form edge."""
-    from bnlab.theory import luo
-
     st = luo.stability(zeta, eta=1.0, L0=L, method=_method(zeta))
     edge = st["eta_max"] * L**2 / st["gamma0"]
     lo, hi = 0.25 * edge, 4.0 * edge
@@ -84,8 +82,6 @@ def simulated_threshold(zeta: float, L: float = 1.0, iters: int = 30) -> float:
 
 def table2_data(preset: str = "smoke", tiny: bool = False) -> dict:
     """Closed forms and simulations of Table 2 for every ζ of :data:`ZETAS` (ReLU, L₀ = 1, η = 1 in η_eff)."""
-    from bnlab.theory import luo
-
     cfg = dict(SETTINGS[preset])
     if tiny:
         cfg.update(N=40, students=1, t_max=2.0)

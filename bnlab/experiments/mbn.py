@@ -15,6 +15,9 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from bnlab.norms import mbn_lambda
+from bnlab.theory.mbn import moving_average_noise
+
 from .base import Experiment, Outcome, Plan, RunSpec, register
 from .common import finite_or_none, safe_panels
 
@@ -92,9 +95,6 @@ def normalizer_noise_data(batch_sizes: Sequence[int], epochs: int, *, n_steps: i
     BN: the batch mean, 1/m. MBN: the moving mean with λ(T) = 1 − min(m/m0, 1) (``mbn_lambda``),
     simulated, and its AR(1) value (1−λ)/(1+λ)/m; the equivalent BN batch size m(1+λ)/(1−λ).
     """
-    from bnlab.norms import mbn_lambda
-    from bnlab.theory.mbn import moving_average_noise
-
     out = {"m": list(batch_sizes), "lambda_final": [], "bn": [], "mbn": [], "mbn_theory": [], "equivalent_batch": []}
     for m in batch_sizes:
         lam = mbn_lambda(epochs, epochs, m, IDEAL_BATCH)

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from bnlab import data as data_sources
+from bnlab import models
+
 ACTIVATIONS = ("sigmoid", "tanh", "relu", "selu", "swish")
 ACT_TITLE = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "ReLU", "selu": "SELU", "swish": "Swish"}
 NON_RELU = ("sigmoid", "tanh", "selu")   # where the paper reports CBN's large gains
@@ -188,11 +193,6 @@ def padding_shares(model: str, options: dict[str, Any], sizes=(8, SMOKE_SIZE, 32
     """Padding-pattern share of the norms' input variance (``bnlab.models.padding_share_by_size``) at
     initialization, BN (①) and CBN (②) with Sigmoid (where issue 10 found the artifact), for digits at each
     input size: ``{arm: {"16×16": {"8×8": share, ...}}}``. The first ``n`` training images, seed 0."""
-    import torch
-
-    from bnlab import data as data_sources
-    from bnlab import models
-
     out: dict[str, dict] = {}
     for row in ("①", "②"):
         norm, placement = row_spec(row, "sigmoid")

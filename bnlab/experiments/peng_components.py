@@ -7,10 +7,12 @@ from __future__ import annotations
 import math
 
 from bnlab.plots import bars
+from bnlab.probes import max_stable_lr
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import finite_or_none, grouped_finals, mean_std
-from .peng_common import ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, _base, _fmt, _pct, _run, _status_note
+from .common import RULE, compare_arms, finite_or_none, grouped_finals, mean_curve, mean_std, safe_panels, smooth
+from .peng_common import (ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, SMOKE_SEEDS, _base, _fmt, _pct, _run,
+                          _status_note)
 
 # ---- Table 6: maximal learning rate of CBN's components ------------------------------------------
 
@@ -98,8 +100,6 @@ def table6_verdict(lr_max: dict[tuple[str, str], float | None], tiny: bool = Fal
 
 
 def _t6_analyze(ctx) -> Outcome:
-    from bnlab.probes import max_stable_lr
-
     acts = [a for a in ACTIVATIONS if any(r.factors.get("activation") == a for r in ctx.runs)]
     lr_max, trained = {}, {}
     for act in acts:
@@ -163,8 +163,6 @@ F7_PROBE_EVERY = 4
 
 
 def _f7_plan(preset: str) -> Plan:
-    from .peng_common import SMOKE_SEEDS
-
     if preset == "paper":
         # Fig. 7's caption: ResNet-20 on CIFAR-10, the Table 6 approaches, the standard recipe.
         base, acts, seeds = {**_base("resnet20", "cifar10", "paper"), "probe_every": 390}, ACTIVATIONS, range(PAPER_TRIALS)
@@ -201,8 +199,6 @@ def fig7_verdict(sq: dict[str, dict[str, list[float]]], tiny: bool = False) -> t
     < none, ℓ2 < none) per activation by :data:`common.RULE`. held: every comparison "lower"; not held: some
     comparison "higher"; otherwise inconclusive. ℓ2 vs mean removal and CBN vs none are reported, not judged.
     """
-    from .common import RULE, compare_arms
-
     if not sq:
         return "inconclusive", "no runs" + (" (tiny runs)" if tiny else "")
     parts, decisions = [], []
@@ -225,8 +221,6 @@ def fig7_verdict(sq: dict[str, dict[str, list[float]]], tiny: bool = False) -> t
 
 
 def _f7_analyze(ctx) -> Outcome:
-    from .common import mean_curve, safe_panels, smooth
-
     sq: dict[str, dict[str, list[float]]] = {}
     specs = []
     for act in ACTIVATIONS:

@@ -10,6 +10,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+
+import bnlab.models as M
+from bnlab import data as D
+from bnlab.probes import ProbeContext, evaluate_landscape
+
 from .base import Experiment, Outcome, Plan, register
 from .common import RULE, compare_arms, finite_or_none, safe_panels
 from .santurkar_common import (
@@ -120,12 +126,6 @@ def predictiveness_curves(preset: str = "smoke", tiny: bool = False) -> dict:
 
 def _replay(cfg: dict, at: tuple[int, ...]) -> dict:
     """Train one DLN config with plain full-batch SGD, evaluating the landscape at the steps ``at``."""
-    import torch
-
-    import bnlab.models as M
-    from bnlab import data as D
-    from bnlab.probes import ProbeContext, evaluate_landscape
-
     grid = torch.tensor(fig10_grid(), dtype=torch.float64)
     ds = D.load(cfg["data"], **cfg["data_options"], seed=cfg["seed"])
     model = M.create("dln", norm=cfg["norm"], input_shape=ds.input_shape, num_classes=ds.num_outputs,
