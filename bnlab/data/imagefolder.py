@@ -30,6 +30,7 @@ import torch
 from . import image_transforms as T
 from .base import DataError, DataNotFoundError, DataSource, as_choice, as_float, as_int, cpu_generator, source
 from .cifar import resolve_data_dir
+from .image_writer import ensure_generated
 
 EXTENSIONS = (".jpeg", ".jpg", ".png")
 SPLITS = ("train", "val")
@@ -220,8 +221,6 @@ def imagefolder(*, device="cpu", seed=0, data_dir=None, verify=True, download=Fa
     if generate not in (True, False) or augment not in (True, False):
         raise ValueError("options augment and generate must be true or false")
     if generate:
-        from .image_writer import ensure_generated
-
         ensure_generated(resolve_data_dir(data_dir)[0] / folder)
     root = find_root(data_dir, str(folder))
     train_paths, train_labels, classes = scan_split(root, "train")

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from .noisy import StochasticLayer
-from .registry import NormInfo, lookup
+from .registry import REGISTRY, NormInfo, lookup
 from .wrappers import ScaleInvariantBN, WeightNorm, _out_features
 
 
@@ -101,6 +101,4 @@ def regularization_loss(model: nn.Module) -> torch.Tensor | float:
 
 
 def describe() -> list[NormInfo]:
-    from .registry import REGISTRY
-
     return list(REGISTRY.values())

@@ -28,9 +28,10 @@ from typing import Any
 
 from torch import nn
 
+from bnlab import models
 from bnlab.store import Store
 from bnlab.train.callbacks import Callback, StepContext
-from bnlab.train.checkpoint import checkpoint_path, load_checkpoint
+from bnlab.train.checkpoint import checkpoint_path, load_checkpoint, remove_checkpoint_files
 from bnlab.train.config import TrainConfig
 from bnlab.train import distributed
 from bnlab.train.engine import Trainer
@@ -129,12 +130,7 @@ def _delete(store: Store, runs_dir: Path, run_id: str, existing: dict | None) ->
     if existing is not None:
         store.delete_run(run_id)
         return
-    try:
-        from bnlab.train.checkpoint import remove_checkpoint_files
-    except ImportError:  # pragma: no cover - before bnlab.train.checkpoint grew it
-        checkpoint_path(runs_dir, run_id).unlink(missing_ok=True)
-    else:
-        remove_checkpoint_files(runs_dir, run_id)
+    remove_checkpoint_files(runs_dir, run_id)
 
 
 def _train(prep: Prepared, store: Store, run_id: str, identity: dict, progress: Any) -> RunRecord:
@@ -210,8 +206,6 @@ def load_model(
     spec = ckpt["model_spec"]
     custom = spec.get("model_factory")
     if custom is None:  # a checkpoint from before the flag: a label the registry does not know
-        from bnlab import models
-
         custom = cfg.model not in models.MODELS
     if model_factory is None and custom:
         raise ValueError(

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy
 import torch
 
+import bnlab
 from bnlab.store import dumps
 
 @dataclass
@@ -76,10 +78,6 @@ def _git_revision() -> str | None:
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    import numpy
-
-    import bnlab
-
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
