@@ -13,7 +13,10 @@ from typing import Any, Optional
 
 import typer
 
+from bnlab.plots import panels
+from bnlab.run_files import RunLockedError, is_locked
 from bnlab.spec import read_pairs
+from bnlab.store import STATUSES, ReadOnlyStoreError, Store, dumps
 from bnlab.train.cli_common import EXIT_FAILED, _fail, _fmt
 
 runs_app = typer.Typer(help="The recorded runs: list, show, export, delete, plot.", no_args_is_help=True)
@@ -28,8 +31,6 @@ LIST_COLUMNS = (
 
 
 def _open_store(runs_dir: str):
-    from bnlab.store import Store
-
     path = Path(runs_dir) / "bnlab.db"
     if not path.exists():
         _fail(f"no run store at {path} (train something first, or pass --runs-dir)")
@@ -54,7 +55,6 @@ def _live_status(row: dict[str, Any], runs_dir: Path) -> str:
     machine lost) without recording an end is ``stopped``: re-running its config resumes it."""
     if row["status"] != "running":
         return row["status"]
-    from bnlab.train.checkpoint import is_locked
 
     return "stopped" if is_locked(runs_dir, row["id"]) is False else "running"
 
@@ -133,14 +133,11 @@ def runs_list(
     A running run's steps follow its training (they rise at every flush of its metrics); a run
     recorded as running whose process is gone (killed) shows as ``stopped``.
     """
-    from bnlab.store import dumps
 
     store = _open_store(runs_dir)
     try:
         filters = read_pairs(where, "--where")
         if status is not None:
-            from bnlab.store import STATUSES
-
             if status not in (*STATUSES, "stopped"):
                 raise ValueError(f"unknown status {status!r}; valid: {', '.join((*STATUSES, 'stopped'))}")
             filters["status"] = status
@@ -175,7 +172,6 @@ def runs_show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """A run's config, status, environment, final metrics and recorded metric series."""
-    from bnlab.store import dumps
 
     store = _open_store(runs_dir)
     row = _get(store, run_id)
@@ -236,8 +232,6 @@ def runs_delete(
     runs_dir: str = typer.Option("runs", "--runs-dir", help="Folder of the run store."),
 ) -> None:
     """Delete runs: their records, metric rows and checkpoints (refused while a run trains)."""
-    from bnlab.store import ReadOnlyStoreError
-    from bnlab.train.checkpoint import RunLockedError
 
     store = _open_store(runs_dir)
     try:
@@ -279,7 +273,6 @@ def runs_plot(
             series[label] = ([s for s, _ in rows], [v for _, v in rows])
     finally:
         store.close()
-    from bnlab.report.plots import panels
 
     panels(out, [{"series": series, "xlabel": "step", "ylabel": metric, "logy": logy}])
     typer.echo(str(out))
