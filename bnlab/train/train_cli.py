@@ -16,7 +16,13 @@ from typing import Any, Optional
 import typer
 
 from bnlab.spec import read_pairs
+from bnlab.store import Store, dumps
 from bnlab.train.cli_common import EXIT_FAILED, _fail, _fmt
+from bnlab.train.config import TrainConfig, load_config_file, validate_static
+from bnlab.train.launcher import train  # one process, --nproc N local ones, or a torchrun rank
+from bnlab.train.loop import RunInterrupted, RunLockedError
+from bnlab.train.record import RunRecord
+from bnlab.train.trackers import parse_log_to  # --log-to
 
 EXIT_INTERRUPTED = 130
 
@@ -78,9 +84,6 @@ TRAIN_OPTIONS: dict[str, tuple[Any, Any]] = {
 
 def train_command(**options: Any) -> None:
     """Train a model and record the run; re-running the same command resumes it."""
-    from bnlab.train.config import TrainConfig, load_config_file
-    from bnlab.train.loop import RunInterrupted, RunLockedError
-
     config = None
     try:
         values: dict[str, Any] = load_config_file(options["config_file"]) if options["config_file"] is not None else {}
@@ -92,10 +95,6 @@ def train_command(**options: Any) -> None:
                         download=options["download"])
         config = TrainConfig.from_dict(values)
         progress = "bar" if sys.stderr.isatty() else "lines"
-        from bnlab.train.trackers import parse_log_to  # --log-to (trackers.py)
-
-        from bnlab.train.launcher import train  # one process, --nproc N local ones, or a torchrun rank
-
         callbacks = [parse_log_to(s) for s in options["log_to"] or []]
         record = train(config, progress=progress, force=options["force"], callbacks=callbacks)
         if record is None:  # a rank > 0 of a torchrun launch: rank 0 reports
@@ -158,10 +157,6 @@ def _merge(values: dict[str, Any], flags: dict[str, Any], model_option, data_opt
 
 def _failed_record_json(config, err: Exception) -> str:
     """The stored record of a run that raised (status failed), or a minimal one if none was stored."""
-    from bnlab.store import Store, dumps
-    from bnlab.train.config import validate_static
-    from bnlab.train.record import RunRecord
-
     try:
         cfg = validate_static(config)
         with Store(Path(cfg.runs_dir) / "bnlab.db") as store:
