@@ -6,14 +6,14 @@ import json
 
 import typer
 
+from .registry import MODEL_INFO
+
 models_app = typer.Typer(help="The papers' networks: the catalogue and how to build them.", no_args_is_help=True)
 
 
 @models_app.command("list")
 def list_models(as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
     """Every model with its paper, input kind, default activation and options (with defaults)."""
-    from .registry import MODEL_INFO
-
     rows = [
         {
             "name": info.name,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-import json
-
 import typer
+
+from bnlab.spec import format_value as _fmt
+
+from . import describe
 
 norms_app = typer.Typer(help="Normalization layers: the catalogue and how to build them.", no_args_is_help=True)
 
@@ -14,9 +17,6 @@ norms_app = typer.Typer(help="Normalization layers: the catalogue and how to bui
 @norms_app.command("list")
 def list_norms(as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
     """Every layer with its paper, equation and parameters (with defaults)."""
-    from . import describe
-    from bnlab.spec import format_value as _fmt
-
     rows: list[dict[str, Any]] = [
         {
             "name": info.name,
