@@ -43,7 +43,6 @@ OTHER_IN_FUNCTION_ALLOWED: set[tuple[str, str]] = {
 IN_FUNCTION_ALLOWED: dict[str, int] = {
     # norms (convert/fold/ops work stream)
     # train (its own work stream)
-    "bnlab.train.config": 3,
     "bnlab.demo": 3,
 }
 

@@ -16,9 +16,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Literal, overload
 
+import bnlab.data
+import bnlab.models
+import bnlab.norms
 from bnlab.train.schedules import parse_schedule
 
 OPTIMIZERS = ("sgd", "psgd")
@@ -163,7 +165,7 @@ def validate_static(config: TrainConfig, *, check_model: bool = True) -> TrainCo
     """Check and normalise every key that needs no data or model; raises ``ValueError``.
 
     Names of models, data sets and norm specs are checked against the registries of
-    ``bnlab.models``, ``bnlab.data`` and ``bnlab.norms`` when those are importable
+    ``bnlab.models``, ``bnlab.data`` and ``bnlab.norms``
     (``check_model=False`` when the caller supplies its own model factory).
     """
     c = config
@@ -245,34 +247,16 @@ def _check_data_parallel(c: TrainConfig) -> None:
 
 
 def _check_registries(c: TrainConfig, check_model: bool = True) -> None:
-    """Names against the registries of the other sub-packages (skipped if one is not importable)."""
-    models: ModuleType | None
-    data: ModuleType | None
-    norms: ModuleType | None
+    """Names against the registries of ``bnlab.models``, ``bnlab.data`` and ``bnlab.norms``."""
+    if check_model and c.model not in bnlab.models.MODELS:
+        raise ValueError(f"unknown model {c.model!r}; valid: {', '.join(sorted(bnlab.models.MODELS))}")
+    try:  # the registry's spelling rules, as in bnlab.data.load: case-insensitive, '-' for '_'
+        bnlab.data.SOURCES.entry(c.data)
+    except ValueError:
+        raise ValueError(f"unknown data {c.data!r}; valid: {', '.join(sorted(bnlab.data.SOURCES))}") from None
+    if c.placement not in bnlab.norms.PLACEMENTS:
+        raise ValueError(f"unknown placement {c.placement!r}; valid: {', '.join(bnlab.norms.PLACEMENTS)}")
     try:
-        from bnlab import models
-    except ImportError:  # pragma: no cover - other sub-packages land separately
-        models = None
-    if check_model and models is not None and hasattr(models, "MODELS") and c.model not in models.MODELS:
-        raise ValueError(f"unknown model {c.model!r}; valid: {', '.join(sorted(models.MODELS))}")
-    try:
-        from bnlab import data
-    except ImportError:  # pragma: no cover
-        data = None
-    if data is not None and hasattr(data, "SOURCES"):
-        try:  # the registry's spelling rules, as in bnlab.data.load: case-insensitive, '-' for '_'
-            data.SOURCES.entry(c.data)
-        except ValueError:
-            raise ValueError(f"unknown data {c.data!r}; valid: {', '.join(sorted(data.SOURCES))}") from None
-    try:
-        from bnlab import norms
-    except ImportError:  # pragma: no cover
-        norms = None
-    placements = getattr(norms, "PLACEMENTS", None) if norms is not None else None
-    if placements and c.placement not in placements:
-        raise ValueError(f"unknown placement {c.placement!r}; valid: {', '.join(placements)}")
-    if norms is not None and hasattr(norms, "validate"):
-        try:
-            norms.validate(c.norm)
-        except ValueError as err:
-            raise ValueError(f"bad norm spec {c.norm!r}: {err}") from None
+        bnlab.norms.validate(c.norm)
+    except ValueError as err:
+        raise ValueError(f"bad norm spec {c.norm!r}: {err}") from None
