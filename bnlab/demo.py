@@ -13,6 +13,10 @@ from pathlib import Path
 
 import typer
 
+from bnlab.experiments.runner import reproduce
+from bnlab.norms.bench import benchmark, format_table
+from bnlab.report import write_report
+
 DEMO_ENTRIES = [
     "santurkar-fig8",   # 25-layer DLN: standard vs BN (activation drift), 3 seeds
     "luo-fig2",         # generalization error vs α: theory and BN simulation
@@ -31,13 +35,8 @@ def demo(
 ) -> None:
     """Run the curated smoke entries of all five papers and write the report."""
     if layers:
-        from bnlab.norms.bench import benchmark, format_table
-
         typer.echo(format_table(benchmark([(64, 16, 16, 16), (256, 10)], repeats=5)))
         return
-    from bnlab.experiments.runner import reproduce
-    from bnlab.report import write_report
-
     for i, experiment_id in enumerate(DEMO_ENTRIES, 1):
         typer.echo(f"[{i}/{len(DEMO_ENTRIES)}] {experiment_id} ...", err=True)
         outcome = reproduce(experiment_id, "smoke", runs_dir=runs_dir, tiny=tiny, report=False)
