@@ -19,6 +19,7 @@ logger whose package is missing is a clear ``ValueError`` when it is built, befo
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -35,8 +36,6 @@ _MLFLOW_STATUS = {"finished": "FINISHED", "diverged": "FINISHED", "failed": "FAI
 
 def _need(module: str, package: str, flag: str):
     """Import an optional dependency, or say how to install it."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError:
