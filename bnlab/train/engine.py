@@ -34,6 +34,7 @@ from bnlab.train.progress import Progress
 from bnlab.train.record import evaluate, read_values
 from bnlab.train.resume import checkpoint_state, restore_state
 from bnlab.train.schedules import parse_schedule
+from bnlab.train.window import read_window
 
 DETECTION_BATCH = 256  # samples of the fixed batch used to test scale invariance
 CHECKPOINT_SECONDS = 30.0  # default cadence: first epoch end after this much time
@@ -132,41 +133,9 @@ class Trainer:
             value = value.detach()
         self.pending.append((int(step), str(name), value, divisor))
 
-    def _read_window(self) -> list[tuple[int, str, float]]:
-        """Read the steps since the last read (one transfer each for losses and correct counts),
-        add them to the epoch sums, and return their rows: ``train_loss``/``train_accuracy`` every
-        ``log_every`` steps (and step 1), the epoch means at each epoch's last step."""
-        if not self.window:
-            return []
-        losses = torch.stack(self.window).tolist()
-        corrects = torch.stack(self.window_correct).tolist() if self.window_correct else None
-        sizes, first = self.window_sizes, self.step - len(losses) + 1
-        self.window, self.window_correct, self.window_sizes = [], [], []
-        rows: list[tuple[int, str, float]] = []
-        for i, loss in enumerate(losses):
-            step = first + i
-            if (step - 1) % self.spe == 0:
-                self._reset_accumulators()
-            self.acc_loss += loss
-            self.acc_batches += 1
-            self.acc_count += sizes[i]
-            if corrects is not None:
-                self.acc_correct += int(corrects[i])
-            if step % self.log_every == 0 or step == 1:
-                rows.append((step, "train_loss", loss))
-                if corrects is not None:
-                    rows.append((step, "train_accuracy", corrects[i] / sizes[i]))
-            if step % self.spe == 0 or step == self.total_steps:
-                rows.extend((step, f"epoch_{name}", value) for name, value in self.epoch_means().items())
-        if self.start_loss is None and first == 1:
-            self.start_loss = losses[0]
-        self.last_loss = losses[-1]
-        self.unscanned.append((first, losses))
-        return rows
-
     def _read_pending(self) -> None:
         """Read the window and every pending device value; hand the rows to on_log/on_probe."""
-        rows = self._read_window()
+        rows = read_window(self)
         if self.pending:
             pending, self.pending = self.pending, []
             values = read_values([v for _, _, v, _ in pending])
