@@ -109,7 +109,8 @@ register(Experiment(
     smoke_changes="digits (8×8) with 70 % held out (539 training images, so over-fitting shows) instead of "
                   "CIFAR-10, luo_cnn at 1/4 width, 40 epochs at lr 0.05, two seeds (gaps averaged); the ordering of "
                   "the gaps is what is checked.",
-    cost={"smoke": "≈40 s CPU (10 runs), ≈70 s wall on a busy 2-core machine", "paper": "5 runs × 100 epochs luo_cnn on CIFAR-10 (GPU, ~1 h)"},
+    cost={"smoke": "≈40 s CPU (10 runs), ≈70 s wall on a busy 2-core machine",
+          "paper": "5 runs × 100 epochs luo_cnn on CIFAR-10 (GPU, ~1 h)"},
     plan=_fig4_plan, analyze=_fig4_analyze))
 
 
@@ -203,7 +204,8 @@ def _fig5_analyze(ctx) -> Outcome:
                                           ctx.tiny)
     table = [{"quantity": f"M = {m}: layer-mean γ² / ζ / validation loss",
               "ours": f"{_fmt(g)} / {_fmt(z)} / {_fmt(v)}",
-              "paper": "γ² grows with M; validation loss grows with M"} for m, g, z, v in zip(batches, mean_sq, mean_zeta, val)]
+              "paper": "γ² grows with M; validation loss grows with M"}
+             for m, g, z, v in zip(batches, mean_sq, mean_zeta, val)]
     table += [{"quantity": f"Spearman(M, γ²), {layer}", "ours": _fmt(rho), "paper": "> 0 (γ increases with M)"}
               for layer, rho in rhos.items()]
     return Outcome([fig], table, verdict, summary)
@@ -214,7 +216,9 @@ register(Experiment(
     title="γ² and validation loss against the batch size",
     claim="Larger batches weaken BN's regularization ζ ∝ 1/M, so the learned γ² grows with the batch size "
           "(and the validation loss with it).",
-    smoke_changes="digits with 70 % held out, luo_cnn at 1/4 width, 60 epochs, lr 0.05·M/64; BN in every layer at once (the paper "
+    smoke_changes="digits with 70 % held out, luo_cnn at 1/4 width, 60 epochs, lr 0.05·M/64; BN in every layer at once "
+                  "(the paper "
                   "trains five models with BN in one layer each — bnlab.models has one norm spec for all layers).",
-    cost={"smoke": "≈40 s CPU (5 runs), ≈90 s wall on a busy 2-core machine", "paper": "5 runs × 100 epochs luo_cnn on CIFAR-10 (GPU)"},
+    cost={"smoke": "≈40 s CPU (5 runs), ≈90 s wall on a busy 2-core machine",
+          "paper": "5 runs × 100 epochs luo_cnn on CIFAR-10 (GPU)"},
     plan=_fig5_plan, analyze=_fig5_analyze))

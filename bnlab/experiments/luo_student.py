@@ -216,7 +216,8 @@ def fig3_runs(preset: str) -> list[RunSpec]:
     base = {"model": "perceptron", "activation": "identity", "model_options": {"bias": False},
             "data": "teacher_student", "data_options": {"N": N, "alpha": 1.0, "noise_var": NOISE_VAR},
             "epochs": 400, "batch_size": 32, "seed": 0, "eval_every": 4 * spe}
-    arms = [("none", "none", 16.0), ("bn", "bn", 0.03 * 256 / N), ("wn", f"wn(zeta={FIG3_ZETA / N:.6g})", 8.0 * 256 / N)]
+    arms = [("none", "none", 16.0), ("bn", "bn", 0.03 * 256 / N),
+            ("wn", f"wn(zeta={FIG3_ZETA / N:.6g})", 8.0 * 256 / N)]
     return [RunSpec(_FIG3_LABELS[key], {**base, "norm": norm, "lr": lr},
                     {"norm": key, "N": N, "steps_per_epoch": spe}) for key, norm, lr in arms]
 
@@ -283,7 +284,8 @@ def _fig3_analyze(ctx) -> Outcome:
              "wn": last(_FIG3_LABELS["wn"])}
     verdict, summary = fig3_verdict(final, min(sgd_values) if sgd_values else None, ctx.tiny)
     table = [
-        {"quantity": "final validation loss, vanilla SGD", "ours": _fmt(final["sgd"]), "paper": "diverges (keeps rising)"},
+        {"quantity": "final validation loss, vanilla SGD", "ours": _fmt(final["sgd"]),
+         "paper": "diverges (keeps rising)"},
         {"quantity": "final validation loss, BN (test-set statistics)", "ours": _fmt(final["bn"]),
          "paper": "regularized, like WN with ζ = 0.014"},
         {"quantity": "final validation loss, BN (running statistics)", "ours": _fmt(last(_FIG3_LABELS["bn"])),
@@ -303,5 +305,6 @@ register(Experiment(
     smoke_changes="N = P = 256 instead of 4096 (8 steps per epoch), 400 epochs. BN is evaluated twice: with "
                   "its running averages (the engine's test_loss) and with the statistics of the test inputs "
                   "(a re-run with a callback), since the theory's h̄ uses population statistics.",
-    cost={"smoke": "≈20 s CPU (4 perceptron runs)", "paper": "N = 4096, 400 epochs: 4 × 51k steps, ≈4 min on one CPU core"},
+    cost={"smoke": "≈20 s CPU (4 perceptron runs)",
+          "paper": "N = 4096, 400 epochs: 4 × 51k steps, ≈4 min on one CPU core"},
     plan=_fig3_plan, analyze=_fig3_analyze))

@@ -145,7 +145,8 @@ register(Experiment(
           "better than either.",
     smoke_changes="digits, ResNet-20 at width 1/4, 3 epochs at a constant lr, Sigmoid/Tanh/ReLU only, one run per "
                   "candidate lr from 1e-3 to 1 (1e-4 trains nothing in 36 steps, so it cannot be the maximum); the "
-                  "paper also reports 10-trial accuracies, smoke's accuracy column is the single lr-0.1 run. ℓ2 normalization is Eq. 5 alone, "
+                  "paper also reports 10-trial accuracies, smoke's accuracy column is the single lr-0.1 run. "
+                  "ℓ2 normalization is Eq. 5 alone, "
                   "`cbn(center=false, amat=false)` (root mean square).",
     cost={"smoke": "48 short runs, ≈1.5 min on 2 CPU cores",
           "paper": "280 runs (4 approaches × 5 activations × (5 candidate lrs + 9 more trials at 0.1)) × 120 epochs of "
@@ -165,7 +166,8 @@ F7_PROBE_EVERY = 4
 def _f7_plan(preset: str) -> Plan:
     if preset == "paper":
         # Fig. 7's caption: ResNet-20 on CIFAR-10, the Table 6 approaches, the standard recipe.
-        base, acts, seeds = {**_base("resnet20", "cifar10", "paper"), "probe_every": 390}, ACTIVATIONS, range(PAPER_TRIALS)
+        base = {**_base("resnet20", "cifar10", "paper"), "probe_every": 390}
+        acts, seeds = ACTIVATIONS, range(PAPER_TRIALS)
     else:
         base = {**_base("resnet20", "digits", "smoke"), "epochs": F7_SMOKE_EPOCHS, "schedule": "constant",
                 "probe_every": F7_PROBE_EVERY}

@@ -78,8 +78,10 @@ def _fig11_analyze(ctx) -> Outcome:
                                    "trains better and smoother than Standard (Figs 11–13)"})
     normalized = [l for l in labels if l != STANDARD]
     verdict, summary = fig11_verdict(losses, landscapes, normalized, _inconclusive_if_tiny(ctx))
-    lines = "; ".join(f"{net}: " + sharpness_line({l: arms.get(f"{net}: {l}", []) for l in labels},
-                                                  (vgg_config if net == "VGG" else dln_config)(ctx.preset, "none")["lr"])
+    def lr_of(net: str) -> float:
+        return (vgg_config if net == "VGG" else dln_config)(ctx.preset, "none")["lr"]
+
+    lines = "; ".join(f"{net}: " + sharpness_line({l: arms.get(f"{net}: {l}", []) for l in labels}, lr_of(net))
                       for net, _, _ in NETS)
     return Outcome(figures, table, verdict, f"{summary} {lines}")
 

@@ -35,7 +35,8 @@ def list_norms(as_json: bool = typer.Option(False, "--json", help="print JSON in
         params = ", ".join(f"{k}={v}" for k, v in row["params"].items()) or "-"
         typer.echo(f"{row['name']:<13} {row['summary']}")
         typer.echo(f"{'':<13} paper: {row['paper']} — {row['equation']}")
-        typer.echo(f"{'':<13} params: {params}" + ("   [wraps the linear/conv layer]" if row["kind"] == "wrapper" else ""))
+        wraps = "   [wraps the linear/conv layer]" if row["kind"] == "wrapper" else ""
+        typer.echo(f"{'':<13} params: {params}" + wraps)
 
 
 def register(app: typer.Typer) -> None:
