@@ -373,3 +373,34 @@ def test_engine_never_triggers_the_missing_progress_warning(tmp_path, norm):
         record = run(dict(model="mlp", norm=norm, data="digits", steps=3, lr=0.1, batch_size=64,
                           runs_dir=str(tmp_path)), progress=False)
     assert record.status == "finished"
+
+
+def test_ctrl_c_inside_a_store_write_loses_no_rows(tmp_path, monkeypatch):
+    """SIGINT while the engine writes rows to the store: the write completes, the run stops at the
+    step boundary as ``interrupted`` with every row up to it stored, and a re-run resumes."""
+    from bnlab.train import RunInterrupted
+
+    original = Store.log_rows
+    fired = []
+
+    def log_rows_hit_by_ctrl_c(self, run_id, rows):
+        rows = list(rows)
+        if not fired and any(step >= 4 for step, _, _ in rows):
+            fired.append(True)
+            signal.raise_signal(signal.SIGINT)  # lands inside the write
+        return original(self, run_id, rows)
+
+    monkeypatch.setattr(Store, "log_rows", log_rows_hit_by_ctrl_c)
+    cfg = dict(model="mlp", norm="bn", data="digits", steps=40, lr=0.1, batch_size=64, log_every=2,
+               checkpoint_every=2, runs_dir=str(tmp_path))
+    with pytest.raises(RunInterrupted) as caught:
+        run(cfg, progress=False)
+    stopped = caught.value.step
+    monkeypatch.setattr(Store, "log_rows", original)
+    with Store(tmp_path / "bnlab.db") as store:
+        (row,) = store.list_runs()
+        steps = [s for s, _ in store.metrics(row["id"], "train_loss")["train_loss"]]
+    assert fired and row["status"] == "interrupted" and row["steps"] == stopped < 40
+    assert steps == [1] + list(range(2, stopped + 1, 2)), steps  # nothing lost, nothing twice
+    record = run(cfg, progress=False)
+    assert record.status == "finished" and record.metrics["test_accuracy"] > 0.5

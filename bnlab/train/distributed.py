@@ -103,6 +103,8 @@ class ShardedForward(nn.Module):
 class DataParallelTrainer(Trainer):
     """:class:`~bnlab.train.engine.Trainer` on one rank of a data-parallel run (see the module docstring)."""
 
+    defer_interrupts = False  # ranks must stop together: a Ctrl-C raises where it lands
+
     def __init__(self, prep, store, run_id: str, progress: Any, callbacks: list[Any]):
         me = current()
         if me is None:

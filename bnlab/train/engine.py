@@ -28,6 +28,7 @@ from bnlab.store import Store
 from bnlab.train.callbacks import LEGACY_HOOKS, CallbackList, StepContext
 from bnlab.train.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint, unpack_rows
 from bnlab.train.divergence import Divergence, check_state, scan_losses, state_tensors
+from bnlab.train.interrupt import DeferredInterrupt
 from bnlab.train.optim import Projection, build_optimizer, find_scale_invariant, set_lr_factor
 from bnlab.train.prepare import Prepared, derive_seed
 from bnlab.train.progress import Progress
@@ -47,6 +48,8 @@ FLUSH_SECONDS = 10.0  # at most this long between writes of rows: `runs list` fo
 class Trainer:
     """Trains one prepared run; ``run`` creates it. Exposes ``config``, ``run_id``, ``model``,
     ``optimizer``, ``step`` (steps taken), ``total_steps``, ``data``, ``scale_invariant``."""
+
+    defer_interrupts = True  # Ctrl-C stops the run at the next step boundary (bnlab.train.interrupt)
 
     def __init__(self, prep: Prepared, store: Store, run_id: str, progress: Any, callbacks: list[Any]):
         self.prep = prep
@@ -303,24 +306,26 @@ class Trainer:
         progress = Progress(self)
         divergence: Divergence | None = None
         self.model.train()
-        try:
-            while self.step < self.total_steps and self.final is None:
-                epoch, skip = divmod(self.step, self.spe)  # 0-based epoch
-                if skip == 0:
-                    self.epoch_start_state = self.data_gen.get_state()
-                epoch_batches = batches(
-                    self.data.x_train, self.data.y_train, self.prep.batch_size, generator=self.data_gen,
-                    shuffle=True, drop_last=self.prep.drop_last, augment=self.prep.augment,
-                )
-                for _ in range(skip):  # replay the draws of batches taken before the checkpoint
-                    next(epoch_batches)
-                for xb, yb in epoch_batches:
-                    lr = self.step_once(xb, yb, epoch, ctx)
-                    self._after_step(epoch, lr, progress)
-                    if self.step == self.total_steps:
-                        break
-        except Divergence as found:
-            divergence = found
+        with DeferredInterrupt(enabled=self.defer_interrupts) as interrupt:
+            try:
+                while self.step < self.total_steps and self.final is None:
+                    epoch, skip = divmod(self.step, self.spe)  # 0-based epoch
+                    if skip == 0:
+                        self.epoch_start_state = self.data_gen.get_state()
+                    epoch_batches = batches(
+                        self.data.x_train, self.data.y_train, self.prep.batch_size, generator=self.data_gen,
+                        shuffle=True, drop_last=self.prep.drop_last, augment=self.prep.augment,
+                    )
+                    for _ in range(skip):  # replay the draws of batches taken before the checkpoint
+                        next(epoch_batches)
+                    for xb, yb in epoch_batches:
+                        lr = self.step_once(xb, yb, epoch, ctx)
+                        self._after_step(epoch, lr, progress)
+                        interrupt.raise_if_requested()
+                        if self.step == self.total_steps:
+                            break
+            except Divergence as found:
+                divergence = found
         progress.close()
         if self.final is not None:  # killed after the final checkpoint, before the status update
             return self.final["status"], self.final["metrics"]
