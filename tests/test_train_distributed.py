@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 
 import pytest
 import torch.distributed as dist
@@ -50,9 +51,13 @@ def test_two_processes_equal_one_and_a_killed_run_resumes(tmp_path, monkeypatch)
     one = run(config, progress=False)
     assert one.status == "finished"
 
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     with pytest.raises(Exception, match="(?i)fail"):  # torch's ChildFailedError names the exit code
         launcher.launch(TrainConfig.from_dict({**config, "nproc": 2}), callbacks=[KillRankZeroAt(5)],
                            progress=False)
+    # the elastic agent's signal handlers must not outlive the launch (a later Ctrl-C raised its
+    # SignalException in unrelated code)
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
     with Store(tmp_path / "bnlab.db") as store:
         killed = [r for r in store.list_runs() if r["config"].get("nproc") == 2]
     assert len(killed) == 1 and killed[0]["status"] == "running"  # died without a word

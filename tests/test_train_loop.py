@@ -391,11 +391,13 @@ def test_ctrl_c_inside_a_store_write_loses_no_rows(tmp_path, monkeypatch):
         return original(self, run_id, rows)
 
     monkeypatch.setattr(Store, "log_rows", log_rows_hit_by_ctrl_c)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, as in a fresh process
     cfg = dict(model="mlp", norm="bn", data="digits", steps=40, lr=0.1, batch_size=64, log_every=2,
                checkpoint_every=2, runs_dir=str(tmp_path))
     with pytest.raises(RunInterrupted) as caught:
         run(cfg, progress=False)
     stopped = caught.value.step
+    signal.signal(signal.SIGINT, previous)
     monkeypatch.setattr(Store, "log_rows", original)
     with Store(tmp_path / "bnlab.db") as store:
         (row,) = store.list_runs()

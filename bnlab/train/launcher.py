@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import uuid
 from typing import Any
 
@@ -43,8 +44,21 @@ def launch(cfg: TrainConfig, *, callbacks=(), progress: Any = None, force: bool 
     launch_config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=cfg.nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
         rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, start_method="spawn")
-    results = elastic_launch(launch_config, _as_rank)(cfg.to_dict(), list(callbacks), progress, force, model_factory)
+    # The elastic agent installs its own SIGINT/SIGTERM/... handlers in this process and never puts
+    # the previous ones back: a later Ctrl-C would raise torch's SignalException in unrelated code.
+    saved = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
+    try:
+        results = elastic_launch(launch_config, _as_rank)(cfg.to_dict(), list(callbacks), progress, force,
+                                                          model_factory)
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
     return results[0]
+
+
+_AGENT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+                       if hasattr(signal, name))
 
 
 def _with_world_size(cfg: TrainConfig) -> TrainConfig:
