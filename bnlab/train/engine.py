@@ -195,8 +195,7 @@ class Trainer:
             batch = (self.data.x_train[:n], self.data.y_train[:n])
             # The detection's forward passes are training-mode passes: layers that need progress
             # (CBN's AMAT, MBN's λ) get the run's first values instead of warning they have none.
-            for layer in self.progress_layers:
-                layer.set_progress(lr=cfg.lr, epoch=1, epochs=self.prep.total_epochs)
+            self._tell_progress(cfg.lr, 0)
             self.scale_invariant = find_scale_invariant(
                 self.model, self.loss_fn, batch, seed=derive_seed(cfg.seed, "detection")
             )
@@ -266,11 +265,7 @@ class Trainer:
             self._lr_factor = factor
         lr = self.config.lr * factor
         number = self.step + 1
-        key = (lr, epoch)
-        if self.progress_layers and key != self._progress_key:
-            for layer in self.progress_layers:
-                layer.set_progress(lr=lr, epoch=epoch + 1, epochs=self.prep.total_epochs)
-            self._progress_key = key
+        self._tell_progress(lr, epoch)
         out = self.forward(xb)
         loss = self.loss_fn(out, yb)
         objective = loss + self.regularizer(self.model) if self.regularizer is not None else loss
@@ -295,6 +290,13 @@ class Trainer:
         return lr
 
     # -- the loop --------------------------------------------------------------------------------
+
+    def _tell_progress(self, lr: float, epoch: int) -> None:
+        """Give the layers that need it (CBN's AMAT, MBN's λ) the lr and 1-based epoch, on change."""
+        if self.progress_layers and (lr, epoch) != self._progress_key:
+            for layer in self.progress_layers:
+                layer.set_progress(lr=lr, epoch=epoch + 1, epochs=self.prep.total_epochs)
+            self._progress_key = (lr, epoch)
 
     def train(self) -> tuple[str, dict[str, Any]]:
         """Train to ``total_steps`` (or divergence); returns ``(status, final metrics)``."""
