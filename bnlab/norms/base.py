@@ -11,8 +11,8 @@ statistics: ``y = a(μ_B, σ²_B) · x + b(μ_B, σ²_B)``. The statistics come 
 per-channel ``a, b`` are built with ordinary autograd on C numbers (a variant is one ``coefficients``
 function), and applied with a single ``addcmul``.
 
-Numerics: statistics are two-pass (mean, then the mean of squared deviations), accumulated in float32
-or better whatever the input dtype, so a large mean does not destroy the variance and half-precision
+Numerics: statistics are two-pass or Welford (never Σx² − (Σx)²/n), accumulated in float32 or better
+whatever the input dtype, so a large mean does not destroy the variance and half-precision
 inputs cannot overflow; the per-channel coefficient graph runs in float64 (C numbers: free). Autocast
 is switched off inside the layer (like ``nn.BatchNorm``, the output has the input's dtype).
 """
@@ -249,7 +249,7 @@ class ChannelNorm(nn.Module):
 
         THE single place batch statistics come from (both the fused and the plain path): override it to
         synchronize statistics across processes. Results are in :func:`stats_dtype` (float32 or
-        better), two-pass, so a mean of 1e4 costs no variance digits. Differentiable when grad is on;
+        better), two-pass or Welford, so a mean of 1e4 costs no variance digits. Differentiable when grad is on;
         without grad (inside the fused function) torch's two-pass statistics kernel runs instead.
         """
         if (group := module_group(self)) is not None:  # training with sync=True in a process group
@@ -261,6 +261,12 @@ class ChannelNorm(nn.Module):
             mean, var = torch.batch_norm_update_stats(x, None, None, 0.0)
             return mean, var, n
         dims = self.reduce_dims(x)
+        if torch.compiler.is_compiling():
+            # inductor's one Welford reduction (as stable to a large mean as two passes): one read of x
+            # instead of two, bn 1.01 → 0.91× native eager on (128, 64, 32, 32), brn 1.50 → 1.19×
+            var, mean = torch.var_mean(x.to(stats_dtype(x)), dim=dims, correction=0)
+            return mean, var, n
+        # eager: two passes, and a graph whose Σ(x − μ) term var_only_bn's gradient at large means needs
         mean = x.mean(dim=dims, dtype=stats_dtype(x))
         var = (x - per_channel(mean, x)).pow(2).mean(dim=dims)
         return mean, var, n
