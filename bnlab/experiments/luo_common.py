@@ -11,6 +11,7 @@ from bnlab.store import Store
 import bnlab.train as bnlab_train  # looked up on use: a test can patch bnlab.train.run
 
 from .base import shrink
+from .common import Comparison, compare_arms, finite_or_none
 from .runner import TINY_STEPS
 
 NOISE_VAR = 0.25          # §4.1: "let the noise variance ϵ of the teacher be 0.25"
@@ -62,3 +63,60 @@ def train_collecting(config: dict, *, callbacks: Sequence[Any] = (), model_facto
 def _series(data: dict, name: str) -> tuple[list[float], list[float]]:
     rows = (data.get("series") or {}).get(name) or []
     return [r[0] for r in rows], [r[1] for r in rows]
+
+
+# ---- the stated rules of the Luo verdicts: seeds, factors, settling ---------------------------------
+
+SETTLE_FRACTION = 2 / 3
+SETTLE_RULE = ("settled when the verdict from the values at 2/3 of training (each the mean of the 3 records "
+               "up to that point) is the verdict at the end; otherwise inconclusive (still changing)")
+
+
+def window_mean(steps: Sequence[float], values: Sequence[float | None], fraction: float = 1.0,
+                k: int = 3) -> float | None:
+    """Mean of the last ``k`` finite values recorded at or before ``fraction`` × the last recorded step.
+
+    ``fraction`` = 1: the end of the run (a noisy curve read as the mean of its last 3 records); 2/3: the
+    same quantity a third of the run earlier, for :func:`settle`. None when no finite value is there.
+    """
+    if not steps:
+        return None
+    limit = steps[-1] * fraction
+    kept = [v for s, v in zip(steps, values) if s <= limit and finite_or_none(v) is not None]
+    return float(sum(kept[-k:]) / len(kept[-k:])) if kept else None
+
+
+def settle(end: tuple[str, str], mid: tuple[str, str]) -> tuple[str, str]:
+    """Combine the verdict at the end with the one at 2/3 of training by :data:`SETTLE_RULE`.
+
+    ``end`` / ``mid``: (verdict, summary) of the same verdict function on the values at the end and at
+    2/3 of training. A verdict that the last third of training changed is "inconclusive": the compared
+    quantity has not settled, and a longer run could change it again.
+    """
+    verdict, summary = end
+    if mid[0] == verdict:
+        return verdict, f"{summary}; settled: the verdict at 2/3 of training is also '{mid[0]}'"
+    return "inconclusive", (f"{summary}; NOT settled: the verdict would be '{verdict}' at the end but was "
+                            f"'{mid[0]}' at 2/3 of training ({mid[1]})")
+
+
+def factor_test(reference: Sequence[float], values: Sequence[float], factor: float = 1.5) -> tuple[str, Comparison]:
+    """Whether ``values`` lie within a factor ``factor`` of ``reference`` (positive per-seed values), by
+    :func:`common.compare_arms` on logarithms: two one-sided Welch tests (TOST, α = 0.05 each).
+
+    "within": ln b is significantly below ln a + ln f and significantly above ln a − ln f; "beyond":
+    significantly above ln a + ln f or below ln a − ln f; "unresolved" otherwise (too few seeds or too
+    much spread). A constant ``reference`` (a theory value repeated) makes each test a one-sample t-test.
+    Returns the decision and the plain comparison of ln b with ln a (its ``text`` gives the log-ratio).
+    """
+    la = [math.log(v) for v in reference if finite_or_none(v) is not None and v > 0]
+    lb = [math.log(v) for v in values if finite_or_none(v) is not None and v > 0]
+    shift = math.log(factor)
+    upper = compare_arms([v + shift for v in la], lb).decision
+    lower = compare_arms([v - shift for v in la], lb).decision
+    plain = compare_arms(la, lb)
+    if upper == "higher" or lower == "lower":
+        return "beyond", plain
+    if upper == "lower" and lower == "higher":
+        return "within", plain
+    return "unresolved", plain
