@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
+from .base import fused_enabled
 from .batchnorm import BatchNorm
-from .sync import channel_count, channel_mean, channel_topk
+from .lp_fused import L1_CONSTANT, hoffer_linf_constant, lp_normalize
+from .sync import channel_count, channel_mean, channel_topk, module_group
 from .registry import BN_OPTIONS, Param, norm
 
-
-def hoffer_linf_constant(n: int) -> float:
-    """C(n) = ½(1 + √(π ln 4)) / √(2 ln n), the constant Hoffer et al. give for the ℓ∞ (top-k) scale."""
-    return 0.5 * (1 + math.sqrt(math.pi * math.log(4))) / math.sqrt(2 * math.log(n))
+__all__ = ["LpBatchNorm", "hoffer_linf_constant"]
 
 
 @norm("lp_bn", "centre, divide by a Gaussian-calibrated ℓp scale", "Santurkar et al. 2018 / Hoffer et al. 2018",
@@ -53,7 +50,7 @@ class LpBatchNorm(BatchNorm):
         if self.p == "2":
             return (channel_mean(self, centred.pow(2)) if var is None else var).sqrt()
         if self.p == "1":
-            return math.sqrt(math.pi / 2) * channel_mean(self, centred.abs())
+            return L1_CONSTANT * channel_mean(self, centred.abs())
         # p = inf: top-k of |x − μ| per channel, channels first so topk runs along one dim.
         flat = centred.transpose(0, 1).reshape(self.num_features, -1).abs()
         return hoffer_linf_constant(channel_count(self, centred)) * channel_topk(self, flat, self.topk).mean(dim=1)
@@ -67,6 +64,22 @@ class LpBatchNorm(BatchNorm):
         """p=2 from the batch moments: ε is added to the scale √σ²_B, not to the variance."""
         return self.coefficients(mean, var.sqrt(), gamma, beta)
 
+    def normalize_by_lp_scale(self, x: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(y, μ_B, s_B) for p=1 and p=inf, in training: γ(x − μ_B)/(s_B + ε) + β.
+
+        Eager float32/float64 and unsynced: one custom autograd function (:mod:`bnlab.norms.lp_fused`,
+        a few passes over x). Otherwise plain autograd: under torch.compile (inductor fuses it), with
+        synchronized statistics (the collectives of bnlab.norms.sync), for half inputs, and inside
+        ``plain_autograd()`` (double backward)."""
+        if fused_enabled(x) and module_group(self) is None:
+            return lp_normalize(x, self.p, gamma, beta, self.eps, self.topk)
+        mean, var, _ = self.batch_moments(x)
+        centred = x - self.per_channel(mean, x)  # float32 or better, whatever x's dtype
+        scale = self.batch_scale(centred, var)
+        a = gamma / (scale + self.eps)
+        y = torch.addcmul(self.per_channel(beta.to(centred.dtype), x), centred, self.per_channel(a.to(centred.dtype), x))
+        return y, mean, scale
+
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
         gamma, beta = self.gamma_beta(x)
@@ -77,12 +90,7 @@ class LpBatchNorm(BatchNorm):
             scale = var.sqrt()
         else:
             with torch.autocast(x.device.type, enabled=False):
-                mean, var, _ = self.batch_moments(x)
-                centred = x - self.per_channel(mean, x)  # float32 or better, whatever x's dtype
-                scale = self.batch_scale(centred, var)
-                a = gamma / (scale + self.eps)
-                y = torch.addcmul(self.per_channel(beta.to(centred.dtype), x), centred,
-                                  self.per_channel(a.to(centred.dtype), x))
+                y, mean, scale = self.normalize_by_lp_scale(x, gamma, beta)
         if self.training and self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)

@@ -63,21 +63,48 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         if not self.training:
             return a
         scale, offset = self.draw_noise(a)  # drawn and applied in float32 or better, as the statistics
-        return torch.addcmul(offset, scale, a).to(a.dtype)
+        return _ScaleShiftInPlace.apply(a, scale, offset).to(a.dtype)
 
     @torch.compiler.disable
     def draw_noise(self, a: Tensor) -> tuple[Tensor, Tensor]:
         """(s, m) of Algorithm 1 for an output shaped like ``a``, from the layer's own generator.
 
-        Excluded from torch.compile: dynamo does not trace draws from a ``torch.Generator`` (one graph
-        break per noisy layer; the normalization before it and the noise application are compiled)."""
+        Each full-size draw is made in place by ``uniform_``/``normal_`` with Alg. 1's spread, then
+        shifted by its per-channel centre (torch's CPU generator, which is serial, is most of the
+        cost); both are fresh tensors that nothing else holds. Excluded from torch.compile: dynamo
+        does not trace draws from a ``torch.Generator`` (one graph break per noisy layer; the
+        normalization before it and the noise application are compiled)."""
         g = self.generator_for(a.device)
-        c, dtype = self.num_features, stats_dtype(a)
-        mu = (torch.rand(c, generator=g, device=a.device, dtype=dtype) * 2 - 1) * self.n_mu
-        sigma = 1 + torch.rand(c, generator=g, device=a.device, dtype=dtype) * (self.n_sigma - 1)
         shape, rows = global_batch_rows(self, a)  # synced: the global batch's noise, this rank's rows
-        u = torch.rand(shape, generator=g, device=a.device, dtype=dtype)[rows]
-        m = u.mul_(2 * self.r_mu).add_(self.per_channel(mu - self.r_mu, a))  # μ_j + (2u − 1)·r_μ, in place
-        z = torch.randn(shape, generator=g, device=a.device, dtype=dtype)[rows]
-        s = z.mul_(self.r_sigma).add_(self.per_channel(sigma, a))  # σ_j + r_σ·z, in place
+
+        def blank(size: tuple[int, ...]) -> Tensor:
+            return torch.empty(size, dtype=stats_dtype(a), device=a.device)
+
+        def own_rows(t: Tensor) -> Tensor:
+            return t if rows == slice(None) else t[rows].clone()
+
+        mu = blank((self.num_features,)).uniform_(-self.n_mu, self.n_mu, generator=g)
+        sigma = blank((self.num_features,)).uniform_(1.0, self.n_sigma, generator=g)
+        m = own_rows(blank(shape).uniform_(-self.r_mu, self.r_mu, generator=g))
+        m.add_(self.per_channel(mu, a))  # m_ij ~ U(μ_j − r_μ, μ_j + r_μ)
+        s = own_rows(blank(shape).normal_(0.0, self.r_sigma, generator=g))
+        s.add_(self.per_channel(sigma, a))  # s_ij ~ N(σ_j, r_σ²)
         return s, m
+
+
+class _ScaleShiftInPlace(torch.autograd.Function):
+    """``s·a + m`` written into m (a fresh noise draw), with ∂/∂a = g·s: one full-size pass each way.
+
+    torch's own ``addcmul`` differentiates with two full-size products (``g·(s·1)``); s and m are
+    random draws, never differentiated."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, scale: Tensor, offset: Tensor) -> Tensor:
+        ctx.save_for_backward(scale)
+        ctx.mark_dirty(offset)
+        return offset.addcmul_(scale, a)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        (scale,) = ctx.saved_tensors
+        return g * scale, None, None

@@ -1,0 +1,150 @@
+"""Eager fused training step of ℓ1 and ℓ∞ batch normalization (``lp_bn(p=1)``, ``lp_bn(p=inf)``).
+
+Santurkar et al. 2018 §3.3 and Hoffer et al. 2018 ("Norm matters", ℓ1 and top-k ℓ∞ batch norm). Per
+channel, with c = x − μ_B over the n values of the channel, the ℓp scale s and a = γ/(s + ε):
+
+    y = a·c + β,     s = √(π/2)·mean|c|  (p = 1)   or   s = C(n)·mean of the k largest |c|  (p = inf).
+
+Plain autograd on these expressions keeps several full-size temporaries (c, |c|, its sign, the
+gradients of each step). Here the forward pass takes μ_B and s in a few passes over x, and the
+backward pass assembles the input gradient from per-channel numbers:
+
+    ∂L/∂x_i = a·g_i − (a/n)·Σg + (∂L/∂s)·∂s/∂x_i,        ∂L/∂s = −γ·Σ(g·c)/(s + ε)²,
+    p = 1:   ∂s/∂x_i = (√(π/2)/n)·(sign c_i − mean sign c),
+    p = inf: ∂s/∂x_i = (C(n)/k)·(1[i ∈ top-k]·sign c_i − Σ_{j ∈ top-k} sign c_j / n),
+
+where the −mean terms come from μ_B (∂c_j/∂x_i = δ_ij − 1/n), ``(Σg, Σg·c)`` come from one pass of
+torch's BatchNorm backward kernel (:func:`~bnlab.norms.base.centred_reductions`), and ∂L/∂γ = Σ(g·c)/(s+ε),
+∂L/∂β = Σg. Subgradients where c_i = 0 follow ``torch.abs`` (sign 0), as the plain path does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .base import centred_reductions, coef_dtype, per_channel
+
+L1_CONSTANT = math.sqrt(math.pi / 2)  # E|z| = σ·√(2/π) for Gaussian z: √(π/2)·mean|c| estimates σ
+
+
+def hoffer_linf_constant(n: int) -> float:
+    """C(n) = ½(1 + √(π ln 4)) / √(2 ln n), the constant Hoffer et al. give for the ℓ∞ (top-k) scale."""
+    return 0.5 * (1 + math.sqrt(math.pi * math.log(4))) / math.sqrt(2 * math.log(n))
+
+
+def centred_sign(x: Tensor, mean: Tensor) -> Tensor:
+    """sign(x − μ) per channel, as x's dtype (0 where x = μ, as ``torch.abs``'s gradient)."""
+    return torch.sub(x, per_channel(mean, x)).sign_()
+
+
+def l1_sign_and_scale(x: Tensor, mean: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(sign(x − μ) as a full-size tensor, per-channel Σ sign, per-channel ℓ1 scale s, float64).
+
+    Σ|c| = Σ sign(c)·c comes with Σ sign(c) from one pass of the BatchNorm backward kernel over the
+    sign buffer and x (accumulated in double on CPU), so no |c| temporary is written."""
+    sign = centred_sign(x, mean)
+    sign_sum, abs_sum = centred_reductions(sign, x, mean)
+    n = x.numel() // x.shape[1]
+    dt = coef_dtype(x)
+    return sign, sign_sum.to(dt), (L1_CONSTANT / n) * abs_sum.to(dt)
+
+
+def linf_top_entries(x: Tensor, mean: Tensor, k: int) -> tuple[Tensor, tuple[Tensor, ...], Tensor]:
+    """The k largest |x − μ| of each channel: values (C, k'), their indices into x, their signs (C, k').
+
+    k' = min(k, n). Found without sorting the whole channel: each channel's top-k entries lie in the
+    k rows (samples) whose largest |x − μ| is biggest (any entry outside them is beaten by the peaks
+    of k other rows), and a row's largest |x − μ| is max(row max − μ, μ − row min), from one read of x.
+    The values are the plain path's |x − μ| bit for bit; under exact ties either path may pick a
+    different (equally large) entry."""
+    batch, channels = x.shape[:2]
+    rows = x.reshape(batch * channels, -1)  # row b·C + j: sample b, channel j (a view for contiguous x)
+    inner = rows.shape[1]
+    low, high = torch.aminmax(rows, dim=1)
+    peak = torch.maximum(high.view(batch, channels) - mean, mean - low.view(batch, channels))
+    top_rows = peak.topk(min(k, batch), dim=0).indices.t()  # (C, k_rows): each row's largest |x − μ|
+    channel = torch.arange(channels, device=x.device)
+    candidates = rows.index_select(0, (top_rows * channels + channel[:, None]).flatten())  # (C·k_rows, inner)
+    flat = candidates.view(channels, -1).sub_(mean[:, None])
+    values, position = flat.abs().topk(min(k, batch * inner), dim=1)
+    signs = flat.gather(1, position).sign()
+    sample = top_rows.gather(1, torch.div(position, inner, rounding_mode="floor"))
+    spatial = torch.unravel_index(position % inner, x.shape[2:]) if x.dim() > 2 else ()
+    return values, (sample, channel[:, None].expand_as(sample), *spatial), signs
+
+
+class _LpNormalize(torch.autograd.Function):
+    """y = γ·(x − μ_B)/(s + ε) + β with the ℓ1 or top-k ℓ∞ scale s; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, gamma: Tensor, beta: Tensor, p: str, eps: float, topk: int):
+        dims = [0, *range(2, x.dim())]
+        mean = x.mean(dim=dims)  # the plain path's μ_B, the same call: the same float
+        n, dt = x.numel() // x.shape[1], coef_dtype(x)
+        if p == "1":
+            ctx.sign, sign_sum, scale = l1_sign_and_scale(x, mean)
+            ctx.sign_mean = sign_sum / n
+        else:
+            values, ctx.top_index, signs = linf_top_entries(x, mean, topk)
+            ctx.top_factor = hoffer_linf_constant(n) / values.shape[1]  # s = C(n)·(1/k')·Σ top-k
+            scale = ctx.top_factor * values.to(dt).sum(1)
+            ctx.top_signs = signs.to(dt)
+        g64, b64, m64 = gamma.detach().to(dt), beta.detach().to(dt), mean.to(dt)
+        a = g64 / (scale + eps)
+        y = torch.addcmul(per_channel((b64 - a * m64).to(x.dtype), x), x, per_channel(a.to(x.dtype), x))
+        ctx.p, ctx.eps, ctx.n = p, eps, n
+        ctx.save_for_backward(x, gamma, mean, scale)
+        scale_out = scale.to(x.dtype)
+        ctx.mark_non_differentiable(mean, scale_out)
+        return y, mean, scale_out
+
+    @staticmethod
+    def backward(ctx, g: Tensor, _g_mean, _g_scale):
+        if torch.is_grad_enabled():
+            raise RuntimeError("bnlab's fused ℓp normalization does not support double backward "
+                               "(create_graph=True); run the forward pass inside `with bnlab.norms.plain_autograd():`")
+        x, gamma, mean, scale = ctx.saved_tensors
+        g_sum, g_dot_c = (t.to(scale.dtype) for t in centred_reductions(g, x, mean))
+        inv = 1.0 / (scale + ctx.eps)
+        a = gamma.detach().to(scale.dtype) * inv
+        g_scale = -a * inv * g_dot_c  # ∂L/∂s = −γ·Σ(g·c)/(s + ε)²
+        const = -a * g_sum / ctx.n
+        if ctx.p == "1":
+            gx = _l1_input_grad(ctx, x, mean, g, a, g_scale, const)
+        else:
+            gx = _linf_input_grad(ctx, g, a, g_scale, const)
+        g_gamma = (g_dot_c * inv).to(gamma.dtype) if ctx.needs_input_grad[1] else None
+        g_beta = g_sum.to(gamma.dtype) if ctx.needs_input_grad[2] else None
+        return gx, g_gamma, g_beta, None, None, None
+
+
+def _l1_input_grad(ctx, x: Tensor, mean: Tensor, g: Tensor, a: Tensor, g_scale: Tensor, const: Tensor) -> Tensor:
+    """a·g + q·(sign c − mean sign c) + const, q = ∂L/∂s·√(π/2)/n, written into the sign buffer.
+
+    The forward pass's sign buffer becomes the gradient (no new full-size tensor); a second backward
+    through the same graph (retain_graph=True) recomputes it from x and μ_B."""
+    sign = ctx.sign if ctx.sign is not None else centred_sign(x, mean)
+    ctx.sign = None
+    q = g_scale * (L1_CONSTANT / ctx.n)
+    const = const - q * ctx.sign_mean
+    torch.addcmul(per_channel(const.to(x.dtype), x), sign, per_channel(q.to(x.dtype), x), out=sign)
+    return sign.addcmul_(g, per_channel(a.to(x.dtype), g))
+
+
+def _linf_input_grad(ctx, g: Tensor, a: Tensor, g_scale: Tensor, const: Tensor) -> Tensor:
+    """a·g + const everywhere, plus ∂L/∂s·C(n)/k·sign c_i at each channel's top-k entries."""
+    q = g_scale * ctx.top_factor  # (C,)
+    const = const - q * ctx.top_signs.sum(1) / ctx.n
+    gx = torch.addcmul(per_channel(const.to(g.dtype), g), g, per_channel(a.to(g.dtype), g))
+    top = (q[:, None] * ctx.top_signs).to(g.dtype)
+    return gx.index_put_(ctx.top_index, top, accumulate=True)
+
+
+@torch.compiler.disable
+def lp_normalize(x: Tensor, p: str, gamma: Tensor, beta: Tensor, eps: float, topk: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, μ_B, s) of ℓ1 (p="1") or top-k ℓ∞ (p="inf") batch normalization, eagerly and never traced
+    (like :func:`bnlab.norms.base._fused_normalize`: dynamo would inline forward and drop backward)."""
+    return _LpNormalize.apply(x, gamma, beta, p, eps, topk)
