@@ -51,9 +51,9 @@ def centred_reductions(g: Tensor, x: Tensor, mean: Tensor) -> tuple[Tensor, Tens
     gradients; with invstd = 1 its "x̂" is x − mean. Elsewhere: a centred temporary and two reductions.
     """
     if x.device.type in ("cpu", "cuda"):
-        one = torch.ones_like(mean)
+        one = torch.ones_like(mean)  # invstd = 1, and weight = 1: CUDA's kernel refuses weight=None
         _, dot, total = torch.ops.aten.native_batch_norm_backward(
-            g, x, None, None, None, mean, one, True, 0.0, [False, True, True])
+            g, x, one, None, None, mean, one, True, 0.0, [False, True, True])
         return total, dot
     return channel_sum(g), channel_dot(g, x - per_channel(mean, x))
 
@@ -261,9 +261,10 @@ class ChannelNorm(nn.Module):
             mean, var = torch.batch_norm_update_stats(x, None, None, 0.0)
             return mean, var, n
         dims = self.reduce_dims(x)
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() and x.device.type == "cpu":
             # inductor's one Welford reduction (as stable to a large mean as two passes): one read of x
-            # instead of two, bn 1.01 → 0.91× native eager on (128, 64, 32, 32), brn 1.50 → 1.19×
+            # instead of two, bn 1.01 → 0.91× native eager on (128, 64, 32, 32), brn 1.50 → 1.19×. Not on
+            # CUDA: with torch 2.11 Triton fails to compile cbn(decouple=false)'s var_mean kernel there.
             var, mean = torch.var_mean(x.to(stats_dtype(x)), dim=dims, correction=0)
             return mean, var, n
         # eager: two passes, and a graph whose Σ(x − μ) term var_only_bn's gradient at large means needs
