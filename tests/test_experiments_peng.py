@@ -120,6 +120,20 @@ def test_table_plans(table):
     assert set(smoke.compute) == {"padding_shares"}
 
 
+def test_padding_shares_measure_cbn_with_amat_on():
+    """The measurement pass ran CBN in training mode without a learning rate: AMAT off (η = 0) and a
+    warning in every peng-table log; it now sets the first training step's progress."""
+    import warnings
+
+    from bnlab.experiments import peng_common
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*without a learning rate.*")
+        shares = peng_common.padding_shares("resnet20", {"width": 0.25}, sizes=(8,), n=16)
+    assert set(shares) == {"① BN (baseline) · Sigmoid", "② CBN · Sigmoid"}
+    assert all(0.0 <= v <= 1.0 for arm in shares.values() for v in arm["8×8"].values())
+
+
 def test_cifar100_smoke_tables_differ_from_cifar10_ones():
     t1 = {_run_id(r.config) for r in get("peng-table1").plan("smoke").runs}
     t3 = {_run_id(r.config) for r in get("peng-table3").plan("smoke").runs}

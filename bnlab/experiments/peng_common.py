@@ -9,6 +9,7 @@ import torch
 
 from bnlab import data as data_sources
 from bnlab import models
+from bnlab.norms import set_progress
 
 ACTIVATIONS = ("sigmoid", "tanh", "relu", "selu", "swish")
 ACT_TITLE = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "ReLU", "selu": "SELU", "swish": "Swish"}
@@ -203,6 +204,8 @@ def padding_shares(model: str, options: dict[str, Any], sizes=(8, SMOKE_SIZE, 32
             extra = {"residual": RESIDUAL} if model == "resnet20" else {}
             net = models.create(model, norm=norm, placement=placement, activation="sigmoid",
                                 input_shape=ds.input_shape, seed=0, **options, **extra)
+            # the first training step's η (CBN's AMAT needs the lr; without it, it warned and ran η = 0)
+            set_progress(net, lr=SMOKE_RECIPE["lr"], epoch=1, epochs=SMOKE_RECIPE["epochs"])
             with torch.random.fork_rng(devices=[]):
                 out[arm][f"{size}×{size}"] = models.padding_share_by_size(net, ds.x_train[:n])
     return out
