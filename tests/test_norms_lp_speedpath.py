@@ -156,7 +156,7 @@ class FullSizeOps(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("spec, most", [("lp_bn(p=1)", 5), ("lp_bn(p=inf)", 3), ("noisy_bn", 9)])
+@pytest.mark.parametrize("spec, most", [("lp_bn(p=1)", 6), ("lp_bn(p=inf)", 3), ("noisy_bn", 9)])
 def test_training_step_makes_few_full_size_passes(spec, most, fused):
     """Pinned counts of full-size writes in one forward + backward, a proxy for speed that timing-free
     tests can hold (native BN: 2 kernels; before the fused path ℓ1 BN made 15, ℓ∞ 17, and noisy BN 12,

