@@ -77,7 +77,8 @@ class LpBatchNorm(BatchNorm):
         centred = x - self.per_channel(mean, x)  # float32 or better, whatever x's dtype
         scale = self.batch_scale(centred, var)
         a = gamma / (scale + self.eps)
-        y = torch.addcmul(self.per_channel(beta.to(centred.dtype), x), centred, self.per_channel(a.to(centred.dtype), x))
+        y = torch.addcmul(self.per_channel(beta.to(centred.dtype), x), centred,
+                          self.per_channel(a.to(centred.dtype), x))
         return y, mean, scale
 
     def forward(self, x: Tensor) -> Tensor:

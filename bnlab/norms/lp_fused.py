@@ -156,7 +156,8 @@ def _linf_input_grad(ctx, g: Tensor, a: Tensor, g_scale: Tensor, const: Tensor) 
 
 
 @torch.compiler.disable
-def lp_normalize(x: Tensor, p: str, gamma: Tensor, beta: Tensor, eps: float, topk: int) -> tuple[Tensor, Tensor, Tensor]:
+def lp_normalize(x: Tensor, p: str, gamma: Tensor, beta: Tensor, eps: float,
+                 topk: int) -> tuple[Tensor, Tensor, Tensor]:
     """(y, μ_B, s) of ℓ1 (p="1") or top-k ℓ∞ (p="inf") batch normalization, eagerly and never traced
     (like :func:`bnlab.norms.base._fused_normalize`: dynamo would inline forward and drop backward)."""
     return _LpNormalize.apply(x, gamma, beta, p, eps, topk)
