@@ -320,6 +320,13 @@ def test_fig5_verdict_needs_three_seeds_a_test_and_settling(tmp_path):
     # falling with M until the last third of training: not settled
     late = get("luo-fig5").analyze(fake_context("luo-fig5", _fig5_runs(0.01, early_trend=-0.01), None, tmp_path))
     assert late.verdict == "inconclusive" and "NOT settled" in late.summary
+    # a dip between neighbours inside the seed spread does not count; a significant one does
+    f5 = luo.luo_cnn.fig5_verdict
+    rising = {16: [1.03, 1.031, 1.032], 32: [1.025, 1.03, 1.035], 64: [1.03, 1.04, 1.05], 128: [1.05, 1.06, 1.07],
+              256: [1.13, 1.14, 1.15]}
+    assert f5(rising)[0] == "held"
+    dip = {**rising, 64: [1.0, 1.001, 1.002]}
+    assert f5(dip)[0] == "inconclusive" and "significantly lower at M = 32 → 64" in f5(dip)[1]
 
 
 # ---- Fig. 6 ------------------------------------------------------------------------------------
@@ -378,6 +385,9 @@ def test_fig7_plan_and_analysis(tmp_path):
                          "WN + dropout 0.25, M = 256"}
     assert all(sum(r.factors["arm"] == arm for r in plan) >= 3 for arm in runs)  # ≥ 3 seeds per arm
     assert runs["BN, M = 256"]["lr"] == pytest.approx(4 * runs["BN, M = 64"]["lr"])  # lr ∝ M
+    assert runs["WN, M = 256"]["lr"] == runs["BN, M = 256"]["lr"]  # the paper preset scales WN's lr too
+    smoke = {r.label: r.config for r in get("luo-fig7").plan("smoke").runs}
+    assert smoke["WN, M = 256"]["lr"] == smoke["WN + dropout 0.25, M = 256"]["lr"] == 0.1  # where WN trains
     assert runs["BN + dropout 0.125, M = 256"]["model_options"]["dropout"] == 0.125
     assert runs["WN + dropout 0.25, M = 256"]["model_options"]["dropout"] == 0.25
     assert "dropout" not in (runs["BN, M = 256"].get("model_options") or {})
@@ -414,6 +424,12 @@ def test_smoke_presets_stay_on_cpu_sized_data():
             assert run.config["data"] in ("digits", "teacher_student")
             assert run.config.get("model_options", {}).get("width", 0.25) <= 0.25
     assert luo._FIG6["smoke"]["base"]["data"] == "digits"
+    # the CNN entries' seeds share one train/test split (as CIFAR-10 has one): seeds vary init and order only
+    for experiment_id in ("luo-fig4", "luo-fig5", "luo-fig7"):
+        runs = get(experiment_id).plan("smoke").runs
+        assert len({r.config["seed"] for r in runs}) >= 3
+        assert {r.config["data_options"]["seed"] for r in runs} == {0}
+    assert luo._FIG6["smoke"]["base"]["data_options"]["seed"] == 0
     assert math.isclose(luo._FIG2_SIZES["smoke"]["N"], 256)
 
 

@@ -20,6 +20,13 @@ Paper: Luo, Wang, Shao & Peng, ICLR 2019. Entries, by module (all registered whe
 
 Conventions: the generalization error of Fig. 2 is the excess test error of Eqs. 14–16; in Figs 3–7
 "generalization error" is validation loss − training loss (§4.1, §5).
+
+Verdicts (Figs 2–7): pure functions of per-seed numbers (``fig2_verdict`` … ``fig7_summary``), each arm a claim
+compares with ≥ 3 seeds, decided by ``common.compare_arms`` (Welch's t, α = 0.05; a claim "within a factor f"
+by two one-sided tests on logarithms, ``luo_common.factor_test``); an unresolved comparison makes the verdict
+"inconclusive" with the effect the seeds could resolve (power 0.8). Each verdict is computed again from the
+values at 2/3 of training (``luo_common.settle``): if the two differ the compared quantity has not settled
+and the verdict is "inconclusive". The figures show the compared quantity over training.
 """
 
 from __future__ import annotations

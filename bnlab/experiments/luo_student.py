@@ -13,7 +13,7 @@ from bnlab.theory import luo as theory
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
 from .common import RULE, compare_arms, finite_or_none, mean_curve, safe_panels
-from .luo_common import (FIG2_ZETAS, FIG3_ZETA, NOISE_VAR, SETTLE_FRACTION, _TOL, _clean, _fmt, _points, _series,
+from .luo_common import (FIG2_ZETAS, FIG3_ZETA, NOISE_VAR, SETTLE_FRACTION, _clean, _fmt, _points, _series,
                           factor_test, settle, train_collecting, window_mean)
 
 
@@ -146,6 +146,25 @@ def fig2_verdict(data: dict, tiny: bool) -> tuple[str, str, float | None]:
     return verdict, summary, dev
 
 
+def _fig2_ratios(data: dict) -> tuple[dict, dict]:
+    """Series of BN point / fitted curve per α (seed means) for each simulation block, and the seed range of
+    the primary (population-statistics) block as a band."""
+    ratio_series, bands = {}, {}
+    for key, name in (("sim", "population statistics"), ("sim_short", "population statistics, 2/3 epochs"),
+                      ("sim_train_stats", "training-set statistics")):
+        block = data.get(key) or {}
+        fitted = block.get("fitted") or []
+        rows = [(a, e / f, [p / f for p in ps if p]) for a, e, f, ps in zip(
+            block.get("alpha") or [], block.get("gen_error") or [], fitted, block.get("per_seed") or []) if e and f]
+        if rows:
+            label = f"{name} (fit ζ = {_fmt(finite_or_none(block.get('fit_zeta')))})"
+            ratio_series[label] = _points([r[0] for r in rows], [r[1] for r in rows])
+            if key == "sim" and all(r[2] for r in rows):
+                bands["population statistics: seed range"] = ([r[0] for r in rows], [min(r[2]) for r in rows],
+                                                               [max(r[2]) for r in rows])
+    return ratio_series, bands
+
+
 def _fig2_analyze(ctx) -> Outcome:
     data = ctx.data.get("fig2") or {}
     grid = data.get("grid") or []
@@ -163,19 +182,7 @@ def _fig2_analyze(ctx) -> Outcome:
         series[label] = _points(short["alpha"], short["gen_error"])
         style[label] = {"ls": "none", "marker": "o", "mfc": "none", "color": "0.4", "ms": 5}
     other = data.get("sim_train_stats") or {}
-    ratio_series, bands = {}, {}
-    for key, name in (("sim", "population statistics"), ("sim_short", "population statistics, 2/3 epochs"),
-                      ("sim_train_stats", "training-set statistics")):
-        block = data.get(key) or {}
-        fitted = block.get("fitted") or []
-        rows = [(a, e / f, [p / f for p in ps if p]) for a, e, f, ps in zip(
-            block.get("alpha") or [], block.get("gen_error") or [], fitted, block.get("per_seed") or []) if e and f]
-        if rows:
-            label = f"{name} (fit ζ = {_fmt(finite_or_none(block.get('fit_zeta')))})"
-            ratio_series[label] = _points([r[0] for r in rows], [r[1] for r in rows])
-            if key == "sim" and all(r[2] for r in rows):
-                bands["population statistics: seed range"] = ([r[0] for r in rows], [min(r[2]) for r in rows],
-                                                               [max(r[2]) for r in rows])
+    ratio_series, bands = _fig2_ratios(data)
     fig = safe_panels(ctx.figure_path("gen_error_vs_alpha"), [
         {"series": series, "style": style, "xlabel": "α = P/N", "ylabel": "ε_gen", "logy": True,
          "title": f"noise variance {NOISE_VAR}"},
