@@ -73,6 +73,19 @@ def per_channel(t: Tensor, x: Tensor) -> Tensor:
     return t.view(1, -1, *([1] * (x.dim() - 2)))
 
 
+def channel_affine(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
+    """scale·x + shift per channel (scale, shift: (C,) in x's dtype), into a new tensor.
+
+    On CPU through torch's inference BatchNorm kernel with zero mean, unit variance and ε = 0 (its
+    per-channel factor is then scale·1/√1 = scale and its offset shift, exactly): a vectorized loop,
+    where ``addcmul`` with two broadcast operands takes a scalar one (on (128, 64, 32, 32), 1 thread:
+    25 against 33 ms with the allocation, 3.6 against 11 ms without)."""
+    if x.device.type == "cpu":
+        zero = torch.zeros_like(scale)
+        return torch.batch_norm(x, scale, shift, zero, torch.ones_like(scale), False, 0.0, 0.0, False)
+    return torch.addcmul(per_channel(shift, x), x, per_channel(scale, x))
+
+
 class _StatsAffine(torch.autograd.Function):
     """y = scale·x + shift with (scale, shift) = coef_fn(μ_B, σ²_B, *tensors), in a few fused passes.
 
@@ -97,7 +110,7 @@ class _StatsAffine(torch.autograd.Function):
         ctx.graph = (m, v, leaves, scale, shift)
         ctx.n = n
         ctx.save_for_backward(x)
-        y = torch.addcmul(per_channel(shift.detach().to(x.dtype), x), x, per_channel(scale.detach().to(x.dtype), x))
+        y = channel_affine(x, scale.detach().to(x.dtype), shift.detach().to(x.dtype))
         ctx.mark_non_differentiable(mean, var)
         return y, mean, var
 
@@ -121,7 +134,7 @@ class _StatsAffine(torch.autograd.Function):
         # gx = s·(x − μ) + g_μ/n + scale·g = s·x + (g_μ/n − s·μ) + scale·g: the constant in float64, so
         # only s·x rounds at |x| (as nn.BatchNorm's own x·a + b does)
         const = (g_mean / ctx.n - s * m_x.to(m.dtype)).to(x.dtype)
-        gx = torch.addcmul(per_channel(const, x), x, per_channel(s.to(x.dtype), x))
+        gx = channel_affine(x, s.to(x.dtype), const)
         gx.addcmul_(g, per_channel(scale.detach().to(x.dtype), x))
         return (gx, None, None, *[next(rest) if t.requires_grad else None for t in leaves])
 

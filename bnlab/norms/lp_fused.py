@@ -25,21 +25,9 @@ import math
 import torch
 from torch import Tensor
 
-from .base import centred_reductions, coef_dtype, per_channel
+from .base import centred_reductions, channel_affine, coef_dtype, per_channel
 
 L1_CONSTANT = math.sqrt(math.pi / 2)  # E|z| = σ·√(2/π) for Gaussian z: √(π/2)·mean|c| estimates σ
-
-
-def channel_affine(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
-    """scale·x + shift per channel (scale, shift: (C,) in x's dtype), into a new tensor.
-
-    On CPU through torch's inference BatchNorm kernel with zero mean, unit variance and ε = 0 (its
-    per-channel factor is then scale·1/√1 = scale and its offset shift, exactly): a vectorized loop,
-    measured 3× faster than ``addcmul`` with two broadcast operands, which takes a scalar loop."""
-    if x.device.type == "cpu":
-        zero = torch.zeros_like(scale)
-        return torch.batch_norm(x, scale, shift, zero, torch.ones_like(scale), False, 0.0, 0.0, False)
-    return torch.addcmul(per_channel(shift, x), x, per_channel(scale, x))
 
 
 def hoffer_linf_constant(n: int) -> float:
