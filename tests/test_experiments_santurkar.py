@@ -408,37 +408,86 @@ def test_fig10_window_summary():
     assert DL.window_summary(curve, sizes, 1e-2, 1e-1)["loss_range"] == 5.0
 
 
+def _lp_runs(bad=None, factor=2.0, without=None):
+    """Per-seed fake VGG and DLN runs of every ℓp arm: normalized arms 5× better than standard in loss and
+    landscape; the ``bad`` (net, label) ``factor`` × standard instead; the ``without`` label left out."""
+    out = []
+    for net in ("VGG", "DLN"):
+        for label in LP.LP_LABELS:
+            if label == without:
+                continue
+            f = 1.0 if label == S.STANDARD else (factor if (net, label) == bad else 0.2)
+            for i, j in enumerate(JITTER):
+                out.append(FakeRun(f"{net}: {label}", {
+                    "train_loss": _loss(f * j), **_landscape(2.0 * f * j, 20.0 * f * j, 100.0 * f * j),
+                    **_hist(0.01, 0.0, ("features.4.1",))}, seed=i))
+    return out
+
+
 def test_fig11_verdict(tmp_path):
-    def runs(bad=None):
-        out = []
-        for net in ("VGG", "DLN"):
-            for label in LP.LP_LABELS:
-                # normalized arms 5× better than standard; the ``bad`` one 2× worse
-                f = 1.0 if label == S.STANDARD else (2.0 if (net, label) == bad else 0.2)
-                for i, j in enumerate(JITTER):
-                    out.append(FakeRun(f"{net}: {label}", {
-                        "train_loss": _loss(f * j), **_landscape(2.0 * f * j, 20.0 * f * j, 100.0 * f * j),
-                        **_hist(0.01, 0.0, ("features.4.1",))}, seed=i))
-        return out
-    out = LP._fig11_analyze(_ctx("santurkar-fig11", runs(), tmp_path))
+    out = LP._fig11_analyze(_ctx("santurkar-fig11", _lp_runs(), tmp_path))
     _check_outcome(out)
     assert out.verdict == "held" and len(out.figures) == 2
-    assert out.summary.startswith("16 of 16 checks")
-    out = LP._fig11_analyze(_ctx("santurkar-fig11", runs(("DLN", S.LINF)), tmp_path))
-    assert out.verdict == "not held" and "14 of 16 checks" in out.summary \
-        and "detectably, 2 the standard one" in out.summary
+    assert "against the standard network (training loss; landscape = all three medians): 16 of 16 checks held" \
+        in out.summary and "Fig. 13, ℓp comparable to BN (loss below 1.25× BN's): 6 of 6 checks held" in out.summary
+    out = LP._fig11_analyze(_ctx("santurkar-fig11", _lp_runs(("DLN", S.LINF)), tmp_path))
+    assert out.verdict == "not held" and "14 of 16 checks held, 2 against" in out.summary \
+        and "5 of 6 checks held, 1 against" in out.summary
+
+
+def test_fig11_verdict_checks_every_arm_the_paper_names(tmp_path):
+    """Issue 10 item 6: the ℓ2 arm counts. An ℓ2 arm that contradicts the claim makes the verdict "not held";
+    a missing ℓ2 arm leaves it undecided (the old verdict checked only the arms that were run)."""
+    runs = _lp_runs(("VGG", S.L2))  # ℓ2 trains worse than the standard VGG, with a rougher landscape
+    out = LP._fig11_analyze(_ctx("santurkar-fig11", runs, tmp_path))
+    assert out.verdict == "not held" and f"VGG: {S.L2}: loss higher" in out.summary
+    out = LP._fig11_analyze(_ctx("santurkar-fig11", _lp_runs(without=S.L2), tmp_path))
+    assert out.verdict == "inconclusive" and f"VGG: {S.L2}: loss too few seeds" in out.summary
+    # Fig. 13: an ℓp network better than standard but at 2.5× BN's loss is not "comparable to BN"
+    losses = {f"{net}: {label}": seeds(1.0 if label == S.STANDARD else 0.1) for net in ("VGG", "DLN")
+              for label in LP.LP_LABELS}
+    landscapes = {key: [{"loss_range": v, "grad_change_max": v, "beta_smoothness": v} for v in values]
+                  for key, values in losses.items()}
+    assert LP.fig11_verdict(losses, landscapes)[0] == "held"
+    verdict, summary = LP.fig11_verdict({**losses, f"DLN: {S.L1}": seeds(0.25)}, landscapes)
+    assert verdict == "not held" and "5 of 6 checks held, 1 against" in summary
+    assert LP.fig11_verdict({**losses, f"DLN: {S.L1}": [0.05, 0.3, 0.12]}, landscapes)[0] == "inconclusive"
 
 
 def test_fig14_verdict(tmp_path):
-    drift = {S.STANDARD: seeds(0.2), S.BN: seeds(0.1), S.L1: seeds(0.6), S.LINF: seeds(0.5)}
-    losses = {S.STANDARD: seeds(1.0), S.BN: seeds(0.1), S.L1: seeds(0.2), S.LINF: seeds(0.3)}
-    assert LP.fig14_verdict(drift, losses, [S.L1, S.LINF])[0] == "held"
-    assert LP.fig14_verdict({**drift, S.LINF: seeds(0.05)}, losses, [S.L1, S.LINF])[0] == "not held"
-    assert LP.fig14_verdict(drift, {**losses, S.L1: [0.2, 1.5, 3.0]}, [S.L1, S.LINF])[0] == "inconclusive"
-    runs = [FakeRun(f"VGG: {label}", {"train_loss": _loss(losses[label][i]),
-                                      **_hist(drift[label][i] * 2 * 1.645 / (STEPS[-1] - STEPS[0]), 0.0,
-                                              ("features.2.1", "features.4.1"))}, seed=i)
-            for label in (S.STANDARD, S.BN, S.L1, S.LINF) for i in range(3)]
-    out = LP._fig14_analyze(_ctx("santurkar-fig14", runs, tmp_path))
+    drift = {S.STANDARD: seeds(0.2), S.BN: seeds(0.1), S.L1: seeds(0.6), S.L2: seeds(0.4), S.LINF: seeds(0.5)}
+    losses = {S.STANDARD: seeds(1.0), S.BN: seeds(0.1), S.L1: seeds(0.2), S.L2: seeds(0.1), S.LINF: seeds(0.3)}
+    assert LP.fig14_verdict(drift, losses)[0] == "held"
+    assert LP.fig14_verdict({**drift, S.LINF: seeds(0.05)}, losses)[0] == "not held"
+    assert LP.fig14_verdict(drift, {**losses, S.L1: [0.2, 1.5, 3.0]})[0] == "inconclusive"
+    # every ℓp arm the paper names counts: ℓ2 drifting less than standard contradicts the caption,
+    # a missing ℓ2 arm leaves the claim undecided
+    verdict, summary = LP.fig14_verdict({**drift, S.L2: seeds(0.05)}, losses)
+    assert verdict == "not held" and f"{S.L2}: drift − standard" in summary
+    assert "5 of 6 checks held, 1 against" in summary
+    missing = {k: v for k, v in drift.items() if k != S.L2}
+    assert LP.fig14_verdict(missing, losses)[0] == "inconclusive"
+
+    def runs(labels):
+        return [FakeRun(f"VGG: {label}", {"train_loss": _loss(losses[label][i]),
+                                          **_hist(drift[label][i] * 2 * 1.645 / (STEPS[-1] - STEPS[0]), 0.0,
+                                                  ("features.2.1", "features.4.1"))}, seed=i)
+                for label in labels for i in range(3)]
+    out = LP._fig14_analyze(_ctx("santurkar-fig14", runs(LP.LP_LABELS), tmp_path))
     _check_outcome(out)
     assert out.verdict == "held"
+    assert LP._fig14_analyze(_ctx("santurkar-fig14", runs((S.STANDARD, S.BN, S.L1, S.LINF)), tmp_path)
+                             ).verdict == "inconclusive"
+
+
+def test_smoke_plans_run_every_lp_arm_the_paper_names():
+    """Figs 11–14 compare ℓ1, ℓ2 and ℓ∞ (Santurkar §3.3): the smoke preset runs the ℓ2 arm too, for the VGG
+    and the DLN, with the seeds of the other arms and the configs the paper preset scales up."""
+    for entry, nets in (("santurkar-fig11", ("vgg", "dln")), ("santurkar-fig14", ("vgg",))):
+        runs = E.get(entry).plan("smoke").runs
+        for net in nets:
+            l2 = [r for r in runs if r.factors["net"] == net and r.config["norm"] == "lp_bn(p=2)"]
+            assert [r.config["seed"] for r in l2] == list(S.SEEDS) == [0, 1, 2], (entry, net)
+            config = (S.vgg_config if net == "vgg" else S.dln_config)("smoke", "lp_bn(p=2)", 1)
+            assert l2[1].config == config
+        assert {r.config["norm"] for r in runs} == {"none", "bn", "lp_bn(p=1)", "lp_bn(p=2)", "lp_bn(p=inf)"}
