@@ -37,20 +37,31 @@ def test_d2_plan_and_sharing():
     assert all(r.config["lr"] == r.config["lr_scale_invariant"] for r in runs)
     removed = [r for r in runs if r.factors["setting"] == "SGD, BN removed"]
     assert len(removed) == 5 * n and all(r.config["norm"] == "none" and r.config["optimizer"] == "sgd" for r in removed)
-    for preset in ("paper", "smoke"):
+    for preset, shared in (("paper", 2 * n), ("smoke", 0)):
         d1 = {_run_id(r.config) for r in get("arora-d1").plan(preset).runs}
         d2 = {_run_id(r.config) for r in get("arora-d2").plan(preset).runs}
         d3 = {_run_id(r.config) for r in get("arora-d3").plan(preset).runs}
-        assert len(d1 & d2) == 2 * n      # SGD and PSGD at lr 0.1 are the same runs
-        assert d3 == d1 | d2 and len(d3) == 23 * n
+        # paper: SGD and PSGD at lr 0.1 are the same runs; smoke: D.2 trains 100 epochs, D.1 15
+        assert len(d1 & d2) == shared
+        assert d3 == d1 | d2 and len(d3) == 25 * n - shared
 
 
 def test_smoke_plans_are_small():
     for eid in IDS:
         for r in get(eid).plan("smoke").runs:
-            assert r.config["data"] == "digits" and r.config["epochs"] <= 15 and r.config["model"] == "mlp"
+            assert r.config["data"] == "digits" and r.config["model"] == "mlp"
             # Arora Eq. 2: BN on the logits too (every kernel scale-invariant) wherever there is BN
             assert r.config["model_options"]["logit_bn"] is True
+    assert all(r.config["epochs"] <= 15 for r in get("arora-d1").plan("smoke").runs)  # part of `make demo`
+
+
+def test_d2_smoke_runs_the_papers_epochs():
+    """At 15 epochs SGD with BN at lr 0.01 was still falling (a budget artifact): D.2's smoke runs train the
+    paper's 100 epochs, every arm alike, with three seeds."""
+    runs = get("arora-d2").plan("smoke").runs
+    assert {r.config["epochs"] for r in runs} == {100} == {get("arora-d2").plan("paper").runs[0].config["epochs"]}
+    assert sorted(r.config["seed"] for r in runs if r.factors["lr"] == 0.01 and r.factors["setting"] == "SGD") == \
+        [0, 1, 2]
 
 
 # ---- verdicts on synthetic numbers ------------------------------------------------------------------
@@ -78,10 +89,38 @@ def test_d2_verdict():
     psgd = {0.01: 0.05, 0.1: 0.01, 1.0: 0.3, 10.0: 2.3, 100.0: None}
     none = {0.01: 0.4, 0.1: 0.1, 1.0: None, 10.0: None, 100.0: None}
     loss = {"SGD": sgd, "PSGD": psgd, "SGD, BN removed": none}
-    assert A.d2_verdict(loss)[0] == "held"
-    assert A.d2_verdict({**loss, "SGD": {**sgd, 10.0: 2.15}})[0] == "not held"
-    assert A.d2_verdict({**loss, "PSGD": {**psgd, 100.0: 0.01}})[0] == "not held"
-    assert A.d2_verdict({"SGD": sgd})[0] == "inconclusive"
+    settled = loss  # the 5 epochs before the last 5 at the same level: every arm has settled
+    assert A.d2_verdict(loss, settled)[0] == "held"
+    bad = {**loss, "SGD": {**sgd, 10.0: 2.15}}
+    assert A.d2_verdict(bad, bad)[0] == "not held"
+    assert A.d2_verdict({**loss, "PSGD": {**psgd, 100.0: 0.01}}, settled)[0] == "not held"
+    assert A.d2_verdict({"SGD": sgd}, {})[0] == "inconclusive"
+
+
+def test_d2_verdict_waits_for_the_loss_to_settle():
+    """The old smoke verdict: SGD at lr 0.01 at 0.56 after 15 epochs, still falling ≈ 4 % an epoch, read as a
+    failure to converge ("not held"). Still falling is inconclusive; settled at that level is not held."""
+    sgd = {lr: [0.02, 0.03, 0.025] for lr in A.LRS}
+    loss = {"SGD": {**sgd, 0.01: [0.55, 0.56, 0.58]}, "PSGD": {lr: [2.3] * 3 for lr in A.LRS},
+            "SGD, BN removed": {**{lr: [0.1] * 3 for lr in A.LRS}, 100.0: [None] * 3}}
+    falling = {**loss, "SGD": {**loss["SGD"], 0.01: [0.68, 0.70, 0.72]}}
+    verdict, summary = A.d2_verdict(loss, falling)
+    assert verdict == "inconclusive" and "still falling" in summary and "SGD at lr 0.01" in summary
+    assert A.d2_verdict(loss, loss)[0] == "not held"  # settled at 0.56 > 0.2·ln 10: SGD fails at lr 0.01
+    # a stuck-level PSGD arm at the largest lr that is still falling has not been shown stuck
+    converged = {**loss, "SGD": sgd}
+    verdict, summary = A.d2_verdict(converged, {**converged, "PSGD": {**converged["PSGD"], 100.0: [3.0] * 3}})
+    assert verdict == "inconclusive" and "PSGD at lr 100" in summary
+    assert A.d2_verdict(converged, converged)[0] == "held"
+
+
+def test_still_falling():
+    assert A.still_falling([0.536] * 3, [0.685] * 3)          # the 15-epoch lr-0.01 arm: 22 % down
+    assert not A.still_falling([0.136] * 3, [0.143] * 3)      # 5 % down: settled (SETTLE_DROP = 10 %)
+    assert not A.still_falling([0.5, 0.5, 0.5], [0.5, 0.52, 0.54])
+    assert not A.still_falling([None, 0.2, 0.2], [1.0] * 3)   # diverged: not falling
+    assert A.still_falling([0.5] * 3, None)                   # no earlier window: cannot be shown settled
+    assert A.SETTLE_DROP == 0.1
 
 
 def test_d3_verdict():
@@ -106,6 +145,9 @@ class _FakeRun:
 
 def test_tail_value():
     assert A.tail_value(_FakeRun("finished", [9, 9, 1, 2, 3, 4, 5]), "m") == pytest.approx(3.0)  # last 5 epochs
+    run = _FakeRun("finished", [99, 6, 5, 4, 3, 2, 1, 1, 1, 1, 1])
+    assert A.tail_value(run, "m", skip=5) == pytest.approx(4.0)   # the 5 epochs before the last 5: 6 5 4 3 2
+    assert A.tail_value(_FakeRun("finished", [4, 2, 1]), "m", skip=2) == pytest.approx(4.0)  # what is there
     assert A.tail_value(_FakeRun("finished", [2.0, float("nan"), 4.0]), "m") == pytest.approx(3.0)
     assert A.tail_value(_FakeRun("diverged", [1.0, 2.0]), "m") is None
     assert A.tail_value(_FakeRun("finished", []), "m") is None
