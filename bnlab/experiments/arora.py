@@ -330,8 +330,7 @@ def _d2_plan(preset: str) -> Plan:
 
 def _d2_analyze(ctx) -> Outcome:
     fig = _left_right(ctx, "epoch_train_loss", "training loss", ctx.figure_path("training_loss_vs_lr"),
-                      f"Arora App. D.2, Fig. 2: one lr for all parameters ({ctx.preset}; settling: last "
-                      f"{TAIL_EPOCHS} epochs vs the {TAIL_EPOCHS} before)", ("unified",), logy=True)
+                      f"Arora App. D.2, Fig. 2: one lr for all parameters ({ctx.preset})", ("unified",), logy=True)
     values, before = _collect(ctx, "epoch_train_loss"), _collect(ctx, "epoch_train_loss", skip=TAIL_EPOCHS)
     loss = {setting: values.get((setting, "unified"), {}) for setting in SETTINGS}
     earlier = {setting: before.get((setting, "unified"), {}) for setting in SETTINGS}
