@@ -25,11 +25,11 @@ NUM_CLASSES = 10
 SETTINGS = {"SGD": ("sgd", True), "PSGD": ("psgd", True), "SGD, BN removed": ("sgd", False)}
 
 # App. D: the modified VGG on CIFAR-10 with BN right before each ReLU and on the logits (Eq. 2: "every kernel
-# is scale-invariant ... only β and γ in the last BN are scale-variant"; vgg_arora's logit_bn), ε = 0,
-# Glorot-uniform init, β = 0, γ = 1; 100 epochs; SGD without momentum, lr decay, weight decay or dropout. The batch size is not
-# stated: 128. bnlab's BN needs ε > 0 (it divides by √(σ² + ε)); ε = 1e-8 is far below float32
-# resolution relative to the unit-scale variances here, so the weights stay scale-invariant to the
-# detection's tolerance.
+# is scale-invariant ... only β and γ in the last BN are scale-variant"; vgg_arora's logit_bn), ε = 0, Glorot-
+# uniform init, β = 0, γ = 1; 100 epochs; SGD without momentum, lr decay, weight decay or dropout. The batch size
+# is not stated: 128. bnlab's BN needs ε > 0 (it divides by √(σ² + ε)); ε = 1e-8 is far below float32
+# resolution relative to the unit-scale variances here, so the weights stay scale-invariant to the detection's
+# tolerance.
 PAPER_BASE = dict(model="vgg_arora", data="cifar10", epochs=100, batch_size=128, momentum=0.0, weight_decay=0.0,
                   schedule="constant")
 # Smoke: an MLP with BN (3 hidden layers of 128, BN before each ReLU and on the logits — the same structure of
