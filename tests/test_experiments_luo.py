@@ -316,7 +316,7 @@ def test_fig5_verdict_needs_three_seeds_a_test_and_settling(tmp_path):
     assert one.verdict == "inconclusive" and "fewer than 3 seeds" in one.summary  # old rule: "held"
     # a rise of 0.008 at M = 256 inside a seed spread of ± 0.05: not resolved
     noisy = get("luo-fig5").analyze(fake_context("luo-fig5", _fig5_runs(0.001, jitter=0.05), None, tmp_path))
-    assert noisy.verdict == "inconclusive" and "resolve differences" in noisy.summary
+    assert noisy.verdict == "inconclusive" and "unresolved" in noisy.summary and "[resolvable ≥" in noisy.summary
     # falling with M until the last third of training: not settled
     late = get("luo-fig5").analyze(fake_context("luo-fig5", _fig5_runs(0.01, early_trend=-0.01), None, tmp_path))
     assert late.verdict == "inconclusive" and "NOT settled" in late.summary
@@ -324,9 +324,13 @@ def test_fig5_verdict_needs_three_seeds_a_test_and_settling(tmp_path):
     f5 = luo.luo_cnn.fig5_verdict
     rising = {16: [1.03, 1.031, 1.032], 32: [1.025, 1.03, 1.035], 64: [1.03, 1.04, 1.05], 128: [1.05, 1.06, 1.07],
               256: [1.13, 1.14, 1.15]}
-    assert f5(rising)[0] == "held"
+    assert f5({"conv": rising, "fc": rising})[0] == "held"
     dip = {**rising, 64: [1.0, 1.001, 1.002]}
-    assert f5(dip)[0] == "inconclusive" and "significantly lower at M = 32 → 64" in f5(dip)[1]
+    verdict, summary = f5({"conv": rising, "fc": dip})
+    assert verdict == "inconclusive" and "fc dips" in summary and "falls at M = 32→64" in summary
+    assert "1/2 layers rise" in summary
+    # one layer falling at the large batch: not held, whatever the others do
+    assert f5({"conv": rising, "fc": {**rising, 256: [0.9, 0.91, 0.92]}})[0] == "not held"
 
 
 # ---- Fig. 6 ------------------------------------------------------------------------------------

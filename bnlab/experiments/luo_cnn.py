@@ -125,9 +125,10 @@ def _fig4_analyze(ctx) -> Outcome:
         steps, val = mean_curve(runs, "test_loss")
         tsteps, train = mean_curve(runs, "epoch_train_loss")
         paired = dict(zip(tsteps, train))
-        gap_curves[arm] = ([s for s in steps if s in paired], [v - paired[s] for s, v in zip(steps, val) if s in paired])
+        both = [(s, v - paired[s]) for s, v in zip(steps, val) if s in paired]
+        gap_curves[arm] = ([s for s, _ in both], [g for _, g in both])
     specs.append({"series": gap_curves, "xlabel": "step", "ylabel": "validation − training loss",
-                  "title": "(c) the compared gap (mean over seeds; verdict at the end and at 2/3)"})
+                  "title": "(c) the compared gap (seed means)"})
     fig = safe_panels(ctx.figure_path("train_val_loss"), specs, title="Luo Fig. 4: regularization of BN and its parts")
     gaps = {arm: [g for g in (generalization_gap(r) for r in runs) if g is not None] for arm, runs in by_arm.items()}
     mid = {arm: [g for g in (generalization_gap(r, SETTLE_FRACTION) for r in runs) if g is not None]
@@ -151,8 +152,8 @@ register(Experiment(
                   "flat after ≈ 25 epochs; at lr 0.05 WN + variance-only BN had not converged), 3 seeds per arm "
                   "(the paper: one run); each comparison of the claim by "
                   "Welch's t (α = 0.05), repeated at 2/3 of training to check that the gaps have settled.",
-    cost={"smoke": "≈45 s CPU (15 runs), ≈80 s wall on a busy 2-core machine",
-          "paper": "5 runs × 100 epochs luo_cnn on CIFAR-10 (GPU, ~1 h)"},
+    cost={"smoke": "≈60 s wall (15 runs, one thread, 2-core machine under load ≈ 4)",
+          "paper": "15 runs × 100 epochs luo_cnn on CIFAR-10 (GPU, ~3 h)"},
     plan=_fig4_plan, analyze=_fig4_analyze))
 
 
@@ -203,49 +204,69 @@ def _last_per_layer(run, prefix: str, k: int = 1, fraction: float = 1.0) -> dict
     return out
 
 
-def fig5_verdict(gamma_sq: dict[int, list[float]], tiny: bool = False) -> tuple[str, str]:
-    """Fig. 5's claim from the per-seed layer-mean γ² at each batch size (``gamma_sq``: M -> values).
+def fig5_trend(gamma_sq: dict[int, list[float]]) -> tuple[str, str]:
+    """One BN layer's γ² against M (``gamma_sq``: M -> per-seed values) by :data:`common.RULE` (Welch's t,
+    α = 0.05, ≥ 3 seeds): the largest batch against the smallest, and each pair of neighbouring batch sizes.
 
-    Rule: :data:`common.RULE` (Welch's t, α = 0.05, ≥ 3 seeds) on the smallest against the largest batch,
-    and on each pair of neighbouring batch sizes. Held: γ² significantly higher at the largest M and
-    significantly lower at no larger neighbour (rising with M up to the seeds' resolution); not held:
-    significantly lower at the largest M; otherwise inconclusive, with the difference the seeds resolve
-    (power 0.8). The Spearman correlation of the seed means with M is reported, not judged: between
-    batch sizes whose γ² differ by less than the seed spread it ranks noise.
+    "rises": significantly higher at the largest M and significantly lower at no larger neighbour; "falls":
+    significantly lower at the largest M; "dips": higher at the largest M but significantly lower somewhere
+    between neighbours; "unresolved" / "too few seeds" otherwise. Returns (decision, text).
+    """
+    batches = sorted(gamma_sq)
+    if len(batches) < 2 or any(not gamma_sq[m] for m in batches):
+        return "too few seeds", "no γ record at some M"
+    comp = compare_arms(gamma_sq[batches[0]], gamma_sq[batches[-1]])
+    dips = [f"{a}→{b}" for a, b in zip(batches, batches[1:])
+            if compare_arms(gamma_sq[a], gamma_sq[b]).decision == "lower"]
+    means = " → ".join(f"{np.mean(gamma_sq[m]):.4f}" for m in batches)
+    text = f"{means} (M = {batches[-1]} − {batches[0]}: {comp.text()}"
+    text += f"; falls at M = {', '.join(dips)})" if dips else ")"
+    if comp.decision in ("too few seeds", "lower"):
+        return ("falls" if comp.decision == "lower" else comp.decision), text
+    if comp.decision == "higher":
+        return ("dips" if dips else "rises"), text
+    return "unresolved", text + f" [resolvable ≥ {comp.mde:.3g}]"
+
+
+def fig5_verdict(per_layer: dict[str, dict[int, list[float]]], tiny: bool = False) -> tuple[str, str]:
+    """Fig. 5's claim — γ² grows with the batch size in each BN layer (the paper: five models, BN in one layer
+    each) — from per-layer, per-seed γ² (``per_layer``: layer -> M -> values), by :func:`fig5_trend`.
+
+    Held: every layer "rises"; not held: some layer "falls"; otherwise inconclusive (fewer than 3 seeds, a
+    significant fall between neighbouring M, or a rise the seeds do not resolve, with what they resolve).
     """
     if tiny:
         return "inconclusive", "tiny run: γ has barely moved from 1"
-    batches = sorted(gamma_sq)
-    if len(batches) < 2 or any(not gamma_sq[m] for m in batches):
-        return "inconclusive", "a batch size has no finished run with a γ record"
-    means = [float(np.mean(gamma_sq[m])) for m in batches]
-    comp = compare_arms(gamma_sq[batches[0]], gamma_sq[batches[-1]])
-    dips = [f"M = {a} → {b}" for a, b in zip(batches, batches[1:])
-            if compare_arms(gamma_sq[a], gamma_sq[b]).decision == "lower"]
-    summary = (f"layer-mean γ² (seed means) at M = {', '.join(map(str, batches))}: "
-               f"{', '.join(f'{v:.4f}' for v in means)} (Spearman with M {_fmt(spearman(batches, means), 2)}); "
-               f"M = {batches[-1]} − M = {batches[0]}: {comp.text()}")
-    if comp.decision == "too few seeds":
+    if not per_layer:
+        return "inconclusive", "no finished run recorded γ"
+    trends = {layer: fig5_trend(values) for layer, values in sorted(per_layer.items())}
+    summary = "γ² per BN layer (seed means, M ascending): " + "; ".join(
+        f"{layer} {d}: {t}" for layer, (d, t) in trends.items())
+    decisions = [d for d, _ in trends.values()]
+    if "too few seeds" in decisions:
         return "inconclusive", summary + f" — fewer than 3 seeds ({RULE})"
-    if comp.decision == "lower":
-        return "not held", summary + f" — γ² significantly lower at the large batch ({RULE})"
-    if comp.decision == "higher" and not dips:
-        return "held", summary + f" — γ² significantly higher at the large batch, no significant fall between " \
-            f"neighbouring batch sizes ({RULE})"
-    return "inconclusive", summary + (f" — but significantly lower at {', '.join(dips)}" if comp.decision == "higher"
-                                      else f" — not resolved; these seeds resolve differences ≥ {comp.mde:.3g}") + \
-        f" ({RULE})"
+    if "falls" in decisions:
+        return "not held", summary + f" — γ² significantly lower at the large batch in some layer ({RULE})"
+    if all(d == "rises" for d in decisions):
+        return "held", summary + f" — γ² rises with M in every layer ({RULE})"
+    return "inconclusive", summary + f" — {decisions.count('rises')}/{len(decisions)} layers rise ({RULE})"
 
 
-def _fig5_values(runs, prefix: str, k: int = 1, fraction: float = 1.0) -> dict[int, list[float]]:
-    """Batch size -> per-seed layer means of ``prefix``'s final values (``_last_per_layer``)."""
-    out: dict[int, list[float]] = {}
+def _fig5_values(runs, prefix: str, k: int = 1, fraction: float = 1.0) -> dict[str, dict[int, list[float]]]:
+    """Layer -> batch size -> per-seed final values of ``prefix`` (``_last_per_layer``)."""
+    out: dict[str, dict[int, list[float]]] = {}
     for r in runs:
-        values = _last_per_layer(r, prefix, k, fraction) if r.status == "finished" else {}
-        out.setdefault(r.factors.get("batch_size"), [])
-        if values:
-            out[r.factors.get("batch_size")].append(float(np.mean(list(values.values()))))
+        if r.status != "finished":
+            continue
+        for layer, value in _last_per_layer(r, prefix, k, fraction).items():
+            out.setdefault(layer, {}).setdefault(r.factors.get("batch_size"), []).append(value)
     return out
+
+
+def _layer_mean(per_layer: dict[str, dict[int, list[float]]], m: int) -> float | None:
+    """Mean over layers of the seed means at batch size ``m``."""
+    means = [float(np.mean(v[m])) for v in per_layer.values() if v.get(m)]
+    return float(np.mean(means)) if means else None
 
 
 def _fig5_analyze(ctx) -> Outcome:
@@ -254,15 +275,14 @@ def _fig5_analyze(ctx) -> Outcome:
     by_m = {m: [r for r in runs if r.factors.get("batch_size") == m] for m in batches}
     gamma = _fig5_values(runs, "probe/gamma/sq_mean/")
     zetas = _fig5_values(runs, "probe/bn_regularization/zeta/", k=3)
-    layer_means = {m: _mean_dicts([_last_per_layer(r, "probe/gamma/sq_mean/") for r in by_m[m]]) for m in batches}
-    mean_sq = [float(np.mean(gamma[m])) if gamma.get(m) else None for m in batches]
-    mean_zeta = [float(np.mean(zetas[m])) if zetas.get(m) else None for m in batches]
+    mean_sq = [_layer_mean(gamma, m) for m in batches]
+    mean_zeta = [_layer_mean(zetas, m) for m in batches]
     val = [_mean_or_none([finite_or_none(r.final("test_loss")) for r in by_m[m] if r.status == "finished"])
            for m in batches]
-    layers = sorted({k for d in layer_means.values() for k in d})
     # log₂ M on a linear axis: matplotlib labels the minor ticks of a short log axis unreadably
     x = [math.log2(m) if m else None for m in batches]
-    gamma_series = {layer: _points(x, [layer_means[m].get(layer) for m in batches]) for layer in layers}
+    gamma_series = {layer: _points(x, [float(np.mean(v[m])) if v.get(m) else None for m in batches])
+                    for layer, v in sorted(gamma.items())}
     gamma_series["mean over layers"] = _points(x, mean_sq)
     zeta_series = {"ζ (Theorem 1, layer mean)": _points(x, mean_zeta)}
     first = next(((m, z) for m, z in zip(batches, mean_zeta) if z), None)
@@ -271,7 +291,7 @@ def _fig5_analyze(ctx) -> Outcome:
     curves = {}
     for m in batches:
         per_run = [_layer_mean_curve(r) for r in by_m[m] if r.status == "finished"]
-        if per_run:
+        if per_run and all(c[0] for c in per_run):
             length = min(len(c[0]) for c in per_run)
             curves[f"M = {m}"] = (per_run[0][0][:length], [float(np.mean([c[1][i] for c in per_run]))
                                                            for i in range(length)])
@@ -286,26 +306,18 @@ def _fig5_analyze(ctx) -> Outcome:
     ], title="Luo Fig. 5: batch size, γ² and regularization strength")
     mid = _fig5_values(runs, "probe/gamma/sq_mean/", fraction=SETTLE_FRACTION)
     verdict, summary = settle(fig5_verdict(gamma, ctx.tiny), fig5_verdict(mid, ctx.tiny))
-    table = [{"quantity": f"M = {m}: layer-mean γ² per seed (2/3 of training) / ζ / validation loss",
-              "ours": f"{' / '.join(_fmt(g) for g in gamma.get(m, []))} ({' / '.join(_fmt(g) for g in mid.get(m, []))})"
-                      f" / {_fmt(z)} / {_fmt(v)}",
-              "paper": "γ² grows with M; validation loss grows with M"}
-             for m, z, v in zip(batches, mean_zeta, val)]
-    table += [{"quantity": f"Spearman(M, γ²), {layer} (seed means)",
-               "ours": _fmt(spearman(batches, [layer_means[m].get(layer) for m in batches])
-                            if all(layer in layer_means[m] for m in batches) else None),
-               "paper": "> 0 (γ increases with M)"} for layer in layers]
+    table = [{"quantity": f"M = {m}: layer-mean γ² / ζ / validation loss (seed means)",
+              "ours": f"{_fmt(g)} / {_fmt(z)} / {_fmt(v)}", "paper": "γ² grows with M; validation loss grows with M"}
+             for m, g, z, v in zip(batches, mean_sq, mean_zeta, val)]
+    table += [{"quantity": f"γ² of {layer} against M: decision at the end (at 2/3 of training)",
+               "ours": f"{fig5_trend(v)[0]} ({fig5_trend(mid.get(layer, {}))[0]})",
+               "paper": "γ increases with M (each of five one-BN models)"} for layer, v in sorted(gamma.items())]
     return Outcome([fig], table, verdict, summary)
 
 
 def _mean_or_none(values) -> float | None:
     kept = [v for v in values if v is not None]
     return float(np.mean(kept)) if kept else None
-
-
-def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
-    """Per key, the mean over the dicts that have it."""
-    return {k: float(np.mean([d[k] for d in dicts if k in d])) for k in {k for d in dicts for k in d}}
 
 
 def _layer_mean_curve(run) -> tuple[list, list]:
@@ -325,9 +337,9 @@ register(Experiment(
           "(and the validation loss with it).",
     smoke_changes="digits with 70 % held out, luo_cnn at 1/4 width, 60 epochs, lr 0.05·M/64, 3 seeds per batch "
                   "size; BN in every layer at once (the paper trains five models with BN in one layer each — "
-                  "bnlab.models has one norm spec for all layers). Verdict: layer-mean γ² at M = 16 vs 256 by "
-                  "Welch's t (α = 0.05), and no significant fall between neighbouring batch sizes, repeated at 2/3 "
-                  "of training (settling).",
-    cost={"smoke": "≈2 min CPU (15 runs), ≈4–5 min wall on a busy 2-core machine",
-          "paper": "5 runs × 100 epochs luo_cnn on CIFAR-10 (GPU)"},
+                  "bnlab.models has one norm spec for all layers, so each layer is read and judged). Verdict: "
+                  "per layer, γ² at M = 16 vs 256 by Welch's t (α = 0.05) and no significant fall between "
+                  "neighbouring batch sizes, repeated at 2/3 of training (settling).",
+    cost={"smoke": "≈165 s wall (15 runs, one thread, 2-core machine under load ≈ 4)",
+          "paper": "15 runs × 100 epochs luo_cnn on CIFAR-10 (GPU)"},
     plan=_fig5_plan, analyze=_fig5_analyze))

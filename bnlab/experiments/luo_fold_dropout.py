@@ -168,7 +168,8 @@ def _fig6_analyze(ctx) -> Outcome:
     mid = [c for c in (fig6_changes(d, SETTLE_FRACTION) for d in seeds.values()) if c is not None]
     verdict, summary = settle(fig6_verdict(end, ctx.tiny), fig6_verdict(mid, ctx.tiny))
     table = [{"quantity": "frozen branch per seed: validation-loss change (2/3 of fine-tuning) / training-loss change",
-              "ours": "; ".join(f"{e['val']:+.4f} ({m['val']:+.4f}) / {e['train']:+.4f}" for e, m in zip(end, mid)) or "—",
+              "ours": "; ".join(f"{e['val']:+.4f} ({m['val']:+.4f}) / {e['train']:+.4f}"
+                                for e, m in zip(end, mid)) or "—",
               "paper": "frozen fine-tuning: kernel norms of every layer grow, training loss falls, "
                        "validation loss rises"}]
     for key in ("bn", "frozen"):
@@ -182,7 +183,8 @@ def _fig6_analyze(ctx) -> Outcome:
         if growth.get("bn") and growth.get("frozen"):
             common = sorted(set(growth["bn"]) & set(growth["frozen"]))
             more = [k for k in common if growth["frozen"][k] > growth["bn"][k]]
-            table.append({"quantity": f"seed {seed}: layers whose kernel grows more frozen than with BN (effective kernel)",
+            table.append({"quantity": f"seed {seed}: layers whose kernel grows more frozen than with BN "
+                                      "(effective kernel)",
                           "ours": f"{len(more)}/{len(common)}",
                           "paper": "kernel norms increase when freezing BN, 'compared to the results of BN'"})
     return Outcome([fig], table, verdict, summary)
@@ -213,7 +215,7 @@ register(Experiment(
                   "3 seeds (the paper: one run); each change tested against 0 by Welch's t (α = 0.05), repeated at "
                   "2/3 of fine-tuning to check it has settled. Computed in one step (bnlab.train configs cannot "
                   "start from another run's folded weights).",
-    cost={"smoke": "≈45 s CPU (3 × 3 runs)", "paper": "100 + 2 × 20 epochs luo_cnn on CIFAR-10 (GPU)"},
+    cost={"smoke": "≈25 s wall (3 × 3 runs)", "paper": "3 × (100 + 2 × 20) epochs luo_cnn on CIFAR-10 (GPU)"},
     plan=_fig6_plan, analyze=_fig6_analyze))
 
 
@@ -324,5 +326,5 @@ register(Experiment(
                   "paper: one run); dropout (model option `dropout`) follows each normalized block's activation. "
                   "Verdict: each dropout arm against its arm without dropout by Welch's t (α = 0.05) on the "
                   "validation loss (mean of the last 3 records), repeated at 2/3 of training (settling).",
-    cost={"smoke": "≈75 s CPU (15 runs)", "paper": "5 runs × 100 epochs luo_cnn on CIFAR-10 (GPU)"},
+    cost={"smoke": "≈85 s wall (15 runs)", "paper": "15 runs × 100 epochs luo_cnn on CIFAR-10 (GPU)"},
     plan=_fig7_plan, analyze=_fig7_analyze))
