@@ -189,3 +189,23 @@ def test_noisy_bn_draws_algorithm_1_noise_from_its_generator():
     grad = torch.randn(x.shape, generator=gen(15))
     torch.testing.assert_close(torch.autograd.grad(out, xi, grad)[0], torch.autograd.grad(a, xb, grad * s)[0],
                                rtol=1e-5, atol=1e-6)
+
+
+def test_plain_linf_scale_equals_a_full_sort_with_its_gradient():
+    """The plain (compiled, autocast) ℓ∞ path searches only the peak samples' rows: its scale and
+    gradient equal the full per-channel top-k's (float64), on a batch whose largest entries crowd
+    into one sample."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(12, 3, 4, 4, generator=gen, dtype=torch.float64)
+    x[5] *= 4  # sample 5 holds most of every channel's top entries
+    layer = N.create("lp_bn(p=inf, topk=5)", 3).double()
+    xi = x.clone().requires_grad_()
+    centred = xi - xi.mean(dim=(0, 2, 3)).view(1, -1, 1, 1)
+    scale = layer.batch_scale(centred)
+    full = centred.transpose(0, 1).reshape(3, -1).abs().topk(5, dim=1).values.mean(1)
+    want = N.hoffer_linf_constant(12 * 16) * full
+    torch.testing.assert_close(scale, want, rtol=1e-12, atol=0)
+    w = torch.randn(3, generator=gen, dtype=torch.float64)
+    got_grad = torch.autograd.grad((scale * w).sum(), xi, retain_graph=True)[0]
+    want_grad = torch.autograd.grad((want * w).sum(), xi)[0]
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-12, atol=1e-14)

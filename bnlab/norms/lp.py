@@ -7,7 +7,7 @@ from torch import Tensor
 
 from .base import fused_enabled
 from .batchnorm import BatchNorm
-from .lp_fused import L1_CONSTANT, hoffer_linf_constant, lp_normalize
+from .lp_fused import L1_CONSTANT, hoffer_linf_constant, linf_top_entries, lp_normalize
 from .sync import channel_count, channel_mean, channel_topk, module_group
 from .registry import BN_OPTIONS, Param, norm
 
@@ -51,9 +51,14 @@ class LpBatchNorm(BatchNorm):
             return (channel_mean(self, centred.pow(2)) if var is None else var).sqrt()
         if self.p == "1":
             return L1_CONSTANT * channel_mean(self, centred.abs())
-        # p = inf: top-k of |x − μ| per channel, channels first so topk runs along one dim.
+        # p = inf: top-k of |x − μ| per channel. Unsynced, searched only in the k samples with the largest
+        # peaks (lp_fused.linf_top_entries: compiled lp_bn(p=inf) 1.83 → 1.47× native eager, no full
+        # transposed copy); synced, over all ranks from every entry, channels first so topk runs along one dim.
+        constant = hoffer_linf_constant(channel_count(self, centred))
+        if module_group(self) is None:
+            return constant * linf_top_entries(centred, centred.new_zeros(self.num_features), self.topk)[0].mean(dim=1)
         flat = centred.transpose(0, 1).reshape(self.num_features, -1).abs()
-        return hoffer_linf_constant(channel_count(self, centred)) * channel_topk(self, flat, self.topk).mean(dim=1)
+        return constant * channel_topk(self, flat, self.topk).mean(dim=1)
 
     def coefficients(self, mean: Tensor, scale: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
         """The layer as a per-channel affine map given the mean and the ℓp scale."""
