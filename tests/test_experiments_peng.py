@@ -246,6 +246,17 @@ def test_table_verdict():
     assert P.paper_gain(1, "sigmoid") == pytest.approx(91.20 - 78.97)
 
 
+def test_table_verdict_must_settle():
+    """A verdict the last third of training changed is inconclusive (the rule Luo's entries use): table 4's
+    smoke said "not held" at the end where the same rule at 2/3 of training said "inconclusive"."""
+    paper_like = {"sigmoid": 0.12, "tanh": 0.04, "relu": 0.01, "selu": 0.04, "swish": 0.01}
+    worse = {**paper_like, "tanh": -0.6}
+    held = P.settled_table_verdict(_noisy_cells(paper_like), _noisy_cells(paper_like))
+    assert held[0] == "held" and "settled: the verdict at 2/3 of training is also 'held'" in held[1]
+    verdict, summary = P.settled_table_verdict(_noisy_cells(worse), _noisy_cells(paper_like))
+    assert verdict == "inconclusive" and "NOT settled: the verdict would be 'not held'" in summary
+
+
 def test_loss_curve_verdict():
     def losses(delta, sd=0.01):
         out = {}
@@ -300,8 +311,11 @@ class _SeriesRun:
 
 
 def test_mean_train_loss_and_gradient_measure():
-    assert P.mean_train_loss(_SeriesRun([2.0, 1.0, float("nan"), 0.0])) == pytest.approx(1.0)
-    assert P.mean_train_loss(_SeriesRun([1.0], status="diverged")) is None
+    from bnlab.experiments.common import mean_over_run
+
+    assert mean_over_run(_SeriesRun([2.0, 1.0, float("nan"), 0.0])) == pytest.approx(1.0)
+    assert mean_over_run(_SeriesRun([2.0, 1.0, float("nan"), 0.0]), fraction=0.5) == pytest.approx(1.5)
+    assert mean_over_run(_SeriesRun([1.0], status="diverged")) is None
     import math
 
     assert P.mean_sq_grad_norm(_SeriesRun([1e6, 10.0, 10.0, 1000.0])) == pytest.approx(math.log10(340.0))

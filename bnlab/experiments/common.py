@@ -222,3 +222,36 @@ def value_at_fraction(curve: tuple[list, list], fraction: float) -> float | None
         return None
     target = steps[-1] * fraction
     return next(v for s, v in zip(steps, values) if s >= target)
+
+
+SETTLE_FRACTION = 2 / 3  # where :func:`settle` reads a verdict a second time
+
+
+def settle(end: tuple[str, str], mid: tuple[str, str]) -> tuple[str, str]:
+    """Combine the verdict at the end with the one at 2/3 of training (the settling rule of every entry
+    whose compared quantity is read at the end of training: Luo Figs 2–7, Peng Tables 1–4).
+
+    ``end`` / ``mid``: (verdict, summary) of the same verdict function on the values at the end and at
+    2/3 of training. A verdict that the last third of training changed is "inconclusive": the compared
+    quantity has not settled, and a longer run could change it again.
+    """
+    verdict, summary = end
+    if mid[0] == verdict:
+        return verdict, f"{summary}; settled: the verdict at 2/3 of training is also '{mid[0]}'"
+    return "inconclusive", (f"{summary}; NOT settled: the verdict would be '{verdict}' at the end but was "
+                            f"'{mid[0]}' at 2/3 of training ({mid[1]})")
+
+
+def mean_over_run(run, metric: str = "train_loss", fraction: float = 1.0) -> float | None:
+    """Mean of a finished run's finite ``metric`` values logged up to ``fraction`` of its last step: for the
+    training loss, the area under the curve over its length (lower = faster convergence). None for a run
+    that did not finish or logged nothing. ``fraction`` < 1 reads the same measure earlier in training,
+    for :func:`settle`."""
+    if run is None or run.status != "finished":
+        return None
+    steps, values = run.series(metric)
+    if not steps:
+        return None
+    limit = steps[-1] * fraction
+    kept = [v for s, v in zip(steps, values) if s <= limit and finite_or_none(v) is not None]
+    return sum(kept) / len(kept) if kept else None

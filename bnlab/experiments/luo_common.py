@@ -11,7 +11,7 @@ from bnlab.store import Store
 import bnlab.train as bnlab_train  # looked up on use: a test can patch bnlab.train.run
 
 from .base import shrink
-from .common import Comparison, compare_arms, finite_or_none
+from .common import SETTLE_FRACTION, Comparison, compare_arms, finite_or_none, settle  # noqa: F401 (re-exported)
 from .runner import TINY_STEPS
 
 NOISE_VAR = 0.25          # §4.1: "let the noise variance ϵ of the teacher be 0.25"
@@ -67,7 +67,6 @@ def _series(data: dict, name: str) -> tuple[list[float], list[float]]:
 
 # ---- the stated rules of the Luo verdicts: seeds, factors, settling ---------------------------------
 
-SETTLE_FRACTION = 2 / 3
 SETTLE_RULE = ("settled when the verdict from the values at 2/3 of training (each the mean of the 3 records "
                "up to that point) is the verdict at the end; otherwise inconclusive (still changing)")
 
@@ -84,20 +83,6 @@ def window_mean(steps: Sequence[float], values: Sequence[float | None], fraction
     limit = steps[-1] * fraction
     kept = [v for s, v in zip(steps, values) if s <= limit and finite_or_none(v) is not None]
     return float(sum(kept[-k:]) / len(kept[-k:])) if kept else None
-
-
-def settle(end: tuple[str, str], mid: tuple[str, str]) -> tuple[str, str]:
-    """Combine the verdict at the end with the one at 2/3 of training by :data:`SETTLE_RULE`.
-
-    ``end`` / ``mid``: (verdict, summary) of the same verdict function on the values at the end and at
-    2/3 of training. A verdict that the last third of training changed is "inconclusive": the compared
-    quantity has not settled, and a longer run could change it again.
-    """
-    verdict, summary = end
-    if mid[0] == verdict:
-        return verdict, f"{summary}; settled: the verdict at 2/3 of training is also '{mid[0]}'"
-    return "inconclusive", (f"{summary}; NOT settled: the verdict would be '{verdict}' at the end but was "
-                            f"'{mid[0]}' at 2/3 of training ({mid[1]})")
 
 
 def factor_test(reference: Sequence[float], values: Sequence[float], factor: float = 1.5) -> tuple[str, Comparison]:

@@ -34,7 +34,8 @@ from __future__ import annotations
 from bnlab.plots import bars
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import RULE, compare_arms, grouped_finals, mean_curve, mean_std, safe_panels, smooth, value_at_fraction
+from .common import (RULE, compare_arms, finite_or_none, grouped_finals, mean_curve, mean_over_run, mean_std,
+                     safe_panels, SETTLE_FRACTION, settle, smooth, value_at_fraction)
 from .peng_common import *  # noqa: F401,F403 (re-exported: the names tests and other entries use)
 from .peng_common import (ACT_TITLE, ACTIVATIONS, NON_RELU, PAPER_TABLES, PAPER_TRIALS, RELU_LIKE, ROW_FEATURES,
                           ROW_NAMES, ROWS, SMOKE_SEEDS, SMOKE_WIDTH, TABLES, _base, _fmt, _pct, _run, _status_note,
@@ -140,6 +141,25 @@ def table_verdict(cells: dict[tuple[str, str], list[float]], tiny: bool = False,
         "(Sigmoid/Tanh/SELU, power 0.8)"
 
 
+def settled_table_verdict(cells: dict[tuple[str, str], list[float]], mid_cells: dict[tuple[str, str], list[float]],
+                          tiny: bool = False, paper_gains: dict[str, float] | None = None) -> tuple[str, str]:
+    """:func:`table_verdict` at the end of training, checked against the same rule on the accuracies at 2/3
+    of training (``mid_cells``) by :func:`common.settle`: a verdict the last third changed is inconclusive."""
+    return settle(table_verdict(cells, tiny, paper_gains), table_verdict(mid_cells, tiny, paper_gains))
+
+
+def _cells_at(arms: dict[tuple, list], fraction: float, metric: str = "test_accuracy") -> dict[tuple[str, str], list[float]]:
+    """Per (row, activation): each finished run's ``metric`` at ``fraction`` of its training (finite values only)."""
+    cells: dict[tuple[str, str], list[float]] = {}
+    for (_, row, act), runs in arms.items():
+        values = cells.setdefault((row, act), [])
+        for r in runs:
+            value = finite_or_none(value_at_fraction(r.series(metric), fraction)) if r.status == "finished" else None
+            if value is not None:
+                values.append(value)
+    return cells
+
+
 def _side_rows(cells: dict, main: dict) -> list[dict]:
     """He's block form vs Eq. 7's (ResNet tables): one seed each, shown, not judged."""
     rows = []
@@ -186,7 +206,8 @@ def _table_analyze(table: int):
                          title=f"Peng {spec['target']} as printed ({spec['what']}, 10 trials)")
         fig_curves = _curves(ctx, ctx.figure_path("test_accuracy_curves"), "test_accuracy",
                              f"Test accuracy during training, BN (①) vs CBN (②), mean over seeds ({ctx.preset})")
-        verdict, summary = table_verdict(cells, ctx.tiny, {a: paper_gain(table, a) for a in ACTIVATIONS})
+        verdict, summary = settled_table_verdict(cells, _cells_at(_arm_runs(ctx), SETTLE_FRACTION), ctx.tiny,
+                                                 {a: paper_gain(table, a) for a in ACTIVATIONS})
         summary += settling(_arm_runs(ctx), "test_accuracy")
         return Outcome([fig_ours, fig_paper, fig_curves], rows, verdict, summary + _status_note(ctx))
 
@@ -295,15 +316,6 @@ def _fig_plan(fig: int):
     return plan
 
 
-def mean_train_loss(run) -> float | None:
-    """Mean training loss over the whole run (area under the loss curve per step): lower = faster convergence.
-    None for a run that did not finish."""
-    if run.status != "finished":
-        return None
-    _, values = mean_curve([run], "train_loss")
-    return sum(values) / len(values) if values else None
-
-
 def loss_curve_verdict(losses: dict[tuple[int, str], dict[str, list[float]]], tiny: bool = False) -> tuple[str, str]:
     """Figs 4–5: CBN's training loss lies below BN's for every activation, on both networks.
 
@@ -332,14 +344,20 @@ def loss_curve_verdict(losses: dict[tuple[int, str], dict[str, list[float]]], ti
         f"≥ {max(c.mde for c in comps.values()):.3g}"
 
 
+def _mean_losses(runs, fraction: float) -> dict[tuple[int, str], dict[str, list[float]]]:
+    """``[(table, activation)][row]`` = per-seed mean training loss over the first ``fraction`` of each run."""
+    losses: dict[tuple[int, str], dict[str, list[float]]] = {}
+    for r in runs:
+        value = mean_over_run(r, "train_loss", fraction)
+        entry = losses.setdefault((r.factors["table"], r.factors["activation"]), {}).setdefault(r.factors["row"], [])
+        if value is not None:
+            entry.append(value)
+    return losses
+
+
 def _fig_analyze(fig: int):
     def analyze(ctx) -> Outcome:
-        losses: dict[tuple[int, str], dict[str, list[float]]] = {}
-        for r in ctx.runs:
-            value = mean_train_loss(r)
-            entry = losses.setdefault((r.factors["table"], r.factors["activation"]), {}).setdefault(r.factors["row"], [])
-            if value is not None:
-                entry.append(value)
+        losses, early = _mean_losses(ctx.runs, 1.0), _mean_losses(ctx.runs, SETTLE_FRACTION)
         fig_loss = _curves(ctx, ctx.figure_path("training_loss"), "train_loss",
                            f"Peng Fig. {fig}: training loss, BN (①) vs CBN (②), mean over seeds ({ctx.preset})")
         rows = [{"quantity": f"mean training loss over the run · Table {t} ({TABLES[t]['what']}) · {ACT_TITLE[a]} · "
@@ -347,7 +365,7 @@ def _fig_analyze(fig: int):
                  "ours": _fmt(*mean_std(d.get(row, [])), len(d.get(row, [])), digits=3),
                  "paper": "CBN below BN in every panel (curves only)"}
                 for (t, a), d in sorted(losses.items()) for row in COMPARED]
-        verdict, summary = loss_curve_verdict(losses, ctx.tiny)
+        verdict, summary = settle(loss_curve_verdict(losses, ctx.tiny), loss_curve_verdict(early, ctx.tiny))
         summary += settling(_arm_runs(ctx), "train_loss", scale=1.0)
         return Outcome([fig_loss], rows, verdict, summary + _status_note(ctx))
 

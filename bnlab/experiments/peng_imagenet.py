@@ -32,7 +32,8 @@ from typing import Any
 from bnlab.plots import bars
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import RULE, compare_arms, finite_or_none, grouped_finals, mean_curve, mean_std, safe_panels, smooth
+from .common import (RULE, compare_arms, grouped_finals, mean_curve, mean_over_run, mean_std,
+                     safe_panels, smooth)
 from .peng_common import ACT_TITLE, ACTIVATIONS, NON_RELU, _status_note, row_spec
 
 ARCHS = ("resnet18", "resnet50", "efficientnet_b0")
@@ -146,15 +147,6 @@ def table5_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = 
     return "held", summary + " CBN is significantly better with Sigmoid, Tanh and SELU and nowhere worse."
 
 
-def mean_train_loss(run) -> float | None:
-    """Mean of a run's logged training losses over the whole run: the area under its Fig. 6 curve divided
-    by its length (lower = faster convergence); None for a run that did not finish or logged nothing."""
-    values = [v for v in (finite_or_none(v) for v in run.series("train_loss")[1]) if v is not None]
-    if run.status != "finished" or not values:
-        return None
-    return sum(values) / len(values)
-
-
 def fig6_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = False) -> tuple[str, str]:
     """Verdict on Fig. 6 from each run's mean training loss per (arch, arm, activation), one per seed.
 
@@ -193,7 +185,7 @@ def _loss_cells(ctx) -> dict[tuple[str, str, str], list[float]]:
     cells: dict[tuple[str, str, str], list[float]] = {}
     for r in ctx.runs:
         key = (r.factors.get("arch"), r.factors.get("arm"), r.factors.get("activation"))
-        value = mean_train_loss(r)
+        value = mean_over_run(r, "train_loss")
         cells.setdefault(key, [])
         if value is not None:
             cells[key].append(value)
