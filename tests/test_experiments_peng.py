@@ -182,7 +182,10 @@ def test_fig10_plan_fixes_eta():
 
     for preset in ("paper", "smoke"):
         runs = get("peng-fig10").plan(preset).runs
-        assert len(runs) == 20 and all(r.config["probes"] == ["grad_stats"] for r in runs)
+        # the compared arms (AMAT, no AMAT) 3 seeds × 5 activations, BN and fixed η one seed each
+        assert len(runs) == 40 and all(r.config["probes"] == ["grad_stats"] for r in runs)
+        for variant, seeds in (("CBN with AMAT", {0, 1, 2}), ("CBN without AMAT", {0, 1, 2}), ("BN", {0})):
+            assert {r.factors["seed"] for r in runs if r.factors["variant"] == variant} == seeds
         lr = runs[0].config["lr"]
         for r in runs:
             if r.factors["variant"] == "BN":
@@ -362,15 +365,23 @@ def test_fig8_verdict():
 
 
 def test_fig10_verdict():
-    def variance(ratio):
-        return {"BN": 1.0, "CBN without AMAT": 1.0, "CBN, fixed η = 0.9": 1.1, "CBN with AMAT": ratio}
+    """Per activation, Welch's t on log10 variance over ≥ 3 seeds (the old rule read one run per arm)."""
+    def variance(ratio, spread=0.02, seeds=3):
+        off = [1.0 * (1 + spread * k) for k in range(seeds)]
+        on = None if ratio is None else [ratio * (1 - spread * k) for k in range(seeds)]
+        return {"BN": [1.0], "CBN without AMAT": off, "CBN, fixed η = 0.9": [1.1], "CBN with AMAT": on}
 
     lower = {a: variance(0.7) for a in P.ACTIVATIONS}
-    assert P.fig10_verdict(lower)[0] == "held"
-    assert P.fig10_verdict({**lower, "relu": variance(1.05)})[0] == "held"       # 4 of 5 below 1
-    assert P.fig10_verdict({a: variance(1.2) for a in P.ACTIVATIONS})[0] == "not held"
-    mixed = {**lower, "relu": variance(1.5), "selu": variance(1.5)}                # 3 of 5 below, geo mean < 1
-    assert P.fig10_verdict(mixed)[0] == "inconclusive"
+    verdict, summary = P.fig10_verdict(lower)
+    assert verdict == "held" and "fixed η = 0.9 / without" in summary
+    assert P.fig10_verdict({**lower, "relu": variance(1.0)})[0] == "held"       # 4 of 5 significantly lower
+    assert P.fig10_verdict({**lower, "relu": variance(1.5)})[0] == "not held"   # significantly higher once
+    # within the seeds' spread: nothing decided, the resolvable effect is stated
+    verdict, summary = P.fig10_verdict({a: variance(0.9, spread=0.3) for a in P.ACTIVATIONS})
+    assert verdict == "inconclusive" and "resolve ≥" in summary
+    # one seed per arm (the old smoke preset) cannot decide
+    verdict, summary = P.fig10_verdict({a: variance(0.5, seeds=1) for a in P.ACTIVATIONS})
+    assert verdict == "inconclusive" and "fewer than 3 seeds" in summary
     assert P.fig10_verdict({**lower, "tanh": variance(None)})[0] == "inconclusive"
 
 
