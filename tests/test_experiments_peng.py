@@ -142,14 +142,15 @@ def test_cifar100_smoke_tables_differ_from_cifar10_ones():
 
 def test_table6_plan():
     paper = get("peng-table6").plan("paper")
-    assert len(paper.runs) == 4 * 5 * (5 + 9)
+    assert len(paper.runs) == 4 * 5 * (5 * 3 + 7)  # the lr grid × 3 seeds, 10 trials at lr 0.1
     assert {r.config["norm"] for r in paper.runs} == set(P.T6_APPROACHES.values())
     assert all(r.config["placement"] == "pre_linear" and r.config["model"] == "resnet20" for r in paper.runs)
     seed0 = [r for r in paper.runs if r.factors["seed"] == 0]
     assert sorted({r.config["lr"] for r in seed0}) == [1e-4, 1e-3, 1e-2, 1e-1, 1.0]
-    assert {r.config["lr"] for r in paper.runs if r.factors["seed"] > 0} == {0.1}
+    assert {r.config["lr"] for r in paper.runs if r.factors["seed"] > 2} == {0.1}
     smoke = get("peng-table6").plan("smoke").runs
-    assert len(smoke) == 4 * 3 * 4 and 1e-4 not in {r.config["lr"] for r in smoke}
+    assert len(smoke) == 4 * 3 * 4 * 3 and 1e-4 not in {r.config["lr"] for r in smoke}
+    assert {r.factors["seed"] for r in smoke} == {0, 1, 2}
 
 
 def test_fig2_plan_probes_the_papers_layers():
@@ -331,17 +332,25 @@ def test_mean_train_loss_and_gradient_measure():
 
 
 def test_table6_verdict():
+    """Each step of none ≤ mean removal ≤ ℓ2 ≤ CBN by Welch's rule on per-seed log10 maximal lr (was one seed)."""
     ordered = {}
     for act in ("sigmoid", "relu"):
         for name, lr in zip(P.T6_ORDER, (0.01, 0.1, 1.0, 1.0)):
-            ordered[(name, act)] = lr
+            ordered[(name, act)] = [lr] * 3
     assert P.table6_verdict(ordered)[0] == "held"
     assert P.table6_verdict(ordered, tiny=True)[0] == "inconclusive"
-    broken = {**ordered, ("mean removal", "relu"): 1e-3}
+    broken = {**ordered, ("mean removal", "relu"): [1e-3] * 3}
     assert P.table6_verdict(broken)[0] == "not held"
-    same = {k: 0.1 for k in ordered}
-    assert P.table6_verdict(same)[0] == "inconclusive"
-    assert P.table6_verdict({**same, ("no normalization", "sigmoid"): None})[0] == "held"
+    same = {k: [0.1] * 3 for k in ordered}
+    verdict, summary = P.table6_verdict(same)
+    assert verdict == "inconclusive" and "no approach significantly changes" in summary
+    assert P.table6_verdict({**same, ("no normalization", "sigmoid"): [None] * 3})[0] == "held"
+    # seeds that disagree: nothing resolved
+    mixed = {**same, ("ℓ2 normalization", "relu"): [1.0, 0.01, 0.1], ("CBN", "relu"): [1.0, 0.01, 0.1]}
+    assert P.table6_verdict(mixed)[0] == "inconclusive"
+    # one seed per candidate (the old smoke preset) cannot decide
+    verdict, summary = P.table6_verdict({k: v[:1] for k, v in ordered.items()})
+    assert verdict == "inconclusive" and "fewer than 3 seeds" in summary
 
 
 def test_fig2_verdict():

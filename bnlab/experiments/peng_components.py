@@ -25,13 +25,15 @@ T6_ORDER = tuple(T6_APPROACHES)
 T6_SMOKE_ACTIVATIONS = ("sigmoid", "tanh", "relu")
 # 1e-4 trains nothing in 36 steps, so it can never be the maximal stable rate there: left out of smoke.
 SMOKE_LR_CANDIDATES = LR_CANDIDATES[1:]
+T6_SEEDS = (0, 1, 2)
+NONE_TRAINS = 1e-5  # the maximal stable lr of a seed where no candidate trains: below the grid
 
 
 def _t6_plan(preset: str) -> Plan:
     if preset == "paper":
         # Table 6's caption says CIFAR-10 (as does Fig. 7's, the same ablation); §6.3's text says CIFAR-100.
-        base, acts, extra_seeds = _base("resnet20", "cifar10", "paper"), ACTIVATIONS, range(1, PAPER_TRIALS)
-        candidates = LR_CANDIDATES
+        base, acts = _base("resnet20", "cifar10", "paper"), ACTIVATIONS
+        extra_seeds, candidates = range(len(T6_SEEDS), PAPER_TRIALS), LR_CANDIDATES
     else:
         base = {**_base("resnet20", "digits", "smoke"), "epochs": 3, "schedule": "constant"}
         acts, extra_seeds = T6_SMOKE_ACTIVATIONS, range(0)
@@ -39,10 +41,12 @@ def _t6_plan(preset: str) -> Plan:
     runs = []
     for act in acts:
         for name, norm in T6_APPROACHES.items():
-            for lr in candidates:
-                runs.append(RunSpec(f"{name} · {ACT_TITLE[act]} · lr {lr:g}",
-                                    _run(base, norm=norm, placement="pre_linear", activation=act, seed=0, lr=lr),
-                                    {"approach": name, "activation": act, "lr": lr, "seed": 0}))
+            for seed in T6_SEEDS:  # the lr grid per seed: a maximal stable lr per seed, compared by the rule
+                for lr in candidates:
+                    label = f"{name} · {ACT_TITLE[act]} · lr {lr:g}" + (f" · seed {seed}" if seed else "")
+                    runs.append(RunSpec(label,
+                                        _run(base, norm=norm, placement="pre_linear", activation=act, seed=seed, lr=lr),
+                                        {"approach": name, "activation": act, "lr": lr, "seed": seed}))
             for seed in extra_seeds:  # the accuracy columns: 10 trials at the recipe's lr 0.1
                 runs.append(RunSpec(f"{name} · {ACT_TITLE[act]} · lr 0.1 · seed {seed}",
                                     _run(base, norm=norm, placement="pre_linear", activation=act, seed=seed, lr=0.1),
@@ -70,33 +74,43 @@ def run_trains(run, num_classes: int = 10) -> bool:
     return final < math.log(num_classes) - 0.05
 
 
-def table6_verdict(lr_max: dict[tuple[str, str], float | None], tiny: bool = False) -> tuple[str, str]:
+def table6_verdict(lr_max: dict[tuple[str, str], list[float | None]], tiny: bool = False) -> tuple[str, str]:
     """Verdict on §6.3's ordering of the maximal learning rate, per activation.
 
-    Claim: mean removal and ℓ2 normalization both raise the maximal stable lr over no normalization,
-    ℓ2 more than mean removal, and CBN keeps at least ℓ2's. "not held" if any of none ≤ mean removal ≤
-    ℓ2 ≤ CBN is violated for some activation; "held" if none is and ℓ2 raises the rate for at least one
-    activation; "inconclusive" if nothing differs, or on tiny runs. A rate of None (nothing trained)
-    counts as 0.
+    ``lr_max[(approach, activation)]`` = per-seed maximal stable lr (None: nothing trained, counted as
+    :data:`NONE_TRAINS`). Claim: mean removal and ℓ2 normalization both raise the maximal stable lr over
+    no normalization, ℓ2 more than mean removal, and CBN keeps at least ℓ2's. Each step of the order
+    none ≤ mean removal ≤ ℓ2 ≤ CBN is tested on log10 lr by :data:`common.RULE` (Welch's t, ≥ 3 seeds;
+    identical seeds make any difference significant). "not held" if a step is significantly reversed for
+    some activation; "held" if none is and ℓ2 significantly raises the rate over none for at least one
+    activation; otherwise "inconclusive".
     """
     acts = sorted({a for _, a in lr_max}, key=lambda a: ACTIVATIONS.index(a) if a in ACTIVATIONS else 99)
     if not acts:
         return "inconclusive", "no runs" + (" (tiny runs)" if tiny else "")
-    lines, violated, raised = [], [], False
+    lines, reversed_, raised, few = [], [], False, False
     for act in acts:
-        rate = [lr_max.get((name, act)) or 0.0 for name in T6_ORDER]
-        lines.append(f"{ACT_TITLE.get(act, act)}: " + " / ".join(f"{r:g}" for r in rate))
-        if not (rate[0] <= rate[1] <= rate[2] <= rate[3]):
-            violated.append(ACT_TITLE.get(act, act))
-        raised = raised or rate[2] > rate[0]
-    summary = "maximal stable lr (none / mean removal / ℓ2 / CBN): " + "; ".join(lines)
+        logs = [[math.log10(v or NONE_TRAINS) for v in lr_max.get((name, act)) or []] for name in T6_ORDER]
+        lines.append(f"{ACT_TITLE.get(act, act)}: " + " / ".join(
+            "–" if not v else f"{10 ** (sum(v) / len(v)):.2g}" for v in logs))
+        steps = [compare_arms(logs[i], logs[i + 1]) for i in range(len(T6_ORDER) - 1)]
+        few = few or any(c.decision == "too few seeds" for c in steps)
+        if any(c.decision == "lower" for c in steps):
+            reversed_.append(ACT_TITLE.get(act, act))
+        raised = raised or compare_arms(logs[0], logs[2]).decision == "higher"
+    summary = ("maximal stable lr, geometric mean over seeds (none / mean removal / ℓ2 / CBN; 1e-05: nothing "
+               "trained): " + "; ".join(lines))
     if tiny:
         return "inconclusive", summary + " (tiny runs)"
-    if violated:
-        return "not held", summary + "; the order none ≤ mean removal ≤ ℓ2 ≤ CBN breaks for " + ", ".join(violated)
+    if few:
+        return "inconclusive", summary + f"; fewer than 3 seeds ({RULE})"
+    if reversed_:
+        return "not held", (summary + "; the order none ≤ mean removal ≤ ℓ2 ≤ CBN is significantly reversed "
+                            "for " + ", ".join(reversed_))
     if raised:
-        return "held", summary + "; normalization raises the maximal lr, ℓ2 at least as much as mean removal"
-    return "inconclusive", summary + "; no approach changes the maximal lr on this grid"
+        return "held", summary + ("; ℓ2 normalization significantly raises the maximal lr, and no step of the order "
+                                  "is reversed")
+    return "inconclusive", summary + f"; no approach significantly changes the maximal lr on this grid ({RULE})"
 
 
 def _t6_analyze(ctx) -> Outcome:
@@ -104,30 +118,33 @@ def _t6_analyze(ctx) -> Outcome:
     lr_max, trained = {}, {}
     for act in acts:
         for name in T6_ORDER:
-            by_lr = {r.factors["lr"]: r for r in ctx.runs if r.factors.get("approach") == name
-                     and r.factors.get("activation") == act and r.factors.get("seed") == 0}
-            status = {lr: run_trains(run) for lr, run in by_lr.items()}
-            trained[(name, act)] = status
-            if status:
-                lr_max[(name, act)] = max_stable_lr(lambda lr, s=status: s[lr], candidates=list(status),
-                                                    strategy="all").lr
+            for seed in T6_SEEDS:
+                by_lr = {r.factors["lr"]: r for r in ctx.runs if r.factors.get("approach") == name
+                         and r.factors.get("activation") == act and r.factors.get("seed") == seed}
+                status = {lr: run_trains(run) for lr, run in by_lr.items()}
+                if seed == 0:
+                    trained[(name, act)] = status
+                if status:
+                    lr_max.setdefault((name, act), []).append(
+                        max_stable_lr(lambda lr, s=status: s[lr], candidates=list(status), strategy="all").lr)
     accuracy = grouped_finals(ctx, ("approach", "activation", "lr"), "test_accuracy")
     rows = []
     paper_claim = ("not in our copy (Table 6's body is missing); §6.3: none < mean removal < ℓ2, ℓ2 "
                    "“contributes more”; CBN “1 + 1 > 2”")
     for act in acts:
         for name in T6_ORDER:
-            rate = lr_max.get((name, act))
+            rates = lr_max.get((name, act)) or []
             mean, std = mean_std(accuracy.get((name, act, 0.1), []))
             status = trained.get((name, act), {})
-            rows.append({"quantity": f"max stable lr · {name} · {ACT_TITLE[act]}",
-                         "ours": "none trains" if rate is None else f"{rate:g}",
-                         "trained at": " ".join(f"{lr:g}:{'✓' if ok else '✗'}" for lr, ok in sorted(status.items())),
+            rows.append({"quantity": f"max stable lr per seed · {name} · {ACT_TITLE[act]}",
+                         "ours": " / ".join("none trains" if r is None else f"{r:g}" for r in rates) or "—",
+                         "trained at (seed 0)": " ".join(f"{lr:g}:{'✓' if ok else '✗'}"
+                                                         for lr, ok in sorted(status.items())),
                          "test acc at lr 0.1 (%)": _fmt(_pct(mean), _pct(std), len(accuracy.get((name, act, 0.1), []))),
                          "paper": paper_claim})
-    groups = {ACT_TITLE[a]: {n: math.log10(lr_max[(n, a)]) if lr_max.get((n, a)) else float("nan") for n in T6_ORDER}
-              for a in acts}
-    fig_lr = bars(ctx.figure_path("max_stable_lr"), groups, ylabel="log10 maximal stable lr",
+    groups = {ACT_TITLE[a]: {n: _mean_log10(lr_max.get((n, a))) for n in T6_ORDER} for a in acts}
+    fig_lr = bars(ctx.figure_path("max_stable_lr"), groups,
+                  ylabel="log10 maximal stable lr, mean over seeds (−5: none)",
                   title=f"Peng Table 6 / §6.3: maximal lr from {{1e-4 … 1}} ({ctx.preset})")
     acc_groups = {ACT_TITLE[a]: {n: (_pct(mean_std(accuracy.get((n, a, 0.1), []))[0]) or float("nan"))
                                  for n in T6_ORDER} for a in acts}
@@ -137,20 +154,25 @@ def _t6_analyze(ctx) -> Outcome:
     return Outcome([fig_lr, fig_acc], rows, verdict, summary + _status_note(ctx))
 
 
+def _mean_log10(rates: list[float | None] | None) -> float:
+    """Mean over seeds of log10 maximal stable lr (NONE_TRAINS where nothing trained); NaN without runs."""
+    return sum(math.log10(r or NONE_TRAINS) for r in rates) / len(rates) if rates else float("nan")
+
+
 register(Experiment(
     id="peng-table6", paper="peng", target="Table 6",
     title="Maximal learning rate (and accuracy) of CBN's components: none, mean removal, ℓ2 normalization, CBN",
     claim="Mean removal and normalization via the ℓ2 norm both lower the gradient Lipschitz constant, so both raise "
           "the maximal stable learning rate (lr_max = 1/L, Theorem 1), ℓ2 normalization more; together (CBN) they do "
           "better than either.",
-    smoke_changes="digits, ResNet-20 at width 1/4, 3 epochs at a constant lr, Sigmoid/Tanh/ReLU only, one run per "
-                  "candidate lr from 1e-3 to 1 (1e-4 trains nothing in 36 steps, so it cannot be the maximum); the "
-                  "paper also reports 10-trial accuracies, smoke's accuracy column is the single lr-0.1 run. "
+    smoke_changes="digits, ResNet-20 at width 1/4, 3 epochs at a constant lr, Sigmoid/Tanh/ReLU only, three seeds "
+                  "per candidate lr from 1e-3 to 1 (1e-4 trains nothing in 36 steps, so it cannot be the maximum); the "
+                  "paper also reports 10-trial accuracies, smoke's accuracy column is the three lr-0.1 runs. "
                   "ℓ2 normalization is Eq. 5 alone, "
                   "`cbn(center=false, amat=false)` (root mean square).",
-    cost={"smoke": "48 short runs, ≈1.5 min on 2 CPU cores",
-          "paper": "280 runs (4 approaches × 5 activations × (5 candidate lrs + 9 more trials at 0.1)) × 120 epochs of "
-                   "ResNet-20 on CIFAR-10 (GPU)"},
+    cost={"smoke": "144 short runs, ≈6 min on 2 CPU cores",
+          "paper": "440 runs (4 approaches × 5 activations × (5 candidate lrs × 3 seeds + 7 more trials at 0.1)) × "
+                   "120 epochs of ResNet-20 on CIFAR-10 (GPU)"},
     plan=_t6_plan, analyze=_t6_analyze))
 
 
