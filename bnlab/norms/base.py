@@ -86,6 +86,13 @@ def channel_affine(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
     return torch.addcmul(per_channel(shift, x), x, per_channel(scale, x))
 
 
+def refuse_double_backward(what: str) -> None:
+    """The fused functions' backward is not itself differentiable: say so, and how to get a graph that is."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"bnlab's fused {what} does not support double backward (create_graph=True); "
+                           "run the forward pass inside `with bnlab.norms.plain_autograd():`")
+
+
 class _StatsAffine(torch.autograd.Function):
     """y = scale·x + shift with (scale, shift) = coef_fn(μ_B, σ²_B, *tensors), in a few fused passes.
 
@@ -116,9 +123,7 @@ class _StatsAffine(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: Tensor, _gm, _gv):
-        if torch.is_grad_enabled():
-            raise RuntimeError("bnlab's fused normalization does not support double backward (create_graph=True); "
-                               "run the forward pass inside `with bnlab.norms.plain_autograd():`")
+        refuse_double_backward("normalization")
         (x,) = ctx.saved_tensors
         m, v, leaves, scale, shift = ctx.graph
         m_x = m.detach().to(x.dtype)  # the mean as x's dtype: every use below takes this same value

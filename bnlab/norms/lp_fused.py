@@ -25,7 +25,7 @@ import math
 import torch
 from torch import Tensor
 
-from .base import centred_reductions, channel_affine, coef_dtype, per_channel
+from .base import centred_reductions, channel_affine, coef_dtype, per_channel, refuse_double_backward
 
 L1_CONSTANT = math.sqrt(math.pi / 2)  # E|z| = σ·√(2/π) for Gaussian z: √(π/2)·mean|c| estimates σ
 
@@ -103,9 +103,7 @@ class _LpNormalize(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: Tensor, _g_mean, _g_scale):
-        if torch.is_grad_enabled():
-            raise RuntimeError("bnlab's fused ℓp normalization does not support double backward "
-                               "(create_graph=True); run the forward pass inside `with bnlab.norms.plain_autograd():`")
+        refuse_double_backward("ℓp normalization")
         x, gamma, mean, scale = ctx.saved_tensors
         g_sum, g_dot_c = (t.to(scale.dtype) for t in centred_reductions(g, x, mean))
         inv = 1.0 / (scale + ctx.eps)
