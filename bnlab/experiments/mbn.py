@@ -19,7 +19,7 @@ from bnlab.norms import mbn_lambda
 from bnlab.theory.mbn import moving_average_noise
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import RULE, compare_arms, finite_or_none, safe_panels
+from .common import RULE, compare_arms, finite_or_none, mean_std, safe_panels
 
 BATCH_SIZES = (2, 4, 8, 16, 32)
 IDEAL_BATCH = 32   # m0, issue 2's default for the `mbn` spec
@@ -130,8 +130,9 @@ def batch_size_verdict(acc: dict[str, dict[int, dict[int, float | None]]], tiny:
     if not drops["BN"] or not drops["MBN"]:
         return "inconclusive", "a run did not finish"
     comp = compare_arms(drops["BN"], drops["MBN"])
+    mean = {n: {M: mean_std(acc[n][M].values())[0] for M in (small, large)} for n in NORMS}
     summary = f"test accuracy M = {large} → M = {small}, mean over seeds: " + ", ".join(
-        f"{n} {_seed_mean(acc[n].get(large)):.3f} → {_seed_mean(acc[n].get(small)):.3f} "
+        f"{n} {mean[n][large]:.3f} → {mean[n][small]:.3f} "
         f"(drop {sum(drops[n]) / len(drops[n]):.3f}, n={len(drops[n])})" for n in NORMS) + \
         f"; MBN's drop − BN's {comp.text()}"
     if comp.decision == "too few seeds":
@@ -150,11 +151,6 @@ def _by_seed(acc_norm: dict[int, dict[int, float | None]], *sizes: int) -> list[
     return [r for r in rows if all(v is not None for v in r.values())]
 
 
-def _seed_mean(values: dict[int, float | None] | None) -> float | None:
-    finite = [v for v in (values or {}).values() if v is not None]
-    return sum(finite) / len(finite) if finite else None
-
-
 def _analyze(ctx) -> Outcome:
     acc: dict[str, dict[int, dict[int, float | None]]] = {n: {} for n in NORMS}  # [norm][M][seed]
     losses: dict[str, dict[int, dict[int, float | None]]] = {n: {} for n in NORMS}
@@ -163,8 +159,8 @@ def _analyze(ctx) -> Outcome:
         if n in acc and not r.factors.get("nproc"):
             acc[n].setdefault(M, {})[seed] = _accuracy(r)
             losses[n].setdefault(M, {})[seed] = finite_or_none(r.final("test_loss")) if r.status == "finished" else None
-    mean_acc = {n: {M: _seed_mean(v) for M, v in d.items()} for n, d in acc.items()}
-    loss = {n: {M: _seed_mean(v) for M, v in d.items()} for n, d in losses.items()}
+    mean_acc = {n: {M: mean_std(v.values())[0] for M, v in d.items()} for n, d in acc.items()}
+    loss = {n: {M: mean_std(v.values())[0] for M, v in d.items()} for n, d in losses.items()}
     noise = ctx.data.get("normalizer_noise") or {}
     # log₂ M on a linear axis: matplotlib labels the minor ticks of a short log axis unreadably
     x = [math.log2(m) for m in BATCH_SIZES]

@@ -206,9 +206,10 @@ def _table_analyze(table: int):
                          title=f"Peng {spec['target']} as printed ({spec['what']}, 10 trials)")
         fig_curves = _curves(ctx, ctx.figure_path("test_accuracy_curves"), "test_accuracy",
                              f"Test accuracy during training, BN (①) vs CBN (②), mean over seeds ({ctx.preset})")
-        verdict, summary = settled_table_verdict(cells, _cells_at(_arm_runs(ctx), SETTLE_FRACTION), ctx.tiny,
+        arms = _arm_runs(ctx)
+        verdict, summary = settled_table_verdict(cells, _cells_at(arms, SETTLE_FRACTION), ctx.tiny,
                                                  {a: paper_gain(table, a) for a in ACTIVATIONS})
-        summary += settling(_arm_runs(ctx), "test_accuracy")
+        summary += settling(arms, "test_accuracy")
         return Outcome([fig_ours, fig_paper, fig_curves], rows, verdict, summary + _status_note(ctx))
 
     return analyze

@@ -9,7 +9,7 @@ Most layers are, for a fixed batch, an affine map per channel whose coefficients
 statistics: ``y = a(μ_B, σ²_B) · x + b(μ_B, σ²_B)``. The statistics come from ONE overridable method,
 :meth:`ChannelNorm.batch_moments` (the hook for synchronized statistics across processes); the
 per-channel ``a, b`` are built with ordinary autograd on C numbers (a variant is one ``coefficients``
-function), and applied with a single ``addcmul``.
+function), and applied in one pass (:func:`channel_affine`).
 
 Numerics: statistics are two-pass or Welford (never Σx² − (Σx)²/n), accumulated in float32 or better
 whatever the input dtype, so a large mean does not destroy the variance and half-precision
