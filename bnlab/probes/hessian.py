@@ -45,24 +45,38 @@ def hessian_vector_product(ctx: ProbeContext, names: list[str]):
             hv = torch.autograd.grad([g for _, g in live], [p for p, _ in live], outs, retain_graph=True,
                                      allow_unused=True)
         hv_by_id = {id(p): (torch.zeros_like(p) if h is None else h) for (p, _), h in zip(live, hv)}
-        return torch.cat([hv_by_id.get(id(p), torch.zeros_like(p)).reshape(-1) for p in wrt]).double()
+        return torch.cat([hv_by_id.get(id(p), torch.zeros_like(p)).reshape(-1) for p in wrt]).to(v.dtype)
 
     return float(loss.detach()), hvp, sum(sizes)
 
 
-def lanczos_extremes(hvp, dim: int, iters: int, generator: torch.Generator) -> tuple[float, float, int]:
+def work_dtype(device: torch.device | str) -> torch.dtype:
+    """float64 for the Krylov vectors and Hutchinson sums, except where the device has none (MPS)."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
+def _draw(draw, generator: torch.Generator, device: torch.device | str) -> torch.Tensor:
+    """``draw(generator)`` on the generator's device, then moved to ``device`` in :func:`work_dtype`: the
+    same vectors for the same seed on every device, and ``autograd.grad`` gets grad_outputs on the
+    parameters' device (a CPU vector on a CUDA model fails: "expected device cuda:0 but got cpu")."""
+    return draw(generator).to(device=device, dtype=work_dtype(device))
+
+
+def lanczos_extremes(hvp, dim: int, iters: int, generator: torch.Generator,
+                     device: torch.device | str = "cpu") -> tuple[float, float, int]:
     """Largest and smallest Ritz values of the symmetric operator ``hvp`` after ``iters`` Lanczos steps.
 
     Lanczos with full re-orthogonalization (float64) on a Gaussian start vector: the Krylov space
     span{v, Hv, …, H^{k−1}v} contains the power-iteration iterate, so λ_max(T_k) ≥ the power-method
     estimate after k products and converges faster. With k = dim the Ritz values are H's spectrum.
     Stops early when the Krylov space is invariant (β < 1e-10·‖T‖). Returns (λ_max, λ_min, steps).
+    The basis lives on ``device`` (where ``hvp`` takes and returns its vectors: the parameters').
     """
     k = min(iters, dim)
-    basis = torch.zeros(k, dim, dtype=torch.float64)
+    basis = torch.zeros(k, dim, dtype=work_dtype(device), device=device)
     alphas: list[float] = []
     betas: list[float] = []
-    v = torch.randn(dim, generator=generator, dtype=torch.float64)
+    v = _draw(lambda g: torch.randn(dim, generator=g, dtype=torch.float64, device=g.device), generator, device)
     v /= v.norm()
     for j in range(k):
         basis[j] = v
@@ -77,35 +91,41 @@ def lanczos_extremes(hvp, dim: int, iters: int, generator: torch.Generator) -> t
             break
         betas.append(beta)
         v = w / beta
-    t = torch.diag(torch.tensor(alphas, dtype=torch.float64))
+    t = torch.diag(torch.tensor(alphas, dtype=torch.float64, device="cpu"))  # k×k: on the host
     if betas:
-        off = torch.tensor(betas, dtype=torch.float64)
+        off = torch.tensor(betas, dtype=torch.float64, device="cpu")
         t += torch.diag(off, 1) + torch.diag(off, -1)
     ritz = torch.linalg.eigvalsh(t)
     return float(ritz[-1]), float(ritz[0]), len(alphas)
 
 
-def hutchinson_trace(hvp, dim: int, samples: int, generator: torch.Generator) -> tuple[float, float]:
+def hutchinson_trace(hvp, dim: int, samples: int, generator: torch.Generator,
+                     device: torch.device | str = "cpu") -> tuple[float, float]:
     """tr H ≈ (1/s) Σ zᵢᵀHzᵢ with Rademacher zᵢ (Hutchinson 1990): unbiased, E[zzᵀ] = I.
 
-    Returns the mean and its standard error (sample std / √s; NaN for s = 1).
+    The zᵢ are drawn from ``generator`` and moved to ``device`` (the parameters'). Returns the mean and
+    its standard error (sample std / √s; NaN for s = 1).
     """
     values = []
     for _ in range(samples):
-        z = torch.randint(0, 2, (dim,), generator=generator, dtype=torch.float64).mul_(2).sub_(1)
+        z = _draw(lambda g: torch.randint(0, 2, (dim,), generator=g, dtype=torch.float64, device=g.device),
+                  generator, device).mul_(2).sub_(1)
         values.append(float(z @ hvp(z)))
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device="cpu")
     se = float(t.std(correction=1) / math.sqrt(samples)) if samples > 1 else float("nan")
     return float(t.mean()), se
 
 
 def stability_threshold(ctx: ProbeContext) -> float:
-    """2/η for SGD, (2 + 2β)/η with heavy-ball momentum β (Cohen et al. 2021, App. "momentum")."""
+    """2/η for SGD, (2 + 2β)/η with heavy-ball momentum β (Cohen et al. 2021, App. "momentum").
+
+    ``inf`` when η = 0 (a warm-up's first step): a zero step is stable at any curvature.
+    """
     lr = ctx.learning_rate()
     momentum = 0.0
     if isinstance(ctx.optimizer, torch.optim.SGD):
         momentum = float(ctx.optimizer.param_groups[0].get("momentum", 0.0))
-    return (2.0 + 2.0 * momentum) / lr
+    return (2.0 + 2.0 * momentum) / lr if lr != 0 else math.inf
 
 
 @PROBES.register()
@@ -122,7 +142,7 @@ class HessianProbe(Probe):
       its standard error,
     * ``threshold`` = 2/η (SGD) or (2 + 2β)/η (momentum β): gradient descent on a quadratic with
       curvature λ diverges when λ > threshold, so ``top_eigenvalue / threshold`` near 1 is the edge of
-      stability,
+      stability; ``inf`` at η = 0 (warm-up's first steps: no curvature makes a zero step unstable),
     * ``loss``, the loss the Hessian belongs to.
 
     Weight decay is not part of ``loss_fn``: the full objective's Hessian is H + wd·I.
@@ -153,11 +173,12 @@ class HessianProbe(Probe):
         model.train()
         names = [n for n, p in model.named_parameters() if p.requires_grad]
         loss, hvp, dim = hessian_vector_product(ctx, names)
-        generator = torch.Generator().manual_seed(self.seed + int(ctx.step))
-        top, bottom, steps = lanczos_extremes(hvp, dim, self.iters, generator)
+        device = next((p.device for p in model.parameters()), ctx.x.device)
+        generator = torch.Generator().manual_seed(self.seed + int(ctx.step))  # CPU: same draws on any device
+        top, bottom, steps = lanczos_extremes(hvp, dim, self.iters, generator, device)
         out = {"top_eigenvalue": top, "bottom_eigenvalue": bottom, "lanczos_steps": float(steps), "loss": loss}
         if self.samples:
-            out["trace"], out["trace_se"] = hutchinson_trace(hvp, dim, self.samples, generator)
+            out["trace"], out["trace_se"] = hutchinson_trace(hvp, dim, self.samples, generator, device)
         if ctx.optimizer is not None or ctx.lr is not None:
             out["threshold"] = stability_threshold(ctx)
         return out

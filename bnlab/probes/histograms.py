@@ -47,7 +47,6 @@ class HistogramsProbe(Probe):
         outputs = _forward_outputs(ctx, layers)
         rng = np.random.default_rng(self.seed)
         out = {}
-        q = torch.tensor(self.quantiles, dtype=torch.float64)
         for name, _ in layers:
             if name not in outputs:
                 continue
@@ -58,7 +57,8 @@ class HistogramsProbe(Probe):
             for unit in self.chosen[name]:
                 values = rows[unit]
                 tag = f"{name}[{unit}]"
-                for level, value in zip(self.quantiles, torch.quantile(values, q.to(values.device)).tolist()):
+                q = torch.tensor(self.quantiles, dtype=values.dtype, device=values.device)
+                for level, value in zip(self.quantiles, torch.quantile(values, q).tolist()):
                     out[f"q{round(level * 100):02d}/{tag}"] = value
                 out[f"mean/{tag}"] = float(values.mean())
                 out[f"std/{tag}"] = float(values.std(correction=0))

@@ -25,6 +25,7 @@ the same running statistics and layer noise. Two evaluations:
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,8 +73,12 @@ def step_sizes(lr: float, multipliers: tuple[float, float], num: int, spacing: s
         raise ValueError(f"num must be a positive integer, got {num!r}")
     if spacing not in SPACINGS:
         raise ValueError(f"unknown spacing {spacing!r}; valid spacings: {', '.join(SPACINGS)}")
-    grid = torch.linspace(a, b, num, dtype=torch.float64) if spacing == "linear" else torch.logspace(
-        torch.log10(torch.tensor(a)), torch.log10(torch.tensor(b)), num, dtype=torch.float64)
+    # host-side bookkeeping (read with tolist, moved to the parameters' device where used): on the CPU
+    # explicitly, whatever torch's default device is
+    if spacing == "linear":
+        grid = torch.linspace(a, b, num, dtype=torch.float64, device="cpu")
+    else:
+        grid = torch.logspace(math.log10(a), math.log10(b), num, dtype=torch.float64, device="cpu")
     return grid * float(lr)
 
 
@@ -211,7 +216,7 @@ def evaluate_landscape(ctx: ProbeContext, steps: torch.Tensor, method: str = "au
         loss0, g_list = loss_and_grads(ctx, names)
         g_dir = dict(zip(names, g_list))
         eager = (loss0, _flat(g_list))
-    grid = torch.cat([torch.zeros(1, dtype=steps.dtype), steps])
+    grid = torch.cat([torch.zeros(1, dtype=steps.dtype, device=steps.device), steps])
     reason = None
     if method == "batched":
         reason = _unbatchable_reason(model)
@@ -305,13 +310,13 @@ class LandscapeProbe(Probe):
 
 
 def _mismatch(batched: LandscapeResult, naive: LandscapeResult, rtol: float = 1e-3) -> str | None:
-    a = torch.tensor(batched.losses, dtype=torch.float64)
-    b = torch.tensor(naive.losses, dtype=torch.float64)
+    a = torch.tensor(batched.losses, dtype=torch.float64, device="cpu")
+    b = torch.tensor(naive.losses, dtype=torch.float64, device="cpu")
     if not torch.allclose(a, b, rtol=rtol, atol=rtol * 1e-3, equal_nan=True):
         return f"losses {batched.losses} vs {naive.losses}"
     # Gradient changes near s→0 are differences of nearly equal gradients; compare them relative to ‖g‖.
-    c = torch.tensor(batched.grad_changes, dtype=torch.float64)
-    d = torch.tensor(naive.grad_changes, dtype=torch.float64)
+    c = torch.tensor(batched.grad_changes, dtype=torch.float64, device="cpu")
+    d = torch.tensor(naive.grad_changes, dtype=torch.float64, device="cpu")
     scale = max(naive.grad_norm, 1e-12)
     finite = torch.isfinite(c) & torch.isfinite(d)
     too_far = (c - d).abs()[finite] > rtol * scale + rtol * d.abs()[finite]
