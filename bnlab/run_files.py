@@ -7,18 +7,99 @@ re-exports these names.
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import shutil
 from pathlib import Path
 from typing import IO
 
+# A run id names files (``checkpoints/<id>.pt``): letters, digits, ``_``, ``-`` and inner dots only,
+# so no id can climb out of the folder (``../x``), name an absolute path or hide a separator.
+_RUN_ID = re.compile(r"[A-Za-z0-9_-](?:[A-Za-z0-9_.-]{0,126}[A-Za-z0-9_-])?")
+
+
+class RunDirError(OSError):
+    """A run's file cannot be written (disk full, a read-only folder, a lock file this user cannot
+    open); the message names the path and what to do. Nothing already stored is lost."""
+
+
+class DiskFullError(RunDirError):
+    """No space left (or a file size limit) while writing a checkpoint or the store."""
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_FULL_WORDS = ("no space left", "disk is full", "file too large", "unexpected pos", "quota")
+
+
+def disk_full(err: BaseException, path: str | os.PathLike[str], what: str) -> DiskFullError | None:
+    """A :class:`DiskFullError` for ``err`` if it says the disk (or a size limit) is full, else None.
+    torch's zip writer says so only as ``unexpected pos``; SQLite as ``database or disk is full``."""
+    text = str(err).lower()
+    if getattr(err, "errno", None) not in _FULL and not any(w in text for w in _FULL_WORDS):
+        return None
+    folder = Path(path).parent
+    try:
+        free = f"{shutil.disk_usage(folder).free / 2**20:.0f} MiB free there"
+    except OSError:
+        free = "free space unknown"
+    return DiskFullError(
+        f"no space left to write {what} {path} ({free}; or a file size limit, ulimit -f). Nothing stored "
+        f"is lost: the previous checkpoint and the store's committed rows are intact. Free space in "
+        f"{folder} (or use another --runs-dir with a copy of it) and re-run the same command to resume"
+    )
+
+
+class UnsafePathError(ValueError):
+    """A run id (or another name from a store or a file) that would name a path outside its root."""
+
+
+def check_run_id(run_id: object, where: str = "") -> str:
+    """``run_id`` if it is a valid run id, else :class:`UnsafePathError` saying why (and where it
+    came from: ``where``, e.g. the store file)."""
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id) or ".." in run_id:
+        source = f" in {where}" if where else ""
+        raise UnsafePathError(
+            f"invalid run id {run_id!r}{source}: a run id is 1-128 letters, digits, '_', '-' or inner "
+            "'.' (no '..', no path separator), so that its files stay inside the runs dir; "
+            "nothing was read, written or deleted"
+        )
+    return run_id
+
+
+def inside(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+    """``path`` if, resolved (symbolic links followed), it lies inside ``root`` resolved, else
+    :class:`UnsafePathError`: every file named after a run, an entry or an archive member is
+    checked with this before it is read, written or deleted."""
+    base = Path(root).resolve()
+    full = Path(path).resolve()
+    if full != base and base not in full.parents:
+        raise UnsafePathError(f"{path} resolves to {full}, outside {base}; refused")
+    return Path(path)
+
+
+def umask() -> int:
+    """The process umask, read without changing it (Linux ``/proc``); 0o022 where unknown. A file
+    in a shared results folder must be readable as any file this process creates is."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
 
 def checkpoint_path(runs_dir: str | os.PathLike[str], run_id: str) -> Path:
-    return Path(runs_dir) / "checkpoints" / f"{run_id}.pt"
+    """``<runs_dir>/checkpoints/<run_id>.pt``, the id validated and the path confined to the folder."""
+    folder = Path(runs_dir) / "checkpoints"
+    return inside(folder, folder / f"{check_run_id(run_id)}.pt")
 
 
 def lock_path(runs_dir: str | os.PathLike[str], run_id: str) -> Path:
     """The advisory lock file a training process holds while it trains ``run_id``."""
-    return checkpoint_path(runs_dir, run_id).with_suffix(".lock")
+    path = checkpoint_path(runs_dir, run_id).with_suffix(".lock")
+    return inside(path.parent, path)
 
 
 class RunLockedError(RuntimeError):
@@ -41,8 +122,7 @@ class RunLock:
             import fcntl
         except ImportError:  # pragma: no cover - not POSIX: no locking
             return self
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.handle = handle = open(self.path, "a+")
+        self.handle = handle = self._open()
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -52,6 +132,26 @@ class RunLock:
                 f"run {self.path.stem} is being trained by another process (lock {self.path})"
             ) from None
         return self
+
+    def _open(self) -> IO[str]:
+        """The lock file, created if missing; one this user cannot write (another user's, in a shared
+        folder) is locked read-only -- flock needs no write access -- and one it cannot read at all
+        is :class:`RunDirError` naming it."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return open(self.path, "a+")
+        except OSError as err:
+            full = disk_full(err, self.path, "the lock file")
+            if full is not None:
+                raise full from None
+            try:
+                return open(self.path)
+            except OSError:
+                raise RunDirError(
+                    f"cannot open the run's lock file {self.path} ({err.strerror or err}): the runs dir is "
+                    "read-only or the file belongs to another user. Train into another --runs-dir, or "
+                    "remove the file if no process of its owner is training this run"
+                ) from None
 
     def __exit__(self, *exc: object) -> None:
         if self.handle is not None:
@@ -87,7 +187,8 @@ def checkpoint_files(runs_dir: str | os.PathLike[str], run_id: str) -> list[Path
     if not path.parent.is_dir():
         return []
     named = [path, previous_path(path), lock_path(runs_dir, run_id)]
-    return [p for p in named if p.exists()] + orphaned_temporaries(path)
+    found = [p for p in named if p.exists()] + orphaned_temporaries(path)
+    return [inside(path.parent, p) for p in found]  # a symbolic link out of the folder is refused
 
 
 def orphaned_temporaries(path: str | os.PathLike[str]) -> list[Path]:
@@ -99,7 +200,8 @@ def orphaned_temporaries(path: str | os.PathLike[str]) -> list[Path]:
 
 
 def remove_checkpoint_files(runs_dir: str | os.PathLike[str], run_id: str) -> list[Path]:
-    """Delete a run's checkpoint files (``runs delete``); returns what was removed."""
+    """Delete a run's checkpoint files (``runs delete``); returns what was removed. Every path is
+    checked to lie inside ``<runs_dir>/checkpoints`` before anything is deleted."""
     removed = []
     for p in checkpoint_files(runs_dir, run_id):
         try:

@@ -76,9 +76,14 @@ def split_top_level(text: str) -> list[str]:
     return parts
 
 
-def read_value(text: str) -> Any:
+MAX_DEPTH = 32  # brackets nested deeper than this are refused (a 50,000-deep value is an attack)
+
+
+def read_value(text: str, _depth: int = 0) -> Any:
     """A value written without a declared type: bool words, none, int, float (``inf``), a quoted
     string, ``[a, b]`` (list) or ``(a, b)`` (tuple) of such values; anything else is the bare string."""
+    if _depth > MAX_DEPTH:
+        raise ValueError(f"value nested more than {MAX_DEPTH} brackets deep: {text[:40]}...")
     text = text.strip()
     low = text.lower()
     if low in TRUE_WORDS[:3] or low in FALSE_WORDS[:3]:
@@ -89,7 +94,7 @@ def read_value(text: str) -> Any:
         return text[1:-1]
     if len(text) >= 2 and (text[0], text[-1]) in (("[", "]"), ("(", ")")):
         inner = text[1:-1]
-        items = [read_value(p) for p in split_top_level(inner)] if inner.strip() else []
+        items = [read_value(p, _depth + 1) for p in split_top_level(inner)] if inner.strip() else []
         if items and text[0] == "(" and split_top_level(inner)[-1].strip() == "":
             items = items[:-1]  # "(1,)": the trailing comma of a one-element tuple
         return items if text[0] == "[" else tuple(items)
@@ -146,7 +151,9 @@ class Param:
     positive: bool = False
     help: str = ""
     nullable: bool = False  # accepts None / "none"
-    finite: bool = False
+    # a number must be finite unless a parameter says otherwise: eps=inf or 1e400 (which reads as inf)
+    # would be accepted and a run would train at chance, "finished"
+    finite: bool = True
     item: type | None = None
 
     def convert(self, owner: str, key: str, raw: Any, text: bool = False) -> Any:

@@ -27,7 +27,6 @@ in a folder this process cannot write (a shared results folder) opens read-only.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
@@ -36,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from bnlab.jsonsafe import dumps  # strict JSON (a diverged loss is null) for every column and export
-from bnlab.run_files import RunLock, lock_path, remove_checkpoint_files
+from bnlab.run_files import RunLock, disk_full, check_run_id, lock_path, remove_checkpoint_files
+from bnlab.store_integrity import IntegrityMixin, StoreIntegrityError  # noqa: F401 - re-exported
 from bnlab.store_entries import EntriesMixin
 from bnlab.store_metrics import EXPORT_FORMATS, MetricsMixin  # noqa: F401 - EXPORT_FORMATS re-exported
 from bnlab.store_schema import (  # noqa: F401 - re-exported: bnlab.store is the one public module
@@ -48,7 +48,10 @@ from bnlab.store_schema import (  # noqa: F401 - re-exported: bnlab.store is the
     _open_readonly,
     _writable,
     check_schema,
+    create_atomically,
     migrate,
+    refuse_empty,
+    quick_check,
 )
 
 STATUSES = ("running", "finished", "diverged", "failed", "interrupted")
@@ -57,7 +60,7 @@ _BUSY_TIMEOUT_MS = BUSY_TIMEOUT_MS
 _LOCK_RETRIES = 50
 
 
-class Store(MetricsMixin, EntriesMixin):
+class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
     """A run store backed by the SQLite file at ``path``.
 
     ``readonly``: ``None`` (default) opens read-only when the file exists and this process cannot
@@ -74,14 +77,20 @@ class Store(MetricsMixin, EntriesMixin):
         self.readonly = bool(readonly)
         if self.readonly and not self.path.exists():
             raise FileNotFoundError(f"no run store at {self.path}")
+        refuse_empty(self.path)  # a 0-byte file is no store (ours are never created empty)
         try:
+            if not self.readonly and not self.path.exists():
+                self._create()
             self._conn = _open_readonly(self.path) if self.readonly else self._open_writable()
             self._conn.row_factory = sqlite3.Row
+            quick_check(self._conn, self.path)
             self._check_schema()
+            if not self.readonly:  # only once the file is known to be ours: a foreign one is left as it was
+                self._retry(lambda: self._conn.execute("PRAGMA journal_mode=WAL").fetchone())
         except sqlite3.DatabaseError as err:
             self.close()
-            if isinstance(err, sqlite3.OperationalError):  # locked, unable to open: as they are
-                raise
+            if isinstance(err, sqlite3.OperationalError) and "malformed" not in str(err):
+                raise  # locked, unable to open, disk full: as they are (the CLI words them)
             raise StoreCorruptError(
                 f"run store {self.path} is damaged ({err}). Its runs' checkpoints carry their rows: "
                 f"move the file away and re-run each run's config (or `bnlab reproduce`) -- every run "
@@ -91,6 +100,18 @@ class Store(MetricsMixin, EntriesMixin):
             self.close()
             raise
 
+    def _create(self) -> None:
+        """A new store, complete with its tables, or none at all (:func:`create_atomically`)."""
+        try:
+            create_atomically(self.path)
+        except (OSError, sqlite3.OperationalError) as err:
+            full = disk_full(err, self.path, "a new run store")
+            if full is not None:
+                raise full from None
+            why = getattr(err, "strerror", None) or err
+            raise ReadOnlyStoreError(f"cannot create the run store {self.path} ({why}); its folder is "
+                                     "not writable: pass another --runs-dir") from None
+
     def _open_writable(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: we issue BEGIN/COMMIT ourselves so that each write is one
@@ -98,7 +119,6 @@ class Store(MetricsMixin, EntriesMixin):
         conn = sqlite3.connect(str(self.path), timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         self._conn = conn
         conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
-        self._retry(lambda: conn.execute("PRAGMA journal_mode=WAL").fetchone())
         # FULL: a commit is on disk (WAL fsynced) before it returns, so a crash -- of the
         # process or of the machine -- never loses a row the trainer believes stored.
         conn.execute("PRAGMA synchronous=FULL")
@@ -147,13 +167,23 @@ class Store(MetricsMixin, EntriesMixin):
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 result = fn(self._conn)
+                self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
                 raise
-            self._conn.execute("COMMIT")
             return result
 
-        return self._retry(attempt)
+        try:
+            return self._retry(attempt)
+        except sqlite3.OperationalError as err:
+            full = disk_full(err, self.path, "the run store")
+            if full is not None:
+                raise full from None
+            if "readonly" in str(err):
+                raise ReadOnlyStoreError(f"run store {self.path} cannot be written ({err}); train into "
+                                         "another --runs-dir") from None
+            raise
 
     # -- runs ----------------------------------------------------------------------------------
 
@@ -169,6 +199,7 @@ class Store(MetricsMixin, EntriesMixin):
         """Insert a run; if a run with this id already exists it is left untouched. Returns the id."""
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}; valid: {', '.join(STATUSES)}")
+        check_run_id(run_id)
         now = time.time()
         self._write(
             lambda c: c.execute(
@@ -196,11 +227,16 @@ class Store(MetricsMixin, EntriesMixin):
         error: str | None = None,
         summary: Mapping[str, Any] | None = None,
         env: Mapping[str, Any] | None = None,
+        rows: list[tuple[int, str, float | None]] | None = None,
     ) -> None:
         """Update a run's status (and optionally its step count, error text, summary, env).
 
         ``finished`` time is set when the status is terminal (finished/diverged/failed/interrupted)
-        and cleared when a run goes back to ``running`` (a resumed run).
+        and cleared when a run goes back to ``running`` (a resumed run). An ended run
+        (``finished``/``diverged``) is sealed in the same transaction (:mod:`bnlab.store_integrity`):
+        with ``rows`` -- the rows the trainer kept in memory -- the stored rows are first made equal
+        to them (re-created if the store lost any), and a store that still does not hold them is
+        :class:`StoreIntegrityError`; without, the rows as stored are sealed.
         """
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}; valid: {', '.join(STATUSES)}")
@@ -210,9 +246,6 @@ class Store(MetricsMixin, EntriesMixin):
         if steps is not None:
             sets.append("steps = ?")
             args.append(int(steps))
-        if summary is not None:
-            sets.append("summary = ?")
-            args.append(dumps(dict(summary), sort_keys=True))
         if env is not None:
             sets.append("env = ?")
             args.append(dumps(dict(env), sort_keys=True))
@@ -222,6 +255,7 @@ class Store(MetricsMixin, EntriesMixin):
             cur = c.execute(f"UPDATE runs SET {', '.join(sets)} WHERE id = ?", args)
             if cur.rowcount == 0:
                 raise KeyError(f"no run with id {run_id!r} in {self.path}")
+            self._set_summary(c, run_id, status, summary, rows)
 
         self._write(update)
 
@@ -233,8 +267,13 @@ class Store(MetricsMixin, EntriesMixin):
             )
         )
 
-    def get_run(self, run_id: str) -> dict[str, Any] | None:
-        """The run as a dict (JSON columns decoded), or None. A unique id prefix is accepted."""
+    def get_run(self, run_id: str, *, verify: bool = True) -> dict[str, Any] | None:
+        """The run as a dict (JSON columns decoded), or None. A unique id prefix is accepted.
+
+        ``verify``: an ended run is checked against its seal and a damaged record (changed config,
+        summary or rows; undecodable JSON; an invalid id) is :class:`StoreIntegrityError` naming
+        the run, this file and the recovery. ``verify=False`` returns what is there (``problem``
+        then says what is wrong, or is None): ``runs delete`` must reach a damaged run."""
         rows = self._conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchall()
         if not rows:
             rows = self._conn.execute(
@@ -243,10 +282,17 @@ class Store(MetricsMixin, EntriesMixin):
             ).fetchall()
             if len(rows) > 1:
                 raise ValueError(f"run id prefix {run_id!r} is ambiguous; give more characters")
-        return self._decode(rows[0]) if rows else None
+        if not rows:
+            return None
+        run = self._checked(rows[0])
+        if verify and run["problem"]:
+            raise StoreIntegrityError(run["problem"])
+        return run
 
     def list_runs(self, *, status: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-        """Runs, newest first, optionally only those with ``status``."""
+        """Runs, newest first, optionally only those with ``status``. Each is verified as by
+        :meth:`get_run`; a damaged one is listed with ``problem`` set (one bad row never hides
+        the others)."""
         query = "SELECT * FROM runs"
         args: list[Any] = []
         if status is not None:
@@ -258,14 +304,7 @@ class Store(MetricsMixin, EntriesMixin):
         if limit is not None:
             query += " LIMIT ?"
             args.append(int(limit))
-        return [self._decode(r) for r in self._conn.execute(query, args).fetchall()]
-
-    @staticmethod
-    def _decode(row: sqlite3.Row) -> dict[str, Any]:
-        out = dict(row)
-        for key in ("config", "env", "summary"):
-            out[key] = json.loads(out[key]) if out.get(key) else ({} if key != "summary" else None)
-        return out
+        return [self._checked(r) for r in self._conn.execute(query, args).fetchall()]
 
     def delete_run(self, run_id: str, *, checkpoints: bool = True) -> dict[str, Any]:
         """Remove a run: its row, its metric rows and (``checkpoints``) its checkpoint files.
@@ -275,6 +314,7 @@ class Store(MetricsMixin, EntriesMixin):
         that is not stored is ``KeyError``.
         """
         runs_dir = self.path.parent
+        check_run_id(run_id, str(self.path))  # its files are named after it: never outside the folder
         if self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
             raise KeyError(f"no run with id {run_id!r} in {self.path}")
         # hold the run's lock while deleting, so a trainer cannot start (or be) in the middle

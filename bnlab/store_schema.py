@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import tempfile
 import urllib.parse
 from pathlib import Path
+
+from bnlab.run_files import RunDirError, umask
 
 #: Version of the layout below, stored in ``PRAGMA user_version``.
 SCHEMA_VERSION = 1
@@ -71,8 +74,98 @@ class StoreCorruptError(ValueError):
     """The store file is not a readable SQLite database (garbled, truncated, not a database)."""
 
 
-class ReadOnlyStoreError(PermissionError):
+class ReadOnlyStoreError(RunDirError, PermissionError):
     """A write was attempted on a store opened read-only."""
+
+
+def refuse_empty(path: Path) -> None:
+    """A 0-byte file where the store should be is no store (bnlab creates its stores complete,
+    :func:`create_atomically`): refused, never filled with our tables."""
+    try:
+        empty = path.stat().st_size == 0
+    except OSError:
+        return
+    if empty:
+        raise StoreCorruptError(
+            f"run store {path} is an empty (0-byte) file, not a bnlab run store (a copy cut short, or "
+            "a file created by something else); move it away to start a new store there, or pass "
+            "another --runs-dir"
+        )
+
+
+def create_atomically(path: Path) -> None:
+    """A new store, complete with its tables and version, appears at ``path`` in one step (built
+    beside it, then hard-linked into place; a store another process created meanwhile is kept)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)
+    os.close(fd)
+    try:
+        conn = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            conn.executescript(TABLES)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            conn.execute("PRAGMA journal_mode=WAL").fetchone()
+        finally:
+            conn.close()
+        os.chmod(tmp, 0o666 & ~umask())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process created it first: theirs is complete too
+        except OSError:  # a file system without hard links
+            if not path.exists():
+                os.replace(tmp, path)
+    finally:
+        for leftover in (tmp, f"{tmp}-wal", f"{tmp}-shm"):
+            try:
+                os.unlink(leftover)
+            except FileNotFoundError:
+                pass
+
+
+def quick_check(conn: sqlite3.Connection, path: Path) -> None:
+    """``PRAGMA quick_check`` at open: a damaged page or index is :class:`StoreCorruptError` naming
+    the file, before any query misreads it."""
+    found = [r[0] for r in conn.execute("PRAGMA quick_check(5)").fetchall()]
+    if found != ["ok"]:
+        raise sqlite3.DatabaseError(f"quick_check: {'; '.join(found)[:300]}")
+
+
+def _expected_columns() -> dict[str, dict[str, tuple]]:
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.executescript(TABLES)
+        return {t: {r[1]: (r[2].upper(), r[3], r[5]) for r in mem.execute(f"PRAGMA table_info({t})")}
+                for t in tables(mem)}
+    finally:
+        mem.close()
+
+
+def check_content(conn: sqlite3.Connection, path: Path) -> None:
+    """The layout by content, not only ``user_version``: our tables with our columns (same names,
+    types and keys; no NOT NULL we do not write), and no trigger or view bnlab did not create
+    (a trigger could swallow inserts)."""
+    extra = conn.execute("SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view')").fetchall()
+    problems = [f"a {kind} {name!r} bnlab did not create" for kind, name in extra]
+    found = {t: {r[1]: (str(r[2]).upper(), r[3], r[5]) for r in conn.execute(f"PRAGMA table_info({t})")}
+             for t in tables(conn)}
+    for table, columns_ in _expected_columns().items():
+        have = found.get(table)
+        if have is None:
+            continue  # a missing table is re-created by migrate (a writable store)
+        if set(have) != set(columns_):
+            odd = sorted(set(have) ^ set(columns_))
+            problems.append(f"table {table} has other columns ({', '.join(odd)})")
+            continue
+        for name, (kind, notnull, pk) in columns_.items():
+            if have[name][0] != kind or have[name][2] != pk or (have[name][1] and not notnull):
+                problems.append(f"column {table}.{name} is declared differently")
+    if problems:
+        raise StoreVersionError(
+            f"run store {path} has schema version {SCHEMA_VERSION} but not its layout: "
+            f"{'; '.join(problems[:3])}. It was altered by something other than bnlab; copy the runs "
+            "you need elsewhere, or use another --runs-dir"
+        )
 
 
 def tables(conn: sqlite3.Connection) -> set[str]:
@@ -91,9 +184,21 @@ def check_schema(conn: sqlite3.Connection, path: Path, *, readonly: bool) -> boo
             f"run store {path} has schema version {version}, newer than this bnlab reads "
             f"(up to {SCHEMA_VERSION}); upgrade bnlab, or use another --runs-dir"
         )
-    if version == SCHEMA_VERSION and (readonly or set(REQUIRED) <= tables(conn)):
-        return False
+    if version == SCHEMA_VERSION:
+        check_content(conn, path)
+        missing = set(REQUIRED) - tables(conn)
+        if missing and readonly:
+            raise StoreVersionError(
+                f"run store {path} lacks table {', '.join(sorted(missing))} (dropped?); open it from a "
+                "writable folder to re-create it, then re-run the runs' configs to re-create their rows"
+            )
+        return bool(missing) and not readonly
     found = columns(conn)
+    if not found or "runs" not in found:
+        raise StoreVersionError(
+            f"{path} is not a bnlab run store (tables: {', '.join(sorted(found)) or 'none'}); bnlab adds "
+            "nothing to a database it did not create -- pass another --runs-dir"
+        )
     # a store of an earlier bnlab (or one missing a table): ours only if the columns it has are
     for table, needed in REQUIRED.items():
         lacking = [c for c in needed if table in found and c not in found[table]]

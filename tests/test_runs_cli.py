@@ -47,7 +47,7 @@ def test_list_shows_full_specs_entry_date_and_live_steps(runs_dir):
     lines = result.stdout.splitlines()
     header = lines[0].split()
     assert header == ["id", "status", "steps", "date", "model", "norm", "activation", "seed", "data", "lr",
-                      "test_acc", "train_loss", "entry"]
+                      "nproc", "test_acc", "train_loss", "entry"]
     row = next(line for line in lines if line.startswith("aaa111"))
     assert LONG_NORM in row and "relu" in row and "peng-fig2/smoke:cbn" in row
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", row)

@@ -50,7 +50,10 @@ def test_bool_param_takes_yaml_booleans_and_rejects_the_rest():
 
 
 def test_typed_params_coerce_and_check_constraints():
-    assert Param(1.0, float).convert("p", "x", "inf", text=True) == math.inf
+    assert Param(1.0, float, finite=False).convert("p", "x", "inf", text=True) == math.inf  # where declared
+    for hostile in ("inf", "1e400", "1" * 100_000, "nan"):  # numbers are finite by default (issue 21)
+        with pytest.raises(ValueError, match="finite"):
+            Param(1.0, float).convert("p", "x", hostile, text=True)
     assert Param(1.0, float).convert("p", "x", 2) == 2.0 and isinstance(Param(1.0, float).convert("p", "x", 2), float)
     assert Param(1, int).convert("p", "n", " 7 ", text=True) == 7
     with pytest.raises(ValueError, match="expected an integer"):

@@ -11,7 +11,8 @@ import sqlite3
 import pytest
 import torch
 
-from bnlab.store import SCHEMA_VERSION, ReadOnlyStoreError, Store, StoreVersionError
+from bnlab.callbacks import Callback
+from bnlab.store import SCHEMA_VERSION, ReadOnlyStoreError, Store, StoreIntegrityError, StoreVersionError
 from bnlab.train.checkpoint import (
     CheckpointCorruptError,
     checkpoint_path,
@@ -227,7 +228,10 @@ def test_running_runs_show_progress_as_rows_are_flushed(tmp_path):
         assert store.get_run("r1")["steps"] == 7
         store.set_status("r1", "finished", steps=10)
         store.log_rows("r1", [(12, "a", 1.0)])  # a finished run's step count is its own
-        assert store.get_run("r1")["steps"] == 10
+        assert store.get_run("r1", verify=False)["steps"] == 10
+        # ... and a row added after its end breaks its seal: read as damaged, never as truth
+        with pytest.raises(StoreIntegrityError, match="metric rows number 4, 3 were sealed"):
+            store.get_run("r1")
 
 
 # -- end to end: a resumed run with a damaged store or checkpoint ------------------------------------
@@ -236,16 +240,16 @@ E2E = dict(model="mlp", data="digits", steps=12, lr=0.05, batch_size=200, seed=3
            log_every=1, model_options={"width": 16})
 
 
-class FailOnceAt:
+class FailOnceAt(Callback):
     """Raises at a step the first time (an interrupted attempt that left a checkpoint)."""
 
     name = "FailOnceAt"
 
     def __init__(self, step):
-        self.step, self.fired = step, False
+        self.at, self.fired = step, False
 
-    def on_step_end(self, trainer, step, metrics):
-        if step == self.step and not self.fired:
+    def on_train_batch_end(self, loop):
+        if loop.step == self.at and not self.fired:
             self.fired = True
             raise RuntimeError("crash")
 

@@ -27,8 +27,9 @@ import torch
 
 from bnlab.run_files import (  # noqa: F401  (re-exported: the run's files and lock, below bnlab.train)
     RunLock, RunLockedError, checkpoint_files, checkpoint_path, is_locked, lock_path, orphaned_temporaries,
-    previous_path, remove_checkpoint_files,
+    disk_full, previous_path, remove_checkpoint_files, umask,
 )
+from bnlab.store import Store, StoreIntegrityError
 
 FORMAT = 2  # 2: with "checksum"; 1: an earlier bnlab's, loaded unverified with a warning
 _READABLE_FORMATS = (1, 2)
@@ -52,7 +53,7 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None
     try:
         # mkstemp makes the file private (0600); a checkpoint in a shared results folder must be
         # readable as any file this process creates is (0666 less the umask)
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "wb") as handle:
             torch.save(payload, handle)
             handle.flush()
@@ -61,23 +62,15 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None
             _keep_previous(path)
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as err:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        full = disk_full(err, path, "checkpoint") if isinstance(err, (OSError, RuntimeError)) else None
+        if full is not None:  # torch's zip writer says only "unexpected pos": say what happened
+            raise full from None
         raise
-
-
-def _umask() -> int:
-    """The process umask, read without changing it (Linux ``/proc``); 0o022 where unknown."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
 
 
 def _keep_previous(path: Path) -> None:
@@ -165,6 +158,11 @@ def load_checkpoint(
             f"checkpoint {path} has format {found!r}; this bnlab reads {_READABLE_FORMATS}. "
             + _recovery(path)
         )
+    if state["format"] == 1 and "checksum" in state:
+        # format 1 never had a checksum: this is a later checkpoint relabelled to skip verification
+        raise CheckpointCorruptError(
+            f"checkpoint {path} says format 1 (unverified) but carries a checksum, as only format 2 does: "
+            "its format was changed; nothing was loaded. " + _recovery(path))
     if state["format"] == 1:
         warnings.warn(f"checkpoint {path} was written by an earlier bnlab without a checksum; "
                       "loaded unverified", stacklevel=2)
@@ -229,3 +227,25 @@ def unpack_rows(packed: dict[str, Any] | None) -> list[tuple[int, str, float | N
         (s, names[i], None if v != v else v)
         for s, i, v in zip(packed["steps"].tolist(), packed["name_index"].tolist(), packed["values"].tolist())
     ]
+
+
+def repair_from_checkpoint(store: Store, runs_dir: str | os.PathLike[str], run_id: str) -> dict[str, Any]:
+    """Re-create a finished run's config, summary and metric rows in ``store`` from its final
+    checkpoint (which keeps its own copy of the rows, written from the trainer's memory) and seal
+    them; returns the verified record. :class:`StoreIntegrityError` if there is no such checkpoint."""
+    path = checkpoint_path(runs_dir, run_id)
+    ckpt = load_checkpoint(path, map_location="cpu")  # verified against its checksum
+    final = ckpt.get("final_summary") if ckpt is not None else None
+    rows = unpack_rows(ckpt.get("store_rows")) if ckpt is not None else None
+    if ckpt is None or ckpt.get("run_id") != run_id or not final or final.get("status") != "finished" \
+            or rows is None:
+        why = "there is none" if ckpt is None else "it is not the final checkpoint of this finished run"
+        raise StoreIntegrityError(
+            f"run {run_id} cannot be rebuilt from its final checkpoint {path}: {why}. "
+            f"Recovery: `bnlab runs delete {run_id} --runs-dir {runs_dir}` and train it again")
+    summary = {"metrics": final.get("metrics") or {}, "scale_invariant": ckpt.get("scale_invariant") or {},
+               "checkpoint": str(path)}
+    store.restore_run(run_id, ckpt["config"], summary, rows, steps=int(ckpt["step"]))
+    row = store.get_run(run_id)
+    assert row is not None
+    return row

@@ -130,6 +130,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         values = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ValueError(f"config file {path} is not valid YAML: {err}") from None
+    except RecursionError:  # the parser recurses per level: a hostile file nests 50,000 deep
+        raise ValueError(f"config file {path} nests too deep to be a config") from None
+    except ValueError as err:  # an integer of more digits than Python converts (a 100,000-digit number)
+        raise ValueError(f"config file {path}: {err}") from None
     if values is None:
         return {}
     if not isinstance(values, dict):
@@ -174,8 +178,8 @@ def validate_static(config: TrainConfig, *, check_model: bool = True) -> TrainCo
     _positive_int("epochs", c.epochs)
     _positive_int("steps", c.steps)
     _check_optimization(c)
-    if isinstance(c.seed, bool) or not isinstance(c.seed, int) or c.seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}")
+    if isinstance(c.seed, bool) or not isinstance(c.seed, int) or not 0 <= c.seed < 2**63:
+        raise ValueError(f"seed must be an integer in [0, 2**63), got {c.seed!r}")
     _positive_int("checkpoint_every", c.checkpoint_every)
     _positive_int("eval_every", c.eval_every)
     _positive_int("log_every", c.log_every)

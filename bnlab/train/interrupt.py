@@ -1,9 +1,14 @@
-"""Ctrl-C at a step boundary: the first SIGINT asks the run to stop, the step in flight completes.
+"""Ctrl-C and SIGTERM at a step boundary: the first signal asks the run to stop, the step in flight
+completes, a checkpoint is written, and the run ends ``interrupted``.
 
 A ``KeyboardInterrupt`` raised wherever the signal lands can cut a store write or a checkpoint in two,
 and the run's last record is then whatever state that write left. Deferring it to the next step
-boundary (as Lightning does for SIGTERM) makes an interrupted run always end with its rows flushed and
-its status ``interrupted``. A second Ctrl-C raises at once, for a step that hangs.
+boundary (as Lightning does for SIGTERM) makes an interrupted run always end with its rows flushed, a
+checkpoint at that step and its status ``interrupted``. SIGTERM -- what ``timeout``, ``kill`` and
+schedulers (Slurm, Kubernetes) send -- is handled exactly like Ctrl-C. A second signal raises at once,
+for a step that hangs; after that, and while the run records how it ended (:meth:`hold`), further
+signals are counted and ignored, so a third Ctrl-C cannot cut the ending short. The signal that
+stopped the run is kept (:attr:`signum`): the CLI exits with ``128 + signum`` as a shell does.
 """
 
 from __future__ import annotations
@@ -12,40 +17,60 @@ import signal
 import threading
 from types import FrameType
 
+# the signals deferred, each only where Python's default handler is installed (a user's is left alone)
+_DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+
 
 class DeferredInterrupt:
-    """Context manager: while active, the first SIGINT sets :attr:`requested` instead of raising.
+    """Context manager: while active, the first SIGINT or SIGTERM sets :attr:`requested` instead of
+    raising; the second raises ``KeyboardInterrupt``; later ones are ignored.
 
-    Only installed when ``enabled``, from the main thread, and only over Python's default SIGINT
-    handler (a handler the user or a framework set is left alone); otherwise it does nothing and
-    Ctrl-C raises as usual. Data-parallel ranks don't defer: each would stop at a different step and
-    leave the others waiting in a collective.
+    Only installed when ``enabled``, from the main thread, and per signal only over its default
+    handler; otherwise it does nothing and Ctrl-C raises as usual. Data-parallel ranks don't defer:
+    each would stop at a different step and leave the others waiting in a collective.
     """
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self.requested = False
-        self._previous: object = None
-        self._installed = False
+        self.signum: int | None = None  # the first signal received
+        self.count = 0
+        self.held = False
+        self._previous: dict[int, object] = {}
+        self._depth = 0  # re-entered by the engine inside the loop's own `with` (one installation)
 
     def __enter__(self) -> DeferredInterrupt:
-        if (self.enabled and threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-            self._installed = True
+        self._depth += 1
+        if self._depth == 1 and self.enabled and threading.current_thread() is threading.main_thread():
+            for signum, default in _DEFAULTS.items():
+                if signal.getsignal(signum) is default:
+                    self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._installed:
-            signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
-            self._installed = False
+        self._depth -= 1
+        if self._depth:
+            return
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)  # type: ignore[arg-type]
+        self._previous = {}
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._previous)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested:  # the second Ctrl-C: stop now
+        self.count += 1
+        if not self.requested:
+            self.requested, self.signum = True, signum
+        elif self.count == 2 and not self.held:  # the second signal: stop now (a hung step)
             raise KeyboardInterrupt
-        self.requested = True
+
+    def hold(self) -> None:
+        """From now on signals are only counted: the run is recording how it ended."""
+        self.held = True
 
     def raise_if_requested(self) -> None:
-        """At a step boundary: turn a pending Ctrl-C into the ``KeyboardInterrupt`` the run handles."""
+        """At a step boundary: turn a pending signal into the ``KeyboardInterrupt`` the run handles."""
         if self.requested:
             raise KeyboardInterrupt

@@ -6,18 +6,21 @@ write is opened read-only, so a shared results folder can be listed, shown, expo
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fnmatch
+import sqlite3
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
 from bnlab.plots import panels
-from bnlab.run_files import RunLockedError, is_locked
+from bnlab.run_files import RunDirError, RunLockedError, check_run_id, is_locked
 from bnlab.spec import read_pairs
-from bnlab.store import STATUSES, ReadOnlyStoreError, Store, dumps
-from bnlab.train.cli_common import EXIT_FAILED, _fail, _fmt
+from bnlab.store import STATUSES, ReadOnlyStoreError, Store, StoreIntegrityError, dumps
+from bnlab.train.checkpoint import repair_from_checkpoint
+from bnlab.train.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, _fail, _fmt
 
 runs_app = typer.Typer(help="The recorded runs: list, show, export, delete, plot.", no_args_is_help=True)
 
@@ -26,7 +29,7 @@ PLOT_FORMATS = (".png", ".svg")
 LIST_COLUMNS = (
     ("id", "id"), ("status", "status"), ("steps", "steps"), ("date", "date"), ("model", "model"),
     ("norm", "norm"), ("activation", "activation"), ("seed", "seed"), ("data", "data"), ("lr", "lr"),
-    ("test_accuracy", "test_acc"), ("train_loss", "train_loss"), ("entry", "entry"),
+    ("nproc", "nproc"), ("test_accuracy", "test_acc"), ("train_loss", "train_loss"), ("entry", "entry"),
 )
 
 
@@ -38,13 +41,26 @@ def _open_store(runs_dir: str):
         return Store(path)
     except ValueError as err:  # StoreVersionError, StoreCorruptError: the message says what to do
         _fail(str(err))
+    except (sqlite3.Error, OSError) as err:  # locked for a minute, unreadable: one line, no traceback
+        _fail(f"cannot open the run store {path}: {err}", EXIT_FAILED)
 
 
-def _get(store, run_id: str) -> dict[str, Any]:
+@contextlib.contextmanager
+def _reading(store):
+    """A query that meets damage the open's quick check missed: one line naming the file."""
     try:
-        row = store.get_run(run_id)
-    except ValueError as err:
-        _fail(str(err))
+        yield
+    except sqlite3.DatabaseError as err:
+        _fail(f"run store {store.path} is damaged ({err}); move it away and re-run the runs' configs "
+              "(each run is rebuilt from its checkpoint)", EXIT_FAILED)
+
+
+def _get(store, run_id: str, *, verify: bool = True) -> dict[str, Any]:
+    try:
+        with _reading(store):
+            row = store.get_run(run_id, verify=verify)
+    except ValueError as err:  # ambiguous prefix; a damaged record (StoreIntegrityError): what and how
+        _fail(str(err), EXIT_FAILED if isinstance(err, StoreIntegrityError) else EXIT_BAD_INPUT)
     if row is None:
         _fail(f"no run {run_id!r} in {store.path}; `bnlab runs list` shows the ids")
     return row
@@ -53,9 +69,10 @@ def _get(store, run_id: str) -> dict[str, Any]:
 def _live_status(row: dict[str, Any], runs_dir: Path) -> str:
     """``running`` only while a process holds the run's lock; a run whose process died (killed,
     machine lost) without recording an end is ``stopped``: re-running its config resumes it."""
+    if row.get("problem"):
+        return "damaged"
     if row["status"] != "running":
         return row["status"]
-
     return "stopped" if is_locked(runs_dir, row["id"]) is False else "running"
 
 
@@ -74,6 +91,7 @@ def brief(row: dict[str, Any], entries: dict[str, str], runs_dir: Path) -> dict[
         "seed": cfg.get("seed"),
         "data": cfg.get("data"),
         "lr": cfg.get("lr"),
+        "nproc": cfg.get("nproc") or 1,  # processes sharing each batch (--nproc)
         "test_accuracy": metrics.get("test_accuracy"),
         "train_loss": metrics.get("train_loss"),
         "entry": entries.get(row["id"]),
@@ -138,15 +156,19 @@ def runs_list(
     try:
         filters = read_pairs(where, "--where")
         if status is not None:
-            if status not in (*STATUSES, "stopped"):
-                raise ValueError(f"unknown status {status!r}; valid: {', '.join((*STATUSES, 'stopped'))}")
+            if status not in (*STATUSES, "stopped", "damaged"):
+                raise ValueError(f"unknown status {status!r}; valid: {', '.join((*STATUSES, 'stopped', 'damaged'))}")
             filters["status"] = status
-        rows = store.list_runs()
-        entries = store.entry_of_runs()
+        with _reading(store):
+            rows = store.list_runs()
+            entries = store.entry_of_runs()
     except ValueError as err:
         _fail(str(err))
     finally:
         store.close()
+    for r in rows:  # listed as damaged, never hidden; what and how to recover on stderr
+        if r.get("problem"):
+            typer.echo(f"warning: {r['problem']}", err=True)
     items = [brief(r, entries, Path(runs_dir)) for r in rows]
     known = _where_keys(items)
     unknown = [k for k in filters if k.split(".")[0] not in known]
@@ -158,7 +180,7 @@ def runs_list(
         return
     table = [[h for _, h in LIST_COLUMNS]] + [[_fmt(i[k]) for k, _ in LIST_COLUMNS] for i in items]
     widths = [max(len(r[c]) for r in table) for c in range(len(LIST_COLUMNS))]
-    numeric = {"steps", "seed", "lr", "test_acc", "train_loss"}
+    numeric = {"steps", "seed", "lr", "nproc", "test_acc", "train_loss"}
     for r in table:
         cells = [cell.rjust(w) if table[0][c] in numeric else cell.ljust(w)
                  for c, (cell, w) in enumerate(zip(r, widths))]
@@ -175,8 +197,9 @@ def runs_show(
 
     store = _open_store(runs_dir)
     row = _get(store, run_id)
-    series = store.metrics(row["id"])
-    row["entry"] = store.entry_of_runs().get(row["id"])
+    with _reading(store):
+        series = store.metrics(row["id"])
+        row["entry"] = store.entry_of_runs().get(row["id"])
     store.close()
     row["series"] = {
         name: {"points": len(rows), "last_step": rows[-1][0], "last": rows[-1][1]} for name, rows in series.items()
@@ -215,7 +238,8 @@ def runs_export(
     store = _open_store(runs_dir)
     row = _get(store, run_id)
     try:
-        text = store.export(row["id"], fmt)
+        with _reading(store):
+            text = store.export(row["id"], fmt)
     except ValueError as err:
         _fail(str(err))
     finally:
@@ -235,15 +259,45 @@ def runs_delete(
 
     store = _open_store(runs_dir)
     try:
-        ids = [_get(store, r)["id"] for r in run_ids]  # all resolved before anything is deleted
+        # all resolved (and their ids checked) before anything is deleted; a damaged run can be deleted
+        ids = [_get(store, r, verify=False)["id"] for r in run_ids]
+        for bad in ids:
+            try:
+                check_run_id(bad, str(store.path))
+            except ValueError as err:
+                _fail(str(err))
         for run_id in dict.fromkeys(ids):
             try:
                 done = store.delete_run(run_id)
-            except RunLockedError as err:
-                _fail(str(err), EXIT_FAILED)
             except ReadOnlyStoreError as err:
                 _fail(str(err))
+            except (RunLockedError, RunDirError) as err:  # RunDirError: disk full, a foreign lock file
+                _fail(str(err), EXIT_FAILED)
             typer.echo(f"deleted {run_id}: {done['metrics']} metric rows, {len(done['files'])} checkpoint files")
+    finally:
+        store.close()
+
+
+@runs_app.command("repair")
+def runs_repair(
+    run_ids: list[str] = typer.Argument(..., help="Run ids (unique prefixes are enough)."),
+    runs_dir: str = typer.Option("runs", "--runs-dir", help="Folder of the run store."),
+) -> None:
+    """Re-create damaged finished runs' config, final metrics and metric rows from their final checkpoints."""
+    store = _open_store(runs_dir)
+    try:
+        for given in run_ids:
+            row = _get(store, given, verify=False)
+            if not row.get("problem"):
+                typer.echo(f"{row['id']}: intact, nothing to repair")
+                continue
+            try:
+                with _reading(store):
+                    fixed = repair_from_checkpoint(store, runs_dir, row["id"])
+            except (ValueError, RunDirError) as err:
+                _fail(str(err), EXIT_FAILED)
+            typer.echo(f"repaired {fixed['id']}: config, summary and {fixed['seal']['rows_count']} metric rows "
+                       "from its final checkpoint")
     finally:
         store.close()
 
@@ -265,7 +319,8 @@ def runs_plot(
     try:
         for given in run_ids:
             row = _get(store, given)
-            rows = store.metrics(row["id"], [metric]).get(metric)
+            with _reading(store):
+                rows = store.metrics(row["id"], [metric]).get(metric)
             if not rows:
                 names = store.metric_names(row["id"])
                 _fail(f"run {row['id']} has no series {metric!r}; it has: {', '.join(names) or 'none'}")
