@@ -28,6 +28,7 @@ from bnlab.store import Store
 from bnlab.train.callbacks import LEGACY_HOOKS, CallbackList, StepContext
 from bnlab.train.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint, unpack_rows
 from bnlab.train.divergence import Divergence, check_state, scan_losses, state_tensors
+from bnlab.train.health import check_final, check_variances, variance_buffers
 from bnlab.train.interrupt import DeferredInterrupt
 from bnlab.train.optim import Projection, build_optimizer, find_scale_invariant, set_lr_factor
 from bnlab.train.prepare import Prepared, derive_seed
@@ -81,6 +82,8 @@ class Trainer:
         self.buffer: list[tuple[int, str, float]] = []  # rows read back, not yet in the store
         self.last_flush = time.monotonic()
         self.rows_recreated: list[int] = []  # steps whose rows a resume re-created in the store
+        # every row written: checkpoints carry these, the end seals them (never read back)
+        self.rows_kept: list[tuple[int, str, float | None]] = []
         self.pending: list[tuple[int, str, Any, float]] = []  # (step, name, value, divisor)
         # per step since the last read: loss and (classification) correct count on the device,
         # batch size on the host; read in one transfer each, then summed on the host
@@ -100,6 +103,7 @@ class Trainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.projection: Projection | None = None
         self.final: dict[str, Any] | None = None
+        self.interrupt = DeferredInterrupt(enabled=self.defer_interrupts)
         self._build_module_lists()
 
     # -- module lists, built once ----------------------------------------------------------------
@@ -111,6 +115,7 @@ class Trainer:
         # regularization_loss is 0.0 (a float) when no layer has a regularizer: skip it per step
         self.regularizer = regularization_loss if torch.is_tensor(regularization_loss(self.model)) else None
         self.state_tensors = state_tensors(self.model)
+        self.variances = variance_buffers(self.model)
         self.noise_layers = []
         for name, module in self.model.named_modules():
             if hasattr(module, "generator_for"):
@@ -165,6 +170,7 @@ class Trainer:
         if self.buffer:
             rows, self.buffer = self.buffer, []
             self.store.log_rows(self.run_id, rows)
+            self.rows_kept.extend(rows)
 
     # -- divergence ------------------------------------------------------------------------------
 
@@ -176,6 +182,7 @@ class Trainer:
         for first, losses in unscanned:
             scan_losses(losses, first, self.start_loss, self.config.divergence_factor)
         check_state(self.state_tensors, self.step, self.last_loss)
+        check_variances(self.variances, self.step, self.last_loss)
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -220,6 +227,9 @@ class Trainer:
         if self._ckpt:
             expected = unpack_rows(self._ckpt.get("store_rows"))
             self.rows_recreated = self.store.check_rows_up_to(self.run_id, self._ckpt["step"], expected)
+            # (a checkpoint of an earlier bnlab carries no rows: then the store's are all there is)
+            self.rows_kept = expected if expected is not None else self.store.sync_rows(
+                self.run_id, self._ckpt["step"])
         self.store.delete_metrics_after(self.run_id, self._ckpt["step"] if self._ckpt else -1)
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
@@ -308,7 +318,7 @@ class Trainer:
         progress = Progress(self)
         divergence: Divergence | None = None
         self.model.train()
-        with DeferredInterrupt(enabled=self.defer_interrupts) as interrupt:
+        with self.interrupt as interrupt:  # bnlab.train.loop enters it first, to cover the ending too
             try:
                 while self.step < self.total_steps and self.final is None:
                     epoch, skip = divmod(self.step, self.spe)  # 0-based epoch
@@ -323,7 +333,10 @@ class Trainer:
                     for xb, yb in epoch_batches:
                         lr = self.step_once(xb, yb, epoch, ctx)
                         self._after_step(epoch, lr, progress)
-                        interrupt.raise_if_requested()
+                        if interrupt.requested:  # Ctrl-C or SIGTERM: stop here, with a checkpoint
+                            self.check()
+                            self.checkpoint()
+                            interrupt.raise_if_requested()
                         if self.step == self.total_steps:
                             break
             except Divergence as found:
@@ -362,6 +375,12 @@ class Trainer:
     def _finish(self, divergence: Divergence | None, ctx: StepContext | None) -> tuple[str, dict[str, Any]]:
         metrics: dict[str, Any] = self.epoch_means()
         status = "finished"
+        final_eval = self.evaluate()
+        if divergence is None:  # finished means healthy: the final evaluation within the bound too
+            try:
+                check_final(final_eval, self.step, self.last_loss, self.start_loss, self.config.divergence_factor)
+            except Divergence as found:
+                divergence = found
         if divergence is not None:
             status = "diverged"
             metrics["train_loss"] = divergence.loss
@@ -369,7 +388,6 @@ class Trainer:
             metrics["diverged_loss"] = divergence.loss
             self.divergence_reason = divergence.reason
             self.log("diverged_step", divergence.step, self.step)
-        final_eval = self.evaluate()
         metrics.update(final_eval)
         for name, value in final_eval.items():
             self.log(name, value, self.step)

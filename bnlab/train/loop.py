@@ -21,6 +21,8 @@ uninterrupted one on CPU.
 from __future__ import annotations
 
 import os
+import shlex
+import signal
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,9 +31,11 @@ from typing import Any
 from torch import nn
 
 from bnlab import models
-from bnlab.store import Store
+from bnlab.store import ReadOnlyStoreError, Store, StoreIntegrityError
 from bnlab.train.callbacks import Callback, StepContext
-from bnlab.train.checkpoint import checkpoint_path, load_checkpoint, remove_checkpoint_files
+from bnlab.train.checkpoint import (
+    CheckpointCorruptError, checkpoint_path, load_checkpoint, remove_checkpoint_files, repair_from_checkpoint,
+)
 from bnlab.train.config import TrainConfig
 from bnlab.train import distributed
 from bnlab.train.engine import Trainer
@@ -58,11 +62,23 @@ ENDED = ("finished", "diverged")
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C during training: the run is stored ``interrupted``; running it again resumes it."""
+    """Ctrl-C or SIGTERM during training: the run is stored ``interrupted`` (with a checkpoint at the
+    step it stopped); running it again resumes it. ``signum``: the signal (the CLI exits 128 + it)."""
 
-    def __init__(self, run_id: str, step: int):
-        super().__init__(f"interrupted at step {step} — re-run the same command to resume")
+    def __init__(self, run_id: str, step: int, signum: int | None = None):
         self.run_id, self.step = run_id, step
+        self.signum = int(signum or signal.SIGINT)
+        name = signal.Signals(self.signum).name
+        super().__init__(f"interrupted at step {step} — re-run the same command to resume ({name}, run {run_id})"
+                         + _resume_command())
+
+
+def _resume_command() -> str:
+    """The command that resumes: this one, when it is the ``bnlab`` CLI."""
+    program = Path(sys.argv[0])
+    if program.name == "bnlab" or (program.parent.name == "bnlab" and program.name in ("cli.py", "__main__.py")):
+        return ": " + shlex.join(["bnlab", *sys.argv[1:]])
+    return ""
 
 
 def _say(progress: Any, message: str) -> None:
@@ -107,7 +123,7 @@ def run(
     runs_dir = Path(cfg.runs_dir)
     store = Store(runs_dir / "bnlab.db")
     try:
-        existing = store.get_run(run_id)
+        existing = _existing(store, runs_dir, run_id, force, progress)
         if existing is not None and existing["id"] != run_id:
             existing = None  # a longer id with this prefix: not this run
         if force:
@@ -118,11 +134,33 @@ def run(
             _say(progress, record.message)
             distributed.announce(False, run_id)  # data parallel: the other ranks stop too
             return record
+        if store.readonly:
+            raise ReadOnlyStoreError(
+                f"runs dir {runs_dir} is read-only (store {store.path}); run {run_id} is not finished there, "
+                "so it cannot be trained or resumed in it: pass another --runs-dir (a writable copy of this one "
+                "resumes from its checkpoints)")
         with RunLock(checkpoint_path(runs_dir, run_id).with_suffix(".lock")):
             distributed.announce(True, run_id)  # data parallel: the other ranks train with this one
             return _train(prep, store, run_id, identity, progress)
     finally:
         store.close()
+
+
+def _existing(store: Store, runs_dir: Path, run_id: str, force: bool, progress: Any) -> dict | None:
+    """The stored run of this id, verified. A damaged finished record (``force`` aside) is rebuilt
+    from the run's final checkpoint, saying so; one that cannot be is the error naming the way out."""
+    try:
+        return store.get_run(run_id)
+    except StoreIntegrityError as err:
+        if force:
+            return store.get_run(run_id, verify=False)
+        try:
+            row = repair_from_checkpoint(store, runs_dir, run_id)
+        except (StoreIntegrityError, CheckpointCorruptError) as why:
+            raise StoreIntegrityError(f"{err} ({why})") from None
+        _say(progress, f"{run_id}: its stored record in {store.path} was damaged; re-created its config, "
+                       "final metrics and metric rows from its final checkpoint")
+        return row
 
 
 def _delete(store: Store, runs_dir: Path, run_id: str, existing: dict | None) -> None:
@@ -149,9 +187,15 @@ def _train(prep: Prepared, store: Store, run_id: str, identity: dict, progress: 
         _say(progress, f"resuming {run_id} from step {trainer.resumed_from} of {trainer.total_steps}")
     base_summary = {"scale_invariant": trainer.scale_invariant, "checkpoint": str(trainer.ckpt_path)}
     store.set_status(run_id, "running", steps=trainer.step, env=env, summary=base_summary)
+    with trainer.interrupt:  # Ctrl-C/SIGTERM deferred to a step boundary; ignored while the end is recorded
+        return _train_and_record(trainer, store, run_id, base_summary)
+
+
+def _train_and_record(trainer: Trainer, store: Store, run_id: str, base_summary: dict) -> RunRecord:
     try:
         status, metrics = trainer.train()
     except BaseException as err:
+        trainer.interrupt.hold()
         interrupted = isinstance(err, KeyboardInterrupt)
         status = "interrupted" if interrupted else "failed"
         try:
@@ -161,17 +205,19 @@ def _train(prep: Prepared, store: Store, run_id: str, identity: dict, progress: 
             error = f"interrupted at step {trainer.step}" if interrupted else f"{type(err).__name__}: {err}"
             store.set_status(run_id, status, steps=trainer.step, error=error, summary=base_summary)
         if interrupted:
-            raise RunInterrupted(run_id, trainer.step) from None
+            raise RunInterrupted(run_id, trainer.step, trainer.interrupt.signum) from None
         try:  # lets a caller find the stored record of the failed run
             setattr(err, "bnlab_run_id", run_id)
         except AttributeError:  # pragma: no cover - exceptions with __slots__
             pass
         raise
+    trainer.interrupt.hold()
     trainer.callbacks.call("on_train_end", trainer, status)
     checkpoint = str(trainer.ckpt_path) if status == "finished" else None
     summary = {"metrics": metrics, "scale_invariant": trainer.scale_invariant, "checkpoint": checkpoint}
     reason = getattr(trainer, "divergence_reason", None) if status == "diverged" else None
-    store.set_status(run_id, status, steps=trainer.step, error=reason, summary=summary)
+    # sealed with the rows the trainer kept in memory (the store is made to hold exactly those)
+    store.set_status(run_id, status, steps=trainer.step, error=reason, summary=summary, rows=trainer.rows_kept)
     row = store.get_run(run_id)
     if row is None:  # deleted by another process since set_status
         raise RuntimeError(f"run {run_id} is no longer in the store (deleted while it trained)")

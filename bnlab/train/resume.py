@@ -43,10 +43,16 @@ def checkpoint_state(trainer: Any, final_summary: dict[str, Any] | None = None) 
         "last_loss": trainer.last_loss,
         "start_loss": trainer.start_loss,
         "final_summary": _primitive(final_summary) if final_summary is not None else None,
-        # the store's rows up to here, made durable; a resume re-creates any the store loses
-        "store_rows": pack_rows(trainer.store.sync_rows(trainer.run_id, trainer.step)),
+        # the rows up to here, from the trainer's memory (never read back from the store, which may
+        # have lost some); a resume re-creates any the store lost. sync_rows makes the store durable.
+        "store_rows": _kept_rows(trainer),
     }
     return state
+
+
+def _kept_rows(trainer: Any) -> dict[str, Any]:
+    trainer.store.sync_rows(trainer.run_id, trainer.step)
+    return pack_rows([r for r in trainer.rows_kept if r[0] <= trainer.step])
 
 
 def restore_state(trainer: Any, ckpt: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import typer
 
+from bnlab.run_files import RunDirError
 from bnlab.spec import read_pairs
 from bnlab.store import Store, dumps
 from bnlab.train.cli_common import EXIT_FAILED, _fail, _fmt
@@ -99,9 +100,12 @@ def train_command(**options: Any) -> None:
         record = train(config, progress=progress, force=options["force"], callbacks=callbacks)
         if record is None:  # a rank > 0 of a torchrun launch: rank 0 reports
             return
-    except RunInterrupted as err:
+    except RunInterrupted as err:  # Ctrl-C or SIGTERM: stored interrupted; exit 128 + the signal, as a shell
         typer.echo(str(err), err=True)
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(128 + err.signum) from None
+    except RunDirError as err:  # disk full, read-only runs dir, a lock file we cannot open: one line
+        _fail(str(err), EXIT_FAILED)
+        return
     except ValueError as err:  # configuration, data files, checkpoints: all before training
         _fail(str(err))
         return
