@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 import bnlab.train as train
 from bnlab.jsonsafe import jsonable
-from bnlab.store import Store
+from bnlab.store import Store, StoreIntegrityError
 from bnlab.train import launcher
 from bnlab.train.checkpoint import RunLockedError
 
@@ -247,6 +247,7 @@ def analysis_context(experiment_id: str, preset: str, *, runs_dir: str | Path = 
     """``report_dir`` (default ``<runs_dir>/report``) receives the figures: a read-only runs dir
     is analysed with a report folder elsewhere."""
     exp = get(experiment_id)
+    check_preset(preset)  # a preset read from the store names a folder: only the catalogue's names
     runs_dir = Path(runs_dir)
     report_dir = Path(report_dir) if report_dir is not None else runs_dir / "report"
     results = ResultStore(runs_dir)
@@ -260,8 +261,12 @@ def analysis_context(experiment_id: str, preset: str, *, runs_dir: str | Path = 
     store = Store(runs_dir / "bnlab.db")
     views = []
     for r in saved["runs"]:
-        row = store.get_run(r["id"]) if r.get("id") else None
         unstored = {"status": r.get("status", "failed"), "metrics": {}, "error": r.get("error")}
+        try:  # every run verified against its seal; a damaged one is shown as such, never analysed
+            row = store.get_run(r["id"]) if r.get("id") else None
+        except StoreIntegrityError as err:
+            row, r = None, {**r, "id": None}
+            unstored = {"status": "damaged", "metrics": {}, "error": str(err)}
         record = _record_dict(row) if row else unstored
         views.append(RunView(r["label"], r.get("factors") or {}, r.get("id"), record.get("status", "failed"), record,
                              store))
