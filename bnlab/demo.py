@@ -5,26 +5,31 @@ regression, teacher–student and closed forms) and writes the report to ``runs/
 The entries are chosen for cost: the Peng tables' and Santurkar's VGG smoke presets take 5–12
 minutes each on their own (``bnlab reproduce ID``). ``--layers`` instead prints the layer timing
 table on small shapes.
+
+All entries' runs go to one sweep (:func:`bnlab.experiments.runner.reproduce_many`): as many worker
+processes as there are free cores, one torch thread each, a progress bar (or lines) with an ETA;
+the numbers do not depend on the worker count.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import typer
 
-from bnlab.experiments.runner import reproduce
+from bnlab.experiments.runner import reproduce_many
 from bnlab.norms.bench import benchmark, format_table
 from bnlab.report import write_report
 
 DEMO_ENTRIES = [
-    "santurkar-fig8",   # 25-layer DLN: standard vs BN (activation drift), 3 seeds
-    "luo-fig2",         # generalization error vs α: theory and BN simulation
-    "luo-table2",       # fixed points, η_max, η_eff against the ODE and simulation
-    "luo-fig4",         # SGD, BN, WN, WN + mean-only / variance-only BN
-    "peng-fig2",        # η_k, τ_k distributions (ResNet-20, Eq. 7 block)
-    "arora-d1",         # SGD vs projected SGD over learning rates (BN on the logits), 3 seeds
-    "mbn-batch-size",   # BN vs MBN at small batch, and the data-parallel arms
+    "santurkar-fig8",  # 25-layer DLN: standard vs BN (activation drift), 3 seeds
+    "luo-fig2",  # generalization error vs α: theory and BN simulation
+    "luo-table2",  # fixed points, η_max, η_eff against the ODE and simulation
+    "luo-fig4",  # SGD, BN, WN, WN + mean-only / variance-only BN
+    "peng-fig2",  # η_k, τ_k distributions (ResNet-20, Eq. 7 block)
+    "arora-d1",  # SGD vs projected SGD over learning rates (BN on the logits), 3 seeds
+    "mbn-batch-size",  # BN vs MBN at small batch, and the data-parallel arms
 ]
 
 
@@ -32,16 +37,33 @@ def demo(
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="store, checkpoints and report"),
     layers: bool = typer.Option(False, "--layers", help="only print the layer timing table"),
     tiny: bool = typer.Option(False, "--tiny", help="a few steps per run (a wiring check)"),
+    workers: int = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        help="worker processes (default: the free cores; numbers do not depend on it)",
+    ),
 ) -> None:
     """Run the curated smoke entries of all five papers and write the report."""
     if layers:
         typer.echo(format_table(benchmark([(64, 16, 16, 16), (256, 10)], repeats=5)))
         return
-    for i, experiment_id in enumerate(DEMO_ENTRIES, 1):
-        typer.echo(f"[{i}/{len(DEMO_ENTRIES)}] {experiment_id} ...", err=True)
-        outcome = reproduce(experiment_id, "smoke", runs_dir=runs_dir, tiny=tiny, report=False)
-        typer.echo(f"{experiment_id}: {outcome.verdict} — {outcome.summary}")
+    from bnlab.experiments.parallel import free_cores
+
+    count = workers or free_cores()
+    typer.echo(
+        f"demo: {len(DEMO_ENTRIES)} entries, {count} worker process(es) × 1 thread", err=True
+    )
+    start = time.perf_counter()
+    outcomes = reproduce_many(
+        DEMO_ENTRIES, "smoke", runs_dir=runs_dir, tiny=tiny, progress=True, workers=count
+    )
+    for i, (experiment_id, outcome) in enumerate(outcomes, 1):
+        typer.echo(
+            f"[{i}/{len(DEMO_ENTRIES)}] {experiment_id}: {outcome.verdict} — {outcome.summary}"
+        )
     typer.echo(f"report: {write_report(runs_dir)}")
+    typer.echo(f"demo: {time.perf_counter() - start:.0f} s wall", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import bnlab.train as train
 from bnlab.jsonsafe import jsonable
@@ -16,6 +16,7 @@ from bnlab.store import Store, StoreIntegrityError
 from bnlab.train import launcher
 from bnlab.train.checkpoint import RunLockedError
 
+from . import parallel
 from .base import Experiment, Outcome, Plan, RunSpec, check_preset, get, shrink
 
 class ResultStore:
@@ -52,18 +53,22 @@ class ResultStore:
 LOCK_POLL_SECONDS = 2.0
 
 
-def _train_one(config: dict) -> dict:
+def _train_one(config: dict, callbacks: list | tuple = ()) -> dict:
     """Train one config; a crash becomes a 'failed' record instead of stopping the sweep. A run
     another process is training (a second sweep on the same runs dir) is waited for, then read:
-    it is that process's run, not a failure of this one."""
+    it is that process's run, not a failure of this one. ``callbacks`` only observe (progress).
+    The record gets ``seconds``: this call's wall time."""
     # bnlab.train.run looked up at call time: a test may replace it
     run = launcher.train if int(config.get("nproc") or 1) > 1 else train.run  # nproc > 1: data-parallel
 
     said = False
+    started = time.perf_counter()
     try:
         while True:
             try:
-                return run(config, progress=False).to_dict()
+                kwargs = {"callbacks": list(callbacks)} if callbacks else {}
+                record = run(config, progress=False, **kwargs).to_dict()
+                return {**record, "seconds": time.perf_counter() - started}
             except RunLockedError as err:
                 if not said:
                     print(f"waiting: {err}", file=sys.stderr, flush=True)
@@ -78,23 +83,30 @@ def _train_one(config: dict) -> dict:
                 "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(limit=5)}
 
 
-def run_sweep(configs: list[dict], *, ray_address: str | None = None, progress: bool | None = None) -> list[dict]:
+def run_sweep(configs: list[dict], *, ray_address: str | None = None, progress: bool | None = None,
+              workers: int | None = None, desc: str = "runs") -> list[dict]:
     """Train every config; finished runs in the store are skipped (``bnlab.train.run`` resumes).
 
-    Locally the runs go one after another in this process; with ``ray_address`` each run is a Ray
-    task (``"local"`` starts a local Ray instance) writing to the same store. A failed or diverged
-    run never stops the others. Returns the records in the order of ``configs``.
+    Locally the runs go to ``workers`` processes (default :func:`~bnlab.experiments.parallel.free_cores`;
+    1: one after another in this process), each with one torch thread, so the numbers do not depend
+    on the worker count (:mod:`bnlab.experiments.parallel`); data-parallel runs (``nproc`` > 1)
+    start their own processes and go one at a time after the others. With ``ray_address`` each run
+    is a Ray task (``"local"`` starts a local Ray instance) writing to the same store. A failed or
+    diverged run never stops the others. Returns the records in the order of ``configs``.
     """
-    if ray_address is None:
-        bar = _bar(len(configs), progress)
-        records = []
-        for config in configs:
-            records.append(_train_one(config))
-            bar.set_postfix_str(f"{records[-1]['status']}")
-            bar.update()
-        bar.close()
-        return records
-    return _run_on_ray(configs, ray_address, progress)
+    if ray_address is not None:
+        return _run_on_ray(configs, ray_address, progress)
+    workers = parallel.free_cores() if workers is None else workers
+    single = [i for i, c in enumerate(configs) if int(c.get("nproc") or 1) <= 1]
+    multi = [i for i, c in enumerate(configs) if int(c.get("nproc") or 1) > 1]
+    records: list[dict | None] = [None] * len(configs)
+    for indices, count, label in ((single, workers, desc), (multi, 1, f"{desc}, data-parallel")):
+        if indices:
+            done = parallel.run_parallel([configs[i] for i in indices], _train_one, workers=count,
+                                         progress=progress, desc=label)
+            for i, record in zip(indices, done):
+                records[i] = record
+    return records  # type: ignore[return-value]
 
 
 def _run_on_ray(configs: list[dict], address: str, progress: bool | None) -> list[dict]:
@@ -142,12 +154,14 @@ TINY_STEPS = 6
 
 def reproduce(experiment_id: str, preset: str = "smoke", *, runs_dir: str | Path = "runs",
               ray_address: str | None = None, tiny: bool = False, progress: bool | None = None,
-              report: bool = False, nproc: int | None = None) -> Outcome:
+              report: bool = False, nproc: int | None = None, workers: int | None = None) -> Outcome:
     """Run one entry end to end: its training runs and computations, stored, then analysed.
 
     ``tiny`` cuts every run to a few steps (the test suite's reduced form); results are stored
     under the same (id, preset) but marked tiny in the report. ``nproc`` trains every run without
     probes (and without its own ``nproc``) data-parallel on that many processes (bnlab.train.distributed).
+    ``workers``: local worker processes for the entry's independent runs (default: the free cores;
+    every run has one torch thread whatever the count, so the numbers do not depend on it).
 
     The report is not written here: it sits a layer above the catalogue. Call
     ``bnlab.report.write_report(runs_dir)`` after the entries (``bnlab reproduce`` does);
@@ -156,25 +170,49 @@ def reproduce(experiment_id: str, preset: str = "smoke", *, runs_dir: str | Path
     if report:
         raise ValueError("reproduce() no longer writes the report (the report layer sits above the catalogue): "
                          "call bnlab.report.write_report(runs_dir) after reproducing")
-    exp = get(experiment_id)
+    return next(iter(reproduce_many([experiment_id], preset, runs_dir=runs_dir, ray_address=ray_address,
+                                    tiny=tiny, progress=progress, nproc=nproc, workers=workers)))[1]
+
+
+def reproduce_many(experiment_ids: list[str], preset: str = "smoke", *, runs_dir: str | Path = "runs",
+                   ray_address: str | None = None, tiny: bool = False, progress: bool | None = None,
+                   nproc: int | None = None, workers: int | None = None) -> Iterator[tuple[str, Outcome]]:
+    """:func:`reproduce` for several entries with one sweep over all their runs (no core idles
+    while one entry's last run finishes) and their computations beside it, on a thread; yields
+    ``(id, outcome)`` in the given order once the runs are done and the entry's results stored."""
+    exps = [get(i) for i in experiment_ids]
     check_preset(preset)
     runs_dir = Path(runs_dir)
-    start = time.time()
-    plan: Plan = exp.plan(preset)
-    specs = [RunSpec(s.label, _prepare_config(s.config, runs_dir, tiny, nproc), s.factors) for s in plan.runs]
-    records = run_sweep([s.config for s in specs], ray_address=ray_address, progress=progress)
-    data = {}
-    for name, fn in plan.compute.items():
-        data[name] = fn(tiny=tiny) if _accepts_tiny(fn) else fn()
-    runs = [{"label": s.label, "factors": s.factors, "id": r.get("id"), "status": r.get("status"),
-             "error": r.get("error")} for s, r in zip(specs, records)]
-    store = ResultStore(runs_dir)
-    try:
-        store.save(exp.id, preset, runs, data, tiny, time.time() - start)
-    finally:
-        store.close()
-    outcome = analyze(experiment_id, preset, runs_dir=runs_dir)
-    return outcome
+    plans: list[Plan] = [exp.plan(preset) for exp in exps]
+    specs = [[RunSpec(s.label, _prepare_config(s.config, runs_dir, tiny, nproc), s.factors)
+              for s in plan.runs] for plan in plans]
+    configs = [s.config for entry in specs for s in entry]
+    desc = experiment_ids[0] if len(experiment_ids) == 1 else f"{len(experiment_ids)} entries"
+
+    def computations() -> list[tuple[dict, float]]:
+        out = []
+        for plan in plans:
+            start = time.perf_counter()
+            with parallel.one_thread():  # their numbers, like the runs', do not depend on the cores
+                data = {name: fn(tiny=tiny) if _accepts_tiny(fn) else fn()
+                        for name, fn in plan.compute.items()}
+            out.append((data, time.perf_counter() - start))
+        return out
+
+    # the computations (closed forms, simulations: a minute for luo-fig2) go beside the training runs
+    computed = parallel.in_background(computations)
+    records = iter(run_sweep(configs, ray_address=ray_address, progress=progress, workers=workers, desc=desc))
+    for exp, entry, (data, compute_seconds) in zip(exps, specs, computed()):
+        done = [next(records) for _ in entry]
+        runs = [{"label": s.label, "factors": s.factors, "id": r.get("id"), "status": r.get("status"),
+                 "error": r.get("error")} for s, r in zip(entry, done)]
+        seconds = compute_seconds + sum(float(r.get("seconds") or 0.0) for r in done)
+        store = ResultStore(runs_dir)
+        try:
+            store.save(exp.id, preset, runs, data, tiny, seconds)
+        finally:
+            store.close()
+        yield exp.id, analyze(exp.id, preset, runs_dir=runs_dir)
 
 
 def _accepts_tiny(fn) -> bool:

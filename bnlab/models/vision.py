@@ -36,18 +36,18 @@ SWAPPED = (nn.ReLU, nn.SiLU)  # the nonlinearities of torchvision's ResNets (ReL
 
 
 def torchvision_models():
-    """``torchvision.models``, or a ``ValueError`` that says how to get a working torchvision."""
+    """``torchvision.models`` (through :func:`bnlab.models.vision_compat.import_torchvision`, so a
+    torchvision whose C++ operators do not match torch still gives its Python models), or a
+    ``ValueError`` that says how to get a working torchvision."""
+    from .vision_compat import VisionImportError, import_torchvision
+
     try:
-        import torchvision.models as tvm
-    except ImportError:
-        raise ValueError("the tv_* models need torchvision: pip install torchvision (the release built for "
-                         f"your torch {torch.__version__})") from None
-    except RuntimeError as err:
-        raise ValueError(f"torchvision is installed but cannot be imported ({err}); this usually means a "
-                         "CUDA build of torchvision beside a CPU build of torch (or the reverse): install the "
-                         "torchvision wheel that matches your torch (for CPU torch, from "
-                         "https://download.pytorch.org/whl/cpu)") from None
-    return tvm
+        return import_torchvision().models
+    except VisionImportError as err:
+        if isinstance(err.__cause__, ImportError):  # not installed (a RuntimeError: installed, broken)
+            raise ValueError("the tv_* models need torchvision: pip install torchvision (the release built "
+                             f"for your torch {torch.__version__}); {err}") from None
+        raise ValueError(f"the tv_* models need an importable torchvision: {err}") from None
 
 
 def swap_activations(model: nn.Module, name: str) -> int:
