@@ -29,142 +29,19 @@ from .sync import module_group, synced_moments
 
 CoefFn = Callable[..., tuple[Tensor, Tensor]]
 MomentsFn = Callable[[Tensor], tuple[Tensor, Tensor, int]]
+UpdateFn = Callable[[Tensor, Tensor, int], None]
 
 
-def channel_sum(t: Tensor) -> Tensor:
-    """Σ over every dim but 1, without a strided multi-dim reduction (faster on CPU)."""
-    return t.sum(0) if t.dim() == 2 else t.flatten(2).sum(2).sum(0)
+# The fused path's kernels and switches live in .fused; imported here under their old names.
+from .fused import (  # noqa: E402,F401
+    centred_reductions, channel_affine, channel_dot, channel_sum, coef_dtype, fused_normalize, per_channel,
+    plain_autograd, plain_requested, refuse_double_backward, stats_dtype,
+)
 
 
-def channel_dot(a: Tensor, b: Tensor) -> Tensor:
-    """Per-channel Σ a·b as a batched matrix product: no (N, C, *) temporary."""
-    if a.dim() == 2:
-        return (a * b).sum(0)
-    n, c = a.shape[:2]
-    return (a.reshape(n, c, 1, -1) @ b.reshape(n, c, -1, 1)).sum(0).flatten()
-
-
-def centred_reductions(g: Tensor, x: Tensor, mean: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-channel (Σ g, Σ g·(x − mean)) in one pass over g and x, accumulated in double on CPU.
-
-    torch's BatchNorm backward kernel computes exactly these two reductions for its weight and bias
-    gradients; with invstd = 1 its "x̂" is x − mean. Elsewhere: a centred temporary and two reductions.
-    """
-    if x.device.type in ("cpu", "cuda"):
-        one = torch.ones_like(mean)  # invstd = 1, and weight = 1: CUDA's kernel refuses weight=None
-        _, dot, total = torch.ops.aten.native_batch_norm_backward(
-            g, x, one, None, None, mean, one, True, 0.0, [False, True, True])
-        return total, dot
-    return channel_sum(g), channel_dot(g, x - per_channel(mean, x))
-
-
-def stats_dtype(x: Tensor) -> torch.dtype:
-    """float32 for half-precision inputs (no overflow of Σx², no 8-bit mantissa sums), else x's dtype."""
-    return torch.promote_types(x.dtype, torch.float32)
-
-
-def coef_dtype(x: Tensor) -> torch.dtype:
-    """The per-channel coefficient graph runs in float64 (C numbers), except where float64 is missing."""
-    return torch.float32 if x.device.type == "mps" else torch.float64
-
-
-def per_channel(t: Tensor, x: Tensor) -> Tensor:
-    """View a (C,) tensor so that it broadcasts against x of shape (N, C, *)."""
-    return t.view(1, -1, *([1] * (x.dim() - 2)))
-
-
-def channel_affine(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
-    """scale·x + shift per channel (scale, shift: (C,) in x's dtype), into a new tensor.
-
-    On CPU through torch's inference BatchNorm kernel with zero mean, unit variance and ε = 0 (its
-    per-channel factor is then scale·1/√1 = scale and its offset shift, exactly): a vectorized loop,
-    where ``addcmul`` with two broadcast operands takes a scalar one (on (128, 64, 32, 32), 1 thread:
-    25 against 33 ms with the allocation, 3.6 against 11 ms without)."""
-    if x.device.type == "cpu":
-        zero = torch.zeros_like(scale)
-        return torch.batch_norm(x, scale, shift, zero, torch.ones_like(scale), False, 0.0, 0.0, False)
-    return torch.addcmul(per_channel(shift, x), x, per_channel(scale, x))
-
-
-def refuse_double_backward(what: str) -> None:
-    """The fused functions' backward is not itself differentiable: say so, and how to get a graph that is."""
-    if torch.is_grad_enabled():
-        raise RuntimeError(f"bnlab's fused {what} does not support double backward (create_graph=True); "
-                           "run the forward pass inside `with bnlab.norms.plain_autograd():`")
-
-
-class _StatsAffine(torch.autograd.Function):
-    """y = scale·x + shift with (scale, shift) = coef_fn(μ_B, σ²_B, *tensors), in a few fused passes.
-
-    Eager only: :func:`_fused_normalize` is excluded from torch.compile, because dynamo cannot trace
-    the closure graph built here; when it tried, it inlined ``forward`` as plain code and silently
-    dropped this ``backward`` (the input gradient lost its statistics terms: 1e-2 relative error).
-
-    The per-channel coefficient graph is built with ordinary autograd (in float64) inside forward and
-    differentiated in backward; the (N, C, *) part of the gradient is then assembled from the centred
-    input, ``∂L/∂x = scale·g + (2/n)·g_v·(x − μ) + g_μ/n``, so a large mean cancels nothing. Double
-    backward is refused with a clear error: use ``with bnlab.norms.plain_autograd():``.
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, moments_fn: MomentsFn, coef_fn: CoefFn, *tensors: Tensor):
-        mean, var, n = moments_fn(x)
-        with torch.enable_grad():
-            m = mean.detach().to(coef_dtype(x)).requires_grad_()
-            v = var.detach().to(coef_dtype(x)).requires_grad_()
-            leaves = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
-            scale, shift = coef_fn(m, v, *leaves)
-        ctx.graph = (m, v, leaves, scale, shift)
-        ctx.n = n
-        ctx.save_for_backward(x)
-        y = channel_affine(x, scale.detach().to(x.dtype), shift.detach().to(x.dtype))
-        ctx.mark_non_differentiable(mean, var)
-        return y, mean, var
-
-    @staticmethod
-    def backward(ctx, g: Tensor, _gm, _gv):
-        refuse_double_backward("normalization")
-        (x,) = ctx.saved_tensors
-        m, v, leaves, scale, shift = ctx.graph
-        m_x = m.detach().to(x.dtype)  # the mean as x's dtype: every use below takes this same value
-        g_sum, g_dot_centred = centred_reductions(g, x, m_x)
-        g_sum = g_sum.to(m.dtype)
-        g_dot = g_dot_centred.to(m.dtype) + m_x.to(m.dtype) * g_sum  # Σ g·x, exactly, without cancellation
-        inputs = [m, v] + [t for t in leaves if t.requires_grad]
-        raw_grads = torch.autograd.grad((scale, shift), inputs, (g_dot, g_sum),
-                                        allow_unused=True, retain_graph=True)  # tiny; lets gradcheck re-run
-        grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(raw_grads, inputs)]
-        g_mean, g_var, rest = grads[0], grads[1], iter(grads[2:])
-        s = (2.0 / ctx.n) * g_var
-        # gx = s·(x − μ) + g_μ/n + scale·g = s·x + (g_μ/n − s·μ) + scale·g: the constant in float64, so
-        # only s·x rounds at |x| (as nn.BatchNorm's own x·a + b does)
-        const = (g_mean / ctx.n - s * m_x.to(m.dtype)).to(x.dtype)
-        gx = channel_affine(x, s.to(x.dtype), const)
-        gx.addcmul_(g, per_channel(scale.detach().to(x.dtype), x))
-        return (gx, None, None, *[next(rest) if t.requires_grad else None for t in leaves])
-
-
-@torch.compiler.disable
 def _fused_normalize(x: Tensor, moments_fn: MomentsFn, coef_fn: CoefFn, *tensors: Tensor):
-    """Run :class:`_StatsAffine` eagerly, never traced (see its docstring for why)."""
-    return _StatsAffine.apply(x, moments_fn, coef_fn, *tensors)
-
-
-_PLAIN_AUTOGRAD = [False]
-
-
-class plain_autograd:
-    """Context manager: build normalization layers' graphs from plain autograd ops (slower, but
-    twice differentiable), e.g. for Hessian-vector products."""
-
-    def __enter__(self):
-        self._previous = _PLAIN_AUTOGRAD[0]
-        _PLAIN_AUTOGRAD[0] = True
-        return self
-
-    def __exit__(self, *exc):
-        _PLAIN_AUTOGRAD[0] = self._previous
-        return False
+    """(y, μ_B, σ²_B) through the fused operators (:func:`bnlab.norms.fused.fused_normalize`)."""
+    return fused_normalize(x, moments_fn, coef_fn, *tensors)
 
 
 # Below this many elements the fused function's fixed Python cost (a graph built in forward, a
@@ -176,7 +53,7 @@ def fused_enabled(x: Tensor) -> bool:
     """Whether the eager fused function runs. Never under torch.compile (inductor fuses the plain ops,
     and the function cannot be traced) nor torch.func transforms (vmap, grad: a closure graph); only
     for float32/float64 inputs (half inputs take the plain path, which promotes them to float32)."""
-    return (not _PLAIN_AUTOGRAD[0] and x.numel() >= FUSED_MIN_NUMEL
+    return (not plain_requested() and x.numel() >= FUSED_MIN_NUMEL
             and x.dtype in (torch.float32, torch.float64)
             and not torch.compiler.is_compiling()
             and not torch._C._are_functorch_transforms_active())
@@ -290,25 +167,36 @@ class ChannelNorm(nn.Module):
         var = (x - per_channel(mean, x)).pow(2).mean(dim=dims)
         return mean, var, n
 
-    def normalize_with_batch_stats(self, x: Tensor, coef_fn: CoefFn, *tensors: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
+    def normalize_with_batch_stats(self, x: Tensor, coef_fn: CoefFn, *tensors: Tensor,
+                                   update: UpdateFn | None = None) -> tuple[Tensor, Tensor, Tensor, int]:
         """Apply the per-channel affine map ``coef_fn(μ_B, σ²_B, *tensors) -> (scale, shift)`` to x.
 
         Returns ``(y, μ_B, σ²_B, n)`` (statistics detached, for running-statistics updates). Gradients
         flow through μ_B, σ²_B and ``tensors`` exactly as autograd on the plain expression would give.
         ``y`` has x's dtype; everything per-channel is computed in float32 or better, autocast off.
+        ``update(μ_B, σ²_B, n)``, if given, updates the layer's buffers without grad, after the
+        coefficients were taken (inside the fused operator: no extra dispatched operations).
         """
         with torch.autocast(x.device.type, enabled=False):
             if fused_enabled(x) and module_group(self) is None:  # synced: autograd through the collectives
-                y, mean, var = _fused_normalize(x, self.batch_moments, coef_fn, *tensors)
+                y, mean, var = fused_normalize(x, self.batch_moments, coef_fn, *tensors, update=update)
                 return y, mean, var, x.numel() // x.shape[1]
-            mean, var, n = self.batch_moments(x)
-            dt = coef_dtype(x)
-            scale, shift = coef_fn(mean.to(dt), var.to(dt), *tensors)
-            # y = scale·(x − μ) + (shift + scale·μ): the centred form keeps a large mean out of autograd
-            centred = x - per_channel(mean, x)
-            y = torch.addcmul(per_channel((shift + scale * mean).to(centred.dtype), x), centred,
-                              per_channel(scale.to(centred.dtype), x))
-            return y.to(x.dtype), mean.detach(), var.detach(), n
+            y, mean, var, n = self._plain_normalize(x, coef_fn, *tensors)
+        if update is not None:
+            with torch.no_grad():
+                update(mean, var, n)
+        return y, mean, var, n
+
+    def _plain_normalize(self, x: Tensor, coef_fn: CoefFn, *tensors: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
+        """:meth:`normalize_with_batch_stats` from plain autograd ops (compile, half inputs, sync, vmap)."""
+        mean, var, n = self.batch_moments(x)
+        dt = coef_dtype(x)
+        scale, shift = coef_fn(mean.to(dt), var.to(dt), *tensors)
+        # y = scale·(x − μ) + (shift + scale·μ): the centred form keeps a large mean out of autograd
+        centred = x - per_channel(mean, x)
+        y = torch.addcmul(per_channel((shift + scale * mean).to(centred.dtype), x), centred,
+                          per_channel(scale.to(centred.dtype), x))
+        return y.to(x.dtype), mean.detach(), var.detach(), n
 
     def use_batch_stats(self) -> bool:
         return self.training or not self.track_running_stats

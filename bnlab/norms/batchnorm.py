@@ -25,9 +25,7 @@ class BatchNorm(ChannelNorm):
         gamma, beta = self.gamma_beta(x)
         if not self.use_batch_stats():
             return self.apply_affine(x, *self.coefficients(self.running_mean, self.running_var, gamma, beta))
-        y, mean, var, n = self.normalize_with_batch_stats(x, self.coefficients, gamma, beta)
-        self.update_running_stats(mean, var, n)
-        return y
+        return self.normalize_with_batch_stats(x, self.coefficients, gamma, beta, update=self.update_running_stats)[0]
 
     def coefficients(self, mean: Tensor, var: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
         """The layer as a per-channel affine map of x given the statistics: (scale, shift)."""
@@ -52,12 +50,13 @@ class MeanOnlyBatchNorm(BatchNorm):
         gamma, beta = self.gamma_beta(x)
         if not self.use_batch_stats():
             return self.apply_affine(x, *self.coefficients(self.running_mean, self.running_var, gamma, beta))
-        y, mean, _, _ = self.normalize_with_batch_stats(x, self.coefficients, gamma, beta)
+        return self.normalize_with_batch_stats(x, self.coefficients, gamma, beta, update=self.update_running_mean)[0]
+
+    def update_running_mean(self, mean: Tensor, var: Tensor, n: int) -> None:
+        """Only the mean is tracked; running_var keeps its value."""
         if self.training and self.track_running_stats:
-            with torch.no_grad():
-                self.num_batches_tracked.add_(1)
-                self.running_mean.lerp_(mean.to(self.running_mean.dtype), self.momentum_weight())
-        return y
+            self.num_batches_tracked.add_(1)
+            self.running_mean.lerp_(mean.to(self.running_mean.dtype), self.momentum_weight())
 
     def coefficients(self, mean, var, gamma, beta):
         return gamma, beta - mean * gamma

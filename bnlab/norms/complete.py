@@ -145,19 +145,21 @@ class CompleteBatchNorm(ChannelNorm):
         learning = self.training
         if learning and not torch.compiler.is_compiling():
             self._warn_without_progress()
-        eta = self.eta_tensor() if learning else torch.zeros_like(self._eta)
+        def eta() -> Tensor:  # called inside the fused operator: no dispatched operations of its own
+            return self.eta_tensor() if learning else torch.zeros_like(self._eta)
 
         def coefficients(mean_b, var_b, gamma, beta):
-            centre, second_a, second_b, _ = self.moving_statistics(mean_b, var_b, beta, eta)
+            centre, second_a, second_b, _ = self.moving_statistics(mean_b, var_b, beta, eta())
             std_b = torch.sqrt(second_b + self.eps)
             std = std_b * (torch.sqrt(second_a + self.eps) / std_b).detach()
             scale = gamma / (self.rho * std)
             return scale, ((beta - centre) * scale if self.decouple else beta - centre * scale)
 
-        y, mean_b, var_b, n = self.normalize_with_batch_stats(x, coefficients, gamma, beta)
-        if learning:
-            self._update_statistics(mean_b, var_b, beta.detach(), eta)
-        return y
+        def update(mean_b, var_b, n):  # without grad, after the coefficients were taken
+            if learning:
+                self._update_statistics(mean_b, var_b, beta.detach(), eta())
+
+        return self.normalize_with_batch_stats(x, coefficients, gamma, beta, update=update)[0]
 
     @torch.no_grad()
     def _update_statistics(self, mean_b: Tensor, var_b: Tensor, beta: Tensor, eta: Tensor) -> None:

@@ -14,18 +14,20 @@ backward pass assembles the input gradient from per-channel numbers:
     p = inf: ∂s/∂x_i = (C(n)/k)·(1[i ∈ top-k]·sign c_i − Σ_{j ∈ top-k} sign c_j / n),
 
 where the −mean terms come from μ_B (∂c_j/∂x_i = δ_ij − 1/n), ``(Σg, Σg·c)`` come from one pass of
-torch's BatchNorm backward kernel (:func:`~bnlab.norms.base.centred_reductions`), and ∂L/∂γ = Σ(g·c)/(s+ε),
+torch's BatchNorm backward kernel (:func:`~bnlab.norms.fused.centred_reductions`), and ∂L/∂γ = Σ(g·c)/(s+ε),
 ∂L/∂β = Σg. Subgradients where c_i = 0 follow ``torch.abs`` (sign 0), as the plain path does.
 """
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
 from torch import Tensor
 
-from .base import centred_reductions, channel_affine, coef_dtype, per_channel, refuse_double_backward
+from .fused import (_LIB, centred_reductions, channel_affine, coef_dtype, lazily_disabled, park,
+                    per_channel, refuse_double_backward, take)
 
 L1_CONSTANT = math.sqrt(math.pi / 2)  # E|z| = σ·√(2/π) for Gaussian z: √(π/2)·mean|c| estimates σ
 
@@ -76,74 +78,101 @@ def linf_top_entries(x: Tensor, mean: Tensor, k: int) -> tuple[Tensor, tuple[Ten
     return values, (sample, channel[:, None].expand_as(sample), *spatial), signs
 
 
+def _lp_forward(x: Tensor, gamma: Tensor, beta: Tensor, p: str, eps: float, topk: int,
+                key: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Kernel of ``bnlab::lp_normalize``: (y, μ_B, s); what backward needs goes on the parked state."""
+    state = take(key)
+    dims = [0, *range(2, x.dim())]
+    mean = x.mean(dim=dims)  # the plain path's μ_B, the same call: the same float
+    n, dt = x.numel() // x.shape[1], coef_dtype(x)
+    if p == "1":
+        state.sign, sign_sum, scale = l1_sign_and_scale(x, mean)
+        state.sign_mean = sign_sum / n
+    else:
+        values, state.top_index, signs = linf_top_entries(x, mean, topk)
+        state.top_factor = hoffer_linf_constant(n) / values.shape[1]  # s = C(n)·(1/k')·Σ top-k
+        scale = state.top_factor * values.to(dt).sum(1)
+        state.top_signs = signs.to(dt)
+    g64, b64, m64 = gamma.detach().to(dt), beta.detach().to(dt), mean.to(dt)
+    a = g64 / (scale + eps)
+    y = channel_affine(x, a.to(x.dtype), (b64 - a * m64).to(x.dtype))
+    state.p, state.eps, state.n, state.scale = p, eps, n, scale
+    return y, mean, scale.to(x.dtype)
+
+
+def _lp_backward(g: Tensor, x: Tensor, gamma: Tensor, mean: Tensor, key: int) -> list[Tensor]:
+    """Kernel of ``bnlab::lp_normalize_backward``: [∂L/∂x, ∂L/∂γ, ∂L/∂β]."""
+    state = take(key)
+    scale = state.scale
+    g_sum, g_dot_c = (t.to(scale.dtype) for t in centred_reductions(g, x, mean))
+    inv = 1.0 / (scale + state.eps)
+    a = gamma.detach().to(scale.dtype) * inv
+    g_scale = -a * inv * g_dot_c  # ∂L/∂s = −γ·Σ(g·c)/(s + ε)²
+    const = -a * g_sum / state.n
+    if state.p == "1":
+        gx = _l1_input_grad(state, x, mean, g, a, g_scale, const)
+    else:
+        gx = _linf_input_grad(state, g, a, g_scale, const)
+    return [gx, (g_dot_c * inv).to(gamma.dtype), g_sum.to(gamma.dtype)]
+
+
+_LIB.define("lp_normalize(Tensor x, Tensor gamma, Tensor beta, str p, float eps, int topk, int key) "
+            "-> (Tensor, Tensor, Tensor)")
+_LIB.define("lp_normalize_backward(Tensor g, Tensor x, Tensor gamma, Tensor mean, int key) -> Tensor[]")
+_LIB.impl("lp_normalize", _lp_forward, "CompositeExplicitAutograd")
+_LIB.impl("lp_normalize_backward", _lp_backward, "CompositeExplicitAutograd")
+
+
 class _LpNormalize(torch.autograd.Function):
-    """y = γ·(x − μ_B)/(s + ε) + β with the ℓ1 or top-k ℓ∞ scale s; see the module docstring."""
+    """y = γ·(x − μ_B)/(s + ε) + β with the ℓ1 or top-k ℓ∞ scale s; see the module docstring.
+    One ``torch.library`` operator each way (:mod:`bnlab.norms.fused` says what that does and does not
+    fuse); the state the backward pass needs (sign buffer, top-k entries) stays on ``ctx.state``."""
 
     @staticmethod
     def forward(ctx, x: Tensor, gamma: Tensor, beta: Tensor, p: str, eps: float, topk: int):
-        dims = [0, *range(2, x.dim())]
-        mean = x.mean(dim=dims)  # the plain path's μ_B, the same call: the same float
-        n, dt = x.numel() // x.shape[1], coef_dtype(x)
-        if p == "1":
-            ctx.sign, sign_sum, scale = l1_sign_and_scale(x, mean)
-            ctx.sign_mean = sign_sum / n
-        else:
-            values, ctx.top_index, signs = linf_top_entries(x, mean, topk)
-            ctx.top_factor = hoffer_linf_constant(n) / values.shape[1]  # s = C(n)·(1/k')·Σ top-k
-            scale = ctx.top_factor * values.to(dt).sum(1)
-            ctx.top_signs = signs.to(dt)
-        g64, b64, m64 = gamma.detach().to(dt), beta.detach().to(dt), mean.to(dt)
-        a = g64 / (scale + eps)
-        y = channel_affine(x, a.to(x.dtype), (b64 - a * m64).to(x.dtype))
-        ctx.p, ctx.eps, ctx.n = p, eps, n
-        ctx.save_for_backward(x, gamma, mean, scale)
-        scale_out = scale.to(x.dtype)
+        ctx.state = SimpleNamespace()
+        y, mean, scale_out = torch.ops.bnlab.lp_normalize(x, gamma, beta, p, eps, topk, park(ctx.state))
+        ctx.save_for_backward(x, gamma, mean)
         ctx.mark_non_differentiable(mean, scale_out)
+        ctx.set_materialize_grads(False)
         return y, mean, scale_out
 
     @staticmethod
     def backward(ctx, g: Tensor, _g_mean, _g_scale):
         refuse_double_backward("ℓp normalization")
-        x, gamma, mean, scale = ctx.saved_tensors
-        g_sum, g_dot_c = (t.to(scale.dtype) for t in centred_reductions(g, x, mean))
-        inv = 1.0 / (scale + ctx.eps)
-        a = gamma.detach().to(scale.dtype) * inv
-        g_scale = -a * inv * g_dot_c  # ∂L/∂s = −γ·Σ(g·c)/(s + ε)²
-        const = -a * g_sum / ctx.n
-        if ctx.p == "1":
-            gx = _l1_input_grad(ctx, x, mean, g, a, g_scale, const)
-        else:
-            gx = _linf_input_grad(ctx, g, a, g_scale, const)
-        g_gamma = (g_dot_c * inv).to(gamma.dtype) if ctx.needs_input_grad[1] else None
-        g_beta = g_sum.to(gamma.dtype) if ctx.needs_input_grad[2] else None
-        return gx, g_gamma, g_beta, None, None, None
+        if g is None:
+            return None, None, None, None, None, None
+        x, gamma, mean = ctx.saved_tensors
+        gx, g_gamma, g_beta = torch.ops.bnlab.lp_normalize_backward(g, x, gamma, mean, park(ctx.state))
+        return (gx, g_gamma if ctx.needs_input_grad[1] else None, g_beta if ctx.needs_input_grad[2] else None,
+                None, None, None)
 
 
-def _l1_input_grad(ctx, x: Tensor, mean: Tensor, g: Tensor, a: Tensor, g_scale: Tensor, const: Tensor) -> Tensor:
+def _l1_input_grad(state, x: Tensor, mean: Tensor, g: Tensor, a: Tensor, g_scale: Tensor, const: Tensor) -> Tensor:
     """a·g + q·(sign c − mean sign c) + const, q = ∂L/∂s·√(π/2)/n, written into the sign buffer.
 
     The forward pass's sign buffer becomes the gradient (no new full-size tensor); a second backward
     through the same graph (retain_graph=True) recomputes it from x and μ_B."""
-    sign = ctx.sign if ctx.sign is not None else centred_sign(x, mean)
-    ctx.sign = None
-    q = g_scale * (L1_CONSTANT / ctx.n)
-    const = const - q * ctx.sign_mean
+    sign = state.sign if state.sign is not None else centred_sign(x, mean)
+    state.sign = None
+    q = g_scale * (L1_CONSTANT / state.n)
+    const = const - q * state.sign_mean
     sign.mul_(per_channel(q.to(x.dtype), x)).add_(per_channel(const.to(x.dtype), x))  # one broadcast each: vectorized
     return sign.addcmul_(g, per_channel(a.to(x.dtype), g))
 
 
-def _linf_input_grad(ctx, g: Tensor, a: Tensor, g_scale: Tensor, const: Tensor) -> Tensor:
+def _linf_input_grad(state, g: Tensor, a: Tensor, g_scale: Tensor, const: Tensor) -> Tensor:
     """a·g + const everywhere, plus ∂L/∂s·C(n)/k·sign c_i at each channel's top-k entries."""
-    q = g_scale * ctx.top_factor  # (C,)
-    const = const - q * ctx.top_signs.sum(1) / ctx.n
+    q = g_scale * state.top_factor  # (C,)
+    const = const - q * state.top_signs.sum(1) / state.n
     gx = channel_affine(g, a.to(g.dtype), const.to(g.dtype))
-    top = (q[:, None] * ctx.top_signs).to(g.dtype)
-    return gx.index_put_(ctx.top_index, top, accumulate=True)
+    top = (q[:, None] * state.top_signs).to(g.dtype)
+    return gx.index_put_(state.top_index, top, accumulate=True)
 
 
-@torch.compiler.disable
+@lazily_disabled
 def lp_normalize(x: Tensor, p: str, gamma: Tensor, beta: Tensor, eps: float,
                  topk: int) -> tuple[Tensor, Tensor, Tensor]:
     """(y, μ_B, s) of ℓ1 (p="1") or top-k ℓ∞ (p="inf") batch normalization, eagerly and never traced
-    (like :func:`bnlab.norms.base._fused_normalize`: dynamo would inline forward and drop backward)."""
+    (like :func:`bnlab.norms.fused.fused_normalize`: dynamo would inline forward and drop backward)."""
     return _LpNormalize.apply(x, gamma, beta, p, eps, topk)

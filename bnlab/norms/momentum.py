@@ -97,22 +97,22 @@ class MomentumBatchNorm(ChannelNorm):
             warnings.warn("mbn is training without epoch/epochs, so its momentum λ is 0 (plain BN): call "
                           "bnlab.norms.set_progress(model, epoch=..., epochs=...) every epoch, or "
                           "bnlab.norms.track(model, optimizer, epochs=...) once", UserWarning, stacklevel=4)
-        lam = self.lambda_tensor(m) if learning else torch.zeros_like(self._lambda_exponent)
+        def lam() -> Tensor:  # called inside the fused operator: no dispatched operations of its own
+            return self.lambda_tensor(m) if learning else torch.zeros_like(self._lambda_exponent)
 
         def coefficients(mean_b, var_b, gamma, beta):
-            mean, var = self.moving_statistics(mean_b, var_b, lam)
+            mean, var = self.moving_statistics(mean_b, var_b, lam())
             scale = gamma * torch.rsqrt(var + self.eps)
             return scale, beta - mean * scale
 
-        y, mean_b, var_b, n = self.normalize_with_batch_stats(x, coefficients, gamma, beta)
-        if learning:
-            with torch.no_grad():
-                mean, var = self.moving_statistics(mean_b, var_b, lam)
+        def update(mean_b, var_b, n):  # without grad, after the coefficients were taken
+            if learning:
+                mean, var = self.moving_statistics(mean_b, var_b, lam())
                 self.write_buffer("train_mean", mean)
                 self.write_buffer("train_var", var)
-            tau = self.tau0 ** (m / self.ideal_batch)
-            self.update_running_stats(mean_b, var_b, n, momentum=1 - tau)
-        return y
+                self.update_running_stats(mean_b, var_b, n, momentum=1 - self.tau0 ** (m / self.ideal_batch))
+
+        return self.normalize_with_batch_stats(x, coefficients, gamma, beta, update=update)[0]
 
     def moving_statistics(self, mean_b: Tensor, var_b: Tensor, lam: Tensor) -> tuple[Tensor, Tensor]:
         """μ ← λμ + (1−λ)μ_B, σ² ← λσ² + (1−λ)σ²_B; the old moving values are constants for autograd."""

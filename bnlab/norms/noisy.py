@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from .base import stats_dtype
+from .fused import lazily_disabled
 from .batchnorm import BatchNorm
 from .sync import global_batch_rows
 from .registry import BN_OPTIONS, Param, norm
@@ -65,7 +66,7 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         scale, offset = self.draw_noise(a)  # drawn and applied in float32 or better, as the statistics
         return _ScaleShiftInPlace.apply(a, scale, offset).to(a.dtype)
 
-    @torch.compiler.disable
+    @lazily_disabled  # torch.compiler.disable, applied on the first call: no torch._dynamo import
     def draw_noise(self, a: Tensor) -> tuple[Tensor, Tensor]:
         """(s, m) of Algorithm 1 for an output shaped like ``a``, from the layer's own generator.
 

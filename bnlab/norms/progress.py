@@ -14,6 +14,7 @@ import torch.nn as nn
 from torch.optim import Optimizer
 
 from .base import ChannelNorm
+from .fused import lazily_disabled
 
 
 def set_progress(model: nn.Module, *, lr: float | None = None, epoch: int | None = None,
@@ -81,7 +82,7 @@ class ProgressTracker:
     def load_state_dict(self, state: dict) -> None:
         self.steps, self._epochs_ended = int(state["steps"]), int(state["epochs_ended"])
 
-    @torch.compiler.disable
+    @lazily_disabled  # torch.compiler.disable on the first call: importing bnlab.norms skips torch._dynamo
     def _before_forward(self, module: nn.Module, args) -> None:
         # Kept out of torch.compile: traced, the hook's Python counters become guards and every
         # epoch (every step with steps_per_epoch) recompiles; eager, it only writes the layers'

@@ -66,27 +66,23 @@ class BatchRenorm(ChannelNorm):
             return self.apply_affine(x, *self.running_affine(gamma, beta))
         if not self.track_running_stats:  # no running statistics: r = 1, d = 0
             return self.normalize_with_batch_stats(x, self.batch_norm_coefficients, gamma, beta)[0]
-        std = torch.sqrt(self.running_var + self.eps)
-        r_max, d_max = self.limits()
-
         def coefficients(mean_b, var_b, gamma, beta):
+            std, (r_max, d_max) = torch.sqrt(self.running_var + self.eps), self.limits()
             std_b = torch.sqrt(var_b + self.eps)
             r = (std_b / std).clamp(1 / r_max, r_max).detach()
             d = ((mean_b - self.running_mean) / std).clamp(-d_max, d_max).detach()
             scale = gamma * r / std_b
             return scale, beta + gamma * d - mean_b * scale
 
-        y, mean_b, var_b, _ = self.normalize_with_batch_stats(x, coefficients, gamma, beta)
-        if self.training:
-            self._update_running(mean_b, var_b)
-        return y
+        update = self._update_running if self.training else None
+        return self.normalize_with_batch_stats(x, coefficients, gamma, beta, update=update)[0]
 
     def batch_norm_coefficients(self, mean_b, var_b, gamma, beta):
         scale = gamma * torch.rsqrt(var_b + self.eps)
         return scale, beta - mean_b * scale
 
     @torch.no_grad()
-    def _update_running(self, mean_b: Tensor, var_b: Tensor) -> None:
+    def _update_running(self, mean_b: Tensor, var_b: Tensor, n: int = 0) -> None:
         # running statistics and the step are read by this step's graph (r, d, warm-up): see write_buffer
         self.write_buffer("num_batches_tracked", self.num_batches_tracked + 1)
         alpha = self.momentum_weight()

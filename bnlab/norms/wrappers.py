@@ -31,9 +31,8 @@ class _WeightScaledEpsBN(ChannelNorm):
         gamma, beta = self.gamma_beta(z)
         if not self.use_batch_stats():
             return self.apply_affine(z, *self.coefficients(self.running_mean, self.running_var, gamma, beta, weight_sq))
-        y, mean, var, n = self.normalize_with_batch_stats(z, self.coefficients, gamma, beta, weight_sq)
-        self.update_running_stats(mean, var, n)
-        return y
+        return self.normalize_with_batch_stats(z, self.coefficients, gamma, beta, weight_sq,
+                                               update=self.update_running_stats)[0]
 
     def coefficients(self, mean, var, gamma, beta, weight_sq):
         scale = gamma * torch.rsqrt(var + self.eps * weight_sq)

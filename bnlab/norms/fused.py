@@ -1,0 +1,265 @@
+"""The eager fused training path of the per-channel layers: few dispatched operations per call.
+
+One training step of a layer ``y = a(μ_B, σ²_B)·x + b(μ_B, σ²_B)`` (:mod:`bnlab.norms.base`) is two
+operators registered with ``torch.library`` (namespace ``bnlab``), one each way:
+
+* ``bnlab::stats_affine(x, tensors, key) -> (y, μ_B, σ²_B)``: the batch statistics (torch's two-pass
+  kernel), the variant's per-channel coefficients (its ``coefficients`` function, run with autograd
+  on C numbers in float64 and kept for the backward pass), the full-size affine pass and the layer's
+  running-buffer updates;
+* ``bnlab::stats_affine_backward(g, x, key) -> [∂L/∂x, ∂L/∂tensors...]``: the two per-channel
+  reductions (torch's BatchNorm backward kernel), the coefficient gradient (autograd on C numbers)
+  and the full-size input gradient, ``∂L/∂x = scale·g + (2/n)·g_v·(x − μ) + g_μ/n``.
+
+What this buys, honestly: the dispatcher (profilers, ``TorchDispatchMode``\\ s, autocast) sees one
+operation each way instead of 25–60, and the Python-level autograd bookkeeping is one
+``autograd.Function`` node. Inside each operator the per-channel coefficient math still runs as
+ordinary eager ops on C-element tensors (about 10–25 of them, microseconds each on a CPU); on a GPU
+each of those is still a kernel launch. Only the full-size passes are single kernels: statistics (1),
+affine (1) forward; reductions (1), input gradient (2) backward. The per-channel math is grouped,
+not fused: no claim of GPU speed is made for it (see docs/readme/benchmarks.md).
+
+The Python callables (statistics, coefficients, buffer update) cannot be operator arguments: each call
+parks them in a table under an integer ``key`` that the operator pops. Eager only: under
+``torch.compile`` the layers take plain ops, which inductor fuses into full-size loops.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+CoefFn = Callable[..., tuple[Tensor, Tensor]]
+MomentsFn = Callable[[Tensor], tuple[Tensor, Tensor, int]]
+UpdateFn = Callable[[Tensor, Tensor, int], None]
+
+
+# ---- full-size kernels shared by the fused and plain paths -------------------------------------------
+def channel_sum(t: Tensor) -> Tensor:
+    """Σ over every dim but 1, without a strided multi-dim reduction (faster on CPU)."""
+    return t.sum(0) if t.dim() == 2 else t.flatten(2).sum(2).sum(0)
+
+
+def channel_dot(a: Tensor, b: Tensor) -> Tensor:
+    """Per-channel Σ a·b as a batched matrix product: no (N, C, *) temporary."""
+    if a.dim() == 2:
+        return (a * b).sum(0)
+    n, c = a.shape[:2]
+    return (a.reshape(n, c, 1, -1) @ b.reshape(n, c, -1, 1)).sum(0).flatten()
+
+
+def per_channel(t: Tensor, x: Tensor) -> Tensor:
+    """View a (C,) tensor so that it broadcasts against x of shape (N, C, *)."""
+    return t.view(1, -1, *([1] * (x.dim() - 2)))
+
+
+def centred_reductions(g: Tensor, x: Tensor, mean: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-channel (Σ g, Σ g·(x − mean)) in one pass over g and x, accumulated in double on CPU.
+
+    torch's BatchNorm backward kernel computes exactly these two reductions for its weight and bias
+    gradients; with invstd = 1 its "x̂" is x − mean. Elsewhere: a centred temporary and two reductions.
+    """
+    if x.device.type in ("cpu", "cuda"):
+        one = torch.ones_like(mean)  # invstd = 1, and weight = 1: CUDA's kernel refuses weight=None
+        _, dot, total = torch.ops.aten.native_batch_norm_backward(
+            g, x, one, None, None, mean, one, True, 0.0, [False, True, True])
+        return total, dot
+    return channel_sum(g), channel_dot(g, x - per_channel(mean, x))
+
+
+def stats_dtype(x: Tensor) -> torch.dtype:
+    """float32 for half-precision inputs (no overflow of Σx², no 8-bit mantissa sums), else x's dtype."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def coef_dtype(x: Tensor) -> torch.dtype:
+    """The per-channel coefficient graph runs in float64 (C numbers), except where float64 is missing."""
+    return torch.float32 if x.device.type == "mps" else torch.float64
+
+
+def channel_affine(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
+    """scale·x + shift per channel (scale, shift: (C,) in x's dtype), into a new tensor.
+
+    On CPU through torch's inference BatchNorm kernel with zero mean, unit variance and ε = 0 (its
+    per-channel factor is then scale·1/√1 = scale and its offset shift, exactly): a vectorized loop,
+    where ``addcmul`` with two broadcast operands takes a scalar one (on (128, 64, 32, 32), 1 thread:
+    25 against 33 ms with the allocation, 3.6 against 11 ms without)."""
+    if x.device.type == "cpu":
+        zero = torch.zeros_like(scale)
+        return torch.batch_norm(x, scale, shift, zero, torch.ones_like(scale), False, 0.0, 0.0, False)
+    return torch.addcmul(per_channel(shift, x), x, per_channel(scale, x))
+
+
+def refuse_double_backward(what: str) -> None:
+    """The fused functions' backward is not itself differentiable: say so, and how to get a graph that is."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"bnlab's fused {what} does not support double backward (create_graph=True); "
+                           "run the forward pass inside `with bnlab.norms.plain_autograd():`")
+
+
+# ---- switches -------------------------------------------------------------------------------------
+_STATE = threading.local()  # per thread: one thread's plain_autograd() must not change another's layers
+
+
+def plain_requested() -> bool:
+    """Whether this thread is inside :class:`plain_autograd`."""
+    return getattr(_STATE, "plain", False)
+
+
+class plain_autograd:
+    """Context manager: build normalization layers' graphs from plain autograd ops (slower, but
+    twice differentiable), e.g. for Hessian-vector products. Thread-local."""
+
+    def __enter__(self):
+        self._previous = plain_requested()
+        _STATE.plain = True
+        return self
+
+    def __exit__(self, *exc):
+        _STATE.plain = self._previous
+        return False
+
+
+def lazily_disabled(fn: Callable) -> Callable:
+    """``torch.compiler.disable(fn)``, built on the first call: applying it at import time imports
+    ``torch._dynamo`` (1.2 s of ``import bnlab.norms``), which eager users never need."""
+    disabled: list[Callable] = []
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not disabled:
+            disabled.append(torch.compiler.disable(fn))
+        return disabled[0](*args, **kwargs)
+
+    return call
+
+
+# ---- the operators --------------------------------------------------------------------------------
+_CALLS: dict[int, object] = {}  # key -> the Python side of one pending operator call
+_KEYS = itertools.count()
+
+
+class _Call:
+    """The Python side of one fused call: callables in, the per-channel graph out (kept for backward)."""
+
+    __slots__ = ("moments_fn", "coef_fn", "update_fn", "needs", "graph", "n")
+
+    def __init__(self, moments_fn: MomentsFn, coef_fn: CoefFn, update_fn: UpdateFn | None, needs) -> None:
+        self.moments_fn, self.coef_fn, self.update_fn, self.needs = moments_fn, coef_fn, update_fn, needs
+        self.graph: tuple | None = None
+        self.n = 0
+
+    def park(self) -> int:
+        return park(self)
+
+
+def park(obj) -> int:
+    """Hand a Python object to an operator kernel: the returned key is the operator's int argument."""
+    key = next(_KEYS)
+    _CALLS[key] = obj
+    return key
+
+
+def take(key: int):
+    """The object :func:`park` stored under ``key`` (removed from the table)."""
+    return _CALLS.pop(key)
+
+
+def autograd_inside():
+    """Autograd on inside an operator's kernel: a dispatch mode (a profiler, an op counter) runs the
+    kernel with autograd's dispatch keys excluded, and the per-channel graph needs them."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in ("AutogradFunctionality", "AutogradOther", "ADInplaceOrView"):
+        exclude = exclude.remove(getattr(torch._C.DispatchKey, key))
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+
+
+def _stats_affine(x: Tensor, tensors: list[Tensor], key: int) -> tuple[Tensor, Tensor, Tensor]:
+    call = take(key)
+    with autograd_inside():  # (autocast is off inside an operator kernel)
+        mean, var, n = call.moments_fn(x)
+        with torch.enable_grad():
+            m = mean.detach().to(coef_dtype(x)).requires_grad_()
+            v = var.detach().to(coef_dtype(x)).requires_grad_()
+            leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors, call.needs)]
+            scale, shift = call.coef_fn(m, v, *leaves)
+        call.graph, call.n = (m, v, leaves, scale, shift), n
+        y = channel_affine(x, scale.detach().to(x.dtype), shift.detach().to(x.dtype))
+        if call.update_fn is not None:
+            with torch.no_grad():
+                call.update_fn(mean, var, n)
+    return y, mean, var
+
+
+def _stats_affine_backward(g: Tensor, x: Tensor, key: int) -> list[Tensor]:
+    call = take(key)
+    with autograd_inside():
+        m, v, leaves, scale, shift = call.graph
+        m_x = m.detach().to(x.dtype)  # the mean as x's dtype: every use below takes this same value
+        g_sum, g_dot_centred = centred_reductions(g, x, m_x)
+        g_sum = g_sum.to(m.dtype)
+        g_dot = g_dot_centred.to(m.dtype) + m_x.to(m.dtype) * g_sum  # Σ g·x, exactly, without cancellation
+        inputs = [m, v] + [t for t in leaves if t.requires_grad]
+        with torch.enable_grad():
+            raw = torch.autograd.grad((scale, shift), inputs, (g_dot, g_sum), allow_unused=True,
+                                      retain_graph=True)  # tiny; lets gradcheck re-run backward
+        grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(raw, inputs)]
+        s = (2.0 / call.n) * grads[1]
+        # gx = s·(x − μ) + g_μ/n + scale·g = s·x + (g_μ/n − s·μ) + scale·g: the constant in float64, so
+        # only s·x rounds at |x| (as nn.BatchNorm's own x·a + b does)
+        const = (grads[0] / call.n - s * m_x.to(m.dtype)).to(x.dtype)
+        gx = channel_affine(x, s.to(x.dtype), const)
+        gx.addcmul_(g, per_channel(scale.detach().to(x.dtype), x))
+        rest = [gr.to(t.dtype) for gr, t in zip(grads[2:], (t for t in leaves if t.requires_grad))]
+    return [gx, *rest]
+
+
+_LIB = torch.library.Library("bnlab", "FRAGMENT")
+_LIB.define("stats_affine(Tensor x, Tensor[] tensors, int key) -> (Tensor, Tensor, Tensor)")
+_LIB.define("stats_affine_backward(Tensor g, Tensor x, int key) -> Tensor[]")
+_LIB.impl("stats_affine", _stats_affine, "CompositeExplicitAutograd")
+_LIB.impl("stats_affine_backward", _stats_affine_backward, "CompositeExplicitAutograd")
+
+
+class _StatsAffine(torch.autograd.Function):
+    """y = scale·x + shift with (scale, shift) = coef_fn(μ_B, σ²_B, *tensors): one operator each way.
+
+    The per-channel coefficient graph is built with ordinary autograd (in float64) inside the forward
+    operator and differentiated in the backward one; the (N, C, *) part of the gradient is assembled
+    from the centred input, so a large mean cancels nothing. Double backward is refused with a clear
+    error: use ``with bnlab.norms.plain_autograd():``.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, moments_fn: MomentsFn, coef_fn: CoefFn, update_fn: UpdateFn | None,
+                *tensors: Tensor):
+        call = _Call(moments_fn, coef_fn, update_fn, [t.requires_grad for t in tensors])
+        y, mean, var = torch.ops.bnlab.stats_affine(x, list(tensors), call.park())
+        ctx.call, ctx.needs = call, call.needs
+        ctx.set_materialize_grads(False)  # no zero gradients built for the statistics outputs
+        ctx.save_for_backward(x)
+        ctx.mark_non_differentiable(mean, var)
+        return y, mean, var
+
+    @staticmethod
+    def backward(ctx, g: Tensor, _gm, _gv):
+        refuse_double_backward("normalization")
+        if g is None:  # y's gradient undefined (set_materialize_grads(False)): nothing flows back
+            return (None,) * (4 + len(ctx.needs))
+        (x,) = ctx.saved_tensors
+        gx, *rest = torch.ops.bnlab.stats_affine_backward(g, x, ctx.call.park())
+        grads = iter(rest)
+        return (gx, None, None, None, *[next(grads) if need else None for need in ctx.needs])
+
+
+@lazily_disabled
+def fused_normalize(x: Tensor, moments_fn: MomentsFn, coef_fn: CoefFn, *tensors: Tensor,
+                    update: UpdateFn | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, μ_B, σ²_B) through :class:`_StatsAffine`, eagerly and never traced: dynamo once inlined
+    the function's forward as plain code and dropped its backward (1e-2 relative error)."""
+    return _StatsAffine.apply(x, moments_fn, coef_fn, update, *tensors)

@@ -1,0 +1,80 @@
+"""Count the aten operations a piece of code dispatches: the measure behind issue 18's limits.
+
+Each dispatched operation is a kernel launch on a GPU and a few microseconds of dispatch on a CPU,
+so for small tensors (and for every tensor on a GPU) their number, not the arithmetic, sets a
+layer's speed. :func:`count_ops` runs a callable under a ``TorchDispatchMode`` and counts every
+operation that reaches the dispatcher below autograd, views excluded (they launch nothing). A custom
+operator registered with ``torch.library`` counts once: what runs inside it is not seen, so a count
+says how many operations the dispatcher, autocast and ``torch.compile`` see, not how many kernels run.
+
+    >>> from bnlab.norms.opcount import count_ops, training_step
+    >>> count_ops(training_step(bnlab.norms.create("bn", 64), (32, 64, 16, 16))).total
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# Ops that neither compute nor allocate a result of their own (views, metadata).
+FREE = frozenset({"detach", "alias", "lift_fresh", "_unsafe_view"})  # views not marked as such
+
+
+def is_view(func) -> bool:
+    """True for aten view ops (their schema's result aliases an input), which launch no kernel."""
+    schema = func._schema
+    return bool(schema.returns) and all(r.alias_info is not None and not r.alias_info.is_write
+                                        for r in schema.returns)
+
+
+@dataclass
+class OpCount:
+    """The non-view operations one call dispatched, by name, in order."""
+
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return len(self.names)
+
+    def by_name(self) -> Counter:
+        return Counter(self.names)
+
+
+class _Counter(TorchDispatchMode):
+    def __init__(self, record: OpCount) -> None:
+        super().__init__()
+        self.record = record
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not is_view(func) and name not in FREE:
+            ns = func.namespace
+            self.record.names.append(name if ns == "aten" else f"{ns}::{name}")
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn: Callable[[], object]) -> OpCount:
+    """Run ``fn()`` once and return the non-view operations it dispatched (forward and backward)."""
+    record = OpCount()
+    with _Counter(record):
+        fn()
+    return record
+
+
+def training_step(module: torch.nn.Module, shape: tuple[int, ...], seed: int = 0) -> Callable[[], None]:
+    """One training-mode forward + backward of ``module`` on a fixed random input of ``shape``,
+    the gradient of the output given (so the loss adds no operations): what the limits count."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=gen)
+    g = torch.randn(shape, generator=gen)
+    module.train()
+
+    def step() -> None:
+        module(x.detach().requires_grad_()).backward(g)
+
+    return step
