@@ -234,35 +234,40 @@ def _noisy_cells(gains: dict[str, float], n: int = 3, sd: float = 0.01) -> dict:
 
 
 def test_table_verdict():
+    """The primary comparison (mean over Sigmoid/Tanh/SELU) against the paper's effect, with a design that can
+    resolve it: held / not held / inconclusive as the rule says (bnlab.experiments.verdict)."""
     paper_like = {"sigmoid": 0.12, "tanh": 0.04, "relu": 0.01, "selu": 0.04, "swish": 0.01}
-    paper_gains = {a: P.paper_gain(1, a) for a in P.ACTIVATIONS}
-    assert P.table_verdict(_noisy_cells(paper_like))[0] == "held"
-    assert P.table_verdict(_noisy_cells(paper_like), tiny=True)[0] == "inconclusive"
-    # one seed per arm cannot decide anything under the rule (the old verdict called one run "held")
-    verdict, summary = P.table_verdict(_cells(paper_like))
-    assert verdict == "inconclusive" and "fewer than 3 seeds" in summary
+    sharp = P.Design("primary", 0.0608, 0.005, 3, "test", n_test=10_000)
+    assert P.table_verdict(_noisy_cells(paper_like), design=sharp)[0] == "held"
+    assert P.table_verdict(_noisy_cells(paper_like), tiny=True, design=sharp)[0] == "inconclusive"
+    # one seed per arm cannot decide anything under the rule
+    verdict, summary = P.table_verdict(_cells(paper_like), design=sharp)
+    assert verdict == "inconclusive" and "too few seeds" in summary
+    # significantly worse with one activation (Holm over the five): not held even though the primary holds
     worse = {**paper_like, "relu": -0.05}
-    assert P.table_verdict(_noisy_cells(worse))[0] == "not held"
-    # no gain anywhere although the seeds resolve effects far smaller than the paper's: not held
+    assert P.table_verdict(_noisy_cells(worse), design=sharp)[0] == "not held"
+    # no gain anywhere although the design resolves far smaller effects than the paper's: not held
     flat = {a: 0.0 for a in P.ACTIVATIONS}
-    assert P.table_verdict(_noisy_cells(flat, sd=0.002), paper_gains=paper_gains)[0] == "not held"
-    # ... but with a noisy proxy that could not resolve them: inconclusive, with the resolvable effect
-    verdict, summary = P.table_verdict(_noisy_cells(flat, sd=0.2), paper_gains=paper_gains)
-    assert verdict == "inconclusive" and "resolves gains of ≥" in summary
+    assert P.table_verdict(_noisy_cells(flat, sd=0.002), design=sharp)[0] == "not held"
+    # today's smoke design (resolvable ≥ 26 points) cannot reject the paper's 6 points: inconclusive
+    verdict, summary = P.table_verdict(_noisy_cells(flat, sd=0.2), table=1)
+    assert verdict == "inconclusive" and "resolvable ≥ 26 pt" in summary
     missing = _noisy_cells(paper_like)
     del missing[("②", "selu")]
     assert P.table_verdict(missing)[0] == "inconclusive"
     assert P.paper_gain(1, "sigmoid") == pytest.approx(91.20 - 78.97)
+    assert P.table_design(1).paper_effect == pytest.approx((12.23 + 4.14 + 1.88) / 300)
 
 
 def test_table_verdict_must_settle():
-    """A verdict the last third of training changed is inconclusive (the rule Luo's entries use): table 4's
-    smoke said "not held" at the end where the same rule at 2/3 of training said "inconclusive"."""
+    """A verdict that changed within the final lr phase is inconclusive: table 4's smoke said "not held" at
+    the end where the same rule earlier said "inconclusive"."""
     paper_like = {"sigmoid": 0.12, "tanh": 0.04, "relu": 0.01, "selu": 0.04, "swish": 0.01}
+    sharp = P.Design("primary", 0.0608, 0.005, 3, "test", n_test=10_000)
     worse = {**paper_like, "tanh": -0.6}
-    held = P.settled_table_verdict(_noisy_cells(paper_like), _noisy_cells(paper_like))
+    held = P.settled_table_verdict(_noisy_cells(paper_like), _noisy_cells(paper_like), design=sharp)
     assert held[0] == "held" and "settled: the verdict at 2/3 of training is also 'held'" in held[1]
-    verdict, summary = P.settled_table_verdict(_noisy_cells(worse), _noisy_cells(paper_like))
+    verdict, summary = P.settled_table_verdict(_noisy_cells(worse), _noisy_cells(paper_like), design=sharp)
     assert verdict == "inconclusive" and "NOT settled: the verdict would be 'not held'" in summary
 
 
@@ -277,6 +282,8 @@ def test_loss_curve_verdict():
 
     lower = {a: -0.2 for a in P.ACTIVATIONS}
     assert P.loss_curve_verdict(losses(lower))[0] == "held"
+    # one panel a little higher (not significant after Holm over the ten panels): still held
+    assert P.loss_curve_verdict(losses({**lower, "relu": 0.015}))[0] == "held"
     assert P.loss_curve_verdict(losses(lower), tiny=True)[0] == "inconclusive"
     assert P.loss_curve_verdict(losses({**lower, "relu": 0.2}))[0] == "not held"
     assert P.loss_curve_verdict(losses({a: 0.0 for a in P.ACTIVATIONS}))[0] == "inconclusive"

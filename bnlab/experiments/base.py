@@ -82,7 +82,7 @@ def register(experiment: Experiment) -> Experiment:
 
 
 # The paper modules, imported by name (they import this module to register their entries).
-PAPER_MODULES = ["santurkar", "luo", "peng", "peng_imagenet", "arora", "mbn"]
+PAPER_MODULES = ["santurkar", "luo", "peng", "peng_imagenet", "arora", "mbn", "theorems"]
 
 
 def load_catalogue() -> dict[str, Experiment]:

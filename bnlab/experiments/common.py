@@ -161,15 +161,18 @@ RULE = (f"Welch's two-sided t-test on the per-seed values, α = {ALPHA:g}, at le
         f"(t_(1−α/2) + t_({POWER:g}))·SE at power {POWER:g}")
 
 
-def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds: int = MIN_SEEDS) -> Comparison:
+def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds: int = MIN_SEEDS,
+                 se_floor: float = 0.0, n_test: int | None = None) -> Comparison:
     """Compare arm ``b`` with arm ``a`` (lists of per-seed values, non-finite ones dropped): the rule :data:`RULE`.
 
     Welch's t-test (unequal variances; Welch 1947): diff = mean(b) − mean(a), SE = √(s_a²/n_a + s_b²/n_b),
     Welch–Satterthwaite degrees of freedom, two-sided p. ``decision`` is "higher"/"lower" when p < ``alpha``,
     else "no detectable difference"; the minimum detectable effect ``mde = (t_{1−α/2,df} + t_{power,df})·SE``
     is the true difference this many seeds with this spread would detect with probability ``power``. Fewer
-    than ``min_seeds`` values in an arm: "too few seeds" (diff still given). Identical values (SE = 0): any
-    nonzero difference counts as detected (p = 0).
+    than ``min_seeds`` values in an arm: "too few seeds" (diff still given). The SE is floored at ``se_floor``
+    and, for accuracies, at the binomial SE of the arm means on ``n_test`` test images (``verdict.binomial_floor``),
+    so arms whose seeds happen to agree do not get p ≈ 0 for a one-image difference. Without a floor, identical
+    values (SE = 0, deterministic computations) count any nonzero difference as detected (p = 0).
     """
     from scipy import stats
 
@@ -183,11 +186,18 @@ def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds:
     if n_a < max(min_seeds, 2) or n_b < max(min_seeds, 2):
         return Comparison(diff, None, None, None, None, n_a, n_b, "too few seeds")
     va, vb = sa**2 / n_a, sb**2 / n_b
-    se = math.sqrt(va + vb)
+    floor = se_floor
+    if n_test:
+        floor = max(floor, math.sqrt(sum(min(max(p, 0.0), 1.0) * (1 - min(max(p, 0.0), 1.0)) / (n_test * n)
+                                         for p, n in ((ma, n_a), (mb, n_b)))))
+    se = max(math.sqrt(va + vb), floor)
     if se == 0:
         return Comparison(diff, 0.0, None, 0.0 if diff else 1.0, 0.0, n_a, n_b,
                           "no detectable difference" if diff == 0 else ("higher" if diff > 0 else "lower"))
-    df = (va + vb) ** 2 / ((va**2 / (n_a - 1) if va else 0.0) + (vb**2 / (n_b - 1) if vb else 0.0))
+    if va + vb > 0:
+        df = (va + vb) ** 2 / ((va**2 / (n_a - 1) if va else 0.0) + (vb**2 / (n_b - 1) if vb else 0.0))
+    else:  # only the floor: the pooled df
+        df = float(n_a + n_b - 2)
     p = float(2 * stats.t.sf(abs(diff) / se, df))
     mde = float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * se)
     if p < alpha:
@@ -227,19 +237,20 @@ def value_at_fraction(curve: tuple[list, list], fraction: float) -> float | None
 SETTLE_FRACTION = 2 / 3  # where :func:`settle` reads a verdict a second time
 
 
-def settle(end: tuple[str, str], mid: tuple[str, str]) -> tuple[str, str]:
-    """Combine the verdict at the end with the one at 2/3 of training (the settling rule of every entry
-    whose compared quantity is read at the end of training: Luo Figs 2–7, Peng Tables 1–4).
+def settle(end: tuple[str, str], mid: tuple[str, str], where: str = "2/3 of training") -> tuple[str, str]:
+    """Combine the verdict at the end with the one read earlier (the settling rule of every entry whose
+    compared quantity is read at the end of training: Luo Figs 2–7, Peng Tables 1–4).
 
     ``end`` / ``mid``: (verdict, summary) of the same verdict function on the values at the end and at
-    2/3 of training. A verdict that the last third of training changed is "inconclusive": the compared
+    ``where`` (2/3 of training by default; halfway through the final learning-rate phase for step schedules,
+    ``verdict.settle_fraction``). A verdict that changed in between is "inconclusive": the compared
     quantity has not settled, and a longer run could change it again.
     """
     verdict, summary = end
     if mid[0] == verdict:
-        return verdict, f"{summary}; settled: the verdict at 2/3 of training is also '{mid[0]}'"
+        return verdict, f"{summary}; settled: the verdict at {where} is also '{mid[0]}'"
     return "inconclusive", (f"{summary}; NOT settled: the verdict would be '{verdict}' at the end but was "
-                            f"'{mid[0]}' at 2/3 of training ({mid[1]})")
+                            f"'{mid[0]}' at {where} ({mid[1]})")
 
 
 def mean_over_run(run, metric: str = "train_loss", fraction: float = 1.0) -> float | None:

@@ -1,0 +1,232 @@
+"""The verdict rule of the catalogue: one pre-declared primary comparison per entry, judged against the
+paper's effect with a resolution fixed in advance.
+
+Why a rule of its own (issue 19): judging every comparison an entry prints, with the minimum detectable
+effect computed from the observed SD of 3 seeds, made verdicts that depended on chance (an exact null was
+called "not held" 8–14 % of the time; the paper's true effect "held" only 20 %), gave p ≈ 0 to arms that
+differed by one test image, and dropped diverged runs as missing data. The rule, stated once (:data:`RULE`):
+
+1. **Primary comparison.** Each entry declares one :class:`Design` before it runs: the quantity b − a it
+   compares, the paper's effect on that quantity (signed: the direction the paper claims), the number of
+   seeds per arm and a *design SD* of one seed's value, measured in a pilot and written into the entry.
+   Every other comparison is reported; where one is judged as well, its p-values are Holm-corrected
+   (:func:`holm`, Holm 1979) as a family.
+2. **Resolution fixed in advance.** The minimum detectable effect is ``(t_{1−α/2} + t_{power})·SE_design``
+   with ``SE_design = max(design_sd·√(1/n_a + 1/n_b), floor)``, at df = n_a + n_b − 2: a property of the
+   design, not of the scatter of this run's seeds.
+3. **A floor on the standard error.** The test uses ``SE = max(Welch SE, floor)``. For accuracies the floor
+   is the binomial SE of the two arm means on a test set of ``n_test`` images
+   (``√(p_a(1−p_a)/(n_test·n_a) + p_b(1−p_b)/(n_test·n_b))``): accuracies measured by counting images cannot
+   resolve a difference below it, so arms that differ by one image are not "significant" because their
+   seeds happened to agree. Other quantities pass ``se_floor`` (their measurement resolution).
+4. **Divergence is failure.** A diverged run enters its arm with the entry's failure value (chance accuracy,
+   the loss at initialization, ...; :func:`arm_values`), never as missing data. Runs that crashed
+   (status "failed"/"interrupted") are missing, and named in the summary.
+5. **Decision.** Welch's two-sided t at α = 0.05 on the primary comparison: "held" if significant in the
+   paper's direction; "not held" if significant against it, or if the (1−α) confidence interval lies entirely
+   short of the paper's effect (the data reject an effect of the paper's size); otherwise "inconclusive",
+   stating the design's resolvable effect. Hence P(false "held" | no effect) ≤ α/2 and P(false "not held" |
+   the paper's effect) ≤ α/2 + the family's Holm-controlled share; ``tests/test_verdict_rule.py`` measures
+   both by simulation and the docs print them.
+6. **Settling.** Where the verdict is read at the end of training, it is read again inside the final
+   learning-rate phase (:func:`settle_fraction`): halfway through the last constant-lr stretch of a step
+   schedule, never before the last drop. A verdict that changed within that phase is "inconclusive".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .common import finite_or_none, mean_std
+
+ALPHA = 0.05
+POWER = 0.8
+MIN_SEEDS = 3
+RULE = (
+    "one pre-declared primary comparison per entry: Welch's two-sided t (α = 0.05, ≥ 3 seeds per arm) with "
+    "the standard error floored (binomial on the test-set size for accuracies); held = significant in the "
+    "paper's direction, not held = significant against it or the 95 % CI excludes the paper's effect, else "
+    "inconclusive; resolvable effect (t_0.975 + t_0.8)·design SD·√(1/n_a + 1/n_b), from a design SD stated "
+    "in advance; diverged runs count as failures of their arm; other comparisons Holm-corrected"
+)
+
+
+@dataclass(frozen=True)
+class Design:
+    """The pre-declared primary comparison of an entry (b − a).
+
+    ``paper_effect``: the paper's b − a in the same units (its sign is the claimed direction). ``design_sd``:
+    SD of one seed's value, from the pilot named in ``source``. ``n_test``: test-set size when the values are
+    accuracies in [0, 1] (binomial floor); ``se_floor``: an absolute floor otherwise.
+    """
+
+    quantity: str
+    paper_effect: float
+    design_sd: float
+    n_seeds: int
+    source: str
+    n_test: int | None = None
+    se_floor: float = 0.0
+    alpha: float = ALPHA
+    power: float = POWER
+    # False where the paper gives only a direction (curves without numbers): ``paper_effect`` is then a
+    # unit-size stand-in for its sign, and "not held" needs a significant effect against it.
+    magnitude_known: bool = True
+
+    def __post_init__(self):
+        if self.paper_effect == 0 or not math.isfinite(self.paper_effect):
+            raise ValueError(
+                f"paper_effect must be a nonzero finite number (its sign is the claim), "
+                f"got {self.paper_effect!r}"
+            )
+        if not self.design_sd >= 0 or self.n_seeds < 2:
+            raise ValueError(
+                f"design_sd must be ≥ 0 and n_seeds ≥ 2, got {self.design_sd!r}, {self.n_seeds!r}"
+            )
+
+    def mde(self, p_a: float = 0.5, p_b: float = 0.5) -> float:
+        """The effect this design detects with probability ``power`` (two-sided α), from the design SD and
+        the floor; ``p_a``/``p_b`` (accuracies) set the binomial floor, 0.5 its largest value."""
+        from scipy import stats
+
+        n = self.n_seeds
+        floor = max(self.se_floor, binomial_floor(p_a, p_b, self.n_test, n, n))
+        se = max(self.design_sd * math.sqrt(2 / n), floor)
+        df = 2 * n - 2
+        return float((stats.t.ppf(1 - self.alpha / 2, df) + stats.t.ppf(self.power, df)) * se)
+
+    def resolves_paper(self) -> bool:
+        """Whether the paper's effect is at least the design's minimum detectable effect."""
+        return abs(self.paper_effect) >= self.mde()
+
+    def text(self, scale: float = 1.0, unit: str = "") -> str:
+        paper = (
+            f"{scale * self.paper_effect:+.3g}{unit}"
+            if self.magnitude_known
+            else ("lower" if self.paper_effect < 0 else "higher") + " (direction only)"
+        )
+        return (
+            f"primary: {self.quantity}; paper {paper}; design SD "
+            f"{scale * self.design_sd:.2g}{unit} ({self.source}), {self.n_seeds} seeds/arm → resolvable "
+            f"≥ {scale * self.mde():.2g}{unit}"
+        )
+
+
+def binomial_floor(p_a: float, p_b: float, n_test: int | None, n_a: int, n_b: int) -> float:
+    """Binomial SE of the difference of two arm-mean accuracies on ``n_test`` test images (0 without n_test)."""
+    if not n_test:
+        return 0.0
+    p_a, p_b = (min(max(p, 0.0), 1.0) for p in (p_a, p_b))
+    return math.sqrt(p_a * (1 - p_a) / (n_test * n_a) + p_b * (1 - p_b) / (n_test * n_b))
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The primary comparison's outcome: the verdict and the numbers that decided it."""
+
+    verdict: str
+    diff: float | None
+    se: float | None
+    p: float | None
+    ci: tuple[float, float] | None
+    mde: float
+    n_a: int
+    n_b: int
+    floored: bool
+
+    def text(self, design: Design, scale: float = 1.0, unit: str = "") -> str:
+        if self.diff is None or self.se is None:
+            return f"{design.quantity}: n={self.n_a}/{self.n_b}, too few seeds ({design.text(scale, unit)})"
+        lo, hi = self.ci
+        return (
+            f"{design.quantity} {scale * self.diff:+.3g}{unit} ± {scale * self.se:.2g} (SE"
+            f"{', floored' if self.floored else ''}; 95 % CI [{scale * lo:+.3g}, {scale * hi:+.3g}], p={self.p:.2g}, "
+            f"n={self.n_a}/{self.n_b}) vs the paper's "
+            + (
+                f"{scale * design.paper_effect:+.3g}{unit}"
+                if design.magnitude_known
+                else ("negative" if design.paper_effect < 0 else "positive") + " (direction only)"
+            )
+            + "; resolvable ≥ "
+            f"{scale * self.mde:.2g}{unit} (design SD {scale * design.design_sd:.2g}, {design.source})"
+        )
+
+
+def judge(a, b, design: Design) -> Judgement:
+    """Judge the primary comparison b − a by :data:`RULE` (values per seed; diverged runs already replaced by
+    the failure value, see :func:`arm_values`; non-finite values dropped)."""
+    from scipy import stats
+
+    xa = [v for v in (finite_or_none(v) for v in a) if v is not None]
+    xb = [v for v in (finite_or_none(v) for v in b) if v is not None]
+    n_a, n_b = len(xa), len(xb)
+    if n_a < MIN_SEEDS or n_b < MIN_SEEDS:
+        return Judgement("inconclusive", None, None, None, None, design.mde(), n_a, n_b, False)
+    (ma, sa), (mb, sb) = mean_std(xa), mean_std(xb)
+    diff = mb - ma
+    va, vb = sa**2 / n_a, sb**2 / n_b
+    welch = math.sqrt(va + vb)
+    floor = max(design.se_floor, binomial_floor(ma, mb, design.n_test, n_a, n_b))
+    if va + vb > 0:
+        df = (va + vb) ** 2 / ((va**2 / (n_a - 1)) + (vb**2 / (n_b - 1)))
+    else:
+        df = float(n_a + n_b - 2)
+    se = max(welch, floor)
+    if se == 0:  # deterministic values without a stated resolution: any difference is exact
+        p = 0.0 if diff else 1.0
+        ci = (diff, diff)
+    else:
+        p = float(2 * stats.t.sf(abs(diff) / se, df))
+        half = float(stats.t.ppf(1 - design.alpha / 2, df)) * se
+        ci = (diff - half, diff + half)
+    sign = 1.0 if design.paper_effect > 0 else -1.0
+    if p < design.alpha and diff * sign > 0:
+        verdict = "held"
+    elif (p < design.alpha and diff * sign < 0) or (
+        design.magnitude_known and sign * ci[1 if sign > 0 else 0] < abs(design.paper_effect)
+    ):
+        verdict = "not held"
+    else:
+        verdict = "inconclusive"
+    return Judgement(verdict, diff, se, p, ci, design.mde(ma, mb), n_a, n_b, floor > welch)
+
+
+def holm(pvalues: dict) -> dict:
+    """Holm's step-down adjusted p-values (Holm 1979, "A simple sequentially rejective multiple test
+    procedure"): the k-th smallest of m gets max over j ≤ k of min(1, (m − j + 1)·p_(j)). None stays None."""
+    known = sorted(((p, key) for key, p in pvalues.items() if p is not None), key=lambda t: t[0])
+    m, running, out = len(known), 0.0, {key: None for key in pvalues}
+    for rank, (p, key) in enumerate(known):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[key] = running
+    return out
+
+
+def arm_values(runs, read, failure_value: float) -> tuple[list[float], list[str]]:
+    """Per-seed values of one arm: ``read(run)`` for finished runs, ``failure_value`` for a diverged run or a
+    finished one whose value is non-finite (a failure of the arm, not missing data). Runs that crashed or were
+    interrupted are left out and their labels returned, so the summary can name them."""
+    values, missing = [], []
+    for r in runs:
+        if r.status == "diverged":
+            values.append(failure_value)
+        elif r.status == "finished":
+            value = finite_or_none(read(r))
+            values.append(failure_value if value is None else value)
+        else:
+            missing.append(r.label)
+    return values, missing
+
+
+def settle_fraction(config: dict) -> float:
+    """Where (fraction of training) the settling rule reads the verdict a second time: halfway through the
+    final learning-rate phase. For ``step:E1,...,Ek`` over E epochs that is (Ek + (E − Ek)/2)/E — after the
+    last drop, so the two readings compare like with like; otherwise (constant, exponential) 2/3."""
+    schedule = str(config.get("schedule") or "constant")
+    epochs = config.get("epochs")
+    if schedule.startswith("step:") and epochs:
+        last = max(int(e) for e in schedule.split(":")[1].split(","))
+        if last < epochs:
+            return (last + (epochs - last) / 2) / epochs
+    return 2 / 3
