@@ -137,3 +137,67 @@ def test_timm_imports_through_the_library_helper_in_a_fresh_interpreter():
     if "PLAIN failed" in result.stdout:  # this environment has the mismatch the helper is for
         assert "torchvision::nms does not exist" in result.stdout
         assert "NMS refused: torchvision::nms is a placeholder" in result.stdout
+
+
+# ---- 3. probes on a compiled model ---------------------------------------------------------
+
+def _probe_run(compile_backend: str | None) -> list[tuple[int, str, float]]:
+    import bnlab.probes as P
+
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                                torch.nn.Linear(8, 2))
+    run_model = model if compile_backend is None else torch.compile(model, backend=compile_backend)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    lab = P.Lab(run_model, loss_fn, optimizer=opt, probes=[
+        P.create("hessian", every=2, iters=4, samples=1), P.create("ics", every=2)])
+    for step in range(3):
+        x = torch.randn(16, 6, generator=gen)
+        y = torch.randint(0, 2, (16,), generator=gen)
+        opt.zero_grad()
+        loss_fn(run_model(x), y).backward()
+        lab.after_backward((x, y), step)
+        opt.step()
+        lab.after_step((x, y), step)
+    return [(s, n, v) for s, n, v in lab.records if not n.endswith("/seconds")]
+
+
+def test_lab_measures_a_compiled_model_through_its_eager_module():
+    """The reference is the same loop on the eager module. torch.compile through AOTAutograd
+    (backend aot_eager: the default inductor's autograd, without its C++ compile) has no double
+    backward, which the hessian probe needs: the Lab measures through ``_orig_mod``."""
+    from bnlab.probes.compiled import eager_module, is_compiled
+
+    eager = _probe_run(None)
+    compiled = _probe_run("aot_eager")
+    assert [n for _, n, _ in compiled] == [n for _, n, _ in eager]
+    assert any("hessian/top_eigenvalue" in n for _, n, _ in compiled)
+    for (_, name, a), (_, _, b) in zip(compiled, eager):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-6, nan_ok=True), name
+    net = torch.nn.Linear(2, 2)
+    assert is_compiled(torch.compile(net)) and eager_module(torch.compile(net)) is net
+    assert not is_compiled(net) and eager_module(net) is net
+
+
+def test_bnlab_train_compile_runs_the_hessian_probe(tmp_path, monkeypatch):
+    """``bnlab train --compile`` (config compile=True) with the hessian probe: the training step is
+    compiled (AOTAutograd, as inductor's), the probe measures through the eager module and the
+    eigenvalue equals the uncompiled run's."""
+    import functools
+
+    import bnlab.train as train
+
+    config = dict(SMALL, steps=4, seed=0, probes=["hessian(every=2, iters=4, samples=1)"])
+    eager = train.run(dict(config, runs_dir=str(tmp_path / "eager")), progress=False)
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    compiled = train.run(dict(config, compile=True, runs_dir=str(tmp_path / "compiled")), progress=False)
+    assert compiled.status == "finished", compiled.error
+    name = "probe/hessian/top_eigenvalue"
+    with Store(tmp_path / "compiled" / "bnlab.db") as store:
+        ours = store.metrics(compiled.id, names=[name])[name]
+    with Store(tmp_path / "eager" / "bnlab.db") as store:
+        ref = store.metrics(eager.id, names=[name])[name]
+    assert len(ours) == 2 and [s for s, _ in ours] == [s for s, _ in ref]
+    assert [v for _, v in ours] == pytest.approx([v for _, v in ref], rel=1e-4)
