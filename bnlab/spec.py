@@ -26,6 +26,7 @@ TRUE_WORDS = ("true", "yes", "on", "1")
 FALSE_WORDS = ("false", "no", "off", "0")
 NONE_WORDS = ("none", "null", "~")
 
+MAX_DEPTH = 32  # brackets nested deeper than this are refused (a 50,000-deep value is an attack)
 _NAME = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\((.*)\))?\s*$", re.S)
 
 
@@ -65,6 +66,8 @@ def split_top_level(text: str) -> list[str]:
             quote = ch
         elif ch in "([{":
             depth += 1
+            if depth > MAX_DEPTH:  # one scan refuses a 50,000-deep value (no recursion into it)
+                raise ValueError(f"value nested more than {MAX_DEPTH} brackets deep: {text[:40]}...")
         elif ch in ")]}":
             depth -= 1
         elif ch == "," and depth == 0:
@@ -74,9 +77,6 @@ def split_top_level(text: str) -> list[str]:
         raise ValueError(f"unbalanced brackets or quotes in {text!r}")
     parts.append(text[start:])
     return parts
-
-
-MAX_DEPTH = 32  # brackets nested deeper than this are refused (a 50,000-deep value is an attack)
 
 
 def read_value(text: str, _depth: int = 0) -> Any:

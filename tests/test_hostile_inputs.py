@@ -61,7 +61,7 @@ def test_runs_list_shows_the_bad_id_as_damaged_and_the_others_as_they_are(hostil
     result = runner.invoke(app, ["runs", "list", "--runs-dir", str(runs_dir)])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert any(line.startswith("good1") and "running" in line or "stopped" in line for line in lines)
+    assert any(line.startswith("good1") and ("running" in line or "stopped" in line) for line in lines)
     assert any(line.startswith(TRAVERSAL) and "damaged" in line for line in lines)
     assert "not a valid run id" in result.stderr
 

@@ -126,6 +126,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as err:
         raise ValueError(f"cannot read config file {path}: {err.strerror or err}") from None
+    _check_nesting(path, text)
     try:
         values = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -139,6 +140,19 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ValueError(f"config file {path} must hold a mapping of keys to values")
     return {str(k).replace("-", "_"): v for k, v in values.items()}
+
+
+def _check_nesting(path: Path, text: str, limit: int = 64) -> None:
+    """Refuse flow collections nested deeper than ``limit`` before YAML's recursive parser spends
+    seconds on a hostile 50,000-deep file (and ends in a RecursionError)."""
+    depth = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            if depth > limit:
+                raise ValueError(f"config file {path} nests more than {limit} brackets deep; not a config")
+        elif ch in "]}":
+            depth -= 1
 
 
 @overload
