@@ -10,6 +10,7 @@ import typer
 
 from bnlab.jsonsafe import dumps, jsonable
 from bnlab.report import write_report
+from bnlab.store import StoreCorruptError, StoreVersionError
 
 from .base import check_preset, get, load_catalogue
 from .runner import reproduce
@@ -75,8 +76,8 @@ def report_cmd(runs_dir: Path = typer.Option(Path("runs"), "--runs-dir"),
         raise typer.Exit(2)
     try:
         typer.echo(str(write_report(runs_dir, out)))
-    except PermissionError as err:  # a read-only runs dir without --out
-        typer.echo(f"error: {err}", err=True)
+    except (PermissionError, StoreCorruptError, StoreVersionError) as err:  # read-only without --out; a
+        typer.echo(f"error: {err}", err=True)  # damaged or foreign store: one line saying what to do
         raise typer.Exit(2) from None
 
 
