@@ -55,9 +55,10 @@ class _Clock(Callback):
     def __init__(self, last: int):
         self.last, self.times = last, {}
 
-    def on_step_end(self, trainer, step, metrics):
+    def on_train_batch_end(self, loop):
+        step = loop.step
         if step in (WARMUP, self.last):
-            if trainer.prep.device.type == "cuda":
+            if next(loop.model.parameters()).device.type == "cuda":
                 torch.cuda.synchronize()
             self.times[step] = _clock()
 

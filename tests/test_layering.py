@@ -14,12 +14,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "bnlab"
 
 # Lowest first; a module may import its own layer or a lower one. Within a layer the graph must be acyclic.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("bnlab", "bnlab.spec", "bnlab.plots", "bnlab.jsonsafe")),
+    ("foundation", ("bnlab", "bnlab.spec", "bnlab.plots", "bnlab.jsonsafe", "bnlab.callbacks")),
     ("norms", ("bnlab.norms",)),
     ("models", ("bnlab.models",)),
     ("data", ("bnlab.data",)),
     ("train/probes/theory/store", ("bnlab.train", "bnlab.probes", "bnlab.theory", "bnlab.store",
-                                    "bnlab.run_files")),
+                                    "bnlab.run_files", "bnlab.integrations")),
     ("experiments", ("bnlab.experiments",)),
     ("report", ("bnlab.report",)),
     ("cli", ("bnlab.cli", "bnlab.demo")),  # and every ``cli`` / ``*_cli`` module (see layer_of)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import bnlab.norms as norms
+from bnlab.callbacks import Callback, CallbackList, Loop
 import bnlab.probes as probes
 
 
@@ -101,43 +102,51 @@ def test_probe_restores_eval_mode_and_all_rng_streams():
     assert torch.equal(torch.get_rng_state(), rng)
 
 
-class FakeEngineContext:
-    """The attributes bnlab.train's StepContext exposes to callbacks."""
+class MinimalLoop:
+    """The smallest bnlab.callbacks.Loop: what any training loop must provide for the probes."""
 
     def __init__(self, model, optimizer, loss_fn):
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
-        self.batch, self.step, self.epoch, self.lr = None, 0, 1, optimizer.param_groups[0]["lr"]
+        self.batch, self.loss, self.step, self.lr = None, None, 0, None
         self.logged = []
 
     def log(self, name, value):
         self.logged.append((self.step, name, value))
 
 
-def test_probes_work_as_training_engine_callbacks():
+def test_probes_are_callbacks_of_the_one_protocol():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6, bias=False), norms.create("bn", 6), nn.ReLU(), nn.Linear(6, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    ctx = FakeEngineContext(model, opt, nn.MSELoss())
-    callbacks = [probes.create("gamma", every=2), probes.create("effective_lr", every=3)]
-    for cb in callbacks:
-        cb.on_start(ctx)
+    loop: Loop = MinimalLoop(model, opt, nn.MSELoss())
+    callbacks = CallbackList([probes.create("gamma", every=2), probes.create("effective_lr", every=3)])
+    assert all(isinstance(cb, Callback) for cb in callbacks.callbacks)
+    callbacks.call("on_train_start", loop)
     for step in range(1, 7):
         x, y = torch.randn(16, 4), torch.randn(16, 1)
-        ctx.batch, ctx.step = (x, y), step
+        loop.batch, loop.step = (x, y), step
         opt.zero_grad()
-        ctx.loss_fn(model(x), y).backward()
-        for cb in callbacks:
-            cb.after_backward(ctx)
+        loop.loss = loop.loss_fn(model(x), y)
+        callbacks.call("on_before_backward", loop)
+        loop.loss.backward()
+        callbacks.call("on_after_backward", loop)
+        callbacks.call("on_before_optimizer_step", loop)
         opt.step()
-        for cb in callbacks:
-            cb.after_step(ctx)
-    for cb in callbacks:
-        cb.on_end(ctx)
-    steps = lambda name: sorted({s for s, n, _ in ctx.logged if n == name})  # noqa: E731
+        callbacks.call("on_train_batch_end", loop)
+    callbacks.call("on_train_end", loop, "finished")
+    steps = lambda name: sorted({s for s, n, _ in loop.logged if n == name})  # noqa: E731
     assert steps("probe/gamma/abs_mean/1") == [2, 4, 6]
     assert steps("probe/gamma/seconds") == [2, 4, 6]
     assert steps("probe/effective_lr/residual/0.weight") == [3, 6]
-    assert all(name.startswith("probe/") for _, name, _ in ctx.logged)
+    assert all(name.startswith("probe/") for _, name, _ in loop.logged)
+
+
+def test_a_loop_without_loss_fn_is_a_clear_error():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 1))
+    loop = MinimalLoop(model, None, None)
+    loop.batch, loop.step, loop.lr = (torch.zeros(2, 3), torch.zeros(2, 1)), 1, 0.1
+    with pytest.raises(ValueError, match="loss_fn"):
+        probes.create("grad_stats").on_before_optimizer_step(loop)
 
 
 def test_lab_records_into_run_store(tmp_path):

@@ -110,7 +110,8 @@ def test_mlflow_run_of_a_failed_then_resumed_bnlab_run_is_one_run(tmp_path):
     class FailOnce(Callback):
         fired = False
 
-        def on_step_end(self, trainer, step, metrics):
+        def on_train_batch_end(self, loop):
+            step = loop.step
             if step == 5 and not FailOnce.fired:
                 FailOnce.fired = True
                 raise RuntimeError("crash")

@@ -1,5 +1,6 @@
-"""The Callback protocol: hook order and arguments, state saved in checkpoints keyed by name and
-restored on resume, probes reported through on_probe, the end status."""
+"""The one callback protocol (bnlab.callbacks) under bnlab train: hook order and arguments, state
+saved in checkpoints keyed by name and restored on resume, probe values through on_log, the end
+status, and a clear error for objects of the removed StepContext protocol."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import pytest
 import torch
 from torch import nn
 
-from bnlab.train import Callback, run
-from bnlab.train.callbacks import CallbackList, callback_names
+from bnlab.callbacks import Callback, CallbackList, Loop, callback_names
+from bnlab.train import run
+from bnlab.train.callbacks import TrainLoop, trainer_of
 from bnlab.train.checkpoint import checkpoint_path
 
 
 def mlp(shape, classes):
-    return nn.Sequential(nn.Flatten(), nn.Linear(shape[0] * shape[1] * shape[2], 16), nn.ReLU(), nn.Linear(16, classes))
+    return nn.Sequential(nn.Flatten(), nn.Linear(shape[0] * shape[1] * shape[2], 16), nn.ReLU(),
+                         nn.Linear(16, classes))
 
 
 CONFIG = dict(model="cb_mlp", data="digits", steps=6, lr=0.05, batch_size=128, seed=2, log_every=2,
@@ -24,30 +27,50 @@ class Recorder(Callback):
     def __init__(self):
         self.calls = []
 
-    def on_train_start(self, trainer):
-        assert trainer.optimizer is not None and trainer.model is not None and trainer.run_id
-        self.calls.append(("start", trainer.step))
+    def on_train_start(self, loop: Loop):
+        assert loop.optimizer is not None and loop.model is not None and trainer_of(loop).run_id
+        self.calls.append(("start", loop.step))
 
-    def on_step_end(self, trainer, step, metrics):
-        assert trainer.step == step and torch.is_tensor(metrics["loss"]) and metrics["lr"] == trainer.config.lr
-        self.calls.append(("step", step))
+    def on_before_backward(self, loop: Loop):
+        assert loop.loss is not None and loop.loss.requires_grad  # not yet backpropagated
+        assert all(p.grad is None for p in loop.model.parameters())  # zeroed (set to None) before
+        self.calls.append(("before_backward", loop.step))
 
-    def on_log(self, trainer, step, metrics):
+    def on_after_backward(self, loop: Loop):
+        assert all(p.grad is not None for p in loop.model.parameters())
+        self.calls.append(("after_backward", loop.step))
+
+    def on_before_optimizer_step(self, loop: Loop):
+        # the update has not happened: the trainer has taken step - 1 steps
+        assert trainer_of(loop).step == loop.step - 1
+        self.calls.append(("before_optimizer_step", loop.step))
+
+    def on_train_batch_end(self, loop: Loop):
+        trainer = trainer_of(loop)
+        assert trainer.step == loop.step
+        assert torch.is_tensor(loop.loss) and not loop.loss.requires_grad
+        assert loop.lr == trainer.config.lr and loop.batch is not None and len(loop.batch) == 2
+        self.calls.append(("step", loop.step))
+
+    def on_log(self, loop: Loop, step, metrics):
         self.calls.append(("log", step, tuple(sorted(metrics))))
 
-    def on_epoch_end(self, trainer, epoch):
+    def on_train_epoch_end(self, loop: Loop, epoch):
         self.calls.append(("epoch", epoch))
 
-    def on_train_end(self, trainer, status):
-        self.calls.append(("end", status, trainer.step))
+    def on_train_end(self, loop: Loop, status):
+        self.calls.append(("end", status, loop.step))
 
 
 def test_hooks_in_order_with_logged_metrics(tmp_path):
     rec = Recorder()
-    record = run(dict(CONFIG, runs_dir=str(tmp_path)), model_factory=mlp, callbacks=[rec], progress=False)
+    record = run(dict(CONFIG, runs_dir=str(tmp_path)), model_factory=mlp, callbacks=[rec],
+                 progress=False)
     assert record.status == "finished"
     assert rec.calls[0] == ("start", 0) and rec.calls[-1] == ("end", "finished", 6)
     assert [c[1] for c in rec.calls if c[0] == "step"] == [1, 2, 3, 4, 5, 6]
+    order = [c[0] for c in rec.calls if c[1] == 3 and c[0] != "log"]
+    assert order == ["before_backward", "after_backward", "before_optimizer_step", "step"]
     logs: dict[int, set] = {}
     for c in rec.calls:
         if c[0] == "log":  # (the final evaluation of the last step arrives in a call of its own)
@@ -76,10 +99,10 @@ class Counter(Callback):
     def name(self, value):
         self._name = value
 
-    def on_train_start(self, trainer):
+    def on_train_start(self, loop):
         self.seen_at_start = self.count
 
-    def on_step_end(self, trainer, step, metrics):
+    def on_train_batch_end(self, loop):
         self.count += 1
 
     def state_dict(self):
@@ -90,8 +113,8 @@ class Counter(Callback):
 
 
 class Crash(Callback):
-    def on_step_end(self, trainer, step, metrics):
-        if step == 5:
+    def on_train_batch_end(self, loop):
+        if loop.step == 5:
             raise RuntimeError("crash")
 
 
@@ -119,43 +142,71 @@ def _only_run(tmp_path):
 
 
 def test_names_default_to_the_class_and_repeat_with_a_suffix():
-    class Plain:  # duck-typed, no name attribute
+    class Plain(Callback):  # no name of its own
         pass
 
     assert callback_names([Counter(), Counter("mine"), Counter(), Plain(), Recorder()]) == [
         "Counter", "mine", "Counter#2", "Plain", "Recorder"]
 
 
-def test_on_probe_gets_each_probe_values(tmp_path):
+def test_on_log_gets_each_probe_values_at_its_step(tmp_path):
     seen = []
 
     class Probes(Callback):
-        def on_probe(self, trainer, step, name, values):
-            seen.append((step, name, sorted(values)))
+        def on_log(self, loop, step, metrics):
+            names = sorted(k for k in metrics if k.startswith("probe/"))
+            if names:
+                seen.append((step, names))
 
-    run(dict(CONFIG, probes=["grad_stats"], probe_every=3, runs_dir=str(tmp_path)), model_factory=mlp,
+    run(dict(CONFIG, probes=["grad_stats"], probe_every=3, runs_dir=str(tmp_path)),
+        model_factory=mlp,
         callbacks=[Probes()], progress=False)
-    assert [(s, n) for s, n, _ in seen] == [(3, "grad_stats"), (6, "grad_stats")]
-    assert all(names and all(k.startswith("probe/grad_stats/") for k in names) for _, _, names in seen)
+    assert [s for s, _ in seen] == [3, 6]
+    assert all("probe/grad_stats/seconds" in names for _, names in seen)
+    assert all(all(k.startswith("probe/grad_stats/") for k in names) for _, names in seen)
+
+
+def test_the_removed_step_context_protocol_is_a_clear_error(tmp_path):
+    class Old:  # the earlier duck-typed protocol
+        def after_backward(self, ctx):
+            pass
+
+    replaced = r"after_backward\(ctx\) -> on_before_optimizer_step\(loop\)"
+    with pytest.raises(TypeError, match=replaced):
+        run(dict(CONFIG, runs_dir=str(tmp_path)), model_factory=mlp, callbacks=[Old()],
+            progress=False)
+    with pytest.raises(TypeError, match="must subclass bnlab.callbacks.Callback"):
+        CallbackList([object()])
 
 
 def test_failed_run_ends_with_status_failed(tmp_path):
     rec = Recorder()
     with pytest.raises(RuntimeError):
-        run(dict(CONFIG, runs_dir=str(tmp_path)), model_factory=mlp, callbacks=[rec, Crash()], progress=False)
+        run(dict(CONFIG, runs_dir=str(tmp_path)), model_factory=mlp, callbacks=[rec, Crash()],
+            progress=False)
     assert rec.calls[-1] == ("end", "failed", 5)
 
 
 def test_callback_list_skips_callbacks_without_a_hook():
-    class OnlyEnd:
+    class OnlyEnd(Callback):
         def __init__(self):
             self.ended = None
 
-        def on_train_end(self, trainer, status):
+        def on_train_end(self, loop, status):
             self.ended = status
 
     cb = OnlyEnd()
-    hooks = CallbackList([cb, object()])
-    assert not hooks.has("on_step_end") and hooks.has("on_train_end")
+    hooks = CallbackList([cb, Callback()])
+    assert not hooks.has("on_train_batch_end") and hooks.has("on_train_end")
+    assert hooks._hooks["on_train_end"] == [cb.on_train_end]  # the base class's no-op is not called
     hooks.call("on_train_end", None, "finished")
     assert cb.ended == "finished"
+
+
+def test_trainer_of_refuses_another_loop():
+    from bnlab.probes import Lab
+
+    lab = Lab(nn.Linear(2, 1), nn.MSELoss())
+    with pytest.raises(TypeError, match="needs a bnlab train run"):
+        trainer_of(lab)
+    assert not isinstance(lab, TrainLoop)

@@ -35,7 +35,8 @@ class KillRankZeroAt(Callback):
     def __init__(self, step: int):
         self.step = step
 
-    def on_step_end(self, trainer, step, metrics):
+    def on_train_batch_end(self, loop):
+        step = loop.step
         if step == self.step and dist.get_rank() == 0:
             os._exit(17)
 

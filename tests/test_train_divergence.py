@@ -34,9 +34,10 @@ class Poison(Callback):
     def state_dict(self):
         return {"at": self.at}
 
-    def on_step_end(self, trainer, step, metrics):
+    def on_train_batch_end(self, loop):
+        step = loop.step
         if step == self.at:
-            trainer.model[2].running_var[3] = math.inf
+            loop.model[2].running_var[3] = math.inf
 
 
 def test_non_finite_running_statistics_diverge(tmp_path):
@@ -60,11 +61,12 @@ class Spike(Callback):
     def state_dict(self):
         return {"at": self.at, "k": self.k}
 
-    def on_step_end(self, trainer, step, metrics):
+    def on_train_batch_end(self, loop):
+        step = loop.step
         if step in (self.at, self.at + 1):
             with torch.no_grad():
-                trainer.model[-1].weight.mul_(self.k if step == self.at else 1 / self.k)
-                trainer.model[-1].bias.mul_(self.k if step == self.at else 1 / self.k)
+                loop.model[-1].weight.mul_(self.k if step == self.at else 1 / self.k)
+                loop.model[-1].bias.mul_(self.k if step == self.at else 1 / self.k)
 
 
 def test_loss_far_above_its_start_diverges_and_records_step_and_loss(tmp_path):
@@ -117,10 +119,11 @@ def test_no_host_sync_per_step(tmp_path, monkeypatch):
     steps = {}
 
     class Mark(Callback):
-        def on_step_end(self, trainer, step, metrics):
+        def on_train_batch_end(self, loop):
+            step = loop.step
             steps[step] = counts["n"]
 
     run(dict(CONFIG, steps=60, log_every=20, eval_every=1000, runs_dir=str(tmp_path)), model_factory=bn_mlp,
         callbacks=[Mark()], progress=False)
-    reads = steps[60] - steps[2]  # steps 3..60: three checks (20, 40, 60)... the 60th after on_step_end
+    reads = steps[60] - steps[2]  # steps 3..60: three checks (20, 40, 60)... the 60th after on_train_batch_end
     assert reads <= 2 * 6, reads  # at most a few reads per check, never ~1 per step

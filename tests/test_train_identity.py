@@ -85,7 +85,8 @@ def test_training_changing_callbacks_and_version_enter_the_id(tmp_path, monkeypa
 
 def test_rerun_says_stored_or_resuming(tmp_path, capsys):
     class Boom(Callback):
-        def on_step_end(self, trainer, step, metrics):
+        def on_train_batch_end(self, loop):
+            step = loop.step
             if step == 3:
                 raise RuntimeError("boom")
 
@@ -107,7 +108,8 @@ def test_force_deletes_and_retrains(tmp_path):
     steps = []
 
     class Count(Callback):
-        def on_step_end(self, trainer, step, metrics):
+        def on_train_batch_end(self, loop):
+            step = loop.step
             steps.append(step)
 
     first = run(_cfg(tmp_path), model_factory=small, callbacks=[Count()], progress=False)

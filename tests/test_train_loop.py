@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
+from bnlab.callbacks import Callback
 from bnlab.cli import app
 from bnlab.store import Store
 from bnlab.train import load_model, run
@@ -61,14 +62,14 @@ RESUME_CONFIG = dict(
 )
 
 
-class KillAt:
+class KillAt(Callback):
     """Test-only: SIGKILL this very process after a given step (a crash, not an exception)."""
 
     def __init__(self, step):
         self.step = step
 
-    def after_step(self, ctx):
-        if ctx.step == self.step:
+    def on_train_batch_end(self, loop):
+        if loop.step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -113,10 +114,10 @@ def test_resume_after_sigkill_equals_uninterrupted_bitwise(tmp_path):
 def test_finished_run_is_returned_without_retraining_and_failed_run_resumes(tmp_path):
     calls = []
 
-    class Boom:
-        def after_step(self, ctx):
-            calls.append(ctx.step)
-            if ctx.step == 5 and len(calls) == 5:
+    class Boom(Callback):
+        def on_train_batch_end(self, loop):
+            calls.append(loop.step)
+            if loop.step == 5 and len(calls) == 5:
                 raise RuntimeError("boom")
 
     cfg = dict(RESUME_CONFIG, steps=8, checkpoint_every=4, runs_dir=str(tmp_path))
@@ -134,21 +135,21 @@ def test_finished_run_is_returned_without_retraining_and_failed_run_resumes(tmp_
 
 
 def test_callbacks_see_gradients_and_log_into_the_store(tmp_path):
-    class Probe:
+    class Probe(Callback):
         def __init__(self):
             self.hooks = []
 
-        def on_start(self, ctx):
-            self.hooks.append(("start", ctx.step))
+        def on_train_start(self, loop):
+            self.hooks.append(("start", loop.step))
 
-        def after_backward(self, ctx):
-            grads = [p.grad for p in ctx.model.parameters()]
+        def on_before_optimizer_step(self, loop):
+            grads = [p.grad for p in loop.model.parameters()]
             assert all(g is not None for g in grads)
-            ctx.log("grad_norm", torch.sqrt(sum((g**2).sum() for g in grads)))
-            ctx.log("batch_loss_again", ctx.loss_fn(ctx.model(ctx.batch[0]), ctx.batch[1]))
+            loop.log("grad_norm", torch.sqrt(sum((g**2).sum() for g in grads)))
+            loop.log("batch_loss_again", loop.loss_fn(loop.model(loop.batch[0]), loop.batch[1]))
 
-        def on_end(self, ctx):
-            self.hooks.append(("end", ctx.step))
+        def on_train_end(self, loop, status):
+            self.hooks.append(("end", loop.step))
 
     probe = Probe()
     record = run(dict(RESUME_CONFIG, steps=3, runs_dir=str(tmp_path)), model_factory=noisy_model,

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bnlab.callbacks import Callback
+from bnlab.train.callbacks import trainer_of
 from bnlab.train import Projection, build_optimizer, find_scale_invariant, resolve_override, run
 
 
@@ -103,24 +105,24 @@ def test_projection_restores_initial_norms():
     assert model[4].weight.detach().double().norm().item() == pytest.approx(r_tensor.item(), rel=1e-6)
 
 
-class NormTracker:
+class NormTracker(Callback):
     """Callback: the largest relative change of each scale-invariant weight's norm over a run."""
 
     def __init__(self):
         self.initial = {}
         self.max_rel_change = {}
 
-    def on_start(self, ctx):
-        params = dict(ctx.model.named_parameters())
-        self.initial = {n: params[n].detach().double().norm().item() for n in ctx.scale_invariant}
+    def on_train_start(self, loop):
+        params = dict(loop.model.named_parameters())
+        self.initial = {n: params[n].detach().double().norm().item() for n in trainer_of(loop).scale_invariant}
         self.max_rel_change = dict.fromkeys(self.initial, 0.0)
 
-    def after_step(self, ctx):
-        params = dict(ctx.model.named_parameters())
+    def on_train_batch_end(self, loop):
+        params = dict(loop.model.named_parameters())
         for n, r0 in self.initial.items():
             change = abs(params[n].detach().double().norm().item() - r0) / r0
             self.max_rel_change[n] = max(self.max_rel_change[n], change)
-            ctx.log(f"norm/{n}", params[n].detach().norm())
+            loop.log(f"norm/{n}", params[n].detach().norm())
 
 
 def _digits_bn(shape, classes):
@@ -155,9 +157,9 @@ def test_separate_learning_rates_reach_their_groups(tmp_path):
     """Arora eq. 4 / D.1: η_w for scale-invariant weights, η_g for the rest."""
     seen = []
 
-    class Spy:
-        def after_backward(self, ctx):
-            seen.append({g["group"]: g["lr"] for g in ctx.optimizer.param_groups})
+    class Spy(Callback):
+        def on_before_optimizer_step(self, loop):
+            seen.append({g["group"]: g["lr"] for g in loop.optimizer.param_groups})
 
     run(dict(model="test_bn_mlp", data="digits", steps=2, lr=0.05, lr_scale_invariant=3.0,
              schedule="exp:0.5", batch_size=128, runs_dir=str(tmp_path)),

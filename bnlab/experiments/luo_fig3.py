@@ -10,7 +10,9 @@ import math
 import numpy as np
 import torch
 
+from bnlab.callbacks import Callback, Loop
 from bnlab.theory import luo as theory
+from bnlab.train.callbacks import trainer_of
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
 from .common import RULE, compare_arms, finite_or_none, mean_curve, safe_panels
@@ -22,7 +24,7 @@ from .luo_common import (FIG3_ZETA, NOISE_VAR, SETTLE_FRACTION, _fmt, _series, f
 # Fig. 3: validation loss at α = 1
 # ================================================================================================
 
-class PopulationStatisticsEval:
+class PopulationStatisticsEval(Callback):
     """Callback: test loss with every BN layer normalizing by the statistics of the whole test set.
 
     The test inputs are fresh draws of the input distribution, so these are (estimates of) the
@@ -33,15 +35,17 @@ class PopulationStatisticsEval:
     """
 
     def __init__(self, every: int, name: str = "test_loss_population") -> None:
-        self.every, self.name = int(every), name
+        # the metric's name (``name`` is the callback's checkpoint key: the class name)
+        self.every, self.metric = int(every), name
 
-    def after_step(self, ctx) -> None:
-        if ctx.step % self.every and ctx.step != ctx.total_steps:
+    def on_train_batch_end(self, loop: Loop) -> None:
+        trainer = trainer_of(loop)
+        if loop.step % self.every and loop.step != trainer.total_steps:
             return
-        model = copy.deepcopy(ctx.model).train()
+        model = copy.deepcopy(loop.model).train()
         with torch.no_grad():
-            out = model(ctx.data.x_test)
-        ctx.log(self.name, float(ctx.loss_fn(out, ctx.data.y_test)))
+            out = model(trainer.data.x_test)
+        loop.log(self.metric, float(trainer.loss_fn(out, trainer.data.y_test)))
 
 
 _FIG3_LABELS = {"none": "vanilla SGD", "bn": "BN (M = 32)", "wn": f"WN + ζγ² (ζ = {FIG3_ZETA:g})"}

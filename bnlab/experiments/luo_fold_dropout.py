@@ -9,7 +9,9 @@ import tempfile
 
 from torch import nn
 
+from bnlab.callbacks import Callback, Loop
 from bnlab.norms import fold
+from bnlab.train.callbacks import trainer_of
 import bnlab.train as bnlab_train  # looked up on use: a test can patch bnlab.train.run
 
 from .base import Experiment, Outcome, Plan, RunSpec, register, shrink
@@ -23,19 +25,19 @@ from .runner import TINY_STEPS
 # Fig. 6: fine-tuning with BN folded into the weights
 # ================================================================================================
 
-class KernelNorms:
+class KernelNorms(Callback):
     """Callback: ‖W‖ of every conv/linear kernel of ``fold(model)`` — for a BN model the effective kernel
     γ·W/σ of §5.1 (σ the moving average), for a folded model its own kernel."""
 
     def __init__(self, every: int) -> None:
         self.every = int(every)
 
-    def after_step(self, ctx) -> None:
-        if ctx.step % self.every and ctx.step not in (1, ctx.total_steps):
+    def on_train_batch_end(self, loop: Loop) -> None:
+        if loop.step % self.every and loop.step not in (1, trainer_of(loop).total_steps):
             return
-        for name, module in fold(ctx.model).named_modules():
+        for name, module in fold(loop.model).named_modules():
             if isinstance(module, (nn.Conv2d, nn.Linear)):
-                ctx.log(f"kernel_norm/{name}", float(module.weight.detach().norm()))
+                loop.log(f"kernel_norm/{name}", float(module.weight.detach().norm()))
 
 
 _FIG6 = {

@@ -1,10 +1,12 @@
 """Probes: the papers' measurements, taken on any PyTorch training loop without changing it.
 
-Each probe is a small class with one job and a documented cost (``PROBES[name].cost``), usable as a
-``bnlab.train`` callback (``bnlab train --probe landscape --probe-every 50``, built by :func:`create`)
-or from a plain loop through :class:`Lab`. Results are metrics ``probe/<probe>/<quantity>[/<layer>]``
-plus ``probe/<probe>/seconds`` per call. Parameters, gradients, buffers (BN running statistics,
-``num_batches_tracked``, MBN/CBN moving statistics), optimizer state, torch's global RNG, the
+Each probe is a small class with one job and a documented cost (``PROBES[name].cost``) and a
+:class:`bnlab.callbacks.Callback`: it runs under ``bnlab train`` (``--probe landscape --probe-every
+50``, built by :func:`create`), from a plain loop through :class:`Lab`, and in a PyTorch Lightning
+``Trainer`` through :class:`bnlab.integrations.lightning.BnlabCallback`. Results are metrics
+``probe/<probe>/<quantity>[/<layer>]`` plus ``probe/<probe>/seconds`` per call. Parameters,
+gradients, buffers (BN running statistics, ``num_batches_tracked``, MBN/CBN moving statistics),
+optimizer state, torch's global RNG, the
 generators of stochastic layers and train/eval flags are restored after every call
 (:mod:`bnlab.probes.state`), so a run with probes is bitwise identical to one without.
 

@@ -1,16 +1,17 @@
 """The probe protocol: a measurement taken at some steps of a training loop, never changing the loop.
 
-A probe is a training-loop callback (``on_start``, ``after_backward``, ``after_step``, ``on_end``,
-the protocol of ``bnlab.train``) with one job. At steps ``step % every == 0`` its ``after_backward``
-(gradients of the step present, optimizer not yet stepped) takes a :class:`Snapshot` of all training
-state, calls :meth:`Probe.measure`, restores the state, and logs each returned quantity as the metric
-``probe/<name>/<quantity>[/<layer>]`` plus ``probe/<name>/seconds`` (its own wall time, snapshot and
-restore included). Two-phase probes (``effective_lr``) finish in ``after_step``.
+A probe is a :class:`bnlab.callbacks.Callback` with one job. At steps ``step % every == 0`` its
+``on_before_optimizer_step`` (gradients of the step present, optimizer not yet stepped) takes a
+:class:`Snapshot` of all training state, calls :meth:`Probe.measure`, restores the state, and logs
+each returned quantity as the metric ``probe/<name>/<quantity>[/<layer>]`` plus
+``probe/<name>/seconds`` (its own wall time, snapshot and restore included). Two-phase probes
+(``effective_lr``) finish in ``on_train_batch_end``.
 
-The engine's callback context must expose ``model``, ``loss_fn``, ``batch`` (``(x, y)``), ``step``,
-``optimizer`` and/or ``lr``, and ``log(name, value)``; :class:`bnlab.probes.Lab` builds the same context
-for plain PyTorch loops. Probes compute losses as ``loss_fn(model(x), y)`` (a regularization term
-the trainer adds is not included).
+Probes read the hooks' :class:`~bnlab.callbacks.Loop`: ``model``, ``loss_fn``, ``batch``
+(``(x, y)``), ``step``, ``optimizer`` and/or ``lr``, and ``log(name, value)``. bnlab train, a plain
+loop's :class:`bnlab.probes.Lab` and the Lightning adapter
+(:class:`bnlab.integrations.lightning.BnlabCallback`) all provide it. Probes compute losses as
+``loss_fn(model(x), y)`` (a regularization term the trainer adds is not included).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from bnlab.callbacks import Callback, Loop
 from bnlab.norms import ChannelNorm, CompleteBatchNorm
 from bnlab.spec import Registry
 
+from .compiled import eager_module
 from .state import Snapshot, preserved
 
 WEIGHT_LAYER_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -80,7 +83,7 @@ def cbn_rho(module: nn.Module) -> float:
 
 @dataclass
 class ProbeContext:
-    """What a probe sees of the training loop at one step (built from the engine's or the Lab's context)."""
+    """What a probe sees of the training loop at one step (built from the hooks' :class:`Loop`)."""
 
     model: nn.Module
     loss_fn: Callable
@@ -93,15 +96,17 @@ class ProbeContext:
     extras: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_callback(cls, ctx: Any) -> ProbeContext:
-        batch = getattr(ctx, "batch")
+    def from_loop(cls, loop: Loop) -> ProbeContext:
+        batch, loss_fn = loop.batch, loop.loss_fn
         if not isinstance(batch, (tuple, list)) or len(batch) < 2:
-            raise ValueError("probes need ctx.batch = (inputs, targets)")
-        return cls(
-            model=ctx.model, loss_fn=ctx.loss_fn, batch=(batch[0], batch[1]), step=int(ctx.step),
-            optimizer=getattr(ctx, "optimizer", None), lr=getattr(ctx, "lr", None),
-            epoch=getattr(ctx, "epoch", None),
-        )
+            raise ValueError(f"probes need loop.batch = (inputs, targets), got {type(batch).__name__}")
+        if loss_fn is None:
+            raise ValueError("probes need loop.loss_fn (loss_fn(output, target)): pass loss_fn= to the "
+                             "loop's adapter (Lab, BnlabCallback)")
+        # a compiled model (torch.compile) is measured through its eager module: bnlab.probes.compiled
+        return cls(model=eager_module(loop.model), loss_fn=loss_fn, batch=(batch[0], batch[1]),
+                   step=int(loop.step),
+                   optimizer=loop.optimizer, lr=loop.lr)
 
     @property
     def x(self) -> torch.Tensor:
@@ -202,7 +207,7 @@ class capture_inputs:
         self._handles.clear()
 
 
-class Probe:
+class Probe(Callback):
     """Base class. Subclasses set ``name``, ``cost`` and implement :meth:`measure` (and maybe :meth:`finish`).
 
     ``measure`` runs inside a :class:`Snapshot` (``ctx.snapshot``) that is restored afterwards, and
@@ -274,23 +279,23 @@ class Probe:
         metrics[f"probe/{self.name}/seconds"] = seconds
         return metrics
 
-    # -- the bnlab.train callback protocol ------------------------------------------------------------
-    def on_start(self, ctx: Any) -> None:
+    # -- the callback protocol (bnlab.callbacks) ----------------------------------------------------
+    def on_train_start(self, loop: Loop) -> None:
         self._pending = None
 
-    def after_backward(self, ctx: Any) -> None:
-        if not self.due(int(ctx.step)):
+    def on_before_optimizer_step(self, loop: Loop) -> None:
+        if not self.due(int(loop.step)):
             return
-        for name, value in self.run_after_backward(ProbeContext.from_callback(ctx)).items():
-            ctx.log(name, value)
+        for name, value in self.run_after_backward(ProbeContext.from_loop(loop)).items():
+            loop.log(name, value)
 
-    def after_step(self, ctx: Any) -> None:
+    def on_train_batch_end(self, loop: Loop) -> None:
         if self._pending is None:
             return
-        for name, value in self.run_after_step(ProbeContext.from_callback(ctx)).items():
-            ctx.log(name, value)
+        for name, value in self.run_after_step(ProbeContext.from_loop(loop)).items():
+            loop.log(name, value)
 
-    def on_end(self, ctx: Any) -> None:
+    def on_train_end(self, loop: Loop, status: str) -> None:
         self._pending = None
 
 

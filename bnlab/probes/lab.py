@@ -8,11 +8,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from bnlab.callbacks import Batch, Callback, CallbackList, LossFn
+
 # Importing a probe's module registers it; this order is the order of available() and describe().
 from . import activations, histograms  # noqa: F401,I001 (register)
 from . import gamma, cbn_ratios, batch_noise, bn_regularization  # noqa: F401,I001 (register)
 from . import effective_lr, gradients, hessian, ics, landscape  # noqa: F401 (register)
-from .base import PROBES, Probe, ProbeContext
+from .base import PROBES, Probe
 
 SEARCHES = ("max_stable_lr",)
 
@@ -54,7 +56,7 @@ Recorder = Callable[[int, str, float], Any]
 
 
 class Lab:
-    """Run probes from a plain PyTorch training loop.
+    """Run probes (any :class:`bnlab.callbacks.Callback`) from a plain PyTorch training loop.
 
     >>> lab = Lab(model, loss_fn, probes=["landscape", create("ics", every=10)], optimizer=opt)
     >>> for step, (x, y) in enumerate(batches):
@@ -64,22 +66,28 @@ class Lab:
     ...     lab.after_step((x, y), step)          # only two-phase probes (effective_lr) need it
     >>> lab.records                                # [(step, "probe/landscape/beta_smoothness", 3.1), ...]
 
+    The Lab is the hooks' :class:`~bnlab.callbacks.Loop`: ``after_backward`` calls
+    ``on_after_backward`` and ``on_before_optimizer_step``, ``after_step`` calls
+    ``on_train_batch_end`` (the first call of either ``on_train_start``), with ``step`` as given;
+    the metrics a call recorded then go to ``on_log``.
     ``recorder`` receives every metric too: a callable ``recorder(step, name, value)`` or an object with
     ``log_metrics(run_id, step, {name: value})`` (e.g. :class:`bnlab.store.Store`, with ``run_id``).
     ``lr`` is needed only without an optimizer. Probes given by name run every step (``every=1``).
     """
 
-    def __init__(self, model: nn.Module, loss_fn: Callable, probes: Iterable[Probe | str] = (), *,
+    def __init__(self, model: nn.Module, loss_fn: LossFn, probes: Iterable[Callback | str] = (), *,
                  optimizer: torch.optim.Optimizer | None = None, recorder: Any = None,
                  run_id: str | None = None, lr: float | None = None) -> None:
         self.model = model
-        self.loss_fn = loss_fn
+        self.loss_fn: LossFn | None = loss_fn
         self.optimizer = optimizer
         self.lr = lr
-        self.probes: list[Probe] = [create(p) if isinstance(p, str) else p for p in probes]
+        self.probes: list[Callback] = [create(p) if isinstance(p, str) else p for p in probes]
         for p in self.probes:
-            if not isinstance(p, Probe):
-                raise ValueError(f"probes must be probe names ({', '.join(PROBES)}) or Probe objects, got {p!r}")
+            if not isinstance(p, Callback):
+                raise ValueError(f"probes must be probe names ({', '.join(PROBES)}) or "
+                                 f"bnlab.callbacks.Callback objects (Probes among them), got {p!r}")
+        self.callbacks = CallbackList(self.probes)
         if recorder is not None and not callable(recorder) and not hasattr(recorder, "log_metrics"):
             raise ValueError("recorder must be callable(step, name, value) or have log_metrics(run_id, step, dict)")
         if recorder is not None and hasattr(recorder, "log_metrics") and not callable(recorder) and run_id is None:
@@ -89,12 +97,39 @@ class Lab:
         self.recorder = recorder
         self.run_id = run_id
         self.records: list[tuple[int, str, float]] = []
+        # the Loop's per-step fields, set by after_backward/after_step
+        self.step = 0
+        self.batch: Batch | None = None
+        self.loss: torch.Tensor | None = None
+        self._started = False
+        self._metrics: dict[str, float] = {}
 
-    def _context(self, batch, step: int, lr: float | None) -> ProbeContext:
+    def log(self, name: str, value: float | torch.Tensor) -> None:
+        """Record a metric at the current step (the :class:`~bnlab.callbacks.Loop` method)."""
+        self._metrics[name] = float(value)
+
+    def _run(self, hooks: tuple[str, ...], batch: Batch, step: int, lr: float | None,
+             loss: torch.Tensor | None) -> dict[str, float]:
         if not isinstance(batch, (tuple, list)) or len(batch) < 2:
             raise ValueError("batch must be an (inputs, targets) pair")
-        return ProbeContext(model=self.model, loss_fn=self.loss_fn, batch=(batch[0], batch[1]), step=int(step),
-                            optimizer=self.optimizer, lr=self.lr if lr is None else lr)
+        self.step, self.batch = int(step), (batch[0], batch[1])
+        if loss is not None:
+            self.loss = loss
+        saved_lr, self.lr = self.lr, self.lr if lr is None else lr
+        self._metrics = {}
+        try:
+            if not self._started:
+                self._started = True
+                self.callbacks.call("on_train_start", self)
+            for hook in hooks:
+                self.callbacks.call(hook, self)
+        finally:
+            self.lr = saved_lr
+        metrics, self._metrics = self._metrics, {}
+        self._record(step, metrics)
+        if metrics:
+            self.callbacks.call("on_log", self, self.step, metrics)
+        return metrics
 
     def _record(self, step: int, metrics: dict[str, float]) -> None:
         if not metrics:
@@ -109,23 +144,15 @@ class Lab:
             for name, value in metrics.items():
                 self.recorder(int(step), name, value)
 
-    def after_backward(self, batch, step: int, *, lr: float | None = None) -> dict[str, float]:
-        """Run the probes due at ``step``; returns (and records) the metrics they produced."""
-        ctx = self._context(batch, step, lr)
-        metrics = {}
-        for probe in self.probes:
-            metrics.update(probe.run_after_backward(ctx))
-        self._record(step, metrics)
-        return metrics
+    def after_backward(self, batch: Batch, step: int, *, lr: float | None = None,
+                       loss: torch.Tensor | None = None) -> dict[str, float]:
+        """Run the probes due at ``step``; returns (and records) the metrics they produced.
+        ``loss`` (optional): this step's loss, what ``loop.loss`` shows the callbacks."""
+        return self._run(("on_after_backward", "on_before_optimizer_step"), batch, step, lr, loss)
 
-    def after_step(self, batch, step: int, *, lr: float | None = None) -> dict[str, float]:
-        """Finish two-phase probes after ``optimizer.step()``."""
-        ctx = self._context(batch, step, lr)
-        metrics = {}
-        for probe in self.probes:
-            metrics.update(probe.run_after_step(ctx))
-        self._record(step, metrics)
-        return metrics
+    def after_step(self, batch: Batch, step: int, *, lr: float | None = None) -> dict[str, float]:
+        """Finish two-phase probes after ``optimizer.step()`` (``on_train_batch_end``)."""
+        return self._run(("on_train_batch_end",), batch, step, lr, None)
 
     def series(self, name: str) -> list[tuple[int, float]]:
         """(step, value) pairs of one metric, e.g. ``lab.series("probe/landscape/beta_smoothness")``."""

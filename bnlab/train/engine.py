@@ -25,7 +25,8 @@ import torch
 from bnlab.data import batches
 from bnlab.norms import regularization_loss
 from bnlab.store import Store
-from bnlab.train.callbacks import LEGACY_HOOKS, CallbackList, StepContext
+from bnlab.callbacks import CallbackList
+from bnlab.train.callbacks import TrainLoop
 from bnlab.train.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint, unpack_rows
 from bnlab.train.divergence import Divergence, check_state, scan_losses, state_tensors
 from bnlab.train.health import check_final, check_variances, variance_buffers
@@ -104,6 +105,7 @@ class Trainer:
         self.projection: Projection | None = None
         self.final: dict[str, Any] | None = None
         self.interrupt = DeferredInterrupt(enabled=self.defer_interrupts)
+        self.loop = TrainLoop(self, self.callbacks)  # what the hooks receive (bnlab.callbacks.Loop)
         self._build_module_lists()
 
     # -- module lists, built once ----------------------------------------------------------------
@@ -142,7 +144,7 @@ class Trainer:
         self.pending.append((int(step), str(name), value, divisor))
 
     def _read_pending(self) -> None:
-        """Read the window and every pending device value; hand the rows to on_log/on_probe."""
+        """Read the window and every pending device value; hand the rows to on_log."""
         rows = read_window(self)
         if self.pending:
             pending, self.pending = self.pending, []
@@ -151,15 +153,12 @@ class Trainer:
         if not rows:
             return
         self.buffer.extend(rows)
-        if self.callbacks.has("on_log") or self.callbacks.has("on_probe"):
-            by_step: dict[int, list[tuple[int, str, float]]] = {}
-            for row in rows:
-                by_step.setdefault(row[0], []).append(row)
-            for step, step_rows in by_step.items():
-                scalars = {n: v for _, n, v in step_rows if not n.startswith("probe/")}
-                if scalars:
-                    self.callbacks.call("on_log", self, step, scalars)
-                self.callbacks.emit_probes(self, step, step_rows)
+        if self.callbacks.has("on_log"):
+            by_step: dict[int, dict[str, float]] = {}
+            for step, name, value in rows:
+                by_step.setdefault(step, {})[name] = value
+            for step, metrics in by_step.items():
+                self.callbacks.call("on_log", self.loop, step, metrics)
         if len(self.buffer) >= _FLUSH_ROWS or time.monotonic() - self.last_flush >= FLUSH_SECONDS:
             self.flush()
 
@@ -264,7 +263,7 @@ class Trainer:
 
     # -- the step --------------------------------------------------------------------------------
 
-    def step_once(self, xb: torch.Tensor, yb: torch.Tensor, epoch: int, ctx: StepContext | None) -> float:
+    def step_once(self, xb: torch.Tensor, yb: torch.Tensor, epoch: int) -> float:
         """One SGD step (no host sync); returns the learning rate used."""
         optimizer = self.optimizer
         if optimizer is None:
@@ -280,10 +279,12 @@ class Trainer:
         loss = self.loss_fn(out, yb)
         objective = loss + self.regularizer(self.model) if self.regularizer is not None else loss
         optimizer.zero_grad(set_to_none=True)
+        hooks, loop = self.callbacks, self.loop  # the hooks of bnlab.callbacks, in Lightning's order
+        loop.step, loop.batch, loop.lr, loop.loss = number, (xb, yb), lr, loss
+        hooks.call("on_before_backward", loop)
         objective.backward()
-        if ctx is not None:
-            ctx.batch, ctx.step, ctx.epoch, ctx.lr, ctx.loss = (xb, yb), number, epoch + 1, lr, loss
-            self.callbacks.call("after_backward", ctx)
+        hooks.call("on_after_backward", loop)
+        hooks.call("on_before_optimizer_step", loop)
         optimizer.step()
         if self.projection is not None:
             self.projection.project()
@@ -293,10 +294,8 @@ class Trainer:
         self.window_sizes.append(int(yb.shape[0]))
         if self.classification:  # argmax has no gradient: no graph is built
             self.window_correct.append((out.argmax(dim=1) == yb).sum())
-        if ctx is not None:
-            self.callbacks.call("after_step", ctx)
-        if self.callbacks.has("on_step_end"):
-            self.callbacks.call("on_step_end", self, number, {"loss": value, "lr": lr})
+        loop.loss = value
+        hooks.call("on_train_batch_end", loop)
         return lr
 
     # -- the loop --------------------------------------------------------------------------------
@@ -310,11 +309,7 @@ class Trainer:
 
     def train(self) -> tuple[str, dict[str, Any]]:
         """Train to ``total_steps`` (or divergence); returns ``(status, final metrics)``."""
-        legacy = any(self.callbacks.has(h) for h in LEGACY_HOOKS)
-        ctx = StepContext(self) if legacy else None
-        if ctx is not None:
-            self.callbacks.call("on_start", ctx)
-        self.callbacks.call("on_train_start", self)
+        self.loop.start()
         progress = Progress(self)
         divergence: Divergence | None = None
         self.model.train()
@@ -331,7 +326,7 @@ class Trainer:
                     for _ in range(skip):  # replay the draws of batches taken before the checkpoint
                         next(epoch_batches)
                     for xb, yb in epoch_batches:
-                        lr = self.step_once(xb, yb, epoch, ctx)
+                        lr = self.step_once(xb, yb, epoch)
                         self._after_step(epoch, lr, progress)
                         if interrupt.requested:  # Ctrl-C or SIGTERM: stop here, with a checkpoint
                             self.check()
@@ -349,7 +344,7 @@ class Trainer:
                 self.check()
             except Divergence as found:
                 divergence = found
-        return self._finish(divergence, ctx)
+        return self._finish(divergence)
 
     def _after_step(self, epoch: int, lr: float, progress: Progress) -> None:
         epoch_end = self.step % self.spe == 0 or self.step == self.total_steps
@@ -366,13 +361,13 @@ class Trainer:
             for name, value in last_eval.items():
                 self.log(name, value, self.step)
         if epoch_end:
-            self.callbacks.call("on_epoch_end", self, epoch + 1)
+            self.callbacks.call("on_train_epoch_end", self.loop, epoch + 1)
         progress.update(epoch, epoch_end, last_eval)
         if self.step < self.total_steps and self._checkpoint_due():
             self.check()  # never checkpoint a diverged state
             self.checkpoint()
 
-    def _finish(self, divergence: Divergence | None, ctx: StepContext | None) -> tuple[str, dict[str, Any]]:
+    def _finish(self, divergence: Divergence | None) -> tuple[str, dict[str, Any]]:
         metrics: dict[str, Any] = self.epoch_means()
         status = "finished"
         final_eval = self.evaluate()
@@ -392,9 +387,6 @@ class Trainer:
         for name, value in final_eval.items():
             self.log(name, value, self.step)
         metrics["epochs"] = self.step / self.spe
-        if ctx is not None:
-            ctx.step = self.step
-            self.callbacks.call("on_end", ctx)
         summary = {"status": status, "metrics": metrics}
         if status == "finished":
             self.checkpoint(final_summary=summary)

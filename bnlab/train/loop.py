@@ -32,7 +32,7 @@ from torch import nn
 
 from bnlab import models
 from bnlab.store import ReadOnlyStoreError, Store, StoreIntegrityError
-from bnlab.train.callbacks import Callback, StepContext
+from bnlab.callbacks import Callback
 from bnlab.train.checkpoint import (
     CheckpointCorruptError, checkpoint_path, load_checkpoint, remove_checkpoint_files, repair_from_checkpoint,
 )
@@ -54,7 +54,7 @@ from bnlab.train.record import RunLock, RunLockedError, RunRecord, environment
 _Trainer = Trainer  # the name before the split (tests patch it)
 
 __all__ = [
-    "Callback", "ModelFactory", "Prepared", "RunInterrupted", "RunLockedError", "RunRecord", "StepContext",
+    "Callback", "ModelFactory", "Prepared", "RunInterrupted", "RunLockedError", "RunRecord",
     "Trainer", "build_model", "derive_seed", "environment", "load_model", "parse_probe_spec", "prepare", "run",
 ]
 
@@ -99,12 +99,12 @@ def run(
 
     ``config`` is a :class:`TrainConfig` or a dict of its keys. Every check happens before
     training, and before anything is stored: a bad config raises ``ValueError`` naming the problem
-    and the valid choices. ``callbacks``: :class:`~bnlab.train.callbacks.Callback` instances (or
-    duck-typed objects of the earlier ``on_start``/``after_backward``/``after_step``/``on_end``
-    protocol). ``model_factory(input_shape, num_outputs)`` builds a custom model instead of
-    ``bnlab.models.create`` (``config.model`` is then its label; the built module's architecture
-    enters the run id). ``progress``: ``None`` = a tqdm bar when stderr is a terminal, else
-    silent; ``"bar"``; ``"lines"``; ``False`` (also silences the resume/stored line).
+    and the valid choices. ``callbacks``: :class:`bnlab.callbacks.Callback` instances (probes
+    included; a TypeError names any other object). ``model_factory(input_shape, num_outputs)``
+    builds a custom model instead of ``bnlab.models.create`` (``config.model`` is then its label;
+    the built module's architecture enters the run id). ``progress``: ``None`` = a tqdm bar when
+    stderr is a terminal, else silent; ``"bar"``; ``"lines"``; ``False`` (also silences the
+    resume/stored line).
     ``force=True`` deletes a stored run of this identity (record, metrics, checkpoints) and
     trains it again.
 
@@ -200,7 +200,7 @@ def _train_and_record(trainer: Trainer, store: Store, run_id: str, base_summary:
         status = "interrupted" if interrupted else "failed"
         try:
             trainer.flush()
-            trainer.callbacks.call("on_train_end", trainer, status)
+            trainer.loop.end(status)
         finally:
             error = f"interrupted at step {trainer.step}" if interrupted else f"{type(err).__name__}: {err}"
             store.set_status(run_id, status, steps=trainer.step, error=error, summary=base_summary)
@@ -212,7 +212,7 @@ def _train_and_record(trainer: Trainer, store: Store, run_id: str, base_summary:
             pass
         raise
     trainer.interrupt.hold()
-    trainer.callbacks.call("on_train_end", trainer, status)
+    trainer.loop.end(status)
     checkpoint = str(trainer.ckpt_path) if status == "finished" else None
     summary = {"metrics": metrics, "scale_invariant": trainer.scale_invariant, "checkpoint": checkpoint}
     reason = getattr(trainer, "divergence_reason", None) if status == "diverged" else None

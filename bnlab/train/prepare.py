@@ -23,6 +23,7 @@ from torch import nn
 import bnlab
 from bnlab import data as data_mod
 from bnlab import models
+from bnlab.callbacks import Callback, check_callbacks
 from bnlab.norms import seed_layers
 from bnlab.probes import PROBES
 from bnlab.probes import create as create_probe
@@ -72,7 +73,7 @@ class Prepared:
     total_steps: int
     total_epochs: int
     augment: Callable | None
-    callbacks: list[Any]
+    callbacks: list[Callback]
     # the ``scale_invariant`` override resolved against the model (None: detect at the first start)
     scale_invariant: dict[str, str] | None = None
     custom_model: bool = False
@@ -134,7 +135,7 @@ def prepare(
     # an override that names no parameter is a config error: raised here, before any record
     overrides = resolve_override(model, cfg.scale_invariant) if cfg.scale_invariant is not None else None
 
-    cbs = list(callbacks) + _probe_callbacks(cfg)
+    cbs = check_callbacks(callbacks) + _probe_callbacks(cfg)
 
     return Prepared(
         config=cfg,
@@ -195,7 +196,7 @@ def _batching(cfg: TrainConfig, n: int) -> tuple[int, bool, int]:
     return batch_size, drop_last, n // batch_size if drop_last else -(-n // batch_size)
 
 
-def _probe_callbacks(cfg: TrainConfig) -> list[Any]:
+def _probe_callbacks(cfg: TrainConfig) -> list[Callback]:
     """The probes ``cfg.probes`` names, created with their options (``every`` from the spec or
     ``probe_every``)."""
     return [create_probe(spec, every=cfg.probe_every) for spec in cfg.probes or []]

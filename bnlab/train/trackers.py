@@ -3,11 +3,11 @@
     bnlab train ... --log-to tensorboard:runs/tb --log-to mlflow:file:./mlruns
 
 or ``train.run(config, callbacks=[TensorBoardLogger("runs/tb")])``. Each logger is a
-:class:`~bnlab.train.callbacks.Callback` that never changes training (``changes_training`` is
+:class:`bnlab.callbacks.Callback` that never changes training (``changes_training`` is
 False, so the run id is the same with or without it). It mirrors the run's config (TensorBoard: a
 text summary; MLflow: params, flattened as ``model_options.width``), every recorded scalar
-(``on_log``: train loss/accuracy, epoch means, evaluations, learning rate) and every probe value
-(``on_probe``), at the step they were recorded; the final status is a text summary (TensorBoard)
+and probe value (``on_log``: train loss/accuracy, epoch means, evaluations, learning rate,
+``probe/...``), at the step they were recorded; the final status is a text summary (TensorBoard)
 or the run's terminal status and the tag ``bnlab.status`` (MLflow). The run store stays the record:
 a resumed run re-sends the steps it replays after its checkpoint (TensorBoard and MLflow keep both
 points; the store keeps one).
@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bnlab.train.callbacks import Callback
+from bnlab.callbacks import Callback, Loop
+from bnlab.train.callbacks import trainer_of
 
 LOG_TO_KINDS = ("tensorboard", "mlflow")
 _MLFLOW_BATCH = 1000  # metrics per log_batch call (MLflow's own limit)
@@ -71,24 +72,22 @@ class TensorBoardLogger(Callback):
         self.log_dir = Path(log_dir)
         self.writer: Any = None  # a SummaryWriter from on_train_start (tensorboard: an optional dependency)
 
-    def on_train_start(self, trainer: Any) -> None:
+    def on_train_start(self, loop: Loop) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        trainer = trainer_of(loop)
         self.writer = SummaryWriter(log_dir=str(self.log_dir / trainer.run_id))
         config = json.dumps(_config_of(trainer), indent=2, sort_keys=True, default=str)
         self.writer.add_text("config", f"```\n{config}\n```", global_step=trainer.step)
 
-    def on_log(self, trainer: Any, step: int, metrics: dict[str, float]) -> None:
+    def on_log(self, loop: Loop, step: int, metrics: dict[str, float]) -> None:
         for name, value in metrics.items():
             self.writer.add_scalar(name, value, global_step=step)
 
-    def on_probe(self, trainer: Any, step: int, name: str, values: dict[str, float]) -> None:
-        self.on_log(trainer, step, values)
-
-    def on_train_end(self, trainer: Any, status: str) -> None:
+    def on_train_end(self, loop: Loop, status: str) -> None:
         if self.writer is None:
             return
-        self.writer.add_text("status", status, global_step=trainer.step)
+        self.writer.add_text("status", status, global_step=loop.step)
         self.writer.close()
         self.writer = None
 
@@ -123,9 +122,10 @@ class MLflowLogger(Callback):
         self.mlflow_run_id: str | None = None
         self.pending: list[Any] = []
 
-    def on_train_start(self, trainer: Any) -> None:
+    def on_train_start(self, loop: Loop) -> None:
         from mlflow.tracking import MlflowClient
 
+        trainer = trainer_of(loop)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         found = self.client.get_experiment_by_name(self.experiment)
         experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
@@ -144,7 +144,7 @@ class MLflowLogger(Callback):
             for start in range(0, len(params), 100):
                 self.client.log_batch(self.mlflow_run_id, params=params[start:start + 100])
 
-    def on_log(self, trainer: Any, step: int, metrics: dict[str, float]) -> None:
+    def on_log(self, loop: Loop, step: int, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -152,10 +152,7 @@ class MLflowLogger(Callback):
         if len(self.pending) >= _MLFLOW_BATCH:
             self._send()
 
-    def on_probe(self, trainer: Any, step: int, name: str, values: dict[str, float]) -> None:
-        self.on_log(trainer, step, values)
-
-    def on_epoch_end(self, trainer: Any, epoch: int) -> None:
+    def on_train_epoch_end(self, loop: Loop, epoch: int) -> None:
         self._send()
 
     def _send(self) -> None:
@@ -163,7 +160,7 @@ class MLflowLogger(Callback):
             batch, self.pending = self.pending[:_MLFLOW_BATCH], self.pending[_MLFLOW_BATCH:]
             self.client.log_batch(self.mlflow_run_id, metrics=batch)
 
-    def on_train_end(self, trainer: Any, status: str) -> None:
+    def on_train_end(self, loop: Loop, status: str) -> None:
         if self.client is None:
             return
         self._send()
