@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
+from torch import nn
 from torch import Tensor
 
 from .base import ChannelNorm
@@ -25,11 +28,46 @@ def relaxed_limit(step: Tensor, start: float, final: float, relax_from: int, rea
     return start + (final - start) * frac
 
 
+# Ioffe 2017 §4: r_max = 1, d_max = 0 for the first 5k steps, then relaxed to r_max = 3 at 40k steps
+# and d_max = 5 at 25k steps.
+IOFFE_RELAX_FROM, IOFFE_R_MAX_AT, IOFFE_D_MAX_AT = 5000, 40000, 25000
+SETTLE = 3.0  # running averages settle in 3/momentum steps: e^-3 ≈ 5 % weight left on their start
+
+
+def ioffe_schedule(run_steps: int | None, momentum: float | None) -> tuple[int, int, int]:
+    """The default warm-up ``(relax_from, r_max_at, d_max_at)`` in steps.
+
+    Run length unknown: Ioffe 2017 §4's step counts as printed (5000, 40000, 25000). Known (``run_steps``,
+    which ``bnlab train`` sets): the same proportions 5 : 40 : 25, scaled so r_max is reached at half
+    the run (our choice: Ioffe's run went on well past 40k steps), and never relaxed before the
+    running averages settle (3/momentum steps; 10 with cumulative averages) — corrections r, d
+    against unsettled running statistics are what made a 20-step resnet18 run diverge (issue 22).
+    """
+    if run_steps is None:
+        return IOFFE_RELAX_FROM, IOFFE_R_MAX_AT, IOFFE_D_MAX_AT
+    settle = math.ceil(SETTLE / momentum) if momentum else 10
+    half = run_steps / 2
+    relax = max(round(half * IOFFE_RELAX_FROM / IOFFE_R_MAX_AT), settle)
+    return relax, max(round(half), relax), max(round(half * IOFFE_D_MAX_AT / IOFFE_R_MAX_AT), relax)
+
+
+def set_run_length(model: nn.Module, steps: int) -> int:
+    """Tell every ``brn`` layer of ``model`` with the default warm-up the run's length in steps (its
+    schedule then scales to it, :func:`ioffe_schedule`); returns how many layers were told."""
+    layers = [m for m in model.modules() if isinstance(m, BatchRenorm) and m.default_warmup]
+    for layer in layers:
+        layer.run_steps = int(steps)
+    return len(layers)
+
+
 @norm("brn", "Batch Renormalization (stop-gradient r, d corrections)", "Ioffe 2017", "Alg. 1", {
     "r_max": Param(3.0, float, minimum=1.0), "d_max": Param(5.0, float, minimum=0.0),
-    "relax_from": Param(0, int, minimum=0, help="warm-up: r_max=1, d_max=0 before this step"),
-    "r_max_at": Param(0, int, minimum=0, help="warm-up: step at which r_max is reached"),
-    "d_max_at": Param(0, int, minimum=0, help="warm-up: step at which d_max is reached"),
+    "relax_from": Param(None, int, minimum=0, nullable=True,
+                        help="warm-up: r_max=1, d_max=0 before this step (none: Ioffe's schedule)"),
+    "r_max_at": Param(None, int, minimum=0, nullable=True, help="warm-up: step at which r_max is reached"),
+    "d_max_at": Param(None, int, minimum=0, nullable=True, help="warm-up: step at which d_max is reached"),
+    "run_steps": Param(None, int, minimum=1, nullable=True,
+                       help="the run's length, scaling the default warm-up (bnlab train sets it)"),
     **BN_OPTIONS})
 class BatchRenorm(ChannelNorm):
     """Batch Renormalization (Ioffe 2017, Algorithm 1).
@@ -39,25 +77,43 @@ class BatchRenorm(ChannelNorm):
     running values follow Algorithm 1: ``μ ← μ + α(μ_B − μ)``, ``σ ← σ + α(σ_B − σ)`` — an EMA of σ_B
     itself, not of the unbiased variance. ``running_var`` keeps BN's name and holds ``σ² − ε``, so
     ``√(running_var + ε) = σ`` and a BatchNorm state_dict loads with its meaning. Inference is BN with
-    the running statistics. ``relax_from``/``r_max_at``/``d_max_at`` (steps) enable §4's warm-up, r_max
-    from 1 and d_max from 0 (default: none). ``track_running_stats=False``: r = 1, d = 0 (plain BN).
+    the running statistics. §4's warm-up (r_max from 1, d_max from 0) is on by default:
+    :func:`ioffe_schedule`, scaled to ``run_steps`` when the run's length is known. Giving any of
+    ``relax_from``/``r_max_at``/``d_max_at`` (steps) sets the schedule by hand (the others 0);
+    ``relax_from=0`` alone: no warm-up. ``track_running_stats=False``: r = 1, d = 0 (plain BN).
     """
 
-    def __init__(self, num_features: int, r_max: float = 3.0, d_max: float = 5.0, relax_from: int = 0,
-                 r_max_at: int = 0, d_max_at: int = 0, **kwargs) -> None:
+    def __init__(self, num_features: int, r_max: float = 3.0, d_max: float = 5.0,
+                 relax_from: int | None = None, r_max_at: int | None = None, d_max_at: int | None = None,
+                 run_steps: int | None = None, **kwargs) -> None:
         super().__init__(num_features, **kwargs)
         self.r_max, self.d_max = r_max, d_max
         self.relax_from, self.r_max_at, self.d_max_at = relax_from, r_max_at, d_max_at
+        self.run_steps = run_steps
+
+    @property
+    def default_warmup(self) -> bool:
+        """Whether the warm-up is :func:`ioffe_schedule`'s (no schedule step given by hand)."""
+        return self.relax_from is None and self.r_max_at is None and self.d_max_at is None
+
+    def schedule(self) -> tuple[int, int, int]:
+        """``(relax_from, r_max_at, d_max_at)`` in effect (the default, or the given steps)."""
+        if self.default_warmup:
+            return ioffe_schedule(self.run_steps, self.momentum)
+        return self.relax_from or 0, self.r_max_at or 0, self.d_max_at or 0
 
     def extra_repr(self) -> str:
-        return (super().extra_repr() + f", r_max={self.r_max}, d_max={self.d_max}, relax_from={self.relax_from}, "
-                f"r_max_at={self.r_max_at}, d_max_at={self.d_max_at}")
+        relax, r_at, d_at = self.schedule()
+        source = f"Ioffe's schedule, run_steps={self.run_steps}" if self.default_warmup else "given"
+        return (super().extra_repr() + f", r_max={self.r_max}, d_max={self.d_max}, relax_from={relax}, "
+                f"r_max_at={r_at}, d_max_at={d_at} ({source})")
 
     def limits(self) -> tuple[Tensor | float, Tensor | float]:
         """(r_max, d_max) at the current step."""
         t = self.num_batches_tracked
-        return (relaxed_limit(t, 1.0, self.r_max, self.relax_from, self.r_max_at),
-                relaxed_limit(t, 0.0, self.d_max, self.relax_from, self.d_max_at))
+        relax, r_at, d_at = self.schedule()
+        return (relaxed_limit(t, 1.0, self.r_max, relax, r_at),
+                relaxed_limit(t, 0.0, self.d_max, relax, d_at))
 
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)

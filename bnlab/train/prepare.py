@@ -25,6 +25,7 @@ from bnlab import data as data_mod
 from bnlab import models
 from bnlab.callbacks import Callback, check_callbacks
 from bnlab.norms import seed_layers
+from bnlab.norms.renorm import set_run_length
 from bnlab.probes import PROBES
 from bnlab.probes import create as create_probe
 from bnlab.train.callbacks import identity_of
@@ -130,6 +131,7 @@ def prepare(
     total_epochs = -(-total_steps // steps_per_epoch)
     augment = _augmentation(cfg, ds.input_shape)
     model = build_model(cfg, ds.input_shape, ds.num_outputs, model_factory).to(device)
+    set_run_length(model, total_steps)  # brn's default warm-up scales to the run (Ioffe 2017 §4)
     loss_fn = _loss_for(ds.task)
     _check_forward(cfg, model, ds, loss_fn)
     # an override that names no parameter is a config error: raised here, before any record
