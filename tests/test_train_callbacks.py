@@ -210,3 +210,51 @@ def test_trainer_of_refuses_another_loop():
     with pytest.raises(TypeError, match="needs a bnlab train run"):
         trainer_of(lab)
     assert not isinstance(lab, TrainLoop)
+
+
+def test_lab_runs_any_callback_through_the_same_hooks():
+    from bnlab.probes import Lab
+
+    class Mark(Callback):
+        def __init__(self):
+            self.calls = []
+
+        def on_train_start(self, loop):
+            self.calls.append(("start", loop.step))
+
+        def on_after_backward(self, loop):
+            self.calls.append(("after_backward", loop.step))
+
+        def on_before_optimizer_step(self, loop):
+            loop.log("grad_sq", sum(float((p.grad**2).sum()) for p in loop.model.parameters()))
+            self.calls.append(("before_optimizer_step", loop.step))
+
+        def on_train_batch_end(self, loop):
+            self.calls.append(("batch_end", loop.step))
+
+        def on_log(self, loop, step, metrics):
+            self.calls.append(("log", step, sorted(metrics)))
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mark = Mark()
+    lab = Lab(model, nn.MSELoss(), [mark], optimizer=opt)
+    x, y = torch.randn(4, 3), torch.randn(4, 1)
+    for step in (1, 2):
+        opt.zero_grad()
+        nn.MSELoss()(model(x), y).backward()
+        expected = sum(float((p.grad**2).sum()) for p in model.parameters())
+        assert lab.after_backward((x, y), step) == {"grad_sq": expected}
+        opt.step()
+        assert lab.after_step((x, y), step) == {}
+    assert mark.calls[:5] == [("start", 1), ("after_backward", 1), ("before_optimizer_step", 1),
+                              ("log", 1, ["grad_sq"]), ("batch_end", 1)]
+    assert [s for s, n, _ in lab.records] == [1, 2]
+
+
+def test_step_context_is_gone_from_the_public_api():
+    import bnlab.train
+
+    assert not hasattr(bnlab.train, "StepContext") and "StepContext" not in bnlab.train.__all__
+    assert bnlab.train.Callback is Callback
