@@ -23,6 +23,22 @@ Setting: an MLP (width 16) with BN on the bundled digits, 40 steps of batch 200,
   config with a Python object tag, a run-id prefix of SQL wildcards. *Refused* = a clear error (or
   no match) and no side effect.
 
+Issue 21's categories (benchmarks/reliability_cases.py), totals printed per category:
+
+* Kill points: the interruptions above, and SIGTERM at a step (exit 143, status ``interrupted``, a
+  checkpoint at that step).
+* Corruption: the checkpoint byte flips above, and store damage SQLite does not report -- single bits
+  flipped in stored metric values, a config digit changed, rows deleted or added, a final metric
+  changed, invalid JSON, the metrics table dropped (*handled* = caught by the run's seal and rebuilt
+  from its final checkpoint by re-running its config, or read identical); a trigger that swallows
+  inserts, an added NOT NULL column, a renamed column, a 0-byte file (*handled* = refused at open).
+* Concurrency: the two sweeps above.
+* Numerics: a run whose final evaluation blows up, a negative running variance (must end
+  ``diverged``), non-finite spec and config numbers from specs and YAML (must be refused).
+* Hostile inputs: the malicious inputs above, a run id ``../../victim`` through every ``runs``
+  command, nesting 50,000 deep, someone else's database (left byte-identical), a checkpoint
+  downgraded to format 1.
+
 Results go to benchmarks/results/reliability.json.
 """
 
@@ -45,7 +61,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
+import reliability_cases as cases  # noqa: E402  (issue 21's categories, beside this file)
 from bnlab.store import Store  # noqa: E402
 from bnlab.train import load_model, run  # noqa: E402
 from bnlab.train.checkpoint import checkpoint_path, load_checkpoint, orphaned_temporaries  # noqa: E402
@@ -274,6 +292,19 @@ def concurrent_sweeps(work: Path) -> dict:
             "stored": stored}
 
 
+def categories(interruptions: dict, sigterms: list, corruptions: dict, damage: dict, sweeps: dict,
+               numbers: dict, malicious: dict, hostile: dict) -> dict:
+    """Totals per issue-21 category: (passed, tried)."""
+    return {
+        "kill points": (interruptions["survived"] + sum(t["clean"] for t in sigterms),
+                        interruptions["trials"] + len(sigterms)),
+        "corruption": (corruptions["handled"] + damage["handled"], corruptions["trials"] + damage["trials"]),
+        "concurrency": (sweeps["finished"], sweeps["records"]),
+        "numerics": (numbers["refused_or_caught"], numbers["tried"]),
+        "hostile inputs": (malicious["refused"] + hostile["refused"], malicious["tried"] + hostile["tried"]),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer trials")
@@ -286,14 +317,22 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bnlab-reliability-"))
     try:
         interruptions = interruption_trials(5 if args.quick else 10, rng, work)
+        sigterms = [cases.sigterm_trial(REPO, CONFIG, at, work / f"sigterm{at}") for at in (7, 23)]
         corruptions = corruption_trials(40 if args.quick else 200, rng, work)
+        ref_id = _run_ids(work / "reference")[0]
+        damage = cases.store_damage_trials(work / "reference", ref_id, CONFIG, 10 if args.quick else 40, rng, work)
         malicious = malicious_inputs(work)
+        hostile = cases.hostile_inputs(work, work / "reference", ref_id)
+        numbers = cases.numerics(work, CONFIG)
         sweeps = concurrent_sweeps(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    totals = categories(interruptions, sigterms, corruptions, damage, sweeps, numbers, malicious, hostile)
     result = {"config": CONFIG, "seed": args.seed, "seconds": round(time.perf_counter() - started, 1),
               "torch": torch.__version__, "python": sys.version.split()[0],
-              "interruptions": interruptions, "corruptions": corruptions, "malicious": malicious,
+              "totals": {k: {"passed": p, "tried": t} for k, (p, t) in totals.items()},
+              "interruptions": interruptions, "sigterm": sigterms, "corruptions": corruptions,
+              "store_damage": damage, "malicious": malicious, "hostile_inputs": hostile, "numerics": numbers,
               "concurrent_sweeps": sweeps}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
@@ -302,6 +341,10 @@ def main() -> None:
           f"(silently wrong: {corruptions['anywhere']['silently_wrong'] + corruptions['in_weight']['silently_wrong']}); "
           f"malicious inputs refused {malicious['refused']}/{malicious['tried']}; two concurrent sweeps: "
           f"{sweeps['finished']}/{sweeps['records']} records finished; {result['seconds']} s -> {args.out}")
+    for name, (passed, tried) in totals.items():
+        print(f"  {name:15s} {passed:4d}/{tried:<4d}")
+    print(f"  {'total':15s} {sum(p for p, _ in totals.values()):4d}/{sum(t for _, t in totals.values()):<4d}"
+          f"  (silently wrong store damage: {len(damage['silently_wrong'])})")
 
 
 if __name__ == "__main__":

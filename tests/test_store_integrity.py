@@ -261,3 +261,23 @@ def test_training_in_a_read_only_runs_dir_names_another_runs_dir(tmp_path, monke
     with pytest.raises(ReadOnlyStoreError, match=f"runs dir {tmp_path} is read-only.*another --runs-dir"):
         run(dict(CONFIG, runs_dir=str(tmp_path)), progress=False)
     assert not list(tmp_path.glob("checkpoints/*.lock"))
+
+
+def test_the_catalogues_analysis_shows_a_damaged_run_as_damaged_and_the_others_as_stored(tmp_path):
+    from bnlab.experiments.runner import analysis_context
+
+    with Store(tmp_path / "bnlab.db") as store:
+        for run_id in ("good1", "bad1"):
+            store.create_run(run_id, {"model": "mlp"})
+            store.log_rows(run_id, [(1, "train_loss", 0.5)])
+            store.set_status(run_id, "finished", steps=1, summary={"metrics": {"test_accuracy": 0.9}})
+        runs = [{"label": "bn", "id": "good1"}, {"label": "cbn", "id": "bad1"}]
+        store.save_entry("peng-fig2", "smoke", runs, {}, tiny=True, seconds=1.0)
+        store.save_entry("peng-fig2", "../../../outside", runs, {}, tiny=True, seconds=1.0)
+    _sql(tmp_path / "bnlab.db", "UPDATE metrics SET value = 0.25 WHERE run_id = 'bad1'")
+    ctx = analysis_context("peng-fig2", "smoke", runs_dir=tmp_path)
+    good, bad = ctx.run("bn"), ctx.run("cbn")
+    assert good.status == "finished" and good.series("train_loss") == ([1], [0.5])
+    assert bad.status == "damaged" and "bad1" in bad.record["error"] and bad.series("train_loss") == ([], [])
+    with pytest.raises(ValueError, match="unknown preset"):  # a stored preset names a folder: refused
+        analysis_context("peng-fig2", "../../../outside", runs_dir=tmp_path)
