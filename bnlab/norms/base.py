@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from .conventions import BatchNormConventions, check_dtype, check_eps_now
 from .sync import module_group, synced_moments
 
 CoefFn = Callable[..., tuple[Tensor, Tensor]]
@@ -59,61 +60,22 @@ def fused_enabled(x: Tensor) -> bool:
             and not torch._C._are_functorch_transforms_active())
 
 
-class ChannelNorm(nn.Module):
+class ChannelNorm(BatchNormConventions):
     """Base class: parameters, buffers, input checks, batch moments and running-statistics bookkeeping.
 
-    Options follow ``torch.nn.BatchNorm2d``: ``momentum=None`` is a cumulative moving average,
-    ``track_running_stats=False`` keeps no buffers and normalizes with batch statistics in eval mode too,
-    ``affine=False`` has no γ, β.
+    Options, defaults and module protocol follow ``torch.nn.BatchNorm2d`` (:mod:`.conventions`):
+    ``momentum=None`` is a cumulative moving average, ``track_running_stats=False`` keeps no buffers
+    and normalizes with batch statistics in eval mode too, ``affine=False`` has no γ, β and
+    ``bias=False`` no β; ``device``/``dtype`` place the parameters and buffers. ``sync=True``:
+    batch statistics over all ranks of ``process_group`` (None: the default group), :mod:`.sync`.
     """
 
-    # Declared for the type checker (nn.Module.__getattr__ would type them ``Tensor | Module``). They are
-    # None when affine=False / track_running_stats=False; every read is behind those flags (or use_batch_stats).
-    weight: Tensor
-    bias: Tensor
-    running_mean: Tensor
-    running_var: Tensor
-    num_batches_tracked: Tensor
-
-    def __init__(
-        self,
-        num_features: int,
-        eps: float = 1e-5,
-        momentum: float | None = 0.1,
-        affine: bool = True,
-        track_running_stats: bool = True,
-        sync: bool = False,
-    ) -> None:
-        super().__init__()
-        # batch statistics over all ranks of process_group (None: the default group): bnlab.norms.sync
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
+                 affine: bool = True, track_running_stats: bool = True, device=None, dtype=None, *,
+                 bias: bool = True, sync: bool = False) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype,
+                         bias=bias)
         self.sync, self.process_group = bool(sync), None
-        if not isinstance(num_features, int) or num_features < 1:
-            raise ValueError(f"num_features must be a positive integer, got {num_features!r}")
-        if momentum is not None and not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"momentum must be in [0, 1] or None (cumulative average), got {momentum!r}")
-        self.num_features = num_features
-        self.eps = eps
-        self.momentum = momentum
-        self.affine = affine
-        self.track_running_stats = track_running_stats
-        if affine:
-            self.weight = nn.Parameter(torch.ones(num_features))
-            self.bias = nn.Parameter(torch.zeros(num_features))
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-        if track_running_stats:
-            self.register_buffer("running_mean", torch.zeros(num_features))
-            self.register_buffer("running_var", torch.ones(num_features))
-            self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
-        else:
-            self.register_buffer("running_mean", None)
-            self.register_buffer("running_var", None)
-            self.register_buffer("num_batches_tracked", None)
-
-    def extra_repr(self) -> str:
-        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
-                f"track_running_stats={self.track_running_stats}")
 
     # ---- helpers -------------------------------------------------------------------------------
     def check_input(self: nn.Module, x: Tensor) -> None:  # self: nn.Module, NativeBatchNorm calls it too
@@ -128,10 +90,14 @@ class ChannelNorm(nn.Module):
                 f"{type(self).__name__} was built for {self.num_features} channels but the input has "
                 f"{x.shape[1]} (shape {tuple(x.shape)})"
             )
-        if self.training and x.numel() // x.shape[1] <= 1 and module_group(self) is None:  # synced: counted globally
+        # torch's _verify_batch_size: exactly one value per channel (a zero-size batch is fine);
+        # synced layers count globally
+        if self.training and x.numel() // x.shape[1] == 1 and module_group(self) is None:
             raise ValueError(
                 f"Expected more than 1 value per channel when training, got input of shape {tuple(x.shape)}"
             )
+        check_eps_now(self)
+        check_dtype(self, x)
 
     @staticmethod
     def reduce_dims(x: Tensor) -> list[int]:
@@ -189,17 +155,17 @@ class ChannelNorm(nn.Module):
 
     def _plain_normalize(self, x: Tensor, coef_fn: CoefFn, *tensors: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
         """:meth:`normalize_with_batch_stats` from plain autograd ops (compile, half inputs, sync, vmap)."""
-        mean, var, n = self.batch_moments(x)
+        # half inputs: one float32 copy feeds μ_B, σ²_B and the centred x, so their three
+        # input-gradient paths add up in float32 and round to half once (as torch's kernel)
+        xs = x.to(stats_dtype(x))
+        mean, var, n = self.batch_moments(xs)
         dt = coef_dtype(x)
         scale, shift = coef_fn(mean.to(dt), var.to(dt), *tensors)
         # y = scale·(x − μ) + (shift + scale·μ): the centred form keeps a large mean out of autograd
-        centred = x - per_channel(mean, x)
+        centred = xs - per_channel(mean, xs)
         y = torch.addcmul(per_channel((shift + scale * mean).to(centred.dtype), x), centred,
                           per_channel(scale.to(centred.dtype), x))
         return y.to(x.dtype), mean.detach(), var.detach(), n
-
-    def use_batch_stats(self) -> bool:
-        return self.training or not self.track_running_stats
 
     def momentum_weight(self, momentum: float | None = None) -> float | Tensor:
         """This step's running-average weight: ``momentum``, or 1/t (cumulative average) when None.
@@ -228,7 +194,7 @@ class ChannelNorm(nn.Module):
     @torch.no_grad()
     def update_running_stats(self, mean: Tensor, var: Tensor, n: int, momentum: float | None = None) -> None:
         """PyTorch's convention: biased variance normalizes, the unbiased one goes into running_var."""
-        if not (self.training and self.track_running_stats):
+        if not self.tracks_now():
             return
         self.num_batches_tracked.add_(1)
         m = self.momentum_weight(momentum)
@@ -237,16 +203,17 @@ class ChannelNorm(nn.Module):
         self.running_var.lerp_(unbiased.to(self.running_var.dtype), m)
 
     def gamma_beta(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        if self.affine:
+        if self.weight is not None and self.bias is not None:  # no constants built: 2 dispatched ops fewer
             return self.weight, self.bias
         one = torch.ones(self.num_features, dtype=stats_dtype(x), device=x.device)
-        return one, torch.zeros_like(one)
+        gamma = self.weight if self.weight is not None else one
+        return gamma, (self.bias if self.bias is not None else torch.zeros_like(gamma))
 
     def weight_or_one(self) -> Tensor:
-        return self.weight if self.affine else torch.ones_like(self.running_mean)
+        return self.weight if self.weight is not None else torch.ones_like(self.running_mean)
 
     def bias_or_zero(self) -> Tensor:
-        return self.bias if self.affine else torch.zeros_like(self.running_mean)
+        return self.bias if self.bias is not None else torch.zeros_like(self.running_mean)
 
     @staticmethod
     def apply_affine(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
@@ -257,6 +224,25 @@ class ChannelNorm(nn.Module):
         return y.to(x.dtype)
 
     # ---- inference ---------------------------------------------------------------------------
+    @staticmethod
+    def centred_affine(x: Tensor, mean: Tensor, var: Tensor, eps: float, weight: Tensor | None,
+                       bias: Tensor | None) -> Tensor:
+        """``weight·(x − mean)/√(var + eps) + bias`` per channel through torch's inference BatchNorm
+        kernel: bitwise ``nn.BatchNorm``'s eval output, its γ-gradient the centred Σ g·(x − μ)/σ
+        (the uncentred Σ g·x − μ Σ g loses digits at a large activation mean), memory format kept."""
+        dt = stats_dtype(x)
+
+        def cast(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(dt)
+        with torch.autocast(x.device.type, enabled=False):
+            return torch.batch_norm(x, cast(weight), cast(bias), cast(mean), cast(var), False, 0.0,
+                                    eps, torch.backends.cudnn.enabled)
+
+    def running_normalize(self, x: Tensor) -> Tensor:
+        """Eval with the running statistics: torch's own inference kernel (``nn.BatchNorm``'s)."""
+        return self.centred_affine(x, self.running_mean, self.running_var, self.eps, self.weight,
+                                   self.bias)
+
     def running_affine(self, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
         """BN with the running statistics as a per-channel (scale, shift) — most layers' eval mode."""
         scale = gamma * torch.rsqrt(self.running_var + self.eps)

@@ -7,6 +7,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from .base import ChannelNorm
+from .conventions import checked_eps, checked_momentum
 from .registry import BN_OPTIONS, norm
 
 
@@ -22,9 +23,11 @@ class BatchNorm(ChannelNorm):
 
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
-        gamma, beta = self.gamma_beta(x)
+        if (empty := self.empty_batch(x)) is not None:
+            return empty
         if not self.use_batch_stats():
-            return self.apply_affine(x, *self.coefficients(self.running_mean, self.running_var, gamma, beta))
+            return self.running_normalize(x)
+        gamma, beta = self.gamma_beta(x)
         return self.normalize_with_batch_stats(x, self.coefficients, gamma, beta, update=self.update_running_stats)[0]
 
     def coefficients(self, mean: Tensor, var: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
@@ -47,19 +50,26 @@ class MeanOnlyBatchNorm(BatchNorm):
 
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
-        gamma, beta = self.gamma_beta(x)
+        if (empty := self.empty_batch(x)) is not None:
+            return empty
         if not self.use_batch_stats():
-            return self.apply_affine(x, *self.coefficients(self.running_mean, self.running_var, gamma, beta))
+            return self.running_normalize(x)
+        gamma, beta = self.gamma_beta(x)
         return self.normalize_with_batch_stats(x, self.coefficients, gamma, beta, update=self.update_running_mean)[0]
 
     def update_running_mean(self, mean: Tensor, var: Tensor, n: int) -> None:
         """Only the mean is tracked; running_var keeps its value."""
-        if self.training and self.track_running_stats:
+        if self.tracks_now():
             self.num_batches_tracked.add_(1)
             self.running_mean.lerp_(mean.to(self.running_mean.dtype), self.momentum_weight())
 
     def coefficients(self, mean, var, gamma, beta):
         return gamma, beta - mean * gamma
+
+    def running_normalize(self, x: Tensor) -> Tensor:
+        """γ(x − μ) + β, centred: variance 1 and ε = 0 in the inference kernel (1/√1 is exactly 1)."""
+        ones = torch.ones_like(self.running_mean)
+        return self.centred_affine(x, self.running_mean, ones, 0.0, self.weight, self.bias)
 
 
 @norm("var_only_bn", "divide by the batch std only", "Luo et al. 2019", "§5 (with WN)", BN_OPTIONS,
@@ -74,12 +84,24 @@ class VarOnlyBatchNorm(BatchNorm):
     def coefficients(self, mean, var, gamma, beta):
         return gamma * torch.rsqrt(var + self.eps), beta
 
+    def running_normalize(self, x: Tensor) -> Tensor:
+        """γx/√(σ² + ε) + β: the inference kernel with mean 0 (the mean is not removed)."""
+        zeros = torch.zeros_like(self.running_mean)
+        return self.centred_affine(x, zeros, self.running_var, self.eps, self.weight, self.bias)
+
 
 # no sync option: convert_sync swaps it for nn.SyncBatchNorm
 @norm("native_bn", "torch's own fused BatchNorm", "Ioffe & Szegedy 2015", "Alg. 1",
       {k: v for k, v in BN_OPTIONS.items() if k != "sync"})
 class NativeBatchNorm(nn.modules.batchnorm._BatchNorm):
-    """torch's own fused BatchNorm, accepting (N, C) and (N, C, *) like the other layers."""
+    """torch's own fused BatchNorm, accepting (N, C) and (N, C, *) like the other layers; ``eps``
+    and ``momentum`` are checked at construction as bnlab's layers check them."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
+                 affine: bool = True, track_running_stats: bool = True, device=None, dtype=None, *,
+                 bias: bool = True) -> None:
+        super().__init__(num_features, checked_eps(eps), checked_momentum(momentum), affine,
+                         track_running_stats, device, dtype, bias=bias)
 
     def _check_input_dim(self, x: Tensor) -> None:
         if x.dim() < 2:
@@ -90,7 +112,7 @@ class NativeBatchNorm(nn.modules.batchnorm._BatchNorm):
         return super().forward(x)
 
     def inference_affine(self):
-        w = self.weight if self.affine else torch.ones_like(self.running_mean)
-        b = self.bias if self.affine else torch.zeros_like(self.running_mean)
+        w = self.weight if self.weight is not None else torch.ones_like(self.running_mean)
+        b = self.bias if self.bias is not None else torch.zeros_like(self.running_mean)
         scale = w * torch.rsqrt(self.running_var + self.eps)
         return scale, b - self.running_mean * scale

@@ -8,6 +8,7 @@ from torch import Tensor
 import warnings
 
 from .base import ChannelNorm
+from .conventions import factory_kwargs
 from .registry import BN_OPTIONS, Param, norm
 
 
@@ -78,6 +79,7 @@ class CompleteBatchNorm(ChannelNorm):
     amat_var: Tensor
     _eta: Tensor
     _amat_steps: Tensor
+    counts_empty_batches = False  # num_batches_tracked also says whether μ_A, σ²_A hold a batch yet
 
     def __init__(self, num_features: int, rho: float = 1.0, amat: bool = True, omega: float = 10.0,
                  decouple: bool = True, center: bool = True, eta: float | None = None, **kwargs) -> None:
@@ -88,12 +90,22 @@ class CompleteBatchNorm(ChannelNorm):
         self.eta = eta
         self.lr: float | None = None
         self._warned_progress = False
-        self.register_buffer("amat_mean", torch.zeros(num_features))
-        self.register_buffer("amat_var", torch.ones(num_features))
+        factory = factory_kwargs(kwargs)
+        self.register_buffer("amat_mean", torch.zeros(num_features, **factory))
+        self.register_buffer("amat_var", torch.ones(num_features, **factory))
         # η as a tensor (not a Python float) so a changing learning rate never recompiles a compiled model;
         # the step counter says whether μ_A, σ²_A hold a batch yet (the first batch initializes them).
-        self.register_buffer("_eta", torch.tensor(self._python_eta()), persistent=False)
-        self.register_buffer("_amat_steps", torch.tensor(0, dtype=torch.long), persistent=False)
+        self.register_buffer("_eta", torch.tensor(self._python_eta(), **factory), persistent=False)
+        steps = torch.tensor(0, dtype=torch.long, device=factory["device"])
+        self.register_buffer("_amat_steps", steps, persistent=False)
+
+    @torch.no_grad()
+    def reset_running_stats(self) -> None:
+        """BN's buffers and AMAT's moving statistics (the next training batch initializes them)."""
+        super().reset_running_stats()
+        self.amat_mean.zero_()
+        self.amat_var.fill_(1)
+        self._amat_steps.zero_()
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", rho={self.rho}, amat={self.amat}, omega={self.omega}, "
@@ -139,6 +151,8 @@ class CompleteBatchNorm(ChannelNorm):
 
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
+        if (empty := self.empty_batch(x)) is not None:
+            return empty
         gamma, beta = self.gamma_beta(x)
         if not self.use_batch_stats():
             return self.apply_affine(x, *self._affine(gamma, beta))

@@ -4,9 +4,11 @@
 ``nn.SyncBatchNorm``, lazy BatchNorm once initialized, subclasses that only change defaults, and timm's
 norm-act layers (``BatchNormAct2d``, ``SyncBatchNormAct``: BatchNorm → drop path → activation, which
 become a :class:`NormAct`). torch's hyper-parameters (``eps``, ``momentum`` including ``None`` for the
-cumulative average, ``affine``, ``track_running_stats``) and the parameters and running statistics are
-carried over. A ``_BatchNorm`` subclass with behaviour of its own (another ``forward``, submodules) is
-refused with an error that names it: bnlab would silently drop what it adds.
+cumulative average, ``affine``, ``bias``, ``track_running_stats``), the device and dtype, and the
+parameters and running statistics are carried over — also buffers kept with
+``track_running_stats=False``, with which torch's eval normalizes. A ``_BatchNorm`` subclass with
+behaviour of its own (another ``forward``, submodules) is refused with an error that names it: bnlab
+would silently drop what it adds.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from .ops import _parts, create
 from .registry import lookup, parse_spec
 from .sync import active_group, broadcast_seed
 
-# torch's option names, passed to the new layer's constructor with torch's semantics.
-TORCH_OPTIONS = ("eps", "momentum", "affine", "track_running_stats")
+# torch's option names, passed to the new layer's constructor with torch's semantics, and their
+# defaults (an option a layer does not take is refused by name unless the old layer has the default).
+TORCH_OPTIONS = {"eps": 1e-5, "momentum": 0.1, "affine": True, "track_running_stats": True,
+                 "bias": True}
 
 # Layers whose forward is exactly BatchNorm over dim 1 (what every bnlab layer generalizes).
 _PLAIN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, NativeBatchNorm)
@@ -71,8 +75,10 @@ def _nest_norm_entries(module: NormAct, state_dict, prefix, *args) -> None:
 def convert(model: nn.Module, spec: str) -> nn.Module:
     """Replace every BatchNorm of ``model`` (in place) by ``create(spec, C)``; returns the model.
 
-    ``eps``, ``momentum`` (``None``: cumulative average), ``affine`` and ``track_running_stats`` of
-    each replaced layer are passed on, unless ``spec`` sets them (``"bn(momentum=0.01)"``);
+    ``eps``, ``momentum`` (``None``: cumulative average), ``affine``, ``bias`` and
+    ``track_running_stats`` of each replaced layer are passed on (running buffers too, with
+    ``track_running_stats=False``),
+    unless ``spec`` sets them (``"bn(momentum=0.01)"``);
     ``weight``, ``bias`` and the running statistics are copied where the new layer has them; device,
     dtype and train/eval mode follow the replaced layer. timm's ``BatchNormAct2d`` becomes a
     :class:`NormAct` that keeps its activation and drop path. ``SyncBatchNorm`` becomes a layer that
@@ -135,18 +141,43 @@ def _replacement(old: _BatchNorm, spec: str, path: str) -> nn.Module:
     return new.train(old.training)
 
 
+def torch_options(old: _BatchNorm) -> dict:
+    """The constructor options of a torch BatchNorm, read from the module (no ``bias`` flag kept)."""
+    options = {k: getattr(old, k) for k in ("eps", "momentum", "affine", "track_running_stats")}
+    options["bias"] = not old.affine or old.bias is not None
+    # buffers kept with track_running_stats=False: torch's eval normalizes with them, so the new
+    # layer is built with them and the flag set afterwards (create_like)
+    options["track_running_stats"] = old.track_running_stats or old.running_mean is not None
+    return options
+
+
 def create_like(old: _BatchNorm, spec: str) -> nn.Module:
-    """``create(spec, C)`` with ``old``'s torch options, parameters, statistics, device and dtype."""
+    """``create(spec, C)`` with ``old``'s torch options, parameters, statistics, device and dtype.
+
+    An option of ``old`` that the new layer cannot take (unless it has torch's default) raises a
+    ``ValueError`` naming it rather than being dropped (``bias=False`` would become a bias)."""
     info, _ = lookup(spec)
     explicit = set(parse_spec(spec)[1])
-    options = {k: getattr(old, k) for k in TORCH_OPTIONS if k not in explicit and _accepts(info.factory, k)}
-    new = create(spec, old.num_features, **options)
+    options = {k: v for k, v in torch_options(old).items() if k not in explicit}
+    refused = [k for k, v in options.items()
+               if not _accepts(info.factory, k) and v != TORCH_OPTIONS[k]]
+    if refused:
+        named = ", ".join(f"{k}={options[k]!r}" for k in refused)
+        raise ValueError(f"{info.name} does not take the option(s) {named} that "
+                         f"{type(old).__name__} has; set them in the spec or leave them at torch's "
+                         "defaults")
+    options = {k: v for k, v in options.items() if _accepts(info.factory, k)}
     ref: Tensor | None = next(iter(old.parameters()), None)
     ref = old.running_mean if ref is None else ref
+    if ref is not None and _accepts(info.factory, "device") and _accepts(info.factory, "dtype"):
+        options.update(device=ref.device, dtype=ref.dtype)  # built in place: no CPU copy first
+    new = create(spec, old.num_features, **options)
     if ref is not None:
         new = new.to(device=ref.device, dtype=ref.dtype)
     wanted = new.state_dict()
     new.load_state_dict({k: v for k, v in old.state_dict().items() if k in wanted}, strict=False)
+    if "track_running_stats" not in explicit and hasattr(new, "track_running_stats"):
+        setattr(new, "track_running_stats", old.track_running_stats)
     return new
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import fused_enabled
+from .base import fused_enabled, stats_dtype
 from .batchnorm import BatchNorm
 from .lp_fused import L1_CONSTANT, hoffer_linf_constant, linf_top_entries, lp_normalize
 from .sync import channel_count, channel_mean, channel_topk, module_group
@@ -78,6 +78,7 @@ class LpBatchNorm(BatchNorm):
         ``plain_autograd()`` (double backward)."""
         if fused_enabled(x) and module_group(self) is None:
             return lp_normalize(x, self.p, gamma, beta, self.eps, self.topk)
+        x = x.to(stats_dtype(x))  # half: one float32 copy, the input gradient rounds to half once
         mean, var, _ = self.batch_moments(x)
         centred = x - self.per_channel(mean, x)  # float32 or better, whatever x's dtype
         scale = self.batch_scale(centred, var)
@@ -88,16 +89,20 @@ class LpBatchNorm(BatchNorm):
 
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
+        if (empty := self.empty_batch(x)) is not None:
+            return empty
+        if not self.use_batch_stats():  # γ(x − μ)/(s + ε) + β centred: the inference kernel, σ² = 1
+            scale = self.weight_or_one() / (self.running_var.sqrt() + self.eps)
+            ones = torch.ones_like(self.running_var)
+            return self.centred_affine(x, self.running_mean, ones, 0.0, scale, self.bias)
         gamma, beta = self.gamma_beta(x)
-        if not self.use_batch_stats():
-            return self.apply_affine(x, *self.inference_affine())
         if self.p == "2":  # the scale is √σ²_B: the shared statistics → coefficients machinery (fused)
             y, mean, var, _ = self.normalize_with_batch_stats(x, self.rms_coefficients, gamma, beta)
             scale = var.sqrt()
         else:
             with torch.autocast(x.device.type, enabled=False):
                 y, mean, scale = self.normalize_by_lp_scale(x, gamma, beta)
-        if self.training and self.track_running_stats:
+        if self.tracks_now():
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
                 m = self.momentum_weight()

@@ -8,6 +8,7 @@ from torch import Tensor
 import warnings
 
 from .base import ChannelNorm
+from .conventions import factory_kwargs
 from .sync import batch_samples
 from .registry import BN_OPTIONS, Param, norm
 
@@ -60,9 +61,17 @@ class MomentumBatchNorm(ChannelNorm):
         self.epoch: int | None = None
         self.epochs: int | None = None
         self._warned_progress = False
-        self.register_buffer("train_mean", torch.zeros(num_features))
-        self.register_buffer("train_var", torch.ones(num_features))
-        self.register_buffer("_lambda_exponent", torch.tensor(1.0), persistent=False)
+        factory = factory_kwargs(kwargs)
+        self.register_buffer("train_mean", torch.zeros(num_features, **factory))
+        self.register_buffer("train_var", torch.ones(num_features, **factory))
+        self.register_buffer("_lambda_exponent", torch.tensor(1.0, **factory), persistent=False)
+
+    @torch.no_grad()
+    def reset_running_stats(self) -> None:
+        """BN's buffers and the moving statistics that training normalizes with."""
+        super().reset_running_stats()
+        self.train_mean.zero_()
+        self.train_var.fill_(1)
 
     def set_progress(self, *, lr=None, epoch=None, epochs=None) -> None:
         if epoch is not None:
@@ -86,9 +95,11 @@ class MomentumBatchNorm(ChannelNorm):
 
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
-        gamma, beta = self.gamma_beta(x)
+        if (empty := self.empty_batch(x)) is not None:
+            return empty
         if not self.use_batch_stats():
-            return self.apply_affine(x, *self.running_affine(gamma, beta))
+            return self.running_normalize(x)
+        gamma, beta = self.gamma_beta(x)
         m = batch_samples(self, x)  # MBN's m (over all ranks when synced) is the number of samples, not samples × positions
         learning = self.training
         if (learning and not torch.compiler.is_compiling() and (self.epoch is None or self.epochs is None)
@@ -97,6 +108,7 @@ class MomentumBatchNorm(ChannelNorm):
             warnings.warn("mbn is training without epoch/epochs, so its momentum λ is 0 (plain BN): call "
                           "bnlab.norms.set_progress(model, epoch=..., epochs=...) every epoch, or "
                           "bnlab.norms.track(model, optimizer, epochs=...) once", UserWarning, stacklevel=4)
+
         def lam() -> Tensor:  # called inside the fused operator: no dispatched operations of its own
             return self.lambda_tensor(m) if learning else torch.zeros_like(self._lambda_exponent)
 

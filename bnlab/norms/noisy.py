@@ -8,7 +8,7 @@ from torch import Tensor
 from .base import stats_dtype
 from .fused import lazily_disabled
 from .batchnorm import BatchNorm
-from .sync import global_batch_rows
+from .sync import global_batch_rows, module_group
 from .registry import BN_OPTIONS, Param, norm
 
 
@@ -61,7 +61,7 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
 
     def forward(self, x: Tensor) -> Tensor:
         a = super().forward(x)
-        if not self.training:
+        if not self.training or (a.numel() == 0 and module_group(self) is None):  # empty: no draws
             return a
         scale, offset = self.draw_noise(a)  # drawn and applied in float32 or better, as the statistics
         return _ScaleShiftInPlace.apply(a, scale, offset).to(a.dtype)

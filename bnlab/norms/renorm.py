@@ -117,11 +117,14 @@ class BatchRenorm(ChannelNorm):
 
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
-        gamma, beta = self.gamma_beta(x)
+        if (empty := self.empty_batch(x)) is not None:
+            return empty
         if not self.use_batch_stats():
-            return self.apply_affine(x, *self.running_affine(gamma, beta))
-        if not self.track_running_stats:  # no running statistics: r = 1, d = 0
+            return self.running_normalize(x)
+        gamma, beta = self.gamma_beta(x)
+        if not self.tracks_now():  # no running statistics (or not updated): r = 1, d = 0
             return self.normalize_with_batch_stats(x, self.batch_norm_coefficients, gamma, beta)[0]
+
         def coefficients(mean_b, var_b, gamma, beta):
             std, (r_max, d_max) = torch.sqrt(self.running_var + self.eps), self.limits()
             std_b = torch.sqrt(var_b + self.eps)

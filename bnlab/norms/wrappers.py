@@ -28,9 +28,13 @@ class _WeightScaledEpsBN(ChannelNorm):
 
     def forward(self, z: Tensor, weight_sq: Tensor) -> Tensor:
         self.check_input(z)
+        if (empty := self.empty_batch(z)) is not None:
+            return empty
+        if not self.use_batch_stats():  # centred (the inference kernel), per-channel ε‖w‖²
+            scale = self.weight_or_one() * torch.rsqrt(self.running_var + self.eps * weight_sq)
+            ones = torch.ones_like(self.running_var)
+            return self.centred_affine(z, self.running_mean, ones, 0.0, scale, self.bias)
         gamma, beta = self.gamma_beta(z)
-        if not self.use_batch_stats():
-            return self.apply_affine(z, *self.coefficients(self.running_mean, self.running_var, gamma, beta, weight_sq))
         return self.normalize_with_batch_stats(z, self.coefficients, gamma, beta, weight_sq,
                                                update=self.update_running_stats)[0]
 
@@ -55,11 +59,26 @@ class ScaleInvariantBN(nn.Module):
     """
 
     def __init__(self, layer: nn.Module, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, sync: bool = False) -> None:
+                 track_running_stats: bool = True, device=None, dtype=None, *, bias: bool = True,
+                 sync: bool = False) -> None:
         super().__init__()
+        features = _out_features(layer)
         self.layer = layer
-        self.norm = _WeightScaledEpsBN(_out_features(layer), eps=eps, momentum=momentum, affine=affine,
-                                       track_running_stats=track_running_stats, sync=sync)
+        weight = cast(Tensor, layer.weight)  # the norm's tensors default to the layer's place
+        factory = {"device": weight.device if device is None else device,
+                   "dtype": weight.dtype if dtype is None else dtype}
+        self.norm = _WeightScaledEpsBN(features, eps, momentum, affine, track_running_stats,
+                                       **factory, bias=bias, sync=sync)
+
+    def reset_parameters(self) -> None:
+        """The layer's own initialization and the norm's (torch's ``reset_parameters``)."""
+        reset = getattr(self.layer, "reset_parameters", None)
+        if callable(reset):
+            reset()
+        self.norm.reset_parameters()
+
+    def reset_running_stats(self) -> None:
+        self.norm.reset_running_stats()
 
     def weight_sq(self) -> Tensor:
         return cast(Tensor, self.layer.weight).flatten(1).pow(2).sum(dim=1)
