@@ -1,15 +1,22 @@
 """Benchmark: forward+backward of every layer against torch's native BatchNorm, eager and compiled (CPU).
 
     python benchmarks/norms.py [--pairs 15] [--threads 2] [--specs bn,cbn] [--quick] [--out PATH]
+    python benchmarks/norms.py --threads 1 --clock cpu --modes eager   # on a loaded machine
 
 bnlab and native BN are timed alternately in one process (pairs, median of the per-pair ratios; see
-benchmarks/timing.py) on (128, 64, 32, 32), float32, training mode. Columns: eager and
-``torch.compile`` (inductor), both against *eager* native BN. Writes benchmarks/results/norms.json
-and prints a Markdown table. ``--quick``: tiny shape, few pairs, dynamo's "eager" backend instead of
-inductor — seconds, for the test that checks the script runs (its numbers mean nothing).
+benchmarks/timing.py), float32, training mode, on (128, 64, 32, 32) and on two small shapes where
+dispatch dominates, (1000, 10) and (32, 16, 8, 8) (``--shapes``; compiled only on the first).
+Columns: eager and ``torch.compile`` (inductor), both against *eager* native BN, and the number of
+operations one training forward + backward dispatches (:mod:`bnlab.norms.opcount`, views excluded;
+"inside": counting the aten ops that bnlab's own operators run, about the kernel launches on a GPU).
+``noisy_bn`` is also compared with native BN plus the same noise in plain PyTorch (its honest floor).
+Writes benchmarks/results/norms.json and prints Markdown tables. ``--quick``: tiny shape, few pairs,
+dynamo's "eager" backend instead of inductor — seconds, for the test that checks the script runs.
 
 Goals (issue 9): eager BN family ≤ 1.3× native; every layer compiled ≤ 1.0× native eager;
 ``noisy_bn``, ``lp_bn``, ``si_bn``, ``wn`` eager ≤ 1.5× (the wrappers against their 1×1 conv + native BN).
+Issue 18: small shapes ≤ 1.3× native eager, (128, 64, 32, 32) ≤ 1.1×; ``noisy_bn`` ≤ 1.2× native BN +
+noise; ≤ 16 dispatched operations for the BN family, ≤ 24 for ``lp_bn``, ``noisy_bn``, ``si_bn``.
 """
 
 from __future__ import annotations
@@ -19,14 +26,18 @@ import json
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import BN_FAMILY, SPECS, Budget, layer_table  # noqa: E402
+from timing import BN_FAMILY, SPECS, Budget, NativeBNPlusNoise, fwd_bwd, layer_table, measure  # noqa: E402
 
-FULL_SHAPE, QUICK_SHAPE = (128, 64, 32, 32), (8, 4, 4, 4)
+from bnlab.norms.bench import _layer  # noqa: E402
+from bnlab.norms.opcount import count_ops, training_step  # noqa: E402
+
+FULL_SHAPES, QUICK_SHAPE = [(128, 64, 32, 32), (1000, 10), (32, 16, 8, 8)], (8, 4, 4, 4)
 EAGER_1_5 = ["noisy_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "si_bn", "wn"]
 
 
@@ -51,19 +62,64 @@ def goals(rows: list[dict]) -> dict:
             "eager_others_le_1.5": check(EAGER_1_5, "eager", 1.5)}
 
 
+def op_counts(spec: str, shape: tuple[int, ...]) -> dict:
+    """Dispatched operations of one training forward + backward, and the aten ops run inside bnlab's
+    operators ("inside"), on the path the layer takes for this shape."""
+    torch.manual_seed(0)
+    step = training_step(_layer(spec, shape), shape)
+    step()
+    return {"ops": count_ops(step).total, "ops_inside": count_ops(step, inside=True).total}
+
+
+def noise_yardstick(shape, pairs: int, inner: int, clock) -> dict:
+    """noisy_bn against native BN + the same noise in plain PyTorch (issue 18's honest floor)."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    row = {"spec": "noisy_bn", "precision": "fp32", "mode": "eager", "shape": list(shape),
+           "reference": "native_bn+noise eager"}
+    row.update(measure(fwd_bwd(_layer("noisy_bn", shape), x), fwd_bwd(NativeBNPlusNoise(shape[1]), x),
+                       pairs, inner, lambda: None, clock))
+    return row
+
+
 def side_by_side(rows: list[dict]) -> str:
-    """The README table: one line per layer, eager and compiled ratios against eager native BN."""
-    cells = {(r["spec"], r["mode"]): r for r in rows}
+    """The README table: one line per (shape, layer), eager and compiled ratios against eager native BN."""
+    cells = {(tuple(r["shape"]), r["spec"], r["mode"], r["reference"].endswith("noise eager")): r for r in rows}
 
     def ratio(row):
         return f"{row['ratio']:.2f}" if row and "ratio" in row else (row or {}).get("error", "–")[:40]
 
-    lines = ["| layer | reference | eager ms | reference ms | eager × | compiled × |", "|---|---|---:|---:|---:|---:|"]
-    for spec in dict.fromkeys(r["spec"] for r in rows):
-        eager, compiled = cells.get((spec, "eager")), cells.get((spec, "compiled"))
-        ms = f"{eager['ms']:.1f} | {eager['ref_ms']:.1f}" if eager and "ms" in eager else "– | –"
-        lines.append(f"| `{spec}` | {(eager or compiled)['reference']} | {ms} | {ratio(eager)} | {ratio(compiled)} |")
+    lines = ["| shape | layer | reference | eager ms | reference ms | eager × | compiled × | ops | ops inside |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for shape, spec, mode, noise in dict.fromkeys(k for k in cells if k[2] == "eager"):
+        eager, compiled = cells[(shape, spec, mode, noise)], cells.get((shape, spec, "compiled", noise))
+        ms = f"{eager['ms']:.3f} | {eager['ref_ms']:.3f}" if "ms" in eager else "– | –"
+        lines.append(f"| {'×'.join(map(str, shape))} | `{spec}` | {eager['reference']} | {ms} | {ratio(eager)} | "
+                     f"{ratio(compiled) if compiled else '–'} | {eager.get('ops', '–')} | {eager.get('ops_inside', '–')} |")
     return "\n".join(lines)
+
+
+def issue18_goals(rows: list[dict], shapes: list[tuple[int, ...]]) -> dict:
+    """Issue 18's ratio and operation-count goals, each with the values it covers and whether all meet it."""
+    eager = [r for r in rows if r["mode"] == "eager" and not r["reference"].endswith("noise eager")]
+    small = {f"{r['spec']}@{'x'.join(map(str, r['shape']))}": r.get("ratio") for r in eager if tuple(r["shape"]) != shapes[0]}
+    large = {r["spec"]: r.get("ratio") for r in eager if tuple(r["shape"]) == shapes[0] and r["spec"] in BN_FAMILY}
+    noise = {"x".join(map(str, r["shape"])): r.get("ratio") for r in rows if r["reference"].endswith("noise eager")}
+    ops16 = {r["spec"]: r.get("ops") for r in eager if tuple(r["shape"]) == shapes[0] and r["spec"] in BN_FAMILY}
+    ops24 = {r["spec"]: r.get("ops") for r in eager if tuple(r["shape"]) == shapes[0]
+             and r["spec"].startswith(("lp_bn", "noisy_bn", "si_bn"))}
+
+    def check(values, limit):
+        return {"limit": limit, "values": values, "met": bool(values) and all(v is not None and v <= limit
+                                                                                for v in values.values())}
+
+    return {"small_shapes_eager_le_1.3": check(small, 1.3), "large_bn_family_eager_le_1.1": check(large, 1.1),
+            "noisy_vs_native_plus_noise_le_1.2": check(noise, 1.2), "ops_bn_family_le_16": check(ops16, 16),
+            "ops_lp_noisy_si_le_24": check(ops24, 24)}
+
+
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    return [tuple(int(d) for d in part.split("x")) for part in text.split(",") if part.strip()]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -72,25 +128,44 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (the goals: 2)")
     parser.add_argument("--quick", action="store_true", help="tiny shape, 2 pairs, dynamo 'eager' backend")
     parser.add_argument("--specs", default=",".join(SPECS), help="comma-separated subset of: " + ", ".join(SPECS))
+    parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in FULL_SHAPES),
+                        help="NxC[xHxW],...; compiled mode runs on the first only")
+    parser.add_argument("--modes", default="eager,compiled", help="eager,compiled or one of them")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: this thread's CPU time (use with --threads 1 on a loaded machine)")
     parser.add_argument("--budget-s", type=float, default=1800, help="compiles stop when this is spent")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "norms.json"))
     args = parser.parse_args(argv)
     specs = parse_specs(args.specs, parser)
     torch.set_num_threads(args.threads)
-    shape, pairs = (QUICK_SHAPE, 2) if args.quick else (FULL_SHAPE, args.pairs)
+    shapes, pairs = ([QUICK_SHAPE], 2) if args.quick else (parse_shapes(args.shapes), args.pairs)
     backend = "eager" if args.quick else "inductor"
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    modes = [m for m in args.modes.split(",") if m]
     load_before = os.getloadavg()[0]  # other processes on the machine distort 2-thread timings: recorded
-    rows = layer_table(specs, shape, torch.device("cpu"), ["fp32"], ["eager", "compiled"], pairs,
-                       Budget(args.budget_s), backend=backend,
-                       progress=lambda r: print(f"{r['spec']:<22}{r['mode']:<10}"
-                                                f"{r.get('ratio', r.get('error') or r.get('skipped'))}",
-                                                file=sys.stderr))
+    budget, rows = Budget(args.budget_s), []
+    for i, shape in enumerate(shapes):
+        inner = max(1, 2_000_000 // (4 * torch.Size(shape).numel()))  # small shapes: several calls per timing
+        table = layer_table(specs, shape, torch.device("cpu"), ["fp32"], modes if i == 0 else ["eager"], pairs,
+                            budget, backend=backend, inner=inner, clock=clock,
+                            progress=lambda r: print(f"{r['spec']:<22}{r['mode']:<10}"
+                                                     f"{r.get('ratio', r.get('error') or r.get('skipped'))}",
+                                                     file=sys.stderr))
+        counts = {spec: op_counts(spec, shape) for spec in specs}
+        for row in table:
+            row.update(shape=list(shape), **(counts[row["spec"]] if row["mode"] == "eager" else {}))
+        rows += table
+        if "noisy_bn" in specs and "eager" in modes:
+            rows.append(dict(noise_yardstick(shape, pairs, inner, clock), **counts["noisy_bn"]))
     result = {
         "benchmark": "norms forward+backward, training mode, float32, CPU; paired with native BN, median ratio",
         "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
-        "shape": list(shape), "pairs": pairs, "compile_backend": backend, "quick": args.quick,
+        "clock": "thread CPU time" if args.clock == "cpu" else "wall time",
+        "shapes": [list(s) for s in shapes], "pairs": pairs, "compile_backend": backend, "quick": args.quick,
         "load_average_1min": {"start": load_before, "end": os.getloadavg()[0], "cpus": os.cpu_count()},
-        "rows": rows, "goals": goals(rows),
+        "rows": rows, "goals": goals([r for r in rows if tuple(r["shape"]) == shapes[0]
+                                      and not r["reference"].endswith("noise eager")]),
+        "goals_issue18": issue18_goals(rows, shapes),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

@@ -51,6 +51,26 @@ def reference_for(spec: str, shape: tuple[int, ...]) -> tuple[nn.Module, str]:
     return NativeBatchNorm(c), "native_bn"
 
 
+class NativeBNPlusNoise(nn.Module):
+    """``noisy_bn``'s honest floor (issue 18): torch's BatchNorm, then Santurkar Alg. 1's noise written in
+    plain PyTorch (the same four draws from a ``torch.Generator``, then ``s·a + m``)."""
+
+    def __init__(self, c: int, n_mu: float = 0.5, n_sigma: float = 1.25, r_mu: float = 0.1, r_sigma: float = 0.1):
+        super().__init__()
+        self.bn, self.spreads = NativeBatchNorm(c), (n_mu, n_sigma, r_mu, r_sigma)
+        self.generator = torch.Generator().manual_seed(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.bn(x)
+        n_mu, n_sigma, r_mu, r_sigma = self.spreads
+        g, c, shape = self.generator, a.shape[1], (1, -1) + (1,) * (a.dim() - 2)
+        mu = torch.empty(c).uniform_(-n_mu, n_mu, generator=g).view(shape)
+        sigma = torch.empty(c).uniform_(1.0, n_sigma, generator=g).view(shape)
+        m = torch.empty_like(a).uniform_(-r_mu, r_mu, generator=g) + mu
+        s = torch.empty_like(a).normal_(0.0, r_sigma, generator=g) + sigma
+        return s * a + m
+
+
 def fwd_bwd(module: nn.Module, x: torch.Tensor, precision: str = "fp32") -> Callable[[], None]:
     """One training-mode forward + backward of ``module`` on ``x`` (under autocast for fp16/bf16)."""
     module.train()
@@ -70,29 +90,31 @@ def fwd_bwd(module: nn.Module, x: torch.Tensor, precision: str = "fp32") -> Call
 
 
 def paired(a: Callable[[], None], b: Callable[[], None], pairs: int, warmup: int = 2, inner: int = 1,
-           sync: Callable[[], None] = lambda: None) -> dict:
-    """Median ms of ``a`` and ``b`` and the median of the per-pair ratios a/b, timed alternately."""
+           sync: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.perf_counter) -> dict:
+    """Median ms of ``a`` and ``b`` and the median of the per-pair ratios a/b, timed alternately.
+    ``clock``: wall time by default; ``time.thread_time`` (one thread) measures this thread's CPU time,
+    which other processes on a loaded machine disturb far less."""
     for _ in range(warmup):
         a(), b()
     sync()
     times: dict[Callable, list[float]] = {a: [], b: []}
     for i in range(pairs):
         for f in ((a, b) if i % 2 == 0 else (b, a)):
-            start = time.perf_counter()
+            start = clock()
             for _ in range(inner):
                 f()
             sync()
-            times[f].append((time.perf_counter() - start) / inner)
+            times[f].append((clock() - start) / inner)
     ratios = [ta / tb for ta, tb in zip(times[a], times[b])]
     return {"ms": 1e3 * statistics.median(times[a]), "ref_ms": 1e3 * statistics.median(times[b]),
             "ratio": statistics.median(ratios)}
 
 
 def measure(step: Callable[[], None], ref_step: Callable[[], None], pairs: int, inner: int,
-            sync: Callable[[], None]) -> dict:
+            sync: Callable[[], None], clock: Callable[[], float] = time.perf_counter) -> dict:
     """:func:`paired`, or the error: one layer that fails (e.g. under autocast) must not end the run."""
     try:
-        return paired(step, ref_step, pairs, inner=inner, sync=sync)
+        return paired(step, ref_step, pairs, inner=inner, sync=sync, clock=clock)
     except Exception as err:
         return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
 
@@ -116,7 +138,8 @@ def compile_and_warm(module: nn.Module, make_step: Callable[[nn.Module], Callabl
 
 def layer_table(specs: list[str], shape: tuple[int, ...], device: torch.device, precisions: list[str],
                 modes: list[str], pairs: int, budget: Budget, backend: str = "inductor", inner: int = 1,
-                sync: Callable[[], None] = lambda: None, progress: Callable[[dict], None] | None = None) -> list[dict]:
+                sync: Callable[[], None] = lambda: None, progress: Callable[[dict], None] | None = None,
+                clock: Callable[[], float] = time.perf_counter) -> list[dict]:
     """One row per (spec, precision, mode): the layer's fwd+bwd against its native reference in eager mode."""
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(device)
     rows = []
@@ -133,7 +156,7 @@ def layer_table(specs: list[str], shape: tuple[int, ...], device: torch.device, 
                               compile_and_warm(layer, lambda m: fwd_bwd(m, xp, precision), budget, backend))
                 row.update(info)
                 if step is not None:
-                    row.update(measure(step, ref_step, pairs, inner, sync))
+                    row.update(measure(step, ref_step, pairs, inner, sync, clock))
                 rows.append(row)
                 if progress is not None:
                     progress(row)

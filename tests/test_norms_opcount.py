@@ -70,6 +70,18 @@ def test_fused_operators_are_what_the_dispatcher_sees():
     assert lp.count("bnlab::lp_normalize") == 1 and lp.count("bnlab::lp_normalize_backward") == 1
 
 
+def test_inside_counts_what_the_operators_run():
+    """``inside=True`` replaces each bnlab operator by the aten ops of its kernel (about the kernel
+    launches on a GPU): the statistics, affine and reduction kernels appear, no bnlab:: name remains."""
+    torch.manual_seed(0)
+    step = training_step(_layer("bn", SHAPE), SHAPE)
+    step()
+    inside = count_ops(step, inside=True).by_name()
+    assert not any(name.startswith("bnlab::") for name in inside)
+    assert inside["batch_norm_update_stats"] == 1 and inside["native_batch_norm_backward"] == 1
+    assert sum(inside.values()) > count_ops(step).total
+
+
 def test_plain_autograd_is_thread_local():
     """Issue 20: one thread's plain_autograd() leaves another thread's layers on the fused path."""
     layer, x = N.create("bn", 64), torch.randn(SHAPE).requires_grad_()

@@ -26,8 +26,9 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor
 
-from .fused import (_LIB, centred_reductions, channel_affine, coef_dtype, lazily_disabled, park,
+from .fused import (centred_reductions, channel_affine, coef_dtype, define, lazily_disabled, park,
                     per_channel, refuse_double_backward, take)
+from .sync import topk_first
 
 L1_CONSTANT = math.sqrt(math.pi / 2)  # E|z| = σ·√(2/π) for Gaussian z: √(π/2)·mean|c| estimates σ
 
@@ -60,18 +61,21 @@ def linf_top_entries(x: Tensor, mean: Tensor, k: int) -> tuple[Tensor, tuple[Ten
     k' = min(k, n). Found without sorting the whole channel: each channel's top-k entries lie in the
     k rows (samples) whose largest |x − μ| is biggest (any entry outside them is beaten by the peaks
     of k other rows), and a row's largest |x − μ| is max(row max − μ, μ − row min).
-    The values are the plain path's |x − μ| bit for bit; under exact ties either path may pick a
-    different (equally large) entry."""
+    The values are the plain path's |x − μ| bit for bit; equal values are taken lowest index
+    (sample, then position) first, as :func:`bnlab.norms.sync.topk_first` does on every path: an
+    unpicked row's peak ties a picked row's only with a higher sample index."""
     batch, channels = x.shape[:2]
     rows = x.reshape(batch * channels, -1)  # row b·C + j: sample b, channel j (a view for contiguous x)
     inner = rows.shape[1]
     low, high = rows.amin(dim=1), rows.amax(dim=1)  # two vectorized passes: 20× faster than aminmax on CPU
     peak = torch.maximum(high.view(batch, channels) - mean, mean - low.view(batch, channels))
-    top_rows = peak.topk(min(k, batch), dim=0).indices.t()  # (C, k_rows): each row's largest |x − μ|
+    # (C, k_rows): the rows with the largest peaks, in sample order, so that candidate positions
+    # follow the batch's order and ties below go to the lowest index
+    top_rows = topk_first(peak, min(k, batch), dim=0)[1].t().sort(dim=1).values
     channel = torch.arange(channels, device=x.device)
     candidates = rows.index_select(0, (top_rows * channels + channel[:, None]).flatten())  # (C·k_rows, inner)
     flat = candidates.view(channels, -1).sub_(mean[:, None])
-    values, position = flat.abs().topk(min(k, batch * inner), dim=1)
+    values, position = topk_first(flat.abs(), min(k, batch * inner), dim=1)
     signs = flat.gather(1, position).sign()
     sample = top_rows.gather(1, torch.div(position, inner, rounding_mode="floor"))
     spatial = torch.unravel_index(position % inner, x.shape[2:]) if x.dim() > 2 else ()
@@ -116,11 +120,9 @@ def _lp_backward(g: Tensor, x: Tensor, gamma: Tensor, mean: Tensor, key: int) ->
     return [gx, (g_dot_c * inv).to(gamma.dtype), g_sum.to(gamma.dtype)]
 
 
-_LIB.define("lp_normalize(Tensor x, Tensor gamma, Tensor beta, str p, float eps, int topk, int key) "
-            "-> (Tensor, Tensor, Tensor)")
-_LIB.define("lp_normalize_backward(Tensor g, Tensor x, Tensor gamma, Tensor mean, int key) -> Tensor[]")
-_LIB.impl("lp_normalize", _lp_forward, "CompositeExplicitAutograd")
-_LIB.impl("lp_normalize_backward", _lp_backward, "CompositeExplicitAutograd")
+define("lp_normalize(Tensor x, Tensor gamma, Tensor beta, str p, float eps, int topk, int key) "
+       "-> (Tensor, Tensor, Tensor)", _lp_forward)
+define("lp_normalize_backward(Tensor g, Tensor x, Tensor gamma, Tensor mean, int key) -> Tensor[]", _lp_backward)
 
 
 class _LpNormalize(torch.autograd.Function):

@@ -20,6 +20,8 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .fused import KERNELS
+
 # Ops that neither compute nor allocate a result of their own (views, metadata).
 FREE = frozenset({"detach", "alias", "lift_fresh", "_unsafe_view"})  # views not marked as such
 
@@ -46,22 +48,27 @@ class OpCount:
 
 
 class _Counter(TorchDispatchMode):
-    def __init__(self, record: OpCount) -> None:
+    def __init__(self, record: OpCount, inside: bool) -> None:
         super().__init__()
-        self.record = record
+        self.record, self.inside = record, inside
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
+        name, ns = func.overloadpacket.__name__, func.namespace
+        if self.inside and ns == "bnlab":  # count what the operator's kernel runs instead of the operator
+            with self:
+                return KERNELS[name](*args, **(kwargs or {}))
         if not is_view(func) and name not in FREE:
-            ns = func.namespace
             self.record.names.append(name if ns == "aten" else f"{ns}::{name}")
         return func(*args, **(kwargs or {}))
 
 
-def count_ops(fn: Callable[[], object]) -> OpCount:
-    """Run ``fn()`` once and return the non-view operations it dispatched (forward and backward)."""
+def count_ops(fn: Callable[[], object], inside: bool = False) -> OpCount:
+    """Run ``fn()`` once and return the non-view operations it dispatched (forward and backward).
+
+    ``inside=True`` counts the aten operations that non-aten operators (``bnlab::…``) run in their
+    kernels instead of the operators themselves: on a GPU, about the number of kernel launches."""
     record = OpCount()
-    with _Counter(record):
+    with _Counter(record, inside):
         fn()
     return record
 
