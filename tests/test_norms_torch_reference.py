@@ -239,6 +239,7 @@ def test_factory_kwargs_bias_and_resets_for_every_layer(name):
     assert no_bias.bias is None and no_bias.weight is not None
     assert "bias" not in no_bias.state_dict()
     assert "bias=False" in repr(no_bias)
+    assert N.create(f"{name}(bias=false)", 4).bias is None  # the spec option too
     fresh = {k: v.clone() for k, v in N.create(name, 4).state_dict().items()}
     layer = N.create(name, 4).train()
     N.set_progress(layer, lr=0.1, epoch=2, epochs=3)

@@ -61,6 +61,7 @@ BN_OPTIONS = {  # torch.nn.BatchNorm2d's options, with torch's names and semanti
     "momentum": Param(0.1, float, minimum=0.0, nullable=True,
                       help="running-statistics update weight; none = cumulative moving average"),
     "affine": Param(True, bool, help="learnable γ (weight) and β (bias)"),
+    "bias": Param(True, bool, help="false: γ only, no β (torch's bias=False)"),
     "track_running_stats": Param(True, bool, help="false: no running statistics, batch statistics in eval"),
     "sync": Param(False, bool, help="batch statistics over all ranks of torch.distributed (bnlab.norms.sync)"),
 }
