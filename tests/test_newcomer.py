@@ -233,3 +233,38 @@ def test_brn_with_defaults_trains_like_batchnorm_in_a_short_run(tmp_path):
             losses[norm] = [v for _, v in store.metrics(record.id, names=["train_loss"])["train_loss"]]
     assert losses["brn"] == pytest.approx(losses["native_bn"], rel=1e-4)
     assert losses["brn(relax_from=0)"][-1] > losses["native_bn"][-1] * 1.05
+
+
+def _lp_inf_ranks(rank: int, world: int) -> dict[str, float]:
+    """Synced lp_bn(p=inf) on this rank's 8 of 16 integer-valued samples (exact ties everywhere)
+    against the unsynced layer on all 16, fused and plain (the reference: one process)."""
+    import bnlab.norms as N
+    import bnlab.norms.base as norms_base
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randint(0, 4, (16, 3, 4, 4), generator=gen).float()
+    w = torch.randn(16, 3, 4, 4, generator=gen)
+    lo, hi = rank * 8, rank * 8 + 8
+    out = {}
+    for path, threshold in (("fused", 0), ("plain", 1 << 60)):
+        norms_base.FUSED_MIN_NUMEL = threshold
+        torch.manual_seed(0)
+        ref = N.create("lp_bn(p=inf, topk=10)", 3)
+        synced = N.convert_sync(N.create("lp_bn(p=inf, topk=10)", 3))
+        synced.load_state_dict(ref.state_dict())
+        x_ref, x_loc = x.clone().requires_grad_(), x[lo:hi].clone().requires_grad_()
+        (ref(x_ref) * w).sum().backward()
+        (synced(x_loc) * w[lo:hi]).sum().backward()
+        out[path] = float((x_loc.grad - x_ref.grad[lo:hi]).abs().max())
+    return out
+
+
+def test_synced_lp_inf_equals_one_process_under_exact_ties():
+    """Top-k ties (integer-valued inputs: digits pixels, ReLU zeros) are broken by the lowest index
+    of the whole batch everywhere, so 2 processes × 8 pick the same entries as 1 × 16 and the input
+    gradients agree (a different pick moves the ℓ∞ scale's gradient to another entry)."""
+    from tests.distributed_harness import run_ranks
+
+    results = run_ranks(2, _lp_inf_ranks, timeout=120)
+    for rank in results:
+        assert rank["fused"] < 1e-5 and rank["plain"] < 1e-5, results

@@ -129,6 +129,16 @@ def synced_moments(x: Tensor, group, dtype: torch.dtype | None = None) -> tuple[
     return mean, m2 / total, total
 
 
+def topk_first(values: Tensor, k: int, dim: int = -1) -> tuple[Tensor, Tensor]:
+    """The ``k`` largest entries along ``dim``, sorted descending, equal values taken lowest index
+    first: ``(values, indices)``. ``torch.topk`` leaves the choice among equal values unspecified,
+    so where the k-th value is tied (integer-valued inputs, ReLU zeros) two layouts of one batch —
+    2 ranks × 8 samples, 1 × 16 — could put the ℓ∞ scale's gradient on different entries. A stable
+    sort makes the choice a function of the values and their order in the batch alone."""
+    sorted_values, order = torch.sort(values, dim=dim, descending=True, stable=True)
+    return sorted_values.narrow(dim, 0, k), order.narrow(dim, 0, k)
+
+
 def global_topk(values: Tensor, k: int, group) -> Tensor:
     """The k largest entries of each row of ``values`` (shape (C, n_r) on rank r) over all ranks.
 
@@ -136,17 +146,19 @@ def global_topk(values: Tensor, k: int, group) -> Tensor:
     never selected while the global row holds ≥ k entries); the gathered (C, world·k) candidates
     contain the global top-k, which is taken again. Returns (C, min(k, Σ n_r)), sorted descending,
     identical on all ranks; gradients reach the local entries that are among the global top-k.
+    Ties go to the lowest index of the global batch (ranks in order, :func:`topk_first` on each rank
+    and on the rank-ordered candidates): the entries one process given the whole batch picks.
     """
     rows, n_local = values.shape
     k_local = min(k, n_local)
-    local = values.topk(k_local, dim=1).values if k_local else values[:, :0]
+    local = topk_first(values, k_local, dim=1)[0] if k_local else values[:, :0]
     if k_local < k:
         pad = torch.full((rows, k - k_local), torch.finfo(values.dtype).min, dtype=values.dtype,
                          device=values.device)
         local = torch.cat([local, pad], dim=1)
     k_global = min(k, sample_offset(n_local, group, values.device)[1])
     candidates = all_gather(local, group).permute(1, 0, 2).reshape(rows, -1)
-    return candidates.topk(k_global, dim=1).values
+    return topk_first(candidates, k_global, dim=1)[0]
 
 
 # ---- layer-level helpers: what a layer calls instead of a local reduction --------------------
@@ -182,7 +194,7 @@ def channel_topk(module: nn.Module, values: Tensor, k: int) -> Tensor:
     """Top-min(k, n) of each row of ``values`` (C, n), over the rows of all ranks when synced."""
     group = module_group(module)
     if group is None:
-        return values.topk(min(k, values.shape[1]), dim=1).values
+        return topk_first(values, min(k, values.shape[1]), dim=1)[0]
     return global_topk(values, k, group)
 
 
