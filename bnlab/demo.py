@@ -18,6 +18,7 @@ from pathlib import Path
 
 import typer
 
+from bnlab.experiments.parallel import free_cores
 from bnlab.experiments.runner import reproduce_many
 from bnlab.norms.bench import benchmark, format_table
 from bnlab.report import write_report
@@ -48,8 +49,6 @@ def demo(
     if layers:
         typer.echo(format_table(benchmark([(64, 16, 16, 16), (256, 10)], repeats=5)))
         return
-    from bnlab.experiments.parallel import free_cores
-
     count = workers or free_cores()
     typer.echo(
         f"demo: {len(DEMO_ENTRIES)} entries, {count} worker process(es) × 1 thread", err=True

@@ -268,3 +268,19 @@ def test_synced_lp_inf_equals_one_process_under_exact_ties():
     results = run_ranks(2, _lp_inf_ranks, timeout=120)
     for rank in results:
         assert rank["fused"] < 1e-5 and rank["plain"] < 1e-5, results
+
+
+def test_the_forgotten_track_warnings_point_at_the_users_line():
+    """Python's own attribution (warnings' filename and lineno) must be this file's line that ran
+    the model, not torch's container.py, however deep the layer sits."""
+    import warnings
+
+    import bnlab.norms as N
+
+    model = torch.nn.Sequential(torch.nn.Sequential(N.create("mbn", 3)), N.create("cbn", 3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        model(torch.randn(8, 3))
+    found = {str(w.message)[:3]: (w.filename, w.lineno) for w in caught}
+    assert found.get("mbn") == (__file__, line) and found.get("cbn") == (__file__, line), found

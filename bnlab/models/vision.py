@@ -30,6 +30,7 @@ import bnlab.norms as norms
 
 from .blocks import BlockFactory, activation, check_choice
 from .catalog import model
+from .vision_compat import VisionImportError, import_torchvision
 
 RESIDUAL_FORMS = ("he", "peng")
 SWAPPED = (nn.ReLU, nn.SiLU)  # the nonlinearities of torchvision's ResNets (ReLU) and EfficientNet (SiLU)
@@ -39,8 +40,6 @@ def torchvision_models():
     """``torchvision.models`` (through :func:`bnlab.models.vision_compat.import_torchvision`, so a
     torchvision whose C++ operators do not match torch still gives its Python models), or a
     ``ValueError`` that says how to get a working torchvision."""
-    from .vision_compat import VisionImportError, import_torchvision
-
     try:
         return import_torchvision().models
     except VisionImportError as err:

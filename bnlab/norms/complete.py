@@ -5,11 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import warnings
-
 from .base import ChannelNorm
 from .conventions import factory_kwargs
 from .registry import BN_OPTIONS, Param, norm
+from .user_line import warn as warn_at_user_line
 
 
 def amat_eta(lr: float | None, omega: float) -> float:
@@ -133,9 +132,9 @@ class CompleteBatchNorm(ChannelNorm):
     def _warn_without_progress(self) -> None:
         if self.amat and self.eta is None and self.lr is None and not self._warned_progress:
             self._warned_progress = True
-            warnings.warn("cbn with AMAT is training without a learning rate, so AMAT is off (η = 0): call "
+            warn_at_user_line("cbn with AMAT is training without a learning rate, so AMAT is off (η = 0): call "
                           "bnlab.norms.set_progress(model, lr=...) every step, or bnlab.norms.track(model, "
-                          "optimizer, epochs=...) once", UserWarning, stacklevel=5)
+                          "optimizer, epochs=...) once")
 
     def moving_statistics(self, mean_b: Tensor, var_b: Tensor, beta: Tensor, eta: Tensor):
         """(μ_A or 0, σ²_A, σ²_B, off + β or off): the moving centre and second moment after folding in

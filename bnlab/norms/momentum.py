@@ -5,12 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import warnings
-
 from .base import ChannelNorm
 from .conventions import factory_kwargs
 from .sync import batch_samples
 from .registry import BN_OPTIONS, Param, norm
+from .user_line import warn as warn_at_user_line
 
 
 def mbn_lambda(epoch: int, epochs: int, batch_size: int, ideal_batch: int) -> float:
@@ -105,9 +104,9 @@ class MomentumBatchNorm(ChannelNorm):
         if (learning and not torch.compiler.is_compiling() and (self.epoch is None or self.epochs is None)
                 and not self._warned_progress):
             self._warned_progress = True
-            warnings.warn("mbn is training without epoch/epochs, so its momentum λ is 0 (plain BN): call "
+            warn_at_user_line("mbn is training without epoch/epochs, so its momentum λ is 0 (plain BN): call "
                           "bnlab.norms.set_progress(model, epoch=..., epochs=...) every epoch, or "
-                          "bnlab.norms.track(model, optimizer, epochs=...) once", UserWarning, stacklevel=4)
+                          "bnlab.norms.track(model, optimizer, epochs=...) once")
 
         def lam() -> Tensor:  # called inside the fused operator: no dispatched operations of its own
             return self.lambda_tensor(m) if learning else torch.zeros_like(self._lambda_exponent)
