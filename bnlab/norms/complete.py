@@ -62,12 +62,15 @@ class CompleteBatchNorm(ChannelNorm):
     ``x'' = (γ/ρ)(x + β)/√(mean((x+β)²) + ε)`` — the "normalization with the ℓ2-norm" ablation of
     Table 6 (root mean square, not standard deviation).
 
-    Inference uses statistics consistent with the training normalization: ``running_mean`` is an EMA
-    (BN's ``momentum``) of the centre μ_A that training removed, and ``running_var`` an EMA of the part
-    of the divisor σ²_A that does not depend on β, ``σ²_A − (off + β)²`` (off = μ_B − centre, 0 when
-    centring), so eval divides by ``√(running_var + (off + β)² + ε)`` — the AMAT second moment, smoothed
-    (BN-style running statistics of x overstate it when AMAT's moving values lag). Before the first
-    training step they are BN's statistics, so a converted ``nn.BatchNorm`` keeps its inference map.
+    Inference normalizes as training did: ``running_mean`` holds the centre that training removed and
+    ``running_var`` the part of the divisor σ²_A that does not depend on β, ``σ²_A − (off + β)²`` (off =
+    μ_B − centre, 0 when centring), so eval divides by ``√(running_var + (off + β)² + ε)`` with the
+    current β (BN-style running statistics of x + β² overstate the AMAT second moment when its moving
+    values lag, and are unbiased where training divides by the biased one). With AMAT (or a fixed
+    ``eta``) they are the last step's μ_A and σ²_A − (off + β)², the moving statistics themselves; with
+    ``amat=false`` an EMA of each batch's values whose start values leave no trace
+    (:meth:`inference_weight` says why BN's plain EMA fails CBN). Before the first training step they
+    are BN's statistics, so a converted ``nn.BatchNorm`` keeps its inference map.
     ``track_running_stats=False``: no inference buffers, eval normalizes with the batch (η = 0).
 
     AMAT needs the learning rate: call :func:`bnlab.norms.set_progress` (or let
@@ -182,9 +185,37 @@ class CompleteBatchNorm(ChannelNorm):
         self.write_buffer("_amat_steps", self._amat_steps + 1)
         if self.track_running_stats:  # the inference statistics: EMAs of what training normalized with
             self.write_buffer("num_batches_tracked", self.num_batches_tracked + 1)
-            m = self.momentum_weight()
+            m = self.inference_weight()
             self.running_mean.lerp_((centre if self.center else mean_b).to(self.running_mean.dtype), m)
             self.running_var.lerp_((second_a - k**2).to(self.running_var.dtype), m)
+
+    def inference_weight(self) -> float | Tensor:
+        """This step's weight w for the inference statistics (running ← (1 − w)·running + w·this step's).
+
+        * Moving statistics in training (AMAT, or a fixed ``eta``): w = 1, so ``running_mean``,
+          ``running_var`` are μ_A and σ²_A − β² of the last step — what training normalized with (Peng
+          et al.: the moving averages are what "are used in the testing stage"). Their window is AMAT's,
+          about 1/(ω·lr) batches: Peng's trade-off between the variance of few batches and the bias of
+          old ones, which grows with the learning rate (App. E).
+        * ``amat=false`` (each batch normalized by itself): BN's EMA of the batch statistics, with weight
+          max(momentum, 1/t, ω·lr) at the t-th batch: a cumulative average until t = 1/momentum (no trace
+          of the start values 0, 1), and never a longer window than AMAT's rule at this learning rate
+          (when known: ``set_progress``/``track``).
+        * ``momentum=None``: 1/t (the cumulative average asked for); ``momentum=0``: frozen.
+
+        Why not BN's plain EMA: CBN's β sits inside the normalized quantity, so an error of the divisor
+        also moves the output's mean (by γβ/ρ·Δ(1/σ)), which the next layer sees as an error of its centre:
+        errors compound with depth. The start values left after 48 steps (0.9^48 = 0.6 % of var 1 against
+        a variance of 0.003 after a sigmoid) and a 10-batch window at lr 0.1 put resnet20's eval accuracy
+        at chance (docs/readme/norms.md, "Inference").
+        """
+        if not self.momentum:
+            return self.momentum_weight()  # None: 1/t; 0: frozen statistics, as in BN
+        if self.eta is not None or self.amat:
+            return 1.0
+        floor = 0.0 if self.lr is None else 1.0 - amat_eta(self.lr, self.omega)
+        return torch.clamp(1.0 / self.num_batches_tracked.to(self.running_mean.dtype),
+                           min=max(self.momentum, floor))
 
     def _affine(self, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
         centre = self.running_mean if self.center else torch.zeros_like(self.running_mean)
