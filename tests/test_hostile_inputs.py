@@ -191,3 +191,15 @@ def test_a_lock_file_that_cannot_be_opened_is_one_line_naming_it(tmp_path):
         with RunLock(path):
             pass
     assert os.path.isdir(path)
+
+
+def test_a_decompression_bomb_image_is_refused_naming_the_file(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from bnlab.data.imagefolder import decode
+
+    path = tmp_path / "bomb.png"
+    Image.new("RGB", (64, 64)).save(path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 64 x 64 is then > 2x the limit: PIL's bomb error
+    with pytest.raises(ValueError, match=f"cannot decode {path}: .*decompression bomb"):
+        decode(path, 32, 32)

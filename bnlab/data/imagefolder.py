@@ -88,7 +88,7 @@ def decode(path: Path, resize_size: int, crop_size: int) -> torch.Tensor:
         with Image.open(path) as img:
             img.draft("RGB", (resize_size, resize_size))
             array = np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError) as err:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError) as err:  # a bomb: named, refused
         raise DataError(f"image folder: cannot decode {path}: {err}") from None
     image = torch.from_numpy(array.copy()).permute(2, 0, 1)
     return T.to_uint8(T.center_crop(T.resize_shorter(image, resize_size), crop_size))

@@ -190,7 +190,9 @@ class Trainer:
         nothing to the store: an error here leaves no record."""
         ckpt = load_checkpoint(self.ckpt_path, map_location="cpu")
         if ckpt is not None and ckpt.get("run_id") != self.run_id:
-            raise ValueError(f"checkpoint {self.ckpt_path} belongs to run {ckpt.get('run_id')!r}")
+            raise ValueError(f"checkpoint {self.ckpt_path} belongs to run {ckpt.get('run_id')!r}, not "
+                             f"{self.run_id}; nothing was resumed. Move it away (it may be that run's) "
+                             "and re-run to train from scratch")
         cfg = self.config
         if ckpt is not None:
             self.scale_invariant = dict(ckpt["scale_invariant"])
