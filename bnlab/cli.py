@@ -7,104 +7,60 @@ imported only when that command runs (or its own ``--help`` is asked for). ``bnl
 imports typer and nothing of bnlab's numerical stack; tests/test_cli_fast.py checks that the lines
 here equal the commands' own help.
 
-The CLI needs the ``lab`` extra (``pip install 'bnlab[lab]'``); without it, this module and any
-command that meets a missing lab package say so in one line.
+The commands need the ``lab`` extra (``pip install 'bnlab[lab]'``); without it (the light install:
+torch and numpy), ``bnlab --help`` and ``bnlab --version`` still answer and every command says what
+to install in one line (:func:`light_main`), as does a command that meets a missing lab package.
+The Typer application lives in :mod:`bnlab.cli_app`, the command table in :mod:`bnlab.cli_commands`.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, NamedTuple
+import sys
+from typing import Any
 
-LAB_INSTALL = "pip install 'bnlab[lab]'"
-# Import names of the lab extra's packages (pyproject.toml, [project.optional-dependencies] lab), with
-# typer's own dependencies: a command failing to import one of them means the extra is missing.
-LAB_MODULES = frozenset({"scipy", "typer", "click", "rich", "matplotlib", "tqdm", "yaml", "PIL"})
+from bnlab.cli_commands import (  # noqa: F401 (re-exported: bnlab.cli.COMMANDS, ...)
+    COMMANDS, LAB_INSTALL, LAB_MODULES, Command, light_help, version_line)
 
 try:
-    import typer
-    import typer.main
-    from typer.core import TyperCommand, TyperGroup
-except ModuleNotFoundError as err:  # `pip install bnlab` (layers and probes only) has no CLI
-    raise ModuleNotFoundError(f"the bnlab command needs {err.name}, which is not installed: {LAB_INSTALL}",
-                              name=err.name) from err
+    import typer  # noqa: F401 (the lab extra's CLI library: is it there?)
+except ModuleNotFoundError as err:  # `pip install bnlab` (layers and probes only): --help/--version only
+    _MISSING: ModuleNotFoundError | None = err
+else:
+    _MISSING = None
 
 
-class Command(NamedTuple):
-    module: str  # whose ``register(app)`` adds the command
-    help: str  # the command's own one-line help (its docstring's or its Typer group's)
+def main(argv: list[str] | None = None) -> None:
+    """``bnlab``: the Typer app, or, without the lab extra, ``--help``/``--version`` and one line
+    naming the extra for any command."""
+    if _MISSING is None:
+        app(args=argv)
+        return
+    raise SystemExit(light_main(sys.argv[1:] if argv is None else argv))
 
 
-# Order is the order of `bnlab --help` (plain commands, then command groups, as typer lists them).
-COMMANDS: dict[str, Command] = {
-    "demo": Command("bnlab.demo", "Run the curated smoke entries of all five papers and write the report."),
-    "reproduce": Command("bnlab.experiments.cli", "Run catalogue entries end to end and (re)write the report."),
-    "report": Command("bnlab.experiments.cli",
-                      "Write runs/report/index.html and index.md from the store (nothing is re-trained)."),
-    "train": Command("bnlab.train.cli",
-                     "Train a model and record the run; re-running the same command resumes it."),
-    "norms": Command("bnlab.norms.cli", "Normalization layers: the catalogue and how to build them."),
-    "experiments": Command("bnlab.experiments.cli", "The catalogue of the papers' figures and tables."),
-    "models": Command("bnlab.models.cli", "The papers' networks: the catalogue and how to build them."),
-    "runs": Command("bnlab.train.cli", "The recorded runs: list, show, export, delete, plot."),
-    "theory": Command("bnlab.theory.cli", "The papers' closed forms and simulators (bnlab.theory)."),
-}
+def light_main(argv: list[str]) -> int:
+    """The front door of the light install (torch and numpy only); returns the exit status."""
+    if argv[:1] in (["--version"], ["-V"]):
+        print(version_line())
+        return 0
+    if not argv or argv[0] in ("--help", "-h"):
+        print(light_help())
+        return 0
+    name = argv[0] if argv[0] in COMMANDS else "COMMAND"
+    missing = _MISSING.name if _MISSING else "typer"
+    print(f"error: `bnlab {name}` needs {missing}, which is not installed: {LAB_INSTALL}", file=sys.stderr)
+    return 1
 
 
-def load_command(name: str) -> Any:
-    """The click command ``name`` as its module's ``register(app)`` builds it (imports that module)."""
-    module = importlib.import_module(COMMANDS[name].module)
-    sub_app = typer.Typer()
-    module.register(sub_app)
-    return typer.main.get_group(sub_app).commands[name]
+def __getattr__(name: str) -> Any:
+    if name in ("app", "LazyGroup", "load_command") and _MISSING is not None:
+        raise ModuleNotFoundError(f"the bnlab command needs {_MISSING.name}, which is not installed: "
+                                  f"{LAB_INSTALL}", name=_MISSING.name)
+    raise AttributeError(f"module 'bnlab.cli' has no attribute {name!r}")
 
 
-class LazyGroup(TyperGroup):
-    """The root group: placeholders from :data:`COMMANDS` for listing, the real command on use."""
-
-    def __init__(self, **attrs: Any) -> None:
-        super().__init__(**attrs)
-        for name, command in COMMANDS.items():
-            self.commands[name] = TyperCommand(name, help=command.help, add_help_option=False)
-
-    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
-        # Only the command being run is imported; an unknown name falls through to typer's
-        # "No such command" error with its suggestions.
-        if args and args[0] in COMMANDS:
-            ctx.meta["bnlab.command"] = args[0]
-            self.commands[args[0]] = load_command(args[0])
-        return super().resolve_command(ctx, args)
-
-    def invoke(self, ctx: Any) -> Any:
-        # A lab package missing when a command's module is imported, or while it runs (some modules
-        # import theirs on first use): one line naming the extra instead of a traceback.
-        try:
-            return super().invoke(ctx)
-        except ModuleNotFoundError as err:
-            if (err.name or "").partition(".")[0] not in LAB_MODULES:
-                raise
-            command = ctx.meta.get("bnlab.command", "")
-            typer.echo(f"error: `bnlab {command}` needs {err.name}, which is not installed: {LAB_INSTALL}",
-                       err=True)
-            raise typer.Exit(1) from None
-
-
-app = typer.Typer(
-    cls=LazyGroup,
-    help="bnlab: batch-normalization layers, probes, theory and paper reproductions.",
-    no_args_is_help=True,
-    add_completion=False,
-)
-
-
-@app.callback()
-def _root() -> None:
-    # A callback makes typer build a group although every command comes from LazyGroup.
-    pass
-
-
-def main() -> None:
-    app()
+if _MISSING is None:  # the CLI proper (typer, the lab extra); it reads COMMANDS above
+    from bnlab.cli_app import LazyGroup, app, load_command  # noqa: E402,F401
 
 
 if __name__ == "__main__":

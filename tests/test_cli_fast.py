@@ -38,7 +38,7 @@ def test_help_imports_neither_torch_nor_any_command_module():
     for args in (["--help"], []):  # `bnlab` alone prints the same help
         out = _run_help_path(args)
         assert out["HEAVY"] == "[]"
-        assert out["BNLAB"] == "['bnlab', 'bnlab.cli']"
+        assert out["BNLAB"] == "['bnlab', 'bnlab.cli', 'bnlab.cli_app', 'bnlab.cli_commands']"
         for name in cli.COMMANDS:
             assert f" {name} " in out["help"]
 

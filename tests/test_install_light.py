@@ -68,11 +68,30 @@ print("OK")
     assert result.returncode == 0 and result.stdout.strip() == "OK", result.stderr[-3000:]
 
 
-def test_cli_without_typer_names_the_lab_extra():
-    result = run_without(("typer",), "import bnlab.cli\n")
-    assert result.returncode != 0
-    assert "ModuleNotFoundError: the bnlab command needs typer, which is not installed: pip install 'bnlab[lab]'" \
-        in result.stderr
+def test_cli_without_the_lab_extra_answers_help_and_version_and_names_the_extra():
+    """The light install (torch and numpy): `bnlab --help` and `--version` work, a command is one
+    line naming the extra (was: a 13-line traceback, issue 22)."""
+    code = """
+import sys
+from bnlab.cli import main
+sys.argv = ["bnlab"] + sys.argv[1:]
+main()
+"""
+    for args, status in ((["--help"], 0), (["--version"], 0), (["train", "--steps", "3"], 1)):
+        result = run_without(LAB_PACKAGES, f"import sys; sys.argv[1:] = {args!r}\n" + code)
+        assert result.returncode == status, (args, result.stdout, result.stderr[-3000:])
+        if args == ["--help"]:
+            assert "Commands (each needs the lab extra: pip install 'bnlab[lab]')" in result.stdout
+            assert "  train " in result.stdout and "Traceback" not in result.stderr
+        elif args == ["--version"]:
+            import bnlab
+
+            assert result.stdout.strip() == f"bnlab {bnlab.__version__}"
+        else:
+            assert result.stderr.strip() == ("error: `bnlab train` needs typer, which is not installed: "
+                                             "pip install 'bnlab[lab]'")
+    result = run_without(("typer",), "from bnlab.cli import app\n")
+    assert "the bnlab command needs typer, which is not installed: pip install 'bnlab[lab]'" in result.stderr
 
 
 def test_command_without_scipy_names_the_lab_extra():
