@@ -135,3 +135,18 @@ def test_a_store_of_a_newer_bnlab_is_a_clear_error(runs_dir):
     conn.close()
     result = _invoke("runs", "list", "--runs-dir", str(runs_dir))
     assert result.exit_code == 2 and "schema version 7, newer than this bnlab reads" in result.output
+
+
+def test_list_shows_how_many_processes_shared_each_batch(runs_dir):
+    """Issue 22: a --nproc 2 run and a one-process run no longer look identical."""
+    with Store(runs_dir / "bnlab.db") as store:
+        store.create_run("eee555", {"model": "mlp", "norm": "bn", "seed": 0, "nproc": 2, "sync_norms": True})
+    result = _invoke("runs", "list", "--runs-dir", str(runs_dir))
+    header = result.stdout.splitlines()[0].split()
+    column = header.index("nproc")
+    cells = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
+    # the date column holds a space: count from the right, where every later column is one word
+    offset = len(header) - column
+    assert cells["eee555"][-offset] == "2" and cells["aaa111"][-offset] == "1"
+    shown = json.loads(_invoke("runs", "list", "--runs-dir", str(runs_dir), "--json", "--where", "nproc=2").stdout)
+    assert [r["id"] for r in shown] == ["eee555"]
