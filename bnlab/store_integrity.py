@@ -31,18 +31,22 @@ SEAL_KEY = "seal"
 
 
 class StoreIntegrityError(ValueError):
-    """An ended run's stored config, summary or metric rows no longer match the seal written with it."""
+    """An ended run's stored config, summary or metric rows no longer match its seal."""
 
 
 # a run's rows in the canonical order, sorted by SQLite (NULL first, then numbers ascending)
 ROWS_QUERY = "SELECT step, name, value FROM metrics WHERE run_id = ? ORDER BY step, name, value"
 
 
-def rows_digest(rows: Iterable[tuple[int, str, float | None]], *, ordered: bool = False) -> tuple[str, int]:
+def rows_digest(
+    rows: Iterable[tuple[int, str, float | None]], *, ordered: bool = False
+) -> tuple[str, int]:
     """SHA-256 of ``(step, name, value)`` rows in a canonical order, and their count. NaN and
     ``None`` are one value (SQLite stores NaN as NULL), as are -0.0 and 0.0. ``ordered``: the rows
     come from :data:`ROWS_QUERY` already in that order (no sort in Python)."""
-    canon = [(int(s), str(n), None if v is None or v != v else (float(v) or 0.0)) for s, n, v in rows]
+    canon = [
+        (int(s), str(n), None if v is None or v != v else (float(v) or 0.0)) for s, n, v in rows
+    ]
     if not ordered:
         canon.sort(key=_order)
     return hashlib.sha256(repr(canon).encode()).hexdigest(), len(canon)
@@ -62,15 +66,27 @@ def summary_digest(summary: dict[str, Any] | None) -> str:
     return text_digest(json.dumps(body, sort_keys=True, allow_nan=False))
 
 
-def make_seal(config_text: str, summary: dict[str, Any] | None,
-              rows: Iterable[tuple[int, str, float | None]]) -> dict[str, Any]:
+def make_seal(
+    config_text: str, summary: dict[str, Any] | None, rows: Iterable[tuple[int, str, float | None]]
+) -> dict[str, Any]:
     digest, count = rows_digest(rows)
-    return {"version": 1, "config": text_digest(config_text), "summary": summary_digest(summary),
-            "rows": digest, "rows_count": count}
+    return {
+        "version": 1,
+        "config": text_digest(config_text),
+        "summary": summary_digest(summary),
+        "rows": digest,
+        "rows_count": count,
+    }
 
 
-def seal_problems(seal: dict[str, Any], config_text: str, summary: dict[str, Any] | None,
-                  rows: Iterable[tuple[int, str, float | None]], *, ordered: bool = False) -> list[str]:
+def seal_problems(
+    seal: dict[str, Any],
+    config_text: str,
+    summary: dict[str, Any] | None,
+    rows: Iterable[tuple[int, str, float | None]],
+    *,
+    ordered: bool = False,
+) -> list[str]:
     """What no longer matches ``seal`` (empty when everything does)."""
     problems = []
     if seal.get("config") != text_digest(config_text):
@@ -90,26 +106,40 @@ def seal_problems(seal: dict[str, Any], config_text: str, summary: dict[str, Any
 def recovery(run_id: str, status: str, runs_dir: str) -> str:
     """The way out of a damaged record (docs/readme/train.md, "Reliability")."""
     if status == "finished":
-        return (f"Recovery: `bnlab runs repair {run_id} --runs-dir {runs_dir}` re-creates its config, "
-                f"summary and metric rows from its final checkpoint ({runs_dir}/checkpoints/{run_id}.pt; "
-                f"re-running its training command does the same); without that checkpoint, "
-                f"`bnlab runs delete {run_id}` and train it again")
-    return (f"Recovery: `bnlab runs delete {run_id} --runs-dir {runs_dir}` and re-run its config "
-            f"(a {status} run keeps no final checkpoint to rebuild from)")
+        return (
+            f"Recovery: `bnlab runs repair {run_id} --runs-dir {runs_dir}` re-creates its config, "
+            "summary and metric rows from its final checkpoint "
+            f"({runs_dir}/checkpoints/{run_id}.pt; "
+            f"re-running its training command does the same); without that checkpoint, "
+            f"`bnlab runs delete {run_id}` and train it again"
+        )
+    return (
+        f"Recovery: `bnlab runs delete {run_id} --runs-dir {runs_dir}` and re-run its config "
+        f"(a {status} run keeps no final checkpoint to rebuild from)"
+    )
 
 
 class IntegrityMixin:
-    """Sealing and verifying runs, as methods of :class:`bnlab.store.Store` (needs ``_conn``, ``_write``
-    and ``path``)."""
+    """Sealing and verifying runs, as methods of :class:`bnlab.store.Store` (needs ``_conn``,
+    ``_write`` and ``path``)."""
 
-    def _set_summary(self, c, run_id: str, status: str, summary: Mapping[str, Any] | None,
-                     rows: list[tuple[int, str, float | None]] | None) -> None:
+    def _set_summary(
+        self,
+        c,
+        run_id: str,
+        status: str,
+        summary: Mapping[str, Any] | None,
+        rows: list[tuple[int, str, float | None]] | None,
+    ) -> None:
         """Inside ``set_status``'s transaction: write the summary, sealed if the run ended."""
         stored = c.execute("SELECT config, summary FROM runs WHERE id = ?", (run_id,)).fetchone()
         if summary is None and status not in SEALED and SEAL_KEY not in (stored[1] or ""):
             return  # nothing to write: the summary as it is, unsealed
-        body = json.loads(dumps(dict(summary), sort_keys=True)) if summary is not None else (
-            self._json(stored[1], "summary", run_id) or {})
+        body = (
+            json.loads(dumps(dict(summary), sort_keys=True))
+            if summary is not None
+            else (self._json(stored[1], "summary", run_id) or {})
+        )
         body.pop(SEAL_KEY, None)
         if status in SEALED:
             if rows is not None:
@@ -120,6 +150,7 @@ class IntegrityMixin:
 
     def _make_rows(self, c, run_id: str, rows: list[tuple[int, str, float | None]]) -> None:
         """Make the stored rows of ``run_id`` those of ``rows`` (the trainer's, from memory)."""
+
         def held():
             return rows_digest(c.execute(ROWS_QUERY, (run_id,)), ordered=True)
 
@@ -127,29 +158,47 @@ class IntegrityMixin:
         if held() == want:
             return
         c.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
-        c.executemany("INSERT INTO metrics(run_id, step, name, value) VALUES (?, ?, ?, ?)",
-                      [(run_id, int(s), str(n), _sql_float(v)) for s, n, v in rows])
+        c.executemany(
+            "INSERT INTO metrics(run_id, step, name, value) VALUES (?, ?, ?, ?)",
+            [(run_id, int(s), str(n), _sql_float(v)) for s, n, v in rows],
+        )
         have = held()
         if have != want:
             raise StoreIntegrityError(
                 f"run store {self.path} does not keep the metric rows written to it (run {run_id}: "
-                f"{have[1]} of {want[1]} rows held after re-writing them; a trigger or another writer?). "
-                f"Nothing was sealed; the run's checkpoint {self.path.parent}/checkpoints/{run_id}.pt "
+                f"{have[1]} of {want[1]} rows held after re-writing them; a trigger or another "
+                "writer?). Nothing was sealed; the run's checkpoint "
+                f"{self.path.parent}/checkpoints/{run_id}.pt "
                 "holds its rows: move the store away and re-run the run's config"
             )
 
-    def restore_run(self, run_id: str, config: Mapping[str, Any], summary: Mapping[str, Any],
-                    rows: list[tuple[int, str, float | None]], *, steps: int) -> None:
+    def restore_run(
+        self,
+        run_id: str,
+        config: Mapping[str, Any],
+        summary: Mapping[str, Any],
+        rows: list[tuple[int, str, float | None]],
+        *,
+        steps: int,
+    ) -> None:
         """Re-write a finished run's config, summary and rows (from its final checkpoint) and seal
-        them, in one transaction (``bnlab runs repair``); the row is created if the store lost it."""
+        them, in one transaction (``bnlab runs repair``); the row is created if the store lost
+        it."""
         check_run_id(run_id)
         text, now = dumps(dict(config), sort_keys=True), time.time()
 
         def restore(c):
-            c.execute("INSERT OR IGNORE INTO runs(id, config, config_hash, status, created, updated)"
-                      " VALUES (?, ?, ?, 'finished', ?, ?)", (run_id, text, run_id, now, now))
-            c.execute("UPDATE runs SET config = ?, status = 'finished', steps = ?, error = NULL, updated = ?,"
-                      " finished = COALESCE(finished, ?) WHERE id = ?", (text, int(steps), now, now, run_id))
+            c.execute(
+                "INSERT OR IGNORE INTO runs(id, config, config_hash, status, created, updated)"
+                " VALUES (?, ?, ?, 'finished', ?, ?)",
+                (run_id, text, run_id, now, now),
+            )
+            c.execute(
+                "UPDATE runs SET config = ?, status = 'finished', steps = ?, error = NULL,"
+                " updated = ?,"
+                " finished = COALESCE(finished, ?) WHERE id = ?",
+                (text, int(steps), now, now, run_id),
+            )
             self._set_summary(c, run_id, "finished", summary, rows)
 
         self._write(restore)
@@ -177,7 +226,9 @@ class IntegrityMixin:
         try:
             check_run_id(out["id"])
         except UnsafePathError:
-            problems.append("its id is not a valid run id (it could name files outside the runs dir)")
+            problems.append(
+                "its id is not a valid run id (it could name files outside the runs dir)"
+            )
         seal = out["summary"].pop(SEAL_KEY, None) if isinstance(out["summary"], dict) else None
         out["seal"] = seal
         if isinstance(seal, dict) and not problems:
@@ -185,7 +236,8 @@ class IntegrityMixin:
             problems += seal_problems(seal, raw["config"], out["summary"], held, ordered=True)
         out["problem"] = None
         if problems:
-            out["problem"] = (f"run {out['id']!r} in {self.path} is damaged: {'; '.join(problems)}. "
-                              + recovery(str(out["id"]), out["status"], str(self.path.parent)))
+            out["problem"] = (
+                f"run {out['id']!r} in {self.path} is damaged: {'; '.join(problems)}. "
+                + recovery(str(out["id"]), out["status"], str(self.path.parent))
+            )
         return out
-

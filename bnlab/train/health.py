@@ -24,9 +24,12 @@ _VARIANCE_NAMES = ("var", "std")
 
 
 def variance_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Floating buffers that are variances by name (``running_var``, ``amat_var``, ``train_var``)."""
-    return [(name, b) for name, b in model.named_buffers()
-            if b.is_floating_point() and b.numel() and name.rpartition(".")[2].endswith(_VARIANCE_NAMES)]
+    """Floating buffers that are variances by name (``running_var``, ``amat_var``, ...)."""
+    return [
+        (name, b)
+        for name, b in model.named_buffers()
+        if b.is_floating_point() and b.numel() and name.rpartition(".")[2].endswith(_VARIANCE_NAMES)
+    ]
 
 
 def check_variances(named: Sequence[tuple[str, torch.Tensor]], step: int, loss: float) -> None:
@@ -36,11 +39,18 @@ def check_variances(named: Sequence[tuple[str, torch.Tensor]], step: int, loss: 
     lowest = torch.stack([b.detach().min().float() for _, b in named]).tolist()
     bad = [f"{name} (min {low:.3g})" for (name, _), low in zip(named, lowest) if low < 0]
     if bad:
-        raise Divergence(step, loss, f"negative variance buffers after step {step}: {', '.join(bad[:5])}")
+        raise Divergence(
+            step, loss, f"negative variance buffers after step {step}: {', '.join(bad[:5])}"
+        )
 
 
-def check_final(final_eval: Mapping[str, float], step: int, loss: float, start_loss: float | None,
-                factor: float | None) -> None:
+def check_final(
+    final_eval: Mapping[str, float],
+    step: int,
+    loss: float,
+    start_loss: float | None,
+    factor: float | None,
+) -> None:
     """Raise :class:`Divergence` if the final evaluation's loss is not finite or exceeds
     ``factor`` x the first training loss (the bound the training losses are held to)."""
     test_loss = final_eval.get("test_loss")
@@ -49,5 +59,9 @@ def check_final(final_eval: Mapping[str, float], step: int, loss: float, start_l
     if not math.isfinite(test_loss):
         raise Divergence(step, loss, f"non-finite final test loss {test_loss} after step {step}")
     if factor and start_loss is not None and test_loss > factor * max(abs(start_loss), _LOSS_FLOOR):
-        raise Divergence(step, loss, f"final test loss {test_loss:.4g} exceeds divergence_factor {factor:g} "
-                                     f"x the first loss {start_loss:.4g}")
+        raise Divergence(
+            step,
+            loss,
+            f"final test loss {test_loss:.4g} exceeds divergence_factor {factor:g} "
+            f"x the first loss {start_loss:.4g}",
+        )

@@ -1,14 +1,15 @@
 """Ctrl-C and SIGTERM at a step boundary: the first signal asks the run to stop, the step in flight
 completes, a checkpoint is written, and the run ends ``interrupted``.
 
-A ``KeyboardInterrupt`` raised wherever the signal lands can cut a store write or a checkpoint in two,
-and the run's last record is then whatever state that write left. Deferring it to the next step
-boundary (as Lightning does for SIGTERM) makes an interrupted run always end with its rows flushed, a
-checkpoint at that step and its status ``interrupted``. SIGTERM -- what ``timeout``, ``kill`` and
-schedulers (Slurm, Kubernetes) send -- is handled exactly like Ctrl-C. A second signal raises at once,
-for a step that hangs; after that, and while the run records how it ended (:meth:`hold`), further
-signals are counted and ignored, so a third Ctrl-C cannot cut the ending short. The signal that
-stopped the run is kept (:attr:`signum`): the CLI exits with ``128 + signum`` as a shell does.
+A ``KeyboardInterrupt`` raised wherever the signal lands can cut a store write or a checkpoint in
+two, and the run's last record is then whatever state that write left. Deferring it to the next
+step boundary (as Lightning does for SIGTERM) makes an interrupted run always end with its rows
+flushed, a checkpoint at that step and its status ``interrupted``. SIGTERM -- what ``timeout``,
+``kill`` and schedulers (Slurm, Kubernetes) send -- is handled exactly like Ctrl-C. A second signal
+raises at once, for a step that hangs; after that, and while the run records how it ended
+(:meth:`hold`), further signals are counted and ignored, so a third Ctrl-C cannot cut the ending
+short. The signal that stopped the run is kept (:attr:`signum`): the CLI exits with
+``128 + signum`` as a shell does.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import signal
 import threading
 from types import FrameType
 
-# the signals deferred, each only where Python's default handler is installed (a user's is left alone)
+# the signals deferred, each only over Python's default handler (a user's is left alone)
 _DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
 
 
@@ -41,7 +42,11 @@ class DeferredInterrupt:
 
     def __enter__(self) -> DeferredInterrupt:
         self._depth += 1
-        if self._depth == 1 and self.enabled and threading.current_thread() is threading.main_thread():
+        if (
+            self._depth == 1
+            and self.enabled
+            and threading.current_thread() is threading.main_thread()
+        ):
             for signum, default in _DEFAULTS.items():
                 if signal.getsignal(signum) is default:
                     self._previous[signum] = signal.signal(signum, self._handle)
@@ -71,6 +76,6 @@ class DeferredInterrupt:
         self.held = True
 
     def raise_if_requested(self) -> None:
-        """At a step boundary: turn a pending signal into the ``KeyboardInterrupt`` the run handles."""
+        """At a step boundary: a pending signal becomes the run's ``KeyboardInterrupt``."""
         if self.requested:
             raise KeyboardInterrupt
