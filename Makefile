@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine: `make test` and `make demo`.
 # `make demo` installs bnlab with the [lab] extra (CLI, training, theory, catalogue, report);
 # `make test` adds the [test] extra (pytest, and what the suite exercises: Ray, trackers, timm, ...).
+# `make docs` installs only the [docs] extra's packages (MkDocs) into the venv.
 # torch is pinned to the local CPU wheel only when no torch is importable, so a user's own
 # (e.g. CUDA) build is kept: if the system python already has torch, the venv sees it.
 PYTHON ?= python3
@@ -32,8 +33,16 @@ test: $(VENV)/.installed
 demo: $(VENV)/.lab
 	$(VENV)/bin/bnlab demo
 
-docs: $(VENV)/.installed
-	@$(PY) -c "import mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null || $(PY) -m pip install -q -e ".[docs]"
+# The docs need only the [docs] extra's packages (the API pages are read from the sources statically,
+# nothing is imported): no torch, no test extra. The list is read from pyproject.toml.
+DOCS_REQS = $(shell sed -n 's/^docs = \[\(.*\)\].*/\1/p' pyproject.toml | tr -d ',')
+
+$(VENV)/.docs: pyproject.toml
+	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(DOCS_REQS)
+	@touch $@
+
+docs: $(VENV)/.docs
 	$(PY) -m mkdocs build --strict
 
 bench: $(VENV)/.installed

@@ -284,3 +284,38 @@ def test_the_forgotten_track_warnings_point_at_the_users_line():
         model(torch.randn(8, 3))
     found = {str(w.message)[:3]: (w.filename, w.lineno) for w in caught}
     assert found.get("mbn") == (__file__, line) and found.get("cbn") == (__file__, line), found
+
+
+# ---- 5. the front door ---------------------------------------------------------------------
+
+def test_make_docs_installs_only_the_docs_extra():
+    """The reference is pyproject.toml's [docs] extra: `make -n docs` (what make would run) installs
+    exactly those packages — no torch, no [lab]/[test] extras."""
+    import shutil
+    import tomllib
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    repo = Path(__file__).resolve().parents[1]
+    docs = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["optional-dependencies"]["docs"]
+    out = subprocess.run(["make", "-n", "-B", "docs", "VENV=/nonexistent/venv"], cwd=repo,
+                         capture_output=True, text=True, timeout=60).stdout
+    installs = [line for line in out.splitlines() if "pip install" in line]
+    assert len(installs) == 1 and all(f'"{req}"' in installs[0] for req in docs), out
+    assert "torch" not in out and ".[" not in out, out
+
+
+def test_a_run_reports_its_steps_to_the_sweep_progress(tmp_path):
+    """The engine's own step count (the run's length from its config) reaches the progress bar
+    while the run trains, not only when it ends."""
+    seen: list[tuple[int, int, int]] = []
+    config = dict(SMALL, steps=12, seed=0, runs_dir=str(tmp_path))
+    monkey = parallel.REPORT_SECONDS
+    parallel.REPORT_SECONDS = 0.0
+    try:
+        record = runner._train_one(config, callbacks=[parallel.StepReporter(7, seen.append)])
+    finally:
+        parallel.REPORT_SECONDS = monkey
+    assert record["status"] == "finished"
+    assert seen[0] == (7, 0, 12) and (7, 12, 12) in seen and len(seen) >= 12

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from bnlab.train.callbacks import Callback
+from bnlab.callbacks import Callback
 
 WORKERS_ENV = "BNLAB_WORKERS"  # an integer: the worker count, overriding free_cores()
 LINE_SECONDS = 15.0
@@ -109,22 +109,22 @@ def in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 class StepReporter(Callback):
     """Sends ``(key, step, total_steps)`` to ``send`` at the start, every :data:`REPORT_SECONDS`
-    and at the end of a run. It only reads the trainer: it never enters the run id."""
+    and at the end of a run. It only reads the loop: it never enters the run id."""
 
     name = "bnlab.sweep_progress"
 
     def __init__(self, key: int, send: Callable[[tuple[int, int, int]], Any]) -> None:
         self.key, self.send, self.last = key, send, 0.0
 
-    def on_train_start(self, trainer: Any) -> None:
-        self.send((self.key, int(trainer.step), _total_steps(trainer)))
+    def on_train_start(self, loop: Any) -> None:
+        self.send((self.key, int(loop.step), _total_steps(loop)))
         self.last = time.monotonic()
 
-    def on_step_end(self, trainer: Any, step: int, metrics: Any = None) -> None:
+    def on_train_batch_end(self, loop: Any) -> None:
         now = time.monotonic()
         if now - self.last >= REPORT_SECONDS:
             self.last = now
-            self.send((self.key, int(step), _total_steps(trainer)))
+            self.send((self.key, int(loop.step), _total_steps(loop)))
 
 
 def _total_steps(loop: Any) -> int:
