@@ -484,3 +484,27 @@ def test_table2_verdict():
     assert luo_table2.table2_verdict(_table2_data(eff=(0.9, 0.8, 0.95)))[0] == "not held"  # not monotone in M
     assert luo_table2.table2_verdict(_table2_data(), tiny=True)[0] == "inconclusive"
     assert luo_table2.table2_verdict({})[0] == "inconclusive"
+
+
+def test_fig4_verdict_primary_and_holm():
+    """Primary BN vs WN (pre-declared); the other five comparisons Holm-corrected: one secondary comparison
+    the wrong way at raw p ≈ 0.02 no longer makes the verdict "not held" (6 unadjusted tests gave a 26 % chance
+    of a spurious opposite result), while a clear opposite result still does."""
+    from scipy import stats
+
+    from bnlab.experiments.luo_cnn import fig4_verdict
+
+    spread = [-0.01, 0.0, 0.01, -0.005, 0.005]
+    gaps = {"vanilla SGD": 0.15, "BN": 0.05, "WN": 0.13, "WN + mean-only BN": 0.10, "WN + variance-only BN": 0.08}
+    per_seed = {k: [v + s for s in spread] for k, v in gaps.items()}
+    assert fig4_verdict(per_seed)[0] == "held"
+    # WN + variance-only BN a little above WN (raw Welch p between 0.008 and 0.05) where three comparisons are
+    # not resolved: Holm's step-down multiplies that p by 3 (> 0.05)
+    shifted = {**per_seed, "vanilla SGD": [0.052 + s for s in spread], "WN + mean-only BN": [0.128 + s for s in spread],
+               "WN + variance-only BN": [0.13 + 1.3 * s + 0.016 for s in spread]}
+    p = stats.ttest_ind(shifted["WN + variance-only BN"], shifted["WN"], equal_var=False).pvalue
+    assert 0.008 < p < 0.05
+    verdict, summary = fig4_verdict(shifted)
+    assert verdict == "held" and "p_Holm" in summary
+    assert fig4_verdict({**per_seed, "WN + variance-only BN": [0.3 + s for s in spread]})[0] == "not held"
+    assert fig4_verdict({**per_seed, "BN": [0.2 + s for s in spread]})[0] == "not held"  # the primary reversed

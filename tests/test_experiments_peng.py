@@ -452,10 +452,20 @@ def test_ratio_fractions_find_the_papers_layers():
         series[f"probe/cbn_ratios/tau_in_range/{layer}.0"] = [0.25, float("nan"), 0.75]
     # a similarly named layer of another block must not be picked up
     series["probe/cbn_ratios/eta_in_range/stage1.0.unit10.0"] = [0.0]
-    fractions = P.ratio_fractions(_FakeProbedRun(series))
+    fractions = P.ratio_fractions(_FakeProbedRun(series), skip=0.0)
     assert [d["eta"] for d in fractions.values()] == pytest.approx([0.75, 0.8, 0.85])
     assert all(d["tau"] == pytest.approx(0.5) for d in fractions.values())
     assert P.ratio_fractions(_FakeProbedRun({}))["layer#2 (stage1.0.cbn1)"] == {"eta": None, "tau": None}
+
+
+def test_ratio_fractions_skip_the_start_up_transient():
+    """The verdict reads the second half of training (issue 19: averaging in the start-up transient made the
+    fraction in range differ run to run); the smoke runs at full width (16 channels in layer #2, not 4)."""
+    layer = P.FIG2_LAYERS["layer#2 (stage1.0.cbn1)"]
+    series = {f"probe/cbn_ratios/eta_in_range/{layer}.0": [0.0, 0.0, 1.0, 1.0]}
+    assert P.ratio_fractions(_FakeProbedRun(series))["layer#2 (stage1.0.cbn1)"]["eta"] == pytest.approx(1.0)
+    assert P.ratio_fractions(_FakeProbedRun(series), skip=0.0)["layer#2 (stage1.0.cbn1)"]["eta"] == 0.5
+    assert get("peng-fig2").plan("smoke").runs[0].config["model_options"]["width"] == 1.0
 
 
 def test_mean_variance_skips_the_transient():

@@ -318,9 +318,13 @@ def statistics_median(values):
 # ---- verdicts as pure functions -------------------------------------------------------------------
 
 def test_fig2_verdict():
-    losses = {S.STANDARD: seeds(1.0), S.BN: seeds(0.1), S.NOISY: seeds(0.2)}
+    losses = {S.STANDARD: seeds(1.0), S.BN: seeds(0.1), S.NOISY: seeds(0.1)}
     assert V.fig2_verdict(losses)[0] == "held"
     assert V.fig2_verdict({**losses, S.NOISY: seeds(2.0)})[0] == "not held"
+    # the claim's second half: faster than standard but 2× BN's loss (issue 19 measured ≈ 1.8×) is not "as well
+    # as BN" (the old verdict tested only the first half and said held)
+    verdict, text = V.fig2_verdict({**losses, S.NOISY: seeds(0.2)})
+    assert verdict == "not held" and "(1) noisy BN − standard" in text and "→ held" in text
     verdict, text = V.fig2_verdict({**losses, S.NOISY: [0.3, 1.5, 3.0]})
     assert verdict == "inconclusive" and "resolvable" in text
     assert V.fig2_verdict(losses, "tiny")[0] == "inconclusive"
