@@ -13,12 +13,35 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 Series = tuple[Sequence[float], Sequence[float]]
 
+# Axis names for the metrics the engine records (entries often pass a metric's name as the label).
+READABLE = {
+    "epoch_train_loss": "training loss (epoch mean)", "epoch_train_accuracy": "training accuracy (epoch mean)",
+    "train_loss": "training loss", "train_accuracy": "training accuracy", "test_loss": "test loss",
+    "test_accuracy": "test accuracy", "lr": "learning rate", "step": "step", "epoch": "epoch",
+}
+
+
+def readable(label: str) -> str:
+    """An axis name for people: a recorded metric's name spelled out (``epoch_train_loss`` →
+    ``training loss (epoch mean)``), any other snake_case identifier with spaces; text is kept."""
+    if label in READABLE:
+        return READABLE[label]
+    if label and " " not in label and "_" in label and label.replace("_", "").isalnum():
+        return label.replace("_", " ")
+    return label
+
+
+def _legend(ax, entries: int) -> None:
+    """The legend beside the axes (never over a curve); in columns when it is long."""
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+              frameon=False, ncol=1 if entries <= 12 else 2)
+
 
 def _save(fig, path: Path, title: str | None = None) -> Path:
-    """Title, lay out, write the PNG (creating its folder) and free the figure."""
+    """Title, lay out (constrained: legends outside the axes keep their room), write the PNG
+    (creating its folder) and free the figure."""
     if title:
         fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -34,12 +57,19 @@ def panels(path: Path, panels: Sequence[Mapping], *, title: str | None = None, n
     """Draw several line panels side by side.
 
     Each panel: ``{"series": {label: (x, y)}, "xlabel", "ylabel", "title", "logy": bool, "logx": bool,
-    "band": {label: (x, lo, hi)}, "hline": value}``.
+    "band": {label: (x, lo, hi)}, "hline": value}``. Axis names go through :func:`readable`; each
+    legend sits beside its panel.
     """
+    return _save(panel_figure(panels, ncols=ncols), path, title)
+
+
+def panel_figure(panels: Sequence[Mapping], *, ncols: int | None = None):
+    """The figure :func:`panels` writes (for tests and notebooks); the caller closes it."""
     n = len(panels)
     ncols = ncols or min(n, 3)
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.3 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.6 * ncols, 3.3 * nrows), squeeze=False,
+                             layout="constrained")
     for ax, spec in zip(axes.flat, panels):
         for label, (xs, ys) in spec.get("series", {}).items():
             xs, ys = _finite(xs, ys)
@@ -56,30 +86,30 @@ def panels(path: Path, panels: Sequence[Mapping], *, title: str | None = None, n
             ax.set_yscale("log")
         if spec.get("logx"):
             ax.set_xscale("log")
-        ax.set_xlabel(spec.get("xlabel", ""))
-        ax.set_ylabel(spec.get("ylabel", ""))
+        ax.set_xlabel(readable(spec.get("xlabel", "")))
+        ax.set_ylabel(readable(spec.get("ylabel", "")))
         ax.set_title(spec.get("title", ""), fontsize=10)
         if spec.get("series") or spec.get("band"):
-            ax.legend(fontsize=7)
+            _legend(ax, len(spec.get("series", {})) + len(spec.get("band", {})))
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    return _save(fig, path, title)
+    return fig
 
 
 def histograms(path: Path, groups: Mapping[str, Mapping[str, Sequence[float]]], *, title: str | None = None,
                bins: int = 40, xlabel: str = "activation") -> Path:
     """One panel per group, overlaid histograms of its samples (e.g. one per training step)."""
     n = len(groups)
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.3), squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 3.3), squeeze=False, layout="constrained")
     for ax, (name, hists) in zip(axes.flat, groups.items()):
         for label, values in hists.items():
             vals = [v for v in values if v is not None and math.isfinite(v)]
             if vals:
                 ax.hist(vals, bins=bins, histtype="step", density=True, label=label)
         ax.set_title(name, fontsize=10)
-        ax.set_xlabel(xlabel)
-        ax.legend(fontsize=7)
+        ax.set_xlabel(readable(xlabel))
+        _legend(ax, len(hists))
     return _save(fig, path, title)
 
 
@@ -89,16 +119,17 @@ def bars(path: Path, groups: Mapping[str, Mapping[str, float]], *, ylabel: str, 
     names = list(groups)
     series = list(dict.fromkeys(s for g in groups.values() for s in g))  # first-seen order
     width = 0.8 / max(len(series), 1)
-    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(names) * max(1, len(series) / 3)), 3.5))
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(names) * max(1, len(series) / 3)) + 1.5, 3.5),
+                           layout="constrained")
     for i, s in enumerate(series):
         xs = [j + i * width for j in range(len(names))]
         ys = [groups[g].get(s, float("nan")) for g in names]
         err = [errors[g].get(s, 0.0) for g in names] if errors else None
         ax.bar(xs, ys, width, label=s, yerr=err)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names)
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel(readable(ylabel))
     if title:
         ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, ncol=min(len(series), 4))
+    _legend(ax, len(series))
     ax.grid(alpha=0.3, axis="y")
     return _save(fig, path)
