@@ -10,11 +10,13 @@ import json
 import time
 from typing import Any
 
+from bnlab.store_integrity import StoreIntegrityError
 from bnlab.store_schema import tables
 
 
 class EntriesMixin:
-    """``save_entry``/``load_entry``/``entries``/``entry_of_runs``; needs ``_conn`` and ``_write``."""
+    """``save_entry``/``load_entry``/``entries``/``entry_of_runs``; needs ``_conn``, ``_write`` and
+    ``path``."""
 
     def save_entry(
         self, experiment_id: str, preset: str, runs: list[dict], data: dict, *, tiny: bool, seconds: float,
@@ -36,8 +38,14 @@ class EntriesMixin:
         ).fetchone()
         if row is None:
             return None
-        return {"runs": json.loads(row[0]), "data": json.loads(row[1]), "tiny": bool(row[2]),
-                "created": row[3], "seconds": row[4]}
+        try:
+            runs, data = json.loads(row[0]), json.loads(row[1])
+        except (ValueError, TypeError) as err:
+            raise StoreIntegrityError(
+                f"catalogue entry {experiment_id} ({preset}) in {self.path} is damaged ({err}); re-run "
+                f"`bnlab reproduce {experiment_id} --preset {preset}` (its finished runs are not retrained)"
+            ) from None
+        return {"runs": runs, "data": data, "tiny": bool(row[2]), "created": row[3], "seconds": row[4]}
 
     def entries(self) -> list[tuple[str, str]]:
         """``(experiment id, preset)`` of every stored entry."""
@@ -49,8 +57,12 @@ class EntriesMixin:
         """``{run id: "entry/preset:label"}`` for the runs of stored catalogue entries."""
         out: dict[str, str] = {}
         for experiment_id, preset in self.entries():
-            for r in (self.load_entry(experiment_id, preset) or {}).get("runs", []):
-                if r.get("id"):
+            try:
+                entry = self.load_entry(experiment_id, preset) or {}
+            except StoreIntegrityError:
+                continue  # a damaged entry never hides the runs (`bnlab report` names it)
+            for r in entry.get("runs", []) if isinstance(entry.get("runs"), list) else []:
+                if isinstance(r, dict) and r.get("id"):
                     out.setdefault(r["id"], f"{experiment_id}/{preset}:{r.get('label')}")
         return out
 

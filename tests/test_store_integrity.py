@@ -281,3 +281,16 @@ def test_the_catalogues_analysis_shows_a_damaged_run_as_damaged_and_the_others_a
     assert bad.status == "damaged" and "bad1" in bad.record["error"] and bad.series("train_loss") == ([], [])
     with pytest.raises(ValueError, match="unknown preset"):  # a stored preset names a folder: refused
         analysis_context("peng-fig2", "../../../outside", runs_dir=tmp_path)
+
+
+def test_a_damaged_catalogue_entry_is_named_and_never_hides_the_runs(tmp_path):
+    with Store(tmp_path / "bnlab.db") as store:
+        store.create_run("good1", {"model": "mlp"})
+        store.save_entry("peng-fig2", "smoke", [{"label": "bn", "id": "good1"}], {}, tiny=True, seconds=1.0)
+    _sql(tmp_path / "bnlab.db", "UPDATE experiments SET data = '{not json'")
+    with Store(tmp_path / "bnlab.db") as store:
+        with pytest.raises(StoreIntegrityError, match=r"catalogue entry peng-fig2 \(smoke\) .* is damaged"):
+            store.load_entry("peng-fig2", "smoke")
+        assert store.entry_of_runs() == {}
+    listed = runner.invoke(app, ["runs", "list", "--runs-dir", str(tmp_path)])
+    assert listed.exit_code == 0 and "good1" in listed.stdout

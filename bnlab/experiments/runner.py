@@ -336,6 +336,9 @@ def iter_outcomes(runs_dir: str | Path, report_dir: str | Path | None = None
     for experiment_id, preset in stored_entries(runs_dir):
         try:
             ctx = analysis_context(experiment_id, preset, runs_dir=runs_dir, report_dir=report_dir)
+        except StoreIntegrityError as err:  # a damaged entry: named, never silently left out
+            print(f"warning: {err}", file=sys.stderr, flush=True)
+            continue
         except ValueError:
             continue  # an entry that no longer exists in the catalogue
         try:
