@@ -432,6 +432,23 @@ def test_meta_device_module_loads_with_assign_like_torch():
 
 
 @pytest.mark.parametrize("name", CHANNEL_LAYERS)
+def test_meta_device_layer_loads_with_assign_and_runs(name):
+    """Every layer built on ``meta`` takes a state_dict with ``assign=True`` and then computes as the
+    layer it came from (non-persistent buffers, e.g. cbn's η, are rebuilt on the loaded device)."""
+    source = N.create(name, 4)
+    N.set_progress(source, lr=0.1, epoch=1, epochs=3)
+    source(torch.randn(8, 4, 3, generator=gen(1)) + 2)
+    layer = N.create(name, 4, device="meta")
+    layer.load_state_dict(source.state_dict(), assign=True)
+    N.set_progress(layer, lr=0.1, epoch=1, epochs=3)
+    assert all(t.device.type == "cpu" for t in (*layer.parameters(), *layer.buffers()))
+    x = torch.randn(8, 4, 3, generator=gen(2))
+    assert_same(layer.eval()(x), source.eval()(x), f"{name} eval output")
+    if name != "noisy_bn":  # its own noise generator is not state
+        assert_same(layer.train()(x), source.train()(x), f"{name} training output")
+
+
+@pytest.mark.parametrize("name", CHANNEL_LAYERS)
 def test_pickling_round_trip_for_every_layer(name):
     layer = N.create(name, 4)
     N.set_progress(layer, lr=0.1, epoch=2, epochs=3)

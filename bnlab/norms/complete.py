@@ -101,6 +101,9 @@ class CompleteBatchNorm(ChannelNorm):
         steps = torch.tensor(0, dtype=torch.long, device=factory["device"])
         self.register_buffer("_amat_steps", steps, persistent=False)
 
+    def transient_buffers(self) -> dict[str, Tensor]:
+        return {"_eta": torch.tensor(self._python_eta()), "_amat_steps": torch.tensor(0)}
+
     @torch.no_grad()
     def reset_running_stats(self) -> None:
         """BN's buffers and AMAT's moving statistics (the next training batch initializes them)."""

@@ -130,6 +130,27 @@ class BatchNormConventions(nn.Module):
                                else torch.tensor(0, dtype=torch.long))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
+        if local_metadata.get("assign_to_params_buffers", False):
+            self._materialize_transient_buffers()
+
+    def transient_buffers(self) -> dict[str, Tensor]:
+        """Initial values of the non-persistent buffers (η, step counters: not in a state_dict), which
+        a ``load_state_dict(..., assign=True)`` into a ``meta``-device module cannot fill."""
+        return {}
+
+    def _materialize_transient_buffers(self) -> None:
+        """After ``assign=True``: non-persistent buffers still on ``meta`` get their initial values
+        on the loaded tensors' device and float dtype (else the first forward mixes devices)."""
+        loaded = [t for t in (*self._parameters.values(), *self._buffers.values())
+                  if t is not None and t.device.type != "meta"]
+        if not loaded:
+            return
+        ref = next((t for t in loaded if t.is_floating_point()), loaded[0])
+        for name, value in self.transient_buffers().items():
+            current = self._buffers.get(name)
+            if current is not None and current.device.type == "meta":
+                dtype = ref.dtype if value.is_floating_point() else value.dtype
+                self._buffers[name] = value.to(device=ref.device, dtype=dtype)
 
     # ---- the forward protocol ----------------------------------------------------------------
     def use_batch_stats(self) -> bool:

@@ -65,6 +65,9 @@ class MomentumBatchNorm(ChannelNorm):
         self.register_buffer("train_var", torch.ones(num_features, **factory))
         self.register_buffer("_lambda_exponent", torch.tensor(1.0, **factory), persistent=False)
 
+    def transient_buffers(self) -> dict[str, Tensor]:
+        return {"_lambda_exponent": torch.tensor(1.0)}  # λ = 0 until set_progress gives the epoch
+
     @torch.no_grad()
     def reset_running_stats(self) -> None:
         """BN's buffers and the moving statistics that training normalizes with."""
