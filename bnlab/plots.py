@@ -15,9 +15,15 @@ Series = tuple[Sequence[float], Sequence[float]]
 
 # Axis names for the metrics the engine records (entries often pass a metric's name as the label).
 READABLE = {
-    "epoch_train_loss": "training loss (epoch mean)", "epoch_train_accuracy": "training accuracy (epoch mean)",
-    "train_loss": "training loss", "train_accuracy": "training accuracy", "test_loss": "test loss",
-    "test_accuracy": "test accuracy", "lr": "learning rate", "step": "step", "epoch": "epoch",
+    "epoch_train_loss": "training loss (epoch mean)",
+    "epoch_train_accuracy": "training accuracy (epoch mean)",
+    "train_loss": "training loss",
+    "train_accuracy": "training accuracy",
+    "test_loss": "test loss",
+    "test_accuracy": "test accuracy",
+    "lr": "learning rate",
+    "step": "step",
+    "epoch": "epoch",
 }
 
 
@@ -33,8 +39,14 @@ def readable(label: str) -> str:
 
 def _legend(ax, entries: int) -> None:
     """The legend beside the axes (never over a curve); in columns when it is long."""
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
-              frameon=False, ncol=1 if entries <= 12 else 2)
+    ax.legend(
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        borderaxespad=0.0,
+        frameon=False,
+        ncol=1 if entries <= 12 else 2,
+    )
 
 
 def _save(fig, path: Path, title: str | None = None) -> Path:
@@ -53,7 +65,9 @@ def _finite(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def panels(path: Path, panels: Sequence[Mapping], *, title: str | None = None, ncols: int | None = None) -> Path:
+def panels(
+    path: Path, panels: Sequence[Mapping], *, title: str | None = None, ncols: int | None = None
+) -> Path:
     """Draw several line panels side by side.
 
     Each panel: ``{"series": {label: (x, y)}, "xlabel", "ylabel", "title", "logy": bool, "logx": bool,
@@ -68,8 +82,9 @@ def panel_figure(panels: Sequence[Mapping], *, ncols: int | None = None):
     n = len(panels)
     ncols = ncols or min(n, 3)
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.6 * ncols, 3.3 * nrows), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(5.6 * ncols, 3.3 * nrows), squeeze=False, layout="constrained"
+    )
     for ax, spec in zip(axes.flat, panels):
         for label, (xs, ys) in spec.get("series", {}).items():
             xs, ys = _finite(xs, ys)
@@ -97,8 +112,14 @@ def panel_figure(panels: Sequence[Mapping], *, ncols: int | None = None):
     return fig
 
 
-def histograms(path: Path, groups: Mapping[str, Mapping[str, Sequence[float]]], *, title: str | None = None,
-               bins: int = 40, xlabel: str = "activation") -> Path:
+def histograms(
+    path: Path,
+    groups: Mapping[str, Mapping[str, Sequence[float]]],
+    *,
+    title: str | None = None,
+    bins: int = 40,
+    xlabel: str = "activation",
+) -> Path:
     """One panel per group, overlaid histograms of its samples (e.g. one per training step)."""
     n = len(groups)
     fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 3.3), squeeze=False, layout="constrained")
@@ -113,14 +134,22 @@ def histograms(path: Path, groups: Mapping[str, Mapping[str, Sequence[float]]], 
     return _save(fig, path, title)
 
 
-def bars(path: Path, groups: Mapping[str, Mapping[str, float]], *, ylabel: str, title: str | None = None,
-         errors: Mapping[str, Mapping[str, float]] | None = None) -> Path:
+def bars(
+    path: Path,
+    groups: Mapping[str, Mapping[str, float]],
+    *,
+    ylabel: str,
+    title: str | None = None,
+    errors: Mapping[str, Mapping[str, float]] | None = None,
+) -> Path:
     """Grouped bar chart: groups on the x axis (e.g. activations), one bar per series (e.g. method)."""
     names = list(groups)
     series = list(dict.fromkeys(s for g in groups.values() for s in g))  # first-seen order
     width = 0.8 / max(len(series), 1)
-    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(names) * max(1, len(series) / 3)) + 1.5, 3.5),
-                           layout="constrained")
+    fig, ax = plt.subplots(
+        figsize=(max(5, 1.3 * len(names) * max(1, len(series) / 3)) + 1.5, 3.5),
+        layout="constrained",
+    )
     for i, s in enumerate(series):
         xs = [j + i * width for j in range(len(names))]
         ys = [groups[g].get(s, float("nan")) for g in names]

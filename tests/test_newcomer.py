@@ -130,8 +130,9 @@ def test_timm_imports_through_the_library_helper_in_a_fresh_interpreter():
     if importlib.util.find_spec("timm") is None:
         pytest.skip("timm is not installed (pip install -e '.[test]')")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-c", VISION_CODE], capture_output=True, text=True,
-                            timeout=300, env=env)
+    result = subprocess.run(
+        [sys.executable, "-c", VISION_CODE], capture_output=True, text=True, timeout=300, env=env
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "SHAPE (2, 3) True" in result.stdout
     if "PLAIN failed" in result.stdout:  # this environment has the mismatch the helper is for
@@ -141,18 +142,24 @@ def test_timm_imports_through_the_library_helper_in_a_fresh_interpreter():
 
 # ---- 3. probes on a compiled model ---------------------------------------------------------
 
+
 def _probe_run(compile_backend: str | None) -> list[tuple[int, str, float]]:
     import bnlab.probes as P
 
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
-                                torch.nn.Linear(8, 2))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 2)
+    )
     run_model = model if compile_backend is None else torch.compile(model, backend=compile_backend)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loss_fn = torch.nn.CrossEntropyLoss()
-    lab = P.Lab(run_model, loss_fn, optimizer=opt, probes=[
-        P.create("hessian", every=2, iters=4, samples=1), P.create("ics", every=2)])
+    lab = P.Lab(
+        run_model,
+        loss_fn,
+        optimizer=opt,
+        probes=[P.create("hessian", every=2, iters=4, samples=1), P.create("ics", every=2)],
+    )
     for step in range(3):
         x = torch.randn(16, 6, generator=gen)
         y = torch.randint(0, 2, (16,), generator=gen)
@@ -192,7 +199,9 @@ def test_bnlab_train_compile_runs_the_hessian_probe(tmp_path, monkeypatch):
     config = dict(SMALL, steps=4, seed=0, probes=["hessian(every=2, iters=4, samples=1)"])
     eager = train.run(dict(config, runs_dir=str(tmp_path / "eager")), progress=False)
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
-    compiled = train.run(dict(config, compile=True, runs_dir=str(tmp_path / "compiled")), progress=False)
+    compiled = train.run(
+        dict(config, compile=True, runs_dir=str(tmp_path / "compiled")), progress=False
+    )
     assert compiled.status == "finished", compiled.error
     name = "probe/hessian/top_eigenvalue"
     with Store(tmp_path / "compiled" / "bnlab.db") as store:
@@ -204,6 +213,7 @@ def test_bnlab_train_compile_runs_the_hessian_probe(tmp_path, monkeypatch):
 
 
 # ---- 4. defaults that train ----------------------------------------------------------------
+
 
 def test_brn_default_warm_up_is_ioffes_schedule_scaled_to_the_run():
     import bnlab.norms as N
@@ -224,13 +234,23 @@ def test_brn_with_defaults_trains_like_batchnorm_in_a_short_run(tmp_path):
     raise the loss (measured: 1.60 vs 1.36 at step 20)."""
     import bnlab.train as train
 
-    base = dict(model="mlp", model_options={"depth": 4, "width": 64}, data="digits", steps=20,
-                batch_size=32, lr=0.1, seed=0, runs_dir=str(tmp_path))
+    base = dict(
+        model="mlp",
+        model_options={"depth": 4, "width": 64},
+        data="digits",
+        steps=20,
+        batch_size=32,
+        lr=0.1,
+        seed=0,
+        runs_dir=str(tmp_path),
+    )
     losses = {}
     for norm in ("native_bn", "brn", "brn(relax_from=0)"):
         record = train.run(dict(base, norm=norm), progress=False)
         with Store(tmp_path / "bnlab.db") as store:
-            losses[norm] = [v for _, v in store.metrics(record.id, names=["train_loss"])["train_loss"]]
+            losses[norm] = [
+                v for _, v in store.metrics(record.id, names=["train_loss"])["train_loss"]
+            ]
     assert losses["brn"] == pytest.approx(losses["native_bn"], rel=1e-4)
     assert losses["brn(relax_from=0)"][-1] > losses["native_bn"][-1] * 1.05
 
@@ -288,6 +308,7 @@ def test_the_forgotten_track_warnings_point_at_the_users_line():
 
 # ---- 5. the front door ---------------------------------------------------------------------
 
+
 def test_make_docs_installs_only_the_docs_extra():
     """The reference is pyproject.toml's [docs] extra: `make -n docs` (what make would run) installs
     exactly those packages — no torch, no [lab]/[test] extras."""
@@ -298,9 +319,16 @@ def test_make_docs_installs_only_the_docs_extra():
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
     repo = Path(__file__).resolve().parents[1]
-    docs = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["optional-dependencies"]["docs"]
-    out = subprocess.run(["make", "-n", "-B", "docs", "VENV=/nonexistent/venv"], cwd=repo,
-                         capture_output=True, text=True, timeout=60).stdout
+    docs = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        "docs"
+    ]
+    out = subprocess.run(
+        ["make", "-n", "-B", "docs", "VENV=/nonexistent/venv"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     installs = [line for line in out.splitlines() if "pip install" in line]
     assert len(installs) == 1 and all(f'"{req}"' in installs[0] for req in docs), out
     assert "torch" not in out and ".[" not in out, out
@@ -340,5 +368,30 @@ def test_demo_figures_name_their_axes_for_people_and_keep_legends_off_the_curves
         assert ax.get_ylabel() == "training loss (epoch mean)"
     finally:
         plt.close(fig)
-    assert readable("test_accuracy") == "test accuracy" and readable("top_eigenvalue") == "top eigenvalue"
+    assert (
+        readable("test_accuracy") == "test accuracy"
+        and readable("top_eigenvalue") == "top eigenvalue"
+    )
     assert readable("η (fraction in range)") == "η (fraction in range)"
+
+
+def test_api_pages_lead_with_what_users_call_and_sphinx_roles_render_as_code():
+    """The order is the page's own ``:::`` directives (what mkdocstrings renders, in order)."""
+    import importlib.util as util
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    order = [line[4:].strip() for line in (docs / "api" / "norms.md").read_text().splitlines()
+             if line.startswith("::: ")]
+    assert order[:4] == ["bnlab.norms.create", "bnlab.norms.convert.convert", "bnlab.norms.fold.fold",
+                         "bnlab.norms.track"]
+    assert order.index("bnlab.norms.ChannelNorm") > order.index("bnlab.norms.BatchRenorm")
+    probes = [line[4:].strip() for line in (docs / "api" / "probes.md").read_text().splitlines()
+              if line.startswith("::: ")]
+    assert probes[0] == "bnlab.probes.Lab" and probes.index("bnlab.probes.Probe") > len(probes) // 2
+    spec = util.spec_from_file_location("docs_hooks", docs / "hooks.py")
+    hooks = util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    html = 'see :func:<code>bnlab.norms.track</code> and :class:<code>Lab</code>'
+    assert hooks.on_page_content(html) == "see <code>bnlab.norms.track</code> and <code>Lab</code>"
+    assert hooks.on_page_markdown("use :func:`~bnlab.norms.fold`") == "use `bnlab.norms.fold`"

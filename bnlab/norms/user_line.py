@@ -24,7 +24,9 @@ def user_stacklevel() -> int:
     """The ``stacklevel`` of the first frame outside torch and bnlab, for a ``warnings.warn`` called
     by the caller of this function."""
     frame, level = sys._getframe(1), 1  # level 1: the frame that calls warnings.warn
-    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_INTERNAL):
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+        _INTERNAL
+    ):
         frame, level = frame.f_back, level + 1
     return level
 
