@@ -306,6 +306,23 @@ def test_zero_size_batch_for_every_layer(name, training):
         assert int(layer.num_batches_tracked) == int(ref.num_batches_tracked) == 4
 
 
+@pytest.mark.parametrize("spec", ["si_bn", "wn", "wn+mean_only_bn"])
+def test_zero_size_batch_through_the_wrappers(spec):
+    """si_bn and wn (the layers that wrap a linear layer) pass an empty batch as torch's layers do."""
+    block = N.normalized(nn.Linear(3, 5, bias=False), spec).train()
+    before = {k: v.clone() for k, v in block.named_buffers()}
+    x = torch.randn(0, 3, requires_grad=True)
+    y = block(x)
+    assert y.shape == (0, 5)
+    y.sum().backward()
+    assert x.grad.shape == (0, 3)
+    for name, p in block.named_parameters():
+        assert p.grad is not None and not p.grad.any(), name
+    for k, v in block.named_buffers():
+        if not k.endswith("num_batches_tracked"):
+            assert torch.equal(v, before[k]), k
+
+
 def test_one_value_per_channel_still_raises_like_torch():
     for module in (nn.BatchNorm1d(3), N.BatchNorm(3)):
         with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
