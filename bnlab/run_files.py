@@ -33,8 +33,9 @@ _FULL_WORDS = ("no space left", "disk is full", "file too large", "unexpected po
 
 
 def disk_full(err: BaseException, path: str | os.PathLike[str], what: str) -> DiskFullError | None:
-    """A :class:`DiskFullError` for ``err`` if it says the disk (or a size limit) is full, else None.
-    torch's zip writer says so only as ``unexpected pos``; SQLite as ``database or disk is full``."""
+    """A :class:`DiskFullError` for ``err`` if it says the disk (or a size limit) is full, else
+    None. torch's zip writer says so only as ``unexpected pos``; SQLite as ``database or disk is
+    full``."""
     text = str(err).lower()
     if getattr(err, "errno", None) not in _FULL and not any(w in text for w in _FULL_WORDS):
         return None
@@ -44,9 +45,10 @@ def disk_full(err: BaseException, path: str | os.PathLike[str], what: str) -> Di
     except OSError:
         free = "free space unknown"
     return DiskFullError(
-        f"no space left to write {what} {path} ({free}; or a file size limit, ulimit -f). Nothing stored "
-        f"is lost: the previous checkpoint and the store's committed rows are intact. Free space in "
-        f"{folder} (or use another --runs-dir with a copy of it) and re-run the same command to resume"
+        f"no space left to write {what} {path} ({free}; or a file size limit, ulimit -f). "
+        "Nothing stored is lost: the previous checkpoint and the store's committed rows are "
+        f"intact. Free space in {folder} (or use another --runs-dir with a copy of it) and re-run "
+        "the same command to resume"
     )
 
 
@@ -60,8 +62,8 @@ def check_run_id(run_id: object, where: str = "") -> str:
     if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id) or ".." in run_id:
         source = f" in {where}" if where else ""
         raise UnsafePathError(
-            f"invalid run id {run_id!r}{source}: a run id is 1-128 letters, digits, '_', '-' or inner "
-            "'.' (no '..', no path separator), so that its files stay inside the runs dir; "
+            f"invalid run id {run_id!r}{source}: a run id is 1-128 letters, digits, '_', '-' or "
+            "inner '.' (no '..', no path separator), so that its files stay inside the runs dir; "
             "nothing was read, written or deleted"
         )
     return run_id
@@ -91,7 +93,7 @@ def umask() -> int:
 
 
 def checkpoint_path(runs_dir: str | os.PathLike[str], run_id: str) -> Path:
-    """``<runs_dir>/checkpoints/<run_id>.pt``, the id validated and the path confined to the folder."""
+    """``<runs_dir>/checkpoints/<run_id>.pt``, the id validated, the path confined to the folder."""
     folder = Path(runs_dir) / "checkpoints"
     return inside(folder, folder / f"{check_run_id(run_id)}.pt")
 
@@ -134,9 +136,9 @@ class RunLock:
         return self
 
     def _open(self) -> IO[str]:
-        """The lock file, created if missing; one this user cannot write (another user's, in a shared
-        folder) is locked read-only -- flock needs no write access -- and one it cannot read at all
-        is :class:`RunDirError` naming it."""
+        """The lock file, created if missing; one this user cannot write (another user's, in a
+        shared folder) is locked read-only -- flock needs no write access -- and one it cannot read
+        at all is :class:`RunDirError` naming it."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             return open(self.path, "a+")
@@ -148,9 +150,9 @@ class RunLock:
                 return open(self.path)
             except OSError:
                 raise RunDirError(
-                    f"cannot open the run's lock file {self.path} ({err.strerror or err}): the runs dir is "
-                    "read-only or the file belongs to another user. Train into another --runs-dir, or "
-                    "remove the file if no process of its owner is training this run"
+                    f"cannot open the run's lock file {self.path} ({err.strerror or err}): the "
+                    "runs dir is read-only or the file belongs to another user. Train into another "
+                    "--runs-dir, or remove the file if no process of its owner is training this run"
                 ) from None
 
     def __exit__(self, *exc: object) -> None:

@@ -85,7 +85,7 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
             self._conn.row_factory = sqlite3.Row
             quick_check(self._conn, self.path)
             self._check_schema()
-            if not self.readonly:  # only once the file is known to be ours: a foreign one is left as it was
+            if not self.readonly:  # only once the file is known to be ours (a foreign one: as it was)
                 self._retry(lambda: self._conn.execute("PRAGMA journal_mode=WAL").fetchone())
         except sqlite3.DatabaseError as err:
             self.close()
@@ -109,8 +109,8 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
             if full is not None:
                 raise full from None
             why = getattr(err, "strerror", None) or err
-            raise ReadOnlyStoreError(f"cannot create the run store {self.path} ({why}); its folder is "
-                                     "not writable: pass another --runs-dir") from None
+            raise ReadOnlyStoreError(f"cannot create the run store {self.path} ({why}); its "
+                                     "folder is not writable: pass another --runs-dir") from None
 
     def _open_writable(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,8 +181,8 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
             if full is not None:
                 raise full from None
             if "readonly" in str(err):
-                raise ReadOnlyStoreError(f"run store {self.path} cannot be written ({err}); train into "
-                                         "another --runs-dir") from None
+                raise ReadOnlyStoreError(f"run store {self.path} cannot be written ({err}); "
+                                         "train into another --runs-dir") from None
             raise
 
     # -- runs ----------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
 
         ``finished`` time is set when the status is terminal (finished/diverged/failed/interrupted)
         and cleared when a run goes back to ``running`` (a resumed run). An ended run
-        (``finished``/``diverged``) is sealed in the same transaction (:mod:`bnlab.store_integrity`):
+        (``finished``/``diverged``) is sealed in the same transaction (``bnlab.store_integrity``):
         with ``rows`` -- the rows the trainer kept in memory -- the stored rows are first made equal
         to them (re-created if the store lost any), and a store that still does not hold them is
         :class:`StoreIntegrityError`; without, the rows as stored are sealed.
@@ -314,7 +314,7 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
         that is not stored is ``KeyError``.
         """
         runs_dir = self.path.parent
-        check_run_id(run_id, str(self.path))  # its files are named after it: never outside the folder
+        check_run_id(run_id, str(self.path))  # its files are named after it: never outside
         if self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
             raise KeyError(f"no run with id {run_id!r} in {self.path}")
         # hold the run's lock while deleting, so a trainer cannot start (or be) in the middle

@@ -87,9 +87,9 @@ def refuse_empty(path: Path) -> None:
         return
     if empty:
         raise StoreCorruptError(
-            f"run store {path} is an empty (0-byte) file, not a bnlab run store (a copy cut short, or "
-            "a file created by something else); move it away to start a new store there, or pass "
-            "another --runs-dir"
+            f"run store {path} is an empty (0-byte) file, not a bnlab run store (a copy cut "
+            "short, or a file created by something else); move it away to start a new store "
+            "there, or pass another --runs-dir"
         )
 
 
@@ -135,20 +135,25 @@ def _expected_columns() -> dict[str, dict[str, tuple]]:
     mem = sqlite3.connect(":memory:")
     try:
         mem.executescript(TABLES)
-        return {t: {r[1]: (r[2].upper(), r[3], r[5]) for r in mem.execute(f"PRAGMA table_info({t})")}
-                for t in tables(mem)}
+        return {t: _table_info(mem, t) for t in tables(mem)}
     finally:
         mem.close()
+
+
+def _table_info(conn: sqlite3.Connection, table: str) -> dict[str, tuple]:
+    """``{column: (declared type, not null, primary-key position)}``."""
+    rows = conn.execute(f"PRAGMA table_info({table})")
+    return {r[1]: (str(r[2]).upper(), r[3], r[5]) for r in rows}
 
 
 def check_content(conn: sqlite3.Connection, path: Path) -> None:
     """The layout by content, not only ``user_version``: our tables with our columns (same names,
     types and keys; no NOT NULL we do not write), and no trigger or view bnlab did not create
     (a trigger could swallow inserts)."""
-    extra = conn.execute("SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view')").fetchall()
+    extra = conn.execute(
+        "SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view')").fetchall()
     problems = [f"a {kind} {name!r} bnlab did not create" for kind, name in extra]
-    found = {t: {r[1]: (str(r[2]).upper(), r[3], r[5]) for r in conn.execute(f"PRAGMA table_info({t})")}
-             for t in tables(conn)}
+    found = {t: _table_info(conn, t) for t in tables(conn)}
     for table, columns_ in _expected_columns().items():
         have = found.get(table)
         if have is None:
@@ -163,8 +168,8 @@ def check_content(conn: sqlite3.Connection, path: Path) -> None:
     if problems:
         raise StoreVersionError(
             f"run store {path} has schema version {SCHEMA_VERSION} but not its layout: "
-            f"{'; '.join(problems[:3])}. It was altered by something other than bnlab; copy the runs "
-            "you need elsewhere, or use another --runs-dir"
+            f"{'; '.join(problems[:3])}. It was altered by something other than bnlab; copy "
+            "the runs you need elsewhere, or use another --runs-dir"
         )
 
 
@@ -189,15 +194,16 @@ def check_schema(conn: sqlite3.Connection, path: Path, *, readonly: bool) -> boo
         missing = set(REQUIRED) - tables(conn)
         if missing and readonly:
             raise StoreVersionError(
-                f"run store {path} lacks table {', '.join(sorted(missing))} (dropped?); open it from a "
-                "writable folder to re-create it, then re-run the runs' configs to re-create their rows"
+                f"run store {path} lacks table {', '.join(sorted(missing))} (dropped?); open it "
+                "from a writable folder to re-create it, then re-run the runs' configs to "
+                "re-create their rows"
             )
         return bool(missing) and not readonly
     found = columns(conn)
     if not found or "runs" not in found:
         raise StoreVersionError(
-            f"{path} is not a bnlab run store (tables: {', '.join(sorted(found)) or 'none'}); bnlab adds "
-            "nothing to a database it did not create -- pass another --runs-dir"
+            f"{path} is not a bnlab run store (tables: {', '.join(sorted(found)) or 'none'}); "
+            "bnlab adds nothing to a database it did not create -- pass another --runs-dir"
         )
     # a store of an earlier bnlab (or one missing a table): ours only if the columns it has are
     for table, needed in REQUIRED.items():
