@@ -201,9 +201,9 @@ class CompleteBatchNorm(ChannelNorm):
           about 1/(ω·lr) batches: Peng's trade-off between the variance of few batches and the bias of
           old ones, which grows with the learning rate (App. E).
         * ``amat=false`` (each batch normalized by itself): BN's EMA of the batch statistics, with weight
-          max(momentum, 1/t, ω·lr) at the t-th batch: a cumulative average until t = 1/momentum (no trace
-          of the start values 0, 1), and never a longer window than AMAT's rule at this learning rate
-          (when known: ``set_progress``/``track``).
+          max(momentum, 1/t) at the t-th batch: a cumulative average until t = 1/momentum, so the start
+          values 0, 1 leave no trace. (A floor ω·lr on the weight, AMAT's window, measured worse: resnet20
+          eval 0.504 against 0.524 without it, 0.579 in train mode; see the docs for what is left.)
         * ``momentum=None``: 1/t (the cumulative average asked for); ``momentum=0``: frozen.
 
         Why not BN's plain EMA: CBN's β sits inside the normalized quantity, so an error of the divisor
@@ -216,9 +216,7 @@ class CompleteBatchNorm(ChannelNorm):
             return self.momentum_weight()  # None: 1/t; 0: frozen statistics, as in BN
         if self.eta is not None or self.amat:
             return 1.0
-        floor = 0.0 if self.lr is None else 1.0 - amat_eta(self.lr, self.omega)
-        return torch.clamp(1.0 / self.num_batches_tracked.to(self.running_mean.dtype),
-                           min=max(self.momentum, floor))
+        return torch.clamp(1.0 / self.num_batches_tracked.to(self.running_mean.dtype), min=self.momentum)
 
     def _affine(self, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
         centre = self.running_mean if self.center else torch.zeros_like(self.running_mean)
