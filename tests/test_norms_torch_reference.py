@@ -373,6 +373,27 @@ def test_reduced_precision_input_gradient_is_correctly_rounded(dtype, mean):
         assert share >= 0.999, f"{type(module).__name__}: {share:.4%} correctly rounded"
 
 
+HALF_SPECS = [n for n in CHANNEL_LAYERS if n != "noisy_bn"] + ["lp_bn(p=1)", "lp_bn(p=inf)"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("spec", HALF_SPECS)
+def test_every_layer_rounds_its_reduced_precision_input_gradient_once(spec, dtype):
+    """The same for every layer, against its own float64 copy (noisy_bn: its noise is drawn in the
+    statistics' dtype, so a float64 copy draws other noise)."""
+    x = (torch.randn(32, 8, 6, 6, generator=gen(1), dtype=torch.float64) * 2 + 5).to(dtype)
+    g = torch.randn(32, 8, 6, 6, generator=gen(2), dtype=torch.float64).to(dtype)
+    layer = N.create(spec, 8)
+    exact = N.create(spec, 8).double()
+    exact.load_state_dict(layer.state_dict())
+    x64 = x.double().requires_grad_()
+    exact(x64).backward(g.double())
+    xr = x.clone().requires_grad_()
+    layer(xr).backward(g)
+    share = (xr.grad == x64.grad.to(dtype)).double().mean().item()
+    assert share >= 0.999, f"{spec}: {share:.4%} correctly rounded"
+
+
 EVAL_CENTRED = ["bn", "mean_only_bn", "mbn", "brn", "lp_bn", "noisy_bn", "native_bn"]
 
 
