@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import AMP_DTYPES, SPECS, Budget, compile_and_warm, format_rows, layer_table, measure  # noqa: E402
+from timing import AMP_DTYPES, SPECS, Budget, compile_and_warm, format_rows, layer_table, measure, op_counts  # noqa: E402
 
 import bnlab.models as M  # noqa: E402
 from bnlab.norms import set_progress  # noqa: E402
@@ -163,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(result, indent=2))
 
     layers, resnet = result["layers"], result["resnet20_step"]
+    # issue 18: dispatched operations per fp32 training step on this device, and the aten ops run inside
+    # bnlab's operators (about the kernel launches): cheap, so first
+    result["op_counts"] = {spec: op_counts(spec, shape, device) for spec in specs}
+    save()
     layers += layer_table(specs, shape, device, ["fp32", "fp16", "bf16"], ["eager"], **common)
     save()
     resnet += resnet_rows(specs, device, cfg, ["fp32", "bf16"], "eager", budget, backend, sync, progress)

@@ -32,10 +32,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import BN_FAMILY, SPECS, Budget, NativeBNPlusNoise, fwd_bwd, layer_table, measure  # noqa: E402
+from timing import BN_FAMILY, SPECS, Budget, NativeBNPlusNoise, fwd_bwd, layer_table, measure, op_counts  # noqa: E402
 
 from bnlab.norms.bench import _layer  # noqa: E402
-from bnlab.norms.opcount import count_ops, training_step  # noqa: E402
 
 FULL_SHAPES, QUICK_SHAPE = [(128, 64, 32, 32), (1000, 10), (32, 16, 8, 8)], (8, 4, 4, 4)
 EAGER_1_5 = ["noisy_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "si_bn", "wn"]
@@ -60,15 +59,6 @@ def goals(rows: list[dict]) -> dict:
     return {"eager_bn_family_le_1.3": check(BN_FAMILY, "eager", 1.3),
             "compiled_every_layer_le_1.0": check(SPECS, "compiled", 1.0),
             "eager_others_le_1.5": check(EAGER_1_5, "eager", 1.5)}
-
-
-def op_counts(spec: str, shape: tuple[int, ...]) -> dict:
-    """Dispatched operations of one training forward + backward, and the aten ops run inside bnlab's
-    operators ("inside"), on the path the layer takes for this shape."""
-    torch.manual_seed(0)
-    step = training_step(_layer(spec, shape), shape)
-    step()
-    return {"ops": count_ops(step).total, "ops_inside": count_ops(step, inside=True).total}
 
 
 def noise_yardstick(shape, pairs: int, inner: int, clock) -> dict:

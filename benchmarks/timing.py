@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from bnlab.norms import NativeBatchNorm
 from bnlab.norms.bench import DEFAULT_SPECS, _layer
+from bnlab.norms.opcount import count_ops, training_step
 
 SPECS = DEFAULT_SPECS
 BN_FAMILY = ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn", "cbn(decouple=false)", "brn"]
@@ -69,6 +70,16 @@ class NativeBNPlusNoise(nn.Module):
         m = torch.empty_like(a).uniform_(-r_mu, r_mu, generator=g) + mu
         s = torch.empty_like(a).normal_(0.0, r_sigma, generator=g) + sigma
         return s * a + m
+
+
+def op_counts(spec: str, shape: tuple[int, ...], device: torch.device | str = "cpu") -> dict:
+    """Operations one training forward + backward dispatches (:mod:`bnlab.norms.opcount`, views excluded),
+    and "inside": the aten ops that bnlab's own operators run in their kernels (about the kernel launches
+    on a GPU), on the path the layer takes for this shape."""
+    torch.manual_seed(0)
+    step = training_step(_layer(spec, shape), shape, device=device)
+    step()
+    return {"ops": count_ops(step).total, "ops_inside": count_ops(step, inside=True).total}
 
 
 def fwd_bwd(module: nn.Module, x: torch.Tensor, precision: str = "fp32") -> Callable[[], None]:

@@ -73,13 +73,14 @@ def count_ops(fn: Callable[[], object], inside: bool = False) -> OpCount:
     return record
 
 
-def training_step(module: torch.nn.Module, shape: tuple[int, ...], seed: int = 0) -> Callable[[], None]:
+def training_step(module: torch.nn.Module, shape: tuple[int, ...], seed: int = 0,
+                  device: torch.device | str = "cpu") -> Callable[[], None]:
     """One training-mode forward + backward of ``module`` on a fixed random input of ``shape``,
     the gradient of the output given (so the loss adds no operations): what the limits count."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=gen)
-    g = torch.randn(shape, generator=gen)
-    module.train()
+    x = torch.randn(shape, generator=gen).to(device)
+    g = torch.randn(shape, generator=gen).to(device)
+    module.to(device).train()
 
     def step() -> None:
         module(x.detach().requires_grad_()).backward(g)
