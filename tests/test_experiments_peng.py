@@ -460,12 +460,11 @@ def test_ratio_fractions_find_the_papers_layers():
 
 def test_ratio_fractions_skip_the_start_up_transient():
     """The verdict reads the second half of training (issue 19: averaging in the start-up transient made the
-    fraction in range differ run to run); the smoke runs at full width (16 channels in layer #2, not 4)."""
+    fraction in range differ run to run)."""
     layer = P.FIG2_LAYERS["layer#2 (stage1.0.cbn1)"]
     series = {f"probe/cbn_ratios/eta_in_range/{layer}.0": [0.0, 0.0, 1.0, 1.0]}
     assert P.ratio_fractions(_FakeProbedRun(series))["layer#2 (stage1.0.cbn1)"]["eta"] == pytest.approx(1.0)
     assert P.ratio_fractions(_FakeProbedRun(series), skip=0.0)["layer#2 (stage1.0.cbn1)"]["eta"] == 0.5
-    assert get("peng-fig2").plan("smoke").runs[0].config["model_options"]["width"] == 1.0
 
 
 def test_mean_variance_skips_the_transient():
