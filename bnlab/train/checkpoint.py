@@ -67,7 +67,8 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-        full = disk_full(err, path, "checkpoint") if isinstance(err, (OSError, RuntimeError)) else None
+        full = disk_full(err, path, "checkpoint") if isinstance(err, (OSError, RuntimeError)) \
+            else None
         if full is not None:  # torch's zip writer says only "unexpected pos": say what happened
             raise full from None
         raise
@@ -161,8 +162,8 @@ def load_checkpoint(
     if state["format"] == 1 and "checksum" in state:
         # format 1 never had a checksum: this is a later checkpoint relabelled to skip verification
         raise CheckpointCorruptError(
-            f"checkpoint {path} says format 1 (unverified) but carries a checksum, as only format 2 does: "
-            "its format was changed; nothing was loaded. " + _recovery(path))
+            f"checkpoint {path} says format 1 (unverified) but carries a checksum, as only format 2 "
+            "does: its format was changed; nothing was loaded. " + _recovery(path))
     if state["format"] == 1:
         warnings.warn(f"checkpoint {path} was written by an earlier bnlab without a checksum; "
                       "loaded unverified", stacklevel=2)
@@ -229,22 +230,24 @@ def unpack_rows(packed: dict[str, Any] | None) -> list[tuple[int, str, float | N
     ]
 
 
-def repair_from_checkpoint(store: Store, runs_dir: str | os.PathLike[str], run_id: str) -> dict[str, Any]:
+def repair_from_checkpoint(store: Store, runs_dir: str | os.PathLike[str],
+                           run_id: str) -> dict[str, Any]:
     """Re-create a finished run's config, summary and metric rows in ``store`` from its final
     checkpoint (which keeps its own copy of the rows, written from the trainer's memory) and seal
-    them; returns the verified record. :class:`StoreIntegrityError` if there is no such checkpoint."""
+    them; returns the verified record. :class:`StoreIntegrityError` if there is no such
+    checkpoint."""
     path = checkpoint_path(runs_dir, run_id)
     ckpt = load_checkpoint(path, map_location="cpu")  # verified against its checksum
     final = ckpt.get("final_summary") if ckpt is not None else None
     rows = unpack_rows(ckpt.get("store_rows")) if ckpt is not None else None
-    if ckpt is None or ckpt.get("run_id") != run_id or not final or final.get("status") != "finished" \
-            or rows is None:
-        why = "there is none" if ckpt is None else "it is not the final checkpoint of this finished run"
+    finished = bool(final) and final.get("status") == "finished"
+    if ckpt is None or ckpt.get("run_id") != run_id or not finished or rows is None:
+        why = "there is none" if ckpt is None else "it is not this finished run's final checkpoint"
         raise StoreIntegrityError(
             f"run {run_id} cannot be rebuilt from its final checkpoint {path}: {why}. "
             f"Recovery: `bnlab runs delete {run_id} --runs-dir {runs_dir}` and train it again")
-    summary = {"metrics": final.get("metrics") or {}, "scale_invariant": ckpt.get("scale_invariant") or {},
-               "checkpoint": str(path)}
+    summary = {"metrics": final.get("metrics") or {},
+               "scale_invariant": ckpt.get("scale_invariant") or {}, "checkpoint": str(path)}
     store.restore_run(run_id, ckpt["config"], summary, rows, steps=int(ckpt["step"]))
     row = store.get_run(run_id)
     assert row is not None

@@ -29,7 +29,8 @@ PLOT_FORMATS = (".png", ".svg")
 LIST_COLUMNS = (
     ("id", "id"), ("status", "status"), ("steps", "steps"), ("date", "date"), ("model", "model"),
     ("norm", "norm"), ("activation", "activation"), ("seed", "seed"), ("data", "data"), ("lr", "lr"),
-    ("nproc", "nproc"), ("test_accuracy", "test_acc"), ("train_loss", "train_loss"), ("entry", "entry"),
+    ("nproc", "nproc"), ("test_accuracy", "test_acc"), ("train_loss", "train_loss"),
+    ("entry", "entry"),
 )
 
 
@@ -41,7 +42,7 @@ def _open_store(runs_dir: str):
         return Store(path)
     except ValueError as err:  # StoreVersionError, StoreCorruptError: the message says what to do
         _fail(str(err))
-    except (sqlite3.Error, OSError) as err:  # locked for a minute, unreadable: one line, no traceback
+    except (sqlite3.Error, OSError) as err:  # locked for a minute, unreadable: one line
         _fail(f"cannot open the run store {path}: {err}", EXIT_FAILED)
 
 
@@ -51,15 +52,15 @@ def _reading(store):
     try:
         yield
     except sqlite3.DatabaseError as err:
-        _fail(f"run store {store.path} is damaged ({err}); move it away and re-run the runs' configs "
-              "(each run is rebuilt from its checkpoint)", EXIT_FAILED)
+        _fail(f"run store {store.path} is damaged ({err}); move it away and re-run the runs' "
+              "configs (each run is rebuilt from its checkpoint)", EXIT_FAILED)
 
 
 def _get(store, run_id: str, *, verify: bool = True) -> dict[str, Any]:
     try:
         with _reading(store):
             row = store.get_run(run_id, verify=verify)
-    except ValueError as err:  # ambiguous prefix; a damaged record (StoreIntegrityError): what and how
+    except ValueError as err:  # ambiguous prefix; a damaged record (StoreIntegrityError)
         _fail(str(err), EXIT_FAILED if isinstance(err, StoreIntegrityError) else EXIT_BAD_INPUT)
     if row is None:
         _fail(f"no run {run_id!r} in {store.path}; `bnlab runs list` shows the ids")
@@ -156,8 +157,9 @@ def runs_list(
     try:
         filters = read_pairs(where, "--where")
         if status is not None:
-            if status not in (*STATUSES, "stopped", "damaged"):
-                raise ValueError(f"unknown status {status!r}; valid: {', '.join((*STATUSES, 'stopped', 'damaged'))}")
+            shown = (*STATUSES, "stopped", "damaged")
+            if status not in shown:
+                raise ValueError(f"unknown status {status!r}; valid: {', '.join(shown)}")
             filters["status"] = status
         with _reading(store):
             rows = store.list_runs()
@@ -259,7 +261,7 @@ def runs_delete(
 
     store = _open_store(runs_dir)
     try:
-        # all resolved (and their ids checked) before anything is deleted; a damaged run can be deleted
+        # all resolved (and their ids checked) before anything is deleted; damaged runs too
         ids = [_get(store, r, verify=False)["id"] for r in run_ids]
         for bad in ids:
             try:
@@ -271,7 +273,7 @@ def runs_delete(
                 done = store.delete_run(run_id)
             except ReadOnlyStoreError as err:
                 _fail(str(err))
-            except (RunLockedError, RunDirError) as err:  # RunDirError: disk full, a foreign lock file
+            except (RunLockedError, RunDirError) as err:  # RunDirError: disk full, a foreign lock
                 _fail(str(err), EXIT_FAILED)
             typer.echo(f"deleted {run_id}: {done['metrics']} metric rows, {len(done['files'])} checkpoint files")
     finally:
@@ -283,7 +285,7 @@ def runs_repair(
     run_ids: list[str] = typer.Argument(..., help="Run ids (unique prefixes are enough)."),
     runs_dir: str = typer.Option("runs", "--runs-dir", help="Folder of the run store."),
 ) -> None:
-    """Re-create damaged finished runs' config, final metrics and metric rows from their final checkpoints."""
+    """Re-create damaged finished runs' config, final metrics and rows from their final checkpoints."""
     store = _open_store(runs_dir)
     try:
         for given in run_ids:
@@ -296,8 +298,9 @@ def runs_repair(
                     fixed = repair_from_checkpoint(store, runs_dir, row["id"])
             except (ValueError, RunDirError) as err:
                 _fail(str(err), EXIT_FAILED)
-            typer.echo(f"repaired {fixed['id']}: config, summary and {fixed['seal']['rows_count']} metric rows "
-                       "from its final checkpoint")
+            count = fixed["seal"]["rows_count"]
+            typer.echo(f"repaired {fixed['id']}: config, summary and {count} metric rows from its "
+                       "final checkpoint")
     finally:
         store.close()
 
