@@ -352,6 +352,19 @@ def test_memory_format_and_non_contiguous_inputs(layout, training, path):
             assert t_got.is_contiguous(memory_format=fmt) == t_want.is_contiguous(memory_format=fmt)
 
 
+@pytest.mark.parametrize("name", CHANNEL_LAYERS)
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_every_layer_keeps_channels_last(name, training, path):
+    """torch's BatchNorm returns channels_last output (and input gradient) for channels_last input."""
+    layer = N.create(name, 8).train(training)
+    x = torch.randn(4, 8, 5, 6, generator=gen(0)).contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
+    y = layer(x)
+    y.backward(torch.ones_like(y))
+    for t in (y, x.grad):
+        assert t.is_contiguous(memory_format=torch.channels_last), name
+
+
 # ---- numerics beyond the samples -----------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("mean", [0.0, 5.0])

@@ -79,6 +79,8 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         shape, rows = global_batch_rows(self, a)  # synced: the global batch's noise, this rank's rows
 
         def blank(size: tuple[int, ...]) -> Tensor:
+            if tuple(size) == tuple(a.shape):  # a's memory format: channels_last output stays so
+                return torch.empty_like(a, dtype=stats_dtype(a))
             return torch.empty(size, dtype=stats_dtype(a), device=a.device)
 
         def own_rows(t: Tensor) -> Tensor:
