@@ -210,7 +210,7 @@ class CompleteBatchNorm(ChannelNorm):
         also moves the output's mean (by γβ/ρ·Δ(1/σ)), which the next layer sees as an error of its centre:
         errors compound with depth. The start values left after 48 steps (0.9^48 = 0.6 % of var 1 against
         a variance of 0.003 after a sigmoid) and a 10-batch window at lr 0.1 put resnet20's eval accuracy
-        at chance (docs/readme/norms.md, "Inference").
+        at chance (docs/readme/norms.md, "CBN inference").
         """
         if not self.momentum:
             return self.momentum_weight()  # None: 1/t; 0: frozen statistics, as in BN
