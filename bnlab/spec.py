@@ -67,7 +67,8 @@ def split_top_level(text: str) -> list[str]:
         elif ch in "([{":
             depth += 1
             if depth > MAX_DEPTH:  # one scan refuses a 50,000-deep value (no recursion into it)
-                raise ValueError(f"value nested more than {MAX_DEPTH} brackets deep: {text[:40]}...")
+                raise ValueError(f"value nested more than {MAX_DEPTH} brackets deep: "
+                                 f"{text[:40]}...")
         elif ch in ")]}":
             depth -= 1
         elif ch == "," and depth == 0:
@@ -151,7 +152,7 @@ class Param:
     positive: bool = False
     help: str = ""
     nullable: bool = False  # accepts None / "none"
-    # a number must be finite unless a parameter says otherwise: eps=inf or 1e400 (which reads as inf)
+    # a number must be finite unless a parameter says otherwise: eps=inf or 1e400 (read as inf)
     # would be accepted and a run would train at chance, "finished"
     finite: bool = True
     item: type | None = None

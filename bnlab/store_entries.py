@@ -42,10 +42,12 @@ class EntriesMixin:
             runs, data = json.loads(row[0]), json.loads(row[1])
         except (ValueError, TypeError) as err:
             raise StoreIntegrityError(
-                f"catalogue entry {experiment_id} ({preset}) in {self.path} is damaged ({err}); re-run "
-                f"`bnlab reproduce {experiment_id} --preset {preset}` (its finished runs are not retrained)"
+                f"catalogue entry {experiment_id} ({preset}) in {self.path} is damaged ({err}); "
+                f"re-run `bnlab reproduce {experiment_id} --preset {preset}` (its finished runs "
+                "are not retrained)"
             ) from None
-        return {"runs": runs, "data": data, "tiny": bool(row[2]), "created": row[3], "seconds": row[4]}
+        return {"runs": runs, "data": data, "tiny": bool(row[2]), "created": row[3],
+                "seconds": row[4]}
 
     def entries(self) -> list[tuple[str, str]]:
         """``(experiment id, preset)`` of every stored entry."""

@@ -133,7 +133,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"config file {path} is not valid YAML: {err}") from None
     except RecursionError:  # the parser recurses per level: a hostile file nests 50,000 deep
         raise ValueError(f"config file {path} nests too deep to be a config") from None
-    except ValueError as err:  # an integer of more digits than Python converts (a 100,000-digit number)
+    except ValueError as err:  # more digits than Python converts (a 100,000-digit integer)
         raise ValueError(f"config file {path}: {err}") from None
     if values is None:
         return {}
@@ -150,7 +150,8 @@ def _check_nesting(path: Path, text: str, limit: int = 64) -> None:
         if ch in "[{":
             depth += 1
             if depth > limit:
-                raise ValueError(f"config file {path} nests more than {limit} brackets deep; not a config")
+                raise ValueError(f"config file {path} nests more than {limit} brackets deep; "
+                                 "not a config")
         elif ch in "]}":
             depth -= 1
 

@@ -315,7 +315,7 @@ class Trainer:
         progress = Progress(self)
         divergence: Divergence | None = None
         self.model.train()
-        with self.interrupt as interrupt:  # bnlab.train.loop enters it first, to cover the ending too
+        with self.interrupt as interrupt:  # bnlab.train.loop enters it first (covers the ending)
             try:
                 while self.step < self.total_steps and self.final is None:
                     epoch, skip = divmod(self.step, self.spe)  # 0-based epoch
@@ -375,7 +375,8 @@ class Trainer:
         final_eval = self.evaluate()
         if divergence is None:  # finished means healthy: the final evaluation within the bound too
             try:
-                check_final(final_eval, self.step, self.last_loss, self.start_loss, self.config.divergence_factor)
+                check_final(final_eval, self.step, self.last_loss, self.start_loss,
+                            self.config.divergence_factor)
             except Divergence as found:
                 divergence = found
         if divergence is not None:

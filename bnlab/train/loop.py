@@ -34,7 +34,8 @@ from bnlab import models
 from bnlab.store import ReadOnlyStoreError, Store, StoreIntegrityError
 from bnlab.callbacks import Callback
 from bnlab.train.checkpoint import (
-    CheckpointCorruptError, checkpoint_path, load_checkpoint, remove_checkpoint_files, repair_from_checkpoint,
+    CheckpointCorruptError, checkpoint_path, load_checkpoint, remove_checkpoint_files,
+    repair_from_checkpoint,
 )
 from bnlab.train.config import TrainConfig
 from bnlab.train import distributed
@@ -62,21 +63,23 @@ ENDED = ("finished", "diverged")
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM during training: the run is stored ``interrupted`` (with a checkpoint at the
-    step it stopped); running it again resumes it. ``signum``: the signal (the CLI exits 128 + it)."""
+    """Ctrl-C or SIGTERM during training: the run is stored ``interrupted`` (with a checkpoint at
+    the step it stopped); running it again resumes it. ``signum``: the signal (the CLI exits
+    128 + it)."""
 
     def __init__(self, run_id: str, step: int, signum: int | None = None):
         self.run_id, self.step = run_id, step
         self.signum = int(signum or signal.SIGINT)
         name = signal.Signals(self.signum).name
-        super().__init__(f"interrupted at step {step} — re-run the same command to resume ({name}, run {run_id})"
-                         + _resume_command())
+        super().__init__(f"interrupted at step {step} — re-run the same command to resume "
+                         f"({name}, run {run_id})" + _resume_command())
 
 
 def _resume_command() -> str:
     """The command that resumes: this one, when it is the ``bnlab`` CLI."""
     program = Path(sys.argv[0])
-    if program.name == "bnlab" or (program.parent.name == "bnlab" and program.name in ("cli.py", "__main__.py")):
+    module = program.parent.name == "bnlab" and program.name in ("cli.py", "__main__.py")
+    if program.name == "bnlab" or module:
         return ": " + shlex.join(["bnlab", *sys.argv[1:]])
     return ""
 
@@ -136,9 +139,9 @@ def run(
             return record
         if store.readonly:
             raise ReadOnlyStoreError(
-                f"runs dir {runs_dir} is read-only (store {store.path}); run {run_id} is not finished there, "
-                "so it cannot be trained or resumed in it: pass another --runs-dir (a writable copy of this one "
-                "resumes from its checkpoints)")
+                f"runs dir {runs_dir} is read-only (store {store.path}); run {run_id} is not "
+                "finished there, so it cannot be trained or resumed in it: pass another "
+                "--runs-dir (a writable copy of this one resumes from its checkpoints)")
         with RunLock(checkpoint_path(runs_dir, run_id).with_suffix(".lock")):
             distributed.announce(True, run_id)  # data parallel: the other ranks train with this one
             return _train(prep, store, run_id, identity, progress)
@@ -147,8 +150,9 @@ def run(
 
 
 def _existing(store: Store, runs_dir: Path, run_id: str, force: bool, progress: Any) -> dict | None:
-    """The stored run of this id, verified. A damaged finished record (``force`` aside) is rebuilt
-    from the run's final checkpoint, saying so; one that cannot be is the error naming the way out."""
+    """The stored run of this id, verified. A damaged finished record (``force`` aside) is
+    rebuilt from the run's final checkpoint, saying so; one that cannot be is the error naming
+    the way out."""
     try:
         return store.get_run(run_id)
     except StoreIntegrityError as err:
@@ -158,8 +162,8 @@ def _existing(store: Store, runs_dir: Path, run_id: str, force: bool, progress: 
             row = repair_from_checkpoint(store, runs_dir, run_id)
         except (StoreIntegrityError, CheckpointCorruptError) as why:
             raise StoreIntegrityError(f"{err} ({why})") from None
-        _say(progress, f"{run_id}: its stored record in {store.path} was damaged; re-created its config, "
-                       "final metrics and metric rows from its final checkpoint")
+        _say(progress, f"{run_id}: its stored record in {store.path} was damaged; re-created its "
+                       "config, final metrics and metric rows from its final checkpoint")
         return row
 
 
@@ -187,7 +191,7 @@ def _train(prep: Prepared, store: Store, run_id: str, identity: dict, progress: 
         _say(progress, f"resuming {run_id} from step {trainer.resumed_from} of {trainer.total_steps}")
     base_summary = {"scale_invariant": trainer.scale_invariant, "checkpoint": str(trainer.ckpt_path)}
     store.set_status(run_id, "running", steps=trainer.step, env=env, summary=base_summary)
-    with trainer.interrupt:  # Ctrl-C/SIGTERM deferred to a step boundary; ignored while the end is recorded
+    with trainer.interrupt:  # signals deferred to a step boundary; ignored while the end is recorded
         return _train_and_record(trainer, store, run_id, base_summary)
 
 
@@ -217,7 +221,8 @@ def _train_and_record(trainer: Trainer, store: Store, run_id: str, base_summary:
     summary = {"metrics": metrics, "scale_invariant": trainer.scale_invariant, "checkpoint": checkpoint}
     reason = getattr(trainer, "divergence_reason", None) if status == "diverged" else None
     # sealed with the rows the trainer kept in memory (the store is made to hold exactly those)
-    store.set_status(run_id, status, steps=trainer.step, error=reason, summary=summary, rows=trainer.rows_kept)
+    store.set_status(run_id, status, steps=trainer.step, error=reason, summary=summary,
+                     rows=trainer.rows_kept)
     row = store.get_run(run_id)
     if row is None:  # deleted by another process since set_status
         raise RuntimeError(f"run {run_id} is no longer in the store (deleted while it trained)")

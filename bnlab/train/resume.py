@@ -44,7 +44,7 @@ def checkpoint_state(trainer: Any, final_summary: dict[str, Any] | None = None) 
         "start_loss": trainer.start_loss,
         "final_summary": _primitive(final_summary) if final_summary is not None else None,
         # the rows up to here, from the trainer's memory (never read back from the store, which may
-        # have lost some); a resume re-creates any the store lost. sync_rows makes the store durable.
+        # have lost some); a resume re-creates any the store lost. sync_rows makes it durable.
         "store_rows": _kept_rows(trainer),
     }
     return state
