@@ -12,7 +12,8 @@ numbers independent of the machine and of the parallelism: the same seeds give t
 
 Progress: each run reports its steps to the parent (a queue from the workers), which shows one
 tqdm bar over the sweep — runs done, fractional — with its ETA on a terminal, and otherwise a
-line every :data:`LINE_SECONDS` and at every finished run.
+line every :data:`LINE_SECONDS` and at every finished run (``progress=None``, the default, shows
+one or the other on stderr; ``False`` is silent).
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ class SweepProgress:
     def __init__(self, total: int, desc: str, enabled: bool | None) -> None:
         self.total, self.desc = total, desc
         tty = _is_tty()
-        self.enabled = tty if enabled is None else bool(enabled)
+        self.enabled = True if enabled is None else bool(enabled)  # lines when not a terminal
         self.fractions: dict[int, float] = {}
         self.ended: set[int] = set()
         self.done = 0
