@@ -38,21 +38,21 @@ def test_help_imports_neither_torch_nor_any_command_module():
     for args in (["--help"], []):  # `bnlab` alone prints the same help
         out = _run_help_path(args)
         assert out["HEAVY"] == "[]"
-        assert out["BNLAB"] == "['bnlab', 'bnlab.cli', 'bnlab.cli_app', 'bnlab.cli_commands']"
+        assert out["BNLAB"] == "['bnlab', 'bnlab.cli', 'bnlab.cli.commands', 'bnlab.cli.typer_app']"
         for name in cli.COMMANDS:
             assert f" {name} " in out["help"]
 
 
 def test_a_command_imports_only_its_own_module():
-    out = _run_help_path(["theory", "--help"])  # bnlab.theory.cli imports its calculators on use
+    out = _run_help_path(["theory", "--help"])  # bnlab.cli.theory imports its calculators on use
     assert "luo-zeta" in out["help"]
     loaded = ast.literal_eval(out["BNLAB"])
-    assert "bnlab.theory.cli" in loaded
+    assert "bnlab.cli.theory" in loaded
     assert not [m for m in loaded if m.startswith(("bnlab.experiments", "bnlab.norms", "bnlab.train"))]
 
 
 def _eager_app() -> typer.Typer:
-    """Every command registered up front, as bnlab/cli.py did before the lazy group."""
+    """Every command registered up front, as bnlab.cli did before the lazy group."""
     eager = typer.Typer(add_completion=False, no_args_is_help=True)
     for module in dict.fromkeys(command.module for command in cli.COMMANDS.values()):
         __import__(module, fromlist=["register"]).register(eager)

@@ -1,4 +1,4 @@
-"""What `bnlab train` and `bnlab runs` share: exit codes, the one-line error exit, the cell format."""
+"""What the commands share: exit codes, the one-line error exit, the table cell format."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 
 
-def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
 
-def _fmt(value: Any) -> str:
+def fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return "-" if value is None else str(value)

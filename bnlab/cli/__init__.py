@@ -1,7 +1,9 @@
 """The `bnlab` command.
 
-Each sub-package contributes its commands through a ``register(app)`` function in its own ``cli``
-module. Those modules import torch (seconds), so they are registered lazily: :data:`COMMANDS` names
+Every command lives in this package, the top layer (nothing else in bnlab imports it): one module
+per command or command group (``bnlab.cli.train``, ``bnlab.cli.runs``, ``bnlab.cli.norms``, ...), each
+adding its commands through a ``register(app)`` function. Those modules import torch (seconds), so they
+are registered lazily: :data:`COMMANDS` names
 every command, its module and the one-line help ``bnlab --help`` shows, and a command's module is
 imported only when that command runs (or its own ``--help`` is asked for). ``bnlab --help`` thus
 imports typer and nothing of bnlab's numerical stack; tests/test_cli_fast.py checks that the lines
@@ -10,7 +12,8 @@ here equal the commands' own help.
 The commands need the ``lab`` extra (``pip install 'bnlab[lab]'``); without it (the light install:
 torch and numpy), ``bnlab --help`` and ``bnlab --version`` still answer and every command says what
 to install in one line (:func:`light_main`), as does a command that meets a missing lab package.
-The Typer application lives in :mod:`bnlab.cli_app`, the command table in :mod:`bnlab.cli_commands`.
+The Typer application lives in :mod:`bnlab.cli.typer_app`, the command table in
+:mod:`bnlab.cli.commands`; ``python -m bnlab.cli`` runs :func:`main` (``__main__.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from bnlab.cli_commands import (  # noqa: F401 (re-exported: bnlab.cli.COMMANDS, ...)
+from bnlab.cli.commands import (  # noqa: F401 (re-exported: bnlab.cli.COMMANDS, ...)
     COMMANDS, LAB_INSTALL, LAB_MODULES, Command, light_help, version_line)
 
 try:
@@ -60,8 +63,5 @@ def __getattr__(name: str) -> Any:
 
 
 if _MISSING is None:  # the CLI proper (typer, the lab extra); it reads COMMANDS above
-    from bnlab.cli_app import LazyGroup, app, load_command  # noqa: E402,F401
+    from bnlab.cli.typer_app import LazyGroup, app, load_command  # noqa: E402,F401
 
-
-if __name__ == "__main__":
-    main()

@@ -16,7 +16,7 @@ import typer
 
 from bnlab.jsonsafe import jsonable
 
-from . import arora, figures, luo, mbn, peng, santurkar
+from bnlab.theory import arora, figures, luo, mbn, peng, santurkar
 
 theory_app = typer.Typer(help="The papers' closed forms and simulators (bnlab.theory).", no_args_is_help=True)
 

@@ -18,7 +18,7 @@ import typer
 from bnlab.run_files import RunDirError
 from bnlab.spec import read_pairs
 from bnlab.store import Store, dumps
-from bnlab.train.cli_common import EXIT_FAILED, _fail, _fmt
+from bnlab.cli.common import EXIT_FAILED, fail, fmt
 from bnlab.train.config import TrainConfig, load_config_file, validate_static
 from bnlab.train.launcher import train  # one process, --nproc N local ones, or a torchrun rank
 from bnlab.train.loop import RunInterrupted, RunLockedError
@@ -104,13 +104,13 @@ def train_command(**options: Any) -> None:
         typer.echo(str(err), err=True)
         raise typer.Exit(128 + err.signum) from None
     except RunDirError as err:  # disk full, read-only runs dir, a lock file we cannot open: one line
-        _fail(str(err), EXIT_FAILED)
+        fail(str(err), EXIT_FAILED)
         return
     except ValueError as err:  # configuration, data files, checkpoints: all before training
-        _fail(str(err))
+        fail(str(err))
         return
     except RunLockedError as err:
-        _fail(str(err), EXIT_FAILED)
+        fail(str(err), EXIT_FAILED)
         return
     except Exception as err:  # noqa: BLE001 - the run is marked failed in the store
         typer.echo(f"error: run failed: {type(err).__name__}: {err}", err=True)
@@ -175,9 +175,13 @@ def _failed_record_json(config, err: Exception) -> str:
 
 def _summary_line(record) -> str:
     metrics = ", ".join(
-        f"{k} {_fmt(record.metrics[k])}"
+        f"{k} {fmt(record.metrics[k])}"
         for k in ("train_loss", "train_accuracy", "test_loss", "test_accuracy", "diverged_step")
         if k in record.metrics
     )
     runs_dir = record.config.get("runs_dir", "runs")
     return f"run {record.id} {record.status} after {record.steps} steps: {metrics} (store {runs_dir}/bnlab.db)"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train_command)

@@ -9,7 +9,7 @@ import typer
 
 from bnlab.spec import format_value as _fmt
 
-from . import describe
+from bnlab.norms import describe
 
 norms_app = typer.Typer(help="Normalization layers: the catalogue and how to build them.", no_args_is_help=True)
 

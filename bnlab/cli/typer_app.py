@@ -13,7 +13,7 @@ import typer
 import typer.main
 from typer.core import TyperCommand, TyperGroup
 
-from bnlab.cli_commands import COMMANDS, LAB_INSTALL, LAB_MODULES, version_line
+from bnlab.cli.commands import COMMANDS, LAB_INSTALL, LAB_MODULES, version_line
 
 def load_command(name: str) -> Any:
     """The click command ``name`` as its module's ``register(app)`` builds it (imports that module)."""

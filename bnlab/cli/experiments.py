@@ -12,8 +12,8 @@ from bnlab.jsonsafe import dumps, jsonable
 from bnlab.report import write_report
 from bnlab.store import StoreCorruptError, StoreVersionError
 
-from .base import check_preset, get, load_catalogue
-from .runner import reproduce
+from bnlab.experiments.base import check_preset, get, load_catalogue
+from bnlab.experiments.runner import reproduce
 
 experiments_app = typer.Typer(help="The catalogue of the papers' figures and tables.", no_args_is_help=True)
 

@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from .registry import MODEL_INFO
+from bnlab.models.registry import MODEL_INFO
 
 models_app = typer.Typer(help="The papers' networks: the catalogue and how to build them.", no_args_is_help=True)
 

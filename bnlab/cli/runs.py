@@ -20,7 +20,7 @@ from bnlab.run_files import RunDirError, RunLockedError, check_run_id, is_locked
 from bnlab.spec import read_pairs
 from bnlab.store import STATUSES, ReadOnlyStoreError, Store, StoreIntegrityError, dumps
 from bnlab.train.checkpoint import repair_from_checkpoint
-from bnlab.train.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, _fail, _fmt
+from bnlab.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, fail, fmt
 
 runs_app = typer.Typer(help="The recorded runs: list, show, export, delete, plot.", no_args_is_help=True)
 
@@ -37,13 +37,13 @@ LIST_COLUMNS = (
 def _open_store(runs_dir: str):
     path = Path(runs_dir) / "bnlab.db"
     if not path.exists():
-        _fail(f"no run store at {path} (train something first, or pass --runs-dir)")
+        fail(f"no run store at {path} (train something first, or pass --runs-dir)")
     try:
         return Store(path)
     except ValueError as err:  # StoreVersionError, StoreCorruptError: the message says what to do
-        _fail(str(err))
+        fail(str(err))
     except (sqlite3.Error, OSError) as err:  # locked for a minute, unreadable: one line
-        _fail(f"cannot open the run store {path}: {err}", EXIT_FAILED)
+        fail(f"cannot open the run store {path}: {err}", EXIT_FAILED)
 
 
 @contextlib.contextmanager
@@ -52,7 +52,7 @@ def _reading(store):
     try:
         yield
     except sqlite3.DatabaseError as err:
-        _fail(f"run store {store.path} is damaged ({err}); move it away and re-run the runs' "
+        fail(f"run store {store.path} is damaged ({err}); move it away and re-run the runs' "
               "configs (each run is rebuilt from its checkpoint)", EXIT_FAILED)
 
 
@@ -61,9 +61,9 @@ def _get(store, run_id: str, *, verify: bool = True) -> dict[str, Any]:
         with _reading(store):
             row = store.get_run(run_id, verify=verify)
     except ValueError as err:  # ambiguous prefix; a damaged record (StoreIntegrityError)
-        _fail(str(err), EXIT_FAILED if isinstance(err, StoreIntegrityError) else EXIT_BAD_INPUT)
+        fail(str(err), EXIT_FAILED if isinstance(err, StoreIntegrityError) else EXIT_BAD_INPUT)
     if row is None:
-        _fail(f"no run {run_id!r} in {store.path}; `bnlab runs list` shows the ids")
+        fail(f"no run {run_id!r} in {store.path}; `bnlab runs list` shows the ids")
     return row
 
 
@@ -165,7 +165,7 @@ def runs_list(
             rows = store.list_runs()
             entries = store.entry_of_runs()
     except ValueError as err:
-        _fail(str(err))
+        fail(str(err))
     finally:
         store.close()
     for r in rows:  # listed as damaged, never hidden; what and how to recover on stderr
@@ -175,12 +175,12 @@ def runs_list(
     known = _where_keys(items)
     unknown = [k for k in filters if k.split(".")[0] not in known]
     if unknown and items:
-        _fail(f"--where: unknown key {unknown[0]!r}; valid: {', '.join(known)}")
+        fail(f"--where: unknown key {unknown[0]!r}; valid: {', '.join(known)}")
     items = [i for i in items if matches(i, filters)][:limit]
     if as_json:
         typer.echo(dumps(items, indent=2))
         return
-    table = [[h for _, h in LIST_COLUMNS]] + [[_fmt(i[k]) for k, _ in LIST_COLUMNS] for i in items]
+    table = [[h for _, h in LIST_COLUMNS]] + [[fmt(i[k]) for k, _ in LIST_COLUMNS] for i in items]
     widths = [max(len(r[c]) for r in table) for c in range(len(LIST_COLUMNS))]
     numeric = {"steps", "seed", "lr", "nproc", "test_acc", "train_loss"}
     for r in table:
@@ -220,13 +220,13 @@ def runs_show(
     if summary.get("metrics"):
         typer.echo("final metrics:")
         for k, v in summary["metrics"].items():
-            typer.echo(f"  {k}: {_fmt(v)}")
+            typer.echo(f"  {k}: {fmt(v)}")
     if summary.get("scale_invariant") is not None:
         typer.echo(f"scale-invariant parameters: {', '.join(sorted(summary['scale_invariant'])) or 'none'}")
     typer.echo("environment: " + ", ".join(f"{k}={v}" for k, v in sorted((row.get("env") or {}).items())))
     typer.echo("metric series:")
     for name, info in sorted(row["series"].items()):
-        typer.echo(f"  {name}: {info['points']} points, last {_fmt(info['last'])} at step {info['last_step']}")
+        typer.echo(f"  {name}: {info['points']} points, last {fmt(info['last'])} at step {info['last_step']}")
 
 
 @runs_app.command("export")
@@ -243,7 +243,7 @@ def runs_export(
         with _reading(store):
             text = store.export(row["id"], fmt)
     except ValueError as err:
-        _fail(str(err))
+        fail(str(err))
     finally:
         store.close()
     if output is not None:
@@ -267,14 +267,14 @@ def runs_delete(
             try:
                 check_run_id(bad, str(store.path))
             except ValueError as err:
-                _fail(str(err))
+                fail(str(err))
         for run_id in dict.fromkeys(ids):
             try:
                 done = store.delete_run(run_id)
             except ReadOnlyStoreError as err:
-                _fail(str(err))
+                fail(str(err))
             except (RunLockedError, RunDirError) as err:  # RunDirError: disk full, a foreign lock
-                _fail(str(err), EXIT_FAILED)
+                fail(str(err), EXIT_FAILED)
             typer.echo(f"deleted {run_id}: {done['metrics']} metric rows, {len(done['files'])} checkpoint files")
     finally:
         store.close()
@@ -297,7 +297,7 @@ def runs_repair(
                 with _reading(store):
                     fixed = repair_from_checkpoint(store, runs_dir, row["id"])
             except (ValueError, RunDirError) as err:
-                _fail(str(err), EXIT_FAILED)
+                fail(str(err), EXIT_FAILED)
             count = fixed["seal"]["rows_count"]
             typer.echo(f"repaired {fixed['id']}: config, summary and {count} metric rows from its "
                        "final checkpoint")
@@ -316,7 +316,7 @@ def runs_plot(
     """Draw one recorded metric or probe series of one or several runs, overlaid, against step."""
     out = out or Path(metric.replace("/", "_") + ".png")
     if out.suffix.lower() not in PLOT_FORMATS:
-        _fail(f"--out {out}: unknown image format {out.suffix!r}; valid: {', '.join(PLOT_FORMATS)}")
+        fail(f"--out {out}: unknown image format {out.suffix!r}; valid: {', '.join(PLOT_FORMATS)}")
     store = _open_store(runs_dir)
     series = {}
     try:
@@ -326,7 +326,7 @@ def runs_plot(
                 rows = store.metrics(row["id"], [metric]).get(metric)
             if not rows:
                 names = store.metric_names(row["id"])
-                _fail(f"run {row['id']} has no series {metric!r}; it has: {', '.join(names) or 'none'}")
+                fail(f"run {row['id']} has no series {metric!r}; it has: {', '.join(names) or 'none'}")
             label = f"{row['id']} {row['config'].get('norm', '')}".strip()
             series[label] = ([s for s, _ in rows], [v for _, v in rows])
     finally:
