@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from bnlab.callbacks import Callback
-from bnlab.run_files import UnsafePathError
+from bnlab.store.run_files import UnsafePathError
 from bnlab.store import Store, StoreCorruptError, StoreIntegrityError, StoreVersionError
 from bnlab.train import RunInterrupted, run
 from bnlab.train.checkpoint import CheckpointCorruptError, checkpoint_path, load_checkpoint, save_checkpoint

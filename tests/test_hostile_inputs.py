@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from bnlab.cli import app
-from bnlab.run_files import UnsafePathError, check_run_id, checkpoint_path, lock_path
+from bnlab.store.run_files import UnsafePathError, check_run_id, checkpoint_path, lock_path
 from bnlab.store import Store, StoreCorruptError, StoreVersionError
 from bnlab.train.checkpoint import CheckpointCorruptError, load_checkpoint, save_checkpoint
 
@@ -183,7 +183,7 @@ def test_a_checkpoint_downgraded_to_format_1_with_its_checksum_is_refused(tmp_pa
 
 
 def test_a_lock_file_that_cannot_be_opened_is_one_line_naming_it(tmp_path):
-    from bnlab.run_files import RunDirError, RunLock
+    from bnlab.store.run_files import RunDirError, RunLock
 
     path = lock_path(tmp_path, "r1")
     path.mkdir(parents=True)  # not a file: neither writable nor readable as one (root ignores chmod)

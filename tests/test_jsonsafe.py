@@ -53,7 +53,7 @@ def test_reproduce_json_is_strict(monkeypatch, tmp_path):
     # `bnlab reproduce --json` printed NaN (invalid JSON) for a quantity that could not be measured.
     from typer.testing import CliRunner
 
-    from bnlab.experiments import cli
+    from bnlab.cli import experiments as cli
     from bnlab.experiments.base import Outcome
 
     monkeypatch.setattr(cli, "get", lambda experiment_id: type("E", (), {"id": experiment_id})())

@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("models", ("bnlab.models",)),
     ("data", ("bnlab.data",)),
     ("train/probes/theory/store", ("bnlab.train", "bnlab.probes", "bnlab.theory", "bnlab.store",
-                                    "bnlab.run_files", "bnlab.integrations")),
+                                    "bnlab.integrations")),
     ("experiments", ("bnlab.experiments",)),
     ("report", ("bnlab.report",)),
     ("cli", ("bnlab.cli", "bnlab.demo")),  # and every ``cli`` / ``*_cli`` module (see layer_of)

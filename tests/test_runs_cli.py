@@ -109,11 +109,11 @@ def test_plot_overlays_runs_as_png_and_svg(runs_dir, tmp_path):
 
 
 def test_read_only_runs_dir_lists_shows_exports_and_plots(runs_dir, tmp_path, monkeypatch):
-    from bnlab import store as store_mod
+    from bnlab.store import database as store_mod
 
     before = {p.name: p.read_bytes() for p in runs_dir.iterdir() if p.is_file()}
     # as root chmod blocks nothing, so stand in for an unwritable folder at the permission check
-    monkeypatch.setattr(store_mod, "_writable", lambda p: False)
+    monkeypatch.setattr(store_mod, "writable", lambda p: False)
     assert _invoke("runs", "list", "--runs-dir", str(runs_dir)).exit_code == 0
     assert _invoke("runs", "show", "aaa111", "--runs-dir", str(runs_dir)).exit_code == 0
     exported = _invoke("runs", "export", "aaa111", "--runs-dir", str(runs_dir))

@@ -18,7 +18,7 @@ import torch
 from typer.testing import CliRunner
 
 from bnlab.cli import app
-from bnlab.run_files import DiskFullError
+from bnlab.store.run_files import DiskFullError
 from bnlab.store import ReadOnlyStoreError, Store, StoreCorruptError, StoreIntegrityError, StoreVersionError
 from bnlab.train.checkpoint import checkpoint_path, save_checkpoint
 
@@ -257,7 +257,7 @@ def test_training_in_a_read_only_runs_dir_names_another_runs_dir(tmp_path, monke
     from bnlab.train import run
 
     Store(tmp_path / "bnlab.db").close()
-    monkeypatch.setattr("bnlab.store._writable", lambda path: False)  # root ignores chmod
+    monkeypatch.setattr("bnlab.store.database.writable", lambda path: False)  # root ignores chmod
     with pytest.raises(ReadOnlyStoreError, match=f"runs dir {tmp_path} is read-only.*another --runs-dir"):
         run(dict(CONFIG, runs_dir=str(tmp_path)), progress=False)
     assert not list(tmp_path.glob("checkpoints/*.lock"))
@@ -275,10 +275,10 @@ def test_the_catalogues_analysis_shows_a_damaged_run_as_damaged_and_the_others_a
         store.save_entry("peng-fig2", "smoke", runs, {}, tiny=True, seconds=1.0)
         store.save_entry("peng-fig2", "../../../outside", runs, {}, tiny=True, seconds=1.0)
     _sql(tmp_path / "bnlab.db", "UPDATE metrics SET value = 0.25 WHERE run_id = 'bad1'")
-    ctx = analysis_context("peng-fig2", "smoke", runs_dir=tmp_path)
-    good, bad = ctx.run("bn"), ctx.run("cbn")
-    assert good.status == "finished" and good.series("train_loss") == ([1], [0.5])
-    assert bad.status == "damaged" and "bad1" in bad.record["error"] and bad.series("train_loss") == ([], [])
+    with analysis_context("peng-fig2", "smoke", runs_dir=tmp_path) as ctx:
+        good, bad = ctx.run("bn"), ctx.run("cbn")
+        assert good.status == "finished" and good.series("train_loss") == ([1], [0.5])
+        assert bad.status == "damaged" and "bad1" in bad.record["error"] and bad.series("train_loss") == ([], [])
     with pytest.raises(ValueError, match="unknown preset"):  # a stored preset names a folder: refused
         analysis_context("peng-fig2", "../../../outside", runs_dir=tmp_path)
 

@@ -157,13 +157,13 @@ def test_read_only_store_lists_and_exports_and_writes_nothing(tmp_path):
 
 
 def test_unwritable_folder_opens_read_only_by_itself(tmp_path, monkeypatch):
-    from bnlab import store as store_mod
+    from bnlab.store import database as store_mod
 
     path = tmp_path / "bnlab.db"
     with Store(path) as store:
         store.create_run("r1", {})
     # tests may run as root, where chmod blocks nothing: stand in for the permission check
-    monkeypatch.setattr(store_mod, "_writable", lambda p: False)
+    monkeypatch.setattr(store_mod, "writable", lambda p: False)
     with Store(path) as ro:
         assert ro.readonly and ro.get_run("r1") is not None
 
@@ -328,7 +328,7 @@ def test_a_sweep_waits_for_a_run_another_process_holds_instead_of_recording_it_f
 def test_report_of_a_read_only_runs_dir_goes_elsewhere_and_writes_nothing_there(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from bnlab import store as store_mod
+    from bnlab.store import database as store_mod
     from bnlab.cli import app
     from bnlab.report import write_report
 
@@ -338,7 +338,7 @@ def test_report_of_a_read_only_runs_dir_goes_elsewhere_and_writes_nothing_there(
         store.log_rows("r1", [(1, "train_loss", 1.0)])
         store.save_entry("no-such-entry", "smoke", [{"label": "a", "id": "r1"}], {}, tiny=False, seconds=0.1)
     before = {p.name: p.read_bytes() for p in runs_dir.iterdir()}
-    monkeypatch.setattr(store_mod, "_writable", lambda p: False)  # root ignores chmod: stand in
+    monkeypatch.setattr(store_mod, "writable", lambda p: False)  # root ignores chmod: stand in
     result = CliRunner().invoke(app, ["report", "--runs-dir", str(runs_dir), "--out", str(tmp_path / "rep")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "rep" / "index.html").exists()
@@ -349,12 +349,12 @@ def test_report_of_a_read_only_runs_dir_goes_elsewhere_and_writes_nothing_there(
 
 
 def test_a_finished_run_is_returned_from_a_read_only_runs_dir(tmp_path, monkeypatch):
-    from bnlab import store as store_mod
+    from bnlab.store import database as store_mod
     from bnlab.train import run
 
     first = run(dict(E2E, steps=4, runs_dir=str(tmp_path)), progress=False)
     before = (tmp_path / "bnlab.db").read_bytes()
-    monkeypatch.setattr(store_mod, "_writable", lambda p: False)  # root ignores chmod: stand in
+    monkeypatch.setattr(store_mod, "writable", lambda p: False)  # root ignores chmod: stand in
     again = run(dict(E2E, steps=4, runs_dir=str(tmp_path)), progress=False)
     assert again.status == "finished" and again.id == first.id and again.metrics == first.metrics
     assert (tmp_path / "bnlab.db").read_bytes() == before

@@ -8,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from bnlab.jsonsafe import jsonable
-from bnlab.theory import arora, cli, luo, santurkar
+from bnlab.cli import theory as cli
+from bnlab.theory import arora, luo, santurkar
 
 
 def _invoke(*args: str):

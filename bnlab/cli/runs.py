@@ -16,9 +16,10 @@ from typing import Any, Optional
 import typer
 
 from bnlab.plots import panels
-from bnlab.run_files import RunDirError, RunLockedError, check_run_id, is_locked
+from bnlab.store.run_files import RunDirError, RunLockedError, check_run_id, is_locked
 from bnlab.spec import read_pairs
-from bnlab.store import STATUSES, ReadOnlyStoreError, Store, StoreIntegrityError, dumps
+from bnlab.jsonsafe import dumps
+from bnlab.store import STATUSES, ReadOnlyStoreError, Store, StoreIntegrityError
 from bnlab.train.checkpoint import repair_from_checkpoint
 from bnlab.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, fail, fmt
 

@@ -15,9 +15,10 @@ from typing import Any, Optional
 
 import typer
 
-from bnlab.run_files import RunDirError
+from bnlab.store.run_files import RunDirError
 from bnlab.spec import read_pairs
-from bnlab.store import Store, dumps
+from bnlab.jsonsafe import dumps
+from bnlab.store import Store
 from bnlab.cli.common import EXIT_FAILED, fail, fmt
 from bnlab.train.config import TrainConfig, load_config_file, validate_static
 from bnlab.train.launcher import train  # one process, --nproc N local ones, or a torchrun rank

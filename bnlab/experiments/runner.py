@@ -268,6 +268,17 @@ class AnalysisContext:
     data: dict[str, Any]
     out_dir: Path
     tiny: bool
+    store: Store | None = None  # the run store the views read from; open until close()
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def __enter__(self) -> AnalysisContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def run(self, label: str) -> RunView:
         for r in self.runs:
@@ -283,7 +294,8 @@ class AnalysisContext:
 def analysis_context(experiment_id: str, preset: str, *, runs_dir: str | Path = "runs",
                      report_dir: str | Path | None = None) -> AnalysisContext:
     """``report_dir`` (default ``<runs_dir>/report``) receives the figures: a read-only runs dir
-    is analysed with a report folder elsewhere."""
+    is analysed with a report folder elsewhere. The context holds the run store open for its views'
+    series: use it in a ``with`` block (or call ``close()``)."""
     exp = get(experiment_id)
     check_preset(preset)  # a preset read from the store names a folder: only the catalogue's names
     runs_dir = Path(runs_dir)
@@ -297,8 +309,18 @@ def analysis_context(experiment_id: str, preset: str, *, runs_dir: str | Path = 
         raise ValueError(f"no stored results for {experiment_id} ({preset}) in {runs_dir}; "
                          f"run `bnlab reproduce {experiment_id} --preset {preset}` first")
     store = Store(runs_dir / "bnlab.db")
+    try:
+        views = _run_views(saved["runs"], store)
+    except BaseException:
+        store.close()
+        raise
+    return AnalysisContext(exp, preset, views, saved["data"], report_dir / "figures" / exp.id / preset,
+                           saved["tiny"], store)
+
+
+def _run_views(runs: list[dict[str, Any]], store: Store) -> list[RunView]:
     views = []
-    for r in saved["runs"]:
+    for r in runs:
         unstored = {"status": r.get("status", "failed"), "metrics": {}, "error": r.get("error")}
         try:  # every run verified against its seal; a damaged one is shown as such, never analysed
             row = store.get_run(r["id"]) if r.get("id") else None
@@ -308,8 +330,7 @@ def analysis_context(experiment_id: str, preset: str, *, runs_dir: str | Path = 
         record = _record_dict(row) if row else unstored
         views.append(RunView(r["label"], r.get("factors") or {}, r.get("id"), record.get("status", "failed"), record,
                              store))
-    return AnalysisContext(exp, preset, views, saved["data"], report_dir / "figures" / exp.id / preset,
-                           saved["tiny"])
+    return views
 
 
 def _record_dict(row: dict) -> dict:
@@ -317,8 +338,8 @@ def _record_dict(row: dict) -> dict:
 
 
 def analyze(experiment_id: str, preset: str, *, runs_dir: str | Path = "runs") -> Outcome:
-    ctx = analysis_context(experiment_id, preset, runs_dir=runs_dir)
-    return ctx.experiment.analyze(ctx)
+    with analysis_context(experiment_id, preset, runs_dir=runs_dir) as ctx:
+        return ctx.experiment.analyze(ctx)
 
 
 def stored_entries(runs_dir: str | Path) -> list[tuple[str, str]]:
@@ -345,4 +366,7 @@ def iter_outcomes(runs_dir: str | Path, report_dir: str | Path | None = None
             outcome: Outcome | Exception = ctx.experiment.analyze(ctx)
         except Exception as err:  # noqa: BLE001 — one broken entry must not hide the others
             outcome = err
-        yield experiment_id, preset, ctx, outcome
+        try:
+            yield experiment_id, preset, ctx, outcome
+        finally:  # the consumer is done with this entry's views
+            ctx.close()

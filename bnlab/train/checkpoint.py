@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from bnlab.run_files import (  # noqa: F401  (re-exported: the run's files and lock, below bnlab.train)
+from bnlab.store.run_files import (  # noqa: F401  (re-exported: the run's files and lock, below bnlab.train)
     RunLock, RunLockedError, checkpoint_files, checkpoint_path, is_locked, lock_path, orphaned_temporaries,
     disk_full, previous_path, remove_checkpoint_files, umask,
 )

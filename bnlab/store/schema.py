@@ -15,7 +15,7 @@ import tempfile
 import urllib.parse
 from pathlib import Path
 
-from bnlab.run_files import RunDirError, umask
+from bnlab.store.run_files import RunDirError, umask
 
 #: Version of the layout below, stored in ``PRAGMA user_version``.
 SCHEMA_VERSION = 1
@@ -231,12 +231,12 @@ def migrate(conn: sqlite3.Connection) -> None:
     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
-def _writable(path: Path) -> bool:
+def writable(path: Path) -> bool:
     """Can this process write the store file and its folder (SQLite needs both, for the WAL)?"""
     return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
 
 
-def _open_readonly(path: Path) -> sqlite3.Connection:
+def open_readonly(path: Path) -> sqlite3.Connection:
     """A read-only connection. With no write-ahead log beside the file (a store whose writers all
     closed) ``immutable=1``: nothing at all is written, not even a WAL index. With one (a writer
     is active or was killed) ``mode=ro``, which reads the log's rows; where the WAL index cannot

@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bnlab.jsonsafe import dumps
-from bnlab.run_files import UnsafePathError, check_run_id
-from bnlab.store_metrics import _sql_float
+from bnlab.store.run_files import UnsafePathError, check_run_id
+from bnlab.store.metrics import sql_float
 
 SEALED = ("finished", "diverged")
 SEAL_KEY = "seal"
@@ -160,7 +160,7 @@ class IntegrityMixin:
         c.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
         c.executemany(
             "INSERT INTO metrics(run_id, step, name, value) VALUES (?, ?, ?, ?)",
-            [(run_id, int(s), str(n), _sql_float(v)) for s, n, v in rows],
+            [(run_id, int(s), str(n), sql_float(v)) for s, n, v in rows],
         )
         have = held()
         if have != want:

@@ -35,28 +35,25 @@ from pathlib import Path
 from typing import Any
 
 from bnlab.jsonsafe import dumps  # strict JSON (a diverged loss is null) for every column and export
-from bnlab.run_files import RunLock, disk_full, check_run_id, lock_path, remove_checkpoint_files
-from bnlab.store_integrity import IntegrityMixin, StoreIntegrityError  # noqa: F401 - re-exported
-from bnlab.store_entries import EntriesMixin
-from bnlab.store_metrics import EXPORT_FORMATS, MetricsMixin  # noqa: F401 - EXPORT_FORMATS re-exported
-from bnlab.store_schema import (  # noqa: F401 - re-exported: bnlab.store is the one public module
+from bnlab.store.entries import EntriesMixin
+from bnlab.store.integrity import IntegrityMixin, StoreIntegrityError
+from bnlab.store.metrics import MetricsMixin
+from bnlab.store.run_files import RunLock, check_run_id, disk_full, lock_path, remove_checkpoint_files
+from bnlab.store.schema import (
     BUSY_TIMEOUT_MS,
-    SCHEMA_VERSION,
     ReadOnlyStoreError,
     StoreCorruptError,
-    StoreVersionError,
-    _open_readonly,
-    _writable,
     check_schema,
     create_atomically,
     migrate,
-    refuse_empty,
+    open_readonly,
     quick_check,
+    refuse_empty,
+    writable,
 )
 
 STATUSES = ("running", "finished", "diverged", "failed", "interrupted")
 
-_BUSY_TIMEOUT_MS = BUSY_TIMEOUT_MS
 _LOCK_RETRIES = 50
 
 
@@ -73,7 +70,7 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
     def __init__(self, path: str | os.PathLike[str], *, readonly: bool | None = None):
         self.path = Path(path)
         if readonly is None:
-            readonly = self.path.exists() and not _writable(self.path)
+            readonly = self.path.exists() and not writable(self.path)
         self.readonly = bool(readonly)
         if self.readonly and not self.path.exists():
             raise FileNotFoundError(f"no run store at {self.path}")
@@ -81,7 +78,7 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
         try:
             if not self.readonly and not self.path.exists():
                 self._create()
-            self._conn = _open_readonly(self.path) if self.readonly else self._open_writable()
+            self._conn = open_readonly(self.path) if self.readonly else self._open_writable()
             self._conn.row_factory = sqlite3.Row
             quick_check(self._conn, self.path)
             self._check_schema()
@@ -116,9 +113,9 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: we issue BEGIN/COMMIT ourselves so that each write is one
         # explicit IMMEDIATE transaction.
-        conn = sqlite3.connect(str(self.path), timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         self._conn = conn
-        conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         # FULL: a commit is on disk (WAL fsynced) before it returns, so a crash -- of the
         # process or of the machine -- never loses a row the trainer believes stored.
         conn.execute("PRAGMA synchronous=FULL")
@@ -233,7 +230,7 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
 
         ``finished`` time is set when the status is terminal (finished/diverged/failed/interrupted)
         and cleared when a run goes back to ``running`` (a resumed run). An ended run
-        (``finished``/``diverged``) is sealed in the same transaction (``bnlab.store_integrity``):
+        (``finished``/``diverged``) is sealed in the same transaction (:mod:`bnlab.store.integrity`):
         with ``rows`` -- the rows the trainer kept in memory -- the stored rows are first made equal
         to them (re-created if the store lost any), and a store that still does not hold them is
         :class:`StoreIntegrityError`; without, the rows as stored are sealed.

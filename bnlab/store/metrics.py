@@ -29,7 +29,7 @@ class MetricsMixin:
         The run's ``steps`` rises to the last step among them in the same transaction, so
         ``runs list`` shows a running run's progress.
         """
-        payload = [(run_id, int(step), str(name), _sql_float(value)) for step, name, value in rows]
+        payload = [(run_id, int(step), str(name), sql_float(value)) for step, name, value in rows]
         if not payload:
             return
         last = max(p[1] for p in payload)
@@ -72,7 +72,7 @@ class MetricsMixin:
         ).fetchall()
         if expected is None:
             return [int(step)] if step > 0 and not stored else []
-        expected = [(int(s), str(n), _sql_float(v)) for s, n, v in expected]
+        expected = [(int(s), str(n), sql_float(v)) for s, n, v in expected]
         have: dict[tuple, int] = {}
         for row in stored:
             key = (row[0], row[1], row[2])
@@ -158,7 +158,7 @@ class MetricsMixin:
         return buf.getvalue()
 
 
-def _sql_float(value: Any) -> float | None:
+def sql_float(value: Any) -> float | None:
     """SQLite turns NaN into NULL on its own; do it explicitly (and accept 0-d tensors)."""
     if value is None:
         return None

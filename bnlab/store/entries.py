@@ -10,8 +10,8 @@ import json
 import time
 from typing import Any
 
-from bnlab.store_integrity import StoreIntegrityError
-from bnlab.store_schema import tables
+from bnlab.store.integrity import StoreIntegrityError
+from bnlab.store.schema import tables
 
 
 class EntriesMixin:
