@@ -91,6 +91,6 @@ def test_training_config_probes_get_typed_options_and_cadence():
     from bnlab.train.prepare import _probe_callbacks
 
     spec_probe, plain = _probe_callbacks(TrainConfig(probes=["grad_stats(per_layer=no, every=3)", "grad_stats"],
-                                                     probe_every=5))
+                                                     probe_every=5, steps=1))
     assert (spec_probe.per_layer, spec_probe.every) == (False, 3)  # the spec's every wins over probe_every
     assert (plain.per_layer, plain.every) == (False, 5)

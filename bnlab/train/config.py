@@ -1,10 +1,16 @@
-"""Training configuration: one dataclass, its validation, and the run identity derived from it.
+"""Training configuration: one frozen dataclass, validated once, when it is built.
 
-Every knob of a run lives in :class:`TrainConfig`; the same keys are accepted from Python (a
+Every knob of a run is a field of :class:`TrainConfig`; the same keys are accepted from Python (a
 dataclass or a dict), from a YAML file (``bnlab train --config run.yaml``) and from command-line
-flags (which override the file). :func:`validate_static` checks everything that can be checked
-without data or models; the engine then checks the rest (batch size against the data, norm spec,
-model construction) before the first step, so a bad combination never starts training.
+flags (which override the file). Building a ``TrainConfig`` is the one boundary where values are
+checked and normalised (``__post_init__``): a bad value raises ``ValueError`` naming the key and its
+valid values or range, and the object that comes out is immutable (``frozen=True``; lists are
+tuples, option mappings read-only), so nothing downstream re-validates or changes it. What needs
+data or a model (batch size against the data, the model's construction) is checked by
+:func:`bnlab.train.prepare.prepare` before the first step.
+
+Each field's metadata carries its command-line form (:class:`CliOption`): ``bnlab train``'s options
+are generated from it (:mod:`bnlab.cli.train`), so a new key is one field here.
 """
 
 from __future__ import annotations
@@ -12,18 +18,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any, NamedTuple, Optional
 
-import bnlab.data
 import bnlab.models
-import bnlab.norms
-from bnlab.train.schedules import parse_schedule
+from bnlab.spec import read_pairs
+from bnlab.train.config_checks import OPTIMIZERS, FrozenMap, validate
 
-OPTIMIZERS = ("sgd", "psgd")
 # A loss a million times its starting value is no transient: cross-entropy that large means logits
 # of ~1e6, a squared error that large means outputs ~1e3 times their scale.
 DIVERGENCE_FACTOR = 1e6
@@ -33,46 +36,138 @@ DIVERGENCE_FACTOR = 1e6
 COSMETIC_KEYS = frozenset({"runs_dir", "data_dir", "verify", "download", "checkpoint_every"})
 
 
-@dataclass
-class TrainConfig:
-    """All settings of one training run (see ``docs/readme/train.md`` for each key)."""
+class CliOption(NamedTuple):
+    """How a config key appears on ``bnlab train``'s command line.
 
-    model: str = "mlp"
-    norm: str = "bn"
-    activation: str | None = None  # None: the model's own default (relu; identity for dln)
-    placement: str = "pre_activation"
-    model_options: dict[str, Any] = field(default_factory=dict)
-    data: str = "digits"
-    data_options: dict[str, Any] = field(default_factory=dict)
-    data_dir: str | None = None
-    verify: bool = True
-    download: bool = False
-    epochs: int | None = None
-    steps: int | None = None
-    lr: float = 0.1
-    lr_scale_invariant: float | None = None
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    batch_size: int | str = 128
-    optimizer: str = "sgd"
-    schedule: str = "constant"
-    seed: int = 0
-    checkpoint_every: int | None = None
-    eval_every: int | None = None
-    log_every: int | None = None
-    augment: bool = False
-    device: str = "cpu"
-    scale_invariant: list[str] | None = None
-    probes: list[str] = field(default_factory=list)
-    probe_every: int = 1
+    ``flag``: the option's declaration (``"--batch-size"``, ``"--augment/--no-augment"``); ``kind``:
+    the type the command line parses (``bool`` for a flag that takes no value); ``to_config(value,
+    current)``: the config value for what was given (``current``: the config file's value), or
+    ``None`` when the option was not given."""
+
+    name: str
+    flag: str
+    help: str
+    kind: Any
+    to_config: Callable[[Any, Any], Any]
+
+
+def _given(value: Any, current: Any) -> Any:
+    return value
+
+
+def _key(name: str, help: str, default: Any = dataclasses.MISSING, *, flag: str | None = None,
+         kind: Any = None, to_config: Callable[[Any, Any], Any] = _given,
+         factory: Any = dataclasses.MISSING) -> Any:
+    """A config field with its command-line form in the field's metadata."""
+    cli = {"flag": flag or "--" + name.replace("_", "-"), "help": help, "kind": kind,
+           "to_config": to_config}
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"cli": cli})
+    return field(default=default, metadata={"cli": cli})
+
+
+def _pairs(flag: str) -> Callable[[Any, Any], Any]:
+    """KEY=VALUE options (repeatable), added to the config file's mapping."""
+    return lambda given, current: ({**(current or {}), **read_pairs(given, flag)} if given else None)
+
+
+def _listed(given: Any, current: Any) -> Any:
+    return list(given) if given else None
+
+
+def _switch(value: bool) -> Callable[[Any, Any], Any]:
+    """A flag without a value: ``value`` when given, else not given."""
+    return lambda given, current: value if given else None
+
+
+
+_OptStr, _OptInt, _OptFloat, _OptBool = Optional[str], Optional[int], Optional[float], Optional[bool]
+_OptList = Optional[list[str]]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """All settings of one training run (see ``docs/readme/train.md`` for each key).
+
+    Immutable and valid by construction: ``TrainConfig(lr=-1, steps=1)`` raises ``ValueError: lr
+    must be positive, got -1.0``. Use :func:`dataclasses.replace` for a changed copy (validated
+    again: it is a new config)."""
+
+    model: str = _key("model", "Model name (bnlab.models.MODELS), e.g. mlp, resnet20.", "mlp",
+                      kind=_OptStr)
+    norm: str = _key("norm", 'Norm spec, e.g. bn, none, "cbn(rho=2)".', "bn", kind=_OptStr)
+    # None: the model's own default (relu; identity for dln)
+    activation: str | None = _key("activation", "Activation, e.g. relu, sigmoid.", None,
+                                  kind=_OptStr)
+    placement: str = _key("placement", "Norm placement: pre_activation or pre_linear.",
+                          "pre_activation", kind=_OptStr)
+    model_options: Mapping[str, Any] = _key(
+        "model_options", "KEY=VALUE for the model (repeatable).", flag="--model-option",
+        kind=_OptList, to_config=_pairs("--model-option"), factory=FrozenMap)
+    data: str = _key("data", "Data source: digits, cifar10, gaussian_regression, ...", "digits",
+                     kind=_OptStr)
+    data_options: Mapping[str, Any] = _key(
+        "data_options", "KEY=VALUE for the data source (repeatable).", flag="--data-option",
+        kind=_OptList, to_config=_pairs("--data-option"), factory=FrozenMap)
+    data_dir: str | None = _key("data_dir", "Folder with data files (default $BNLAB_DATA).", None,
+                                kind=_OptStr)
+    verify: bool = _key("verify", "Skip checksum verification of data files.", True,
+                        flag="--no-verify", kind=bool, to_config=_switch(False))
+    download: bool = _key("download", "Download missing CIFAR files from the official URL.", False,
+                          kind=bool, to_config=_switch(True))
+    epochs: int | None = _key("epochs", "Epochs to train (or --steps).", None, kind=_OptInt)
+    steps: int | None = _key("steps", "Steps to train (instead of --epochs).", None, kind=_OptInt)
+    lr: float = _key("lr", "Learning rate (of the scale-variant parameters).", 0.1,
+                     kind=_OptFloat)
+    lr_scale_invariant: float | None = _key(
+        "lr_scale_invariant", "Separate learning rate for scale-invariant weights (Arora D.1).",
+        None, kind=_OptFloat)
+    momentum: float = _key("momentum", "SGD momentum.", 0.0, kind=_OptFloat)
+    weight_decay: float = _key("weight_decay", "L2 weight decay.", 0.0, kind=_OptFloat)
+    batch_size: int | str = _key("batch_size", "Batch size N, or 'full' for full-batch GD.", 128,
+                                 kind=_OptStr)
+    optimizer: str = _key("optimizer", "sgd or psgd (projected SGD, Arora App. D Setting 2).",
+                          "sgd", kind=_OptStr)
+    schedule: str = _key("schedule", "constant | step:60,100 | exp:0.9999", "constant",
+                         kind=_OptStr)
+    seed: int = _key("seed", "Seed for init, data order, augmentation and layer noise.", 0,
+                     kind=_OptInt)
+    checkpoint_every: int | None = _key("checkpoint_every", "Checkpoint every N steps.", None,
+                                        kind=_OptInt)
+    eval_every: int | None = _key("eval_every", "Evaluate the test split every N steps.", None,
+                                  kind=_OptInt)
+    log_every: int | None = _key("log_every", "Record train_loss every N steps.", None,
+                                 kind=_OptInt)
+    augment: bool = _key("augment", "CIFAR crop+flip augmentation.", False,
+                         flag="--augment/--no-augment", kind=_OptBool)
+    device: str = _key("device", "cpu, cuda, cuda:1, ...", "cpu", kind=_OptStr)
+    scale_invariant: tuple[str, ...] | None = _key(
+        "scale_invariant", "Override detection: parameter name/pattern[:rows] (repeatable).", None,
+        kind=_OptList, to_config=_listed)
+    probes: tuple[str, ...] = _key("probes", "Probe to run during training (repeatable).",
+                                   flag="--probe", kind=_OptList, to_config=_listed, factory=tuple)
+    probe_every: int = _key("probe_every", "Run probes every N steps.", 1, kind=_OptInt)
     # diverged when a step's loss exceeds this multiple of the first step's loss (None: only
     # non-finite losses, parameters and buffers count)
-    divergence_factor: float | None = DIVERGENCE_FACTOR
-    compile: bool = False  # torch.compile the model for the training step
-    # data parallel (bnlab.train.distributed): processes sharing each batch, norms' statistics over all
-    nproc: int = 1
-    sync_norms: bool = True
-    runs_dir: str = "runs"
+    divergence_factor: float | None = _key(
+        "divergence_factor",
+        "Diverged when the loss exceeds this multiple of the first loss (default 1e6).",
+        DIVERGENCE_FACTOR, kind=_OptFloat)
+    compile: bool = _key("compile", "Compile the model's training step with torch.compile.", False,
+                         kind=bool, to_config=_switch(True))
+    # data parallel (bnlab.train.distributed): processes sharing each batch, norms' statistics
+    nproc: int = _key("nproc", "Processes sharing each batch (DDP via torch.distributed's "
+                      "launcher; gloo on CPU, nccl on CUDA).", 1, kind=_OptInt)
+    sync_norms: bool = _key("sync_norms", "With --nproc > 1: norms' batch statistics over all "
+                            "processes (default) or per process.", True,
+                            flag="--sync-norms/--no-sync-norms", kind=_OptBool)
+    runs_dir: str = _key("runs_dir", "Folder of the run store and checkpoints (default runs/).",
+                         "runs", kind=_OptStr)
+
+    def __post_init__(self) -> None:
+        """The one validator: check every key that needs no data or model, normalise the values
+        (numbers to float, ``"full"``, tuples, read-only mappings); ``ValueError`` names the key."""
+        validate(self)
 
     # -- construction ----------------------------------------------------------------------
 
@@ -90,14 +185,16 @@ class TrainConfig:
 
     @classmethod
     def coerce(cls, config: TrainConfig | Mapping[str, Any]) -> TrainConfig:
+        """``config`` itself (already valid and immutable), or the config built from a dict."""
         if isinstance(config, TrainConfig):
-            return dataclasses.replace(config)
+            return config
         if isinstance(config, Mapping):
             return cls.from_dict(config)
         raise TypeError(f"config must be a TrainConfig or a dict, not {type(config).__name__}")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain JSON/YAML values: lists for the tuples, dicts for the option mappings."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     # -- identity --------------------------------------------------------------------------
 
@@ -115,6 +212,23 @@ class TrainConfig:
         callbacks that change training and the bnlab version; it equals neither this nor a prefix
         of it. Two configs with equal ``run_id()`` and the same model train the same run."""
         return self.config_hash()[:12]
+
+
+def cli_options() -> list[CliOption]:
+    """Every config key's command-line form, in field order (``bnlab train`` is built from it)."""
+    out = []
+    for f in dataclasses.fields(TrainConfig):
+        cli = f.metadata["cli"]
+        out.append(CliOption(f.name, cli["flag"], cli["help"], cli["kind"], cli["to_config"]))
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -156,126 +270,17 @@ def _check_nesting(path: Path, text: str, limit: int = 64) -> None:
             depth -= 1
 
 
-@overload
-def _positive_int(name: str, value: Any, *, allow_none: Literal[False]) -> int: ...
-@overload
-def _positive_int(name: str, value: Any, *, allow_none: bool = True) -> int | None: ...
-def _positive_int(name: str, value: Any, *, allow_none: bool = True) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+def validate_static(config: TrainConfig | Mapping[str, Any], *,
+                    check_model: bool = True) -> TrainConfig:
+    """The config (built, hence validated, from a dict), with its model name checked against
+    ``bnlab.models`` (``check_model=False`` when the caller supplies its own model factory)."""
+    cfg = TrainConfig.coerce(config)
+    if check_model:
+        check_model_name(cfg.model)
+    return cfg
 
 
-def _float(name: str, value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return number
-
-
-def validate_static(config: TrainConfig, *, check_model: bool = True) -> TrainConfig:
-    """Check and normalise every key that needs no data or model; raises ``ValueError``.
-
-    Names of models, data sets and norm specs are checked against the registries of
-    ``bnlab.models``, ``bnlab.data`` and ``bnlab.norms``
-    (``check_model=False`` when the caller supplies its own model factory).
-    """
-    c = config
-    if (c.epochs is None) == (c.steps is None):
-        raise ValueError("give exactly one of epochs or steps (e.g. epochs=10 or steps=1000)")
-    _positive_int("epochs", c.epochs)
-    _positive_int("steps", c.steps)
-    _check_optimization(c)
-    if isinstance(c.seed, bool) or not isinstance(c.seed, int) or not 0 <= c.seed < 2**63:
-        raise ValueError(f"seed must be an integer in [0, 2**63), got {c.seed!r}")
-    _positive_int("checkpoint_every", c.checkpoint_every)
-    _positive_int("eval_every", c.eval_every)
-    _positive_int("log_every", c.log_every)
-    _positive_int("probe_every", c.probe_every, allow_none=False)
-    if not isinstance(c.model_options, dict) or not isinstance(c.data_options, dict):
-        raise ValueError("model_options and data_options must be mappings of keyword arguments")
-    if c.scale_invariant is not None:
-        if isinstance(c.scale_invariant, str):
-            c.scale_invariant = [s for s in c.scale_invariant.split(",") if s]
-        if not all(isinstance(s, str) for s in c.scale_invariant):
-            raise ValueError("scale_invariant must be a list of parameter names or patterns")
-        c.scale_invariant = list(c.scale_invariant)
-    if isinstance(c.probes, str):
-        c.probes = [c.probes]
-    c.probes = list(c.probes)
-    if c.divergence_factor is not None:
-        c.divergence_factor = _float("divergence_factor", c.divergence_factor)
-        if c.divergence_factor <= 1:
-            raise ValueError(f"divergence_factor must be > 1 (or null to disable), got {c.divergence_factor}")
-    for flag in ("augment", "verify", "download", "compile", "sync_norms"):
-        if getattr(c, flag) not in (True, False):
-            raise ValueError(f"{flag} must be true or false, got {getattr(c, flag)!r}")
-    c.device = str(c.device)
-    _check_data_parallel(c)
-    _check_registries(c, check_model)
-    return c
-
-
-def _check_optimization(c: TrainConfig) -> None:
-    """Check and normalise the optimization keys: learning rates, momentum, weight decay, batch size,
-    optimizer and schedule."""
-    c.lr = _float("lr", c.lr)
-    if c.lr <= 0:
-        raise ValueError(f"lr must be positive, got {c.lr}")
-    if c.lr_scale_invariant is not None:
-        c.lr_scale_invariant = _float("lr_scale_invariant", c.lr_scale_invariant)
-        if c.lr_scale_invariant <= 0:
-            raise ValueError(f"lr_scale_invariant must be positive, got {c.lr_scale_invariant}")
-    c.momentum = _float("momentum", c.momentum)
-    if not 0 <= c.momentum < 1:
-        raise ValueError(f"momentum must be in [0, 1), got {c.momentum}")
-    c.weight_decay = _float("weight_decay", c.weight_decay)
-    if c.weight_decay < 0:
-        raise ValueError(f"weight_decay must be >= 0, got {c.weight_decay}")
-    if isinstance(c.batch_size, str):
-        if c.batch_size.strip().lower() == "full":
-            c.batch_size = "full"
-        else:
-            try:
-                c.batch_size = int(c.batch_size)
-            except ValueError:
-                raise ValueError(
-                    f"batch_size must be a positive integer or 'full', got {c.batch_size!r}"
-                ) from None
-    if c.batch_size != "full":
-        _positive_int("batch_size", c.batch_size, allow_none=False)
-    if c.optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {c.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
-    parse_schedule(c.schedule)  # raises with the valid forms
-
-
-def _check_data_parallel(c: TrainConfig) -> None:
-    """nproc and sync_norms (bnlab.train.distributed)."""
-    c.nproc = _positive_int("nproc", c.nproc, allow_none=False)
-    if c.nproc == 1 and not c.sync_norms:
-        raise ValueError("sync_norms=false (--no-sync-norms) needs nproc > 1: one process has no other ranks")
-    if c.nproc > 1 and c.probes:
-        raise ValueError(f"probes run in one process only; drop the probes or use nproc 1 (got nproc {c.nproc})")
-
-
-def _check_registries(c: TrainConfig, check_model: bool = True) -> None:
-    """Names against the registries of ``bnlab.models``, ``bnlab.data`` and ``bnlab.norms``."""
-    if check_model and c.model not in bnlab.models.MODELS:
-        raise ValueError(f"unknown model {c.model!r}; valid: {', '.join(sorted(bnlab.models.MODELS))}")
-    try:  # the registry's spelling rules, as in bnlab.data.load: case-insensitive, '-' for '_'
-        bnlab.data.SOURCES.entry(c.data)
-    except ValueError:
-        raise ValueError(f"unknown data {c.data!r}; valid: {', '.join(sorted(bnlab.data.SOURCES))}") from None
-    if c.placement not in bnlab.norms.PLACEMENTS:
-        raise ValueError(f"unknown placement {c.placement!r}; valid: {', '.join(bnlab.norms.PLACEMENTS)}")
-    try:
-        bnlab.norms.validate(c.norm)
-    except ValueError as err:
-        raise ValueError(f"bad norm spec {c.norm!r}: {err}") from None
+def check_model_name(name: str) -> None:
+    """A model name the registry knows (a ``model_factory`` run's label need not be one)."""
+    if name not in bnlab.models.MODELS:
+        raise ValueError(f"unknown model {name!r}; valid: {', '.join(sorted(bnlab.models.MODELS))}")

@@ -133,22 +133,23 @@ class DataParallelTrainer(Trainer):
 
     def _share_checkpoint(self) -> Path | None:
         """Rank 0's checkpoint file, sent as bytes to every rank; ranks > 0 load it from a private copy."""
-        payload = [self.ckpt_path.read_bytes() if self.me.is_main and self.ckpt_path.exists() else b""]
+        path = self.checkpoints.path
+        payload = [path.read_bytes() if self.me.is_main and path.exists() else b""]
         dist.broadcast_object_list(payload, src=0)
         if self.me.is_main:
             return None
         fd, name = tempfile.mkstemp(prefix=f"bnlab-rank{self.me.rank}-", suffix=".pt")
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload[0])
-        self.ckpt_path = Path(name)
+        self.checkpoints.path = Path(name)
         if not payload[0]:
-            self.ckpt_path.unlink()
-        return self.ckpt_path
+            self.checkpoints.path.unlink()
+        return self.checkpoints.path
 
     def _checkpoint_due(self) -> bool:
         """As in one process, but a wall-time cadence is rank 0's decision: a checkpoint runs a divergence
         check, and every rank must stop at the same step."""
-        if self.checkpoint_every is not None or self.step % self.spe:
+        if self.checkpoints.every is not None or self.step % self.spe:
             return super()._checkpoint_due()  # a function of the step alone: equal on every rank
         due = torch.tensor([int(super()._checkpoint_due())], device=self.device)
         dist.broadcast(due, src=0)
@@ -159,7 +160,7 @@ class DataParallelTrainer(Trainer):
             super().checkpoint(final_summary=final_summary)
         else:
             self.flush()
-            self.last_checkpoint_time = time.monotonic()
+            self.checkpoints.last_time = time.monotonic()
 
     def evaluate(self) -> dict[str, float]:
         return super().evaluate() if self.me.is_main else {}

@@ -12,12 +12,16 @@ first loss, or whose parameters or buffers (BN running statistics) turn non-fini
 status ``diverged``; ``diverged_step`` is the first offending step within the checked window
 (for a non-finite parameter or buffer with finite losses, the step of the check), and the run
 stops at the check that found it (at most ``check_every - 1`` steps later).
+
+State has one owner each: the :class:`~bnlab.train.window.MetricWindow` (the steps' values since
+the last read, the epoch sums, the first and last loss), :class:`~bnlab.train.record.MetricRows`
+(rows on their way to the store), :class:`~bnlab.train.resume.Checkpoints` (the file, its cadence,
+what was resumed) and :class:`~bnlab.train.progress.Progress` (what stderr shows); the trainer
+owns the step, the model, the optimizer and the random streams, and calls the others' methods.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from typing import Any
 
 import torch
@@ -27,24 +31,21 @@ from bnlab.norms import regularization_loss
 from bnlab.store import Store
 from bnlab.callbacks import CallbackList
 from bnlab.train.callbacks import TrainLoop
-from bnlab.train.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint, unpack_rows
+from bnlab.train.checkpoint import checkpoint_path
 from bnlab.train.divergence import Divergence, check_state, scan_losses, state_tensors
 from bnlab.train.health import check_final, check_variances, variance_buffers
 from bnlab.train.interrupt import DeferredInterrupt
 from bnlab.train.optim import Projection, build_optimizer, find_scale_invariant, set_lr_factor
 from bnlab.train.prepare import Prepared, derive_seed
 from bnlab.train.progress import Progress
-from bnlab.train.record import evaluate, read_values
-from bnlab.train.resume import checkpoint_state, restore_state
+from bnlab.train.record import MetricRows, evaluate
+from bnlab.train.resume import Checkpoints, checkpoint_state, restore_state
 from bnlab.train.schedules import parse_schedule
-from bnlab.train.window import read_window
+from bnlab.train.window import MetricWindow
 
 DETECTION_BATCH = 256  # samples of the fixed batch used to test scale invariance
-CHECKPOINT_SECONDS = 30.0  # default cadence: first epoch end after this much time
 CHECK_EVERY = 50  # default steps between reads of the device values (no host sync in between)
 MAX_WINDOW = 1000
-_FLUSH_ROWS = 5000
-FLUSH_SECONDS = 10.0  # at most this long between writes of rows: `runs list` follows progress
 
 
 class Trainer:
@@ -59,6 +60,7 @@ class Trainer:
         self.store = store
         self.run_id = run_id
         self.model = prep.model
+        self.model_spec = prep.model_spec
         self.data = prep.data
         self.loss_fn = prep.loss_fn
         self.device = prep.device
@@ -67,43 +69,26 @@ class Trainer:
         self.callbacks = CallbackList(callbacks)
         self.schedule = parse_schedule(cfg.schedule)
         self.classification = self.data.task == "classification"
-        self.log_every = cfg.log_every or (1 if self.total_steps <= 20000 else self.total_steps // 10000)
+        log_every = cfg.log_every or (1 if self.total_steps <= 20000 else self.total_steps // 10000)
         # at most MAX_WINDOW steps' values wait on the device (a huge log_every must not hoard them)
         self.check_every = min(cfg.log_every or CHECK_EVERY, MAX_WINDOW)
-        # Default: at epoch ends, but at most every CHECKPOINT_SECONDS of wall time (a full-batch
-        # run has an "epoch" per step). Where checkpoints fall never changes the result.
-        self.checkpoint_every = cfg.checkpoint_every
-        self.last_checkpoint_time = time.monotonic()
+        self.window = MetricWindow(steps_per_epoch=self.spe, log_every=log_every,
+                                   total_steps=self.total_steps, classification=self.classification)
+        self.rows = MetricRows(store, run_id)
+        self.checkpoints = Checkpoints(checkpoint_path(cfg.runs_dir, run_id), cfg.checkpoint_every,
+                                       self.spe)
         if cfg.eval_every is not None:
             self.eval_every = cfg.eval_every
         else:  # every epoch, but at most ~100 evaluations per run
             self.eval_every = self.spe * max(1, -(-prep.total_epochs // 100))
-        self.ckpt_path = checkpoint_path(cfg.runs_dir, run_id)
-        self.progress_mode = progress
-        self.buffer: list[tuple[int, str, float]] = []  # rows read back, not yet in the store
-        self.last_flush = time.monotonic()
-        self.rows_recreated: list[int] = []  # steps whose rows a resume re-created in the store
-        # every row written: checkpoints carry these, the end seals them (never read back)
-        self.rows_kept: list[tuple[int, str, float | None]] = []
-        self.pending: list[tuple[int, str, Any, float]] = []  # (step, name, value, divisor)
-        # per step since the last read: loss and (classification) correct count on the device,
-        # batch size on the host; read in one transfer each, then summed on the host
-        self.window: list[torch.Tensor] = []
-        self.window_correct: list[torch.Tensor] = []
-        self.window_sizes: list[int] = []
-        self.unscanned: list[tuple[int, list[float]]] = []  # (first step, losses) read, not yet checked
+        self.progress_mode = progress  # Progress's mode (None, "bar", "lines", False)
         self.step = 0
         self.data_gen = torch.Generator(device="cpu")
         self.data_gen.manual_seed(derive_seed(cfg.seed, "data-order"))
         self.epoch_start_state = self.data_gen.get_state()
-        self._reset_accumulators()
-        self.last_loss = math.nan
-        self.start_loss: float | None = None
-        self.resumed_from: int | None = None
         self.scale_invariant: dict[str, str] = {}
         self.optimizer: torch.optim.Optimizer | None = None
         self.projection: Projection | None = None
-        self.final: dict[str, Any] | None = None
         self.interrupt = DeferredInterrupt(enabled=self.defer_interrupts)
         self.loop = TrainLoop(self, self.callbacks)  # what the hooks receive (bnlab.callbacks.Loop)
         self._build_module_lists()
@@ -128,48 +113,30 @@ class Trainer:
         self._progress_key: tuple | None = None
         self._lr_factor: float | None = None
 
-    def _reset_accumulators(self) -> None:
-        """The epoch's sums (host floats, fed from the steps read at each check)."""
-        self.acc_loss = 0.0
-        self.acc_correct = 0
-        self.acc_batches = 0
-        self.acc_count = 0
-
     # -- metrics ---------------------------------------------------------------------------------
 
     def log(self, name: str, value: Any, step: int, divisor: float = 1.0) -> None:
         """Record ``value`` (a number or a 0-d device tensor, read at the next check) at ``step``."""
-        if torch.is_tensor(value) and value.requires_grad:
-            value = value.detach()
-        self.pending.append((int(step), str(name), value, divisor))
+        self.rows.log(name, value, step, divisor)
 
     def _read_pending(self) -> None:
         """Read the window and every pending device value; hand the rows to on_log."""
-        rows = read_window(self)
-        if self.pending:
-            pending, self.pending = self.pending, []
-            values = read_values([v for _, _, v, _ in pending])
-            rows += [(s, n, value / d) for (s, n, _, d), value in zip(pending, values)]
+        rows = self.rows.read(self.window.read(self.step))
         if not rows:
             return
-        self.buffer.extend(rows)
         if self.callbacks.has("on_log"):
             by_step: dict[int, dict[str, float]] = {}
             for step, name, value in rows:
                 by_step.setdefault(step, {})[name] = value
             for step, metrics in by_step.items():
                 self.callbacks.call("on_log", self.loop, step, metrics)
-        if len(self.buffer) >= _FLUSH_ROWS or time.monotonic() - self.last_flush >= FLUSH_SECONDS:
+        if self.rows.write_due():
             self.flush()
 
     def flush(self) -> None:
         """Read pending values and write every buffered row to the store."""
         self._read_pending()
-        self.last_flush = time.monotonic()
-        if self.buffer:
-            rows, self.buffer = self.buffer, []
-            self.store.log_rows(self.run_id, rows)
-            self.rows_kept.extend(rows)
+        self.rows.write()
 
     # -- divergence ------------------------------------------------------------------------------
 
@@ -177,22 +144,17 @@ class Trainer:
         """Read the steps since the last check and pending values; raise :class:`Divergence` if
         one of those losses, or a parameter or buffer now, says the run diverged."""
         self._read_pending()
-        unscanned, self.unscanned = self.unscanned, []
-        for first, losses in unscanned:
-            scan_losses(losses, first, self.start_loss, self.config.divergence_factor)
-        check_state(self.state_tensors, self.step, self.last_loss)
-        check_variances(self.variances, self.step, self.last_loss)
+        for first, losses in self.window.take_unscanned():
+            scan_losses(losses, first, self.window.start_loss, self.config.divergence_factor)
+        check_state(self.state_tensors, self.step, self.window.last_loss)
+        check_variances(self.variances, self.step, self.window.last_loss)
 
     # -- setup -----------------------------------------------------------------------------------
 
     def setup(self) -> None:
         """Load the checkpoint (if any), find scale-invariant weights, build the optimizer. Writes
         nothing to the store: an error here leaves no record."""
-        ckpt = load_checkpoint(self.ckpt_path, map_location="cpu")
-        if ckpt is not None and ckpt.get("run_id") != self.run_id:
-            raise ValueError(f"checkpoint {self.ckpt_path} belongs to run {ckpt.get('run_id')!r}, not "
-                             f"{self.run_id}; nothing was resumed. Move it away (it may be that run's) "
-                             "and re-run to train from scratch")
+        ckpt = self.checkpoints.load(self.run_id)
         cfg = self.config
         if ckpt is not None:
             self.scale_invariant = dict(ckpt["scale_invariant"])
@@ -217,51 +179,29 @@ class Trainer:
         )
         if cfg.optimizer == "psgd":
             self.projection = Projection(self.model, self.scale_invariant)
-        self._ckpt = ckpt
         if ckpt is not None:
-            self._restore(ckpt)
+            restore_state(self, ckpt)
 
     def truncate_store(self) -> None:
         """Whatever a previous attempt logged after its last checkpoint is replayed, so drop it.
         Rows up to the checkpoint that the store lost are re-created from those it carries
-        (``rows_recreated``: the steps that were missing)."""
-        if self._ckpt:
-            expected = unpack_rows(self._ckpt.get("store_rows"))
-            self.rows_recreated = self.store.check_rows_up_to(self.run_id, self._ckpt["step"], expected)
-            # (a checkpoint of an earlier bnlab carries no rows: then the store's are all there is)
-            self.rows_kept = expected if expected is not None else self.store.sync_rows(
-                self.run_id, self._ckpt["step"])
-        self.store.delete_metrics_after(self.run_id, self._ckpt["step"] if self._ckpt else -1)
-
-    def _restore(self, ckpt: dict[str, Any]) -> None:
-        restore_state(self, ckpt)
+        (``rows.recreated``: the steps that were missing)."""
+        self.rows.truncate(self.checkpoints.loaded)
 
     # -- checkpoints -----------------------------------------------------------------------------
 
     def _checkpoint_due(self) -> bool:
-        if self.checkpoint_every is not None:
-            return self.step % self.checkpoint_every == 0
-        return self.step % self.spe == 0 and time.monotonic() - self.last_checkpoint_time >= CHECKPOINT_SECONDS
+        return self.checkpoints.due(self.step)
 
     def checkpoint(self, *, final_summary: dict[str, Any] | None = None) -> None:
         self.flush()  # the store then holds every row up to this step, and none beyond it
-        state = checkpoint_state(self, final_summary)
-        save_checkpoint(self.ckpt_path, state)
-        self.last_checkpoint_time = time.monotonic()
+        self.checkpoints.save(checkpoint_state(self, final_summary))
 
     # -- evaluation --------------------------------------------------------------------------------
 
     def evaluate(self) -> dict[str, float]:
         """Loss (and accuracy) on the test split in eval mode (:func:`evaluate`)."""
         return evaluate(self.model, self.data, self.loss_fn, self.classification)
-
-    def epoch_means(self) -> dict[str, float]:
-        if self.acc_batches == 0:
-            return {}
-        out = {"train_loss": self.acc_loss / self.acc_batches}
-        if self.classification and self.acc_count:
-            out["train_accuracy"] = self.acc_correct / self.acc_count
-        return out
 
     # -- the step --------------------------------------------------------------------------------
 
@@ -292,10 +232,9 @@ class Trainer:
             self.projection.project()
         self.step = number
         value = loss.detach()
-        self.window.append(value)
-        self.window_sizes.append(int(yb.shape[0]))
-        if self.classification:  # argmax has no gradient: no graph is built
-            self.window_correct.append((out.argmax(dim=1) == yb).sum())
+        # argmax has no gradient: no graph is built
+        correct = (out.argmax(dim=1) == yb).sum() if self.classification else None
+        self.window.push(value, int(yb.shape[0]), correct)
         loop.loss = value
         hooks.call("on_train_batch_end", loop)
         return lr
@@ -312,12 +251,14 @@ class Trainer:
     def train(self) -> tuple[str, dict[str, Any]]:
         """Train to ``total_steps`` (or divergence); returns ``(status, final metrics)``."""
         self.loop.start()
-        progress = Progress(self)
+        progress = Progress(self.progress_mode, run_id=self.run_id,
+                            label=f"{self.config.model}/{self.config.norm}", start_step=self.step,
+                            total_steps=self.total_steps, total_epochs=self.prep.total_epochs)
         divergence: Divergence | None = None
         self.model.train()
         with self.interrupt as interrupt:  # bnlab.train.loop enters it first (covers the ending)
             try:
-                while self.step < self.total_steps and self.final is None:
+                while self.step < self.total_steps and self.checkpoints.final is None:
                     epoch, skip = divmod(self.step, self.spe)  # 0-based epoch
                     if skip == 0:
                         self.epoch_start_state = self.data_gen.get_state()
@@ -338,9 +279,10 @@ class Trainer:
                             break
             except Divergence as found:
                 divergence = found
-        progress.close()
-        if self.final is not None:  # killed after the final checkpoint, before the status update
-            return self.final["status"], self.final["metrics"]
+        progress.close(self.step)
+        final = self.checkpoints.final
+        if final is not None:  # killed after the final checkpoint, before the status update
+            return final["status"], final["metrics"]
         if divergence is None:
             try:
                 self.check()
@@ -355,7 +297,7 @@ class Trainer:
         # A progress line or the run's last step reads the losses (one sync), so what is shown is
         # this step's loss, never a stale or not-yet-read (nan) one.
         if (self.step % self.check_every == 0 or self.step == self.total_steps
-                or progress.line_due(epoch_end)):
+                or progress.line_due(self.step, epoch_end)):
             self.check()
         last_eval = {}
         if self.step % self.eval_every == 0 and self.step < self.total_steps:
@@ -364,18 +306,18 @@ class Trainer:
                 self.log(name, value, self.step)
         if epoch_end:
             self.callbacks.call("on_train_epoch_end", self.loop, epoch + 1)
-        progress.update(epoch, epoch_end, last_eval)
+        progress.update(self.step, self.window.last_loss, epoch, epoch_end, last_eval)
         if self.step < self.total_steps and self._checkpoint_due():
             self.check()  # never checkpoint a diverged state
             self.checkpoint()
 
     def _finish(self, divergence: Divergence | None) -> tuple[str, dict[str, Any]]:
-        metrics: dict[str, Any] = self.epoch_means()
+        metrics: dict[str, Any] = self.window.epoch_means()
         status = "finished"
         final_eval = self.evaluate()
         if divergence is None:  # finished means healthy: the final evaluation within the bound too
             try:
-                check_final(final_eval, self.step, self.last_loss, self.start_loss,
+                check_final(final_eval, self.step, self.window.last_loss, self.window.start_loss,
                             self.config.divergence_factor)
             except Divergence as found:
                 divergence = found

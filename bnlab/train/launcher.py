@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from bnlab.train.config import TrainConfig, validate_static
+from bnlab.train.config import TrainConfig, check_model_name
 from bnlab.train.distributed import current, torchrun_environment
 from bnlab.train.loop import run
 
@@ -28,11 +28,11 @@ def train(config: TrainConfig | dict, *, callbacks=(), progress: Any = None, for
 
     Returns the run's record (on rank 0; ``None`` on the other ranks of a torchrun launch).
     """
-    cfg = TrainConfig.coerce(config)
+    cfg = TrainConfig.coerce(config)  # the boundary: a dict is validated here, once
+    if model_factory is None:
+        check_model_name(cfg.model)
     if torchrun_environment() and current() is None:
-        cfg = validate_static(_with_world_size(cfg), check_model=model_factory is None)
-        return _as_rank(cfg.to_dict(), list(callbacks), progress, force, model_factory)
-    cfg = validate_static(cfg, check_model=model_factory is None)
+        return _as_rank(cfg, list(callbacks), progress, force, model_factory)
     if cfg.nproc > 1 and current() is None:
         return launch(cfg, callbacks=callbacks, progress=progress, force=force, model_factory=model_factory)
     return run(cfg, callbacks=callbacks, progress=progress, force=force, model_factory=model_factory)
@@ -48,7 +48,7 @@ def launch(cfg: TrainConfig, *, callbacks=(), progress: Any = None, force: bool 
     # the previous ones back: a later Ctrl-C would raise torch's SignalException in unrelated code.
     saved = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
     try:
-        results = elastic_launch(launch_config, _as_rank)(cfg.to_dict(), list(callbacks), progress, force,
+        results = elastic_launch(launch_config, _as_rank)(cfg, list(callbacks), progress, force,
                                                           model_factory)
     finally:
         for sig, handler in saved.items():
@@ -69,9 +69,10 @@ def _with_world_size(cfg: TrainConfig) -> TrainConfig:
     return dataclasses.replace(cfg, nproc=world)
 
 
-def _as_rank(config: dict, callbacks: list, progress: Any, force: bool, model_factory):
-    """One rank: join the default process group from the environment, train, leave."""
-    cfg = _with_world_size(TrainConfig.from_dict(config))
+def _as_rank(config: TrainConfig, callbacks: list, progress: Any, force: bool, model_factory):
+    """One rank: join the default process group from the environment, train, leave. (``config``
+    pickles to the spawned ranks as the frozen object it is.)"""
+    cfg = _with_world_size(config)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.device(cfg.device).type == "cuda"
     if cuda:

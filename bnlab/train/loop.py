@@ -183,13 +183,14 @@ def _train(prep: Prepared, store: Store, run_id: str, identity: dict, progress: 
     env = {**environment(prep.device), "identity": _brief_identity(identity)}
     store.create_run(run_id, cfg.to_dict(), config_hash=cfg.config_hash(), env=env)
     trainer.truncate_store()
-    if trainer.rows_recreated:
-        lost = trainer.rows_recreated
+    if trainer.rows.recreated:
+        lost = trainer.rows.recreated
         _say(progress, f"the store had lost the rows of {len(lost)} steps up to the checkpoint "
                        f"({lost[0]}..{lost[-1]}); re-created them from the checkpoint")
-    if trainer.resumed_from is not None and trainer.final is None:
-        _say(progress, f"resuming {run_id} from step {trainer.resumed_from} of {trainer.total_steps}")
-    base_summary = {"scale_invariant": trainer.scale_invariant, "checkpoint": str(trainer.ckpt_path)}
+    resumed = trainer.checkpoints.resumed_from
+    if resumed is not None and trainer.checkpoints.final is None:
+        _say(progress, f"resuming {run_id} from step {resumed} of {trainer.total_steps}")
+    base_summary = {"scale_invariant": trainer.scale_invariant, "checkpoint": str(trainer.checkpoints.path)}
     store.set_status(run_id, "running", steps=trainer.step, env=env, summary=base_summary)
     with trainer.interrupt:  # signals deferred to a step boundary; ignored while the end is recorded
         return _train_and_record(trainer, store, run_id, base_summary)
@@ -217,18 +218,18 @@ def _train_and_record(trainer: Trainer, store: Store, run_id: str, base_summary:
         raise
     trainer.interrupt.hold()
     trainer.loop.end(status)
-    checkpoint = str(trainer.ckpt_path) if status == "finished" else None
+    checkpoint = str(trainer.checkpoints.path) if status == "finished" else None
     summary = {"metrics": metrics, "scale_invariant": trainer.scale_invariant, "checkpoint": checkpoint}
     reason = getattr(trainer, "divergence_reason", None) if status == "diverged" else None
     # sealed with the rows the trainer kept in memory (the store is made to hold exactly those)
     store.set_status(run_id, status, steps=trainer.step, error=reason, summary=summary,
-                     rows=trainer.rows_kept)
+                     rows=trainer.rows.kept)
     row = store.get_run(run_id)
     if row is None:  # deleted by another process since set_status
         raise RuntimeError(f"run {run_id} is no longer in the store (deleted while it trained)")
     record = RunRecord.from_store(row)
-    record.resumed_from = trainer.resumed_from
-    record.origin = "resumed" if trainer.resumed_from is not None else "trained"
+    record.resumed_from = trainer.checkpoints.resumed_from
+    record.origin = "resumed" if trainer.checkpoints.resumed_from is not None else "trained"
     return record
 
 

@@ -29,7 +29,7 @@ from bnlab.norms.renorm import set_run_length
 from bnlab.probes import PROBES
 from bnlab.probes import create as create_probe
 from bnlab.train.callbacks import identity_of
-from bnlab.train.config import TrainConfig, validate_static
+from bnlab.train.config import TrainConfig, check_model_name
 from bnlab.train.optim import resolve_override
 
 def derive_seed(seed: int, stream: str) -> int:
@@ -119,8 +119,11 @@ def _create_model(config: TrainConfig, input_shape: Sequence[int], num_outputs: 
 def prepare(
     config: TrainConfig | dict, callbacks: Iterable[Any] = (), model_factory: ModelFactory | None = None
 ) -> Prepared:
-    """Validate ``config`` completely and build data, model and callbacks; ``ValueError`` if bad."""
-    cfg = validate_static(TrainConfig.coerce(config), check_model=model_factory is None)
+    """Build data, model and callbacks for ``config`` (a :class:`TrainConfig`, validated when it was
+    built, or a dict it is built from here); ``ValueError`` if they do not fit together."""
+    cfg = TrainConfig.coerce(config)
+    if model_factory is None:
+        check_model_name(cfg.model)
     device = _resolve_device(cfg.device)
     options = dict(cfg.data_options)
     data_seed = options.pop("seed", cfg.seed)

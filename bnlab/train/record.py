@@ -1,11 +1,12 @@
 """The run record: what a run stores and returns (its final evaluation, the values read back from
-the device), the environment it ran in, and its lock."""
+the device, the metric rows on their way to the store), the environment it ran in, and its lock."""
 
 from __future__ import annotations
 
 import dataclasses
 import platform
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,8 @@ import numpy
 import torch
 
 import bnlab
-from bnlab.store import dumps
+from bnlab.jsonsafe import dumps
+from bnlab.store import Store
 
 @dataclass
 class RunRecord:
@@ -108,7 +110,7 @@ def _primitive(value: Any) -> Any:
 
 
 # the run lock lives with the checkpoints (it also guards `runs delete`); re-exported here
-from bnlab.train.checkpoint import RunLock, RunLockedError  # noqa: E402,F401
+from bnlab.train.checkpoint import RunLock, RunLockedError, unpack_rows  # noqa: E402,F401
 
 EVAL_CHUNK = 1024
 
@@ -150,3 +152,67 @@ def read_values(values: list[Any]) -> list[float]:
         for index, value in zip(indices, read):
             out[index] = float(value)
     return out
+
+
+Row = tuple[int, str, float]
+FLUSH_ROWS = 5000
+FLUSH_SECONDS = 10.0  # at most this long between writes of rows: `runs list` follows progress
+
+
+class MetricRows:
+    """The one owner of a run's metric rows between the step and the store.
+
+    ``log`` keeps a value (a number or a 0-d device tensor) until the next read; ``read`` turns the
+    pending values into rows (one transfer per dtype) and buffers them with the rows given (the
+    metric window's); ``write`` sends the buffer to the store. ``kept`` is every row written, which
+    checkpoints carry and the run's end seals; ``recreated`` the steps a resume re-created in a
+    store that had lost them."""
+
+    def __init__(self, store: Store, run_id: str) -> None:
+        self.store, self.run_id = store, run_id
+        self.pending: list[tuple[int, str, Any, float]] = []  # (step, name, value, divisor)
+        self.buffer: list[Row] = []  # read back, not yet in the store
+        self.kept: list[tuple[int, str, float | None]] = []
+        self.recreated: list[int] = []
+        self.last_write = time.monotonic()
+
+    def log(self, name: str, value: Any, step: int, divisor: float = 1.0) -> None:
+        if torch.is_tensor(value) and value.requires_grad:
+            value = value.detach()
+        self.pending.append((int(step), str(name), value, divisor))
+
+    def read(self, rows: list[Row]) -> list[Row]:
+        """``rows`` plus the pending values' rows, buffered for the store; returns them."""
+        if self.pending:
+            pending, self.pending = self.pending, []
+            values = read_values([v for _, _, v, _ in pending])
+            rows = rows + [(s, n, value / d) for (s, n, _, d), value in zip(pending, values)]
+        self.buffer.extend(rows)
+        return rows
+
+    def write_due(self) -> bool:
+        return len(self.buffer) >= FLUSH_ROWS or time.monotonic() - self.last_write >= FLUSH_SECONDS
+
+    def write(self) -> None:
+        """Every buffered row to the store (and to ``kept``)."""
+        self.last_write = time.monotonic()
+        if self.buffer:
+            rows, self.buffer = self.buffer, []
+            self.store.log_rows(self.run_id, rows)
+            self.kept.extend(rows)
+
+    def truncate(self, ckpt: dict[str, Any] | None) -> None:
+        """Drop what a previous attempt logged after its last checkpoint (it is replayed); rows up
+        to the checkpoint that the store lost are re-created from those the checkpoint carries."""
+        if ckpt:
+            expected = unpack_rows(ckpt.get("store_rows"))
+            self.recreated = self.store.check_rows_up_to(self.run_id, ckpt["step"], expected)
+            # (a checkpoint of an earlier bnlab carries no rows: then the store's are all there is)
+            self.kept = expected if expected is not None else self.store.sync_rows(
+                self.run_id, ckpt["step"])
+        self.store.delete_metrics_after(self.run_id, ckpt["step"] if ckpt else -1)
+
+    def up_to(self, step: int) -> list[tuple[int, str, float | None]]:
+        """The rows up to ``step``, made durable in the store first (a checkpoint carries them)."""
+        self.store.sync_rows(self.run_id, step)
+        return [r for r in self.kept if r[0] <= step]
