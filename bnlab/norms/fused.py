@@ -34,6 +34,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .coef_compile import assemble, backward_coefficients, forward_coefficients
+
 CoefFn = Callable[..., tuple[Tensor, Tensor]]
 MomentsFn = Callable[[Tensor], tuple[Tensor, Tensor, int]]
 UpdateFn = Callable[[Tensor, Tensor, int], None]
@@ -182,17 +184,42 @@ def autograd_inside():
     return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
 
 
+class _Partials:
+    """Kept for backward in place of the coefficient graph: the compiled per-channel partials P."""
+
+    __slots__ = ("p",)
+
+    def __init__(self, p: Tensor) -> None:
+        self.p = p
+
+
+def _coefficients(call: _Call, x: Tensor, mean: Tensor, var: Tensor, tensors) -> tuple[Tensor, Tensor]:
+    """(scale, shift) in x's dtype; keeps on ``call.graph`` what the backward pass needs: the compiled
+    per-channel partials (:mod:`.coef_compile`) where allowed, else the eager autograd graph."""
+    leaves = [t.detach() for t in tensors]
+    dt = coef_dtype(x)
+    out = forward_coefficients(call.coef_fn, tuple(call.needs), dt, x.dtype, mean, var, leaves)
+    if out is not None:
+        scale_x, shift_x, m_x, m, p = out
+        dtypes = tuple(t.dtype for t, need in zip(leaves, call.needs) if need)
+        call.graph = (m, m_x, dtypes, scale_x, _Partials(p))
+        return scale_x, shift_x
+    with torch.enable_grad():
+        m = mean.detach().to(dt).requires_grad_()
+        v = var.detach().to(dt).requires_grad_()
+        leaves = [t.requires_grad_(need) for t, need in zip(leaves, call.needs)]
+        scale, shift = call.coef_fn(m, v, *leaves)
+    call.graph = (m, v, leaves, scale, shift)
+    return scale.detach().to(x.dtype), shift.detach().to(x.dtype)
+
+
 def _stats_affine(x: Tensor, tensors: list[Tensor], key: int) -> tuple[Tensor, Tensor, Tensor]:
     call = take(key)
     with autograd_inside():  # (autocast is off inside an operator kernel)
         mean, var, n = call.moments_fn(x)
-        with torch.enable_grad():
-            m = mean.detach().to(coef_dtype(x)).requires_grad_()
-            v = var.detach().to(coef_dtype(x)).requires_grad_()
-            leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors, call.needs)]
-            scale, shift = call.coef_fn(m, v, *leaves)
-        call.graph, call.n = (m, v, leaves, scale, shift), n
-        y = channel_affine(x, scale.detach().to(x.dtype), shift.detach().to(x.dtype))
+        scale, shift = _coefficients(call, x, mean, var, tensors)
+        call.n = n
+        y = channel_affine(x, scale, shift)
         if call.update_fn is not None:
             with torch.no_grad():
                 call.update_fn(mean, var, n)
@@ -202,23 +229,35 @@ def _stats_affine(x: Tensor, tensors: list[Tensor], key: int) -> tuple[Tensor, T
 def _stats_affine_backward(g: Tensor, x: Tensor, key: int) -> list[Tensor]:
     call = take(key)
     with autograd_inside():
-        m, v, leaves, scale, shift = call.graph
-        m_x = m.detach().to(x.dtype)  # the mean as x's dtype: every use below takes this same value
-        g_sum, g_dot_centred = centred_reductions(g, x, m_x)
-        g_sum = g_sum.to(m.dtype)
-        g_dot = g_dot_centred.to(m.dtype) + m_x.to(m.dtype) * g_sum  # Σ g·x, exactly, without cancellation
-        inputs = [m, v] + [t for t in leaves if t.requires_grad]
-        with torch.enable_grad():  # the engine directly: torch.autograd.grad's checks cost more than this
-            raw = _ENGINE.run_backward((scale, shift), (g_dot, g_sum), True, False, tuple(inputs), True, False)
-        grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(raw, inputs)]
-        s = (2.0 / call.n) * grads[1]
-        # gx = s·(x − μ) + g_μ/n + scale·g = s·x + (g_μ/n − s·μ) + scale·g: the constant in float64, so
-        # only s·x rounds at |x| (as nn.BatchNorm's own x·a + b does)
-        const = (grads[0] / call.n - s * m_x.to(m.dtype)).to(x.dtype)
-        gx = channel_affine(x, s.to(x.dtype), const)
-        gx.addcmul_(g, per_channel(scale.detach().to(x.dtype), x))
-        rest = [gr.to(t.dtype) for gr, t in zip(grads[2:], (t for t in leaves if t.requires_grad))]
+        if isinstance(call.graph[4], _Partials):  # compiled coefficients: P kept, no graph
+            m, m_x, dtypes, scale_x, partials = call.graph
+            g_sum, g_dot_centred = centred_reductions(g, x, m_x)
+            args = (partials.p, m, m_x, g_sum, g_dot_centred, call.n, dtypes)
+            s, const, *rest = backward_coefficients(*args) or assemble(*args)
+        else:
+            scale_x, s, const, rest = _eager_backward(call, g, x)
+        gx = channel_affine(x, s, const)  # ∂L/∂x = s·x + const + scale·g
+        gx.addcmul_(g, per_channel(scale_x, x))
     return [gx, *rest]
+
+
+def _eager_backward(call: _Call, g: Tensor, x: Tensor) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+    """(scale, s, const, tensors' gradients) from the eager coefficient graph, x's dtype for the first three."""
+    m, v, leaves, scale, shift = call.graph
+    m_x = m.detach().to(x.dtype)  # the mean as x's dtype: every use below takes this same value
+    g_sum, g_dot_centred = centred_reductions(g, x, m_x)
+    g_sum = g_sum.to(m.dtype)
+    g_dot = g_dot_centred.to(m.dtype) + m_x.to(m.dtype) * g_sum  # Σ g·x, exactly, without cancellation
+    inputs = [m, v] + [t for t in leaves if t.requires_grad]
+    with torch.enable_grad():  # the engine directly: torch.autograd.grad's checks cost more than this
+        raw = _ENGINE.run_backward((scale, shift), (g_dot, g_sum), True, False, tuple(inputs), True, False)
+    grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(raw, inputs)]
+    s = (2.0 / call.n) * grads[1]
+    # gx = s·(x − μ) + g_μ/n + scale·g = s·x + (g_μ/n − s·μ) + scale·g: the constant in float64, so
+    # only s·x rounds at |x| (as nn.BatchNorm's own x·a + b does)
+    const = (grads[0] / call.n - s * m_x.to(m.dtype)).to(x.dtype)
+    rest = [gr.to(t.dtype) for gr, t in zip(grads[2:], (t for t in leaves if t.requires_grad))]
+    return scale.detach().to(x.dtype), s.to(x.dtype), const, rest
 
 
 _LIB = torch.library.Library("bnlab", "FRAGMENT")

@@ -6,6 +6,8 @@ layer's speed. :func:`count_ops` runs a callable under a ``TorchDispatchMode`` a
 operation that reaches the dispatcher below autograd, views excluded (they launch nothing). A custom
 operator registered with ``torch.library`` counts once: what runs inside it is not seen, so a count
 says how many operations the dispatcher, autocast and ``torch.compile`` see, not how many kernels run.
+With ``inside=True`` a call of the compiled per-channel coefficients (:mod:`.coef_compile`) counts as
+one, ``compiled::coefficients`` (its generated code is a kernel or two, not aten operations).
 
     >>> from bnlab.norms.opcount import count_ops, training_step
     >>> count_ops(training_step(bnlab.norms.create("bn", 64), (32, 64, 16, 16))).total
@@ -60,6 +62,12 @@ class _Counter(TorchDispatchMode):
         if not is_view(func) and name not in FREE:
             self.record.names.append(name if ns == "aten" else f"{ns}::{name}")
         return func(*args, **(kwargs or {}))
+
+    def record_compiled_call(self) -> None:
+        """Called by :mod:`.coef_compile` for one call of a compiled per-channel function (run with
+        this mode off: dynamo refuses user dispatch modes), counted as one operation."""
+        if self.inside:
+            self.record.names.append("compiled::coefficients")
 
 
 def count_ops(fn: Callable[[], object], inside: bool = False) -> OpCount:
