@@ -124,7 +124,7 @@ def checkpoint_state(trainer: Resumable, final_summary: dict[str, Any] | None = 
 
 
 def restore_state(trainer: Resumable, ckpt: dict[str, Any]) -> None:
-    """Put ``trainer`` back in the state ``ckpt`` holds (the inverse of :func:`checkpoint_state`)."""
+    """Put ``trainer`` back in the state ``ckpt`` holds (inverse of :func:`checkpoint_state`)."""
     if trainer.optimizer is None:
         raise RuntimeError("a resume needs the optimizer: call setup() first")
     trainer.model.load_state_dict(ckpt["model"])

@@ -1,4 +1,4 @@
-"""The metric window: the one owner of a run's per-step training values (see :mod:`bnlab.train.engine`).
+"""The metric window: the one owner of a run's per-step training values (:mod:`bnlab.train.engine`).
 
 Each step :meth:`MetricWindow.push` keeps its loss (and, for classification, its correct count) on
 the device: no host sync. :meth:`MetricWindow.read` reads every value since the last read in one
@@ -83,7 +83,8 @@ class MetricWindow:
             if correct is not None:
                 rows.append((step, "train_accuracy", correct / size))
         if step % self.steps_per_epoch == 0 or step == self.total_steps:
-            rows.extend((step, f"epoch_{name}", value) for name, value in self.epoch_means().items())
+            means = self.epoch_means()
+            rows.extend((step, f"epoch_{name}", value) for name, value in means.items())
         return rows
 
     def take_unscanned(self) -> list[tuple[int, list[float]]]:
