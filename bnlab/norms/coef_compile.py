@@ -32,6 +32,7 @@ import os
 import threading
 import types
 import warnings
+from collections import Counter
 from typing import Callable
 
 import torch
@@ -41,6 +42,8 @@ from torch.utils._python_dispatch import _disable_current_modes, _get_current_di
 _LOCK = threading.Lock()
 _BUILT: dict[tuple, Callable | None] = {}  # key -> compiled partials function, or None (eager forever)
 _WARNED: set[str] = set()
+CALLS: Counter = Counter()  # successful compiled calls by kind ("forward", "backward"): tests, diagnostics
+_FUNCTORCH_FRONT = torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode
 # The variants read their layer's (C,) buffers (mbn's moving moments, brn's running statistics):
 # dynamo makes module buffers static by default, which pins C and recompiles per channel count.
 # Built on first use: importing torch._dynamo costs 1.2 s that eager CPU users never need.
@@ -156,6 +159,8 @@ def run(key: tuple, name: str, fn: Callable, args: tuple, device: torch.device,
     if mode is not None and not hasattr(mode, "record_compiled_call"):
         return None
     if mode is None:
+        if torch._C._dispatch_tls_is_dispatch_key_excluded(_FUNCTORCH_FRONT):
+            return None  # a mode's handler re-dispatched the operator (its mode popped): torch.func is off
         return _call(key, name, fn, args, check)
     with _disable_current_modes():  # bnlab.norms.opcount's counter: one call, counted as one kernel
         out = _call(key, name, fn, args, check)
@@ -175,7 +180,9 @@ def _call(key: tuple, name: str, fn: Callable, args, check):
         return None
     try:
         with _dynamic_buffers():
-            return compiled(*args)
+            out = compiled(*args)
+        CALLS[key[0]] += 1
+        return out
     except Exception as exc:  # e.g. a recompile (new guards) that fails, or dynamo's recompile limit
         _BUILT[key] = None
         _warn_once(f"bnlab: calling the compiled per-channel math of {name} failed "
