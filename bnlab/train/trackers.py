@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bnlab.callbacks import Callback, Loop
-from bnlab.train.callbacks import trainer_of
+from bnlab.train.callbacks import RunTrainer, trainer_of
 
 LOG_TO_KINDS = ("tensorboard", "mlflow")
 _MLFLOW_BATCH = 1000  # metrics per log_batch call (MLflow's own limit)
@@ -57,9 +57,8 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _config_of(trainer: Any) -> dict[str, Any]:
-    config = trainer.config
-    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+def _config_of(trainer: RunTrainer) -> dict[str, Any]:
+    return trainer.config.to_dict()
 
 
 class TensorBoardLogger(Callback):
