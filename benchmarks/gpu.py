@@ -30,10 +30,10 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import AMP_DTYPES, SPECS, Budget, compile_and_warm, format_rows, layer_table, measure, op_counts  # noqa: E402
+from timing import AMP_DTYPES, SPECS, Budget, compile_and_warm, format_rows, layer_table, measure, op_counts
 
-import bnlab.models as M  # noqa: E402
-from bnlab.norms import set_progress  # noqa: E402
+import bnlab.models as M
+from bnlab.norms import set_progress
 
 # Priority for the compiled section: native first (the reference), then the BN family, then the rest.
 PRIORITY = ["native_bn", "bn", "cbn", "mbn", "brn", "mean_only_bn", "var_only_bn", "cbn(decouple=false)",

@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import BN_FAMILY, SPECS, Budget, NativeBNPlusNoise, fwd_bwd, layer_table, measure, op_counts  # noqa: E402
+from timing import BN_FAMILY, SPECS, Budget, NativeBNPlusNoise, fwd_bwd, layer_table, measure, op_counts
 
-from bnlab.norms.bench import _layer  # noqa: E402
+from bnlab.norms.bench import _layer
 
 FULL_SHAPES, QUICK_SHAPE = [(128, 64, 32, 32), (1000, 10), (32, 16, 8, 8)], (8, 4, 4, 4)
 EAGER_1_5 = ["noisy_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "si_bn", "wn"]

@@ -119,7 +119,7 @@ def _refused(fn, *errors) -> bool:
         fn()
     except errors:
         return True
-    except Exception as err:  # noqa: BLE001 - an unexpected error type is not a clear refusal
+    except Exception as err:  # an unexpected error type is not a clear refusal
         print(f"  unexpected {type(err).__name__}: {err}")
         return False
     return False

@@ -9,7 +9,7 @@ from typing import Mapping, Sequence
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 Series = tuple[Sequence[float], Sequence[float]]
 

@@ -40,7 +40,7 @@ def _entry(rank, world, port, target, args, results, collective_timeout):
         finally:
             dist.destroy_process_group()
         results.put((rank, True, value))
-    except BaseException:  # noqa: BLE001 - reported to the parent with the traceback
+    except BaseException:  # reported to the parent with the traceback
         results.put((rank, False, traceback.format_exc()))
 
 

@@ -43,7 +43,7 @@ def test_analysis_context_is_open_inside_its_block_and_closed_after(tmp_path, op
 def test_analyze_and_iter_outcomes_close_every_store(tmp_path, opened):
     try:
         runner.analyze("peng-fig2", "smoke", runs_dir=tmp_path)
-    except Exception:  # noqa: BLE001 - a one-run entry may not analyse; the store must close anyway
+    except Exception:  # a one-run entry may not analyse; the store must close anyway
         pass
     for _, _, ctx, _ in runner.iter_outcomes(tmp_path, tmp_path / "report"):
         assert ctx.run("bn").series("train_loss") == ([1], [0.5])  # open while the consumer reads it

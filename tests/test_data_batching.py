@@ -126,16 +126,16 @@ def test_each_augmented_image_is_some_crop_and_flip_of_its_source():
     for i in range(x.shape[0]):
         padded = F.pad(x[i], (4,) * 4)
         matches = [
-            (t, l, f)
+            (t, left, f)
             for t in range(9)
-            for l in range(9)
+            for left in range(9)
             for f in (False, True)
-            if torch.equal(out[i], (padded[:, t : t + 32, l : l + 32].flip(-1) if f else padded[:, t : t + 32, l : l + 32]))
+            if torch.equal(out[i], (padded[:, t : t + 32, left : left + 32].flip(-1) if f else padded[:, t : t + 32, left : left + 32]))
         ]
         assert len(matches) == 1
-        t, l, f = matches[0]
+        t, left, f = matches[0]
         flipped_any |= f
-        shifted_any |= (t, l) != (4, 4)
+        shifted_any |= (t, left) != (4, 4)
     assert flipped_any and shifted_any
 
 

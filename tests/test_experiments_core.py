@@ -118,7 +118,7 @@ def test_ray_sweep_on_a_local_instance(tmp_path):
 
     try:  # a sandbox without shared memory or sockets cannot host Ray at all: that is not our bug
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         pytest.skip(f"a local Ray instance could not start here: {err}")
     configs = [{**BASE, "norm": "bn", "lr": 0.1, "runs_dir": str(tmp_path)},
                {**WILD, "runs_dir": str(tmp_path)}]

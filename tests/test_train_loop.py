@@ -234,7 +234,7 @@ def test_runs_list_show_export(tmp_path):
     assert shown["series"]["train_loss"]["points"] == 3
     result = runner.invoke(app, ["runs", "export", record.id, "--format", "csv", "--runs-dir", str(tmp_path)])
     lines = result.stdout.strip().splitlines()
-    assert lines[0] == "run_id,step,name,value" and any(",3,test_accuracy," in l for l in lines)
+    assert lines[0] == "run_id,step,name,value" and any(",3,test_accuracy," in line for line in lines)
     result = runner.invoke(app, ["runs", "show", "zzzz", "--runs-dir", str(tmp_path)])
     assert result.exit_code == 2 and "no run 'zzzz'" in result.output
 

@@ -63,5 +63,5 @@ def __getattr__(name: str) -> Any:
 
 
 if _MISSING is None:  # the CLI proper (typer, the lab extra); it reads COMMANDS above
-    from bnlab.cli.typer_app import LazyGroup, app, load_command  # noqa: E402,F401
+    from bnlab.cli.typer_app import LazyGroup, app, load_command  # noqa: F401
 

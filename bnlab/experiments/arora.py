@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
-from .arora_verdicts import _arm, _seeds, d3_verdict  # noqa: F401 (re-exported)
+from .arora_verdicts import _arm, _seeds, d3_verdict  # (re-exported)
 from .common import RULE, compare_arms, finite_or_none, mean_std, safe_panels
 
 LRS = (1e-2, 1e-1, 1.0, 1e1, 1e2)        # "ranging from 10^-2 to 10^2"

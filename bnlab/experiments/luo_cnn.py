@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import ALPHA, RULE, compare_arms, finite_or_none, mean_curve, safe_panels, spearman
+from .common import ALPHA, RULE, compare_arms, finite_or_none, mean_curve, safe_panels
 from .verdict import holm
 from .luo_common import SETTLE_FRACTION, TRAIN_SIZES, _fmt, _points, settle, window_mean
 

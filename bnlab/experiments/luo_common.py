@@ -50,7 +50,7 @@ def train_collecting(config: dict, *, callbacks: Sequence[Any] = (), model_facto
         config["runs_dir"] = tmp
         try:
             record = bnlab_train.run(config, callbacks=list(callbacks), progress=False, model_factory=model_factory)
-        except Exception as err:  # noqa: BLE001 — a failed computation is reported, not fatal
+        except Exception as err:  # a failed computation is reported, not fatal
             return {"status": "failed", "metrics": {}, "series": {}, "error": f"{type(err).__name__}: {err}"}
         store = Store(f"{tmp}/bnlab.db")
         try:

@@ -65,7 +65,7 @@ def fig6_data(preset: str, tiny: bool = False, seed: int = 0) -> dict:
     with tempfile.TemporaryDirectory(prefix="bnlab-fig6-") as tmp:
         try:
             record = bnlab_train.run({**pre_cfg, "runs_dir": tmp}, progress=False)
-        except Exception as err:  # noqa: BLE001 — reported in the entry, never fatal to the sweep
+        except Exception as err:  # reported in the entry, never fatal to the sweep
             return {"pretrain": {"status": "failed", "metrics": {}, "error": f"{type(err).__name__}: {err}"},
                     "branches": {}}
         if record.status != "finished":

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from bnlab.theory import luo
 
 from .base import Experiment, Outcome, Plan, register

@@ -93,7 +93,7 @@ def in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
     def target() -> None:
         try:
             box["value"] = fn()
-        except BaseException as err:  # noqa: BLE001 — handed to the caller
+        except BaseException as err:  # handed to the caller
             box["error"] = err
 
     thread = threading.Thread(target=target, name="bnlab-computations", daemon=True)
@@ -295,7 +295,7 @@ def _run_in_pool(
                 except futures.process.BrokenProcessPool:
                     broken.append(key)
                     continue
-                except Exception as err:  # noqa: BLE001 — a lost run fails, not the sweep
+                except Exception as err:  # a lost run fails, not the sweep
                     records[key] = {
                         "id": None,
                         "status": "failed",

@@ -36,12 +36,12 @@ import math
 from bnlab.plots import bars
 
 from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import (RULE, compare_arms, finite_or_none, grouped_finals, mean_curve, mean_over_run, mean_std,
+from .common import (compare_arms, grouped_finals, mean_curve, mean_over_run, mean_std,
                      safe_panels, SETTLE_FRACTION, settle, smooth, value_at_fraction)
-from .peng_common import *  # noqa: F401,F403 (re-exported: the names tests and other entries use)
+from .peng_common import *  # noqa: F403 (re-exported: the names tests and other entries use)
 from .peng_verdict import CHANCE, paper_gain, settled_table_verdict, table_design, table_verdict  # noqa: F401
 from .verdict import Design, arm_values, holm, judge, settle_fraction
-from .peng_common import (ACT_TITLE, ACTIVATIONS, NON_RELU, PAPER_TABLES, PAPER_TRIALS, RELU_LIKE, ROW_FEATURES,
+from .peng_common import (ACT_TITLE, ACTIVATIONS, NON_RELU, PAPER_TABLES, PAPER_TRIALS, ROW_FEATURES,
                           ROW_NAMES, ROWS, SMOKE_SEEDS, SMOKE_WIDTH, TABLES, _base, _fmt, _pct, _run, _status_note,
                           padding_shares, row_spec)
 
@@ -360,6 +360,6 @@ for _fig, (_a, _b) in FIGURES.items():
         plan=_fig_plan(_fig), analyze=_fig_analyze(_fig)))
 
 
-from .peng_components import *  # noqa: E402,F401,F403 (registers Table 6 / Fig. 7; re-exports their verdicts)
-from .peng_figures import *  # noqa: E402,F401,F403 (registers the figure entries; re-exports their verdicts)
+from .peng_components import *  # noqa: E402,F403 (registers Table 6 / Fig. 7; re-exports their verdicts)
+from .peng_figures import *  # noqa: E402,F403 (registers the figure entries; re-exports their verdicts)
 from .peng_figures import _mean_variance  # noqa: E402,F401

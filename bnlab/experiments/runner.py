@@ -74,10 +74,10 @@ def _train_one(config: dict, callbacks: list | tuple = ()) -> dict:
                     print(f"waiting: {err}", file=sys.stderr, flush=True)
                     said = True
                 time.sleep(LOCK_POLL_SECONDS)
-    except Exception as err:  # noqa: BLE001 — the sweep must go on; the error is recorded
+    except Exception as err:  # the sweep must go on; the error is recorded
         try:  # the stored run's id (run identity covers more than the config), else the config's
             run_id = getattr(err, "bnlab_run_id", None) or train.TrainConfig.coerce(config).run_id()
-        except Exception:  # noqa: BLE001
+        except Exception:
             run_id = None
         return {"id": run_id, "status": "failed", "steps": 0, "config": config, "metrics": {},
                 "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(limit=5)}
@@ -129,7 +129,7 @@ def _run_on_ray(configs: list[dict], address: str, progress: bool | None) -> lis
             index = pending.pop(done[0])
             try:
                 records[index] = ray.get(done[0])
-            except Exception as err:  # noqa: BLE001 — a lost worker is a failed run, not a failed sweep
+            except Exception as err:  # a lost worker is a failed run, not a failed sweep
                 records[index] = {"id": None, "status": "failed", "steps": 0, "config": configs[index],
                                   "metrics": {}, "error": f"{type(err).__name__}: {err}"}
             bar.update()
@@ -364,7 +364,7 @@ def iter_outcomes(runs_dir: str | Path, report_dir: str | Path | None = None
             continue  # an entry that no longer exists in the catalogue
         try:
             outcome: Outcome | Exception = ctx.experiment.analyze(ctx)
-        except Exception as err:  # noqa: BLE001 — one broken entry must not hide the others
+        except Exception as err:  # one broken entry must not hide the others
             outcome = err
         try:
             yield experiment_id, preset, ctx, outcome

@@ -52,4 +52,4 @@ from .santurkar_common import (  # noqa: F401  (re-exported: the shared names of
 )
 
 # The entries register themselves on import (the catalogue imports this module only).
-from . import santurkar_vgg, santurkar_dln, santurkar_lp  # noqa: F401,I001  (figure order)
+from . import santurkar_vgg, santurkar_dln, santurkar_lp  # noqa: F401  (figure order)

@@ -155,9 +155,9 @@ def window_summary(curve: dict, step_sizes: list[float], lo: float, hi: float) -
 
     Same definitions as the landscape probe (:class:`bnlab.probes.LandscapeResult`): the range of
     L(θ − s g), max ‖∇L(θ) − ∇L(θ − s g)‖ and max of that over s‖g‖; non-finite points are skipped."""
-    rows = [(s, l, d) for s, l, d in zip(step_sizes, curve["loss"], curve["grad_change"])
+    rows = [(s, loss, d) for s, loss, d in zip(step_sizes, curve["loss"], curve["grad_change"])
             if lo * (1 - 1e-9) <= s <= hi * (1 + 1e-9)]
-    losses = [l for _, l, _ in rows if l is not None]
+    losses = [loss for _, loss, _ in rows if loss is not None]
     changes = [(s, d) for s, _, d in rows if d is not None]
     g = curve.get("grad_norm") or 0.0
     betas = [d / (s * g) for s, d in changes if s > 0 and g > 0]

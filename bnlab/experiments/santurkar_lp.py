@@ -73,7 +73,7 @@ def fig11_verdict(losses: dict[str, list[float]], landscapes: dict[str, list[dic
 
 def _fig11_analyze(ctx) -> Outcome:
     by_label, arms = _runs_by_label(ctx), arm_runs(ctx)
-    labels = [l for l in LP_LABELS if f"VGG: {l}" in by_label or f"DLN: {l}" in by_label]
+    labels = [label for label in LP_LABELS if f"VGG: {label}" in by_label or f"DLN: {label}" in by_label]
     figures, table, losses, landscapes = [], [], {}, {}
     for net, fig_name, target in NETS:
         runs = {label: by_label.get(f"{net}: {label}") for label in labels}
@@ -98,7 +98,7 @@ def _fig11_analyze(ctx) -> Outcome:
     def lr_of(net: str) -> float:
         return (vgg_config if net == "VGG" else dln_config)(ctx.preset, "none")["lr"]
 
-    lines = "; ".join(f"{net}: " + sharpness_line({l: arms.get(f"{net}: {l}", []) for l in labels}, lr_of(net))
+    lines = "; ".join(f"{net}: " + sharpness_line({label: arms.get(f"{net}: {label}", []) for label in labels}, lr_of(net))
                       for net, _, _ in NETS)
     return Outcome(figures, table, verdict, f"{summary} {lines}")
 
@@ -148,7 +148,7 @@ def fig14_verdict(drift: dict[str, list[float]], losses: dict[str, list[float]],
 
 def _fig14_analyze(ctx) -> Outcome:
     by_label, arms = _runs_by_label(ctx), arm_runs(ctx)
-    labels = [l for l in LP_LABELS if f"VGG: {l}" in by_label]
+    labels = [label for label in LP_LABELS if f"VGG: {label}" in by_label]
     specs = []
     for label in labels:
         r = by_label[f"VGG: {label}"]
@@ -158,12 +158,12 @@ def _fig14_analyze(ctx) -> Outcome:
             specs.append(_distribution_panel(r, unit, f"{label}: {unit}"))
     fig = safe_panels(ctx.figure_path("vgg_lp_activations"), specs or [{"title": "no activation histograms"}],
                       ncols=4, title="Santurkar Fig. 14: VGG activation distributions under ℓp normalizations (seed 0)")
-    drift = {l: per_seed(arms.get(f"VGG: {l}"), distribution_drift) for l in labels}
-    losses = {l: per_seed(arms.get(f"VGG: {l}"), mean_train_loss) for l in labels}
-    table = [{"quantity": f"VGG {l}: median distribution drift; mean training loss (per seed)",
-              "ours": f"{' '.join(_fmt(v) for v in drift[l]) or '—'}; {' '.join(_fmt(v) for v in losses[l]) or '—'}",
+    drift = {label: per_seed(arms.get(f"VGG: {label}"), distribution_drift) for label in labels}
+    losses = {label: per_seed(arms.get(f"VGG: {label}"), mean_train_loss) for label in labels}
+    table = [{"quantity": f"VGG {label}: median distribution drift; mean training loss (per seed)",
+              "ours": f"{' '.join(_fmt(v) for v in drift[label]) or '—'}; {' '.join(_fmt(v) for v in losses[label]) or '—'}",
               "paper": "ℓp: larger distributional shift than normal networks, yet better optimization (Fig. 14)"
-              if l in LP else "reference"} for l in labels]
+              if label in LP else "reference"} for label in labels]
     verdict, summary = fig14_verdict(drift, losses, _inconclusive_if_tiny(ctx))
     return Outcome([fig], table, verdict, summary)
 

@@ -123,7 +123,7 @@ def _fig6_analyze(ctx) -> Outcome:
     for net in ("VGG", "DLN"):
         runs = {label: by_label.get(f"{net}: {label}") for label in FIG6_LABELS}
         reference = runs[STANDARD] or runs[BN]
-        layers = [l for l in probe_layers(reference, "ics", "l2") if l not in _first_layer_zero(reference)] \
+        layers = [name for name in probe_layers(reference, "ics", "l2") if name not in _first_layer_zero(reference)] \
             if reference is not None else []
         for layer in pick(layers, (0.3, 0.9)):
             for quantity, ylabel in (("l2", "‖G − G′‖₂"), ("cos", "cos(G, G′)")):

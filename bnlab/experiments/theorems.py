@@ -292,4 +292,4 @@ register(
 )
 
 
-from .theorems_rates import *  # noqa: E402,F401,F403 (registers arora-rates and mbn-theorems)
+from .theorems_rates import *  # noqa: E402,F403 (registers arora-rates and mbn-theorems)

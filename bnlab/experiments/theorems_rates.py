@@ -203,7 +203,7 @@ def mbn_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
     summary = (
         "primary: Var[μ_M]·m/((1−λ)/(1+λ)) − 1 in sampling SEs: "
         + ", ".join(f"m={r['m']} λ={r['momentum']:g}: {z:.1f}" for r, z in rel)
-        + f" (≤ 4 required; equivalent batch m(1+λ)/(1−λ)); "
+        + " (≤ 4 required; equivalent batch m(1+λ)/(1−λ)); "
         "Theorem 1 KS(ξ_μ, N(0,1/m)) / KS(ξ_σ, χ²(m−1)/m): "
         + ", ".join(f"m={m}: {a:.4f}/{b:.4f}" for m, a, b, _ in ks)
         + f" (smallest Holm-adjusted p {min(holm(pvals).values()):.2g})"

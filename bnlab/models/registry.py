@@ -11,7 +11,7 @@ import torch.nn as nn
 
 import bnlab.norms as norms
 
-from . import vgg, resnet, mlp, vision  # noqa: F401, I001  (their @model decorators fill MODEL_INFO, in this order)
+from . import vgg, resnet, mlp, vision  # noqa: F401  (their @model decorators fill MODEL_INFO, in this order)
 from .blocks import ACTIVATIONS, INITS, BlockFactory, check_choice
 from .catalog import MODEL_INFO, ModelInfo
 

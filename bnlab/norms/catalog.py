@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-# noqa: I001 -- the import order is the catalogue's order
+# the import order is the catalogue's order
 from . import batchnorm  # noqa: F401  (bn, mean_only_bn, var_only_bn, native_bn)
-from . import noisy, lp, momentum, complete, renorm  # noqa: F401, I001
+from . import noisy, lp, momentum, complete, renorm  # noqa: F401
 from . import wrappers  # noqa: F401  (si_bn, wn)
 from .registry import NormInfo, register
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Protocol, cast
 
-import torch
 import torch.nn as nn
 from torch.optim import Optimizer
 

@@ -11,8 +11,8 @@ from torch import nn
 from bnlab.callbacks import Batch, Callback, CallbackList, LossFn
 
 # Importing a probe's module registers it; this order is the order of available() and describe().
-from . import activations, histograms  # noqa: F401,I001 (register)
-from . import gamma, cbn_ratios, batch_noise, bn_regularization  # noqa: F401,I001 (register)
+from . import activations, histograms  # noqa: F401 (register)
+from . import gamma, cbn_ratios, batch_noise, bn_regularization  # noqa: F401 (register)
 from . import effective_lr, gradients, hessian, ics, landscape  # noqa: F401 (register)
 from .base import PROBES, Probe
 

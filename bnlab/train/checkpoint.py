@@ -149,7 +149,7 @@ def load_checkpoint(
         return None
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure means a damaged file
+    except Exception as err:  # any unpickling failure means a damaged file
         raise CheckpointCorruptError(
             f"checkpoint {path} cannot be read ({type(err).__name__}: {err}). " + _recovery(path)
         ) from err
