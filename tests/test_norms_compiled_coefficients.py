@@ -197,3 +197,32 @@ def test_a_foreign_dispatch_mode_gets_the_eager_path(fresh):
     assert coef_compile._BUILT == {}
     layer(x).sum().backward()
     assert built() == ["forward", "backward"]
+
+
+def test_threads_share_one_compile_and_leave_dynamo_config_as_found(policy):
+    """Two threads stepping compiled layers at once: the results of serial steps, one compiled
+    function, and dynamo's static-shape flags restored afterwards (a count, not saved values)."""
+    import threading
+
+    policy("1")
+    serial = [three_steps("bn") for _ in range(2)]
+    results, errors = [None, None], []
+    barrier = threading.Barrier(2)
+
+    def work(i):
+        try:
+            barrier.wait(10)
+            results[i] = three_steps("bn")
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    for got, want in zip(results, serial):
+        assert_close_all(got, want, rtol=0)
+    config = torch._dynamo.config
+    assert config.force_parameter_static_shapes and config.force_nn_module_property_static_shapes

@@ -46,15 +46,42 @@ CALLS: Counter = Counter()  # successful compiled calls by kind ("forward", "bac
 _FUNCTORCH_FRONT = torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode
 # The variants read their layer's (C,) buffers (mbn's moving moments, brn's running statistics):
 # dynamo makes module buffers static by default, which pins C and recompiles per channel count.
-# Built on first use: importing torch._dynamo costs 1.2 s that eager CPU users never need.
-_PATCH: list = []
+_FLAGS = ("force_nn_module_property_static_shapes", "force_parameter_static_shapes")
 
 
-def _dynamic_buffers():
-    if not _PATCH:
-        _PATCH.append(torch._dynamo.config.patch(force_nn_module_property_static_shapes=False,
-                                                 force_parameter_static_shapes=False))
-    return _PATCH[0]
+class _DynamicBuffers:
+    """Both flags False while any thread is inside (a count, not a stack of saved values: threads may
+    leave in any order, and the last one out restores what the first one in found). dynamo's config
+    is process-wide, so a user's own compile running at that moment in another thread sees it too.
+    torch._dynamo is imported on first use: 1.2 s that eager CPU users never need."""
+
+    def __init__(self) -> None:
+        self.depth, self.saved, self.lock = 0, (), threading.Lock()
+
+    def __enter__(self) -> None:
+        with self.lock:
+            if self.depth == 0:
+                config = torch._dynamo.config
+                self.saved = tuple(getattr(config, f) for f in _FLAGS)
+                for flag in _FLAGS:
+                    setattr(config, flag, False)
+            self.depth += 1
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            self.depth -= 1
+            if self.depth == 0:
+                for flag, value in zip(_FLAGS, self.saved):
+                    setattr(torch._dynamo.config, flag, value)
+
+
+_PATCH = _DynamicBuffers()
+
+
+def _dynamic_buffers() -> _DynamicBuffers:
+    return _PATCH
+
+
 MAX_CHECKED_C = 1024  # the one-time Jacobian check is (2C)×C per input: above this, stay eager
 
 
