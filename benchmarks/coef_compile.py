@@ -2,12 +2,13 @@
 
     python benchmarks/coef_compile.py [--specs bn,cbn] [--shapes 1000x10,32x16x8x8] [--pairs 11]
 
-One training forward + backward, float32, 1 thread, timed by this thread's CPU time (the machine is
-shared), four arms alternated in one process (pair i runs them forwards when i is even, backwards when
-odd; median of the per-pair ratios to native BN): native ``nn.BatchNorm``; the layer's plain-autograd
-path; the fused operators with eager coefficients; the fused operators with compiled coefficients
-(``BNLAB_COMPILE_COEFFICIENTS=1``, inductor). Also the one-time compile cost (wall clock, first step)
-and the operations counted inside bnlab's operators (``count_ops(..., inside=True)``) on (32, 64, 16, 16).
+One training forward + backward, float32, 1 thread, timed by this thread's CPU time (the machine
+is shared), four arms alternated in one process (pair i runs them forwards when i is even,
+backwards when odd; median of the per-pair ratios to native BN): native ``nn.BatchNorm``; the
+layer's plain-autograd path; the fused operators with eager coefficients; the fused operators with
+compiled coefficients (``BNLAB_COMPILE_COEFFICIENTS=1``, inductor). Also the one-time compile cost
+(wall clock, first step) and the operations counted inside bnlab's operators
+(``count_ops(..., inside=True)``) on (32, 64, 16, 16).
 Writes benchmarks/results/norms_coef_compile.json.
 """
 
@@ -38,6 +39,7 @@ def arm(spec: str, shape, policy: str, min_numel: int):
     def run() -> None:
         os.environ["BNLAB_COMPILE_COEFFICIENTS"], norms_base.FUSED_MIN_NUMEL = policy, min_numel
         step()
+
     start = time.perf_counter()
     run()
     return run, time.perf_counter() - start
@@ -52,17 +54,23 @@ def compare(spec: str, shape, pairs: int, inner: int) -> dict:
             fn()
     times: dict[str, list[float]] = {k: [] for k in arms}
     for i in range(pairs):
-        for name, fn in (list(arms.items()) if i % 2 == 0 else list(reversed(arms.items()))):
+        for name, fn in list(arms.items()) if i % 2 == 0 else list(reversed(arms.items())):
             start = time.thread_time()
             for _ in range(inner):
                 fn()
             times[name].append((time.thread_time() - start) / inner * 1e6)
     native = times["native"]
-    return {"spec": spec, "shape": list(shape),
-            "us": {k: round(statistics.median(v), 1) for k, v in times.items()},
-            "ratio_to_native": {k: round(statistics.median(a / b for a, b in zip(v, native)), 2)
-                                for k, v in times.items() if k != "native"},
-            "first_step_s": {k: round(v, 2) for k, v in first.items()}}
+    return {
+        "spec": spec,
+        "shape": list(shape),
+        "us": {k: round(statistics.median(v), 1) for k, v in times.items()},
+        "ratio_to_native": {
+            k: round(statistics.median(a / b for a, b in zip(v, native)), 2)
+            for k, v in times.items()
+            if k != "native"
+        },
+        "first_step_s": {k: round(v, 2) for k, v in first.items()},
+    }
 
 
 def inside_counts(spec: str, shape=(32, 64, 16, 16)) -> dict:
@@ -82,7 +90,9 @@ def main() -> None:
     parser.add_argument("--shapes", default="1000x10,32x16x8x8")
     parser.add_argument("--pairs", type=int, default=11)
     parser.add_argument("--inner", type=int, default=20)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "norms_coef_compile.json"))
+    parser.add_argument(
+        "--out", default=str(Path(__file__).parent / "results" / "norms_coef_compile.json")
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
@@ -93,10 +103,18 @@ def main() -> None:
             rows.append(compare(spec, shape, args.pairs, args.inner))
             print(json.dumps(rows[-1]), flush=True)
         counts[spec] = inside_counts(spec)
-    result = {"torch": torch.__version__, "machine": platform.processor() or platform.machine(),
-              "threads": 1, "clock": "thread CPU time", "pairs": args.pairs, "inner": args.inner,
-              "load_before": load, "load_after": [round(x, 2) for x in os.getloadavg()],
-              "inside_op_counts_32x64x16x16": counts, "rows": rows}
+    result = {
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "threads": 1,
+        "clock": "thread CPU time",
+        "pairs": args.pairs,
+        "inner": args.inner,
+        "load_before": load,
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "inside_op_counts_32x64x16x16": counts,
+        "rows": rows,
+    }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(counts))
 

@@ -9,21 +9,27 @@ built that returns, in a single call, the coefficients AND their per-channel par
                                                                         that require grad),
 
 from two ``torch.func.vjp`` pulls (cotangents (1, 0) and (0, 1)), compiled by ``torch.compile``
-(inductor, dynamic over C, ``fullgraph=True``): a kernel or two. The backward pass is then
-``∂L/∂in_i = P[0, i]·Σg·x + P[1, i]·Σg`` (two elementwise operations), with no graph kept and
-no recomputation — so buffers that the layer's update writes in place after the forward pass (mbn's
-moving moments, cbn's AMAT, brn's running statistics) cannot change the gradient.
+(inductor, dynamic over C, ``fullgraph=True``): a kernel or two. The backward pass's per-channel
+algebra — ``∂L/∂in_i = P[0, i]·Σg·x + P[1, i]·Σg``, then the two (C,) factors of the input gradient
+(the chain rule through μ_B and σ²_B of Ioffe & Szegedy 2015, §3, with the variant's coefficients in
+place of BN's) — is a second compiled function, :func:`assemble`, shared by every variant. No graph
+is kept and nothing is recomputed, so buffers that the layer's update writes in place after the
+forward pass (mbn's moving moments, cbn's AMAT, brn's running statistics) cannot change the
+gradient.
 
 This is exact only when the coefficient map is channel-wise (channel c's outputs depend on channel
 c's inputs alone), which every BN-family variant is; it is checked once per key, on the first call,
 against the full Jacobian (``torch.func.jacrev``), and a variant that fails the check (or whose
-trace or compile raises) keeps the eager per-channel path, with one warning.
+trace or compile raises, then or on a later call) keeps the eager per-channel path, with one
+warning.
 
 Policy (``BNLAB_COMPILE_COEFFICIENTS``, read on every call): ``auto`` (default) compiles on CUDA
-only, where launches dominate; on the CPU the first compile costs 5–25 s per variant while a call
-saves about 0.2 ms (benchmarks/results/norms_coef_compile.json), so it is opt-in there:
-``1`` compiles on every device, ``0`` never. ``BNLAB_COEF_BACKEND`` picks the dynamo backend
-(default ``inductor``; ``aot_eager`` traces without generating code, which the tests use).
+only, where kernel launches dominate (unmeasured: no GPU was available); ``1`` compiles on every
+device, ``0`` never. On the CPU it is measured no faster (each compiled call costs 0.10–0.16 ms in
+dynamo's guards and wrappers, more than the eager micro-ops it replaces) and the first step compiles
+for 2–28 s per variant (benchmarks/results/norms_coef_compile.json), hence off there by default.
+``BNLAB_COEF_BACKEND`` picks the dynamo backend (default ``inductor``; ``aot_eager`` traces without
+generating code, which the tests use).
 """
 
 from __future__ import annotations
@@ -40,9 +46,13 @@ from torch import Tensor
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode
 
 _LOCK = threading.Lock()
-_BUILT: dict[tuple, Callable | None] = {}  # key -> compiled partials function, or None (eager forever)
+_BUILT: dict[
+    tuple, Callable | None
+] = {}  # key -> compiled partials function, or None (eager forever)
 _WARNED: set[str] = set()
-CALLS: Counter = Counter()  # successful compiled calls by kind ("forward", "backward"): tests, diagnostics
+CALLS: Counter = (
+    Counter()
+)  # successful compiled calls by kind ("forward", "backward"): tests, diagnostics
 _FUNCTORCH_FRONT = torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode
 # The variants read their layer's (C,) buffers (mbn's moving moments, brn's running statistics):
 # dynamo makes module buffers static by default, which pins C and recompiles per channel count.
@@ -50,10 +60,10 @@ _FLAGS = ("force_nn_module_property_static_shapes", "force_parameter_static_shap
 
 
 class _DynamicBuffers:
-    """Both flags False while any thread is inside (a count, not a stack of saved values: threads may
-    leave in any order, and the last one out restores what the first one in found). dynamo's config
-    is process-wide, so a user's own compile running at that moment in another thread sees it too.
-    torch._dynamo is imported on first use: 1.2 s that eager CPU users never need."""
+    """Both flags False while any thread is inside (a count, not a stack of saved values:
+    threads may leave in any order; the last one out restores what the first one in found).
+    dynamo's config is process-wide, so a user's own compile running at that moment in another
+    thread sees it too. torch._dynamo is imported on first use: 1.2 s eager CPU users never need."""
 
     def __init__(self) -> None:
         self.depth, self.saved, self.lock = 0, (), threading.Lock()
@@ -86,7 +96,7 @@ MAX_CHECKED_C = 1024  # the one-time Jacobian check is (2C)×C per input: above 
 
 
 def policy_allows(device: torch.device) -> bool:
-    """Whether the environment asks for compiled coefficients on ``device`` (see module docstring)."""
+    """Whether the environment asks for compiled coefficients on ``device`` (module docstring)."""
     mode = os.environ.get("BNLAB_COMPILE_COEFFICIENTS", "auto").strip().lower()
     if mode in ("0", "false", "off", "no"):
         return False
@@ -97,8 +107,15 @@ def policy_allows(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def partials(coef_fn: Callable, needs: tuple[bool, ...], cdt: torch.dtype, xdt: torch.dtype,
-             mean: Tensor, var: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
+def partials(
+    coef_fn: Callable,
+    needs: tuple[bool, ...],
+    cdt: torch.dtype,
+    xdt: torch.dtype,
+    mean: Tensor,
+    var: Tensor,
+    *tensors: Tensor,
+) -> tuple[Tensor, ...]:
     """The forward operator's per-channel work in one function: (scale, shift, μ_B) in x's dtype
     ``xdt``, μ_B in ``cdt`` and P of shape (2, k, C) in ``cdt`` as in the module docstring."""
     m, v = mean.to(cdt), var.to(cdt)
@@ -110,27 +127,42 @@ def partials(coef_fn: Callable, needs: tuple[bool, ...], cdt: torch.dtype, xdt: 
     wanted = [t for t, need in zip(tensors, needs) if need]
     (scale, shift), pull = torch.func.vjp(f, m, v, *wanted)
     one, zero = torch.ones_like(scale), torch.zeros_like(scale)
-    rows = [torch.stack([d.to(cdt).expand_as(m) for d in pull((one, zero))]),
-            torch.stack([d.to(cdt).expand_as(m) for d in pull((zero, one))])]
+    rows = [
+        torch.stack([d.to(cdt).expand_as(m) for d in pull((one, zero))]),
+        torch.stack([d.to(cdt).expand_as(m) for d in pull((zero, one))]),
+    ]
     return scale.to(xdt), shift.to(xdt), m.to(xdt), m, torch.stack(rows)
 
 
-def assemble(p: Tensor, m: Tensor, m_x: Tensor, g_sum: Tensor, g_dot_centred: Tensor, n: int,
-             dtypes: tuple[torch.dtype, ...]) -> tuple[Tensor, ...]:
+def assemble(
+    p: Tensor,
+    m: Tensor,
+    m_x: Tensor,
+    g_sum: Tensor,
+    g_dot_centred: Tensor,
+    n: int,
+    dtypes: tuple[torch.dtype, ...],
+) -> tuple[Tensor, ...]:
     """The backward operator's per-channel work in one function: from the reductions Σg and
     Σg·(x − μ), the gradients of μ_B, σ²_B and the tensors, and the input gradient's (C,) factors
     (s, c) of ∂L/∂x = s·x + c + scale·g (:mod:`.fused`); in the dtypes of what they belong to."""
     g_sum = g_sum.to(m.dtype)
-    g_dot = g_dot_centred.to(m.dtype) + m_x.to(m.dtype) * g_sum  # Σ g·x, exactly, without cancellation
+    g_dot = (
+        g_dot_centred.to(m.dtype) + m_x.to(m.dtype) * g_sum
+    )  # Σ g·x, exactly, without cancellation
     grads = p[0] * g_dot + p[1] * g_sum  # (k, C): ∂L/∂in_i = P[0, i]·Σg·x + P[1, i]·Σg
     s = (2.0 / n) * grads[1]
     const = grads[0] / n - s * m_x.to(m.dtype)  # the constant in float64: only s·x rounds at |x|
-    return (s.to(m_x.dtype), const.to(m_x.dtype), *[grads[2 + i].to(dt) for i, dt in enumerate(dtypes)])
+    return (
+        s.to(m_x.dtype),
+        const.to(m_x.dtype),
+        *[grads[2 + i].to(dt) for i, dt in enumerate(dtypes)],
+    )
 
 
 def _fresh(fn: Callable, tag: int) -> Callable:
-    """A copy of ``fn`` with its own code object: dynamo keeps its compiled entries (and its limit of
-    recompiles) per code object, so each variant gets its own instead of sharing one."""
+    """A copy of ``fn`` with its own code object: dynamo keeps its compiled entries (and its limit
+    of recompiles) per code object, so each variant gets its own instead of sharing one."""
     code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
     return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
@@ -166,18 +198,30 @@ def _build(name: str, fn: Callable, args, check: Callable[[], bool] | None) -> C
             _warn_once(f"bnlab: {name} is not channel-wise; its coefficients stay eager")
             return None
         backend = os.environ.get("BNLAB_COEF_BACKEND", "inductor")
-        compiled = torch.compile(_fresh(fn, len(_BUILT)), backend=backend, dynamic=True, fullgraph=True)
+        compiled = torch.compile(
+            _fresh(fn, len(_BUILT)), backend=backend, dynamic=True, fullgraph=True
+        )
         with _dynamic_buffers():
             compiled(*args)  # compile now, inside the try
         return compiled
-    except Exception as exc:  # no C++ compiler, an untraceable variant: remember, warn once, stay eager
-        _warn_once(f"bnlab: compiling the per-channel math of {name} failed ({type(exc).__name__}: "
-                   f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); it stays eager")
+    except (
+        Exception
+    ) as exc:  # no C++ compiler, an untraceable variant: remember, warn once, stay eager
+        _warn_once(
+            f"bnlab: compiling the per-channel math of {name} failed ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); it stays eager"
+        )
         return None
 
 
-def run(key: tuple, name: str, fn: Callable, args: tuple, device: torch.device,
-        check: Callable[[], bool] | None = None):
+def run(
+    key: tuple,
+    name: str,
+    fn: Callable,
+    args: tuple,
+    device: torch.device,
+    check: Callable[[], bool] | None = None,
+):
     """``fn(*args)`` compiled once per ``key``, or None where the eager path must run instead
     (policy off, under compile or a foreign dispatch mode, compile failed, not channel-wise)."""
     if not policy_allows(device) or torch.compiler.is_compiling():
@@ -187,7 +231,8 @@ def run(key: tuple, name: str, fn: Callable, args: tuple, device: torch.device,
         return None
     if mode is None:
         if torch._C._dispatch_tls_is_dispatch_key_excluded(_FUNCTORCH_FRONT):
-            return None  # a mode's handler re-dispatched the operator (its mode popped): torch.func is off
+            # a mode's handler re-dispatched the operator (its mode popped): torch.func is off
+            return None
         return _call(key, name, fn, args, check)
     with _disable_current_modes():  # bnlab.norms.opcount's counter: one call, counted as one kernel
         out = _call(key, name, fn, args, check)
@@ -210,15 +255,26 @@ def _call(key: tuple, name: str, fn: Callable, args, check):
             out = compiled(*args)
         CALLS[key[0]] += 1
         return out
-    except Exception as exc:  # e.g. a recompile (new guards) that fails, or dynamo's recompile limit
+    except (
+        Exception
+    ) as exc:  # e.g. a recompile (new guards) that fails, or dynamo's recompile limit
         _BUILT[key] = None
-        _warn_once(f"bnlab: calling the compiled per-channel math of {name} failed "
-                   f"({type(exc).__name__}); it stays eager")
+        _warn_once(
+            f"bnlab: calling the compiled per-channel math of {name} failed "
+            f"({type(exc).__name__}); it stays eager"
+        )
         return None
 
 
-def forward_coefficients(coef_fn: Callable, needs: tuple[bool, ...], cdt: torch.dtype, xdt: torch.dtype,
-                         mean: Tensor, var: Tensor, tensors) -> tuple[Tensor, ...] | None:
+def forward_coefficients(
+    coef_fn: Callable,
+    needs: tuple[bool, ...],
+    cdt: torch.dtype,
+    xdt: torch.dtype,
+    mean: Tensor,
+    var: Tensor,
+    tensors,
+) -> tuple[Tensor, ...] | None:
     """:func:`partials` compiled for this variant, or None (eager path)."""
     code = getattr(coef_fn, "__func__", coef_fn).__code__
     key = ("forward", code, cdt, xdt, mean.device.type, needs, tuple(t.dtype for t in tensors))
@@ -226,15 +282,26 @@ def forward_coefficients(coef_fn: Callable, needs: tuple[bool, ...], cdt: torch.
 
     def check() -> bool:
         return _channelwise(coef_fn, needs, mean.to(cdt), var.to(cdt), tensors)
-    return run(key, name, partials, (coef_fn, needs, cdt, xdt, mean, var, *tensors), mean.device, check)
+
+    return run(
+        key, name, partials, (coef_fn, needs, cdt, xdt, mean, var, *tensors), mean.device, check
+    )
 
 
-def backward_coefficients(p: Tensor, m: Tensor, m_x: Tensor, g_sum: Tensor, g_dot_centred: Tensor,
-                          n: int, dtypes: tuple[torch.dtype, ...]) -> tuple[Tensor, ...] | None:
+def backward_coefficients(
+    p: Tensor,
+    m: Tensor,
+    m_x: Tensor,
+    g_sum: Tensor,
+    g_dot_centred: Tensor,
+    n: int,
+    dtypes: tuple[torch.dtype, ...],
+) -> tuple[Tensor, ...] | None:
     """:func:`assemble` compiled (one function for every variant), or None (eager path)."""
     key = ("backward", m.dtype, m_x.dtype, g_sum.dtype, m.device.type, dtypes)
-    return run(key, "the fused backward", assemble, (p, m, m_x, g_sum, g_dot_centred, n, dtypes),
-               m.device)
+    return run(
+        key, "the fused backward", assemble, (p, m, m_x, g_sum, g_dot_centred, n, dtypes), m.device
+    )
 
 
 def reset() -> None:

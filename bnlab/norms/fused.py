@@ -13,11 +13,13 @@ operators registered with ``torch.library`` (namespace ``bnlab``), one each way:
 
 What this buys, honestly: the dispatcher (profilers, ``TorchDispatchMode``\\ s, autocast) sees one
 operation each way instead of 25–60, and the Python-level autograd bookkeeping is one
-``autograd.Function`` node. Inside each operator the per-channel coefficient math still runs as
-ordinary eager ops on C-element tensors (about 10–25 of them, microseconds each on a CPU); on a GPU
-each of those is still a kernel launch. Only the full-size passes are single kernels: statistics (1),
-affine (1) forward; reductions (1), input gradient (2) backward. The per-channel math is grouped,
-not fused: no claim of GPU speed is made for it (see docs/readme/benchmarks.md).
+``autograd.Function`` node. Inside each operator the per-channel coefficient math runs either as
+ordinary eager ops on C-element tensors (about 10–25 each way, microseconds each on a CPU, but each
+a kernel launch on a GPU), or, where :mod:`.coef_compile`'s policy allows (CUDA by default;
+``BNLAB_COMPILE_COEFFICIENTS``), as one compiled function each way: the coefficients with their
+per-channel partials forward, the gradients' per-channel algebra backward. The full-size passes are
+single kernels: statistics (1), affine (1) forward; reductions (1), input gradient (2) backward.
+Measured: docs/readme/benchmarks.md (on the CPU the compiled path is no faster; GPU unmeasured).
 
 The Python callables (statistics, coefficients, buffer update) cannot be operator arguments: each call
 parks them in a table under an integer ``key`` that the operator pops. Eager only: under
@@ -193,9 +195,10 @@ class _Partials:
         self.p = p
 
 
-def _coefficients(call: _Call, x: Tensor, mean: Tensor, var: Tensor, tensors) -> tuple[Tensor, Tensor]:
-    """(scale, shift) in x's dtype; keeps on ``call.graph`` what the backward pass needs: the compiled
-    per-channel partials (:mod:`.coef_compile`) where allowed, else the eager autograd graph."""
+def _coefficients(call: _Call, x: Tensor, mean: Tensor, var: Tensor,
+                  tensors) -> tuple[Tensor, Tensor]:
+    """(scale, shift) in x's dtype; keeps on ``call.graph`` what the backward pass needs: the
+    compiled per-channel partials (:mod:`.coef_compile`) where allowed, else the eager autograd graph."""
     leaves = [t.detach() for t in tensors]
     dt = coef_dtype(x)
     out = forward_coefficients(call.coef_fn, tuple(call.needs), dt, x.dtype, mean, var, leaves)
@@ -241,16 +244,19 @@ def _stats_affine_backward(g: Tensor, x: Tensor, key: int) -> list[Tensor]:
     return [gx, *rest]
 
 
-def _eager_backward(call: _Call, g: Tensor, x: Tensor) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
-    """(scale, s, const, tensors' gradients) from the eager coefficient graph, x's dtype for the first three."""
+def _eager_backward(call: _Call, g: Tensor,
+                    x: Tensor) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+    """(scale, s, const, tensors' gradients) from the eager coefficient graph; the first three in
+    x's dtype. What :func:`.coef_compile.assemble` computes from the compiled partials instead."""
     m, v, leaves, scale, shift = call.graph
     m_x = m.detach().to(x.dtype)  # the mean as x's dtype: every use below takes this same value
     g_sum, g_dot_centred = centred_reductions(g, x, m_x)
     g_sum = g_sum.to(m.dtype)
-    g_dot = g_dot_centred.to(m.dtype) + m_x.to(m.dtype) * g_sum  # Σ g·x, exactly, without cancellation
+    g_dot = g_dot_centred.to(m.dtype) + m_x.to(m.dtype) * g_sum  # Σ g·x exactly: no cancellation
     inputs = [m, v] + [t for t in leaves if t.requires_grad]
-    with torch.enable_grad():  # the engine directly: torch.autograd.grad's checks cost more than this
-        raw = _ENGINE.run_backward((scale, shift), (g_dot, g_sum), True, False, tuple(inputs), True, False)
+    with torch.enable_grad():  # the engine directly: torch.autograd.grad's checks cost more
+        raw = _ENGINE.run_backward((scale, shift), (g_dot, g_sum), True, False, tuple(inputs),
+                                   True, False)
     grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(raw, inputs)]
     s = (2.0 / call.n) * grads[1]
     # gx = s·(x − μ) + g_μ/n + scale·g = s·x + (g_μ/n − s·μ) + scale·g: the constant in float64, so

@@ -6,8 +6,8 @@ layer's speed. :func:`count_ops` runs a callable under a ``TorchDispatchMode`` a
 operation that reaches the dispatcher below autograd, views excluded (they launch nothing). A custom
 operator registered with ``torch.library`` counts once: what runs inside it is not seen, so a count
 says how many operations the dispatcher, autocast and ``torch.compile`` see, not how many kernels run.
-With ``inside=True`` a call of the compiled per-channel coefficients (:mod:`.coef_compile`) counts as
-one, ``compiled::coefficients`` (its generated code is a kernel or two, not aten operations).
+With ``inside=True`` a call of the compiled per-channel coefficients (:mod:`.coef_compile`) counts
+as one, ``compiled::coefficients`` (its generated code is a kernel or two, not aten operations).
 
     >>> from bnlab.norms.opcount import count_ops, training_step
     >>> count_ops(training_step(bnlab.norms.create("bn", 64), (32, 64, 16, 16))).total
