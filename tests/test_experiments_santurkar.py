@@ -151,7 +151,7 @@ def test_smoke_vgg_sees_16x16_digits_and_probes_sharpness():
 
 
 def test_noisy_bn_uses_algorithm_1_constants():
-    from bnlab.norms import lookup
+    from bnlab.norms.registry import lookup
 
     _, params = lookup(S.NORMS[S.NOISY])
     assert (params["n_mu"], params["n_sigma"], params["r_mu"], params["r_sigma"]) == (0.5, 1.25, 0.1, 0.1)

@@ -12,9 +12,10 @@ import torch.nn as nn
 
 import bnlab.models as M
 import bnlab.norms as N
+from bnlab.norms.registry import REGISTRY, lookup
 
 # Every registry entry, plus the '+'-joined spec of Luo §5 and non-default parameters of the variants.
-NORM_SPECS = [*N.REGISTRY, "wn+mean_only_bn", "lp_bn(p=inf)", "cbn(decouple=false, rho=2)"]
+NORM_SPECS = [*REGISTRY, "wn+mean_only_bn", "lp_bn(p=inf)", "cbn(decouple=false, rho=2)"]
 ACTS = list(M.ACTIVATIONS)
 PLACEMENTS = list(N.PLACEMENTS)
 FLAT_MODELS = {"mlp": dict(depth=3, width=6), "dln": dict(depth=4, width=5), "perceptron": {}}
@@ -53,7 +54,7 @@ def run_case(name: str, norm: str, act: str, placement: str, input_shape, num_cl
         assert torch.isfinite(p.grad).all(), pname
     # The structure the placement promises: every block holds its weight layer and the spec's channel
     # norms, after the layer (pre_activation) or before it (pre_linear).
-    channel_parts = [p for p in norm.split("+") if N.lookup(p)[0].kind == "channel" and N.lookup(p)[0].name != "none"]
+    channel_parts = [p for p in norm.split("+") if lookup(p)[0].kind == "channel" and lookup(p)[0].name != "none"]
     units = layer_units(model)
     assert units
     # Arora's logit norm (logit_bn) follows the last layer whatever the placement (Arora Eq. 2)

@@ -12,6 +12,7 @@ from torch.func import functional_call
 
 import bnlab.norms as N
 import bnlab.norms.base as norms_base
+from bnlab.norms.registry import REGISTRY
 
 
 @pytest.fixture(params=["fused", "plain"])
@@ -26,7 +27,7 @@ def fused(monkeypatch):
     monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0)
 
 # every registered per-channel layer (a new one is tested without editing this list), plus variants
-CHANNEL_SPECS = [name for name, info in N.REGISTRY.items() if info.kind == "channel" and name != "none"] + [
+CHANNEL_SPECS = [name for name, info in REGISTRY.items() if info.kind == "channel" and name != "none"] + [
     "lp_bn(p=1)", "lp_bn(p=inf)", "cbn(decouple=false, rho=2)", "cbn(center=false)"]
 
 
@@ -174,7 +175,7 @@ def test_brn_matches_renorm_formula_and_its_gradient(path):
 
 def test_wrappers_gradcheck(path):
     torch.manual_seed(0)
-    for make in (lambda l: N.ScaleInvariantBN(l), lambda l: N.WeightNorm(l, zeta=0.1)):
+    for make in (lambda layer: N.ScaleInvariantBN(layer), lambda layer: N.WeightNorm(layer, zeta=0.1)):
         module = make(nn.Conv2d(2, 3, 2, bias=False)).double().train()
         buffers = {k: v.clone() for k, v in module.named_buffers()}
         params = dict(module.named_parameters())
@@ -408,7 +409,7 @@ def test_si_bn_keeps_weight_scale_invariant_lemma_2_4():
         loss = nn.functional.mse_loss(model(x), target)
         w = model[0].layer.weight if isinstance(model[0], N.ScaleInvariantBN) else model[0][0].weight
         (grad,) = torch.autograd.grad(loss, w)
-        return float((w.detach() * grad).sum().abs() / (w.detach().norm() * grad.norm())), model, w  # noqa: E501
+        return float((w.detach() * grad).sum().abs() / (w.detach().norm() * grad.norm())), model, w
 
     r_si, model, w = radial_ratio(N.ScaleInvariantBN(nn.Linear(5, 4, bias=False), eps=0.1))
     assert r_si < 1e-12

@@ -30,11 +30,12 @@ import torch.nn as nn
 import bnlab.data as D
 import bnlab.models as M
 import bnlab.norms as N
+from bnlab.norms.registry import REGISTRY, lookup
 from bnlab.data import batches
 
 # Every registered layer with its defaults (cbn with Peng's ρ = 2), plus CBN's AMAT-off and ρ = 1 arms.
 DEFAULTS = {"cbn": "cbn(rho=2)"}
-SPECS = [DEFAULTS.get(name, name) for name in sorted(N.REGISTRY)] + ["cbn(rho=2, amat=false)", "cbn"]
+SPECS = [DEFAULTS.get(name, name) for name in sorted(REGISTRY)] + ["cbn(rho=2, amat=false)", "cbn"]
 NETWORKS = {  # name: (model, activation, options)
     "resnet20-sigmoid": ("resnet20", "sigmoid", {"width": 0.25}),
     "luo_cnn-relu": ("luo_cnn", "relu", {"width": 0.125}),
@@ -83,7 +84,7 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 def train(spec: str, network: str, data) -> nn.Module:
     name, activation, options = NETWORKS[network]
-    wrapper = N.lookup(spec)[0].kind == "wrapper"  # si_bn, wn normalize their own layer's output
+    wrapper = lookup(spec)[0].kind == "wrapper"  # si_bn, wn normalize their own layer's output
     placement = "pre_activation" if wrapper else "pre_linear"
     model = M.create(name, norm=spec, activation=activation, placement=placement,
                      input_shape=data.input_shape, num_classes=10, seed=0, **options)

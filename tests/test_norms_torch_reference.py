@@ -29,9 +29,10 @@ import torch.nn as nn
 
 import bnlab.norms as N
 import bnlab.norms.base as norms_base
+from bnlab.norms.registry import REGISTRY
 
 TORCH_CLASSES = {cls.__name__: cls for cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)}
-CHANNEL_LAYERS = sorted(name for name, info in N.REGISTRY.items()
+CHANNEL_LAYERS = sorted(name for name, info in REGISTRY.items()
                         if info.kind == "channel" and name != "none")
 
 

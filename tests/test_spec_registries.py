@@ -7,13 +7,13 @@ import pytest
 
 import bnlab.data as data
 import bnlab.models as models
-import bnlab.norms as norms
+import bnlab.norms.registry as norm_registry
 import bnlab.probes as probes
 from bnlab.probes.gradients import GradStatsProbe
 from bnlab.spec import Registry
 from bnlab.train.loop import parse_probe_spec
 
-REGISTRIES = {"norms": norms.REGISTRY, "probes": probes.PROBES, "models": models.MODEL_INFO,
+REGISTRIES = {"norms": norm_registry.REGISTRY, "probes": probes.PROBES, "models": models.MODEL_INFO,
               "data": data.SOURCES}
 ENTRIES = [(kind, name) for kind, reg in REGISTRIES.items() for name in reg]
 
@@ -62,7 +62,7 @@ def test_grad_stats_per_layer_reads_bool_words(word, expected):
     assert parse_probe_spec(f"grad_stats(per_layer={word})") == ("grad_stats", {"per_layer": expected})
     probe = probes.create(f"grad_stats(per_layer={word}, every=3)")
     assert isinstance(probe, GradStatsProbe) and probe.per_layer is expected and probe.every == 3
-    assert norms.lookup(f"cbn(amat={word})")[1]["amat"] is expected
+    assert norm_registry.lookup(f"cbn(amat={word})")[1]["amat"] is expected
 
 
 def test_probe_options_are_typed_and_checked():

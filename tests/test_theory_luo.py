@@ -270,7 +270,7 @@ def test_one_zeta_estimator_shared_with_the_probe():
     # zeta_relu_estimate return its terms under the same keys.
     import torch
 
-    from bnlab.probes import luo_zeta
+    from bnlab.probes.bn_regularization import luo_zeta
     from bnlab.theory.luo_zeta import ACTIVATIONS, ZETA_KEYS, zeta_terms
 
     g = torch.Generator().manual_seed(3)

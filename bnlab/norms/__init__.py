@@ -25,16 +25,19 @@ from .ops import (
     validate,
 )
 from .progress import ProgressTracker, set_progress, track
-from .registry import REGISTRY, NormInfo, Param, lookup, parse_spec
+from .registry import NormInfo
 from .renorm import BatchRenorm
 from .wrappers import ScaleInvariantBN, ScaleInvariantConvBN, ScaleInvariantLinearBN, WeightNorm
 
+# What a user needs (torch.nn's style): the layers, building and converting models, and the
+# training-progress hooks. The registry itself (REGISTRY, Param, lookup, parse_spec) is in
+# bnlab.norms.registry, for code that registers or inspects layers.
 __all__ = [
-    "BatchNorm", "BatchRenorm", "ChannelNorm", "CompleteBatchNorm", "LpBatchNorm", "MeanOnlyBatchNorm",
-    "MomentumBatchNorm", "NativeBatchNorm", "NoisyBatchNorm", "NormInfo", "PLACEMENTS", "Param", "REGISTRY",
-    "ScaleInvariantBN", "ScaleInvariantConvBN", "ScaleInvariantLinearBN", "StochasticLayer",
-    "VarOnlyBatchNorm", "WeightNorm", "amat_eta", "plain_autograd", "convert", "create", "describe", "fold",
-    "FoldReport", "NormAct", "ProgressTracker", "track", "convert_sync",
-    "hoffer_linf_constant", "lookup", "mbn_lambda", "normalized", "parse_spec", "regularization_loss",
-    "removes_mean", "seed_layers", "set_progress", "stochastic_layers", "validate",
+    "BatchNorm", "BatchRenorm", "ChannelNorm", "CompleteBatchNorm", "FoldReport", "LpBatchNorm",
+    "MeanOnlyBatchNorm", "MomentumBatchNorm", "NativeBatchNorm", "NoisyBatchNorm", "NormAct",
+    "NormInfo", "ProgressTracker", "ScaleInvariantBN", "ScaleInvariantConvBN",
+    "ScaleInvariantLinearBN", "StochasticLayer", "VarOnlyBatchNorm", "WeightNorm",
+    "PLACEMENTS", "amat_eta", "convert", "convert_sync", "create", "describe", "fold",
+    "hoffer_linf_constant", "mbn_lambda", "normalized", "plain_autograd", "regularization_loss",
+    "removes_mean", "seed_layers", "set_progress", "stochastic_layers", "track", "validate",
 ]

@@ -18,7 +18,7 @@ from .lab import PROBES, SEARCHES, Lab, available, create, describe  # isort: sk
 from .activations import MomentsProbe
 from .base import Probe, ProbeContext, bn_layers, weight_layers
 from .batch_noise import BatchNoiseProbe
-from .bn_regularization import BNRegularizationProbe, luo_zeta
+from .bn_regularization import BNRegularizationProbe
 from .cbn_ratios import CBNRatiosProbe
 from .effective_lr import EffectiveLRProbe, scale_invariant_weights
 from .gamma import GammaProbe
@@ -43,7 +43,7 @@ __all__ = [
     "LandscapeResult", "MomentsProbe", "PROBES", "Probe", "ProbeContext", "SEARCHES", "Snapshot", "StableLRResult",
     "available",
     "bn_layers", "create", "default_range", "describe", "evaluate_landscape", "hutchinson_trace", "is_stable",
-    "lanczos_extremes", "luo_zeta",
+    "lanczos_extremes",
     "max_stable_lr", "max_stable_lr_for", "preserved", "scale_invariant_weights", "simulated_step",
     "step_sizes", "train_status", "weight_layers",
 ]
