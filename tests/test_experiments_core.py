@@ -134,7 +134,7 @@ def test_ray_sweep_on_a_local_instance(tmp_path):
 
 
 def test_demo_covers_all_five_papers_with_catalogue_entries():
-    from bnlab.demo import DEMO_ENTRIES
+    from bnlab.cli.demo import DEMO_ENTRIES
     from bnlab.experiments.base import PAPERS
 
     catalogue = E.load_catalogue()

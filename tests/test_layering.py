@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                                     "bnlab.integrations")),
     ("experiments", ("bnlab.experiments",)),
     ("report", ("bnlab.report",)),
-    ("cli", ("bnlab.cli", "bnlab.demo")),  # every command; nothing below imports it
+    ("cli", ("bnlab.cli",)),  # every command; nothing below imports it
 ]
 
 # In-function imports of other packages are allowed only for optional or lab-only dependencies, imported

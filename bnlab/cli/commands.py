@@ -20,7 +20,7 @@ class Command(NamedTuple):
 
 # Order is the order of `bnlab --help` (plain commands, then command groups, as typer lists them).
 COMMANDS: dict[str, Command] = {
-    "demo": Command("bnlab.demo", "Run the curated smoke entries of all five papers and write the report."),
+    "demo": Command("bnlab.cli.demo", "Run the curated smoke entries of all five papers and write the report."),
     "reproduce": Command("bnlab.cli.experiments", "Run catalogue entries end to end and (re)write the report."),
     "report": Command("bnlab.cli.experiments",
                       "Write runs/report/index.html and index.md from the store (nothing is re-trained)."),
