@@ -39,7 +39,7 @@ import threading
 import types
 import warnings
 from collections import Counter
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -66,7 +66,8 @@ class _DynamicBuffers:
     thread sees it too. torch._dynamo is imported on first use: 1.2 s eager CPU users never need."""
 
     def __init__(self) -> None:
-        self.depth, self.saved, self.lock = 0, (), threading.Lock()
+        self.depth, self.lock = 0, threading.Lock()
+        self.saved: tuple[Any, ...] = ()
 
     def __enter__(self) -> None:
         with self.lock:
@@ -125,7 +126,8 @@ def partials(
         return coef_fn(m, v, *[next(it) if need else t for t, need in zip(tensors, needs)])
 
     wanted = [t for t, need in zip(tensors, needs) if need]
-    (scale, shift), pull = torch.func.vjp(f, m, v, *wanted)
+    vjp = torch.func.vjp(f, m, v, *wanted)
+    (scale, shift), pull = vjp[0], vjp[1]
     one, zero = torch.ones_like(scale), torch.zeros_like(scale)
     rows = [
         torch.stack([d.to(cdt).expand_as(m) for d in pull((one, zero))]),
@@ -242,12 +244,11 @@ def run(
 
 
 def _call(key: tuple, name: str, fn: Callable, args, check):
-    compiled = _BUILT.get(key, False)
-    if compiled is False:
+    if key not in _BUILT:
         with _LOCK:  # one thread compiles; the others wait for it instead of compiling again
-            compiled = _BUILT.get(key, False)
-            if compiled is False:
-                compiled = _BUILT[key] = _build(name, fn, args, check)
+            if key not in _BUILT:
+                _BUILT[key] = _build(name, fn, args, check)
+    compiled = _BUILT[key]
     if compiled is None:
         return None
     try:

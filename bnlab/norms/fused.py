@@ -146,7 +146,7 @@ def lazily_disabled(fn: Callable) -> Callable:
 
 
 # ---- the operators --------------------------------------------------------------------------------
-_ENGINE = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+_ENGINE = torch.autograd.Variable._execution_engine
 _CALLS: dict[int, object] = {}  # key -> the Python side of one pending operator call
 _KEYS = itertools.count()
 
@@ -248,6 +248,7 @@ def _eager_backward(call: _Call, g: Tensor,
                     x: Tensor) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
     """(scale, s, const, tensors' gradients) from the eager coefficient graph; the first three in
     x's dtype. What :func:`.coef_compile.assemble` computes from the compiled partials instead."""
+    assert call.graph is not None, "the eager coefficient graph is kept when nothing was compiled"
     m, v, leaves, scale, shift = call.graph
     m_x = m.detach().to(x.dtype)  # the mean as x's dtype: every use below takes this same value
     g_sum, g_dot_centred = centred_reductions(g, x, m_x)

@@ -240,8 +240,8 @@ def repair_from_checkpoint(store: Store, runs_dir: str | os.PathLike[str],
     ckpt = load_checkpoint(path, map_location="cpu")  # verified against its checksum
     final = ckpt.get("final_summary") if ckpt is not None else None
     rows = unpack_rows(ckpt.get("store_rows")) if ckpt is not None else None
-    finished = bool(final) and final.get("status") == "finished"
-    if ckpt is None or ckpt.get("run_id") != run_id or not finished or rows is None:
+    finished = isinstance(final, dict) and final.get("status") == "finished"
+    if ckpt is None or final is None or ckpt.get("run_id") != run_id or not finished or rows is None:
         why = "there is none" if ckpt is None else "it is not this finished run's final checkpoint"
         raise StoreIntegrityError(
             f"run {run_id} cannot be rebuilt from its final checkpoint {path}: {why}. "
