@@ -164,6 +164,7 @@ class CompleteBatchNorm(ChannelNorm):
         learning = self.training
         if learning and not torch.compiler.is_compiling():
             self._warn_without_progress()
+
         def eta() -> Tensor:  # called inside the fused operator: no dispatched operations of its own
             return self.eta_tensor() if learning else torch.zeros_like(self._eta)
 
