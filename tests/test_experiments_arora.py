@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from bnlab.experiments import arora as A
+from bnlab.experiments.arora import entries as A
+from bnlab.experiments.arora import verdicts as AV
 from bnlab.experiments import get, reproduce
 from bnlab.train import TrainConfig
 
@@ -134,10 +135,10 @@ def test_d3_verdict():
                {("PSGD", m): dict(zip(A.LRS, psgd)) for m in ("unified", "separate")}
 
     good = acc([0.80, 0.85, 0.84, 0.82, 0.80], [0.80, 0.85, 0.60, 0.30, 0.10])
-    assert A.d3_verdict(good)[0] == "held"
-    assert A.d3_verdict(acc([0.80, 0.85, 0.84, 0.82, None], [0.8, 0.85, 0.6, 0.3, 0.1]))[0] == "not held"
-    assert A.d3_verdict(acc([0.80, 0.85, 0.84, 0.82, 0.8], [0.8, 0.85, 0.86, 0.85, 0.84]))[0] == "not held"
-    assert A.d3_verdict({})[0] == "inconclusive"
+    assert AV.d3_verdict(good)[0] == "held"
+    assert AV.d3_verdict(acc([0.80, 0.85, 0.84, 0.82, None], [0.8, 0.85, 0.6, 0.3, 0.1]))[0] == "not held"
+    assert AV.d3_verdict(acc([0.80, 0.85, 0.84, 0.82, 0.8], [0.8, 0.85, 0.86, 0.85, 0.84]))[0] == "not held"
+    assert AV.d3_verdict({})[0] == "inconclusive"
 
 
 class _FakeRun:

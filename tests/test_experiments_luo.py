@@ -1,4 +1,4 @@
-"""Catalogue entries of Luo et al. 2019 (bnlab/experiments/luo.py): tiny end-to-end runs, the paper
+"""Catalogue entries of Luo et al. 2019 (bnlab/experiments/luo/): tiny end-to-end runs, the paper
 presets' configurations, and each analysis on synthetic results whose verdict is known."""
 
 from __future__ import annotations
@@ -9,8 +9,12 @@ import numpy as np
 import pytest
 
 from bnlab.experiments import get
-from bnlab.experiments import luo
-from bnlab.experiments import luo_table2
+from bnlab.experiments.luo import cnn as LCNN
+from bnlab.experiments.luo import common as LC
+from bnlab.experiments.luo import fig3 as LF3
+from bnlab.experiments.luo import fold_dropout as LFD
+from bnlab.experiments.luo import student as LS
+from bnlab.experiments.luo import table2 as luo_table2
 from bnlab.experiments.runner import AnalysisContext, RunView, reproduce
 
 LUO_IDS = ["luo-fig2", "luo-fig3", "luo-fig4", "luo-fig5", "luo-fig6", "luo-fig7", "luo-table2"]
@@ -75,7 +79,7 @@ def test_fig2_paper_preset_simulates_the_papers_bn_student(monkeypatch):
 
     monkeypatch.setattr(theory, "simulate_teacher_student", fake_sim)
     assert not get("luo-fig2").plan("paper").runs
-    data = luo.fig2_data("paper")
+    data = LS.fig2_data("paper")
     # §4.1: "SGD with batch size M = 32 ... the total number of input features is fixed at 4096", noise 0.25
     assert (calls["student"], calls["N"], calls["M"], calls["noise_var"]) == ("bn", 4096, 32, 0.25)
     assert calls["n_seeds"] >= 3  # the verdict's rule needs a spread over seeds
@@ -110,27 +114,28 @@ def test_fig2_analysis_verdicts(tmp_path):
     check_outcome(outcome)
     assert outcome.verdict == "held" and "settled" in outcome.summary
     # a fitted ζ outside Eq. 13's range (λ ≤ 4) or a point significantly beyond 1.5×: not held
-    assert luo.fig2_verdict(_fig2_data(fit=0.25), False)[0] == "not held"
-    assert luo.fig2_verdict(_fig2_data(factor=2.0), False)[0] == "not held"
-    assert luo.fig2_verdict(_fig2_data(), True)[0] == "inconclusive"
-    assert luo.fig2_verdict({"sim": {"gen_error": [0.5]}, "zeta13_max": 0.08}, False)[0] == "inconclusive"
+    assert LS.fig2_verdict(_fig2_data(fit=0.25), False)[0] == "not held"
+    assert LS.fig2_verdict(_fig2_data(factor=2.0), False)[0] == "not held"
+    assert LS.fig2_verdict(_fig2_data(), True)[0] == "inconclusive"
+    assert LS.fig2_verdict({"sim": {"gen_error": [0.5]}, "zeta13_max": 0.08}, False)[0] == "inconclusive"
 
 
 def test_fig2_verdict_needs_seeds_spread_and_settling():
     # a seed mean 1.45× off with a wide seed spread is not shown to be within 1.5× (old rule: "held" on the mean)
-    verdict, summary, _ = luo.fig2_verdict(_fig2_data(factor=1.45, spread=0.5), False)
+    verdict, summary, _ = LS.fig2_verdict(_fig2_data(factor=1.45, spread=0.5), False)
     assert verdict == "inconclusive" and "resolve deviations beyond a factor" in summary
     # ... and neither is one beyond 1.5× shown to be beyond (old rule: "not held" on the mean)
-    assert luo.fig2_verdict(_fig2_data(factor=1.58, spread=0.5), False)[0] == "inconclusive"
+    assert LS.fig2_verdict(_fig2_data(factor=1.58, spread=0.5), False)[0] == "inconclusive"
     # two seeds decide nothing
-    assert luo.fig2_verdict(_fig2_data(n_seeds=2), False)[0] == "inconclusive"
+    assert LS.fig2_verdict(_fig2_data(n_seeds=2), False)[0] == "inconclusive"
     # held at the end but beyond 1.5× with 2/3 of the epochs: not settled
-    verdict, summary, _ = luo.fig2_verdict(_fig2_data(short_factor=2.0), False)
+    verdict, summary, _ = LS.fig2_verdict(_fig2_data(short_factor=2.0), False)
     assert verdict == "inconclusive" and "NOT settled" in summary
 
 
 def test_factor_test_and_settle_rules():
-    from bnlab.experiments.luo_common import factor_test, settle, window_mean
+    from bnlab.experiments.common import settle
+    from bnlab.experiments.luo.common import factor_test, window_mean
 
     ref = [1.0, 1.0, 1.0]
     assert factor_test(ref, [1.1, 1.0, 1.05])[0] == "within"
@@ -168,8 +173,8 @@ def test_fig3_paper_preset():
 def test_population_statistics_eval_measures_without_changing_the_run():
     config = next(r.config for r in get("luo-fig3").plan("smoke").runs if r.factors["norm"] == "bn")
     config = {**config, "epochs": 3, "eval_every": 8}
-    plain = luo.train_collecting(config)
-    probed = luo.train_collecting(config, callbacks=[luo.PopulationStatisticsEval(8)])
+    plain = LC.train_collecting(config)
+    probed = LC.train_collecting(config, callbacks=[LF3.PopulationStatisticsEval(8)])
     assert probed["series"]["test_loss"] == plain["series"]["test_loss"]
     assert probed["series"]["epoch_train_loss"] == plain["series"]["epoch_train_loss"]
     pop = [v for _, v in probed["series"]["test_loss_population"]]
@@ -180,7 +185,7 @@ def test_population_statistics_eval_measures_without_changing_the_run():
 
 def _fig3_context(tmp_path, sgd, bn, wn, seeds=(0, 1, 2), jitter=0.02):
     """Fig. 3's runs: each arm's curve (one value per record) for every seed, scaled by 1 + jitter·(seed − 1)."""
-    labels = luo._FIG3_LABELS
+    labels = LF3._FIG3_LABELS
     runs, pop = [], {}
     for seed in seeds:
         scale = 1 + jitter * (seed - 1)
@@ -206,7 +211,7 @@ def test_fig3_analysis_verdicts(tmp_path):
     # one seed per arm decides nothing (the old rule read one run and said "held")
     assert get("luo-fig3").analyze(_fig3_context(tmp_path, rising, flat, flat, seeds=(0,))).verdict == "inconclusive"
     # seeds so spread that BN ≈ WN within 1.5× cannot be shown
-    verdict, summary = luo.fig3_verdict({"sgd": [6.0, 6.1, 5.9], "sgd_min": [0.8] * 3, "bn": [0.6, 1.4, 3.0],
+    verdict, summary = LF3.fig3_verdict({"sgd": [6.0, 6.1, 5.9], "sgd_min": [0.8] * 3, "bn": [0.6, 1.4, 3.0],
                                          "wn": [1.4, 1.45, 1.5]})
     assert verdict == "inconclusive" and "resolve" in summary
     # SGD still far below its final value at 2/3 of training: held at the end only, so not settled
@@ -266,7 +271,7 @@ def test_fig4_verdict_needs_three_seeds_a_test_and_settled_gaps(tmp_path):
     two = get("luo-fig4").analyze(fake_context("luo-fig4", _fig4_runs(good, seeds=(0, 1)), None, tmp_path))
     assert two.verdict == "inconclusive" and "fewer than 3 seeds" in two.summary
     # right ordering of the means, but spread over seeds wider than the differences: not resolved
-    noisy = luo.luo_cnn.fig4_verdict({"vanilla SGD": [0.05, 0.15, 0.25], "BN": [0.0, 0.05, 0.1],
+    noisy = LCNN.fig4_verdict({"vanilla SGD": [0.05, 0.15, 0.25], "BN": [0.0, 0.05, 0.1],
                                       "WN": [0.03, 0.13, 0.23], "WN + mean-only BN": [0.0, 0.10, 0.2],
                                       "WN + variance-only BN": [0.0, 0.08, 0.16]})
     assert noisy[0] == "inconclusive" and "resolve gap differences" in noisy[1]
@@ -321,7 +326,7 @@ def test_fig5_verdict_needs_three_seeds_a_test_and_settling(tmp_path):
     late = get("luo-fig5").analyze(fake_context("luo-fig5", _fig5_runs(0.01, early_trend=-0.01), None, tmp_path))
     assert late.verdict == "inconclusive" and "NOT settled" in late.summary
     # a dip between neighbours inside the seed spread does not count; a significant one does
-    f5 = luo.luo_cnn.fig5_verdict
+    f5 = LCNN.fig5_verdict
     rising = {16: [1.03, 1.031, 1.032], 32: [1.025, 1.03, 1.035], 64: [1.03, 1.04, 1.05], 128: [1.05, 1.06, 1.07],
               256: [1.13, 1.14, 1.15]}
     assert f5({"conv": rising, "fc": rising})[0] == "held"
@@ -337,7 +342,7 @@ def test_fig5_verdict_needs_three_seeds_a_test_and_settling(tmp_path):
 
 def test_fig6_paper_preset():
     assert not get("luo-fig6").plan("paper").runs
-    paper = luo._FIG6["paper"]
+    paper = LFD._FIG6["paper"]
     assert paper["base"]["model"] == "luo_cnn" and paper["base"]["data"] == "cifar10"
     assert paper["finetune"]["lr"] == 1e-3  # §5.1: "a small learning rate (10⁻³ in this study)"
 
@@ -427,14 +432,14 @@ def test_smoke_presets_stay_on_cpu_sized_data():
         for run in get(experiment_id).plan("smoke").runs:
             assert run.config["data"] in ("digits", "teacher_student")
             assert run.config.get("model_options", {}).get("width", 0.25) <= 0.25
-    assert luo._FIG6["smoke"]["base"]["data"] == "digits"
+    assert LFD._FIG6["smoke"]["base"]["data"] == "digits"
     # the CNN entries' seeds share one train/test split (as CIFAR-10 has one): seeds vary init and order only
     for experiment_id in ("luo-fig4", "luo-fig5", "luo-fig7"):
         runs = get(experiment_id).plan("smoke").runs
         assert len({r.config["seed"] for r in runs}) >= 3
         assert {r.config["data_options"]["seed"] for r in runs} == {0}
-    assert luo._FIG6["smoke"]["base"]["data_options"]["seed"] == 0
-    assert math.isclose(luo._FIG2_SIZES["smoke"]["N"], 256)
+    assert LFD._FIG6["smoke"]["base"]["data_options"]["seed"] == 0
+    assert math.isclose(LS._FIG2_SIZES["smoke"]["N"], 256)
 
 
 @pytest.mark.parametrize("experiment_id", LUO_IDS)
@@ -492,7 +497,7 @@ def test_fig4_verdict_primary_and_holm():
     of a spurious opposite result), while a clear opposite result still does."""
     from scipy import stats
 
-    from bnlab.experiments.luo_cnn import fig4_verdict
+    from bnlab.experiments.luo.cnn import fig4_verdict
 
     spread = [-0.01, 0.0, 0.01, -0.005, 0.005]
     gaps = {"vanilla SGD": 0.15, "BN": 0.05, "WN": 0.13, "WN + mean-only BN": 0.10, "WN + variance-only BN": 0.08}

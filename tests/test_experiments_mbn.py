@@ -1,11 +1,11 @@
-"""Catalogue entry mbn-batch-size (bnlab/experiments/mbn.py): tiny end-to-end run, plan, analysis verdicts."""
+"""Catalogue entry mbn-batch-size (bnlab/experiments/mbn/entries.py): tiny end-to-end run, plan, analysis verdicts."""
 
 from __future__ import annotations
 
 import pytest
 
 from bnlab.experiments import get
-from bnlab.experiments import mbn
+from bnlab.experiments.mbn import entries as mbn
 from bnlab.experiments.runner import reproduce
 
 from .test_experiments_luo import check_outcome, fake_context

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from bnlab.experiments import get, reproduce
-from bnlab.experiments import peng as P
+from bnlab.experiments import verdicts as V
+from bnlab.experiments.peng import common as PC
+from bnlab.experiments.peng import components as PCo
+from bnlab.experiments.peng import figures as PF
+from bnlab.experiments.peng import tables as P
+from bnlab.experiments.peng import verdict as PV
 from bnlab.train import TrainConfig
 
 IDS = ["peng-table1", "peng-table2", "peng-table3", "peng-table4", "peng-table6", "peng-fig2", "peng-fig8",
@@ -18,15 +23,15 @@ def _run_id(config: dict) -> str:
 
 # ---- the rows of Tables 1–4 ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("activation", P.ACTIVATIONS)
+@pytest.mark.parametrize("activation", PC.ACTIVATIONS)
 def test_row_specs_build_layers_with_the_tables_features(activation):
     """Each row's spec, built into ResNet-20, has exactly the features ticked in the table's columns."""
     import bnlab.models as M
     from bnlab.norms import CompleteBatchNorm
 
-    for row in P.ROWS:
-        norm, placement = P.row_spec(row, activation)
-        before, decouple, tune, amat = P.ROW_FEATURES[row]
+    for row in PC.ROWS:
+        norm, placement = PC.row_spec(row, activation)
+        before, decouple, tune, amat = PC.ROW_FEATURES[row]
         assert placement == ("pre_linear" if before else "pre_activation")
         model = M.create("resnet20", norm=norm, activation=activation, placement=placement, input_shape=(1, 8, 8),
                          width=0.25, seed=0)
@@ -36,27 +41,27 @@ def test_row_specs_build_layers_with_the_tables_features(activation):
             continue
         assert isinstance(layer, CompleteBatchNorm)
         assert layer.decouple == decouple and layer.amat == amat
-        assert layer.rho == (P.RHO_STAR[activation] if tune else 1.0)
+        assert layer.rho == (PC.RHO_STAR[activation] if tune else 1.0)
 
 
 def test_row_mapping_is_the_documented_one():
-    assert P.row_spec("②", "sigmoid") == ("cbn(rho=0.5,amat=true)", "pre_linear")
-    assert P.row_spec("③", "relu") == ("cbn(decouple=false,amat=false)", "pre_linear")
-    assert P.row_spec("④", "relu") == ("cbn(amat=false)", "pre_linear")
-    assert P.row_spec("⑤", "relu") == ("cbn(rho=2,amat=false)", "pre_linear")
-    assert P.row_spec("⑥", "swish") == ("cbn(decouple=false,rho=2,amat=false)", "pre_activation")
-    assert P.row_spec("⑦", "selu") == ("cbn(decouple=false,rho=2,amat=true)", "pre_activation")
+    assert PC.row_spec("②", "sigmoid") == ("cbn(rho=0.5,amat=true)", "pre_linear")
+    assert PC.row_spec("③", "relu") == ("cbn(decouple=false,amat=false)", "pre_linear")
+    assert PC.row_spec("④", "relu") == ("cbn(amat=false)", "pre_linear")
+    assert PC.row_spec("⑤", "relu") == ("cbn(rho=2,amat=false)", "pre_linear")
+    assert PC.row_spec("⑥", "swish") == ("cbn(decouple=false,rho=2,amat=false)", "pre_activation")
+    assert PC.row_spec("⑦", "selu") == ("cbn(decouple=false,rho=2,amat=true)", "pre_activation")
     with pytest.raises(ValueError, match="valid rows"):
-        P.row_spec("⑧", "relu")
+        PC.row_spec("⑧", "relu")
     with pytest.raises(ValueError, match="valid"):
-        P.row_spec("②", "gelu")
+        PC.row_spec("②", "gelu")
 
 
 def test_rho_star_respects_section_6_4():
     """§6.4: the best ρ with Sigmoid is below 1; ordering Sigmoid < Tanh < ReLU (see the module docstring)."""
-    assert P.RHO_STAR["sigmoid"] < 1
-    assert P.RHO_STAR["sigmoid"] < P.RHO_STAR["tanh"] < P.RHO_STAR["relu"]
-    assert all(r in P.RHO_GRID for r in P.RHO_STAR.values())
+    assert PC.RHO_STAR["sigmoid"] < 1
+    assert PC.RHO_STAR["sigmoid"] < PC.RHO_STAR["tanh"] < PC.RHO_STAR["relu"]
+    assert all(r in PC.RHO_GRID for r in PC.RHO_STAR.values())
 
 
 # ---- the transcribed tables ---------------------------------------------------------------------
@@ -64,33 +69,33 @@ def test_rho_star_respects_section_6_4():
 def test_paper_tables_against_printed_improvements():
     """Each printed "(+x)" equals row − row ① up to rounding (0.01), except the documented slips."""
     found = set()
-    for t, rows in P.PRINTED_IMPROVEMENTS.items():
-        base = P.PAPER_TABLES[t]["①"]
+    for t, rows in PC.PRINTED_IMPROVEMENTS.items():
+        base = PC.PAPER_TABLES[t]["①"]
         for row, printed in rows.items():
-            for i, act in enumerate(P.ACTIVATIONS):
-                computed = P.PAPER_TABLES[t][row][i][0] - base[i][0]
+            for i, act in enumerate(PC.ACTIVATIONS):
+                computed = PC.PAPER_TABLES[t][row][i][0] - base[i][0]
                 if abs(printed[i] - computed) > 0.011:
                     found.add((t, row, act))
-    assert found == P.IMPROVEMENT_SLIPS
+    assert found == PC.IMPROVEMENT_SLIPS
 
 
 def test_paper_average_gains_match_section_6_2():
     """§6.2: CBN's gain over BN averages "more than 13%, 4%, 3.5%" for Sigmoid, Tanh, SELU over Tables 1–4."""
     def mean_gain(act):
-        i = P.ACTIVATIONS.index(act)
-        return sum(P.PAPER_TABLES[t]["②"][i][0] - P.PAPER_TABLES[t]["①"][i][0] for t in P.PAPER_TABLES) / 4
+        i = PC.ACTIVATIONS.index(act)
+        return sum(PC.PAPER_TABLES[t]["②"][i][0] - PC.PAPER_TABLES[t]["①"][i][0] for t in PC.PAPER_TABLES) / 4
 
     assert mean_gain("sigmoid") == pytest.approx(13.855, abs=1e-3) and mean_gain("sigmoid") > 13
     assert 4 < mean_gain("tanh") < 4.5 and 3.5 < mean_gain("selu") < 4.0
     # ReLU gains least among the five, as the paper says
-    assert min(P.ACTIVATIONS, key=mean_gain) == "relu"
+    assert min(PC.ACTIVATIONS, key=mean_gain) == "relu"
 
 
 # ---- plans ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("table", [1, 2, 3, 4])
 def test_table_plans(table):
-    spec = P.TABLES[table]
+    spec = PC.TABLES[table]
     paper = get(f"peng-table{table}").plan("paper")
     assert len(paper.runs) == 7 * 5 * 10
     for run in paper.runs:
@@ -99,7 +104,7 @@ def test_table_plans(table):
         assert (c["epochs"], c["lr"], c["momentum"], c["weight_decay"], c["batch_size"], c["schedule"]) == \
             (120, 0.1, 0.9, 5e-4, 128, "step:60,100")
         assert c["augment"] is True
-        assert (c["norm"], c["placement"]) == P.row_spec(run.factors["row"], c["activation"])
+        assert (c["norm"], c["placement"]) == PC.row_spec(run.factors["row"], c["activation"])
     assert {r.factors["seed"] for r in paper.runs} == set(range(10))
     assert len({_run_id(r.config) for r in paper.runs}) >= 5 * 10 * 6  # tanh's ρ* = 1 merges ④/⑤ only
     resnet = spec["model"] == "resnet20"
@@ -125,7 +130,7 @@ def test_padding_shares_measure_cbn_with_amat_on():
     warning in every peng-table log; it now sets the first training step's progress."""
     import warnings
 
-    from bnlab.experiments import peng_common
+    from bnlab.experiments.peng import common as peng_common
 
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*without a learning rate.*")
@@ -143,7 +148,7 @@ def test_cifar100_smoke_tables_differ_from_cifar10_ones():
 def test_table6_plan():
     paper = get("peng-table6").plan("paper")
     assert len(paper.runs) == 4 * 5 * (5 * 3 + 7)  # the lr grid × 3 seeds, 10 trials at lr 0.1
-    assert {r.config["norm"] for r in paper.runs} == set(P.T6_APPROACHES.values())
+    assert {r.config["norm"] for r in paper.runs} == set(PCo.T6_APPROACHES.values())
     assert all(r.config["placement"] == "pre_linear" and r.config["model"] == "resnet20" for r in paper.runs)
     seed0 = [r for r in paper.runs if r.factors["seed"] == 0]
     assert sorted({r.config["lr"] for r in seed0}) == [1e-4, 1e-3, 1e-2, 1e-1, 1.0]
@@ -163,7 +168,7 @@ def test_fig2_plan_probes_the_papers_layers():
         assert c["probes"] == ["cbn_ratios"] and c["placement"] == "pre_linear" and c["model"] == "resnet20"
         model = M.create("resnet20", norm=c["norm"], placement="pre_linear", input_shape=(1, 8, 8), width=0.25)
         modules = dict(model.named_modules())
-        for layer in P.FIG2_LAYERS.values():
+        for layer in PF.FIG2_LAYERS.values():
             assert isinstance(modules[layer + ".0"], CompleteBatchNorm) and modules[layer + ".0"].rho == 1.0
     assert get("peng-fig2").plan("paper").runs[0].config["data"] == "cifar10"
 
@@ -171,11 +176,11 @@ def test_fig2_plan_probes_the_papers_layers():
 def test_fig8_plan_and_sharing_with_table1():
     paper = get("peng-fig8").plan("paper").runs
     assert len(paper) == (2 * 3 + 3) * 7 and {r.config["model"] for r in paper} == {"vgg16"}
-    assert {r.factors["rho"] for r in paper} == {None, *P.RHO_GRID}
+    assert {r.factors["rho"] for r in paper} == {None, *PC.RHO_GRID}
     plan = get("peng-fig8").plan("smoke").runs
     # the judged claim (Sigmoid, Tanh: worst ρ vs BN) 3 seeds per arm, the others one
     for act, seeds in (("sigmoid", {0, 1, 2}), ("tanh", {0, 1, 2}), ("relu", {0})):
-        for rho in (None, *P.RHO_GRID):
+        for rho in (None, *PC.RHO_GRID):
             assert {r.factors["seed"] for r in plan if r.factors["activation"] == act and r.factors["rho"] == rho} == seeds
     smoke = {_run_id(r.config) for r in plan}
     table1 = {_run_id(r.config) for r in get("peng-table1").plan("smoke").runs}
@@ -235,39 +240,39 @@ def _noisy_cells(gains: dict[str, float], n: int = 3, sd: float = 0.01) -> dict:
 
 def test_table_verdict():
     """The primary comparison (mean over Sigmoid/Tanh/SELU) against the paper's effect, with a design that can
-    resolve it: held / not held / inconclusive as the rule says (bnlab.experiments.verdict)."""
+    resolve it: held / not held / inconclusive as the rule says (bnlab.experiments.verdicts)."""
     paper_like = {"sigmoid": 0.12, "tanh": 0.04, "relu": 0.01, "selu": 0.04, "swish": 0.01}
-    sharp = P.Design("primary", 0.0608, 0.005, 3, "test", n_test=10_000)
-    assert P.table_verdict(_noisy_cells(paper_like), design=sharp)[0] == "held"
-    assert P.table_verdict(_noisy_cells(paper_like), tiny=True, design=sharp)[0] == "inconclusive"
+    sharp = V.Design("primary", 0.0608, 0.005, 3, "test", n_test=10_000)
+    assert PV.table_verdict(_noisy_cells(paper_like), design=sharp)[0] == "held"
+    assert PV.table_verdict(_noisy_cells(paper_like), tiny=True, design=sharp)[0] == "inconclusive"
     # one seed per arm cannot decide anything under the rule
-    verdict, summary = P.table_verdict(_cells(paper_like), design=sharp)
+    verdict, summary = PV.table_verdict(_cells(paper_like), design=sharp)
     assert verdict == "inconclusive" and "too few seeds" in summary
     # significantly worse with one activation (Holm over the five): not held even though the primary holds
     worse = {**paper_like, "relu": -0.05}
-    assert P.table_verdict(_noisy_cells(worse), design=sharp)[0] == "not held"
+    assert PV.table_verdict(_noisy_cells(worse), design=sharp)[0] == "not held"
     # no gain anywhere although the design resolves far smaller effects than the paper's: not held
-    flat = {a: 0.0 for a in P.ACTIVATIONS}
-    assert P.table_verdict(_noisy_cells(flat, sd=0.002), design=sharp)[0] == "not held"
+    flat = {a: 0.0 for a in PC.ACTIVATIONS}
+    assert PV.table_verdict(_noisy_cells(flat, sd=0.002), design=sharp)[0] == "not held"
     # today's smoke design (resolvable ≥ 26 points) cannot reject the paper's 6 points: inconclusive
-    verdict, summary = P.table_verdict(_noisy_cells(flat, sd=0.2), table=1)
+    verdict, summary = PV.table_verdict(_noisy_cells(flat, sd=0.2), table=1)
     assert verdict == "inconclusive" and "resolvable ≥ 26 pt" in summary
     missing = _noisy_cells(paper_like)
     del missing[("②", "selu")]
-    assert P.table_verdict(missing)[0] == "inconclusive"
-    assert P.paper_gain(1, "sigmoid") == pytest.approx(91.20 - 78.97)
-    assert P.table_design(1).paper_effect == pytest.approx((12.23 + 4.14 + 1.88) / 300)
+    assert PV.table_verdict(missing)[0] == "inconclusive"
+    assert PV.paper_gain(1, "sigmoid") == pytest.approx(91.20 - 78.97)
+    assert PV.table_design(1).paper_effect == pytest.approx((12.23 + 4.14 + 1.88) / 300)
 
 
 def test_table_verdict_must_settle():
     """A verdict that changed within the final lr phase is inconclusive: table 4's smoke said "not held" at
     the end where the same rule earlier said "inconclusive"."""
     paper_like = {"sigmoid": 0.12, "tanh": 0.04, "relu": 0.01, "selu": 0.04, "swish": 0.01}
-    sharp = P.Design("primary", 0.0608, 0.005, 3, "test", n_test=10_000)
+    sharp = V.Design("primary", 0.0608, 0.005, 3, "test", n_test=10_000)
     worse = {**paper_like, "tanh": -0.6}
-    held = P.settled_table_verdict(_noisy_cells(paper_like), _noisy_cells(paper_like), design=sharp)
+    held = PV.settled_table_verdict(_noisy_cells(paper_like), _noisy_cells(paper_like), design=sharp)
     assert held[0] == "held" and "settled: the verdict at 2/3 of training is also 'held'" in held[1]
-    verdict, summary = P.settled_table_verdict(_noisy_cells(worse), _noisy_cells(paper_like), design=sharp)
+    verdict, summary = PV.settled_table_verdict(_noisy_cells(worse), _noisy_cells(paper_like), design=sharp)
     assert verdict == "inconclusive" and "NOT settled: the verdict would be 'not held'" in summary
 
 
@@ -275,18 +280,18 @@ def test_loss_curve_verdict():
     def losses(delta, sd=0.01):
         out = {}
         for t in (1, 2):
-            for act in P.ACTIVATIONS:
+            for act in PC.ACTIVATIONS:
                 out[(t, act)] = {"①": [0.5 - sd, 0.5, 0.5 + sd], "②": [0.5 + delta[act] - sd, 0.5 + delta[act],
                                                                     0.5 + delta[act] + sd / 2]}
         return out
 
-    lower = {a: -0.2 for a in P.ACTIVATIONS}
+    lower = {a: -0.2 for a in PC.ACTIVATIONS}
     assert P.loss_curve_verdict(losses(lower))[0] == "held"
     # one panel a little higher (not significant after Holm over the ten panels): still held
     assert P.loss_curve_verdict(losses({**lower, "relu": 0.015}))[0] == "held"
     assert P.loss_curve_verdict(losses(lower), tiny=True)[0] == "inconclusive"
     assert P.loss_curve_verdict(losses({**lower, "relu": 0.2}))[0] == "not held"
-    assert P.loss_curve_verdict(losses({a: 0.0 for a in P.ACTIVATIONS}))[0] == "inconclusive"
+    assert P.loss_curve_verdict(losses({a: 0.0 for a in PC.ACTIVATIONS}))[0] == "inconclusive"
     one_seed = {k: {r: v[:1] for r, v in d.items()} for k, d in losses(lower).items()}
     assert P.loss_curve_verdict(one_seed)[0] == "inconclusive"
 
@@ -303,7 +308,7 @@ def test_fig4_fig5_share_the_tables_runs():
 def test_fig7_plan_and_verdict():
     smoke = get("peng-fig7").plan("smoke").runs
     assert len(smoke) == 4 * 3 * 3 and all(r.config["probes"] == ["grad_stats"] for r in smoke)
-    assert {r.config["norm"] for r in smoke} == set(P.T6_APPROACHES.values())
+    assert {r.config["norm"] for r in smoke} == set(PCo.T6_APPROACHES.values())
     assert all(r.config["placement"] == "pre_linear" for r in smoke)
     assert len(get("peng-fig7").plan("paper").runs) == 4 * 5 * 10
 
@@ -312,10 +317,10 @@ def test_fig7_plan_and_verdict():
                       "ℓ2 normalization": [2.0 + l2, 2.05 + l2, 1.9 + l2], "CBN": [0.5, 0.6, 0.55]}
                 for act in ("sigmoid", "tanh", "relu")}
 
-    assert P.fig7_verdict(sq(-0.5, -1.0))[0] == "held"
-    assert P.fig7_verdict(sq(-0.5, -1.0), tiny=True)[0] == "inconclusive"
-    assert P.fig7_verdict(sq(+0.5, -1.0))[0] == "not held"
-    assert P.fig7_verdict(sq(0.0, -1.0))[0] == "inconclusive"
+    assert PCo.fig7_verdict(sq(-0.5, -1.0))[0] == "held"
+    assert PCo.fig7_verdict(sq(-0.5, -1.0), tiny=True)[0] == "inconclusive"
+    assert PCo.fig7_verdict(sq(+0.5, -1.0))[0] == "not held"
+    assert PCo.fig7_verdict(sq(0.0, -1.0))[0] == "inconclusive"
 
 
 class _SeriesRun:
@@ -334,59 +339,59 @@ def test_mean_train_loss_and_gradient_measure():
     assert mean_over_run(_SeriesRun([1.0], status="diverged")) is None
     import math
 
-    assert P.mean_sq_grad_norm(_SeriesRun([1e6, 10.0, 10.0, 1000.0])) == pytest.approx(math.log10(340.0))
-    assert P.mean_sq_grad_norm(_SeriesRun([])) is None
+    assert PCo.mean_sq_grad_norm(_SeriesRun([1e6, 10.0, 10.0, 1000.0])) == pytest.approx(math.log10(340.0))
+    assert PCo.mean_sq_grad_norm(_SeriesRun([])) is None
 
 
 def test_table6_verdict():
     """Each step of none ≤ mean removal ≤ ℓ2 ≤ CBN by Welch's rule on per-seed log10 maximal lr (was one seed)."""
     ordered = {}
     for act in ("sigmoid", "relu"):
-        for name, lr in zip(P.T6_ORDER, (0.01, 0.1, 1.0, 1.0)):
+        for name, lr in zip(PCo.T6_ORDER, (0.01, 0.1, 1.0, 1.0)):
             ordered[(name, act)] = [lr] * 3
-    assert P.table6_verdict(ordered)[0] == "held"
-    assert P.table6_verdict(ordered, tiny=True)[0] == "inconclusive"
+    assert PCo.table6_verdict(ordered)[0] == "held"
+    assert PCo.table6_verdict(ordered, tiny=True)[0] == "inconclusive"
     broken = {**ordered, ("mean removal", "relu"): [1e-3] * 3}
-    assert P.table6_verdict(broken)[0] == "not held"
+    assert PCo.table6_verdict(broken)[0] == "not held"
     same = {k: [0.1] * 3 for k in ordered}
-    verdict, summary = P.table6_verdict(same)
+    verdict, summary = PCo.table6_verdict(same)
     assert verdict == "inconclusive" and "no approach significantly changes" in summary
-    assert P.table6_verdict({**same, ("no normalization", "sigmoid"): [None] * 3})[0] == "held"
+    assert PCo.table6_verdict({**same, ("no normalization", "sigmoid"): [None] * 3})[0] == "held"
     # seeds that disagree: nothing resolved
     mixed = {**same, ("ℓ2 normalization", "relu"): [1.0, 0.01, 0.1], ("CBN", "relu"): [1.0, 0.01, 0.1]}
-    assert P.table6_verdict(mixed)[0] == "inconclusive"
+    assert PCo.table6_verdict(mixed)[0] == "inconclusive"
     # one seed per candidate (the old smoke preset) cannot decide
-    verdict, summary = P.table6_verdict({k: v[:1] for k, v in ordered.items()})
+    verdict, summary = PCo.table6_verdict({k: v[:1] for k, v in ordered.items()})
     assert verdict == "inconclusive" and "fewer than 3 seeds" in summary
 
 
 def test_fig2_verdict():
-    layers = list(P.FIG2_LAYERS)
+    layers = list(PF.FIG2_LAYERS)
     good = {layer: {"eta": 0.97, "tau": 0.95} for layer in layers}
-    assert P.fig2_verdict(good)[0] == "held"
-    assert P.fig2_verdict({**good, layers[1]: {"eta": 0.97, "tau": 0.4}})[0] == "not held"
-    assert P.fig2_verdict({**good, layers[1]: {"eta": 0.8, "tau": 0.95}})[0] == "inconclusive"
-    assert P.fig2_verdict({**good, layers[2]: {"eta": None, "tau": 0.95}})[0] == "inconclusive"
+    assert PF.fig2_verdict(good)[0] == "held"
+    assert PF.fig2_verdict({**good, layers[1]: {"eta": 0.97, "tau": 0.4}})[0] == "not held"
+    assert PF.fig2_verdict({**good, layers[1]: {"eta": 0.8, "tau": 0.95}})[0] == "inconclusive"
+    assert PF.fig2_verdict({**good, layers[2]: {"eta": None, "tau": 0.95}})[0] == "inconclusive"
 
 
 def test_fig8_verdict():
     """Worst ρ against BN for Sigmoid and Tanh by Welch's rule over ≥ 3 seeds (was one run and a 0.05 margin)."""
     def curve(bn, values, seeds=3, spread=0.002):
         jitter = [spread * (k - 1) for k in range(seeds)]
-        return {None: [bn + j for j in jitter], **{rho: [v + j for j in jitter] for rho, v in zip(P.RHO_GRID, values)}}
+        return {None: [bn + j for j in jitter], **{rho: [v + j for j in jitter] for rho, v in zip(PC.RHO_GRID, values)}}
 
     acc = {"sigmoid": curve(0.70, [0.75, 0.85, 0.90, 0.88, 0.80, 0.76]),
            "tanh": curve(0.85, [0.86, 0.90, 0.92, 0.91, 0.88, 0.87]),
            "relu": curve(0.93, [0.93, 0.94, 0.94, 0.94, 0.93, 0.93], seeds=1)}
-    verdict, summary = P.fig8_verdict(acc)
+    verdict, summary = PF.fig8_verdict(acc)
     assert verdict == "held" and "Sigmoid (ρ = 0.25)" in summary and "ReLU/SELU/Swish" in summary
-    assert P.fig8_verdict({**acc, "sigmoid": curve(0.95, [0.75, 0.85, 0.9, 0.88, 0.8, 0.76])})[0] == "not held"
+    assert PF.fig8_verdict({**acc, "sigmoid": curve(0.95, [0.75, 0.85, 0.9, 0.88, 0.8, 0.76])})[0] == "not held"
     # the worst ρ within the seeds' spread of BN: not resolved
-    verdict, summary = P.fig8_verdict({**acc, "tanh": curve(0.86, [0.86] * 6, spread=0.05)})
+    verdict, summary = PF.fig8_verdict({**acc, "tanh": curve(0.86, [0.86] * 6, spread=0.05)})
     assert verdict == "inconclusive" and "resolvable ≥" in summary
     # one seed per arm (the old smoke preset) cannot decide
-    assert P.fig8_verdict({a: curve(0.7, [0.9] * 6, seeds=1) for a in ("sigmoid", "tanh")})[0] == "inconclusive"
-    assert P.fig8_verdict({**acc, "tanh": {None: [0.8]}})[0] == "inconclusive"
+    assert PF.fig8_verdict({a: curve(0.7, [0.9] * 6, seeds=1) for a in ("sigmoid", "tanh")})[0] == "inconclusive"
+    assert PF.fig8_verdict({**acc, "tanh": {None: [0.8]}})[0] == "inconclusive"
 
 
 def test_fig10_verdict():
@@ -396,18 +401,18 @@ def test_fig10_verdict():
         on = None if ratio is None else [ratio * (1 - spread * k) for k in range(seeds)]
         return {"BN": [1.0], "CBN without AMAT": off, "CBN, fixed η = 0.9": [1.1], "CBN with AMAT": on}
 
-    lower = {a: variance(0.7) for a in P.ACTIVATIONS}
-    verdict, summary = P.fig10_verdict(lower)
+    lower = {a: variance(0.7) for a in PC.ACTIVATIONS}
+    verdict, summary = PF.fig10_verdict(lower)
     assert verdict == "held" and "fixed η = 0.9 / without" in summary
-    assert P.fig10_verdict({**lower, "relu": variance(1.0)})[0] == "held"       # 4 of 5 significantly lower
-    assert P.fig10_verdict({**lower, "relu": variance(1.5)})[0] == "not held"   # significantly higher once
+    assert PF.fig10_verdict({**lower, "relu": variance(1.0)})[0] == "held"       # 4 of 5 significantly lower
+    assert PF.fig10_verdict({**lower, "relu": variance(1.5)})[0] == "not held"   # significantly higher once
     # within the seeds' spread: nothing decided, the resolvable effect is stated
-    verdict, summary = P.fig10_verdict({a: variance(0.9, spread=0.3) for a in P.ACTIVATIONS})
+    verdict, summary = PF.fig10_verdict({a: variance(0.9, spread=0.3) for a in PC.ACTIVATIONS})
     assert verdict == "inconclusive" and "resolve ≥" in summary
     # one seed per arm (the old smoke preset) cannot decide
-    verdict, summary = P.fig10_verdict({a: variance(0.5, seeds=1) for a in P.ACTIVATIONS})
+    verdict, summary = PF.fig10_verdict({a: variance(0.5, seeds=1) for a in PC.ACTIVATIONS})
     assert verdict == "inconclusive" and "fewer than 3 seeds" in summary
-    assert P.fig10_verdict({**lower, "tanh": variance(None)})[0] == "inconclusive"
+    assert PF.fig10_verdict({**lower, "tanh": variance(None)})[0] == "inconclusive"
 
 
 class _FakeRun:
@@ -422,11 +427,11 @@ class _FakeRun:
 
 
 def test_run_trains():
-    assert P.run_trains(_FakeRun("finished", [2.4, 1.0], 0.5))
-    assert not P.run_trains(_FakeRun("diverged", [2.4, float("nan")], float("nan")))
-    assert not P.run_trains(_FakeRun("finished", [2.4, 2.3], 2.30))      # stuck at chance (ln 10 = 2.303)
-    assert not P.run_trains(_FakeRun("finished", [1.0, 2.0], 2.0))       # got worse
-    assert not P.run_trains(_FakeRun("finished", [2.4], None))
+    assert PCo.run_trains(_FakeRun("finished", [2.4, 1.0], 0.5))
+    assert not PCo.run_trains(_FakeRun("diverged", [2.4, float("nan")], float("nan")))
+    assert not PCo.run_trains(_FakeRun("finished", [2.4, 2.3], 2.30))      # stuck at chance (ln 10 = 2.303)
+    assert not PCo.run_trains(_FakeRun("finished", [1.0, 2.0], 2.0))       # got worse
+    assert not PCo.run_trains(_FakeRun("finished", [2.4], None))
 
 
 class _FakeProbedRun:
@@ -447,30 +452,30 @@ class _FakeProbedRun:
 
 def test_ratio_fractions_find_the_papers_layers():
     series = {}
-    for i, layer in enumerate(P.FIG2_LAYERS.values()):
+    for i, layer in enumerate(PF.FIG2_LAYERS.values()):
         series[f"probe/cbn_ratios/eta_in_range/{layer}.0"] = [1.0, 0.5 + 0.1 * i]
         series[f"probe/cbn_ratios/tau_in_range/{layer}.0"] = [0.25, float("nan"), 0.75]
     # a similarly named layer of another block must not be picked up
     series["probe/cbn_ratios/eta_in_range/stage1.0.unit10.0"] = [0.0]
-    fractions = P.ratio_fractions(_FakeProbedRun(series), skip=0.0)
+    fractions = PF.ratio_fractions(_FakeProbedRun(series), skip=0.0)
     assert [d["eta"] for d in fractions.values()] == pytest.approx([0.75, 0.8, 0.85])
     assert all(d["tau"] == pytest.approx(0.5) for d in fractions.values())
-    assert P.ratio_fractions(_FakeProbedRun({}))["layer#2 (stage1.0.cbn1)"] == {"eta": None, "tau": None}
+    assert PF.ratio_fractions(_FakeProbedRun({}))["layer#2 (stage1.0.cbn1)"] == {"eta": None, "tau": None}
 
 
 def test_ratio_fractions_skip_the_start_up_transient():
     """The verdict reads the second half of training (issue 19: averaging in the start-up transient made the
     fraction in range differ run to run)."""
-    layer = P.FIG2_LAYERS["layer#2 (stage1.0.cbn1)"]
+    layer = PF.FIG2_LAYERS["layer#2 (stage1.0.cbn1)"]
     series = {f"probe/cbn_ratios/eta_in_range/{layer}.0": [0.0, 0.0, 1.0, 1.0]}
-    assert P.ratio_fractions(_FakeProbedRun(series))["layer#2 (stage1.0.cbn1)"]["eta"] == pytest.approx(1.0)
-    assert P.ratio_fractions(_FakeProbedRun(series), skip=0.0)["layer#2 (stage1.0.cbn1)"]["eta"] == 0.5
+    assert PF.ratio_fractions(_FakeProbedRun(series))["layer#2 (stage1.0.cbn1)"]["eta"] == pytest.approx(1.0)
+    assert PF.ratio_fractions(_FakeProbedRun(series), skip=0.0)["layer#2 (stage1.0.cbn1)"]["eta"] == 0.5
 
 
 def test_mean_variance_skips_the_transient():
     run = _FakeProbedRun({"probe/grad_stats/variance": [100.0, 4.0, 2.0, float("inf"), 3.0]})
-    assert P._mean_variance(run) == pytest.approx(3.0)          # 4 finite values, first quarter (1) skipped
-    assert P._mean_variance(_FakeProbedRun({})) is None
+    assert PF._mean_variance(run) == pytest.approx(3.0)          # 4 finite values, first quarter (1) skipped
+    assert PF._mean_variance(_FakeProbedRun({})) is None
 
 
 # ---- every entry end to end, tiny -------------------------------------------------------------------

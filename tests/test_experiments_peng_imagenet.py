@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from bnlab.experiments import get, reproduce
-from bnlab.experiments import peng_imagenet as P
-from bnlab.experiments.peng_common import ACTIVATIONS, RHO_STAR
+from bnlab.experiments.peng import imagenet as P
+from bnlab.experiments.peng.common import ACTIVATIONS, RHO_STAR
 
 
 def test_paper_table_against_its_printed_improvements():

@@ -20,11 +20,10 @@ import torch
 
 import bnlab.experiments as E
 from bnlab.experiments import runner
-from bnlab.experiments import santurkar as S
-from bnlab.experiments import santurkar_common as SC
-from bnlab.experiments import santurkar_dln as DL
-from bnlab.experiments import santurkar_lp as LP
-from bnlab.experiments import santurkar_vgg as V
+from bnlab.experiments.santurkar import common as SC
+from bnlab.experiments.santurkar import dln as DL
+from bnlab.experiments.santurkar import lp as LP
+from bnlab.experiments.santurkar import vgg as V
 from bnlab.experiments.runner import AnalysisContext
 
 IDS = ["santurkar-fig2", "santurkar-fig6", "santurkar-fig7", "santurkar-fig8", "santurkar-fig9", "santurkar-fig10",
@@ -77,48 +76,48 @@ def test_probes_fire_and_analyses_read_them(tmp_path, monkeypatch, one_seed):
         numbers[experiment_id] = [row["ours"] for row in outcome.table]
     # fig7: per-step moment changes of all three networks; noisy BN's fresh noise dominates the change
     ctx = runner.analysis_context("santurkar-fig7", "smoke", runs_dir=tmp_path)
-    by = S._runs_by_label(ctx)
-    assert S.probe_layers(by[S.BN], "moments", "mean_change")[0] == "features.0.1"      # BN outputs
-    assert S.probe_layers(by[S.STANDARD], "moments", "mean_change")[0] == "features.0.0"  # conv outputs
-    noisy = S._layer_medians(by[S.NOISY], "moments", "mean_change")
-    plain = S._layer_medians(by[S.BN], "moments", "mean_change")
+    by = SC._runs_by_label(ctx)
+    assert SC.probe_layers(by[SC.BN], "moments", "mean_change")[0] == "features.0.1"      # BN outputs
+    assert SC.probe_layers(by[SC.STANDARD], "moments", "mean_change")[0] == "features.0.0"  # conv outputs
+    noisy = SC._layer_medians(by[SC.NOISY], "moments", "mean_change")
+    plain = SC._layer_medians(by[SC.BN], "moments", "mean_change")
     assert noisy > 10 * plain  # means of U(−0.5, 0.5) redrawn each step vs β's drift at lr 0.1
     # fig6: ICS of every weight layer; the first layer has nothing before it, so G' = G exactly
     ctx = runner.analysis_context("santurkar-fig6", "smoke", runs_dir=tmp_path)
-    vgg = S._runs_by_label(ctx)[f"VGG: {S.BN}"]
-    layers = S.probe_layers(vgg, "ics", "l2")
+    vgg = SC._runs_by_label(ctx)[f"VGG: {SC.BN}"]
+    layers = SC.probe_layers(vgg, "ics", "l2")
     assert layers[0] == "features.0.0" and layers[-1] == "classifier.2" and len(layers) == 11
-    assert S._first_layer_zero(vgg) == {"features.0.0"}
-    dln = S._runs_by_label(ctx)[f"DLN: {S.STANDARD}"]
-    assert len(S.probe_layers(dln, "ics", "cos")) == 25
+    assert SC._first_layer_zero(vgg) == {"features.0.0"}
+    dln = SC._runs_by_label(ctx)[f"DLN: {SC.STANDARD}"]
+    assert len(SC.probe_layers(dln, "ics", "cos")) == 25
     for row in numbers["santurkar-fig6"]:
         assert "—" not in row and "nan" not in row
     # fig9: landscape medians are finite; the hessian probe ran in train mode and its sharpness is finite
     for row in numbers["santurkar-fig9"]:
         assert "—" not in row and "nan" not in row
     ctx = runner.analysis_context("santurkar-fig9", "smoke", runs_dir=tmp_path)
-    for r in S._runs_by_label(ctx).values():
-        assert S.sharpness_ratio(r, S.DLN_LR) > 0
-        assert r.series("probe/hessian/threshold")[1][0] == pytest.approx(2 / S.DLN_LR)
+    for r in SC._runs_by_label(ctx).values():
+        assert SC.sharpness_ratio(r, SC.DLN_LR) > 0
+        assert r.series("probe/hessian/threshold")[1][0] == pytest.approx(2 / SC.DLN_LR)
     assert "sharpness λ_max / (2/lr)" in runner.reproduce("santurkar-fig9", "smoke", runs_dir=tmp_path, tiny=True,
                                                           report=False, progress=False).summary
-    vgg_runs = S._runs_by_label(runner.analysis_context("santurkar-fig7", "smoke", runs_dir=tmp_path))
-    assert all(S.sharpness_ratio(r, 0.1) > 0 for r in vgg_runs.values())
+    vgg_runs = SC._runs_by_label(runner.analysis_context("santurkar-fig7", "smoke", runs_dir=tmp_path))
+    assert all(SC.sharpness_ratio(r, 0.1) > 0 for r in vgg_runs.values())
     # fig8: the distributions of 2 sampled units per BN layer were recorded every 10 steps
     ctx = runner.analysis_context("santurkar-fig8", "smoke", runs_dir=tmp_path)
-    bn = S._runs_by_label(ctx)[S.BN]
-    assert len(S._hist_units(bn)) == 2 * 24
-    assert S.distribution_drift(bn) is not None
+    bn = SC._runs_by_label(ctx)[SC.BN]
+    assert len(SC._hist_units(bn)) == 2 * 24
+    assert SC.distribution_drift(bn) is not None
 
 
 # ---- plans ------------------------------------------------------------------------------------
 
 def test_paper_presets_follow_appendix_a1():
-    vgg = S.vgg_config("paper", "bn")
+    vgg = SC.vgg_config("paper", "bn")
     assert (vgg["model"], vgg["data"], vgg["steps"], vgg["lr"], vgg["batch_size"]) == \
         ("vgg_santurkar", "cifar10", 15000, 0.1, 128)
     assert vgg["momentum"] == 0.0 and vgg["augment"] is False and "model_options" not in vgg  # Glorot, full width
-    dln = S.dln_config("paper", "none")
+    dln = SC.dln_config("paper", "none")
     assert (dln["model"], dln["data"], dln["steps"], dln["batch_size"]) == ("dln", "gaussian_regression", 10000, "full")
     assert dln["model_options"] == {"depth": 25, "width": 10} and dln["data_options"] == {"d": 10, "n": 1000}
     plans = {i: E.get(i).plan("paper") for i in IDS}
@@ -144,16 +143,16 @@ def test_paper_presets_follow_appendix_a1():
 
 
 def test_smoke_vgg_sees_16x16_digits_and_probes_sharpness():
-    vgg = S.vgg_config("smoke", "bn", seed=2)
+    vgg = SC.vgg_config("smoke", "bn", seed=2)
     assert vgg["data"] == "digits" and vgg["data_options"] == {"size": 16} and vgg["seed"] == 2
     assert any(p.startswith("hessian(") for p in vgg["probes"])
-    assert any(p.startswith("hessian(") for p in S.dln_config("smoke", "none")["probes"])
+    assert any(p.startswith("hessian(") for p in SC.dln_config("smoke", "none")["probes"])
 
 
 def test_noisy_bn_uses_algorithm_1_constants():
     from bnlab.norms.registry import lookup
 
-    _, params = lookup(S.NORMS[S.NOISY])
+    _, params = lookup(SC.NORMS[SC.NOISY])
     assert (params["n_mu"], params["n_sigma"], params["r_mu"], params["r_sigma"]) == (0.5, 1.25, 0.1, 0.1)
 
 
@@ -161,9 +160,9 @@ def test_landscape_probe_ranges_are_the_papers():
     import bnlab.models as M
     from bnlab.probes import default_range
 
-    assert default_range(M.create("dln", norm="bn", input_shape=(10,), num_classes=10)) == S.DLN_RANGE == (0.01, 30.0)
+    assert default_range(M.create("dln", norm="bn", input_shape=(10,), num_classes=10)) == SC.DLN_RANGE == (0.01, 30.0)
     assert default_range(M.create("vgg_santurkar", norm="bn", input_shape=(1, 8, 8), width=0.125)) == \
-        S.VGG_RANGE == (0.5, 4.0)
+        SC.VGG_RANGE == (0.5, 4.0)
 
 
 def test_shared_runs_have_identical_configs():
@@ -171,7 +170,7 @@ def test_shared_runs_have_identical_configs():
     for preset in ("smoke", "paper"):
         by_entry = {i: {(r.factors["net"], r.config["norm"], r.config["seed"]): r.config
                         for r in E.get(i).plan(preset).runs} for i in IDS}
-        for key in [("vgg", "none", seed) for seed in S.SEEDS] + [("vgg", "bn", 2)]:
+        for key in [("vgg", "none", seed) for seed in SC.SEEDS] + [("vgg", "bn", 2)]:
             assert by_entry["santurkar-fig2"][key] == by_entry["santurkar-fig6"][key] == \
                 by_entry["santurkar-fig7"][key] == by_entry["santurkar-fig11"][key] == by_entry["santurkar-fig14"][key]
         for key in [("dln", "none", 0), ("dln", "bn", 1)]:
@@ -184,7 +183,7 @@ def test_dln_learning_rate_rule():
     import bnlab.models as M
     from bnlab import data as D
 
-    cfg = S.dln_config("smoke", "none")
+    cfg = SC.dln_config("smoke", "none")
     ds = D.load(cfg["data"], **cfg["data_options"], seed=cfg["seed"])
 
     def train(lr, steps):
@@ -203,29 +202,29 @@ def test_dln_learning_rate_rule():
             opt.step()
         return losses
 
-    at_lr = train(S.DLN_LR, 150)
+    at_lr = train(SC.DLN_LR, 150)
     assert all(math.isfinite(v) for v in at_lr) and at_lr[-1] < 0.95 * at_lr[0]
-    at_max = train(30 * S.DLN_LR, 60)
+    at_max = train(30 * SC.DLN_LR, 60)
     assert not math.isfinite(at_max[-1]) or at_max[-1] > 1e6
 
 
 def test_fig10_grid_contains_both_range_ends():
-    grid = [v / S.DLN_LR for v in DL.fig10_grid()]
+    grid = [v / SC.DLN_LR for v in DL.fig10_grid()]
     assert grid == sorted(grid) and math.isclose(grid[0], 0.01) and math.isclose(grid[-1], 1000.0)
     assert any(math.isclose(v, 30.0) for v in grid) and any(math.isclose(v, 300.0) for v in grid)
-    assert math.isclose(30 * DL.LITERAL_LR / S.DLN_LR, 300.0)
+    assert math.isclose(30 * DL.LITERAL_LR / SC.DLN_LR, 300.0)
 
 
 # ---- helpers ----------------------------------------------------------------------------------
 
 def test_layer_order_and_picks():
     names = ["classifier.2", "features.10.0", "features.2.0", "classifier.0.0", "features.0.0"]
-    assert sorted(names, key=S.layer_key) == ["features.0.0", "features.2.0", "features.10.0", "classifier.0.0",
+    assert sorted(names, key=SC.layer_key) == ["features.0.0", "features.2.0", "features.10.0", "classifier.0.0",
                                               "classifier.2"]
-    assert sorted(["layers.10.1[3]", "layers.2.1[7]", "layers.2.1[1]"], key=S.layer_key) == \
+    assert sorted(["layers.10.1[3]", "layers.2.1[7]", "layers.2.1[1]"], key=SC.layer_key) == \
         ["layers.2.1[1]", "layers.2.1[7]", "layers.10.1[3]"]
-    assert S.pick(list(range(11)), (0.25, 0.75)) == [2, 8]
-    assert S.pick([5], (0.1, 0.9)) == [5] and S.pick([], (0.5,)) == []
+    assert SC.pick(list(range(11)), (0.25, 0.75)) == [2, 8]
+    assert SC.pick([5], (0.1, 0.9)) == [5] and SC.pick([], (0.5,)) == []
 
 
 class FakeRun:
@@ -291,22 +290,22 @@ def seeds(value, spread=JITTER):
 def test_decide_and_combine():
     from bnlab.experiments.common import compare_arms
 
-    assert S.decide(compare_arms(seeds(1.0), seeds(0.5)), "lower") == "held"
-    assert S.decide(compare_arms(seeds(0.5), seeds(1.0)), "lower") == "not held"
+    assert SC.decide(compare_arms(seeds(1.0), seeds(0.5)), "lower") == "held"
+    assert SC.decide(compare_arms(seeds(0.5), seeds(1.0)), "lower") == "not held"
     noisy = compare_arms([1.0, 0.2, 1.8], [0.9, 1.7, 0.1])
-    assert S.decide(noisy, "lower") == "inconclusive" and noisy.mde > 0.5
-    assert S.decide(compare_arms([1.0], [0.5]), "lower") == "inconclusive"  # one seed: too few
-    assert S.combine(["held", "held"]) == "held"
-    assert S.combine(["held", "inconclusive"]) == "inconclusive"
-    assert S.combine(["inconclusive", "not held"]) == "not held"
+    assert SC.decide(noisy, "lower") == "inconclusive" and noisy.mde > 0.5
+    assert SC.decide(compare_arms([1.0], [0.5]), "lower") == "inconclusive"  # one seed: too few
+    assert SC.combine(["held", "held"]) == "held"
+    assert SC.combine(["held", "inconclusive"]) == "inconclusive"
+    assert SC.combine(["inconclusive", "not held"]) == "not held"
 
 
 def test_sharpness_ratio_reads_the_second_half():
     run = FakeRun("x", {"probe/hessian/top_eigenvalue": [(0, 100.0), (100, 5.0), (200, 20.0), (300, 40.0)]})
-    assert S.sharpness_ratio(run, lr=0.1) == pytest.approx(statistics_median([20.0, 40.0]) * 0.1 / 2)
-    assert S.sharpness_ratio(run, lr=0.1, half=False) == pytest.approx(statistics_median([100, 5, 20, 40]) * 0.05)
-    assert "x 1.5" in S.sharpness_line({"x": [run]}, 0.1)
-    assert S.sharpness_line({"x": [FakeRun("x", {})]}, 0.1) == "sharpness not measured"
+    assert SC.sharpness_ratio(run, lr=0.1) == pytest.approx(statistics_median([20.0, 40.0]) * 0.1 / 2)
+    assert SC.sharpness_ratio(run, lr=0.1, half=False) == pytest.approx(statistics_median([100, 5, 20, 40]) * 0.05)
+    assert "x 1.5" in SC.sharpness_line({"x": [run]}, 0.1)
+    assert SC.sharpness_line({"x": [FakeRun("x", {})]}, 0.1) == "sharpness not measured"
 
 
 def statistics_median(values):
@@ -318,23 +317,23 @@ def statistics_median(values):
 # ---- verdicts as pure functions -------------------------------------------------------------------
 
 def test_fig2_verdict():
-    losses = {S.STANDARD: seeds(1.0), S.BN: seeds(0.1), S.NOISY: seeds(0.1)}
+    losses = {SC.STANDARD: seeds(1.0), SC.BN: seeds(0.1), SC.NOISY: seeds(0.1)}
     assert V.fig2_verdict(losses)[0] == "held"
-    assert V.fig2_verdict({**losses, S.NOISY: seeds(2.0)})[0] == "not held"
+    assert V.fig2_verdict({**losses, SC.NOISY: seeds(2.0)})[0] == "not held"
     # the claim's second half: faster than standard but 2× BN's loss (issue 19 measured ≈ 1.8×) is not "as well
     # as BN" (the old verdict tested only the first half and said held)
-    verdict, text = V.fig2_verdict({**losses, S.NOISY: seeds(0.2)})
+    verdict, text = V.fig2_verdict({**losses, SC.NOISY: seeds(0.2)})
     assert verdict == "not held" and "(1) noisy BN − standard" in text and "→ held" in text
-    verdict, text = V.fig2_verdict({**losses, S.NOISY: [0.3, 1.5, 3.0]})
+    verdict, text = V.fig2_verdict({**losses, SC.NOISY: [0.3, 1.5, 3.0]})
     assert verdict == "inconclusive" and "resolvable" in text
     assert V.fig2_verdict(losses, "tiny")[0] == "inconclusive"
-    assert V.fig2_verdict({**losses, S.NOISY: [0.2]})[0] == "inconclusive"  # one seed decides nothing
+    assert V.fig2_verdict({**losses, SC.NOISY: [0.2]})[0] == "inconclusive"  # one seed decides nothing
 
 
 def test_fig6_verdict():
     def cos(std, bn):
-        return {(net, S.STANDARD): seeds(std, (0.99, 1.0, 1.01)) for net in ("VGG", "DLN")} | \
-               {(net, S.BN): seeds(bn, (0.99, 1.0, 1.01)) for net in ("VGG", "DLN")}
+        return {(net, SC.STANDARD): seeds(std, (0.99, 1.0, 1.01)) for net in ("VGG", "DLN")} | \
+               {(net, SC.BN): seeds(bn, (0.99, 1.0, 1.01)) for net in ("VGG", "DLN")}
     assert V.fig6_verdict(cos(0.99, 0.90))[0] == "held"   # BN's gradients change more: "even worse"
     assert V.fig6_verdict(cos(0.5, 0.9))[0] == "not held"  # BN clearly less ICS
     assert V.fig6_verdict(cos(0.6, 0.62))[0] == "inconclusive"  # right at the tolerance: undecidable
@@ -342,42 +341,42 @@ def test_fig6_verdict():
 
 def test_fig7_verdict():
     def changes(noisy):
-        return {S.STANDARD: {"mean_change": seeds(0.05), "var_change": seeds(0.05)},
-                S.NOISY: {"mean_change": seeds(noisy), "var_change": seeds(noisy)}}
-    losses = {S.STANDARD: seeds(1.0), S.NOISY: seeds(0.2)}
+        return {SC.STANDARD: {"mean_change": seeds(0.05), "var_change": seeds(0.05)},
+                SC.NOISY: {"mean_change": seeds(noisy), "var_change": seeds(noisy)}}
+    losses = {SC.STANDARD: seeds(1.0), SC.NOISY: seeds(0.2)}
     assert V.fig7_verdict(changes(0.3), losses)[0] == "held"
     assert V.fig7_verdict(changes(0.06), losses)[0] == "not held"  # < 2× standard
-    assert V.fig7_verdict(changes(0.3), {**losses, S.NOISY: seeds(3.0)})[0] == "not held"  # trains worse
+    assert V.fig7_verdict(changes(0.3), {**losses, SC.NOISY: seeds(3.0)})[0] == "not held"  # trains worse
 
 
 def test_fig8_verdict_and_drift():
     # the drift measure: a pure shift of the median by half the initial 5–95 % spread gives 0.5,
     # a pure doubling of the spread gives ln 2
     span = STEPS[-1] - STEPS[0]
-    assert S.distribution_drift(FakeRun("x", _hist(0.5 * 2 * 1.645 / span, 0.0))) == pytest.approx(0.5, rel=1e-9)
+    assert SC.distribution_drift(FakeRun("x", _hist(0.5 * 2 * 1.645 / span, 0.0))) == pytest.approx(0.5, rel=1e-9)
     widen = 1.0 / (STEPS[-1] - 2 * STEPS[0])  # (1 + w·s_last) / (1 + w·s_first) = 2
-    assert S.distribution_drift(FakeRun("z", _hist(0.0, widen))) == pytest.approx(math.log(2), rel=1e-9)
-    assert S.distribution_drift(FakeRun("y", _hist(0.0, 0.0))) == 0.0
-    assert DL.fig8_verdict({S.STANDARD: seeds(0.8), S.BN: seeds(0.1)})[0] == "held"
-    assert DL.fig8_verdict({S.STANDARD: seeds(0.1), S.BN: seeds(0.8)})[0] == "not held"
+    assert SC.distribution_drift(FakeRun("z", _hist(0.0, widen))) == pytest.approx(math.log(2), rel=1e-9)
+    assert SC.distribution_drift(FakeRun("y", _hist(0.0, 0.0))) == 0.0
+    assert DL.fig8_verdict({SC.STANDARD: seeds(0.8), SC.BN: seeds(0.1)})[0] == "held"
+    assert DL.fig8_verdict({SC.STANDARD: seeds(0.1), SC.BN: seeds(0.8)})[0] == "not held"
 
 
 def test_fig9_verdict_and_analysis(tmp_path):
     def summaries(loss_range, change, beta):
         return [{"loss_range": loss_range * j, "grad_change_max": change * j, "beta_smoothness": beta * j}
                 for j in JITTER]
-    smooth = {S.STANDARD: summaries(5.0, 50.0, 500.0), S.BN: summaries(0.5, 5.0, 50.0)}
-    assert DL.landscape_verdict(smooth, S.BN)[0] == "held"
-    rough = {S.STANDARD: summaries(0.5, 5.0, 500.0), S.BN: summaries(5.0, 50.0, 50.0)}
-    verdict, comps, _ = DL.landscape_verdict(rough, S.BN)
+    smooth = {SC.STANDARD: summaries(5.0, 50.0, 500.0), SC.BN: summaries(0.5, 5.0, 50.0)}
+    assert DL.landscape_verdict(smooth, SC.BN)[0] == "held"
+    rough = {SC.STANDARD: summaries(0.5, 5.0, 500.0), SC.BN: summaries(5.0, 50.0, 50.0)}
+    verdict, comps, _ = DL.landscape_verdict(rough, SC.BN)
     assert verdict == "not held" and comps["beta_smoothness"].decision == "lower"
     # end to end on synthetic stored runs, 3 seeds per arm, with a sharpness series
     runs = [FakeRun(label, {"train_loss": _loss(lvl), **_landscape(r * j, 10 * r * j, 100 * r * j),
                             "probe/hessian/top_eigenvalue": _const(1500.0 * j)}, seed=i)
-            for label, lvl, r in ((S.STANDARD, 10.0, 5.0), (S.BN, 5.0, 0.5)) for i, j in enumerate(JITTER)]
+            for label, lvl, r in ((SC.STANDARD, 10.0, 5.0), (SC.BN, 5.0, 0.5)) for i, j in enumerate(JITTER)]
     out = DL._fig9_analyze(_ctx("santurkar-fig9", runs, tmp_path))
     assert out.verdict == "held" and "λ_max / (2/lr)" in out.summary and "Standard 0.75" in out.summary
-    bare = [FakeRun(S.STANDARD, {"train_loss": _loss(10.0)}), FakeRun(S.BN, {"train_loss": _loss(5.0)})]
+    bare = [FakeRun(SC.STANDARD, {"train_loss": _loss(10.0)}), FakeRun(SC.BN, {"train_loss": _loss(5.0)})]
     out = DL._fig9_analyze(_ctx("santurkar-fig9", bare, tmp_path))
     assert out.verdict == "inconclusive" and all(p.stat().st_size > 1000 for p in out.figures)
 
@@ -389,9 +388,9 @@ def _pred(std_scale, bn_scale, spread=JITTER):
         return {"status": "finished", "curves": [
             {"step": step, "grad_norm": 1.0, "loss_at_theta": 5.0, "grad_change": [scale * s for s in sizes],
              "loss": [5.0 + scale * s for s in sizes]} for step in (0, 200)]}
-    return {"predictiveness": {"at_steps": [0, 200], "lr": S.DLN_LR, "step_sizes": sizes,
-                               "runs": {S.STANDARD: [replay(std_scale * j) for j in spread],
-                                        S.BN: [replay(bn_scale * j) for j in spread]}}}
+    return {"predictiveness": {"at_steps": [0, 200], "lr": SC.DLN_LR, "step_sizes": sizes,
+                               "runs": {SC.STANDARD: [replay(std_scale * j) for j in spread],
+                                        SC.BN: [replay(bn_scale * j) for j in spread]}}}
 
 
 def test_fig10_verdict(tmp_path):
@@ -420,7 +419,7 @@ def _lp_runs(bad=None, factor=2.0, without=None):
         for label in LP.LP_LABELS:
             if label == without:
                 continue
-            f = 1.0 if label == S.STANDARD else (factor if (net, label) == bad else 0.2)
+            f = 1.0 if label == SC.STANDARD else (factor if (net, label) == bad else 0.2)
             for i, j in enumerate(JITTER):
                 out.append(FakeRun(f"{net}: {label}", {
                     "train_loss": _loss(f * j), **_landscape(2.0 * f * j, 20.0 * f * j, 100.0 * f * j),
@@ -434,7 +433,7 @@ def test_fig11_verdict(tmp_path):
     assert out.verdict == "held" and len(out.figures) == 2
     assert "against the standard network (training loss; landscape = all three medians): 16 of 16 checks held" \
         in out.summary and "Fig. 13, ℓp comparable to BN (loss below 1.25× BN's): 6 of 6 checks held" in out.summary
-    out = LP._fig11_analyze(_ctx("santurkar-fig11", _lp_runs(("DLN", S.LINF)), tmp_path))
+    out = LP._fig11_analyze(_ctx("santurkar-fig11", _lp_runs(("DLN", SC.LINF)), tmp_path))
     assert out.verdict == "not held" and "14 of 16 checks held, 2 against" in out.summary \
         and "5 of 6 checks held, 1 against" in out.summary
 
@@ -442,34 +441,34 @@ def test_fig11_verdict(tmp_path):
 def test_fig11_verdict_checks_every_arm_the_paper_names(tmp_path):
     """Issue 10 item 6: the ℓ2 arm counts. An ℓ2 arm that contradicts the claim makes the verdict "not held";
     a missing ℓ2 arm leaves it undecided (the old verdict checked only the arms that were run)."""
-    runs = _lp_runs(("VGG", S.L2))  # ℓ2 trains worse than the standard VGG, with a rougher landscape
+    runs = _lp_runs(("VGG", SC.L2))  # ℓ2 trains worse than the standard VGG, with a rougher landscape
     out = LP._fig11_analyze(_ctx("santurkar-fig11", runs, tmp_path))
-    assert out.verdict == "not held" and f"VGG: {S.L2}: loss higher" in out.summary
-    out = LP._fig11_analyze(_ctx("santurkar-fig11", _lp_runs(without=S.L2), tmp_path))
-    assert out.verdict == "inconclusive" and f"VGG: {S.L2}: loss too few seeds" in out.summary
+    assert out.verdict == "not held" and f"VGG: {SC.L2}: loss higher" in out.summary
+    out = LP._fig11_analyze(_ctx("santurkar-fig11", _lp_runs(without=SC.L2), tmp_path))
+    assert out.verdict == "inconclusive" and f"VGG: {SC.L2}: loss too few seeds" in out.summary
     # Fig. 13: an ℓp network better than standard but at 2.5× BN's loss is not "comparable to BN"
-    losses = {f"{net}: {label}": seeds(1.0 if label == S.STANDARD else 0.1) for net in ("VGG", "DLN")
+    losses = {f"{net}: {label}": seeds(1.0 if label == SC.STANDARD else 0.1) for net in ("VGG", "DLN")
               for label in LP.LP_LABELS}
     landscapes = {key: [{"loss_range": v, "grad_change_max": v, "beta_smoothness": v} for v in values]
                   for key, values in losses.items()}
     assert LP.fig11_verdict(losses, landscapes)[0] == "held"
-    verdict, summary = LP.fig11_verdict({**losses, f"DLN: {S.L1}": seeds(0.25)}, landscapes)
+    verdict, summary = LP.fig11_verdict({**losses, f"DLN: {SC.L1}": seeds(0.25)}, landscapes)
     assert verdict == "not held" and "5 of 6 checks held, 1 against" in summary
-    assert LP.fig11_verdict({**losses, f"DLN: {S.L1}": [0.05, 0.3, 0.12]}, landscapes)[0] == "inconclusive"
+    assert LP.fig11_verdict({**losses, f"DLN: {SC.L1}": [0.05, 0.3, 0.12]}, landscapes)[0] == "inconclusive"
 
 
 def test_fig14_verdict(tmp_path):
-    drift = {S.STANDARD: seeds(0.2), S.BN: seeds(0.1), S.L1: seeds(0.6), S.L2: seeds(0.4), S.LINF: seeds(0.5)}
-    losses = {S.STANDARD: seeds(1.0), S.BN: seeds(0.1), S.L1: seeds(0.2), S.L2: seeds(0.1), S.LINF: seeds(0.3)}
+    drift = {SC.STANDARD: seeds(0.2), SC.BN: seeds(0.1), SC.L1: seeds(0.6), SC.L2: seeds(0.4), SC.LINF: seeds(0.5)}
+    losses = {SC.STANDARD: seeds(1.0), SC.BN: seeds(0.1), SC.L1: seeds(0.2), SC.L2: seeds(0.1), SC.LINF: seeds(0.3)}
     assert LP.fig14_verdict(drift, losses)[0] == "held"
-    assert LP.fig14_verdict({**drift, S.LINF: seeds(0.05)}, losses)[0] == "not held"
-    assert LP.fig14_verdict(drift, {**losses, S.L1: [0.2, 1.5, 3.0]})[0] == "inconclusive"
+    assert LP.fig14_verdict({**drift, SC.LINF: seeds(0.05)}, losses)[0] == "not held"
+    assert LP.fig14_verdict(drift, {**losses, SC.L1: [0.2, 1.5, 3.0]})[0] == "inconclusive"
     # every ℓp arm the paper names counts: ℓ2 drifting less than standard contradicts the caption,
     # a missing ℓ2 arm leaves the claim undecided
-    verdict, summary = LP.fig14_verdict({**drift, S.L2: seeds(0.05)}, losses)
-    assert verdict == "not held" and f"{S.L2}: drift − standard" in summary
+    verdict, summary = LP.fig14_verdict({**drift, SC.L2: seeds(0.05)}, losses)
+    assert verdict == "not held" and f"{SC.L2}: drift − standard" in summary
     assert "5 of 6 checks held, 1 against" in summary
-    missing = {k: v for k, v in drift.items() if k != S.L2}
+    missing = {k: v for k, v in drift.items() if k != SC.L2}
     assert LP.fig14_verdict(missing, losses)[0] == "inconclusive"
 
     def runs(labels):
@@ -480,7 +479,7 @@ def test_fig14_verdict(tmp_path):
     out = LP._fig14_analyze(_ctx("santurkar-fig14", runs(LP.LP_LABELS), tmp_path))
     _check_outcome(out)
     assert out.verdict == "held"
-    assert LP._fig14_analyze(_ctx("santurkar-fig14", runs((S.STANDARD, S.BN, S.L1, S.LINF)), tmp_path)
+    assert LP._fig14_analyze(_ctx("santurkar-fig14", runs((SC.STANDARD, SC.BN, SC.L1, SC.LINF)), tmp_path)
                              ).verdict == "inconclusive"
 
 
@@ -491,7 +490,7 @@ def test_smoke_plans_run_every_lp_arm_the_paper_names():
         runs = E.get(entry).plan("smoke").runs
         for net in nets:
             l2 = [r for r in runs if r.factors["net"] == net and r.config["norm"] == "lp_bn(p=2)"]
-            assert [r.config["seed"] for r in l2] == list(S.SEEDS) == [0, 1, 2], (entry, net)
-            config = (S.vgg_config if net == "vgg" else S.dln_config)("smoke", "lp_bn(p=2)", 1)
+            assert [r.config["seed"] for r in l2] == list(SC.SEEDS) == [0, 1, 2], (entry, net)
+            config = (SC.vgg_config if net == "vgg" else SC.dln_config)("smoke", "lp_bn(p=2)", 1)
             assert l2[1].config == config
         assert {r.config["norm"] for r in runs} == {"none", "bn", "lp_bn(p=1)", "lp_bn(p=2)", "lp_bn(p=inf)"}

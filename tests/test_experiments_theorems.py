@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from bnlab.experiments import get, reproduce
-from bnlab.experiments import theorems as T
-from bnlab.experiments import theorems_rates as R
+from bnlab.experiments.arora import rates as R
+from bnlab.experiments.mbn import theorems as MT
+from bnlab.experiments.peng import theorems as T
 from bnlab.theory.arora import ScaleInvariantNet, sgd_convergence_rate
 
 
@@ -95,13 +96,13 @@ def test_rates_verdict_on_synthetic_slopes():
 
 
 def test_mbn_theorems_tiny_and_a_wrong_prediction_fails():
-    data = R.mbn_data(tiny=True)
-    assert {r["m"] for r in data["moving"]} == set(R.MBN_M)
+    data = MT.mbn_data(tiny=True)
+    assert {r["m"] for r in data["moving"]} == set(MT.MBN_M)
     doctored = {
         **data,
         "moving": [{**r, "var_mu_theory": r["var_mu_theory"] * 1.5} for r in data["moving"]],
     }
-    assert R.mbn_verdict(doctored)[0] == "not held"
+    assert MT.mbn_verdict(doctored)[0] == "not held"
 
 
 @pytest.mark.parametrize("entry", ["peng-eq14", "mbn-theorems"])

@@ -1,4 +1,4 @@
-"""The verdict rule itself (bnlab.experiments.verdict), measured by simulation: its false-"held" rate under
+"""The verdict rule itself (bnlab.experiments.verdicts), measured by simulation: its false-"held" rate under
 an exact null and its false-"not held" rate under the paper's effect, for the generic judge and for Peng's
 Tables 1–4 verdict, at the smoke design and at a design that resolves the paper's effect. The rates are
 printed in docs/readme/experiments.md; the last test checks the docs print what this simulation gives."""
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bnlab.experiments import peng_verdict as PV
+from bnlab.experiments.peng import verdict as PV
 from bnlab.experiments.common import compare_arms
-from bnlab.experiments.peng_common import ACTIVATIONS
-from bnlab.experiments.verdict import Design, binomial_floor, holm, judge, settle_fraction
+from bnlab.experiments.peng.common import ACTIVATIONS
+from bnlab.experiments.verdicts import Design, binomial_floor, holm, judge, settle_fraction
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "readme" / "experiments.md"
 SIMS = 600

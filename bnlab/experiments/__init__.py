@@ -4,16 +4,18 @@
     bnlab reproduce santurkar-fig9 --preset smoke
     bnlab report
 
-Entries live in one module per paper (``santurkar.py``, ``luo.py``, ``peng.py``, ``arora.py``,
-``mbn.py``) and register themselves in :data:`CATALOGUE` when imported.
+Entries live in one package per paper (``santurkar/``, ``luo/``, ``peng/``, ``arora/``, ``mbn/``); each
+entry module registers its entries in :data:`CATALOGUE` when imported, and :func:`load_catalogue` imports
+them in the order :data:`ENTRY_MODULES` declares. Shared helpers: ``common`` (statistics, plots),
+``verdicts`` (the verdict ladder), ``runner`` and ``parallel`` (execution).
 """
 
 from __future__ import annotations
 
-from .base import (CATALOGUE, PAPER_MODULES, PAPERS, PRESETS, Experiment, Outcome, Plan, RunSpec, check_preset, get,
+from .base import (CATALOGUE, ENTRY_MODULES, PAPERS, PRESETS, Experiment, Outcome, Plan, RunSpec, check_preset, get,
                    load_catalogue, register, shrink)
 from .runner import reproduce
 
 
-__all__ = ["CATALOGUE", "PAPER_MODULES", "PAPERS", "PRESETS", "Experiment", "Outcome", "Plan", "RunSpec",
+__all__ = ["CATALOGUE", "ENTRY_MODULES", "PAPERS", "PRESETS", "Experiment", "Outcome", "Plan", "RunSpec",
            "check_preset", "get", "load_catalogue", "register", "reproduce", "shrink"]

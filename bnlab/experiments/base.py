@@ -81,19 +81,35 @@ def register(experiment: Experiment) -> Experiment:
     return experiment
 
 
-# The paper modules, imported by name (they import this module to register their entries).
-PAPER_MODULES = ["santurkar", "luo", "peng", "peng_imagenet", "arora", "mbn", "theorems"]
+# The catalogue's order, declared: the entry modules of each paper's package (``bnlab.experiments.<paper>``),
+# in the order ``bnlab experiments list`` and the report show them. Each module registers its entries when
+# imported; load_catalogue imports them all and then sorts the catalogue by this list, so the order does not
+# depend on which module some caller happened to import first.
+ENTRY_MODULES = (
+    "santurkar.vgg", "santurkar.dln", "santurkar.lp",
+    "luo.student", "luo.fig3", "luo.cnn", "luo.fold_dropout", "luo.table2",
+    "peng.tables", "peng.components", "peng.figures", "peng.imagenet",
+    "arora.entries", "mbn.entries",
+    "peng.theorems", "arora.rates", "mbn.theorems",
+)
+
+
+def _rank(experiment: Experiment) -> int:
+    """The position of the module that registered ``experiment`` in :data:`ENTRY_MODULES` (others last)."""
+    package = __name__.rpartition(".")[0]
+    module = getattr(experiment.analyze, "__module__", "")
+    names = [f"{package}.{name}" for name in ENTRY_MODULES]
+    return names.index(module) if module in names else len(names)
 
 
 def load_catalogue() -> dict[str, Experiment]:
-    """Import every paper's module (each registers its entries once) and return the catalogue."""
+    """Import every entry module of :data:`ENTRY_MODULES` and return the catalogue in that order."""
     package = __name__.rpartition(".")[0]
-    for name in PAPER_MODULES:
-        try:
-            importlib.import_module(f"{package}.{name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"{package}.{name}":
-                raise
+    for name in ENTRY_MODULES:
+        importlib.import_module(f"{package}.{name}")
+    ordered = sorted(CATALOGUE.values(), key=_rank)  # stable: a module's entries keep their order
+    CATALOGUE.clear()
+    CATALOGUE.update((e.id, e) for e in ordered)
     return CATALOGUE
 
 

@@ -2,9 +2,9 @@
 
 Entries: ``peng-table1`` … ``peng-table4`` (the seven-row ablation of Tables 1–4) and ``peng-fig4`` /
 ``peng-fig5`` (their training-loss curves, Figs 4–5) here; ``peng-table6`` and ``peng-fig7`` (CBN's
-components, §6.3) in ``peng_components.py``; ``peng-fig2`` (η_k and τ_k, Figs 2–3), ``peng-fig8`` (ρ
-sensitivity, §6.4, Figs 8–9) and ``peng-fig10`` (AMAT's gradient variance, §6.5) in ``peng_figures.py``;
-the rows, the paper's numbers and the recipes in ``peng_common.py``.
+components, §6.3) in ``components.py``; ``peng-fig2`` (η_k and τ_k, Figs 2–3), ``peng-fig8`` (ρ
+sensitivity, §6.4, Figs 8–9) and ``peng-fig10`` (AMAT's gradient variance, §6.5) in ``figures.py``;
+the rows, the paper's numbers and the recipes in ``common.py``.
 
 Rows ①–⑦ of Tables 1–4 as ``bnlab`` norm specs (checked against the tables' feature columns "Before
 Opera." / "Decouple" / "Tune ρ" / "AMAT"):
@@ -35,13 +35,12 @@ import math
 
 from bnlab.plots import bars
 
-from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import (compare_arms, grouped_finals, mean_curve, mean_over_run, mean_std,
+from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..common import (compare_arms, grouped_finals, mean_curve, mean_over_run, mean_std,
                      safe_panels, SETTLE_FRACTION, settle, smooth, value_at_fraction)
-from .peng_common import *  # noqa: F403 (re-exported: the names tests and other entries use)
-from .peng_verdict import CHANCE, paper_gain, settled_table_verdict, table_design, table_verdict  # noqa: F401
-from .verdict import Design, arm_values, holm, judge, settle_fraction
-from .peng_common import (ACT_TITLE, ACTIVATIONS, NON_RELU, PAPER_TABLES, PAPER_TRIALS, ROW_FEATURES,
+from .verdict import CHANCE, table_design, table_verdict
+from ..verdicts import Design, arm_values, holm, judge, settle_fraction
+from .common import (ACT_TITLE, ACTIVATIONS, NON_RELU, PAPER_TABLES, PAPER_TRIALS, ROW_FEATURES,
                           ROW_NAMES, ROWS, SMOKE_SEEDS, SMOKE_WIDTH, TABLES, _base, _fmt, _pct, _run, _status_note,
                           padding_shares, row_spec)
 
@@ -359,7 +358,3 @@ for _fig, (_a, _b) in FIGURES.items():
               "paper": f"100 runs, shared with peng-table{_a}/{_b}"},
         plan=_fig_plan(_fig), analyze=_fig_analyze(_fig)))
 
-
-from .peng_components import *  # noqa: E402,F403 (registers Table 6 / Fig. 7; re-exports their verdicts)
-from .peng_figures import *  # noqa: E402,F403 (registers the figure entries; re-exports their verdicts)
-from .peng_figures import _mean_variance  # noqa: E402,F401

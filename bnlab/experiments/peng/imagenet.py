@@ -5,7 +5,7 @@ Sigmoid, Tanh, ReLU, SELU and Swish (§6.1–6.2). Both entries share one sweep 
 running one entry runs the other's training too):
 
 * BN arm = row ① of Tables 1–4 (``bn`` after the convolution), CBN arm = row ② (``cbn(rho=ρ*, amat=true)``
-  in front of the convolution, Peng Fig. 1(c)); ρ* per activation as in ``peng.py``.
+  in front of the convolution, Peng Fig. 1(c)); ρ* per activation as in ``common.py``.
 * Residual form: Peng write both the BN block (Eq. 13) and the CBN block (Eq. 7) as ``x + δ(y)``, the
   activation before the shortcut sum, so both arms of the ResNets use that form (``residual="peng"``);
   EfficientNet's MBConv blocks have no activation after their sum, so the question does not arise there.
@@ -31,10 +31,10 @@ from typing import Any
 
 from bnlab.plots import bars
 
-from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import (RULE, compare_arms, grouped_finals, mean_curve, mean_over_run, mean_std,
+from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..common import (RULE, compare_arms, grouped_finals, mean_curve, mean_over_run, mean_std,
                      safe_panels, smooth)
-from .peng_common import ACT_TITLE, ACTIVATIONS, NON_RELU, _status_note, row_spec
+from .common import ACT_TITLE, ACTIVATIONS, NON_RELU, _status_note, row_spec
 
 ARCHS = ("resnet18", "resnet50", "efficientnet_b0")
 ARCH_TITLE = {"resnet18": "ResNet-18", "resnet50": "ResNet-50", "efficientnet_b0": "EfficientNet-B0"}

@@ -18,8 +18,8 @@ from typing import Sequence
 from bnlab.norms import mbn_lambda
 from bnlab.theory.mbn import moving_average_noise
 
-from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import RULE, compare_arms, finite_or_none, mean_std, safe_panels
+from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..common import RULE, compare_arms, finite_or_none, mean_std, safe_panels
 
 BATCH_SIZES = (2, 4, 8, 16, 32)
 IDEAL_BATCH = 32   # m0, issue 2's default for the `mbn` spec

@@ -1,6 +1,6 @@
 """Santurkar et al. 2018, the VGG entries: Fig. 2 (standard / BN / noisy BN), Fig. 6 (ICS), Fig. 7 (moments).
 
-Shared configurations, helpers and the statistical rule are in :mod:`bnlab.experiments.santurkar_common`.
+Shared configurations, helpers and the statistical rule are in :mod:`bnlab.experiments.santurkar.common`.
 Each verdict is a pure function of per-seed numbers (``fig2_verdict`` ...), tested on synthetic values.
 """
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 
-from .base import Experiment, Outcome, Plan, register
-from .common import RULE, compare_arms, safe_panels
-from .santurkar_common import (
+from ..base import Experiment, Outcome, Plan, register
+from ..common import RULE, compare_arms, safe_panels
+from .common import (
     BN, COS_TOLERANCE, NOISY, SHIFT_FACTOR, STANDARD, _curve_panel, _distribution_panel, _dln_runs, _first_layer_zero,
     _fmt, _hist_layers, _hist_units, _inconclusive_if_tiny, _layer_medians, _median, _runs_by_label, _values, _vgg_runs,
     arm_runs, combine, compare_text, decide, layer_key, log_values, mean_train_loss, per_seed, pick,

@@ -1,7 +1,7 @@
 """Santurkar et al. 2018, the deep-linear-network entries: Fig. 8 (activation distributions), Fig. 9 (loss
 landscape along the gradient) and Fig. 10 (gradient predictiveness against the distance moved).
 
-Shared configurations, helpers and the statistical rule are in :mod:`bnlab.experiments.santurkar_common`.
+Shared configurations, helpers and the statistical rule are in :mod:`bnlab.experiments.santurkar.common`.
 Each verdict is a pure function of per-seed numbers, tested on synthetic values.
 """
 
@@ -16,9 +16,9 @@ import bnlab.models as M
 from bnlab import data as D
 from bnlab.probes import ProbeContext, evaluate_landscape
 
-from .base import Experiment, Outcome, Plan, register
-from .common import RULE, compare_arms, finite_or_none, safe_panels
-from .santurkar_common import (
+from ..base import Experiment, Outcome, Plan, register
+from ..common import RULE, compare_arms, finite_or_none, safe_panels
+from .common import (
     BN, DLN_LR, DLN_RANGE, NORMS, SEEDS, SMOKE_DLN_STEPS, STANDARD, _band_panel, _curve_panel, _distribution_panel,
     _dln_runs, _fmt, _hist_layers, _hist_units, _inconclusive_if_tiny, _median, _runs_by_label, _values, arm_runs,
     combine, compare_text, decide, distribution_drift, dln_config, log_values, per_seed, pick, sharpness_line,

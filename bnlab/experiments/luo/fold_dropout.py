@@ -1,6 +1,6 @@
-"""Luo et al. 2019, the CNN entries of §5 after Figs. 4 and 5 (:mod:`bnlab.experiments.luo_cnn`): Fig. 6
+"""Luo et al. 2019, the CNN entries of §5 after Figs. 4 and 5 (:mod:`bnlab.experiments.luo.cnn`): Fig. 6
 (fine-tuning with BN folded into the weights) and Fig. 7 (dropout after BN / WN at large batch). Shared constants
-and helpers are in :mod:`bnlab.experiments.luo_common`."""
+and helpers are in :mod:`bnlab.experiments.luo.common`."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from bnlab.norms import fold
 from bnlab.train.callbacks import trainer_of
 import bnlab.train as bnlab_train  # looked up on use: a test can patch bnlab.train.run
 
-from .base import Experiment, Outcome, Plan, RunSpec, register, shrink
-from .common import RULE, compare_arms, finite_or_none, mean_curve, safe_panels
-from .luo_cnn import SMOKE_DATA, _cnn_base, _train_size
-from .luo_common import SETTLE_FRACTION, _clean, _fmt, _series, settle, train_collecting, window_mean
-from .runner import TINY_STEPS
+from ..base import Experiment, Outcome, Plan, RunSpec, register, shrink
+from .cnn import SMOKE_DATA, _cnn_base, _train_size
+from ..common import (RULE, SETTLE_FRACTION, compare_arms, finite_or_none, mean_curve, safe_panels,
+                      settle)
+from .common import _clean, _fmt, _series, train_collecting, window_mean
+from ..runner import TINY_STEPS
 
 
 # ================================================================================================

@@ -1,7 +1,7 @@
 """Santurkar et al. 2018 §3.3, the ℓp-normalization entries: Figs 11–13 (training and loss landscapes of VGG and
 DLN under ℓ1, ℓ2, ℓ∞ batch normalizations) and Fig. 14 (VGG activation distributions under them).
 
-Shared configurations, helpers and the statistical rule are in :mod:`bnlab.experiments.santurkar_common`.
+Shared configurations, helpers and the statistical rule are in :mod:`bnlab.experiments.santurkar.common`.
 Each verdict is a pure function of per-seed numbers, tested on synthetic values.
 """
 
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import math
 
-from .base import Experiment, Outcome, Plan, register
-from .common import RULE, compare_arms, safe_panels
-from .santurkar_common import (
+from ..base import Experiment, Outcome, Plan, register
+from ..common import RULE, compare_arms, safe_panels
+from .common import (
     BN, L1, L2, LINF, STANDARD, _curve_panel, _distribution_panel, _dln_runs, _fmt, _hist_layers, _hist_units,
     _inconclusive_if_tiny, _runs_by_label, _vgg_runs, arm_runs, combine, compare_text, decide, distribution_drift,
     dln_config, log_values, mean_train_loss, per_seed, pick, sharpness_line, vgg_config,
 )
-from .santurkar_dln import LANDSCAPE, _landscape_panels, landscape_summary, landscape_verdict
+from .dln import LANDSCAPE, _landscape_panels, landscape_summary, landscape_verdict
 
 # Every arm the paper names (Figs 11–14: ℓ1, ℓ2 and ℓ∞ beside standard and BN), in both presets.
 LP_LABELS = (STANDARD, BN, L1, L2, LINF)
@@ -98,8 +98,10 @@ def _fig11_analyze(ctx) -> Outcome:
     def lr_of(net: str) -> float:
         return (vgg_config if net == "VGG" else dln_config)(ctx.preset, "none")["lr"]
 
-    lines = "; ".join(f"{net}: " + sharpness_line({label: arms.get(f"{net}: {label}", []) for label in labels}, lr_of(net))
-                      for net, _, _ in NETS)
+    def line(net: str) -> str:
+        return f"{net}: " + sharpness_line({label: arms.get(f"{net}: {label}", []) for label in labels}, lr_of(net))
+
+    lines = "; ".join(line(net) for net, _, _ in NETS)
     return Outcome(figures, table, verdict, f"{summary} {lines}")
 
 
@@ -157,11 +159,13 @@ def _fig14_analyze(ctx) -> Outcome:
             unit = next(u for u in units if u.split("[")[0] == layer)
             specs.append(_distribution_panel(r, unit, f"{label}: {unit}"))
     fig = safe_panels(ctx.figure_path("vgg_lp_activations"), specs or [{"title": "no activation histograms"}],
-                      ncols=4, title="Santurkar Fig. 14: VGG activation distributions under ℓp normalizations (seed 0)")
+                      ncols=4,
+                      title="Santurkar Fig. 14: VGG activation distributions under ℓp normalizations (seed 0)")
     drift = {label: per_seed(arms.get(f"VGG: {label}"), distribution_drift) for label in labels}
     losses = {label: per_seed(arms.get(f"VGG: {label}"), mean_train_loss) for label in labels}
     table = [{"quantity": f"VGG {label}: median distribution drift; mean training loss (per seed)",
-              "ours": f"{' '.join(_fmt(v) for v in drift[label]) or '—'}; {' '.join(_fmt(v) for v in losses[label]) or '—'}",
+              "ours": f"{' '.join(_fmt(v) for v in drift[label]) or '—'}; "
+                      f"{' '.join(_fmt(v) for v in losses[label]) or '—'}",
               "paper": "ℓp: larger distributional shift than normal networks, yet better optimization (Fig. 14)"
               if label in LP else "reference"} for label in labels]
     verdict, summary = fig14_verdict(drift, losses, _inconclusive_if_tiny(ctx))

@@ -1,5 +1,5 @@
 """The verdict on Peng et al.'s Tables 1–4 (CBN vs BN over five activations) by the catalogue's rule
-(:mod:`bnlab.experiments.verdict`).
+(:mod:`bnlab.experiments.verdicts`).
 
 Primary comparison, declared before the runs: CBN (②) − BN (①) in test accuracy, each seed's value the
 mean over Sigmoid, Tanh and SELU (the activations where the paper reports CBN's large gains; §6.2). The
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 
-from .common import compare_arms, settle
-from .peng_common import (
+from ..common import compare_arms, settle
+from .common import (
     ACT_TITLE,
     ACTIVATIONS,
     NON_RELU,
@@ -26,7 +26,7 @@ from .peng_common import (
     RELU_LIKE,
     SMOKE_SEEDS,
 )
-from .verdict import Design, holm, judge
+from ..verdicts import Design, holm, judge
 
 CHANCE = (
     0.1  # ten classes (digits; CIFAR-10). CIFAR-100's paper preset uses 0.01 (see failure_value)

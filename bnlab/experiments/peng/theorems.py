@@ -1,12 +1,14 @@
-"""Catalogue entries for the papers' central theoretical claims, checked numerically (issue 19).
+"""Catalogue entries for the papers' central theoretical claims (Peng's here), checked numerically (issue 19).
 
 * ``peng-eq14``: Peng et al. Eq. 14 — after mean removal, BN followed by ReLU equals ℓ2 normalization of
   the ReLU output with magnitude ρ = √2, because ReLU keeps half the energy of a batch symmetric around 0.
 * ``peng-thm1``: Peng et al. Theorem 1 (as derived again in ``bnlab.theory.peng``) and its three effects:
   a larger learning rate (≤ 1/𝓛) shrinks T₁, a smaller E‖v‖² shrinks T₂, a smaller gradient variance T₃.
-* ``arora-rates``: Arora, Li & Lyu Theorems 3.1 and 4.2 — GD reaches ‖∇L‖ = Õ(T^−1/2) and SGD
-  E‖∇L‖² = Õ(log T/√T) (‖∇L‖ ≈ T^−1/4) for *any* learning rate of the scale-invariant weights.
-* ``mbn-theorems``: Yong et al. (Momentum BN) supplementary Theorems 1–2 and the moving statistics' noise.
+* ``arora-rates`` (in ``experiments.arora.rates``): Arora, Li & Lyu Theorems 3.1 and 4.2 — GD reaches
+  ‖∇L‖ = Õ(T^−1/2) and SGD E‖∇L‖² = Õ(log T/√T) (‖∇L‖ ≈ T^−1/4) for *any* learning rate of the
+  scale-invariant weights.
+* ``mbn-theorems`` (in ``experiments.mbn.theorems``): Yong et al. (Momentum BN) supplementary
+  Theorems 1–2 and the moving statistics' noise.
 
 Santurkar et al. Theorem 4.4 (minimax bound on weight-space Lipschitzness) has no entry: its two sides are
 maxima over all inputs with ‖X‖ ≤ λ, the right side's μ_g, ŷ_j and σ_j are functions of the maximizing X,
@@ -29,9 +31,9 @@ from bnlab import data as data_sources
 from bnlab import models
 from bnlab.theory.peng import simulate_quadratic_sgd, theorem1_terms
 
-from .base import Experiment, Outcome, Plan, register
-from .common import compare_arms, safe_panels
-from .verdict import holm
+from ..base import Experiment, Outcome, Plan, register
+from ..common import compare_arms, safe_panels
+from ..verdicts import holm
 
 RHO_TOL = 0.05  # peng-eq14: |ρ_eff/√2 − 1| allowed for the median channel (pre-declared)
 GAUSS_BATCHES = (16, 128, 1024)
@@ -280,7 +282,8 @@ register(
         paper="peng",
         target="Theorem 1",
         title="The convergence bound of SGD and its three effects (learning rate, E‖v‖², gradient variance)",
-        claim="(1/K)Σ‖∇F‖² ≤ T₁ + T₂ + T₃ for α_k ≤ 1/𝓛 non-increasing; a larger α shrinks T₁, a smaller "
+        claim="(1/K)Σ‖∇F‖² ≤ T₁ + T₂ + T₃ for α_k ≤ 1/𝓛 non-increasing; "
+        "a larger α shrinks T₁, a smaller "
         "E‖v‖² shrinks T₂, a smaller gradient variance shrinks T₃.",
         smoke_changes="least-squares SGD (256 samples, 20 dims, 400 steps) where 𝓛, F* and the exact expectations "
         "are known, 5 seeds per arm; the paper states the theorem for networks (not measurable "
@@ -291,5 +294,3 @@ register(
     )
 )
 
-
-from .theorems_rates import *  # noqa: E402,F403 (registers arora-rates and mbn-theorems)

@@ -1,6 +1,6 @@
 """Luo et al. 2019, Fig. 2: ε_gen of the teacher–student BN perceptron against the load α (Fig. 3, validation
-loss at α = 1, is in :mod:`bnlab.experiments.luo_fig3`). Shared constants and helpers are in
-:mod:`bnlab.experiments.luo_common`."""
+loss at α = 1, is in :mod:`bnlab.experiments.luo.fig3`). Shared constants and helpers are in
+:mod:`bnlab.experiments.luo.common`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 
 from bnlab.theory import luo as theory
 
-from .base import Experiment, Outcome, Plan, register
-from .common import RULE, compare_arms, finite_or_none, safe_panels
-from .luo_common import FIG2_ZETAS, NOISE_VAR, SETTLE_FRACTION, _clean, _fmt, _points, factor_test, settle
+from ..base import Experiment, Outcome, Plan, register
+from ..common import RULE, SETTLE_FRACTION, compare_arms, finite_or_none, safe_panels, settle
+from .common import FIG2_ZETAS, NOISE_VAR, _clean, _fmt, _points, factor_test
 
 
 # ================================================================================================
@@ -86,7 +86,7 @@ def _fig2_plan(preset: str) -> Plan:
 def fig2_points_verdict(block: dict, upper: float) -> tuple[str, str, float | None]:
     """(verdict, summary, max |ln(seed-mean point / fitted curve)|) for one simulation block.
 
-    Rule (per α, :func:`luo_common.factor_test`): the per-seed points are "within" a factor 1.5 of the
+    Rule (per α, :func:`luo.common.factor_test`): the per-seed points are "within" a factor 1.5 of the
     ridge curve fitted to the seed means when both one-sided Welch tests on ln(point) reject (α = 0.05,
     ≥ 3 seeds), "beyond" when one rejects the other way. ζ is in Eq. 13's range (0, ``upper``] when the
     per-seed fits are significantly below ``upper`` (Welch, against the constant). Held: ζ in range and
@@ -125,7 +125,7 @@ def fig2_points_verdict(block: dict, upper: float) -> tuple[str, str, float | No
 
 def fig2_verdict(data: dict, tiny: bool) -> tuple[str, str, float | None]:
     """(verdict, summary, max |ln(sim / fitted curve)|) for Fig. 2's claim: :func:`fig2_points_verdict` on the
-    full-length simulation, combined by :func:`luo_common.settle` with the same rule on students trained 2/3
+    full-length simulation, combined by :func:`luo.common.settle` with the same rule on students trained 2/3
     as many epochs; the training-set-statistics points are reported beside it."""
     if tiny:
         return "inconclusive", "tiny run (a few SGD epochs): the simulation has not converged", None

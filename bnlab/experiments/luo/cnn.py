@@ -1,16 +1,17 @@
 """Luo et al. 2019, the CNN entries of §5: Fig. 4 (BN and its parts) and Fig. 5 (γ² and ζ against the batch
-size); Figs. 6 and 7 on the same CNN are in :mod:`bnlab.experiments.luo_fold_dropout`. Shared constants and helpers
-are in :mod:`bnlab.experiments.luo_common`."""
+size); Figs. 6 and 7 on the same CNN are in :mod:`bnlab.experiments.luo.fold_dropout`. Shared constants and helpers
+are in :mod:`bnlab.experiments.luo.common`."""
 
 from __future__ import annotations
 
 import math
 import numpy as np
 
-from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import ALPHA, RULE, compare_arms, finite_or_none, mean_curve, safe_panels
-from .verdict import holm
-from .luo_common import SETTLE_FRACTION, TRAIN_SIZES, _fmt, _points, settle, window_mean
+from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..verdicts import holm
+from ..common import (ALPHA, RULE, SETTLE_FRACTION, compare_arms, finite_or_none, mean_curve,
+                      safe_panels, settle)
+from .common import TRAIN_SIZES, _fmt, _points, window_mean
 
 
 # ================================================================================================

@@ -1,5 +1,5 @@
 """Peng et al. (CBN) figure entries ``peng-fig2``, ``peng-fig8`` and ``peng-fig10`` (registered on import;
-``peng.py`` imports this module)."""
+the catalogue imports this module, :data:`bnlab.experiments.base.ENTRY_MODULES`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 from bnlab.plots import panels
 
-from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import RULE, compare_arms, finite_or_none, mean_curve, safe_panels, smooth
-from .peng_common import ACT_TITLE, ACTIVATIONS, RHO_GRID, RHO_STAR, _base, _run, _status_note, cbn_spec
+from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..common import RULE, compare_arms, finite_or_none, mean_curve, safe_panels, smooth
+from .common import ACT_TITLE, ACTIVATIONS, RHO_GRID, RHO_STAR, _base, _run, _status_note, cbn_spec
 
 # ---- Figs 2–3: η_k and τ_k -------------------------------------------------------------------------
 

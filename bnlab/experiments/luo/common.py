@@ -10,9 +10,9 @@ from bnlab.jsonsafe import jsonable
 from bnlab.store import Store
 import bnlab.train as bnlab_train  # looked up on use: a test can patch bnlab.train.run
 
-from .base import shrink
-from .common import SETTLE_FRACTION, Comparison, compare_arms, finite_or_none, settle  # noqa: F401 (re-exported)
-from .runner import TINY_STEPS
+from ..base import shrink
+from ..common import Comparison, compare_arms, finite_or_none
+from ..runner import TINY_STEPS
 
 NOISE_VAR = 0.25          # §4.1: "let the noise variance ϵ of the teacher be 0.25"
 FIG2_ZETAS = (0.014, 0.25)  # the two WN curves of Fig. 2

@@ -24,8 +24,8 @@ import math
 
 from bnlab.theory import luo
 
-from .base import Experiment, Outcome, Plan, register
-from .common import finite_or_none, safe_panels
+from ..base import Experiment, Outcome, Plan, register
+from ..common import finite_or_none, safe_panels
 
 ZETAS = (0.0, 0.05, 0.1, 0.2)
 BATCH_SIZES = (8, 16, 32, 64, 128, 256)

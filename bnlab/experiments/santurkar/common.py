@@ -8,8 +8,8 @@ import re
 import statistics
 from typing import Any
 
-from .base import RunSpec
-from .common import Comparison, finite_or_none, smooth
+from ..base import RunSpec
+from ..common import Comparison, finite_or_none, smooth
 
 # ---- shared configurations --------------------------------------------------------------------
 

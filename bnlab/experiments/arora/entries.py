@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import Experiment, Outcome, Plan, RunSpec, register
-from .arora_verdicts import _arm, _seeds, d3_verdict  # (re-exported)
-from .common import RULE, compare_arms, finite_or_none, mean_std, safe_panels
+from ..base import Experiment, Outcome, Plan, RunSpec, register
+from .verdicts import _arm, _seeds, d3_verdict
+from ..common import RULE, compare_arms, finite_or_none, mean_std, safe_panels
 
 LRS = (1e-2, 1e-1, 1.0, 1e1, 1e2)        # "ranging from 10^-2 to 10^2"
 SCALE_VARIANT_LR = 0.1                    # D.1: "we fix the learning rate for scale-variant ones to 0.1"

@@ -1,6 +1,6 @@
 """Luo et al. 2019, Fig. 3: validation loss at α = 1 for vanilla SGD, BN and WN + ζγ² (teacher–student perceptrons).
-Fig. 2 is in :mod:`bnlab.experiments.luo_student`; shared constants and helpers in
-:mod:`bnlab.experiments.luo_common`."""
+Fig. 2 is in :mod:`bnlab.experiments.luo.student`; shared constants and helpers in
+:mod:`bnlab.experiments.luo.common`."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from bnlab.callbacks import Callback, Loop
 from bnlab.theory import luo as theory
 from bnlab.train.callbacks import trainer_of
 
-from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import RULE, compare_arms, finite_or_none, mean_curve, safe_panels
-from .luo_common import (FIG3_ZETA, NOISE_VAR, SETTLE_FRACTION, _fmt, _series, factor_test, settle, train_collecting,
-                         window_mean)
+from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..common import (RULE, SETTLE_FRACTION, compare_arms, finite_or_none, mean_curve, safe_panels,
+                      settle)
+from .common import (FIG3_ZETA, NOISE_VAR, _fmt, _series, factor_test, train_collecting,
+                     window_mean)
 
 
 # ================================================================================================
@@ -97,7 +98,7 @@ def fig3_verdict(values: dict[str, list[float]], tiny: bool = False) -> tuple[st
     """Fig. 3's claim from per-seed validation losses: ``values`` maps "sgd", "bn" (population statistics),
     "wn" to the final values and "sgd_min" to vanilla SGD's minimum over the run (seed order as "sgd").
 
-    Rule (:func:`luo_common.factor_test`: Welch tests on ln values, α = 0.05, ≥ 3 seeds): SGD over-trains
+    Rule (:func:`luo.common.factor_test`: Welch tests on ln values, α = 0.05, ≥ 3 seeds): SGD over-trains
     when ln(final/min) is significantly above ln 1.5 and its final loss significantly above 1.5× BN's and
     WN's; BN and WN are similar when their ratio is significantly inside (1/1.5, 1.5). Held: both; not held:
     SGD's rise significantly below 1.5×, or BN/WN significantly beyond 1.5×; otherwise inconclusive.

@@ -1,9 +1,9 @@
 """Arora, Li & Lyu App. D: the per-arm helpers shared by the verdicts and the D.3 verdict (split from
-``arora.py`` to keep modules under 400 lines)."""
+``entries.py`` to keep modules under 400 lines)."""
 
 from __future__ import annotations
 
-from .common import mean_std
+from ..common import mean_std
 
 
 def _seeds(value) -> list[float | None]:

@@ -1,6 +1,6 @@
 """Peng et al. (CBN) §6.3, CBN's components (no normalization, mean removal, ℓ2 normalization, CBN):
-``peng-table6`` (maximal learning rate) and ``peng-fig7`` (gradient norm). Registered on import (``peng.py``
-imports this module)."""
+``peng-table6`` (maximal learning rate) and ``peng-fig7`` (gradient norm). Registered on import (the catalogue
+imports this module, :data:`bnlab.experiments.base.ENTRY_MODULES`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import math
 from bnlab.plots import bars
 from bnlab.probes import max_stable_lr
 
-from .base import Experiment, Outcome, Plan, RunSpec, register
-from .common import RULE, compare_arms, finite_or_none, grouped_finals, mean_curve, mean_std, safe_panels, smooth
-from .peng_common import (ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, SMOKE_SEEDS, _base, _fmt, _pct, _run,
+from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..common import RULE, compare_arms, finite_or_none, grouped_finals, mean_curve, mean_std, safe_panels, smooth
+from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, SMOKE_SEEDS, _base, _fmt, _pct, _run,
                           _status_note)
 
 # ---- Table 6: maximal learning rate of CBN's components ------------------------------------------

@@ -1,5 +1,5 @@
 """Shared pieces of the Peng et al. (CBN) entries: the rows of Tables 1–4 as norm specs, the paper's numbers,
-the training recipes of the two presets and small formatting helpers (used by ``peng.py`` and ``peng_figures.py``)."""
+the training recipes of the two presets and small formatting helpers (used by the entry modules of this package)."""
 
 from __future__ import annotations
 

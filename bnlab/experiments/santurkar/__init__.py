@@ -1,15 +1,15 @@
 """Santurkar, Tsipras, Ilyas & Madry 2018 — How does batch normalization help optimization?
 
 Paper: the appendix of Santurkar et al. 2018 (the main-text figures are cited by number). Entries, one
-module per kind of run (all registered when this module is imported):
+module per kind of run (each registers its entries when the catalogue imports it):
 
-* ``santurkar_vgg``: ``santurkar-fig2`` (VGG with no normalization, BN and "noisy" BN, App. A.2.1,
+* ``vgg``: ``santurkar-fig2`` (VGG with no normalization, BN and "noisy" BN, App. A.2.1,
   Alg. 1), ``santurkar-fig6`` (ICS of Definition 2.1 per layer, VGG and DLN), ``santurkar-fig7``
   (change of the activation moments per update).
-* ``santurkar_dln``: ``santurkar-fig8`` (DLN activation distributions), ``santurkar-fig9`` (DLN loss
+* ``dln``: ``santurkar-fig8`` (DLN activation distributions), ``santurkar-fig9`` (DLN loss
   landscape and effective β-smoothness over [1/100, 30] × lr, App. A.2.2), ``santurkar-fig10``
   (gradient predictiveness against the distance moved, from a replay of the DLNs).
-* ``santurkar_lp``: ``santurkar-fig11`` (ℓp normalizations: training and landscapes, Figs 11–13) and
+* ``lp``: ``santurkar-fig11`` (ℓp normalizations: training and landscapes, Figs 11–13) and
   ``santurkar-fig14`` (VGG activation distributions under the ℓp normalizations).
 
 Every compared arm runs with seeds :data:`SEEDS`; verdicts apply the rule of
@@ -42,14 +42,3 @@ Two settings differ from a literal reading of App. A.1 (both stated in the entri
   progress; the paper's 15 000 steps are long enough to leave that plateau, 600 are not. Smoke runs
   therefore use He (Kaiming) init for all three networks; the paper preset uses Glorot.
 """
-
-from __future__ import annotations
-
-from .santurkar_common import (  # noqa: F401  (re-exported: the shared names of the single-module layout)
-    BN, DLN_LR, DLN_RANGE, L1, L2, LINF, NOISY, NORMS, SEEDS, STANDARD, VGG_RANGE, _first_layer_zero,
-    _hist_units, _layer_medians, _runs_by_label, combine, decide, distribution_drift, dln_config, layer_key,
-    pick, probe_layers, sharpness_line, sharpness_ratio, vgg_config,
-)
-
-# The entries register themselves on import (the catalogue imports this module only).
-from . import santurkar_vgg, santurkar_dln, santurkar_lp  # noqa: F401  (figure order)
