@@ -20,6 +20,7 @@ import torch
 
 import bnlab.experiments as E
 from bnlab.experiments import runner
+from bnlab.experiments import verdicts as VD
 from bnlab.experiments.santurkar import common as SC
 from bnlab.experiments.santurkar import dln as DL
 from bnlab.experiments.santurkar import lp as LP
@@ -290,14 +291,14 @@ def seeds(value, spread=JITTER):
 def test_decide_and_combine():
     from bnlab.experiments.common import compare_arms
 
-    assert SC.decide(compare_arms(seeds(1.0), seeds(0.5)), "lower") == "held"
-    assert SC.decide(compare_arms(seeds(0.5), seeds(1.0)), "lower") == "not held"
+    assert VD.decide(compare_arms(seeds(1.0), seeds(0.5)), "lower") == "held"
+    assert VD.decide(compare_arms(seeds(0.5), seeds(1.0)), "lower") == "not held"
     noisy = compare_arms([1.0, 0.2, 1.8], [0.9, 1.7, 0.1])
-    assert SC.decide(noisy, "lower") == "inconclusive" and noisy.mde > 0.5
-    assert SC.decide(compare_arms([1.0], [0.5]), "lower") == "inconclusive"  # one seed: too few
-    assert SC.combine(["held", "held"]) == "held"
-    assert SC.combine(["held", "inconclusive"]) == "inconclusive"
-    assert SC.combine(["inconclusive", "not held"]) == "not held"
+    assert VD.decide(noisy, "lower") == "inconclusive" and noisy.mde > 0.5
+    assert VD.decide(compare_arms([1.0], [0.5]), "lower") == "inconclusive"  # one seed: too few
+    assert VD.combine(["held", "held"]) == "held"
+    assert VD.combine(["held", "inconclusive"]) == "inconclusive"
+    assert VD.combine(["inconclusive", "not held"]) == "not held"
 
 
 def test_sharpness_ratio_reads_the_second_half():

@@ -38,6 +38,14 @@ def final_table(ctx, *, paper: dict[str, str] | None = None,
 
 # ---- appended for the Luo / Momentum-BN entries -----------------------------------------------
 
+def fmt(x: float | None, digits: int = 3) -> str:
+    """A number in a table or summary, the one formatter of the entries: ``digits`` significant digits,
+    "—" for a missing value (None or NaN), "∞" for +∞ (a diverged run's sharpness or loss)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return "∞" if x == math.inf else f"{x:.{digits}g}"
+
+
 def finite_or_none(value) -> float | None:
     """``float(value)`` if it is a finite number, else None (missing metrics, NaN/inf of diverged runs)."""
     try:

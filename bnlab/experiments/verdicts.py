@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .common import finite_or_none, mean_std
+from .common import Comparison, finite_or_none, mean_std
 
 ALPHA = 0.05
 POWER = 0.8
@@ -230,3 +230,25 @@ def settle_fraction(config: dict) -> float:
         if last < epochs:
             return (last + (epochs - last) / 2) / epochs
     return 2 / 3
+
+
+# ---- The verdict ladder of the Welch rule (``common.compare_arms``), shared by the entries ----------
+
+
+def decide(comparison: Comparison, wanted: str) -> str:
+    """The verdict ladder for one comparison of :func:`bnlab.experiments.common.compare_arms`: 'held' when the
+    rule detects the difference the paper claims (``wanted`` "lower"/"higher" for b − a), 'not held' when it
+    detects the opposite, else 'inconclusive' (no detectable difference, too few seeds)."""
+    if comparison.decision == wanted:
+        return "held"
+    if comparison.decision in ("lower", "higher"):
+        return "not held"
+    return "inconclusive"
+
+
+def combine(verdicts: list[str]) -> str:
+    """The ladder over the parts of one claim: all parts held → held; any part not held → not held; else
+    inconclusive (no parts: inconclusive)."""
+    if verdicts and all(v == "held" for v in verdicts):
+        return "held"
+    return "not held" if "not held" in verdicts else "inconclusive"

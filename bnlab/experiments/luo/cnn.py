@@ -9,9 +9,9 @@ import numpy as np
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..verdicts import holm
-from ..common import (ALPHA, RULE, SETTLE_FRACTION, compare_arms, finite_or_none, mean_curve,
-                      safe_panels, settle)
-from .common import TRAIN_SIZES, _fmt, _points, window_mean
+from ..common import (ALPHA, RULE, SETTLE_FRACTION, compare_arms, finite_or_none, fmt, mean_curve,
+                     safe_panels, settle)
+from .common import TRAIN_SIZES, _points, window_mean
 
 
 # ================================================================================================
@@ -148,8 +148,8 @@ def _fig4_analyze(ctx) -> Outcome:
            for arm, runs in by_arm.items()}
     acc = {arm: [finite_or_none(r.final("test_accuracy")) for r in runs] for arm, runs in by_arm.items()}
     table = [{"quantity": f"{arm}: val − train loss per seed, end (2/3 of training); test acc",
-              "ours": " / ".join(_fmt(g) for g in gaps[arm]) + f"  ({' / '.join(_fmt(g) for g in mid[arm])}); "
-                      + " / ".join(_fmt(a) for a in acc[arm]),
+              "ours": " / ".join(fmt(g) for g in gaps[arm]) + f"  ({' / '.join(fmt(g) for g in mid[arm])}); "
+                      + " / ".join(fmt(a) for a in acc[arm]),
               "paper": _FIG4_PAPER.get(arm, "—")} for arm in by_arm]
     verdict, summary = settle(fig4_verdict(gaps, ctx.tiny), fig4_verdict(mid, ctx.tiny))
     return Outcome([fig], table, verdict, summary)
@@ -320,7 +320,7 @@ def _fig5_analyze(ctx) -> Outcome:
     mid = _fig5_values(runs, "probe/gamma/sq_mean/", fraction=SETTLE_FRACTION)
     verdict, summary = settle(fig5_verdict(gamma, ctx.tiny), fig5_verdict(mid, ctx.tiny))
     table = [{"quantity": f"M = {m}: layer-mean γ² / ζ / validation loss (seed means)",
-              "ours": f"{_fmt(g)} / {_fmt(z)} / {_fmt(v)}", "paper": "γ² grows with M; validation loss grows with M"}
+              "ours": f"{fmt(g)} / {fmt(z)} / {fmt(v)}", "paper": "γ² grows with M; validation loss grows with M"}
              for m, g, z, v in zip(batches, mean_sq, mean_zeta, val)]
     table += [{"quantity": f"γ² of {layer} against M: decision at the end (at 2/3 of training)",
                "ours": f"{fig5_trend(v)[0]} ({fig5_trend(mid.get(layer, {}))[0]})",

@@ -21,10 +21,6 @@ TRAIN_SIZES = {"cifar10": 50000}
 _TOL = math.log(1.5)       # "matches within a factor 1.5" for ratios compared in the verdicts
 
 
-def _fmt(x: float | None, digits: int = 3) -> str:
-    return "—" if x is None else f"{x:.{digits}g}"
-
-
 def _clean(obj: Any) -> Any:
     """JSON-able copy: arrays to lists, non-finite floats to None (strict JSON, plots skip None)."""
     return jsonable(obj)

@@ -15,9 +15,9 @@ from bnlab.theory import luo as theory
 from bnlab.train.callbacks import trainer_of
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import (RULE, SETTLE_FRACTION, compare_arms, finite_or_none, mean_curve, safe_panels,
-                      settle)
-from .common import (FIG3_ZETA, NOISE_VAR, _fmt, _series, factor_test, train_collecting,
+from ..common import (RULE, SETTLE_FRACTION, compare_arms, finite_or_none, fmt, mean_curve,
+                     safe_panels, settle)
+from .common import (FIG3_ZETA, NOISE_VAR, _series, factor_test, train_collecting,
                      window_mean)
 
 
@@ -186,7 +186,7 @@ def _fig3_analyze(ctx) -> Outcome:
     running = [window_mean(*r.series("test_loss")) for r in by_norm.get("bn", []) if r.status == "finished"]
 
     def seeds(values) -> str:
-        return " / ".join(_fmt(v) for v in values) or "—"
+        return " / ".join(fmt(v) for v in values) or "—"
 
     table = [
         {"quantity": "validation loss per seed (end / 2/3 of training), vanilla SGD",
@@ -198,7 +198,7 @@ def _fig3_analyze(ctx) -> Outcome:
          "paper": "— (the paper does not say which statistics)"},
         {"quantity": f"… WN + ζγ² (ζ = {FIG3_ZETA})", "ours": f"{seeds(end['wn'])}  ({seeds(mid['wn'])})",
          "paper": "regularized"},
-        {"quantity": "ridge theory (Eqs. 15–16) + noise", "ours": _fmt(asymptote), "paper": "—"},
+        {"quantity": "ridge theory (Eqs. 15–16) + noise", "ours": fmt(asymptote), "paper": "—"},
     ]
     return Outcome([fig], table, verdict, summary)
 

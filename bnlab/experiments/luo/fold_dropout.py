@@ -16,9 +16,10 @@ import bnlab.train as bnlab_train  # looked up on use: a test can patch bnlab.tr
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register, shrink
 from .cnn import SMOKE_DATA, _cnn_base, _train_size
-from ..common import (RULE, SETTLE_FRACTION, compare_arms, finite_or_none, mean_curve, safe_panels,
-                      settle)
-from .common import _clean, _fmt, _series, train_collecting, window_mean
+from ..common import (RULE, SETTLE_FRACTION, compare_arms, finite_or_none, fmt, mean_curve,
+                     safe_panels, settle)
+from ..verdicts import combine, decide
+from .common import _clean, _series, train_collecting, window_mean
 from ..runner import TINY_STEPS
 
 
@@ -142,7 +143,7 @@ def fig6_verdict(changes: list[dict], tiny: bool = False) -> tuple[str, str]:
     if len(grown) == len(layers) and train.decision == "lower" and val.decision == "higher":
         return "held", summary + f" — every change significant as claimed ({RULE})"
     return "inconclusive", summary + f" — not all resolved; these seeds resolve a validation-loss rise ≥ " \
-        f"{_fmt(val.mde)} ({RULE})"
+        f"{fmt(val.mde)} ({RULE})"
 
 
 def _fig6_analyze(ctx) -> Outcome:
@@ -178,8 +179,8 @@ def _fig6_analyze(ctx) -> Outcome:
     for key in ("bn", "frozen"):
         finals = [((d.get("branches") or {}).get(key) or {}).get("metrics") or {} for d in seeds.values()]
         table.append({"quantity": f"{names[key]}: final train / validation loss per seed",
-                      "ours": "; ".join(f"{_fmt(finite_or_none(m.get('train_loss')), 4)} / "
-                                        f"{_fmt(finite_or_none(m.get('test_loss')), 4)}" for m in finals),
+                      "ours": "; ".join(f"{fmt(finite_or_none(m.get('train_loss')), 4)} / "
+                                        f"{fmt(finite_or_none(m.get('test_loss')), 4)}" for m in finals),
                       "paper": "BN: stable" if key == "bn" else "lower train, higher validation than BN"})
     for seed, d in seeds.items():
         growth = {key: kernel_growth(b) for key, b in (d.get("branches") or {}).items()}
@@ -279,9 +280,10 @@ def fig7_summary(losses: dict[str, list[float]], tiny: bool = False) -> tuple[st
         return "inconclusive", summary + " (tiny run)"
     if any(c.decision == "too few seeds" for c in comps.values()):
         return "inconclusive", summary + f" — fewer than 3 finished seeds ({RULE})"
-    if any(c.decision == "higher" for c in comps.values()):
+    verdict = combine([decide(c, "lower") for c in comps.values()])
+    if verdict == "not held":
         return "not held", summary + f" — dropout significantly raises the validation loss ({RULE})"
-    if all(c.decision == "lower" for c in comps.values()):
+    if verdict == "held":
         return "held", summary + f" — both dropout arms significantly lower ({RULE})"
     open_ = [c for c in comps.values() if c.decision != "lower"]
     return "inconclusive", summary + f" — not resolved; these seeds resolve differences ≥ " \
@@ -312,8 +314,8 @@ def _fig7_analyze(ctx) -> Outcome:
     losses, mid = fig7_values(ctx.runs), fig7_values(ctx.runs, fraction=SETTLE_FRACTION)
     accs = fig7_values(ctx.runs, "test_accuracy")
     table = [{"quantity": f"{arm}: validation loss per seed (2/3 of training); top-1",
-              "ours": f"{' / '.join(_fmt(v) for v in losses[arm])} ({' / '.join(_fmt(v) for v in mid[arm])}); "
-                      f"{' / '.join(_fmt(v) for v in accs.get(arm, []))}",
+              "ours": f"{' / '.join(fmt(v) for v in losses[arm])} ({' / '.join(fmt(v) for v in mid[arm])}); "
+                      f"{' / '.join(fmt(v) for v in accs.get(arm, []))}",
               "paper": _FIG7_PAPER.get(arm, "—")} for arm in losses]
     verdict, summary = settle(fig7_summary(losses, ctx.tiny), fig7_summary(mid, ctx.tiny))
     return Outcome([fig], table, verdict, summary)

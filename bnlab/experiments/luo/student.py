@@ -11,8 +11,8 @@ import numpy as np
 from bnlab.theory import luo as theory
 
 from ..base import Experiment, Outcome, Plan, register
-from ..common import RULE, SETTLE_FRACTION, compare_arms, finite_or_none, safe_panels, settle
-from .common import FIG2_ZETAS, NOISE_VAR, _clean, _fmt, _points, factor_test
+from ..common import RULE, SETTLE_FRACTION, compare_arms, finite_or_none, fmt, safe_panels, settle
+from .common import FIG2_ZETAS, NOISE_VAR, _clean, _points, factor_test
 
 
 # ================================================================================================
@@ -107,8 +107,8 @@ def fig2_points_verdict(block: dict, upper: float) -> tuple[str, str, float | No
     unresolved = [a for a, d, _ in tests if d == "unresolved"]
     z_out, z_in = zeta.decision == "higher", zeta.decision == "lower"
     summary = (f"BN simulation points ({len(per_seed[0])} seeds, population statistics) are fitted best by the WN "
-               f"curve with ζ = {fit:.4f} (paper: 0.014; per-seed fits {_fmt(min(block['seed_fit_zeta']))}–"
-               f"{_fmt(max(block['seed_fit_zeta']))}), "
+               f"curve with ζ = {fit:.4f} (paper: 0.014; per-seed fits {fmt(min(block['seed_fit_zeta']))}–"
+               f"{fmt(max(block['seed_fit_zeta']))}), "
                f"{'inside' if z_in else 'outside' if z_out else 'not resolved against'} Eq. 13's range "
                f"(0, {upper:.3f}]; point / curve per α: "
                + ", ".join(f"{a:g}: {math.exp(c.diff):.2f} ({d})" for a, d, c in tests))
@@ -156,7 +156,7 @@ def _fig2_ratios(data: dict) -> tuple[dict, dict]:
         rows = [(a, e / f, [p / f for p in ps if p]) for a, e, f, ps in zip(
             block.get("alpha") or [], block.get("gen_error") or [], fitted, block.get("per_seed") or []) if e and f]
         if rows:
-            label = f"{name} (fit ζ = {_fmt(finite_or_none(block.get('fit_zeta')))})"
+            label = f"{name} (fit ζ = {fmt(finite_or_none(block.get('fit_zeta')))})"
             ratio_series[label] = _points([r[0] for r in rows], [r[1] for r in rows])
             if key == "sim" and all(r[2] for r in rows):
                 bands["population statistics: seed range"] = ([r[0] for r in rows], [min(r[2]) for r in rows],
@@ -198,19 +198,19 @@ def _fig2_analyze(ctx) -> Outcome:
         sim.get("alpha") or [], sim.get("gen_error") or [], data.get("fitted_at_sim") or [], sim.get("per_seed") or [])
         if e and f and ps and None not in ps)
     table = [
-        {"quantity": "ζ best fitting the BN points (M = 32)", "ours": _fmt(finite_or_none(data.get("fit_zeta"))),
+        {"quantity": "ζ best fitting the BN points (M = 32)", "ours": fmt(finite_or_none(data.get("fit_zeta"))),
          "paper": "0.014"},
         {"quantity": "… with BN evaluated at training-set statistics",
-         "ours": _fmt(finite_or_none(other.get("fit_zeta"))), "paper": "— (not stated)"},
-        {"quantity": "Eq. 13 ζ per unit λ at M = 32", "ours": _fmt(finite_or_none(data.get("zeta13"))),
+         "ours": fmt(finite_or_none(other.get("fit_zeta"))), "paper": "— (not stated)"},
+        {"quantity": "Eq. 13 ζ per unit λ at M = 32", "ours": fmt(finite_or_none(data.get("zeta13"))),
          "paper": "≈ 0.02 (ζ ≈ 0.02 λ, λ ∈ [0, 4])"},
         {"quantity": "max factor between BN points and fitted curve",
-         "ours": _fmt(None if dev is None else math.exp(dev)), "paper": "points 'clearly match' the ζ = 0.014 curve"},
+         "ours": fmt(None if dev is None else math.exp(dev)), "paper": "points 'clearly match' the ζ = 0.014 curve"},
         {"quantity": f"BN point / fitted curve, per α: seed mean (seed range, {n_seeds} seeds)", "ours": ratios or "—",
          "paper": "≈ 1"},
-        {"quantity": "BN ε_gen at α = 1 (simulation)", "ours": _fmt(finite_or_none(at1)),
-         "paper": f"≈ WN ζ = 0.014 curve ({_fmt(finite_or_none(data.get('wn_0014_at_1')))}); SGD diverges"},
-        {"quantity": "ζ minimizing ε_gen (α = 1)", "ours": _fmt(finite_or_none(data.get("optimal_zeta_at_1"))),
+        {"quantity": "BN ε_gen at α = 1 (simulation)", "ours": fmt(finite_or_none(at1)),
+         "paper": f"≈ WN ζ = 0.014 curve ({fmt(finite_or_none(data.get('wn_0014_at_1')))}); SGD diverges"},
+        {"quantity": "ζ minimizing ε_gen (α = 1)", "ours": fmt(finite_or_none(data.get("optimal_zeta_at_1"))),
          "paper": "0.25, the noise variance"},
     ]
     return Outcome([fig], table, verdict, summary)

@@ -19,7 +19,8 @@ from bnlab.norms import mbn_lambda
 from bnlab.theory.mbn import moving_average_noise
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import RULE, compare_arms, finite_or_none, mean_std, safe_panels
+from ..common import RULE, compare_arms, finite_or_none, fmt, mean_std, safe_panels
+from ..verdicts import decide
 
 BATCH_SIZES = (2, 4, 8, 16, 32)
 IDEAL_BATCH = 32   # m0, issue 2's default for the `mbn` spec
@@ -85,9 +86,9 @@ def ddp_table(runs, acc: dict[str, dict[int, float | None]]) -> tuple[list[dict]
         ours = _accuracy(run)
         rows.append({"quantity": f"{p} processes, global batch {m} ({PER_DEVICE} each), {arm}: test accuracy "
                                  f"(one process, {norm} at M = {M})",
-                     "ours": f"{_fmt(ours)} ({_fmt(acc.get(norm, {}).get(M))})",
+                     "ours": f"{fmt(ours)} ({fmt(acc.get(norm, {}).get(M))})",
                      "paper": expectation.format(M=M) + " (bnlab's expectation; the paper uses one device)"})
-        parts.append(f"{arm} {_fmt(ours)}")
+        parts.append(f"{arm} {fmt(ours)}")
     return rows, f"; {p} processes × {PER_DEVICE}: " + ", ".join(parts)
 
 
@@ -137,9 +138,10 @@ def batch_size_verdict(acc: dict[str, dict[int, dict[int, float | None]]], tiny:
         f"; MBN's drop − BN's {comp.text()}"
     if comp.decision == "too few seeds":
         return "inconclusive", summary + f"; fewer than 3 seeds ({RULE})"
-    if comp.decision == "lower":
+    verdict = decide(comp, "lower")
+    if verdict == "held":
         return "held", summary + "; MBN loses significantly less"
-    if comp.decision == "higher":
+    if verdict == "not held":
         return "not held", summary + "; MBN loses significantly more"
     return "inconclusive", summary + f"; resolvable ≥ {comp.mde:.2g} ({RULE})"
 
@@ -184,15 +186,11 @@ def _analyze(ctx) -> Outcome:
     for i, M in enumerate(BATCH_SIZES):
         eq = (noise.get("equivalent_batch") or [None] * len(BATCH_SIZES))[i]
         table.append({"quantity": f"M = {M}: test accuracy BN / MBN (MBN's equivalent batch for μ)",
-                      "ours": f"{_fmt(mean_acc['BN'].get(M))} / {_fmt(mean_acc['MBN'].get(M))} "
-                              f"({_fmt(finite_or_none(eq))}; n={len(acc['BN'].get(M) or {})})",
+                      "ours": f"{fmt(mean_acc['BN'].get(M))} / {fmt(mean_acc['MBN'].get(M))} "
+                              f"({fmt(finite_or_none(eq))}; n={len(acc['BN'].get(M) or {})})",
                       "paper": "MBN ≥ BN, the gap growing as M shrinks; MBN close to its M = 32 accuracy"})
     rows, clause = ddp_table(ctx.runs, mean_acc)
     return Outcome([fig], table + rows, verdict, summary + clause)
-
-
-def _fmt(x: float | None) -> str:
-    return "—" if x is None or not math.isfinite(x) else f"{x:.3g}"
 
 
 register(Experiment(

@@ -90,10 +90,6 @@ def _median(values) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def _fmt(x: float | None, digits: int = 3) -> str:
-    return "—" if x is None else ("∞" if x == math.inf else f"{x:.{digits}g}")
-
-
 def arm_runs(ctx) -> dict[str, list]:
     """Runs per arm (``factors["arm"]``, else the label), in seed order: what the statistics compare."""
     arms: dict[str, list] = {}
@@ -115,23 +111,6 @@ def per_seed(runs: list | None, statistic) -> list[float]:
         if value is not None and (value == math.inf or finite_or_none(value) is not None):
             out.append(float(value))
     return out
-
-
-def decide(comparison: Comparison, wanted: str) -> str:
-    """'held' when the rule detects the difference the paper claims (``wanted`` "lower"/"higher" for b − a),
-    'not held' when it detects the opposite, else 'inconclusive' (no detectable difference, too few seeds)."""
-    if comparison.decision == wanted:
-        return "held"
-    if comparison.decision in ("lower", "higher"):
-        return "not held"
-    return "inconclusive"
-
-
-def combine(verdicts: list[str]) -> str:
-    """All parts held → held; any part not held → not held; else inconclusive."""
-    if verdicts and all(v == "held" for v in verdicts):
-        return "held"
-    return "not held" if "not held" in verdicts else "inconclusive"
 
 
 def log_values(values: list[float]) -> list[float]:

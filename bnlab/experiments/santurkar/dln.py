@@ -17,11 +17,12 @@ from bnlab import data as D
 from bnlab.probes import ProbeContext, evaluate_landscape
 
 from ..base import Experiment, Outcome, Plan, register
-from ..common import RULE, compare_arms, finite_or_none, safe_panels
+from ..verdicts import combine, decide
+from ..common import RULE, compare_arms, finite_or_none, fmt, safe_panels
 from .common import (
     BN, DLN_LR, DLN_RANGE, NORMS, SEEDS, SMOKE_DLN_STEPS, STANDARD, _band_panel, _curve_panel, _distribution_panel,
-    _dln_runs, _fmt, _hist_layers, _hist_units, _inconclusive_if_tiny, _median, _runs_by_label, _values, arm_runs,
-    combine, compare_text, decide, distribution_drift, dln_config, log_values, per_seed, pick, sharpness_line,
+    _dln_runs, _hist_layers, _hist_units, _inconclusive_if_tiny, _median, _runs_by_label, _values, arm_runs,
+    compare_text, distribution_drift, dln_config, log_values, per_seed, pick, sharpness_line,
     sharpness_panel,
 )
 
@@ -46,7 +47,7 @@ def _fig8_analyze(ctx) -> Outcome:
     drift = {label: per_seed(arm_runs(ctx).get(label), distribution_drift) for label in FIG6_LABELS}
     table = [{"quantity": f"{label}: median drift of a unit's distribution per seed (centre shift in initial "
                           f"spreads + |ln width ratio|)",
-              "ours": " ".join(_fmt(v) for v in drift[label]) or "—",
+              "ours": " ".join(fmt(v) for v in drift[label]) or "—",
               "paper": {STANDARD: "distributions shift and widen over training (Fig. 8)",
                         BN: "distributions stay stable (Fig. 8)"}[label]} for label in FIG6_LABELS]
     verdict, summary = fig8_verdict(drift, _inconclusive_if_tiny(ctx))
@@ -210,10 +211,10 @@ def _fig9_analyze(ctx) -> Outcome:
     paper = {"loss_range": "BN much smaller (Fig. 9a)", "grad_change_max": "BN much smaller (Fig. 9b)",
              "beta_smoothness": "BN smaller (Fig. 9c)"}
     table = [{"quantity": f"median {LANDSCAPE[k]} over training, [1/100, 30] × {DLN_LR:g}, per seed: standard / BN",
-              "ours": " / ".join(" ".join(_fmt(s[k]) for s in summaries[label]) or "—" for label in FIG6_LABELS),
+              "ours": " / ".join(" ".join(fmt(s[k]) for s in summaries[label]) or "—" for label in FIG6_LABELS),
               "paper": paper[k]} for k in LANDSCAPE]
     table.append({"quantity": "median β × lr / 2 per seed, standard / BN (1 = the stability edge 2/lr)",
-                  "ours": " / ".join(" ".join(_fmt(None if s["beta_smoothness"] is None else
+                  "ours": " / ".join(" ".join(fmt(None if s["beta_smoothness"] is None else
                                                    s["beta_smoothness"] * DLN_LR / 2) for s in summaries[label])
                                      or "—" for label in FIG6_LABELS), "paper": "—"})
     verdict, _, text = landscape_verdict(summaries, BN, _inconclusive_if_tiny(ctx))
@@ -308,7 +309,7 @@ def _fig10_analyze(ctx) -> Outcome:
                        ("beyond", f"(30, {FIG10_MULTIPLIERS[1]:g}] × {DLN_LR:g}")):
         for k in LANDSCAPE:
             table.append({"quantity": f"{text}: median {LANDSCAPE[k]} per seed, standard / BN",
-                          "ours": " / ".join(" ".join(_fmt(s[k]) for s in windows.get(label, {}).get(name, []))
+                          "ours": " / ".join(" ".join(fmt(s[k]) for s in windows.get(label, {}).get(name, []))
                                              or "—" for label in FIG6_LABELS),
                           "paper": "BN much smaller, also beyond 30 × lr (Figs 9, 10)"})
     verdict, summary = fig10_verdict(windows, _inconclusive_if_tiny(ctx))

@@ -10,10 +10,11 @@ from __future__ import annotations
 import math
 
 from ..base import Experiment, Outcome, Plan, register
-from ..common import RULE, compare_arms, safe_panels
+from ..verdicts import combine, decide
+from ..common import RULE, compare_arms, fmt, safe_panels
 from .common import (
-    BN, L1, L2, LINF, STANDARD, _curve_panel, _distribution_panel, _dln_runs, _fmt, _hist_layers, _hist_units,
-    _inconclusive_if_tiny, _runs_by_label, _vgg_runs, arm_runs, combine, compare_text, decide, distribution_drift,
+    BN, L1, L2, LINF, STANDARD, _curve_panel, _distribution_panel, _dln_runs, _hist_layers, _hist_units,
+    _inconclusive_if_tiny, _runs_by_label, _vgg_runs, arm_runs, compare_text, distribution_drift,
     dln_config, log_values, mean_train_loss, per_seed, pick, sharpness_line, vgg_config,
 )
 from .dln import LANDSCAPE, _landscape_panels, landscape_summary, landscape_verdict
@@ -87,7 +88,7 @@ def _fig11_analyze(ctx) -> Outcome:
             losses[key] = per_seed(arms.get(key), mean_train_loss)
             landscapes[key] = [landscape_summary(r) for r in arms.get(key, [])]
             table.append({"quantity": f"{key}: mean training loss; median loss range; median β (per seed)",
-                          "ours": "; ".join(" ".join(_fmt(v) for v in values) or "—" for values in (
+                          "ours": "; ".join(" ".join(fmt(v) for v in values) or "—" for values in (
                               losses[key], [s["loss_range"] for s in landscapes[key]],
                               [s["beta_smoothness"] for s in landscapes[key]])),
                           "paper": "worst training, roughest landscape" if label == STANDARD else
@@ -164,8 +165,8 @@ def _fig14_analyze(ctx) -> Outcome:
     drift = {label: per_seed(arms.get(f"VGG: {label}"), distribution_drift) for label in labels}
     losses = {label: per_seed(arms.get(f"VGG: {label}"), mean_train_loss) for label in labels}
     table = [{"quantity": f"VGG {label}: median distribution drift; mean training loss (per seed)",
-              "ours": f"{' '.join(_fmt(v) for v in drift[label]) or '—'}; "
-                      f"{' '.join(_fmt(v) for v in losses[label]) or '—'}",
+              "ours": f"{' '.join(fmt(v) for v in drift[label]) or '—'}; "
+                      f"{' '.join(fmt(v) for v in losses[label]) or '—'}",
               "paper": "ℓp: larger distributional shift than normal networks, yet better optimization (Fig. 14)"
               if label in LP else "reference"} for label in labels]
     verdict, summary = fig14_verdict(drift, losses, _inconclusive_if_tiny(ctx))

@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 
 from ..base import Experiment, Outcome, Plan, register
-from ..common import RULE, compare_arms, safe_panels
+from ..verdicts import combine, decide
+from ..common import RULE, compare_arms, fmt, safe_panels
 from .common import (
     BN, COS_TOLERANCE, NOISY, SHIFT_FACTOR, STANDARD, _curve_panel, _distribution_panel, _dln_runs, _first_layer_zero,
-    _fmt, _hist_layers, _hist_units, _inconclusive_if_tiny, _layer_medians, _median, _runs_by_label, _values, _vgg_runs,
-    arm_runs, combine, compare_text, decide, layer_key, log_values, mean_train_loss, per_seed, pick,
+    _hist_layers, _hist_units, _inconclusive_if_tiny, _layer_medians, _median, _runs_by_label, _values, _vgg_runs,
+    arm_runs, compare_text, layer_key, log_values, mean_train_loss, per_seed, pick,
     probe_layers, sharpness_line, sharpness_panel, vgg_config,
 )
 
@@ -46,8 +47,8 @@ def _fig2_analyze(ctx) -> Outcome:
              BN: "trains fastest; test acc. 83 % (App. A.1)",
              NOISY: "trains like BN, faster than Standard, despite the noise (Fig. 2)"}
     table = [{"quantity": f"{label}: mean training loss per seed / seed 0's final train acc. / test acc.",
-              "ours": f"{' '.join(_fmt(v) for v in losses[label]) or '—'} / {_fmt(finals[label][0])} / "
-                      f"{_fmt(finals[label][1])}",
+              "ours": f"{' '.join(fmt(v) for v in losses[label]) or '—'} / {fmt(finals[label][0])} / "
+                      f"{fmt(finals[label][1])}",
               "paper": paper[label]} for label in FIG2_LABELS]
     lr = vgg_config(ctx.preset, "none")["lr"]
     fig = safe_panels(ctx.figure_path("training_curves"), specs + [sharpness_panel(runs, lr)], ncols=3,
@@ -73,7 +74,7 @@ def fig2_verdict(losses: dict[str, list[float]], tiny: str | None = None) -> tup
     margin = compare_arms([v + NOISY_MARGIN for v in bn], noisy)
     plain = compare_arms(bn, noisy)
     first = decide(c, "lower")
-    second = {"lower": "held", "higher": "not held"}.get(margin.decision, "inconclusive")
+    second = decide(margin, "lower")
     return combine([first, second]), (
         f"(1) noisy BN − standard, {compare_text(c, 'mean training loss per seed', log=True)} → {first}; "
         f"(2) noisy BN − BN {compare_text(plain, 'same', log=True)}; against the margin ln 1.25: "
@@ -141,10 +142,10 @@ def _fig6_analyze(ctx) -> Outcome:
             cos[(net, label)] = per_seed(seeds, lambda r: ics_summary(r)[0])
             l2[label] = per_seed(seeds, lambda r: ics_summary(r)[1])
         table.append({"quantity": f"{net}: median cos(G, G′) per seed, standard / BN",
-                      "ours": " / ".join(" ".join(_fmt(v) for v in cos[(net, label)]) or "—" for label in FIG6_LABELS),
+                      "ours": " / ".join(" ".join(fmt(v) for v in cos[(net, label)]) or "—" for label in FIG6_LABELS),
                       "paper": "BN similar or lower (worse) than standard (Fig. 6)"})
         table.append({"quantity": f"{net}: median ‖G − G′‖₂ per seed, standard / BN",
-                      "ours": " / ".join(" ".join(_fmt(v) for v in l2[label]) or "—" for label in FIG6_LABELS),
+                      "ours": " / ".join(" ".join(fmt(v) for v in l2[label]) or "—" for label in FIG6_LABELS),
                       "paper": "BN similar or larger (worse) than standard (Fig. 6)"})
     fig = safe_panels(ctx.figure_path("ics"), specs or [{"title": "no ICS measurements"}], ncols=4,
                       title="Santurkar Fig. 6: ICS (Definition 2.1) with and without BN (seed 0)")
@@ -216,9 +217,9 @@ def _fig7_analyze(ctx) -> Outcome:
     paper = {STANDARD: "small change of mean and variance", BN: "small change",
              NOISY: "much larger change of both moments than Standard, yet trains faster (Figs 2, 7)"}
     table = [{"quantity": f"{label}: median |Δ mean| / |Δ var| per step; mean training loss (per seed)",
-              "ours": f"{' '.join(_fmt(v) for v in changes[label]['mean_change']) or '—'} / "
-                      f"{' '.join(_fmt(v) for v in changes[label]['var_change']) or '—'}; "
-                      f"{' '.join(_fmt(v) for v in losses[label]) or '—'}",
+              "ours": f"{' '.join(fmt(v) for v in changes[label]['mean_change']) or '—'} / "
+                      f"{' '.join(fmt(v) for v in changes[label]['var_change']) or '—'}; "
+                      f"{' '.join(fmt(v) for v in losses[label]) or '—'}",
               "paper": paper[label]} for label in FIG2_LABELS]
     verdict, summary = fig7_verdict(changes, losses, _inconclusive_if_tiny(ctx))
     return Outcome([fig], table, verdict, summary)
