@@ -27,11 +27,15 @@ DEMO_ENTRIES = [
     "santurkar-fig8",  # 25-layer DLN: standard vs BN (activation drift), 3 seeds
     "luo-fig2",  # generalization error vs α: theory and BN simulation
     "luo-table2",  # fixed points, η_max, η_eff against the ODE and simulation
-    "luo-fig4",  # SGD, BN, WN, WN + mean-only / variance-only BN
     "peng-fig2",  # η_k, τ_k distributions (ResNet-20, Eq. 7 block)
-    "arora-d1",  # SGD vs projected SGD over learning rates (BN on the logits), 3 seeds
+    "peng-eq14",  # BN before ReLU as ℓ2 normalization with ρ = √2
+    "peng-thm1",  # the convergence bound of SGD and its three effects
+    "arora-rates",  # GD/SGD convergence rates for any lr of the scale-invariant weights
     "mbn-batch-size",  # BN vs MBN at small batch, and the data-parallel arms
+    "mbn-theorems",  # the batch statistics' noise and MBN's moving statistics
 ]
+# Left out for cost (each alone with `bnlab reproduce ID`): luo-fig4 (10 seeds × 5 arms, ≈4.5 min) and
+# arora-d1 (30 runs × 100 epochs, ≈2 min), the smoke presets that now resolve their claims (issue 19).
 
 
 def demo(
