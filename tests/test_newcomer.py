@@ -33,9 +33,10 @@ SMALL = dict(
 # ---- 1. the demo: parallel runs, one thread each, the same numbers ------------------------
 
 
-def test_free_cores_is_the_affinity_less_the_load(monkeypatch):
+def test_free_cores_is_the_affinity_less_the_busy_cores(monkeypatch):
     monkeypatch.delenv(parallel.WORKERS_ENV, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(parallel, "cpu_times", lambda stat="": None)  # no /proc/stat: load average
     monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 0.0, 0.0))
     assert parallel.free_cores() == 3  # 4 CPUs, one busy
     monkeypatch.setattr(os, "getloadavg", lambda: (3.9, 0.0, 0.0))
@@ -395,3 +396,24 @@ def test_api_pages_lead_with_what_users_call_and_sphinx_roles_render_as_code():
     html = 'see :func:<code>bnlab.norms.track</code> and :class:<code>Lab</code>'
     assert hooks.on_page_content(html) == "see <code>bnlab.norms.track</code> and <code>Lab</code>"
     assert hooks.on_page_markdown("use :func:`~bnlab.norms.fold`") == "use `bnlab.norms.fold`"
+
+
+def test_free_cores_reads_the_cpus_busy_now_not_the_lagging_load_average(tmp_path, monkeypatch):
+    """Two snapshots of /proc/stat 1 000 jiffies apart per CPU: one CPU of two busy the whole time
+    -> 1 busy core; both idle -> 0 (the 1-minute load average would still say 0.7 after a job)."""
+    from bnlab.experiments import parallel
+
+    stat = tmp_path / "stat"
+    snapshots = iter(["cpu 100 0 100 800 0 0 0 0\n", "cpu 1100 0 100 1800 0 0 0 0\n",
+                      "cpu 100 0 100 800 0 0 0 0\n", "cpu 100 0 100 2800 0 0 0 0\n"])
+
+    def sleep(_):
+        stat.write_text(next(snapshots))
+
+    monkeypatch.setattr(parallel.time, "sleep", sleep)
+    monkeypatch.setattr(parallel.os, "cpu_count", lambda: 2)
+    stat.write_text(next(snapshots))
+    assert parallel.busy_cores(2, stat=str(stat)) == pytest.approx(1.0)
+    stat.write_text(next(snapshots))
+    assert parallel.busy_cores(2, stat=str(stat)) == pytest.approx(0.0)
+    assert parallel.cpu_times(str(tmp_path / "missing")) is None

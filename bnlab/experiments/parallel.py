@@ -39,9 +39,39 @@ REPORT_SECONDS = 0.5  # a run reports its step at most this often
 MIN_POOL_STEPS = 500  # fewer steps in all: train here (starting a worker costs seconds)
 
 
+def cpu_times(stat: str = "/proc/stat") -> tuple[float, float] | None:
+    """(busy, total) jiffies summed over all CPUs from Linux's ``/proc/stat``; None elsewhere."""
+    try:
+        with open(stat) as f:
+            fields = [float(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 4:
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_cores(cpus: int, interval: float = 0.3, stat: str = "/proc/stat") -> float:
+    """How many of ``cpus`` are busy NOW: CPU time used over ``interval`` seconds (Linux), else the
+    1-minute load average. The load average lags a minute: right after a job ends it still counts
+    the job's core as busy (0.7 on an idle 2-core machine gave one worker instead of two)."""
+    first = cpu_times(stat)
+    if first is not None:
+        time.sleep(interval)
+        second = cpu_times(stat)
+        if second is not None and second[1] > first[1]:
+            share = (second[0] - first[0]) / (second[1] - first[1])
+            return share * (os.cpu_count() or cpus)  # /proc/stat's first line sums every CPU
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
 def free_cores() -> int:
     """Cores free for new work: ``len(os.sched_getaffinity(0))`` (the CPUs this process may run on)
-    less the 1-minute load average, rounded, at least 1. ``BNLAB_WORKERS`` overrides it."""
+    less those busy now (:func:`busy_cores`), rounded, at least 1. ``BNLAB_WORKERS`` overrides it."""
     forced = os.environ.get(WORKERS_ENV)
     if forced:
         try:
@@ -55,11 +85,7 @@ def free_cores() -> int:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         cpus = os.cpu_count() or 1
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        load = 0.0
-    return max(1, min(cpus, int(cpus - load + 0.5)))
+    return max(1, min(cpus, int(cpus - busy_cores(cpus) + 0.5)))
 
 
 _THREADS_LOCK = threading.Lock()
