@@ -167,6 +167,21 @@ def test_batch_statistics_in_eval_are_named_and_a_clean_fold_is_silent():
         N.fold(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)))
 
 
+@pytest.mark.parametrize("spec", ["torch", "bn", "mbn"])
+def test_kept_buffers_with_tracking_off_fold_like_torchs_eval(spec):
+    """track_running_stats=False with the buffers still there: torch's eval normalizes with the buffers
+    (a fixed affine map), so fold must fold it, not refuse it as batch statistics."""
+    norm = nn.BatchNorm1d(3) if spec == "torch" else N.create(spec, 3)
+    model = nn.Sequential(nn.Linear(3, 3), norm)
+    model.train()
+    for i in range(3):
+        model(torch.randn(16, 3, generator=gen(i)) * 2 + 1)
+    norm.track_running_stats = False  # buffers kept, as torch allows
+    folded, report = N.fold(model, report=True)
+    assert not report.unfolded, report.unfolded
+    assert_same_output(model.eval(), folded, torch.randn(8, 3, generator=gen(9)))
+
+
 def test_frozen_batchnorm_folds():
     frozen = import_or_skip("torchvision").ops.misc.FrozenBatchNorm2d(4)
     g = gen(14)

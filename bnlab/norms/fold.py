@@ -172,8 +172,10 @@ def _eval_affine(norm: nn.Module) -> tuple[tuple[Tensor, Tensor] | None, str]:
     """The eval-mode map as per-channel (scale, shift), or (None, why it is not one)."""
     if _is_frozen(norm):
         return _running_affine(norm), ""
-    if getattr(norm, "track_running_stats", True) is False or getattr(norm, "running_mean", 0) is None:
-        return None, "uses batch statistics in eval mode (track_running_stats=False): not a fixed affine map"
+    # torch's rule: eval normalizes with the buffers whenever they exist, track_running_stats or not
+    if getattr(norm, "running_mean", 0) is None or getattr(norm, "running_var", 0) is None:
+        return None, ("uses batch statistics in eval mode (track_running_stats=False, no running "
+                      "buffers): not a fixed affine map")
     if isinstance(norm, _BatchNorm) and not hasattr(norm, "inference_affine"):
         if type(norm) not in _TORCH_AFFINE and not _is_norm_act(norm):
             return None, f"{type(norm).__name__} has a forward of its own: not known to be affine"
