@@ -6,7 +6,7 @@ several threads fighting over a busy machine's cores made ``make demo`` ten time
 idle one. So every run of a local sweep trains with ``torch.set_num_threads(1)`` (in a worker
 process, or in this process with the previous count restored after), and the runs go to as many
 worker processes as there are free cores (:func:`free_cores`: the CPUs this process may use, less
-the 1-minute load average). One thread for every run, whatever the worker count, also makes the
+those busy now, :func:`busy_cores`). One thread for every run, whatever the worker count, also makes the
 numbers independent of the machine and of the parallelism: the same seeds give the same floats
 (tests/test_newcomer.py checks it).
 
