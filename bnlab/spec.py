@@ -18,7 +18,7 @@ import inspect
 import math
 import numbers
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -56,8 +56,8 @@ def parse(spec: str, what: str = "spec") -> tuple[str, dict[str, str]]:
     return name, raw
 
 
-def split_top_level(text: str) -> list[str]:
-    """Split at commas outside brackets and quotes."""
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split at ``sep`` (a comma; ``+`` for joined norm specs) outside brackets and quotes."""
     parts, depth, quote, start = [], 0, None, 0
     for i, ch in enumerate(text):
         if quote:
@@ -71,7 +71,7 @@ def split_top_level(text: str) -> list[str]:
                                  f"{text[:40]}...")
         elif ch in ")]}":
             depth -= 1
-        elif ch == "," and depth == 0:
+        elif ch == sep and depth == 0:
             parts.append(text[start:i])
             start = i + 1
     if depth or quote:
@@ -108,7 +108,8 @@ def read_value(text: str, _depth: int = 0) -> Any:
 
 
 def read_pairs(pairs: list[str] | None, flag: str) -> dict[str, Any]:
-    """``KEY=VALUE`` command-line flags -> ``{key: read_value(value)}``."""
+    """``KEY=VALUE`` command-line flags -> ``{key: read_value(value)}`` (the one KEY=VALUE
+    parser)."""
     out: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
@@ -116,6 +117,43 @@ def read_pairs(pairs: list[str] | None, flag: str) -> dict[str, Any]:
             raise ValueError(f"{flag} expects KEY=VALUE, got {pair!r}")
         out[key.strip()] = read_value(value)
     return out
+
+
+def split_joined(spec: str, what: str = "spec") -> list[str]:
+    """``"wn+mean_only_bn"`` -> ``["wn", "mean_only_bn"]``: the one parser of ``+`` joins; a ``+``
+    inside brackets (``lp_bn(p=1e+3)``) does not split."""
+    if not isinstance(spec, str):
+        raise ValueError(f"a {what} must be a string, got {type(spec).__name__}")
+    parts = [p.strip() for p in split_top_level(spec, "+")]
+    if not all(parts):
+        raise ValueError(f"empty part in {what} {spec!r}; expected 'name' or 'name+name'")
+    return parts
+
+
+def split_tagged(text: Any, what: str, forms: Mapping[str, str]) -> tuple[str, str]:
+    """``KIND:REST`` -> ``(kind, rest)``, the grammar of schedules (``step:60,100``) and
+    ``--log-to`` (``tensorboard:DIR``). ``forms`` maps each kind to how it is written (``"exp:GAMMA"``; a form
+    without ``:`` takes no rest); errors name the valid forms."""
+    valid = f"valid forms: {' | '.join(forms.values())}"
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be a string ({valid}), got {text!r}")
+    kind, sep, rest = text.strip().partition(":")
+    if kind not in forms:
+        raise ValueError(f"unknown {what} {kind if sep else text!r}; {valid}")
+    if (":" in forms[kind]) != bool(sep and rest):
+        raise ValueError(f"bad {what} {text!r}; expected {forms[kind]}")
+    return kind, rest
+
+
+def check_choice(what: str, value: Any, choices: Iterable[Any], plural: str | None = None) -> Any:
+    """``value`` if it is one of ``choices``, else the one "valid choices" error of bnlab:
+    ``ValueError("unknown activation 'x'; valid activations: relu, tanh")``."""
+    choices = tuple(choices)
+    if not any(value == c and isinstance(value, bool) == isinstance(c, bool) for c in choices):
+        plural = plural or (what + "es" if what.endswith(("s", "x", "sh", "ch")) else what + "s")
+        raise ValueError(f"unknown {what} {value!r}; valid {plural}: "
+                         f"{', '.join(map(format_value, choices))}")
+    return value
 
 
 def format_value(value: Any) -> str:
@@ -239,6 +277,19 @@ def params_from_signature(fn: Callable, skip: tuple[str, ...] = (),
     return params
 
 
+def declared(fn: Callable, params: Mapping[str, Param],
+             skip: tuple[str, ...] = ()) -> dict[str, Param]:
+    """``params`` after checking that they are ``fn``'s keyword parameters (minus ``skip``) with the
+    same defaults, so a declaration next to a function cannot drift from its signature."""
+    keywords = {p.name: p.default for p in inspect.signature(fn).parameters.values()
+                if p.name not in skip and p.default is not inspect.Parameter.empty}
+    given = {k: p.default for k, p in params.items()}
+    if keywords != given:
+        raise TypeError(f"{getattr(fn, '__qualname__', fn)}: declared parameters {given} differ "
+                        f"from its signature's {keywords}")
+    return dict(params)
+
+
 # ------------------------------------------------------------------------------------- registry
 
 T = TypeVar("T")
@@ -280,14 +331,25 @@ class Registry(Mapping[str, T]):
         self._entries[name] = Entry(name, target, dict(params or {}))
         return target
 
+    def remove(self, name: str) -> T:
+        """Unregister ``name`` (a test's temporary entry); returns its object."""
+        return self._entries.pop(self.entry(name).name).target
+
+    def sort(self, key: Callable[[Entry[T]], Any]) -> None:
+        """Reorder the entries by ``key`` (stable), e.g. into a declared catalogue order."""
+        self._entries = dict(sorted(self._entries.items(), key=lambda item: key(item[1])))
+
     def register(self, name: str | None = None, params: Mapping[str, Param] | None = None, *,
                  skip: tuple[str, ...] = ()) -> Callable[[T], T]:
-        """Decorator: ``@PROBES.register("grad_stats")`` next to a class or function. Without
-        ``params`` they are read from its signature (a class: its ``__init__``), minus ``skip``."""
+        """Decorator: ``@PROBES.register("grad_stats")`` next to a class or function. ``params``
+        declare its keyword parameters (minus ``skip``; checked against its signature by
+        :func:`declared`); without them they are read from the signature's annotations."""
         def decorate(target: T) -> T:
             key = name or getattr(target, "name", None) or target.__name__
             fn = target.__init__ if inspect.isclass(target) else target
-            return self.add(key, target, params if params is not None else params_from_signature(fn, skip))
+            typed = (params_from_signature(fn, skip) if params is None
+                     else declared(fn, params, skip + ("self",)))
+            return self.add(key, target, typed)
         return decorate
 
     # Mapping protocol: registry[name] is the registered object.

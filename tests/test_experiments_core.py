@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 import bnlab.experiments as E
 from bnlab.experiments import runner
-from bnlab.experiments.base import CATALOGUE, Experiment, Outcome, Plan, RunSpec
+from bnlab.experiments.base import CATALOGUE, Experiment, Outcome, Plan, RunSpec, register
 
 BASE = dict(model="mlp", model_options={"depth": 2, "width": 16}, data="digits", steps=12, batch_size=64, seed=0)
 # a linear net without normalization at lr=1e3 overflows within a dozen steps
@@ -40,9 +40,9 @@ def toy_entry():
                                      "model_options": {"depth": 2, "width": 16, "no_such_option": 1}})],
             compute={"square": lambda: {"x": [1, 2, 3], "y": [1, 4, 9]}}),
         analyze=_analyze)
-    CATALOGUE[exp.id] = exp
+    register(exp)
     yield exp
-    CATALOGUE.pop(exp.id, None)
+    CATALOGUE.remove(exp.id)
 
 
 def test_sweep_with_diverging_and_failing_runs_records_all(toy_entry, tmp_path):

@@ -70,7 +70,7 @@ def test_theorem31_rate_whatever_lr_w_and_setting2_contrast():
 
 
 def test_bad_inputs():
-    with pytest.raises(ValueError, match="eps_mode must be one of"):
+    with pytest.raises(ValueError, match="unknown eps_mode .*; valid eps_modes: scaled, linear, constant"):
         arora.ScaleInvariantNet(eps_mode="sqrt")
     with pytest.raises(ValueError, match="lr_w"):
         arora.run_intrinsic_pair(lr_w=0.0)

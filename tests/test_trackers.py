@@ -70,9 +70,9 @@ def test_mlflow_logger_mirrors_metrics_params_and_status_in_a_file_store(tmp_pat
 def test_log_to_specs_and_missing_packages_are_clear_errors(tmp_path, monkeypatch):
     import builtins
 
-    with pytest.raises(ValueError, match="unknown tracker 'wandb'; valid: tensorboard, mlflow"):
+    with pytest.raises(ValueError, match="unknown tracker 'wandb'; valid forms: tensorboard:DIR \\| mlflow:URI"):
         parse_log_to("wandb:project")
-    with pytest.raises(ValueError, match="expects KIND:TARGET"):
+    with pytest.raises(ValueError, match="bad tracker 'tensorboard'; expected tensorboard:DIR"):
         parse_log_to("tensorboard")
     real_import = builtins.__import__
 

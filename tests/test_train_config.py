@@ -36,7 +36,7 @@ def _cfg(**kw):
         (dict(model="resnet99"), "unknown model 'resnet99'; valid: .*mlp"),
         (dict(norm="bogus_norm"), "bad norm spec 'bogus_norm'.*valid names: .*bn"),
         (dict(data="mnist"), "unknown data 'mnist'; valid: .*digits"),
-        (dict(schedule="cosine"), "bad schedule 'cosine'; valid forms: constant"),
+        (dict(schedule="cosine"), "unknown schedule 'cosine'; valid forms: constant"),
         (dict(schedule="step:100,60"), "increasing positive epochs"),
         (dict(schedule="exp:1.5"), r"exp gamma must be in \(0, 1\]"),
         (dict(optimizer="adam"), "unknown optimizer 'adam'; valid: sgd, psgd"),

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from bnlab.spec import Registry
+from bnlab.spec import Param, Registry
 
 TASKS = ("classification", "regression")
 
@@ -151,12 +151,6 @@ def as_float(name: str, value, *, minimum: float | None = None, strictly_positiv
     return result
 
 
-def as_choice(name: str, value, choices: tuple) -> str:
-    if value not in choices:
-        raise ValueError(f"option {name} must be one of {', '.join(map(str, choices))}; got {value!r}")
-    return value
-
-
 FLOAT_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -183,12 +177,20 @@ def _spelling(name: str) -> str:
 
 
 # name -> loader(*, device, seed, data_dir, verify, download, **options) -> DataSource; the options are
-# typed bnlab.spec Params read from the loader's signature (types from the defaults). Names are
-# case-insensitive and '-' may stand for '_'.
+# the typed bnlab.spec Params each @source declares. Names are case-insensitive and '-' may stand
+# for '_'.
 SOURCES: Registry = Registry("data source", names_label="choices", key_label="option", normalize=_spelling)
 
 
-def source(name: str):
-    """Decorator: register a loader as data source ``name`` (its keyword options beyond
-    ``COMMON_ARGUMENTS`` are the source's options)."""
-    return SOURCES.register(name, skip=COMMON_ARGUMENTS)
+def source(name: str, params: dict[str, Param] | None = None):
+    """Decorator: register a loader as data source ``name`` with its typed options ``params``: its
+    keyword parameters beyond ``COMMON_ARGUMENTS``, same names and defaults (checked at import)."""
+    return SOURCES.register(name, params or {}, skip=COMMON_ARGUMENTS)
+
+
+def count(default: int | None, minimum: int, help: str) -> Param:
+    """An integer option (``None``: a default decided by the source)."""
+    return Param(default, int, minimum=minimum, nullable=default is None, help=help)
+
+
+DTYPE = Param("float32", str, help="float32 or float64 (the tensors' dtype)")

@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import DataError, DataNotFoundError, DataSource, as_int, source
+from bnlab.spec import Param
+
+from .base import DataError, DataNotFoundError, DataSource, as_int, count, source
 from .cifar_download import download_cifar
 from .cifar_fixture import write_cifar_like
 from .cifar_layout import (
@@ -307,7 +309,12 @@ def _load(
     )
 
 
-@source("cifar10")
+CIFAR_OPTIONS = {"n_train": count(None, 0, "keep the first n training images (none: all)"),
+                 "n_test": count(None, 0, "keep the first n test images (none: all)"),
+                 "normalize": Param(True, bool, help="per-channel standardization (false: [0, 1])")}
+
+
+@source("cifar10", CIFAR_OPTIONS)
 def cifar10(
     *, device="cpu", seed=0, data_dir=None, verify=True, download=False, n_train=None, n_test=None, normalize=True
 ) -> DataSource:
@@ -325,7 +332,7 @@ def cifar10(
                  n_train=n_train, n_test=n_test, normalize=normalize)
 
 
-@source("cifar100")
+@source("cifar100", CIFAR_OPTIONS)
 def cifar100(
     *, device="cpu", seed=0, data_dir=None, verify=True, download=False, n_train=None, n_test=None, normalize=True
 ) -> DataSource:

@@ -28,7 +28,10 @@ import numpy as np
 import torch
 
 from . import image_transforms as T
-from .base import DataError, DataNotFoundError, DataSource, as_choice, as_float, as_int, cpu_generator, source
+from bnlab.spec import Param, check_choice
+
+from .base import (DataError, DataNotFoundError, DataSource, as_float, as_int, count, cpu_generator,
+                   source)
 from .cifar import resolve_data_dir
 from .image_writer import ensure_generated
 
@@ -193,7 +196,16 @@ def find_root(data_dir, folder: str) -> Path:
         f"--data-dir / set $BNLAB_DATA to the folder above it, and data option folder=<name>.")
 
 
-@source("imagefolder")
+@source("imagefolder", {
+    "folder": Param("imagenet", str, help="the folder under data_dir"),
+    "image_size": count(224, 1, "side of the crops"),
+    "resize_size": count(256, 1, "side before cropping"),
+    "augment": Param(True, bool, help="random resized crop + flip of the training split"),
+    "crop_scale_min": Param(0.08, float, positive=True, help="smallest crop area share, in (0, 1]"),
+    "cache": Param("auto", str, choices=CACHES, help="hold splits in memory (auto: up to 1 GiB)"),
+    "workers": count(0, 0, "decoding threads"),
+    "max_per_class": count(None, 1, "first k images per class"),
+    "generate": Param(False, bool, help="write the generated look-alike first if absent")})
 def imagefolder(*, device="cpu", seed=0, data_dir=None, verify=True, download=False, folder="imagenet",
                 image_size=224, resize_size=256, augment=True, crop_scale_min=0.08, cache="auto", workers=0,
                 max_per_class=None, generate=False) -> DataSource:
@@ -216,7 +228,7 @@ def imagefolder(*, device="cpu", seed=0, data_dir=None, verify=True, download=Fa
     scale_min = as_float("crop_scale_min", crop_scale_min, strictly_positive=True)
     if scale_min > 1:
         raise ValueError(f"option crop_scale_min must be in (0, 1], got {scale_min}")
-    cache = as_choice("cache", cache, CACHES)
+    cache = check_choice("cache", cache, CACHES, "caches")
     workers = as_int("workers", workers, minimum=0)
     if generate not in (True, False) or augment not in (True, False):
         raise ValueError("options augment and generate must be true or false")

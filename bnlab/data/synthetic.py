@@ -19,11 +19,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import DataSource, as_choice, as_float, as_float_dtype, as_int, cpu_generator, source
+from bnlab.spec import Param, check_choice
+
+from .base import DTYPE, DataSource, as_float, as_float_dtype, as_int, count, cpu_generator, source
 from .digits_archive import load_digits_arrays
 
 
-@source("gaussian_regression")
+@source("gaussian_regression", {"d": count(10, 1, "input and output dimension"),
+                                  "n": count(1000, 1, "training samples"),
+                                  "n_test": count(0, 0, "test samples"), "dtype": DTYPE})
 def gaussian_regression(
     *,
     device="cpu",
@@ -75,7 +79,12 @@ def gaussian_regression(
     ).to(device)
 
 
-@source("teacher_student")
+@source("teacher_student", {
+    "N": count(512, 1, "input dimension"),
+    "P": count(None, 1, "training samples (none: from alpha)"),
+    "alpha": Param(None, float, positive=True, nullable=True, help="load P/N (none: 1 unless P)"),
+    "noise_var": Param(0.25, float, minimum=0.0, help="label-noise variance (Eq. 14)"),
+    "n_test": count(2048, 0, "test samples"), "dtype": DTYPE})
 def teacher_student(
     *,
     device="cpu",
@@ -166,7 +175,10 @@ def resize_images(images: torch.Tensor, size: int) -> torch.Tensor:
     return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
 
 
-@source("digits")
+@source("digits", {
+    "test_fraction": Param(0.2, float, minimum=0.0, help="held-out share, in [0, 1)"),
+    "standardize": Param("channel", str, choices=DIGITS_STANDARDIZE, help="per channel or pixel"),
+    "size": Param(8, int, choices=DIGITS_SIZES, help="side of the (upsampled) images")})
 def digits(
     *,
     device="cpu",
@@ -193,7 +205,7 @@ def digits(
     test_fraction = as_float("test_fraction", test_fraction)
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"option test_fraction must be in [0, 1), got {test_fraction}")
-    standardize = as_choice("standardize", standardize, DIGITS_STANDARDIZE)
+    standardize = check_choice("standardize", standardize, DIGITS_STANDARDIZE, "standardizations")
     size = as_int("size", size)
     if size not in DIGITS_SIZES:
         raise ValueError(f"option size must be one of {', '.join(map(str, DIGITS_SIZES))}; got {size!r}")

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from bnlab.spec import Registry, check_choice
+
 PRESETS = ("smoke", "paper")
 PAPERS = {
     "santurkar": "Santurkar et al. 2018, How does batch normalization help optimization?",
@@ -69,16 +71,14 @@ class Experiment:
                 "title": self.title, "claim": self.claim, "smoke_changes": self.smoke_changes, "cost": self.cost}
 
 
-CATALOGUE: dict[str, Experiment] = {}
+# id -> Experiment: a bnlab.spec Registry like every catalogue (entries without parameters), so an
+# unknown id fails naming the valid ones; the order is ENTRY_MODULES', set by load_catalogue.
+CATALOGUE: Registry[Experiment] = Registry("experiment", names_label="ids", sort_names=True)
 
 
 def register(experiment: Experiment) -> Experiment:
-    if experiment.paper not in PAPERS:
-        raise ValueError(f"unknown paper {experiment.paper!r}; valid: {', '.join(PAPERS)}")
-    if experiment.id in CATALOGUE:
-        raise ValueError(f"experiment {experiment.id!r} registered twice")
-    CATALOGUE[experiment.id] = experiment
-    return experiment
+    check_choice("paper", experiment.paper, PAPERS)
+    return CATALOGUE.add(experiment.id, experiment)
 
 
 # The catalogue's order, declared: the entry modules of each paper's package (``bnlab.experiments.<paper>``),
@@ -102,28 +102,23 @@ def _rank(experiment: Experiment) -> int:
     return names.index(module) if module in names else len(names)
 
 
-def load_catalogue() -> dict[str, Experiment]:
+def load_catalogue() -> Registry[Experiment]:
     """Import every entry module of :data:`ENTRY_MODULES` and return the catalogue in that order."""
     package = __name__.rpartition(".")[0]
     for name in ENTRY_MODULES:
         importlib.import_module(f"{package}.{name}")
-    ordered = sorted(CATALOGUE.values(), key=_rank)  # stable: a module's entries keep their order
-    CATALOGUE.clear()
-    CATALOGUE.update((e.id, e) for e in ordered)
+    # stable: a module's entries keep their order
+    CATALOGUE.sort(key=lambda entry: _rank(entry.target))
     return CATALOGUE
 
 
 def get(experiment_id: str) -> Experiment:
-    load_catalogue()
-    if experiment_id not in CATALOGUE:
-        raise ValueError(f"unknown experiment {experiment_id!r}; valid ids: {', '.join(sorted(CATALOGUE))}")
-    return CATALOGUE[experiment_id]
+    """The entry ``experiment_id``; an unknown id raises ``ValueError`` naming the valid ids."""
+    return load_catalogue().entry(experiment_id).target
 
 
 def check_preset(preset: str) -> str:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
-    return preset
+    return check_choice("preset", preset, PRESETS)
 
 
 def shrink(config: dict[str, Any], steps: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 
 import bnlab.norms as norms
+from bnlab.spec import check_choice
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU,
@@ -32,11 +33,6 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 }
 
 INITS = ("glorot", "xavier", "kaiming")
-
-
-def check_choice(kind: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"unknown {kind} {value!r}; valid {kind}s: {', '.join(choices)}")
 
 
 def activation(name: str) -> nn.Module:

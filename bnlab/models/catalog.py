@@ -1,15 +1,16 @@
 """The model catalogue: ``MODEL_INFO``, a :class:`bnlab.spec.Registry` filled by the :func:`model`
-decorator that sits on each builder (``vgg.py``, ``resnet.py``, ``mlp.py``, ``vision.py``)."""
+decorator that sits on each builder (``vgg.py``, ``resnet.py``, ``mlp.py``, ``vision.py``) and
+declares its options as typed :class:`bnlab.spec.Param` s (nothing is guessed from names)."""
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch.nn as nn
 
-from bnlab.spec import Param, Registry
+from bnlab.spec import Param, Registry, declared
 
 
 @dataclass(frozen=True)
@@ -31,30 +32,34 @@ class ModelInfo:
         return (self.build.__doc__ or "").strip().splitlines()[0].replace("``", "")
 
 
-# name -> ModelInfo; each model's options are typed Params read from its builder's signature.
+# name -> ModelInfo; each model's options are the typed Params its @model decorator declares.
 MODEL_INFO: Registry[ModelInfo] = Registry("model", names_label="models", key_label="option")
 
 
-def _option_param(key: str, default: Any) -> Param:
-    """A model option's type and range, from its default: counts >= 1 (depth >= 2), widths > 0 and
-    finite, layer-width lists of counts >= 1; ``bias`` is true/false (None: automatic)."""
-    if key == "bias" or isinstance(default, bool):
-        return Param(default, bool, nullable=default is None)
-    if isinstance(default, int):
-        return Param(default, int, minimum=2 if key == "depth" else 1)
-    if isinstance(default, float):
-        return Param(default, float, positive=True, finite=True)
-    if isinstance(default, tuple):
-        return Param(default, tuple, item=int, minimum=1)
-    return Param(default, None if default is None else type(default), nullable=default is None)
+# The option kinds the builders share, declared once (type, range, help) for their decorators.
+def depth(default: int) -> Param:
+    return Param(default, int, minimum=2, help="linear layers, the output layer included")
 
 
-def model(name: str, paper: str, *, images_only: bool, default_activation: str = "relu") -> Callable:
-    """Decorator: register ``build(factory, input_shape, num_classes, **options)`` as model ``name``;
-    its keyword-only parameters are the model's options (types and ranges by :func:`_option_param`)."""
+def units(default: int) -> Param:
+    return Param(default, int, minimum=1, help="units of each hidden layer")
+
+
+def width(default: float = 1.0) -> Param:
+    return Param(default, float, positive=True, help="multiplier of every layer's channels")
+
+
+def flag(default: bool | None, help: str) -> Param:
+    return Param(default, bool, nullable=default is None, help=help)
+
+
+def model(name: str, paper: str, *, images_only: bool, params: Mapping[str, Param] | None = None,
+          default_activation: str = "relu") -> Callable:
+    """Decorator: register ``build(factory, input_shape, num_classes, **options)`` as model ``name``
+    with its typed options ``params``; they must be the builder's keyword-only parameters, with the
+    same defaults (checked here, at import, so the declaration and the signature cannot drift)."""
     def decorate(build: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        sig = inspect.signature(build).parameters.values()
-        params = {p.name: _option_param(p.name, p.default) for p in sig if p.kind is inspect.Parameter.KEYWORD_ONLY}
-        MODEL_INFO.add(name, ModelInfo(name, build, paper, images_only, default_activation), params)
+        info = ModelInfo(name, build, paper, images_only, default_activation)
+        MODEL_INFO.add(name, info, declared(build, params or {}))
         return build
     return decorate

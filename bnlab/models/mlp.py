@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from .blocks import BlockFactory
-from .catalog import model
+from .catalog import depth, flag, model, units
 
 
 class FlatNet(nn.Module):
@@ -39,7 +39,8 @@ def _stack(f: BlockFactory, in_features: int, depth: int, width: int, num_classe
     return nn.Sequential(*layers)
 
 
-@model("mlp", "-", images_only=False)
+@model("mlp", "-", images_only=False,
+       params={"depth": depth(3), "width": units(128), "logit_bn": flag(False, "BN on the logits")})
 def mlp(f: BlockFactory, input_shape: tuple, num_classes: int, *, depth: int = 3, width: int = 128,
         logit_bn: bool = False) -> FlatNet:
     """Multilayer perceptron: ``depth`` linear layers (``depth − 1`` hidden blocks of ``width`` units + output).
@@ -50,7 +51,8 @@ def mlp(f: BlockFactory, input_shape: tuple, num_classes: int, *, depth: int = 3
     return FlatNet(_stack(f, flat_size(input_shape), depth, width, num_classes, bias=None, logit_norm=logit_bn))
 
 
-@model("dln", "Santurkar et al. 2018, App. A.1", images_only=False, default_activation="identity")
+@model("dln", "Santurkar et al. 2018, App. A.1", images_only=False, default_activation="identity",
+       params={"depth": depth(25), "width": units(10), "bias": flag(False, "linear layers' biases")})
 def dln(f: BlockFactory, input_shape: tuple, num_classes: int, *, depth: int = 25, width: int = 10,
         bias: bool = False) -> FlatNet:
     """Santurkar et al. 2018 App. A.1 deep linear network: ``depth`` (25) linear layers of ``width`` (10).
@@ -62,7 +64,8 @@ def dln(f: BlockFactory, input_shape: tuple, num_classes: int, *, depth: int = 2
     return FlatNet(_stack(f, flat_size(input_shape), depth, width, num_classes, bias=bias))
 
 
-@model("perceptron", "Luo et al. 2019, §2-3, Fig. 1(a)", images_only=False)
+@model("perceptron", "Luo et al. 2019, §2-3, Fig. 1(a)", images_only=False,
+       params={"bias": flag(None, "a bias (none: only without a norm)")})
 def perceptron(f: BlockFactory, input_shape: tuple, num_classes: int, *, bias: bool | None = None) -> FlatNet:
     """Luo et al. 2019 §2, Fig. 1(a): single-layer perceptron ``y = g(BN(wᵀx))``, ``num_classes`` units.
 

@@ -10,9 +10,10 @@ import torch
 import torch.nn as nn
 
 import bnlab.norms as norms
+from bnlab.spec import check_choice
 
 from . import vgg, resnet, mlp, vision  # noqa: F401  (their @model decorators fill MODEL_INFO, in this order)
-from .blocks import ACTIVATIONS, INITS, BlockFactory, check_choice
+from .blocks import ACTIVATIONS, INITS, BlockFactory
 from .catalog import MODEL_INFO, ModelInfo
 
 __all__ = ["MODELS", "MODEL_INFO", "ModelInfo", "create"]

@@ -24,9 +24,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import BlockFactory, check_choice, scaled
-from .catalog import model
-from .vgg import image_shape, with_padding
+from bnlab.spec import Param, check_choice
+
+from .blocks import BlockFactory, scaled
+from .catalog import model, width
+from .vgg import PADDING, image_shape, with_padding
 
 
 class ZeroPadShortcut(nn.Module):
@@ -49,6 +51,7 @@ class ZeroPadShortcut(nn.Module):
 
 
 RESIDUAL_FORMS = ("he", "peng")
+RESIDUAL = Param("he", str, choices=RESIDUAL_FORMS, help="act after (he) or before (peng) the sum")
 
 
 class BasicBlock(nn.Module):
@@ -89,7 +92,8 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.pool(x), 1))
 
 
-@model("resnet20", "He et al. 2016 §4.2; Peng et al. (CBN)", images_only=True)
+@model("resnet20", "He et al. 2016 §4.2; Peng et al. (CBN)", images_only=True,
+       params={"width": width(), "residual": RESIDUAL, "padding_mode": PADDING})
 def resnet20(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0, residual: str = "he",
              padding_mode: str = "zeros") -> ResNet:
     """He et al. 2016 CIFAR ResNet-20 (3 stages × 3 basic blocks, 16/32/64 channels) as Peng et al. use.

@@ -13,10 +13,14 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-from .blocks import BlockFactory, check_choice, scaled
-from .catalog import model
+from bnlab.spec import Param, check_choice
+
+from .blocks import BlockFactory, scaled
+from .catalog import flag, model, width
 
 PADDING_MODES = ("zeros", "replicate")
+PADDING = Param("zeros", str, choices=PADDING_MODES, help="the convs' padding")
+FC_WIDTHS = Param((), tuple, item=int, minimum=1, help="hidden fully connected widths")
 
 
 def with_padding(f: BlockFactory, padding_mode: str) -> BlockFactory:
@@ -95,13 +99,15 @@ def vgg_net(f: BlockFactory, input_shape: tuple, num_classes: int, convs: list, 
     return ConvNet(features, make_classifier(f, flat, fcs, num_classes, width, logit_norm))
 
 
-@model("vgg_santurkar", "Santurkar et al. 2018, App. A.1", images_only=True)
+@model("vgg_santurkar", "Santurkar et al. 2018, App. A.1", images_only=True,
+       params={"width": width()})
 def vgg_santurkar(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0) -> ConvNet:
     """Santurkar et al. 2018 App. A.1 VGG-like CIFAR net: VGG-A (8 conv) + fc512-fc512-fc."""
     return vgg_net(f, input_shape, num_classes, SANTURKAR_CONVS, SANTURKAR_FCS, width, "vgg_santurkar")
 
 
-@model("vgg_arora", "Arora, Li & Lyu 2019, App. D", images_only=True)
+@model("vgg_arora", "Arora, Li & Lyu 2019, App. D", images_only=True,
+       params={"width": width(), "logit_bn": flag(True, "BN on the logits (App. D)")})
 def vgg_arora(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0,
               logit_bn: bool = True) -> ConvNet:
     """Arora et al. 2019 App. D: modified VGG, 14 conv (64×2,128×3,256×3,512×3,512×3) + fc512-fc-BN.
@@ -112,7 +118,8 @@ def vgg_arora(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: f
     return vgg_net(f, input_shape, num_classes, ARORA_CONVS, ARORA_FCS, width, "vgg_arora", logit_bn)
 
 
-@model("vgg16", "Simonyan & Zisserman 2015 (D); Peng et al. (CBN)", images_only=True)
+@model("vgg16", "Simonyan & Zisserman 2015 (D); Peng et al. (CBN)", images_only=True,
+       params={"width": width(), "fc_widths": FC_WIDTHS, "padding_mode": PADDING})
 def vgg16(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0,
           fc_widths: tuple = (), padding_mode: str = "zeros") -> ConvNet:
     """CIFAR VGG-16 as in Peng et al.: 13 conv (configuration D) + linear classifier on 512 features.
@@ -125,7 +132,7 @@ def vgg16(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float
                    "vgg16")
 
 
-@model("luo_cnn", "Luo et al. 2019, §5", images_only=True)
+@model("luo_cnn", "Luo et al. 2019, §5", images_only=True, params={"width": width()})
 def luo_cnn(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0) -> ConvNet:
     """Luo et al. 2019 §5: conv32-conv32-conv64-conv64-pool-fc512-fc (3×3 convs, 2×2 max pool)."""
     return vgg_net(f, input_shape, num_classes, LUO_CONVS, LUO_FCS, width, "luo_cnn")

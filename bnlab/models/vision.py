@@ -27,12 +27,13 @@ import torch
 import torch.nn as nn
 
 import bnlab.norms as norms
+from bnlab.spec import check_choice
 
-from .blocks import BlockFactory, activation, check_choice
+from .blocks import BlockFactory, activation
 from .catalog import model
+from .resnet import RESIDUAL, RESIDUAL_FORMS
 from .vision_compat import VisionImportError, import_torchvision
 
-RESIDUAL_FORMS = ("he", "peng")
 SWAPPED = (nn.ReLU, nn.SiLU)  # the nonlinearities of torchvision's ResNets (ReLU) and EfficientNet (SiLU)
 
 
@@ -149,13 +150,15 @@ def _finish(model: nn.Module, f: BlockFactory, residual: str | None) -> nn.Modul
     return norms.convert(model, f.norm)
 
 
-@model("tv_resnet18", "He et al. 2016 (torchvision); Peng et al. Table 5", images_only=True)
+@model("tv_resnet18", "He et al. 2016 (torchvision); Peng et al. Table 5", images_only=True,
+       params={"residual": RESIDUAL})
 def tv_resnet18(f: BlockFactory, input_shape: tuple, num_classes: int, *, residual: str = "he") -> nn.Module:
     """torchvision ResNet-18 (He et al. 2016) with bnlab norms; Peng et al. Table 5."""
     return _tv_resnet("resnet18", f, input_shape, num_classes, residual)
 
 
-@model("tv_resnet50", "He et al. 2016 (torchvision); Peng et al. Table 5", images_only=True)
+@model("tv_resnet50", "He et al. 2016 (torchvision); Peng et al. Table 5", images_only=True,
+       params={"residual": RESIDUAL})
 def tv_resnet50(f: BlockFactory, input_shape: tuple, num_classes: int, *, residual: str = "he") -> nn.Module:
     """torchvision ResNet-50 (He et al. 2016) with bnlab norms; Peng et al. Table 5."""
     return _tv_resnet("resnet50", f, input_shape, num_classes, residual)

@@ -11,16 +11,16 @@ from typing import cast
 import torch
 import torch.nn as nn
 
+from bnlab.spec import split_joined
+
 from .noisy import StochasticLayer
 from .registry import REGISTRY, NormInfo, lookup
 from .wrappers import ScaleInvariantBN, WeightNorm, _out_features
 
 
 def _parts(spec: str) -> list[str]:
-    parts = [p.strip() for p in spec.split("+")] if isinstance(spec, str) else [spec]
-    if any(not p for p in parts):
-        raise ValueError(f"empty part in normalization spec {spec!r}")
-    return parts
+    """The parts of a ``+``-joined spec (bnlab.spec.split_joined, the one parser of joins)."""
+    return split_joined(spec, "normalization spec") if isinstance(spec, str) else [spec]
 
 
 def validate(spec: str) -> None:

@@ -7,17 +7,8 @@ numpy arrays so that the experiment catalogue can store and plot them without co
 from __future__ import annotations
 
 import math
-from typing import Iterable
 
 import numpy as np
-
-
-def check_choice(name: str, value: str, choices: Iterable[str]) -> str:
-    """Return ``value`` if it is one of ``choices``; otherwise raise a ValueError naming them."""
-    choices = tuple(choices)
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
-    return value
 
 
 def check_positive(name: str, value: float, *, strict: bool = True) -> float:

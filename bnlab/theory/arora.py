@@ -32,7 +32,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ._common import check_choice, check_int, check_positive, loglog_slope
+from bnlab.spec import check_choice
+
+from ._common import check_int, check_positive, loglog_slope
 
 __all__ = ["ScaleInvariantNet", "run_intrinsic_pair", "intrinsic_equivalence", "convergence_rate", "convergence_rates",
            "convergence_table", "sgd_convergence_rate"]

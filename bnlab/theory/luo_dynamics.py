@@ -13,7 +13,9 @@ from typing import Callable
 import numpy as np
 from scipy import integrate, optimize, special
 
-from ._common import check_choice, check_positive, gauss_hermite
+from bnlab.spec import check_choice
+
+from ._common import check_positive, gauss_hermite
 
 
 # ---------------------------------------------------------------------------------------------

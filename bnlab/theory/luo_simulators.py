@@ -12,7 +12,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ._common import check_choice, check_int, check_positive
+from bnlab.spec import check_choice
+
+from ._common import check_int, check_positive
 from .luo_dynamics import ACTIVATIONS
 
 

@@ -35,7 +35,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ._common import check_choice, check_int
+from bnlab.spec import check_choice
+
+from ._common import check_int
 
 __all__ = ["LOSSES", "batchnorm_1d", "bn_layer_quantities", "theorem41", "theorem42", "lemma45", "theorems_table",
            "lemma45_random"]

@@ -20,7 +20,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-SCHEDULE_FORMS = "constant | step:E1,E2[,...][:factor] | exp:<gamma per step, in (0, 1]>"
+from bnlab.spec import split_tagged
+
+SCHEDULE_KINDS = {"constant": "constant", "step": "step:E1,E2[,...][:factor]",
+                  "exp": "exp:<gamma per step, in (0, 1]>"}
+SCHEDULE_FORMS = " | ".join(SCHEDULE_KINDS.values())
 
 
 @dataclass(frozen=True)
@@ -40,16 +44,10 @@ class Schedule:
 
 
 def parse_schedule(text: str) -> Schedule:
-    """Parse a schedule string; ``ValueError`` naming the valid forms if it is malformed."""
-    if not isinstance(text, str):
-        raise ValueError(f"schedule must be a string ({SCHEDULE_FORMS}), got {text!r}")
-    spec = text.strip().lower()
+    """Parse a schedule string (its one parser); ``ValueError`` naming the valid forms."""
+    kind, rest = split_tagged(text.strip().lower() if isinstance(text, str) else text, "schedule",
+                              SCHEDULE_KINDS)
     bad = ValueError(f"bad schedule {text!r}; valid forms: {SCHEDULE_FORMS}")
-    if spec == "constant":
-        return Schedule("constant")
-    kind, sep, rest = spec.partition(":")
-    if not sep or not rest:
-        raise bad
     if kind == "step":
         epochs_part, _, factor_part = rest.partition(":")
         try:
@@ -72,4 +70,4 @@ def parse_schedule(text: str) -> Schedule:
         if not (math.isfinite(gamma) and 0 < gamma <= 1):
             raise ValueError(f"bad schedule {text!r}: exp gamma must be in (0, 1]")
         return Schedule("exp", gamma=gamma)
-    raise bad
+    return Schedule("constant")

@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from bnlab.callbacks import Callback, Loop
+from bnlab.spec import split_tagged
 from bnlab.train.callbacks import RunTrainer, trainer_of
 
-LOG_TO_KINDS = ("tensorboard", "mlflow")
+LOG_TO_FORMS = {"tensorboard": "tensorboard:DIR", "mlflow": "mlflow:URI"}  # --log-to KIND:TARGET
 _MLFLOW_BATCH = 1000  # metrics per log_batch call (MLflow's own limit)
 _MLFLOW_STATUS = {"finished": "FINISHED", "diverged": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 
@@ -169,11 +170,5 @@ class MLflowLogger(Callback):
 
 def parse_log_to(spec: str) -> Callback:
     """``tensorboard:DIR`` or ``mlflow:URI`` (the ``--log-to`` flag) -> the logger callback."""
-    kind, sep, target = spec.partition(":")
-    if not sep or not target:
-        raise ValueError(f"--log-to expects KIND:TARGET, got {spec!r}; e.g. tensorboard:runs/tb, mlflow:file:./mlruns")
-    if kind == "tensorboard":
-        return TensorBoardLogger(target)
-    if kind == "mlflow":
-        return MLflowLogger(target)
-    raise ValueError(f"--log-to: unknown tracker {kind!r}; valid: {', '.join(LOG_TO_KINDS)}")
+    kind, target = split_tagged(spec, "tracker", LOG_TO_FORMS)
+    return TensorBoardLogger(target) if kind == "tensorboard" else MLflowLogger(target)
