@@ -33,20 +33,20 @@ def _cfg(**kw):
 @pytest.mark.parametrize(
     "changes, message",
     [
-        (dict(model="resnet99"), "unknown model 'resnet99'; valid: .*mlp"),
+        (dict(model="resnet99"), "unknown model 'resnet99'; valid models: .*mlp"),
         (dict(norm="bogus_norm"), "bad norm spec 'bogus_norm'.*valid names: .*bn"),
-        (dict(data="mnist"), "unknown data 'mnist'; valid: .*digits"),
+        (dict(data="mnist"), "unknown data source 'mnist'; valid choices: .*digits"),
         (dict(schedule="cosine"), "unknown schedule 'cosine'; valid forms: constant"),
         (dict(schedule="step:100,60"), "increasing positive epochs"),
         (dict(schedule="exp:1.5"), r"exp gamma must be in \(0, 1\]"),
-        (dict(optimizer="adam"), "unknown optimizer 'adam'; valid: sgd, psgd"),
+        (dict(optimizer="adam"), "unknown optimizer 'adam'; valid optimizers: sgd, psgd"),
         (dict(steps=10), "exactly one of epochs or steps"),
         (dict(epochs=0), "epochs must be a positive integer"),
         (dict(lr=-1.0), "lr must be positive"),
         (dict(lr=math.nan), "lr must be finite"),
         (dict(momentum=1.0), r"momentum must be in \[0, 1\)"),
         (dict(batch_size="half"), "batch_size must be a positive integer or 'full'"),
-        (dict(placement="after"), "unknown placement 'after'; valid: pre_activation"),
+        (dict(placement="after"), "unknown placement 'after'; valid placements: pre_activation"),
     ],
 )
 def test_static_validation_names_the_problem(changes, message):

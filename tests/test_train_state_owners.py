@@ -54,7 +54,7 @@ def test_config_is_frozen_and_its_containers_read_only():
 
 @pytest.mark.parametrize("values, message", [
     ({"momentum": 1.5}, r"momentum must be in \[0, 1\), got 1.5"),
-    ({"optimizer": "adam"}, "unknown optimizer 'adam'; valid: sgd, psgd"),
+    ({"optimizer": "adam"}, "unknown optimizer 'adam'; valid optimizers: sgd, psgd"),
     ({"probe_every": 0}, "probe_every must be a positive integer"),
     ({"augment": "yes"}, "augment must be true or false"),
 ])
@@ -131,7 +131,7 @@ def test_a_bad_flag_is_one_line_naming_the_valid_choices(tmp_path):
     result = CliRunner().invoke(app, ["train", "--steps", "1", "--optimizer", "adam"],
                                 prog_name="bnlab")
     assert result.exit_code == 2
-    assert "error: unknown optimizer 'adam'; valid: sgd, psgd" in result.output
+    assert "error: unknown optimizer 'adam'; valid optimizers: sgd, psgd" in result.output
 
 
 # -- the trainer's state owners ----------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import cast
 import torch
 import torch.nn as nn
 
-from bnlab.spec import split_joined
+from bnlab.spec import check_choice, split_joined
 
 from .noisy import StochasticLayer
 from .registry import REGISTRY, NormInfo, lookup
@@ -63,8 +63,7 @@ def normalized(layer: nn.Module, spec: str, placement: str = "pre_activation") -
 
     Returns an ``nn.Sequential`` so :func:`fold` sees the layer and its norm as neighbours.
     """
-    if placement not in PLACEMENTS:
-        raise ValueError(f"unknown placement {placement!r}; valid placements: {', '.join(PLACEMENTS)}")
+    check_choice("placement", placement, PLACEMENTS)
     validate(spec)
     parts = _parts(spec)
     first, kwargs = lookup(parts[0])

@@ -28,6 +28,7 @@ from typing import Any, Literal, Optional, overload
 import bnlab.data
 import bnlab.models
 import bnlab.norms
+from bnlab.spec import check_choice
 from bnlab.train.config_fields import CliOption, FrozenMap, key as _key, listed as _listed
 from bnlab.train.config_fields import pairs as _pairs, switch as _switch
 from bnlab.train.schedules import parse_schedule
@@ -244,8 +245,7 @@ def validate_static(config: TrainConfig | Mapping[str, Any], *,
 
 def check_model_name(name: str) -> None:
     """A model name the registry knows (a ``model_factory`` run's label need not be one)."""
-    if name not in bnlab.models.MODELS:
-        raise ValueError(f"unknown model {name!r}; valid: {', '.join(sorted(bnlab.models.MODELS))}")
+    bnlab.models.MODEL_INFO.entry(name)  # raises naming the valid models
 
 
 # --------------------------------------------------------------------------------------------
@@ -350,8 +350,7 @@ def _check_optimization(c: TrainConfig) -> None:
                 ) from None
     if c.batch_size != "full":
         _positive_int("batch_size", c.batch_size, allow_none=False)
-    if c.optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {c.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    check_choice("optimizer", c.optimizer, OPTIMIZERS)
     parse_schedule(c.schedule)  # raises with the valid forms
 
 
@@ -369,14 +368,9 @@ def _check_data_parallel(c: TrainConfig) -> None:
 def _check_registries(c: TrainConfig) -> None:
     """Names against the registries of ``bnlab.data`` and ``bnlab.norms`` (the model's name is
     checked by :func:`check_model_name` unless the run brings its own model factory)."""
-    try:  # the registry's spelling rules, as in bnlab.data.load: case-insensitive, '-' for '_'
-        bnlab.data.SOURCES.entry(c.data)
-    except ValueError:
-        raise ValueError(f"unknown data {c.data!r}; valid: "
-                         f"{', '.join(sorted(bnlab.data.SOURCES))}") from None
-    if c.placement not in bnlab.norms.PLACEMENTS:
-        raise ValueError(f"unknown placement {c.placement!r}; valid: "
-                         f"{', '.join(bnlab.norms.PLACEMENTS)}")
+    # the registry's spelling rules, as in bnlab.data.load: case-insensitive, '-' for '_'
+    bnlab.data.SOURCES.entry(c.data)
+    check_choice("placement", c.placement, bnlab.norms.PLACEMENTS)
     try:
         bnlab.norms.validate(c.norm)
     except ValueError as err:
