@@ -66,7 +66,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import reliability_cases as cases  # noqa: E402  (issue 21's categories, beside this file)
 from bnlab.store import Store  # noqa: E402
 from bnlab.train import load_model, run  # noqa: E402
-from bnlab.train.checkpoint import checkpoint_path, load_checkpoint, orphaned_temporaries  # noqa: E402
+from bnlab.train.checkpoint import load_checkpoint  # noqa: E402
+from bnlab.store.run_files import checkpoint_path, orphaned_temporaries  # noqa: E402
 
 CONFIG = dict(model="mlp", data="digits", steps=40, lr=0.05, batch_size=200, seed=5, checkpoint_every=5,
               log_every=1, model_options={"width": 16})

@@ -18,7 +18,8 @@ from bnlab.callbacks import Callback
 from bnlab.store.run_files import UnsafePathError
 from bnlab.store import Store, StoreCorruptError, StoreIntegrityError, StoreVersionError
 from bnlab.train import RunInterrupted, run
-from bnlab.train.checkpoint import CheckpointCorruptError, checkpoint_path, load_checkpoint, save_checkpoint
+from bnlab.train.checkpoint import CheckpointCorruptError, load_checkpoint, save_checkpoint
+from bnlab.store.run_files import checkpoint_path
 
 SEALED_DAMAGES = {  # damages of a finished run's record, each a valid database afterwards
     "config digit": "UPDATE runs SET config = replace(config, '\"lr\": 0.05', '\"lr\": 0.07')",

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from bnlab.cli import app
 from bnlab.store import Store
-from bnlab.train.checkpoint import checkpoint_path, save_checkpoint
+from bnlab.train.checkpoint import save_checkpoint
+from bnlab.store.run_files import checkpoint_path
 
 runner = CliRunner()
 LONG_NORM = "cbn(decouple=false, rho=2)"
@@ -53,7 +54,7 @@ def test_list_shows_full_specs_entry_date_and_live_steps(runs_dir):
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", row)
     dead = next(line for line in lines if line.startswith("ddd444"))
     assert re.search(r"stopped\s+40\b", dead)  # recorded running, but no process holds its lock
-    from bnlab.train.checkpoint import RunLock, lock_path
+    from bnlab.store.run_files import RunLock, lock_path
 
     with RunLock(lock_path(runs_dir, "ddd444")):  # a process training it: running, with its progress
         live = _invoke("runs", "list", "--runs-dir", str(runs_dir), "--status", "running").stdout.splitlines()

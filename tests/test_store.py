@@ -115,7 +115,8 @@ def test_export_csv_and_json(tmp_path):
 def test_delete_run_removes_rows_and_checkpoint_files_but_not_other_runs(tmp_path):
     import torch
 
-    from bnlab.train.checkpoint import RunLock, RunLockedError, checkpoint_path, lock_path, save_checkpoint
+    from bnlab.train.checkpoint import save_checkpoint
+    from bnlab.store.run_files import RunLock, RunLockedError, checkpoint_path, lock_path
 
     store = Store(tmp_path / "bnlab.db")
     for run_id in ("keep", "gone"):

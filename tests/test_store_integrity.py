@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 from bnlab.cli import app
 from bnlab.store.run_files import DiskFullError
 from bnlab.store import ReadOnlyStoreError, Store, StoreCorruptError, StoreIntegrityError, StoreVersionError
-from bnlab.train.checkpoint import checkpoint_path, save_checkpoint
+from bnlab.train.checkpoint import save_checkpoint
+from bnlab.store.run_files import checkpoint_path
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()

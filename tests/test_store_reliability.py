@@ -13,14 +13,8 @@ import torch
 
 from bnlab.callbacks import Callback
 from bnlab.store import SCHEMA_VERSION, ReadOnlyStoreError, Store, StoreIntegrityError, StoreVersionError
-from bnlab.train.checkpoint import (
-    CheckpointCorruptError,
-    checkpoint_path,
-    load_checkpoint,
-    orphaned_temporaries,
-    previous_path,
-    save_checkpoint,
-)
+from bnlab.train.checkpoint import CheckpointCorruptError, load_checkpoint, save_checkpoint
+from bnlab.store.run_files import checkpoint_path, orphaned_temporaries, previous_path
 
 # -- checkpoints ---------------------------------------------------------------------------------
 
@@ -307,7 +301,7 @@ def test_a_sweep_waits_for_a_run_another_process_holds_instead_of_recording_it_f
 
     from bnlab.experiments import runner
     from bnlab.train import run
-    from bnlab.train.checkpoint import RunLock, lock_path
+    from bnlab.store.run_files import RunLock, lock_path
 
     config = dict(E2E, runs_dir=str(tmp_path))
     run_id = run(config, progress=False).id  # learn the id, then forget the run

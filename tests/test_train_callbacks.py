@@ -11,7 +11,7 @@ from torch import nn
 from bnlab.callbacks import Callback, CallbackList, Loop, callback_names
 from bnlab.train import run
 from bnlab.train.callbacks import TrainLoop, trainer_of
-from bnlab.train.checkpoint import checkpoint_path
+from bnlab.store.run_files import checkpoint_path
 
 
 def mlp(shape, classes):

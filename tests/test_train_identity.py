@@ -13,7 +13,7 @@ import bnlab
 from bnlab.cli import app
 from bnlab.store import Store
 from bnlab.train import Callback, run
-from bnlab.train.checkpoint import checkpoint_path
+from bnlab.store.run_files import checkpoint_path
 
 runner = CliRunner()
 CONFIG = dict(model="mine", data="digits", steps=4, lr=0.05, batch_size=64, seed=3, log_every=1, checkpoint_every=2)

@@ -20,7 +20,7 @@ from bnlab.callbacks import Callback
 from bnlab.cli import app
 from bnlab.store import Store
 from bnlab.train import load_model, run
-from bnlab.train.checkpoint import checkpoint_path
+from bnlab.store.run_files import checkpoint_path
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -15,13 +15,13 @@ from typing import Any, Optional
 
 import typer
 
-from bnlab.store.run_files import RunDirError
+from bnlab.store.run_files import RunDirError, RunLockedError
 from bnlab.jsonsafe import dumps
 from bnlab.store import Store
 from bnlab.cli.common import EXIT_FAILED, fail, fmt
 from bnlab.train.config import CliOption, TrainConfig, cli_options, load_config_file
 from bnlab.train.launcher import train  # one process, --nproc N local ones, or a torchrun rank
-from bnlab.train.loop import RunInterrupted, RunLockedError
+from bnlab.train.loop import RunInterrupted
 from bnlab.train.record import RunRecord
 from bnlab.train.trackers import parse_log_to  # --log-to
 

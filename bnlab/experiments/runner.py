@@ -14,7 +14,7 @@ import bnlab.train as train
 from bnlab.jsonsafe import jsonable
 from bnlab.store import Store, StoreIntegrityError
 from bnlab.train import launcher
-from bnlab.train.checkpoint import RunLockedError
+from bnlab.store.run_files import RunLockedError
 
 from . import parallel
 from .base import Experiment, Outcome, Plan, RunSpec, check_preset, get, shrink

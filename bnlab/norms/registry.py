@@ -8,6 +8,7 @@ Every layer registers its parameters (type, default, allowed values; :class:`bnl
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -49,9 +50,16 @@ def register(info: NormInfo) -> NormInfo:
 def norm(name: str, summary: str, paper: str, equation: str, params: dict[str, Param] | None = None, *,
          kind: str = "channel", removes_mean: bool = True) -> Callable:
     """Decorator next to a layer class: register it as spec ``name`` with its paper, equation and
-    typed parameters (``kind="wrapper"``: it wraps the linear/conv layer it normalizes)."""
+    typed parameters (``kind="wrapper"``: it wraps the linear/conv layer it normalizes). The class
+    docstring gets a closing ``Paper: <paper>, <equation>.`` line from these same words, so
+    ``help()`` and the API pages name the source of every layer."""
     def decorate(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        register(NormInfo(name, factory, summary, paper, equation, dict(params or {}), kind, removes_mean))
+        register(NormInfo(name, factory, summary, paper, equation, dict(params or {}), kind,
+                          removes_mean))
+        if isinstance(factory, type):
+            reference = f"Paper: {paper}, {equation}."
+            doc = inspect.cleandoc(factory.__doc__ or "")
+            factory.__doc__ = doc if reference in doc else f"{doc}\n\n{reference}".lstrip()
         return factory
     return decorate
 

@@ -14,36 +14,39 @@ Step probes: ``ics``, ``moments``, ``histograms``, ``landscape``, ``effective_lr
 ``cbn_ratios``, ``batch_noise``, ``gamma``, ``bn_regularization``, ``hessian``. Search: :func:`max_stable_lr`.
 """
 
-from .lab import PROBES, SEARCHES, Lab, available, create, describe  # isort: skip (registers in order)
+from .lab import PROBES, Lab, available, create, describe  # isort: skip (registers in order)
 from .activations import MomentsProbe
-from .base import Probe, ProbeContext, bn_layers, weight_layers
+from .base import Probe, ProbeContext
 from .batch_noise import BatchNoiseProbe
 from .bn_regularization import BNRegularizationProbe
 from .cbn_ratios import CBNRatiosProbe
-from .effective_lr import EffectiveLRProbe, scale_invariant_weights
+from .effective_lr import EffectiveLRProbe
 from .gamma import GammaProbe
 from .gradients import GradStatsProbe
-from .hessian import HessianProbe, hutchinson_trace, lanczos_extremes
+from .hessian import HessianProbe
 from .histograms import HistogramsProbe
 from .ics import ICSProbe
-from .landscape import LandscapeProbe, LandscapeResult, default_range, evaluate_landscape, step_sizes
-from .stable_lr import (
-    DEFAULT_CANDIDATES,
-    StableLRResult,
-    is_stable,
-    max_stable_lr,
-    max_stable_lr_for,
-    train_status,
-)
-from .state import Snapshot, preserved, simulated_step
+from .landscape import LandscapeProbe, LandscapeResult, evaluate_landscape
+from .stable_lr import StableLRResult, max_stable_lr, max_stable_lr_for
 
+# Helpers of the probes, reachable as attributes (``bnlab.probes.default_range``, as the API page
+# documents them) but not part of ``__all__``: their home is the submodule named here.
+from .base import bn_layers as bn_layers, weight_layers as weight_layers
+from .effective_lr import scale_invariant_weights as scale_invariant_weights
+from .hessian import hutchinson_trace as hutchinson_trace, lanczos_extremes as lanczos_extremes
+from .lab import SEARCHES as SEARCHES
+from .landscape import default_range as default_range, step_sizes as step_sizes
+from .stable_lr import DEFAULT_CANDIDATES as DEFAULT_CANDIDATES, is_stable as is_stable
+from .stable_lr import train_status as train_status
+from .state import Snapshot as Snapshot, preserved as preserved, simulated_step as simulated_step
+
+# What a user needs (torch.nn's style): attach probes (Lab, create, the registry), the probe
+# classes, the base class and context for writing one, the searches/measurements and results.
 __all__ = [
-    "BNRegularizationProbe", "BatchNoiseProbe", "CBNRatiosProbe", "DEFAULT_CANDIDATES", "EffectiveLRProbe",
-    "GammaProbe", "GradStatsProbe", "HessianProbe", "HistogramsProbe", "ICSProbe", "Lab", "LandscapeProbe",
-    "LandscapeResult", "MomentsProbe", "PROBES", "Probe", "ProbeContext", "SEARCHES", "Snapshot", "StableLRResult",
-    "available",
-    "bn_layers", "create", "default_range", "describe", "evaluate_landscape", "hutchinson_trace", "is_stable",
-    "lanczos_extremes",
-    "max_stable_lr", "max_stable_lr_for", "preserved", "scale_invariant_weights", "simulated_step",
-    "step_sizes", "train_status", "weight_layers",
+    "Lab", "PROBES", "available", "create", "describe",
+    "BNRegularizationProbe", "BatchNoiseProbe", "CBNRatiosProbe", "EffectiveLRProbe", "GammaProbe",
+    "GradStatsProbe", "HessianProbe", "HistogramsProbe", "ICSProbe", "LandscapeProbe",
+    "MomentsProbe",
+    "Probe", "ProbeContext",
+    "LandscapeResult", "StableLRResult", "evaluate_landscape", "max_stable_lr", "max_stable_lr_for",
 ]

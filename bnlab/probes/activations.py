@@ -32,7 +32,8 @@ def _forward_outputs(ctx: ProbeContext, layers, params=None, reset_rng: bool = T
 
 @PROBES.register()
 class MomentsProbe(Probe):
-    """Change of each layer's activation moments caused by one update (Santurkar Fig. 7).
+    """Change of each layer's activation moments caused by one update (Santurkar et al. 2018,
+    App. A.2.1, Fig. 7).
 
     For every unit (channel; batch and spatial positions pooled, as BN pools them) the mean and variance
     of the layer's output on this step's batch, at the current parameters W and at W' (after this step's

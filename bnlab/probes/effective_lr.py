@@ -35,10 +35,11 @@ def scale_invariant_weights(model: nn.Module) -> list[str]:
 
 @PROBES.register()
 class EffectiveLRProbe(Probe):
-    """Per scale-invariant weight w: ‖w‖, the effective learning rate η/‖w‖² (Theorem 2.5), cos(w, ∇w)
-    (0 for exact scale invariance, Lemma 2.4's ⟨w, ∇w⟩ = 0) and, after the optimizer step, the residual
-    of Lemma 2.4's ‖w_{t+1}‖² = ‖w_t‖² + η²‖∇w‖² (exact for plain SGD without momentum or weight decay;
-    other optimizers make it non-zero by design).
+    """Per scale-invariant weight w (Arora, Li & Lyu 2019, Definition 2.1): ‖w‖, the effective
+    learning rate η/‖w‖² (Theorem 2.5), cos(w, ∇w) (0 for exact scale invariance, Lemma 2.4's
+    ⟨w, ∇w⟩ = 0) and, after the optimizer step, the residual of Lemma 2.4's
+    ‖w_{t+1}‖² = ‖w_t‖² + η²‖∇w‖² (exact for plain SGD without momentum or weight decay; other
+    optimizers make it non-zero by design).
 
     Metrics ``norm/<param>``, ``eff_lr/<param>``, ``cos/<param>`` at ``after_backward`` and
     ``residual/<param>`` = ‖w_{t+1}‖² − ‖w_t‖² − η²‖∇w‖², ``residual_rel/<param>`` (divided by

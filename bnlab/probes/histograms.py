@@ -13,7 +13,8 @@ from .base import PROBES, Probe, ProbeContext, channels_first
 
 @PROBES.register()
 class HistogramsProbe(Probe):
-    """Distribution of a few sampled units' activations over training (Santurkar Figs 8 and 14).
+    """Distribution of a few sampled units' activations over training (Santurkar et al. 2018,
+    App. A.2, Figs 8 and 14).
 
     At the first call ``units`` channels per layer are drawn (numpy ``default_rng(seed)``) and kept; at
     each call their activations over the batch (and spatial positions) are summarized by ``quantiles``

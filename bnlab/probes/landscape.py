@@ -242,7 +242,8 @@ def evaluate_landscape(ctx: ProbeContext, steps: torch.Tensor, method: str = "au
 
 @PROBES.register()
 class LandscapeProbe(Probe):
-    """Loss, gradient predictiveness and effective β-smoothness along the gradient (Santurkar Figs 9–12).
+    """Loss, gradient predictiveness and effective β-smoothness along the gradient (Santurkar et al.
+    2018, App. A.2.2, Figs 9–12).
 
     Records ``loss`` (at θ), ``loss_min``/``loss_max``/``loss_range`` over the grid, ``grad_change_min``/
     ``grad_change_max`` (‖∇L(θ) − ∇L(θ − s g)‖ over the grid), ``beta_smoothness`` and ``batched``

@@ -25,9 +25,8 @@ from typing import Any
 
 import torch
 
-from bnlab.store.run_files import (  # noqa: F401  (re-exported: the run's files and lock, below bnlab.train)
-    RunLock, RunLockedError, checkpoint_files, checkpoint_path, is_locked, lock_path, orphaned_temporaries,
-    disk_full, previous_path, remove_checkpoint_files, umask,
+from bnlab.store.run_files import (
+    checkpoint_path, disk_full, orphaned_temporaries, previous_path, umask,
 )
 from bnlab.store import Store, StoreIntegrityError
 

@@ -31,7 +31,7 @@ from bnlab.norms import regularization_loss
 from bnlab.store import Store
 from bnlab.callbacks import CallbackList
 from bnlab.train.callbacks import TrainLoop
-from bnlab.train.checkpoint import checkpoint_path
+from bnlab.store.run_files import checkpoint_path
 from bnlab.train.divergence import Divergence, check_state, scan_losses, state_tensors
 from bnlab.train.health import check_final, check_variances, variance_buffers
 from bnlab.train.interrupt import DeferredInterrupt

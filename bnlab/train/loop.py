@@ -33,10 +33,8 @@ from torch import nn
 from bnlab import models
 from bnlab.store import ReadOnlyStoreError, Store, StoreIntegrityError
 from bnlab.callbacks import Callback
-from bnlab.train.checkpoint import (
-    CheckpointCorruptError, checkpoint_path, load_checkpoint, remove_checkpoint_files,
-    repair_from_checkpoint,
-)
+from bnlab.store.run_files import RunLock, checkpoint_path, remove_checkpoint_files
+from bnlab.train.checkpoint import CheckpointCorruptError, load_checkpoint, repair_from_checkpoint
 from bnlab.train.config import TrainConfig
 from bnlab.train import distributed
 from bnlab.train.engine import Trainer
@@ -50,12 +48,12 @@ from bnlab.train.prepare import (
     prepare,
     run_identity,
 )
-from bnlab.train.record import RunLock, RunLockedError, RunRecord, environment
+from bnlab.train.record import RunRecord, environment
 
 _Trainer = Trainer  # the name before the split (tests patch it)
 
 __all__ = [
-    "Callback", "ModelFactory", "Prepared", "RunInterrupted", "RunLockedError", "RunRecord",
+    "Callback", "ModelFactory", "Prepared", "RunInterrupted", "RunRecord",
     "Trainer", "build_model", "derive_seed", "environment", "load_model", "parse_probe_spec", "prepare", "run",
 ]
 

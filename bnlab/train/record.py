@@ -109,8 +109,7 @@ def _primitive(value: Any) -> Any:
     return str(value)
 
 
-# the run lock lives with the checkpoints (it also guards `runs delete`); re-exported here
-from bnlab.train.checkpoint import RunLock, RunLockedError, unpack_rows  # noqa: E402,F401
+from bnlab.train.checkpoint import unpack_rows  # noqa: E402
 
 EVAL_CHUNK = 1024
 
