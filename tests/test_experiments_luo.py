@@ -134,7 +134,7 @@ def test_fig2_verdict_needs_seeds_spread_and_settling():
 
 
 def test_factor_test_and_settle_rules():
-    from bnlab.experiments.common import settle
+    from bnlab.experiments.verdicts import settle
     from bnlab.experiments.luo.common import factor_test, window_mean
 
     ref = [1.0, 1.0, 1.0]

@@ -38,12 +38,31 @@ def final_table(ctx, *, paper: dict[str, str] | None = None,
 
 # ---- appended for the Luo / Momentum-BN entries -----------------------------------------------
 
-def fmt(x: float | None, digits: int = 3) -> str:
-    """A number in a table or summary, the one formatter of the entries: ``digits`` significant digits,
-    "—" for a missing value (None or NaN), "∞" for +∞ (a diverged run's sharpness or loss)."""
+def fmt(x, digits: int = 3, *, std: float | None = None, n: int | None = None,
+        decimals: int | None = None) -> str:
+    """A number in a table or summary, the one formatter of the entries: ``digits`` significant
+    digits (``decimals``: that many digits after the point instead), "—" for a missing value (None
+    or NaN), "∞" for +∞ (a diverged run's sharpness or loss). ``std`` / ``n`` append " ± std" (2
+    significant digits, or ``decimals``) and " (n=…)". A list or tuple is an arm's per-seed values:
+    their mean ± std (n=…), "diverged / not finished" (with how many seeds) when a seed's value is
+    None, "—" when empty."""
+    if isinstance(x, (list, tuple)):
+        if not x:
+            return "—"
+        if any(v is None for v in x):
+            missing = sum(v is None for v in x)
+            count = f" ({missing}/{len(x)} seeds)" if len(x) > 1 else ""
+            return "diverged / not finished" + count
+        mean, sd = mean_std(x)
+        return fmt(mean, digits, std=sd, n=len(x) if len(x) > 1 else None, decimals=decimals)
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"
-    return "∞" if x == math.inf else f"{x:.{digits}g}"
+    if x == math.inf:
+        return "∞"
+    text = f"{x:.{decimals}f}" if decimals is not None else f"{x:.{digits}g}"
+    if std is not None:
+        text += f" ± {std:.{decimals}f}" if decimals is not None else f" ± {std:.2g}"
+    return text + (f" (n={n})" if n is not None else "")
 
 
 def finite_or_none(value) -> float | None:
@@ -242,30 +261,15 @@ def value_at_fraction(curve: tuple[list, list], fraction: float) -> float | None
     return next(v for s, v in zip(steps, values) if s >= target)
 
 
-SETTLE_FRACTION = 2 / 3  # where :func:`settle` reads a verdict a second time
-
-
-def settle(end: tuple[str, str], mid: tuple[str, str], where: str = "2/3 of training") -> tuple[str, str]:
-    """Combine the verdict at the end with the one read earlier (the settling rule of every entry whose
-    compared quantity is read at the end of training: Luo Figs 2–7, Peng Tables 1–4).
-
-    ``end`` / ``mid``: (verdict, summary) of the same verdict function on the values at the end and at
-    ``where`` (2/3 of training by default; halfway through the final learning-rate phase for step schedules,
-    ``verdict.settle_fraction``). A verdict that changed in between is "inconclusive": the compared
-    quantity has not settled, and a longer run could change it again.
-    """
-    verdict, summary = end
-    if mid[0] == verdict:
-        return verdict, f"{summary}; settled: the verdict at {where} is also '{mid[0]}'"
-    return "inconclusive", (f"{summary}; NOT settled: the verdict would be '{verdict}' at the end but was "
-                            f"'{mid[0]}' at {where} ({mid[1]})")
+# where ``verdicts.settle`` reads a verdict a second time (schedules without steps)
+SETTLE_FRACTION = 2 / 3
 
 
 def mean_over_run(run, metric: str = "train_loss", fraction: float = 1.0) -> float | None:
     """Mean of a finished run's finite ``metric`` values logged up to ``fraction`` of its last step: for the
     training loss, the area under the curve over its length (lower = faster convergence). None for a run
     that did not finish or logged nothing. ``fraction`` < 1 reads the same measure earlier in training,
-    for :func:`settle`."""
+    for ``verdicts.settle``."""
     if run is None or run.status != "finished":
         return None
     steps, values = run.series(metric)

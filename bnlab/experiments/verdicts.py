@@ -162,7 +162,7 @@ def judge(a, b, design: Design) -> Judgement:
     xb = [v for v in (finite_or_none(v) for v in b) if v is not None]
     n_a, n_b = len(xa), len(xb)
     if n_a < MIN_SEEDS or n_b < MIN_SEEDS:
-        return Judgement("inconclusive", None, None, None, None, design.mde(), n_a, n_b, False)
+        return Judgement(INCONCLUSIVE, None, None, None, None, design.mde(), n_a, n_b, False)
     (ma, sa), (mb, sb) = mean_std(xa), mean_std(xb)
     diff = mb - ma
     va, vb = sa**2 / n_a, sb**2 / n_b
@@ -182,13 +182,13 @@ def judge(a, b, design: Design) -> Judgement:
         ci = (diff - half, diff + half)
     sign = 1.0 if design.paper_effect > 0 else -1.0
     if p < design.alpha and diff * sign > 0:
-        verdict = "held"
+        verdict = HELD
     elif (p < design.alpha and diff * sign < 0) or (
         design.magnitude_known and sign * ci[1 if sign > 0 else 0] < abs(design.paper_effect)
     ):
-        verdict = "not held"
+        verdict = NOT_HELD
     else:
-        verdict = "inconclusive"
+        verdict = INCONCLUSIVE
     return Judgement(verdict, diff, se, p, ci, design.mde(ma, mb), n_a, n_b, floor > welch)
 
 
@@ -232,23 +232,165 @@ def settle_fraction(config: dict) -> float:
     return 2 / 3
 
 
-# ---- The verdict ladder of the Welch rule (``common.compare_arms``), shared by the entries ----------
+# ---- The ladder: the one place that turns evidence into a verdict -------------------------------
+# Entry modules never write a verdict string (tests/test_verdict_sites.py scans them): they compute
+# their evidence — the primary comparison (:func:`judge`, :func:`decide`, :func:`against_bound`,
+# :func:`conjunction`, a bool from a check), the Holm-corrected secondary comparisons that
+# contradict the claim, whether the runs can decide anything — and :func:`ladder` turns it into the
+# verdict, always in the same order.
+
+HELD, NOT_HELD, INCONCLUSIVE = "held", "not held", "inconclusive"
+VERDICTS = (HELD, NOT_HELD, INCONCLUSIVE)
 
 
-def decide(comparison: Comparison, wanted: str) -> str:
-    """The verdict ladder for one comparison of :func:`bnlab.experiments.common.compare_arms`: 'held' when the
-    rule detects the difference the paper claims (``wanted`` "lower"/"higher" for b − a), 'not held' when it
-    detects the opposite, else 'inconclusive' (no detectable difference, too few seeds)."""
-    if comparison.decision == wanted:
-        return "held"
-    if comparison.decision in ("lower", "higher"):
-        return "not held"
-    return "inconclusive"
+def check(supports: bool | None) -> str:
+    """The outcome of a deterministic check (a bound, a tolerance on a fitted or computed number, an
+    exact identity): True → held, False → not held, None (nothing to check) → inconclusive."""
+    if supports is None:
+        return INCONCLUSIVE
+    return HELD if supports else NOT_HELD
+
+
+def ladder(primary: str | bool | None = None, *, unusable: bool = False,
+           against: bool = False) -> str:
+    """The catalogue's verdict ladder, in its one order (issue 20: it was written out at ~100
+    sites):
+
+    1. ``unusable`` — tiny runs, no data, a missing arm, fewer than :data:`MIN_SEEDS` seeds:
+       "inconclusive";
+    2. ``against`` — a secondary comparison (Holm-corrected where it is one of a family) or a
+       pre-declared failure condition contradicts the claim: "not held";
+    3. otherwise the primary comparison's outcome: a verdict from :func:`judge` / :func:`decide` /
+       :func:`against_bound` / :func:`conjunction`, or a bool (:func:`check`); None →
+       "inconclusive".
+    """
+    if unusable:
+        return INCONCLUSIVE
+    if against:
+        return NOT_HELD
+    if primary is None or isinstance(primary, bool):
+        return check(primary)
+    if primary not in VERDICTS:
+        raise ValueError(
+            f"primary outcome must be one of {VERDICTS}, a bool or None, got {primary!r}")
+    return primary
+
+
+def explain(verdict: str, *, held: str = "", not_held: str = "", inconclusive: str = "") -> str:
+    """The text an entry appends to its summary for ``verdict`` (so that entries need not branch on
+    the verdict strings themselves)."""
+    texts = {HELD: held, NOT_HELD: not_held, INCONCLUSIVE: inconclusive}
+    if verdict not in texts:
+        raise ValueError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
+    return texts[verdict]
+
+
+def is_held(verdict: str) -> bool:
+    """Whether ``verdict`` is "held" (for entries that combine or report their parts' verdicts)."""
+    return verdict == HELD
+
+
+def decide(comparison: Comparison, wanted: str, p: float | None = None,
+           alpha: float = ALPHA) -> str:
+    """The outcome of one comparison of :func:`bnlab.experiments.common.compare_arms` (b − a):
+    "held" when the rule detects the difference the paper claims (``wanted`` "lower"/"higher"),
+    "not held" when it detects the opposite, else "inconclusive" (no detectable difference, too few
+    seeds).
+    ``p``: a Holm-adjusted p-value (:func:`holm`) to judge it by instead of its own, as one of a
+    family."""
+    if wanted not in ("lower", "higher"):
+        raise ValueError(f"wanted must be 'lower' or 'higher', got {wanted!r}")
+    decision = comparison.decision
+    if p is not None and decision in ("lower", "higher") and not p < alpha:
+        decision = "no detectable difference"
+    if decision == wanted:
+        return HELD
+    if decision in ("lower", "higher"):
+        return NOT_HELD
+    return INCONCLUSIVE
+
+
+def family(comparisons: dict, wanted, alpha: float = ALPHA) -> dict:
+    """Each comparison of a family (key → :class:`Comparison`) judged by :func:`decide` on its
+    Holm-adjusted p-value (:func:`holm`): the secondary comparisons of an entry, whose "not held"
+    may overrule a primary. ``wanted``: "lower"/"higher" for all, or a dict key → direction."""
+    adjusted = holm({k: c.p for k, c in comparisons.items()})
+    want = wanted if isinstance(wanted, dict) else {k: wanted for k in comparisons}
+    return {k: decide(c, want[k], adjusted[k], alpha) for k, c in comparisons.items()}
+
+
+def checks(comparisons: dict, wanted, alpha: float = ALPHA) -> dict:
+    """Each comparison of a conjunctive claim (every one must go the paper's way): "held" when
+    significant at ``alpha`` in the claimed direction (an intersection–union test is level α without
+    a correction), "not held" when significant against it after Holm's correction over the family (a
+    union of m tests needs one), else "inconclusive". ``wanted`` as in :func:`family`."""
+    want = wanted if isinstance(wanted, dict) else {k: wanted for k in comparisons}
+    against = family(comparisons, want, alpha)
+    return {k: against[k] if against[k] == NOT_HELD else
+            (HELD if decide(c, want[k], alpha=alpha) == HELD else INCONCLUSIVE)
+            for k, c in comparisons.items()}
+
+
+def conjunction(comparisons: dict, wanted, alpha: float = ALPHA) -> str:
+    """The verdict on a claim that every comparison of a family goes the paper's way:
+    :func:`combine` of :func:`checks` (held when each is significant as claimed; not held when one
+    is Holm-significant against it; otherwise — and for an empty family — inconclusive)."""
+    return combine(list(checks(comparisons, wanted, alpha).values()))
+
+
+def tally(verdicts) -> str:
+    """"k of n checks held, j against, i undecided" for the per-check verdicts of a summary."""
+    verdicts = list(verdicts)
+    return (f"{verdicts.count(HELD)} of {len(verdicts)} checks held, "
+            f"{verdicts.count(NOT_HELD)} against, {verdicts.count(INCONCLUSIVE)} undecided")
+
+
+def against_bound(values, bound: float, wanted: str, *, se_floor: float = 0.0,
+                  alpha: float = ALPHA) -> tuple[str, Comparison]:
+    """Per-seed values against a fixed number (a threshold the paper states, a theorem's bound): is
+    their mean significantly ``wanted`` ("lower"/"higher") than ``bound``? A one-sample t-test
+    (two-sided at ``alpha``, the SE floored at ``se_floor``): significant on the claimed side →
+    "held", on the other side → "not held", else "inconclusive". Returns the verdict and the
+    comparison (mean − bound, as :func:`compare_arms` reports b − a)."""
+    from scipy import stats
+
+    if wanted not in ("lower", "higher"):
+        raise ValueError(f"wanted must be 'lower' or 'higher', got {wanted!r}")
+    xs = [v for v in (finite_or_none(v) for v in values) if v is not None]
+    n = len(xs)
+    if n < MIN_SEEDS:
+        diff = (sum(xs) / n - bound) if xs else None
+        return INCONCLUSIVE, Comparison(diff, None, None, None, None, 1, n, "too few seeds")
+    mean, sd = mean_std(xs)
+    diff, se, df = mean - bound, max(sd / math.sqrt(n), se_floor), n - 1
+    if se == 0:
+        p, mde = (0.0 if diff else 1.0), 0.0
+    else:
+        p = float(2 * stats.t.sf(abs(diff) / se, df))
+        mde = float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(POWER, df)) * se)
+    significant = p < alpha and diff
+    decision = ("higher" if diff > 0 else "lower") if significant else "no detectable difference"
+    comparison = Comparison(diff, se, float(df), p, mde, 1, n, decision)
+    return decide(comparison, wanted), comparison
 
 
 def combine(verdicts: list[str]) -> str:
-    """The ladder over the parts of one claim: all parts held → held; any part not held → not held; else
-    inconclusive (no parts: inconclusive)."""
-    if verdicts and all(v == "held" for v in verdicts):
-        return "held"
-    return "not held" if "not held" in verdicts else "inconclusive"
+    """The ladder over the parts of one claim that are all primary (the claim is their conjunction):
+    all parts held → held; any part not held → not held; else inconclusive (also without parts)."""
+    if verdicts and all(v == HELD for v in verdicts):
+        return HELD
+    return NOT_HELD if NOT_HELD in verdicts else INCONCLUSIVE
+
+
+def settle(end: tuple[str, str], mid: tuple[str, str],
+           where: str = "2/3 of training") -> tuple[str, str]:
+    """The settling rule (item 6 of :data:`RULE`): ``end`` / ``mid`` are (verdict, summary) of the
+    same verdict function on the values at the end and at ``where`` (:func:`settle_fraction`:
+    halfway through the final learning-rate phase for step schedules). A verdict that changed in
+    between is "inconclusive": the compared quantity has not settled, and a longer run could change
+    it again."""
+    verdict, summary = end
+    if mid[0] == verdict:
+        return verdict, f"{summary}; settled: the verdict at {where} is also '{mid[0]}'"
+    return INCONCLUSIVE, (f"{summary}; NOT settled: the verdict would be '{verdict}' at the end "
+                          f"but was '{mid[0]}' at {where} ({mid[1]})")

@@ -17,7 +17,8 @@ from typing import Any
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from .verdicts import _arm, _seeds, d3_verdict
-from ..common import RULE, compare_arms, finite_or_none, mean_std, safe_panels
+from ..common import RULE, compare_arms, finite_or_none, fmt, safe_panels
+from ..verdicts import explain, ladder
 
 LRS = (1e-2, 1e-1, 1.0, 1e1, 1e2)        # "ranging from 10^-2 to 10^2"
 SCALE_VARIANT_LR = 0.1                    # D.1: "we fix the learning rate for scale-variant ones to 0.1"
@@ -93,15 +94,6 @@ def _collect(ctx, metric: str, skip: int = 0) -> dict[tuple[str, str], dict[floa
     return out
 
 
-def _fmt_loss(value) -> str:
-    values = _seeds(value)
-    if any(v is None for v in values):
-        return "diverged / not finished" + (f" ({sum(v is None for v in values)}/{len(values)} seeds)"
-                                            if len(values) > 1 else "")
-    mean, std = mean_std(values)
-    return f"{mean:.4g}" + (f" ± {std:.2g} (n={len(values)})" if std is not None else "")
-
-
 # Thresholds on the average training loss of the last epochs, as fractions of the loss at chance ln(10)
 # = 2.303: "converges" below 10 % (0.23), "stuck" above 20 % (0.46; the paper's stuck PSGD runs sit near
 # chance) or not finished.
@@ -149,26 +141,28 @@ def d1_verdict(loss: dict[str, dict[float, Any]], tiny: bool = False) -> tuple[s
     sgd, psgd = loss.get("SGD", {}), loss.get("PSGD", {})
     lrs = sorted(set(sgd) & set(psgd))
     if not lrs:
-        return "inconclusive", "no SGD/PSGD runs" + (" (tiny runs)" if tiny else "")
+        return ladder(unusable=True), "no SGD/PSGD runs" + (" (tiny runs)" if tiny else "")
     smallest = smallest_failing_lr(sgd, psgd)
     summary = "average training loss of the last epochs, SGD vs PSGD: " + ", ".join(
-        f"lr_si {lr:g}: {_fmt_loss(sgd[lr])} vs {_fmt_loss(psgd[lr])}" for lr in lrs) + \
+        f"lr_si {lr:g}: {fmt(_seeds(sgd[lr]), 4)} vs {fmt(_seeds(psgd[lr]), 4)}" for lr in lrs) + \
         "; smallest lr_si from which PSGD fails at every larger lr: " + \
         (f"{smallest:g}" if smallest is not None else "none")
-    if tiny:
-        return "inconclusive", summary + " (tiny runs)"
-    if any(_is_stuck(sgd[lr]) for lr in lrs):
-        return "not held", summary + "; SGD does not train at lr_si " + ", ".join(
-            f"{lr:g}" for lr in lrs if _is_stuck(sgd[lr]))
+    stuck_sgd = [f"{lr:g}" for lr in lrs if _is_stuck(sgd[lr])]
     top = _psgd_stuck_above_sgd(sgd[lrs[-1]], psgd[lrs[-1]])
-    if top == "trains":
-        return "not held", summary + f"; PSGD is not stuck even at lr_si {lrs[-1]:g}"
-    if smallest is not None and smallest <= SCALE_VARIANT_LR:
-        return "not held", summary + f"; PSGD fails already at lr_si {smallest:g} ≤ {SCALE_VARIANT_LR}"
-    if smallest is not None and all(_arm(sgd[lr]) <= CONVERGED for lr in lrs):
-        return "held", summary + f"; SGD converges at every lr, PSGD is stuck from lr_si {smallest:g} up ({RULE})"
-    return "inconclusive", summary + f"; PSGD at the largest lr_si {top}, SGD slow (> {CONVERGED:.2f}) at " + \
-        ", ".join(f"{lr:g}" for lr in lrs if (_arm(sgd[lr]) or 0) > CONVERGED)
+    early = smallest is not None and smallest <= SCALE_VARIANT_LR
+    against = ("; SGD does not train at lr_si " + ", ".join(stuck_sgd) if stuck_sgd else
+               f"; PSGD is not stuck even at lr_si {lrs[-1]:g}" if top == "trains" else
+               f"; PSGD fails already at lr_si {smallest:g} ≤ {SCALE_VARIANT_LR}" if early else "")
+    supports = (not against and smallest is not None
+                and all(_arm(sgd[lr]) <= CONVERGED for lr in lrs))
+    verdict = ladder(True if supports else None, unusable=tiny, against=bool(against))
+    return verdict, summary + explain(
+        verdict, not_held=against,
+        held=f"; SGD converges at every lr, PSGD is stuck from lr_si {smallest:g} up ({RULE})"
+        if supports else "",
+        inconclusive=" (tiny runs)" if tiny else f"; PSGD at the largest lr_si {top}, SGD slow (> "
+        f"{CONVERGED:.2f}) at " + ", ".join(f"{lr:g}" for lr in lrs
+                                             if (_arm(sgd[lr]) or 0) > CONVERGED))
 
 
 # The settling rule of D.2: an arm's loss is "still falling" when its mean over seeds of the last TAIL_EPOCHS epochs
@@ -199,11 +193,12 @@ def d2_verdict(loss: dict[str, dict[float, Any]], earlier: dict[str, dict[float,
     others = ("PSGD", "SGD, BN removed")
     lrs = sorted(set(sgd).intersection(*[set(loss.get(k, {})) for k in others]))
     if not lrs:
-        return "inconclusive", "missing settings" + (" (tiny runs)" if tiny else "")
+        return ladder(unusable=True), "missing settings" + (" (tiny runs)" if tiny else "")
     summary = "average training loss of the last epochs (SGD / PSGD / no BN): " + ", ".join(
-        f"lr {lr:g}: " + " / ".join(_fmt_loss(loss[k][lr]) for k in ("SGD",) + others) for lr in lrs)
+        f"lr {lr:g}: " + " / ".join(fmt(_seeds(loss[k][lr]), 4) for k in ("SGD",) + others)
+        for lr in lrs)
     if tiny:
-        return "inconclusive", summary + " (tiny runs)"
+        return ladder(unusable=True), summary + " (tiny runs)"
     top = lrs[-1]
 
     def falling(setting: str, lr: float) -> bool:
@@ -215,13 +210,14 @@ def d2_verdict(loss: dict[str, dict[float, Any]], earlier: dict[str, dict[float,
     if unsettled:
         summary += (f"; still falling (last {TAIL_EPOCHS} epochs more than {SETTLE_DROP:.0%} below the "
                     f"{TAIL_EPOCHS} before): " + ", ".join(unsettled))
-    if failing:
-        return "not held", summary + "; SGD with BN does not converge at lr " + ", ".join(f"{lr:g}" for lr in failing)
-    if any(not _is_stuck(loss[k][top]) for k in others):
-        return "not held", summary + "; PSGD or SGD without BN still trains at the largest lr"
-    if not unsettled and all(_arm(sgd[lr]) <= CONVERGED for lr in lrs):
-        return "held", summary + "; only SGD with BN converges at every lr"
-    return "inconclusive", summary
+    trains = any(not _is_stuck(loss[k][top]) for k in others)
+    against = ("; SGD with BN does not converge at lr " + ", ".join(f"{lr:g}" for lr in failing)
+               if failing else
+               "; PSGD or SGD without BN still trains at the largest lr" if trains else "")
+    supports = not against and not unsettled and all(_arm(sgd[lr]) <= CONVERGED for lr in lrs)
+    verdict = ladder(True if supports else None, against=bool(against))
+    return verdict, summary + explain(verdict, not_held=against,
+                                      held="; only SGD with BN converges at every lr")
 
 
 LOSS_CAP = 10 * math.log(NUM_CLASSES)
@@ -276,7 +272,7 @@ def _d1_analyze(ctx) -> Outcome:
     values = _collect(ctx, "epoch_train_loss")
     loss = {setting: values.get((setting, "separate"), {}) for setting in ("SGD", "PSGD")}
     rows = [{"quantity": f"training loss, last {TAIL_EPOCHS} epochs · {setting} · lr_si {lr:g}",
-             "ours": _fmt_loss(v),
+             "ours": fmt(_seeds(v), 4),
              "paper": ("converges to 0" if setting == "SGD" else
                        ("≈ SGD" if lr <= 0.1 else "stuck at a relatively large loss")) + " (Fig. 1, no numbers)"}
             for setting, by_lr in loss.items() for lr, v in sorted(by_lr.items())]
@@ -314,7 +310,7 @@ def _d2_analyze(ctx) -> Outcome:
              "SGD, BN removed": "fails at large lr; very large or NaN for lr > 10"}
     rows = [{"quantity": f"training loss, last {TAIL_EPOCHS} epochs (the {TAIL_EPOCHS} before) · {setting} · "
                          f"lr {lr:g}",
-             "ours": f"{_fmt_loss(v)} ({_fmt_loss(earlier[setting].get(lr, [None]))})",
+             "ours": f"{fmt(_seeds(v), 4)} ({fmt(_seeds(earlier[setting].get(lr, [None])), 4)})",
              "paper": paper[setting] + " (Fig. 2, no numbers)"}
             for setting, by_lr in loss.items() for lr, v in sorted(by_lr.items())]
     verdict, summary = d2_verdict(loss, earlier, ctx.tiny)
@@ -355,7 +351,7 @@ def _d3_analyze(ctx) -> Outcome:
             paper = ("> 75 % at every lr" if setting == "SGD" else
                      "falls as lr grows past 0.1" if setting == "PSGD" else "10 % (NaN) at lr ≥ 1")
             rows.append({"quantity": f"test accuracy, last {TAIL_EPOCHS} epochs · {setting} · {mode} · lr {lr:g}",
-                         "ours": _fmt_loss(v),
+                         "ours": fmt(_seeds(v), 4),
                          "paper": paper + " (Fig. 3, no numbers)"})
     verdict, summary = d3_verdict(acc, ctx.tiny)
     return Outcome([fig], rows, verdict, summary)

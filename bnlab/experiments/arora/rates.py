@@ -11,6 +11,7 @@ from bnlab.theory.arora import convergence_rate, sgd_convergence_rate
 
 from ..base import Experiment, Outcome, Plan, register
 from ..common import safe_panels
+from ..verdicts import explain, ladder
 
 RATE_LRS = (0.01, 0.1, 1.0, 10.0, 100.0)
 RATE_SEEDS = (0, 1, 2)
@@ -48,7 +49,7 @@ def rates_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
     the slope of log T/√T + SLOPE_TOL over the last decade of T (a diverged run fails). Reported: projected
     GD (fixed effective rate), which the theorems do not cover."""
     if not data.get("gd"):
-        return "inconclusive", "no data"
+        return ladder(unusable=True), "no data"
     lrs = data["lrs"]
 
     def worst(kind):
@@ -68,13 +69,13 @@ def rates_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
         f"tolerance +{SLOPE_TOL}; contrast, projected GD (‖w‖ = 1, no auto-tuning): "
         f"{fmt(f'η_w={lr:g}: {s:+.2f}' for lr, s in zip(lrs, pr))}"
     )
-    if tiny:
-        return "inconclusive", summary + " (tiny)"
     bad = [f"GD η_w={lr:g}" for lr, s in zip(lrs, gd) if s > -0.5 + SLOPE_TOL]
     bad += [f"SGD η_w={lr:g}" for lr, s in zip(lrs, sgd) if s > bound + SLOPE_TOL]
-    if bad:
-        return "not held", summary + "; slower than the theorems' rate: " + ", ".join(bad)
-    return "held", summary + "; every η_w reaches the rate (projected GD does not at large η_w)"
+    verdict = ladder(not bad, unusable=tiny)
+    return verdict, summary + explain(
+        verdict, inconclusive=" (tiny)",
+        not_held="; slower than the theorems' rate: " + ", ".join(bad),
+        held="; every η_w reaches the rate (projected GD does not at large η_w)")
 
 
 def _rates_analyze(ctx) -> Outcome:

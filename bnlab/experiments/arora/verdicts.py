@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ..common import mean_std
+from ..verdicts import explain, ladder
 
 
 def _seeds(value) -> list[float | None]:
@@ -24,14 +25,17 @@ def d3_verdict(acc: dict[tuple[str, str], dict[float, float | None]], tiny: bool
     """D.3: SGD's test accuracy stays above 75 % at every lr (unified and separate), PSGD's falls as the lr
     grows past 0.1. ``acc[(setting, mode)][lr]`` = average test accuracy of the last epochs (None: diverged).
     held if both; not held if SGD drops below 75 % (or diverges) somewhere or PSGD does not fall (its accuracy
-    at the largest lr is not 0.05 below the one at 0.1) in some mode; otherwise inconclusive."""
+    at the largest lr is not 0.05 below the one at 0.1) in some mode; otherwise inconclusive.
+
+    Primary, pre-declared (a check on the arm means, :func:`verdicts.ladder`): SGD ≥ 75 % at every
+    lr and PSGD's accuracy at the largest lr ≥ 0.05 below its accuracy at 0.1, in both modes."""
     lines, sgd_low, psgd_flat = [], [], []
     for mode in ("unified", "separate"):
         sgd = {lr: _arm(v) for lr, v in acc.get(("SGD", mode), {}).items()}
         psgd = {lr: _arm(v) for lr, v in acc.get(("PSGD", mode), {}).items()}
         lrs = sorted(set(sgd) & set(psgd))
         if not lrs or 0.1 not in lrs:
-            return "inconclusive", f"missing {mode} runs" + (" (tiny runs)" if tiny else "")
+            return ladder(unusable=True), f"missing {mode} runs" + (" (tiny runs)" if tiny else "")
         lines.append(f"{mode}: " + ", ".join(
             f"lr {lr:g} {'—' if sgd[lr] is None else f'{sgd[lr]:.3f}'}/{'—' if psgd[lr] is None else f'{psgd[lr]:.3f}'}"
             for lr in lrs))
@@ -40,10 +44,10 @@ def d3_verdict(acc: dict[tuple[str, str], dict[float, float | None]], tiny: bool
         if psgd[0.1] is not None and top is not None and top > psgd[0.1] - 0.05:
             psgd_flat.append(mode)
     summary = "average test accuracy of the last epochs, SGD/PSGD — " + "; ".join(lines)
-    if tiny:
-        return "inconclusive", summary + " (tiny runs)"
-    if sgd_low:
-        return "not held", summary + "; SGD below 75 % at " + ", ".join(sgd_low)
-    if psgd_flat:
-        return "not held", summary + "; PSGD's accuracy does not fall at large lr (" + ", ".join(psgd_flat) + ")"
-    return "held", summary + "; SGD stays above 75 % at every lr while PSGD falls"
+    verdict = ladder(True, unusable=tiny, against=bool(sgd_low or psgd_flat))
+    reasons = (["SGD below 75 % at " + ", ".join(sgd_low)] if sgd_low else []) + (
+        ["PSGD's accuracy does not fall at large lr (" + ", ".join(psgd_flat) + ")"]
+        if psgd_flat else [])
+    return verdict, summary + explain(
+        verdict, held="; SGD stays above 75 % at every lr while PSGD falls",
+        not_held="; " + reasons[0] if reasons else "", inconclusive=" (tiny runs)")

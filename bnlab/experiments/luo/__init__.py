@@ -25,6 +25,6 @@ Verdicts (Figs 2–7): pure functions of per-seed numbers (``fig2_verdict`` … 
 compares with ≥ 3 seeds, decided by ``common.compare_arms`` (Welch's t, α = 0.05; a claim "within a factor f"
 by two one-sided tests on logarithms, ``luo.common.factor_test``); an unresolved comparison makes the verdict
 "inconclusive" with the effect the seeds could resolve (power 0.8). Each verdict is computed again from the
-values at 2/3 of training (``luo.common.settle``): if the two differ the compared quantity has not settled
-and the verdict is "inconclusive". The figures show the compared quantity over training.
+values at 2/3 of training (``verdicts.settle``): if the two differ the compared quantity has not
+settled and the verdict is "inconclusive". The figures show the compared quantity over training.
 """

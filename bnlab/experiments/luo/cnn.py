@@ -8,9 +8,9 @@ import math
 import numpy as np
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..verdicts import holm
+from ..verdicts import decide, explain, holm, ladder, settle
 from ..common import (ALPHA, RULE, SETTLE_FRACTION, compare_arms, finite_or_none, fmt, mean_curve,
-                     safe_panels, settle)
+                     safe_panels)
 from .common import TRAIN_SIZES, _points, window_mean
 
 
@@ -99,9 +99,9 @@ def fig4_verdict(gaps: dict[str, list[float]], tiny: bool = False) -> tuple[str,
     smallest gap difference the seeds resolve (power 0.8).
     """
     if tiny:
-        return "inconclusive", "tiny run: no generalization gap develops in a few steps"
+        return ladder(unusable=True), "tiny run: no generalization gap develops in a few steps"
     if any(len(gaps.get(k) or []) == 0 for k in _FIG4_ARMS):
-        return "inconclusive", "an arm has no finished run"
+        return ladder(unusable=True), "an arm has no finished run"
     comps = {(lo, hi): compare_arms(gaps[hi], gaps[lo]) for lo, hi in FIG4_COMPARISONS}
     adjusted = holm({k: c.p for k, c in comps.items()})
     primary = comps[FIG4_PRIMARY]
@@ -110,18 +110,19 @@ def fig4_verdict(gaps: dict[str, list[float]], tiny: bool = False) -> tuple[str,
                "(Holm-adjusted p): " + "; ".join(
                    f"{lo} − {hi} {c.diff:+.3g} (p_Holm={adjusted[(lo, hi)]:.2g})" for (lo, hi), c in comps.items()
                    if (lo, hi) != FIG4_PRIMARY and adjusted[(lo, hi)] is not None))
-    if any(c.decision == "too few seeds" for c in comps.values()):
-        return "inconclusive", summary + f" — fewer than 3 seeds ({RULE})"
+    few = any(c.decision == "too few seeds" for c in comps.values())
+    if few:
+        return ladder(unusable=True), summary + f" — fewer than 3 seeds ({RULE})"
     wrong = [f"{lo} above {hi}" for (lo, hi), c in comps.items()
              if c.diff > 0 and (adjusted[(lo, hi)] < ALPHA or ((lo, hi) == FIG4_PRIMARY and c.p < ALPHA))]
-    if wrong:
-        return "not held", summary + f" — significantly the other way: {', '.join(wrong)} ({RULE})"
     resolved = sum(1 for k, c in comps.items() if c.diff < 0 and adjusted[k] < ALPHA)
-    if primary.decision == "lower":
-        return "held", summary + f" — primary significant as claimed; {resolved} of {len(comps)} comparisons " \
-            f"Holm-significant as claimed ({RULE})"
-    return "inconclusive", summary + f" — the primary is not resolved; these seeds resolve gap differences ≥ " \
-        f"{primary.mde:.3g} ({RULE})"
+    verdict = ladder(decide(primary, "lower"), against=bool(wrong))
+    return verdict, summary + explain(
+        verdict, not_held=f" — significantly the other way: {', '.join(wrong)} ({RULE})",
+        held=f" — primary significant as claimed; {resolved} of {len(comps)} comparisons "
+        f"Holm-significant as claimed ({RULE})",
+        inconclusive=f" — the primary is not resolved; these seeds resolve gap differences ≥ "
+        f"{fmt(primary.mde)} ({RULE})")
 
 
 def _fig4_analyze(ctx) -> Outcome:
@@ -247,22 +248,25 @@ def fig5_verdict(per_layer: dict[str, dict[int, list[float]]], tiny: bool = Fals
 
     Held: every layer "rises"; not held: some layer "falls"; otherwise inconclusive (fewer than 3 seeds, a
     significant fall between neighbouring M, or a rise the seeds do not resolve, with what they resolve).
+    Primary, pre-declared: γ² at the largest M − at the smallest, higher, in every layer (the
+    paper's five models each have one BN layer, so the claim is their conjunction).
     """
     if tiny:
-        return "inconclusive", "tiny run: γ has barely moved from 1"
+        return ladder(unusable=True), "tiny run: γ has barely moved from 1"
     if not per_layer:
-        return "inconclusive", "no finished run recorded γ"
+        return ladder(unusable=True), "no finished run recorded γ"
     trends = {layer: fig5_trend(values) for layer, values in sorted(per_layer.items())}
     summary = "γ² per BN layer (seed means, M ascending): " + "; ".join(
         f"{layer} {d}: {t}" for layer, (d, t) in trends.items())
     decisions = [d for d, _ in trends.values()]
-    if "too few seeds" in decisions:
-        return "inconclusive", summary + f" — fewer than 3 seeds ({RULE})"
-    if "falls" in decisions:
-        return "not held", summary + f" — γ² significantly lower at the large batch in some layer ({RULE})"
-    if all(d == "rises" for d in decisions):
-        return "held", summary + f" — γ² rises with M in every layer ({RULE})"
-    return "inconclusive", summary + f" — {decisions.count('rises')}/{len(decisions)} layers rise ({RULE})"
+    few = "too few seeds" in decisions
+    verdict = ladder(True if all(d == "rises" for d in decisions) else None, unusable=few,
+                     against="falls" in decisions)
+    return verdict, summary + explain(
+        verdict, not_held=f" — γ² significantly lower at the large batch in some layer ({RULE})",
+        held=f" — γ² rises with M in every layer ({RULE})",
+        inconclusive=f" — fewer than 3 seeds ({RULE})" if few else
+        f" — {decisions.count('rises')}/{len(decisions)} layers rise ({RULE})")
 
 
 def _fig5_values(runs, prefix: str, k: int = 1, fraction: float = 1.0) -> dict[str, dict[int, list[float]]]:

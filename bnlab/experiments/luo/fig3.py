@@ -16,7 +16,8 @@ from bnlab.train.callbacks import trainer_of
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..common import (RULE, SETTLE_FRACTION, compare_arms, finite_or_none, fmt, mean_curve,
-                     safe_panels, settle)
+                     safe_panels)
+from ..verdicts import explain, ladder, settle
 from .common import (FIG3_ZETA, NOISE_VAR, _series, factor_test, train_collecting,
                      window_mean)
 
@@ -102,12 +103,14 @@ def fig3_verdict(values: dict[str, list[float]], tiny: bool = False) -> tuple[st
     when ln(final/min) is significantly above ln 1.5 and its final loss significantly above 1.5× BN's and
     WN's; BN and WN are similar when their ratio is significantly inside (1/1.5, 1.5). Held: both; not held:
     SGD's rise significantly below 1.5×, or BN/WN significantly beyond 1.5×; otherwise inconclusive.
+    Primary, pre-declared: the conjunction of both (Fig. 3 shows both in one panel),
+    :func:`verdicts.ladder`.
     """
     if tiny:
-        return "inconclusive", "tiny run: a few SGD steps cannot show over-training"
+        return ladder(unusable=True), "tiny run: a few SGD steps cannot show over-training"
     sgd, bn, wn, low = (values.get(k) or [] for k in ("sgd", "bn", "wn", "sgd_min"))
     if min(len(sgd), len(bn), len(wn), len(low)) < 3 or len(sgd) != len(low):
-        return "inconclusive", f"fewer than 3 finished runs per arm ({RULE})"
+        return ladder(unusable=True), f"fewer than 3 finished runs per arm ({RULE})"
     rise = compare_arms([math.log(FIG3_FACTOR)] * len(sgd), [math.log(v / m) for v, m in zip(sgd, low)])
     above = [factor_test(ref, sgd, FIG3_FACTOR)[0] == "beyond" and compare_arms(ref, sgd).diff > 0 for ref in (bn, wn)]
     similar, ratio = factor_test(wn, bn, FIG3_FACTOR)
@@ -115,18 +118,21 @@ def fig3_verdict(values: dict[str, list[float]], tiny: bool = False) -> tuple[st
                f"{np.mean(sgd):.3f} ({np.mean([v / m for v, m in zip(sgd, low)]):.2f}× its minimum), BN "
                f"{np.mean(bn):.3f} (test-set statistics), WN + ζγ² {np.mean(wn):.3f}; ln(BN / WN) {ratio.text()}")
     diverges = rise.decision == "higher" and all(above)
-    if rise.decision == "lower" or similar == "beyond":
-        return "not held", summary + (f"; SGD rises significantly less than {FIG3_FACTOR}× its minimum"
-                                      if rise.decision == "lower" else "") + (
-            f"; BN and WN differ significantly by more than {FIG3_FACTOR}×" if similar == "beyond" else "") + \
-            f" (Welch on ln values; {RULE})"
-    if diverges and similar == "within":
-        return "held", summary + (f"; SGD over-trains (significantly above {FIG3_FACTOR}× its minimum and "
-                                  f"{FIG3_FACTOR}× BN's and WN's), BN and WN significantly within {FIG3_FACTOR}× "
-                                  f"(Welch on ln values; {RULE})")
-    return "inconclusive", summary + (f"; not resolved: SGD over-training {'shown' if diverges else 'not shown'}, "
-                                      f"BN ≈ WN {similar}; these seeds resolve ln-ratios of ≥ {ratio.mde:.2g} "
-                                      f"(× {math.exp(ratio.mde or 0):.2f}; {RULE})")
+    verdict = ladder(True if diverges and similar == "within" else None,
+                     against=rise.decision == "lower" or similar == "beyond")
+    return verdict, summary + explain(
+        verdict,
+        not_held=(f"; SGD rises significantly less than {FIG3_FACTOR}× its minimum"
+                  if rise.decision == "lower" else "")
+        + (f"; BN and WN differ significantly by more than {FIG3_FACTOR}×"
+           if similar == "beyond" else "")
+        + f" (Welch on ln values; {RULE})",
+        held=f"; SGD over-trains (significantly above {FIG3_FACTOR}× its minimum and "
+        f"{FIG3_FACTOR}× BN's and WN's), BN and WN significantly within {FIG3_FACTOR}× "
+        f"(Welch on ln values; {RULE})",
+        inconclusive=f"; not resolved: SGD over-training {'shown' if diverges else 'not shown'}, "
+        f"BN ≈ WN {similar}; these seeds resolve ln-ratios of ≥ {fmt(ratio.mde, 2)} "
+        f"(× {math.exp(ratio.mde or 0):.2f}; {RULE})")
 
 
 def fig3_values(ctx, fraction: float = 1.0) -> dict[str, list[float]]:

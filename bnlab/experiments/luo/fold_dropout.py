@@ -17,8 +17,8 @@ import bnlab.train as bnlab_train  # looked up on use: a test can patch bnlab.tr
 from ..base import Experiment, Outcome, Plan, RunSpec, register, shrink
 from .cnn import SMOKE_DATA, _cnn_base, _train_size
 from ..common import (RULE, SETTLE_FRACTION, compare_arms, finite_or_none, fmt, mean_curve,
-                     safe_panels, settle)
-from ..verdicts import combine, decide
+                     safe_panels)
+from ..verdicts import NOT_HELD, checks, combine, conjunction, explain, ladder, settle
 from .common import _clean, _series, train_collecting, window_mean
 from ..runner import TINY_STEPS
 
@@ -119,12 +119,14 @@ def fig6_verdict(changes: list[dict], tiny: bool = False) -> tuple[str, str]:
     Rule: :data:`common.RULE` (Welch's t against 0, α = 0.05, ≥ 3 seeds) on each change. Held: every
     layer's kernel norm grows, the training loss falls and the validation loss rises, each significantly;
     not held: one of them significantly the other way; otherwise inconclusive, with the validation-loss
-    rise the seeds resolve (power 0.8).
+    rise the seeds resolve (power 0.8). Primary, pre-declared: the conjunction of these changes (the
+    claim names all three), each against 0 (:func:`verdicts.checks`: "the other way" Holm-corrected
+    over them).
     """
     if tiny:
-        return "inconclusive", "tiny run: a few fine-tuning steps"
+        return ladder(unusable=True), "tiny run: a few fine-tuning steps"
     if len(changes) < 1:
-        return "inconclusive", "the fine-tuning runs recorded too little"
+        return ladder(unusable=True), "the fine-tuning runs recorded too little"
     n = len(changes)
     layers = sorted(set.intersection(*(set(c["norms"]) for c in changes)))
     norm_tests = {k: compare_arms([0.0] * n, [c["norms"][k] for c in changes]) for k in layers}
@@ -133,17 +135,18 @@ def fig6_verdict(changes: list[dict], tiny: bool = False) -> tuple[str, str]:
     grown = [k for k, c in norm_tests.items() if c.decision == "higher"]
     summary = (f"BN frozen into the kernels ({n} seeds): {len(grown)}/{len(layers)} kernel norms grew significantly; "
                f"training-loss change {train.text()}; validation-loss change from the pretrained model {val.text()}")
-    if train.decision == "too few seeds":
-        return "inconclusive", summary + f" — fewer than 3 seeds ({RULE})"
-    wrong = [k for k, c in norm_tests.items() if c.decision == "lower"] + \
-        (["training loss rose"] if train.decision == "higher" else []) + \
-        (["validation loss fell"] if val.decision == "lower" else [])
-    if wrong:
-        return "not held", summary + f" — significantly the other way: {', '.join(wrong)} ({RULE})"
-    if len(grown) == len(layers) and train.decision == "lower" and val.decision == "higher":
-        return "held", summary + f" — every change significant as claimed ({RULE})"
-    return "inconclusive", summary + f" — not all resolved; these seeds resolve a validation-loss rise ≥ " \
-        f"{fmt(val.mde)} ({RULE})"
+    few = train.decision == "too few seeds"
+    comps = {**norm_tests, "training loss rose": train, "validation loss fell": val}
+    outcome = checks(comps, {**{k: "higher" for k in norm_tests}, "training loss rose": "lower",
+                             "validation loss fell": "higher"})
+    wrong = [k for k, v in outcome.items() if v == NOT_HELD]
+    verdict = ladder(combine(list(outcome.values())), unusable=few)
+    return verdict, summary + explain(
+        verdict, not_held=f" — significantly the other way: {', '.join(wrong)} ({RULE})",
+        held=f" — every change significant as claimed ({RULE})",
+        inconclusive=f" — fewer than 3 seeds ({RULE})" if few else
+        f" — not all resolved; these seeds resolve a validation-loss rise ≥ {fmt(val.mde)} "
+        f"({RULE})")
 
 
 def _fig6_analyze(ctx) -> Outcome:
@@ -269,25 +272,24 @@ def fig7_summary(losses: dict[str, list[float]], tiny: bool = False) -> tuple[st
     Rule: :data:`common.RULE` (Welch's t, α = 0.05, ≥ 3 seeds) on each pair of :data:`_FIG7_PAIRS`. Held:
     both dropout arms significantly lower than their arm without dropout; not held: one significantly
     higher; otherwise inconclusive, with the difference the seeds resolve (power 0.8). The premise (BN at
-    M = 256 worse than at M = 64) is tested the same way and reported.
+    M = 256 worse than at M = 64) is tested the same way and reported. Primary, pre-declared: both
+    dropout arms lower (the claim is about each; :func:`verdicts.conjunction`, Holm over the two for
+    "higher").
     """
     premise = compare_arms(losses.get("BN, M = 64") or [], losses.get("BN, M = 256") or [])
     comps = {arm: compare_arms(losses.get(ref) or [], losses.get(arm) or []) for arm, ref in _FIG7_PAIRS.items()}
     parts = [f"BN validation loss M = 256 − M = 64: {premise.text()} ({premise.decision})"]
     parts += [f"{arm} − {_FIG7_PAIRS[arm]}: {c.text()}" for arm, c in comps.items()]
     summary = "; ".join(parts)
-    if tiny:
-        return "inconclusive", summary + " (tiny run)"
-    if any(c.decision == "too few seeds" for c in comps.values()):
-        return "inconclusive", summary + f" — fewer than 3 finished seeds ({RULE})"
-    verdict = combine([decide(c, "lower") for c in comps.values()])
-    if verdict == "not held":
-        return "not held", summary + f" — dropout significantly raises the validation loss ({RULE})"
-    if verdict == "held":
-        return "held", summary + f" — both dropout arms significantly lower ({RULE})"
-    open_ = [c for c in comps.values() if c.decision != "lower"]
-    return "inconclusive", summary + f" — not resolved; these seeds resolve differences ≥ " \
-        f"{max(c.mde for c in open_):.3g} ({RULE})"
+    few = any(c.decision == "too few seeds" for c in comps.values())
+    verdict = ladder(conjunction(comps, "lower"), unusable=tiny or few)
+    open_ = [c.mde for c in comps.values() if c.decision != "lower" and c.mde is not None]
+    return verdict, summary + explain(
+        verdict, not_held=f" — dropout significantly raises the validation loss ({RULE})",
+        held=f" — both dropout arms significantly lower ({RULE})",
+        inconclusive=" (tiny run)" if tiny else
+        f" — fewer than 3 finished seeds ({RULE})" if few else
+        f" — not resolved; these seeds resolve differences ≥ {max(open_, default=0):.3g} ({RULE})")
 
 
 def fig7_values(runs, metric: str = "test_loss", fraction: float = 1.0) -> dict[str, list[float]]:

@@ -11,7 +11,8 @@ import numpy as np
 from bnlab.theory import luo as theory
 
 from ..base import Experiment, Outcome, Plan, register
-from ..common import RULE, SETTLE_FRACTION, compare_arms, finite_or_none, fmt, safe_panels, settle
+from ..common import RULE, SETTLE_FRACTION, compare_arms, finite_or_none, fmt, safe_panels
+from ..verdicts import explain, ladder, settle
 from .common import FIG2_ZETAS, NOISE_VAR, _clean, _points, factor_test
 
 
@@ -92,15 +93,16 @@ def fig2_points_verdict(block: dict, upper: float) -> tuple[str, str, float | No
     per-seed fits are significantly below ``upper`` (Welch, against the constant). Held: ζ in range and
     every α within; not held: ζ significantly above ``upper`` or some α beyond; else inconclusive, with the
     deviation factor the seeds resolve (exp of the largest minimum detectable effect, power 0.8).
+    Primary, pre-declared: every α's point within the factor (TOST) with ζ inside Eq. 13's range.
     """
     fit, fitted = finite_or_none(block.get("fit_zeta")), block.get("fitted") or []
     per_seed, alphas = block.get("per_seed") or [], block.get("alpha") or []
     if fit is None or len(per_seed) < 3 or len(per_seed) != len(fitted) or None in fitted:
-        return "inconclusive", "too few finite simulation points to fit ζ", None
+        return ladder(unusable=True), "too few finite simulation points to fit ζ", None
     tests = [(a, *factor_test([f] * len(p), p, FIG2_FACTOR)) for a, f, p in zip(alphas, fitted, per_seed)]
     zeta = compare_arms([upper] * len(block.get("seed_fit_zeta") or []), block.get("seed_fit_zeta") or [])
     if any(c.decision == "too few seeds" for _, _, c in tests) or zeta.decision == "too few seeds":
-        return "inconclusive", f"fewer than 3 seeds per α ({RULE})", None
+        return ladder(unusable=True), f"fewer than 3 seeds per α ({RULE})", None
     worst = max(tests, key=lambda t: abs(t[2].diff))
     dev = abs(worst[2].diff)
     beyond = [a for a, d, _ in tests if d == "beyond"]
@@ -112,26 +114,29 @@ def fig2_points_verdict(block: dict, upper: float) -> tuple[str, str, float | No
                f"{'inside' if z_in else 'outside' if z_out else 'not resolved against'} Eq. 13's range "
                f"(0, {upper:.3f}]; point / curve per α: "
                + ", ".join(f"{a:g}: {math.exp(c.diff):.2f} ({d})" for a, d, c in tests))
-    if z_out or beyond:
-        return "not held", summary + (f"; beyond a factor {FIG2_FACTOR} at α = {', '.join(f'{a:g}' for a in beyond)}"
-                                      if beyond else "") + f" (TOST with {RULE})", dev
-    if z_in and not unresolved:
-        return "held", summary + f"; every point within a factor {FIG2_FACTOR} (TOST with {RULE})", dev
-    resolvable = max(c.mde for _, _, c in tests if c.mde is not None)
-    return "inconclusive", summary + (f"; not resolved at α = {', '.join(f'{a:g}' for a in unresolved)}: these seeds "
-                                      f"resolve deviations beyond a factor ≈ {FIG2_FACTOR * math.exp(resolvable):.2f} "
-                                      f"(power 0.8; {RULE})"), dev
+    verdict = ladder(True if z_in and not unresolved else None, against=z_out or bool(beyond))
+    resolvable = max((c.mde for _, _, c in tests if c.mde is not None), default=0.0)
+    return verdict, summary + explain(
+        verdict,
+        not_held=(f"; beyond a factor {FIG2_FACTOR} at α = {', '.join(f'{a:g}' for a in beyond)}"
+                  if beyond else "") + f" (TOST with {RULE})",
+        held=f"; every point within a factor {FIG2_FACTOR} (TOST with {RULE})",
+        inconclusive=f"; not resolved at α = {', '.join(f'{a:g}' for a in unresolved)}: these "
+        f"seeds resolve deviations beyond a factor ≈ {FIG2_FACTOR * math.exp(resolvable):.2f} "
+        f"(power 0.8; {RULE})"), dev
 
 
 def fig2_verdict(data: dict, tiny: bool) -> tuple[str, str, float | None]:
     """(verdict, summary, max |ln(sim / fitted curve)|) for Fig. 2's claim: :func:`fig2_points_verdict` on the
-    full-length simulation, combined by :func:`luo.common.settle` with the same rule on students trained 2/3
+    full-length simulation, combined by :func:`verdicts.settle` with the same rule on students
+    trained 2/3
     as many epochs; the training-set-statistics points are reported beside it."""
     if tiny:
-        return "inconclusive", "tiny run (a few SGD epochs): the simulation has not converged", None
+        return (ladder(unusable=True),
+                "tiny run (a few SGD epochs): the simulation has not converged", None)
     upper = finite_or_none(data.get("zeta13_max"))
     if upper is None:
-        return "inconclusive", "no Eq. 13 range", None
+        return ladder(unusable=True), "no Eq. 13 range", None
     verdict, summary, dev = fig2_points_verdict(data.get("sim") or {}, upper)
     short = fig2_points_verdict(data.get("sim_short") or {}, upper)
     verdict, summary = settle((verdict, summary), short[:2])

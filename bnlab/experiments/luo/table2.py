@@ -26,6 +26,7 @@ from bnlab.theory import luo
 
 from ..base import Experiment, Outcome, Plan, register
 from ..common import finite_or_none, safe_panels
+from ..verdicts import ladder
 
 ZETAS = (0.0, 0.05, 0.1, 0.2)
 BATCH_SIZES = (8, 16, 32, 64, 128, 256)
@@ -110,12 +111,14 @@ def _rel(a, b) -> float | None:
 
 
 def table2_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
-    """Every check of the module docstring, per ζ: held when all pass, not held when one fails."""
+    """Every check of the module docstring, per ζ: held when all pass, not held when one fails
+    (primary, pre-declared: the conjunction of these deterministic checks,
+    :func:`verdicts.ladder`)."""
     rows = data.get("rows") or []
     if tiny:
-        return "inconclusive", "tiny run (short simulations): nothing to compare"
+        return ladder(unusable=True), "tiny run (short simulations): nothing to compare"
     if not rows:
-        return "inconclusive", "no Table 2 data"
+        return ladder(unusable=True), "no Table 2 data"
     failures, notes = [], []
     for row in rows:
         z = row["zeta"]
@@ -141,7 +144,7 @@ def table2_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
                f"stability edges (fixed-L ODE, bisection; within {100 * ETA_TOL:g} %), Proposition 3 and η_eff(M) "
                f"checked for ζ ∈ {{{zetas}}}: "
                + ("all pass" if not failures else "failed: " + "; ".join(failures)) + ". " + "; ".join(notes))
-    return ("held" if not failures else "not held"), summary
+    return ladder(not failures), summary
 
 
 def _pct(a, b) -> str:

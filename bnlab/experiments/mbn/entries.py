@@ -20,7 +20,7 @@ from bnlab.theory.mbn import moving_average_noise
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..common import RULE, compare_arms, finite_or_none, fmt, mean_std, safe_panels
-from ..verdicts import decide
+from ..verdicts import decide, explain, ladder
 
 BATCH_SIZES = (2, 4, 8, 16, 32)
 IDEAL_BATCH = 32   # m0, issue 2's default for the `mbn` spec
@@ -123,27 +123,27 @@ def batch_size_verdict(acc: dict[str, dict[int, dict[int, float | None]]], tiny:
     ``acc[norm][M][seed]``: final test accuracy. Per seed, the drop acc(32) − acc(2); MBN's drops against
     BN's by :data:`common.RULE` (Welch's t, ≥ 3 seeds): held if significantly smaller, not held if
     significantly larger, otherwise inconclusive with the difference the seeds resolve.
+
+    Primary, pre-declared: MBN's drop − BN's drop, per seed, lower (:func:`verdicts.decide`).
     """
     small, large = min(BATCH_SIZES), max(BATCH_SIZES)
     if tiny:
-        return "inconclusive", "tiny run: a few steps per batch size"
+        return ladder(unusable=True), "tiny run: a few steps per batch size"
     drops = {n: [v[large] - v[small] for v in _by_seed(acc.get(n, {}), small, large)] for n in NORMS}
     if not drops["BN"] or not drops["MBN"]:
-        return "inconclusive", "a run did not finish"
+        return ladder(unusable=True), "a run did not finish"
     comp = compare_arms(drops["BN"], drops["MBN"])
     mean = {n: {M: mean_std(acc[n][M].values())[0] for M in (small, large)} for n in NORMS}
     summary = f"test accuracy M = {large} → M = {small}, mean over seeds: " + ", ".join(
         f"{n} {mean[n][large]:.3f} → {mean[n][small]:.3f} "
         f"(drop {sum(drops[n]) / len(drops[n]):.3f}, n={len(drops[n])})" for n in NORMS) + \
         f"; MBN's drop − BN's {comp.text()}"
-    if comp.decision == "too few seeds":
-        return "inconclusive", summary + f"; fewer than 3 seeds ({RULE})"
-    verdict = decide(comp, "lower")
-    if verdict == "held":
-        return "held", summary + "; MBN loses significantly less"
-    if verdict == "not held":
-        return "not held", summary + "; MBN loses significantly more"
-    return "inconclusive", summary + f"; resolvable ≥ {comp.mde:.2g} ({RULE})"
+    few = comp.decision == "too few seeds"
+    verdict = ladder(decide(comp, "lower"), unusable=few)
+    return verdict, summary + explain(
+        verdict, held="; MBN loses significantly less", not_held="; MBN loses significantly more",
+        inconclusive=f"; fewer than 3 seeds ({RULE})" if few
+        else f"; resolvable ≥ {fmt(comp.mde, 2)} ({RULE})")
 
 
 def _by_seed(acc_norm: dict[int, dict[int, float | None]], *sizes: int) -> list[dict[int, float]]:

@@ -11,7 +11,7 @@ from bnlab.theory.mbn import moving_average_noise, theorem1_report, theorem2_cos
 
 from ..base import Experiment, Outcome, Plan, register
 from ..common import safe_panels
-from ..verdicts import holm
+from ..verdicts import explain, holm, ladder
 
 # ---- Momentum BN, supplementary Theorems 1–2 and the moving statistics ---------------------------------
 
@@ -52,7 +52,7 @@ def mbn_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
     from scipy import stats
 
     if not data.get("moving"):
-        return "inconclusive", "no data"
+        return ladder(unusable=True), "no data"
     rel = []
     for r in data["moving"]:
         lam = r["momentum"]
@@ -81,18 +81,14 @@ def mbn_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
         + "; Theorem 2 |series − MC|: "
         + ", ".join(f"m={m}: {g:.2g} (MC SE {se:.2g})" for m, g, se in gaps)
     )
-    if tiny:
-        return "inconclusive", summary + " (tiny)"
-    if moving_ok and thm1_ok and thm2_ok:
-        return (
-            "held",
-            summary + "; Theorem 1's non-Gaussian limit needs κ − 1 for κ (see bnlab.theory.mbn)",
-        )
-    return (
-        "not held",
-        summary + f"; failed: {'moving ' if not moving_ok else ''}{'thm1 ' if not thm1_ok else ''}"
-        f"{'thm2' if not thm2_ok else ''}",
-    )
+    # primary: the moving statistics' variance; Theorems 1–2 are secondary checks that contradict
+    # the claim when they fail (Theorem 1's KS tests Holm-corrected as a family)
+    verdict = ladder(moving_ok, unusable=tiny, against=not (thm1_ok and thm2_ok))
+    return verdict, summary + explain(
+        verdict, inconclusive=" (tiny)",
+        held="; Theorem 1's non-Gaussian limit needs κ − 1 for κ (see bnlab.theory.mbn)",
+        not_held=f"; failed: {'moving ' if not moving_ok else ''}{'thm1 ' if not thm1_ok else ''}"
+        f"{'thm2' if not thm2_ok else ''}")
 
 
 def _mbn_analyze(ctx) -> Outcome:

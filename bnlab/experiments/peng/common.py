@@ -168,17 +168,6 @@ def _pct(value: float | None) -> float | None:
     return None if value is None else 100.0 * value
 
 
-def _fmt(mean: float | None, std: float | None, n: int | None = None, digits: int = 2) -> str:
-    if mean is None:
-        return "—"
-    text = f"{mean:.{digits}f}"
-    if std is not None:
-        text += f" ± {std:.{digits}f}"
-    if n is not None:
-        text += f" (n={n})"
-    return text
-
-
 def _status_note(ctx) -> str:
     bad = [r for r in ctx.runs if r.status != "finished"]
     if not bad:

@@ -10,8 +10,10 @@ from bnlab.plots import bars
 from bnlab.probes import max_stable_lr
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import RULE, compare_arms, finite_or_none, grouped_finals, mean_curve, mean_std, safe_panels, smooth
-from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, SMOKE_SEEDS, _base, _fmt, _pct, _run,
+from ..verdicts import NOT_HELD, conjunction, explain, family, is_held, ladder
+from ..common import (RULE, compare_arms, finite_or_none, fmt, grouped_finals, mean_curve, mean_std,
+                      safe_panels, smooth)
+from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, SMOKE_SEEDS, _base, _pct, _run,
                           _status_note)
 
 # ---- Table 6: maximal learning rate of CBN's components ------------------------------------------
@@ -81,36 +83,37 @@ def table6_verdict(lr_max: dict[tuple[str, str], list[float | None]], tiny: bool
     :data:`NONE_TRAINS`). Claim: mean removal and ℓ2 normalization both raise the maximal stable lr over
     no normalization, ℓ2 more than mean removal, and CBN keeps at least ℓ2's. Each step of the order
     none ≤ mean removal ≤ ℓ2 ≤ CBN is tested on log10 lr by :data:`common.RULE` (Welch's t, ≥ 3 seeds;
-    identical seeds make any difference significant). "not held" if a step is significantly reversed for
-    some activation; "held" if none is and ℓ2 significantly raises the rate over none for at least one
-    activation; otherwise "inconclusive".
+    identical seeds make any difference significant). "not held" if a step is significantly reversed
+    for some activation (Holm over all steps); "held" if none is and ℓ2 significantly raises the
+    rate over none for at least one activation (primary, pre-declared: ℓ2 − none in log10 lr, Holm
+    over the activations); otherwise "inconclusive".
     """
     acts = sorted({a for _, a in lr_max}, key=lambda a: ACTIVATIONS.index(a) if a in ACTIVATIONS else 99)
     if not acts:
-        return "inconclusive", "no runs" + (" (tiny runs)" if tiny else "")
-    lines, reversed_, raised, few = [], [], False, False
+        return ladder(unusable=True), "no runs" + (" (tiny runs)" if tiny else "")
+    lines, steps, raised = [], {}, {}
     for act in acts:
         logs = [[math.log10(v or NONE_TRAINS) for v in lr_max.get((name, act)) or []] for name in T6_ORDER]
         lines.append(f"{ACT_TITLE.get(act, act)}: " + " / ".join(
             "–" if not v else f"{10 ** (sum(v) / len(v)):.2g}" for v in logs))
-        steps = [compare_arms(logs[i], logs[i + 1]) for i in range(len(T6_ORDER) - 1)]
-        few = few or any(c.decision == "too few seeds" for c in steps)
-        if any(c.decision == "lower" for c in steps):
-            reversed_.append(ACT_TITLE.get(act, act))
-        raised = raised or compare_arms(logs[0], logs[2]).decision == "higher"
+        steps.update({(act, i): compare_arms(logs[i], logs[i + 1])
+                      for i in range(len(T6_ORDER) - 1)})
+        raised[act] = compare_arms(logs[0], logs[2])
+    few = any(c.decision == "too few seeds" for c in steps.values())
+    against = family(steps, "higher")
+    reversed_ = list(dict.fromkeys(ACT_TITLE.get(a, a) for (a, _), v in against.items()
+                                   if v == NOT_HELD))
+    primary = any(is_held(v) for v in family(raised, "higher").values())
     summary = ("maximal stable lr, geometric mean over seeds (none / mean removal / ℓ2 / CBN; 1e-05: nothing "
                "trained): " + "; ".join(lines))
-    if tiny:
-        return "inconclusive", summary + " (tiny runs)"
-    if few:
-        return "inconclusive", summary + f"; fewer than 3 seeds ({RULE})"
-    if reversed_:
-        return "not held", (summary + "; the order none ≤ mean removal ≤ ℓ2 ≤ CBN is significantly reversed "
-                            "for " + ", ".join(reversed_))
-    if raised:
-        return "held", summary + ("; ℓ2 normalization significantly raises the maximal lr, and no step of the order "
-                                  "is reversed")
-    return "inconclusive", summary + f"; no approach significantly changes the maximal lr on this grid ({RULE})"
+    verdict = ladder(True if primary else None, unusable=tiny or few, against=bool(reversed_))
+    return verdict, summary + explain(
+        verdict, inconclusive=" (tiny runs)" if tiny else f"; fewer than 3 seeds ({RULE})" if few
+        else f"; no approach significantly changes the maximal lr on this grid ({RULE})",
+        not_held="; the order none ≤ mean removal ≤ ℓ2 ≤ CBN is significantly reversed (Holm over "
+        "the steps) for " + ", ".join(reversed_),
+        held="; ℓ2 normalization significantly raises the maximal lr (Holm over the activations), "
+        "and no step of the order is reversed")
 
 
 def _t6_analyze(ctx) -> Outcome:
@@ -140,7 +143,9 @@ def _t6_analyze(ctx) -> Outcome:
                          "ours": " / ".join("none trains" if r is None else f"{r:g}" for r in rates) or "—",
                          "trained at (seed 0)": " ".join(f"{lr:g}:{'✓' if ok else '✗'}"
                                                          for lr, ok in sorted(status.items())),
-                         "test acc at lr 0.1 (%)": _fmt(_pct(mean), _pct(std), len(accuracy.get((name, act, 0.1), []))),
+                         "test acc at lr 0.1 (%)": fmt(
+                             _pct(mean), std=_pct(std), n=len(accuracy.get((name, act, 0.1), [])),
+                             decimals=2),
                          "paper": paper_claim})
     groups = {ACT_TITLE[a]: {n: _mean_log10(lr_max.get((n, a))) for n in T6_ORDER} for a in acts}
     fig_lr = bars(ctx.figure_path("max_stable_lr"), groups,
@@ -220,28 +225,28 @@ def fig7_verdict(sq: dict[str, dict[str, list[float]]], tiny: bool = False) -> t
     """§6.3 / Fig. 7: mean removal and ℓ2 normalization each lower E‖g‖² relative to no normalization.
 
     ``sq[activation][approach]`` = per-seed log10 E‖g‖² (:func:`mean_sq_grad_norm`). Each claim (mean removal
-    < none, ℓ2 < none) per activation by :data:`common.RULE`. held: every comparison "lower"; not held: some
-    comparison "higher"; otherwise inconclusive. ℓ2 vs mean removal and CBN vs none are reported, not judged.
+    < none, ℓ2 < none) per activation by :data:`common.RULE`. Primary, pre-declared: their
+    conjunction (:func:`verdicts.conjunction`): held when every comparison is significantly "lower";
+    not held when some is significantly "higher" after Holm's correction over the family; otherwise
+    inconclusive. ℓ2 vs mean removal and CBN vs none are reported, not judged.
     """
     if not sq:
-        return "inconclusive", "no runs" + (" (tiny runs)" if tiny else "")
-    parts, decisions = [], []
+        return ladder(unusable=True), "no runs" + (" (tiny runs)" if tiny else "")
+    parts, claims = [], {}
     for act, d in sq.items():
         for a, b in F7_CLAIMS + (("ℓ2 normalization", "mean removal"), ("CBN", "no normalization")):
             c = compare_arms(d.get(b, []), d.get(a, []))
             parts.append(f"{ACT_TITLE.get(act, act)} {a} − {b} {c.text(unit=' dex')}")
             if (a, b) in F7_CLAIMS:
-                decisions.append(c.decision)
+                claims[(act, a)] = c
     summary = "log10 E‖g‖² after the first quarter: " + "; ".join(parts)
-    if tiny:
-        return "inconclusive", summary + " (tiny runs)"
-    if "too few seeds" in decisions:
-        return "inconclusive", summary + f"; fewer than 3 seeds somewhere ({RULE})"
-    if "higher" in decisions:
-        return "not held", summary + "; a normalization raises E‖g‖² over no normalization"
-    if all(d == "lower" for d in decisions):
-        return "held", summary + "; mean removal and ℓ2 normalization both lower E‖g‖² with every activation"
-    return "inconclusive", summary
+    few = any(c.decision == "too few seeds" for c in claims.values())
+    verdict = ladder(conjunction(claims, "lower"), unusable=tiny or few)
+    return verdict, summary + explain(
+        verdict, inconclusive=" (tiny runs)" if tiny
+        else f"; fewer than 3 seeds somewhere ({RULE})" if few else "",
+        not_held="; a normalization raises E‖g‖² over no normalization (Holm)",
+        held="; mean removal and ℓ2 normalization both lower E‖g‖² with every activation")
 
 
 def _f7_analyze(ctx) -> Outcome:
@@ -262,7 +267,7 @@ def _f7_analyze(ctx) -> Outcome:
     fig = safe_panels(ctx.figure_path("gradient_sq_norm"), specs, ncols=len(specs) or 1,
                       title=f"Peng Fig. 7: stochastic-gradient squared norm of CBN's components ({ctx.preset})")
     rows = [{"quantity": f"log10 E‖g‖² · {ACT_TITLE[act]} · {name}",
-             "ours": _fmt(*mean_std(values), len(values), digits=2),
+             "ours": fmt(values, decimals=2),
              "paper": "mean removal and ℓ2 normalization below no normalization (curves only)"}
             for act, d in sq.items() for name, values in d.items()]
     verdict, summary = fig7_verdict(sq, ctx.tiny)

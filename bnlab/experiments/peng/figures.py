@@ -10,6 +10,7 @@ from bnlab.plots import panels
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..common import RULE, compare_arms, finite_or_none, mean_curve, safe_panels, smooth
+from ..verdicts import NOT_HELD, conjunction, explain, family, ladder
 from .common import ACT_TITLE, ACTIVATIONS, RHO_GRID, RHO_STAR, _base, _run, _status_note, cbn_spec
 
 # ---- Figs 2–3: η_k and τ_k -------------------------------------------------------------------------
@@ -63,21 +64,21 @@ def ratio_fractions(run, skip: float = FIG2_SKIP) -> dict[str, dict[str, float |
 def fig2_verdict(fractions: dict[str, dict[str, float | None]], tiny: bool = False) -> tuple[str, str]:
     """Theorems 2–3's assumptions "can be commonly satisfied": held if, averaged over training, at least 90 % of
     the channels of each of the three layers have 0 ≤ η ≤ 2 and 0 < τ < 1; not held if fewer than 75 % for some
-    layer and ratio; inconclusive in between, with missing data, or on tiny runs."""
+    layer and ratio; inconclusive in between, with missing data, or on tiny runs. Primary,
+    pre-declared: the smallest fraction over the layers and ratios against these two thresholds (a
+    check on measured shares)."""
     values = [(layer, ratio, v) for layer, d in fractions.items() for ratio, v in d.items()]
     if not values or any(v is None for _, _, v in values):
-        return "inconclusive", "no cbn_ratios measurements for some layer" + (" (tiny runs)" if tiny else "")
+        return ladder(unusable=True), ("no cbn_ratios measurements for some layer"
+                                       + (" (tiny runs)" if tiny else ""))
     summary = (f"fraction of channels in range (η ∈ [0, 2], τ ∈ (0, 1)), mean over the last {1 - FIG2_SKIP:.0%} of "
                "training (after the start-up transient): ") + "; ".join(
         f"{layer.split(' ')[0]} η {d['eta']:.2f}, τ {d['tau']:.2f}" for layer, d in fractions.items())
-    if tiny:
-        return "inconclusive", summary + " (tiny run)"
     low = min(v for _, _, v in values)
-    if low >= 0.9:
-        return "held", summary + "; the assumptions hold for ≥ 90 % of channels"
-    if low < 0.75:
-        return "not held", summary + f"; as low as {low:.2f} for some layer"
-    return "inconclusive", summary
+    verdict = ladder(True if low >= 0.9 else None, unusable=tiny, against=low < 0.75)
+    return verdict, summary + explain(verdict, inconclusive=" (tiny run)" if tiny else "",
+                                      held="; the assumptions hold for ≥ 90 % of channels",
+                                      not_held=f"; as low as {low:.2f} for some layer")
 
 
 def _fig2_analyze(ctx) -> Outcome:
@@ -152,11 +153,14 @@ def fig8_verdict(acc: dict[str, dict[float | None, list[float]]], tiny: bool = F
 
     ``acc[activation][rho]`` = per-seed final test accuracies, ``rho=None`` the BN baseline. For (a), per
     judged activation, the ρ with the lowest mean against BN by :data:`common.RULE` (Welch's t, ≥ 3 seeds):
-    held if higher for both, not held if lower for either, else inconclusive with the resolvable effect.
+    held if higher for both, not held if lower for either (Holm over the two), else inconclusive
+    with the resolvable effect. Primary, pre-declared: worst-ρ CBN − BN, higher, for Sigmoid and for
+    Tanh (:func:`verdicts.conjunction`).
     """
     mean = {a: {rho: sum(v) / len(v) for rho, v in d.items() if v} for a, d in acc.items()}
     if any(a not in mean or None not in mean[a] or len(mean[a]) < 3 for a in FIG8_JUDGED):
-        return "inconclusive", "too few finished runs for Sigmoid or Tanh" + (" (tiny runs)" if tiny else "")
+        return ladder(unusable=True), ("too few finished runs for Sigmoid or Tanh"
+                                       + (" (tiny runs)" if tiny else ""))
     worst = {a: min((rho for rho in mean[a] if rho is not None), key=lambda rho: mean[a][rho]) for a in FIG8_JUDGED}
     comps = {a: compare_arms(acc[a][None], acc[a][worst[a]]) for a in FIG8_JUDGED}
     spans = {a: max(v for rho, v in d.items() if rho is not None) - min(v for rho, v in d.items() if rho is not None)
@@ -167,16 +171,14 @@ def fig8_verdict(acc: dict[str, dict[float | None, list[float]]], tiny: bool = F
     summary += (f"; accuracy range over ρ (reported, not judged: one seed for ReLU/SELU/Swish): Sigmoid/Tanh "
                 f"{(spans['sigmoid'] + spans['tanh']) / 2:.3f}" + (f", ReLU/SELU/Swish {sum(robust) / len(robust):.3f}"
                                                                   if robust else ""))
-    if tiny:
-        return "inconclusive", summary + " (tiny runs)"
-    decisions = [c.decision for c in comps.values()]
-    if "too few seeds" in decisions:
-        return "inconclusive", summary + f"; fewer than 3 seeds ({RULE})"
-    if "lower" in decisions:
-        return "not held", summary + "; the worst ρ is significantly worse than BN"
-    if all(d == "higher" for d in decisions):
-        return "held", summary + "; even the worst ρ beats BN with Sigmoid and Tanh"
-    return "inconclusive", summary + f"; resolvable ≥ {100 * max(c.mde for c in comps.values()):.2g} points ({RULE})"
+    few = any(c.decision == "too few seeds" for c in comps.values())
+    verdict = ladder(conjunction(comps, "higher"), unusable=tiny or few)
+    mde = max((c.mde for c in comps.values() if c.mde is not None), default=0.0)
+    return verdict, summary + explain(
+        verdict, not_held="; the worst ρ is significantly worse than BN (Holm)",
+        held="; even the worst ρ beats BN with Sigmoid and Tanh",
+        inconclusive=" (tiny runs)" if tiny else f"; fewer than 3 seeds ({RULE})" if few else
+        f"; resolvable ≥ {100 * mde:.2g} points ({RULE})")
 
 
 def _fig8_analyze(ctx) -> Outcome:
@@ -292,8 +294,9 @@ def fig10_verdict(variance: dict[str, dict[str, list[float]]], tiny: bool = Fals
 
     ``variance[activation][variant]`` = per-seed mean gradient variance. Per activation, log10 of AMAT's
     against log10 of no AMAT's by :data:`common.RULE` (Welch's t, ≥ 3 seeds; logs because seeds spread
-    multiplicatively). held: AMAT significantly lower for at least 4 of the 5 activations and nowhere
-    significantly higher; not held: significantly higher for some activation; otherwise inconclusive,
+    multiplicatively). Primary, pre-declared: AMAT significantly lower for at least 4 of the 5
+    activations; held when it is and AMAT is nowhere significantly higher (Holm over the
+    activations); not held: Holm-significantly higher for some activation; otherwise inconclusive,
     with the effect (dex) the seeds resolve. The fixed-η arm is reported, not judged.
     """
     comps = {}
@@ -301,7 +304,7 @@ def fig10_verdict(variance: dict[str, dict[str, list[float]]], tiny: bool = Fals
         off, on = ([math.log10(v) for v in d.get(k) or [] if v is not None and v > 0] for k in FIG10_COMPARED)
         comps[act] = compare_arms(off, on)
     if not comps:
-        return "inconclusive", "no runs" + (" (tiny runs)" if tiny else "")
+        return ladder(unusable=True), "no runs" + (" (tiny runs)" if tiny else "")
     summary = "log10 gradient variance, AMAT − without: " + "; ".join(
         f"{ACT_TITLE.get(a, a)} {c.text(unit=' dex')}" for a, c in comps.items())
     fixed = {a: (d.get("CBN, fixed η = 0.9") or [None])[0] for a, d in variance.items()}
@@ -310,19 +313,20 @@ def fig10_verdict(variance: dict[str, dict[str, list[float]]], tiny: bool = Fals
     if ratios:  # reported, not judged: the paper's claim about a fixed η is "not necessarily lower"
         summary += "; fixed η = 0.9 / without (seed 0): " + ", ".join(f"{ACT_TITLE.get(a, a)} {r:.2f}"
                                                                        for a, r in ratios.items())
-    if tiny:
-        return "inconclusive", summary + " (tiny runs)"
     few = [ACT_TITLE.get(a, a) for a, c in comps.items() if c.decision == "too few seeds"]
-    if few:
-        return "inconclusive", summary + "; fewer than 3 seeds for " + ", ".join(few) + f" ({RULE})"
-    higher = [ACT_TITLE.get(a, a) for a, c in comps.items() if c.decision == "higher"]
+    higher = [ACT_TITLE.get(a, a) for a, v in family(comps, "lower").items() if v == NOT_HELD]
     lower = sum(c.decision == "lower" for c in comps.values())
-    if higher:
-        return "not held", summary + "; AMAT's variance is significantly higher with " + ", ".join(higher)
-    if lower >= len(comps) - 1:
-        return "held", summary + f"; AMAT significantly lower for {lower} of {len(comps)} activations"
-    return "inconclusive", summary + f"; AMAT significantly lower for {lower} of {len(comps)}; these seeds " \
-        f"resolve ≥ {max(c.mde for c in comps.values()):.2g} dex ({RULE})"
+    verdict = ladder(True if lower >= len(comps) - 1 else None, unusable=tiny or bool(few),
+                     against=bool(higher))
+    mde = max((c.mde for c in comps.values() if c.mde is not None), default=0.0)
+    return verdict, summary + explain(
+        verdict, not_held="; AMAT's variance is significantly higher (Holm) with "
+        + ", ".join(higher),
+        held=f"; AMAT significantly lower for {lower} of {len(comps)} activations",
+        inconclusive=" (tiny runs)" if tiny
+        else "; fewer than 3 seeds for " + ", ".join(few) + f" ({RULE})" if few
+        else f"; AMAT significantly lower for {lower} of {len(comps)}; these seeds resolve ≥ "
+        f"{mde:.2g} dex ({RULE})")
 
 
 def _fig10_analyze(ctx) -> Outcome:

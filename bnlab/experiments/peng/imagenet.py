@@ -35,6 +35,7 @@ from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..common import (RULE, compare_arms, grouped_finals, mean_curve, mean_over_run, mean_std,
                      safe_panels, smooth)
 from .common import ACT_TITLE, ACTIVATIONS, NON_RELU, _status_note, row_spec
+from ..verdicts import NOT_HELD, conjunction, explain, family, ladder
 
 ARCHS = ("resnet18", "resnet50", "efficientnet_b0")
 ARCH_TITLE = {"resnet18": "ResNet-18", "resnet50": "ResNet-50", "efficientnet_b0": "EfficientNet-B0"}
@@ -108,6 +109,13 @@ def _cell_text(arch: str, act: str) -> str:
     return f"{ARCH_TITLE[arch]}/{ACT_TITLE[act]}"
 
 
+def _cell_comparisons(cells: dict, archs: list[str]) -> dict:
+    """CBN − BN per (network, activation) cell by ``compare_arms`` (Welch, α = 0.05, ≥ 3 seeds)."""
+    return {(arch, act): compare_arms(cells.get((arch, "BN", act), []),
+                                      cells.get((arch, "CBN", act), []))
+            for arch in archs for act in ACTIVATIONS}
+
+
 def table5_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = False) -> tuple[str, str]:
     """Verdict on Table 5 from final top-1 accuracies (fractions) per (arch, arm, activation), one per seed.
 
@@ -119,32 +127,37 @@ def table5_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = 
     paper's size would have been seen). "held": every Sigmoid/Tanh/SELU cell significantly higher and no
     cell against the claim (a ReLU/Swish cell may be below resolution: paper gain < mde, stated).
     Otherwise — a Sigmoid/Tanh/SELU cell whose paper gain is below the mde, too few seeds, or tiny runs —
-    "inconclusive", naming the effect size the runs could resolve.
+    "inconclusive", naming the effect size the runs could resolve. Primary, pre-declared: CBN − BN
+    top-1 in every Sigmoid/Tanh/SELU cell, higher (a conjunction); "significantly lower" is judged
+    with Holm's correction over all cells.
     """
     archs = sorted({a for a, _, _ in cells}, key=ARCHS.index)
     if not archs:
-        return "inconclusive", "no finished runs" + (" (tiny runs)" if tiny else "")
+        return ladder(unusable=True), "no finished runs" + (" (tiny runs)" if tiny else "")
     lines, against, unresolved = [], [], []
+    comps = _cell_comparisons(cells, archs)
+    holm_outcome = family(comps, "higher")
     for arch in archs:
         for act in ACTIVATIONS:
-            comp = compare_arms(cells.get((arch, "BN", act), []), cells.get((arch, "CBN", act), []))
+            comp = comps[(arch, act)]
             gain = paper_gain(arch, act)
             lines.append(f"{_cell_text(arch, act)} {comp.text(100)} [paper {gain:+.2f}]")
-            if comp.decision == "lower" or (comp.decision == "no detectable difference" and comp.mde is not None
-                                            and 100 * comp.mde < gain):
+            # no detectable difference where an effect of the paper's size would have been seen
+            missed = (comp.decision == "no detectable difference" and comp.mde is not None
+                      and 100 * comp.mde < gain)
+            if holm_outcome[(arch, act)] == NOT_HELD or missed:
                 against.append(_cell_text(arch, act))
             elif comp.decision != "higher" and (act in NON_RELU or comp.decision == "too few seeds"):
                 unresolved.append(f"{_cell_text(arch, act)} (resolvable ≥ "
                                   + (f"{100 * comp.mde:.2g}" if comp.mde is not None else "—")
                                   + f" vs paper {gain:+.2f} points)")
     summary = "top-1 gain of CBN over BN, points: " + "; ".join(lines) + f". Rule: {RULE}."
-    if tiny:
-        return "inconclusive", summary + " (tiny runs: a few steps each)"
-    if against:
-        return "not held", summary + " Against the claim: " + ", ".join(against) + "."
-    if unresolved:
-        return "inconclusive", summary + " Not resolved: " + ", ".join(unresolved) + "."
-    return "held", summary + " CBN is significantly better with Sigmoid, Tanh and SELU and nowhere worse."
+    verdict = ladder(True if not unresolved else None, unusable=tiny, against=bool(against))
+    return verdict, summary + explain(
+        verdict, not_held=" Against the claim: " + ", ".join(against) + ".",
+        inconclusive=" (tiny runs: a few steps each)" if tiny
+        else " Not resolved: " + ", ".join(unresolved) + ".",
+        held=" CBN is significantly better with Sigmoid, Tanh and SELU and nowhere worse.")
 
 
 def fig6_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = False) -> tuple[str, str]:
@@ -155,28 +168,32 @@ def fig6_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = Fa
     "not held": CBN's mean loss significantly higher in some cell; "held": significantly lower in every
     cell; otherwise (a cell without a significant difference — the mde is stated —, too few seeds or tiny
     runs) "inconclusive". Fig. 6 prints curves only, so there is no paper effect size to compare the mde with.
+    Primary, pre-declared: CBN − BN mean training loss in every cell, lower
+    (:func:`verdicts.conjunction`: "significantly higher" judged with Holm's correction over the
+    cells).
     """
     archs = sorted({a for a, _, _ in cells}, key=ARCHS.index)
     if not archs:
-        return "inconclusive", "no finished runs" + (" (tiny runs)" if tiny else "")
+        return ladder(unusable=True), "no finished runs" + (" (tiny runs)" if tiny else "")
     lines, higher, unresolved = [], [], []
+    comps = _cell_comparisons(cells, archs)
+    holm_outcome = family(comps, "lower")
     for arch in archs:
         for act in ACTIVATIONS:
-            comp = compare_arms(cells.get((arch, "BN", act), []), cells.get((arch, "CBN", act), []))
+            comp = comps[(arch, act)]
             lines.append(f"{_cell_text(arch, act)} {comp.text()}")
-            if comp.decision == "higher":
+            if holm_outcome[(arch, act)] == NOT_HELD:
                 higher.append(_cell_text(arch, act))
             elif comp.decision != "lower":
                 unresolved.append(_cell_text(arch, act)
                                   + (f" (resolvable ≥ {comp.mde:.2g})" if comp.mde is not None else " (too few seeds)"))
     summary = "mean training loss of CBN minus BN over the run: " + "; ".join(lines) + f". Rule: {RULE}."
-    if tiny:
-        return "inconclusive", summary + " (tiny runs: a few steps each)"
-    if higher:
-        return "not held", summary + " CBN converges slower in: " + ", ".join(higher) + "."
-    if unresolved:
-        return "inconclusive", summary + " Not resolved: " + ", ".join(unresolved) + "."
-    return "held", summary + " CBN's training loss is significantly lower in every cell."
+    verdict = ladder(conjunction(comps, "lower"), unusable=tiny)
+    return verdict, summary + explain(
+        verdict, not_held=" CBN converges slower (Holm) in: " + ", ".join(higher) + ".",
+        inconclusive=" (tiny runs: a few steps each)" if tiny
+        else " Not resolved: " + ", ".join(unresolved) + ".",
+        held=" CBN's training loss is significantly lower in every cell.")
 
 
 # ---- analysis -------------------------------------------------------------------------------------

@@ -36,12 +36,14 @@ import math
 from bnlab.plots import bars
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import (compare_arms, grouped_finals, mean_curve, mean_over_run, mean_std,
-                     safe_panels, SETTLE_FRACTION, settle, smooth, value_at_fraction)
+from ..common import (compare_arms, fmt, grouped_finals, mean_curve, mean_over_run, mean_std,
+                     safe_panels, SETTLE_FRACTION, smooth, value_at_fraction)
 from .verdict import CHANCE, table_design, table_verdict
-from ..verdicts import Design, arm_values, holm, judge, settle_fraction
+from ..verdicts import (NOT_HELD, Design, arm_values, explain, family, holm, judge, ladder, settle,
+                        settle_fraction)
 from .common import (ACT_TITLE, ACTIVATIONS, NON_RELU, PAPER_TABLES, PAPER_TRIALS, ROW_FEATURES,
-                          ROW_NAMES, ROWS, SMOKE_SEEDS, SMOKE_WIDTH, TABLES, _base, _fmt, _pct, _run, _status_note,
+                          ROW_NAMES, ROWS, SMOKE_SEEDS, SMOKE_WIDTH, TABLES, _base, _pct, _run,
+                          _status_note,
                           padding_shares, row_spec)
 
 COMPARED = ("①", "②")  # the rows the tables' claim compares (BN, CBN)
@@ -124,8 +126,8 @@ def _side_rows(cells: dict, main: dict) -> list[dict]:
         mean, _ = mean_std(values)
         peng_mean, _ = mean_std(main.get((row, act), []))
         rows.append({"quantity": f"side arm · {row} {ROW_NAMES[row]} · {ACT_TITLE[act]} · He's block (act after sum)",
-                     "ours": _fmt(_pct(mean), None, len(values)),
-                     "paper": f"Eq. 7's form (main rows): {_fmt(_pct(peng_mean), None)}"})
+                     "ours": fmt(_pct(mean), n=len(values), decimals=2),
+                     "paper": f"Eq. 7's form (main rows): {fmt(_pct(peng_mean), decimals=2)}"})
     return rows
 
 
@@ -147,8 +149,10 @@ def _table_analyze(table: int):
                 mean, std = mean_std(values)
                 pm, ps = paper[row][i]
                 rows.append({"quantity": f"{row} {ROW_NAMES[row]} · {ACT_TITLE[act]}",
-                             "ours": _fmt(_pct(mean), _pct(std), len(values)) if values else "— (paper preset only)",
-                             "paper": _fmt(pm, ps) + (f" (n={PAPER_TRIALS})" if ps is not None else " (std unreadable)"),
+                             "ours": fmt(_pct(mean), std=_pct(std), n=len(values), decimals=2)
+                             if values else "— (paper preset only)",
+                             "paper": fmt(pm, std=ps, decimals=2)
+                             + (f" (n={PAPER_TRIALS})" if ps is not None else " (std unreadable)"),
                              "features": "/".join("✓" if f else "-" for f in ROW_FEATURES[row])})
                 ours_bars[ACT_TITLE[act]][row] = _pct(mean) if mean is not None else float("nan")
                 ours_err[ACT_TITLE[act]][row] = _pct(std) or 0.0
@@ -293,7 +297,7 @@ def loss_curve_verdict(losses: dict[tuple[int, str], dict[str, list[float]]], ti
     nowhere significantly higher ("not held" if it is).
     """
     if not losses:
-        return "inconclusive", "no runs" + (" (tiny runs)" if tiny else "")
+        return ladder(unusable=True), "no runs" + (" (tiny runs)" if tiny else "")
     comps = {key: compare_arms(d.get("①", []), d.get("②", []), se_floor=design.se_floor) for key, d in losses.items()}
     adjusted = holm({key: c.p for key, c in comps.items()})
     trio = [d for (t, a), d in sorted(losses.items()) if a in NON_RELU]
@@ -308,13 +312,14 @@ def loss_curve_verdict(losses: dict[tuple[int, str], dict[str, list[float]]], ti
         f"T{t} {ACT_TITLE.get(a, a)} {c.diff:+.3g}" + (f" (p_Holm={adjusted[(t, a)]:.2g})"
                                                        if adjusted[(t, a)] is not None else " (too few seeds)")
         for (t, a), c in sorted(comps.items()) if c.diff is not None)
-    if tiny:
-        return "inconclusive", summary + " (tiny runs)"
-    higher = [f"T{t} {ACT_TITLE.get(a, a)}" for (t, a), c in sorted(comps.items())
-              if adjusted[(t, a)] is not None and adjusted[(t, a)] < design.alpha and c.diff > 0]
-    if higher:
-        return "not held", summary + "; CBN's loss is significantly higher (Holm) in " + ", ".join(higher)
-    return primary.verdict, summary
+    against = family(comps, "lower", design.alpha)
+    higher = [f"T{t} {ACT_TITLE.get(a, a)}" for (t, a), v in sorted(against.items())
+              if v == NOT_HELD]
+    verdict = ladder(primary.verdict, unusable=tiny, against=bool(higher))
+    return verdict, summary + explain(
+        verdict, inconclusive=" (tiny runs)" if tiny else "",
+        not_held="; CBN's loss is significantly higher (Holm) in " + ", ".join(higher)
+        if higher else "")
 
 
 def _mean_losses(runs, fraction: float) -> dict[tuple[int, str], dict[str, list[float]]]:
@@ -335,7 +340,7 @@ def _fig_analyze(fig: int):
                            f"Peng Fig. {fig}: training loss, BN (①) vs CBN (②), mean over seeds ({ctx.preset})")
         rows = [{"quantity": f"mean training loss over the run · Table {t} ({TABLES[t]['what']}) · {ACT_TITLE[a]} · "
                              f"{row} {ROW_NAMES[row]}",
-                 "ours": _fmt(*mean_std(d.get(row, [])), len(d.get(row, [])), digits=3),
+                 "ours": fmt(d.get(row, []), decimals=3),
                  "paper": "CBN below BN in every panel (curves only)"}
                 for (t, a), d in sorted(losses.items()) for row in COMPARED]
         verdict, summary = settle(loss_curve_verdict(losses, ctx.tiny), loss_curve_verdict(early, ctx.tiny),

@@ -33,7 +33,7 @@ from bnlab.theory.peng import simulate_quadratic_sgd, theorem1_terms
 
 from ..base import Experiment, Outcome, Plan, register
 from ..common import compare_arms, safe_panels
-from ..verdicts import holm
+from ..verdicts import NOT_HELD, explain, family, holm, ladder
 
 RHO_TOL = 0.05  # peng-eq14: |ρ_eff/√2 − 1| allowed for the median channel (pre-declared)
 GAUSS_BATCHES = (16, 128, 1024)
@@ -87,7 +87,7 @@ def eq14_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
     """Primary: the median ρ_eff over the network's channels within RHO_TOL of √2."""
     rhos = np.asarray(data.get("network_rho") or [], dtype=float)
     if rhos.size == 0:
-        return "inconclusive", "no channels measured"
+        return ladder(unusable=True), "no channels measured"
     med, lo, hi = (float(np.quantile(rhos, q)) for q in (0.5, 0.1, 0.9))
     gauss = "; ".join(
         f"B={b}: {v['mean']:.3f} ± {v['sd']:.3f}" for b, v in data["gaussian"].items()
@@ -97,14 +97,10 @@ def eq14_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
         f"(10–90 %: {lo:.3f}–{hi:.3f}) vs √2 = {math.sqrt(2):.3f}, tolerance ±{RHO_TOL:.0%}; Gaussian "
         f"batches (mean ± SD over channels): {gauss}"
     )
-    if tiny:
-        return "inconclusive", summary + " (tiny)"
-    if abs(med / math.sqrt(2) - 1) <= RHO_TOL:
-        return (
-            "held",
-            summary + "; the spread shows Eq. 14 is exact only for batches symmetric about 0",
-        )
-    return "not held", summary
+    verdict = ladder(abs(med / math.sqrt(2) - 1) <= RHO_TOL, unusable=tiny)
+    return verdict, summary + explain(
+        verdict, inconclusive=" (tiny)",
+        held="; the spread shows Eq. 14 is exact only for batches symmetric about 0")
 
 
 def _eq14_analyze(ctx) -> Outcome:
@@ -220,7 +216,7 @@ def thm1_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
 
     runs = [r for rows in data.values() for r in rows]
     if not runs:
-        return "inconclusive", "no runs"
+        return ladder(unusable=True), "no runs"
     worst = max(r["lhs"] / r["bound"] for r in runs)
     comps = {
         label: compare_arms([r[term] for r in data[hi]], [r[term] for r in data[lo]])
@@ -232,14 +228,12 @@ def thm1_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
         f"primary: max over {len(runs)} runs of mean‖∇F‖² / (T₁+T₂+T₃) = {worst:.3f} (≤ 1 required); "
         f"effects (difference, lower arm − higher arm; negative = as claimed): {effects}"
     )
-    if tiny:
-        return "inconclusive", summary + " (tiny)"
-    if worst > 1:
-        return "not held", summary + "; the bound is violated"
-    against = [k for k, c in comps.items() if adj[k] < 0.05 and c.diff > 0]
-    if against:
-        return "not held", summary + "; against the claim: " + ", ".join(against)
-    return "held", summary
+    against = [k for k, v in family(comps, "lower").items() if v == NOT_HELD]
+    verdict = ladder(worst <= 1, unusable=tiny, against=bool(against))
+    return verdict, summary + explain(
+        verdict, inconclusive=" (tiny)",
+        not_held="; the bound is violated" if worst > 1
+        else "; against the claim: " + ", ".join(against))
 
 
 def _thm1_analyze(ctx) -> Outcome:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from ..common import compare_arms, settle
+from ..common import compare_arms
 from .common import (
     ACT_TITLE,
     ACTIVATIONS,
@@ -26,7 +26,7 @@ from .common import (
     RELU_LIKE,
     SMOKE_SEEDS,
 )
-from ..verdicts import Design, holm, judge
+from ..verdicts import NOT_HELD, Design, explain, family, holm, judge, ladder, settle
 
 CHANCE = (
     0.1  # ten classes (digits; CIFAR-10). CIFAR-100's paper preset uses 0.01 (see failure_value)
@@ -90,7 +90,7 @@ def table_verdict(
     design = design or table_design(table)
     for act in ACTIVATIONS:
         if not cells.get(("①", act)) or not cells.get(("②", act)):
-            return "inconclusive", f"no finished ① and ② runs for {ACT_TITLE[act]}" + (
+            return ladder(unusable=True), f"no finished ① and ② runs for {ACT_TITLE[act]}" + (
                 " (tiny runs)" if tiny else ""
             )
     primary = judge(_per_seed_mean(cells, "①"), _per_seed_mean(cells, "②"), design)
@@ -112,26 +112,16 @@ def table_verdict(
         )
         + f"; mean gain over Sigmoid/Tanh/SELU {100 * trio:+.1f}, over ReLU/Swish {100 * relu_like:+.1f}"
     )
-    if tiny:
-        return "inconclusive", summary + " (tiny runs: a few steps each)"
-    worse = [
-        ACT_TITLE[a]
-        for a in ACTIVATIONS
-        if adjusted[a] is not None and adjusted[a] < design.alpha and gains[a] < 0
-    ]
-    if worse:
-        return "not held", summary + "; CBN significantly worse (Holm) with " + ", ".join(worse)
-    verdict = primary.verdict
-    if verdict == "held":
-        return (
-            verdict,
-            summary + "; CBN better on the primary comparison and nowhere significantly worse",
-        )
-    if verdict == "not held":
-        return verdict, summary + "; the data reject a gain of the paper's size (or show a loss)"
-    return (
+    worse = [ACT_TITLE[a] for a, v in family(comps, "higher", design.alpha).items()
+             if v == NOT_HELD]
+    verdict = ladder(primary.verdict, unusable=tiny, against=bool(worse))
+    return verdict, summary + explain(
         verdict,
-        summary + "; neither a gain nor the paper's effect can be excluded at this resolution",
+        inconclusive=" (tiny runs: a few steps each)" if tiny
+        else "; neither a gain nor the paper's effect can be excluded at this resolution",
+        not_held="; CBN significantly worse (Holm) with " + ", ".join(worse) if worse
+        else "; the data reject a gain of the paper's size (or show a loss)",
+        held="; CBN better on the primary comparison and nowhere significantly worse",
     )
 
 

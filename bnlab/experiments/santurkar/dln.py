@@ -17,7 +17,7 @@ from bnlab import data as D
 from bnlab.probes import ProbeContext, evaluate_landscape
 
 from ..base import Experiment, Outcome, Plan, register
-from ..verdicts import combine, decide
+from ..verdicts import conjunction, decide, ladder
 from ..common import RULE, compare_arms, finite_or_none, fmt, safe_panels
 from .common import (
     BN, DLN_LR, DLN_RANGE, NORMS, SEEDS, SMOKE_DLN_STEPS, STANDARD, _band_panel, _curve_panel, _distribution_panel,
@@ -57,7 +57,7 @@ def _fig8_analyze(ctx) -> Outcome:
 def fig8_verdict(drift: dict[str, list[float]], tiny: str | None = None) -> tuple[str, str]:
     """Fig. 8: BN's activation distributions drift less than the standard DLN's (per-seed median drift)."""
     if tiny:
-        return "inconclusive", tiny
+        return ladder(unusable=True), tiny
     c = compare_arms(drift.get(STANDARD, []), drift.get(BN, []))
     return decide(c, "lower"), ("median drift of a sampled unit's distribution from the first to the last "
                                 f"measurement, per seed; {compare_text(c, 'BN − standard')}. {RULE}")
@@ -185,15 +185,17 @@ def landscape_verdict(summaries: dict[str, list[dict]], normalized: str, tiny: s
                       ) -> tuple[str, dict[str, object], str]:
     """Is ``normalized``'s landscape smoother than the standard network's? Per seed, the three medians of
     :func:`landscape_summary`, compared on a ln scale: held when all three are detectably smaller,
-    not held when one is detectably larger. Returns (verdict, comparisons by quantity, text)."""
+    not held when one is detectably larger after Holm's correction over the three
+    (:func:`verdicts.conjunction`).
+    Returns (verdict, comparisons by quantity, text)."""
     comparisons = {k: compare_arms(log_values([s[k] for s in summaries.get(STANDARD, []) if s[k] is not None]),
                                    log_values([s[k] for s in summaries.get(normalized, []) if s[k] is not None]))
                    for k in LANDSCAPE}
     text = "; ".join(compare_text(c, f"{LANDSCAPE[k]}, {normalized} − standard", log=True)
                      for k, c in comparisons.items())
     if tiny:
-        return "inconclusive", comparisons, tiny
-    return combine([decide(c, "lower") for c in comparisons.values()]), comparisons, text
+        return ladder(unusable=True), comparisons, tiny
+    return conjunction(comparisons, "lower"), comparisons, text
 
 
 def _fig9_plan(preset: str) -> Plan:
@@ -281,8 +283,8 @@ def fig10_verdict(windows: dict[str, dict[str, list[dict]]], tiny: str | None = 
     [1/100, 30] × lr; BN − standard on a ln scale. The literal-rate window and the range beyond 30 × lr are
     reported beside it."""
     if tiny:
-        return "inconclusive", tiny
-    parts, verdict = [], "inconclusive"
+        return ladder(unusable=True), tiny
+    parts, verdict = [], ladder()
     for name, text in (("ours", f"[1/100, 30] × {DLN_LR:g}"), ("literal", f"[1/100, 30] × {LITERAL_LR:g}"),
                        ("beyond", f"(30, {FIG10_MULTIPLIERS[1]:g}] × {DLN_LR:g}")):
         std, bn = ([s["grad_change_max"] for s in windows.get(label, {}).get(name, [])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from ..base import Experiment, Outcome, Plan, register
-from ..verdicts import combine, decide
+from ..verdicts import checks, combine, conjunction, ladder
 from ..common import RULE, compare_arms, fmt, safe_panels
 from .common import (
     BN, COS_TOLERANCE, NOISY, SHIFT_FACTOR, STANDARD, _curve_panel, _distribution_panel, _dln_runs, _first_layer_zero,
@@ -66,15 +66,15 @@ def fig2_verdict(losses: dict[str, list[float]], tiny: str | None = None) -> tup
     detectably lower (:func:`compare_arms`). (2) noisy BN trains as well as BN, pre-declared as "within a factor
     1.25": held when noisy − (BN + ln 1.25) is detectably negative, not held when noisy − (BN + ln 1.25) is
     detectably positive (noisy BN worse than BN by more than the margin), else inconclusive. Both halves held →
-    held; either not held → not held."""
+    held; either not held → not held (after Holm's correction over the two,
+    :func:`verdicts.checks`). Primary, pre-declared: the conjunction of (1) and (2)."""
     if tiny:
-        return "inconclusive", tiny
+        return ladder(unusable=True), tiny
     std, bn, noisy = (log_values(losses.get(k, [])) for k in (STANDARD, BN, NOISY))
     c = compare_arms(std, noisy)
     margin = compare_arms([v + NOISY_MARGIN for v in bn], noisy)
     plain = compare_arms(bn, noisy)
-    first = decide(c, "lower")
-    second = decide(margin, "lower")
+    first, second = checks({1: c, 2: margin}, "lower").values()
     return combine([first, second]), (
         f"(1) noisy BN − standard, {compare_text(c, 'mean training loss per seed', log=True)} → {first}; "
         f"(2) noisy BN − BN {compare_text(plain, 'same', log=True)}; against the margin ln 1.25: "
@@ -156,15 +156,18 @@ def _fig6_analyze(ctx) -> Outcome:
 def fig6_verdict(cos: dict[tuple[str, str], list[float]], tiny: str | None = None) -> tuple[str, str]:
     """Fig. 6: BN's ICS is similar or worse. Per seed, the median cos(G, G′) over steps and layers (first layer
     out); 'similar' allows BN up to COS_TOLERANCE above standard. Per network: held when BN's cos is detectably
-    below standard's + tolerance, not held when detectably above it, else inconclusive."""
+    below standard's + tolerance, not held when detectably above it (Holm over the two networks),
+    else inconclusive. Primary, pre-declared: the conjunction over VGG and DLN
+    (:func:`verdicts.conjunction`)."""
     if tiny:
-        return "inconclusive", tiny
-    verdicts, parts = [], []
+        return ladder(unusable=True), tiny
+    comps, parts = {}, []
     for net in ("VGG", "DLN"):
-        c = compare_arms([v + COS_TOLERANCE for v in cos.get((net, STANDARD), [])], cos.get((net, BN), []))
-        verdicts.append(decide(c, "lower"))
+        c = comps[net] = compare_arms([v + COS_TOLERANCE for v in cos.get((net, STANDARD), [])],
+                                      cos.get((net, BN), []))
         parts.append(f"{net} " + compare_text(c, f"BN − (standard + {COS_TOLERANCE})"))
-    return combine(verdicts), ("median cos(G, G′) over probed steps and layers (first layer excluded), per seed; "
+    return conjunction(comps, "lower"), ("median cos(G, G′) over probed steps and layers (first "
+                                          "layer excluded), per seed; "
                                + "; ".join(parts) + f". {RULE}")
 
 
@@ -228,19 +231,21 @@ def _fig7_analyze(ctx) -> Outcome:
 def fig7_verdict(changes: dict[str, dict[str, list[float]]], losses: dict[str, list[float]],
                  tiny: str | None = None) -> tuple[str, str]:
     """Fig. 7: noisy BN changes both moments per step far more than the standard network (≥ SHIFT_FACTOR ×,
-    tested on ln values against ln(SHIFT_FACTOR × standard)) and still trains faster (ln mean training loss)."""
+    tested on ln values against ln(SHIFT_FACTOR × standard)) and still trains faster (ln mean
+    training loss). Primary, pre-declared: the conjunction of the three
+    (:func:`verdicts.conjunction`, Holm for "against")."""
     if tiny:
-        return "inconclusive", tiny
-    verdicts, parts = [], []
+        return ladder(unusable=True), tiny
+    comps, parts = {}, []
     for q in ("mean_change", "var_change"):
         std = [v + math.log(SHIFT_FACTOR) for v in log_values(changes.get(STANDARD, {}).get(q, []))]
-        c = compare_arms(std, log_values(changes.get(NOISY, {}).get(q, [])))
-        verdicts.append(decide(c, "higher"))
+        c = comps[q] = compare_arms(std, log_values(changes.get(NOISY, {}).get(q, [])))
         parts.append(compare_text(c, f"noisy BN − {SHIFT_FACTOR:g}× standard, median |Δ {q.split('_')[0]}|", log=True))
-    c = compare_arms(log_values(losses.get(STANDARD, [])), log_values(losses.get(NOISY, [])))
-    verdicts.append(decide(c, "lower"))
+    c = comps["loss"] = compare_arms(log_values(losses.get(STANDARD, [])),
+                                     log_values(losses.get(NOISY, [])))
     parts.append(compare_text(c, "noisy BN − standard, mean training loss", log=True))
-    return combine(verdicts), "per seed: " + "; ".join(parts) + f". {RULE}"
+    wanted = {"mean_change": "higher", "var_change": "higher", "loss": "lower"}
+    return conjunction(comps, wanted), "per seed: " + "; ".join(parts) + f". {RULE}"
 
 
 register(Experiment(
