@@ -78,7 +78,7 @@ def test_list_where_filters_and_json(runs_dir):
     first = next(d for d in doc if d["id"] == "aaa111")
     assert first["norm"] == LONG_NORM and first["entry"] == "peng-fig2/smoke:cbn" and first["config"]["seed"] == 0
     bad = _invoke("runs", "list", "--runs-dir", str(runs_dir), "--where", "colour=red")
-    assert bad.exit_code == 2 and "unknown key 'colour'; valid:" in bad.output and "norm" in bad.output
+    assert bad.exit_code == 2 and "unknown --where key 'colour'; valid keys:" in bad.output and "norm" in bad.output
 
 
 def test_delete_removes_runs_and_checkpoints(runs_dir):
@@ -106,7 +106,7 @@ def test_plot_overlays_runs_as_png_and_svg(runs_dir, tmp_path):
     missing = _invoke("runs", "plot", "aaa111", "--metric", "nope", "--out", str(png), "--runs-dir", str(runs_dir))
     assert missing.exit_code == 2 and "has no series 'nope'; it has: probe/grad_norm/layer0, train_loss" in missing.output
     bad = _invoke("runs", "plot", "aaa111", "--metric", "train_loss", "--out", "x.gif", "--runs-dir", str(runs_dir))
-    assert bad.exit_code == 2 and "valid: .png, .svg" in bad.output
+    assert bad.exit_code == 2 and "valid image formats: .png, .svg" in bad.output
 
 
 def test_read_only_runs_dir_lists_shows_exports_and_plots(runs_dir, tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ import typer
 
 from bnlab.plots import panels
 from bnlab.store.run_files import RunDirError, RunLockedError, check_run_id, is_locked
-from bnlab.spec import read_pairs
+from bnlab.spec import check_choice, read_pairs
 from bnlab.jsonsafe import dumps
 from bnlab.store import STATUSES, ReadOnlyStoreError, Store, StoreIntegrityError
 from bnlab.train.checkpoint import repair_from_checkpoint
@@ -159,9 +159,7 @@ def runs_list(
         filters = read_pairs(where, "--where")
         if status is not None:
             shown = (*STATUSES, "stopped", "damaged")
-            if status not in shown:
-                raise ValueError(f"unknown status {status!r}; valid: {', '.join(shown)}")
-            filters["status"] = status
+            filters["status"] = check_choice("status", status, shown, "statuses")
         with _reading(store):
             rows = store.list_runs()
             entries = store.entry_of_runs()
@@ -174,9 +172,11 @@ def runs_list(
             typer.echo(f"warning: {r['problem']}", err=True)
     items = [brief(r, entries, Path(runs_dir)) for r in rows]
     known = _where_keys(items)
-    unknown = [k for k in filters if k.split(".")[0] not in known]
-    if unknown and items:
-        fail(f"--where: unknown key {unknown[0]!r}; valid: {', '.join(known)}")
+    try:
+        for key in filters if items else ():
+            check_choice("--where key", key.split(".")[0], known, "keys")
+    except ValueError as err:
+        fail(str(err))
     items = [i for i in items if matches(i, filters)][:limit]
     if as_json:
         typer.echo(dumps(items, indent=2))
@@ -316,8 +316,10 @@ def runs_plot(
 ) -> None:
     """Draw one recorded metric or probe series of one or several runs, overlaid, against step."""
     out = out or Path(metric.replace("/", "_") + ".png")
-    if out.suffix.lower() not in PLOT_FORMATS:
-        fail(f"--out {out}: unknown image format {out.suffix!r}; valid: {', '.join(PLOT_FORMATS)}")
+    try:
+        check_choice("image format", out.suffix.lower(), PLOT_FORMATS)
+    except ValueError as err:
+        fail(f"--out {out}: {err}")
     store = _open_store(runs_dir)
     series = {}
     try:
