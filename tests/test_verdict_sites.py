@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from scipy import stats
 
 from bnlab.experiments.common import compare_arms, fmt
@@ -127,9 +128,9 @@ def test_ladder_order():
 
 
 def test_against_bound_is_scipys_one_sample_t_test():
-    gen = np.random.default_rng(0)
+    gen = torch.Generator().manual_seed(0)
     for _ in range(20):
-        values = list(gen.normal(0.3, 0.2, 5))
+        values = (0.3 + 0.2 * torch.randn(5, generator=gen, dtype=torch.float64)).tolist()
         verdict, comp = against_bound(values, 0.5, "lower")
         ref = stats.ttest_1samp(values, 0.5)
         assert comp.p == pytest.approx(ref.pvalue, rel=1e-9)
@@ -142,13 +143,14 @@ def test_against_bound_is_scipys_one_sample_t_test():
     assert against_bound([0.501, 0.501, 0.501], 0.5, "higher", se_floor=0.01)[0] == INCONCLUSIVE
 
 
+BASE, CONTRARY = [0.0, 1.0, 2.0, 0.5], [2.7, 4.2, 3.2, 2.2]  # Welch p = 0.011
+
+
 def test_family_and_checks_use_holm_for_against_only():
-    # a family of 5: one comparison against the claim at raw p ≈ 0.02, not significant after Holm
-    gen = np.random.default_rng(1)
-    base = list(gen.normal(0, 1, 4))
-    against = compare_arms(base, [v + 2.2 for v in base[::-1]])  # higher, where "lower" is claimed
+    # a family of 5: one comparison against the claim at raw p ≈ 0.011, not significant after Holm
+    against = compare_arms(BASE, CONTRARY)  # higher, where "lower" is claimed
     nulls = {k: compare_arms([0.0, 1.0, 2.0], [0.1, 1.1, 1.9]) for k in range(4)}
-    assert 0.01 < against.p < 0.05 and against.decision == "higher"
+    assert 0.01 < against.p < 0.05 / 5 * 1.1 and against.decision == "higher"
     comps = {**nulls, "x": against}
     assert decide(against, "lower") == NOT_HELD  # alone: against the claim
     adjusted = holm({k: c.p for k, c in comps.items()})
@@ -164,13 +166,42 @@ def test_family_and_checks_use_holm_for_against_only():
         decide(against, "less")
 
 
+def test_peng_fig7_needs_a_holm_significant_contrary_comparison():
+    """A decision the rule changes on purpose: one of Fig. 7's six comparisons against the claim at
+    raw p = 0.011, the others null. The old ladder said "not held" (any raw p < 0.05 over six
+    checks); with Holm over the family it is "inconclusive" (0.011 × 6 > 0.05)."""
+    from bnlab.experiments.peng import components as PCo
+
+    null = [2.0, 2.3, 1.8, 2.1]
+    sq = {
+        act: {
+            "no normalization": null,
+            "mean removal": [2.1, 1.9, 2.2, 2.0],
+            "ℓ2 normalization": [2.05, 2.2, 1.9, 2.15],
+            "CBN": null,
+        }
+        for act in ("sigmoid", "tanh", "relu")
+    }
+    sq["relu"] = {
+        **sq["relu"],
+        "no normalization": BASE,
+        "mean removal": BASE,
+        "ℓ2 normalization": CONTRARY,
+    }
+    assert PCo.fig7_verdict(sq)[0] == INCONCLUSIVE
+    # significant after Holm as well (a large contrary effect): "not held", as before
+    sq["relu"]["ℓ2 normalization"] = [v + 10 for v in BASE]
+    sq["relu"]["no normalization"] = [v + 0.01 * i for i, v in enumerate(BASE)]
+    assert PCo.fig7_verdict(sq)[0] == NOT_HELD
+
+
 def test_fmt_options_match_python_format():
-    gen = np.random.default_rng(2)
-    for mean, sd in gen.normal(0, 10, (20, 2)):
+    gen = torch.Generator().manual_seed(2)
+    for mean, sd in (10 * torch.randn(20, 2, generator=gen, dtype=torch.float64)).tolist():
         sd = abs(sd)
         assert fmt(mean, std=sd, n=3, decimals=2) == f"{mean:.2f} ± {sd:.2f} (n=3)"
         assert fmt(mean, 4, std=sd) == f"{mean:.4g} ± {sd:.2g}"
-        values = list(gen.normal(mean, 1 + sd, 4))
+        values = (mean + (1 + sd) * torch.randn(4, generator=gen, dtype=torch.float64)).tolist()
         m, s = float(np.mean(values)), float(np.std(values, ddof=1))
         assert fmt(values, 4) == f"{m:.4g} ± {s:.2g} (n=4)"
     assert fmt(None, std=1.0, n=3) == "—" and fmt([]) == "—"
