@@ -206,9 +206,7 @@ def digits(
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"option test_fraction must be in [0, 1), got {test_fraction}")
     standardize = check_choice("standardize", standardize, DIGITS_STANDARDIZE, "standardizations")
-    size = as_int("size", size)
-    if size not in DIGITS_SIZES:
-        raise ValueError(f"option size must be one of {', '.join(map(str, DIGITS_SIZES))}; got {size!r}")
+    size = check_choice("size", as_int("size", size), DIGITS_SIZES)
     gen = cpu_generator(seed)
 
     raw_images, raw_target = load_digits_arrays()  # scikit-learn's load_digits() values and order

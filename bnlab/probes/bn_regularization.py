@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 import torch
 
+from bnlab.spec import check_choice
 from bnlab.theory.luo_zeta import ACTIVATIONS, zeta_terms
 
 from .base import PROBES, Probe, ProbeContext, bn_affine, bn_layers, channels_first, select_layers
@@ -48,8 +49,7 @@ class BNRegularizationProbe(Probe):
     def __init__(self, every: int = 1, activation: str = "relu", batch_size: int | None = None,
                  heldout=None, layers: Iterable[str] | None = None) -> None:
         super().__init__(every)
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; valid activations: {', '.join(ACTIVATIONS)}")
+        check_choice("activation", activation, ACTIVATIONS)
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 2):
             raise ValueError(f"batch_size must be an integer >= 2, got {batch_size!r}")
         self.activation = activation

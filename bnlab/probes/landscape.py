@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from bnlab.norms import StochasticLayer
+from bnlab.spec import check_choice
 
 from .base import PROBES, Probe, ProbeContext, is_bn_layer, loss_and_grads
 from .state import preserved
@@ -71,8 +72,7 @@ def step_sizes(lr: float, multipliers: tuple[float, float], num: int, spacing: s
         raise ValueError(f"step-size range must satisfy 0 < a <= b, got {multipliers!r}")
     if not isinstance(num, int) or num < 1:
         raise ValueError(f"num must be a positive integer, got {num!r}")
-    if spacing not in SPACINGS:
-        raise ValueError(f"unknown spacing {spacing!r}; valid spacings: {', '.join(SPACINGS)}")
+    check_choice("spacing", spacing, SPACINGS)
     # host-side bookkeeping (read with tolist, moved to the parameters' device where used): on the CPU
     # explicitly, whatever torch's default device is
     if spacing == "linear":
@@ -191,10 +191,8 @@ def evaluate_landscape(ctx: ProbeContext, steps: torch.Tensor, method: str = "au
     are free of differences between code paths. Cost (passes): naive 1 + S (+1 if recomputing the
     direction), batched 1 vmapped pass over S + 1 (+1).
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown landscape method {method!r}; valid methods: {', '.join(METHODS)}")
-    if direction not in DIRECTIONS:
-        raise ValueError(f"unknown direction {direction!r}; valid directions: {', '.join(DIRECTIONS)}")
+    check_choice("landscape method", method, METHODS, "methods")
+    check_choice("direction", direction, DIRECTIONS)
     if ctx.snapshot is None:
         with preserved(ctx.model, ctx.optimizer) as snap:
             ctx.snapshot = snap
@@ -267,10 +265,8 @@ class LandscapeProbe(Probe):
                  spacing: str = "linear", method: str = "auto", verify: bool = True,
                  chunk_size: int | None = None, direction: str = "grad") -> None:
         super().__init__(every)
-        if method not in METHODS:
-            raise ValueError(f"unknown landscape method {method!r}; valid methods: {', '.join(METHODS)}")
-        if direction not in DIRECTIONS:
-            raise ValueError(f"unknown direction {direction!r}; valid directions: {', '.join(DIRECTIONS)}")
+        check_choice("landscape method", method, METHODS, "methods")
+        check_choice("direction", direction, DIRECTIONS)
         if multipliers is not None:
             multipliers = tuple(float(v) for v in multipliers)
             if len(multipliers) != 2:

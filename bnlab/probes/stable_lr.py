@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from bnlab.spec import check_choice
+
 PENG_CANDIDATES = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 DEFAULT_CANDIDATES = PENG_CANDIDATES
 STRATEGIES = ("descending", "all")
@@ -69,8 +71,7 @@ def max_stable_lr(train_fn: Callable[[float], Any], candidates: Iterable[float] 
     lrs = sorted({float(c) for c in candidates}, reverse=True)
     if not lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in lrs):
         raise ValueError(f"candidates must be positive finite learning rates, got {list(candidates)!r}")
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; valid strategies: {', '.join(STRATEGIES)}")
+    check_choice("strategy", strategy, STRATEGIES, "strategies")
     result = StableLRResult(lr=None)
     for lr in lrs:
         ok = is_stable(train_fn(lr))
