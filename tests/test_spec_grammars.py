@@ -159,3 +159,13 @@ def test_registry_sort_and_remove():
     assert reg.remove("b") == 2 and list(reg) == ["a", "c"]
     with pytest.raises(ValueError, match="unknown thing 'b'; valid things: a, c"):
         reg.remove("b")
+
+
+def test_verdict_settling_reads_schedules_with_the_one_parser():
+    # before: experiments/verdicts.py split "step:..." by hand and missed "Step:60", which
+    # training accepts (parse_schedule is case-insensitive), so the run settled at 2/3 instead
+    from bnlab.experiments.verdicts import settle_fraction
+
+    for text in ("step:60", "Step:60", " STEP:60:0.2"):
+        assert settle_fraction({"schedule": text, "epochs": 120}) == pytest.approx((60 + 30) / 120)
+    assert settle_fraction({"schedule": "exp:0.99", "epochs": 120}) == pytest.approx(2 / 3)

@@ -38,6 +38,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from bnlab.train.schedules import parse_schedule
+
 from .common import Comparison, finite_or_none, mean_std
 
 ALPHA = 0.05
@@ -223,10 +225,10 @@ def settle_fraction(config: dict) -> float:
     """Where (fraction of training) the settling rule reads the verdict a second time: halfway through the
     final learning-rate phase. For ``step:E1,...,Ek`` over E epochs that is (Ek + (E − Ek)/2)/E — after the
     last drop, so the two readings compare like with like; otherwise (constant, exponential) 2/3."""
-    schedule = str(config.get("schedule") or "constant")
+    schedule = parse_schedule(str(config.get("schedule") or "constant"))  # the one parser
     epochs = config.get("epochs")
-    if schedule.startswith("step:") and epochs:
-        last = max(int(e) for e in schedule.split(":")[1].split(","))
+    if schedule.kind == "step" and epochs:
+        last = max(schedule.milestones)
         if last < epochs:
             return (last + (epochs - last) / 2) / epochs
     return 2 / 3
