@@ -63,12 +63,15 @@ def _reference(model, batch, rtol=1e-4, seed=0) -> dict[str, str]:
 def _state(model: nn.Module) -> dict:
     """Everything observable: tensors by name, buffer identity, modes, generator states, attributes."""
     out = {"tensors": {k: v.clone() for k, v in model.state_dict(keep_vars=True).items()},
+           "attr_objects": {(name, k): id(v) for name, m in model.named_modules()
+                            for k, v in vars(m).items() if not k.startswith("_")},
            "ids": {k: id(v) for k, v in [*model.named_parameters(), *model.named_buffers()]},
            "modes": [m.training for m in model.modules()]}
     for name, m in model.named_modules():
         gen = getattr(m, "_generator", None)
         if isinstance(gen, torch.Generator):
             out[f"{name}.generator"] = gen.get_state()
+            out[f"{name}.generator_object"] = id(gen)  # a trainer holding it keeps the layer's own
         out[f"{name}.attrs"] = sorted(k for k in vars(m) if not k.startswith("_"))
     return out
 

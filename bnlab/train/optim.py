@@ -33,7 +33,6 @@ scale-invariant learning rate) as one vector.
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 from collections.abc import Callable, Iterable, Mapping
 from typing import cast
@@ -48,32 +47,32 @@ RELATIVE_TOLERANCE = 1e-4
 _LOSS_FLOOR = 1e-6
 
 
-# nn.Module's own bookkeeping (hook tables, child/parameter/buffer tables): not state a forward changes
+# nn.Module's own bookkeeping (hook, child, parameter, buffer tables): not state a forward changes
 _MODULE_TABLES = frozenset(vars(nn.Module()))
 
 
 class _ModelState:
-    """Everything a training-mode forward may change in ``model``, saved once and restored exactly:
-    parameter and buffer values (and which tensor each name is bound to), every module's other
-    attributes (step counters, ``torch.Generator`` s, cached statistics: deep copies); the modules'
-    modes by :meth:`restore_modes`, once at the end.
+    """Everything a training-mode forward may change in ``model``, saved once and restored exactly,
+    in place: parameter and buffer values (and which tensor each name is bound to), every module's
+    other attributes (rebound to the saved objects), the values of tensors and the states of
+    ``torch.Generator`` s held as attributes; the modules' modes by :meth:`restore_modes`.
 
-    The scale-invariance test evaluates the model in place between :meth:`restore` calls instead of on
-    a deep copy per evaluation: deep-copying a 25-layer network 75 times took 6–12 s of a run's set-up.
+    Objects are restored in place, never replaced by copies: a trainer that holds a layer's noise
+    generator (to seed or checkpoint it) keeps holding the one the layer draws from. The
+    scale-invariance test evaluates the model in place between :meth:`restore` calls instead of on
+    a deep copy per evaluation: deep-copying a 25-layer network 75 times took 6–12 s of a set-up.
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.modules = list(model.modules())
         self.modes = [m.training for m in self.modules]
         self.tables = [(m, dict(m._parameters), dict(m._buffers)) for m in self.modules]
-        self.values = [(t, t.detach().clone()) for t in _tensors(model)]
-        # the model's own modules and tensors stay shared (an attribute may point at a wrapped layer)
-        self.shared = {id(obj): obj for obj in [*self.modules, *_tensors(model)]}
-        self.attrs = [(m, self.copy({k: v for k, v in vars(m).items() if k not in _MODULE_TABLES}))
+        self.attrs = [(m, {k: v for k, v in vars(m).items() if k not in _MODULE_TABLES})
                       for m in self.modules]
-
-    def copy(self, attrs: dict) -> dict:
-        return copy.deepcopy(attrs, dict(self.shared))
+        held = [*_tensors(model)] + [v for _, attrs in self.attrs for v in attrs.values()]
+        self.values = {id(t): (t, t.detach().clone()) for t in held if isinstance(t, torch.Tensor)}
+        self.generators = {id(g): (g, g.get_state())
+                           for g in held if isinstance(g, torch.Generator)}
 
     def restore_modes(self) -> None:
         for m, mode in zip(self.modules, self.modes):
@@ -81,16 +80,19 @@ class _ModelState:
 
     def restore(self) -> None:
         for m, params, buffers in self.tables:
-            m._parameters.clear(), m._parameters.update(params)
-            m._buffers.clear(), m._buffers.update(buffers)
-        with torch.no_grad():
-            for tensor, saved in self.values:
-                tensor.copy_(saved)
+            m._parameters.clear()
+            m._parameters.update(params)
+            m._buffers.clear()
+            m._buffers.update(buffers)
         for m, attrs in self.attrs:
-            extra = [k for k in vars(m) if k not in _MODULE_TABLES and k not in attrs]
-            for k in extra:  # set during the forward: not there before
-                del vars(m)[k]
-            vars(m).update(self.copy(attrs))
+            for k in [k for k in vars(m) if k not in _MODULE_TABLES and k not in attrs]:
+                del vars(m)[k]  # set during the forward: not there before
+            vars(m).update(attrs)
+        with torch.no_grad():
+            for tensor, saved in self.values.values():
+                tensor.copy_(saved)
+        for generator, state in self.generators.values():
+            generator.set_state(state)
 
 
 def _tensors(model: nn.Module) -> list[torch.Tensor]:
@@ -110,8 +112,9 @@ def _loss_in_place(
 ) -> float:
     """Loss of ``model`` (train mode) after ``edit``, then ``state`` restored: nothing leaks back.
 
-    The model is in train mode (set once by the caller). Each evaluation starts from exactly the saved state (running statistics, layer noise), and the
-    global RNG (dropout) is re-seeded identically inside a fork.
+    The model is in train mode (set once by the caller). Each evaluation starts from exactly the
+    saved state (running statistics, layer noise), and the global RNG (dropout) is re-seeded
+    identically inside a fork.
     """
     xb, yb = batch
     devices = [xb.device.index or 0] if xb.device.type == "cuda" else []
