@@ -512,7 +512,7 @@ def test_fused_path_equals_plain_autograd(spec, fused):
 
 
 def test_double_backward_needs_plain_autograd(fused):
-    layer = N.create("bn", 3).double()
+    layer = N.create("mean_only_bn", 3).double()
     x = randn(8, 3, seed=4).requires_grad_()
     with pytest.raises(RuntimeError, match="plain_autograd"):
         torch.autograd.grad(layer(x).pow(3).sum(), x, create_graph=True)

@@ -19,9 +19,23 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import bnlab.norms.base as norms_base
 from bnlab.norms import coef_compile
-from bnlab.norms.bench import _layer
+from bnlab.norms.bench import _layer as _bench_layer
 from bnlab.norms.fused import fused_normalize
 from bnlab.norms.opcount import count_ops, training_step
+from bnlab.norms.batchnorm import BatchNorm
+
+
+class SharedPathBatchNorm(BatchNorm):
+    """BN's coefficients on the shared path (``bn`` itself trains through torch's kernel)."""
+
+
+def _layer(spec: str, shape):
+    layer = _bench_layer(spec, shape)
+    if spec != "bn":
+        return layer
+    shared = SharedPathBatchNorm(shape[1])
+    shared.load_state_dict(layer.state_dict())
+    return shared
 
 SHAPE = (6, 5, 3, 2)
 VARIANTS = [

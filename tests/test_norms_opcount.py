@@ -56,7 +56,7 @@ def test_lp_noisy_and_si_bn_dispatch_at_most_24_ops(spec):
     assert ops.total <= 24, ops.by_name()
 
 
-@pytest.mark.parametrize("spec", ["bn", "cbn", "lp_bn(p=1)"])
+@pytest.mark.parametrize("spec", ["mean_only_bn", "cbn", "lp_bn(p=1)"])
 def test_small_inputs_on_the_fused_path_dispatch_as_few(spec, monkeypatch):
     """The count does not depend on the size: a (1000, 10) batch on the fused path counts the same."""
     monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0)
@@ -74,7 +74,7 @@ def test_inside_counts_what_the_operators_run():
     """``inside=True`` replaces each bnlab operator by the aten ops of its kernel (about the kernel
     launches on a GPU): the statistics, affine and reduction kernels appear, no bnlab:: name remains."""
     torch.manual_seed(0)
-    step = training_step(_layer("bn", SHAPE), SHAPE)
+    step = training_step(_layer("mean_only_bn", SHAPE), SHAPE)
     step()
     inside = count_ops(step, inside=True).by_name()
     assert not any(name.startswith("bnlab::") for name in inside)
@@ -84,7 +84,7 @@ def test_inside_counts_what_the_operators_run():
 
 def test_plain_autograd_is_thread_local():
     """Issue 20: one thread's plain_autograd() leaves another thread's layers on the fused path."""
-    layer, x = N.create("bn", 64), torch.randn(SHAPE).requires_grad_()
+    layer, x = N.create("mbn", 64), torch.randn(SHAPE).requires_grad_()
     entered, release, seen = threading.Event(), threading.Event(), {}
 
     def other():

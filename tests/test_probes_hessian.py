@@ -90,7 +90,7 @@ def test_seeded_and_checks_options():
 
 def test_runs_on_bnlab_fused_conv_bn_which_refuses_double_backward_alone():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(2, 64, 3, padding=1, bias=False), norms.create("bn", 64), nn.ReLU(),
+    model = nn.Sequential(nn.Conv2d(2, 64, 3, padding=1, bias=False), norms.create("mean_only_bn", 64), nn.ReLU(),
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 3))
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(32, 2, 8, 8, generator=g), torch.randint(0, 3, (32,), generator=g)

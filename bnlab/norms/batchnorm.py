@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch import Tensor
 
 from .base import ChannelNorm
+from .sync import module_group
 from .conventions import checked_eps, checked_momentum
 from .registry import BN_OPTIONS, norm
 
@@ -27,8 +29,31 @@ class BatchNorm(ChannelNorm):
             return empty
         if not self.use_batch_stats():
             return self.running_normalize(x)
+        if type(self) is BatchNorm and module_group(self) is None and not self.compiled_cumulative():
+            return self.native_batch_norm(x)
         gamma, beta = self.gamma_beta(x)
         return self.normalize_with_batch_stats(x, self.coefficients, gamma, beta, update=self.update_running_stats)[0]
+
+    def native_batch_norm(self, x: Tensor) -> Tensor:
+        """Training with batch statistics through torch's own kernel, as ``nn.BatchNorm2d.forward``.
+
+        Plain BN's coefficients are exactly what torch's fused kernel computes, so ``bn`` (not its
+        subclasses) runs that one kernel forward and one backward (double backward included): on small
+        tensors the shared path's per-channel ops cost 3–4× the kernel. The shared path
+        (:meth:`normalize_with_batch_stats`, which the variants use) still runs for synced layers (its
+        statistics are reduced across ranks); tests hold the two paths equal.
+        """
+        tracks = self.tracks_now()
+        if tracks:
+            self.num_batches_tracked.add_(1)
+        momentum = float(self.momentum_weight()) if tracks else 0.0
+        return F.batch_norm(x, self.running_mean if tracks else None, self.running_var if tracks else None,
+                            self.weight, self.bias, True, momentum, self.eps)
+
+    def compiled_cumulative(self) -> bool:
+        """``momentum=None`` under torch.compile: the kernel needs 1/t as a Python float, a graph break
+        on every step; the shared path takes it as a tensor."""
+        return self.momentum is None and torch.compiler.is_compiling()
 
     def coefficients(self, mean: Tensor, var: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
         """The layer as a per-channel affine map of x given the statistics: (scale, shift)."""
