@@ -27,8 +27,10 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch
 
 install: $(VENV)/.installed
 
+# One pytest worker per core (pytest-xdist): the tests run with one torch thread each (conftest), so
+# two workers on two cores take about half the time of one process. `pytest tests/x.py` stays serial.
 test: $(VENV)/.installed
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist worksteal
 
 demo: $(VENV)/.lab
 	$(VENV)/bin/bnlab demo
