@@ -1,21 +1,36 @@
 """Eval paths that hold in real networks (issue 17, item 2).
 
-Every registered layer trains resnet20 (sigmoid), Luo et al.'s VGG-style CNN (ReLU and tanh) and the
-MLP (sigmoid) — the project's own builders, tiny widths — on the digits that ship with bnlab, for 48
-steps of the issue's recipe (SGD, momentum 0.9, weight decay 5e-4, lr ÷ 10 for the last of 4 epochs;
-``placement="pre_linear"``, Peng's placement; si_bn and wn wrap the layer they normalize). Then the test accuracy of the model in eval mode
-(running statistics) must be within 3 points of the same model's accuracy in train mode (batch
-statistics, on a copy: the buffers move; noisy_bn's training noise switched off in that copy, since
-its eval is plain BN). The reference is each layer's own training normalization.
+Every registered layer trains resnet20 (sigmoid), Santurkar's VGG (configuration A; ReLU and tanh),
+Luo et al.'s VGG-style CNN (ReLU and tanh) and the MLP (sigmoid) — the project's own builders, tiny
+widths — on the 8×8 digits that ship with bnlab: 72 steps of the issue's recipe (SGD, momentum 0.9,
+weight decay 5e-4), 36 at lr 0.05 and a settling phase of 36 at lr/10 (``placement="pre_linear"``,
+Peng's placement; si_bn and wn wrap the layer they normalize). Then the test accuracy of the model
+in eval mode (running statistics) must be within 3 points of the same model's accuracy in train mode
+(batch statistics, on a copy: the buffers move; noisy_bn's training noise switched off in that copy,
+since its eval is plain BN). The reference is each layer's own training normalization.
+
+Why the settling phase: with 12 steps at lr/10 (the issue's 4-epoch recipe) torch's own BatchNorm2d
+misses too — VGG-16 at 1/16 width 9.5 points (eval 0.741 against 0.836), Santurkar's VGG 4.5, and
+in resnet20 with BN before the sigmoid (si_bn's place) 0.298 against 0.407 — while the final
+network's exact population statistics (a cumulative average over the training set, the same
+weights) give batch-statistics accuracy within 1.5 points in every case measured, si_bn's included
+(0.334 against 0.323). So those misses were BN's EMA (momentum 0.1) lagging weights that still move,
+not an eval path. After 36 steps at lr/10 the EMA keeps 0.9^36 = 2 % of what it held when the lr
+fell.
 
 Before the fix Complete BN's eval accuracy fell to chance in resnet20 (``cbn(rho=2)``: 0.097 against
-0.574 in train mode here; ``bnlab train`` in the issue: 0.111 against 0.777): its running statistics
-were BN's EMA started at (0, 1) and lagging 10 batches, and CBN — β inside the normalized quantity —
-turns any error of its divisor into an error of the next layer's centre (docs/readme/norms.md, "CBN
-inference"). VGG-16 itself is left out: at 1/16 width on 8×8 digits torch's own BatchNorm misses by
-5.6 points (eval 0.663 against 0.719) — a short-run property of BN's EMA, not of bnlab.
+0.574 in train mode at the 4-epoch recipe; ``bnlab train`` in the issue: 0.111 against 0.777): its
+running statistics were BN's EMA started at (0, 1) and lagging 10 batches, and CBN — β inside the
+normalized quantity — turns any error of its divisor into an error of the next layer's centre
+(docs/readme/norms.md, "CBN inference"). The settled recipe hides that (the old code: 0.618 against
+0.610), so :func:`test_cbn_eval_holds_after_a_short_run` keeps the 4-epoch recipe for CBN.
 
-Cost: 56 trainings of 48 steps (about 2 minutes on one core, most of it resnet20).
+Left as measured: combinations that cannot learn (``CANNOT_LEARN``, skipped with the numbers), and
+``KNOWN`` misses that belong to the method — noisy_bn's later layers keep statistics of noisy inputs
+that eval never sees, and one si_bn channel whose variance (5e-4) is as small as what remains of
+running_var's start value 1 after 72 steps.
+
+Cost: 92 trainings, 84 run (about 2 min 10 s of CPU on one core, most of it resnet20).
 """
 
 from __future__ import annotations
@@ -36,30 +51,59 @@ from bnlab.data import batches
 # Every registered layer with its defaults (cbn with Peng's ρ = 2), plus CBN's AMAT-off and ρ = 1 arms.
 DEFAULTS = {"cbn": "cbn(rho=2)"}
 SPECS = [DEFAULTS.get(name, name) for name in sorted(REGISTRY)] + ["cbn(rho=2, amat=false)", "cbn"]
-NETWORKS = {  # name: (model, activation, options)
+NETWORKS = {  # name: (model, activation, options); all on 8×8 digits
     "resnet20-sigmoid": ("resnet20", "sigmoid", {"width": 0.25}),
     "luo_cnn-relu": ("luo_cnn", "relu", {"width": 0.125}),
     "luo_cnn-tanh": ("luo_cnn", "tanh", {"width": 0.125}),
+    # Santurkar's VGG (configuration A, 8 conv + 3 fc) at 1/8 width, He init: its smoke entries' net
+    "vgg_santurkar-relu": ("vgg_santurkar", "relu", {"width": 0.125, "init": "kaiming"}),
+    "vgg_santurkar-tanh": ("vgg_santurkar", "tanh", {"width": 0.125, "init": "kaiming"}),
     "mlp-sigmoid": ("mlp", "sigmoid", {"width": 32, "depth": 2}),
 }
-EPOCHS, BATCH, TRAIN_SAMPLES, LR = 4, 64, 768, 0.05  # 48 steps
-# Layers of other owners that miss at this recipe (measured; issue 17 leaves them open): they run and
-# are reported as xfail, and turn into passes when fixed.
+BATCH, TRAIN_SAMPLES, LR = 64, 768, 0.05  # 12 steps an epoch
+# lr factor per epoch: 36 steps at LR, then a settling phase of 36 at LR/10, after which BN's EMA
+# (momentum 0.1) keeps 0.9^36 = 2 % of what it held when the lr fell (module docstring)
+SCHEDULE = (1.0, 1.0, 1.0, 0.1, 0.1, 0.1)
+# var_only_bn does not remove the mean, so its output keeps the input's mean/σ: at lr 0.05 the tanh
+# CNN diverges (loss 8-14 at lr 0.2); at lr 0.005 and 0.02 it learns (test accuracy 0.92, 0.86).
+LR_FOR = {("var_only_bn", "luo_cnn-tanh"): 0.01}
+# Combinations that cannot learn, so that eval and batch statistics are both at chance (0.100 at
+# lr 0.01, 0.05, 0.2 and 1.0, 72 steps): in resnet20 with 20 sigmoids (σ' <= 1/4) and no layer that
+# normalizes both moments, the first conv's gradient is 1e-8 of its weight at initialization (none
+# 2.9e-8, wn 6.2e-9, mean_only_bn 4.0e-8, var_only_bn 9.5e-8; bn 0.10, si_bn 2.3e-3): vanishing
+# gradients (Glorot & Bengio 2010), not an eval path. var_only_bn in the sigmoid MLP divides the
+# sigmoids' outputs (mean 0.5) by their small σ without centring: chance at lr 0.005, 0.02 and 0.2;
+# in the 11-layer VGG it is at chance at lr 0.01, 0.05 and 0.2 with either activation (the mean it
+# keeps compounds over the layers). The VGG with ReLU and no normalization reaches 0.31 at lr 0.05,
+# 0.21 at 0.01, 0.26 at 0.2: too close to the bar of 0.3 to be a stable check of nothing.
+# wn and none keep no statistics: their eval is their training forward.
+CANNOT_LEARN = {
+    ("none", "resnet20-sigmoid"): "vanishing gradients: 20 sigmoids, no normalization",
+    ("wn", "resnet20-sigmoid"): "vanishing gradients: 20 sigmoids, WN fixes no moment",
+    ("mean_only_bn", "resnet20-sigmoid"): "vanishing gradients: 20 sigmoids, only the mean removed",
+    ("var_only_bn", "resnet20-sigmoid"): "vanishing gradients: 20 sigmoids, the mean kept",
+    ("var_only_bn", "mlp-sigmoid"): "sigmoid outputs divided by σ without centring saturate",
+    ("var_only_bn", "vgg_santurkar-relu"): "chance at lr 0.01, 0.05, 0.2: the kept mean compounds",
+    ("var_only_bn", "vgg_santurkar-tanh"): "chance at lr 0.01, 0.05, 0.2: the kept mean compounds",
+    ("none", "vgg_santurkar-relu"): "no statistics (eval = training forward); reaches 0.31 at most",
+}
+# Measured misses that are a property of the method, not of bnlab's eval path (they run as xfail):
+# noisy_bn's own running statistics are of the clean batch (BN's output a, before Santurkar's Alg. 1
+# adds s·a + m), but the NEXT layers' running statistics are collected from noisy inputs while eval
+# has no noise. Population statistics of the final network with the noise off give 0.978 against
+# batch statistics 0.986 in luo_cnn-relu; with the noise on 0.869, as eval (0.897).
+NOISE = "later layers' running statistics saw the noise"
 KNOWN = {
-    ("mean_only_bn", "resnet20-sigmoid"): "does not learn at lr 0.05 (chance in both modes)",
-    ("var_only_bn", "resnet20-sigmoid"): "does not learn at lr 0.05 (chance in both modes)",
-    ("var_only_bn", "luo_cnn-tanh"): "does not learn at lr 0.05 (chance in both modes)",
-    ("var_only_bn", "mlp-sigmoid"): "does not learn at lr 0.05 (chance in both modes)",
-    ("noisy_bn", "resnet20-sigmoid"): "eval 0.552 against 0.593: BN's EMA lag (its eval is plain BN)",
-    ("noisy_bn", "luo_cnn-relu"): "eval 0.939 against 0.986 without the training noise",
-    ("lp_bn", "resnet20-sigmoid"): "eval 0.694 against 0.724: its running ℓp scale lags (3.1 points)",
-    ("brn", "resnet20-sigmoid"): "eval 0.694 against 0.724: its running σ lags (3.1 points)",
-    ("none", "resnet20-sigmoid"): "20 sigmoid layers without normalization do not learn in 48 steps",
-    ("wn", "resnet20-sigmoid"): "does not learn at lr 0.05 (chance in both modes)",
-    ("si_bn", "resnet20-sigmoid"): "eval 0.170 against 0.323 (BN's EMA, ε‖w‖² smoothing)",
-    # CBN without AMAT normalizes each batch by itself; its BN-style EMA (start bias removed) gives 0.524
-    # against 0.579, the final network's exact population statistics 0.560 (tests the EMA, not Peng)
-    ("cbn(rho=2, amat=false)", "resnet20-sigmoid"): "eval 0.524 against 0.579: EMA of 10 batches",
+    ("noisy_bn", "luo_cnn-relu"): f"eval 0.897 against 0.986: {NOISE}",
+    ("noisy_bn", "resnet20-sigmoid"): f"eval 0.641 against 0.604: {NOISE}",
+    ("noisy_bn", "vgg_santurkar-relu"): f"eval 0.435 against 0.905: {NOISE}",
+    ("noisy_bn", "vgg_santurkar-tanh"): f"eval 0.730 against 0.769: {NOISE}",
+    # One channel (features.7, the first conv on 1×1 maps) ends with batch variance 5e-4; the
+    # running variance starts at 1 as torch's does, and 0.9^72 = 5e-4 of that start is still in it
+    # after 72 steps: running_var 0.00099, twice the channel's. Population statistics: 0.933 against
+    # 0.939 (torch's BatchNorm2d in si_bn's place: 0.928 against 0.925, no such channel).
+    ("si_bn", "vgg_santurkar-tanh"): "eval 0.900 against 0.939: running_var's start value 1 "
+                                     "still 5e-4 of it, a channel's variance is 5e-4",
 }
 
 
@@ -68,6 +112,8 @@ def cases():
         for network in NETWORKS:
             reason = KNOWN.get((spec, network))
             marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
+            if (spec, network) in CANNOT_LEARN:
+                marks = [pytest.mark.skip(reason=CANNOT_LEARN[spec, network])]
             yield pytest.param(spec, network, marks=marks, id=f"{spec}-{network}")
 
 
@@ -82,21 +128,22 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return float(predicted.eq(y).float().mean())
 
 
-def train(spec: str, network: str, data) -> nn.Module:
+def train(spec: str, network: str, data, schedule: tuple = SCHEDULE) -> nn.Module:
     name, activation, options = NETWORKS[network]
     wrapper = lookup(spec)[0].kind == "wrapper"  # si_bn, wn normalize their own layer's output
     placement = "pre_activation" if wrapper else "pre_linear"
     model = M.create(name, norm=spec, activation=activation, placement=placement,
                      input_shape=data.input_shape, num_classes=10, seed=0, **options)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=5e-4)
+    base_lr = LR_FOR.get((spec, network), LR)
+    opt = torch.optim.SGD(model.parameters(), lr=base_lr, momentum=0.9, weight_decay=5e-4)
     g = torch.Generator().manual_seed(0)
     x, y = data.x_train[:TRAIN_SAMPLES], data.y_train[:TRAIN_SAMPLES]
     model.train()
-    for epoch in range(EPOCHS):
-        lr = LR if epoch < EPOCHS - 1 else LR / 10  # AMAT's η = 0.5, then 0.95: moving statistics matter
+    for epoch, factor in enumerate(schedule):
+        lr = base_lr * factor  # AMAT's η = 0.5, then 0.95: moving statistics matter
         for group in opt.param_groups:
             group["lr"] = lr
-        N.set_progress(model, lr=lr, epoch=epoch + 1, epochs=EPOCHS)
+        N.set_progress(model, lr=lr, epoch=epoch + 1, epochs=len(schedule))
         for xb, yb in batches(x, y, BATCH, generator=g):
             opt.zero_grad()
             nn.functional.cross_entropy(model(xb), yb).backward()
@@ -122,6 +169,20 @@ def test_eval_accuracy_is_within_3_points_of_batch_statistics(spec, network, dig
     eval_mode = accuracy(model.eval(), digits.x_test, digits.y_test)
     assert batch_stats > 0.3, (spec, network, batch_stats)  # it learned: the comparison means something
     assert abs(eval_mode - batch_stats) <= 0.03, (spec, network, eval_mode, batch_stats)
+
+
+# Issue 17's CBN failure at the recipe that showed it: 48 steps, only 12 of them at lr/10. Before
+# the fix: eval 0.097 against 0.574 (the running statistics' start values and lag; the settled
+# recipe above hides them: the old code passes there, 0.618 against 0.610).
+SHORT_SCHEDULE = (1.0, 1.0, 1.0, 0.1)
+
+
+def test_cbn_eval_holds_after_a_short_run(digits):
+    model = train("cbn(rho=2)", "resnet20-sigmoid", digits, SHORT_SCHEDULE)
+    batch_stats = accuracy(batch_statistics_copy(model), digits.x_test, digits.y_test)
+    eval_mode = accuracy(model.eval(), digits.x_test, digits.y_test)
+    assert batch_stats > 0.3, batch_stats
+    assert abs(eval_mode - batch_stats) <= 0.03, (eval_mode, batch_stats)
 
 
 def _sigmoid_like_batches(count: int, gen: torch.Generator):
