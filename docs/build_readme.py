@@ -1,18 +1,25 @@
 """Rewrite the catalogue's verdict table in README.md from a runs dir's stored results.
 
-    python docs/build_readme.py --runs-dir runs        # after `make demo` or `bnlab reproduce ...`
+    python docs/build_readme.py --runs-dir runs          # after `make demo` or `bnlab reproduce ...`
+    python docs/build_readme.py --runs-dir runs --check  # exit 1 if the README disagrees with the store
 
 Only the region between ``<!-- verdicts:start -->`` and ``<!-- verdicts:end -->`` changes; the rest of
 the README is hand-written. The verdicts are not copied from anywhere: every stored catalogue entry
 is analysed again from the store (``bnlab.experiments.runner.iter_outcomes``, the same path as
 ``bnlab report``; nothing is trained), so the table says what the stored runs say today. The user
 guide itself is the docs site (``mkdocs.yml``, pages in ``docs/readme/``), no longer concatenated here.
+
+Each rewrite also stores the rows it rendered in ``docs/verdicts.json`` (the store's verdicts, as
+analysed then): the suite checks that the README's table is exactly what those rows render and that
+every row names a catalogue entry, so neither a hand edit nor a renamed entry goes unnoticed where no
+store is at hand (CI). ``--check`` compares the README with a live store instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -23,6 +30,7 @@ from bnlab.store import Store
 
 START, END = "<!-- verdicts:start -->", "<!-- verdicts:end -->"
 REPO = Path(__file__).resolve().parent.parent
+SNAPSHOT = REPO / "docs" / "verdicts.json"
 # The docs page that discusses each paper's entries (links in the table; paths relative to the README).
 PAPER_PAGES = {
     "santurkar": "docs/readme/experiments-santurkar.md",
@@ -101,19 +109,52 @@ def replace_region(text: str, table: str) -> str:
     return text[: start + len(START)] + "\n" + table + "\n" + text[end:]
 
 
+def region(text: str) -> str:
+    """What stands between the markers (stripped)."""
+    start, end = text.find(START), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"README must hold exactly one {START} followed by one {END}")
+    return text[start + len(START):end].strip()
+
+
+def check(readme: Path, table: str, source: str) -> int:
+    """0 if the README's table is ``table``; else 1, naming the rows that differ."""
+    have, want = region(readme.read_text()).splitlines(), table.strip().splitlines()
+    if have == want:
+        print(f"{readme}: the verdict table agrees with {source}")
+        return 0
+    print(f"{readme}: the verdict table disagrees with {source} "
+          f"(regenerate: python docs/build_readme.py --runs-dir RUNS):", file=sys.stderr)
+    for line in [f"- {x}" for x in have if x not in want] + [f"+ {x}" for x in want if x not in have]:
+        print(f"  {line[:160]}", file=sys.stderr)
+    return 1
+
+
+def load_snapshot(path: Path) -> tuple[list[dict], str]:
+    data = json.loads(path.read_text())
+    return data["rows"], data["runs_dir"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs-dir", type=Path, default=Path("runs"), help="the store to read (default: runs)")
     parser.add_argument("--readme", type=Path, default=REPO / "README.md", help="the file to rewrite")
+    parser.add_argument("--snapshot", type=Path, default=SNAPSHOT, help="where the rendered rows are kept")
+    parser.add_argument("--check", action="store_true", help="compare only; exit 1 if the README disagrees")
     args = parser.parse_args(argv)
     try:
         rows = collect_rows(args.runs_dir)
-        text = replace_region(args.readme.read_text(), verdict_table(rows, str(args.runs_dir)))
+        table = verdict_table(rows, str(args.runs_dir))
+        if args.check:
+            return check(args.readme, table, f"the store at {args.runs_dir}")
+        text = replace_region(args.readme.read_text(), table)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     args.readme.write_text(text)
-    counts = {}
+    args.snapshot.write_text(json.dumps({"runs_dir": str(args.runs_dir), "rows": rows}, indent=1,
+                                        ensure_ascii=False) + "\n")
+    counts: dict[str, int] = {}
     for r in rows:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
     print(f"{args.readme}: {len(rows)} entries ({', '.join(f'{n} {v}' for v, n in counts.items()) or 'none'})")

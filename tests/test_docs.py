@@ -104,13 +104,34 @@ def test_verdicts_come_from_the_store(tmp_path):
     outcome = reproduce("luo-fig2", "smoke", runs_dir=tmp_path / "runs", tiny=True, report=False, progress=False)
     readme = tmp_path / "README.md"
     readme.write_text("# x\n<!-- verdicts:start -->\n<!-- verdicts:end -->\nrest\n")
-    proc = subprocess.run([sys.executable, str(BUILD_README), "--runs-dir", str(tmp_path / "runs"),
-                           "--readme", str(readme)], capture_output=True, text=True, timeout=300)
+    build = [sys.executable, str(BUILD_README), "--runs-dir", str(tmp_path / "runs"), "--readme", str(readme),
+             "--snapshot", str(tmp_path / "verdicts.json")]
+    proc = subprocess.run(build, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line for line in readme.read_text().splitlines() if line.startswith("| `")]
     assert len(rows) == 1 and rows[0].startswith("| `luo-fig2` |")
     assert f"**{outcome.verdict}**" in rows[0] and "tiny" in rows[0]
     assert readme.read_text().endswith("<!-- verdicts:end -->\nrest\n")
+    # --check: the README agrees with this store; once the store holds another entry, it does not
+    assert subprocess.run(build + ["--check"], capture_output=True, text=True, timeout=300).returncode == 0
+    reproduce("luo-table2", "smoke", runs_dir=tmp_path / "runs", tiny=True, report=False, progress=False)
+    proc = subprocess.run(build + ["--check"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "+ | `luo-table2` |" in proc.stderr, proc.stderr[-2000:]
+    assert "luo-table2" not in readme.read_text()  # --check writes nothing
+
+
+def test_readme_table_is_what_the_stored_verdicts_render():
+    """README's table against docs/verdicts.json (the rows of the store it was generated from, written
+    by the same command): a hand edit of the table, or a row whose entry no longer exists, fails."""
+    from bnlab.experiments.base import load_catalogue
+
+    br = _build_readme_module()
+    rows, runs_dir = br.load_snapshot(br.SNAPSHOT)
+    assert rows, "docs/verdicts.json holds no rows: run make demo, then python docs/build_readme.py"
+    assert br.region((REPO / "README.md").read_text()) == br.verdict_table(rows, runs_dir).strip()
+    catalogue = load_catalogue()
+    for row in rows:
+        assert row["id"] in catalogue and catalogue[row["id"]].paper == row["paper"], row["id"]
 
 
 def test_missing_runs_dir_is_a_clear_error(tmp_path):
