@@ -13,7 +13,8 @@ from .conventions import checked_eps, checked_momentum
 from .registry import BN_OPTIONS, norm
 
 
-@norm("bn", "BatchNorm from tensor ops; equals nn.BatchNorm2d", "Ioffe & Szegedy 2015", "Alg. 1", BN_OPTIONS)
+@norm("bn", "BatchNorm (torch's kernel in training); equals nn.BatchNorm2d", "Ioffe & Szegedy 2015",
+      "Alg. 1", BN_OPTIONS)
 class BatchNorm(ChannelNorm):
     """Batch normalization (Ioffe & Szegedy 2015, Alg. 1), the reference the variants build on.
 
