@@ -182,3 +182,20 @@ def test_figure_helpers_import_nothing_of_bnlab():
     # The figure helpers sit below the catalogue; importing them must not import any experiment module.
     edges = _bnlab_edges()
     assert not [b for a, b, _, _ in edges if a == "bnlab.plots"]
+
+
+def test_architecture_picture_draws_these_layers():
+    """docs/architecture_figure.py draws the layers this test enforces, and every package is on it."""
+    import importlib.util
+
+    path = PACKAGE.parent / "docs" / "architecture_figure.py"
+    spec = importlib.util.spec_from_file_location("architecture_figure", path)
+    figure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figure)
+    drawn = [(layer, sorted(name for name, _ in packages)) for layer, packages in figure.LAYERS]
+    enforced = [(layer, sorted(p for p in packages if p != "bnlab")) for layer, packages in LAYERS]
+    assert drawn == enforced
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert {f"bnlab.{p}" for p in packages} <= {name for _, names in drawn for name in names}
+    page = (PACKAGE.parent / "docs" / "readme" / "architecture.md").read_text()
+    assert "../figures/architecture.png" in page and (PACKAGE.parent / "docs" / "figures" / "architecture.png").is_file()
