@@ -188,7 +188,8 @@ def d2_verdict(loss: dict[str, dict[float, Any]], earlier: dict[str, dict[float,
     diverged), ``earlier[setting][lr]``: of the TAIL_EPOCHS before (:func:`still_falling`). held if SGD
     converges (≤ 0.1·ln 10) at every lr and both others are stuck (≥ 0.2·ln 10, settled) or diverge at the
     largest; not held if SGD is stuck and settled, or diverges, at some lr, or the others train at the largest
-    lr; otherwise inconclusive — in particular while an unconverged arm is still falling."""
+    lr; otherwise inconclusive — in particular while an unconverged arm is still falling. Primary,
+    pre-declared: these thresholds on the arm means (a check, :func:`verdicts.ladder`)."""
     sgd = loss.get("SGD", {})
     others = ("PSGD", "SGD, BN removed")
     lrs = sorted(set(sgd).intersection(*[set(loss.get(k, {})) for k in others]))

@@ -130,7 +130,8 @@ def fig2_verdict(data: dict, tiny: bool) -> tuple[str, str, float | None]:
     """(verdict, summary, max |ln(sim / fitted curve)|) for Fig. 2's claim: :func:`fig2_points_verdict` on the
     full-length simulation, combined by :func:`verdicts.settle` with the same rule on students
     trained 2/3
-    as many epochs; the training-set-statistics points are reported beside it."""
+    as many epochs; the training-set-statistics points are reported beside it. Primary, pre-declared:
+    that of :func:`fig2_points_verdict`."""
     if tiny:
         return (ladder(unusable=True),
                 "tiny run (a few SGD epochs): the simulation has not converged", None)

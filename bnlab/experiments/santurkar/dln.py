@@ -55,7 +55,8 @@ def _fig8_analyze(ctx) -> Outcome:
 
 
 def fig8_verdict(drift: dict[str, list[float]], tiny: str | None = None) -> tuple[str, str]:
-    """Fig. 8: BN's activation distributions drift less than the standard DLN's (per-seed median drift)."""
+    """Fig. 8: BN's activation distributions drift less than the standard DLN's. Primary,
+    pre-declared: BN − standard per-seed median drift, lower (:func:`verdicts.decide`)."""
     if tiny:
         return ladder(unusable=True), tiny
     c = compare_arms(drift.get(STANDARD, []), drift.get(BN, []))
@@ -186,7 +187,7 @@ def landscape_verdict(summaries: dict[str, list[dict]], normalized: str, tiny: s
     """Is ``normalized``'s landscape smoother than the standard network's? Per seed, the three medians of
     :func:`landscape_summary`, compared on a ln scale: held when all three are detectably smaller,
     not held when one is detectably larger after Holm's correction over the three
-    (:func:`verdicts.conjunction`).
+    (:func:`verdicts.conjunction`). Fig. 9's primary, pre-declared: this conjunction for BN.
     Returns (verdict, comparisons by quantity, text)."""
     comparisons = {k: compare_arms(log_values([s[k] for s in summaries.get(STANDARD, []) if s[k] is not None]),
                                    log_values([s[k] for s in summaries.get(normalized, []) if s[k] is not None]))
@@ -281,7 +282,8 @@ def fig10_verdict(windows: dict[str, dict[str, list[dict]]], tiny: str | None = 
     """Fig. 10: gradients are more predictive with BN. Per seed, the median over the evaluated training steps
     (step 0 left out: both nets start from a random init) of max ‖∇L(θ) − ∇L(θ − s g)‖ over the paper's range
     [1/100, 30] × lr; BN − standard on a ln scale. The literal-rate window and the range beyond 30 × lr are
-    reported beside it."""
+    reported beside it. Primary, pre-declared: that BN − standard difference, lower
+    (:func:`verdicts.decide`)."""
     if tiny:
         return ladder(unusable=True), tiny
     parts, verdict = [], ladder()
