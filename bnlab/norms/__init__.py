@@ -25,6 +25,7 @@ from .ops import (
     validate,
 )
 from .progress import ProgressTracker, set_progress, track
+from .recollect import recollect_running_stats
 from .registry import NormInfo
 from .renorm import BatchRenorm
 from .wrappers import ScaleInvariantBN, ScaleInvariantConvBN, ScaleInvariantLinearBN, WeightNorm
@@ -38,6 +39,7 @@ __all__ = [
     "NormInfo", "ProgressTracker", "ScaleInvariantBN", "ScaleInvariantConvBN",
     "ScaleInvariantLinearBN", "StochasticLayer", "VarOnlyBatchNorm", "WeightNorm",
     "PLACEMENTS", "amat_eta", "convert", "convert_sync", "create", "describe", "fold",
-    "hoffer_linf_constant", "mbn_lambda", "normalized", "plain_autograd", "regularization_loss",
+    "hoffer_linf_constant", "mbn_lambda", "normalized", "plain_autograd", "recollect_running_stats",
+    "regularization_loss",
     "removes_mean", "seed_layers", "set_progress", "stochastic_layers", "track", "validate",
 ]

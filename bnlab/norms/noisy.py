@@ -50,18 +50,22 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
     ``μ_j ~ U(−n_μ, n_μ)`` and ``σ_j ~ U(1, n_σ)``; then for every sample i (and, for convolutions,
     every spatial position, which counts as a batch dimension) draw ``m_ij ~ U(μ_j − r_μ, μ_j + r_μ)``
     and ``s_ij ~ N(σ_j, r_σ²)`` (r_σ is a standard deviation) and output ``s_ij · a_ij + m_ij``.
-    The noise is only applied in training; evaluation is plain BN.
+    The noise is only applied in training; evaluation is plain BN. ``noise = False`` (an attribute)
+    switches it off in training too, drawing nothing: the batch-statistics forward of Alg. 1 with
+    s = 1, m = 0 (:func:`bnlab.norms.recollect_running_stats` uses it).
     """
 
     def __init__(self, num_features: int, n_mu: float = 0.5, n_sigma: float = 1.25, r_mu: float = 0.1,
                  r_sigma: float = 0.1, **kwargs) -> None:
         super().__init__(num_features, **kwargs)
         self.n_mu, self.n_sigma, self.r_mu, self.r_sigma = n_mu, n_sigma, r_mu, r_sigma
+        self.noise = True
         self.init_generator()
 
     def forward(self, x: Tensor) -> Tensor:
         a = super().forward(x)
-        if not self.training or (a.numel() == 0 and module_group(self) is None):  # empty: no draws
+        if not self.training or not getattr(self, "noise", True) or (
+                a.numel() == 0 and module_group(self) is None):  # empty: no draws
             return a
         scale, offset = self.draw_noise(a)  # drawn and applied in float32 or better, as the statistics
         return _ScaleShiftInPlace.apply(a, scale, offset).to(a.dtype)
