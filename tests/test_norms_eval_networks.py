@@ -154,11 +154,12 @@ def train(spec: str, network: str, data, schedule: tuple = SCHEDULE) -> nn.Modul
 
 
 def batch_statistics_copy(model: nn.Module) -> nn.Module:
-    """A train-mode copy (batch statistics), noisy_bn's noise off (s = 1, m = 0 in Santurkar's Alg. 1)."""
+    """A train-mode copy (batch statistics), noisy_bn's noise off (s = 1, m = 0 in Santurkar's
+    Alg. 1)."""
     reference = copy.deepcopy(model).train()
     for module in reference.modules():
         if isinstance(module, N.NoisyBatchNorm):
-            module.n_mu, module.n_sigma, module.r_mu, module.r_sigma = 0.0, 1.0, 0.0, 0.0
+            module.noise = False
     return reference
 
 
