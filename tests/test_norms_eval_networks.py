@@ -31,7 +31,7 @@ that eval never sees (its inference path is :func:`bnlab.norms.recollect_running
 below), and one si_bn channel whose variance (5e-4) is as small as what remains of running_var's
 start value 1 after 72 steps.
 
-Cost: 92 trainings, 84 run, and 5 more below (about 2 min 20 s of CPU on one core, most of it
+Cost: 92 trainings, 84 run, and 4 more below (about 2 min 30 s of CPU on one core, most of it
 resnet20).
 """
 
@@ -194,9 +194,9 @@ def training_inputs(data) -> list[torch.Tensor]:
 
 
 # noisy_bn's misses above, with the statistics recollected from the training inputs, noise off
-# (Ioffe & Szegedy's Alg. 2 population statistics of the final network): eval matches again.
-@pytest.mark.parametrize("network", ["resnet20-sigmoid", "luo_cnn-relu", "vgg_santurkar-relu",
-                                     "vgg_santurkar-tanh"])
+# (Ioffe & Szegedy's Alg. 2 population statistics of the final network): eval matches again. Not
+# resnet20, the costliest (recollected there: 0.602 against 0.604).
+@pytest.mark.parametrize("network", ["luo_cnn-relu", "vgg_santurkar-relu", "vgg_santurkar-tanh"])
 def test_noisy_bn_eval_holds_with_recollected_statistics(network, digits):
     model = train("noisy_bn", network, digits)
     batch_stats = accuracy(batch_statistics_copy(model), digits.x_test, digits.y_test)
