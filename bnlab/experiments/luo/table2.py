@@ -25,7 +25,7 @@ import math
 from bnlab.theory import luo
 
 from ..base import Experiment, Outcome, Plan, register
-from ..common import finite_or_none, safe_panels
+from ..common import finite_or_none, fmt, safe_panels
 from ..verdicts import ladder
 
 ZETAS = (0.0, 0.05, 0.1, 0.2)
@@ -130,12 +130,15 @@ def table2_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
                                 f"R {row[name]['R'][-1]:.4f}")
         edge_err = _rel(row["edge_simulated"], row["edge"])
         if edge_err is None or edge_err > ETA_TOL:
-            failures.append(f"ζ={z:g}: stability edge η {_f(row['edge_simulated'])} vs η_max/γ₀ {_f(row['edge'])}")
-        notes.append(f"ζ={z:g}: simulated edge η = {_f(row['edge_simulated'])}, {_pct(row['edge_simulated'], row['edge'])} "
-                     f"from Table 2 with the I₂ term ({_f(row['edge'])}), {_pct(row['edge_simulated'], row['edge_printed'])} "
-                     f"from Table 2 as printed ({_f(row['edge_printed'])})")
+            failures.append(f"ζ={z:g}: stability edge η {fmt(row['edge_simulated'], 4)} vs "
+                            f"η_max/γ₀ {fmt(row['edge'], 4)}")
+        edge = row["edge_simulated"]
+        notes.append(f"ζ={z:g}: simulated edge η = {fmt(edge, 4)}, {_pct(edge, row['edge'])} from "
+                     f"Table 2 with the I₂ term ({fmt(row['edge'], 4)}), "
+                     f"{_pct(edge, row['edge_printed'])} from Table 2 as printed "
+                     f"({fmt(row['edge_printed'], 4)})")
         if row["eta_max"] < max(row["eta_max_wn"], row["eta_max_sgd"]) + 2 * z - 1e-9:
-            failures.append(f"ζ={z:g}: Proposition 3 fails (η_max^bn {_f(row['eta_max'])})")
+            failures.append(f"ζ={z:g}: Proposition 3 fails (η_max^bn {fmt(row['eta_max'], 4)})")
     effs = [e["eta_eff"] for e in data.get("eta_eff_vs_M") or []]
     if not effs or any(b <= a for a, b in zip(effs, effs[1:])):
         failures.append("η_eff^bn = γ₀η does not rise with M")
@@ -150,11 +153,6 @@ def table2_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
 def _pct(a, b) -> str:
     a, b = finite_or_none(a), finite_or_none(b)
     return "—" if a is None or not b else f"{100 * (a - b) / b:+.1f} %"
-
-
-def _f(x) -> str:
-    x = finite_or_none(x)
-    return "—" if x is None else f"{x:.4g}"
 
 
 def _table2_plan(preset: str) -> Plan:
@@ -192,18 +190,23 @@ def _table2_analyze(ctx) -> Outcome:
     table = []
     for r in rows:
         table.append({"quantity": f"ζ = {r['zeta']:g}: γ₀ closed / ODE / online SGD",
-                      "ours": f"{_f(r['gamma0'])} / {_f(r['ode']['gamma'][-1])} / {_f(r['sgd']['gamma'][-1])}",
+                      "ours": " / ".join(fmt(v, 4) for v in (r["gamma0"], r["ode"]["gamma"][-1],
+                                                               r["sgd"]["gamma"][-1])),
                       "paper": "γ₀ = 1/(2ζ+1) (BN), 1 (WN, SGD)"})
         table.append({"quantity": f"ζ = {r['zeta']:g}: R at the end, ODE / online SGD",
-                      "ours": f"{_f(r['ode']['R'][-1])} / {_f(r['sgd']['R'][-1])}", "paper": "R₀ = 1"})
+                      "ours": f"{fmt(r['ode']['R'][-1], 4)} / {fmt(r['sgd']['R'][-1], 4)}",
+                      "paper": "R₀ = 1"})
         table.append({"quantity": f"ζ = {r['zeta']:g}: η_max^bn (I₂ kept / printed); η_max^wn = η_max^sgd",
-                      "ours": f"{_f(r['eta_max'])} / {_f(r['eta_max_printed'])}; {_f(r['eta_max_wn'])}",
+                      "ours": f"{fmt(r['eta_max'], 4)} / {fmt(r['eta_max_printed'], 4)}; "
+                              f"{fmt(r['eta_max_wn'], 4)}",
                       "paper": "η_max^bn ≥ η_max^{wn,sgd} + 2ζ (Prop. 3)"})
         table.append({"quantity": f"ζ = {r['zeta']:g}: stability edge η (L₀ = 1): simulated / η_max/γ₀ / printed",
-                      "ours": f"{_f(r['edge_simulated'])} / {_f(r['edge'])} / {_f(r['edge_printed'])}",
+                      "ours": " / ".join(fmt(r[k], 4)
+                                         for k in ("edge_simulated", "edge", "edge_printed")),
                       "paper": "λ_R < 0 iff η_max > η_eff = ηγ₀/L₀² (Eq. 12)"})
     table.append({"quantity": "η_eff^bn / η = γ₀ at M = " + ", ".join(str(e["M"]) for e in eff),
-                  "ours": ", ".join(_f(e["eta_eff"]) for e in eff), "paper": "rises with M (§3.3)"})
+                  "ours": ", ".join(fmt(e["eta_eff"], 4) for e in eff),
+                  "paper": "rises with M (§3.3)"})
     verdict, summary = table2_verdict(data, ctx.tiny)
     return Outcome([fig], table, verdict, summary)
 

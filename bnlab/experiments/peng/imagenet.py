@@ -32,7 +32,7 @@ from typing import Any
 from bnlab.plots import bars
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import (RULE, compare_arms, grouped_finals, mean_curve, mean_over_run, mean_std,
+from ..common import (RULE, compare_arms, fmt, grouped_finals, mean_curve, mean_over_run, mean_std,
                      safe_panels, smooth)
 from .common import ACT_TITLE, ACTIVATIONS, NON_RELU, _status_note, row_spec
 from ..verdicts import NOT_HELD, conjunction, explain, family, ladder
@@ -210,10 +210,10 @@ def _loss_cells(ctx) -> dict[tuple[str, str, str], list[float]]:
 
 
 def _pct_text(values: list[float]) -> str:
+    """Per-seed accuracies as points: mean ± std (n=…), by the entries' one formatter."""
     mean, std = mean_std(values)
-    if mean is None:
-        return "—"
-    return f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if std is not None else "") + f" (n={len(values)})"
+    return fmt(None if mean is None else 100 * mean, std=None if std is None else 100 * std,
+               n=len(values), decimals=2)
 
 
 def _table5_analyze(ctx) -> Outcome:
