@@ -10,6 +10,14 @@ from .fused import lazily_disabled
 from .batchnorm import BatchNorm
 from .sync import global_batch_rows, module_group
 from .registry import BN_OPTIONS, Param, norm
+from .user_line import warn as warn_at_user_line
+
+NOISY_STATISTICS = (
+    "noisy_bn in eval mode after training with its noise: the running statistics of every layer after a "
+    "noisy_bn were collected on noisy activations, which eval no longer gives them (Santurkar et al.'s "
+    "Alg. 1 adds the noise in training only), and eval accuracy can fall far below training (e.g. 0.44 "
+    "against 0.91 in a ReLU VGG); call bnlab.norms.recollect_running_stats(model, batches) after "
+    "training for the clean network's population statistics")
 
 
 class StochasticLayer:
@@ -60,13 +68,18 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         super().__init__(num_features, **kwargs)
         self.n_mu, self.n_sigma, self.r_mu, self.r_sigma = n_mu, n_sigma, r_mu, r_sigma
         self.noise = True
+        self.noisy_statistics = False  # trained with the noise since the last recollection
         self.init_generator()
 
     def forward(self, x: Tensor) -> Tensor:
         a = super().forward(x)
+        if not self.training and getattr(self, "noisy_statistics", False):
+            self.noisy_statistics = False  # once per layer (and per training spell)
+            warn_at_user_line(NOISY_STATISTICS)
         if not self.training or not getattr(self, "noise", True) or (
                 a.numel() == 0 and module_group(self) is None):  # empty: no draws
             return a
+        self.noisy_statistics = self.track_running_stats
         scale, offset = self.draw_noise(a)  # drawn and applied in float32 or better, as the statistics
         return _ScaleShiftInPlace.apply(a, scale, offset).to(a.dtype)
 

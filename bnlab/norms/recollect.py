@@ -62,7 +62,7 @@ def recollect_running_stats(model: nn.Module, batches: Iterable[Tensor], *,
         for m, momentum in zip(layers, momenta):
             setattr(m, "momentum", momentum)
         for m in noisy:
-            m.noise = True
+            m.noise, m.noisy_statistics = True, noise
         for m, training in modes.items():
             m.training = training
     return model
