@@ -372,11 +372,20 @@ def test_fig9_verdict_and_analysis(tmp_path):
     verdict, comps, _ = DL.landscape_verdict(rough, SC.BN)
     assert verdict == "not held" and comps["beta_smoothness"].decision == "lower"
     # end to end on synthetic stored runs, 3 seeds per arm, with a sharpness series
-    runs = [FakeRun(label, {"train_loss": _loss(lvl), **_landscape(r * j, 10 * r * j, 100 * r * j),
-                            "probe/hessian/top_eigenvalue": _const(1500.0 * j)}, seed=i)
-            for label, lvl, r in ((SC.STANDARD, 10.0, 5.0), (SC.BN, 5.0, 0.5)) for i, j in enumerate(JITTER)]
-    out = DL._fig9_analyze(_ctx("santurkar-fig9", runs, tmp_path))
+    def fig9_runs(literal_bn_scale):
+        arms = ((SC.STANDARD, 10.0, 5.0), (SC.BN, 5.0, 0.5),
+                (DL.LITERAL_ARM + SC.STANDARD, 10.0, 5.0), (DL.LITERAL_ARM + SC.BN, 5.0, literal_bn_scale))
+        return [FakeRun(label, {"train_loss": _loss(lvl), **_landscape(r * j, 10 * r * j, 100 * r * j),
+                                "probe/hessian/top_eigenvalue": _const(1500.0 * j)}, seed=i)
+                for label, lvl, r in arms for i, j in enumerate(JITTER)]
+
+    out = DL._fig9_analyze(_ctx("santurkar-fig9", fig9_runs(0.5), tmp_path))
     assert out.verdict == "held" and "λ_max / (2/lr)" in out.summary and "Standard 0.75" in out.summary
+    assert "lr 0.001: held" in out.summary and "lr 0.01: held" in out.summary
+    assert any("β × lr / 2" in row["quantity"] and "0.01" in row["quantity"] for row in out.table)
+    # the literal rate reverses the comparison: the verdict is decided by the rate, so inconclusive
+    out = DL._fig9_analyze(_ctx("santurkar-fig9", fig9_runs(50.0), tmp_path))
+    assert out.verdict == "inconclusive" and "lr 0.01: not held" in out.summary
     bare = [FakeRun(SC.STANDARD, {"train_loss": _loss(10.0)}), FakeRun(SC.BN, {"train_loss": _loss(5.0)})]
     out = DL._fig9_analyze(_ctx("santurkar-fig9", bare, tmp_path))
     assert out.verdict == "inconclusive" and all(p.stat().st_size > 1000 for p in out.figures)

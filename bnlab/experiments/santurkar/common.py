@@ -53,10 +53,11 @@ def vgg_config(preset: str, norm: str, seed: int = 0) -> dict[str, Any]:
                 probes=probes + ["histograms(every=20)", "landscape(every=30)", SMOKE_HESSIAN])
 
 
-def dln_config(preset: str, norm: str, seed: int = 0) -> dict[str, Any]:
-    """The DLN run of every Santurkar entry for ``norm`` (App. A.1: 25 square 10×10 layers, full batch of 1000)."""
+def dln_config(preset: str, norm: str, seed: int = 0, lr: float = DLN_LR) -> dict[str, Any]:
+    """The DLN run of every Santurkar entry for ``norm`` (App. A.1: 25 square 10×10 layers, full batch
+    of 1000); ``lr``: the other reading of the paper's rate for fig9's second arm pair."""
     base = dict(model="dln", norm=norm, model_options={"depth": 25, "width": 10}, data="gaussian_regression",
-                data_options={"d": 10, "n": 1000}, batch_size="full", lr=DLN_LR, momentum=0.0, seed=seed)
+                data_options={"d": 10, "n": 1000}, batch_size="full", lr=lr, momentum=0.0, seed=seed)
     full = norm in _FULL_PROBES
     if preset == "paper":
         probes = ["ics(every=100)"] if full else []
@@ -73,8 +74,8 @@ def _vgg_runs(preset: str, labels, prefix: str = "") -> list[RunSpec]:
             for label in labels for seed in SEEDS]
 
 
-def _dln_runs(preset: str, labels, prefix: str = "") -> list[RunSpec]:
-    return [RunSpec(f"{prefix}{label} · seed {seed}", dln_config(preset, NORMS[label], seed),
+def _dln_runs(preset: str, labels, prefix: str = "", lr: float = DLN_LR) -> list[RunSpec]:
+    return [RunSpec(f"{prefix}{label} · seed {seed}", dln_config(preset, NORMS[label], seed, lr),
                     {"net": "dln", "norm": NORMS[label], "arm": prefix + label, "seed": seed})
             for label in labels for seed in SEEDS]
 
