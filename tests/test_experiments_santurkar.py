@@ -99,7 +99,8 @@ def test_probes_fire_and_analyses_read_them(tmp_path, monkeypatch, one_seed):
     ctx = runner.analysis_context("santurkar-fig9", "smoke", runs_dir=tmp_path)
     for r in SC._runs_by_label(ctx).values():
         assert SC.sharpness_ratio(r, SC.DLN_LR) > 0
-        assert r.series("probe/hessian/threshold")[1][0] == pytest.approx(2 / SC.DLN_LR)
+        lr = DL.LITERAL_LR if r.factors["arm"].startswith(DL.LITERAL_ARM) else SC.DLN_LR
+        assert r.series("probe/hessian/threshold")[1][0] == pytest.approx(2 / lr)
     assert "sharpness λ_max / (2/lr)" in runner.reproduce("santurkar-fig9", "smoke", runs_dir=tmp_path, tiny=True,
                                                           report=False, progress=False).summary
     vgg_runs = SC._runs_by_label(runner.analysis_context("santurkar-fig7", "smoke", runs_dir=tmp_path))
@@ -169,12 +170,13 @@ def test_landscape_probe_ranges_are_the_papers():
 def test_shared_runs_have_identical_configs():
     # Identical configs give identical run ids: fig6/7/8/9/11 reuse what fig2/fig9 trained.
     for preset in ("smoke", "paper"):
-        by_entry = {i: {(r.factors["net"], r.config["norm"], r.config["seed"]): r.config
+        by_entry = {i: {(r.factors["net"], r.config["norm"], r.config["seed"], r.config["lr"]): r.config
                         for r in E.get(i).plan(preset).runs} for i in IDS}
-        for key in [("vgg", "none", seed) for seed in SC.SEEDS] + [("vgg", "bn", 2)]:
+        vgg_lr = SC.vgg_config(preset, "bn")["lr"]
+        for key in [("vgg", "none", seed, vgg_lr) for seed in SC.SEEDS] + [("vgg", "bn", 2, vgg_lr)]:
             assert by_entry["santurkar-fig2"][key] == by_entry["santurkar-fig6"][key] == \
                 by_entry["santurkar-fig7"][key] == by_entry["santurkar-fig11"][key] == by_entry["santurkar-fig14"][key]
-        for key in [("dln", "none", 0), ("dln", "bn", 1)]:
+        for key in [("dln", "none", 0, SC.DLN_LR), ("dln", "bn", 1, SC.DLN_LR)]:
             assert by_entry["santurkar-fig6"][key] == by_entry["santurkar-fig8"][key] == \
                 by_entry["santurkar-fig9"][key] == by_entry["santurkar-fig11"][key]
 
