@@ -249,8 +249,11 @@ def _fig9_analyze(ctx) -> Outcome:
     verdict, table, text = fig9_readings(arms, _inconclusive_if_tiny(ctx))
     caveat = ("both readings must agree; BN's β·lr/2 near 1 at a rate means it trains at the stability "
               "edge 2/lr there, so its raw β is set by the rate")
-    return Outcome([fig9], table, verdict, f"medians over training per seed: {text}; {caveat}; "
-                                           f"{sharpness_line(arms, DLN_LR)}. {RULE}")
+    literal = {k: v for k, v in arms.items() if k.startswith(LITERAL_ARM)}
+    ours = {k: v for k, v in arms.items() if k not in literal}
+    sharpness = f"at lr {DLN_LR:g}, {sharpness_line(ours, DLN_LR)}; at lr {LITERAL_LR:g}, " \
+                f"{sharpness_line(literal, LITERAL_LR)}"
+    return Outcome([fig9], table, verdict, f"medians over training per seed: {text}; {caveat}; {sharpness}. {RULE}")
 
 
 register(Experiment(
