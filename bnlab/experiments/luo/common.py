@@ -101,3 +101,33 @@ def factor_test(reference: Sequence[float], values: Sequence[float], factor: flo
     if upper == "lower" and lower == "higher":
         return "within", plain
     return "unresolved", plain
+
+
+# ---- luo-fig2: BN's batch noise's share of the fitted ridge, ζ against run length ------------
+
+def zeta_share(bn: dict, control: dict) -> list[float]:
+    """BN's batch noise's share of the fitted ridge ζ (Luo et al. 2019, Fig. 2), per seed:
+    ζ_BN,s − ζ_control,s, where the control is the same student trained on the same data in the same
+    minibatch order without batch noise, so the difference pairs seed by seed and cancels what both
+    share (early stopping, finite N). [] when either block lacks a finite per-seed fit or the two
+    blocks have different numbers of seeds."""
+    a = [finite_or_none(v) for v in (bn or {}).get("seed_fit_zeta") or []]
+    b = [finite_or_none(v) for v in (control or {}).get("seed_fit_zeta") or []]
+    if not a or len(a) != len(b) or None in a or None in b:
+        return []
+    return [x - y for x, y in zip(a, b)]
+
+
+def zeta_by_epochs(data: dict, pairs: Sequence[tuple[str, str]]) -> list[dict]:
+    """ζ against run length: for each (BN block key, control block key) of ``data`` holding both,
+    a row ``{"epochs", "bn", "control", "share"}`` with the per-seed fitted ζ of each arm and their
+    paired difference (:func:`zeta_share`); sorted by epochs. Blocks without per-seed fits are left
+    out."""
+    rows = []
+    for bn_key, control_key in pairs:
+        bn, control = data.get(bn_key) or {}, data.get(control_key) or {}
+        share = zeta_share(bn, control)
+        if share and bn.get("epochs") is not None:
+            rows.append({"epochs": bn["epochs"], "bn": list(bn["seed_fit_zeta"]),
+                         "control": list(control["seed_fit_zeta"]), "share": share})
+    return sorted(rows, key=lambda r: r["epochs"])
