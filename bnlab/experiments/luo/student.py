@@ -32,7 +32,7 @@ FIG2_FACTOR = 1.5  # "the BN points match the fitted ridge curve": each within a
 #: length is the primary; 2/3 is the settling reading (verdicts.settle); 1/3 is reported only.
 FIG2_LENGTHS = (("sim", "sim_control", 1.0), ("sim_short", "sim_control_short", SETTLE_FRACTION),
                 ("sim_third", "sim_control_third", 1 / 3))
-FIG2_CONTROL = "BN with population statistics (= WN, ζ = 0)"
+FIG2_CONTROL = "BN with population statistics, i.e. WN with ζ = 0"
 
 
 def _fig2_simulation(s: dict, student: str, epochs: int, inference: str = "population") -> dict:
