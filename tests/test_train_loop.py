@@ -287,8 +287,12 @@ def test_ctrl_c_stores_interrupted_and_says_how_to_resume(tmp_path):
 
     args = [sys.executable, "-m", "bnlab.cli", "train", "--model", "mlp", "--data", "digits", "--steps", "20000",
             "--batch-size", "64", "--checkpoint-every", "5", "--runs-dir", str(tmp_path)]
+    def deliverable_sigint():  # a mask or SIG_IGN left by another test in this worker is inherited
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=deliverable_sigint)
     deadline = time.monotonic() + 300  # generous: CI shares 2 cores between pytest workers
     while not list((tmp_path / "checkpoints").glob("*.pt")) and time.monotonic() < deadline:
         if proc.poll() is not None:
