@@ -101,20 +101,24 @@ def verdict_table(rows: list[dict], runs_dir: str) -> str:
     return "\n".join(lines)
 
 
-def replace_region(text: str, table: str) -> str:
-    """``text`` with everything between the markers replaced by ``table`` (markers kept)."""
+def _markers(text: str) -> tuple[int, int]:
+    """Where the table's region starts (after START) and ends (at END); exactly one of each."""
     start, end = text.find(START), text.find(END)
     if start < 0 or end < 0 or end < start or text.count(START) != 1 or text.count(END) != 1:
         raise ValueError(f"README must hold exactly one {START} followed by one {END}")
-    return text[: start + len(START)] + "\n" + table + "\n" + text[end:]
+    return start + len(START), end
+
+
+def replace_region(text: str, table: str) -> str:
+    """``text`` with everything between the markers replaced by ``table`` (markers kept)."""
+    start, end = _markers(text)
+    return text[:start] + "\n" + table + "\n" + text[end:]
 
 
 def region(text: str) -> str:
     """What stands between the markers (stripped)."""
-    start, end = text.find(START), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"README must hold exactly one {START} followed by one {END}")
-    return text[start + len(START):end].strip()
+    start, end = _markers(text)
+    return text[start:end].strip()
 
 
 def check(readme: Path, table: str, source: str) -> int:
