@@ -2,7 +2,8 @@
 
 Every JSON the lab writes (the run store's columns and exports, the catalogue's stored results,
 ``bnlab theory --json``) goes through :func:`jsonable`, so a diverged loss, a numpy scalar or a
-tensor is written the same way everywhere. Needs only numpy; torch is recognised without importing it.
+tensor is written the same way everywhere. Needs only numpy; torch is recognised without importing
+it.
 """
 
 from __future__ import annotations

@@ -70,9 +70,9 @@ def panels(
 ) -> Path:
     """Draw several line panels side by side.
 
-    Each panel: ``{"series": {label: (x, y)}, "xlabel", "ylabel", "title", "logy": bool, "logx": bool,
-    "band": {label: (x, lo, hi)}, "hline": value}``. Axis names go through :func:`readable`; each
-    legend sits beside its panel.
+    Each panel: ``{"series": {label: (x, y)}, "xlabel", "ylabel", "title", "logy": bool, "logx":
+    bool, "band": {label: (x, lo, hi)}, "hline": value}``. Axis names go through :func:`readable`;
+    each legend sits beside its panel.
     """
     return _save(panel_figure(panels, ncols=ncols), path, title)
 
@@ -142,7 +142,8 @@ def bars(
     title: str | None = None,
     errors: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Path:
-    """Grouped bar chart: groups on the x axis (e.g. activations), one bar per series (e.g. method)."""
+    """Grouped bar chart: groups on the x axis (e.g. activations), one bar per series (e.g.
+    method)."""
     names = list(groups)
     series = list(dict.fromkeys(s for g in groups.values() for s in g))  # first-seen order
     width = 0.8 / max(len(series), 1)

@@ -82,7 +82,8 @@ def split_top_level(text: str, sep: str = ",") -> list[str]:
 
 def read_value(text: str, _depth: int = 0) -> Any:
     """A value written without a declared type: bool words, none, int, float (``inf``), a quoted
-    string, ``[a, b]`` (list) or ``(a, b)`` (tuple) of such values; anything else is the bare string."""
+    string, ``[a, b]`` (list) or ``(a, b)`` (tuple) of such values; anything else is the bare
+    string."""
     if _depth > MAX_DEPTH:
         raise ValueError(f"value nested more than {MAX_DEPTH} brackets deep: {text[:40]}...")
     text = text.strip()
@@ -132,8 +133,8 @@ def split_joined(spec: str, what: str = "spec") -> list[str]:
 
 def split_tagged(text: Any, what: str, forms: Mapping[str, str]) -> tuple[str, str]:
     """``KIND:REST`` -> ``(kind, rest)``, the grammar of schedules (``step:60,100``) and
-    ``--log-to`` (``tensorboard:DIR``). ``forms`` maps each kind to how it is written (``"exp:GAMMA"``; a form
-    without ``:`` takes no rest); errors name the valid forms."""
+    ``--log-to`` (``tensorboard:DIR``). ``forms`` maps each kind to how it is written
+    (``"exp:GAMMA"``; a form without ``:`` takes no rest); errors name the valid forms."""
     valid = f"valid forms: {' | '.join(forms.values())}"
     if not isinstance(text, str):
         raise ValueError(f"{what} must be a string ({valid}), got {text!r}")
@@ -321,7 +322,8 @@ class Registry(Mapping[str, T]):
     def __init__(self, kind: str, *, names_label: str = "names", key_label: str = "parameter",
                  normalize: Callable[[str], str] | None = None, sort_names: bool = False) -> None:
         self.kind, self.names_label, self.key_label = kind, names_label, key_label
-        self._sort_names = sort_names  # errors list the names alphabetically instead of as registered
+        # errors list the names alphabetically instead of as registered
+        self._sort_names = sort_names
         self._normalize = normalize
         self._entries: dict[str, Entry[T]] = {}
 

@@ -1,13 +1,12 @@
 """The `bnlab` command.
 
 Every command lives in this package, the top layer (nothing else in bnlab imports it): one module
-per command or command group (``bnlab.cli.train``, ``bnlab.cli.runs``, ``bnlab.cli.norms``, ...), each
-adding its commands through a ``register(app)`` function. Those modules import torch (seconds), so they
-are registered lazily: :data:`COMMANDS` names
-every command, its module and the one-line help ``bnlab --help`` shows, and a command's module is
-imported only when that command runs (or its own ``--help`` is asked for). ``bnlab --help`` thus
-imports typer and nothing of bnlab's numerical stack; tests/test_cli_fast.py checks that the lines
-here equal the commands' own help.
+per command or command group (``bnlab.cli.train``, ``bnlab.cli.runs``, ``bnlab.cli.norms``, ...),
+each adding its commands through a ``register(app)`` function. Those modules import torch (seconds),
+so they are registered lazily: :data:`COMMANDS` names every command, its module and the one-line
+help ``bnlab --help`` shows, and a command's module is imported only when that command runs (or its
+own ``--help`` is asked for). ``bnlab --help`` thus imports typer and nothing of bnlab's numerical
+stack; tests/test_cli_fast.py checks that the lines here equal the commands' own help.
 
 The commands need the ``lab`` extra (``pip install 'bnlab[lab]'``); without it (the light install:
 torch and numpy), ``bnlab --help`` and ``bnlab --version`` still answer and every command says what
@@ -26,7 +25,8 @@ from bnlab.cli.commands import (  # noqa: F401 (re-exported: bnlab.cli.COMMANDS,
 
 try:
     import typer  # noqa: F401 (the lab extra's CLI library: is it there?)
-except ModuleNotFoundError as err:  # `pip install bnlab` (layers and probes only): --help/--version only
+# `pip install bnlab` (layers and probes only): --help/--version only
+except ModuleNotFoundError as err:
     _MISSING: ModuleNotFoundError | None = err
 else:
     _MISSING = None

@@ -1,4 +1,5 @@
-"""``python -m bnlab.cli ...``: the ``bnlab`` command (as torchrun launches it: ``-m bnlab.cli train``).
+"""``python -m bnlab.cli ...``: the ``bnlab`` command (as torchrun launches it: ``-m bnlab.cli
+train``).
 
 The program is named ``bnlab``, as the console script is, so usage lines and the resume hint of an
 interrupted run (``bnlab.train.loop``) name the command a user types.

@@ -8,8 +8,8 @@ from typing import NamedTuple
 import bnlab
 
 LAB_INSTALL = "pip install 'bnlab[lab]'"
-# Import names of the lab extra's packages (pyproject.toml, [project.optional-dependencies] lab), with
-# typer's own dependencies: a command failing to import one of them means the extra is missing.
+# Import names of the lab extra's packages (pyproject.toml, [project.optional-dependencies] lab),
+# with typer's own dependencies: a command failing to import one of them means the extra is missing.
 LAB_MODULES = frozenset({"scipy", "typer", "click", "rich", "matplotlib", "tqdm", "yaml", "PIL"})
 
 

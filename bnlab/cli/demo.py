@@ -34,8 +34,9 @@ DEMO_ENTRIES = [
     "mbn-batch-size",  # BN vs MBN at small batch, and the data-parallel arms
     "mbn-theorems",  # the batch statistics' noise and MBN's moving statistics
 ]
-# Left out for cost (each alone with `bnlab reproduce ID`): luo-fig4 (10 seeds × 5 arms, ≈4.5 min) and
-# arora-d1 (30 runs × 100 epochs, ≈2 min), the smoke presets that now resolve their claims (issue 19).
+# Left out for cost (each alone with `bnlab reproduce ID`): luo-fig4 (10 seeds × 5 arms, ≈4.5 min)
+# and arora-d1 (30 runs × 100 epochs, ≈2 min), the smoke presets that now resolve their claims
+# (issue 19).
 
 
 def demo(

@@ -76,8 +76,10 @@ def report_cmd(runs_dir: Path = typer.Option(Path("runs"), "--runs-dir"),
         raise typer.Exit(2)
     try:
         typer.echo(str(write_report(runs_dir, out)))
-    except (PermissionError, StoreCorruptError, StoreVersionError) as err:  # read-only without --out; a
-        typer.echo(f"error: {err}", err=True)  # damaged or foreign store: one line saying what to do
+    # read-only without --out; a
+    except (PermissionError, StoreCorruptError, StoreVersionError) as err:
+        # damaged or foreign store: one line saying what to do
+        typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
 
 

@@ -148,7 +148,8 @@ def runs_list(
     limit: Optional[int] = typer.Option(None, help="At most this many (newest first)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every column and the full config)."),
 ) -> None:
-    """Runs in the store, newest first: full norm spec, activation, seed, catalogue entry, date, status.
+    """Runs in the store, newest first: full norm spec, activation, seed, catalogue entry, date,
+    status.
 
     A running run's steps follow its training (they rise at every flush of its metrics); a run
     recorded as running whose process is gone (killed) shows as ``stopped``.
@@ -286,7 +287,8 @@ def runs_repair(
     run_ids: list[str] = typer.Argument(..., help="Run ids (unique prefixes are enough)."),
     runs_dir: str = typer.Option("runs", "--runs-dir", help="Folder of the run store."),
 ) -> None:
-    """Re-create damaged finished runs' config, final metrics and rows from their final checkpoints."""
+    """Re-create damaged finished runs' config, final metrics and rows from their final
+    checkpoints."""
     store = _open_store(runs_dir)
     try:
         for given in run_ids:

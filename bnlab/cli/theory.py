@@ -155,7 +155,8 @@ def luo_teacher_student(
     as_json: bool = JSON,
     plot: Optional[Path] = PLOT,
 ) -> None:
-    """Fig. 2's squares: train the student by SGD (batch M) and compare with the WN curve of Eq. 13's ζ."""
+    """Fig. 2's squares: train the student by SGD (batch M) and compare with the WN curve of Eq.
+    13's ζ."""
     al = _floats(alphas, "--alpha")
     res = _run(lambda: luo.teacher_student_vs_theory(al, noise_var=noise_var, student=student, preset=preset,
                                                      inference=inference, seed=seed))
@@ -293,7 +294,8 @@ def santurkar_cmd(
     seed: int = typer.Option(0),
     as_json: bool = JSON,
 ) -> None:
-    """Theorems 4.1 and 4.2 on a BN layer: both sides via autograd, the slack, the printed 1/√m form."""
+    """Theorems 4.1 and 4.2 on a BN layer: both sides via autograd, the slack, the printed 1/√m
+    form."""
     names = [s.strip() for s in losses.split(",") if s.strip()]
     rows = _run(lambda: santurkar.theorems_table(_ints(m_values, "--m"), names, gamma=gamma, seed=seed))
     _emit(rows, rows, as_json)
@@ -373,7 +375,8 @@ def peng_terms(
     seed: int = typer.Option(0),
     as_json: bool = JSON,
 ) -> None:
-    """Peng et al. Theorem 1: T1, T2, T3 and their sum, from recorded statistics or a synthetic run."""
+    """Peng et al. Theorem 1: T1, T2, T3 and their sum, from recorded statistics or a synthetic
+    run."""
     def compute():
         if synthetic:
             return peng.synthetic_terms(seed=seed)

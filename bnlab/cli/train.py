@@ -68,10 +68,12 @@ def train_command(**options: Any) -> None:
         record = train(config, progress=progress, force=options["force"], callbacks=callbacks)
         if record is None:  # a rank > 0 of a torchrun launch: rank 0 reports
             return
-    except RunInterrupted as err:  # Ctrl-C or SIGTERM: stored interrupted; exit 128 + the signal, as a shell
+    # Ctrl-C or SIGTERM: stored interrupted; exit 128 + the signal, as a shell
+    except RunInterrupted as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(128 + err.signum) from None
-    except RunDirError as err:  # disk full, read-only runs dir, a lock file we cannot open: one line
+    # disk full, read-only runs dir, a lock file we cannot open: one line
+    except RunDirError as err:
         fail(str(err), EXIT_FAILED)
         return
     except ValueError as err:  # configuration, data files, checkpoints: all before training
@@ -119,11 +121,13 @@ def _merge(values: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _failed_record_json(config, err: Exception) -> str:
-    """The stored record of a run that raised (status failed), or a minimal one if none was stored."""
+    """The stored record of a run that raised (status failed), or a minimal one if none was
+    stored."""
     try:
         cfg = TrainConfig.coerce(config)
         with Store(Path(cfg.runs_dir) / "bnlab.db") as store:
-            run_id = getattr(err, "bnlab_run_id", None)  # set by bnlab.train.loop.run once the run is stored
+            # set by bnlab.train.loop.run once the run is stored
+            run_id = getattr(err, "bnlab_run_id", None)
             row = store.get_run(run_id) if run_id is not None else None
         if row is not None:
             return RunRecord.from_store(row).to_json()

@@ -16,7 +16,8 @@ from typer.core import TyperCommand, TyperGroup
 from bnlab.cli.commands import COMMANDS, LAB_INSTALL, LAB_MODULES, version_line
 
 def load_command(name: str) -> Any:
-    """The click command ``name`` as its module's ``register(app)`` builds it (imports that module)."""
+    """The click command ``name`` as its module's ``register(app)`` builds it (imports that
+    module)."""
     module = importlib.import_module(COMMANDS[name].module)
     sub_app = typer.Typer()
     module.register(sub_app)

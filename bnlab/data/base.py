@@ -164,7 +164,8 @@ def as_float_dtype(value) -> torch.dtype:
 
 
 def cpu_generator(seed) -> torch.Generator:
-    """The generator every loader draws from: on the CPU, so a seed gives the same data on any device."""
+    """The generator every loader draws from: on the CPU, so a seed gives the same data on any
+    device."""
     seed = as_int("seed", seed)
     return torch.Generator(device="cpu").manual_seed(seed)
 
@@ -176,9 +177,9 @@ def _spelling(name: str) -> str:
     return name.strip().lower().replace("-", "_")
 
 
-# name -> loader(*, device, seed, data_dir, verify, download, **options) -> DataSource; the options are
-# the typed bnlab.spec Params each @source declares. Names are case-insensitive and '-' may stand
-# for '_'.
+# name -> loader(*, device, seed, data_dir, verify, download, **options) -> DataSource; the options
+# are the typed bnlab.spec Params each @source declares. Names are case-insensitive and '-' may
+# stand for '_'.
 SOURCES: Registry = Registry("data source", names_label="choices", key_label="option", normalize=_spelling)
 
 

@@ -46,7 +46,8 @@ from .cifar_layout import (
 )
 from .safe_pickle import RestrictedUnpickler, restricted_loads
 
-# Public names of the CIFAR loader, wherever they are defined (bnlab.data.cifar is the documented module).
+# Public names of the CIFAR loader, wherever they are defined (bnlab.data.cifar is the documented
+# module).
 __all__ = ["DATA_ENV", "DEFAULT_DATA_DIR", "LAYOUTS", "PUBLISHED_MD5", "CifarLayout", "RestrictedUnpickler", "cifar10",
            "cifar100", "download_cifar", "md5_of", "resolve_data_dir", "restricted_loads", "write_cifar_like"]
 
@@ -229,8 +230,8 @@ def _channel_stats(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _read_splits(reader, layout: CifarLayout) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[str] | None]:
-    """Every batch file decoded (restricted unpickling, then validation): uint8 images (n, 3, 32, 32)
-    and int64 labels per split, and the class names when the meta file is there."""
+    """Every batch file decoded (restricted unpickling, then validation): uint8 images (n, 3,
+    32, 32) and int64 labels per split, and the class names when the meta file is there."""
     splits = {}
     for split, files in (("train", layout.train_files), ("test", layout.test_files)):
         parts = []

@@ -12,7 +12,8 @@ from .cifar_layout import check_md5, layout_of, md5_of, resolve_data_dir
 
 
 def download_cifar(name: str, data_dir=None, *, verify: bool = True, timeout: float = 60.0) -> Path:
-    """Fetch the official archive of ``name`` ("cifar10"/"cifar100") into ``data_dir``; return its path.
+    """Fetch the official archive of ``name`` ("cifar10"/"cifar100") into ``data_dir``; return its
+    path.
 
     Opt-in only (``download=True`` / ``--download``); never called by the tests. The file is written
     to a temporary name, checked against the published MD5 (unless ``verify=False``) and then

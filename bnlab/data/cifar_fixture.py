@@ -13,7 +13,8 @@ from .cifar_layout import layout_of
 
 
 def _fixture_files(layout, n_per_file: int, seed: int) -> dict[str, bytes]:
-    """The pickled batch and meta files of a look-alike release, keyed by path relative to the data dir."""
+    """The pickled batch and meta files of a look-alike release, keyed by path relative to the data
+    dir."""
     rng = np.random.default_rng(seed)
     files: dict[str, bytes] = {}
     for split, names in (("training", layout.train_files), ("testing", layout.test_files)):

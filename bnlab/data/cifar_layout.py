@@ -1,4 +1,5 @@
-"""Where the CIFAR releases live and what they must hash to: layouts, published MD5s, the data dir."""
+"""Where the CIFAR releases live and what they must hash to: layouts, published MD5s, the data
+dir."""
 
 from __future__ import annotations
 
@@ -110,7 +111,8 @@ def check_md5(actual: str, key: str, where: str, layout: CifarLayout) -> None:
 
 
 def resolve_data_dir(data_dir=None) -> tuple[Path, str]:
-    """The directory to search and where that choice came from: argument, ``$BNLAB_DATA``, or ./data."""
+    """The directory to search and where that choice came from: argument, ``$BNLAB_DATA``, or
+    ./data."""
     if data_dir is not None:
         return Path(data_dir).expanduser(), "the data_dir argument (--data-dir)"
     env = os.environ.get(DATA_ENV)

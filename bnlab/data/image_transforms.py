@@ -2,10 +2,10 @@
 
 These follow the PyTorch ImageNet example that Peng et al. name for their ILSVRC2012 runs
 (``RandomResizedCrop(224)`` + ``RandomHorizontalFlip()`` for training; ``Resize(256)`` +
-``CenterCrop(224)`` for evaluation; then ``Normalize`` with the ImageNet mean and standard deviation),
-written with torch ops so that every random draw comes from a caller's ``torch.Generator`` and the
-number of draws per batch is fixed (a batch of ``n`` images always takes the same draws, whatever the
-crops come out as).
+``CenterCrop(224)`` for evaluation; then ``Normalize`` with the ImageNet mean and standard
+deviation), written with torch ops so that every random draw comes from a caller's
+``torch.Generator`` and the number of draws per batch is fixed (a batch of ``n`` images always takes
+the same draws, whatever the crops come out as).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def resize_shorter(image: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def center_crop(image: torch.Tensor, size: int) -> torch.Tensor:
-    """``CenterCrop(size)`` of a ``(C, H, W)`` image at least ``size`` on each side (torchvision's rounding)."""
+    """``CenterCrop(size)`` of a ``(C, H, W)`` image at least ``size`` on each side (torchvision's
+    rounding)."""
     _, h, w = image.shape
     if h < size or w < size:
         raise ValueError(f"center_crop: image {h}x{w} is smaller than the crop {size}")
@@ -55,13 +56,14 @@ def to_uint8(image: torch.Tensor) -> torch.Tensor:
 
 def crop_boxes(n: int, height: int, width: int, generator: torch.Generator, *, scale=CROP_SCALE,
                ratio=CROP_RATIO) -> tuple[torch.Tensor, torch.Tensor]:
-    """``RandomResizedCrop``'s boxes for ``n`` images of ``height x width`` and a flip coin per image:
-    ``(boxes, flip)``, ``boxes`` an ``(n, 4)`` int64 tensor of ``(top, left, h, w)``, ``flip`` bool ``(n,)``.
+    """``RandomResizedCrop``'s boxes for ``n`` images of ``height x width`` and a flip coin per
+    image: ``(boxes, flip)``, ``boxes`` an ``(n, 4)`` int64 tensor of ``(top, left, h, w)``,
+    ``flip`` bool ``(n,)``.
 
-    Per image: up to 10 tries of an area ``U(scale) * H * W`` and an aspect ratio ``exp(U(log ratio))``;
-    the first box that fits is taken at a uniformly drawn position; if none fits, the largest centred box
-    whose aspect ratio lies in ``ratio``. Draws (always the same count for ``n`` images): areas
-    ``(n, 10)``, log ratios ``(n, 10)``, positions ``(n, 2)``, flips ``(n,)``.
+    Per image: up to 10 tries of an area ``U(scale) * H * W`` and an aspect ratio ``exp(U(log
+    ratio))``; the first box that fits is taken at a uniformly drawn position; if none fits, the
+    largest centred box whose aspect ratio lies in ``ratio``. Draws (always the same count for ``n``
+    images): areas ``(n, 10)``, log ratios ``(n, 10)``, positions ``(n, 2)``, flips ``(n,)``.
     """
     area = height * width
     shares = torch.empty(n, ATTEMPTS, dtype=torch.float64).uniform_(scale[0], scale[1], generator=generator)
@@ -95,10 +97,11 @@ def _fallback_box(height: int, width: int, ratio) -> tuple[int, int]:
 
 def random_resized_crop_flip(images: torch.Tensor, size: int, generator: torch.Generator, *,
                              scale=CROP_SCALE, ratio=CROP_RATIO) -> torch.Tensor:
-    """``RandomResizedCrop(size)`` + ``RandomHorizontalFlip()`` on a batch ``(N, C, H, W)`` (any dtype).
+    """``RandomResizedCrop(size)`` + ``RandomHorizontalFlip()`` on a batch ``(N, C, H, W)`` (any
+    dtype).
 
-    Each image gets its own box (`crop_boxes`) resized to ``size x size`` (bilinear, antialiased) and a
-    fair coin for the flip. Returns float32 in the input's value range, on the input's device.
+    Each image gets its own box (`crop_boxes`) resized to ``size x size`` (bilinear, antialiased)
+    and a fair coin for the flip. Returns float32 in the input's value range, on the input's device.
     """
     if images.ndim != 4:
         raise ValueError(f"random_resized_crop_flip expects (N, C, H, W), got shape {tuple(images.shape)}")
@@ -114,7 +117,8 @@ def random_resized_crop_flip(images: torch.Tensor, size: int, generator: torch.G
 
 
 def normalize(images: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
-    """``ToTensor`` + ``Normalize``: pixel values 0–255 to ``(x / 255 − mean) / std`` per channel, float32."""
+    """``ToTensor`` + ``Normalize``: pixel values 0–255 to ``(x / 255 − mean) / std`` per channel,
+    float32."""
     mean_t = torch.tensor(mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
     std_t = torch.tensor(std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
     return (images.float() / 255.0 - mean_t) / std_t

@@ -1,10 +1,11 @@
-"""A small generated image folder in the real ImageNet layout (real PNG/JPEG files), for tests and smoke runs.
+"""A small generated image folder in the real ImageNet layout (real PNG/JPEG files), for tests and
+smoke runs.
 
-Each class is a sinusoidal grating of one orientation family and one colour tint: orientations
-0°, ±22.5°, ±45°, ±67.5°, 90° (the sign drawn per image, so a horizontal flip — which maps θ to −θ —
-keeps the class) times tints spread around the colour circle. Frequency, phase, contrast and image size
-vary per image and Gaussian pixel noise is added, so a network has to find orientation and colour under
-random crops: a task a small CNN learns in a few hundred steps, not at once.
+Each class is a sinusoidal grating of one orientation family and one colour tint: orientations 0°,
+±22.5°, ±45°, ±67.5°, 90° (the sign drawn per image, so a horizontal flip — which maps θ to −θ —
+keeps the class) times tints spread around the colour circle. Frequency, phase, contrast and image
+size vary per image and Gaussian pixel noise is added, so a network has to find orientation and
+colour under random crops: a task a small CNN learns in a few hundred steps, not at once.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ import numpy as np
 
 ORIENTATIONS_DEG = (0.0, 22.5, 45.0, 67.5, 90.0)
 FORMATS = {"png": ("PNG", ".png"), "jpeg": ("JPEG", ".JPEG")}
-# The folder the smoke presets generate (`imagefolder(generate=True)`); the marker file records these.
+# The folder the smoke presets generate (`imagefolder(generate=True)`); the marker file records
+# these.
 GENERATED = dict(classes=10, train_per_class=60, val_per_class=30, size=24, fmt="jpeg", seed=0)
 MARKER = ".bnlab-generated.json"
 
 
 def _tint(index: int, count: int) -> np.ndarray:
-    """An RGB colour direction for tint ``index`` of ``count``: hues evenly spaced on the colour circle."""
+    """An RGB colour direction for tint ``index`` of ``count``: hues evenly spaced on the colour
+    circle."""
     hue = 2 * math.pi * index / max(count, 1)
     rgb = np.array([math.cos(hue), math.cos(hue - 2 * math.pi / 3), math.cos(hue + 2 * math.pi / 3)])
     return 0.55 + 0.45 * rgb  # all channels positive, the hue's channel strongest
@@ -48,10 +51,11 @@ def grating(label: int, classes: int, rng: np.random.Generator, height: int, wid
 
 def write_image_folder(root, *, classes: int = 4, train_per_class: int = 6, val_per_class: int = 3, size: int = 24,
                        fmt: str = "png", seed: int = 0) -> dict[str, list[Path]]:
-    """Write ``root/train/class_<k>/<i>.<ext>`` and ``root/val/class_<k>/<i>.<ext>``; return the paths.
+    """Write ``root/train/class_<k>/<i>.<ext>`` and ``root/val/class_<k>/<i>.<ext>``; return the
+    paths.
 
-    Images are about ``size`` pixels on a side (each side drawn from ``size ± size/4``, so images are not
-    square), in ``fmt`` (``png`` or ``jpeg``, written with PIL). Every draw comes from
+    Images are about ``size`` pixels on a side (each side drawn from ``size ± size/4``, so images
+    are not square), in ``fmt`` (``png`` or ``jpeg``, written with PIL). Every draw comes from
     ``numpy.random.default_rng(seed)``, so the same arguments write the same pixels.
     """
     from PIL import Image
@@ -80,9 +84,9 @@ def write_image_folder(root, *, classes: int = 4, train_per_class: int = 6, val_
 def ensure_generated(root, parameters: dict | None = None) -> Path:
     """Write the generated folder at ``root`` unless it is there already (with the same parameters).
 
-    Written to a temporary sibling and renamed into place, so concurrent runs never read half a folder.
-    A folder at ``root`` without the marker file, or generated with other parameters, is an error: it is
-    never overwritten.
+    Written to a temporary sibling and renamed into place, so concurrent runs never read half a
+    folder. A folder at ``root`` without the marker file, or generated with other parameters, is an
+    error: it is never overwritten.
     """
     parameters = dict(GENERATED if parameters is None else parameters)
     root = Path(root)

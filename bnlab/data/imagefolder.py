@@ -1,4 +1,5 @@
-"""ImageNet-style image folders (``root/train/<class>/*.JPEG``, ``root/val/<class>/...``) as a data source.
+"""ImageNet-style image folders (``root/train/<class>/*.JPEG``, ``root/val/<class>/...``) as a data
+source.
 
 The whole of ILSVRC2012 does not fit in memory as float tensors, so the splits are `FolderImages`:
 lazily decoded images that the training engine indexes like a tensor (``shape``, ``device``,
@@ -7,15 +8,15 @@ releases the GIL while decoding) or taken from an in-memory uint8 cache when the
 then transformed with torch ops (`bnlab.data.image_transforms`):
 
 * train: shorter side resized to ``resize_size``, the central ``resize_size`` square kept, then
-  ``RandomResizedCrop(image_size)`` + horizontal flip per image (``augment=True``; without it the eval
-  transform). The PyTorch ImageNet example crops from the whole image; here the crop comes from the
-  central square (the two differ only at the long sides of non-square photos).
+  ``RandomResizedCrop(image_size)`` + horizontal flip per image (``augment=True``; without it the
+  eval transform). The PyTorch ImageNet example crops from the whole image; here the crop comes from
+  the central square (the two differ only at the long sides of non-square photos).
 * val: ``Resize(resize_size)`` + ``CenterCrop(image_size)`` — the example's evaluation exactly.
 * both: ``Normalize`` with the ImageNet mean and standard deviation.
 
-Augmentation draws come from the split's own CPU ``torch.Generator`` seeded with the data seed, in the
-order batches are requested (the same seed gives the same crops in an uninterrupted run; a run resumed
-from a checkpoint draws fresh crops for the rest of its epoch).
+Augmentation draws come from the split's own CPU ``torch.Generator`` seeded with the data seed, in
+the order batches are requested (the same seed gives the same crops in an uninterrupted run; a run
+resumed from a checkpoint draws fresh crops for the rest of its epoch).
 """
 
 from __future__ import annotations
@@ -42,11 +43,13 @@ AUTO_CACHE_BYTES = 1 << 30  # "auto" keeps a split in memory (as uint8) up to 1 
 
 
 def scan_split(root: Path, split: str, classes: list[str] | None = None) -> tuple[list[Path], list[int], list[str]]:
-    """``(paths, labels, classes)`` of ``root/split/<class>/<image>``, classes and files in sorted order.
+    """``(paths, labels, classes)`` of ``root/split/<class>/<image>``, classes and files in sorted
+    order.
 
-    ``classes`` (the training split's) fixes the label of each class folder; a folder of another name is
-    an error. Raises `DataNotFoundError` for a missing split folder and `DataError` for a split without
-    class folders, a class folder without images, or images lying directly in the split folder.
+    ``classes`` (the training split's) fixes the label of each class folder; a folder of another
+    name is an error. Raises `DataNotFoundError` for a missing split folder and `DataError` for a
+    split without class folders, a class folder without images, or images lying directly in the
+    split folder.
     """
     folder = root / split
     expected = f"{root}/{split}/<class>/<image>{{{','.join(EXTENSIONS)}}}"
@@ -80,10 +83,12 @@ def scan_split(root: Path, split: str, classes: list[str] | None = None) -> tupl
 
 
 def decode(path: Path, resize_size: int, crop_size: int) -> torch.Tensor:
-    """One image file as uint8 ``(3, crop_size, crop_size)``: shorter side to ``resize_size``, centre crop.
+    """One image file as uint8 ``(3, crop_size, crop_size)``: shorter side to ``resize_size``,
+    centre crop.
 
     JPEGs are decoded at the smallest DCT scale that keeps both sides at least ``resize_size``
-    (``Image.draft``), which is what makes streaming ImageNet affordable; grey and RGBA images become RGB.
+    (``Image.draft``), which is what makes streaming ImageNet affordable; grey and RGBA images
+    become RGB.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -91,18 +96,20 @@ def decode(path: Path, resize_size: int, crop_size: int) -> torch.Tensor:
         with Image.open(path) as img:
             img.draft("RGB", (resize_size, resize_size))
             array = np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except (UnidentifiedImageError, Image.DecompressionBombError, OSError) as err:  # a bomb: named, refused
+    # a bomb: named, refused
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError) as err:
         raise DataError(f"image folder: cannot decode {path}: {err}") from None
     image = torch.from_numpy(array.copy()).permute(2, 0, 1)
     return T.to_uint8(T.center_crop(T.resize_shorter(image, resize_size), crop_size))
 
 
 class FolderImages:
-    """One split of an image folder, decoded on demand; indexes like a float tensor ``(n, 3, s, s)``.
+    """One split of an image folder, decoded on demand; indexes like a float tensor ``(n, 3, s,
+    s)``.
 
-    ``x[i]``, ``x[a:b]``, ``x[index_tensor]`` and ``x.index_select(0, index)`` return normalized float32
-    images on ``device``: from the uint8 cache if ``cache`` is true, else decoded from disk (by
-    ``workers`` threads when > 0), then randomly cropped and flipped if ``augment``.
+    ``x[i]``, ``x[a:b]``, ``x[index_tensor]`` and ``x.index_select(0, index)`` return normalized
+    float32 images on ``device``: from the uint8 cache if ``cache`` is true, else decoded from disk
+    (by ``workers`` threads when > 0), then randomly cropped and flipped if ``augment``.
     """
 
     def __init__(self, paths: list[Path], *, image_size: int, resize_size: int, augment: bool,
@@ -111,7 +118,8 @@ class FolderImages:
         self.paths = list(paths)
         self.image_size, self.resize_size = int(image_size), int(resize_size)
         self.augment, self.crop_scale = bool(augment), tuple(crop_scale)
-        # A training split keeps the resize_size square for the random crop; otherwise the eval crop.
+        # A training split keeps the resize_size square for the random crop; otherwise the eval
+        # crop.
         self.stored_size = self.resize_size if self.augment else self.image_size
         self.generator = generator
         self.device = torch.device(device)
@@ -147,7 +155,8 @@ class FolderImages:
         return torch.stack(images)
 
     def batch(self, indices: torch.Tensor) -> torch.Tensor:
-        """The transformed images at ``indices`` (a 1-d integer tensor), normalized, on ``device``."""
+        """The transformed images at ``indices`` (a 1-d integer tensor), normalized, on
+        ``device``."""
         indices = indices.reshape(-1).long().cpu()
         if len(indices) and (int(indices.min()) < -len(self) or int(indices.max()) >= len(self)):
             raise IndexError(f"index out of range for {len(self)} images")
@@ -182,7 +191,8 @@ class FolderImages:
 
 
 def find_root(data_dir, folder: str) -> Path:
-    """``<data dir>/<folder>`` (or the data dir itself) holding ``train/``; the error lists what was searched."""
+    """``<data dir>/<folder>`` (or the data dir itself) holding ``train/``; the error lists what was
+    searched."""
     base, origin = resolve_data_dir(data_dir)
     candidates = [base / folder, base]
     for root in candidates:
@@ -211,16 +221,16 @@ def imagefolder(*, device="cpu", seed=0, data_dir=None, verify=True, download=Fa
                 max_per_class=None, generate=False) -> DataSource:
     """An ImageNet-style image folder: ``<data_dir>/<folder>/{train,val}/<class>/<image>``.
 
-    Peng et al. train ResNet-18/50 and EfficientNet-B0 on ILSVRC2012 with the PyTorch ImageNet example's
-    data pipeline; this source reproduces it (see the module docstring) at ``image_size`` (224) from
-    ``resize_size`` (256). Options: ``augment`` (random resized crop + flip of the training split),
-    ``crop_scale_min`` (smallest crop area share, 0.08 as in torchvision), ``cache`` (``auto``: hold a
-    split as uint8 in memory when it takes at most 1 GiB; ``memory``; ``none``: decode every batch),
-    ``workers`` (decoding threads; 0 = in the caller's thread), ``max_per_class`` (the first k images of
-    each class, sorted by name), ``generate`` (write the generated look-alike of
-    `bnlab.data.image_writer` into the folder first if it is absent — the smoke presets' data). ``seed``
-    seeds the augmentation. ``verify``/``download`` do not apply (there is no published checksum or
-    download for a local folder).
+    Peng et al. train ResNet-18/50 and EfficientNet-B0 on ILSVRC2012 with the PyTorch ImageNet
+    example's data pipeline; this source reproduces it (see the module docstring) at ``image_size``
+    (224) from ``resize_size`` (256). Options: ``augment`` (random resized crop + flip of the
+    training split), ``crop_scale_min`` (smallest crop area share, 0.08 as in torchvision),
+    ``cache`` (``auto``: hold a split as uint8 in memory when it takes at most 1 GiB; ``memory``;
+    ``none``: decode every batch), ``workers`` (decoding threads; 0 = in the caller's thread),
+    ``max_per_class`` (the first k images of each class, sorted by name), ``generate`` (write the
+    generated look-alike of `bnlab.data.image_writer` into the folder first if it is absent — the
+    smoke presets' data). ``seed`` seeds the augmentation. ``verify``/``download`` do not apply
+    (there is no published checksum or download for a local folder).
     """
     image_size, resize_size = as_int("image_size", image_size, minimum=1), as_int("resize_size", resize_size, minimum=1)
     if resize_size < image_size:

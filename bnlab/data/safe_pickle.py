@@ -64,7 +64,8 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 
 def restricted_loads(data: bytes, *, source: str = "<bytes>"):
-    """Unpickle ``data`` (Python-2 str → bytes) with `RestrictedUnpickler`; clear errors on failure."""
+    """Unpickle ``data`` (Python-2 str → bytes) with `RestrictedUnpickler`; clear errors on
+    failure."""
     unpickler = RestrictedUnpickler(io.BytesIO(data), encoding="bytes")
     unpickler.source = source
     try:

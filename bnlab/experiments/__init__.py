@@ -4,10 +4,11 @@
     bnlab reproduce santurkar-fig9 --preset smoke
     bnlab report
 
-Entries live in one package per paper (``santurkar/``, ``luo/``, ``peng/``, ``arora/``, ``mbn/``); each
-entry module registers its entries in :data:`CATALOGUE` when imported, and :func:`load_catalogue` imports
-them in the order :data:`ENTRY_MODULES` declares. Shared helpers: ``common`` (statistics, plots),
-``verdicts`` (the verdict ladder), ``runner`` and ``parallel`` (execution).
+Entries live in one package per paper (``santurkar/``, ``luo/``, ``peng/``, ``arora/``, ``mbn/``);
+each entry module registers its entries in :data:`CATALOGUE` when imported, and
+:func:`load_catalogue` imports them in the order :data:`ENTRY_MODULES` declares. Shared helpers:
+``common`` (statistics, plots), ``verdicts`` (the verdict ladder), ``runner`` and ``parallel``
+(execution).
 """
 
 from __future__ import annotations

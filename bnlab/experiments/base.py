@@ -1,9 +1,9 @@
 """The shape of a catalogue entry.
 
 An :class:`Experiment` is declarative: ``plan(preset)`` says which training runs (each a
-``bnlab.train`` config) and which pure computations (theory, simulations) make up the figure or table;
-``analyze(ctx)`` draws the figures and fills the table from what was stored, so the report can be
-rebuilt from the store without training anything again.
+``bnlab.train`` config) and which pure computations (theory, simulations) make up the figure or
+table; ``analyze(ctx)`` draws the figures and fills the table from what was stored, so the report
+can be rebuilt from the store without training anything again.
 """
 
 from __future__ import annotations
@@ -81,10 +81,11 @@ def register(experiment: Experiment) -> Experiment:
     return CATALOGUE.add(experiment.id, experiment)
 
 
-# The catalogue's order, declared: the entry modules of each paper's package (``bnlab.experiments.<paper>``),
-# in the order ``bnlab experiments list`` and the report show them. Each module registers its entries when
-# imported; load_catalogue imports them all and then sorts the catalogue by this list, so the order does not
-# depend on which module some caller happened to import first.
+# The catalogue's order, declared: the entry modules of each paper's package
+# (``bnlab.experiments.<paper>``), in the order ``bnlab experiments list`` and the report show them.
+# Each module registers its entries when imported; load_catalogue imports them all and then sorts
+# the catalogue by this list, so the order does not depend on which module some caller happened to
+# import first.
 ENTRY_MODULES = (
     "santurkar.vgg", "santurkar.dln", "santurkar.lp",
     "luo.student", "luo.fig3", "luo.cnn", "luo.fold_dropout", "luo.table2",
@@ -95,7 +96,8 @@ ENTRY_MODULES = (
 
 
 def _rank(experiment: Experiment) -> int:
-    """The position of the module that registered ``experiment`` in :data:`ENTRY_MODULES` (others last)."""
+    """The position of the module that registered ``experiment`` in :data:`ENTRY_MODULES` (others
+    last)."""
     package = __name__.rpartition(".")[0]
     module = getattr(experiment.analyze, "__module__", "")
     names = [f"{package}.{name}" for name in ENTRY_MODULES]
@@ -122,7 +124,8 @@ def check_preset(preset: str) -> str:
 
 
 def shrink(config: dict[str, Any], steps: int) -> dict[str, Any]:
-    """A copy of ``config`` cut to at most ``steps`` optimizer steps (used by the tests' 'tiny' runs)."""
+    """A copy of ``config`` cut to at most ``steps`` optimizer steps (used by the tests' 'tiny'
+    runs)."""
     out = copy.deepcopy(config)
     out.pop("epochs", None)
     out["steps"] = min(int(out.get("steps") or steps), steps)

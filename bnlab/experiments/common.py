@@ -66,7 +66,8 @@ def fmt(x, digits: int = 3, *, std: float | None = None, n: int | None = None,
 
 
 def finite_or_none(value) -> float | None:
-    """``float(value)`` if it is a finite number, else None (missing metrics, NaN/inf of diverged runs)."""
+    """``float(value)`` if it is a finite number, else None (missing metrics, NaN/inf of diverged
+    runs)."""
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -81,7 +82,8 @@ def tail_mean(run, metric: str, k: int = 3) -> float | None:
 
 
 def spearman(xs, ys) -> float | None:
-    """Spearman rank correlation (average ranks for ties); None for fewer than 2 points or a constant side."""
+    """Spearman rank correlation (average ranks for ties); None for fewer than 2 points or a
+    constant side."""
     from scipy import stats
 
     if len(xs) < 2 or len(xs) != len(ys):
@@ -95,11 +97,12 @@ def spearman(xs, ys) -> float | None:
 # ---- appended for the Peng / Arora entries ----------------------------------------------------
 
 def grouped_finals(ctx, keys: tuple[str, ...], metric: str) -> dict[tuple, list[float]]:
-    """Final ``metric`` of every run grouped by the values of the factors ``keys`` (e.g. ("row", "activation")).
+    """Final ``metric`` of every run grouped by the values of the factors ``keys`` (e.g. ("row",
+    "activation")).
 
-    Runs without a finite final value (failed, diverged to NaN, missing) are left out of their group; a
-    group whose runs all lack the value is present with an empty list, so callers can tell "no runs"
-    from "no usable runs".
+    Runs without a finite final value (failed, diverged to NaN, missing) are left out of their
+    group; a group whose runs all lack the value is present with an empty list, so callers can tell
+    "no runs" from "no usable runs".
     """
     groups: dict[tuple, list[float]] = {}
     for r in ctx.runs:
@@ -123,7 +126,8 @@ def mean_std(values) -> tuple[float | None, float | None]:
 
 
 def smooth(xs, ys, points: int = 60) -> tuple[list, list]:
-    """Block means of a long (x, y) series down to about ``points`` points (non-finite values skipped)."""
+    """Block means of a long (x, y) series down to about ``points`` points (non-finite values
+    skipped)."""
     pairs = [(x, y) for x, y in zip(xs, ys) if finite_or_none(y) is not None]
     if len(pairs) <= points:
         return [p[0] for p in pairs], [p[1] for p in pairs]
@@ -137,8 +141,8 @@ def smooth(xs, ys, points: int = 60) -> tuple[list, list]:
 
 
 def safe_panels(path, specs: list[dict], **kwargs):
-    """``plots.panels`` with log axes switched off where a panel has no positive finite value to show
-    (matplotlib refuses a log axis without one: empty series of tiny runs, diverged runs)."""
+    """``plots.panels`` with log axes switched off where a panel has no positive finite value to
+    show (matplotlib refuses a log axis without one: empty series of tiny runs, diverged runs)."""
     fixed = []
     for spec in specs:
         spec = dict(spec)
@@ -174,7 +178,8 @@ class Comparison:
     decision: str
 
     def text(self, scale: float = 1.0, unit: str = "") -> str:
-        """``+3.1 ± 0.8 (SE; Welch p=0.01, n=3/3, resolvable ≥ 2.9)``; numbers times ``scale`` (100: points)."""
+        """``+3.1 ± 0.8 (SE; Welch p=0.01, n=3/3, resolvable ≥ 2.9)``; numbers times ``scale`` (100:
+        points)."""
         if self.diff is None:
             return "no data"
         out = f"{scale * self.diff:+.3g}{unit}"
@@ -190,16 +195,18 @@ RULE = (f"Welch's two-sided t-test on the per-seed values, α = {ALPHA:g}, at le
 
 def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds: int = MIN_SEEDS,
                  se_floor: float = 0.0, n_test: int | None = None) -> Comparison:
-    """Compare arm ``b`` with arm ``a`` (lists of per-seed values, non-finite ones dropped): the rule :data:`RULE`.
+    """Compare arm ``b`` with arm ``a`` (lists of per-seed values, non-finite ones dropped): the
+    rule :data:`RULE`.
 
-    Welch's t-test (unequal variances; Welch 1947): diff = mean(b) − mean(a), SE = √(s_a²/n_a + s_b²/n_b),
-    Welch–Satterthwaite degrees of freedom, two-sided p. ``decision`` is "higher"/"lower" when p < ``alpha``,
-    else "no detectable difference"; the minimum detectable effect ``mde = (t_{1−α/2,df} + t_{power,df})·SE``
-    is the true difference this many seeds with this spread would detect with probability ``power``. Fewer
-    than ``min_seeds`` values in an arm: "too few seeds" (diff still given). The SE is floored at ``se_floor``
-    and, for accuracies, at the binomial SE of the arm means on ``n_test`` test images (``verdict.binomial_floor``),
-    so arms whose seeds happen to agree do not get p ≈ 0 for a one-image difference. Without a floor, identical
-    values (SE = 0, deterministic computations) count any nonzero difference as detected (p = 0).
+    Welch's t-test (unequal variances; Welch 1947): diff = mean(b) − mean(a), SE = √(s_a²/n_a +
+    s_b²/n_b), Welch–Satterthwaite degrees of freedom, two-sided p. ``decision`` is "higher"/"lower"
+    when p < ``alpha``, else "no detectable difference"; the minimum detectable effect ``mde =
+    (t_{1−α/2,df} + t_{power,df})·SE`` is the true difference this many seeds with this spread would
+    detect with probability ``power``. Fewer than ``min_seeds`` values in an arm: "too few seeds"
+    (diff still given). The SE is floored at ``se_floor`` and, for accuracies, at the binomial SE of
+    the arm means on ``n_test`` test images (``verdict.binomial_floor``), so arms whose seeds happen
+    to agree do not get p ≈ 0 for a one-image difference. Without a floor, identical values (SE = 0,
+    deterministic computations) count any nonzero difference as detected (p = 0).
     """
     from scipy import stats
 
@@ -235,9 +242,10 @@ def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds:
 
 
 def mean_curve(runs, metric: str) -> tuple[list, list]:
-    """(steps, mean over ``runs`` of ``metric`` at each step), over the steps every run recorded (seeds of one
-    arm share their logging steps; a run that stopped early shortens the curve). Non-finite values are skipped
-    in the mean; a step where every value is non-finite is left out."""
+    """(steps, mean over ``runs`` of ``metric`` at each step), over the steps every run recorded
+    (seeds of one arm share their logging steps; a run that stopped early shortens the curve).
+    Non-finite values are skipped in the mean; a step where every value is non-finite is left
+    out."""
     series = [r.series(metric) for r in runs]
     series = [(list(s), list(v)) for s, v in series if s]
     if not series:
@@ -253,7 +261,8 @@ def mean_curve(runs, metric: str) -> tuple[list, list]:
 
 
 def value_at_fraction(curve: tuple[list, list], fraction: float) -> float | None:
-    """The value of a (steps, values) curve at the first step ≥ ``fraction`` of its last step (None if empty)."""
+    """The value of a (steps, values) curve at the first step ≥ ``fraction`` of its last step (None
+    if empty)."""
     steps, values = curve
     if not steps:
         return None
@@ -266,10 +275,10 @@ SETTLE_FRACTION = 2 / 3
 
 
 def mean_over_run(run, metric: str = "train_loss", fraction: float = 1.0) -> float | None:
-    """Mean of a finished run's finite ``metric`` values logged up to ``fraction`` of its last step: for the
-    training loss, the area under the curve over its length (lower = faster convergence). None for a run
-    that did not finish or logged nothing. ``fraction`` < 1 reads the same measure earlier in training,
-    for ``verdicts.settle``."""
+    """Mean of a finished run's finite ``metric`` values logged up to ``fraction`` of its last step:
+    for the training loss, the area under the curve over its length (lower = faster convergence).
+    None for a run that did not finish or logged nothing. ``fraction`` < 1 reads the same measure
+    earlier in training, for ``verdicts.settle``."""
     if run is None or run.status != "finished":
         return None
     steps, values = run.series(metric)

@@ -1,13 +1,13 @@
 """Local sweeps in parallel: an entry's independent runs in worker processes, one torch thread each.
 
-The catalogue's smoke runs train small networks (digits MLPs, narrow CNNs, 25-layer linear nets):
-a second intra-op thread buys them little, while a second *process* doubles throughput — and
-several threads fighting over a busy machine's cores made ``make demo`` ten times slower than on an
-idle one. So every run of a local sweep trains with ``torch.set_num_threads(1)`` (in a worker
-process, or in this process with the previous count restored after), and the runs go to as many
-worker processes as there are free cores (:func:`free_cores`: the CPUs this process may use, less
-those busy now, :func:`busy_cores`). One thread for every run, whatever the worker count, also makes the
-numbers independent of the machine and of the parallelism: the same seeds give the same floats
+The catalogue's smoke runs train small networks (digits MLPs, narrow CNNs, 25-layer linear nets): a
+second intra-op thread buys them little, while a second *process* doubles throughput — and several
+threads fighting over a busy machine's cores made ``make demo`` ten times slower than on an idle
+one. So every run of a local sweep trains with ``torch.set_num_threads(1)`` (in a worker process, or
+in this process with the previous count restored after), and the runs go to as many worker processes
+as there are free cores (:func:`free_cores`: the CPUs this process may use, less those busy now,
+:func:`busy_cores`). One thread for every run, whatever the worker count, also makes the numbers
+independent of the machine and of the parallelism: the same seeds give the same floats
 (tests/test_newcomer.py checks it).
 
 Progress: each run reports its steps to the parent (a queue from the workers), which shows one
@@ -71,7 +71,8 @@ def busy_cores(cpus: int, interval: float = 0.3, stat: str = "/proc/stat") -> fl
 
 def free_cores() -> int:
     """Cores free for new work: ``len(os.sched_getaffinity(0))`` (the CPUs this process may run on)
-    less those busy now (:func:`busy_cores`), rounded, at least 1. ``BNLAB_WORKERS`` overrides it."""
+    less those busy now (:func:`busy_cores`), rounded, at least 1. ``BNLAB_WORKERS`` overrides
+    it."""
     forced = os.environ.get(WORKERS_ENV)
     if forced:
         try:

@@ -1,4 +1,5 @@
-"""Run catalogue entries: sweeps of training runs (locally or on Ray), computations, stored results."""
+"""Run catalogue entries: sweeps of training runs (locally or on Ray), computations, stored
+results."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ class ResultStore:
         self._store.close()
 
     def save(self, experiment_id: str, preset: str, runs: list[dict], data: dict, tiny: bool, seconds: float) -> None:
-        # tensors/arrays as lists, other objects as their fields; NaN kept as the analyses read it back
+        # tensors/arrays as lists, other objects as their fields; NaN kept as the analyses read it
+        # back
         data = jsonable(data, nonfinite="keep", objects=True)
         self._store.save_entry(experiment_id, preset, runs, data, tiny=tiny, seconds=seconds)
 
@@ -59,7 +61,8 @@ def _train_one(config: dict, callbacks: list | tuple = ()) -> dict:
     it is that process's run, not a failure of this one. ``callbacks`` only observe (progress).
     The record gets ``seconds``: this call's wall time."""
     # bnlab.train.run looked up at call time: a test may replace it
-    run = launcher.train if int(config.get("nproc") or 1) > 1 else train.run  # nproc > 1: data-parallel
+    # nproc > 1: data-parallel
+    run = launcher.train if int(config.get("nproc") or 1) > 1 else train.run
 
     said = False
     started = time.perf_counter()
@@ -87,12 +90,13 @@ def run_sweep(configs: list[dict], *, ray_address: str | None = None, progress: 
               workers: int | None = None, desc: str = "runs") -> list[dict]:
     """Train every config; finished runs in the store are skipped (``bnlab.train.run`` resumes).
 
-    Locally the runs go to ``workers`` processes (default :func:`~bnlab.experiments.parallel.free_cores`;
-    1: one after another in this process), each with one torch thread, so the numbers do not depend
-    on the worker count (:mod:`bnlab.experiments.parallel`); data-parallel runs (``nproc`` > 1)
-    start their own processes and go one at a time after the others. With ``ray_address`` each run
-    is a Ray task (``"local"`` starts a local Ray instance) writing to the same store. A failed or
-    diverged run never stops the others. Returns the records in the order of ``configs``.
+    Locally the runs go to ``workers`` processes (default
+    :func:`~bnlab.experiments.parallel.free_cores`; 1: one after another in this process), each with
+    one torch thread, so the numbers do not depend on the worker count
+    (:mod:`bnlab.experiments.parallel`); data-parallel runs (``nproc`` > 1) start their own
+    processes and go one at a time after the others. With ``ray_address`` each run is a Ray task
+    (``"local"`` starts a local Ray instance) writing to the same store. A failed or diverged run
+    never stops the others. Returns the records in the order of ``configs``.
     """
     if ray_address is not None:
         return _run_on_ray(configs, ray_address, progress)
@@ -157,9 +161,9 @@ def reproduce(experiment_id: str, preset: str = "smoke", *, runs_dir: str | Path
               report: bool = False, nproc: int | None = None, workers: int | None = None) -> Outcome:
     """Run one entry end to end: its training runs and computations, stored, then analysed.
 
-    ``tiny`` cuts every run to a few steps (the test suite's reduced form); results are stored
-    under the same (id, preset) but marked tiny in the report. ``nproc`` trains every run without
-    probes (and without its own ``nproc``) data-parallel on that many processes (bnlab.train.distributed).
+    ``tiny`` cuts every run to a few steps (the test suite's reduced form); results are stored under
+    the same (id, preset) but marked tiny in the report. ``nproc`` trains every run without probes
+    (and without its own ``nproc``) data-parallel on that many processes (bnlab.train.distributed).
     ``workers``: local worker processes for the entry's independent runs (default: the free cores;
     every run has one torch thread whatever the count, so the numbers do not depend on it).
 
@@ -199,7 +203,8 @@ def reproduce_many(experiment_ids: list[str], preset: str = "smoke", *, runs_dir
             out.append((data, time.perf_counter() - start))
         return out
 
-    # the computations (closed forms, simulations: a minute for luo-fig2) go beside the training runs
+    # the computations (closed forms, simulations: a minute for luo-fig2) go beside the training
+    # runs
     computed = parallel.in_background(computations)
     records = iter(run_sweep(configs, ray_address=ray_address, progress=progress, workers=workers, desc=desc))
     for exp, entry, (data, compute_seconds) in zip(exps, specs, computed()):

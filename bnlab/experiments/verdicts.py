@@ -1,36 +1,39 @@
-"""The verdict rule of the catalogue: one pre-declared primary comparison per entry, judged against the
-paper's effect with a resolution fixed in advance.
+"""The verdict rule of the catalogue: one pre-declared primary comparison per entry, judged against
+the paper's effect with a resolution fixed in advance.
 
-Why a rule of its own (issue 19): judging every comparison an entry prints, with the minimum detectable
-effect computed from the observed SD of 3 seeds, made verdicts that depended on chance (an exact null was
-called "not held" 8–14 % of the time; the paper's true effect "held" only 20 %), gave p ≈ 0 to arms that
-differed by one test image, and dropped diverged runs as missing data. The rule, stated once (:data:`RULE`):
+Why a rule of its own (issue 19): judging every comparison an entry prints, with the minimum
+detectable effect computed from the observed SD of 3 seeds, made verdicts that depended on chance
+(an exact null was called "not held" 8–14 % of the time; the paper's true effect "held" only 20 %),
+gave p ≈ 0 to arms that differed by one test image, and dropped diverged runs as missing data. The
+rule, stated once (:data:`RULE`):
 
-1. **Primary comparison.** Each entry declares one :class:`Design` before it runs: the quantity b − a it
-   compares, the paper's effect on that quantity (signed: the direction the paper claims), the number of
-   seeds per arm and a *design SD* of one seed's value, measured in a pilot and written into the entry.
-   Every other comparison is reported; where one is judged as well, its p-values are Holm-corrected
-   (:func:`holm`, Holm 1979) as a family.
-2. **Resolution fixed in advance.** The minimum detectable effect is ``(t_{1−α/2} + t_{power})·SE_design``
-   with ``SE_design = max(design_sd·√(1/n_a + 1/n_b), floor)``, at df = n_a + n_b − 2: a property of the
-   design, not of the scatter of this run's seeds.
-3. **A floor on the standard error.** The test uses ``SE = max(Welch SE, floor)``. For accuracies the floor
-   is the binomial SE of the two arm means on a test set of ``n_test`` images
-   (``√(p_a(1−p_a)/(n_test·n_a) + p_b(1−p_b)/(n_test·n_b))``): accuracies measured by counting images cannot
-   resolve a difference below it, so arms that differ by one image are not "significant" because their
-   seeds happened to agree. Other quantities pass ``se_floor`` (their measurement resolution).
-4. **Divergence is failure.** A diverged run enters its arm with the entry's failure value (chance accuracy,
-   the loss at initialization, ...; :func:`arm_values`), never as missing data. Runs that crashed
-   (status "failed"/"interrupted") are missing, and named in the summary.
-5. **Decision.** Welch's two-sided t at α = 0.05 on the primary comparison: "held" if significant in the
-   paper's direction; "not held" if significant against it, or if the (1−α) confidence interval lies entirely
-   short of the paper's effect (the data reject an effect of the paper's size); otherwise "inconclusive",
-   stating the design's resolvable effect. Hence P(false "held" | no effect) ≤ α/2 and P(false "not held" |
-   the paper's effect) ≤ α/2 + the family's Holm-controlled share; ``tests/test_verdict_rule.py`` measures
-   both by simulation and the docs print them.
+1. **Primary comparison.** Each entry declares one :class:`Design` before it runs: the quantity b −
+   a it compares, the paper's effect on that quantity (signed: the direction the paper claims), the
+   number of seeds per arm and a *design SD* of one seed's value, measured in a pilot and written
+   into the entry. Every other comparison is reported; where one is judged as well, its p-values are
+   Holm-corrected (:func:`holm`, Holm 1979) as a family.
+2. **Resolution fixed in advance.** The minimum detectable effect is ``(t_{1−α/2} +
+   t_{power})·SE_design`` with ``SE_design = max(design_sd·√(1/n_a + 1/n_b), floor)``, at df = n_a +
+   n_b − 2: a property of the design, not of the scatter of this run's seeds.
+3. **A floor on the standard error.** The test uses ``SE = max(Welch SE, floor)``. For accuracies
+   the floor is the binomial SE of the two arm means on a test set of ``n_test`` images
+   (``√(p_a(1−p_a)/(n_test·n_a) + p_b(1−p_b)/(n_test·n_b))``): accuracies measured by counting
+   images cannot resolve a difference below it, so arms that differ by one image are not
+   "significant" because their seeds happened to agree. Other quantities pass ``se_floor`` (their
+   measurement resolution).
+4. **Divergence is failure.** A diverged run enters its arm with the entry's failure value (chance
+   accuracy, the loss at initialization, ...; :func:`arm_values`), never as missing data. Runs that
+   crashed (status "failed"/"interrupted") are missing, and named in the summary.
+5. **Decision.** Welch's two-sided t at α = 0.05 on the primary comparison: "held" if significant in
+   the paper's direction; "not held" if significant against it, or if the (1−α) confidence interval
+   lies entirely short of the paper's effect (the data reject an effect of the paper's size);
+   otherwise "inconclusive", stating the design's resolvable effect. Hence P(false "held" | no
+   effect) ≤ α/2 and P(false "not held" | the paper's effect) ≤ α/2 + the family's Holm-controlled
+   share; ``tests/test_verdict_rule.py`` measures both by simulation and the docs print them.
 6. **Settling.** Where the verdict is read at the end of training, it is read again inside the final
-   learning-rate phase (:func:`settle_fraction`): halfway through the last constant-lr stretch of a step
-   schedule, never before the last drop. A verdict that changed within that phase is "inconclusive".
+   learning-rate phase (:func:`settle_fraction`): halfway through the last constant-lr stretch of a
+   step schedule, never before the last drop. A verdict that changed within that phase is
+   "inconclusive".
 """
 
 from __future__ import annotations
@@ -58,9 +61,10 @@ RULE = (
 class Design:
     """The pre-declared primary comparison of an entry (b − a).
 
-    ``paper_effect``: the paper's b − a in the same units (its sign is the claimed direction). ``design_sd``:
-    SD of one seed's value, from the pilot named in ``source``. ``n_test``: test-set size when the values are
-    accuracies in [0, 1] (binomial floor); ``se_floor``: an absolute floor otherwise.
+    ``paper_effect``: the paper's b − a in the same units (its sign is the claimed direction).
+    ``design_sd``: SD of one seed's value, from the pilot named in ``source``. ``n_test``: test-set
+    size when the values are accuracies in [0, 1] (binomial floor); ``se_floor``: an absolute floor
+    otherwise.
     """
 
     quantity: str
@@ -72,8 +76,8 @@ class Design:
     se_floor: float = 0.0
     alpha: float = ALPHA
     power: float = POWER
-    # False where the paper gives only a direction (curves without numbers): ``paper_effect`` is then a
-    # unit-size stand-in for its sign, and "not held" needs a significant effect against it.
+    # False where the paper gives only a direction (curves without numbers): ``paper_effect`` is
+    # then a unit-size stand-in for its sign, and "not held" needs a significant effect against it.
     magnitude_known: bool = True
 
     def __post_init__(self):
@@ -88,8 +92,9 @@ class Design:
             )
 
     def mde(self, p_a: float = 0.5, p_b: float = 0.5) -> float:
-        """The effect this design detects with probability ``power`` (two-sided α), from the design SD and
-        the floor; ``p_a``/``p_b`` (accuracies) set the binomial floor, 0.5 its largest value."""
+        """The effect this design detects with probability ``power`` (two-sided α), from the design
+        SD and the floor; ``p_a``/``p_b`` (accuracies) set the binomial floor, 0.5 its largest
+        value."""
         from scipy import stats
 
         n = self.n_seeds
@@ -116,7 +121,8 @@ class Design:
 
 
 def binomial_floor(p_a: float, p_b: float, n_test: int | None, n_a: int, n_b: int) -> float:
-    """Binomial SE of the difference of two arm-mean accuracies on ``n_test`` test images (0 without n_test)."""
+    """Binomial SE of the difference of two arm-mean accuracies on ``n_test`` test images (0 without
+    n_test)."""
     if not n_test:
         return 0.0
     p_a, p_b = (min(max(p, 0.0), 1.0) for p in (p_a, p_b))
@@ -156,8 +162,8 @@ class Judgement:
 
 
 def judge(a, b, design: Design) -> Judgement:
-    """Judge the primary comparison b − a by :data:`RULE` (values per seed; diverged runs already replaced by
-    the failure value, see :func:`arm_values`; non-finite values dropped)."""
+    """Judge the primary comparison b − a by :data:`RULE` (values per seed; diverged runs already
+    replaced by the failure value, see :func:`arm_values`; non-finite values dropped)."""
     from scipy import stats
 
     xa = [v for v in (finite_or_none(v) for v in a) if v is not None]
@@ -196,7 +202,8 @@ def judge(a, b, design: Design) -> Judgement:
 
 def holm(pvalues: dict) -> dict:
     """Holm's step-down adjusted p-values (Holm 1979, "A simple sequentially rejective multiple test
-    procedure"): the k-th smallest of m gets max over j ≤ k of min(1, (m − j + 1)·p_(j)). None stays None."""
+    procedure"): the k-th smallest of m gets max over j ≤ k of min(1, (m − j + 1)·p_(j)). None stays
+    None."""
     known = sorted(((p, key) for key, p in pvalues.items() if p is not None), key=lambda t: t[0])
     m, running, out = len(known), 0.0, {key: None for key in pvalues}
     for rank, (p, key) in enumerate(known):
@@ -206,9 +213,10 @@ def holm(pvalues: dict) -> dict:
 
 
 def arm_values(runs, read, failure_value: float) -> tuple[list[float], list[str]]:
-    """Per-seed values of one arm: ``read(run)`` for finished runs, ``failure_value`` for a diverged run or a
-    finished one whose value is non-finite (a failure of the arm, not missing data). Runs that crashed or were
-    interrupted are left out and their labels returned, so the summary can name them."""
+    """Per-seed values of one arm: ``read(run)`` for finished runs, ``failure_value`` for a diverged
+    run or a finished one whose value is non-finite (a failure of the arm, not missing data). Runs
+    that crashed or were interrupted are left out and their labels returned, so the summary can name
+    them."""
     values, missing = [], []
     for r in runs:
         if r.status == "diverged":
@@ -222,9 +230,10 @@ def arm_values(runs, read, failure_value: float) -> tuple[list[float], list[str]
 
 
 def settle_fraction(config: dict) -> float:
-    """Where (fraction of training) the settling rule reads the verdict a second time: halfway through the
-    final learning-rate phase. For ``step:E1,...,Ek`` over E epochs that is (Ek + (E − Ek)/2)/E — after the
-    last drop, so the two readings compare like with like; otherwise (constant, exponential) 2/3."""
+    """Where (fraction of training) the settling rule reads the verdict a second time: halfway
+    through the final learning-rate phase. For ``step:E1,...,Ek`` over E epochs that is (Ek + (E −
+    Ek)/2)/E — after the last drop, so the two readings compare like with like; otherwise (constant,
+    exponential) 2/3."""
     schedule = parse_schedule(str(config.get("schedule") or "constant"))  # the one parser
     epochs = config.get("epochs")
     if schedule.kind == "step" and epochs:

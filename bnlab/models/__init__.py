@@ -1,7 +1,7 @@
 """The papers' networks, built from one block (linear/conv + any bnlab.norms spec + activation).
 
-``create(name, norm=..., activation=..., placement=..., input_shape=..., num_classes=...)`` builds any of
-:data:`MODELS`; ``bnlab models list`` prints the catalogue. See ``docs/readme/models.md``.
+``create(name, norm=..., activation=..., placement=..., input_shape=..., num_classes=...)`` builds
+any of :data:`MODELS`; ``bnlab models list`` prints the catalogue. See ``docs/readme/models.md``.
 """
 
 from .registry import MODEL_INFO, MODELS, ModelInfo, create  # first: it fixes the catalogue's order

@@ -1,15 +1,16 @@
-"""The one building block every model is made of: a linear/conv layer, its normalization, an activation.
+"""The one building block every model is made of: a linear/conv layer, its normalization, an
+activation.
 
 ``placement="pre_activation"`` (the usual BN position, Peng et al. Fig. 1(b); Ioffe & Szegedy 2015):
 ``layer → norm → act``. ``placement="pre_linear"`` (CBN's position, Peng et al. Fig. 1(c)): the norm
-sits in front of the layer, ``norm → layer → act``, so it normalizes the previous block's activations;
-for the first block that is the raw network input, as in Peng's Fig. 1(c). Either way every hidden
-layer owns exactly one norm and the final classifier layer none.
+sits in front of the layer, ``norm → layer → act``, so it normalizes the previous block's
+activations; for the first block that is the raw network input, as in Peng's Fig. 1(c). Either way
+every hidden layer owns exactly one norm and the final classifier layer none.
 
 The layer and its norm are built by :func:`bnlab.norms.normalized`, which returns them as neighbours
 inside one ``nn.Sequential``; the activation is appended to that same ``nn.Sequential``, so
-``bnlab.norms.fold`` finds ``[layer, norm]`` (or ``[norm, layer]``) pairs and each norm has a readable
-module path such as ``features.3.1``.
+``bnlab.norms.fold`` finds ``[layer, norm]`` (or ``[norm, layer]``) pairs and each norm has a
+readable module path such as ``features.3.1``.
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ def scaled(channels: int, width: float) -> int:
 class BlockFactory:
     """Builds the blocks of one model with one norm spec, placement, activation and initialization.
 
-    ``init="glorot"`` (alias ``"xavier"``): Glorot & Bengio 2010 uniform, Var(w) = 2/(fan_in+fan_out),
-    what Arora et al. (App. D) and Peng et al. (App., remark on Eq. 30) use. ``init="kaiming"``:
-    He et al. 2015 normal, Var(w) = 2/fan_in. Biases start at 0. Draws go through ``generator`` when
-    given, else through torch's global RNG (so ``torch.manual_seed`` fixes them).
+    ``init="glorot"`` (alias ``"xavier"``): Glorot & Bengio 2010 uniform, Var(w) =
+    2/(fan_in+fan_out), what Arora et al. (App. D) and Peng et al. (App., remark on Eq. 30) use.
+    ``init="kaiming"``: He et al. 2015 normal, Var(w) = 2/fan_in. Biases start at 0. Draws go
+    through ``generator`` when given, else through torch's global RNG (so ``torch.manual_seed``
+    fixes them).
     """
 
     norm: str = "bn"
@@ -61,8 +63,10 @@ class BlockFactory:
     act: str = "relu"
     init: str = "glorot"
     generator: torch.Generator | None = None
-    dropout: float = 0.0  # Luo et al. Fig. 7: dropout after each normalized block (after its activation)
-    padding_mode: str = "zeros"  # of every conv: "zeros" (the papers') or "replicate" (a proxy check, see padding_share)
+    # Luo et al. Fig. 7: dropout after each normalized block (after its activation)
+    dropout: float = 0.0
+    # of every conv: "zeros" (the papers') or "replicate" (a proxy check, see padding_share)
+    padding_mode: str = "zeros"
 
     # ---- layers ------------------------------------------------------------------------------
     def initialize(self, layer: nn.Module) -> nn.Module:
@@ -76,8 +80,8 @@ class BlockFactory:
         return layer
 
     def layer_bias(self) -> bool:
-        # A mean-removing norm right after the layer makes its bias redundant, and without a bias the
-        # weight is exactly scale-invariant (Arora et al. 2019, §2). In pre_linear placement the
+        # A mean-removing norm right after the layer makes its bias redundant, and without a bias
+        # the weight is exactly scale-invariant (Arora et al. 2019, §2). In pre_linear placement the
         # activation sits between the layer and the next norm, so the bias matters.
         return self.placement == "pre_linear" or not norms.removes_mean(self.norm)
 
@@ -96,10 +100,10 @@ class BlockFactory:
         """The final layer: no activation; no norm unless ``logit_norm``.
 
         ``logit_norm=True`` (Arora et al. 2019, Eq. 2 and App. D): the model's norm on the logits,
-        ``norm(W x)``, so the classifier weight is scale-invariant like every other kernel and only that
-        last norm's γ and β are scale-variant. The norm always follows the layer (Eq. 2), whatever the
-        placement; the layer has no bias when the norm removes the mean. With ``norm="none"`` it is the
-        plain linear layer.
+        ``norm(W x)``, so the classifier weight is scale-invariant like every other kernel and only
+        that last norm's γ and β are scale-variant. The norm always follows the layer (Eq. 2),
+        whatever the placement; the layer has no bias when the norm removes the mean. With
+        ``norm="none"`` it is the plain linear layer.
         """
         if not logit_norm or self.norm == "none":
             return self.initialize(nn.Linear(in_features, out_features, bias=bias))
@@ -108,9 +112,11 @@ class BlockFactory:
 
     # ---- blocks ------------------------------------------------------------------------------
     def unit(self, layer: nn.Module, *, with_activation: bool = True) -> nn.Sequential:
-        """``[layer, norm, act]`` (pre_activation) or ``[norm, layer, act]`` (pre_linear) as one Sequential.
+        """``[layer, norm, act]`` (pre_activation) or ``[norm, layer, act]`` (pre_linear) as one
+        Sequential.
 
-        ``with_activation=False`` leaves the activation to the caller (ResNet: after the residual sum).
+        ``with_activation=False`` leaves the activation to the caller (ResNet: after the residual
+        sum).
         """
         block = norms.normalized(layer, self.norm, self.placement)
         if with_activation:

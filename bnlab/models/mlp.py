@@ -43,7 +43,8 @@ def _stack(f: BlockFactory, in_features: int, depth: int, width: int, num_classe
        params={"depth": depth(3), "width": units(128), "logit_bn": flag(False, "BN on the logits")})
 def mlp(f: BlockFactory, input_shape: tuple, num_classes: int, *, depth: int = 3, width: int = 128,
         logit_bn: bool = False) -> FlatNet:
-    """Multilayer perceptron: ``depth`` linear layers (``depth − 1`` hidden blocks of ``width`` units + output).
+    """Multilayer perceptron: ``depth`` linear layers (``depth − 1`` hidden blocks of ``width``
+    units + output).
 
     ``logit_bn=True`` puts the model's norm on the logits as well (Arora et al. 2019, Eq. 2): every
     weight matrix is then scale-invariant.
@@ -55,7 +56,8 @@ def mlp(f: BlockFactory, input_shape: tuple, num_classes: int, *, depth: int = 3
        params={"depth": depth(25), "width": units(10), "bias": flag(False, "linear layers' biases")})
 def dln(f: BlockFactory, input_shape: tuple, num_classes: int, *, depth: int = 25, width: int = 10,
         bias: bool = False) -> FlatNet:
-    """Santurkar et al. 2018 App. A.1 deep linear network: ``depth`` (25) linear layers of ``width`` (10).
+    """Santurkar et al. 2018 App. A.1 deep linear network: ``depth`` (25) linear layers of ``width``
+    (10).
 
     The paper minimizes ‖W_1⋯W_k x − Ax‖², so layers have no bias by default and the activation is
     the identity; with a norm, each of the first ``depth − 1`` layers is followed by it. The output
@@ -67,7 +69,8 @@ def dln(f: BlockFactory, input_shape: tuple, num_classes: int, *, depth: int = 2
 @model("perceptron", "Luo et al. 2019, §2-3, Fig. 1(a)", images_only=False,
        params={"bias": flag(None, "a bias (none: only without a norm)")})
 def perceptron(f: BlockFactory, input_shape: tuple, num_classes: int, *, bias: bool | None = None) -> FlatNet:
-    """Luo et al. 2019 §2, Fig. 1(a): single-layer perceptron ``y = g(BN(wᵀx))``, ``num_classes`` units.
+    """Luo et al. 2019 §2, Fig. 1(a): single-layer perceptron ``y = g(BN(wᵀx))``, ``num_classes``
+    units.
 
     The only layer carries the norm (the exception to "no norm on the output layer"): pass
     ``num_classes=1`` for Luo's single unit in the teacher–student setting. ``bias=None`` means

@@ -56,8 +56,8 @@ def _make_builder(info: ModelInfo) -> Callable[..., nn.Module]:
             generator = torch.Generator().manual_seed(int(seed))
             factory = BlockFactory(norm=norm, placement=placement, act=activation, init=init, generator=generator,
                                    dropout=float(dropout))
-            # torch's layer constructors draw a default init from the global RNG before ours replaces
-            # it; fork_rng keeps a seeded build from disturbing the caller's random stream.
+            # torch's layer constructors draw a default init from the global RNG before ours
+            # replaces it; fork_rng keeps a seeded build from disturbing the caller's random stream.
             with torch.random.fork_rng(devices=[]):
                 model = info.build(factory, shape, int(num_classes), **resolved)
             norms.seed_layers(model, int(seed))
@@ -79,17 +79,19 @@ MODELS: dict[str, Callable[..., nn.Module]] = {name: _make_builder(info) for nam
 
 def create(name: str, *, norm: str = "bn", activation: str | None = None, placement: str = "pre_activation",
            input_shape: tuple = (3, 32, 32), num_classes: int = 10, **kw: Any) -> nn.Module:
-    """Build model ``name`` with normalization ``norm`` (a :mod:`bnlab.norms` spec) at ``placement``.
+    """Build model ``name`` with normalization ``norm`` (a :mod:`bnlab.norms` spec) at
+    ``placement``.
 
-    ``activation`` defaults to ``"relu"`` (``"identity"`` for ``dln``). ``input_shape`` is one sample's
-    shape (``(C, H, W)`` for the conv nets, anything for the fully connected ones); ``num_classes`` the
-    output size (for regression, the target dimension). Further keywords: ``init`` (``"glorot"`` —
-    default — or ``"kaiming"``), ``dropout`` (probability of an ``nn.Dropout`` after each normalized
-    block's activation; 0 = none), ``seed`` (draw the weights from a generator seeded with it instead of
-    torch's global RNG, and seed noisy layers) and the model's own options (``width``, ``depth``, …;
-    see ``bnlab models list``). Unknown names, activations, placements and options raise ``ValueError``
-    naming the valid choices; a bad norm spec raises :func:`bnlab.norms.validate`'s ``ValueError``.
-    The model's ``spec`` attribute records every setting.
+    ``activation`` defaults to ``"relu"`` (``"identity"`` for ``dln``). ``input_shape`` is one
+    sample's shape (``(C, H, W)`` for the conv nets, anything for the fully connected ones);
+    ``num_classes`` the output size (for regression, the target dimension). Further keywords:
+    ``init`` (``"glorot"`` — default — or ``"kaiming"``), ``dropout`` (probability of an
+    ``nn.Dropout`` after each normalized block's activation; 0 = none), ``seed`` (draw the weights
+    from a generator seeded with it instead of torch's global RNG, and seed noisy layers) and the
+    model's own options (``width``, ``depth``, …; see ``bnlab models list``). Unknown names,
+    activations, placements and options raise ``ValueError`` naming the valid choices; a bad norm
+    spec raises :func:`bnlab.norms.validate`'s ``ValueError``. The model's ``spec`` attribute
+    records every setting.
     """
     build = MODELS[MODEL_INFO.entry(name).name]
     return build(norm=norm, activation=activation, placement=placement, input_shape=input_shape,

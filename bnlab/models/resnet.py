@@ -10,12 +10,13 @@ Norm placement applies inside blocks. ``pre_activation`` is He's block,
 ``x → [norm, conv, act] → [norm, conv] (+ shortcut) → act``, so the first norm of a block sees the
 block input (the shortcut does not pass through it).
 
-``residual`` says where the block's last activation sits relative to the shortcut sum:
-``"he"`` (He et al. 2016): ``act(F(x) + shortcut(x))``; ``"peng"`` (Peng et al. Eq. 7, and Eq. 13 for
-the BN block): ``x⁽ˡ⁺¹⁾ = 𝕀(SC)·x⁽ˡ⁾ + δ(y⁽ˡ⁾)``, the activation applied to the residual branch before
-the sum, ``shortcut(x) + act(F(x))``. With a bounded activation (Sigmoid, Tanh) the two differ a lot:
-He's form squashes the running sum at every block, Eq. 7's lets it grow. Module paths follow Peng's Fig. 2 naming
-(``stage1.0.unit1`` is "layer#2": the first unit of block 0 of stage 1; ``stem`` is layer #1).
+``residual`` says where the block's last activation sits relative to the shortcut sum: ``"he"`` (He
+et al. 2016): ``act(F(x) + shortcut(x))``; ``"peng"`` (Peng et al. Eq. 7, and Eq. 13 for the BN
+block): ``x⁽ˡ⁺¹⁾ = 𝕀(SC)·x⁽ˡ⁾ + δ(y⁽ˡ⁾)``, the activation applied to the residual branch before the
+sum, ``shortcut(x) + act(F(x))``. With a bounded activation (Sigmoid, Tanh) the two differ a lot:
+He's form squashes the running sum at every block, Eq. 7's lets it grow. Module paths follow Peng's
+Fig. 2 naming (``stage1.0.unit1`` is "layer#2": the first unit of block 0 of stage 1; ``stem`` is
+layer #1).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ RESIDUAL = Param("he", str, choices=RESIDUAL_FORMS, help="act after (he) or befo
 
 
 class BasicBlock(nn.Module):
-    """Two conv units and a shortcut; ``residual`` = ``"he"`` (act after the sum) or ``"peng"`` (Eq. 7: before)."""
+    """Two conv units and a shortcut; ``residual`` = ``"he"`` (act after the sum) or ``"peng"`` (Eq.
+    7: before)."""
 
     def __init__(self, f: BlockFactory, in_channels: int, out_channels: int, stride: int,
                  residual: str = "he") -> None:
@@ -96,10 +98,11 @@ class ResNet(nn.Module):
        params={"width": width(), "residual": RESIDUAL, "padding_mode": PADDING})
 def resnet20(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0, residual: str = "he",
              padding_mode: str = "zeros") -> ResNet:
-    """He et al. 2016 CIFAR ResNet-20 (3 stages × 3 basic blocks, 16/32/64 channels) as Peng et al. use.
+    """He et al. 2016 CIFAR ResNet-20 (3 stages × 3 basic blocks, 16/32/64 channels) as Peng et al.
+    use.
 
-    ``residual``: ``"he"`` (activation after the shortcut sum) or ``"peng"`` (Peng Eq. 7: before it).
-    ``padding_mode``: the convs' padding, ``"zeros"`` (the paper's) or ``"replicate"``.
+    ``residual``: ``"he"`` (activation after the shortcut sum) or ``"peng"`` (Peng Eq. 7: before
+    it). ``padding_mode``: the convs' padding, ``"zeros"`` (the paper's) or ``"replicate"``.
     """
     check_choice("residual", residual, RESIDUAL_FORMS)
     f = with_padding(f, padding_mode)

@@ -1,9 +1,10 @@
-"""VGG-style convolutional networks of the papers: Santurkar's, Arora's, Peng's VGG-16 and Luo's CNN.
+"""VGG-style convolutional networks of the papers: Santurkar's, Arora's, Peng's VGG-16 and Luo's
+CNN.
 
 All convolutions are 3×3, stride 1, padding 1 (size-preserving); pooling is 2×2 max pooling with
-stride 2. Small inputs (e.g. 1×8×8 digits) are handled by skipping a pooling stage once the feature map
-is down to 1 pixel along a side, and the first fully connected layer is sized from the actual flattened
-feature map (C·H·W), so a CIFAR input reproduces the papers' layer sizes exactly.
+stride 2. Small inputs (e.g. 1×8×8 digits) are handled by skipping a pooling stage once the feature
+map is down to 1 pixel along a side, and the first fully connected layer is sized from the actual
+flattened feature map (C·H·W), so a CIFAR input reproduces the papers' layer sizes exactly.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ FC_WIDTHS = Param((), tuple, item=int, minimum=1, help="hidden fully connected w
 
 
 def with_padding(f: BlockFactory, padding_mode: str) -> BlockFactory:
-    """The factory with its convs' ``padding_mode`` set (one of :data:`PADDING_MODES`); same generator."""
+    """The factory with its convs' ``padding_mode`` set (one of :data:`PADDING_MODES`); same
+    generator."""
     check_choice("padding_mode", padding_mode, PADDING_MODES)
     return f if padding_mode == f.padding_mode else dataclasses.replace(f, padding_mode=padding_mode)
 
 POOL = "M"
 
-# Santurkar et al. 2018 (App. A.1) say only "a VGG-like network [Simonyan & Zisserman]" for CIFAR-10;
-# we take VGG configuration A (VGG-11: 8 conv + 3 fc), the plainest member of the family.
+# Santurkar et al. 2018 (App. A.1) say only "a VGG-like network [Simonyan & Zisserman]" for
+# CIFAR-10; we take VGG configuration A (VGG-11: 8 conv + 3 fc), the plainest member of the family.
 SANTURKAR_CONVS = [64, POOL, 128, POOL, 256, 256, POOL, 512, 512, POOL, 512, 512, POOL]
 SANTURKAR_FCS = [512, 512]
 # Arora et al. 2019, App. D: 2×conv64, pool, 3×conv128, pool, 3×conv256, pool, 3×conv512, pool,
@@ -48,7 +50,8 @@ LUO_FCS = [512]
 
 
 class ConvNet(nn.Module):
-    """``features`` (conv blocks and pools) → flatten → ``classifier`` (fc blocks, final linear layer)."""
+    """``features`` (conv blocks and pools) → flatten → ``classifier`` (fc blocks, final linear
+    layer)."""
 
     def __init__(self, features: nn.Sequential, classifier: nn.Sequential) -> None:
         super().__init__()
@@ -66,12 +69,14 @@ def image_shape(input_shape: tuple, model: str) -> tuple[int, int, int]:
 
 
 def make_features(f: BlockFactory, cfg: list, input_shape: tuple, width: float) -> tuple[nn.Sequential, int]:
-    """Conv blocks and pools from a VGG config list; returns the module and the flattened output size."""
+    """Conv blocks and pools from a VGG config list; returns the module and the flattened output
+    size."""
     channels, height, wide = input_shape
     layers: list[nn.Module] = []
     for item in cfg:
         if item == POOL:
-            # A pool on a 1-pixel side would leave nothing; small inputs skip the late pooling stages.
+            # A pool on a 1-pixel side would leave nothing; small inputs skip the late pooling
+            # stages.
             if min(height, wide) >= 2:
                 layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
                 height, wide = height // 2, wide // 2
@@ -122,11 +127,12 @@ def vgg_arora(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: f
        params={"width": width(), "fc_widths": FC_WIDTHS, "padding_mode": PADDING})
 def vgg16(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0,
           fc_widths: tuple = (), padding_mode: str = "zeros") -> ConvNet:
-    """CIFAR VGG-16 as in Peng et al.: 13 conv (configuration D) + linear classifier on 512 features.
+    """CIFAR VGG-16 as in Peng et al.: 13 conv (configuration D) + linear classifier on 512
+    features.
 
-    ``fc_widths=(512, 512)`` adds the two hidden fc blocks of the ImageNet-style 16-weight-layer variant.
-    VGG has no shortcuts (𝕀(SC) = 0 in Peng's Eq. 7), so the residual forms coincide and there is no
-    ``residual`` option. ``padding_mode``: ``"zeros"`` (the paper's) or ``"replicate"``.
+    ``fc_widths=(512, 512)`` adds the two hidden fc blocks of the ImageNet-style 16-weight-layer
+    variant. VGG has no shortcuts (𝕀(SC) = 0 in Peng's Eq. 7), so the residual forms coincide and
+    there is no ``residual`` option. ``padding_mode``: ``"zeros"`` (the paper's) or ``"replicate"``.
     """
     return vgg_net(with_padding(f, padding_mode), input_shape, num_classes, VGG16_CONVS, list(fc_widths), width,
                    "vgg16")

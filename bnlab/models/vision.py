@@ -1,18 +1,18 @@
 """torchvision's ImageNet networks with any bnlab norm, activation, placement and residual form.
 
 Peng et al. (Complete BN, Table 5 / Fig. 6) train ResNet-18, ResNet-50 and EfficientNet-B0 on
-ILSVRC2012 "following the PyTorch official codes", i.e. torchvision's models, with five activations and
-with BN or CBN. ``tv_resnet18``, ``tv_resnet50`` and ``tv_efficientnet_b0`` build those models (no
-pretrained weights, torchvision's own initialization) and then:
+ILSVRC2012 "following the PyTorch official codes", i.e. torchvision's models, with five activations
+and with BN or CBN. ``tv_resnet18``, ``tv_resnet50`` and ``tv_efficientnet_b0`` build those models
+(no pretrained weights, torchvision's own initialization) and then:
 
 1. swap the activation: every ``nn.ReLU`` / ``nn.SiLU`` becomes the requested one (EfficientNet's
    squeeze-excitation gate, a ``Sigmoid``, stays: it is a gate, not the network's nonlinearity);
-2. ``placement="pre_linear"`` (Peng's Fig. 1(c), CBN's position): every BatchNorm moves in front of the
-   convolution that fed it, normalizing that convolution's input (``[conv, bn, act]`` becomes
+2. ``placement="pre_linear"`` (Peng's Fig. 1(c), CBN's position): every BatchNorm moves in front of
+   the convolution that fed it, normalizing that convolution's input (``[conv, bn, act]`` becomes
    ``[bn, conv, act]``; the convolution gets a bias, as bnlab's own pre-linear units do, because no
    mean-removing norm follows it any more);
-3. ``residual="peng"`` (ResNets): Peng's Eq. 7 / Eq. 13 block ``x + δ(y)`` — the activation applied to
-   the residual branch before the shortcut sum — instead of torchvision's (He's) ``δ(x + y)``;
+3. ``residual="peng"`` (ResNets): Peng's Eq. 7 / Eq. 13 block ``x + δ(y)`` — the activation applied
+   to the residual branch before the shortcut sum — instead of torchvision's (He's) ``δ(x + y)``;
 4. ``bnlab.norms.convert(model, norm)`` replaces every BatchNorm by the requested layer.
 
 torchvision is imported only when one of these models is built; without it (or where its compiled
@@ -34,7 +34,8 @@ from .catalog import model
 from .resnet import RESIDUAL, RESIDUAL_FORMS
 from .vision_compat import VisionImportError, import_torchvision
 
-SWAPPED = (nn.ReLU, nn.SiLU)  # the nonlinearities of torchvision's ResNets (ReLU) and EfficientNet (SiLU)
+# the nonlinearities of torchvision's ResNets (ReLU) and EfficientNet (SiLU)
+SWAPPED = (nn.ReLU, nn.SiLU)
 
 
 def torchvision_models():
@@ -44,14 +45,16 @@ def torchvision_models():
     try:
         return import_torchvision().models
     except VisionImportError as err:
-        if isinstance(err.__cause__, ImportError):  # not installed (a RuntimeError: installed, broken)
+        # not installed (a RuntimeError: installed, broken)
+        if isinstance(err.__cause__, ImportError):
             raise ValueError("the tv_* models need torchvision: pip install torchvision (the release built "
                              f"for your torch {torch.__version__}); {err}") from None
         raise ValueError(f"the tv_* models need an importable torchvision: {err}") from None
 
 
 def swap_activations(model: nn.Module, name: str) -> int:
-    """Replace every ``nn.ReLU``/``nn.SiLU`` of ``model`` by a fresh ``activation(name)``; returns how many."""
+    """Replace every ``nn.ReLU``/``nn.SiLU`` of ``model`` by a fresh ``activation(name)``; returns
+    how many."""
     count = 0
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
@@ -62,9 +65,9 @@ def swap_activations(model: nn.Module, name: str) -> int:
 
 
 def _producer(module: nn.Module, norm_name: str) -> str | None:
-    """The name of the convolution that feeds the BatchNorm ``norm_name`` inside ``module``, if known:
-    the previous child of an ``nn.Sequential`` (``Conv2dNormActivation``, ResNet's ``downsample``), or
-    the sibling ``convK`` of ``bnK`` (torchvision's ResNet stem and blocks)."""
+    """The name of the convolution that feeds the BatchNorm ``norm_name`` inside ``module``, if
+    known: the previous child of an ``nn.Sequential`` (``Conv2dNormActivation``, ResNet's
+    ``downsample``), or the sibling ``convK`` of ``bnK`` (torchvision's ResNet stem and blocks)."""
     if isinstance(module, nn.Sequential):
         names = [n for n, _ in module.named_children()]
         i = names.index(norm_name)
@@ -74,11 +77,13 @@ def _producer(module: nn.Module, norm_name: str) -> str | None:
 
 
 def place_before_convs(model: nn.Module) -> int:
-    """Move every ``nn.BatchNorm2d`` in front of the convolution that produced its input (pre_linear).
+    """Move every ``nn.BatchNorm2d`` in front of the convolution that produced its input
+    (pre_linear).
 
     The moved norm has the convolution's input channels and a fresh state; the old position holds an
     ``nn.Identity``. A BatchNorm whose producing convolution cannot be found is an error naming it
-    (nothing is left half-moved: the check runs before any change). Returns the number of norms moved.
+    (nothing is left half-moved: the check runs before any change). Returns the number of norms
+    moved.
     """
     plan = []
     for path, module in model.named_modules():
@@ -102,11 +107,12 @@ def place_before_convs(model: nn.Module) -> int:
 
 
 def peng_residual(model: nn.Module, act: str) -> int:
-    """Turn torchvision's residual blocks into Peng's Eq. 7 form ``x + δ(y)``; returns the blocks changed.
+    """Turn torchvision's residual blocks into Peng's Eq. 7 form ``x + δ(y)``; returns the blocks
+    changed.
 
-    torchvision's BasicBlock/Bottleneck apply ``self.relu`` after every ``bnK`` and after the sum. Here
-    each ``bnK`` is followed by its own activation and ``self.relu`` becomes the identity, so the last
-    activation acts on the branch before the sum and none after it.
+    torchvision's BasicBlock/Bottleneck apply ``self.relu`` after every ``bnK`` and after the sum.
+    Here each ``bnK`` is followed by its own activation and ``self.relu`` becomes the identity, so
+    the last activation acts on the branch before the sum and none after it.
     """
     tvm = torchvision_models()
     blocks = [m for m in model.modules() if isinstance(m, (tvm.resnet.BasicBlock, tvm.resnet.Bottleneck))]
@@ -120,9 +126,9 @@ def peng_residual(model: nn.Module, act: str) -> int:
 
 
 class _Copy(nn.Module):
-    """A copy of its input. torchvision's blocks add the shortcut in place (``out += identity``); after the
-    branch's last activation that would overwrite the activation's output, which the backward of Sigmoid,
-    Tanh and ReLU needs, so the branch ends in a fresh tensor."""
+    """A copy of its input. torchvision's blocks add the shortcut in place (``out += identity``);
+    after the branch's last activation that would overwrite the activation's output, which the
+    backward of Sigmoid, Tanh and ReLU needs, so the branch ends in a fresh tensor."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.clone()

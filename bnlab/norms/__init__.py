@@ -1,7 +1,8 @@
 """Normalization layers from the five papers, as drop-in ``torch.nn`` modules.
 
-``create(spec, num_features)`` builds a layer from a spec string such as ``"cbn(rho=2, amat=true)"``;
-``bnlab norms list`` prints the catalogue. User guide: docs/readme/norms.md ("Layers" on the docs site).
+``create(spec, num_features)`` builds a layer from a spec string such as ``"cbn(rho=2,
+amat=true)"``; ``bnlab norms list`` prints the catalogue. User guide: docs/readme/norms.md ("Layers"
+on the docs site).
 """
 
 from . import catalog as _catalog  # noqa: F401  (registers the layers)

@@ -6,15 +6,15 @@ cumulative average, ``affine``, ``track_running_stats``) so that state_dicts and
 interchange where the semantics match.
 
 Most layers are, for a fixed batch, an affine map per channel whose coefficients depend on the batch
-statistics: ``y = a(μ_B, σ²_B) · x + b(μ_B, σ²_B)``. The statistics come from ONE overridable method,
-:meth:`ChannelNorm.batch_moments` (the hook for synchronized statistics across processes); the
-per-channel ``a, b`` are built with ordinary autograd on C numbers (a variant is one ``coefficients``
-function), and applied in one pass (:func:`channel_affine`).
+statistics: ``y = a(μ_B, σ²_B) · x + b(μ_B, σ²_B)``. The statistics come from ONE overridable
+method, :meth:`ChannelNorm.batch_moments` (the hook for synchronized statistics across processes);
+the per-channel ``a, b`` are built with ordinary autograd on C numbers (a variant is one
+``coefficients`` function), and applied in one pass (:func:`channel_affine`).
 
 Numerics: statistics are two-pass or Welford (never Σx² − (Σx)²/n), accumulated in float32 or better
-whatever the input dtype, so a large mean does not destroy the variance and half-precision
-inputs cannot overflow; the per-channel coefficient graph runs in float64 (C numbers: free). Autocast
-is switched off inside the layer (like ``nn.BatchNorm``, the output has the input's dtype).
+whatever the input dtype, so a large mean does not destroy the variance and half-precision inputs
+cannot overflow; the per-channel coefficient graph runs in float64 (C numbers: free). Autocast is
+switched off inside the layer (like ``nn.BatchNorm``, the output has the input's dtype).
 """
 
 from __future__ import annotations
@@ -46,14 +46,16 @@ def _fused_normalize(x: Tensor, moments_fn: MomentsFn, coef_fn: CoefFn, *tensors
 
 
 # Below this many elements the fused function's fixed Python cost (a graph built in forward, a
-# torch.autograd.grad call in backward) exceeds what it saves: plain ops are faster (DLN: 10 → 5 ms).
+# torch.autograd.grad call in backward) exceeds what it saves: plain ops are faster (DLN: 10 → 5
+# ms).
 FUSED_MIN_NUMEL = 1 << 16
 
 
 def fused_enabled(x: Tensor) -> bool:
-    """Whether the eager fused function runs. Never under torch.compile (inductor fuses the plain ops,
-    and the function cannot be traced) nor torch.func transforms (vmap, grad: a closure graph); only
-    for float32/float64 inputs (half inputs take the plain path, which promotes them to float32)."""
+    """Whether the eager fused function runs. Never under torch.compile (inductor fuses the plain
+    ops, and the function cannot be traced) nor torch.func transforms (vmap, grad: a closure graph);
+    only for float32/float64 inputs (half inputs take the plain path, which promotes them to
+    float32)."""
     return (not plain_requested() and x.numel() >= FUSED_MIN_NUMEL
             and x.dtype in (torch.float32, torch.float64)
             and not torch.compiler.is_compiling()
@@ -61,7 +63,8 @@ def fused_enabled(x: Tensor) -> bool:
 
 
 class ChannelNorm(BatchNormConventions):
-    """Base class: parameters, buffers, input checks, batch moments and running-statistics bookkeeping.
+    """Base class: parameters, buffers, input checks, batch moments and running-statistics
+    bookkeeping.
 
     Options, defaults and module protocol follow ``torch.nn.BatchNorm2d`` (:mod:`.conventions`):
     ``momentum=None`` is a cumulative moving average, ``track_running_stats=False`` keeps no buffers
@@ -78,7 +81,8 @@ class ChannelNorm(BatchNormConventions):
         self.sync, self.process_group = bool(sync), None
 
     # ---- helpers -------------------------------------------------------------------------------
-    def check_input(self: nn.Module, x: Tensor) -> None:  # self: nn.Module, NativeBatchNorm calls it too
+    # self: nn.Module, NativeBatchNorm calls it too
+    def check_input(self: nn.Module, x: Tensor) -> None:
         """Clear errors for the mistakes people make when dropping a layer into a model."""
         if not torch.is_tensor(x) or not x.is_floating_point():
             dtype = getattr(x, "dtype", type(x).__name__)
@@ -108,10 +112,11 @@ class ChannelNorm(BatchNormConventions):
     def batch_moments(self, x: Tensor) -> tuple[Tensor, Tensor, int]:
         """Per-channel mean, biased variance and count of x over the batch and all trailing dims.
 
-        THE single place batch statistics come from (both the fused and the plain path): override it to
-        synchronize statistics across processes. Results are in :func:`stats_dtype` (float32 or
-        better), two-pass or Welford, so a mean of 1e4 costs no variance digits. Differentiable when grad is on;
-        without grad (inside the fused function) torch's two-pass statistics kernel runs instead.
+        THE single place batch statistics come from (both the fused and the plain path): override it
+        to synchronize statistics across processes. Results are in :func:`stats_dtype` (float32 or
+        better), two-pass or Welford, so a mean of 1e4 costs no variance digits. Differentiable when
+        grad is on; without grad (inside the fused function) torch's two-pass statistics kernel runs
+        instead.
         """
         if (group := module_group(self)) is not None:  # training with sync=True in a process group
             return synced_moments(x, group, stats_dtype(x))
@@ -123,12 +128,14 @@ class ChannelNorm(BatchNormConventions):
             return mean, var, n
         dims = self.reduce_dims(x)
         if torch.compiler.is_compiling() and x.device.type == "cpu":
-            # inductor's one Welford reduction (as stable to a large mean as two passes): one read of x
-            # instead of two, bn 1.01 → 0.91× native eager on (128, 64, 32, 32), brn 1.50 → 1.19×. Not on
-            # CUDA: with torch 2.11 Triton fails to compile cbn(decouple=false)'s var_mean kernel there.
+            # inductor's one Welford reduction (as stable to a large mean as two passes): one read
+            # of x instead of two, bn 1.01 → 0.91× native eager on (128, 64, 32, 32), brn 1.50 →
+            # 1.19×. Not on CUDA: with torch 2.11 Triton fails to compile cbn(decouple=false)'s
+            # var_mean kernel there.
             var, mean = torch.var_mean(x.to(stats_dtype(x)), dim=dims, correction=0)
             return mean, var, n
-        # eager: two passes, and a graph whose Σ(x − μ) term var_only_bn's gradient at large means needs
+        # eager: two passes, and a graph whose Σ(x − μ) term var_only_bn's gradient at large means
+        # needs
         mean = x.mean(dim=dims, dtype=stats_dtype(x))
         var = (x - per_channel(mean, x)).pow(2).mean(dim=dims)
         return mean, var, n
@@ -137,14 +144,16 @@ class ChannelNorm(BatchNormConventions):
                                    update: UpdateFn | None = None) -> tuple[Tensor, Tensor, Tensor, int]:
         """Apply the per-channel affine map ``coef_fn(μ_B, σ²_B, *tensors) -> (scale, shift)`` to x.
 
-        Returns ``(y, μ_B, σ²_B, n)`` (statistics detached, for running-statistics updates). Gradients
-        flow through μ_B, σ²_B and ``tensors`` exactly as autograd on the plain expression would give.
-        ``y`` has x's dtype; everything per-channel is computed in float32 or better, autocast off.
-        ``update(μ_B, σ²_B, n)``, if given, updates the layer's buffers without grad, after the
-        coefficients were taken (inside the fused operator: no extra dispatched operations).
+        Returns ``(y, μ_B, σ²_B, n)`` (statistics detached, for running-statistics updates).
+        Gradients flow through μ_B, σ²_B and ``tensors`` exactly as autograd on the plain expression
+        would give. ``y`` has x's dtype; everything per-channel is computed in float32 or better,
+        autocast off. ``update(μ_B, σ²_B, n)``, if given, updates the layer's buffers without grad,
+        after the coefficients were taken (inside the fused operator: no extra dispatched
+        operations).
         """
         with torch.autocast(x.device.type, enabled=False):
-            if fused_enabled(x) and module_group(self) is None:  # synced: autograd through the collectives
+            # synced: autograd through the collectives
+            if fused_enabled(x) and module_group(self) is None:
                 y, mean, var = fused_normalize(x, self.batch_moments, coef_fn, *tensors, update=update)
                 return y, mean, var, x.numel() // x.shape[1]
             y, mean, var, n = self._plain_normalize(x, coef_fn, *tensors)
@@ -154,7 +163,8 @@ class ChannelNorm(BatchNormConventions):
         return y, mean, var, n
 
     def _plain_normalize(self, x: Tensor, coef_fn: CoefFn, *tensors: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
-        """:meth:`normalize_with_batch_stats` from plain autograd ops (compile, half inputs, sync, vmap)."""
+        """:meth:`normalize_with_batch_stats` from plain autograd ops (compile, half inputs, sync,
+        vmap)."""
         # half inputs: one float32 copy feeds μ_B, σ²_B and the centred x, so their three
         # input-gradient paths add up in float32 and round to half once (as torch's kernel)
         xs = x.to(stats_dtype(x))
@@ -169,7 +179,8 @@ class ChannelNorm(BatchNormConventions):
 
     def momentum_weight(self, momentum: float | None = None) -> float | Tensor:
         """This step's running-average weight: ``momentum``, or 1/t (cumulative average) when None.
-        Call after ``num_batches_tracked`` was incremented. A tensor for None, so compile never guards on t."""
+        Call after ``num_batches_tracked`` was incremented. A tensor for None, so compile never
+        guards on t."""
         m = self.momentum if momentum is None else momentum
         if m is None:
             return 1.0 / self.num_batches_tracked.to(self.running_mean.dtype)
@@ -177,12 +188,14 @@ class ChannelNorm(BatchNormConventions):
 
     @torch.no_grad()
     def write_buffer(self, name: str, value: Tensor) -> None:
-        """Set a buffer that this step's differentiable graph READ (moving statistics, step counters).
+        """Set a buffer that this step's differentiable graph READ (moving statistics, step
+        counters).
 
-        Eager: in place. Under torch.compile the buffer is rebound to a new tensor instead: AOTAutograd
-        may recompute forward values in backward from the buffer, and after an in-place update it reads
-        the new value (wrong gradients, measured with torch 2.13 on mbn: 1e-3 off; cbn, brn likewise).
-        Buffers only read outside the graph (BN's running statistics) are updated in place.
+        Eager: in place. Under torch.compile the buffer is rebound to a new tensor instead:
+        AOTAutograd may recompute forward values in backward from the buffer, and after an in-place
+        update it reads the new value (wrong gradients, measured with torch 2.13 on mbn: 1e-3 off;
+        cbn, brn likewise). Buffers only read outside the graph (BN's running statistics) are
+        updated in place.
         """
         old = getattr(self, name)
         value = value.detach().to(old.dtype)
@@ -193,7 +206,8 @@ class ChannelNorm(BatchNormConventions):
 
     @torch.no_grad()
     def update_running_stats(self, mean: Tensor, var: Tensor, n: int, momentum: float | None = None) -> None:
-        """PyTorch's convention: biased variance normalizes, the unbiased one goes into running_var."""
+        """PyTorch's convention: biased variance normalizes, the unbiased one goes into
+        running_var."""
         if not self.tracks_now():
             return
         self.num_batches_tracked.add_(1)
@@ -203,7 +217,8 @@ class ChannelNorm(BatchNormConventions):
         self.running_var.lerp_(unbiased.to(self.running_var.dtype), m)
 
     def gamma_beta(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        if self.weight is not None and self.bias is not None:  # no constants built: 2 dispatched ops fewer
+        # no constants built: 2 dispatched ops fewer
+        if self.weight is not None and self.bias is not None:
             return self.weight, self.bias
         one = torch.ones(self.num_features, dtype=stats_dtype(x), device=x.device)
         gamma = self.weight if self.weight is not None else one
@@ -217,7 +232,8 @@ class ChannelNorm(BatchNormConventions):
 
     @staticmethod
     def apply_affine(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
-        """y = scale·x + shift per channel, in one pass, computed in float32 or better, x's dtype out."""
+        """y = scale·x + shift per channel, in one pass, computed in float32 or better, x's dtype
+        out."""
         dt = stats_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             y = torch.addcmul(per_channel(shift.to(dt), x), x, per_channel(scale.to(dt), x))
@@ -229,7 +245,8 @@ class ChannelNorm(BatchNormConventions):
                        bias: Tensor | None) -> Tensor:
         """``weight·(x − mean)/√(var + eps) + bias`` per channel through torch's inference BatchNorm
         kernel: bitwise ``nn.BatchNorm``'s eval output, its γ-gradient the centred Σ g·(x − μ)/σ
-        (the uncentred Σ g·x − μ Σ g loses digits at a large activation mean), memory format kept."""
+        (the uncentred Σ g·x − μ Σ g loses digits at a large activation mean), memory format
+        kept."""
         dt = stats_dtype(x)
 
         def cast(t: Tensor | None) -> Tensor | None:
@@ -244,7 +261,8 @@ class ChannelNorm(BatchNormConventions):
                                    self.bias)
 
     def running_affine(self, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
-        """BN with the running statistics as a per-channel (scale, shift) — most layers' eval mode."""
+        """BN with the running statistics as a per-channel (scale, shift) — most layers' eval
+        mode."""
         scale = gamma * torch.rsqrt(self.running_var + self.eps)
         return scale, beta - self.running_mean * scale
 

@@ -19,9 +19,9 @@ class BatchNorm(ChannelNorm):
     """Batch normalization (Ioffe & Szegedy 2015, Alg. 1), the reference the variants build on.
 
     Training: ``y = γ (x − μ_B)/√(σ²_B + ε) + β`` with per-channel statistics over the batch and all
-    trailing dimensions (biased variance); ``running_var`` receives the unbiased variance, momentum 0.1,
-    exactly as ``torch.nn.BatchNorm2d`` (``momentum=None``: cumulative average). Eval: the running
-    statistics replace the batch ones (batch statistics if ``track_running_stats=False``).
+    trailing dimensions (biased variance); ``running_var`` receives the unbiased variance, momentum
+    0.1, exactly as ``torch.nn.BatchNorm2d`` (``momentum=None``: cumulative average). Eval: the
+    running statistics replace the batch ones (batch statistics if ``track_running_stats=False``).
     """
 
     def forward(self, x: Tensor) -> Tensor:
@@ -39,10 +39,10 @@ class BatchNorm(ChannelNorm):
         """Training with batch statistics through torch's own kernel, as ``nn.BatchNorm2d.forward``.
 
         Plain BN's coefficients are exactly what torch's fused kernel computes, so ``bn`` (not its
-        subclasses) runs that one kernel forward and one backward (double backward included): on small
-        tensors the shared path's per-channel ops cost 3–4× the kernel. The shared path
-        (:meth:`normalize_with_batch_stats`, which the variants use) still runs for synced layers (its
-        statistics are reduced across ranks); tests hold the two paths equal.
+        subclasses) runs that one kernel forward and one backward (double backward included): on
+        small tensors the shared path's per-channel ops cost 3–4× the kernel. The shared path
+        (:meth:`normalize_with_batch_stats`, which the variants use) still runs for synced layers
+        (its statistics are reduced across ranks); tests hold the two paths equal.
         """
         tracks = self.tracks_now()
         if tracks:
@@ -52,8 +52,8 @@ class BatchNorm(ChannelNorm):
                             self.weight, self.bias, True, momentum, self.eps)
 
     def compiled_cumulative(self) -> bool:
-        """``momentum=None`` under torch.compile: the kernel needs 1/t as a Python float, a graph break
-        on every step; the shared path takes it as a tensor."""
+        """``momentum=None`` under torch.compile: the kernel needs 1/t as a Python float, a graph
+        break on every step; the shared path takes it as a tensor."""
         return self.momentum is None and torch.compiler.is_compiling()
 
     def coefficients(self, mean: Tensor, var: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
@@ -93,7 +93,8 @@ class MeanOnlyBatchNorm(BatchNorm):
         return gamma, beta - mean * gamma
 
     def running_normalize(self, x: Tensor) -> Tensor:
-        """γ(x − μ) + β, centred: variance 1 and ε = 0 in the inference kernel (1/√1 is exactly 1)."""
+        """γ(x − μ) + β, centred: variance 1 and ε = 0 in the inference kernel (1/√1 is exactly
+        1)."""
         ones = torch.ones_like(self.running_mean)
         return self.centred_affine(x, self.running_mean, ones, 0.0, self.weight, self.bias)
 
@@ -101,10 +102,11 @@ class MeanOnlyBatchNorm(BatchNorm):
 @norm("var_only_bn", "divide by the batch std only", "Luo et al. 2019", "§5 (with WN)", BN_OPTIONS,
       removes_mean=False)
 class VarOnlyBatchNorm(BatchNorm):
-    """Variance-only BN (Luo et al. 2019 §5): ``y = γ x / √(σ²_B + ε) + β``; the mean is not removed.
+    """Variance-only BN (Luo et al. 2019 §5): ``y = γ x / √(σ²_B + ε) + β``; the mean is not
+    removed.
 
-    σ²_B is still the variance around the batch mean (what BN divides by); only the division is kept,
-    so the noise of σ_B alone is studied.
+    σ²_B is still the variance around the batch mean (what BN divides by); only the division is
+    kept, so the noise of σ_B alone is studied.
     """
 
     def coefficients(self, mean, var, gamma, beta):

@@ -1,5 +1,5 @@
-"""Forward+backward timing of every layer against torch's native BatchNorm (used by the benchmark and
-the demo; timing lives here, never in tests)."""
+"""Forward+backward timing of every layer against torch's native BatchNorm (used by the benchmark
+and the demo; timing lives here, never in tests)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,14 @@ DEFAULT_SPECS = ["native_bn", "bn", "mean_only_bn", "var_only_bn", "mbn", "cbn",
 
 def _layer(spec: str, shape: tuple[int, ...]) -> nn.Module:
     c = shape[1]
-    if spec in ("si_bn", "wn"):  # wrappers include their layer; time them against conv/linear + native BN
+    # wrappers include their layer; time them against conv/linear + native BN
+    if spec in ("si_bn", "wn"):
         inner = nn.Conv2d(c, c, 1, bias=False) if len(shape) == 4 else nn.Linear(c, c, bias=False)
         return ScaleInvariantBN(inner) if spec == "si_bn" else WeightNorm(inner)
     layer = create(spec, c)
     if spec.startswith(("mbn", "cbn")):
-        set_progress(layer, epoch=2, epochs=4, lr=0.05)  # mbn: λ > 0 (moving statistics exercised); cbn: AMAT on
+        # mbn: λ > 0 (moving statistics exercised); cbn: AMAT on
+        set_progress(layer, epoch=2, epochs=4, lr=0.05)
     return layer
 
 

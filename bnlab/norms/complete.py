@@ -12,7 +12,8 @@ from .user_line import warn as warn_at_user_line
 
 
 def amat_eta(lr: float | None, omega: float) -> float:
-    """AMAT's moving-average weight η = max(1 − ω·lr, 0) (Peng Algorithm 1); 0 while lr is unknown."""
+    """AMAT's moving-average weight η = max(1 − ω·lr, 0) (Peng Algorithm 1); 0 while lr is
+    unknown."""
     if lr is None:
         return 0.0
     return max(1.0 - omega * float(lr), 0.0)
@@ -62,15 +63,15 @@ class CompleteBatchNorm(ChannelNorm):
     ``x'' = (γ/ρ)(x + β)/√(mean((x+β)²) + ε)`` — the "normalization with the ℓ2-norm" ablation of
     Table 6 (root mean square, not standard deviation).
 
-    Inference normalizes as training did: ``running_mean`` holds the centre that training removed and
-    ``running_var`` the part of the divisor σ²_A that does not depend on β, ``σ²_A − (off + β)²`` (off =
-    μ_B − centre, 0 when centring), so eval divides by ``√(running_var + (off + β)² + ε)`` with the
-    current β (BN-style running statistics of x + β² overstate the AMAT second moment when its moving
-    values lag, and are unbiased where training divides by the biased one). With AMAT (or a fixed
-    ``eta``) they are the last step's μ_A and σ²_A − (off + β)², the moving statistics themselves; with
-    ``amat=false`` an EMA of each batch's values whose start values leave no trace
-    (:meth:`inference_weight` says why BN's plain EMA fails CBN). Before the first training step they
-    are BN's statistics, so a converted ``nn.BatchNorm`` keeps its inference map.
+    Inference normalizes as training did: ``running_mean`` holds the centre that training removed
+    and ``running_var`` the part of the divisor σ²_A that does not depend on β, ``σ²_A − (off +
+    β)²`` (off = μ_B − centre, 0 when centring), so eval divides by ``√(running_var + (off + β)² +
+    ε)`` with the current β (BN-style running statistics of x + β² overstate the AMAT second moment
+    when its moving values lag, and are unbiased where training divides by the biased one). With
+    AMAT (or a fixed ``eta``) they are the last step's μ_A and σ²_A − (off + β)², the moving
+    statistics themselves; with ``amat=false`` an EMA of each batch's values whose start values
+    leave no trace (:meth:`inference_weight` says why BN's plain EMA fails CBN). Before the first
+    training step they are BN's statistics, so a converted ``nn.BatchNorm`` keeps its inference map.
     ``track_running_stats=False``: no inference buffers, eval normalizes with the batch (η = 0).
 
     AMAT needs the learning rate: call :func:`bnlab.norms.set_progress` (or let
@@ -95,8 +96,9 @@ class CompleteBatchNorm(ChannelNorm):
         factory = factory_kwargs(kwargs)
         self.register_buffer("amat_mean", torch.zeros(num_features, **factory))
         self.register_buffer("amat_var", torch.ones(num_features, **factory))
-        # η as a tensor (not a Python float) so a changing learning rate never recompiles a compiled model;
-        # the step counter says whether μ_A, σ²_A hold a batch yet (the first batch initializes them).
+        # η as a tensor (not a Python float) so a changing learning rate never recompiles a compiled
+        # model; the step counter says whether μ_A, σ²_A hold a batch yet (the first batch
+        # initializes them).
         self.register_buffer("_eta", torch.tensor(self._python_eta(), **factory), persistent=False)
         steps = torch.tensor(0, dtype=torch.long, device=factory["device"])
         self.register_buffer("_amat_steps", steps, persistent=False)
@@ -143,11 +145,12 @@ class CompleteBatchNorm(ChannelNorm):
                           "optimizer, epochs=...) once")
 
     def moving_statistics(self, mean_b: Tensor, var_b: Tensor, beta: Tensor, eta: Tensor):
-        """(μ_A or 0, σ²_A, σ²_B, off + β or off): the moving centre and second moment after folding in
-        this batch (Peng Eqs. 8–9), the batch second moment and the β-dependent offset of x'."""
+        """(μ_A or 0, σ²_A, σ²_B, off + β or off): the moving centre and second moment after folding
+        in this batch (Peng Eqs. 8–9), the batch second moment and the β-dependent offset of x'."""
         centre = eta * self.amat_mean + (1 - eta) * mean_b.detach() if self.center else torch.zeros_like(mean_b)
         off = mean_b - centre if not self.center else torch.zeros_like(mean_b)
-        if self.center:  # forward value μ_A, gradient through μ_B (Batch-Renorm's additive correction)
+        # forward value μ_A, gradient through μ_B (Batch-Renorm's additive correction)
+        if self.center:
             centre = _forward_as(centre, mean_b)
         k = (mean_b - centre + beta) if self.decouple else off  # mean of x' = x − centre (+ β)
         second_b = var_b + k**2 if (self.decouple or not self.center) else var_b
@@ -165,7 +168,8 @@ class CompleteBatchNorm(ChannelNorm):
         if learning and not torch.compiler.is_compiling():
             self._warn_without_progress()
 
-        def eta() -> Tensor:  # called inside the fused operator: no dispatched operations of its own
+        # called inside the fused operator: no dispatched operations of its own
+        def eta() -> Tensor:
             return self.eta_tensor() if learning else torch.zeros_like(self._eta)
 
         def coefficients(mean_b, var_b, gamma, beta):
@@ -187,31 +191,34 @@ class CompleteBatchNorm(ChannelNorm):
         self.write_buffer("amat_mean", centre)  # (read by this step's graph: see write_buffer)
         self.write_buffer("amat_var", second_a)
         self.write_buffer("_amat_steps", self._amat_steps + 1)
-        if self.track_running_stats:  # the inference statistics: EMAs of what training normalized with
+        # the inference statistics: EMAs of what training normalized with
+        if self.track_running_stats:
             self.write_buffer("num_batches_tracked", self.num_batches_tracked + 1)
             m = self.inference_weight()
             self.running_mean.lerp_((centre if self.center else mean_b).to(self.running_mean.dtype), m)
             self.running_var.lerp_((second_a - k**2).to(self.running_var.dtype), m)
 
     def inference_weight(self) -> float | Tensor:
-        """This step's weight w for the inference statistics (running ← (1 − w)·running + w·this step's).
+        """This step's weight w for the inference statistics (running ← (1 − w)·running + w·this
+        step's).
 
         * Moving statistics in training (AMAT, or a fixed ``eta``): w = 1, so ``running_mean``,
-          ``running_var`` are μ_A and σ²_A − β² of the last step — what training normalized with (Peng
-          et al.: the moving averages are what "are used in the testing stage"). Their window is AMAT's,
-          about 1/(ω·lr) batches: Peng's trade-off between the variance of few batches and the bias of
-          old ones, which grows with the learning rate (App. E).
-        * ``amat=false`` (each batch normalized by itself): BN's EMA of the batch statistics, with weight
-          max(momentum, 1/t) at the t-th batch: a cumulative average until t = 1/momentum, so the start
-          values 0, 1 leave no trace. (A floor ω·lr on the weight, AMAT's window, measured worse: resnet20
-          eval 0.504 against 0.524 without it, 0.579 in train mode; see the docs for what is left.)
+          ``running_var`` are μ_A and σ²_A − β² of the last step — what training normalized with
+          (Peng et al.: the moving averages are what "are used in the testing stage"). Their window
+          is AMAT's, about 1/(ω·lr) batches: Peng's trade-off between the variance of few batches
+          and the bias of old ones, which grows with the learning rate (App. E).
+        * ``amat=false`` (each batch normalized by itself): BN's EMA of the batch statistics, with
+          weight max(momentum, 1/t) at the t-th batch: a cumulative average until t = 1/momentum, so
+          the start values 0, 1 leave no trace. (A floor ω·lr on the weight, AMAT's window, measured
+          worse: resnet20 eval 0.504 against 0.524 without it, 0.579 in train mode; see the docs for
+          what is left.)
         * ``momentum=None``: 1/t (the cumulative average asked for); ``momentum=0``: frozen.
 
-        Why not BN's plain EMA: CBN's β sits inside the normalized quantity, so an error of the divisor
-        also moves the output's mean (by γβ/ρ·Δ(1/σ)), which the next layer sees as an error of its centre:
-        errors compound with depth. The start values left after 48 steps (0.9^48 = 0.6 % of var 1 against
-        a variance of 0.003 after a sigmoid) and a 10-batch window at lr 0.1 put resnet20's eval accuracy
-        at chance (docs/readme/norms.md, "CBN inference").
+        Why not BN's plain EMA: CBN's β sits inside the normalized quantity, so an error of the
+        divisor also moves the output's mean (by γβ/ρ·Δ(1/σ)), which the next layer sees as an error
+        of its centre: errors compound with depth. The start values left after 48 steps (0.9^48 =
+        0.6 % of var 1 against a variance of 0.003 after a sigmoid) and a 10-batch window at lr 0.1
+        put resnet20's eval accuracy at chance (docs/readme/norms.md, "CBN inference").
         """
         if not self.momentum:
             return self.momentum_weight()  # None: 1/t; 0: frozen statistics, as in BN

@@ -134,8 +134,8 @@ class BatchNormConventions(nn.Module):
             self._materialize_transient_buffers()
 
     def transient_buffers(self) -> dict[str, Tensor]:
-        """Initial values of the non-persistent buffers (η, step counters: not in a state_dict), which
-        a ``load_state_dict(..., assign=True)`` into a ``meta``-device module cannot fill."""
+        """Initial values of the non-persistent buffers (η, step counters: not in a state_dict),
+        which a ``load_state_dict(..., assign=True)`` into a ``meta``-device module cannot fill."""
         return {}
 
     def _materialize_transient_buffers(self) -> None:

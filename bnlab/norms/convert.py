@@ -1,14 +1,14 @@
 """Replace the BatchNorm layers of any torch model (torchvision, timm, your own) by bnlab layers.
 
 :func:`convert` takes every kind of BatchNorm a model is built with — ``nn.BatchNorm1d/2d/3d``,
-``nn.SyncBatchNorm``, lazy BatchNorm once initialized, subclasses that only change defaults, and timm's
-norm-act layers (``BatchNormAct2d``, ``SyncBatchNormAct``: BatchNorm → drop path → activation, which
-become a :class:`NormAct`). torch's hyper-parameters (``eps``, ``momentum`` including ``None`` for the
-cumulative average, ``affine``, ``bias``, ``track_running_stats``), the device and dtype, and the
-parameters and running statistics are carried over — also buffers kept with
-``track_running_stats=False``, with which torch's eval normalizes. A ``_BatchNorm`` subclass with
-behaviour of its own (another ``forward``, submodules) is refused with an error that names it: bnlab
-would silently drop what it adds.
+``nn.SyncBatchNorm``, lazy BatchNorm once initialized, subclasses that only change defaults, and
+timm's norm-act layers (``BatchNormAct2d``, ``SyncBatchNormAct``: BatchNorm → drop path →
+activation, which become a :class:`NormAct`). torch's hyper-parameters (``eps``, ``momentum``
+including ``None`` for the cumulative average, ``affine``, ``bias``, ``track_running_stats``), the
+device and dtype, and the parameters and running statistics are carried over — also buffers kept
+with ``track_running_stats=False``, with which torch's eval normalizes. A ``_BatchNorm`` subclass
+with behaviour of its own (another ``forward``, submodules) is refused with an error that names it:
+bnlab would silently drop what it adds.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from .registry import lookup, parse_spec
 from .sync import active_group, broadcast_seed
 
 # torch's option names, passed to the new layer's constructor with torch's semantics, and their
-# defaults (an option a layer does not take is refused by name unless the old layer has the default).
+# defaults (an option a layer does not take is refused by name unless the old layer has the
+# default).
 TORCH_OPTIONS = {"eps": 1e-5, "momentum": 0.1, "affine": True, "track_running_stats": True,
                  "bias": True}
 
@@ -39,7 +40,8 @@ TORCH_OPTIONS = {"eps": 1e-5, "momentum": 0.1, "affine": True, "track_running_st
 _PLAIN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, NativeBatchNorm)
 _TORCH_FORWARDS = {cls.forward for cls in (_BatchNorm, *_PLAIN)}
 
-# timm's norm-act layers: forward = BatchNorm, then self.drop, then self.act (timm/layers/norm_act.py).
+# timm's norm-act layers: forward = BatchNorm, then self.drop, then self.act
+# (timm/layers/norm_act.py).
 NORM_ACT_CLASSES = ("timm.layers.norm_act.BatchNormAct2d", "timm.layers.norm_act.SyncBatchNormAct")
 
 
@@ -47,7 +49,8 @@ class NormAct(nn.Module):
     """``act(drop(norm(x)))``: the converted form of a BatchNorm fused with its activation (timm).
 
     The state_dict keeps the names of the layer it replaces: the norm's entries sit at the top level
-    (``weight``, ``running_mean``, ...), not under ``norm.``, so checkpoints of the original model load.
+    (``weight``, ``running_mean``, ...), not under ``norm.``, so checkpoints of the original model
+    load.
     """
 
     def __init__(self, norm: nn.Module, drop: nn.Module, act: nn.Module) -> None:
@@ -77,13 +80,12 @@ def convert(model: nn.Module, spec: str) -> nn.Module:
 
     ``eps``, ``momentum`` (``None``: cumulative average), ``affine``, ``bias`` and
     ``track_running_stats`` of each replaced layer are passed on (running buffers too, with
-    ``track_running_stats=False``),
-    unless ``spec`` sets them (``"bn(momentum=0.01)"``);
-    ``weight``, ``bias`` and the running statistics are copied where the new layer has them; device,
-    dtype and train/eval mode follow the replaced layer. timm's ``BatchNormAct2d`` becomes a
-    :class:`NormAct` that keeps its activation and drop path. ``SyncBatchNorm`` becomes a layer that
-    synchronizes its statistics over the same process group. Raises ``ValueError`` for an
-    uninitialized lazy BatchNorm and for a ``_BatchNorm`` subclass whose extra behaviour would be lost.
+    ``track_running_stats=False``), unless ``spec`` sets them (``"bn(momentum=0.01)"``); ``weight``,
+    ``bias`` and the running statistics are copied where the new layer has them; device, dtype and
+    train/eval mode follow the replaced layer. timm's ``BatchNormAct2d`` becomes a :class:`NormAct`
+    that keeps its activation and drop path. ``SyncBatchNorm`` becomes a layer that synchronizes its
+    statistics over the same process group. Raises ``ValueError`` for an uninitialized lazy
+    BatchNorm and for a ``_BatchNorm`` subclass whose extra behaviour would be lost.
     """
     parts = _parts(spec)
     if len(parts) > 1:
@@ -103,7 +105,8 @@ def convert(model: nn.Module, spec: str) -> nn.Module:
 
 
 def _warn_frozen(model: nn.Module) -> None:
-    """torchvision's/timm's frozen BN keeps fixed statistics by design (detection backbones): not converted."""
+    """torchvision's/timm's frozen BN keeps fixed statistics by design (detection backbones): not
+    converted."""
     frozen = [name for name, m in model.named_modules() if type(m).__name__.startswith("FrozenBatchNorm")]
     if frozen:
         warnings.warn(f"convert leaves {len(frozen)} frozen BatchNorm layer(s) in place (fixed statistics by "
@@ -142,7 +145,8 @@ def _replacement(old: _BatchNorm, spec: str, path: str) -> nn.Module:
 
 
 def torch_options(old: _BatchNorm) -> dict:
-    """The constructor options of a torch BatchNorm, read from the module (no ``bias`` flag kept)."""
+    """The constructor options of a torch BatchNorm, read from the module (no ``bias`` flag
+    kept)."""
     options = {k: getattr(old, k) for k in ("eps", "momentum", "affine", "track_running_stats")}
     options["bias"] = not old.affine or old.bias is not None
     # buffers kept with track_running_stats=False: torch's eval normalizes with them, so the new
@@ -193,11 +197,11 @@ def convert_sync(model: nn.Module, process_group=None) -> nn.Module:
     """Switch every bnlab normalization layer of ``model`` (in place) to synchronized statistics.
 
     bnlab layers (``bn``, ``mean_only_bn``, ``var_only_bn``, ``mbn``, ``cbn``, ``brn``, ``lp_bn``,
-    ``noisy_bn``, ``si_bn``'s inner norm) get ``sync=True`` and ``process_group``; ``native_bn`` and any
-    other torch BatchNorm become torch's own ``nn.SyncBatchNorm`` (same parameters and buffers), which
-    torch runs on GPUs only — nothing is left unsynchronized silently. Stochastic
-    layers (``noisy_bn``) take rank 0's noise seed when a process group is initialized, so every rank
-    draws the same noise. Like ``nn.SyncBatchNorm.convert_sync_batchnorm``, returns the model.
+    ``noisy_bn``, ``si_bn``'s inner norm) get ``sync=True`` and ``process_group``; ``native_bn`` and
+    any other torch BatchNorm become torch's own ``nn.SyncBatchNorm`` (same parameters and buffers),
+    which torch runs on GPUs only — nothing is left unsynchronized silently. Stochastic layers
+    (``noisy_bn``) take rank 0's noise seed when a process group is initialized, so every rank draws
+    the same noise. Like ``nn.SyncBatchNorm.convert_sync_batchnorm``, returns the model.
     """
     if _torch_batchnorm(model):
         return nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group)

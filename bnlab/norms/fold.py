@@ -1,17 +1,18 @@
-"""Fold eval-mode normalization layers into the adjacent convolution or linear layer, anywhere in a model.
+"""Fold eval-mode normalization layers into the adjacent convolution or linear layer, anywhere in a
+model.
 
 In eval mode every BatchNorm-family layer is a per-channel affine map ``y = a ⊙ x + b`` (Ioffe &
-Szegedy 2015, §3.2: "the normalization … is simply a linear transform"). Next to a linear layer it can
-be absorbed: after ``z = W x + c`` it becomes ``W' = diag(a) W``, ``c' = a ⊙ c + b``; before it
+Szegedy 2015, §3.2: "the normalization … is simply a linear transform"). Next to a linear layer it
+can be absorbed: after ``z = W x + c`` it becomes ``W' = diag(a) W``, ``c' = a ⊙ c + b``; before it
 (``z = W (a ⊙ x + b) + c``) it becomes ``W' = W diag(a)``, ``c' = c + W b`` — for a convolution only
 without padding (zero padding does not commute with the shift) and without groups.
 
 Adjacency is read from the model's ``torch.fx`` graph, so it is found in any traceable forward (a
-ResNet block, a timm stage), not only inside ``nn.Sequential``. A norm is folded into its producer only
-when the producer's output feeds the norm alone, and into its consumer only when the norm's output
-feeds that layer alone, so no other path sees a changed tensor. A module whose forward cannot be traced
-is searched child by child. Whatever stays is named, with the reason, in a warning or in the
-:class:`FoldReport` that ``fold(model, report=True)`` returns.
+ResNet block, a timm stage), not only inside ``nn.Sequential``. A norm is folded into its producer
+only when the producer's output feeds the norm alone, and into its consumer only when the norm's
+output feeds that layer alone, so no other path sees a changed tensor. A module whose forward cannot
+be traced is searched child by child. Whatever stays is named, with the reason, in a warning or in
+the :class:`FoldReport` that ``fold(model, report=True)`` returns.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ _NORMS = (ChannelNorm, _BatchNorm, ScaleInvariantBN)
 
 
 def _is_norm(module: nn.Module) -> bool:
-    """bnlab's and torch's norms, and frozen BatchNorm (torchvision/timm), which is affine by design."""
+    """bnlab's and torch's norms, and frozen BatchNorm (torchvision/timm), which is affine by
+    design."""
     return isinstance(module, _NORMS) or _is_frozen(module)
 
 
@@ -51,8 +53,9 @@ def _is_frozen(module: nn.Module) -> bool:
 
 @dataclass
 class FoldReport:
-    """What :func:`fold` did: ``folded`` maps each norm to the layer that absorbed it, ``unfolded`` each
-    norm left in place to the reason, ``untraced`` each module whose forward fx could not trace."""
+    """What :func:`fold` did: ``folded`` maps each norm to the layer that absorbed it, ``unfolded``
+    each norm left in place to the reason, ``untraced`` each module whose forward fx could not
+    trace."""
 
     folded: dict[str, str] = field(default_factory=dict)
     unfolded: dict[str, str] = field(default_factory=dict)
@@ -68,10 +71,10 @@ class FoldReport:
 def fold(model: nn.Module, report: bool = False):
     """A copy of ``model`` in eval mode with every foldable normalization folded into its neighbour.
 
-    Folds bnlab's layers whose eval mode is affine (``bn``, ``mbn``, ``cbn``, ``brn``, ``lp_bn``, ...,
-    ``si_bn`` into its own layer, ``wn``-wrapped layers as plain copies) and torch's ``BatchNorm1d/2d/3d``.
-    Returns the folded model; with ``report=True`` returns ``(model, FoldReport)`` and does not warn.
-    Without it, norms left in place are named in a ``UserWarning``.
+    Folds bnlab's layers whose eval mode is affine (``bn``, ``mbn``, ``cbn``, ``brn``, ``lp_bn``,
+    ..., ``si_bn`` into its own layer, ``wn``-wrapped layers as plain copies) and torch's
+    ``BatchNorm1d/2d/3d``. Returns the folded model; with ``report=True`` returns ``(model,
+    FoldReport)`` and does not warn. Without it, norms left in place are named in a ``UserWarning``.
     """
     model = copy.deepcopy(model).eval()
     rep = FoldReport()
@@ -95,7 +98,8 @@ class _Tracer(fx.Tracer):
 def _fold_traced(root: nn.Module, module: nn.Module, prefix: str, rep: FoldReport) -> None:
     try:
         graph = _Tracer().trace(module)
-    except Exception as err:  # fx raises many kinds (TraceError, TypeError, ...) on untraceable code
+    # fx raises many kinds (TraceError, TypeError, ...) on untraceable code
+    except Exception as err:
         rep.untraced[prefix.rstrip(".") or "<model>"] = f"{type(err).__name__}: {err}".splitlines()[0]
         for name, child in module.named_children():
             if not (_is_norm(child) or isinstance(child, WeightNorm)):
@@ -202,7 +206,8 @@ def _running_affine(bn: nn.Module) -> tuple[Tensor, Tensor]:
 
 
 def _explain_leftovers(model: nn.Module, rep: FoldReport) -> None:
-    """Every norm still in the model gets a reason (e.g. never called, or inside untraceable code)."""
+    """Every norm still in the model gets a reason (e.g. never called, or inside untraceable
+    code)."""
     for name, module in model.named_modules():
         if _is_norm(module) and name not in rep.unfolded and name not in rep.folded:
             parents = [p for p in rep.untraced if p == "<model>" or name.startswith(p + ".")]

@@ -21,8 +21,8 @@ per-channel partials forward, the gradients' per-channel algebra backward. The f
 single kernels: statistics (1), affine (1) forward; reductions (1), input gradient (2) backward.
 Measured: docs/readme/benchmarks.md (on the CPU the compiled path is no faster; GPU unmeasured).
 
-The Python callables (statistics, coefficients, buffer update) cannot be operator arguments: each call
-parks them in a table under an integer ``key`` that the operator pops. Eager only: under
+The Python callables (statistics, coefficients, buffer update) cannot be operator arguments: each
+call parks them in a table under an integer ``key`` that the operator pops. Eager only: under
 ``torch.compile`` the layers take plain ops, which inductor fuses into full-size loops.
 """
 
@@ -43,7 +43,7 @@ MomentsFn = Callable[[Tensor], tuple[Tensor, Tensor, int]]
 UpdateFn = Callable[[Tensor, Tensor, int], None]
 
 
-# ---- full-size kernels shared by the fused and plain paths -------------------------------------------
+# ---- full-size kernels shared by the fused and plain paths ---------------------------------------
 def channel_sum(t: Tensor) -> Tensor:
     """Σ over every dim but 1, without a strided multi-dim reduction (faster on CPU)."""
     return t.sum(0) if t.dim() == 2 else t.flatten(2).sum(2).sum(0)
@@ -66,7 +66,8 @@ def centred_reductions(g: Tensor, x: Tensor, mean: Tensor) -> tuple[Tensor, Tens
     """Per-channel (Σ g, Σ g·(x − mean)) in one pass over g and x, accumulated in double on CPU.
 
     torch's BatchNorm backward kernel computes exactly these two reductions for its weight and bias
-    gradients; with invstd = 1 its "x̂" is x − mean. Elsewhere: a centred temporary and two reductions.
+    gradients; with invstd = 1 its "x̂" is x − mean. Elsewhere: a centred temporary and two
+    reductions.
     """
     if x.device.type in ("cpu", "cuda"):
         one = torch.ones_like(mean)  # invstd = 1, and weight = 1: CUDA's kernel refuses weight=None
@@ -77,12 +78,14 @@ def centred_reductions(g: Tensor, x: Tensor, mean: Tensor) -> tuple[Tensor, Tens
 
 
 def stats_dtype(x: Tensor) -> torch.dtype:
-    """float32 for half-precision inputs (no overflow of Σx², no 8-bit mantissa sums), else x's dtype."""
+    """float32 for half-precision inputs (no overflow of Σx², no 8-bit mantissa sums), else x's
+    dtype."""
     return torch.promote_types(x.dtype, torch.float32)
 
 
 def coef_dtype(x: Tensor) -> torch.dtype:
-    """The per-channel coefficient graph runs in float64 (C numbers), except where float64 is missing."""
+    """The per-channel coefficient graph runs in float64 (C numbers), except where float64 is
+    missing."""
     return torch.float32 if x.device.type == "mps" else torch.float64
 
 
@@ -91,8 +94,8 @@ def channel_affine(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
 
     On CPU through torch's inference BatchNorm kernel with zero mean, unit variance and ε = 0 (its
     per-channel factor is then scale·1/√1 = scale and its offset shift, exactly): a vectorized loop,
-    where ``addcmul`` with two broadcast operands takes a scalar one (on (128, 64, 32, 32), 1 thread:
-    25 against 33 ms with the allocation, 3.6 against 11 ms without)."""
+    where ``addcmul`` with two broadcast operands takes a scalar one (on (128, 64, 32, 32), 1
+    thread: 25 against 33 ms with the allocation, 3.6 against 11 ms without)."""
     if x.device.type == "cpu":
         zero = torch.zeros_like(scale)
         return torch.batch_norm(x, scale, shift, zero, torch.ones_like(scale), False, 0.0, 0.0, False)
@@ -100,14 +103,16 @@ def channel_affine(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
 
 
 def refuse_double_backward(what: str) -> None:
-    """The fused functions' backward is not itself differentiable: say so, and how to get a graph that is."""
+    """The fused functions' backward is not itself differentiable: say so, and how to get a graph
+    that is."""
     if torch.is_grad_enabled():
         raise RuntimeError(f"bnlab's fused {what} does not support double backward (create_graph=True); "
                            "run the forward pass inside `with bnlab.norms.plain_autograd():`")
 
 
-# ---- switches -------------------------------------------------------------------------------------
-_STATE = threading.local()  # per thread: one thread's plain_autograd() must not change another's layers
+# ---- switches ------------------------------------------------------------------------------------
+# per thread: one thread's plain_autograd() must not change another's layers
+_STATE = threading.local()
 
 
 def plain_requested() -> bool:
@@ -136,7 +141,8 @@ def lazily_disabled(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if not torch.compiler.is_compiling():  # eager: straight in (the disable wrapper costs ~5 µs a call)
+        # eager: straight in (the disable wrapper costs ~5 µs a call)
+        if not torch.compiler.is_compiling():
             return fn(*args, **kwargs)
         if not disabled:
             disabled.append(torch.compiler.disable(fn))
@@ -145,14 +151,15 @@ def lazily_disabled(fn: Callable) -> Callable:
     return call
 
 
-# ---- the operators --------------------------------------------------------------------------------
+# ---- the operators -------------------------------------------------------------------------------
 _ENGINE = torch.autograd.Variable._execution_engine
 _CALLS: dict[int, object] = {}  # key -> the Python side of one pending operator call
 _KEYS = itertools.count()
 
 
 class _Call:
-    """The Python side of one fused call: callables in, the per-channel graph out (kept for backward)."""
+    """The Python side of one fused call: callables in, the per-channel graph out (kept for
+    backward)."""
 
     __slots__ = ("moments_fn", "coef_fn", "update_fn", "needs", "graph", "n")
 
@@ -166,7 +173,8 @@ class _Call:
 
 
 def park(obj) -> int:
-    """Hand a Python object to an operator kernel: the returned key is the operator's int argument."""
+    """Hand a Python object to an operator kernel: the returned key is the operator's int
+    argument."""
     key = next(_KEYS)
     _CALLS[key] = obj
     return key
@@ -198,7 +206,8 @@ class _Partials:
 def _coefficients(call: _Call, x: Tensor, mean: Tensor, var: Tensor,
                   tensors) -> tuple[Tensor, Tensor]:
     """(scale, shift) in x's dtype; keeps on ``call.graph`` what the backward pass needs: the
-    compiled per-channel partials (:mod:`.coef_compile`) where allowed, else the eager autograd graph."""
+    compiled per-channel partials (:mod:`.coef_compile`) where allowed, else the eager autograd
+    graph."""
     leaves = [t.detach() for t in tensors]
     dt = coef_dtype(x)
     out = forward_coefficients(call.coef_fn, tuple(call.needs), dt, x.dtype, mean, var, leaves)
@@ -268,11 +277,13 @@ def _eager_backward(call: _Call, g: Tensor,
 
 
 _LIB = torch.library.Library("bnlab", "FRAGMENT")
-KERNELS: dict[str, Callable] = {}  # name -> the Python kernel of each bnlab:: operator (opcount reads it)
+# name -> the Python kernel of each bnlab:: operator (opcount reads it)
+KERNELS: dict[str, Callable] = {}
 
 
 def define(schema: str, kernel: Callable) -> None:
-    """Register ``bnlab::<schema>`` with ``kernel`` for every device (the kernel picks its full-size ops)."""
+    """Register ``bnlab::<schema>`` with ``kernel`` for every device (the kernel picks its full-size
+    ops)."""
     _LIB.define(schema)
     name = schema.split("(", 1)[0]
     _LIB.impl(name, kernel, "CompositeExplicitAutograd")
@@ -284,12 +295,13 @@ define("stats_affine_backward(Tensor g, Tensor x, int key) -> Tensor[]", _stats_
 
 
 class _StatsAffine(torch.autograd.Function):
-    """y = scale·x + shift with (scale, shift) = coef_fn(μ_B, σ²_B, *tensors): one operator each way.
+    """y = scale·x + shift with (scale, shift) = coef_fn(μ_B, σ²_B, *tensors): one operator each
+    way.
 
-    The per-channel coefficient graph is built with ordinary autograd (in float64) inside the forward
-    operator and differentiated in the backward one; the (N, C, *) part of the gradient is assembled
-    from the centred input, so a large mean cancels nothing. Double backward is refused with a clear
-    error: use ``with bnlab.norms.plain_autograd():``.
+    The per-channel coefficient graph is built with ordinary autograd (in float64) inside the
+    forward operator and differentiated in the backward one; the (N, C, *) part of the gradient is
+    assembled from the centred input, so a large mean cancels nothing. Double backward is refused
+    with a clear error: use ``with bnlab.norms.plain_autograd():``.
     """
 
     @staticmethod

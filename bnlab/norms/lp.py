@@ -24,16 +24,16 @@ class LpBatchNorm(BatchNorm):
 
     * ``p=2``: ``√(mean (x−μ)²)`` — BN itself;
     * ``p=1``: ``√(π/2) · mean |x−μ|`` — unbiased for Gaussians, since E|z| = σ√(2/π);
-    * ``p=inf``: Hoffer's top-k: ``C(n) · mean of the k largest |x−μ|`` with
-      ``C(n) = ½(1+√(π ln 4))/√(2 ln n)``, n the number of values per channel, k = ``topk`` (10).
-      This constant is Hoffer's, not an exact one: for Gaussian inputs and k=10 we measure the estimate
-      at ≈1.06σ for n=128 and ≈1.20σ for n=1024 (the test pins the formula, docs/readme/norms.md the bias).
+    * ``p=inf``: Hoffer's top-k: ``C(n) · mean of the k largest |x−μ|`` with ``C(n) = ½(1+√(π ln
+      4))/√(2 ln n)``, n the number of values per channel, k = ``topk`` (10). This constant is
+      Hoffer's, not an exact one: for Gaussian inputs and k=10 we measure the estimate at ≈1.06σ for
+      n=128 and ≈1.20σ for n=1024 (the test pins the formula, docs/readme/norms.md the bias).
 
     ``eps`` is added to the scale (not to a variance). Inference uses a running ℓp scale, the one
-    training divides by: an EMA (BN's ``momentum``; None = cumulative) of the batch scale s_B, stored
-    squared in ``running_var`` (BN's name, so a BatchNorm state_dict loads; for p=2 it is the biased
-    variance), and eval computes ``γ(x − μ)/(√running_var + ε) + β``. (Dividing by BN's running standard
-    deviation instead made ℓ∞ eval outputs 2.5–3× off on heavy-tailed activations.)
+    training divides by: an EMA (BN's ``momentum``; None = cumulative) of the batch scale s_B,
+    stored squared in ``running_var`` (BN's name, so a BatchNorm state_dict loads; for p=2 it is the
+    biased variance), and eval computes ``γ(x − μ)/(√running_var + ε) + β``. (Dividing by BN's
+    running standard deviation instead made ℓ∞ eval outputs 2.5–3× off on heavy-tailed activations.)
     """
 
     def __init__(self, num_features: int, p: str = "2", topk: int = 10, **kwargs) -> None:
@@ -45,15 +45,18 @@ class LpBatchNorm(BatchNorm):
         return super().extra_repr() + f", p={self.p}"
 
     def batch_scale(self, centred: Tensor, var: Tensor | None = None) -> Tensor:
-        """The calibrated ℓp scale of the centred batch (var: its biased variance if known, p=2's scale²)."""
-        # channel_mean/_count/_topk reduce over all ranks when the layer is synced (bnlab.norms.sync)
+        """The calibrated ℓp scale of the centred batch (var: its biased variance if known, p=2's
+        scale²)."""
+        # channel_mean/_count/_topk reduce over all ranks when the layer is synced
+        # (bnlab.norms.sync)
         if self.p == "2":
             return (channel_mean(self, centred.pow(2)) if var is None else var).sqrt()
         if self.p == "1":
             return L1_CONSTANT * channel_mean(self, centred.abs())
-        # p = inf: top-k of |x − μ| per channel. Unsynced, searched only in the k samples with the largest
-        # peaks (lp_fused.linf_top_entries: compiled lp_bn(p=inf) 1.83 → 1.39× native eager, no full
-        # transposed copy); synced, over all ranks from every entry, channels first so topk runs along one dim.
+        # p = inf: top-k of |x − μ| per channel. Unsynced, searched only in the k samples with the
+        # largest peaks (lp_fused.linf_top_entries: compiled lp_bn(p=inf) 1.83 → 1.39× native eager,
+        # no full transposed copy); synced, over all ranks from every entry, channels first so topk
+        # runs along one dim.
         constant = hoffer_linf_constant(channel_count(self, centred))
         if module_group(self) is None:
             return constant * linf_top_entries(centred, centred.new_zeros(self.num_features), self.topk)[0].mean(dim=1)
@@ -72,10 +75,10 @@ class LpBatchNorm(BatchNorm):
     def normalize_by_lp_scale(self, x: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(y, μ_B, s_B) for p=1 and p=inf, in training: γ(x − μ_B)/(s_B + ε) + β.
 
-        Eager float32/float64 and unsynced: one custom autograd function (:mod:`bnlab.norms.lp_fused`,
-        a few passes over x). Otherwise plain autograd: under torch.compile (inductor fuses it), with
-        synchronized statistics (the collectives of bnlab.norms.sync), for half inputs, and inside
-        ``plain_autograd()`` (double backward)."""
+        Eager float32/float64 and unsynced: one custom autograd function
+        (:mod:`bnlab.norms.lp_fused`, a few passes over x). Otherwise plain autograd: under
+        torch.compile (inductor fuses it), with synchronized statistics (the collectives of
+        bnlab.norms.sync), for half inputs, and inside ``plain_autograd()`` (double backward)."""
         if fused_enabled(x) and module_group(self) is None:
             return lp_normalize(x, self.p, gamma, beta, self.eps, self.topk)
         x = x.to(stats_dtype(x))  # half: one float32 copy, the input gradient rounds to half once
@@ -96,7 +99,8 @@ class LpBatchNorm(BatchNorm):
             ones = torch.ones_like(self.running_var)
             return self.centred_affine(x, self.running_mean, ones, 0.0, scale, self.bias)
         gamma, beta = self.gamma_beta(x)
-        if self.p == "2":  # the scale is √σ²_B: the shared statistics → coefficients machinery (fused)
+        # the scale is √σ²_B: the shared statistics → coefficients machinery (fused)
+        if self.p == "2":
             y, mean, var, _ = self.normalize_with_batch_stats(x, self.rms_coefficients, gamma, beta)
             scale = var.sqrt()
         else:

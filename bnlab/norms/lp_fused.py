@@ -14,8 +14,9 @@ backward pass assembles the input gradient from per-channel numbers:
     p = inf: ∂s/∂x_i = (C(n)/k)·(1[i ∈ top-k]·sign c_i − Σ_{j ∈ top-k} sign c_j / n),
 
 where the −mean terms come from μ_B (∂c_j/∂x_i = δ_ij − 1/n), ``(Σg, Σg·c)`` come from one pass of
-torch's BatchNorm backward kernel (:func:`~bnlab.norms.fused.centred_reductions`), and ∂L/∂γ = Σ(g·c)/(s+ε),
-∂L/∂β = Σg. Subgradients where c_i = 0 follow ``torch.abs`` (sign 0), as the plain path does.
+torch's BatchNorm backward kernel (:func:`~bnlab.norms.fused.centred_reductions`), and ∂L/∂γ =
+Σ(g·c)/(s+ε), ∂L/∂β = Σg. Subgradients where c_i = 0 follow ``torch.abs`` (sign 0), as the plain
+path does.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ L1_CONSTANT = math.sqrt(math.pi / 2)  # E|z| = σ·√(2/π) for Gaussian z: √
 
 
 def hoffer_linf_constant(n: int) -> float:
-    """C(n) = ½(1 + √(π ln 4)) / √(2 ln n), the constant Hoffer et al. give for the ℓ∞ (top-k) scale."""
+    """C(n) = ½(1 + √(π ln 4)) / √(2 ln n), the constant Hoffer et al. give for the ℓ∞ (top-k)
+    scale."""
     return 0.5 * (1 + math.sqrt(math.pi * math.log(4))) / math.sqrt(2 * math.log(n))
 
 
@@ -56,7 +58,8 @@ def l1_sign_and_scale(x: Tensor, mean: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def linf_top_entries(x: Tensor, mean: Tensor, k: int) -> tuple[Tensor, tuple[Tensor, ...], Tensor]:
-    """The k largest |x − μ| of each channel: values (C, k'), their indices into x, their signs (C, k').
+    """The k largest |x − μ| of each channel: values (C, k'), their indices into x, their signs (C,
+    k').
 
     k' = min(k, n). Found without sorting the whole channel: each channel's top-k entries lie in the
     k rows (samples) whose largest |x − μ| is biggest (any entry outside them is beaten by the peaks
@@ -65,15 +68,18 @@ def linf_top_entries(x: Tensor, mean: Tensor, k: int) -> tuple[Tensor, tuple[Ten
     (sample, then position) first, as :func:`bnlab.norms.sync.topk_first` does on every path: an
     unpicked row's peak ties a picked row's only with a higher sample index."""
     batch, channels = x.shape[:2]
-    rows = x.reshape(batch * channels, -1)  # row b·C + j: sample b, channel j (a view for contiguous x)
+    # row b·C + j: sample b, channel j (a view for contiguous x)
+    rows = x.reshape(batch * channels, -1)
     inner = rows.shape[1]
-    low, high = rows.amin(dim=1), rows.amax(dim=1)  # two vectorized passes: 20× faster than aminmax on CPU
+    # two vectorized passes: 20× faster than aminmax on CPU
+    low, high = rows.amin(dim=1), rows.amax(dim=1)
     peak = torch.maximum(high.view(batch, channels) - mean, mean - low.view(batch, channels))
     # (C, k_rows): the rows with the largest peaks, in sample order, so that candidate positions
     # follow the batch's order and ties below go to the lowest index
     top_rows = topk_first(peak, min(k, batch), dim=0)[1].t().sort(dim=1).values
     channel = torch.arange(channels, device=x.device)
-    candidates = rows.index_select(0, (top_rows * channels + channel[:, None]).flatten())  # (C·k_rows, inner)
+    # (C·k_rows, inner)
+    candidates = rows.index_select(0, (top_rows * channels + channel[:, None]).flatten())
     flat = candidates.view(channels, -1).sub_(mean[:, None])
     values, position = topk_first(flat.abs(), min(k, batch * inner), dim=1)
     signs = flat.gather(1, position).sign()
@@ -84,7 +90,8 @@ def linf_top_entries(x: Tensor, mean: Tensor, k: int) -> tuple[Tensor, tuple[Ten
 
 def _lp_forward(x: Tensor, gamma: Tensor, beta: Tensor, p: str, eps: float, topk: int,
                 key: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Kernel of ``bnlab::lp_normalize``: (y, μ_B, s); what backward needs goes on the parked state."""
+    """Kernel of ``bnlab::lp_normalize``: (y, μ_B, s); what backward needs goes on the parked
+    state."""
     state = take(key)
     dims = [0, *range(2, x.dim())]
     mean = x.mean(dim=dims)  # the plain path's μ_B, the same call: the same float
@@ -126,8 +133,8 @@ define("lp_normalize_backward(Tensor g, Tensor x, Tensor gamma, Tensor mean, int
 
 
 class _LpNormalize(torch.autograd.Function):
-    """y = γ·(x − μ_B)/(s + ε) + β with the ℓ1 or top-k ℓ∞ scale s; see the module docstring.
-    One ``torch.library`` operator each way (:mod:`bnlab.norms.fused` says what that does and does not
+    """y = γ·(x − μ_B)/(s + ε) + β with the ℓ1 or top-k ℓ∞ scale s; see the module docstring. One
+    ``torch.library`` operator each way (:mod:`bnlab.norms.fused` says what that does and does not
     fuse); the state the backward pass needs (sign buffer, top-k entries) stays on ``ctx.state``."""
 
     @staticmethod
@@ -159,7 +166,8 @@ def _l1_input_grad(state, x: Tensor, mean: Tensor, g: Tensor, a: Tensor, g_scale
     state.sign = None
     q = g_scale * (L1_CONSTANT / state.n)
     const = const - q * state.sign_mean
-    sign.mul_(per_channel(q.to(x.dtype), x)).add_(per_channel(const.to(x.dtype), x))  # one broadcast each: vectorized
+    # one broadcast each: vectorized
+    sign.mul_(per_channel(q.to(x.dtype), x)).add_(per_channel(const.to(x.dtype), x))
     return sign.addcmul_(g, per_channel(a.to(x.dtype), g))
 
 
@@ -176,5 +184,6 @@ def _linf_input_grad(state, g: Tensor, a: Tensor, g_scale: Tensor, const: Tensor
 def lp_normalize(x: Tensor, p: str, gamma: Tensor, beta: Tensor, eps: float,
                  topk: int) -> tuple[Tensor, Tensor, Tensor]:
     """(y, μ_B, s) of ℓ1 (p="1") or top-k ℓ∞ (p="inf") batch normalization, eagerly and never traced
-    (like :func:`bnlab.norms.fused.fused_normalize`: dynamo would inline forward and drop backward)."""
+    (like :func:`bnlab.norms.fused.fused_normalize`: dynamo would inline forward and drop
+    backward)."""
     return _LpNormalize.apply(x, gamma, beta, p, eps, topk)

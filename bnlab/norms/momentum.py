@@ -39,9 +39,9 @@ class MomentumBatchNorm(ChannelNorm):
 
         μ ← λ μ + (1−λ) μ_B,   σ² ← λ σ² + (1−λ) σ²_B,   x̂ = (x − μ)/√(σ² + ε)
 
-    The old μ, σ² are constants for autograd: gradients flow through μ_B and σ²_B only (scaled by 1−λ).
-    Inference uses a separate EMA (``running_mean``/``running_var``, BN's conventions) with
-    τ = τ0^{m/m0}, i.e. update weight 1 − τ (Yong et al.'s rule; the ``momentum`` option is not used).
+    The old μ, σ² are constants for autograd: gradients flow through μ_B and σ²_B only (scaled by
+    1−λ). Inference uses a separate EMA (``running_mean``/``running_var``, BN's conventions) with τ
+    = τ0^{m/m0}, i.e. update weight 1 − τ (Yong et al.'s rule; the ``momentum`` option is not used).
     ``track_running_stats=False``: no inference EMA, eval normalizes with the batch (λ = 0).
 
     λ lives in a tensor (``λ = r^e − r`` with r = min(m/m0, 1) and the exponent e set by
@@ -102,7 +102,8 @@ class MomentumBatchNorm(ChannelNorm):
         if not self.use_batch_stats():
             return self.running_normalize(x)
         gamma, beta = self.gamma_beta(x)
-        m = batch_samples(self, x)  # MBN's m (over all ranks when synced) is the number of samples, not samples × positions
+        # MBN's m (over all ranks when synced) is the number of samples, not samples × positions
+        m = batch_samples(self, x)
         learning = self.training
         if (learning and not torch.compiler.is_compiling() and (self.epoch is None or self.epochs is None)
                 and not self._warned_progress):
@@ -111,7 +112,8 @@ class MomentumBatchNorm(ChannelNorm):
                           "bnlab.norms.set_progress(model, epoch=..., epochs=...) every epoch, or "
                           "bnlab.norms.track(model, optimizer, epochs=...) once")
 
-        def lam() -> Tensor:  # called inside the fused operator: no dispatched operations of its own
+        # called inside the fused operator: no dispatched operations of its own
+        def lam() -> Tensor:
             return self.lambda_tensor(m) if learning else torch.zeros_like(self._lambda_exponent)
 
         def coefficients(mean_b, var_b, gamma, beta):
@@ -129,7 +131,8 @@ class MomentumBatchNorm(ChannelNorm):
         return self.normalize_with_batch_stats(x, coefficients, gamma, beta, update=update)[0]
 
     def moving_statistics(self, mean_b: Tensor, var_b: Tensor, lam: Tensor) -> tuple[Tensor, Tensor]:
-        """μ ← λμ + (1−λ)μ_B, σ² ← λσ² + (1−λ)σ²_B; the old moving values are constants for autograd."""
+        """μ ← λμ + (1−λ)μ_B, σ² ← λσ² + (1−λ)σ²_B; the old moving values are constants for
+        autograd."""
         return lam * self.train_mean + (1 - lam) * mean_b, lam * self.train_var + (1 - lam) * var_b
 
     def inference_affine(self):

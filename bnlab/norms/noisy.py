@@ -28,7 +28,8 @@ class StochasticLayer:
     """
 
     def init_generator(self) -> None:
-        # Draw the default seed from torch's global RNG so `torch.manual_seed` makes models reproducible.
+        # Draw the default seed from torch's global RNG so `torch.manual_seed` makes models
+        # reproducible.
         self._seed = int(torch.randint(0, 2**62, (1,)).item())
         self._generator: torch.Generator | None = None
 
@@ -56,11 +57,11 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
 
     After the BN output ``a`` (affine included), at each training step and for each unit j draw
     ``μ_j ~ U(−n_μ, n_μ)`` and ``σ_j ~ U(1, n_σ)``; then for every sample i (and, for convolutions,
-    every spatial position, which counts as a batch dimension) draw ``m_ij ~ U(μ_j − r_μ, μ_j + r_μ)``
-    and ``s_ij ~ N(σ_j, r_σ²)`` (r_σ is a standard deviation) and output ``s_ij · a_ij + m_ij``.
-    The noise is only applied in training; evaluation is plain BN. ``noise = False`` (an attribute)
-    switches it off in training too, drawing nothing: the batch-statistics forward of Alg. 1 with
-    s = 1, m = 0 (:func:`bnlab.norms.recollect_running_stats` uses it).
+    every spatial position, which counts as a batch dimension) draw ``m_ij ~ U(μ_j − r_μ, μ_j +
+    r_μ)`` and ``s_ij ~ N(σ_j, r_σ²)`` (r_σ is a standard deviation) and output ``s_ij · a_ij +
+    m_ij``. The noise is only applied in training; evaluation is plain BN. ``noise = False`` (an
+    attribute) switches it off in training too, drawing nothing: the batch-statistics forward of
+    Alg. 1 with s = 1, m = 0 (:func:`bnlab.norms.recollect_running_stats` uses it).
     """
 
     def __init__(self, num_features: int, n_mu: float = 0.5, n_sigma: float = 1.25, r_mu: float = 0.1,
@@ -80,7 +81,8 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
                 a.numel() == 0 and module_group(self) is None):  # empty: no draws
             return a
         self.noisy_statistics = self.track_running_stats
-        scale, offset = self.draw_noise(a)  # drawn and applied in float32 or better, as the statistics
+        # drawn and applied in float32 or better, as the statistics
+        scale, offset = self.draw_noise(a)
         return _ScaleShiftInPlace.apply(a, scale, offset).to(a.dtype)
 
     @lazily_disabled  # torch.compiler.disable, applied on the first call: no torch._dynamo import
@@ -93,7 +95,8 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         does not trace draws from a ``torch.Generator`` (one graph break per noisy layer; the
         normalization before it and the noise application are compiled)."""
         g = self.generator_for(a.device)
-        shape, rows = global_batch_rows(self, a)  # synced: the global batch's noise, this rank's rows
+        # synced: the global batch's noise, this rank's rows
+        shape, rows = global_batch_rows(self, a)
 
         def blank(size: tuple[int, ...]) -> Tensor:
             if tuple(size) == tuple(a.shape):  # a's memory format: channels_last output stays so
@@ -113,7 +116,8 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
 
 
 class _ScaleShiftInPlace(torch.autograd.Function):
-    """``s·a + m`` written into m (a fresh noise draw), with ∂/∂a = g·s: one full-size pass each way.
+    """``s·a + m`` written into m (a fresh noise draw), with ∂/∂a = g·s: one full-size pass each
+    way.
 
     torch's own ``addcmul`` differentiates with two full-size products (``g·(s·1)``); s and m are
     random draws, never differentiated."""

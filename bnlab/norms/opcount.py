@@ -5,9 +5,10 @@ so for small tensors (and for every tensor on a GPU) their number, not the arith
 layer's speed. :func:`count_ops` runs a callable under a ``TorchDispatchMode`` and counts every
 operation that reaches the dispatcher below autograd, views excluded (they launch nothing). A custom
 operator registered with ``torch.library`` counts once: what runs inside it is not seen, so a count
-says how many operations the dispatcher, autocast and ``torch.compile`` see, not how many kernels run.
-With ``inside=True`` a call of the compiled per-channel coefficients (:mod:`.coef_compile`) counts
-as one, ``compiled::coefficients`` (its generated code is a kernel or two, not aten operations).
+says how many operations the dispatcher, autocast and ``torch.compile`` see, not how many kernels
+run. With ``inside=True`` a call of the compiled per-channel coefficients (:mod:`.coef_compile`)
+counts as one, ``compiled::coefficients`` (its generated code is a kernel or two, not aten
+operations).
 
     >>> from bnlab.norms.opcount import count_ops, training_step
     >>> count_ops(training_step(bnlab.norms.create("bn", 64), (32, 64, 16, 16))).total
@@ -56,7 +57,8 @@ class _Counter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name, ns = func.overloadpacket.__name__, func.namespace
-        if self.inside and ns == "bnlab":  # count what the operator's kernel runs instead of the operator
+        # count what the operator's kernel runs instead of the operator
+        if self.inside and ns == "bnlab":
             with self:
                 return KERNELS[name](*args, **(kwargs or {}))
         if not is_view(func) and name not in FREE:

@@ -1,4 +1,5 @@
-"""Model-level operations: build layers from specs, place them next to a linear layer, seeds, regularizers.
+"""Model-level operations: build layers from specs, place them next to a linear layer, seeds,
+regularizers.
 
 Converting torch models lives in :mod:`.convert`, folding for inference in :mod:`.fold`, training
 progress (learning rate, epoch) in :mod:`.progress`.
@@ -24,7 +25,8 @@ def _parts(spec: str) -> list[str]:
 
 
 def validate(spec: str) -> None:
-    """Raise ``ValueError`` (naming valid choices) if ``spec`` is not a valid (possibly '+'-joined) spec."""
+    """Raise ``ValueError`` (naming valid choices) if ``spec`` is not a valid (possibly '+'-joined)
+    spec."""
     parts = _parts(spec)
     for i, part in enumerate(parts):
         info, _ = lookup(part)
@@ -33,7 +35,8 @@ def validate(spec: str) -> None:
 
 
 def create(spec: str, num_features: int, **options) -> nn.Module:
-    """Build the per-channel normalization layer described by ``spec`` for ``num_features`` channels.
+    """Build the per-channel normalization layer described by ``spec`` for ``num_features``
+    channels.
 
     ``options`` are constructor keywords the spec string cannot express (``momentum=None``) or that
     :func:`bnlab.norms.convert` carries over from a torch layer; they override the spec's defaults.
@@ -76,7 +79,8 @@ def normalized(layer: nn.Module, spec: str, placement: str = "pre_activation") -
         width = _out_features(layer.layer if isinstance(layer, (ScaleInvariantBN, WeightNorm)) else layer)
         return nn.Sequential(layer, *(create(p, width) for p in parts))
     inner = layer.layer if isinstance(layer, (ScaleInvariantBN, WeightNorm)) else layer
-    width = inner.in_features if isinstance(inner, nn.Linear) else cast(int, inner.in_channels)  # a conv
+    # a conv
+    width = inner.in_features if isinstance(inner, nn.Linear) else cast(int, inner.in_channels)
     return nn.Sequential(*(create(p, width) for p in parts), layer)
 
 
@@ -84,7 +88,8 @@ PLACEMENTS = ("pre_activation", "pre_linear")
 
 
 def seed_layers(model: nn.Module, seed: int) -> None:
-    """Give every stochastic layer (noisy_bn) its own generator seeded from ``seed``, in module order."""
+    """Give every stochastic layer (noisy_bn) its own generator seeded from ``seed``, in module
+    order."""
     for index, module in enumerate(m for m in model.modules() if isinstance(m, StochasticLayer)):
         module.reseed(int(seed) * 1_000_003 + index)
 

@@ -1,8 +1,10 @@
-"""Training progress (learning rate, epoch) for the layers that need it: CBN's AMAT and MBN's λ schedule.
+"""Training progress (learning rate, epoch) for the layers that need it: CBN's AMAT and MBN's λ
+schedule.
 
-Complete BN's moving weight is η = max(1 − ω·lr, 0) (Peng et al., Algorithm 1), so it needs the current
-learning rate; Momentum BN's λ(t) follows the epoch t of T (Yong et al. 2020, §3.3). :func:`set_progress`
-tells them by hand; :func:`track` does it for every training forward pass, read from the optimizer.
+Complete BN's moving weight is η = max(1 − ω·lr, 0) (Peng et al., Algorithm 1), so it needs the
+current learning rate; Momentum BN's λ(t) follows the epoch t of T (Yong et al. 2020, §3.3).
+:func:`set_progress` tells them by hand; :func:`track` does it for every training forward pass, read
+from the optimizer.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from .fused import lazily_disabled
 
 def set_progress(model: nn.Module, *, lr: float | None = None, epoch: int | None = None,
                  epochs: int | None = None) -> None:
-    """Tell every layer that needs it (CBN's AMAT, MBN's λ schedule) the learning rate and epoch (1-based)."""
+    """Tell every layer that needs it (CBN's AMAT, MBN's λ schedule) the learning rate and epoch
+    (1-based)."""
     for module in _progress_layers(model):
         module.set_progress(lr=lr, epoch=epoch, epochs=epochs)
 
@@ -64,7 +67,8 @@ class ProgressTracker:
         return float(self.optimizer.param_groups[self.group]["lr"])
 
     def epoch_end(self) -> None:
-        """Call once at the end of every epoch (not needed, and refused, with ``steps_per_epoch``)."""
+        """Call once at the end of every epoch (not needed, and refused, with
+        ``steps_per_epoch``)."""
         if self.steps_per_epoch is not None:
             raise RuntimeError("this tracker counts epochs from steps_per_epoch; do not also call epoch_end()")
         self._epochs_ended += 1
@@ -81,13 +85,14 @@ class ProgressTracker:
     def load_state_dict(self, state: dict) -> None:
         self.steps, self._epochs_ended = int(state["steps"]), int(state["epochs_ended"])
 
-    @lazily_disabled  # torch.compiler.disable on the first call: importing bnlab.norms skips torch._dynamo
+    # torch.compiler.disable on the first call: importing bnlab.norms skips torch._dynamo
+    @lazily_disabled
     def _before_forward(self, module: nn.Module, args) -> None:
         # Kept out of torch.compile: traced, the hook's Python counters become guards and every
         # epoch (every step with steps_per_epoch) recompiles; eager, it only writes the layers'
-        # progress tensors, which the compiled graph reads as inputs.
-        # Read at the moment the layers use it, so a scheduler that steps per batch or per epoch, and
-        # Lightning's closure (forward inside optimizer.step), all give the lr of the current update.
+        # progress tensors, which the compiled graph reads as inputs. Read at the moment the layers
+        # use it, so a scheduler that steps per batch or per epoch, and Lightning's closure (forward
+        # inside optimizer.step), all give the lr of the current update.
         if module.training:
             set_progress(module, lr=self.lr, epoch=self.epoch, epochs=self.epochs)
 
@@ -97,7 +102,8 @@ class ProgressTracker:
 
 def track(model: nn.Module, optimizer: Optimizer, epochs: int, *, steps_per_epoch: int | None = None,
           group: int = 0, start_epoch: int = 1) -> ProgressTracker:
-    """Keep every progress-dependent layer of ``model`` told the learning rate and epoch, automatically.
+    """Keep every progress-dependent layer of ``model`` told the learning rate and epoch,
+    automatically.
 
     Before each training-mode forward pass of ``model``, the layers get ``lr`` =
     ``optimizer.param_groups[group]["lr"]``, the current epoch (1-based) and ``epochs``. The epoch

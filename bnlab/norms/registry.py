@@ -1,9 +1,9 @@
 """Spec strings -> normalization modules: the ``NORMS`` registry of :mod:`bnlab.spec`.
 
-A spec is ``name`` or ``name(key=value, ...)``, e.g. ``"cbn(rho=2, amat=true)"`` or ``"lp_bn(p=inf)"``.
-Every layer registers its parameters (type, default, allowed values; :class:`bnlab.spec.Param`) in
-:mod:`.catalog`, so that a bad spec fails with a ``ValueError`` naming the valid choices and
-``bnlab norms list`` can print the catalogue.
+A spec is ``name`` or ``name(key=value, ...)``, e.g. ``"cbn(rho=2, amat=true)"`` or
+``"lp_bn(p=inf)"``. Every layer registers its parameters (type, default, allowed values;
+:class:`bnlab.spec.Param`) in :mod:`.catalog`, so that a bad spec fails with a ``ValueError`` naming
+the valid choices and ``bnlab norms list`` can print the catalogue.
 """
 
 from __future__ import annotations
@@ -76,12 +76,14 @@ BN_OPTIONS = {  # torch.nn.BatchNorm2d's options, with torch's names and semanti
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """Split ``"name(k=v, ...)"`` into ``(name, {k: raw_value})`` without interpreting the values."""
+    """Split ``"name(k=v, ...)"`` into ``(name, {k: raw_value})`` without interpreting the
+    values."""
     return parse(spec, "normalization spec")
 
 
 def lookup(spec: str) -> tuple[NormInfo, dict[str, Any]]:
-    """Resolve a spec to its catalogue entry and fully typed keyword arguments (defaults filled in)."""
+    """Resolve a spec to its catalogue entry and fully typed keyword arguments (defaults filled
+    in)."""
     entry, kwargs = NORMS.lookup(spec)
     return entry.target, kwargs
 

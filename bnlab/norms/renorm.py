@@ -13,11 +13,12 @@ from .registry import BN_OPTIONS, Param, norm
 
 
 def relaxed_limit(step: Tensor, start: float, final: float, relax_from: int, reach_at: int) -> Tensor | float:
-    """Ioffe 2017 §4's warm-up of r_max / d_max: ``start`` before step ``relax_from``, then linear to
-    ``final`` at step ``reach_at`` (the paper: r_max 1 → 3 between steps 5k and 40k, d_max 0 → 5 between
-    5k and 25k). ``reach_at <= relax_from`` switches at ``relax_from``. During a warm-up a tensor (no
-    recompiles as it moves); without one (both 0) the plain number ``final``, so inductor has fewer ops to
-    inline into the full-size loops (compiled brn 1.15 → 1.03× native eager on (128, 64, 32, 32))."""
+    """Ioffe 2017 §4's warm-up of r_max / d_max: ``start`` before step ``relax_from``, then linear
+    to ``final`` at step ``reach_at`` (the paper: r_max 1 → 3 between steps 5k and 40k, d_max 0 → 5
+    between 5k and 25k). ``reach_at <= relax_from`` switches at ``relax_from``. During a warm-up a
+    tensor (no recompiles as it moves); without one (both 0) the plain number ``final``, so inductor
+    has fewer ops to inline into the full-size loops (compiled brn 1.15 → 1.03× native eager on
+    (128, 64, 32, 32))."""
     if relax_from == 0 and reach_at <= 0:
         return final
     step = step.to(torch.float32)
@@ -37,11 +38,12 @@ SETTLE = 3.0  # running averages settle in 3/momentum steps: e^-3 ≈ 5 % weight
 def ioffe_schedule(run_steps: int | None, momentum: float | None) -> tuple[int, int, int]:
     """The default warm-up ``(relax_from, r_max_at, d_max_at)`` in steps.
 
-    Run length unknown: Ioffe 2017 §4's step counts as printed (5000, 40000, 25000). Known (``run_steps``,
-    which ``bnlab train`` sets): the same proportions 5 : 40 : 25, scaled so r_max is reached at half
-    the run (our choice: Ioffe's run went on well past 40k steps), and never relaxed before the
-    running averages settle (3/momentum steps; 10 with cumulative averages) — corrections r, d
-    against unsettled running statistics are what made a 20-step resnet18 run diverge (issue 22).
+    Run length unknown: Ioffe 2017 §4's step counts as printed (5000, 40000, 25000). Known
+    (``run_steps``, which ``bnlab train`` sets): the same proportions 5 : 40 : 25, scaled so r_max
+    is reached at half the run (our choice: Ioffe's run went on well past 40k steps), and never
+    relaxed before the running averages settle (3/momentum steps; 10 with cumulative averages) —
+    corrections r, d against unsettled running statistics are what made a 20-step resnet18 run
+    diverge (issue 22).
     """
     if run_steps is None:
         return IOFFE_RELAX_FROM, IOFFE_R_MAX_AT, IOFFE_D_MAX_AT
@@ -142,7 +144,8 @@ class BatchRenorm(ChannelNorm):
 
     @torch.no_grad()
     def _update_running(self, mean_b: Tensor, var_b: Tensor, n: int = 0) -> None:
-        # running statistics and the step are read by this step's graph (r, d, warm-up): see write_buffer
+        # running statistics and the step are read by this step's graph (r, d, warm-up): see
+        # write_buffer
         self.write_buffer("num_batches_tracked", self.num_batches_tracked + 1)
         alpha = self.momentum_weight()
         std = torch.sqrt(self.running_var + self.eps).lerp_(torch.sqrt(var_b + self.eps).to(self.running_var.dtype), alpha)

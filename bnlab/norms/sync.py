@@ -34,8 +34,8 @@ __all__ = [
 def active_group(process_group=None):
     """The process group to synchronize over, or ``None`` when there is nothing to synchronize.
 
-    ``None`` outside an initialized default group or when the group has a single rank; ``process_group``
-    ``None`` means the default (world) group.
+    ``None`` outside an initialized default group or when the group has a single rank;
+    ``process_group`` ``None`` means the default (world) group.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return None
@@ -44,14 +44,16 @@ def active_group(process_group=None):
 
 
 def module_group(module: nn.Module):
-    """The group a layer synchronizes its batch statistics over now (training, ``sync`` on), or None."""
+    """The group a layer synchronizes its batch statistics over now (training, ``sync`` on), or
+    None."""
     if not (getattr(module, "sync", False) and module.training):
         return None
     return active_group(getattr(module, "process_group", None))
 
 
 class _AllGather(torch.autograd.Function):
-    """Stack of every rank's ``t`` (equal shapes), shape ``(world, *t.shape)``; backward sums over ranks."""
+    """Stack of every rank's ``t`` (equal shapes), shape ``(world, *t.shape)``; backward sums over
+    ranks."""
 
     @staticmethod
     def forward(ctx, t: Tensor, group) -> Tensor:
@@ -164,17 +166,20 @@ def global_topk(values: Tensor, k: int, group) -> Tensor:
 # ---- layer-level helpers: what a layer calls instead of a local reduction --------------------
 
 def batch_samples(module: nn.Module, x: Tensor) -> int:
-    """Number of samples in the batch the layer normalizes over: x.shape[0], summed over ranks when synced.
+    """Number of samples in the batch the layer normalizes over: x.shape[0], summed over ranks when
+    synced.
 
     MBN's m (its λ schedule and τ = τ0^{m/m0}, Yong et al. 2020 Eq. 4) is the batch the statistics
-    come from, so with synchronized statistics it is the global batch: λ is then identical on all ranks.
+    come from, so with synchronized statistics it is the global batch: λ is then identical on all
+    ranks.
     """
     group = module_group(module)
     return x.shape[0] if group is None else sample_offset(x.shape[0], group, x.device)[1]
 
 
 def channel_mean(module: nn.Module, t: Tensor) -> Tensor:
-    """Per-channel mean of t (N, C, *) over the batch and trailing dims, over all ranks when synced."""
+    """Per-channel mean of t (N, C, *) over the batch and trailing dims, over all ranks when
+    synced."""
     group = module_group(module)
     if group is None:
         return t.mean(dim=[0, *range(2, t.dim())])
@@ -214,7 +219,8 @@ def global_batch_rows(module: nn.Module, x: Tensor) -> tuple[tuple[int, ...], sl
 
 
 def sample_offset(n_local: int, group, device: torch.device | None = None) -> tuple[int, int]:
-    """(index of this rank's first sample in the global batch, global batch size): ranks in order."""
+    """(index of this rank's first sample in the global batch, global batch size): ranks in
+    order."""
     counts = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
     counts[dist.get_rank(group)] = n_local
     dist.all_reduce(counts, group=group)

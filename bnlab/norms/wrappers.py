@@ -99,12 +99,13 @@ ScaleInvariantLinearBN = ScaleInvariantBN
 @norm("wn", "weight normalization w = γ v/‖v‖, optional γ-decay ζ Σγ²", "Salimans & Kingma 2016; Luo et al. 2019",
       "Luo Eq. 15", {"zeta": Param(0.0, float, minimum=0.0)}, kind="wrapper", removes_mean=False)
 class WeightNorm(nn.Module):
-    """Weight normalization (Salimans & Kingma 2016) of a linear/conv layer: ``w_k = γ_k v_k/‖v_k‖``.
+    """Weight normalization (Salimans & Kingma 2016) of a linear/conv layer: ``w_k = γ_k
+    v_k/‖v_k‖``.
 
     Built on ``torch.nn.utils.parametrizations.weight_norm`` (γ = ``original0``, v = ``original1``).
-    ``zeta`` > 0 exposes Luo et al.'s γ-decay (their Eq. 15, the term ζ Σ_k γ_k² that BN's noise induces
-    implicitly) through :meth:`regularization_loss`; :func:`bnlab.norms.regularization_loss` sums it
-    over a model, and the trainer adds it to the loss.
+    ``zeta`` > 0 exposes Luo et al.'s γ-decay (their Eq. 15, the term ζ Σ_k γ_k² that BN's noise
+    induces implicitly) through :meth:`regularization_loss`; :func:`bnlab.norms.regularization_loss`
+    sums it over a model, and the trainer adds it to the loss.
     """
 
     def __init__(self, layer: nn.Module, zeta: float = 0.0) -> None:

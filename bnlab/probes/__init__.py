@@ -11,7 +11,8 @@ generators of stochastic layers and train/eval flags are restored after every ca
 (:mod:`bnlab.probes.state`), so a run with probes is bitwise identical to one without.
 
 Step probes: ``ics``, ``moments``, ``histograms``, ``landscape``, ``effective_lr``, ``grad_stats``,
-``cbn_ratios``, ``batch_noise``, ``gamma``, ``bn_regularization``, ``hessian``. Search: :func:`max_stable_lr`.
+``cbn_ratios``, ``batch_noise``, ``gamma``, ``bn_regularization``, ``hessian``. Search:
+:func:`max_stable_lr`.
 """
 
 from .lab import PROBES, Lab, available, create, describe  # isort: skip (registers in order)

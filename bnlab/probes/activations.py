@@ -14,7 +14,8 @@ from .state import simulated_step
 
 
 def activation_layers(model, names):
-    """Default layers whose outputs are watched: the BN layers, or the Linear/Conv layers if none."""
+    """Default layers whose outputs are watched: the BN layers, or the Linear/Conv layers if
+    none."""
     default = bn_layers(model) or weight_layers(model)
     return select_layers(model, names, default, "BN (or Linear/Conv)")
 
@@ -35,13 +36,14 @@ class MomentsProbe(Probe):
     """Change of each layer's activation moments caused by one update (Santurkar et al. 2018,
     App. A.2.1, Fig. 7).
 
-    For every unit (channel; batch and spatial positions pooled, as BN pools them) the mean and variance
-    of the layer's output on this step's batch, at the current parameters W and at W' (after this step's
-    update, simulated as in ``ics``). Records ``mean_change/<layer>`` = mean over units |μ(W') − μ(W)| and
-    ``var_change/<layer>`` = mean over units |σ²(W') − σ²(W)|. Both passes use the same batch and running
-    statistics; the second draws fresh layer noise (``noisy_bn``) as the next training step would, so the
-    noise injected by Santurkar's "noisy" BN shows up as shift. Layers: the BN layers' outputs by
-    default (the Linear/Conv outputs if the model has no BN), or ``layers=[...]``.
+    For every unit (channel; batch and spatial positions pooled, as BN pools them) the mean and
+    variance of the layer's output on this step's batch, at the current parameters W and at W'
+    (after this step's update, simulated as in ``ics``). Records ``mean_change/<layer>`` = mean over
+    units |μ(W') − μ(W)| and ``var_change/<layer>`` = mean over units |σ²(W') − σ²(W)|. Both passes
+    use the same batch and running statistics; the second draws fresh layer noise (``noisy_bn``) as
+    the next training step would, so the noise injected by Santurkar's "noisy" BN shows up as shift.
+    Layers: the BN layers' outputs by default (the Linear/Conv outputs if the model has no BN), or
+    ``layers=[...]``.
 
     Cost: 1 simulated optimizer step + 2 forward passes (no backward).
     """

@@ -1,4 +1,5 @@
-"""The probe protocol: a measurement taken at some steps of a training loop, never changing the loop.
+"""The probe protocol: a measurement taken at some steps of a training loop, never changing the
+loop.
 
 A probe is a :class:`bnlab.callbacks.Callback` with one job. At steps ``step % every == 0`` its
 ``on_before_optimizer_step`` (gradients of the step present, optimizer not yet stepped) takes a
@@ -49,7 +50,8 @@ def weight_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def select_layers(model: nn.Module, names: Iterable[str] | None, default: list[tuple[str, nn.Module]],
                   what: str) -> list[tuple[str, nn.Module]]:
-    """``default`` unless ``names`` is given; unknown names are a ValueError that lists the valid ones."""
+    """``default`` unless ``names`` is given; unknown names are a ValueError that lists the valid
+    ones."""
     if names is None:
         return default
     modules = dict(model.named_modules())
@@ -103,7 +105,8 @@ class ProbeContext:
         if loss_fn is None:
             raise ValueError("probes need loop.loss_fn (loss_fn(output, target)): pass loss_fn= to the "
                              "loop's adapter (Lab, BnlabCallback)")
-        # a compiled model (torch.compile) is measured through its eager module: bnlab.probes.compiled
+        # a compiled model (torch.compile) is measured through its eager module:
+        # bnlab.probes.compiled
         return cls(model=eager_module(loop.model), loss_fn=loss_fn, batch=(batch[0], batch[1]),
                    step=int(loop.step),
                    optimizer=loop.optimizer, lr=loop.lr)
@@ -117,7 +120,8 @@ class ProbeContext:
         return self.batch[1]
 
     def require_snapshot(self) -> Snapshot:
-        """The snapshot a probe that is not ``read_only`` runs inside (``Probe.__call__`` takes it)."""
+        """The snapshot a probe that is not ``read_only`` runs inside (``Probe.__call__`` takes
+        it)."""
         if self.snapshot is None:
             raise RuntimeError("this probe needs ctx.snapshot (a Snapshot), which is None: call the probe "
                                "itself, which takes one for every probe that is not read_only")
@@ -139,7 +143,8 @@ class ProbeContext:
 
     def loss(self, params: dict[str, torch.Tensor] | None = None, x: torch.Tensor | None = None,
              y: torch.Tensor | None = None) -> torch.Tensor:
-        """``loss_fn(model(x), y)``, with ``params`` substituted by ``torch.func.functional_call``."""
+        """``loss_fn(model(x), y)``, with ``params`` substituted by
+        ``torch.func.functional_call``."""
         x = self.x if x is None else x
         y = self.y if y is None else y
         out = self.model(x) if params is None else torch.func.functional_call(self.model, params, (x,))
@@ -153,7 +158,8 @@ def named_params(model: nn.Module) -> dict[str, nn.Parameter]:
 def loss_and_grads(ctx: ProbeContext, wrt: list[str], params: dict[str, torch.Tensor] | None = None,
                    x: torch.Tensor | None = None, y: torch.Tensor | None = None,
                    reset: bool = True) -> tuple[float, list[torch.Tensor]]:
-    """One train-mode forward/backward: the loss and its gradient with respect to the named parameters.
+    """One train-mode forward/backward: the loss and its gradient with respect to the named
+    parameters.
 
     ``params`` (name -> tensor) replaces the model's values; the gradient is taken with
     ``torch.autograd.grad`` so ``.grad`` is never touched. With ``reset`` the buffers and RNGs are
@@ -184,7 +190,8 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 class capture_inputs:
-    """Context manager recording the first input (or output) of each named module during forwards."""
+    """Context manager recording the first input (or output) of each named module during
+    forwards."""
 
     def __init__(self, modules: list[tuple[str, nn.Module]], outputs: bool = False) -> None:
         self.modules = modules
@@ -208,7 +215,8 @@ class capture_inputs:
 
 
 class Probe(Callback):
-    """Base class. Subclasses set ``name``, ``cost`` and implement :meth:`measure` (and maybe :meth:`finish`).
+    """Base class. Subclasses set ``name``, ``cost`` and implement :meth:`measure` (and maybe
+    :meth:`finish`).
 
     ``measure`` runs inside a :class:`Snapshot` (``ctx.snapshot``) that is restored afterwards, and
     returns ``{quantity: value}``; quantities may carry a layer suffix (``"l2/features.3"``).
@@ -234,15 +242,16 @@ class Probe(Callback):
     def due(self, step: int) -> bool:
         return int(step) % self.every == 0
 
-    # -- to implement ---------------------------------------------------------------------------------
+    # -- to implement ------------------------------------------------------------------------------
     def measure(self, ctx: ProbeContext) -> dict[str, float]:
         raise NotImplementedError
 
     def finish(self, ctx: ProbeContext) -> dict[str, float]:
-        """Second phase, after ``optimizer.step()``, for probes whose ``measure`` set ``self._carry``."""
+        """Second phase, after ``optimizer.step()``, for probes whose ``measure`` set
+        ``self._carry``."""
         return {}
 
-    # -- running ------------------------------------------------------------------------------------
+    # -- running -----------------------------------------------------------------------------------
     def run_after_backward(self, ctx: ProbeContext) -> dict[str, float]:
         """Measure at this step (if due) and return the metrics to log, full names."""
         if not self.due(ctx.step):
@@ -279,7 +288,7 @@ class Probe(Callback):
         metrics[f"probe/{self.name}/seconds"] = seconds
         return metrics
 
-    # -- the callback protocol (bnlab.callbacks) ----------------------------------------------------
+    # -- the callback protocol (bnlab.callbacks) ---------------------------------------------------
     def on_train_start(self, loop: Loop) -> None:
         self._pending = None
 

@@ -17,17 +17,18 @@ class BatchNoiseProbe(Probe):
     """The noise BN's batch statistics inject, per BN layer (MBN, Yong et al. 2020, Theorem 1).
 
     For each channel, with μ_B, σ²_B (biased) the statistics of this batch's m values and μ, σ² the
-    population statistics: ξ_μ = (μ − μ_B)/σ and ξ_σ = σ²_B/σ². Theorem 1: ξ_μ → N(0, 1/m) and
-    ξ_σ → χ²(m−1)/m, so E ξ_σ = (m−1)/m and Var ξ_σ = 2(m−1)/m² (exact for Gaussian inputs; for other
-    inputs Var ξ_σ ≈ (κ−1)/m with κ the kurtosis — the supplement's N(1, κ/m) should read N(1, (κ−1)/m),
-    the variance of (x−μ)²/σ² being κ − 1, and equals 2/m only for Gaussian data).
+    population statistics: ξ_μ = (μ − μ_B)/σ and ξ_σ = σ²_B/σ². Theorem 1: ξ_μ → N(0, 1/m) and ξ_σ →
+    χ²(m−1)/m, so E ξ_σ = (m−1)/m and Var ξ_σ = 2(m−1)/m² (exact for Gaussian inputs; for other
+    inputs Var ξ_σ ≈ (κ−1)/m with κ the kurtosis — the supplement's N(1, κ/m) should read N(1,
+    (κ−1)/m), the variance of (x−μ)²/σ² being κ − 1, and equals 2/m only for Gaussian data).
 
-    Population statistics: from ``heldout`` (a large batch of inputs, run through the model in training
-    mode, whose BN inputs are pooled) or else each layer's running statistics. m counts the values BN
-    pools per channel (batch × spatial positions; positions of one image are correlated, so the
-    effective m of a conv layer is smaller). Records per layer, over channels: ``xi_mu_mean``,
-    ``xi_mu_var``, ``xi_sigma_mean``, ``xi_sigma_var``, ``m``, and the theory's ``xi_mu_var_theory`` = 1/m,
-    ``xi_sigma_mean_theory`` = (m−1)/m, ``xi_sigma_var_theory`` = 2(m−1)/m².
+    Population statistics: from ``heldout`` (a large batch of inputs, run through the model in
+    training mode, whose BN inputs are pooled) or else each layer's running statistics. m counts the
+    values BN pools per channel (batch × spatial positions; positions of one image are correlated,
+    so the effective m of a conv layer is smaller). Records per layer, over channels:
+    ``xi_mu_mean``, ``xi_mu_var``, ``xi_sigma_mean``, ``xi_sigma_var``, ``m``, and the theory's
+    ``xi_mu_var_theory`` = 1/m, ``xi_sigma_mean_theory`` = (m−1)/m, ``xi_sigma_var_theory`` =
+    2(m−1)/m².
 
     Cost: 1 forward pass (+ 1 on the held-out batch if given).
     """

@@ -19,8 +19,8 @@ from .bn_stats import _bn_inputs, _heldout_inputs
 
 def luo_zeta(h: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, batch_size: int,
              activation: str = "relu") -> dict[str, torch.Tensor]:
-    """Luo et al. 2019, Theorem 1 (Eq. 4), per channel, from the pre-BN values ``h`` of shape (C, P):
-    :func:`bnlab.theory.luo_zeta.zeta_terms` (keys ``kurtosis``, ``fisher``, ``sigma_term``,
+    """Luo et al. 2019, Theorem 1 (Eq. 4), per channel, from the pre-BN values ``h`` of shape (C,
+    P): :func:`bnlab.theory.luo_zeta.zeta_terms` (keys ``kurtosis``, ``fisher``, ``sigma_term``,
     ``mu_term``, ``zeta``) as float64 tensors on ``h``'s device."""
     def as_array(t: torch.Tensor):
         return t.detach().double().cpu().numpy()
@@ -34,10 +34,10 @@ class BNRegularizationProbe(Probe):
     """Luo et al.'s implicit regularization strength ζ per BN layer (Theorem 1), from the data.
 
     The pre-BN values of each channel (this batch, or ``heldout`` inputs as the population) give the
-    kurtosis ρ, the Fisher term F_γ, the μ_B term and ζ (see :func:`luo_zeta`). ``activation`` picks A''
-    (``relu``: sigmoid, the paper's softplus approximation; ``linear``, ``tanh``, ``sigmoid``); M is the
-    training batch size (``batch_size`` overrides). Records per layer the channel means of ``zeta``,
-    ``sigma_term``, ``mu_term``, ``kurtosis``, ``fisher``, and ``penalty`` = Σ_c ζ_c γ_c².
+    kurtosis ρ, the Fisher term F_γ, the μ_B term and ζ (see :func:`luo_zeta`). ``activation`` picks
+    A'' (``relu``: sigmoid, the paper's softplus approximation; ``linear``, ``tanh``, ``sigmoid``);
+    M is the training batch size (``batch_size`` overrides). Records per layer the channel means of
+    ``zeta``, ``sigma_term``, ``mu_term``, ``kurtosis``, ``fisher``, and ``penalty`` = Σ_c ζ_c γ_c².
 
     Cost: 1 forward pass (on the held-out batch instead if given).
     """

@@ -10,7 +10,8 @@ from .base import ProbeContext, capture_inputs
 
 
 def _bn_inputs(ctx: ProbeContext, layers, x: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """Inputs of the given BN layers in one train-mode forward of ``x`` (default: this step's batch)."""
+    """Inputs of the given BN layers in one train-mode forward of ``x`` (default: this step's
+    batch)."""
     if ctx.snapshot is not None:
         ctx.snapshot.reset_forward_state()
     ctx.model.train()

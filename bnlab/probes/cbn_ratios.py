@@ -16,12 +16,13 @@ from .bn_stats import _bn_inputs, _quantiles
 class CBNRatiosProbe(Probe):
     """Peng et al.'s η_k and τ_k per channel (Theorems 2–3, Figs 2–3), summarized over channels.
 
-    η_k = (μ_B − β)/E[x] with E[x] replaced, as Peng do, by the moving average μ_A (CBN's ``amat_mean``;
-    ``running_mean`` for other BN layers); τ_k = γ/(ρ σ_B) with σ²_B the second moment of
-    x' = x − μ_B + β for decoupled CBN (Eq. 5: var_B + β²) and the batch variance otherwise, ε added.
-    Theorem 2 assumes 0 ≤ η ≤ 2 and Theorem 3 0 < τ < 1. Records ``eta_q05|q50|q95/<layer>``,
-    ``eta_in_range/<layer>`` (fraction of channels with 0 ≤ η ≤ 2) and the same for ``tau`` (0 < τ < 1).
-    For non-CBN layers the same formulas are applied (ρ = 1, β the layer's shift) for comparison.
+    η_k = (μ_B − β)/E[x] with E[x] replaced, as Peng do, by the moving average μ_A (CBN's
+    ``amat_mean``; ``running_mean`` for other BN layers); τ_k = γ/(ρ σ_B) with σ²_B the second
+    moment of x' = x − μ_B + β for decoupled CBN (Eq. 5: var_B + β²) and the batch variance
+    otherwise, ε added. Theorem 2 assumes 0 ≤ η ≤ 2 and Theorem 3 0 < τ < 1. Records
+    ``eta_q05|q50|q95/<layer>``, ``eta_in_range/<layer>`` (fraction of channels with 0 ≤ η ≤ 2) and
+    the same for ``tau`` (0 < τ < 1). For non-CBN layers the same formulas are applied (ρ = 1, β the
+    layer's shift) for comparison.
 
     Cost: 1 forward pass.
     """

@@ -18,7 +18,8 @@ __all__ = ["eager_module", "is_compiled"]
 
 
 def is_compiled(model: object) -> bool:
-    """Whether ``model`` is a ``torch.compile`` wrapper (checked without importing torch._dynamo)."""
+    """Whether ``model`` is a ``torch.compile`` wrapper (checked without importing
+    torch._dynamo)."""
     return isinstance(model, nn.Module) and isinstance(getattr(model, "_orig_mod", None), nn.Module)
 
 

@@ -1,4 +1,5 @@
-"""Effective learning rates of scale-invariant weights (Arora, Li & Lyu 2019, Lemma 2.4, Theorem 2.5)."""
+"""Effective learning rates of scale-invariant weights (Arora, Li & Lyu 2019, Lemma 2.4, Theorem
+2.5)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from .base import PROBES, Probe, ProbeContext, WEIGHT_LAYER_TYPES, cosine, is_bn
 def scale_invariant_weights(model: nn.Module) -> list[str]:
     """Names of weights that a following BN makes scale-invariant.
 
-    Exactly invariant: ``ScaleInvariantBN.layer.weight`` (Arora Eq. 8, ε scaled by ‖w_k‖²). Invariant up
-    to BN's ε (and only if the layer has no bias, which BN's mean subtraction removes anyway): the weight
-    of a Linear/Conv directly followed by a BN layer inside an ``nn.Sequential`` (the layout
-    ``bnlab.norms.normalized`` builds).
+    Exactly invariant: ``ScaleInvariantBN.layer.weight`` (Arora Eq. 8, ε scaled by ‖w_k‖²).
+    Invariant up to BN's ε (and only if the layer has no bias, which BN's mean subtraction removes
+    anyway): the weight of a Linear/Conv directly followed by a BN layer inside an ``nn.Sequential``
+    (the layout ``bnlab.norms.normalized`` builds).
     """
     names = []
     for prefix, module in model.named_modules():
@@ -43,9 +44,9 @@ class EffectiveLRProbe(Probe):
 
     Metrics ``norm/<param>``, ``eff_lr/<param>``, ``cos/<param>`` at ``after_backward`` and
     ``residual/<param>`` = ‖w_{t+1}‖² − ‖w_t‖² − η²‖∇w‖², ``residual_rel/<param>`` (divided by
-    ‖w_{t+1}‖²) at ``after_step``; the residual needs the loop (or Lab) to call ``after_step``. ∇w is the
-    ``.grad`` the optimizer is about to use; η its parameter group's learning rate. Weights: those of
-    :func:`scale_invariant_weights`, or ``params=[names]``.
+    ‖w_{t+1}‖²) at ``after_step``; the residual needs the loop (or Lab) to call ``after_step``. ∇w
+    is the ``.grad`` the optimizer is about to use; η its parameter group's learning rate. Weights:
+    those of :func:`scale_invariant_weights`, or ``params=[names]``.
 
     Cost: no forward or backward pass (reads parameters and gradients only).
     """

@@ -10,8 +10,8 @@ from .base import PROBES, Probe, ProbeContext, bn_layers, select_layers
 
 @PROBES.register()
 class GammaProbe(Probe):
-    """|γ| per BN layer over training (Luo et al. 2019, Fig. 5a): ``abs_mean/<layer>`` = mean_c |γ_c| and
-    ``sq_mean/<layer>`` = mean_c γ_c² (the quantity Theorem 1's ζγ² penalizes).
+    """|γ| per BN layer over training (Luo et al. 2019, Fig. 5a): ``abs_mean/<layer>`` = mean_c
+    |γ_c| and ``sq_mean/<layer>`` = mean_c γ_c² (the quantity Theorem 1's ζγ² penalizes).
 
     Cost: no forward or backward pass.
     """

@@ -9,10 +9,12 @@ from .base import PROBES, Probe, ProbeContext, loss_and_grads
 
 @PROBES.register()
 class GradStatsProbe(Probe):
-    """E‖g‖² of the stochastic gradient and its variance, from k disjoint micro-batches of this batch.
+    """E‖g‖² of the stochastic gradient and its variance, from k disjoint micro-batches of this
+    batch.
 
-    The batch of B samples is cut into k contiguous micro-batches of m = ⌊B/k⌋ samples (the remainder
-    is left out); g_i is the gradient of the loss on micro-batch i, in training mode. Records
+    The batch of B samples is cut into k contiguous micro-batches of m = ⌊B/k⌋ samples (the
+    remainder is left out); g_i is the gradient of the loss on micro-batch i, in training mode.
+    Records
 
     * ``sq_norm``   = (1/k) Σ ‖g_i‖²             — estimates E‖g‖² (Peng's "stochastic gradient squared
       expectation", the quantity Theorems 2–3 bound),
@@ -21,12 +23,13 @@ class GradStatsProbe(Probe):
     * ``norm_variance`` = unbiased variance of ‖g_i‖ (Peng's V[‖v_k‖]),
     * ``mean_sq_norm`` = ‖ḡ‖²,
 
-    all for stochastic gradients at batch size m, and with ``per_layer=True`` also ``sq_norm/<param>``
-    and ``variance/<param>`` per parameter tensor.
+    all for stochastic gradients at batch size m, and with ``per_layer=True`` also
+    ``sq_norm/<param>`` and ``variance/<param>`` per parameter tensor.
 
     Why micro-batches and not per-sample gradients: under training-mode BN a sample's output depends
     on the whole batch through μ_B and σ_B, so "the gradient of one sample" is not defined; each
-    micro-batch is normalized with its own statistics, exactly as a training step of batch size m is.
+    micro-batch is normalized with its own statistics, exactly as a training step of batch size m
+    is.
 
     Cost: k forward/backward passes on micro-batches of B/k samples (≈ one full-batch pass).
     """

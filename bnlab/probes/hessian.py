@@ -1,12 +1,12 @@
 """Sharpness of the training loss with train-mode BN: top Hessian eigenvalue and Hessian trace.
 
-The "edge of stability" reading of Santurkar et al.'s step-size experiments (BN lets SGD run at a larger
-learning rate η) needs the sharpness λ_max(∇²L) next to the stability threshold 2/η of gradient descent
-on a quadratic (Cohen et al., "Gradient Descent on Neural Networks Typically Occurs at the Edge of
-Stability", 2021). Tools such as PyHessian put BN in eval mode (running statistics), which is a different
-function from the one SGD descends: here the loss is the train-mode loss of this step's batch, with BN
-normalizing by the batch statistics μ_B, σ_B, so the Hessian includes the curvature that flows through
-them.
+The "edge of stability" reading of Santurkar et al.'s step-size experiments (BN lets SGD run at a
+larger learning rate η) needs the sharpness λ_max(∇²L) next to the stability threshold 2/η of
+gradient descent on a quadratic (Cohen et al., "Gradient Descent on Neural Networks Typically Occurs
+at the Edge of Stability", 2021). Tools such as PyHessian put BN in eval mode (running statistics),
+which is a different function from the one SGD descends: here the loss is the train-mode loss of
+this step's batch, with BN normalizing by the batch statistics μ_B, σ_B, so the Hessian includes the
+curvature that flows through them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from .base import PROBES, Probe, ProbeContext, named_params
 
 
 def hessian_vector_product(ctx: ProbeContext, names: list[str]):
-    """(loss, hvp) for the train-mode loss of ``ctx``'s batch: ``hvp(v) = ∇²L · v`` on the flat parameters.
+    """(loss, hvp) for the train-mode loss of ``ctx``'s batch: ``hvp(v) = ∇²L · v`` on the flat
+    parameters.
 
     One forward and one backward with ``create_graph=True``; each ``hvp`` call is one more backward
     (Pearlmutter's trick, ∇(∇L·v)). BN layers are built from plain autograd ops (the fused kernels
@@ -51,20 +52,23 @@ def hessian_vector_product(ctx: ProbeContext, names: list[str]):
 
 
 def work_dtype(device: torch.device | str) -> torch.dtype:
-    """float64 for the Krylov vectors and Hutchinson sums, except where the device has none (MPS)."""
+    """float64 for the Krylov vectors and Hutchinson sums, except where the device has none
+    (MPS)."""
     return torch.float32 if torch.device(device).type == "mps" else torch.float64
 
 
 def _draw(draw, generator: torch.Generator, device: torch.device | str) -> torch.Tensor:
-    """``draw(generator)`` on the generator's device, then moved to ``device`` in :func:`work_dtype`: the
-    same vectors for the same seed on every device, and ``autograd.grad`` gets grad_outputs on the
-    parameters' device (a CPU vector on a CUDA model fails: "expected device cuda:0 but got cpu")."""
+    """``draw(generator)`` on the generator's device, then moved to ``device`` in
+    :func:`work_dtype`: the same vectors for the same seed on every device, and ``autograd.grad``
+    gets grad_outputs on the parameters' device (a CPU vector on a CUDA model fails: "expected
+    device cuda:0 but got cpu")."""
     return draw(generator).to(device=device, dtype=work_dtype(device))
 
 
 def lanczos_extremes(hvp, dim: int, iters: int, generator: torch.Generator,
                      device: torch.device | str = "cpu") -> tuple[float, float, int]:
-    """Largest and smallest Ritz values of the symmetric operator ``hvp`` after ``iters`` Lanczos steps.
+    """Largest and smallest Ritz values of the symmetric operator ``hvp`` after ``iters`` Lanczos
+    steps.
 
     Lanczos with full re-orthogonalization (float64) on a Gaussian start vector: the Krylov space
     span{v, Hv, …, H^{k−1}v} contains the power-iteration iterate, so λ_max(T_k) ≥ the power-method
@@ -83,7 +87,8 @@ def lanczos_extremes(hvp, dim: int, iters: int, generator: torch.Generator,
         w = hvp(v)
         alpha = float(w @ v)
         alphas.append(alpha)
-        w = w - basis[: j + 1].T @ (basis[: j + 1] @ w)  # full re-orthogonalization (twice is enough)
+        # full re-orthogonalization (twice is enough)
+        w = w - basis[: j + 1].T @ (basis[: j + 1] @ w)
         w = w - basis[: j + 1].T @ (basis[: j + 1] @ w)
         beta = float(w.norm())
         scale = max(abs(a) for a in alphas) + max(betas, default=0.0)
@@ -103,8 +108,8 @@ def hutchinson_trace(hvp, dim: int, samples: int, generator: torch.Generator,
                      device: torch.device | str = "cpu") -> tuple[float, float]:
     """tr H ≈ (1/s) Σ zᵢᵀHzᵢ with Rademacher zᵢ (Hutchinson 1990): unbiased, E[zzᵀ] = I.
 
-    The zᵢ are drawn from ``generator`` and moved to ``device`` (the parameters'). Returns the mean and
-    its standard error (sample std / √s; NaN for s = 1).
+    The zᵢ are drawn from ``generator`` and moved to ``device`` (the parameters'). Returns the mean
+    and its standard error (sample std / √s; NaN for s = 1).
     """
     values = []
     for _ in range(samples):
@@ -130,26 +135,29 @@ def stability_threshold(ctx: ProbeContext) -> float:
 
 @PROBES.register()
 class HessianProbe(Probe):
-    """Top Hessian eigenvalue and Hessian trace of this step's train-mode loss (Santurkar §3, edge of stability).
+    """Top Hessian eigenvalue and Hessian trace of this step's train-mode loss (Santurkar §3, edge
+    of stability).
 
     H = ∇²_θ L(θ; B) for the loss ``loss_fn(model(x), y)`` of the step's batch B, every trainable
     parameter θ, BN in *training* mode (normalized by μ_B, σ_B, which depend on θ). Records
 
-    * ``top_eigenvalue``  = λ_max(H), the sharpness: the largest Ritz value after ``iters`` Lanczos steps
-      on Hessian-vector products (a lower bound that converges from below; exact once iters ≥ #params),
+    * ``top_eigenvalue``  = λ_max(H), the sharpness: the largest Ritz value after ``iters`` Lanczos
+      steps on Hessian-vector products (a lower bound that converges from below; exact once iters ≥
+      #params),
     * ``bottom_eigenvalue`` = the smallest Ritz value (negative curvature, if any),
-    * ``trace`` = tr H by Hutchinson's estimator with ``samples`` Rademacher vectors, and ``trace_se``,
-      its standard error,
+    * ``trace`` = tr H by Hutchinson's estimator with ``samples`` Rademacher vectors, and
+      ``trace_se``, its standard error,
     * ``threshold`` = 2/η (SGD) or (2 + 2β)/η (momentum β): gradient descent on a quadratic with
-      curvature λ diverges when λ > threshold, so ``top_eigenvalue / threshold`` near 1 is the edge of
-      stability; ``inf`` at η = 0 (warm-up's first steps: no curvature makes a zero step unstable),
+      curvature λ diverges when λ > threshold, so ``top_eigenvalue / threshold`` near 1 is the edge
+      of stability; ``inf`` at η = 0 (warm-up's first steps: no curvature makes a zero step
+      unstable),
     * ``loss``, the loss the Hessian belongs to.
 
     Weight decay is not part of ``loss_fn``: the full objective's Hessian is H + wd·I.
 
-    Every random vector comes from a ``torch.Generator`` seeded with ``seed`` (+ step), never from the
-    global RNG. Train-mode forwards update BN running statistics; the probe's snapshot rewinds them,
-    and the RNG, gradients and modes, so training is unchanged.
+    Every random vector comes from a ``torch.Generator`` seeded with ``seed`` (+ step), never from
+    the global RNG. Train-mode forwards update BN running statistics; the probe's snapshot rewinds
+    them, and the RNG, gradients and modes, so training is unchanged.
 
     Cost: one forward and a double-backward graph, then ``iters + samples`` Hessian-vector products
     (each ≈ 2 backward passes) on the batch, with plain-autograd (unfused) BN.
@@ -174,7 +182,8 @@ class HessianProbe(Probe):
         names = [n for n, p in model.named_parameters() if p.requires_grad]
         loss, hvp, dim = hessian_vector_product(ctx, names)
         device = next((p.device for p in model.parameters()), ctx.x.device)
-        generator = torch.Generator().manual_seed(self.seed + int(ctx.step))  # CPU: same draws on any device
+        # CPU: same draws on any device
+        generator = torch.Generator().manual_seed(self.seed + int(ctx.step))
         top, bottom, steps = lanczos_extremes(hvp, dim, self.iters, generator, device)
         out = {"top_eigenvalue": top, "bottom_eigenvalue": bottom, "lanczos_steps": float(steps), "loss": loss}
         if self.samples:

@@ -1,4 +1,5 @@
-"""Distribution of a few sampled units' activations over training (Santurkar et al. 2018, Figs 8 and 14)."""
+"""Distribution of a few sampled units' activations over training (Santurkar et al. 2018, Figs 8 and
+14)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ class HistogramsProbe(Probe):
     """Distribution of a few sampled units' activations over training (Santurkar et al. 2018,
     App. A.2, Figs 8 and 14).
 
-    At the first call ``units`` channels per layer are drawn (numpy ``default_rng(seed)``) and kept; at
-    each call their activations over the batch (and spatial positions) are summarized by ``quantiles``
-    (default 5, 25, 50, 75, 95 %) plus mean and std, as metrics ``q05/<layer>[<unit>]``, ``mean/…``,
-    ``std/…``. Plotting the quantile bands against the step gives the figures' shaded distributions.
+    At the first call ``units`` channels per layer are drawn (numpy ``default_rng(seed)``) and kept;
+    at each call their activations over the batch (and spatial positions) are summarized by
+    ``quantiles`` (default 5, 25, 50, 75, 95 %) plus mean and std, as metrics
+    ``q05/<layer>[<unit>]``, ``mean/…``, ``std/…``. Plotting the quantile bands against the step
+    gives the figures' shaded distributions.
 
     Cost: 1 forward pass.
     """

@@ -1,4 +1,5 @@
-"""Internal covariate shift in the optimization sense (Santurkar et al. 2018, Definition 2.1, Fig. 6)."""
+"""Internal covariate shift in the optimization sense (Santurkar et al. 2018, Definition 2.1, Fig.
+6)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from .state import simulated_step
 
 
 def execution_order(ctx: ProbeContext) -> dict[str, int]:
-    """Position of each parameter in the forward computation: the call order of the module owning it.
+    """Position of each parameter in the forward computation: the call order of the module owning
+    it.
 
     Definition 2.1 updates "the preceding layers" W_1..W_{i−1}; the order is observed with forward
-    pre-hooks during one forward pass (so it is right even when modules are registered out of order).
-    Parameters whose owner is never called come last, in registration order.
+    pre-hooks during one forward pass (so it is right even when modules are registered out of
+    order). Parameters whose owner is never called come last, in registration order.
     """
     model = ctx.model
     owners = {}
@@ -43,16 +45,16 @@ def execution_order(ctx: ProbeContext) -> dict[str, int]:
 
 @PROBES.register()
 class ICSProbe(Probe):
-    """ICS per weight layer i (Santurkar Definition 2.1): the gradient of layer i before and after the
-    preceding layers take this step's update, on the same batch.
+    """ICS per weight layer i (Santurkar Definition 2.1): the gradient of layer i before and after
+    the preceding layers take this step's update, on the same batch.
 
-    G = ∇_{W_i} L(W_1, …, W_k; x, y),  G' = ∇_{W_i} L(W'_1, …, W'_{i−1}, W_i, …, W_k; x, y),
-    with W' the parameters after this step's optimizer update (obtained by running the real optimizer
-    step inside the snapshot and rewinding it, see :func:`bnlab.probes.state.simulated_step`, so
+    G = ∇_{W_i} L(W_1, …, W_k; x, y),  G' = ∇_{W_i} L(W'_1, …, W'_{i−1}, W_i, …, W_k; x, y), with W'
+    the parameters after this step's optimizer update (obtained by running the real optimizer step
+    inside the snapshot and rewinding it, see :func:`bnlab.probes.state.simulated_step`, so
     momentum, weight decay and Adam are honoured). Records ``l2/<layer>`` = ‖G − G'‖₂ and
-    ``cos/<layer>`` = cos(G, G'). Layers are the Linear/Conv modules (their weight and bias form W_i);
-    BN's γ, β belong to whichever layer they precede. All passes are in training mode on the same batch
-    with the same layer noise and running statistics.
+    ``cos/<layer>`` = cos(G, G'). Layers are the Linear/Conv modules (their weight and bias form
+    W_i); BN's γ, β belong to whichever layer they precede. All passes are in training mode on the
+    same batch with the same layer noise and running statistics.
 
     Cost: 1 simulated optimizer step + (1 + k′) forward/backward passes, k′ = number of layers with
     updated predecessors (all weight layers but the first).

@@ -30,10 +30,12 @@ def describe() -> list[tuple[str, str, str]]:
 
 
 def create(name: str, every: int = 1, **options: Any) -> Probe:
-    """Build the step probe ``name`` to run every ``every`` steps; ``options`` go to its constructor.
+    """Build the step probe ``name`` to run every ``every`` steps; ``options`` go to its
+    constructor.
 
     ``name`` may be a whole spec, ``"landscape(num=6, every=50)"`` (its ``every`` wins over the
-    argument); options are typed and checked by the probe's registered parameters (:mod:`bnlab.spec`).
+    argument); options are typed and checked by the probe's registered parameters
+    (:mod:`bnlab.spec`).
 
     >>> create("landscape", every=50, num=6)
     """
@@ -69,10 +71,10 @@ class Lab:
     The Lab is the hooks' :class:`~bnlab.callbacks.Loop`: ``after_backward`` calls
     ``on_after_backward`` and ``on_before_optimizer_step``, ``after_step`` calls
     ``on_train_batch_end`` (the first call of either ``on_train_start``), with ``step`` as given;
-    the metrics a call recorded then go to ``on_log``.
-    ``recorder`` receives every metric too: a callable ``recorder(step, name, value)`` or an object with
-    ``log_metrics(run_id, step, {name: value})`` (e.g. :class:`bnlab.store.Store`, with ``run_id``).
-    ``lr`` is needed only without an optimizer. Probes given by name run every step (``every=1``).
+    the metrics a call recorded then go to ``on_log``. ``recorder`` receives every metric too: a
+    callable ``recorder(step, name, value)`` or an object with ``log_metrics(run_id, step, {name:
+    value})`` (e.g. :class:`bnlab.store.Store`, with ``run_id``). ``lr`` is needed only without an
+    optimizer. Probes given by name run every step (``every=1``).
     """
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, probes: Iterable[Callback | str] = (), *,
@@ -155,5 +157,6 @@ class Lab:
         return self._run(("on_train_batch_end",), batch, step, lr, None)
 
     def series(self, name: str) -> list[tuple[int, float]]:
-        """(step, value) pairs of one metric, e.g. ``lab.series("probe/landscape/beta_smoothness")``."""
+        """(step, value) pairs of one metric, e.g.
+        ``lab.series("probe/landscape/beta_smoothness")``."""
         return [(s, v) for s, n, v in self.records if n == name]

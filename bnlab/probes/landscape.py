@@ -14,11 +14,11 @@ the same running statistics and layer noise. Two evaluations:
 * ``batched``: all step sizes in one pass: the forward is ``torch.func.vmap`` over
   ``functional_call`` with per-step-size parameters, the backward plain autograd through the batched
   kernels. BN buffers are handed to the vmapped function as per-step-size copies (so in-place
-  statistic updates stay inside the transform) and running-statistic tracking is switched off for the
-  duration (it changes nothing in training mode but would cost a slow per-sample ``lerp_`` fallback).
-  Layers vmap cannot trace (data-dependent Python control flow such as CBN's
-  ``int(num_batches_tracked)``, or a private ``torch.Generator`` as in ``noisy_bn``) make it fall back
-  to ``naive``; the probe records which one ran (``probe/landscape/batched`` = 1 or 0) and why;
+  statistic updates stay inside the transform) and running-statistic tracking is switched off for
+  the duration (it changes nothing in training mode but would cost a slow per-sample ``lerp_``
+  fallback). Layers vmap cannot trace (data-dependent Python control flow such as CBN's
+  ``int(num_batches_tracked)``, or a private ``torch.Generator`` as in ``noisy_bn``) make it fall
+  back to ``naive``; the probe records which one ran (``probe/landscape/batched`` = 1 or 0) and why;
 * ``auto`` (default): ``naive`` for convolutional models on the CPU, where it is faster, else
   ``batched`` (:func:`resolve_method`).
 """
@@ -61,7 +61,8 @@ DLN_RANGE = (0.01, 30.0)  # Santurkar App. A.2.2, deep linear network
 
 
 def default_range(model: nn.Module) -> tuple[float, float]:
-    """[1/2, 4] for convolutional networks, [1/100, 30] otherwise (the paper's VGG and DLN settings)."""
+    """[1/2, 4] for convolutional networks, [1/100, 30] otherwise (the paper's VGG and DLN
+    settings)."""
     has_conv = any(isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) for m in model.modules())
     return CNN_RANGE if has_conv else DLN_RANGE
 
@@ -73,8 +74,8 @@ def step_sizes(lr: float, multipliers: tuple[float, float], num: int, spacing: s
     if not isinstance(num, int) or num < 1:
         raise ValueError(f"num must be a positive integer, got {num!r}")
     check_choice("spacing", spacing, SPACINGS)
-    # host-side bookkeeping (read with tolist, moved to the parameters' device where used): on the CPU
-    # explicitly, whatever torch's default device is
+    # host-side bookkeeping (read with tolist, moved to the parameters' device where used): on the
+    # CPU explicitly, whatever torch's default device is
     if spacing == "linear":
         grid = torch.linspace(a, b, num, dtype=torch.float64, device="cpu")
     else:
@@ -139,10 +140,10 @@ def _naive(ctx: ProbeContext, names, theta, direction, steps) -> tuple[list[floa
 
 
 def _batched(ctx: ProbeContext, names, theta, direction, steps, chunk_size=None):
-    """Loss and gradient at θ − s g for every s in one pass: the forward is vmapped over the step sizes
-    (``functional_call`` with per-s parameters and per-s buffer copies), the backward is ordinary
-    autograd through the batched kernels (the losses of different s are independent, so the gradient
-    of their sum holds each one's gradient in its slice)."""
+    """Loss and gradient at θ − s g for every s in one pass: the forward is vmapped over the step
+    sizes (``functional_call`` with per-s parameters and per-s buffer copies), the backward is
+    ordinary autograd through the batched kernels (the losses of different s are independent, so the
+    gradient of their sum holds each one's gradient in its slice)."""
     model = ctx.model
     frozen = {n: p.detach() for n, p in model.named_parameters() if n not in names}
     count = steps.numel()
@@ -161,7 +162,8 @@ def _batched(ctx: ProbeContext, names, theta, direction, steps, chunk_size=None)
         return loss_fn(torch.func.functional_call(model, {**params, **buffers, **frozen}, (x,)), y)
 
     toggled = [m for m in model.modules() if is_bn_layer(m) and getattr(m, "track_running_stats", False)]
-    for m in toggled:  # (setattr: a BN-like module, torch's or bnlab's; nn.Module declares no such flag)
+    # (setattr: a BN-like module, torch's or bnlab's; nn.Module declares no such flag)
+    for m in toggled:
         setattr(m, "track_running_stats", False)
     try:
         if ctx.snapshot is not None:
@@ -182,14 +184,15 @@ DIRECTIONS = ("grad", "recompute")
 
 def evaluate_landscape(ctx: ProbeContext, steps: torch.Tensor, method: str = "auto",
                        chunk_size: int | None = None, direction: str = "grad") -> LandscapeResult:
-    """Evaluate the landscape at ``steps`` (absolute step sizes); runs inside ``ctx.snapshot`` or its own.
+    """Evaluate the landscape at ``steps`` (absolute step sizes); runs inside ``ctx.snapshot`` or
+    its own.
 
-    ``direction="grad"`` moves along the ``.grad`` the optimizer is about to use when every trainable
-    parameter has one (the training step's gradient), else — and with ``"recompute"`` — along a
-    freshly computed ∇L(θ) on the batch. ∇L(θ) itself, from which gradient changes are measured, is
-    always evaluated by the same code path as ∇L(θ − s g) (s = 0 added to the grid), so the changes
-    are free of differences between code paths. Cost (passes): naive 1 + S (+1 if recomputing the
-    direction), batched 1 vmapped pass over S + 1 (+1).
+    ``direction="grad"`` moves along the ``.grad`` the optimizer is about to use when every
+    trainable parameter has one (the training step's gradient), else — and with ``"recompute"`` —
+    along a freshly computed ∇L(θ) on the batch. ∇L(θ) itself, from which gradient changes are
+    measured, is always evaluated by the same code path as ∇L(θ − s g) (s = 0 added to the grid), so
+    the changes are free of differences between code paths. Cost (passes): naive 1 + S (+1 if
+    recomputing the direction), batched 1 vmapped pass over S + 1 (+1).
     """
     check_choice("landscape method", method, METHODS, "methods")
     check_choice("direction", direction, DIRECTIONS)
@@ -243,18 +246,19 @@ class LandscapeProbe(Probe):
     """Loss, gradient predictiveness and effective β-smoothness along the gradient (Santurkar et al.
     2018, App. A.2.2, Figs 9–12).
 
-    Records ``loss`` (at θ), ``loss_min``/``loss_max``/``loss_range`` over the grid, ``grad_change_min``/
-    ``grad_change_max`` (‖∇L(θ) − ∇L(θ − s g)‖ over the grid), ``beta_smoothness`` and ``batched``
-    (1 if the vmapped evaluation ran, 0 for the naive one). ``multipliers=(a, b)`` defaults to
-    [1/2, 4] for convolutional models and [1/100, 30] otherwise, times the learning rate; ``num``
-    points, ``spacing`` linear or log; ``direction`` as in :func:`evaluate_landscape`. With
-    ``verify=True`` the first batched evaluation is checked against the naive one (relative 1e-3) and
-    the probe switches to naive for good if they disagree. ``method``: ``auto`` (default; see
-    :func:`resolve_method`), ``batched`` or ``naive``.
+    Records ``loss`` (at θ), ``loss_min``/``loss_max``/``loss_range`` over the grid,
+    ``grad_change_min``/ ``grad_change_max`` (‖∇L(θ) − ∇L(θ − s g)‖ over the grid),
+    ``beta_smoothness`` and ``batched`` (1 if the vmapped evaluation ran, 0 for the naive one).
+    ``multipliers=(a, b)`` defaults to [1/2, 4] for convolutional models and [1/100, 30] otherwise,
+    times the learning rate; ``num`` points, ``spacing`` linear or log; ``direction`` as in
+    :func:`evaluate_landscape`. With ``verify=True`` the first batched evaluation is checked against
+    the naive one (relative 1e-3) and the probe switches to naive for good if they disagree.
+    ``method``: ``auto`` (default; see :func:`resolve_method`), ``batched`` or ``naive``.
 
     Cost: naive 1 + num forward/backward passes; batched one vmapped forward/backward over num + 1
     parameter sets (memory: num + 1 copies of the activations; ``chunk_size`` bounds it); one more
-    pass if the direction is recomputed; the first batched call also runs the naive one (``verify``).
+    pass if the direction is recomputed; the first batched call also runs the naive one
+    (``verify``).
     """
 
     name = "landscape"
@@ -311,7 +315,8 @@ def _mismatch(batched: LandscapeResult, naive: LandscapeResult, rtol: float = 1e
     b = torch.tensor(naive.losses, dtype=torch.float64, device="cpu")
     if not torch.allclose(a, b, rtol=rtol, atol=rtol * 1e-3, equal_nan=True):
         return f"losses {batched.losses} vs {naive.losses}"
-    # Gradient changes near s→0 are differences of nearly equal gradients; compare them relative to ‖g‖.
+    # Gradient changes near s→0 are differences of nearly equal gradients; compare them relative to
+    # ‖g‖.
     c = torch.tensor(batched.grad_changes, dtype=torch.float64, device="cpu")
     d = torch.tensor(naive.grad_changes, dtype=torch.float64, device="cpu")
     scale = max(naive.grad_norm, 1e-12)

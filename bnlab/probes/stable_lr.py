@@ -1,9 +1,10 @@
-"""The largest learning rate that trains without diverging (Peng et al., Section 6 ablation, Table 6).
+"""The largest learning rate that trains without diverging (Peng et al., Section 6 ablation, Table
+6).
 
-Not a step probe but a search over training runs: Peng et al. pick "the maximal learning rate from the
-candidate set {0.0001, 0.001, 0.01, 0.1, 1} that ensures that training does not collapse".
-:func:`max_stable_lr` runs a caller-supplied ``train_fn(lr) -> status`` (``bnlab.train`` provides one);
-:func:`train_status` is a small self-contained trainer for models, losses and batches at hand.
+Not a step probe but a search over training runs: Peng et al. pick "the maximal learning rate from
+the candidate set {0.0001, 0.001, 0.01, 0.1, 1} that ensures that training does not collapse".
+:func:`max_stable_lr` runs a caller-supplied ``train_fn(lr) -> status`` (``bnlab.train`` provides
+one); :func:`train_status` is a small self-contained trainer for models, losses and batches at hand.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ UNSTABLE_STATUSES = ("diverged", "failed", "collapsed", "unstable")
 
 
 def is_stable(status: Any) -> bool:
-    """Interpret what ``train_fn`` returned: a bool, a status string, or a mapping/object with ``status``."""
+    """Interpret what ``train_fn`` returned: a bool, a status string, or a mapping/object with
+    ``status``."""
     if isinstance(status, bool):
         return status
     if isinstance(status, dict):
@@ -64,9 +66,10 @@ def max_stable_lr(train_fn: Callable[[float], Any], candidates: Iterable[float] 
                   strategy: str = "descending") -> StableLRResult:
     """The largest candidate learning rate for which ``train_fn(lr)`` reports stable training.
 
-    ``descending`` (default) tries candidates from the largest down and stops at the first stable one
-    (diverging runs are usually cut short, so this is the cheap order); ``all`` trains every candidate
-    and reports the largest stable one — use it when stability might not be monotone in lr.
+    ``descending`` (default) tries candidates from the largest down and stops at the first stable
+    one (diverging runs are usually cut short, so this is the cheap order); ``all`` trains every
+    candidate and reports the largest stable one — use it when stability might not be monotone in
+    lr.
     """
     lrs = sorted({float(c) for c in candidates}, reverse=True)
     if not lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in lrs):
@@ -116,6 +119,7 @@ def train_status(model: nn.Module, loss_fn: Callable, batches: Sequence[tuple[to
 def max_stable_lr_for(model: nn.Module, loss_fn: Callable, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
                       steps: int, candidates: Iterable[float] = DEFAULT_CANDIDATES, strategy: str = "descending",
                       **train_options) -> StableLRResult:
-    """:func:`max_stable_lr` with :func:`train_status` as the trainer: each candidate starts from ``model``."""
+    """:func:`max_stable_lr` with :func:`train_status` as the trainer: each candidate starts from
+    ``model``."""
     return max_stable_lr(lambda lr: train_status(model, loss_fn, batches, lr, steps, **train_options),
                          candidates, strategy)

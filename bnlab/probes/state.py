@@ -1,13 +1,15 @@
-"""Snapshot and restore of everything a training step depends on, so that a probe cannot perturb training.
+"""Snapshot and restore of everything a training step depends on, so that a probe cannot perturb
+training.
 
-A probe runs extra forward/backward passes and sometimes a trial optimizer step. Each of those mutates
-state the training run depends on: BN running statistics and ``num_batches_tracked`` (every train-mode
-forward), the moving statistics of MBN/CBN (``train_mean``, ``amat_mean``, ...), the private generators
-of stochastic layers (``noisy_bn``), torch's global RNG (dropout), the optimizer's state (momentum
-buffers, Adam moments, step counts), parameters and ``.grad``, and the train/eval flags.
-:class:`Snapshot` records all of it by value and :meth:`Snapshot.restore` writes it back *into the same
-tensor objects* (``copy_``), so references held elsewhere (the optimizer holds the parameters, a trainer
-may hold buffers) stay valid and the next training step is bitwise identical to a run without probes.
+A probe runs extra forward/backward passes and sometimes a trial optimizer step. Each of those
+mutates state the training run depends on: BN running statistics and ``num_batches_tracked`` (every
+train-mode forward), the moving statistics of MBN/CBN (``train_mean``, ``amat_mean``, ...), the
+private generators of stochastic layers (``noisy_bn``), torch's global RNG (dropout), the
+optimizer's state (momentum buffers, Adam moments, step counts), parameters and ``.grad``, and the
+train/eval flags. :class:`Snapshot` records all of it by value and :meth:`Snapshot.restore` writes
+it back *into the same tensor objects* (``copy_``), so references held elsewhere (the optimizer
+holds the parameters, a trainer may hold buffers) stay valid and the next training step is bitwise
+identical to a run without probes.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ def _clone(value):
 
 
 def _write_back(container: dict, key, saved) -> None:
-    """Put ``saved`` into ``container[key]``, in place when the current value is a compatible tensor."""
+    """Put ``saved`` into ``container[key]``, in place when the current value is a compatible
+    tensor."""
     current = container.get(key, _MISSING)
     if (
         torch.is_tensor(saved)
@@ -52,7 +55,8 @@ def optimizer_parameters(optimizer: torch.optim.Optimizer | None) -> list[torch.
 
 
 class Snapshot:
-    """Everything of ``model`` (and ``optimizer``) that a forward, backward or optimizer step can change.
+    """Everything of ``model`` (and ``optimizer``) that a forward, backward or optimizer step can
+    change.
 
     ``reset_forward_state()`` rewinds only what a *forward pass* changes (buffers, layer generators,
     global RNG), so that each of a probe's passes sees exactly the state the first one saw: the same
@@ -105,8 +109,8 @@ class Snapshot:
 
     def reset_rng(self) -> None:
         for module, gen, state in self.generators:
-            # A layer whose generator did not exist yet creates it lazily from its seed; putting None
-            # back makes the next forward recreate exactly the same stream.
+            # A layer whose generator did not exist yet creates it lazily from its seed; putting
+            # None back makes the next forward recreate exactly the same stream.
             module._generator = gen
             if gen is not None:
                 gen.set_state(state)
@@ -125,7 +129,7 @@ class Snapshot:
         for p, saved, _, _ in self.params:
             p.copy_(saved)
 
-    # -- full rewind --------------------------------------------------------------------------------
+    # -- full rewind -------------------------------------------------------------------------------
     @torch.no_grad()
     def restore(self) -> None:
         self.reset_parameters()
@@ -180,12 +184,12 @@ def preserved(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) 
 def simulated_step(snap: Snapshot, lr: float | None = None) -> dict[int, torch.Tensor]:
     """The parameters after this step's update, W' (Santurkar Definition 2.1), by id(parameter).
 
-    Runs the real optimizer's ``step()`` on the real parameters inside the snapshot and reads the result,
-    then rewinds parameters and optimizer state: whatever the optimizer is (SGD with momentum and weight
-    decay, Adam, ...), W' is exactly what the training step will produce. The class method is called,
-    not the instance attribute, so an LR scheduler's step-counting wrapper does not see the trial step.
-    Without an optimizer, plain SGD ``W − lr·∇W`` with ``lr`` is used. A projection the trainer applies
-    *after* ``optimizer.step()`` (projected SGD) is not part of W'.
+    Runs the real optimizer's ``step()`` on the real parameters inside the snapshot and reads the
+    result, then rewinds parameters and optimizer state: whatever the optimizer is (SGD with
+    momentum and weight decay, Adam, ...), W' is exactly what the training step will produce. The
+    class method is called, not the instance attribute, so an LR scheduler's step-counting wrapper
+    does not see the trial step. Without an optimizer, plain SGD ``W − lr·∇W`` with ``lr`` is used.
+    A projection the trainer applies *after* ``optimizer.step()`` (projected SGD) is not part of W'.
     """
     optimizer = snap.optimizer
     if optimizer is None:

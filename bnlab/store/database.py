@@ -34,7 +34,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bnlab.jsonsafe import dumps  # strict JSON (a diverged loss is null) for every column and export
+# strict JSON (a diverged loss is null) for every column and export
+from bnlab.jsonsafe import dumps
 from bnlab.store.entries import EntriesMixin
 from bnlab.store.integrity import IntegrityMixin, StoreIntegrityError
 from bnlab.store.metrics import MetricsMixin
@@ -62,9 +63,10 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
 
     ``readonly``: ``None`` (default) opens read-only when the file exists and this process cannot
     write it or its folder, else read-write (creating the file and folder if missing); ``True``
-    forces read-only (the file must exist; nothing is ever written, not even the WAL index), ``False``
-    forces read-write. Each ``Store`` owns one connection; open one per process (connections must
-    not cross a ``fork``). All methods are safe to call from several processes on the same file.
+    forces read-only (the file must exist; nothing is ever written, not even the WAL index),
+    ``False`` forces read-write. Each ``Store`` owns one connection; open one per process
+    (connections must not cross a ``fork``). All methods are safe to call from several processes on
+    the same file.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, readonly: bool | None = None):
@@ -82,7 +84,8 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
             self._conn.row_factory = sqlite3.Row
             quick_check(self._conn, self.path)
             self._check_schema()
-            if not self.readonly:  # only once the file is known to be ours (a foreign one: as it was)
+            # only once the file is known to be ours (a foreign one: as it was)
+            if not self.readonly:
                 self._retry(lambda: self._conn.execute("PRAGMA journal_mode=WAL").fetchone())
         except sqlite3.DatabaseError as err:
             self.close()
@@ -193,7 +196,8 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
         env: Mapping[str, Any] | None = None,
         status: str = "running",
     ) -> str:
-        """Insert a run; if a run with this id already exists it is left untouched. Returns the id."""
+        """Insert a run; if a run with this id already exists it is left untouched. Returns the
+        id."""
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}; valid: {', '.join(STATUSES)}")
         check_run_id(run_id)
@@ -230,10 +234,11 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
 
         ``finished`` time is set when the status is terminal (finished/diverged/failed/interrupted)
         and cleared when a run goes back to ``running`` (a resumed run). An ended run
-        (``finished``/``diverged``) is sealed in the same transaction (:mod:`bnlab.store.integrity`):
-        with ``rows`` -- the rows the trainer kept in memory -- the stored rows are first made equal
-        to them (re-created if the store lost any), and a store that still does not hold them is
-        :class:`StoreIntegrityError`; without, the rows as stored are sealed.
+        (``finished``/``diverged``) is sealed in the same transaction
+        (:mod:`bnlab.store.integrity`): with ``rows`` -- the rows the trainer kept in memory -- the
+        stored rows are first made equal to them (re-created if the store lost any), and a store
+        that still does not hold them is :class:`StoreIntegrityError`; without, the rows as stored
+        are sealed.
         """
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}; valid: {', '.join(STATUSES)}")

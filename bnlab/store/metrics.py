@@ -95,7 +95,8 @@ class MetricsMixin:
         return sorted({s for s, _, _ in missing})
 
     def delete_metrics_after(self, run_id: str, step: int) -> int:
-        """Drop rows logged after ``step``: a resumed run replays those steps and logs them again."""
+        """Drop rows logged after ``step``: a resumed run replays those steps and logs them
+        again."""
         return self._write(
             lambda c: c.execute(
                 "DELETE FROM metrics WHERE run_id = ? AND step > ?", (run_id, int(step))
@@ -136,7 +137,8 @@ class MetricsMixin:
     # -- export --------------------------------------------------------------------------------
 
     def export(self, run_id: str, fmt: str = "json") -> str:
-        """The run and its metrics as text: ``json`` (one object) or ``csv`` (step,name,value rows)."""
+        """The run and its metrics as text: ``json`` (one object) or ``csv`` (step,name,value
+        rows)."""
         if fmt not in EXPORT_FORMATS:
             raise ValueError(f"unknown export format {fmt!r}; valid: {', '.join(EXPORT_FORMATS)}")
         run = self.get_run(run_id)

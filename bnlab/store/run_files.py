@@ -1,8 +1,8 @@
 """A run's files beside the store: its checkpoint paths and the lock a training process holds.
 
-Below ``bnlab.train`` so that the store (``Store.delete_run`` holds the run's lock while deleting) and the
-training loop share one lock without the store importing the trainer; :mod:`bnlab.train.checkpoint`
-re-exports these names.
+Below ``bnlab.train`` so that the store (``Store.delete_run`` holds the run's lock while deleting)
+and the training loop share one lock without the store importing the trainer;
+:mod:`bnlab.train.checkpoint` re-exports these names.
 """
 
 from __future__ import annotations
@@ -184,7 +184,8 @@ def is_locked(runs_dir: str | os.PathLike[str], run_id: str) -> bool | None:
 
 
 def checkpoint_files(runs_dir: str | os.PathLike[str], run_id: str) -> list[Path]:
-    """Every file of a run under ``checkpoints/``: checkpoint, previous one, orphaned temps, lock."""
+    """Every file of a run under ``checkpoints/``: checkpoint, previous one, orphaned temps,
+    lock."""
     path = checkpoint_path(runs_dir, run_id)
     if not path.parent.is_dir():
         return []

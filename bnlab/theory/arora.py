@@ -286,14 +286,16 @@ def sgd_convergence_rate(
     alpha: float = 0.0,
     seed: int = 0,
 ) -> dict:
-    """Theorem 4.2 measured: SGD with η_w,t = η_w (t+1)^−α and η_g,t = η_g (t+1)^−1/2 for several η_w.
+    """Theorem 4.2 measured: SGD with η_w,t = η_w (t+1)^−α and η_g,t = η_g (t+1)^−1/2 for several
+    η_w.
 
-    The data of :class:`ScaleInvariantNet` are split into ``batches`` fixed minibatches, each normalised
-    with its own statistics (BN's train mode); L is their mean, so ∇L (the theorem's quantity) is the mean
-    of the minibatch gradients, exactly. Each step draws one minibatch uniformly (``seed``). Returns on a
-    log grid of T the running mean (1/T) Σ_{t<T} ‖∇L(V_t; g_t)‖² (``mean_sq``; Eq. 13 bounds the min, and
-    the proof the η-weighted mean, by Õ(log T/√T)), its log-log slope over the last decade (``slope_sq``;
-    the bound's own slope there is ``bound_slope_sq`` = slope of log T/√T) and the final max ‖w‖².
+    The data of :class:`ScaleInvariantNet` are split into ``batches`` fixed minibatches, each
+    normalised with its own statistics (BN's train mode); L is their mean, so ∇L (the theorem's
+    quantity) is the mean of the minibatch gradients, exactly. Each step draws one minibatch
+    uniformly (``seed``). Returns on a log grid of T the running mean (1/T) Σ_{t<T} ‖∇L(V_t; g_t)‖²
+    (``mean_sq``; Eq. 13 bounds the min, and the proof the η-weighted mean, by Õ(log T/√T)), its
+    log-log slope over the last decade (``slope_sq``; the bound's own slope there is
+    ``bound_slope_sq`` = slope of log T/√T) and the final max ‖w‖².
     """
     net = ScaleInvariantNet(n=64, d=8, width=4, seed=seed)
     steps = check_int("steps", steps, minimum=10)

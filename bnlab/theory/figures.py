@@ -55,7 +55,8 @@ def luo_gen_error(path: Path, alphas, zetas, noise_var: float) -> Path:
 
 
 def luo_teacher_student(path: Path, alphas, res: dict, noise_var: float, student: str) -> Path:
-    """Fig. 2: the simulated student (:func:`bnlab.theory.luo.teacher_student_vs_theory`) on the curves."""
+    """Fig. 2: the simulated student (:func:`bnlab.theory.luo.teacher_student_vs_theory`) on the
+    curves."""
     grid = np.linspace(0.05, max(alphas) * 1.05, 300)
     fig, ax = _pyplot().subplots(figsize=(5.5, 4))
     ax.plot(grid, np.minimum(luo.gen_error_sgd(grid, noise_var), 5), label="SGD")
@@ -70,8 +71,8 @@ def luo_teacher_student(path: Path, alphas, res: dict, noise_var: float, student
 
 
 def luo_dynamics(path: Path, fine: dict, sim: dict | None, simulate: int) -> Path:
-    """γ, R, L from the ODE (``fine``: a dense :func:`bnlab.theory.luo.integrate_order_parameters`) and
-    the simulated students (``sim``) if any."""
+    """γ, R, L from the ODE (``fine``: a dense :func:`bnlab.theory.luo.integrate_order_parameters`)
+    and the simulated students (``sim``) if any."""
     fig, ax = _pyplot().subplots(figsize=(5.5, 4))
     for key in ("gamma", "R", "L"):
         (line,) = ax.plot(fine["t"], fine[key], label=f"{key} (ODE)")
@@ -83,7 +84,8 @@ def luo_dynamics(path: Path, fine: dict, sim: dict | None, simulate: int) -> Pat
 
 
 def mbn_theorem1(path: Path, ms, n_batches: int, kurtosis: float | None, seed: int) -> Path:
-    """Histograms of ξ_σ (same draws as :func:`bnlab.theory.mbn.theorem1_report`) against χ²(m−1)/m."""
+    """Histograms of ξ_σ (same draws as :func:`bnlab.theory.mbn.theorem1_report`) against
+    χ²(m−1)/m."""
     from scipy import stats
 
     fig, axes = _pyplot().subplots(1, len(ms), figsize=(3 * len(ms), 3), squeeze=False)
@@ -119,7 +121,8 @@ def arora_equivalence(path: Path, res: dict) -> Path:
 
 
 def arora_rate(path: Path, lrs, res: dict) -> Path:
-    """min_t ‖∇L‖ against T per η_w in both settings of :func:`bnlab.theory.arora.convergence_rates`."""
+    """min_t ‖∇L‖ against T per η_w in both settings of
+    :func:`bnlab.theory.arora.convergence_rates`."""
     fig, axes = _pyplot().subplots(1, 2, figsize=(9, 3.5), sharey=True)
     for ax, mode in zip(axes, ("auto", "projected")):
         r = res[mode]

@@ -259,7 +259,8 @@ def gen_error_table(alphas: Sequence[float], zetas: Sequence[float], noise_var: 
 
 def teacher_student_vs_theory(alphas: Sequence[float], *, noise_var: float = 0.25, **simulation) -> dict:
     """Fig. 2: :func:`simulate_teacher_student` (``simulation`` its options) with the WN curve at
-    Eq. 13's ζ(M) (``wn_eq13``) and at α·ζ(M) (``wn_eq13_ridge``), the SGD curve and the best-fit ζ."""
+    Eq. 13's ζ(M) (``wn_eq13``) and at α·ζ(M) (``wn_eq13_ridge``), the SGD curve and the best-fit
+    ζ."""
     res = simulate_teacher_student(alphas, noise_var=noise_var, **simulation)
     M = res["settings"]["M"]
     res["wn_eq13"] = np.array([gen_error_wn(a, zeta_linear(M), noise_var) for a in alphas])

@@ -1,8 +1,8 @@
 """Luo et al.: the order-parameter dynamics (Sec. 3, Eqs. 9-11, Appendix 2) and Table 2's rates.
 
 Luo, Wang, Shao & Peng, "Towards Understanding Regularization in Batch Normalization" (ICLR 2019),
-arXiv:1809.00846. Conventions and the ``CORRECTION`` marks: see :mod:`bnlab.theory.luo`, which re-exports
-everything here.
+arXiv:1809.00846. Conventions and the ``CORRECTION`` marks: see :mod:`bnlab.theory.luo`, which
+re-exports everything here.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Luo et al.: the generalization error against the load α = P/N (Sec. 4.1, Eqs. 14-16).
 
 Luo, Wang, Shao & Peng, "Towards Understanding Regularization in Batch Normalization" (ICLR 2019),
-arXiv:1809.00846. Conventions and the ``CORRECTION`` marks: see :mod:`bnlab.theory.luo`, which re-exports
-everything here.
+arXiv:1809.00846. Conventions and the ``CORRECTION`` marks: see :mod:`bnlab.theory.luo`, which
+re-exports everything here.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from ._common import check_int, check_positive
 
 
 def gen_error_sgd(alpha, noise_var: float):
-    """Eq. 14 corrected: excess test error of the minimum-norm least-squares (pseudo-inverse) student.
+    """Eq. 14 corrected: excess test error of the minimum-norm least-squares (pseudo-inverse)
+    student.
 
         ε_gen = 1 − α + α σ²/(1 − α)   (α < 1),      ε_gen = σ²/(α − 1)   (α > 1),  ∞ at α = 1.
 
@@ -68,9 +69,9 @@ def gen_error_wn(alpha, zeta, noise_var: float):
     """Eq. 15: ε_gen = σ² ∂(ζG)/∂ζ − ζ² ∂G/∂ζ, the Krogh–Hertz error of ridge regression.
 
     With S = √((ζ+a₊)(ζ+a₋)), a± = (1 ± √α)², S' = (2ζ + a₊ + a₋)/(2S), the derivatives are done
-    analytically:  ε_gen = [(σ² − ζ)(S' − 1) + 1 − α − ζ + S] / 2.
-    ``zeta`` is the ridge parameter of the summed loss (see module docstring); ζ = 0 falls back to
-    :func:`gen_error_sgd`. The minimum over ζ is at ζ = σ² for every α: dε/dζ = (σ² − ζ)(2G' + ζG'').
+    analytically:  ε_gen = [(σ² − ζ)(S' − 1) + 1 − α − ζ + S] / 2. ``zeta`` is the ridge parameter
+    of the summed loss (see module docstring); ζ = 0 falls back to :func:`gen_error_sgd`. The
+    minimum over ζ is at ζ = σ² for every α: dε/dζ = (σ² − ζ)(2G' + ζG'').
     """
     noise_var = check_positive("noise_var", noise_var, strict=False)
     a = np.asarray(alpha, dtype=np.float64)
@@ -128,7 +129,8 @@ def ridge_gen_error_mc(
 
 
 def fit_zeta(alphas: Sequence[float], gen_errors: Sequence[float], noise_var: float) -> float:
-    """Least-squares fit (in log error) of the Krogh–Hertz ζ to measured points (Fig. 2's "best fitter")."""
+    """Least-squares fit (in log error) of the Krogh–Hertz ζ to measured points (Fig. 2's "best
+    fitter")."""
     a = np.asarray(alphas, dtype=np.float64)
     e = np.asarray(gen_errors, dtype=np.float64)
 

@@ -1,8 +1,8 @@
 """Luo et al.: simulators of the students (Sec. 3 online student; Fig. 2 teacher-student).
 
 Luo, Wang, Shao & Peng, "Towards Understanding Regularization in Batch Normalization" (ICLR 2019),
-arXiv:1809.00846. Conventions and the ``CORRECTION`` marks: see :mod:`bnlab.theory.luo`, which re-exports
-everything here.
+arXiv:1809.00846. Conventions and the ``CORRECTION`` marks: see :mod:`bnlab.theory.luo`, which
+re-exports everything here.
 """
 
 from __future__ import annotations
@@ -138,21 +138,22 @@ def simulate_teacher_student(
     seed: int = 0,
     preset: str | None = None,
 ) -> dict:
-    """Fig. 2's simulation: a linear student trained by minibatch SGD on P = αN noisy teacher samples.
+    """Fig. 2's simulation: a linear student trained by minibatch SGD on P = αN noisy teacher
+    samples.
 
     Students (``student``):
       * "bn":  y = γ (wᵀx − μ_B)/σ_B (β frozen at 0), batch statistics of each minibatch of M.
       * "wn":  y = √N γ wᵀx/‖w‖ with the penalty (ζ/α)·γ² on the averaged loss, i.e. Krogh–Hertz
-               ridge parameter ``zeta`` (a check of the simulator against :func:`gen_error_wn`).
-      * "sgd": y = wᵀx from w = 0 (approaches the pseudo-inverse, Eq. 14).
-    Training: ``epochs`` passes over the data in random minibatches of M, SGD with a cosine
-    schedule from ``lr`` (on w; default M/4, which gives the same progress per epoch for every M —
-    including full batch, M = P — and is stable for M ≪ N) and ``lr_gamma`` (on γ). ``preset``
-    (see :data:`TEACHER_STUDENT_PRESETS`) overrides N, M, epochs and n_seeds. The BN/WN output is invariant to ‖w‖, so w
-    is rescaled to ‖w‖ = √N after each step: the function is unchanged and the effective learning
-    rate stays ``lr`` instead of decaying as ‖w‖ grows (Arora et al., Thm 2.5). w starts at Xᵀy, the
-    direction plain SGD from zero takes first, so that no random null-space component is left over
-    at α < 1 (the theory's students start from zero).
+        ridge parameter ``zeta`` (a check of the simulator against :func:`gen_error_wn`).
+      * "sgd": y = wᵀx from w = 0 (approaches the pseudo-inverse, Eq. 14). Training: ``epochs``
+        passes over the data in random minibatches of M, SGD with a cosine schedule from ``lr`` (on
+        w; default M/4, which gives the same progress per epoch for every M — including full batch,
+        M = P — and is stable for M ≪ N) and ``lr_gamma`` (on γ). ``preset`` (see
+        :data:`TEACHER_STUDENT_PRESETS`) overrides N, M, epochs and n_seeds. The BN/WN output is
+        invariant to ‖w‖, so w is rescaled to ‖w‖ = √N after each step: the function is unchanged
+        and the effective learning rate stays ``lr`` instead of decaying as ‖w‖ grows (Arora et al.,
+        Thm 2.5). w starts at Xᵀy, the direction plain SGD from zero takes first, so that no random
+        null-space component is left over at α < 1 (the theory's students start from zero).
 
     Generalization error (excess test error, exact for x ~ N(0, I/N)): with ``inference`` =
     "population" the BN student is evaluated with the population statistics of the input

@@ -33,8 +33,8 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def second_derivative(activation: str, h: np.ndarray) -> np.ndarray:
-    """A''(h): ``relu`` → sigmoid (softplus' second derivative, the paper's smooth ReLU), ``linear`` → 1,
-    ``tanh`` → 1 − tanh², ``sigmoid`` → σ(1 − σ)."""
+    """A''(h): ``relu`` → sigmoid (softplus' second derivative, the paper's smooth ReLU), ``linear``
+    → 1, ``tanh`` → 1 − tanh², ``sigmoid`` → σ(1 − σ)."""
     if activation == "relu":
         return _sigmoid(h)
     if activation == "linear":

@@ -1,9 +1,9 @@
 """Yong, Huang, Meng, Hua & Zhang, "Momentum Batch Normalization for Deep Learning with Small
 Batch Size" (ECCV 2020), supplementary Theorems 1 and 2.
 
-Supplementary material only (the main text is not used here). Notation: for a batch x_1..x_m of i.i.d.
-samples with mean μ and standard deviation σ, μ_B and σ_B² are the batch mean and the (biased,
-as in BN) batch variance, and
+Supplementary material only (the main text is not used here). Notation: for a batch x_1..x_m of
+i.i.d. samples with mean μ and standard deviation σ, μ_B and σ_B² are the batch mean and the
+(biased, as in BN) batch variance, and
 
     ξ_μ = (μ − μ_B)/σ,      ξ_σ = σ_B²/σ²,      BN(x) = (x − μ_B)/σ_B = (x̃ + ξ_μ)/√ξ_σ,
 
@@ -58,7 +58,8 @@ _UNIFORM_KURTOSIS = 1.8
 
 
 def _gennorm_shape(kurtosis: float) -> float:
-    """Shape β of the generalised normal with Pearson kurtosis Γ(5/β)Γ(1/β)/Γ(3/β)² = κ (κ > 1.8)."""
+    """Shape β of the generalised normal with Pearson kurtosis Γ(5/β)Γ(1/β)/Γ(3/β)² = κ (κ >
+    1.8)."""
 
     def f(log_beta: float) -> float:
         b = math.exp(log_beta)
@@ -85,14 +86,16 @@ def standardized_samples(shape, kurtosis: float | None, rng: np.random.Generator
         uniform = rng.uniform(-math.sqrt(3.0), math.sqrt(3.0), size=shape)
         return np.where(rng.random(shape) < p, rademacher, uniform)
     beta = _gennorm_shape(kurtosis)
-    scale = math.sqrt(math.exp(special.gammaln(1 / beta) - special.gammaln(3 / beta)))  # → unit variance
+    # → unit variance
+    scale = math.sqrt(math.exp(special.gammaln(1 / beta) - special.gammaln(3 / beta)))
     return stats.gennorm.rvs(beta, scale=scale, size=shape, random_state=rng)
 
 
 def simulate_batch_noise(
     m: int, n_batches: int, *, kurtosis: float | None = None, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Draw ``n_batches`` batches of ``m`` i.i.d. samples and return (ξ_μ, ξ_σ), each of length n_batches.
+    """Draw ``n_batches`` batches of ``m`` i.i.d. samples and return (ξ_μ, ξ_σ), each of length
+    n_batches.
 
     ξ_μ = (μ − μ_B)/σ and ξ_σ = σ_B²/σ² with the biased batch variance σ_B² = (1/m)Σ(x_i − μ_B)².
     ``kurtosis`` is the Pearson kurtosis of the input distribution (None = Gaussian); see
@@ -202,8 +205,8 @@ def theorem2_leading_order(d1, d2, x, m: int) -> dict:
     """O(1/m) terms of Theorem 2 from l'(x) = ``d1`` and l''(x) = ``d2`` (arrays at points ``x``).
 
     E[ξ_μ²] = 1/m gives R^add ≈ l''/(2m). Writing ξ_σ = 1 + ε with E ε = −1/m, E ε² = (2m−1)/m²:
-    x(1+ε)^{−1/2} = x(1 − ε/2 + 3ε²/8 + …), so R^mul ≈ (5/(4m)) x l'(x) + x² l''(x)/(4m). R is O(1/m²).
-    The error of l + R^add + R^mul against the exact expectation is O(1/m²) (tested).
+    x(1+ε)^{−1/2} = x(1 − ε/2 + 3ε²/8 + …), so R^mul ≈ (5/(4m)) x l'(x) + x² l''(x)/(4m). R is
+    O(1/m²). The error of l + R^add + R^mul against the exact expectation is O(1/m²) (tested).
     """
     x = np.asarray(x, dtype=np.float64)
     d1 = np.asarray(d1, dtype=np.float64)

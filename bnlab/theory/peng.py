@@ -1,22 +1,20 @@
 """Peng, Yu & Yu, "Re-Thinking the Effectiveness of Batch Normalization and Beyond" (Complete BN,
 CBN), Theorem 1 (Sec. 3 and Appendix A).
 
-Theorem 1 (derived again). Let F be 𝓛-smooth, w_{k+1} = w_k − α_k v_k with any update direction
-v_k (plain SGD: the minibatch gradient; momentum/Adam-like: a weighted gradient sum),
-α_k ≤ 1/𝓛 and α_{k+1} ≤ α_k. Smoothness gives F(w_{k+1}) ≤ F(w_k) − α_k⟨∇F_k, v_k⟩ + 𝓛α_k²‖v_k‖²/2,
-and −⟨a, b⟩ ≤ −‖a‖²/2 + ‖b − a‖²/2 turns this into
-    (α_k/2)‖∇F_k‖² ≤ F(w_k) − F(w_{k+1}) + (α_k/2)‖v_k − ∇F_k‖² + (𝓛α_k²/2)‖v_k‖².
-Summing k = 0..K−1, F(w_K) ≥ F*, α_k ≥ α_{K−1} and 𝓛α_k ≤ 1:
-    (1/K) Σ_k ‖∇F(w_k)‖²  ≤  T₁ + T₂ + T₃,
-    T₁ = 2(F(w_0) − F*)/(α_{K−1} K),  T₂ = Σ_k α_k ‖v_k‖²/(K α_{K−1}),  T₃ = Σ_k α_k ‖v_k − ∇F_k‖²/(K α_{K−1}),
-and ((1/K) Σ‖∇F_k‖)² is below the left side by Cauchy–Schwarz. The inequality holds for every
-trajectory with the realized values (and so in expectation). Keeping 𝓛 instead of using 𝓛α_k ≤ 1
-gives the tighter T₂' = 𝓛 Σ_k α_k² ‖v_k‖²/(K α_{K−1}) (``T2_tight``).
+Theorem 1 (derived again). Let F be 𝓛-smooth, w_{k+1} = w_k − α_k v_k with any update direction v_k
+(plain SGD: the minibatch gradient; momentum/Adam-like: a weighted gradient sum), α_k ≤ 1/𝓛 and
+α_{k+1} ≤ α_k. Smoothness gives F(w_{k+1}) ≤ F(w_k) − α_k⟨∇F_k, v_k⟩ + 𝓛α_k²‖v_k‖²/2, and −⟨a, b⟩ ≤
+−‖a‖²/2 + ‖b − a‖²/2 turns this into (α_k/2)‖∇F_k‖² ≤ F(w_k) − F(w_{k+1}) + (α_k/2)‖v_k − ∇F_k‖² +
+(𝓛α_k²/2)‖v_k‖². Summing k = 0..K−1, F(w_K) ≥ F*, α_k ≥ α_{K−1} and 𝓛α_k ≤ 1: (1/K) Σ_k ‖∇F(w_k)‖²
+≤  T₁ + T₂ + T₃, T₁ = 2(F(w_0) − F*)/(α_{K−1} K),  T₂ = Σ_k α_k ‖v_k‖²/(K α_{K−1}),  T₃ = Σ_k α_k
+‖v_k − ∇F_k‖²/(K α_{K−1}), and ((1/K) Σ‖∇F_k‖)² is below the left side by Cauchy–Schwarz. The
+inequality holds for every trajectory with the realized values (and so in expectation). Keeping 𝓛
+instead of using 𝓛α_k ≤ 1 gives the tighter T₂' = 𝓛 Σ_k α_k² ‖v_k‖²/(K α_{K−1}) (``T2_tight``).
 
-CORRECTIONS (to the printed statement and proof): T₂ has E‖∇v_k‖² where E‖v_k‖² is meant; Eq. 16
-has α_{k+1} in front of ⟨∇F, v − ∇F⟩ where α_k is meant and Eq. 17 has E[F(w_k)] on the left where
-E[F(w_{k+1})] is meant; the sums run over k = 1..K while the telescoping starts at w_0, so with w_0 in
-T₁ the consistent range is k = 0..K−1 (used here); "α_k ≤ α_k" should read α_K ≤ α_k.
+CORRECTIONS (to the printed statement and proof): T₂ has E‖∇v_k‖² where E‖v_k‖² is meant; Eq. 16 has
+α_{k+1} in front of ⟨∇F, v − ∇F⟩ where α_k is meant and Eq. 17 has E[F(w_k)] on the left where
+E[F(w_{k+1})] is meant; the sums run over k = 1..K while the telescoping starts at w_0, so with w_0
+in T₁ the consistent range is k = 0..K−1 (used here); "α_k ≤ α_k" should read α_K ≤ α_k.
 
 Recorded runs. :func:`theorem1_terms` takes plain arrays (one entry per recorded step): learning
 rates α_k, E‖v_k‖² and E‖v_k − ∇F_k‖². :func:`terms_from_records` reads them from a run's records
@@ -145,7 +143,8 @@ def terms_from_records(
 
 
 def gradient_norm_lhs(full_grad_norms: Sequence[float]) -> dict:
-    """Left-hand sides: mean_sq = (1/K)Σ‖∇F_k‖² (what the proof bounds) and ((1/K)Σ‖∇F_k‖)² (printed)."""
+    """Left-hand sides: mean_sq = (1/K)Σ‖∇F_k‖² (what the proof bounds) and ((1/K)Σ‖∇F_k‖)²
+    (printed)."""
     g = _as_1d("full_grad_norms", full_grad_norms)
     return {"mean_sq": float(np.mean(g * g)), "mean_squared": float(np.mean(g) ** 2)}
 
@@ -199,7 +198,8 @@ def simulate_quadratic_sgd(
     w = np.zeros(d)
     v = np.zeros(d)
     out = {k: [] for k in ("lr", "sq_norm", "variance", "grad_norm", "exp_sq_norm", "exp_variance")}
-    fpc = (n - batch_size) / (n - 1)  # finite-population correction for sampling without replacement
+    # finite-population correction for sampling without replacement
+    fpc = (n - batch_size) / (n - 1)
     for k in range(check_int("steps", steps, minimum=1)):
         r = A @ w - b
         per_sample = A * r[:, None]  # ∇f_i

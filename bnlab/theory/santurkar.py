@@ -77,9 +77,9 @@ def bn_layer_quantities(
 ) -> dict:
     """Gradients and Hessians of a BN unit and of the same loss without BN, by autograd (float64).
 
-    ``loss``: a name in :data:`LOSSES` or a callable ``loss(z, target) -> scalar``; ``target`` defaults
-    to a seeded standard-normal vector. Returns numpy arrays: y_hat, sigma, g_hat (= ∇_z L), H
-    (= ∇²_z L), grad_y (= ∇_y L̂), hess_y (= ∇²_y L̂).
+    ``loss``: a name in :data:`LOSSES` or a callable ``loss(z, target) -> scalar``; ``target``
+    defaults to a seeded standard-normal vector. Returns numpy arrays: y_hat, sigma, g_hat (= ∇_z
+    L), H (= ∇²_z L), grad_y (= ∇_y L̂), hess_y (= ∇²_y L̂).
     """
     loss_fn = LOSSES[check_choice("loss", loss, LOSSES)] if isinstance(loss, str) else loss
     y = torch.as_tensor(np.asarray(y, dtype=np.float64))
@@ -128,10 +128,10 @@ def theorem41(
 ) -> dict:
     """Theorem 4.1 on a BN unit: both sides, the corrected right-hand side and the printed one.
 
-    ``lhs`` = ‖∇_y L̂‖² (autograd through BN); ``rhs`` = (γ²/σ²)(‖ĝ‖² − ⟨1,ĝ⟩²/m − ⟨ĝ,ŷ⟩²/m), equal to
-    lhs; ``rhs_printed`` uses 1/√m. ``reduction`` = 1 − σ² lhs/(γ² ‖ĝ‖²): the fraction of the
-    (rescaled) gradient that BN removes. ``printed_violated`` is True when lhs > rhs_printed.
-    ``y`` defaults to a seeded batch N(c, scale²) of size ``m``.
+    ``lhs`` = ‖∇_y L̂‖² (autograd through BN); ``rhs`` = (γ²/σ²)(‖ĝ‖² − ⟨1,ĝ⟩²/m − ⟨ĝ,ŷ⟩²/m), equal
+    to lhs; ``rhs_printed`` uses 1/√m. ``reduction`` = 1 − σ² lhs/(γ² ‖ĝ‖²): the fraction of the
+    (rescaled) gradient that BN removes. ``printed_violated`` is True when lhs > rhs_printed. ``y``
+    defaults to a seeded batch N(c, scale²) of size ``m``.
     """
     y = _sample_layer(check_int("m", m, minimum=2), seed, scale) if y is None else np.asarray(y, dtype=np.float64)
     q = bn_layer_quantities(y, gamma=gamma, beta=beta, loss=loss, target=target, seed=seed)

@@ -1,4 +1,5 @@
-"""Data-parallel training on torch.distributed: ``bnlab train --nproc N``, or any ``torchrun`` launch.
+"""Data-parallel training on torch.distributed: ``bnlab train --nproc N``, or any ``torchrun``
+launch.
 
 Semantics (``docs/readme/distributed.md``):
 
@@ -9,9 +10,10 @@ Semantics (``docs/readme/distributed.md``):
   one-process ones. The gradient: autograd across the ranks differentiates Σ_r L = N·L, DDP averages
   over the N ranks, so each rank steps with ∇L exactly (up to float summation order).
 * ``sync_norms`` (default): every bnlab norm computes its batch statistics over the global batch
-  (:func:`bnlab.norms.convert_sync`), so N processes train the one-process model. ``sync_norms=false``
-  keeps per-rank statistics (what plain DDP does): the per-device batch then sets the statistics'
-  noise, MBN's subject; DDP then broadcasts rank 0's buffers (running statistics) before each forward.
+  (:func:`bnlab.norms.convert_sync`), so N processes train the one-process model.
+  ``sync_norms=false`` keeps per-rank statistics (what plain DDP does): the per-device batch then
+  sets the statistics' noise, MBN's subject; DDP then broadcasts rank 0's buffers (running
+  statistics) before each forward.
 * Rank 0 alone writes the run store and the checkpoints; at start every rank receives rank 0's
   checkpoint over the process group (no shared filesystem needed), so a killed run resumes when the
   same command runs again. Ranks > 0 keep only the callbacks that change training (observers and
@@ -63,7 +65,8 @@ def current() -> Rank | None:
 
 
 def is_follower() -> bool:
-    """True on ranks > 0 of a data-parallel run: they train in step with rank 0 and store nothing."""
+    """True on ranks > 0 of a data-parallel run: they train in step with rank 0 and store
+    nothing."""
     me = current()
     return me is not None and not me.is_main
 
@@ -83,12 +86,14 @@ def gather_rows(t: torch.Tensor, sizes: list[int], group=None) -> torch.Tensor:
     group = group if group is not None else dist.group.WORLD
     top = max(sizes)
     padded = torch.cat([t, t.new_zeros((top - t.shape[0], *t.shape[1:]))]) if t.shape[0] < top else t
-    stacked = all_gather(padded, group)  # backward: Σ over ranks of ∂L_r/∂(rows), reaching each owner
+    # backward: Σ over ranks of ∂L_r/∂(rows), reaching each owner
+    stacked = all_gather(padded, group)
     return torch.cat([stacked[r, :n] for r, n in enumerate(sizes)])
 
 
 class ShardedForward(nn.Module):
-    """``net`` (the DDP module) on this rank's slice of a global batch; returns the global output."""
+    """``net`` (the DDP module) on this rank's slice of a global batch; returns the global
+    output."""
 
     def __init__(self, net: nn.Module, me: Rank):
         super().__init__()
@@ -101,7 +106,8 @@ class ShardedForward(nn.Module):
 
 
 class DataParallelTrainer(Trainer):
-    """:class:`~bnlab.train.engine.Trainer` on one rank of a data-parallel run (see the module docstring)."""
+    """:class:`~bnlab.train.engine.Trainer` on one rank of a data-parallel run (see the module
+    docstring)."""
 
     defer_interrupts = False  # ranks must stop together: a Ctrl-C raises where it lands
 
@@ -116,7 +122,8 @@ class DataParallelTrainer(Trainer):
     def setup(self) -> None:
         received = self._share_checkpoint()
         try:
-            super().setup()  # scale-invariance detection runs on the unsynced model, as in one process
+            # scale-invariance detection runs on the unsynced model, as in one process
+            super().setup()
         finally:
             if received is not None:
                 received.unlink(missing_ok=True)
@@ -125,14 +132,17 @@ class DataParallelTrainer(Trainer):
         cuda = self.device.type == "cuda"
         self.ddp = nn.parallel.DistributedDataParallel(
             self.model, device_ids=[self.device.index] if cuda else None,
-            # synced buffers are equal on every rank already; unsynced ones follow rank 0, as in plain DDP
+            # synced buffers are equal on every rank already; unsynced ones follow rank 0, as in
+            # plain DDP
             forward_sync_buffers=not self.config.sync_norms)
-        # torch.compile of a module returns an OptimizedModule (an nn.Module); its stub says only Callable
+        # torch.compile of a module returns an OptimizedModule (an nn.Module); its stub says only
+        # Callable
         net = cast(nn.Module, torch.compile(self.ddp)) if self.config.compile else self.ddp
         self.forward = ShardedForward(net, self.me)
 
     def _share_checkpoint(self) -> Path | None:
-        """Rank 0's checkpoint file, sent as bytes to every rank; ranks > 0 load it from a private copy."""
+        """Rank 0's checkpoint file, sent as bytes to every rank; ranks > 0 load it from a private
+        copy."""
         path = self.checkpoints.path
         payload = [path.read_bytes() if self.me.is_main and path.exists() else b""]
         dist.broadcast_object_list(payload, src=0)
@@ -147,8 +157,8 @@ class DataParallelTrainer(Trainer):
         return self.checkpoints.path
 
     def _checkpoint_due(self) -> bool:
-        """As in one process, but a wall-time cadence is rank 0's decision: a checkpoint runs a divergence
-        check, and every rank must stop at the same step."""
+        """As in one process, but a wall-time cadence is rank 0's decision: a checkpoint runs a
+        divergence check, and every rank must stop at the same step."""
         if self.checkpoints.every is not None or self.step % self.spe:
             return super()._checkpoint_due()  # a function of the step alone: equal on every rank
         due = torch.tensor([int(super()._checkpoint_due())], device=self.device)
@@ -178,7 +188,8 @@ def announce(train: bool, run_id: str) -> None:
 
 
 def follow(prep, run_id: str) -> None:
-    """A rank > 0's part of ``bnlab.train.loop.run``: train in step with rank 0 into a throwaway store."""
+    """A rank > 0's part of ``bnlab.train.loop.run``: train in step with rank 0 into a throwaway
+    store."""
     message: list[Any] = [None]  # filled with rank 0's (train, run id)
     dist.broadcast_object_list(message, src=0)
     train, main_id = message[0]

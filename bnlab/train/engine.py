@@ -52,7 +52,8 @@ class Trainer:
     """Trains one prepared run; ``run`` creates it. Exposes ``config``, ``run_id``, ``model``,
     ``optimizer``, ``step`` (steps taken), ``total_steps``, ``data``, ``scale_invariant``."""
 
-    defer_interrupts = True  # Ctrl-C stops the run at the next step boundary (bnlab.train.interrupt)
+    # Ctrl-C stops the run at the next step boundary (bnlab.train.interrupt)
+    defer_interrupts = True
 
     def __init__(self, prep: Prepared, store: Store, run_id: str, progress: Any, callbacks: list[Any]):
         self.prep = prep
@@ -116,7 +117,8 @@ class Trainer:
     # -- metrics ---------------------------------------------------------------------------------
 
     def log(self, name: str, value: Any, step: int, divisor: float = 1.0) -> None:
-        """Record ``value`` (a number or a 0-d device tensor, read at the next check) at ``step``."""
+        """Record ``value`` (a number or a 0-d device tensor, read at the next check) at
+        ``step``."""
         self.rows.log(name, value, step, divisor)
 
     def _read_pending(self) -> None:
@@ -221,7 +223,8 @@ class Trainer:
         loss = self.loss_fn(out, yb)
         objective = loss + self.regularizer(self.model) if self.regularizer is not None else loss
         optimizer.zero_grad(set_to_none=True)
-        hooks, loop = self.callbacks, self.loop  # the hooks of bnlab.callbacks, in Lightning's order
+        # the hooks of bnlab.callbacks, in Lightning's order
+        hooks, loop = self.callbacks, self.loop
         loop.step, loop.batch, loop.lr, loop.loss = number, (xb, yb), lr, loss
         hooks.call("on_before_backward", loop)
         objective.backward()
@@ -242,7 +245,8 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------------------
 
     def _tell_progress(self, lr: float, epoch: int) -> None:
-        """Give the layers that need it (CBN's AMAT, MBN's λ) the lr and 1-based epoch, on change."""
+        """Give the layers that need it (CBN's AMAT, MBN's λ) the lr and 1-based epoch, on
+        change."""
         if self.progress_layers and (lr, epoch) != self._progress_key:
             for layer in self.progress_layers:
                 layer.set_progress(lr=lr, epoch=epoch + 1, epochs=self.prep.total_epochs)

@@ -1,8 +1,8 @@
 """Training in one process, in ``nproc`` local processes, or as one rank of a torchrun launch.
 
 ``train`` is ``bnlab train``'s entry point: it sits above both the one-process loop
-(:func:`bnlab.train.loop.run`) and the data-parallel machinery (:mod:`bnlab.train.distributed`), which the
-loop itself uses, so neither of those needs to import the other lazily.
+(:func:`bnlab.train.loop.run`) and the data-parallel machinery (:mod:`bnlab.train.distributed`),
+which the loop itself uses, so neither of those needs to import the other lazily.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from bnlab.train.loop import run
 
 def train(config: TrainConfig | dict, *, callbacks=(), progress: Any = None, force: bool = False,
           model_factory=None):
-    """``bnlab train``: one process; ``config.nproc`` local processes; or this rank of a torchrun launch.
+    """``bnlab train``: one process; ``config.nproc`` local processes; or this rank of a torchrun
+    launch.
 
     Returns the run's record (on rank 0; ``None`` on the other ranks of a torchrun launch).
     """
@@ -39,8 +40,9 @@ def train(config: TrainConfig | dict, *, callbacks=(), progress: Any = None, for
 
 
 def launch(cfg: TrainConfig, *, callbacks=(), progress: Any = None, force: bool = False, model_factory=None):
-    """Run ``cfg`` on ``cfg.nproc`` local processes with torch.distributed's elastic launcher (the one
-    ``torchrun --standalone`` uses: rendezvous on a free localhost port, no restarts); rank 0's record."""
+    """Run ``cfg`` on ``cfg.nproc`` local processes with torch.distributed's elastic launcher (the
+    one ``torchrun --standalone`` uses: rendezvous on a free localhost port, no restarts); rank 0's
+    record."""
     launch_config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=cfg.nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
         rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, start_method="spawn")

@@ -118,7 +118,8 @@ def run(
     cfg = prep.config
     identity = run_identity(prep)
     run_id = identity_hash(identity)[:12]
-    if distributed.is_follower():  # --- data parallel: ranks > 0 train in step with rank 0, store nothing
+    # --- data parallel: ranks > 0 train in step with rank 0, store nothing
+    if distributed.is_follower():
         distributed.follow(prep, run_id)
         return None
     runs_dir = Path(cfg.runs_dir)
@@ -175,7 +176,8 @@ def _delete(store: Store, runs_dir: Path, run_id: str, existing: dict | None) ->
 
 def _train(prep: Prepared, store: Store, run_id: str, identity: dict, progress: Any) -> RunRecord:
     cfg = prep.config
-    trainer = (distributed.DataParallelTrainer if distributed.current() else Trainer)(  # data parallel
+    # data parallel
+    trainer = (distributed.DataParallelTrainer if distributed.current() else Trainer)(
         prep, store, run_id, progress, prep.callbacks)
     trainer.setup()  # reads the checkpoint and detects scale invariance; stores nothing
     env = {**environment(prep.device), "identity": _brief_identity(identity)}
@@ -190,7 +192,8 @@ def _train(prep: Prepared, store: Store, run_id: str, identity: dict, progress: 
         _say(progress, f"resuming {run_id} from step {resumed} of {trainer.total_steps}")
     base_summary = {"scale_invariant": trainer.scale_invariant, "checkpoint": str(trainer.checkpoints.path)}
     store.set_status(run_id, "running", steps=trainer.step, env=env, summary=base_summary)
-    with trainer.interrupt:  # signals deferred to a step boundary; ignored while the end is recorded
+    # signals deferred to a step boundary; ignored while the end is recorded
+    with trainer.interrupt:
         return _train_and_record(trainer, store, run_id, base_summary)
 
 

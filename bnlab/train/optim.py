@@ -27,8 +27,8 @@ otherwise with granularity ``tensor``.
 Joint groups (Arora Sec. 2.1, App. D): with a positively homogeneous activation (ReLU) between a BN
 layer and the next normalized layer, the concatenation (γ, β) of that BN is scale-invariant although
 neither vector is alone. Each module with 1-D ``weight`` and ``bias`` is tested by scaling both
-together; an invariant pair is recorded as granularity ``joint:<module>`` and projected (and given the
-scale-invariant learning rate) as one vector.
+together; an invariant pair is recorded as granularity ``joint:<module>`` and projected (and given
+the scale-invariant learning rate) as one vector.
 """
 
 from __future__ import annotations
@@ -193,7 +193,8 @@ def _detect(model: nn.Module, loss: Callable, rtol: float) -> dict[str, str]:
 
 
 def _joint_affine_groups(model, loss, reference, rtol) -> dict[str, str]:
-    """(γ, β) pairs of normalization layers that are scale-invariant together (see module docstring)."""
+    """(γ, β) pairs of normalization layers that are scale-invariant together (see module
+    docstring)."""
     params = dict(model.named_parameters())
     found: dict[str, str] = {}
     for module_name, module in model.named_modules():
@@ -254,7 +255,8 @@ def _norms(param: torch.Tensor, granularity: str) -> torch.Tensor:
 
 def _group_norms(members: list[torch.Tensor], granularity: str) -> torch.Tensor:
     if granularity == "joint":
-        return torch.sqrt(cast(torch.Tensor, sum(_norms(p, "tensor") ** 2 for p in members)))  # members: not empty
+        # members: not empty
+        return torch.sqrt(cast(torch.Tensor, sum(_norms(p, "tensor") ** 2 for p in members)))
     return _norms(members[0], granularity)
 
 

@@ -208,8 +208,9 @@ def _probe_callbacks(cfg: TrainConfig) -> list[Callback]:
 
 
 def parse_probe_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``"landscape(num=8, lo=0.5)"`` -> ``("landscape", {"num": 8, "lo": 0.5})``: the options given,
-    typed by the probe's registered parameters (:mod:`bnlab.spec`; ``per_layer=no`` is ``False``).
+    """``"landscape(num=8, lo=0.5)"`` -> ``("landscape", {"num": 8, "lo": 0.5})``: the options
+    given, typed by the probe's registered parameters (:mod:`bnlab.spec`; ``per_layer=no`` is
+    ``False``).
 
     ``every=N`` overrides ``--probe-every`` for that probe.
     """

@@ -63,14 +63,16 @@ def _config_of(trainer: RunTrainer) -> dict[str, Any]:
 
 
 class TensorBoardLogger(Callback):
-    """Writes TensorBoard event files under ``log_dir/<run id>`` (``tensorboard --logdir log_dir``)."""
+    """Writes TensorBoard event files under ``log_dir/<run id>`` (``tensorboard --logdir
+    log_dir``)."""
 
     name = "tensorboard"
 
     def __init__(self, log_dir: str | os.PathLike[str]):
         _need("tensorboard", "tensorboard", "--log-to tensorboard")
         self.log_dir = Path(log_dir)
-        self.writer: Any = None  # a SummaryWriter from on_train_start (tensorboard: an optional dependency)
+        # a SummaryWriter from on_train_start (tensorboard: an optional dependency)
+        self.writer: Any = None
 
     def on_train_start(self, loop: Loop) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -118,7 +120,8 @@ class MLflowLogger(Callback):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.tracking_uri = tracking_uri
         self.experiment = experiment
-        self.client: Any = None  # an MlflowClient from on_train_start (mlflow: an optional dependency)
+        # an MlflowClient from on_train_start (mlflow: an optional dependency)
+        self.client: Any = None
         self.mlflow_run_id: str | None = None
         self.pending: list[Any] = []
 

@@ -1,13 +1,15 @@
-"""Arora, Li & Lyu 2019 — Theoretical analysis of auto rate-tuning by batch normalization (Appendix D).
+"""Arora, Li & Lyu 2019 — Theoretical analysis of auto rate-tuning by batch normalization (Appendix
+D).
 
 Entries ``arora-d1`` (separate learning rates for scale-invariant and scale-variant parameters),
 ``arora-d2`` (one unified learning rate, with and without BN) and ``arora-d3`` (test accuracy of the
 runs of D.1 and D.2). The three share runs: D.1's run at lr 0.1 is D.2's, and D.3 plans exactly the
 runs of D.1 and D.2 (a run is addressed by its config, so in one runs dir nothing is trained twice).
 
-The settings of App. D: 1 = plain SGD (no momentum, lr decay, weight decay or dropout); 2 = projected
-SGD (PSGD: after each step every scale-invariant parameter is rescaled to its norm before the step,
-which removes the auto-tuning of its effective lr); 3 = SGD with every BN layer removed (D.2 only).
+The settings of App. D: 1 = plain SGD (no momentum, lr decay, weight decay or dropout); 2 =
+projected SGD (PSGD: after each step every scale-invariant parameter is rescaled to its norm before
+the step, which removes the auto-tuning of its effective lr); 3 = SGD with every BN layer removed
+(D.2 only).
 """
 
 from __future__ import annotations
@@ -21,26 +23,28 @@ from ..common import RULE, compare_arms, finite_or_none, fmt, safe_panels
 from ..verdicts import explain, ladder
 
 LRS = (1e-2, 1e-1, 1.0, 1e1, 1e2)        # "ranging from 10^-2 to 10^2"
-SCALE_VARIANT_LR = 0.1                    # D.1: "we fix the learning rate for scale-variant ones to 0.1"
+# D.1: "we fix the learning rate for scale-variant ones to 0.1"
+SCALE_VARIANT_LR = 0.1
 TAIL_EPOCHS = 5                           # Figs 1–3 (left): "the average ... of the last 5 epochs"
 NUM_CLASSES = 10
 SETTINGS = {"SGD": ("sgd", True), "PSGD": ("psgd", True), "SGD, BN removed": ("sgd", False)}
 
-# App. D: the modified VGG on CIFAR-10 with BN right before each ReLU and on the logits (Eq. 2: "every kernel
-# is scale-invariant ... only β and γ in the last BN are scale-variant"; vgg_arora's logit_bn), ε = 0, Glorot-
-# uniform init, β = 0, γ = 1; 100 epochs; SGD without momentum, lr decay, weight decay or dropout. The batch size
-# is not stated: 128. bnlab's BN needs ε > 0 (it divides by √(σ² + ε)); ε = 1e-8 is far below float32
-# resolution relative to the unit-scale variances here, so the weights stay scale-invariant to the detection's
-# tolerance.
+# App. D: the modified VGG on CIFAR-10 with BN right before each ReLU and on the logits (Eq. 2:
+# "every kernel is scale-invariant ... only β and γ in the last BN are scale-variant"; vgg_arora's
+# logit_bn), ε = 0, Glorot- uniform init, β = 0, γ = 1; 100 epochs; SGD without momentum, lr decay,
+# weight decay or dropout. The batch size is not stated: 128. bnlab's BN needs ε > 0 (it divides by
+# √(σ² + ε)); ε = 1e-8 is far below float32 resolution relative to the unit-scale variances here, so
+# the weights stay scale-invariant to the detection's tolerance.
 PAPER_BASE = dict(model="vgg_arora", data="cifar10", epochs=100, batch_size=128, momentum=0.0, weight_decay=0.0,
                   schedule="constant")
-# Smoke: an MLP with BN (3 hidden layers of 128, BN before each ReLU and on the logits — the same structure of
-# scale-invariant kernels and a scale-variant last BN as the VGG), 15 epochs of digits.
+# Smoke: an MLP with BN (3 hidden layers of 128, BN before each ReLU and on the logits — the same
+# structure of scale-invariant kernels and a scale-variant last BN as the VGG), 15 epochs of digits.
 SMOKE_BASE = dict(model="mlp", model_options={"depth": 4, "width": 128, "logit_bn": True}, data="digits", epochs=100,
                   batch_size=128, momentum=0.0, weight_decay=0.0, schedule="constant")
-# D.1's and D.2's smoke runs train the paper's 100 epochs (1 200 steps, ≈ 4 s a run here): at 15 epochs SGD with BN
-# at lr 0.01 was still falling ≈ 4 % an epoch (0.60 → 0.55 → 0.53, seed 1; D.1: 0.31 > the 0.23 "converged" line,
-# so "held" was unreachable), a budget artifact, not a failure to converge. D.1 and D.2 share their lr-0.1 runs.
+# D.1's and D.2's smoke runs train the paper's 100 epochs (1 200 steps, ≈ 4 s a run here): at 15
+# epochs SGD with BN at lr 0.01 was still falling ≈ 4 % an epoch (0.60 → 0.55 → 0.53, seed 1; D.1:
+# 0.31 > the 0.23 "converged" line, so "held" was unreachable), a budget artifact, not a failure to
+# converge. D.1 and D.2 share their lr-0.1 runs.
 SMOKE_D2_EPOCHS = 100
 BN_SPEC = "bn(eps=1e-8)"
 # Every arm runs with 3 seeds (the paper shows one run per arm); arms are compared by common.RULE.
@@ -67,16 +71,18 @@ def _d1_runs(preset: str) -> list[RunSpec]:
 
 def _d2_runs(preset: str) -> list[RunSpec]:
     base = _base(preset) if preset == "paper" else {**_base(preset), "epochs": SMOKE_D2_EPOCHS}
-    # lr_scale_invariant is spelled out (= lr) so that the lr-0.1 runs are the same runs as D.1's (paper preset).
+    # lr_scale_invariant is spelled out (= lr) so that the lr-0.1 runs are the same runs as D.1's
+    # (paper preset).
     return [RunSpec(f"{setting}, unified, lr {lr:g}, seed {seed}", _config(base, setting, lr, lr, seed),
                     {"setting": setting, "mode": "unified", "lr": lr, "seed": seed})
             for setting in SETTINGS for lr in LRS for seed in SEEDS]
 
 
 def tail_value(run, metric: str, k: int = TAIL_EPOCHS, skip: int = 0) -> float | None:
-    """Mean of the last ``k`` values of a per-epoch metric, after leaving out the last ``skip`` (``skip=k``: the
-    window before the tail, for the settling rule); None for a run that did not finish (diverged or failed: the
-    paper's "very large or NaN", not drawn) or has no finite values in the window."""
+    """Mean of the last ``k`` values of a per-epoch metric, after leaving out the last ``skip``
+    (``skip=k``: the window before the tail, for the settling rule); None for a run that did not
+    finish (diverged or failed: the paper's "very large or NaN", not drawn) or has no finite values
+    in the window."""
     if run.status != "finished":
         return None
     values = [v for v in (finite_or_none(v) for v in run.series(metric)[1]) if v is not None]
@@ -85,8 +91,8 @@ def tail_value(run, metric: str, k: int = TAIL_EPOCHS, skip: int = 0) -> float |
 
 
 def _collect(ctx, metric: str, skip: int = 0) -> dict[tuple[str, str], dict[float, list[float | None]]]:
-    """(setting, mode) -> {lr: [tail mean of ``metric`` per seed]} (None for a run that diverged); ``skip``
-    as in :func:`tail_value`."""
+    """(setting, mode) -> {lr: [tail mean of ``metric`` per seed]} (None for a run that diverged);
+    ``skip`` as in :func:`tail_value`."""
     out: dict[tuple[str, str], dict[float, list[float | None]]] = {}
     for r in ctx.runs:
         key = (r.factors.get("setting"), r.factors.get("mode"))
@@ -94,9 +100,9 @@ def _collect(ctx, metric: str, skip: int = 0) -> dict[tuple[str, str], dict[floa
     return out
 
 
-# Thresholds on the average training loss of the last epochs, as fractions of the loss at chance ln(10)
-# = 2.303: "converges" below 10 % (0.23), "stuck" above 20 % (0.46; the paper's stuck PSGD runs sit near
-# chance) or not finished.
+# Thresholds on the average training loss of the last epochs, as fractions of the loss at chance
+# ln(10) = 2.303: "converges" below 10 % (0.23), "stuck" above 20 % (0.46; the paper's stuck PSGD
+# runs sit near chance) or not finished.
 CONVERGED = 0.1 * math.log(NUM_CLASSES)
 STUCK = 0.2 * math.log(NUM_CLASSES)
 
@@ -107,8 +113,9 @@ def _is_stuck(value) -> bool:
 
 
 def _psgd_stuck_above_sgd(sgd, psgd) -> str:
-    """One PSGD arm at a large lr against SGD's: "stuck" (mean ≥ 0.2·ln 10 or diverged, and above SGD by the
-    rule, or diverged), "trains" (not stuck), or "unresolved" (stuck-level loss, but not above SGD by the rule)."""
+    """One PSGD arm at a large lr against SGD's: "stuck" (mean ≥ 0.2·ln 10 or diverged, and above
+    SGD by the rule, or diverged), "trains" (not stuck), or "unresolved" (stuck-level loss, but not
+    above SGD by the rule)."""
     if not _is_stuck(psgd):
         return "trains"
     if _arm(psgd) is None:
@@ -117,8 +124,8 @@ def _psgd_stuck_above_sgd(sgd, psgd) -> str:
 
 
 def smallest_failing_lr(sgd: dict, psgd: dict) -> float | None:
-    """The smallest lr_si from which PSGD fails at every larger lr as well (stuck ≥ 0.2·ln 10 or diverged, and
-    above SGD by :data:`common.RULE`); None if PSGD is not stuck at the largest lr."""
+    """The smallest lr_si from which PSGD fails at every larger lr as well (stuck ≥ 0.2·ln 10 or
+    diverged, and above SGD by :data:`common.RULE`); None if PSGD is not stuck at the largest lr."""
     lrs = sorted(set(sgd) & set(psgd))
     smallest = None
     for lr in reversed(lrs):
@@ -129,14 +136,16 @@ def smallest_failing_lr(sgd: dict, psgd: dict) -> float | None:
 
 
 def d1_verdict(loss: dict[str, dict[float, Any]], tiny: bool = False) -> tuple[str, str]:
-    """D.1: SGD converges at every scale-invariant lr; projected SGD "got stuck" for the larger lrs (App. D.1
-    gives no threshold, so the entry reports the smallest lr_si from which PSGD fails at every larger one).
+    """D.1: SGD converges at every scale-invariant lr; projected SGD "got stuck" for the larger lrs
+    (App. D.1 gives no threshold, so the entry reports the smallest lr_si from which PSGD fails at
+    every larger one).
 
-    ``loss[setting][lr]`` = average training loss of the last epochs, per seed (a list) or one number; None =
-    diverged (a failure of the arm). Primary, pre-declared: held if SGD's mean is ≤ 0.1·ln 10 at every lr and
-    PSGD fails (≥ 0.2·ln 10 or diverged, above SGD by :data:`common.RULE`) from some lr_si > 0.1 up to the
-    largest; not held if SGD is stuck at some lr, PSGD trains (< 0.2·ln 10) at the largest lr, or PSGD fails
-    at an lr_si ≤ 0.1 (where the projection changes nothing the paper reports); otherwise inconclusive.
+    ``loss[setting][lr]`` = average training loss of the last epochs, per seed (a list) or one
+    number; None = diverged (a failure of the arm). Primary, pre-declared: held if SGD's mean is ≤
+    0.1·ln 10 at every lr and PSGD fails (≥ 0.2·ln 10 or diverged, above SGD by :data:`common.RULE`)
+    from some lr_si > 0.1 up to the largest; not held if SGD is stuck at some lr, PSGD trains (<
+    0.2·ln 10) at the largest lr, or PSGD fails at an lr_si ≤ 0.1 (where the projection changes
+    nothing the paper reports); otherwise inconclusive.
     """
     sgd, psgd = loss.get("SGD", {}), loss.get("PSGD", {})
     lrs = sorted(set(sgd) & set(psgd))
@@ -165,16 +174,18 @@ def d1_verdict(loss: dict[str, dict[float, Any]], tiny: bool = False) -> tuple[s
                                              if (_arm(sgd[lr]) or 0) > CONVERGED))
 
 
-# The settling rule of D.2: an arm's loss is "still falling" when its mean over seeds of the last TAIL_EPOCHS epochs
-# is more than SETTLE_DROP below the mean of the TAIL_EPOCHS epochs before them (≈ 2 % an epoch). A loss above the
-# thresholds counts as a failure to converge (or as "stuck") only once it has settled.
+# The settling rule of D.2: an arm's loss is "still falling" when its mean over seeds of the last
+# TAIL_EPOCHS epochs is more than SETTLE_DROP below the mean of the TAIL_EPOCHS epochs before them
+# (≈ 2 % an epoch). A loss above the thresholds counts as a failure to converge (or as "stuck") only
+# once it has settled.
 SETTLE_DROP = 0.1
 
 
 def still_falling(last, earlier) -> bool:
-    """The settling rule on one arm: ``last`` and ``earlier`` are its per-seed means of the last TAIL_EPOCHS
-    epochs and of the TAIL_EPOCHS before them. A diverged arm is not falling; an arm without the earlier
-    window (too few epochs) cannot be shown to have settled, so it counts as falling."""
+    """The settling rule on one arm: ``last`` and ``earlier`` are its per-seed means of the last
+    TAIL_EPOCHS epochs and of the TAIL_EPOCHS before them. A diverged arm is not falling; an arm
+    without the earlier window (too few epochs) cannot be shown to have settled, so it counts as
+    falling."""
     now, before = _arm(last), _arm(earlier) if earlier is not None else None
     if now is None:
         return False
@@ -183,13 +194,14 @@ def still_falling(last, earlier) -> bool:
 
 def d2_verdict(loss: dict[str, dict[float, Any]], earlier: dict[str, dict[float, Any]],
                tiny: bool = False) -> tuple[str, str]:
-    """D.2: with one lr for all parameters SGD with BN converges at every lr, PSGD and SGD without BN fail at
-    large ones. ``loss[setting][lr]``: per-seed average training loss of the last TAIL_EPOCHS epochs (None =
-    diverged), ``earlier[setting][lr]``: of the TAIL_EPOCHS before (:func:`still_falling`). held if SGD
-    converges (≤ 0.1·ln 10) at every lr and both others are stuck (≥ 0.2·ln 10, settled) or diverge at the
-    largest; not held if SGD is stuck and settled, or diverges, at some lr, or the others train at the largest
-    lr; otherwise inconclusive — in particular while an unconverged arm is still falling. Primary,
-    pre-declared: these thresholds on the arm means (a check, :func:`verdicts.ladder`)."""
+    """D.2: with one lr for all parameters SGD with BN converges at every lr, PSGD and SGD without
+    BN fail at large ones. ``loss[setting][lr]``: per-seed average training loss of the last
+    TAIL_EPOCHS epochs (None = diverged), ``earlier[setting][lr]``: of the TAIL_EPOCHS before
+    (:func:`still_falling`). held if SGD converges (≤ 0.1·ln 10) at every lr and both others are
+    stuck (≥ 0.2·ln 10, settled) or diverge at the largest; not held if SGD is stuck and settled, or
+    diverges, at some lr, or the others train at the largest lr; otherwise inconclusive — in
+    particular while an unconverged arm is still falling. Primary, pre-declared: these thresholds on
+    the arm means (a check, :func:`verdicts.ladder`)."""
     sgd = loss.get("SGD", {})
     others = ("PSGD", "SGD, BN removed")
     lrs = sorted(set(sgd).intersection(*[set(loss.get(k, {})) for k in others]))
@@ -227,8 +239,8 @@ SETTING_LINES = {"SGD": "-", "PSGD": ":", "SGD, BN removed": "--"}
 
 
 def _left_right(ctx, metric: str, ylabel: str, path, title: str, modes: tuple[str, ...], logy: bool) -> Any:
-    # Losses above 10·ln 10 are left out, as the paper leaves out its "very large or NaN" ones; the table
-    # still lists them.
+    # Losses above 10·ln 10 are left out, as the paper leaves out its "very large or NaN" ones; the
+    # table still lists them.
     cap = LOSS_CAP if logy else None
     values = _collect(ctx, metric)
     left = {}
@@ -260,7 +272,7 @@ def _left_right(ctx, metric: str, ylabel: str, path, title: str, modes: tuple[st
     return safe_panels(path, specs, title=title, ncols=len(specs))
 
 
-# ---- D.1 ------------------------------------------------------------------------------------------
+# ---- D.1 -----------------------------------------------------------------------------------------
 
 def _d1_plan(preset: str) -> Plan:
     return Plan(runs=_d1_runs(preset))
@@ -295,7 +307,7 @@ register(Experiment(
     plan=_d1_plan, analyze=_d1_analyze))
 
 
-# ---- D.2 ------------------------------------------------------------------------------------------
+# ---- D.2 -----------------------------------------------------------------------------------------
 
 def _d2_plan(preset: str) -> Plan:
     return Plan(runs=_d2_runs(preset))
@@ -335,7 +347,7 @@ register(Experiment(
     plan=_d2_plan, analyze=_d2_analyze))
 
 
-# ---- D.3 ------------------------------------------------------------------------------------------
+# ---- D.3 -----------------------------------------------------------------------------------------
 
 def _d3_plan(preset: str) -> Plan:
     return Plan(runs=_d1_runs(preset) + _d2_runs(preset))

@@ -1,5 +1,5 @@
-"""``arora-rates`` (Arora, Li & Lyu 2019, Theorems 3.1 and 4.2): numerical checks; the conventions of the
-theorem entries are in ``bnlab.experiments.peng.theorems``."""
+"""``arora-rates`` (Arora, Li & Lyu 2019, Theorems 3.1 and 4.2): numerical checks; the conventions
+of the theorem entries are in ``bnlab.experiments.peng.theorems``."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ SLOPE_TOL = (
 
 
 def rates_data(tiny: bool = False) -> dict:
-    """GD (Theorem 3.1, with Setting 2's projected GD as the contrast) and SGD (Theorem 4.2, α = 0) on the
-    small scale-invariant network of ``theory.arora`` over the η_w grid, 3 seeds (data, teacher, init)."""
+    """GD (Theorem 3.1, with Setting 2's projected GD as the contrast) and SGD (Theorem 4.2, α = 0)
+    on the small scale-invariant network of ``theory.arora`` over the η_w grid, 3 seeds (data,
+    teacher, init)."""
 
     steps = 50 if tiny else 2000
     out: dict = {"lrs": list(RATE_LRS), "gd": [], "projected": [], "sgd": []}
@@ -45,9 +46,9 @@ def rates_data(tiny: bool = False) -> dict:
 
 
 def rates_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
-    """Primary: for every η_w and seed, GD's rms ‖∇L‖ slope ≤ −1/2 + SLOPE_TOL and SGD's mean ‖∇L‖² slope ≤
-    the slope of log T/√T + SLOPE_TOL over the last decade of T (a diverged run fails). Reported: projected
-    GD (fixed effective rate), which the theorems do not cover."""
+    """Primary: for every η_w and seed, GD's rms ‖∇L‖ slope ≤ −1/2 + SLOPE_TOL and SGD's mean ‖∇L‖²
+    slope ≤ the slope of log T/√T + SLOPE_TOL over the last decade of T (a diverged run fails).
+    Reported: projected GD (fixed effective rate), which the theorems do not cover."""
     if not data.get("gd"):
         return ladder(unusable=True), "no data"
     lrs = data["lrs"]

@@ -1,5 +1,5 @@
-"""Arora, Li & Lyu App. D: the per-arm helpers shared by the verdicts and the D.3 verdict (split from
-``entries.py`` to keep modules under 400 lines)."""
+"""Arora, Li & Lyu App. D: the per-arm helpers shared by the verdicts and the D.3 verdict (split
+from ``entries.py`` to keep modules under 400 lines)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from ..verdicts import explain, ladder
 
 
 def _seeds(value) -> list[float | None]:
-    """The per-seed values of an arm: a list as collected, or one number (a single run) as a list."""
+    """The per-seed values of an arm: a list as collected, or one number (a single run) as a
+    list."""
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def _arm(value) -> float | None:
-    """An arm's value: the mean over its seeds, None if every seed diverged (a partly diverged arm counts as
-    diverged too: the paper's "very large or NaN")."""
+    """An arm's value: the mean over its seeds, None if every seed diverged (a partly diverged arm
+    counts as diverged too: the paper's "very large or NaN")."""
     values = _seeds(value)
     if not values or any(v is None for v in values):
         return None
@@ -22,10 +23,11 @@ def _arm(value) -> float | None:
 
 
 def d3_verdict(acc: dict[tuple[str, str], dict[float, float | None]], tiny: bool = False) -> tuple[str, str]:
-    """D.3: SGD's test accuracy stays above 75 % at every lr (unified and separate), PSGD's falls as the lr
-    grows past 0.1. ``acc[(setting, mode)][lr]`` = average test accuracy of the last epochs (None: diverged).
-    held if both; not held if SGD drops below 75 % (or diverges) somewhere or PSGD does not fall (its accuracy
-    at the largest lr is not 0.05 below the one at 0.1) in some mode; otherwise inconclusive.
+    """D.3: SGD's test accuracy stays above 75 % at every lr (unified and separate), PSGD's falls as
+    the lr grows past 0.1. ``acc[(setting, mode)][lr]`` = average test accuracy of the last epochs
+    (None: diverged). held if both; not held if SGD drops below 75 % (or diverges) somewhere or PSGD
+    does not fall (its accuracy at the largest lr is not 0.05 below the one at 0.1) in some mode;
+    otherwise inconclusive.
 
     Primary, pre-declared (a check on the arm means, :func:`verdicts.ladder`): SGD ≥ 75 % at every
     lr and PSGD's accuracy at the largest lr ≥ 0.05 below its accuracy at 0.1, in both modes."""

@@ -1,6 +1,6 @@
-"""Luo et al. 2019, the CNN entries of §5: Fig. 4 (BN and its parts) and Fig. 5 (γ² and ζ against the batch
-size); Figs. 6 and 7 on the same CNN are in :mod:`bnlab.experiments.luo.fold_dropout`. Shared constants and helpers
-are in :mod:`bnlab.experiments.luo.common`."""
+"""Luo et al. 2019, the CNN entries of §5: Fig. 4 (BN and its parts) and Fig. 5 (γ² and ζ against
+the batch size); Figs. 6 and 7 on the same CNN are in :mod:`bnlab.experiments.luo.fold_dropout`.
+Shared constants and helpers are in :mod:`bnlab.experiments.luo.common`."""
 
 from __future__ import annotations
 
@@ -25,22 +25,27 @@ _FIG4_PAPER = {"vanilla SGD": "large val − train gap", "BN": "smallest gap (be
                "WN + variance-only BN": "gap below WN's"}
 
 
-SMOKE_TEST_FRACTION = 0.7  # digits with 70 % held out: 539 training images, so over-fitting shows in minutes
-# One train/test split for every seed, as CIFAR-10 has one: the seeds vary initialization and batch order only.
-# (The split drawn from each run's seed made one seed's split harder for every arm — measured: seed 2's gaps
-# were the largest of all five Fig. 4 arms — and that shared offset went into each arm's spread.)
+# digits with 70 % held out: 539 training images, so over-fitting shows in minutes
+SMOKE_TEST_FRACTION = 0.7
+# One train/test split for every seed, as CIFAR-10 has one: the seeds vary initialization and batch
+# order only. (The split drawn from each run's seed made one seed's split harder for every arm —
+# measured: seed 2's gaps were the largest of all five Fig. 4 arms — and that shared offset went
+# into each arm's spread.)
 SMOKE_DATA = {"test_fraction": SMOKE_TEST_FRACTION, "seed": 0}
-DIGITS_TRAIN = {0.2: 1438, SMOKE_TEST_FRACTION: 539}  # training-set sizes of bnlab's stratified digits split
+# training-set sizes of bnlab's stratified digits split
+DIGITS_TRAIN = {0.2: 1438, SMOKE_TEST_FRACTION: 539}
 
 
 def _cnn_base(preset: str, smoke_epochs: int) -> dict:
-    """§5's CNN and recipe: SGD, momentum 0.9, lr × (1 − 10⁻⁴) every step, no weight decay, no augmentation.
+    """§5's CNN and recipe: SGD, momentum 0.9, lr × (1 − 10⁻⁴) every step, no weight decay, no
+    augmentation.
 
-    The paper gives neither the initial lr nor the length; ours: lr 0.01 at M = 64 (scaled ∝ M, Goyal
-    et al., as §5 says), 100 epochs. Smoke: digits with 70 % held out (one split for all seeds), 1/4 width,
-    lr 0.05 at M = 64. luo_cnn pools only after its last conv, so its norms see 8×8 maps of 8×8 digits: the
-    padding pattern is no artifact here (position share of the norms' input variance 0.33 at 8×8, 0.39 at
-    16×16: upsampling does not lower it; the digits' blank margins are position-dependent too).
+    The paper gives neither the initial lr nor the length; ours: lr 0.01 at M = 64 (scaled ∝ M,
+    Goyal et al., as §5 says), 100 epochs. Smoke: digits with 70 % held out (one split for all
+    seeds), 1/4 width, lr 0.05 at M = 64. luo_cnn pools only after its last conv, so its norms see
+    8×8 maps of 8×8 digits: the padding pattern is no artifact here (position share of the norms'
+    input variance 0.33 at 8×8, 0.39 at 16×16: upsampling does not lower it; the digits' blank
+    margins are position-dependent too).
     """
     if preset == "paper":
         return {"model": "luo_cnn", "data": "cifar10", "epochs": 100, "lr": 0.01, "momentum": 0.9,
@@ -56,18 +61,21 @@ def _train_size(config: dict) -> int:
     return TRAIN_SIZES[config["data"]]
 
 
-# 10 seeds: issue 19's re-run found 3 seeds resolve none of the six comparisons and 10 seeds five of six (BN's gap
-# below all four others, p ≤ 0.006), at ≈ 4.5 min for the 50 runs on a quiet 2-core machine.
+# 10 seeds: issue 19's re-run found 3 seeds resolve none of the six comparisons and 10 seeds five of
+# six (BN's gap below all four others, p ≤ 0.006), at ≈ 4.5 min for the 50 runs on a quiet 2-core
+# machine.
 FIG4_SEEDS = tuple(range(10))
 FIG4_SMOKE_EPOCHS = 32  # the gaps are flat from ≈ epoch 25 on (measured at 40)
-# At lr 0.05 two of three WN + variance-only BN runs had not converged after 32 epochs (training loss 0.05,
-# validation spikes); at 0.02 every arm's training loss ends below 0.01 with ≤ 1 spike (measured, 3 seeds).
+# At lr 0.05 two of three WN + variance-only BN runs had not converged after 32 epochs (training
+# loss 0.05, validation spikes); at 0.02 every arm's training loss ends below 0.01 with ≤ 1 spike
+# (measured, 3 seeds).
 FIG4_SMOKE_LR = 0.02
 # the comparisons Fig. 4's claim makes: (arm expected lower, arm expected higher)
 FIG4_COMPARISONS = [("BN", arm) for arm in _FIG4_ARMS if arm != "BN"] + [
     ("WN + mean-only BN", "WN"), ("WN + variance-only BN", "WN")]
-# The pre-declared primary comparison: BN against WN, the same reparameterization without the batch noise, so the
-# gap difference is the regularization the paper attributes to μ_B and σ_B. The others are Holm-corrected.
+# The pre-declared primary comparison: BN against WN, the same reparameterization without the batch
+# noise, so the gap difference is the regularization the paper attributes to μ_B and σ_B. The others
+# are Holm-corrected.
 FIG4_PRIMARY = ("BN", "WN")
 
 
@@ -81,8 +89,8 @@ def _fig4_plan(preset: str) -> Plan:
 
 
 def generalization_gap(run, fraction: float = 1.0) -> float | None:
-    """Validation loss − training loss at ``fraction`` of training, each the mean of its 3 records up to
-    there (one record is noisy)."""
+    """Validation loss − training loss at ``fraction`` of training, each the mean of its 3 records
+    up to there (one record is noisy)."""
     if run.status != "finished":
         return None
     val, train = (window_mean(*run.series(m), fraction) for m in ("test_loss", "epoch_train_loss"))
@@ -92,11 +100,12 @@ def generalization_gap(run, fraction: float = 1.0) -> float | None:
 def fig4_verdict(gaps: dict[str, list[float]], tiny: bool = False) -> tuple[str, str]:
     """Fig. 4's claim from per-seed generalization gaps (``gaps``: arm -> one gap per seed).
 
-    Primary (pre-declared, :data:`FIG4_PRIMARY`): BN's gap below WN's by Welch's t (α = 0.05, ≥ 3 seeds). The
-    other comparisons of :data:`FIG4_COMPARISONS` are judged with Holm's correction over all six: held when the
-    primary is significant as claimed and no comparison is Holm-significant the other way; not held when the
-    primary or any Holm-adjusted comparison is significant the other way; otherwise inconclusive, with the
-    smallest gap difference the seeds resolve (power 0.8).
+    Primary (pre-declared, :data:`FIG4_PRIMARY`): BN's gap below WN's by Welch's t (α = 0.05, ≥ 3
+    seeds). The other comparisons of :data:`FIG4_COMPARISONS` are judged with Holm's correction over
+    all six: held when the primary is significant as claimed and no comparison is Holm-significant
+    the other way; not held when the primary or any Holm-adjusted comparison is significant the
+    other way; otherwise inconclusive, with the smallest gap difference the seeds resolve (power
+    0.8).
     """
     if tiny:
         return ladder(unusable=True), "tiny run: no generalization gap develops in a few steps"
@@ -189,7 +198,8 @@ def _fig5_plan(preset: str) -> Plan:
         spe = -(-n_train // M)
         every = max(1, base["epochs"] * spe // 20)
         if spe > 1 and every % spe == 0:
-            every += 1  # else every probe lands on the epoch's last (partial) batch, whose M is not M
+            # else every probe lands on the epoch's last (partial) batch, whose M is not M
+            every += 1
         for seed in FIG5_SEEDS:
             config = {**base, "norm": "bn", "batch_size": M, "lr": base["lr"] * M / 64, "seed": seed,
                       "probes": ["gamma", "bn_regularization"], "probe_every": every}
@@ -200,11 +210,11 @@ def _fig5_plan(preset: str) -> Plan:
 
 
 def _last_per_layer(run, prefix: str, k: int = 1, fraction: float = 1.0) -> dict[str, float]:
-    """Per layer, the mean of the last ``k`` finite values of ``<prefix><layer>`` recorded up to ``fraction``
-    of the run.
+    """Per layer, the mean of the last ``k`` finite values of ``<prefix><layer>`` recorded up to
+    ``fraction`` of the run.
 
-    Values measured on an epoch's last, partial batch are skipped: the probe takes M from the batch it
-    sees, and Theorem 1's ζ ∝ 1/M would then belong to another batch size.
+    Values measured on an epoch's last, partial batch are skipped: the probe takes M from the batch
+    it sees, and Theorem 1's ζ ∝ 1/M would then belong to another batch size.
     """
     spe = run.factors.get("steps_per_epoch")
     skip_epoch_end = bool(run.factors.get("partial_last_batch")) and spe
@@ -219,12 +229,14 @@ def _last_per_layer(run, prefix: str, k: int = 1, fraction: float = 1.0) -> dict
 
 
 def fig5_trend(gamma_sq: dict[int, list[float]]) -> tuple[str, str]:
-    """One BN layer's γ² against M (``gamma_sq``: M -> per-seed values) by :data:`common.RULE` (Welch's t,
-    α = 0.05, ≥ 3 seeds): the largest batch against the smallest, and each pair of neighbouring batch sizes.
+    """One BN layer's γ² against M (``gamma_sq``: M -> per-seed values) by :data:`common.RULE`
+    (Welch's t, α = 0.05, ≥ 3 seeds): the largest batch against the smallest, and each pair of
+    neighbouring batch sizes.
 
-    "rises": significantly higher at the largest M and significantly lower at no larger neighbour; "falls":
-    significantly lower at the largest M; "dips": higher at the largest M but significantly lower somewhere
-    between neighbours; "unresolved" / "too few seeds" otherwise. Returns (decision, text).
+    "rises": significantly higher at the largest M and significantly lower at no larger neighbour;
+    "falls": significantly lower at the largest M; "dips": higher at the largest M but significantly
+    lower somewhere between neighbours; "unresolved" / "too few seeds" otherwise. Returns (decision,
+    text).
     """
     batches = sorted(gamma_sq)
     if len(batches) < 2 or any(not gamma_sq[m] for m in batches):
@@ -243,13 +255,14 @@ def fig5_trend(gamma_sq: dict[int, list[float]]) -> tuple[str, str]:
 
 
 def fig5_verdict(per_layer: dict[str, dict[int, list[float]]], tiny: bool = False) -> tuple[str, str]:
-    """Fig. 5's claim — γ² grows with the batch size in each BN layer (the paper: five models, BN in one layer
-    each) — from per-layer, per-seed γ² (``per_layer``: layer -> M -> values), by :func:`fig5_trend`.
+    """Fig. 5's claim — γ² grows with the batch size in each BN layer (the paper: five models, BN in
+    one layer each) — from per-layer, per-seed γ² (``per_layer``: layer -> M -> values), by
+    :func:`fig5_trend`.
 
-    Held: every layer "rises"; not held: some layer "falls"; otherwise inconclusive (fewer than 3 seeds, a
-    significant fall between neighbouring M, or a rise the seeds do not resolve, with what they resolve).
-    Primary, pre-declared: γ² at the largest M − at the smallest, higher, in every layer (the
-    paper's five models each have one BN layer, so the claim is their conjunction).
+    Held: every layer "rises"; not held: some layer "falls"; otherwise inconclusive (fewer than 3
+    seeds, a significant fall between neighbouring M, or a rise the seeds do not resolve, with what
+    they resolve). Primary, pre-declared: γ² at the largest M − at the smallest, higher, in every
+    layer (the paper's five models each have one BN layer, so the claim is their conjunction).
     """
     if tiny:
         return ladder(unusable=True), "tiny run: γ has barely moved from 1"

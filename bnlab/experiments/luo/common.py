@@ -38,8 +38,8 @@ def train_collecting(config: dict, *, callbacks: Sequence[Any] = (), model_facto
 
     For the entries whose runs need Python objects a config cannot hold (a model folded from another
     run, a callback measuring something no probe does). ``tiny`` cuts the run as the runner does.
-    Returns ``{"status", "metrics", "series": {name: [[step, value], ...]}}``; never raises for a run
-    that diverged or failed (the error is in ``"error"``).
+    Returns ``{"status", "metrics", "series": {name: [[step, value], ...]}}``; never raises for a
+    run that diverged or failed (the error is in ``"error"``).
     """
     config = shrink(config, TINY_STEPS) if tiny else dict(config)
     with tempfile.TemporaryDirectory(prefix="bnlab-entry-") as tmp:
@@ -61,7 +61,7 @@ def _series(data: dict, name: str) -> tuple[list[float], list[float]]:
     return [r[0] for r in rows], [r[1] for r in rows]
 
 
-# ---- the stated rules of the Luo verdicts: seeds, factors, settling ---------------------------------
+# ---- the stated rules of the Luo verdicts: seeds, factors, settling ------------------------------
 
 SETTLE_RULE = ("settled when the verdict from the values at 2/3 of training (each the mean of the 3 records "
                "up to that point) is the verdict at the end; otherwise inconclusive (still changing)")
@@ -69,10 +69,12 @@ SETTLE_RULE = ("settled when the verdict from the values at 2/3 of training (eac
 
 def window_mean(steps: Sequence[float], values: Sequence[float | None], fraction: float = 1.0,
                 k: int = 3) -> float | None:
-    """Mean of the last ``k`` finite values recorded at or before ``fraction`` × the last recorded step.
+    """Mean of the last ``k`` finite values recorded at or before ``fraction`` × the last recorded
+    step.
 
-    ``fraction`` = 1: the end of the run (a noisy curve read as the mean of its last 3 records); 2/3: the
-    same quantity a third of the run earlier, for :func:`settle`. None when no finite value is there.
+    ``fraction`` = 1: the end of the run (a noisy curve read as the mean of its last 3 records);
+    2/3: the same quantity a third of the run earlier, for :func:`settle`. None when no finite value
+    is there.
     """
     if not steps:
         return None
@@ -82,13 +84,15 @@ def window_mean(steps: Sequence[float], values: Sequence[float | None], fraction
 
 
 def factor_test(reference: Sequence[float], values: Sequence[float], factor: float = 1.5) -> tuple[str, Comparison]:
-    """Whether ``values`` lie within a factor ``factor`` of ``reference`` (positive per-seed values), by
-    :func:`common.compare_arms` on logarithms: two one-sided Welch tests (TOST, α = 0.05 each).
+    """Whether ``values`` lie within a factor ``factor`` of ``reference`` (positive per-seed
+    values), by :func:`common.compare_arms` on logarithms: two one-sided Welch tests (TOST, α = 0.05
+    each).
 
     "within": ln b is significantly below ln a + ln f and significantly above ln a − ln f; "beyond":
-    significantly above ln a + ln f or below ln a − ln f; "unresolved" otherwise (too few seeds or too
-    much spread). A constant ``reference`` (a theory value repeated) makes each test a one-sample t-test.
-    Returns the decision and the plain comparison of ln b with ln a (its ``text`` gives the log-ratio).
+    significantly above ln a + ln f or below ln a − ln f; "unresolved" otherwise (too few seeds or
+    too much spread). A constant ``reference`` (a theory value repeated) makes each test a
+    one-sample t-test. Returns the decision and the plain comparison of ln b with ln a (its ``text``
+    gives the log-ratio).
     """
     la = [math.log(v) for v in reference if finite_or_none(v) is not None and v > 0]
     lb = [math.log(v) for v in values if finite_or_none(v) is not None and v > 0]

@@ -1,6 +1,6 @@
-"""Luo et al. 2019, Fig. 3: validation loss at α = 1 for vanilla SGD, BN and WN + ζγ² (teacher–student perceptrons).
-Fig. 2 is in :mod:`bnlab.experiments.luo.student`; shared constants and helpers in
-:mod:`bnlab.experiments.luo.common`."""
+"""Luo et al. 2019, Fig. 3: validation loss at α = 1 for vanilla SGD, BN and WN + ζγ²
+(teacher–student perceptrons). Fig. 2 is in :mod:`bnlab.experiments.luo.student`; shared constants
+and helpers in :mod:`bnlab.experiments.luo.common`."""
 
 from __future__ import annotations
 
@@ -55,14 +55,14 @@ FIG3_SEEDS = {"paper": (0, 1, 2), "smoke": (0, 1, 2)}
 
 
 def fig3_runs(preset: str) -> list[RunSpec]:
-    """The three students at α = 1 (perceptron, identity activation, no bias, MSE, batch 32), 3 seeds each
-    (teacher, data and initialization all drawn from the seed).
+    """The three students at α = 1 (perceptron, identity activation, no bias, MSE, batch 32), 3
+    seeds each (teacher, data and initialization all drawn from the seed).
 
     Learning rates (the paper gives none): plain SGD 16 (the Hessian of a batch of 32 has top
-    eigenvalue ≈ 2/32, so this is half the stability limit); BN and WN act on the direction of w with an
-    effective rate ∝ lr·N/‖w‖², so their lr is scaled by 256/N. WN's γ-decay: our WN layer has
-    w_eff = γ v/‖v‖ with ‖w_eff‖ = γ, so the penalty ζ_wn γ² on the averaged loss is the Krogh–Hertz ridge
-    ζ = P·ζ_wn; ζ = 0.014 needs ζ_wn = 0.014/(αN).
+    eigenvalue ≈ 2/32, so this is half the stability limit); BN and WN act on the direction of w
+    with an effective rate ∝ lr·N/‖w‖², so their lr is scaled by 256/N. WN's γ-decay: our WN layer
+    has w_eff = γ v/‖v‖ with ‖w_eff‖ = γ, so the penalty ζ_wn γ² on the averaged loss is the
+    Krogh–Hertz ridge ζ = P·ζ_wn; ζ = 0.014 needs ζ_wn = 0.014/(αN).
     """
     N = 4096 if preset == "paper" else 256
     spe = N // 32
@@ -81,7 +81,8 @@ def _fig3_plan(preset: str) -> Plan:
     bns = [r for r in fig3_runs(preset) if r.factors["norm"] == "bn"]
 
     def bn_population(tiny: bool = False) -> dict:
-        """The BN runs again (same configs, same trajectories) with test losses at population statistics."""
+        """The BN runs again (same configs, same trajectories) with test losses at population
+        statistics."""
         out = {"steps_per_epoch": bns[0].factors["steps_per_epoch"], "seeds": {}}
         for bn in bns:
             every = bn.config["eval_every"]
@@ -92,19 +93,21 @@ def _fig3_plan(preset: str) -> Plan:
     return Plan(runs=fig3_runs(preset), compute={"bn_population": bn_population})
 
 
-FIG3_FACTOR = 1.5  # "diverges": ≥ 1.5× its own minimum and ≥ 1.5× BN's and WN's; "similar": within 1.5×
+# "diverges": ≥ 1.5× its own minimum and ≥ 1.5× BN's and WN's; "similar": within 1.5×
+FIG3_FACTOR = 1.5
 
 
 def fig3_verdict(values: dict[str, list[float]], tiny: bool = False) -> tuple[str, str]:
-    """Fig. 3's claim from per-seed validation losses: ``values`` maps "sgd", "bn" (population statistics),
-    "wn" to the final values and "sgd_min" to vanilla SGD's minimum over the run (seed order as "sgd").
+    """Fig. 3's claim from per-seed validation losses: ``values`` maps "sgd", "bn" (population
+    statistics), "wn" to the final values and "sgd_min" to vanilla SGD's minimum over the run (seed
+    order as "sgd").
 
-    Rule (:func:`luo.common.factor_test`: Welch tests on ln values, α = 0.05, ≥ 3 seeds): SGD over-trains
-    when ln(final/min) is significantly above ln 1.5 and its final loss significantly above 1.5× BN's and
-    WN's; BN and WN are similar when their ratio is significantly inside (1/1.5, 1.5). Held: both; not held:
-    SGD's rise significantly below 1.5×, or BN/WN significantly beyond 1.5×; otherwise inconclusive.
-    Primary, pre-declared: the conjunction of both (Fig. 3 shows both in one panel),
-    :func:`verdicts.ladder`.
+    Rule (:func:`luo.common.factor_test`: Welch tests on ln values, α = 0.05, ≥ 3 seeds): SGD
+    over-trains when ln(final/min) is significantly above ln 1.5 and its final loss significantly
+    above 1.5× BN's and WN's; BN and WN are similar when their ratio is significantly inside (1/1.5,
+    1.5). Held: both; not held: SGD's rise significantly below 1.5×, or BN/WN significantly beyond
+    1.5×; otherwise inconclusive. Primary, pre-declared: the conjunction of both (Fig. 3 shows both
+    in one panel), :func:`verdicts.ladder`.
     """
     if tiny:
         return ladder(unusable=True), "tiny run: a few SGD steps cannot show over-training"
@@ -136,8 +139,9 @@ def fig3_verdict(values: dict[str, list[float]], tiny: bool = False) -> tuple[st
 
 
 def fig3_values(ctx, fraction: float = 1.0) -> dict[str, list[float]]:
-    """Per-seed validation losses of Fig. 3's arms at ``fraction`` of training (mean of the 3 records up
-    to there) and vanilla SGD's minimum up to there; BN read from the population-statistics re-runs."""
+    """Per-seed validation losses of Fig. 3's arms at ``fraction`` of training (mean of the 3
+    records up to there) and vanilla SGD's minimum up to there; BN read from the
+    population-statistics re-runs."""
     out: dict[str, list[float]] = {"sgd": [], "bn": [], "wn": [], "sgd_min": []}
     for r in sorted(ctx.runs, key=lambda r: r.factors.get("seed", 0)):
         key = {"none": "sgd", "wn": "wn"}.get(r.factors.get("norm"))

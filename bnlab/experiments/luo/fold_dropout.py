@@ -1,6 +1,6 @@
-"""Luo et al. 2019, the CNN entries of §5 after Figs. 4 and 5 (:mod:`bnlab.experiments.luo.cnn`): Fig. 6
-(fine-tuning with BN folded into the weights) and Fig. 7 (dropout after BN / WN at large batch). Shared constants
-and helpers are in :mod:`bnlab.experiments.luo.common`."""
+"""Luo et al. 2019, the CNN entries of §5 after Figs. 4 and 5 (:mod:`bnlab.experiments.luo.cnn`):
+Fig. 6 (fine-tuning with BN folded into the weights) and Fig. 7 (dropout after BN / WN at large
+batch). Shared constants and helpers are in :mod:`bnlab.experiments.luo.common`."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from ..runner import TINY_STEPS
 # ================================================================================================
 
 class KernelNorms(Callback):
-    """Callback: ‖W‖ of every conv/linear kernel of ``fold(model)`` — for a BN model the effective kernel
-    γ·W/σ of §5.1 (σ the moving average), for a folded model its own kernel."""
+    """Callback: ‖W‖ of every conv/linear kernel of ``fold(model)`` — for a BN model the effective
+    kernel γ·W/σ of §5.1 (σ the moving average), for a folded model its own kernel."""
 
     def __init__(self, every: int) -> None:
         self.every = int(every)
@@ -57,8 +57,9 @@ FIG6_SEEDS = (0, 1, 2)
 
 
 def fig6_data(preset: str, tiny: bool = False, seed: int = 0) -> dict:
-    """Train BN; then fine-tune (a) the same BN model and (b) ``fold(model)`` (BN frozen into the kernels,
-    w_sgd = γ w_bn/σ, §5.1) with plain SGD at a small lr; kernel norms and losses of both. One seed."""
+    """Train BN; then fine-tune (a) the same BN model and (b) ``fold(model)`` (BN frozen into the
+    kernels, w_sgd = γ w_bn/σ, §5.1) with plain SGD at a small lr; kernel norms and losses of both.
+    One seed."""
     s = _FIG6[preset]
     base = {**s["base"], "seed": seed}
     pre_cfg = {**base, **s["pretrain"], "norm": "bn"}
@@ -93,9 +94,9 @@ def _fig6_plan(preset: str) -> Plan:
 
 
 def fig6_changes(seed_data: dict, fraction: float = 1.0) -> dict | None:
-    """One seed's changes over frozen fine-tuning up to ``fraction`` of it: per layer the kernel-norm growth,
-    the training-loss change and the validation-loss change from the pretrained model's (ends: means of the
-    last 3 records). None when the seed recorded too little."""
+    """One seed's changes over frozen fine-tuning up to ``fraction`` of it: per layer the
+    kernel-norm growth, the training-loss change and the validation-loss change from the pretrained
+    model's (ends: means of the last 3 records). None when the seed recorded too little."""
     frozen = (seed_data.get("branches") or {}).get("frozen") or {}
     start_val = finite_or_none(((seed_data.get("pretrain") or {}).get("metrics") or {}).get("test_loss"))
     train_steps, train = _series(frozen, "epoch_train_loss")
@@ -117,11 +118,11 @@ def fig6_verdict(changes: list[dict], tiny: bool = False) -> tuple[str, str]:
     """Fig. 6's claim from per-seed changes over frozen fine-tuning (:func:`fig6_changes`).
 
     Rule: :data:`common.RULE` (Welch's t against 0, α = 0.05, ≥ 3 seeds) on each change. Held: every
-    layer's kernel norm grows, the training loss falls and the validation loss rises, each significantly;
-    not held: one of them significantly the other way; otherwise inconclusive, with the validation-loss
-    rise the seeds resolve (power 0.8). Primary, pre-declared: the conjunction of these changes (the
-    claim names all three), each against 0 (:func:`verdicts.checks`: "the other way" Holm-corrected
-    over them).
+    layer's kernel norm grows, the training loss falls and the validation loss rises, each
+    significantly; not held: one of them significantly the other way; otherwise inconclusive, with
+    the validation-loss rise the seeds resolve (power 0.8). Primary, pre-declared: the conjunction
+    of these changes (the claim names all three), each against 0 (:func:`verdicts.checks`: "the
+    other way" Holm-corrected over them).
     """
     if tiny:
         return ladder(unusable=True), "tiny run: a few fine-tuning steps"
@@ -245,9 +246,10 @@ _FIG7_PAIRS = {"BN + dropout 0.125, M = 256": "BN, M = 256", "WN + dropout 0.25,
 
 
 FIG7_SEEDS = (0, 1, 2)
-# Smoke only: WN at the lr ∝ M of 0.05·256/64 = 0.2 dies (validation loss ln 10 = 2.30, chance) or diverges in 2
-# of 3 seeds, an artifact no dropout comparison can rest on. The WN arms take the largest lr of {0.2, 0.1, 0.05} at
-# which WN *without* dropout trains in all 3 seeds (measured: 0.1), chosen before comparing with dropout.
+# Smoke only: WN at the lr ∝ M of 0.05·256/64 = 0.2 dies (validation loss ln 10 = 2.30, chance) or
+# diverges in 2 of 3 seeds, an artifact no dropout comparison can rest on. The WN arms take the
+# largest lr of {0.2, 0.1, 0.05} at which WN *without* dropout trains in all 3 seeds (measured:
+# 0.1), chosen before comparing with dropout.
 FIG7_SMOKE_WN_LR = 0.1
 
 
@@ -266,15 +268,15 @@ def _fig7_plan(preset: str) -> Plan:
 
 
 def fig7_summary(losses: dict[str, list[float]], tiny: bool = False) -> tuple[str, str]:
-    """Verdict on Fig. 7's claim from per-seed validation losses per arm (``losses``: arm label -> values):
-    does dropout after each BN/WN block lower the validation loss at M = 256?
+    """Verdict on Fig. 7's claim from per-seed validation losses per arm (``losses``: arm label ->
+    values): does dropout after each BN/WN block lower the validation loss at M = 256?
 
-    Rule: :data:`common.RULE` (Welch's t, α = 0.05, ≥ 3 seeds) on each pair of :data:`_FIG7_PAIRS`. Held:
-    both dropout arms significantly lower than their arm without dropout; not held: one significantly
-    higher; otherwise inconclusive, with the difference the seeds resolve (power 0.8). The premise (BN at
-    M = 256 worse than at M = 64) is tested the same way and reported. Primary, pre-declared: both
-    dropout arms lower (the claim is about each; :func:`verdicts.conjunction`, Holm over the two for
-    "higher").
+    Rule: :data:`common.RULE` (Welch's t, α = 0.05, ≥ 3 seeds) on each pair of :data:`_FIG7_PAIRS`.
+    Held: both dropout arms significantly lower than their arm without dropout; not held: one
+    significantly higher; otherwise inconclusive, with the difference the seeds resolve (power 0.8).
+    The premise (BN at M = 256 worse than at M = 64) is tested the same way and reported. Primary,
+    pre-declared: both dropout arms lower (the claim is about each; :func:`verdicts.conjunction`,
+    Holm over the two for "higher").
     """
     premise = compare_arms(losses.get("BN, M = 64") or [], losses.get("BN, M = 256") or [])
     comps = {arm: compare_arms(losses.get(ref) or [], losses.get(arm) or []) for arm, ref in _FIG7_PAIRS.items()}
@@ -293,7 +295,8 @@ def fig7_summary(losses: dict[str, list[float]], tiny: bool = False) -> tuple[st
 
 
 def fig7_values(runs, metric: str = "test_loss", fraction: float = 1.0) -> dict[str, list[float]]:
-    """Arm -> per-seed ``metric`` at ``fraction`` of training (mean of the 3 records up to there)."""
+    """Arm -> per-seed ``metric`` at ``fraction`` of training (mean of the 3 records up to
+    there)."""
     out: dict[str, list[float]] = {}
     for r in runs:
         value = window_mean(*r.series(metric), fraction) if r.status == "finished" else None

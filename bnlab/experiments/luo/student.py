@@ -1,6 +1,6 @@
-"""Luo et al. 2019, Fig. 2: ε_gen of the teacher–student BN perceptron against the load α (Fig. 3, validation
-loss at α = 1, is in :mod:`bnlab.experiments.luo.fig3`). Shared constants and helpers are in
-:mod:`bnlab.experiments.luo.common`."""
+"""Luo et al. 2019, Fig. 2: ε_gen of the teacher–student BN perceptron against the load α (Fig. 3,
+validation loss at α = 1, is in :mod:`bnlab.experiments.luo.fig3`). Shared constants and helpers are
+in :mod:`bnlab.experiments.luo.common`."""
 
 from __future__ import annotations
 
@@ -122,7 +122,8 @@ def _share_text(share: list[float], lo, hi) -> str:
 
 def fig2_points_verdict(block: dict, control: dict, upper: float) -> tuple[str, str, float | None]:
     """(verdict, summary, max |ln(seed-mean point / fitted curve)|) for one pair of simulation
-    blocks of the same run length: the BN student (``block``) and the no-batch-noise control (``control``).
+    blocks of the same run length: the BN student (``block``) and the no-batch-noise control
+    (``control``).
 
     Per α (:func:`luo.common.factor_test`): the BN per-seed points are "within" a factor 1.5 of the
     ridge curve fitted to their seed means when both one-sided Welch tests on ln(point) reject
@@ -220,8 +221,8 @@ def fig2_verdict(data: dict, tiny: bool) -> tuple[str, str, float | None]:
 
 
 def _fig2_ratios(data: dict) -> tuple[dict, dict]:
-    """Series of BN point / fitted curve per α (seed means) for each simulation block, and the seed range of
-    the primary (population-statistics) block as a band."""
+    """Series of BN point / fitted curve per α (seed means) for each simulation block, and the seed
+    range of the primary (population-statistics) block as a band."""
     ratio_series, bands = {}, {}
     for key, name in (("sim", "population statistics"), ("sim_short", "population statistics, 2/3 epochs"),
                       ("sim_train_stats", "training-set statistics")):

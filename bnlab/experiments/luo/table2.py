@@ -1,17 +1,19 @@
-"""Luo et al. 2019, Table 2: fixed points, maximum and effective learning rates of BN, WN and plain SGD.
+"""Luo et al. 2019, Table 2: fixed points, maximum and effective learning rates of BN, WN and plain
+SGD.
 
 The entry ``luo-table2`` compares Table 2's closed forms (computed in :mod:`bnlab.theory.luo`: ReLU
 teacher–student of §3, Eqs. 9–11) with simulations, as §3 does:
 
 * fixed point (γ₀, R₀): the order-parameter ODE (Eqs. 9–11) and the online SGD student of Eqs. 6–7
-  (:func:`bnlab.theory.luo.simulate_online_student`, several students) trained at a small η from
-  (γ, R) = (0.5, 0.2) end at γ ≈ γ₀ = 1/(2ζ + 1) and R ≈ 1 (R₀ = 1 for BN, WN and SGD alike);
-* η_max: with the weight norm L held at L₀ (η_eff = ηγ₀/L₀² is then constant, the setting of the linear
-  stability analysis), the ODE's fixed point is stable — a stable (γ*, R*) with R* ≤ 1 exists and a
-  perturbation of R decays — up to a learning rate found by bisection (:func:`simulated_threshold`);
-  Table 2 puts that edge at η_eff = η_max, i.e. η = η_max·L₀²/γ₀;
+  (:func:`bnlab.theory.luo.simulate_online_student`, several students) trained at a small η from (γ,
+  R) = (0.5, 0.2) end at γ ≈ γ₀ = 1/(2ζ + 1) and R ≈ 1 (R₀ = 1 for BN, WN and SGD alike);
+* η_max: with the weight norm L held at L₀ (η_eff = ηγ₀/L₀² is then constant, the setting of the
+  linear stability analysis), the ODE's fixed point is stable — a stable (γ*, R*) with R* ≤ 1 exists
+  and a perturbation of R decays — up to a learning rate found by bisection
+  (:func:`simulated_threshold`); Table 2 puts that edge at η_eff = η_max, i.e. η = η_max·L₀²/γ₀;
 * Proposition 3: η_max^bn ≥ η_max^{wn,sgd} + 2ζ;
-* η_eff^bn = γ₀η/L₀² rises with the batch size M, through ζ(M) of Eq. 13 (§3.3's second observation).
+* η_eff^bn = γ₀η/L₀² rises with the batch size M, through ζ(M) of Eq. 13 (§3.3's second
+  observation).
 
 The closed forms are reported in two versions: with ∂(R I₂)/∂R = I₂ + ∂I₂/∂R (derived again,
 :func:`bnlab.theory.luo.stability`) and as printed (I₂ dropped); the simulation decides which one
@@ -33,7 +35,8 @@ BATCH_SIZES = (8, 16, 32, 64, 128, 256)
 FIXED_POINT_ETA = 0.3  # small η: the O(η²) terms move R* by O(η) only
 GAMMA_TOL = 0.02       # |γ_sim − γ₀| / γ₀
 R_TOL = 0.01           # 1 − R_sim
-ETA_TOL = 0.05         # |η_sim − η_closed| / η_closed: Table 2 linearizes at (γ₀, 1); the finite-η fixed point
+# |η_sim − η_closed| / η_closed: Table 2 linearizes at (γ₀, 1); the finite-η fixed point
+ETA_TOL = 0.05
                        # sits at R* < 1 (the O(η²) term), which moves the edge by a few per cent
 SETTINGS = {"smoke": {"N": 250, "students": 4, "t_max": 60.0}, "paper": {"N": 1000, "students": 8, "t_max": 100.0}}
 
@@ -50,15 +53,18 @@ def _fixed_norm_rhs(eta: float, zeta: float, L: float):
 
 
 def stable_at(eta: float, zeta: float, gamma0: float, L: float = 1.0, horizon: float = 3.0) -> bool:
-    """Eqs. 9–10 with L frozen at ``L``: is there a fixed point (γ*, R*) near (γ₀, 1) with R* ≤ 1 from which
-    a perturbation δR = −1e-4 decays over ``horizon``? (A root with R* > 1 is not a state of the student.)"""
+    """Eqs. 9–10 with L frozen at ``L``: is there a fixed point (γ*, R*) near (γ₀, 1) with R* ≤ 1
+    from which a perturbation δR = −1e-4 decays over ``horizon``? (A root with R* > 1 is not a state
+    of the student.)"""
     from scipy import integrate, optimize
 
     f = _fixed_norm_rhs(eta, zeta, L)
     root = optimize.root(lambda y: f(0.0, y), [gamma0, 0.999])
     g_star, r_star = (float(v) for v in root.x)
     if r_star > 1.0 and max(abs(v) for v in f(0.0, [g_star, 1.0])) < 1e-10:
-        r_star = 1.0  # R = 1 itself is the fixed point where the I₂ term vanishes (WN, SGD; the solver may step past it)
+        # R = 1 itself is the fixed point where the I₂ term vanishes (WN, SGD; the solver may step
+        # past it)
+        r_star = 1.0
     if not root.success or r_star > 1.0 + 1e-9 or g_star <= 0:
         return False
     kick = 1e-4
@@ -67,7 +73,8 @@ def stable_at(eta: float, zeta: float, gamma0: float, L: float = 1.0, horizon: f
 
 
 def simulated_threshold(zeta: float, L: float = 1.0, iters: int = 30) -> float:
-    """The largest η at which :func:`stable_at` holds, by bisection on [0.25, 4] × the closed-form edge."""
+    """The largest η at which :func:`stable_at` holds, by bisection on [0.25, 4] × the closed-form
+    edge."""
     st = luo.stability(zeta, eta=1.0, L0=L, method=_method(zeta))
     edge = st["eta_max"] * L**2 / st["gamma0"]
     lo, hi = 0.25 * edge, 4.0 * edge
@@ -80,7 +87,8 @@ def simulated_threshold(zeta: float, L: float = 1.0, iters: int = 30) -> float:
 
 
 def table2_data(preset: str = "smoke", tiny: bool = False) -> dict:
-    """Closed forms and simulations of Table 2 for every ζ of :data:`ZETAS` (ReLU, L₀ = 1, η = 1 in η_eff)."""
+    """Closed forms and simulations of Table 2 for every ζ of :data:`ZETAS` (ReLU, L₀ = 1, η = 1 in
+    η_eff)."""
     cfg = dict(SETTINGS[preset])
     if tiny:
         cfg.update(N=40, students=1, t_max=2.0)

@@ -1,13 +1,15 @@
-"""Yong, Huang, Meng, Hua & Zhang 2020 — Momentum batch normalization for deep learning with small batch size.
+"""Yong, Huang, Meng, Hua & Zhang 2020 — Momentum batch normalization for deep learning with small
+batch size.
 
-Only the paper's supplementary material was available to us (Theorems 1–2); MBN itself is specified in issue 2
-(item 7, ``bnlab.norms`` spec ``mbn(ideal_batch=32, tau0=0.9)``). Entry:
+Only the paper's supplementary material was available to us (Theorems 1–2); MBN itself is specified
+in issue 2 (item 7, ``bnlab.norms`` spec ``mbn(ideal_batch=32, tau0=0.9)``). Entry:
 
-* ``mbn-batch-size`` — BN against MBN at batch sizes 2…32: final test accuracy against the batch size,
-  and the noise of the normalizer each uses at the last epoch (``bnlab.theory.mbn.moving_average_noise``).
-  Three data-parallel arms reach a small per-device batch the way users meet it: P processes sharing a
-  global batch of 4P (4 per process), with per-process BN statistics (plain DDP), with synchronized BN
-  (``bnlab.norms.convert_sync``: the statistics of the global batch) and with per-process MBN.
+* ``mbn-batch-size`` — BN against MBN at batch sizes 2…32: final test accuracy against the batch
+  size, and the noise of the normalizer each uses at the last epoch
+  (``bnlab.theory.mbn.moving_average_noise``). Three data-parallel arms reach a small per-device
+  batch the way users meet it: P processes sharing a global batch of 4P (4 per process), with
+  per-process BN statistics (plain DDP), with synchronized BN (``bnlab.norms.convert_sync``: the
+  statistics of the global batch) and with per-process MBN.
 """
 
 from __future__ import annotations
@@ -28,16 +30,17 @@ NORMS = {"BN": "bn", "MBN": "mbn"}
 PROCESSES = {"smoke": 2, "paper": 4}  # the data-parallel arms: P processes, PER_DEVICE samples each
 PER_DEVICE = 4
 DDP_ARMS = {"unsynced BN": ("bn", False), "synced BN": ("bn", True), "unsynced MBN": ("mbn", False)}
-SEEDS = (0, 1, 2)  # the runs the claim compares (BN and MBN at the smallest and the ideal M); others one seed
+# the runs the claim compares (BN and MBN at the smallest and the ideal M); others one seed
+SEEDS = (0, 1, 2)
 
 
 def _base(preset: str) -> dict:
     """Training recipe shared by every run; lr scaled ∝ M (linear scaling from 0.1 at M = 32).
 
-    Paper preset: the main text's settings are not in the repository (only the supplement is), so this
-    is a standard CIFAR-10 recipe on bnlab's ResNet-20 — to be checked against the paper's §5.
-    Smoke: a 3-layer MLP (width 64) on digits, 6 epochs, so that MBN's λ schedule (λ(1) = 0 …
-    λ(T) = 1 − M/m0) has several epochs to act.
+    Paper preset: the main text's settings are not in the repository (only the supplement is), so
+    this is a standard CIFAR-10 recipe on bnlab's ResNet-20 — to be checked against the paper's §5.
+    Smoke: a 3-layer MLP (width 64) on digits, 6 epochs, so that MBN's λ schedule (λ(1) = 0 … λ(T) =
+    1 − M/m0) has several epochs to act.
     """
     if preset == "paper":
         return {"model": "resnet20", "data": "cifar10", "epochs": 160, "momentum": 0.9, "weight_decay": 5e-4,
@@ -62,7 +65,8 @@ def _plan(preset: str) -> Plan:
 
 
 def ddp_runs(base: dict, processes: int) -> list[RunSpec]:
-    """The data-parallel arms: ``processes`` × PER_DEVICE samples, lr scaled with the global batch."""
+    """The data-parallel arms: ``processes`` × PER_DEVICE samples, lr scaled with the global
+    batch."""
     m = processes * PER_DEVICE
     return [RunSpec(f"{processes} processes × {PER_DEVICE}: {arm}",
                     {**base, "norm": norm, "batch_size": m, "lr": 0.1 * m / 32, "nproc": processes, "sync_norms": sync},
@@ -71,7 +75,8 @@ def ddp_runs(base: dict, processes: int) -> list[RunSpec]:
 
 
 def ddp_table(runs, acc: dict[str, dict[int, float | None]]) -> tuple[list[dict], str]:
-    """Rows (and a summary clause) for the data-parallel arms, next to the one-process runs they mirror."""
+    """Rows (and a summary clause) for the data-parallel arms, next to the one-process runs they
+    mirror."""
     ddp = {r.factors["arm"]: r for r in runs if r.factors.get("nproc")}
     if not ddp:
         return [], ""
@@ -120,9 +125,9 @@ def _accuracy(run) -> float | None:
 def batch_size_verdict(acc: dict[str, dict[int, dict[int, float | None]]], tiny: bool) -> tuple[str, str]:
     """MBN loses less accuracy than BN from the ideal batch M = 32 to the smallest, M = 2.
 
-    ``acc[norm][M][seed]``: final test accuracy. Per seed, the drop acc(32) − acc(2); MBN's drops against
-    BN's by :data:`common.RULE` (Welch's t, ≥ 3 seeds): held if significantly smaller, not held if
-    significantly larger, otherwise inconclusive with the difference the seeds resolve.
+    ``acc[norm][M][seed]``: final test accuracy. Per seed, the drop acc(32) − acc(2); MBN's drops
+    against BN's by :data:`common.RULE` (Welch's t, ≥ 3 seeds): held if significantly smaller, not
+    held if significantly larger, otherwise inconclusive with the difference the seeds resolve.
 
     Primary, pre-declared: MBN's drop − BN's drop, per seed, lower (:func:`verdicts.decide`).
     """

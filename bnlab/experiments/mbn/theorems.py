@@ -1,5 +1,6 @@
-"""``mbn-theorems`` (Yong et al. 2020, Momentum BN, supplementary Theorems 1–2 and the moving statistics'
-noise): numerical checks; the conventions of the theorem entries are in ``bnlab.experiments.peng.theorems``."""
+"""``mbn-theorems`` (Yong et al. 2020, Momentum BN, supplementary Theorems 1–2 and the moving
+statistics' noise): numerical checks; the conventions of the theorem entries are in
+``bnlab.experiments.peng.theorems``."""
 
 from __future__ import annotations
 
@@ -13,15 +14,16 @@ from ..base import Experiment, Outcome, Plan, register
 from ..common import safe_panels
 from ..verdicts import explain, holm, ladder
 
-# ---- Momentum BN, supplementary Theorems 1–2 and the moving statistics ---------------------------------
+# ---- Momentum BN, supplementary Theorems 1–2 and the moving statistics ---------------------------
 
 MBN_M = (4, 16, 64)
 MBN_MOMENTA = (0.5, 0.9)
 
 
 def mbn_data(tiny: bool = False) -> dict:
-    """Theorem 1 (KS distances of ξ_μ, ξ_σ to their laws, Gaussian data), Theorem 2 (its terms against a
-    Monte Carlo of E[l], l = cos), and the moving statistics' variance against the AR(1) prediction."""
+    """Theorem 1 (KS distances of ξ_μ, ξ_σ to their laws, Gaussian data), Theorem 2 (its terms
+    against a Monte Carlo of E[l], l = cos), and the moving statistics' variance against the AR(1)
+    prediction."""
 
     n = 2000 if tiny else 20_000
     thm1 = [theorem1_report(m, n, seed=m) for m in MBN_M]
@@ -36,7 +38,8 @@ def mbn_data(tiny: bool = False) -> dict:
 
 
 def _thm2_gap(entry: dict) -> tuple[float, float]:
-    """(max |l + R^add + R^mul + R − Monte Carlo|, max Monte-Carlo SE) over the points of one batch size."""
+    """(max |l + R^add + R^mul + R − Monte Carlo|, max Monte-Carlo SE) over the points of one batch
+    size."""
     terms, mc = entry["series"], entry["mc"]
     total = sum(np.asarray(terms[k], dtype=float) for k in ("loss", "R_add", "R_mul", "R"))
     return float(np.max(np.abs(total - np.asarray(mc["mean"], dtype=float)))), float(
@@ -45,10 +48,11 @@ def _thm2_gap(entry: dict) -> tuple[float, float]:
 
 
 def mbn_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
-    """Primary: the moving statistics' variance (1−λ)/(1+λ)·Var_BN within 4 Monte-Carlo SEs (the variance of
-    a sample variance of an AR(1) series: √(2/n_eff)·var, n_eff = n(1−λ²)/(1+λ²)) for every m and λ; Theorem 1's
-    laws not rejected by Kolmogorov–Smirnov tests (Holm over the 2·len(m) tests, α = 0.05; Gaussian data, where
-    they are exact); Theorem 2's expansion within 4 Monte-Carlo SEs."""
+    """Primary: the moving statistics' variance (1−λ)/(1+λ)·Var_BN within 4 Monte-Carlo SEs (the
+    variance of a sample variance of an AR(1) series: √(2/n_eff)·var, n_eff = n(1−λ²)/(1+λ²)) for
+    every m and λ; Theorem 1's laws not rejected by Kolmogorov–Smirnov tests (Holm over the 2·len(m)
+    tests, α = 0.05; Gaussian data, where they are exact); Theorem 2's expansion within 4
+    Monte-Carlo SEs."""
     from scipy import stats
 
     if not data.get("moving"):

@@ -1,5 +1,6 @@
-"""Shared pieces of the Peng et al. (CBN) entries: the rows of Tables 1–4 as norm specs, the paper's numbers,
-the training recipes of the two presets and small formatting helpers (used by the entry modules of this package)."""
+"""Shared pieces of the Peng et al. (CBN) entries: the rows of Tables 1–4 as norm specs, the paper's
+numbers, the training recipes of the two presets and small formatting helpers (used by the entry
+modules of this package)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ ROW_FEATURES = {"①": (False, False, False, False), "②": (True, True, True, T
 
 def cbn_spec(*, rho: float | None = None, amat: bool = True, decouple: bool = True, omega: float | None = None,
              eta: float | None = None) -> str:
-    """The canonical ``cbn(...)`` spec string (one spelling per layer, so equal layers share run ids)."""
+    """The canonical ``cbn(...)`` spec string (one spelling per layer, so equal layers share run
+    ids)."""
     args = []
     if not decouple:
         args.append("decouple=false")
@@ -101,8 +103,8 @@ PRINTED_IMPROVEMENTS: dict[int, dict[str, tuple[float, ...]]] = {
     4: {"②": (12.04, 5.58, 1.16, 5.87, 2.15), "③": (9.66, 4.35, -.47, 4.66, .37), "④": (10.64, 4.62, .30, 4.75, 1.01),
         "⑤": (11.07, 4.99, .89, 5.08, 1.33), "⑥": (2.96, .35, .21, 1.05, .09), "⑦": (3.72, .44, .35, 1.28, .17)},
 }
-# Printed improvements that differ from (row − row ①) by more than rounding (0.01): slips in the paper,
-# found by tests/test_experiments_peng.py::test_paper_tables_against_printed_improvements.
+# Printed improvements that differ from (row − row ①) by more than rounding (0.01): slips in the
+# paper, found by tests/test_experiments_peng.py::test_paper_tables_against_printed_improvements.
 # Table 3's Tanh entries of rows ③ and ④ are swapped (66.42 − 63.15 = 3.27, 66.24 − 63.15 = 3.09).
 IMPROVEMENT_SLIPS = {(1, "②", "sigmoid"), (1, "⑥", "sigmoid"), (2, "②", "sigmoid"), (3, "③", "tanh"),
                      (3, "④", "tanh"), (3, "⑦", "tanh"), (4, "⑥", "swish"), (4, "⑦", "swish")}
@@ -123,20 +125,21 @@ SMOKE_WIDTH = {"resnet20": 0.25, "vgg16": 0.125}
 # (``scale_invariant=[]``: 22 extra forward passes per run, nothing it finds would be used).
 PAPER_RECIPE = dict(epochs=120, lr=0.1, momentum=0.9, weight_decay=5e-4, batch_size=128, schedule="step:60,100",
                     augment=True, scale_invariant=[])
-# ResNet-20's block in Peng's form (Eq. 7: x⁽ˡ⁺¹⁾ = 𝕀(SC)·x⁽ˡ⁾ + δ(y⁽ˡ⁾), the activation before the shortcut sum)
-# for every row: Eq. 13 writes the vanilla-BN block the same way, and Fig. 1 draws (b) and (c) with one
-# shortcut, so the BN rows and the CBN rows differ only in the norm. He's form (activation after the sum) is a
-# side arm of the ResNet tables' smoke preset.
+# ResNet-20's block in Peng's form (Eq. 7: x⁽ˡ⁺¹⁾ = 𝕀(SC)·x⁽ˡ⁾ + δ(y⁽ˡ⁾), the activation before the
+# shortcut sum) for every row: Eq. 13 writes the vanilla-BN block the same way, and Fig. 1 draws (b)
+# and (c) with one shortcut, so the BN rows and the CBN rows differ only in the norm. He's form
+# (activation after the sum) is a side arm of the ResNet tables' smoke preset.
 RESIDUAL = "peng"
-# Smoke: digits upsampled to 16×16 (digits(size=16)): on 8×8 inputs ResNet-20's stage 3 is 2×2 (every
-# position is border) and the zero-padding pattern made up 93–100 % of the deep norms' input variance of
-# BN + Sigmoid (issue 10); 16×16 leaves 4×4 maps there at ≈ 2.2× the step cost (32×32: ≈ 4.2×). 15 epochs of 12
-# steps (180 steps; lr ÷10 for the last 3 epochs, so AMAT — η = max(1 − 10·lr, 0) = 0 at lr 0.1 — acts for the
-# last 36 steps as after epoch 60 in the paper).
+# Smoke: digits upsampled to 16×16 (digits(size=16)): on 8×8 inputs ResNet-20's stage 3 is 2×2
+# (every position is border) and the zero-padding pattern made up 93–100 % of the deep norms' input
+# variance of BN + Sigmoid (issue 10); 16×16 leaves 4×4 maps there at ≈ 2.2× the step cost (32×32: ≈
+# 4.2×). 15 epochs of 12 steps (180 steps; lr ÷10 for the last 3 epochs, so AMAT — η = max(1 −
+# 10·lr, 0) = 0 at lr 0.1 — acts for the last 36 steps as after epoch 60 in the paper).
 SMOKE_SIZE = 16
 SMOKE_RECIPE = dict(data="digits", data_options={"size": SMOKE_SIZE}, epochs=15, lr=0.1, momentum=0.9,
                     weight_decay=5e-4, batch_size=128, schedule="step:12", scale_invariant=[])
-# The arms a claim compares run with 3 seeds in smoke (common.RULE), 10 in paper (the paper's trials).
+# The arms a claim compares run with 3 seeds in smoke (common.RULE), 10 in paper (the paper's
+# trials).
 SMOKE_SEEDS = (0, 1, 2)
 
 
@@ -154,8 +157,8 @@ def _base(model: str, data: str, preset: str, residual: str = RESIDUAL) -> dict[
     base = dict(model=model, model_options=model_options(model, preset, residual), **SMOKE_RECIPE)
     if data == "cifar100":
         # digits has 10 classes and nothing stands in for CIFAR-100's 100; half the training images
-        # make a harder task, and keep Tables 3/4's smoke runs distinct from Tables 1/2's. 22 epochs of
-        # 8 steps (lr ÷10 for the last 4) give about the same 180 steps as the other smoke runs.
+        # make a harder task, and keep Tables 3/4's smoke runs distinct from Tables 1/2's. 22 epochs
+        # of 8 steps (lr ÷10 for the last 4) give about the same 180 steps as the other smoke runs.
         base.update(data_options={"size": SMOKE_SIZE, "test_fraction": 0.5}, epochs=22, schedule="step:18")
     return base
 
@@ -180,9 +183,10 @@ def _status_note(ctx) -> str:
 
 
 def padding_shares(model: str, options: dict[str, Any], sizes=(8, SMOKE_SIZE, 32), n: int = 128) -> dict:
-    """Padding-pattern share of the norms' input variance (``bnlab.models.padding_share_by_size``) at
-    initialization, BN (①) and CBN (②) with Sigmoid (where issue 10 found the artifact), for digits at each
-    input size: ``{arm: {"16×16": {"8×8": share, ...}}}``. The first ``n`` training images, seed 0."""
+    """Padding-pattern share of the norms' input variance (``bnlab.models.padding_share_by_size``)
+    at initialization, BN (①) and CBN (②) with Sigmoid (where issue 10 found the artifact), for
+    digits at each input size: ``{arm: {"16×16": {"8×8": share, ...}}}``. The first ``n`` training
+    images, seed 0."""
     out: dict[str, dict] = {}
     for row in ("①", "②"):
         norm, placement = row_spec(row, "sigmoid")
@@ -193,7 +197,8 @@ def padding_shares(model: str, options: dict[str, Any], sizes=(8, SMOKE_SIZE, 32
             extra = {"residual": RESIDUAL} if model == "resnet20" else {}
             net = models.create(model, norm=norm, placement=placement, activation="sigmoid",
                                 input_shape=ds.input_shape, seed=0, **options, **extra)
-            # the first training step's η (CBN's AMAT needs the lr; without it, it warned and ran η = 0)
+            # the first training step's η (CBN's AMAT needs the lr; without it, it warned and ran η
+            # = 0)
             set_progress(net, lr=SMOKE_RECIPE["lr"], epoch=1, epochs=SMOKE_RECIPE["epochs"])
             with torch.random.fork_rng(devices=[]):
                 out[arm][f"{size}×{size}"] = models.padding_share_by_size(net, ds.x_train[:n])

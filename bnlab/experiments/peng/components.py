@@ -1,6 +1,6 @@
 """Peng et al. (CBN) §6.3, CBN's components (no normalization, mean removal, ℓ2 normalization, CBN):
-``peng-table6`` (maximal learning rate) and ``peng-fig7`` (gradient norm). Registered on import (the catalogue
-imports this module, :data:`bnlab.experiments.base.ENTRY_MODULES`)."""
+``peng-table6`` (maximal learning rate) and ``peng-fig7`` (gradient norm). Registered on import (the
+catalogue imports this module, :data:`bnlab.experiments.base.ENTRY_MODULES`)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ T6_APPROACHES = {"no normalization": "none", "mean removal": "mean_only_bn",
                  "ℓ2 normalization": "cbn(center=false, amat=false)", "CBN": "cbn(amat=true)"}
 T6_ORDER = tuple(T6_APPROACHES)
 T6_SMOKE_ACTIVATIONS = ("sigmoid", "tanh", "relu")
-# 1e-4 trains nothing in 36 steps, so it can never be the maximal stable rate there: left out of smoke.
+# 1e-4 trains nothing in 36 steps, so it can never be the maximal stable rate there: left out of
+# smoke.
 SMOKE_LR_CANDIDATES = LR_CANDIDATES[1:]
 T6_SEEDS = (0, 1, 2)
 NONE_TRAINS = 1e-5  # the maximal stable lr of a seed where no candidate trains: below the grid
@@ -33,7 +34,8 @@ NONE_TRAINS = 1e-5  # the maximal stable lr of a seed where no candidate trains:
 
 def _t6_plan(preset: str) -> Plan:
     if preset == "paper":
-        # Table 6's caption says CIFAR-10 (as does Fig. 7's, the same ablation); §6.3's text says CIFAR-100.
+        # Table 6's caption says CIFAR-10 (as does Fig. 7's, the same ablation); §6.3's text says
+        # CIFAR-100.
         base, acts = _base("resnet20", "cifar10", "paper"), ACTIVATIONS
         extra_seeds, candidates = range(len(T6_SEEDS), PAPER_TRIALS), LR_CANDIDATES
     else:
@@ -43,7 +45,8 @@ def _t6_plan(preset: str) -> Plan:
     runs = []
     for act in acts:
         for name, norm in T6_APPROACHES.items():
-            for seed in T6_SEEDS:  # the lr grid per seed: a maximal stable lr per seed, compared by the rule
+            # the lr grid per seed: a maximal stable lr per seed, compared by the rule
+            for seed in T6_SEEDS:
                 for lr in candidates:
                     label = f"{name} · {ACT_TITLE[act]} · lr {lr:g}" + (f" · seed {seed}" if seed else "")
                     runs.append(RunSpec(label,
@@ -60,9 +63,10 @@ def run_trains(run, num_classes: int = 10) -> bool:
     """Did this run train without collapsing (Peng §6.3's criterion, made operational)?
 
     Collapsed: not finished (diverged to a non-finite loss, or failed), or the final epoch's mean
-    training loss is not finite, not below the first step's loss, or not below chance level ln(C) − 0.05
-    (a network stuck at uniform predictions). In a short smoke run the smallest candidates may also
-    count as "not trained"; that does not move the *maximal* stable rate as long as a larger one trains.
+    training loss is not finite, not below the first step's loss, or not below chance level ln(C) −
+    0.05 (a network stuck at uniform predictions). In a short smoke run the smallest candidates may
+    also count as "not trained"; that does not move the *maximal* stable rate as long as a larger
+    one trains.
     """
     if run.status != "finished":
         return False
@@ -79,14 +83,14 @@ def run_trains(run, num_classes: int = 10) -> bool:
 def table6_verdict(lr_max: dict[tuple[str, str], list[float | None]], tiny: bool = False) -> tuple[str, str]:
     """Verdict on §6.3's ordering of the maximal learning rate, per activation.
 
-    ``lr_max[(approach, activation)]`` = per-seed maximal stable lr (None: nothing trained, counted as
-    :data:`NONE_TRAINS`). Claim: mean removal and ℓ2 normalization both raise the maximal stable lr over
-    no normalization, ℓ2 more than mean removal, and CBN keeps at least ℓ2's. Each step of the order
-    none ≤ mean removal ≤ ℓ2 ≤ CBN is tested on log10 lr by :data:`common.RULE` (Welch's t, ≥ 3 seeds;
-    identical seeds make any difference significant). "not held" if a step is significantly reversed
-    for some activation (Holm over all steps); "held" if none is and ℓ2 significantly raises the
-    rate over none for at least one activation (primary, pre-declared: ℓ2 − none in log10 lr, Holm
-    over the activations); otherwise "inconclusive".
+    ``lr_max[(approach, activation)]`` = per-seed maximal stable lr (None: nothing trained, counted
+    as :data:`NONE_TRAINS`). Claim: mean removal and ℓ2 normalization both raise the maximal stable
+    lr over no normalization, ℓ2 more than mean removal, and CBN keeps at least ℓ2's. Each step of
+    the order none ≤ mean removal ≤ ℓ2 ≤ CBN is tested on log10 lr by :data:`common.RULE` (Welch's
+    t, ≥ 3 seeds; identical seeds make any difference significant). "not held" if a step is
+    significantly reversed for some activation (Holm over all steps); "held" if none is and ℓ2
+    significantly raises the rate over none for at least one activation (primary, pre-declared: ℓ2 −
+    none in log10 lr, Holm over the activations); otherwise "inconclusive".
     """
     acts = sorted({a for _, a in lr_max}, key=lambda a: ACTIVATIONS.index(a) if a in ACTIVATIONS else 99)
     if not acts:
@@ -160,7 +164,8 @@ def _t6_analyze(ctx) -> Outcome:
 
 
 def _mean_log10(rates: list[float | None] | None) -> float:
-    """Mean over seeds of log10 maximal stable lr (NONE_TRAINS where nothing trained); NaN without runs."""
+    """Mean over seeds of log10 maximal stable lr (NONE_TRAINS where nothing trained); NaN without
+    runs."""
     return sum(math.log10(r or NONE_TRAINS) for r in rates) / len(rates) if rates else float("nan")
 
 
@@ -183,10 +188,11 @@ register(Experiment(
 
 
 
-# ---- Fig. 7: gradient norm of CBN's components -------------------------------------------------------
+# ---- Fig. 7: gradient norm of CBN's components ---------------------------------------------------
 
 F7_SMOKE_ACTIVATIONS = ("sigmoid", "tanh", "relu")
-F7_SMOKE_EPOCHS = 8      # 96 steps at a constant lr: the gradient norm is compared after its first quarter
+# 96 steps at a constant lr: the gradient norm is compared after its first quarter
+F7_SMOKE_EPOCHS = 8
 F7_PROBE_EVERY = 4
 
 
@@ -208,8 +214,8 @@ def _f7_plan(preset: str) -> Plan:
 
 def mean_sq_grad_norm(run, skip_fraction: float = 0.25) -> float | None:
     """log10 of the mean of ``probe/grad_stats/sq_norm`` (E‖g‖², Peng's "stochastic gradient squared
-    expectation") after the first quarter of the probes; log because the approaches differ by orders of
-    magnitude and seeds spread multiplicatively. None without finite measurements."""
+    expectation") after the first quarter of the probes; log because the approaches differ by orders
+    of magnitude and seeds spread multiplicatively. None without finite measurements."""
     _, values = run.series("probe/grad_stats/sq_norm")
     values = [v for v in (finite_or_none(v) for v in values) if v is not None and v > 0]
     if not values:
@@ -222,13 +228,14 @@ F7_CLAIMS = (("mean removal", "no normalization"), ("ℓ2 normalization", "no no
 
 
 def fig7_verdict(sq: dict[str, dict[str, list[float]]], tiny: bool = False) -> tuple[str, str]:
-    """§6.3 / Fig. 7: mean removal and ℓ2 normalization each lower E‖g‖² relative to no normalization.
+    """§6.3 / Fig. 7: mean removal and ℓ2 normalization each lower E‖g‖² relative to no
+    normalization.
 
-    ``sq[activation][approach]`` = per-seed log10 E‖g‖² (:func:`mean_sq_grad_norm`). Each claim (mean removal
-    < none, ℓ2 < none) per activation by :data:`common.RULE`. Primary, pre-declared: their
-    conjunction (:func:`verdicts.conjunction`): held when every comparison is significantly "lower";
-    not held when some is significantly "higher" after Holm's correction over the family; otherwise
-    inconclusive. ℓ2 vs mean removal and CBN vs none are reported, not judged.
+    ``sq[activation][approach]`` = per-seed log10 E‖g‖² (:func:`mean_sq_grad_norm`). Each claim
+    (mean removal < none, ℓ2 < none) per activation by :data:`common.RULE`. Primary, pre-declared:
+    their conjunction (:func:`verdicts.conjunction`): held when every comparison is significantly
+    "lower"; not held when some is significantly "higher" after Holm's correction over the family;
+    otherwise inconclusive. ℓ2 vs mean removal and CBN vs none are reported, not judged.
     """
     if not sq:
         return ladder(unusable=True), "no runs" + (" (tiny runs)" if tiny else "")

@@ -1,5 +1,5 @@
-"""Peng et al. (CBN) figure entries ``peng-fig2``, ``peng-fig8`` and ``peng-fig10`` (registered on import;
-the catalogue imports this module, :data:`bnlab.experiments.base.ENTRY_MODULES`)."""
+"""Peng et al. (CBN) figure entries ``peng-fig2``, ``peng-fig8`` and ``peng-fig10`` (registered on
+import; the catalogue imports this module, :data:`bnlab.experiments.base.ENTRY_MODULES`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ..common import RULE, compare_arms, finite_or_none, mean_curve, safe_panels
 from ..verdicts import NOT_HELD, conjunction, explain, family, ladder
 from .common import ACT_TITLE, ACTIVATIONS, RHO_GRID, RHO_STAR, _base, _run, _status_note, cbn_spec
 
-# ---- Figs 2–3: η_k and τ_k -------------------------------------------------------------------------
+# ---- Figs 2–3: η_k and τ_k -----------------------------------------------------------------------
 
 FIG2_LAYERS = {"layer#2 (stage1.0.cbn1)": "stage1.0.unit1", "layer#8 (stage2.0.cbn1)": "stage2.0.unit1",
                "layer#14 (stage3.0.cbn1)": "stage3.0.unit1"}
@@ -21,13 +21,14 @@ FIG2_LAYERS = {"layer#2 (stage1.0.cbn1)": "stage1.0.unit1", "layer#8 (stage2.0.c
 
 def _fig2_plan(preset: str) -> Plan:
     if preset == "paper":
-        # about once an epoch; 390, not 391 (= steps per epoch), so the probes do not all land on the
-        # epoch's last, 80-sample batch
+        # about once an epoch; 390, not 391 (= steps per epoch), so the probes do not all land on
+        # the epoch's last, 80-sample batch
         base = {**_base("resnet20", "cifar10", "paper"), "probe_every": 390}
     else:
-        # width ¼ (layer #2 has 4 channels, so one step's fraction moves in quarters; the verdict averages the
-        # second half of training): at full width CBN (ρ = 1, lr 0.1) diverged on digits within 62 s (measured
-        # 2026-11-26, issue 19; at width ½ issue 19's re-run saw it fail to train), so full width decides nothing
+        # width ¼ (layer #2 has 4 channels, so one step's fraction moves in quarters; the verdict
+        # averages the second half of training): at full width CBN (ρ = 1, lr 0.1) diverged on
+        # digits within 62 s (measured 2026-11-26, issue 19; at width ½ issue 19's re-run saw it
+        # fail to train), so full width decides nothing
         base = _base("resnet20", "digits", "smoke")
         base = {**base, "probe_every": 6, "model_options": {**base["model_options"], "width": FIG2_SMOKE_WIDTH}}
     # Fig. 3's caption: "we set ρ = 1 in the experiment"; ResNet-20's own activation, ReLU.
@@ -36,19 +37,22 @@ def _fig2_plan(preset: str) -> Plan:
 
 
 def _find_layer_metric(run, quantity: str, layer: str) -> str | None:
-    """The stored name of ``probe/cbn_ratios/<quantity>/<layer>[.k]`` (the norm's index inside the block varies)."""
+    """The stored name of ``probe/cbn_ratios/<quantity>/<layer>[.k]`` (the norm's index inside the
+    block varies)."""
     prefix = f"probe/cbn_ratios/{quantity}/{layer}"
     names = [n for n in run.metric_names(prefix) if n == prefix or n.startswith(prefix + ".")]
     return names[0] if names else None
 
 
 FIG2_SMOKE_WIDTH = 0.25
-FIG2_SKIP = 0.5  # the first half of training is the start-up transient; the verdict reads the second half
+# the first half of training is the start-up transient; the verdict reads the second half
+FIG2_SKIP = 0.5
 
 
 def ratio_fractions(run, skip: float = FIG2_SKIP) -> dict[str, dict[str, float | None]]:
-    """Mean over the probe steps after the first ``skip`` of training (the start-up transient, where the moving
-    averages are still filling) of the fraction of channels with 0 ≤ η ≤ 2 and 0 < τ < 1, per Fig. 2 layer."""
+    """Mean over the probe steps after the first ``skip`` of training (the start-up transient, where
+    the moving averages are still filling) of the fraction of channels with 0 ≤ η ≤ 2 and 0 < τ < 1,
+    per Fig. 2 layer."""
     out = {}
     for title, layer in FIG2_LAYERS.items():
         out[title] = {}
@@ -62,11 +66,11 @@ def ratio_fractions(run, skip: float = FIG2_SKIP) -> dict[str, dict[str, float |
 
 
 def fig2_verdict(fractions: dict[str, dict[str, float | None]], tiny: bool = False) -> tuple[str, str]:
-    """Theorems 2–3's assumptions "can be commonly satisfied": held if, averaged over training, at least 90 % of
-    the channels of each of the three layers have 0 ≤ η ≤ 2 and 0 < τ < 1; not held if fewer than 75 % for some
-    layer and ratio; inconclusive in between, with missing data, or on tiny runs. Primary,
-    pre-declared: the smallest fraction over the layers and ratios against these two thresholds (a
-    check on measured shares)."""
+    """Theorems 2–3's assumptions "can be commonly satisfied": held if, averaged over training, at
+    least 90 % of the channels of each of the three layers have 0 ≤ η ≤ 2 and 0 < τ < 1; not held if
+    fewer than 75 % for some layer and ratio; inconclusive in between, with missing data, or on tiny
+    runs. Primary, pre-declared: the smallest fraction over the layers and ratios against these two
+    thresholds (a check on measured shares)."""
     values = [(layer, ratio, v) for layer, d in fractions.items() for ratio, v in d.items()]
     if not values or any(v is None for _, _, v in values):
         return ladder(unusable=True), ("no cbn_ratios measurements for some layer"
@@ -129,10 +133,12 @@ def _fig8_plan(preset: str) -> Plan:
         # Figs 8–9's captions: VGG-16 on CIFAR-100 (§6.4's text says ResNet-20).
         base = _base("vgg16", "cifar100", "paper")
     else:
-        base = _base("resnet20", "cifar10", "smoke")  # = Table 1's smoke runs: ρ* and BN runs are shared
+        # = Table 1's smoke runs: ρ* and BN runs are shared
+        base = _base("resnet20", "cifar10", "smoke")
     runs = []
     for act in ACTIVATIONS:
-        for seed in FIG8_SEEDS if act in FIG8_JUDGED else (0,):  # the judged claim: 3 seeds; the rest shown
+        # the judged claim: 3 seeds; the rest shown
+        for seed in FIG8_SEEDS if act in FIG8_JUDGED else (0,):
             runs.append(RunSpec(f"BN · {ACT_TITLE[act]} · seed {seed}",
                                 _run(base, norm="bn", placement="pre_activation", activation=act, seed=seed),
                                 {"activation": act, "rho": None, "seed": seed}))
@@ -148,14 +154,15 @@ FIG8_SEEDS = (0, 1, 2)
 
 
 def fig8_verdict(acc: dict[str, dict[float | None, list[float]]], tiny: bool = False) -> tuple[str, str]:
-    """§6.4: (a) with Sigmoid and Tanh even the worst ρ beats vanilla BN (judged); (b) Sigmoid/Tanh are more
-    sensitive to ρ than ReLU/SELU/Swish (reported: range over the grid of the seed-mean accuracy).
+    """§6.4: (a) with Sigmoid and Tanh even the worst ρ beats vanilla BN (judged); (b) Sigmoid/Tanh
+    are more sensitive to ρ than ReLU/SELU/Swish (reported: range over the grid of the seed-mean
+    accuracy).
 
-    ``acc[activation][rho]`` = per-seed final test accuracies, ``rho=None`` the BN baseline. For (a), per
-    judged activation, the ρ with the lowest mean against BN by :data:`common.RULE` (Welch's t, ≥ 3 seeds):
-    held if higher for both, not held if lower for either (Holm over the two), else inconclusive
-    with the resolvable effect. Primary, pre-declared: worst-ρ CBN − BN, higher, for Sigmoid and for
-    Tanh (:func:`verdicts.conjunction`).
+    ``acc[activation][rho]`` = per-seed final test accuracies, ``rho=None`` the BN baseline. For
+    (a), per judged activation, the ρ with the lowest mean against BN by :data:`common.RULE`
+    (Welch's t, ≥ 3 seeds): held if higher for both, not held if lower for either (Holm over the
+    two), else inconclusive with the resolvable effect. Primary, pre-declared: worst-ρ CBN − BN,
+    higher, for Sigmoid and for Tanh (:func:`verdicts.conjunction`).
     """
     mean = {a: {rho: sum(v) / len(v) for rho, v in d.items() if v} for a, d in acc.items()}
     if any(a not in mean or None not in mean[a] or len(mean[a]) < 3 for a in FIG8_JUDGED):
@@ -239,15 +246,17 @@ register(Experiment(
     plan=_fig8_plan, analyze=_fig8_analyze))
 
 
-# ---- Fig. 10: AMAT and the stochastic-gradient variance ---------------------------------------------
+# ---- Fig. 10: AMAT and the stochastic-gradient variance ------------------------------------------
 
 SMOKE_FIG10_LR = 0.05
 
 
 def _fig10_variants(lr: float) -> dict[str, tuple[str, str, Any]]:
-    """name -> (placement, norm builder(act)) for BN, CBN without AMAT, CBN with η fixed at 0.9, CBN with AMAT.
+    """name -> (placement, norm builder(act)) for BN, CBN without AMAT, CBN with η fixed at 0.9, CBN
+    with AMAT.
 
-    "Fixed η = 0.9" is ``cbn(eta=0.9)``: the moving weight stays 0.9 whatever the learning rate (§6.4).
+    "Fixed η = 0.9" is ``cbn(eta=0.9)``: the moving weight stays 0.9 whatever the learning rate
+    (§6.4).
     """
     return {"BN": ("pre_activation", lambda act: "bn"),
             "CBN without AMAT": ("pre_linear", lambda act: cbn_spec(rho=RHO_STAR[act], amat=False)),
@@ -258,16 +267,19 @@ def _fig10_variants(lr: float) -> dict[str, tuple[str, str, Any]]:
 def _fig10_plan(preset: str) -> Plan:
     if preset == "paper":
         # ResNet-18 on ImageNet is not in bnlab: ResNet-20 with the CIFAR-10 recipe stands in.
-        base, lr = {**_base("resnet20", "cifar10", "paper"), "probe_every": 390}, 0.1  # see _fig2_plan
+        # see _fig2_plan
+        base, lr = {**_base("resnet20", "cifar10", "paper"), "probe_every": 390}, 0.1
     else:
         lr = SMOKE_FIG10_LR
-        # probe every 5 of the 48 steps: grad_stats costs 8 small forward/backward passes per call, and
-        # steps 12, 24, … are the epochs' last batches (30 of digits' 1438 images: micro-batches of 3)
+        # probe every 5 of the 48 steps: grad_stats costs 8 small forward/backward passes per call,
+        # and steps 12, 24, … are the epochs' last batches (30 of digits' 1438 images: micro-batches
+        # of 3)
         base = {**_base("resnet20", "cifar10", "smoke"), "lr": lr, "schedule": "constant", "probe_every": 5}
     runs = []
     for act in ACTIVATIONS:
         for name, (placement, norm) in _fig10_variants(lr).items():
-            for seed in FIG10_SEEDS if name in FIG10_COMPARED else (0,):  # BN, fixed η: shown, one seed
+            # BN, fixed η: shown, one seed
+            for seed in FIG10_SEEDS if name in FIG10_COMPARED else (0,):
                 runs.append(RunSpec(f"{name} · {ACT_TITLE[act]} · seed {seed}",
                                     _run(base, norm=norm(act), placement=placement, activation=act, seed=seed,
                                          probes=["grad_stats"]),
@@ -280,7 +292,8 @@ FIG10_SEEDS = (0, 1, 2)
 
 
 def _mean_variance(run, skip_fraction: float = 0.25) -> float | None:
-    """Mean of ``probe/grad_stats/variance`` after the first quarter of training (the start is transient)."""
+    """Mean of ``probe/grad_stats/variance`` after the first quarter of training (the start is
+    transient)."""
     steps, values = run.series("probe/grad_stats/variance")
     values = [v for v in (finite_or_none(v) for v in values) if v is not None]
     if not values:
@@ -292,10 +305,10 @@ def _mean_variance(run, skip_fraction: float = 0.25) -> float | None:
 def fig10_verdict(variance: dict[str, dict[str, list[float]]], tiny: bool = False) -> tuple[str, str]:
     """§6.5: AMAT lowers the stochastic-gradient variance relative to CBN without AMAT.
 
-    ``variance[activation][variant]`` = per-seed mean gradient variance. Per activation, log10 of AMAT's
-    against log10 of no AMAT's by :data:`common.RULE` (Welch's t, ≥ 3 seeds; logs because seeds spread
-    multiplicatively). Primary, pre-declared: AMAT significantly lower for at least 4 of the 5
-    activations; held when it is and AMAT is nowhere significantly higher (Holm over the
+    ``variance[activation][variant]`` = per-seed mean gradient variance. Per activation, log10 of
+    AMAT's against log10 of no AMAT's by :data:`common.RULE` (Welch's t, ≥ 3 seeds; logs because
+    seeds spread multiplicatively). Primary, pre-declared: AMAT significantly lower for at least 4
+    of the 5 activations; held when it is and AMAT is nowhere significantly higher (Holm over the
     activations); not held: Holm-significantly higher for some activation; otherwise inconclusive,
     with the effect (dex) the seeds resolve. The fixed-η arm is reported, not judged.
     """

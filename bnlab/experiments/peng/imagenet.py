@@ -1,28 +1,32 @@
-"""Peng, Yu & Yu — Complete BN on ILSVRC2012: ``peng-table5`` (top-1 accuracy) and ``peng-fig6`` (training loss).
+"""Peng, Yu & Yu — Complete BN on ILSVRC2012: ``peng-table5`` (top-1 accuracy) and ``peng-fig6``
+(training loss).
 
-Table 5 and Fig. 6 compare vanilla BN with CBN in ResNet-18, ResNet-50 and EfficientNet-B0, each with
-Sigmoid, Tanh, ReLU, SELU and Swish (§6.1–6.2). Both entries share one sweep (same configs, same run ids:
-running one entry runs the other's training too):
+Table 5 and Fig. 6 compare vanilla BN with CBN in ResNet-18, ResNet-50 and EfficientNet-B0, each
+with Sigmoid, Tanh, ReLU, SELU and Swish (§6.1–6.2). Both entries share one sweep (same configs,
+same run ids: running one entry runs the other's training too):
 
-* BN arm = row ① of Tables 1–4 (``bn`` after the convolution), CBN arm = row ② (``cbn(rho=ρ*, amat=true)``
-  in front of the convolution, Peng Fig. 1(c)); ρ* per activation as in ``common.py``.
-* Residual form: Peng write both the BN block (Eq. 13) and the CBN block (Eq. 7) as ``x + δ(y)``, the
-  activation before the shortcut sum, so both arms of the ResNets use that form (``residual="peng"``);
-  EfficientNet's MBConv blocks have no activation after their sum, so the question does not arise there.
+* BN arm = row ① of Tables 1–4 (``bn`` after the convolution), CBN arm = row ② (``cbn(rho=ρ*,
+  amat=true)`` in front of the convolution, Peng Fig. 1(c)); ρ* per activation as in ``common.py``.
+* Residual form: Peng write both the BN block (Eq. 13) and the CBN block (Eq. 7) as ``x + δ(y)``,
+  the activation before the shortcut sum, so both arms of the ResNets use that form
+  (``residual="peng"``); EfficientNet's MBConv blocks have no activation after their sum, so the
+  question does not arise there.
 * paper preset: torchvision's networks (``tv_resnet18``, ``tv_resnet50``, ``tv_efficientnet_b0``) on
-  ImageNet laid out as an image folder (``imagefolder`` source, ``$BNLAB_DATA/imagenet/{train,val}``),
-  the PyTorch ImageNet example's augmentation and evaluation (224 crops, 256 resize), SGD momentum 0.9,
-  weight decay 1e-4, batch 256, lr 0.1 ÷10 after epochs 30, 60, 90, 120 epochs (§6.1). The paper prints
-  one number per cell; we run 3 seeds so that the comparison has a stated rule.
-* smoke preset: bnlab's own ResNet-20 (width ¼, Eq. 7 residual form, replicate padding) stands in for ResNet-18 — torchvision
-  cannot be imported in every environment bnlab's smoke runs must work in (a CUDA torchvision beside a CPU
-  torch fails at import) — on a generated 10-class image folder (`bnlab.data.image_writer`: oriented colour
-  gratings written as real JPEG files, read back through the same ``imagefolder`` path with random resized
-  crops of at least 35 % of the area) at 16×16, 16 epochs of 10 steps with the lr ÷10 after epochs 8 and 12,
-  3 seeds per arm.
+  ImageNet laid out as an image folder (``imagefolder`` source,
+  ``$BNLAB_DATA/imagenet/{train,val}``), the PyTorch ImageNet example's augmentation and evaluation
+  (224 crops, 256 resize), SGD momentum 0.9, weight decay 1e-4, batch 256, lr 0.1 ÷10 after epochs
+  30, 60, 90, 120 epochs (§6.1). The paper prints one number per cell; we run 3 seeds so that the
+  comparison has a stated rule.
+* smoke preset: bnlab's own ResNet-20 (width ¼, Eq. 7 residual form, replicate padding) stands in
+  for ResNet-18 — torchvision cannot be imported in every environment bnlab's smoke runs must work
+  in (a CUDA torchvision beside a CPU torch fails at import) — on a generated 10-class image folder
+  (`bnlab.data.image_writer`: oriented colour gratings written as real JPEG files, read back through
+  the same ``imagefolder`` path with random resized crops of at least 35 % of the area) at 16×16, 16
+  epochs of 10 steps with the lr ÷10 after epochs 8 and 12, 3 seeds per arm.
 
-Verdicts use :func:`bnlab.experiments.common.compare_arms` (Welch's t-test over seeds, α = 0.05, minimum
-detectable effect at power 0.8) per (network, activation) cell; see `table5_verdict` and `fig6_verdict`.
+Verdicts use :func:`bnlab.experiments.common.compare_arms` (Welch's t-test over seeds, α = 0.05,
+minimum detectable effect at power 0.8) per (network, activation) cell; see `table5_verdict` and
+`fig6_verdict`.
 """
 
 from __future__ import annotations
@@ -58,16 +62,19 @@ SEEDS = 3
 PAPER_RECIPE = dict(data="imagefolder", data_options={"folder": "imagenet", "image_size": 224, "resize_size": 256,
                                                       "cache": "none", "workers": 8},
                     epochs=120, lr=0.1, momentum=0.9, weight_decay=1e-4, batch_size=256, schedule="step:30,60,90",
-                    scale_invariant=[], log_every=100, device="cuda")  # 120 ImageNet epochs: a GPU or nothing
+                    # 120 ImageNet epochs: a GPU or nothing
+                    scale_invariant=[], log_every=100, device="cuda")
 SMOKE_ARCH = "resnet18"  # the paper column the stand-in is compared with
-# Replicate padding: with zero padding, 94 % of the input variance of BN+Sigmoid's 4×4 stage-3 norms in this
-# proxy is the padding pattern (81 % at 8×8), against 26–37 % per stage in torchvision's ResNet-18 at 224
-# (measured at initialization, bnlab.models.padding); replicate padding brings it to ≈ 0.1 %.
+# Replicate padding: with zero padding, 94 % of the input variance of BN+Sigmoid's 4×4 stage-3 norms
+# in this proxy is the padding pattern (81 % at 8×8), against 26–37 % per stage in torchvision's
+# ResNet-18 at 224 (measured at initialization, bnlab.models.padding); replicate padding brings it
+# to ≈ 0.1 %.
 SMOKE_MODEL = ("resnet20", {"width": 0.25, "residual": "peng", "padding_mode": "replicate"})
-# Smoke schedule and crops (measured on the first smoke attempt and single trial runs): with ImageNet's
-# 30/60/90-of-120 scaled to 16 epochs (lr 0.1 for 40 steps) and crops down to 8 % of a 16-pixel image, runs
-# either found the orientations in the first 40 steps or never did (BN+Tanh 62 / 64 / 19 %, CBN+Sigmoid 22–25 %);
-# half the run at lr 0.1 and crops of at least 35 % of the area give the proxy a chance to learn.
+# Smoke schedule and crops (measured on the first smoke attempt and single trial runs): with
+# ImageNet's 30/60/90-of-120 scaled to 16 epochs (lr 0.1 for 40 steps) and crops down to 8 % of a
+# 16-pixel image, runs either found the orientations in the first 40 steps or never did (BN+Tanh 62
+# / 64 / 19 %, CBN+Sigmoid 22–25 %); half the run at lr 0.1 and crops of at least 35 % of the area
+# give the proxy a chance to learn.
 SMOKE_RECIPE = dict(data="imagefolder", data_options={"folder": "bnlab-gratings", "generate": True, "image_size": 16,
                                                       "resize_size": 18, "crop_scale_min": 0.35},
                     epochs=16, lr=0.1, momentum=0.9, weight_decay=1e-4, batch_size=60, schedule="step:8,12",
@@ -89,7 +96,8 @@ def _bases(preset: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def plan(preset: str) -> Plan:
-    """BN and CBN × five activations × the preset's networks × 3 seeds (shared by Table 5 and Fig. 6)."""
+    """BN and CBN × five activations × the preset's networks × 3 seeds (shared by Table 5 and Fig.
+    6)."""
     runs = []
     for arch, base in _bases(preset):
         for act in ACTIVATIONS:
@@ -103,7 +111,7 @@ def plan(preset: str) -> Plan:
     return Plan(runs=runs)
 
 
-# ---- verdicts -------------------------------------------------------------------------------------
+# ---- verdicts ------------------------------------------------------------------------------------
 
 def _cell_text(arch: str, act: str) -> str:
     return f"{ARCH_TITLE[arch]}/{ACT_TITLE[act]}"
@@ -117,19 +125,20 @@ def _cell_comparisons(cells: dict, archs: list[str]) -> dict:
 
 
 def table5_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = False) -> tuple[str, str]:
-    """Verdict on Table 5 from final top-1 accuracies (fractions) per (arch, arm, activation), one per seed.
+    """Verdict on Table 5 from final top-1 accuracies (fractions) per (arch, arm, activation), one
+    per seed.
 
-    Claim: CBN's top-1 accuracy is higher than BN's with every activation in every network, by several
-    points with Sigmoid, Tanh and SELU (paper: +3.1 to +28.4) and by less than a point with ReLU and Swish.
-    Rule per (network, activation) cell: `compare_arms` (CBN − BN; Welch, α = 0.05, ≥ 3 seeds per arm,
-    minimum detectable effect ``mde`` at power 0.8). "not held": CBN significantly lower in some cell, or a
-    cell with no significant difference although the paper's gain exceeds the mde (an effect of the
-    paper's size would have been seen). "held": every Sigmoid/Tanh/SELU cell significantly higher and no
-    cell against the claim (a ReLU/Swish cell may be below resolution: paper gain < mde, stated).
-    Otherwise — a Sigmoid/Tanh/SELU cell whose paper gain is below the mde, too few seeds, or tiny runs —
-    "inconclusive", naming the effect size the runs could resolve. Primary, pre-declared: CBN − BN
-    top-1 in every Sigmoid/Tanh/SELU cell, higher (a conjunction); "significantly lower" is judged
-    with Holm's correction over all cells.
+    Claim: CBN's top-1 accuracy is higher than BN's with every activation in every network, by
+    several points with Sigmoid, Tanh and SELU (paper: +3.1 to +28.4) and by less than a point with
+    ReLU and Swish. Rule per (network, activation) cell: `compare_arms` (CBN − BN; Welch, α = 0.05,
+    ≥ 3 seeds per arm, minimum detectable effect ``mde`` at power 0.8). "not held": CBN
+    significantly lower in some cell, or a cell with no significant difference although the paper's
+    gain exceeds the mde (an effect of the paper's size would have been seen). "held": every
+    Sigmoid/Tanh/SELU cell significantly higher and no cell against the claim (a ReLU/Swish cell may
+    be below resolution: paper gain < mde, stated). Otherwise — a Sigmoid/Tanh/SELU cell whose paper
+    gain is below the mde, too few seeds, or tiny runs — "inconclusive", naming the effect size the
+    runs could resolve. Primary, pre-declared: CBN − BN top-1 in every Sigmoid/Tanh/SELU cell,
+    higher (a conjunction); "significantly lower" is judged with Holm's correction over all cells.
     """
     archs = sorted({a for a, _, _ in cells}, key=ARCHS.index)
     if not archs:
@@ -161,16 +170,17 @@ def table5_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = 
 
 
 def fig6_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = False) -> tuple[str, str]:
-    """Verdict on Fig. 6 from each run's mean training loss per (arch, arm, activation), one per seed.
+    """Verdict on Fig. 6 from each run's mean training loss per (arch, arm, activation), one per
+    seed.
 
     Claim (§6.2): CBN's training loss converges faster than BN's, consistently (every network, every
-    activation). Rule per cell: `compare_arms` on the mean training loss (CBN − BN; Welch, α = 0.05).
-    "not held": CBN's mean loss significantly higher in some cell; "held": significantly lower in every
-    cell; otherwise (a cell without a significant difference — the mde is stated —, too few seeds or tiny
-    runs) "inconclusive". Fig. 6 prints curves only, so there is no paper effect size to compare the mde with.
-    Primary, pre-declared: CBN − BN mean training loss in every cell, lower
-    (:func:`verdicts.conjunction`: "significantly higher" judged with Holm's correction over the
-    cells).
+    activation). Rule per cell: `compare_arms` on the mean training loss (CBN − BN; Welch, α =
+    0.05). "not held": CBN's mean loss significantly higher in some cell; "held": significantly
+    lower in every cell; otherwise (a cell without a significant difference — the mde is stated —,
+    too few seeds or tiny runs) "inconclusive". Fig. 6 prints curves only, so there is no paper
+    effect size to compare the mde with. Primary, pre-declared: CBN − BN mean training loss in every
+    cell, lower (:func:`verdicts.conjunction`: "significantly higher" judged with Holm's correction
+    over the cells).
     """
     archs = sorted({a for a, _, _ in cells}, key=ARCHS.index)
     if not archs:
@@ -196,7 +206,7 @@ def fig6_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = Fa
         held=" CBN's training loss is significantly lower in every cell.")
 
 
-# ---- analysis -------------------------------------------------------------------------------------
+# ---- analysis ------------------------------------------------------------------------------------
 
 def _loss_cells(ctx) -> dict[tuple[str, str, str], list[float]]:
     cells: dict[tuple[str, str, str], list[float]] = {}

@@ -1,10 +1,11 @@
-"""Peng, Yu & Yu — Re-thinking the effectiveness of batch normalization and beyond (Complete BN, CBN).
+"""Peng, Yu & Yu — Re-thinking the effectiveness of batch normalization and beyond (Complete BN,
+CBN).
 
-Entries: ``peng-table1`` … ``peng-table4`` (the seven-row ablation of Tables 1–4) and ``peng-fig4`` /
-``peng-fig5`` (their training-loss curves, Figs 4–5) here; ``peng-table6`` and ``peng-fig7`` (CBN's
-components, §6.3) in ``components.py``; ``peng-fig2`` (η_k and τ_k, Figs 2–3), ``peng-fig8`` (ρ
-sensitivity, §6.4, Figs 8–9) and ``peng-fig10`` (AMAT's gradient variance, §6.5) in ``figures.py``;
-the rows, the paper's numbers and the recipes in ``common.py``.
+Entries: ``peng-table1`` … ``peng-table4`` (the seven-row ablation of Tables 1–4) and ``peng-fig4``
+/ ``peng-fig5`` (their training-loss curves, Figs 4–5) here; ``peng-table6`` and ``peng-fig7``
+(CBN's components, §6.3) in ``components.py``; ``peng-fig2`` (η_k and τ_k, Figs 2–3), ``peng-fig8``
+(ρ sensitivity, §6.4, Figs 8–9) and ``peng-fig10`` (AMAT's gradient variance, §6.5) in
+``figures.py``; the rows, the paper's numbers and the recipes in ``common.py``.
 
 Rows ①–⑦ of Tables 1–4 as ``bnlab`` norm specs (checked against the tables' feature columns "Before
 Opera." / "Decouple" / "Tune ρ" / "AMAT"):
@@ -51,8 +52,8 @@ COMPARED = ("①", "②")  # the rows the tables' claim compares (BN, CBN)
 # ---- Tables 1–4 ----------------------------------------------------------------------------------
 
 
-# He's block form as a smoke side arm for the bounded activations, where the two forms differ most (He's
-# squashes the running sum through the activation at every block).
+# He's block form as a smoke side arm for the bounded activations, where the two forms differ most
+# (He's squashes the running sum through the activation at every block).
 SIDE_ACTIVATIONS = ("sigmoid", "tanh")
 
 
@@ -81,8 +82,9 @@ def _table_plan(table: int):
     def plan(preset: str) -> Plan:
         if preset == "paper":
             return Plan(runs=_compared_runs(table, preset, ROWS))
-        # smoke spends its budget on the compared rows ① and ② (3 seeds each); rows ③–⑦ run in the paper
-        # preset. The ResNet tables add He's block form (activation after the shortcut sum) as a side arm.
+        # smoke spends its budget on the compared rows ① and ② (3 seeds each); rows ③–⑦ run in the
+        # paper preset. The ResNet tables add He's block form (activation after the shortcut sum) as
+        # a side arm.
         runs = _compared_runs(table, preset)
         if TABLES[table]["model"] == "resnet20":
             runs += _compared_runs(table, preset, residual="he", activations=SIDE_ACTIVATIONS)
@@ -98,9 +100,9 @@ def _table_plan(table: int):
 
 def _cells_at(arms: dict[tuple, list], fraction: float,
               metric: str = "test_accuracy") -> dict[tuple[str, str], list[float]]:
-    """Per (row, activation): each run's ``metric`` at ``fraction`` of its training (1: its final value); a
-    diverged run (or a non-finite value) counts as chance accuracy (``verdict.arm_values``: failure of the
-    arm, not missing data); crashed runs are left out."""
+    """Per (row, activation): each run's ``metric`` at ``fraction`` of its training (1: its final
+    value); a diverged run (or a non-finite value) counts as chance accuracy
+    (``verdict.arm_values``: failure of the arm, not missing data); crashed runs are left out."""
     cells: dict[tuple[str, str], list[float]] = {}
 
     def read(r):
@@ -112,7 +114,8 @@ def _cells_at(arms: dict[tuple, list], fraction: float,
 
 
 def _phase_reading(ctx) -> float:
-    """Where the settling rule reads the table again: halfway through the final lr phase of the recipe."""
+    """Where the settling rule reads the table again: halfway through the final lr phase of the
+    recipe."""
     runs = ctx.experiment.plan(ctx.preset).runs
     return settle_fraction(runs[0].config) if runs else SETTLE_FRACTION
 
@@ -209,9 +212,9 @@ def _curves(ctx, path, metric: str, title: str):
 
 
 def settling(arms: dict[tuple, list], metric: str, scale: float = 100.0, fraction: float = SETTLE_FRACTION) -> str:
-    """How far the compared quantity still moved: ``; ② − ① in <metric> at <fraction> of training → at the end: …``
-    (mean curves over seeds; ``scale`` 100 gives points). A gap that changes little over the last third has
-    settled; the figure shows the whole curves."""
+    """How far the compared quantity still moved: ``; ② − ① in <metric> at <fraction> of training →
+    at the end: …`` (mean curves over seeds; ``scale`` 100 gives points). A gap that changes little
+    over the last third has settled; the figure shows the whole curves."""
     parts = []
     for table, act in sorted({(k[0], k[2]) for k in arms}, key=lambda k: (k[0] is None, k[0] or 0,
                                                                          ACTIVATIONS.index(k[1]))):
@@ -262,7 +265,7 @@ for _t in TABLES:
     _register_table(_t)
 
 
-# ---- Figs 4–5: training-loss curves of BN and CBN -------------------------------------------------
+# ---- Figs 4–5: training-loss curves of BN and CBN ------------------------------------------------
 
 FIGURES = {4: (1, 2), 5: (3, 4)}  # Fig. 4: CIFAR-10 (Tables 1, 2); Fig. 5: CIFAR-100 (Tables 3, 4)
 
@@ -278,9 +281,10 @@ def _fig_plan(fig: int):
     return plan
 
 
-# Figs 4–5 print curves, not numbers: the paper's effect is a direction (CBN lower). Design SD of one seed's
-# mean training loss over the run, mean over the Sigmoid/Tanh/SELU panels of both tables: 0.1 (the smoke's BN +
-# Sigmoid runs sit near ln 10 ≈ 2.3 for a seed-dependent 5–9 of 15 epochs; issue 19).
+# Figs 4–5 print curves, not numbers: the paper's effect is a direction (CBN lower). Design SD of
+# one seed's mean training loss over the run, mean over the Sigmoid/Tanh/SELU panels of both tables:
+# 0.1 (the smoke's BN + Sigmoid runs sit near ln 10 ≈ 2.3 for a seed-dependent 5–9 of 15 epochs;
+# issue 19).
 FIG_DESIGN = Design("CBN − BN mean training loss over the run, mean over the Sigmoid/Tanh/SELU panels of both tables",
                     -1.0, 0.1, len(SMOKE_SEEDS),
                     "issue-19 re-run of the smoke: BN + Sigmoid at chance 5–9 of 15 epochs",
@@ -291,10 +295,10 @@ def loss_curve_verdict(losses: dict[tuple[int, str], dict[str, list[float]]], ti
                        design: Design = FIG_DESIGN) -> tuple[str, str]:
     """Figs 4–5: CBN's training loss lies below BN's for every activation, on both networks.
 
-    ``losses[(table, activation)]["①" | "②"]`` = per-seed mean training loss over the run (a diverged run
-    at its failure value). Primary (:data:`FIG_DESIGN`, judged by ``verdict.judge``): the per-seed mean over
-    the Sigmoid/Tanh/SELU panels. Secondary, judged with Holm's correction over all panels: CBN's loss is
-    nowhere significantly higher ("not held" if it is).
+    ``losses[(table, activation)]["①" | "②"]`` = per-seed mean training loss over the run (a
+    diverged run at its failure value). Primary (:data:`FIG_DESIGN`, judged by ``verdict.judge``):
+    the per-seed mean over the Sigmoid/Tanh/SELU panels. Secondary, judged with Holm's correction
+    over all panels: CBN's loss is nowhere significantly higher ("not held" if it is).
     """
     if not losses:
         return ladder(unusable=True), "no runs" + (" (tiny runs)" if tiny else "")
@@ -323,8 +327,9 @@ def loss_curve_verdict(losses: dict[tuple[int, str], dict[str, list[float]]], ti
 
 
 def _mean_losses(runs, fraction: float) -> dict[tuple[int, str], dict[str, list[float]]]:
-    """``[(table, activation)][row]`` = per-seed mean training loss over the first ``fraction`` of each run; a
-    diverged run counts as ln 10 (the loss of a chance-level ten-class classifier: failure, not missing data)."""
+    """``[(table, activation)][row]`` = per-seed mean training loss over the first ``fraction`` of
+    each run; a diverged run counts as ln 10 (the loss of a chance-level ten-class classifier:
+    failure, not missing data)."""
     losses: dict[tuple[int, str], dict[str, list[float]]] = {}
     for r in runs:
         entry = losses.setdefault((r.factors["table"], r.factors["activation"]), {}).setdefault(r.factors["row"], [])

@@ -1,23 +1,27 @@
-"""Catalogue entries for the papers' central theoretical claims (Peng's here), checked numerically (issue 19).
+"""Catalogue entries for the papers' central theoretical claims (Peng's here), checked numerically
+(issue 19).
 
-* ``peng-eq14``: Peng et al. Eq. 14 — after mean removal, BN followed by ReLU equals ℓ2 normalization of
-  the ReLU output with magnitude ρ = √2, because ReLU keeps half the energy of a batch symmetric around 0.
-* ``peng-thm1``: Peng et al. Theorem 1 (as derived again in ``bnlab.theory.peng``) and its three effects:
-  a larger learning rate (≤ 1/𝓛) shrinks T₁, a smaller E‖v‖² shrinks T₂, a smaller gradient variance T₃.
-* ``arora-rates`` (in ``experiments.arora.rates``): Arora, Li & Lyu Theorems 3.1 and 4.2 — GD reaches
-  ‖∇L‖ = Õ(T^−1/2) and SGD E‖∇L‖² = Õ(log T/√T) (‖∇L‖ ≈ T^−1/4) for *any* learning rate of the
-  scale-invariant weights.
+* ``peng-eq14``: Peng et al. Eq. 14 — after mean removal, BN followed by ReLU equals ℓ2
+  normalization of the ReLU output with magnitude ρ = √2, because ReLU keeps half the energy of a
+  batch symmetric around 0.
+* ``peng-thm1``: Peng et al. Theorem 1 (as derived again in ``bnlab.theory.peng``) and its three
+  effects: a larger learning rate (≤ 1/𝓛) shrinks T₁, a smaller E‖v‖² shrinks T₂, a smaller gradient
+  variance T₃.
+* ``arora-rates`` (in ``experiments.arora.rates``): Arora, Li & Lyu Theorems 3.1 and 4.2 — GD
+  reaches ‖∇L‖ = Õ(T^−1/2) and SGD E‖∇L‖² = Õ(log T/√T) (‖∇L‖ ≈ T^−1/4) for *any* learning rate of
+  the scale-invariant weights.
 * ``mbn-theorems`` (in ``experiments.mbn.theorems``): Yong et al. (Momentum BN) supplementary
   Theorems 1–2 and the moving statistics' noise.
 
-Santurkar et al. Theorem 4.4 (minimax bound on weight-space Lipschitzness) has no entry: its two sides are
-maxima over all inputs with ‖X‖ ≤ λ, the right side's μ_g, ŷ_j and σ_j are functions of the maximizing X,
-and it sets ĝ_j (a squared norm) against g_j² (a fourth power). A numerical search over X yields lower
-bounds on both maxima, which can neither confirm nor refute an inequality between them; its per-input
-ingredient, Theorem 4.1, is checked by ``bnlab.theory.santurkar.theorem41``.
+Santurkar et al. Theorem 4.4 (minimax bound on weight-space Lipschitzness) has no entry: its two
+sides are maxima over all inputs with ‖X‖ ≤ λ, the right side's μ_g, ŷ_j and σ_j are functions of
+the maximizing X, and it sets ĝ_j (a squared norm) against g_j² (a fourth power). A numerical search
+over X yields lower bounds on both maxima, which can neither confirm nor refute an inequality
+between them; its per-input ingredient, Theorem 4.1, is checked by
+``bnlab.theory.santurkar.theorem41``.
 
-Verdicts here are deterministic numerics (or Monte Carlo with a stated sampling error): each entry states
-its primary check and tolerance before running, and the seeds it uses.
+Verdicts here are deterministic numerics (or Monte Carlo with a stated sampling error): each entry
+states its primary check and tolerance before running, and the seeds it uses.
 """
 
 from __future__ import annotations
@@ -39,21 +43,23 @@ RHO_TOL = 0.05  # peng-eq14: |ρ_eff/√2 − 1| allowed for the median channel 
 GAUSS_BATCHES = (16, 128, 1024)
 
 
-# ---- Peng Eq. 14 -----------------------------------------------------------------------------------
+# ---- Peng Eq. 14 ---------------------------------------------------------------------------------
 
 
 def effective_rho(y: torch.Tensor) -> torch.Tensor:
-    """Per channel of ``y`` (N, C, ...) after removing the batch mean: √(mean y² / mean ReLU(y)²), the ρ
-    for which Eq. 14's right side ReLU(y)/√((1/ρ²)·…) — ℓ2 normalization of the ReLU output — equals its
-    left side ReLU(y/√mean y²). Eq. 14 says ρ = √2 (exact when the batch is symmetric about 0)."""
+    """Per channel of ``y`` (N, C, ...) after removing the batch mean: √(mean y² / mean ReLU(y)²),
+    the ρ for which Eq. 14's right side ReLU(y)/√((1/ρ²)·…) — ℓ2 normalization of the ReLU output —
+    equals its left side ReLU(y/√mean y²). Eq. 14 says ρ = √2 (exact when the batch is symmetric
+    about 0)."""
     flat = y.transpose(0, 1).reshape(y.shape[1], -1).double()
     flat = flat - flat.mean(dim=1, keepdim=True)
     return torch.sqrt((flat**2).mean(1) / torch.relu(flat).pow(2).mean(1).clamp_min(1e-30))
 
 
 def eq14_data(tiny: bool = False) -> dict:
-    """ρ_eff for Gaussian batches of several sizes (seeded) and for the BN outputs feeding every ReLU of
-    the smoke ResNet-20 (width ¼, digits 16×16) at initialization, on the first 128 training images."""
+    """ρ_eff for Gaussian batches of several sizes (seeded) and for the BN outputs feeding every
+    ReLU of the smoke ResNet-20 (width ¼, digits 16×16) at initialization, on the first 128 training
+    images."""
 
     gen = torch.Generator().manual_seed(0)
     gauss = {}
@@ -161,16 +167,17 @@ register(
 )
 
 
-# ---- Peng Theorem 1: the bound and its three effects -------------------------------------------------
+# ---- Peng Theorem 1: the bound and its three effects ---------------------------------------------
 
 THM1_SEEDS = tuple(range(5))
 
 
 def thm1_data(tiny: bool = False) -> dict:
-    """Theorem 1 on least-squares SGD (``theory.peng.simulate_quadratic_sgd``, everything known), 5 seeds:
-    the bound against the left side, and the three effects — lr_scale 0.25 vs 1 (T₁), the gradient scale
-    (E‖v‖²: the noise of the targets 0.1 vs 1, T₂) and batch 8 vs 64 (variance, T₃; at
-    batch ≤ 4 this SGD diverges although α ≤ 1/𝓛 — the minibatch losses are far less smooth than F)."""
+    """Theorem 1 on least-squares SGD (``theory.peng.simulate_quadratic_sgd``, everything known), 5
+    seeds: the bound against the left side, and the three effects — lr_scale 0.25 vs 1 (T₁), the
+    gradient scale (E‖v‖²: the noise of the targets 0.1 vs 1, T₂) and batch 8 vs 64 (variance, T₃;
+    at batch ≤ 4 this SGD diverges although α ≤ 1/𝓛 — the minibatch losses are far less smooth than
+    F)."""
 
     steps = 40 if tiny else 400
     arms = {
@@ -211,8 +218,9 @@ THM1_EFFECTS = (
 
 
 def thm1_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
-    """Primary: the bound LHS ≤ T₁ + T₂ + T₃ on every run (a theorem about every trajectory: one violation
-    refutes it). Secondary (reported, Holm-corrected Welch over 5 seeds): the three effects' directions."""
+    """Primary: the bound LHS ≤ T₁ + T₂ + T₃ on every run (a theorem about every trajectory: one
+    violation refutes it). Secondary (reported, Holm-corrected Welch over 5 seeds): the three
+    effects' directions."""
 
     runs = [r for rows in data.values() for r in rows]
     if not runs:

@@ -1,15 +1,16 @@
 """The verdict on Peng et al.'s Tables 1–4 (CBN vs BN over five activations) by the catalogue's rule
 (:mod:`bnlab.experiments.verdicts`).
 
-Primary comparison, declared before the runs: CBN (②) − BN (①) in test accuracy, each seed's value the
-mean over Sigmoid, Tanh and SELU (the activations where the paper reports CBN's large gains; §6.2). The
-paper's effect on that quantity is the mean of its three printed gains (Table 1: +6.1 points, Table 2: +6.2,
-Table 3: +9.5, Table 4: +7.8). Secondary, judged with Holm's correction over the five activations: CBN is
-not significantly worse with any activation (the claim says "every activation"). Reported only: whether the
-mean gain over Sigmoid/Tanh/SELU exceeds that over ReLU/Swish.
+Primary comparison, declared before the runs: CBN (②) − BN (①) in test accuracy, each seed's value
+the mean over Sigmoid, Tanh and SELU (the activations where the paper reports CBN's large gains;
+§6.2). The paper's effect on that quantity is the mean of its three printed gains (Table 1: +6.1
+points, Table 2: +6.2, Table 3: +9.5, Table 4: +7.8). Secondary, judged with Holm's correction over
+the five activations: CBN is not significantly worse with any activation (the claim says "every
+activation"). Reported only: whether the mean gain over Sigmoid/Tanh/SELU exceeds that over
+ReLU/Swish.
 
-A diverged run counts as chance accuracy (0.1, ten classes) for its arm — a CBN that does not train is a
-failure of CBN, not a missing value.
+A diverged run counts as chance accuracy (0.1, ten classes) for its arm — a CBN that does not train
+is a failure of CBN, not a missing value.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ CHANCE = (
     0.1  # ten classes (digits; CIFAR-10). CIFAR-100's paper preset uses 0.01 (see failure_value)
 )
 DIGITS = 1797
-# Design SD of one seed's test accuracy for one activation in the smoke preset (15 epochs, width ¼): the
-# issue-19 re-run found the smoke resolves ≥ 57 points at 3 seeds (Welch), i.e. a per-seed SD ≈ 15 points
-# (BN + Sigmoid at chance for 5–9 of 15 epochs: the final value records where each seed is at the lr drop).
+# Design SD of one seed's test accuracy for one activation in the smoke preset (15 epochs, width ¼):
+# the issue-19 re-run found the smoke resolves ≥ 57 points at 3 seeds (Welch), i.e. a per-seed SD ≈
+# 15 points (BN + Sigmoid at chance for 5–9 of 15 epochs: the final value records where each seed is
+# at the lr drop).
 SMOKE_SD = 0.15
-# The paper preset: the paper's own trial SDs are 0.04–0.56 points; we take 1 point (issue 19's 40-epoch,
-# 5-seed re-run on digits: 0.2–1.6 points).
+# The paper preset: the paper's own trial SDs are 0.04–0.56 points; we take 1 point (issue 19's
+# 40-epoch, 5-seed re-run on digits: 0.2–1.6 points).
 PAPER_SD = 0.01
 
 
@@ -71,8 +73,8 @@ def table_design(table: int, preset: str = "smoke") -> Design:
 
 
 def _per_seed_mean(cells, row: str) -> list[float]:
-    """Seed i's mean over Sigmoid/Tanh/SELU of one row (seeds of different activations are independent runs,
-    so the i-th values form one draw of the three-activation mean)."""
+    """Seed i's mean over Sigmoid/Tanh/SELU of one row (seeds of different activations are
+    independent runs, so the i-th values form one draw of the three-activation mean)."""
     lists = [cells.get((row, a)) or [] for a in NON_RELU]
     n = min(len(v) for v in lists)
     return [sum(v[i] for v in lists) / len(lists) for i in range(n)]
@@ -84,9 +86,10 @@ def table_verdict(
     design: Design | None = None,
     table: int = 1,
 ) -> tuple[str, str]:
-    """The verdict on Tables 1–4's claim from final test accuracies (fractions, diverged runs already at
-    chance) per (row, activation): the primary comparison of :func:`table_design` judged by
-    :func:`verdict.judge`; "not held" as well when CBN is Holm-significantly worse with some activation."""
+    """The verdict on Tables 1–4's claim from final test accuracies (fractions, diverged runs
+    already at chance) per (row, activation): the primary comparison of :func:`table_design` judged
+    by :func:`verdict.judge`; "not held" as well when CBN is Holm-significantly worse with some
+    activation."""
     design = design or table_design(table)
     for act in ACTIVATIONS:
         if not cells.get(("①", act)) or not cells.get(("②", act)):
@@ -128,8 +131,9 @@ def table_verdict(
 def settled_table_verdict(
     cells, mid_cells, tiny: bool = False, design: Design | None = None, table: int = 1
 ) -> tuple[str, str]:
-    """:func:`table_verdict` at the end of training and again halfway through the final learning-rate phase
-    (``mid_cells``; :func:`verdict.settle_fraction`): a verdict that changed within the phase is inconclusive."""
+    """:func:`table_verdict` at the end of training and again halfway through the final
+    learning-rate phase (``mid_cells``; :func:`verdict.settle_fraction`): a verdict that changed
+    within the phase is inconclusive."""
     return settle(
         table_verdict(cells, tiny, design, table), table_verdict(mid_cells, tiny, design, table)
     )

@@ -1,5 +1,5 @@
-"""Shared configurations, helpers and the statistical rule of the Santurkar et al. 2018 entries; the paper's
-notes (what is measured and why) are in :mod:`bnlab.experiments.santurkar`."""
+"""Shared configurations, helpers and the statistical rule of the Santurkar et al. 2018 entries; the
+paper's notes (what is measured and why) are in :mod:`bnlab.experiments.santurkar`."""
 
 from __future__ import annotations
 
@@ -17,29 +17,35 @@ STANDARD, BN, NOISY = "Standard", "Standard + BatchNorm", 'Standard + "Noisy" Ba
 L1, L2, LINF = "Standard + ℓ1", "Standard + ℓ2", "Standard + ℓ∞"
 NORMS = {STANDARD: "none", BN: "bn", NOISY: "noisy_bn", L1: "lp_bn(p=1)", L2: "lp_bn(p=2)", LINF: "lp_bn(p=inf)"}
 
-DLN_LR = 1e-3            # see the module docstring: 30 × lr sits at the standard DLN's divergence rate
+# see the module docstring: 30 × lr sits at the standard DLN's divergence rate
+DLN_LR = 1e-3
 DLN_RANGE = (0.01, 30.0)  # App. A.2.2, DLN
 VGG_RANGE = (0.5, 4.0)    # App. A.2.2, VGG
 SMOKE_VGG_STEPS = 600
 SMOKE_DLN_STEPS = 600
-COS_TOLERANCE = 0.02  # Fig. 6 "similar": BN's cos(G, G') may exceed standard's by this much and still count
-SHIFT_FACTOR = 2.0    # Fig. 7 "significantly higher": at least twice the standard network's moment change
+# Fig. 6 "similar": BN's cos(G, G') may exceed standard's by this much and still count
+COS_TOLERANCE = 0.02
+# Fig. 7 "significantly higher": at least twice the standard network's moment change
+SHIFT_FACTOR = 2.0
 
 
 SEEDS = (0, 1, 2)  # every compared arm, both presets: the verdicts test differences over seeds
 SMOKE_IMAGE_SIZE = 16  # digits upsampled from 8 × 8 (module docstring)
-# The sharpness probe (Lanczos + Hutchinson on Hessian-vector products, train-mode BN): a few calls per run.
+# The sharpness probe (Lanczos + Hutchinson on Hessian-vector products, train-mode BN): a few calls
+# per run.
 SMOKE_HESSIAN = "hessian(iters=12, samples=4, every=100)"
 SMOKE_DLN_HESSIAN = "hessian(iters=12, samples=4, every=50)"
 PAPER_HESSIAN = "hessian(iters=20, samples=10, every=500)"
 
-# ICS and moments are taken only in the runs whose entries plot them (fig6/fig7: none, bn, noisy_bn); the
-# ℓp runs of fig11 carry the landscape, histograms and hessian probes only, which keeps that entry in budget.
+# ICS and moments are taken only in the runs whose entries plot them (fig6/fig7: none, bn,
+# noisy_bn); the ℓp runs of fig11 carry the landscape, histograms and hessian probes only, which
+# keeps that entry in budget.
 _FULL_PROBES = ("none", "bn", "noisy_bn")
 
 
 def vgg_config(preset: str, norm: str, seed: int = 0) -> dict[str, Any]:
-    """The VGG run of every Santurkar entry for ``norm`` (App. A.1: SGD, lr 0.1, batch 128, no augmentation)."""
+    """The VGG run of every Santurkar entry for ``norm`` (App. A.1: SGD, lr 0.1, batch 128, no
+    augmentation)."""
     full = norm in _FULL_PROBES
     if preset == "paper":
         probes = ["ics(every=150)", "moments(every=150)"] if full else []
@@ -54,8 +60,8 @@ def vgg_config(preset: str, norm: str, seed: int = 0) -> dict[str, Any]:
 
 
 def dln_config(preset: str, norm: str, seed: int = 0, lr: float = DLN_LR) -> dict[str, Any]:
-    """The DLN run of every Santurkar entry for ``norm`` (App. A.1: 25 square 10×10 layers, full batch
-    of 1000); ``lr``: the other reading of the paper's rate for fig9's second arm pair."""
+    """The DLN run of every Santurkar entry for ``norm`` (App. A.1: 25 square 10×10 layers, full
+    batch of 1000); ``lr``: the other reading of the paper's rate for fig9's second arm pair."""
     base = dict(model="dln", norm=norm, model_options={"depth": 25, "width": 10}, data="gaussian_regression",
                 data_options={"d": 10, "n": 1000}, batch_size="full", lr=lr, momentum=0.0, seed=seed)
     full = norm in _FULL_PROBES
@@ -92,7 +98,8 @@ def _median(values) -> float | None:
 
 
 def arm_runs(ctx) -> dict[str, list]:
-    """Runs per arm (``factors["arm"]``, else the label), in seed order: what the statistics compare."""
+    """Runs per arm (``factors["arm"]``, else the label), in seed order: what the statistics
+    compare."""
     arms: dict[str, list] = {}
     for r in sorted(ctx.runs, key=lambda r: r.factors.get("seed", 0)):
         arms.setdefault(r.factors.get("arm", r.label), []).append(r)
@@ -115,20 +122,22 @@ def per_seed(runs: list | None, statistic) -> list[float]:
 
 
 def log_values(values: list[float]) -> list[float]:
-    """ln of positive values (ratios of scale-dependent quantities compare on a log scale); ∞ stays ∞."""
+    """ln of positive values (ratios of scale-dependent quantities compare on a log scale); ∞ stays
+    ∞."""
     return [math.log(v) if v != math.inf else math.inf for v in values if v > 0]
 
 
 def compare_text(c: Comparison, what: str, log: bool = False) -> str:
-    """One comparison in words: 'BN − standard, ln mean loss: −0.8 ± 0.1 (SE; Welch p=…) → lower'."""
+    """One comparison in words: 'BN − standard, ln mean loss: −0.8 ± 0.1 (SE; Welch p=…) →
+    lower'."""
     return f"{what}{' (ln)' if log else ''}: {c.text()} → {c.decision}"
 
 
 # ---- sharpness (hessian probe) ----------------------------------------------------------------
 
 def sharpness_ratio(run, lr: float, half: bool = True) -> float | None:
-    """Median of λ_max / (2/lr) over the hessian probe's calls (the second half of training with ``half``):
-    1 is gradient descent's stability edge on a quadratic of that curvature."""
+    """Median of λ_max / (2/lr) over the hessian probe's calls (the second half of training with
+    ``half``): 1 is gradient descent's stability edge on a quadratic of that curvature."""
     if run is None:
         return None
     steps, values = run.series("probe/hessian/top_eigenvalue")
@@ -153,7 +162,8 @@ def sharpness_panel(runs: dict, lr: float, prefix: str = "") -> dict:
 
 
 def sharpness_line(arms: dict[str, list], lr: float) -> str:
-    """'sharpness λ_max·lr/2 (2nd half, median over seeds): Standard 0.4, BN 1.1' for the summaries."""
+    """'sharpness λ_max·lr/2 (2nd half, median over seeds): Standard 0.4, BN 1.1' for the
+    summaries."""
     parts = []
     for label, runs in arms.items():
         values = per_seed(runs, lambda r: sharpness_ratio(r, lr))
@@ -167,8 +177,9 @@ def sharpness_line(arms: dict[str, list], lr: float) -> str:
 
 
 def mean_train_loss(run) -> float | None:
-    """Mean of the per-step training loss over the run: the area under the training curve, a 'how fast'
-    measure. A diverged run counts as ∞ (it trained worse than any finite run); no data gives None."""
+    """Mean of the per-step training loss over the run: the area under the training curve, a 'how
+    fast' measure. A diverged run counts as ∞ (it trained worse than any finite run); no data gives
+    None."""
     if run is None:
         return None
     if run.status == "diverged":
@@ -181,7 +192,8 @@ _RANK = {"features": 0, "layers": 0, "classifier": 1}
 
 
 def layer_key(name: str) -> tuple:
-    """Order module paths as the model runs them: features before classifier, numbers numerically."""
+    """Order module paths as the model runs them: features before classifier, numbers
+    numerically."""
     key = []
     for part in re.split(r"[.\[\]]+", name):
         if not part:
@@ -246,7 +258,8 @@ def _curve_panel(runs: dict, metric: str, title: str, ylabel: str, logy=False, p
 
 
 def _band_panel(runs: dict, lo: str, hi: str, mid: str | None, title: str, ylabel: str, logy=False) -> dict:
-    """Shaded [lo, hi] per run against the step (the papers' 'variation' plots), ``mid`` as a line."""
+    """Shaded [lo, hi] per run against the step (the papers' 'variation' plots), ``mid`` as a
+    line."""
     series, band = {}, {}
     for label, r in runs.items():
         if r is None:
@@ -298,10 +311,10 @@ def _distribution_panel(run, unit: str, title: str) -> dict:
 def distribution_drift(run) -> float | None:
     """How far a layer's activation distribution moves over training, median over the sampled units.
 
-    Per unit: |median_last − median_first| / spread_first + |ln(spread_last / spread_first)|, spread =
-    q95 − q05: a shift of the centre measured in initial spreads plus the log-ratio of widths. 0 for a
-    distribution that stays put; both terms are scale-free, so networks of different activation scales
-    compare."""
+    Per unit: |median_last − median_first| / spread_first + |ln(spread_last / spread_first)|, spread
+    = q95 − q05: a shift of the centre measured in initial spreads plus the log-ratio of widths. 0
+    for a distribution that stays put; both terms are scale-free, so networks of different
+    activation scales compare."""
     if run is None:
         return None
     drifts = []

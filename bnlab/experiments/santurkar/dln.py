@@ -1,8 +1,10 @@
-"""Santurkar et al. 2018, the deep-linear-network entries: Fig. 8 (activation distributions), Fig. 9 (loss
-landscape along the gradient) and Fig. 10 (gradient predictiveness against the distance moved).
+"""Santurkar et al. 2018, the deep-linear-network entries: Fig. 8 (activation distributions), Fig. 9
+(loss landscape along the gradient) and Fig. 10 (gradient predictiveness against the distance
+moved).
 
-Shared configurations, helpers and the statistical rule are in :mod:`bnlab.experiments.santurkar.common`.
-Each verdict is a pure function of per-seed numbers, tested on synthetic values.
+Shared configurations, helpers and the statistical rule are in
+:mod:`bnlab.experiments.santurkar.common`. Each verdict is a pure function of per-seed numbers,
+tested on synthetic values.
 """
 
 from __future__ import annotations
@@ -79,19 +81,22 @@ register(Experiment(
     plan=_fig8_plan, analyze=_fig8_analyze))
 
 
-# ---- Figs 9 and 10: DLN landscape -----------------------------------------------------------------
+# ---- Figs 9 and 10: DLN landscape ----------------------------------------------------------------
 
 LANDSCAPE = {"loss_range": "loss range along the gradient", "grad_change_max": "max ‖∇L(θ) − ∇L(θ − s g)‖",
              "beta_smoothness": "effective β-smoothness"}
 
 
 def landscape_summary(run) -> dict[str, float | None]:
-    """Median over probed steps of the landscape probe's loss range, largest gradient change and β."""
+    """Median over probed steps of the landscape probe's loss range, largest gradient change and
+    β."""
     return {k: _median(_values(run, f"probe/landscape/{k}")) for k in LANDSCAPE}
 
 
-FIG10_MULTIPLIERS = (0.01, 1000.0)  # Fig. 10's replay goes past the paper's 30 × lr ("BN keeps smoothing further")
-LITERAL_LR = 1e-2  # the paper's 1e-6 converted as if its loss summed over all 1000 samples and 10 outputs
+# Fig. 10's replay goes past the paper's 30 × lr ("BN keeps smoothing further")
+FIG10_MULTIPLIERS = (0.01, 1000.0)
+# the paper's 1e-6 converted as if its loss summed over all 1000 samples and 10 outputs
+LITERAL_LR = 1e-2
 
 
 def fig10_grid(lr: float = DLN_LR, points_per_decade: int = 5) -> list[float]:
@@ -106,14 +111,15 @@ def fig10_grid(lr: float = DLN_LR, points_per_decade: int = 5) -> list[float]:
 
 
 def predictiveness_curves(preset: str = "smoke", tiny: bool = False) -> dict:
-    """Fig. 10: ‖∇L(θ) − ∇L(θ − s g)‖ and L(θ − s g) against the step s along the gradient, DLN ± BN, per seed.
+    """Fig. 10: ‖∇L(θ) − ∇L(θ − s g)‖ and L(θ − s g) against the step s along the gradient, DLN ±
+    BN, per seed.
 
     Replays each DLN of :func:`dln_config` (same model, data and rate; a plain full-batch SGD loop,
-    weights and data drawn with each of :data:`SEEDS`) and at a few steps evaluates the landscape with
-    :func:`bnlab.probes.evaluate_landscape` (naive, exact) on :func:`fig10_grid`. The training probe
-    keeps only the range over its grid; this keeps the whole curve, and reaches past the paper's
-    30 × lr up to 1000 × lr, which also covers [1/100, 30] × 1e-2 (the literal conversion of the
-    paper's rate, module docstring of :mod:`bnlab.experiments.santurkar`).
+    weights and data drawn with each of :data:`SEEDS`) and at a few steps evaluates the landscape
+    with :func:`bnlab.probes.evaluate_landscape` (naive, exact) on :func:`fig10_grid`. The training
+    probe keeps only the range over its grid; this keeps the whole curve, and reaches past the
+    paper's 30 × lr up to 1000 × lr, which also covers [1/100, 30] × 1e-2 (the literal conversion of
+    the paper's rate, module docstring of :mod:`bnlab.experiments.santurkar`).
     """
     at = {"paper": (0, 1000, 10000), "smoke": (0, 200, SMOKE_DLN_STEPS)}[preset]
     seeds = SEEDS[:1] if tiny else SEEDS
@@ -127,7 +133,8 @@ def predictiveness_curves(preset: str = "smoke", tiny: bool = False) -> dict:
 
 
 def _replay(cfg: dict, at: tuple[int, ...]) -> dict:
-    """Train one DLN config with plain full-batch SGD, evaluating the landscape at the steps ``at``."""
+    """Train one DLN config with plain full-batch SGD, evaluating the landscape at the steps
+    ``at``."""
     grid = torch.tensor(fig10_grid(), dtype=torch.float64)
     ds = D.load(cfg["data"], **cfg["data_options"], seed=cfg["seed"])
     model = M.create("dln", norm=cfg["norm"], input_shape=ds.input_shape, num_classes=ds.num_outputs,
@@ -156,7 +163,8 @@ def window_summary(curve: dict, step_sizes: list[float], lo: float, hi: float) -
     """Loss range, largest gradient change and effective β of one Fig. 10 curve over s ∈ [lo, hi].
 
     Same definitions as the landscape probe (:class:`bnlab.probes.LandscapeResult`): the range of
-    L(θ − s g), max ‖∇L(θ) − ∇L(θ − s g)‖ and max of that over s‖g‖; non-finite points are skipped."""
+    L(θ − s g), max ‖∇L(θ) − ∇L(θ − s g)‖ and max of that over s‖g‖; non-finite points are
+    skipped."""
     rows = [(s, loss, d) for s, loss, d in zip(step_sizes, curve["loss"], curve["grad_change"])
             if lo * (1 - 1e-9) <= s <= hi * (1 + 1e-9)]
     losses = [loss for _, loss, _ in rows if loss is not None]
@@ -171,7 +179,8 @@ def window_summary(curve: dict, step_sizes: list[float], lo: float, hi: float) -
 def _landscape_panels(runs: dict, prefix: str, lr: float) -> list[dict]:
     beta = _curve_panel(runs, "probe/landscape/beta_smoothness", f"{prefix}effective β-smoothness (dashed: 2/lr)",
                         "β", logy=True)
-    beta["hline"] = 2.0 / lr  # gradient descent's stability edge: sharper directions make a step overshoot
+    # gradient descent's stability edge: sharper directions make a step overshoot
+    beta["hline"] = 2.0 / lr
     return [
         _band_panel(runs, "probe/landscape/loss_min", "probe/landscape/loss_max", "probe/landscape/loss",
                     f"{prefix}loss landscape (loss along the gradient)", "loss", logy=True),
@@ -184,11 +193,11 @@ def _landscape_panels(runs: dict, prefix: str, lr: float) -> list[dict]:
 
 def landscape_verdict(summaries: dict[str, list[dict]], normalized: str, tiny: str | None = None
                       ) -> tuple[str, dict[str, object], str]:
-    """Is ``normalized``'s landscape smoother than the standard network's? Per seed, the three medians of
-    :func:`landscape_summary`, compared on a ln scale: held when all three are detectably smaller,
-    not held when one is detectably larger after Holm's correction over the three
-    (:func:`verdicts.conjunction`). Fig. 9's primary, pre-declared: this conjunction for BN.
-    Returns (verdict, comparisons by quantity, text)."""
+    """Is ``normalized``'s landscape smoother than the standard network's? Per seed, the three
+    medians of :func:`landscape_summary`, compared on a ln scale: held when all three are detectably
+    smaller, not held when one is detectably larger after Holm's correction over the three
+    (:func:`verdicts.conjunction`). Fig. 9's primary, pre-declared: this conjunction for BN. Returns
+    (verdict, comparisons by quantity, text)."""
     comparisons = {k: compare_arms(log_values([s[k] for s in summaries.get(STANDARD, []) if s[k] is not None]),
                                    log_values([s[k] for s in summaries.get(normalized, []) if s[k] is not None]))
                    for k in LANDSCAPE}
@@ -213,11 +222,12 @@ def _beta_edge(summaries: dict[str, list[dict]], lr: float) -> dict[str, list[fl
 
 
 def fig9_readings(arms: dict, tiny: str | None) -> tuple[str, list[dict], str]:
-    """Fig. 9 at both readings of the paper's rate (module docstring): trained at 1e-3 (ours) and at 1e-2
-    (the literal conversion). Pre-declared primary: :func:`landscape_verdict` for BN at each reading;
-    the entry holds (or fails) only if both readings agree, else it is inconclusive (decided by the
-    rate, not by BN). Beside each β, β·lr/2: BN's sits near 1 at both rates, at the edge of stability,
-    so its raw β tracks 2/lr and a β comparison across rates says more about lr than about BN."""
+    """Fig. 9 at both readings of the paper's rate (module docstring): trained at 1e-3 (ours) and at
+    1e-2 (the literal conversion). Pre-declared primary: :func:`landscape_verdict` for BN at each
+    reading; the entry holds (or fails) only if both readings agree, else it is inconclusive
+    (decided by the rate, not by BN). Beside each β, β·lr/2: BN's sits near 1 at both rates, at the
+    edge of stability, so its raw β tracks 2/lr and a β comparison across rates says more about lr
+    than about BN."""
     verdicts, table, texts = [], [], []
     for lr, prefix in ((DLN_LR, ""), (LITERAL_LR, LITERAL_ARM)):
         summaries = {label: [landscape_summary(r) for r in arms.get(prefix + label, [])] for label in FIG6_LABELS}
@@ -271,12 +281,13 @@ register(Experiment(
     plan=_fig9_plan, analyze=_fig9_analyze))
 
 
-# ---- Fig. 10: gradient predictiveness against the distance moved ------------------------------------
+# ---- Fig. 10: gradient predictiveness against the distance moved ---------------------------------
 
 def _replay_windows(pred: dict) -> dict[str, dict[str, list[dict[str, float | None]]]]:
     """Per arm and window, per seed: the median over the replay's evaluation steps after step 0 of
     :func:`window_summary`, for the paper's range at our rate ([1/100, 30] × lr), at the literal
-    conversion ([1/100, 30] × 1e-2) and beyond ((30, 1000] × lr: "BN keeps smoothing", Fig. 9's caption)."""
+    conversion ([1/100, 30] × 1e-2) and beyond ((30, 1000] × lr: "BN keeps smoothing", Fig. 9's
+    caption)."""
     lr = pred.get("lr") or DLN_LR
     sizes = pred.get("step_sizes") or []
     windows = {"ours": (DLN_RANGE[0] * lr, DLN_RANGE[1] * lr),
@@ -312,11 +323,11 @@ def _fig10_panels(pred: dict) -> list[dict]:
 
 
 def fig10_verdict(windows: dict[str, dict[str, list[dict]]], tiny: str | None = None) -> tuple[str, str]:
-    """Fig. 10: gradients are more predictive with BN. Per seed, the median over the evaluated training steps
-    (step 0 left out: both nets start from a random init) of max ‖∇L(θ) − ∇L(θ − s g)‖ over the paper's range
-    [1/100, 30] × lr; BN − standard on a ln scale. The literal-rate window and the range beyond 30 × lr are
-    reported beside it. Primary, pre-declared: that BN − standard difference, lower
-    (:func:`verdicts.decide`)."""
+    """Fig. 10: gradients are more predictive with BN. Per seed, the median over the evaluated
+    training steps (step 0 left out: both nets start from a random init) of max ‖∇L(θ) − ∇L(θ − s
+    g)‖ over the paper's range [1/100, 30] × lr; BN − standard on a ln scale. The literal-rate
+    window and the range beyond 30 × lr are reported beside it. Primary, pre-declared: that BN −
+    standard difference, lower (:func:`verdicts.decide`)."""
     if tiny:
         return ladder(unusable=True), tiny
     parts, verdict = [], ladder()

@@ -1,8 +1,10 @@
-"""Santurkar et al. 2018 §3.3, the ℓp-normalization entries: Figs 11–13 (training and loss landscapes of VGG and
-DLN under ℓ1, ℓ2, ℓ∞ batch normalizations) and Fig. 14 (VGG activation distributions under them).
+"""Santurkar et al. 2018 §3.3, the ℓp-normalization entries: Figs 11–13 (training and loss
+landscapes of VGG and DLN under ℓ1, ℓ2, ℓ∞ batch normalizations) and Fig. 14 (VGG activation
+distributions under them).
 
-Shared configurations, helpers and the statistical rule are in :mod:`bnlab.experiments.santurkar.common`.
-Each verdict is a pure function of per-seed numbers, tested on synthetic values.
+Shared configurations, helpers and the statistical rule are in
+:mod:`bnlab.experiments.santurkar.common`. Each verdict is a pure function of per-seed numbers,
+tested on synthetic values.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ LP_LABELS = (STANDARD, BN, L1, L2, LINF)
 NETS = (("VGG", "vgg", "Fig. 11"), ("DLN", "dln", "Fig. 12"))
 NORMALIZED = (BN, L1, L2, LINF)  # Figs 11–12: every one against the standard network
 LP = (L1, L2, LINF)              # Fig. 13 (against BN) and Fig. 14
-# Fig. 13 "comparably or even better than BatchNorm": an ℓp network's mean training loss counts as comparable
-# up to this factor above BN's (tested on ln values against ln(COMPARABLE_FACTOR × BN), as fig6's tolerance).
+# Fig. 13 "comparably or even better than BatchNorm": an ℓp network's mean training loss counts as
+# comparable up to this factor above BN's (tested on ln values against ln(COMPARABLE_FACTOR × BN),
+# as fig6's tolerance).
 COMPARABLE_FACTOR = 1.25
 
 
@@ -127,7 +130,7 @@ register(Experiment(
     plan=_fig11_plan, analyze=_fig11_analyze))
 
 
-# ---- Fig. 14: activation distributions under the ℓp normalizations ---------------------------------
+# ---- Fig. 14: activation distributions under the ℓp normalizations -------------------------------
 
 def _fig14_plan(preset: str) -> Plan:
     return Plan(runs=_vgg_runs(preset, LP_LABELS, "VGG: "))
@@ -135,11 +138,12 @@ def _fig14_plan(preset: str) -> Plan:
 
 def fig14_verdict(drift: dict[str, list[float]], losses: dict[str, list[float]],
                   tiny: str | None = None) -> tuple[str, str]:
-    """Fig. 14 for every ℓp arm the paper names (ℓ1, ℓ2, ℓ∞; a missing arm leaves its checks undecided): each
-    shifts the activation distributions more than the standard ('normal') network does (per-seed median
-    drift, :func:`distribution_drift`), yet trains better (ln mean training loss). BN's drift is reported
-    beside it (the caption's "normal networks" could also mean BN). Primary, pre-declared: the
-    conjunction of the six checks (:func:`verdicts.checks`, Holm over them for "against")."""
+    """Fig. 14 for every ℓp arm the paper names (ℓ1, ℓ2, ℓ∞; a missing arm leaves its checks
+    undecided): each shifts the activation distributions more than the standard ('normal') network
+    does (per-seed median drift, :func:`distribution_drift`), yet trains better (ln mean training
+    loss). BN's drift is reported beside it (the caption's "normal networks" could also mean BN).
+    Primary, pre-declared: the conjunction of the six checks (:func:`verdicts.checks`, Holm over
+    them for "against")."""
     if tiny:
         return ladder(unusable=True), tiny
     comps, wanted, parts = {}, {}, []

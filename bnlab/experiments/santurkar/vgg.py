@@ -1,7 +1,9 @@
-"""Santurkar et al. 2018, the VGG entries: Fig. 2 (standard / BN / noisy BN), Fig. 6 (ICS), Fig. 7 (moments).
+"""Santurkar et al. 2018, the VGG entries: Fig. 2 (standard / BN / noisy BN), Fig. 6 (ICS), Fig. 7
+(moments).
 
-Shared configurations, helpers and the statistical rule are in :mod:`bnlab.experiments.santurkar.common`.
-Each verdict is a pure function of per-seed numbers (``fig2_verdict`` ...), tested on synthetic values.
+Shared configurations, helpers and the statistical rule are in
+:mod:`bnlab.experiments.santurkar.common`. Each verdict is a pure function of per-seed numbers
+(``fig2_verdict`` ...), tested on synthetic values.
 """
 
 from __future__ import annotations
@@ -57,17 +59,19 @@ def _fig2_analyze(ctx) -> Outcome:
     return Outcome([fig], table, verdict, f"{summary}; {sharpness_line(arms, lr)}")
 
 
-NOISY_MARGIN = math.log(1.25)  # "trains as well as BN": noisy BN's mean training loss within a factor 1.25 of BN's
+# "trains as well as BN": noisy BN's mean training loss within a factor 1.25 of BN's
+NOISY_MARGIN = math.log(1.25)
 
 
 def fig2_verdict(losses: dict[str, list[float]], tiny: str | None = None) -> tuple[str, str]:
-    """Fig. 2, both halves of the claim. Per seed, the mean training loss over the run (area under the curve, ln
-    scale: ∞ for a diverged run). (1) noisy BN trains faster than the standard network: noisy − standard
-    detectably lower (:func:`compare_arms`). (2) noisy BN trains as well as BN, pre-declared as "within a factor
-    1.25": held when noisy − (BN + ln 1.25) is detectably negative, not held when noisy − (BN + ln 1.25) is
-    detectably positive (noisy BN worse than BN by more than the margin), else inconclusive. Both halves held →
-    held; either not held → not held (after Holm's correction over the two,
-    :func:`verdicts.checks`). Primary, pre-declared: the conjunction of (1) and (2)."""
+    """Fig. 2, both halves of the claim. Per seed, the mean training loss over the run (area under
+    the curve, ln scale: ∞ for a diverged run). (1) noisy BN trains faster than the standard
+    network: noisy − standard detectably lower (:func:`compare_arms`). (2) noisy BN trains as well
+    as BN, pre-declared as "within a factor 1.25": held when noisy − (BN + ln 1.25) is detectably
+    negative, not held when noisy − (BN + ln 1.25) is detectably positive (noisy BN worse than BN by
+    more than the margin), else inconclusive. Both halves held → held; either not held → not held
+    (after Holm's correction over the two, :func:`verdicts.checks`). Primary, pre-declared: the
+    conjunction of (1) and (2)."""
     if tiny:
         return ladder(unusable=True), tiny
     std, bn, noisy = (log_values(losses.get(k, [])) for k in (STANDARD, BN, NOISY))
@@ -107,7 +111,8 @@ def _fig6_plan(preset: str) -> Plan:
 
 
 def ics_summary(run) -> tuple[float | None, float | None]:
-    """(median cos(G, G'), median ‖G − G'‖) over probed steps and layers, the first layer left out."""
+    """(median cos(G, G'), median ‖G − G'‖) over probed steps and layers, the first layer left
+    out."""
     if run is None:
         return None, None
     skip = _first_layer_zero(run)
@@ -154,11 +159,11 @@ def _fig6_analyze(ctx) -> Outcome:
 
 
 def fig6_verdict(cos: dict[tuple[str, str], list[float]], tiny: str | None = None) -> tuple[str, str]:
-    """Fig. 6: BN's ICS is similar or worse. Per seed, the median cos(G, G′) over steps and layers (first layer
-    out); 'similar' allows BN up to COS_TOLERANCE above standard. Per network: held when BN's cos is detectably
-    below standard's + tolerance, not held when detectably above it (Holm over the two networks),
-    else inconclusive. Primary, pre-declared: the conjunction over VGG and DLN
-    (:func:`verdicts.conjunction`)."""
+    """Fig. 6: BN's ICS is similar or worse. Per seed, the median cos(G, G′) over steps and layers
+    (first layer out); 'similar' allows BN up to COS_TOLERANCE above standard. Per network: held
+    when BN's cos is detectably below standard's + tolerance, not held when detectably above it
+    (Holm over the two networks), else inconclusive. Primary, pre-declared: the conjunction over VGG
+    and DLN (:func:`verdicts.conjunction`)."""
     if tiny:
         return ladder(unusable=True), tiny
     comps, parts = {}, []
@@ -194,8 +199,9 @@ def _fig7_plan(preset: str) -> Plan:
 def _fig7_analyze(ctx) -> Outcome:
     runs = {label: _runs_by_label(ctx).get(label) for label in FIG2_LABELS}
     specs = []
-    # Layers differ in name (the conv output "features.4.0" without BN, the BN output "features.4.1" with it):
-    # pair them by their block "features.4", at depths picked among the blocks every run has.
+    # Layers differ in name (the conv output "features.4.0" without BN, the BN output "features.4.1"
+    # with it): pair them by their block "features.4", at depths picked among the blocks every run
+    # has.
     block_maps = {label: {layer.rsplit(".", 1)[0]: layer for layer in probe_layers(r, "moments", "mean_change")}
                   if r is not None else {} for label, r in runs.items()}
     present = [m for m in block_maps.values() if m]
@@ -230,9 +236,9 @@ def _fig7_analyze(ctx) -> Outcome:
 
 def fig7_verdict(changes: dict[str, dict[str, list[float]]], losses: dict[str, list[float]],
                  tiny: str | None = None) -> tuple[str, str]:
-    """Fig. 7: noisy BN changes both moments per step far more than the standard network (≥ SHIFT_FACTOR ×,
-    tested on ln values against ln(SHIFT_FACTOR × standard)) and still trains faster (ln mean
-    training loss). Primary, pre-declared: the conjunction of the three
+    """Fig. 7: noisy BN changes both moments per step far more than the standard network (≥
+    SHIFT_FACTOR ×, tested on ln values against ln(SHIFT_FACTOR × standard)) and still trains faster
+    (ln mean training loss). Primary, pre-declared: the conjunction of the three
     (:func:`verdicts.conjunction`, Holm for "against")."""
     if tiny:
         return ladder(unusable=True), tiny
