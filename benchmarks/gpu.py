@@ -7,13 +7,13 @@ training step on CIFAR-shaped synthetic tensors, eager and ``torch.compile``, fo
 Writes ``<out-dir>/gpu-<device>.json`` (device from ``torch.cuda.get_device_name``). Without CUDA it
 refuses (exit code 2) unless asked for the CPU dry run. Timing as in benchmarks/timing.py: layer and
 reference alternately, median of the per-pair ratios, ``torch.cuda.synchronize`` around each sample
-of ``inner`` steps. Sections, cheapest first: (1) layer table eager in fp32/fp16/bf16 on
-(128, 64, 32, 32); (2) ResNet-20 step (SGD, batch 128, 3×32×32, 10 classes) eager in fp32 and bf16
-autocast; (3) every layer compiled (fp32); (4) the ResNet-20 step compiled (fp32), layer by layer in
-priority order — compiled rows against the native layer/model in eager mode — until ``--budget-s``
-(whole run) is spent: what did not fit is listed as skipped (a compiled ResNet-20 costs about a minute
-of compilation per layer kind; raise the budget to cover more). AMP fp16 training of the ResNet would need a GradScaler; the
-bf16 step does not, so the ResNet uses bf16.
+of ``inner`` steps. Sections, cheapest first: (1) layer table eager in fp32/fp16/bf16 on (128, 64,
+32, 32); (2) ResNet-20 step (SGD, batch 128, 3×32×32, 10 classes) eager in fp32 and bf16 autocast;
+(3) every layer compiled (fp32); (4) the ResNet-20 step compiled (fp32), layer by layer in priority
+order — compiled rows against the native layer/model in eager mode — until ``--budget-s`` (whole
+run) is spent: what did not fit is listed as skipped (a compiled ResNet-20 costs about a minute of
+compilation per layer kind; raise the budget to cover more). AMP fp16 training of the ResNet would
+need a GradScaler; the bf16 step does not, so the ResNet uses bf16.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from timing import AMP_DTYPES, SPECS, Budget, compile_and_warm, format_rows, lay
 import bnlab.models as M
 from bnlab.norms import set_progress
 
-# Priority for the compiled section: native first (the reference), then the BN family, then the rest.
+# Priority for the compiled section: native first (the reference), then the BN family, then the
+# rest.
 PRIORITY = ["native_bn", "bn", "cbn", "mbn", "brn", "mean_only_bn", "var_only_bn", "cbn(decouple=false)",
             "noisy_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "si_bn", "wn"]
 FULL = dict(layer_shape=(128, 64, 32, 32), batch=128, image=32, pairs=15, inner=5)
@@ -43,8 +44,8 @@ QUICK = dict(layer_shape=(8, 4, 4, 4), batch=4, image=8, pairs=1, inner=1)
 
 
 def resnet_step(spec: str, device: torch.device, batch: int, image: int, precision: str):
-    """(model, make_step): ``make_step(net)`` is one SGD step of ResNet-20 (``net`` = the model or its
-    compiled form) with ``spec`` on a fixed synthetic CIFAR-shaped batch."""
+    """(model, make_step): ``make_step(net)`` is one SGD step of ResNet-20 (``net`` = the model or
+    its compiled form) with ``spec`` on a fixed synthetic CIFAR-shaped batch."""
     torch.manual_seed(0)
     model = M.create("resnet20", norm=spec, input_shape=(3, image, image), num_classes=10).to(device).train()
     set_progress(model, lr=0.05, epoch=2, epochs=4)  # mbn's λ and cbn's AMAT η > 0, as in training
@@ -144,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     backend = "eager" if device.type == "cpu" else "inductor"
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cpu":
-        torch.set_num_threads(1)  # the dry run only checks the plumbing; one thread is fastest on tiny tensors
+        # the dry run only checks the plumbing; one thread is fastest on tiny tensors
+        torch.set_num_threads(1)
     budget = Budget(args.budget_s)
     specs = [s for s in PRIORITY if s in args.specs]
     shape = cfg["layer_shape"]
@@ -163,15 +165,16 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(result, indent=2))
 
     layers, resnet = result["layers"], result["resnet20_step"]
-    # issue 18: dispatched operations per fp32 training step on this device, and the aten ops run inside
-    # bnlab's operators (about the kernel launches): cheap, so first
+    # issue 18: dispatched operations per fp32 training step on this device, and the aten ops run
+    # inside bnlab's operators (about the kernel launches): cheap, so first
     result["op_counts"] = {spec: op_counts(spec, shape, device) for spec in specs}
     save()
     layers += layer_table(specs, shape, device, ["fp32", "fp16", "bf16"], ["eager"], **common)
     save()
     resnet += resnet_rows(specs, device, cfg, ["fp32", "bf16"], "eager", budget, backend, sync, progress)
     save()
-    for spec in specs:  # compiled, in priority order, while the budget lasts: small layer graphs first
+    # compiled, in priority order, while the budget lasts: small layer graphs first
+    for spec in specs:
         layers += layer_table([spec], shape, device, ["fp32"], ["compiled"], **common)
         save()
     for spec in specs:

@@ -1,4 +1,5 @@
-"""Benchmark: forward+backward of every layer against torch's native BatchNorm, eager and compiled (CPU).
+"""Benchmark: forward+backward of every layer against torch's native BatchNorm, eager and compiled
+(CPU).
 
     python benchmarks/norms.py [--pairs 15] [--threads 2] [--specs bn,cbn] [--quick] [--out PATH]
     python benchmarks/norms.py --threads 1 --clock cpu --modes eager   # on a loaded machine
@@ -9,14 +10,16 @@ dispatch dominates, (1000, 10) and (32, 16, 8, 8) (``--shapes``; compiled only o
 Columns: eager and ``torch.compile`` (inductor), both against *eager* native BN, and the number of
 operations one training forward + backward dispatches (:mod:`bnlab.norms.opcount`, views excluded;
 "inside": counting the aten ops that bnlab's own operators run, about the kernel launches on a GPU).
-``noisy_bn`` is also compared with native BN plus the same noise in plain PyTorch (its honest floor).
-Writes benchmarks/results/norms.json and prints Markdown tables. ``--quick``: tiny shape, few pairs,
-dynamo's "eager" backend instead of inductor — seconds, for the test that checks the script runs.
+``noisy_bn`` is also compared with native BN plus the same noise in plain PyTorch (its honest
+floor). Writes benchmarks/results/norms.json and prints Markdown tables. ``--quick``: tiny shape,
+few pairs, dynamo's "eager" backend instead of inductor — seconds, for the test that checks the
+script runs.
 
 Goals (issue 9): eager BN family ≤ 1.3× native; every layer compiled ≤ 1.0× native eager;
-``noisy_bn``, ``lp_bn``, ``si_bn``, ``wn`` eager ≤ 1.5× (the wrappers against their 1×1 conv + native BN).
-Issue 18: small shapes ≤ 1.3× native eager, (128, 64, 32, 32) ≤ 1.1×; ``noisy_bn`` ≤ 1.2× native BN +
-noise; ≤ 16 dispatched operations for the BN family, ≤ 24 for ``lp_bn``, ``noisy_bn``, ``si_bn``.
+``noisy_bn``, ``lp_bn``, ``si_bn``, ``wn`` eager ≤ 1.5× (the wrappers against their 1×1 conv +
+native BN). Issue 18: small shapes ≤ 1.3× native eager, (128, 64, 32, 32) ≤ 1.1×; ``noisy_bn`` ≤
+1.2× native BN + noise; ≤ 16 dispatched operations for the BN family, ≤ 24 for ``lp_bn``,
+``noisy_bn``, ``si_bn``.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ def parse_specs(text: str, parser: argparse.ArgumentParser) -> list[str]:
 
 
 def goals(rows: list[dict]) -> dict:
-    """Each goal: the ratios it covers and whether every one meets it (False where a row has no ratio)."""
+    """Each goal: the ratios it covers and whether every one meets it (False where a row has no
+    ratio)."""
     by = {(r["spec"], r["mode"]): r.get("ratio") for r in rows}
 
     def check(specs, mode, limit):
@@ -73,7 +77,8 @@ def noise_yardstick(shape, pairs: int, inner: int, clock) -> dict:
 
 
 def side_by_side(rows: list[dict]) -> str:
-    """The README table: one line per (shape, layer), eager and compiled ratios against eager native BN."""
+    """The README table: one line per (shape, layer), eager and compiled ratios against eager native
+    BN."""
     cells = {(tuple(r["shape"]), r["spec"], r["mode"], r["reference"].endswith("noise eager")): r for r in rows}
 
     def ratio(row):
@@ -90,7 +95,8 @@ def side_by_side(rows: list[dict]) -> str:
 
 
 def issue18_goals(rows: list[dict], shapes: list[tuple[int, ...]]) -> dict:
-    """Issue 18's ratio and operation-count goals, each with the values it covers and whether all meet it."""
+    """Issue 18's ratio and operation-count goals, each with the values it covers and whether all
+    meet it."""
     eager = [r for r in rows if r["mode"] == "eager" and not r["reference"].endswith("noise eager")]
     small = {f"{r['spec']}@{'x'.join(map(str, r['shape']))}": r.get("ratio") for r in eager if tuple(r["shape"]) != shapes[0]}
     large = {r["spec"]: r.get("ratio") for r in eager if tuple(r["shape"]) == shapes[0] and r["spec"] in BN_FAMILY}
@@ -132,10 +138,12 @@ def main(argv: list[str] | None = None) -> dict:
     backend = "eager" if args.quick else "inductor"
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     modes = [m for m in args.modes.split(",") if m]
-    load_before = os.getloadavg()[0]  # other processes on the machine distort 2-thread timings: recorded
+    # other processes on the machine distort 2-thread timings: recorded
+    load_before = os.getloadavg()[0]
     budget, rows = Budget(args.budget_s), []
     for i, shape in enumerate(shapes):
-        inner = max(1, 2_000_000 // (4 * torch.Size(shape).numel()))  # small shapes: several calls per timing
+        # small shapes: several calls per timing
+        inner = max(1, 2_000_000 // (4 * torch.Size(shape).numel()))
         table = layer_table(specs, shape, torch.device("cpu"), ["fp32"], modes if i == 0 else ["eager"], pairs,
                             budget, backend=backend, inner=inner, clock=clock,
                             progress=lambda r: print(f"{r['spec']:<22}{r['mode']:<10}"

@@ -3,16 +3,17 @@
     .venv/bin/python benchmarks/probes.py            # DLN (batch 1000 and 128) + vgg_santurkar (batch 128)
     .venv/bin/python benchmarks/probes.py --quick    # fewer repeats, DLN only
 
-Settings (issue 4): Santurkar's deep linear network (25 layers of width 10, BN after each hidden layer,
-Gaussian regression x ~ N(0, I_10), y = A x with Gaussian A, n = 1000) at batch 1000 (full batch, as in
-the paper) and 128, and ``vgg_santurkar`` at batch 128 on CIFAR-shaped Gaussian inputs (no data is
-downloaded; timing does not depend on the pixel values). CPU, ``torch.set_num_threads(--threads)``
-(default 1: the benchmark machine is shared and oversubscribed threads make timings meaningless).
+Settings (issue 4): Santurkar's deep linear network (25 layers of width 10, BN after each hidden
+layer, Gaussian regression x ~ N(0, I_10), y = A x with Gaussian A, n = 1000) at batch 1000 (full
+batch, as in the paper) and 128, and ``vgg_santurkar`` at batch 128 on CIFAR-shaped Gaussian inputs
+(no data is downloaded; timing does not depend on the pixel values). CPU,
+``torch.set_num_threads(--threads)`` (default 1: the benchmark machine is shared and oversubscribed
+threads make timings meaningless).
 
 A "training step" is zero_grad + forward + backward + SGD step (momentum 0.9). Each probe is created
-with its defaults and ``every=1``; its cost is the ``probe/<name>/seconds`` it records itself (snapshot
-and restore included), median over the timed calls after one untimed warm-up call. Overhead = probe
-seconds / step seconds. Results go to benchmarks/results/probes.json.
+with its defaults and ``every=1``; its cost is the ``probe/<name>/seconds`` it records itself
+(snapshot and restore included), median over the timed calls after one untimed warm-up call.
+Overhead = probe seconds / step seconds. Results go to benchmarks/results/probes.json.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def bench_model(label, make_model, loss_fn, batches, lr, repeats, probe_repeats,
         rows[name] = {"seconds": seconds, "overhead": seconds / step, "cost": probe.cost,
                       "metrics_per_call": sum(1 for k in metrics if not k.endswith("/seconds"))}
         print(f"[{label}] {name:18s} {seconds * 1e3:10.1f} ms  = {seconds / step:7.2f} steps", flush=True)
-    # naive vs batched landscape, same model state, same grid; batched result checked against naive once
+    # naive vs batched landscape, same model state, same grid; batched result checked against naive
+    # once
     model = make_model()
     x, y = batches[0]
     model.train()

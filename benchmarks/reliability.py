@@ -1,5 +1,5 @@
-"""The run store's reliability figures: interruptions survived, corruptions handled, malicious inputs
-refused, metric rows lost.
+"""The run store's reliability figures: interruptions survived, corruptions handled, malicious
+inputs refused, metric rows lost.
 
     .venv/bin/python benchmarks/reliability.py            # about 2-4 minutes on one CPU core
     .venv/bin/python benchmarks/reliability.py --quick    # fewer trials
@@ -27,11 +27,12 @@ Issue 21's categories (benchmarks/reliability_cases.py), totals printed per cate
 
 * Kill points: the interruptions above, and SIGTERM at a step (exit 143, status ``interrupted``, a
   checkpoint at that step).
-* Corruption: the checkpoint byte flips above, and store damage SQLite does not report -- single bits
-  flipped in stored metric values, a config digit changed, rows deleted or added, a final metric
-  changed, invalid JSON, the metrics table dropped (*handled* = caught by the run's seal and rebuilt
-  from its final checkpoint by re-running its config, or read identical); a trigger that swallows
-  inserts, an added NOT NULL column, a renamed column, a 0-byte file (*handled* = refused at open).
+* Corruption: the checkpoint byte flips above, and store damage SQLite does not report -- single
+  bits flipped in stored metric values, a config digit changed, rows deleted or added, a final
+  metric changed, invalid JSON, the metrics table dropped (*handled* = caught by the run's seal and
+  rebuilt from its final checkpoint by re-running its config, or read identical); a trigger that
+  swallows inserts, an added NOT NULL column, a renamed column, a 0-byte file (*handled* = refused
+  at open).
 * Concurrency: the two sweeps above.
 * Numerics: a run whose final evaluation blows up, a negative running variance (must end
   ``diverged``), non-finite spec and config numbers from specs and YAML (must be refused).
@@ -185,7 +186,8 @@ def corruption_trials(trials: int, rng: random.Random, work: Path) -> dict:
         except Exception:  # any clear error counts; the point is "not silent"
             counts[where]["raised"] += 1
             continue
-        # the per-entry digests only name a damaged entry; "all" covers the content, so compare without them
+        # the per-entry digests only name a damaged entry; "all" covers the content, so compare
+        # without them
         same = _states_equal({k: v for k, v in loaded.items() if k != "checksum"},
                              {k: v for k, v in original.items() if k != "checksum"})
         counts[where]["identical" if same else "silently_wrong"] += 1
@@ -287,7 +289,8 @@ def concurrent_sweeps(work: Path) -> dict:
     with Store(runs_dir / "bnlab.db") as store:
         stored = {r["id"]: r["status"] for r in store.list_runs()}
     return {"processes": 2, "configs": len(configs), "records": len(records),
-            "waits": sum(err.count("waiting: ") for _, err in outputs),  # runs met while the other trained them
+            # runs met while the other trained them
+            "waits": sum(err.count("waiting: ") for _, err in outputs),
             "finished": sum(status == "finished" for _, status, _ in records),
             "failed": [[run_id, error] for run_id, status, error in records if status != "finished"],
             "stored": stored}

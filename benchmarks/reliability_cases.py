@@ -1,7 +1,8 @@
-"""The issue-21 categories of benchmarks/reliability.py: store damage SQLite does not report (caught by
-the seals and the open checks), numerics that must not end ``finished``, hostile inputs, and SIGTERM as
-a kill point. Each case returns True when bnlab did the right thing (refused with a clear error, caught
-the damage, rebuilt the truth, or stopped cleanly), False when something was silently wrong."""
+"""The issue-21 categories of benchmarks/reliability.py: store damage SQLite does not report (caught
+by the seals and the open checks), numerics that must not end ``finished``, hostile inputs, and
+SIGTERM as a kill point. Each case returns True when bnlab did the right thing (refused with a clear
+error, caught the damage, rebuilt the truth, or stopped cleanly), False when something was silently
+wrong."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def _judge(runs_dir: Path, run_id: str, truth: str, config: dict) -> str:
     try:
         seen = _export(runs_dir, run_id)
     except (StoreIntegrityError, StoreCorruptError, StoreVersionError):
-        record = run(dict(config, runs_dir=str(runs_dir)), progress=False)  # rebuilds from the checkpoint
+        # rebuilds from the checkpoint
+        record = run(dict(config, runs_dir=str(runs_dir)), progress=False)
         return "caught+rebuilt" if record.status == "finished" and _export(runs_dir, run_id) == truth else "caught"
     return "identical" if seen == truth else "silently wrong"
 

@@ -1,10 +1,10 @@
 """Paired timing shared by benchmarks/norms.py (CPU) and benchmarks/gpu.py (CUDA).
 
 A layer and its reference (torch's native BatchNorm, cuDNN on a GPU) are timed alternately in one
-process — pair i runs A then B when i is even, B then A when odd — and the reported ratio is the median
-of the per-pair ratios, so drifts of the machine (other jobs, clocks, thermals) cancel instead of
-landing on whichever ran second. Timing lives here, never in tests: tests only check that the scripts
-run and write the right keys (``--quick``).
+process — pair i runs A then B when i is even, B then A when odd — and the reported ratio is the
+median of the per-pair ratios, so drifts of the machine (other jobs, clocks, thermals) cancel
+instead of landing on whichever ran second. Timing lives here, never in tests: tests only check that
+the scripts run and write the right keys (``--quick``).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def reference_for(spec: str, shape: tuple[int, ...]) -> tuple[nn.Module, str]:
 
 
 class NativeBNPlusNoise(nn.Module):
-    """``noisy_bn``'s honest floor (issue 18): torch's BatchNorm, then Santurkar Alg. 1's noise written in
-    plain PyTorch (the same four draws from a ``torch.Generator``, then ``s·a + m``)."""
+    """``noisy_bn``'s honest floor (issue 18): torch's BatchNorm, then Santurkar Alg. 1's noise
+    written in plain PyTorch (the same four draws from a ``torch.Generator``, then ``s·a + m``)."""
 
     def __init__(self, c: int, n_mu: float = 0.5, n_sigma: float = 1.25, r_mu: float = 0.1, r_sigma: float = 0.1):
         super().__init__()
@@ -73,9 +73,9 @@ class NativeBNPlusNoise(nn.Module):
 
 
 def op_counts(spec: str, shape: tuple[int, ...], device: torch.device | str = "cpu") -> dict:
-    """Operations one training forward + backward dispatches (:mod:`bnlab.norms.opcount`, views excluded),
-    and "inside": the aten ops that bnlab's own operators run in their kernels (about the kernel launches
-    on a GPU), on the path the layer takes for this shape."""
+    """Operations one training forward + backward dispatches (:mod:`bnlab.norms.opcount`, views
+    excluded), and "inside": the aten ops that bnlab's own operators run in their kernels (about the
+    kernel launches on a GPU), on the path the layer takes for this shape."""
     torch.manual_seed(0)
     step = training_step(_layer(spec, shape), shape, device=device)
     step()
@@ -83,7 +83,8 @@ def op_counts(spec: str, shape: tuple[int, ...], device: torch.device | str = "c
 
 
 def fwd_bwd(module: nn.Module, x: torch.Tensor, precision: str = "fp32") -> Callable[[], None]:
-    """One training-mode forward + backward of ``module`` on ``x`` (under autocast for fp16/bf16)."""
+    """One training-mode forward + backward of ``module`` on ``x`` (under autocast for
+    fp16/bf16)."""
     module.train()
     dtype = AMP_DTYPES[precision]
     autocast = (lambda: torch.autocast(x.device.type, dtype=dtype)) if dtype is not None else nullcontext
@@ -103,8 +104,8 @@ def fwd_bwd(module: nn.Module, x: torch.Tensor, precision: str = "fp32") -> Call
 def paired(a: Callable[[], None], b: Callable[[], None], pairs: int, warmup: int = 2, inner: int = 1,
            sync: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.perf_counter) -> dict:
     """Median ms of ``a`` and ``b`` and the median of the per-pair ratios a/b, timed alternately.
-    ``clock``: wall time by default; ``time.thread_time`` (one thread) measures this thread's CPU time,
-    which other processes on a loaded machine disturb far less."""
+    ``clock``: wall time by default; ``time.thread_time`` (one thread) measures this thread's CPU
+    time, which other processes on a loaded machine disturb far less."""
     for _ in range(warmup):
         a(), b()
     sync()
@@ -123,7 +124,8 @@ def paired(a: Callable[[], None], b: Callable[[], None], pairs: int, warmup: int
 
 def measure(step: Callable[[], None], ref_step: Callable[[], None], pairs: int, inner: int,
             sync: Callable[[], None], clock: Callable[[], float] = time.perf_counter) -> dict:
-    """:func:`paired`, or the error: one layer that fails (e.g. under autocast) must not end the run."""
+    """:func:`paired`, or the error: one layer that fails (e.g. under autocast) must not end the
+    run."""
     try:
         return paired(step, ref_step, pairs, inner=inner, sync=sync, clock=clock)
     except Exception as err:
@@ -132,14 +134,16 @@ def measure(step: Callable[[], None], ref_step: Callable[[], None], pairs: int, 
 
 def compile_and_warm(module: nn.Module, make_step: Callable[[nn.Module], Callable[[], None]], budget: Budget,
                      backend: str = "inductor") -> tuple[Callable[[], None] | None, dict]:
-    """``make_step(torch.compile(module))`` after its first calls (the compile), or None and why not."""
+    """``make_step(torch.compile(module))`` after its first calls (the compile), or None and why
+    not."""
     if not budget.allows_compile():
         return None, {"skipped": f"time budget ({budget.left():.0f} s left, a compile took up to "
                                  f"{budget.compile_estimate:.0f} s)"}
     start = time.perf_counter()
     try:
         step = make_step(torch.compile(module, backend=backend))
-        step(), step()  # the first call compiles forward and backward; the second catches recompiles
+        # the first call compiles forward and backward; the second catches recompiles
+        step(), step()
     except Exception as err:  # a layer that does not compile is a result to report, not a crash
         return None, {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
     seconds = time.perf_counter() - start
@@ -151,11 +155,13 @@ def layer_table(specs: list[str], shape: tuple[int, ...], device: torch.device, 
                 modes: list[str], pairs: int, budget: Budget, backend: str = "inductor", inner: int = 1,
                 sync: Callable[[], None] = lambda: None, progress: Callable[[dict], None] | None = None,
                 clock: Callable[[], float] = time.perf_counter) -> list[dict]:
-    """One row per (spec, precision, mode): the layer's fwd+bwd against its native reference in eager mode."""
+    """One row per (spec, precision, mode): the layer's fwd+bwd against its native reference in
+    eager mode."""
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(device)
     rows = []
     for precision in precisions:
-        xp = x if precision == "fp32" else x.to(AMP_DTYPES[precision])  # AMP activations arrive in half
+        # AMP activations arrive in half
+        xp = x if precision == "fp32" else x.to(AMP_DTYPES[precision])
         for spec in specs:
             torch.manual_seed(0)
             reference, ref_name = reference_for(spec, shape)

@@ -126,8 +126,9 @@ def measure(name: str, config: dict, steps: int, pairs: int, compile_step: bool)
 
 
 def summary_rows(results: dict) -> list[dict]:
-    """The table's rows: the engine's overhead alone, and issue 18's "bnlab `bn` in the engine vs native BN
-    in a plain loop" (layers and engine together, against what a PyTorch user would write)."""
+    """The table's rows: the engine's overhead alone, and issue 18's "bnlab `bn` in the engine vs
+    native BN in a plain loop" (layers and engine together, against what a PyTorch user would
+    write)."""
     rows = []
     for name, r in results.items():
         rows.append({"setting": name, "row": "bnlab engine vs plain loop, same model (bnlab `bn`)",

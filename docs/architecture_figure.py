@@ -3,7 +3,8 @@
     python docs/architecture_figure.py
 
 The layers are the ones ``tests/test_layering.py`` enforces (a test holds the two lists equal): a
-module imports from its own layer or a lower one, never a higher one, and within a layer without cycles.
+module imports from its own layer or a lower one, never a higher one, and within a layer without
+cycles.
 """
 
 from __future__ import annotations

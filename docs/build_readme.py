@@ -3,16 +3,17 @@
     python docs/build_readme.py --runs-dir runs          # after `make demo` or `bnlab reproduce ...`
     python docs/build_readme.py --runs-dir runs --check  # exit 1 if the README disagrees with the store
 
-Only the region between ``<!-- verdicts:start -->`` and ``<!-- verdicts:end -->`` changes; the rest of
-the README is hand-written. The verdicts are not copied from anywhere: every stored catalogue entry
-is analysed again from the store (``bnlab.experiments.runner.iter_outcomes``, the same path as
+Only the region between ``<!-- verdicts:start -->`` and ``<!-- verdicts:end -->`` changes; the rest
+of the README is hand-written. The verdicts are not copied from anywhere: every stored catalogue
+entry is analysed again from the store (``bnlab.experiments.runner.iter_outcomes``, the same path as
 ``bnlab report``; nothing is trained), so the table says what the stored runs say today. The user
-guide itself is the docs site (``mkdocs.yml``, pages in ``docs/readme/``), no longer concatenated here.
+guide itself is the docs site (``mkdocs.yml``, pages in ``docs/readme/``), no longer concatenated
+here.
 
 Each rewrite also stores the rows it rendered in ``docs/verdicts.json`` (the store's verdicts, as
 analysed then): the suite checks that the README's table is exactly what those rows render and that
-every row names a catalogue entry, so neither a hand edit nor a renamed entry goes unnoticed where no
-store is at hand (CI). ``--check`` compares the README with a live store instead.
+every row names a catalogue entry, so neither a hand edit nor a renamed entry goes unnoticed where
+no store is at hand (CI). ``--check`` compares the README with a live store instead.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from bnlab.store import Store
 START, END = "<!-- verdicts:start -->", "<!-- verdicts:end -->"
 REPO = Path(__file__).resolve().parent.parent
 SNAPSHOT = REPO / "docs" / "verdicts.json"
-# The docs page that discusses each paper's entries (links in the table; paths relative to the README).
+# The docs page that discusses each paper's entries (links in the table; paths relative to the
+# README).
 PAPER_PAGES = {
     "santurkar": "docs/readme/experiments-santurkar.md",
     "luo": "docs/readme/experiments-luo-mbn.md",
@@ -51,7 +53,8 @@ def collect_rows(runs_dir: Path) -> list[dict]:
     rows = []
     try:
         threads = sorted({(r.get("env") or {}).get("threads") for r in store.list_runs()} - {None})
-        with tempfile.TemporaryDirectory() as figures:  # analyses draw figures; the README needs none
+        # analyses draw figures; the README needs none
+        with tempfile.TemporaryDirectory() as figures:
             for experiment_id, preset, ctx, outcome in iter_outcomes(runs_dir, figures):
                 failed = isinstance(outcome, Exception)
                 stored = store.load_entry(experiment_id, preset) or {}

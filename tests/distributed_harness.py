@@ -45,7 +45,8 @@ def _entry(rank, world, port, target, args, results, collective_timeout):
 
 
 def run_ranks(world: int, target, *args, timeout: float = 60.0, collective_timeout: float = 30.0) -> list:
-    """``[target(0, world, *args), ..., target(world-1, world, *args)]``, each on its own gloo rank."""
+    """``[target(0, world, *args), ..., target(world-1, world, *args)]``, each on its own gloo
+    rank."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()

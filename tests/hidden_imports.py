@@ -1,10 +1,11 @@
 """Run Python code in a fresh interpreter where some installed packages cannot be imported.
 
 This simulates an install without them (``pip install bnlab``, without the ``lab`` extra). The
-finder that replaces ``sys.meta_path`` answers "not found" for the hidden top-level packages and asks
-the usual finders for everything else, so ``import scipy`` raises ModuleNotFoundError *and*
-``importlib.util.find_spec("scipy")`` returns None — what torch expects of an absent optional package
-(a finder that raises instead breaks ``import torch``, which probes for scipy and scikit-learn).
+finder that replaces ``sys.meta_path`` answers "not found" for the hidden top-level packages and
+asks the usual finders for everything else, so ``import scipy`` raises ModuleNotFoundError *and*
+``importlib.util.find_spec("scipy")`` returns None — what torch expects of an absent optional
+package (a finder that raises instead breaks ``import torch``, which probes for scipy and
+scikit-learn).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ sys.meta_path[:] = [_Hide(list(sys.meta_path))]
 
 
 def run_without(hidden: tuple[str, ...], code: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``code`` in a new interpreter (one torch thread) in which ``hidden`` cannot be imported."""
+    """Run ``code`` in a new interpreter (one torch thread) in which ``hidden`` cannot be
+    imported."""
     script = _PRELUDE.format(hidden=tuple(sorted(hidden))) + textwrap.dedent(code)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,

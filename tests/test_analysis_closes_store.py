@@ -46,6 +46,7 @@ def test_analyze_and_iter_outcomes_close_every_store(tmp_path, opened):
     except Exception:  # a one-run entry may not analyse; the store must close anyway
         pass
     for _, _, ctx, _ in runner.iter_outcomes(tmp_path, tmp_path / "report"):
-        assert ctx.run("bn").series("train_loss") == ([1], [0.5])  # open while the consumer reads it
+        # open while the consumer reads it
+        assert ctx.run("bn").series("train_loss") == ([1], [0.5])
         assert not opened[-1].closed
     assert len(opened) >= 2 and all(store.closed for store in opened)

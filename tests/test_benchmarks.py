@@ -1,4 +1,5 @@
-"""The benchmark scripts run and write the documented keys (--quick dry runs; no timing is asserted)."""
+"""The benchmark scripts run and write the documented keys (--quick dry runs; no timing is
+asserted)."""
 
 import importlib.util
 import json
@@ -28,7 +29,8 @@ def test_gpu_benchmark_refuses_without_cuda(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpu.main(["--out-dir", str(tmp_path)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
-    assert gpu.main(["--device", "cpu", "--out-dir", str(tmp_path)]) == 2  # CPU only as a --quick dry run
+    # CPU only as a --quick dry run
+    assert gpu.main(["--device", "cpu", "--out-dir", str(tmp_path)]) == 2
     assert "only a dry run" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
     with pytest.raises(SystemExit):
@@ -57,7 +59,9 @@ def test_norms_benchmark_quick_writes_eager_and_compiled_columns(tmp_path):
         (s, m) for s in ("native_bn", "bn", "si_bn") for m in ("eager", "compiled")}
     assert all(r["ratio"] > 0 and r["ms"] > 0 for r in result["rows"])
     si = next(r for r in result["rows"] if r["spec"] == "si_bn")
-    assert si["reference"].startswith("conv1x1+native_bn")  # wrappers are compared with their conv + BN
+    # wrappers are compared with their conv + BN
+    assert si["reference"].startswith("conv1x1+native_bn")
     goals = result["goals"]
     assert set(goals) == {"eager_bn_family_le_1.3", "compiled_every_layer_le_1.0", "eager_others_le_1.5"}
-    assert goals["eager_bn_family_le_1.3"]["met"] is False  # mbn, cbn, ... were not run: cannot be met
+    # mbn, cbn, ... were not run: cannot be met
+    assert goals["eager_bn_family_le_1.3"]["met"] is False

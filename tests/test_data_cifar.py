@@ -22,7 +22,8 @@ def no_env_data_dir(monkeypatch):
 
 
 def trusted_batches(directory, layout):
-    """The raw (data, labels) of the files we wrote, read with the plain unpickler (our own files)."""
+    """The raw (data, labels) of the files we wrote, read with the plain unpickler (our own
+    files)."""
     out = {}
     for f in layout.train_files + layout.test_files:
         with open(directory / layout.folder / f, "rb") as fh:
@@ -254,7 +255,8 @@ def test_restricted_unpickler_admits_no_other_globals(payload):
 def test_restricted_unpickler_reads_arrays_and_plain_containers():
     value = {b"data": np.arange(12, dtype=np.uint8).reshape(2, 6), b"labels": [1, 2], b"name": b"x",
              "s": np.int64(3)}
-    for protocol in (2, 3, 4):  # protocol 5 (numpy._core.numeric._frombuffer) is not the format: refused
+    # protocol 5 (numpy._core.numeric._frombuffer) is not the format: refused
+    for protocol in (2, 3, 4):
         got = cifar.restricted_loads(pickle.dumps(value, protocol=protocol))
         assert np.array_equal(got[b"data"], value[b"data"]) and got[b"labels"] == [1, 2] and got["s"] == 3
 

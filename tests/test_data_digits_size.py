@@ -1,4 +1,5 @@
-"""digits(size=16|32): bilinear upsampling of the 8×8 digits (proxy inputs whose deep conv stages are not all border)."""
+"""digits(size=16|32): bilinear upsampling of the 8×8 digits (proxy inputs whose deep conv stages
+are not all border)."""
 
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ def test_digits_size_gives_upsampled_standardized_images(size):
     assert big.x_train.shape == (small.x_train.shape[0], 1, size, size)
     assert torch.equal(big.meta["train_index"], small.meta["train_index"])  # same split
     # bilinear, align_corners=False: averaging each (size/8)×(size/8) block gives back the original
-    # up to the blur of the interpolation; the block means correlate almost perfectly with the 8×8 image
+    # up to the blur of the interpolation; the block means correlate almost perfectly with the 8×8
+    # image
     k = size // 8
     pooled = torch.nn.functional.avg_pool2d(big.x_train, k)
     corr = np.corrcoef(pooled.flatten().numpy(), small.x_train.flatten().numpy())[0, 1]
@@ -28,7 +30,8 @@ def test_digits_size_gives_upsampled_standardized_images(size):
 def test_resize_images_keeps_constants_and_interpolates_linearly():
     const = torch.full((2, 1, 8, 8), 3.0, dtype=torch.float64)
     assert torch.allclose(resize_images(const, 16), const.new_full((2, 1, 16, 16), 3.0))
-    # a horizontal ramp x_j = j stays a ramp in the interior: output pixel centre u maps to (u + 0.5)/2 − 0.5
+    # a horizontal ramp x_j = j stays a ramp in the interior: output pixel centre u maps to (u +
+    # 0.5)/2 − 0.5
     ramp = torch.arange(8, dtype=torch.float64).expand(1, 1, 8, 8).clone()
     out = resize_images(ramp, 16)[0, 0, 0]
     u = torch.arange(1, 15, dtype=torch.float64)

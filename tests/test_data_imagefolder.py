@@ -1,4 +1,5 @@
-"""The image-folder data source: real PNG/JPEG files, ImageNet transforms as torch ops, seeded, clear errors."""
+"""The image-folder data source: real PNG/JPEG files, ImageNet transforms as torch ops, seeded,
+clear errors."""
 
 import math
 
@@ -52,7 +53,8 @@ def test_registered_and_shapes(folder):
 
 
 def test_eval_transform_is_resize_then_center_crop(folder):
-    """Val images: shorter side to resize_size, centre crop, ImageNet normalization — checked by hand."""
+    """Val images: shorter side to resize_size, centre crop, ImageNet normalization — checked by
+    hand."""
     from PIL import Image
 
     ds = load(folder)
@@ -71,7 +73,8 @@ def test_eval_transform_is_resize_then_center_crop(folder):
 
 
 def test_eval_transform_matches_torchvision():
-    """resize_shorter + center_crop against torchvision's Resize + CenterCrop on a non-square image."""
+    """resize_shorter + center_crop against torchvision's Resize + CenterCrop on a non-square
+    image."""
     from tests.vision_shim import import_or_skip
 
     tv = import_or_skip("torchvision")
@@ -117,9 +120,11 @@ def test_augmentation_seeded_and_workers_and_cache_agree(folder):
     first = a.x_train.index_select(0, index)
     torch.testing.assert_close(first, b.x_train.index_select(0, index))
     assert not torch.allclose(first, c.x_train.index_select(0, index))
-    assert not torch.allclose(first, a.x_train.index_select(0, index))  # fresh crops on each request
+    # fresh crops on each request
+    assert not torch.allclose(first, a.x_train.index_select(0, index))
     plain = load(folder, augment=False)
-    torch.testing.assert_close(plain.x_train[:3], plain.x_train[:3])  # no augmentation: no randomness
+    # no augmentation: no randomness
+    torch.testing.assert_close(plain.x_train[:3], plain.x_train[:3])
     torch.testing.assert_close(load(folder, cache="none").x_test[:], plain.x_test[:])
 
 

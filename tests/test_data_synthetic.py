@@ -1,4 +1,5 @@
-"""bnlab.data: the registry, `load`, digits, Santurkar's Gaussian regression and Luo's teacher-student."""
+"""bnlab.data: the registry, `load`, digits, Santurkar's Gaussian regression and Luo's
+teacher-student."""
 
 import math
 
@@ -143,7 +144,8 @@ def test_gaussian_regression_test_split_does_not_change_training_data():
     assert torch.equal(a.x_train, b.x_train) and torch.equal(a.meta["A"], b.meta["A"])
 
 
-# ----------------------------------------------------------------------------- Luo's teacher-student
+# ----------------------------------------------------------------------------- Luo's
+# teacher-student
 
 
 def test_teacher_norm_and_input_variance_follow_luo():
@@ -183,8 +185,9 @@ def test_teacher_student_alpha_is_recovered_from_the_spectrum(alpha):
     # trace(XᵀX)/N = sum of P*N squares of variance 1/N, divided by N: mean alpha, relative s.e.
     # sqrt(2/(P N)) < 1%.
     assert abs(float(eig.sum()) / N / alpha - 1.0) < 0.03
-    # Luo, after Eq. (16): nonzero eigenvalues fill [(sqrt(a)-1)^2, (sqrt(a)+1)^2] (Marchenko-Pastur).
-    # Finite-N edges move by O(N^(-2/3)) ~ 3%; compare the support with 15% slack.
+    # Luo, after Eq. (16): nonzero eigenvalues fill [(sqrt(a)-1)^2, (sqrt(a)+1)^2]
+    # (Marchenko-Pastur). Finite-N edges move by O(N^(-2/3)) ~ 3%; compare the support with 15%
+    # slack.
     nonzero = eig[-min(P, N):]
     lo, hi = (alpha**0.5 - 1) ** 2, (alpha**0.5 + 1) ** 2
     assert float(nonzero.max()) == pytest.approx(hi, rel=0.15)
@@ -203,7 +206,8 @@ def test_least_squares_generalization_matches_luo_eq14_with_its_sign_corrected(a
         ds = data.load("teacher_student", N=N, alpha=alpha, noise_var=noise_var, n_test=0, seed=seed,
                        dtype="float64")
         w = torch.linalg.pinv(ds.x_train) @ ds.y_train.squeeze(1)  # min-norm least squares
-        errors.append(float(((w - ds.meta["w_star"]) ** 2).sum()) / N)  # E_x (w-w*)ᵀx)² with Cov x = I/N
+        # E_x (w-w*)ᵀx)² with Cov x = I/N
+        errors.append(float(((w - ds.meta["w_star"]) ** 2).sum()) / N)
     P = round(alpha * N)
     if alpha > 1:
         expected = noise_var * N / (P - N - 1)  # finite-size exact; -> noise_var/(alpha-1)

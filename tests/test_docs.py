@@ -40,13 +40,15 @@ def test_site_builds_strict(tmp_path):
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     site = tmp_path / "site"
-    # the API reference was rendered from the docstrings, the figures and the changelog were included
+    # the API reference was rendered from the docstrings, the figures and the changelog were
+    # included
     assert 'id="bnlab.norms.create"' in (site / "api" / "norms" / "index.html").read_text()
     assert 'id="bnlab.probes.Lab"' in (site / "api" / "probes" / "index.html").read_text()
     assert 'id="bnlab.train.run"' in (site / "api" / "train" / "index.html").read_text()
     assert (site / "figures" / "santurkar-fig8-activations.png").is_file()
     assert "Unreleased" in (site / "changelog" / "index.html").read_text()
-    assert "BNLAB_EXAMPLE_QUICK" in (site / "examples" / "index.html").read_text()  # the scripts, included
+    # the scripts, included
+    assert "BNLAB_EXAMPLE_QUICK" in (site / "examples" / "index.html").read_text()
     assert not list(site.rglob("*.py")), "scripts in docs/ must not be published"
 
 
@@ -121,8 +123,9 @@ def test_verdicts_come_from_the_store(tmp_path):
 
 
 def test_readme_table_is_what_the_stored_verdicts_render():
-    """README's table against docs/verdicts.json (the rows of the store it was generated from, written
-    by the same command): a hand edit of the table, or a row whose entry no longer exists, fails."""
+    """README's table against docs/verdicts.json (the rows of the store it was generated from,
+    written by the same command): a hand edit of the table, or a row whose entry no longer exists,
+    fails."""
     from bnlab.experiments.base import load_catalogue
 
     br = _build_readme_module()

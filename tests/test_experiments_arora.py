@@ -24,8 +24,10 @@ def test_d1_plan_matches_appendix_d1():
     for r in runs:
         c = r.config
         assert (c["model"], c["data"], c["epochs"]) == ("vgg_arora", "cifar10", 100)
-        assert (c["momentum"], c["weight_decay"], c["schedule"]) == (0.0, 0.0, "constant")  # plain SGD
-        assert c["lr"] == 0.1 and c["norm"].startswith("bn")                               # scale-variant lr fixed
+        # plain SGD
+        assert (c["momentum"], c["weight_decay"], c["schedule"]) == (0.0, 0.0, "constant")
+        # scale-variant lr fixed
+        assert c["lr"] == 0.1 and c["norm"].startswith("bn")
     assert sorted({r.config["lr_scale_invariant"] for r in runs if r.config["optimizer"] == "sgd"}) == \
         [1e-2, 1e-1, 1.0, 1e1, 1e2]
     assert {r.config["optimizer"] for r in runs} == {"sgd", "psgd"}
@@ -53,20 +55,21 @@ def test_smoke_plans_are_small():
             assert r.config["data"] == "digits" and r.config["model"] == "mlp"
             # Arora Eq. 2: BN on the logits too (every kernel scale-invariant) wherever there is BN
             assert r.config["model_options"]["logit_bn"] is True
-    # the paper's 100 epochs: at 15, SGD at lr_si 0.01 sat at 0.31, above the "converged" line (issue 19)
+    # the paper's 100 epochs: at 15, SGD at lr_si 0.01 sat at 0.31, above the "converged" line
+    # (issue 19)
     assert all(r.config["epochs"] == 100 for r in get("arora-d1").plan("smoke").runs)
 
 
 def test_d2_smoke_runs_the_papers_epochs():
-    """At 15 epochs SGD with BN at lr 0.01 was still falling (a budget artifact): D.2's smoke runs train the
-    paper's 100 epochs, every arm alike, with three seeds."""
+    """At 15 epochs SGD with BN at lr 0.01 was still falling (a budget artifact): D.2's smoke runs
+    train the paper's 100 epochs, every arm alike, with three seeds."""
     runs = get("arora-d2").plan("smoke").runs
     assert {r.config["epochs"] for r in runs} == {100} == {get("arora-d2").plan("paper").runs[0].config["epochs"]}
     assert sorted(r.config["seed"] for r in runs if r.factors["lr"] == 0.01 and r.factors["setting"] == "SGD") == \
         [0, 1, 2]
 
 
-# ---- verdicts on synthetic numbers ------------------------------------------------------------------
+# ---- verdicts on synthetic numbers ---------------------------------------------------------------
 
 def test_d1_verdict():
     sgd = {lr: [0.02, 0.03, 0.025] for lr in A.LRS}
@@ -74,16 +77,20 @@ def test_d1_verdict():
             100.0: [2.1, 2.0, None]}
     assert A.d1_verdict({"SGD": sgd, "PSGD": psgd})[0] == "held"
     assert A.d1_verdict({"SGD": sgd, "PSGD": psgd}, tiny=True)[0] == "inconclusive"
-    assert A.d1_verdict({"SGD": {**sgd, 100.0: [0.02, None, 0.02]}, "PSGD": psgd})[0] == "not held"  # SGD diverged
-    assert A.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 100.0: [0.02] * 3}})[0] == "not held"   # PSGD not stuck
+    # SGD diverged
+    assert A.d1_verdict({"SGD": {**sgd, 100.0: [0.02, None, 0.02]}, "PSGD": psgd})[0] == "not held"
+    # PSGD not stuck
+    assert A.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 100.0: [0.02] * 3}})[0] == "not held"
     assert "PSGD fails at every larger lr: 1" in A.d1_verdict({"SGD": sgd, "PSGD": psgd})[1]
-    # PSGD training at lr_si = 1 and failing from 10 up: held, with the smallest failing lr reported (the paper
-    # gives no threshold; issue 19's 100-epoch re-run: "the claim holds from lr 10 up")
+    # PSGD training at lr_si = 1 and failing from 10 up: held, with the smallest failing lr reported
+    # (the paper gives no threshold; issue 19's 100-epoch re-run: "the claim holds from lr 10 up")
     verdict, summary = A.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 1.0: [0.05, 0.04, 0.06]}})
     assert verdict == "held" and "larger lr: 10" in summary
-    # PSGD failing at lr_si 0.1 (where the projection should change nothing the paper reports): not held
+    # PSGD failing at lr_si 0.1 (where the projection should change nothing the paper reports): not
+    # held
     assert A.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 0.1: [0.9, 1.0, 0.95]}})[0] == "not held"
-    assert A.d1_verdict({"SGD": {**sgd, 0.01: [0.3] * 3}, "PSGD": psgd})[0] == "inconclusive"  # slow, not stuck
+    # slow, not stuck
+    assert A.d1_verdict({"SGD": {**sgd, 0.01: [0.3] * 3}, "PSGD": psgd})[0] == "inconclusive"
     # stuck-level loss but one seed only: the rule cannot tell PSGD from SGD
     assert A.d1_verdict({"SGD": {lr: [0.02] for lr in A.LRS}, "PSGD": {lr: [v[0]] for lr, v in psgd.items()}}
                         )[0] == "inconclusive"
@@ -104,15 +111,17 @@ def test_d2_verdict():
 
 
 def test_d2_verdict_waits_for_the_loss_to_settle():
-    """The old smoke verdict: SGD at lr 0.01 at 0.56 after 15 epochs, still falling ≈ 4 % an epoch, read as a
-    failure to converge ("not held"). Still falling is inconclusive; settled at that level is not held."""
+    """The old smoke verdict: SGD at lr 0.01 at 0.56 after 15 epochs, still falling ≈ 4 % an epoch,
+    read as a failure to converge ("not held"). Still falling is inconclusive; settled at that level
+    is not held."""
     sgd = {lr: [0.02, 0.03, 0.025] for lr in A.LRS}
     loss = {"SGD": {**sgd, 0.01: [0.55, 0.56, 0.58]}, "PSGD": {lr: [2.3] * 3 for lr in A.LRS},
             "SGD, BN removed": {**{lr: [0.1] * 3 for lr in A.LRS}, 100.0: [None] * 3}}
     falling = {**loss, "SGD": {**loss["SGD"], 0.01: [0.68, 0.70, 0.72]}}
     verdict, summary = A.d2_verdict(loss, falling)
     assert verdict == "inconclusive" and "still falling" in summary and "SGD at lr 0.01" in summary
-    assert A.d2_verdict(loss, loss)[0] == "not held"  # settled at 0.56 > 0.2·ln 10: SGD fails at lr 0.01
+    # settled at 0.56 > 0.2·ln 10: SGD fails at lr 0.01
+    assert A.d2_verdict(loss, loss)[0] == "not held"
     # a stuck-level PSGD arm at the largest lr that is still falling has not been shown stuck
     converged = {**loss, "SGD": sgd}
     verdict, summary = A.d2_verdict(converged, {**converged, "PSGD": {**converged["PSGD"], 100.0: [3.0] * 3}})
@@ -122,10 +131,12 @@ def test_d2_verdict_waits_for_the_loss_to_settle():
 
 def test_still_falling():
     assert A.still_falling([0.536] * 3, [0.685] * 3)          # the 15-epoch lr-0.01 arm: 22 % down
-    assert not A.still_falling([0.136] * 3, [0.143] * 3)      # 5 % down: settled (SETTLE_DROP = 10 %)
+    # 5 % down: settled (SETTLE_DROP = 10 %)
+    assert not A.still_falling([0.136] * 3, [0.143] * 3)
     assert not A.still_falling([0.5, 0.5, 0.5], [0.5, 0.52, 0.54])
     assert not A.still_falling([None, 0.2, 0.2], [1.0] * 3)   # diverged: not falling
-    assert A.still_falling([0.5] * 3, None)                   # no earlier window: cannot be shown settled
+    # no earlier window: cannot be shown settled
+    assert A.still_falling([0.5] * 3, None)
     assert A.SETTLE_DROP == 0.1
 
 
@@ -150,10 +161,13 @@ class _FakeRun:
 
 
 def test_tail_value():
-    assert A.tail_value(_FakeRun("finished", [9, 9, 1, 2, 3, 4, 5]), "m") == pytest.approx(3.0)  # last 5 epochs
+    # last 5 epochs
+    assert A.tail_value(_FakeRun("finished", [9, 9, 1, 2, 3, 4, 5]), "m") == pytest.approx(3.0)
     run = _FakeRun("finished", [99, 6, 5, 4, 3, 2, 1, 1, 1, 1, 1])
-    assert A.tail_value(run, "m", skip=5) == pytest.approx(4.0)   # the 5 epochs before the last 5: 6 5 4 3 2
-    assert A.tail_value(_FakeRun("finished", [4, 2, 1]), "m", skip=2) == pytest.approx(4.0)  # what is there
+    # the 5 epochs before the last 5: 6 5 4 3 2
+    assert A.tail_value(run, "m", skip=5) == pytest.approx(4.0)
+    # what is there
+    assert A.tail_value(_FakeRun("finished", [4, 2, 1]), "m", skip=2) == pytest.approx(4.0)
     assert A.tail_value(_FakeRun("finished", [2.0, float("nan"), 4.0]), "m") == pytest.approx(3.0)
     assert A.tail_value(_FakeRun("diverged", [1.0, 2.0]), "m") is None
     assert A.tail_value(_FakeRun("finished", []), "m") is None

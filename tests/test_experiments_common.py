@@ -1,4 +1,5 @@
-"""experiments.common.compare_arms: the stated rule (Welch t, ≥3 seeds, minimum detectable effect)."""
+"""experiments.common.compare_arms: the stated rule (Welch t, ≥3 seeds, minimum detectable
+effect)."""
 
 import math
 
@@ -33,8 +34,8 @@ def test_no_detectable_difference_reports_a_minimum_detectable_effect_with_the_s
     a, b = gen.normal(0, 1, 8), gen.normal(0, 1, 8)
     c = compare_arms(a, b)
     assert c.decision == "no detectable difference" and c.mde > abs(c.diff)
-    # simulation: a true effect equal to the MDE computed from the true SE (σ=1, n=8 per arm) is detected
-    # about 80 % of the time (the t quantiles at the Welch df make it approximate)
+    # simulation: a true effect equal to the MDE computed from the true SE (σ=1, n=8 per arm) is
+    # detected about 80 % of the time (the t quantiles at the Welch df make it approximate)
     n, sims = 8, 4000
     se = math.sqrt(2 / n)
     mde = (stats.t.ppf(0.975, 2 * n - 2) + stats.t.ppf(0.8, 2 * n - 2)) * se

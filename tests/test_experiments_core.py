@@ -1,4 +1,5 @@
-"""The catalogue machinery: sweeps that survive divergence, the report from the store, Ray sweeps."""
+"""The catalogue machinery: sweeps that survive divergence, the report from the store, Ray
+sweeps."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The catalogue's docs against the registry: the entry count printed in docs/readme/experiments.md is the
-number of registered entries (it said 24 when there were 32)."""
+"""The catalogue's docs against the registry: the entry count printed in docs/readme/experiments.md
+is the number of registered entries (it said 24 when there were 32)."""
 
 import re
 from pathlib import Path

@@ -1,6 +1,6 @@
 """The catalogue's layout (issue 20 item 2): one package per paper, the catalogue order declared in
-``base.ENTRY_MODULES`` (not taken from import order), no star imports or re-export shims, one verdict
-ladder (``experiments.verdicts``) and one number formatter (``experiments.common.fmt``)."""
+``base.ENTRY_MODULES`` (not taken from import order), no star imports or re-export shims, one
+verdict ladder (``experiments.verdicts``) and one number formatter (``experiments.common.fmt``)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from bnlab.experiments.verdicts import combine, decide
 
 EXPERIMENTS = Path(base.__file__).parent
 
-# The catalogue as `bnlab experiments list` showed it before the packages (commit 1ed2165): the order
-# users, the report and the docs' tables know.
+# The catalogue as `bnlab experiments list` showed it before the packages (commit 1ed2165): the
+# order users, the report and the docs' tables know.
 ORDER_BEFORE = [
     "santurkar-fig2", "santurkar-fig6", "santurkar-fig7", "santurkar-fig8", "santurkar-fig9", "santurkar-fig10",
     "santurkar-fig11", "santurkar-fig14", "luo-fig2", "luo-fig3", "luo-fig4", "luo-fig5", "luo-fig6", "luo-fig7",
@@ -53,7 +53,8 @@ def test_one_package_per_paper_without_star_imports_or_shims():
         stars = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"]
         assert not stars, f"{path}: star import at {stars}"
         assert "noqa: F401" not in path.read_text(), f"{path}: a re-export kept alive by noqa"
-    for paper in base.PAPERS:  # a paper's __init__ is its docstring: nothing re-exported from the modules
+    # a paper's __init__ is its docstring: nothing re-exported from the modules
+    for paper in base.PAPERS:
         tree = ast.parse((EXPERIMENTS / paper / "__init__.py").read_text())
         assert not [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))], paper
 

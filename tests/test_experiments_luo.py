@@ -82,27 +82,31 @@ def test_fig2_paper_preset_simulates_the_papers_bn_student(monkeypatch):
     data = LS.fig2_data("paper")
     bn = [c for c in calls if c["student"] == "bn"]
     control = [c for c in calls if c["student"] != "bn"]
-    # §4.1: "SGD with batch size M = 32 ... the total number of input features is fixed at 4096", noise 0.25
+    # §4.1: "SGD with batch size M = 32 ... the total number of input features is fixed at 4096",
+    # noise 0.25
     for c in calls:
         assert (c["N"], c["M"], c["noise_var"]) == (4096, 32, 0.25)
         assert c["n_seeds"] >= 3  # the verdict's rule needs a spread over seeds
         assert 1.0 in c["alphas"] and max(c["alphas"]) >= 2
-    # the control: BN with population statistics = WN with ζ = 0, at every run length BN has, same seeds
+    # the control: BN with population statistics = WN with ζ = 0, at every run length BN has, same
+    # seeds
     assert {c["student"] for c in control} == {"wn"} and {c["zeta"] for c in control} == {0.0}
     key = ("epochs", "seed", "n_seeds", "alphas")
     bn_population = [c for c in bn if c["inference"] == "population"]
     assert sorted(tuple(str(c[k]) for k in key) for c in control) == sorted(
         tuple(str(c[k]) for k in key) for c in bn_population)
     assert sorted(c["epochs"] for c in control) == [100, 200, 300]
-    assert data["fit_zeta"] == pytest.approx(0.014, rel=0.05)   # the fit recovers the curve it was given
+    # the fit recovers the curve it was given
+    assert data["fit_zeta"] == pytest.approx(0.014, rel=0.05)
     assert data["sim_control"]["fit_zeta"] == pytest.approx(0.004, rel=0.05)
     assert data["zeta13"] == pytest.approx(0.0206, abs=5e-4)       # Eq. 13 at M = 32 ("≈ 0.02 λ")
 
 
 def test_fig2_control_is_bn_with_population_statistics():
-    """The control arm's student (``simulate_teacher_student(student="wn", zeta=0)``) is BN trained with
-    the population statistics μ_P = 0, σ_P = ‖w‖/√N instead of the batch's: checked against torch autograd
-    through those statistics, on the simulator's own data stream and schedule (float64)."""
+    """The control arm's student (``simulate_teacher_student(student="wn", zeta=0)``) is BN trained
+    with the population statistics μ_P = 0, σ_P = ‖w‖/√N instead of the batch's: checked against
+    torch autograd through those statistics, on the simulator's own data stream and schedule
+    (float64)."""
     import torch
 
     from bnlab.theory import luo as theory
@@ -151,8 +155,9 @@ def _fig2_block(factors, fit=0.014, spread=0.02, n_seeds=3, epochs=150):
 
 def _fig2_data(factor=1.0, fit=0.014, spread=0.02, n_seeds=3, short_factor=None, control=0.004,
                short_control=None):
-    """Synthetic Fig. 2 data: BN blocks with ζ_BN = ``fit`` and control blocks with ζ_control = ``control``
-    (its per-seed fits spread the other way, so the paired share has a spread); None leaves them out."""
+    """Synthetic Fig. 2 data: BN blocks with ζ_BN = ``fit`` and control blocks with ζ_control =
+    ``control`` (its per-seed fits spread the other way, so the paired share has a spread); None
+    leaves them out."""
     sim = _fig2_block([factor] + [1.0] * 5, fit, spread, n_seeds)
     short = _fig2_block([factor if short_factor is None else short_factor] + [1.0] * 5, fit, spread, n_seeds,
                         epochs=100)
@@ -188,14 +193,16 @@ def test_fig2_analysis_verdicts(tmp_path):
 
 
 def test_fig2_verdict_judges_the_batch_noise_share_not_zeta_bn():
-    """Issue 19: part of the fitted ζ_BN comes from finite training, which the no-batch-noise control shares.
-    The old rule judged ζ_BN alone and said "held" for all of these."""
-    # the control fits the same ζ as BN: no share left for batch noise to explain → not shown (inconclusive)
+    """Issue 19: part of the fitted ζ_BN comes from finite training, which the no-batch-noise
+    control shares. The old rule judged ζ_BN alone and said "held" for all of these."""
+    # the control fits the same ζ as BN: no share left for batch noise to explain → not shown
+    # (inconclusive)
     verdict, summary, _ = LS.fig2_verdict(_fig2_data(control=0.014), False)
     assert verdict == "inconclusive" and "Δζ resolvable from 0" in summary
     # the control fits more than BN: BN's noise share significantly negative → not held
     assert LS.fig2_verdict(_fig2_data(control=0.03), False)[0] == "not held"
-    # no control arm (an old store): nothing to pair ζ_BN with → inconclusive, never held on ζ_BN alone
+    # no control arm (an old store): nothing to pair ζ_BN with → inconclusive, never held on ζ_BN
+    # alone
     verdict, summary = LS.fig2_verdict(_fig2_data(control=None), False)[:2]
     assert verdict == "inconclusive" and "no-batch-noise control" in summary
     # held at the end, but at 2/3 of the epochs the control still matches BN: NOT settled
@@ -206,7 +213,8 @@ def test_fig2_verdict_judges_the_batch_noise_share_not_zeta_bn():
 def test_fig2_zeta_share_pairs_seeds_and_orders_run_lengths():
     bn = {"seed_fit_zeta": [0.020, 0.022, 0.018], "epochs": 150}
     control = {"seed_fit_zeta": [0.010, 0.009, 0.011], "epochs": 150}
-    assert LC.zeta_share(bn, control) == pytest.approx([0.010, 0.013, 0.007])  # seed by seed, not sorted
+    # seed by seed, not sorted
+    assert LC.zeta_share(bn, control) == pytest.approx([0.010, 0.013, 0.007])
     assert LC.zeta_share(bn, {"seed_fit_zeta": [0.01, 0.01]}) == []         # seeds do not pair
     assert LC.zeta_share(bn, {"seed_fit_zeta": [0.01, None, 0.01]}) == []    # a failed fit
     assert LC.zeta_share(bn, {}) == []
@@ -247,7 +255,8 @@ def test_fig3_paper_preset():
         assert config["data_options"] == {"N": 4096, "alpha": 1.0, "noise_var": 0.25}
         assert config["batch_size"] == 32 and config["activation"] == "identity"
         assert config["model_options"] == {"bias": False}
-    assert {r.factors["seed"] for r in runs if r.factors["norm"] == "bn"} == {0, 1, 2}  # ≥ 3 seeds per arm
+    # ≥ 3 seeds per arm
+    assert {r.factors["seed"] for r in runs if r.factors["norm"] == "bn"} == {0, 1, 2}
     # ridge ζ = P·ζ_wn with P = N at α = 1: ζ = 0.014
     zeta_wn = float(by_norm["wn"]["norm"].split("=")[1].rstrip(")"))
     assert zeta_wn * 4096 == pytest.approx(0.014, rel=1e-4)
@@ -267,7 +276,8 @@ def test_population_statistics_eval_measures_without_changing_the_run():
 
 
 def _fig3_context(tmp_path, sgd, bn, wn, seeds=(0, 1, 2), jitter=0.02):
-    """Fig. 3's runs: each arm's curve (one value per record) for every seed, scaled by 1 + jitter·(seed − 1)."""
+    """Fig. 3's runs: each arm's curve (one value per record) for every seed, scaled by 1 +
+    jitter·(seed − 1)."""
     labels = LF3._FIG3_LABELS
     runs, pop = [], {}
     for seed in seeds:
@@ -289,7 +299,8 @@ def test_fig3_analysis_verdicts(tmp_path):
     assert outcome.verdict == "held" and "settled" in outcome.summary
     # BN reads the population-statistics re-runs (its running-statistics curve here is 2× higher)
     assert "BN 1.45" in outcome.summary
-    assert get("luo-fig3").analyze(_fig3_context(tmp_path, flat, flat, flat)).verdict == "not held"  # no run-away
+    # no run-away
+    assert get("luo-fig3").analyze(_fig3_context(tmp_path, flat, flat, flat)).verdict == "not held"
     assert get("luo-fig3").analyze(_fig3_context(tmp_path, rising, flat, [3 * v for v in flat])).verdict == "not held"
     # one seed per arm decides nothing (the old rule read one run and said "held")
     assert get("luo-fig3").analyze(_fig3_context(tmp_path, rising, flat, flat, seeds=(0,))).verdict == "inconclusive"
@@ -321,8 +332,8 @@ def test_fig4_paper_preset():
 
 
 def _fig4_runs(gaps, seeds=(0, 1, 2), jitter=0.01, mid_gaps=None):
-    """Per arm and seed: training loss falling to 0.01, validation = training + gap (+ jitter·(seed − 1)); with
-    ``mid_gaps`` the gap up to 2/3 of the run is that arm's value instead."""
+    """Per arm and seed: training loss falling to 0.01, validation = training + gap (+ jitter·(seed
+    − 1)); with ``mid_gaps`` the gap up to 2/3 of the run is that arm's value instead."""
     runs = []
     for arm, gap in gaps.items():
         for seed in seeds:
@@ -377,8 +388,8 @@ def test_fig5_paper_preset():
 
 
 def _fig5_runs(trend, seeds=(0, 1, 2), jitter=0.002, early_trend=None):
-    """γ² per layer rising from 1 by trend·i·(k+1) at the i-th batch size (early_trend: its value in the first
-    2/3 of the records), ± jitter per seed."""
+    """γ² per layer rising from 1 by trend·i·(k+1) at the i-th batch size (early_trend: its value in
+    the first 2/3 of the records), ± jitter per seed."""
     runs = []
     for i, M in enumerate((16, 32, 64, 128, 256)):
         for seed in seeds:
@@ -477,9 +488,11 @@ def test_fig7_plan_and_analysis(tmp_path):
                          "WN + dropout 0.25, M = 256"}
     assert all(sum(r.factors["arm"] == arm for r in plan) >= 3 for arm in runs)  # ≥ 3 seeds per arm
     assert runs["BN, M = 256"]["lr"] == pytest.approx(4 * runs["BN, M = 64"]["lr"])  # lr ∝ M
-    assert runs["WN, M = 256"]["lr"] == runs["BN, M = 256"]["lr"]  # the paper preset scales WN's lr too
+    # the paper preset scales WN's lr too
+    assert runs["WN, M = 256"]["lr"] == runs["BN, M = 256"]["lr"]
     smoke = {r.label: r.config for r in get("luo-fig7").plan("smoke").runs}
-    assert smoke["WN, M = 256"]["lr"] == smoke["WN + dropout 0.25, M = 256"]["lr"] == 0.1  # where WN trains
+    # where WN trains
+    assert smoke["WN, M = 256"]["lr"] == smoke["WN + dropout 0.25, M = 256"]["lr"] == 0.1
     assert runs["BN + dropout 0.125, M = 256"]["model_options"]["dropout"] == 0.125
     assert runs["WN + dropout 0.25, M = 256"]["model_options"]["dropout"] == 0.25
     assert "dropout" not in (runs["BN, M = 256"].get("model_options") or {})
@@ -500,7 +513,8 @@ def test_fig7_plan_and_analysis(tmp_path):
     check_outcome(outcome)
     assert outcome.verdict == "held" and "M = 256 − M = 64: +0.3" in outcome.summary
     assert get("luo-fig7").analyze(fake_context("luo-fig7", fake(0.95, 0.8), None, tmp_path)).verdict == "not held"
-    # one seed per arm (the old rule read one run each and said "held"), or spread wider than the effect
+    # one seed per arm (the old rule read one run each and said "held"), or spread wider than the
+    # effect
     assert get("luo-fig7").analyze(fake_context("luo-fig7", fake(0.7, 0.8, seeds=(0,)), None, tmp_path)).verdict \
         == "inconclusive"
     noisy = get("luo-fig7").analyze(fake_context("luo-fig7", fake(0.85, 0.8, spread=0.3), None, tmp_path))
@@ -516,7 +530,8 @@ def test_smoke_presets_stay_on_cpu_sized_data():
             assert run.config["data"] in ("digits", "teacher_student")
             assert run.config.get("model_options", {}).get("width", 0.25) <= 0.25
     assert LFD._FIG6["smoke"]["base"]["data"] == "digits"
-    # the CNN entries' seeds share one train/test split (as CIFAR-10 has one): seeds vary init and order only
+    # the CNN entries' seeds share one train/test split (as CIFAR-10 has one): seeds vary init and
+    # order only
     for experiment_id in ("luo-fig4", "luo-fig5", "luo-fig7"):
         runs = get(experiment_id).plan("smoke").runs
         assert len({r.config["seed"] for r in runs}) >= 3
@@ -536,11 +551,11 @@ def test_analysis_survives_missing_and_nan_results(experiment_id, tmp_path):
         assert outcome.verdict == "inconclusive"
 
 
-# ---- Table 2: fixed points, η_max, η_eff -----------------------------------------------------------
+# ---- Table 2: fixed points, η_max, η_eff ---------------------------------------------------------
 
 def test_table2_stability_edge_by_simulation():
-    """The fixed-L ODE's largest stable η: WN's is Table 2's η_max^wn = 2 (γ₀ = 1); BN's sits within a few per
-    cent of η_max^bn/γ₀, below it (the finite-η fixed point has R* < 1)."""
+    """The fixed-L ODE's largest stable η: WN's is Table 2's η_max^wn = 2 (γ₀ = 1); BN's sits within
+    a few per cent of η_max^bn/γ₀, below it (the finite-η fixed point has R* < 1)."""
     from bnlab.theory import luo as theory
 
     assert luo_table2.simulated_threshold(0.0) == pytest.approx(2.0, rel=0.02)
@@ -569,15 +584,17 @@ def test_table2_verdict():
     verdict, summary = luo_table2.table2_verdict(_table2_data(gamma_ode=0.6))  # fixed point missed
     assert verdict == "not held" and "ode" in summary
     assert luo_table2.table2_verdict(_table2_data(edge_sim=1.5))[0] == "not held"  # edge 25 % off
-    assert luo_table2.table2_verdict(_table2_data(eff=(0.9, 0.8, 0.95)))[0] == "not held"  # not monotone in M
+    # not monotone in M
+    assert luo_table2.table2_verdict(_table2_data(eff=(0.9, 0.8, 0.95)))[0] == "not held"
     assert luo_table2.table2_verdict(_table2_data(), tiny=True)[0] == "inconclusive"
     assert luo_table2.table2_verdict({})[0] == "inconclusive"
 
 
 def test_fig4_verdict_primary_and_holm():
-    """Primary BN vs WN (pre-declared); the other five comparisons Holm-corrected: one secondary comparison
-    the wrong way at raw p ≈ 0.02 no longer makes the verdict "not held" (6 unadjusted tests gave a 26 % chance
-    of a spurious opposite result), while a clear opposite result still does."""
+    """Primary BN vs WN (pre-declared); the other five comparisons Holm-corrected: one secondary
+    comparison the wrong way at raw p ≈ 0.02 no longer makes the verdict "not held" (6 unadjusted
+    tests gave a 26 % chance of a spurious opposite result), while a clear opposite result still
+    does."""
     from scipy import stats
 
     from bnlab.experiments.luo.cnn import fig4_verdict
@@ -586,8 +603,8 @@ def test_fig4_verdict_primary_and_holm():
     gaps = {"vanilla SGD": 0.15, "BN": 0.05, "WN": 0.13, "WN + mean-only BN": 0.10, "WN + variance-only BN": 0.08}
     per_seed = {k: [v + s for s in spread] for k, v in gaps.items()}
     assert fig4_verdict(per_seed)[0] == "held"
-    # WN + variance-only BN a little above WN (raw Welch p between 0.008 and 0.05) where three comparisons are
-    # not resolved: Holm's step-down multiplies that p by 3 (> 0.05)
+    # WN + variance-only BN a little above WN (raw Welch p between 0.008 and 0.05) where three
+    # comparisons are not resolved: Holm's step-down multiplies that p by 3 (> 0.05)
     shifted = {**per_seed, "vanilla SGD": [0.052 + s for s in spread], "WN + mean-only BN": [0.128 + s for s in spread],
                "WN + variance-only BN": [0.13 + 1.3 * s + 0.016 for s in spread]}
     p = stats.ttest_ind(shifted["WN + variance-only BN"], shifted["WN"], equal_var=False).pvalue
@@ -595,4 +612,5 @@ def test_fig4_verdict_primary_and_holm():
     verdict, summary = fig4_verdict(shifted)
     assert verdict == "held" and "p_Holm" in summary
     assert fig4_verdict({**per_seed, "WN + variance-only BN": [0.3 + s for s in spread]})[0] == "not held"
-    assert fig4_verdict({**per_seed, "BN": [0.2 + s for s in spread]})[0] == "not held"  # the primary reversed
+    # the primary reversed
+    assert fig4_verdict({**per_seed, "BN": [0.2 + s for s in spread]})[0] == "not held"

@@ -1,4 +1,5 @@
-"""Catalogue entry mbn-batch-size (bnlab/experiments/mbn/entries.py): tiny end-to-end run, plan, analysis verdicts."""
+"""Catalogue entry mbn-batch-size (bnlab/experiments/mbn/entries.py): tiny end-to-end run, plan,
+analysis verdicts."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def test_plan_pairs_bn_and_mbn_at_every_batch_size():
             assert seeds == {2: {0, 1, 2}, 8: {0}, 32: {0, 1, 2}}
         for r in runs:
             assert r.config["norm"] == {"BN": "bn", "MBN": "mbn"}[r.factors["norm"]]
-            assert r.config["lr"] == pytest.approx(0.1 * r.config["batch_size"] / 32)  # linear scaling
+            # linear scaling
+            assert r.config["lr"] == pytest.approx(0.1 * r.config["batch_size"] / 32)
             assert r.config["epochs"] >= 2  # MBN's λ schedule needs more than one epoch
     paper = get("mbn-batch-size").plan("paper").runs[0].config
     assert paper["data"] == "cifar10"
@@ -42,14 +44,16 @@ def test_normalizer_noise_matches_the_equivalent_batch():
     # λ(T) = 1 − m/m0: no smoothing at the ideal batch, so MBN's noise is BN's there
     assert data["lambda_final"] == pytest.approx([1 - 2 / 32, 1 - 8 / 32, 0.0])
     assert data["mbn"][2] == pytest.approx(data["bn"][2], rel=0.05)
-    # at m = 2 the moving mean is as noisy as a batch of m(1+λ)/(1−λ) = 62 (20 % ≈ 3.5 s.e.: ~650 effective samples)
+    # at m = 2 the moving mean is as noisy as a batch of m(1+λ)/(1−λ) = 62 (20 % ≈ 3.5 s.e.: ~650
+    # effective samples)
     assert data["equivalent_batch"][0] == pytest.approx(62.0)
     assert data["mbn"][0] == pytest.approx(data["mbn_theory"][0], rel=0.2)
     assert data["mbn"][0] < data["bn"][0] / 20
 
 
 def _runs(bn_acc, mbn_acc, seeds=3, jitter=0.002):
-    """BN and MBN at M = 2 … 32; the compared ends (M = 2, 32) with ``seeds`` seeds, a little apart."""
+    """BN and MBN at M = 2 … 32; the compared ends (M = 2, 32) with ``seeds`` seeds, a little
+    apart."""
     runs = []
     for label, accs in (("BN", bn_acc), ("MBN", mbn_acc)):
         for M, acc in zip((2, 4, 8, 16, 32), accs):
@@ -67,7 +71,8 @@ def test_analysis_verdicts(tmp_path):
     assert outcome.verdict == "held"
     worse = _runs([0.90, 0.93, 0.95, 0.97, 0.98], [0.85, 0.93, 0.95, 0.97, 0.98])
     assert get("mbn-batch-size").analyze(fake_context("mbn-batch-size", worse, None, tmp_path)).verdict == "not held"
-    noisy = _runs([0.90, 0.93, 0.95, 0.97, 0.98], [0.91, 0.93, 0.95, 0.97, 0.98], jitter=0.03)  # within the seeds
+    # within the seeds
+    noisy = _runs([0.90, 0.93, 0.95, 0.97, 0.98], [0.91, 0.93, 0.95, 0.97, 0.98], jitter=0.03)
     outcome = get("mbn-batch-size").analyze(fake_context("mbn-batch-size", noisy, None, tmp_path))
     assert outcome.verdict == "inconclusive" and "resolvable" in outcome.summary
     # one seed per arm (the old smoke preset, decided by a 0.02 margin) cannot decide under the rule

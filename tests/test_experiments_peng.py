@@ -1,4 +1,5 @@
-"""Peng et al. (CBN) catalogue entries: plans against the paper, the transcribed tables, verdict logic, tiny runs."""
+"""Peng et al. (CBN) catalogue entries: plans against the paper, the transcribed tables, verdict
+logic, tiny runs."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def _run_id(config: dict) -> str:
 
 @pytest.mark.parametrize("activation", PC.ACTIVATIONS)
 def test_row_specs_build_layers_with_the_tables_features(activation):
-    """Each row's spec, built into ResNet-20, has exactly the features ticked in the table's columns."""
+    """Each row's spec, built into ResNet-20, has exactly the features ticked in the table's
+    columns."""
     import bnlab.models as M
     from bnlab.norms import CompleteBatchNorm
 
@@ -58,7 +60,8 @@ def test_row_mapping_is_the_documented_one():
 
 
 def test_rho_star_respects_section_6_4():
-    """§6.4: the best ρ with Sigmoid is below 1; ordering Sigmoid < Tanh < ReLU (see the module docstring)."""
+    """§6.4: the best ρ with Sigmoid is below 1; ordering Sigmoid < Tanh < ReLU (see the module
+    docstring)."""
     assert PC.RHO_STAR["sigmoid"] < 1
     assert PC.RHO_STAR["sigmoid"] < PC.RHO_STAR["tanh"] < PC.RHO_STAR["relu"]
     assert all(r in PC.RHO_GRID for r in PC.RHO_STAR.values())
@@ -80,7 +83,8 @@ def test_paper_tables_against_printed_improvements():
 
 
 def test_paper_average_gains_match_section_6_2():
-    """§6.2: CBN's gain over BN averages "more than 13%, 4%, 3.5%" for Sigmoid, Tanh, SELU over Tables 1–4."""
+    """§6.2: CBN's gain over BN averages "more than 13%, 4%, 3.5%" for Sigmoid, Tanh, SELU over
+    Tables 1–4."""
     def mean_gain(act):
         i = PC.ACTIVATIONS.index(act)
         return sum(PC.PAPER_TABLES[t]["②"][i][0] - PC.PAPER_TABLES[t]["①"][i][0] for t in PC.PAPER_TABLES) / 4
@@ -91,7 +95,7 @@ def test_paper_average_gains_match_section_6_2():
     assert min(PC.ACTIVATIONS, key=mean_gain) == "relu"
 
 
-# ---- plans ----------------------------------------------------------------------------------------
+# ---- plans ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("table", [1, 2, 3, 4])
 def test_table_plans(table):
@@ -106,13 +110,15 @@ def test_table_plans(table):
         assert c["augment"] is True
         assert (c["norm"], c["placement"]) == PC.row_spec(run.factors["row"], c["activation"])
     assert {r.factors["seed"] for r in paper.runs} == set(range(10))
-    assert len({_run_id(r.config) for r in paper.runs}) >= 5 * 10 * 6  # tanh's ρ* = 1 merges ④/⑤ only
+    # tanh's ρ* = 1 merges ④/⑤ only
+    assert len({_run_id(r.config) for r in paper.runs}) >= 5 * 10 * 6
     resnet = spec["model"] == "resnet20"
     # Peng Eq. 7 (and Eq. 13 for BN): the activation before the shortcut sum, for every row
     assert all(r.config["model_options"].get("residual") == ("peng" if resnet else None) for r in paper.runs)
     smoke = get(f"peng-table{table}").plan("smoke")
     main = [r for r in smoke.runs if r.factors["residual"] != "he"]
-    # smoke: the compared rows ① and ② with 3 seeds each, on 16×16 digits (not the 8×8 all-border proxy)
+    # smoke: the compared rows ① and ② with 3 seeds each, on 16×16 digits (not the 8×8 all-border
+    # proxy)
     assert {r.factors["row"] for r in main} == {"①", "②"} and len(main) == 2 * 5 * 3
     assert {r.factors["seed"] for r in main} == {0, 1, 2}
     assert all(r.config["data"] == "digits" and r.config["data_options"]["size"] == 16 for r in smoke.runs)
@@ -184,7 +190,8 @@ def test_fig8_plan_and_sharing_with_table1():
             assert {r.factors["seed"] for r in plan if r.factors["activation"] == act and r.factors["rho"] == rho} == seeds
     smoke = {_run_id(r.config) for r in plan}
     table1 = {_run_id(r.config) for r in get("peng-table1").plan("smoke").runs}
-    assert len(smoke & table1) == 2 * 2 * 3 + 3 * 2  # BN and ρ*: 3 seeds for Sigmoid/Tanh, seed 0 for the rest
+    # BN and ρ*: 3 seeds for Sigmoid/Tanh, seed 0 for the rest
+    assert len(smoke & table1) == 2 * 2 * 3 + 3 * 2
 
 
 def test_fig10_plan_fixes_eta():
@@ -204,7 +211,8 @@ def test_fig10_plan_fixes_eta():
             model = M.create("resnet20", norm=r.config["norm"], placement="pre_linear", input_shape=(1, 8, 8),
                              width=0.25)
             layer = next(m for m in model.modules() if isinstance(m, CompleteBatchNorm))
-            layer.num_batches_tracked.fill_(1)  # past the first batch, which initializes the averages
+            # past the first batch, which initializes the averages
+            layer.num_batches_tracked.fill_(1)
             for current_lr in (lr, lr / 10):  # the fixed η must survive a learning-rate decay
                 layer.set_progress(lr=current_lr)
                 if r.factors["variant"] != "CBN with AMAT":
@@ -218,7 +226,7 @@ def test_fig10_plan_fixes_eta():
     assert get("peng-fig10").plan("smoke").runs[0].config["schedule"] == "constant"
 
 
-# ---- verdict logic on synthetic data --------------------------------------------------------------
+# ---- verdict logic on synthetic data -------------------------------------------------------------
 
 def _cells(gains: dict[str, float], n: int = 1, spread: float = 0.0) -> dict:
     cells = {}
@@ -239,8 +247,9 @@ def _noisy_cells(gains: dict[str, float], n: int = 3, sd: float = 0.01) -> dict:
 
 
 def test_table_verdict():
-    """The primary comparison (mean over Sigmoid/Tanh/SELU) against the paper's effect, with a design that can
-    resolve it: held / not held / inconclusive as the rule says (bnlab.experiments.verdicts)."""
+    """The primary comparison (mean over Sigmoid/Tanh/SELU) against the paper's effect, with a
+    design that can resolve it: held / not held / inconclusive as the rule says
+    (bnlab.experiments.verdicts)."""
     paper_like = {"sigmoid": 0.12, "tanh": 0.04, "relu": 0.01, "selu": 0.04, "swish": 0.01}
     sharp = V.Design("primary", 0.0608, 0.005, 3, "test", n_test=10_000)
     assert PV.table_verdict(_noisy_cells(paper_like), design=sharp)[0] == "held"
@@ -248,7 +257,8 @@ def test_table_verdict():
     # one seed per arm cannot decide anything under the rule
     verdict, summary = PV.table_verdict(_cells(paper_like), design=sharp)
     assert verdict == "inconclusive" and "too few seeds" in summary
-    # significantly worse with one activation (Holm over the five): not held even though the primary holds
+    # significantly worse with one activation (Holm over the five): not held even though the primary
+    # holds
     worse = {**paper_like, "relu": -0.05}
     assert PV.table_verdict(_noisy_cells(worse), design=sharp)[0] == "not held"
     # no gain anywhere although the design resolves far smaller effects than the paper's: not held
@@ -265,8 +275,8 @@ def test_table_verdict():
 
 
 def test_table_verdict_must_settle():
-    """A verdict that changed within the final lr phase is inconclusive: table 4's smoke said "not held" at
-    the end where the same rule earlier said "inconclusive"."""
+    """A verdict that changed within the final lr phase is inconclusive: table 4's smoke said "not
+    held" at the end where the same rule earlier said "inconclusive"."""
     paper_like = {"sigmoid": 0.12, "tanh": 0.04, "relu": 0.01, "selu": 0.04, "swish": 0.01}
     sharp = V.Design("primary", 0.0608, 0.005, 3, "test", n_test=10_000)
     worse = {**paper_like, "tanh": -0.6}
@@ -344,7 +354,8 @@ def test_mean_train_loss_and_gradient_measure():
 
 
 def test_table6_verdict():
-    """Each step of none ≤ mean removal ≤ ℓ2 ≤ CBN by Welch's rule on per-seed log10 maximal lr (was one seed)."""
+    """Each step of none ≤ mean removal ≤ ℓ2 ≤ CBN by Welch's rule on per-seed log10 maximal lr (was
+    one seed)."""
     ordered = {}
     for act in ("sigmoid", "relu"):
         for name, lr in zip(PCo.T6_ORDER, (0.01, 0.1, 1.0, 1.0)):
@@ -375,7 +386,8 @@ def test_fig2_verdict():
 
 
 def test_fig8_verdict():
-    """Worst ρ against BN for Sigmoid and Tanh by Welch's rule over ≥ 3 seeds (was one run and a 0.05 margin)."""
+    """Worst ρ against BN for Sigmoid and Tanh by Welch's rule over ≥ 3 seeds (was one run and a
+    0.05 margin)."""
     def curve(bn, values, seeds=3, spread=0.002):
         jitter = [spread * (k - 1) for k in range(seeds)]
         return {None: [bn + j for j in jitter], **{rho: [v + j for j in jitter] for rho, v in zip(PC.RHO_GRID, values)}}
@@ -395,7 +407,8 @@ def test_fig8_verdict():
 
 
 def test_fig10_verdict():
-    """Per activation, Welch's t on log10 variance over ≥ 3 seeds (the old rule read one run per arm)."""
+    """Per activation, Welch's t on log10 variance over ≥ 3 seeds (the old rule read one run per
+    arm)."""
     def variance(ratio, spread=0.02, seeds=3):
         off = [1.0 * (1 + spread * k) for k in range(seeds)]
         on = None if ratio is None else [ratio * (1 - spread * k) for k in range(seeds)]
@@ -404,8 +417,10 @@ def test_fig10_verdict():
     lower = {a: variance(0.7) for a in PC.ACTIVATIONS}
     verdict, summary = PF.fig10_verdict(lower)
     assert verdict == "held" and "fixed η = 0.9 / without" in summary
-    assert PF.fig10_verdict({**lower, "relu": variance(1.0)})[0] == "held"       # 4 of 5 significantly lower
-    assert PF.fig10_verdict({**lower, "relu": variance(1.5)})[0] == "not held"   # significantly higher once
+    # 4 of 5 significantly lower
+    assert PF.fig10_verdict({**lower, "relu": variance(1.0)})[0] == "held"
+    # significantly higher once
+    assert PF.fig10_verdict({**lower, "relu": variance(1.5)})[0] == "not held"
     # within the seeds' spread: nothing decided, the resolvable effect is stated
     verdict, summary = PF.fig10_verdict({a: variance(0.9, spread=0.3) for a in PC.ACTIVATIONS})
     assert verdict == "inconclusive" and "resolve ≥" in summary
@@ -429,7 +444,8 @@ class _FakeRun:
 def test_run_trains():
     assert PCo.run_trains(_FakeRun("finished", [2.4, 1.0], 0.5))
     assert not PCo.run_trains(_FakeRun("diverged", [2.4, float("nan")], float("nan")))
-    assert not PCo.run_trains(_FakeRun("finished", [2.4, 2.3], 2.30))      # stuck at chance (ln 10 = 2.303)
+    # stuck at chance (ln 10 = 2.303)
+    assert not PCo.run_trains(_FakeRun("finished", [2.4, 2.3], 2.30))
     assert not PCo.run_trains(_FakeRun("finished", [1.0, 2.0], 2.0))       # got worse
     assert not PCo.run_trains(_FakeRun("finished", [2.4], None))
 
@@ -464,8 +480,8 @@ def test_ratio_fractions_find_the_papers_layers():
 
 
 def test_ratio_fractions_skip_the_start_up_transient():
-    """The verdict reads the second half of training (issue 19: averaging in the start-up transient made the
-    fraction in range differ run to run)."""
+    """The verdict reads the second half of training (issue 19: averaging in the start-up transient
+    made the fraction in range differ run to run)."""
     layer = PF.FIG2_LAYERS["layer#2 (stage1.0.cbn1)"]
     series = {f"probe/cbn_ratios/eta_in_range/{layer}.0": [0.0, 0.0, 1.0, 1.0]}
     assert PF.ratio_fractions(_FakeProbedRun(series))["layer#2 (stage1.0.cbn1)"]["eta"] == pytest.approx(1.0)
@@ -474,11 +490,12 @@ def test_ratio_fractions_skip_the_start_up_transient():
 
 def test_mean_variance_skips_the_transient():
     run = _FakeProbedRun({"probe/grad_stats/variance": [100.0, 4.0, 2.0, float("inf"), 3.0]})
-    assert PF._mean_variance(run) == pytest.approx(3.0)          # 4 finite values, first quarter (1) skipped
+    # 4 finite values, first quarter (1) skipped
+    assert PF._mean_variance(run) == pytest.approx(3.0)
     assert PF._mean_variance(_FakeProbedRun({})) is None
 
 
-# ---- every entry end to end, tiny -------------------------------------------------------------------
+# ---- every entry end to end, tiny ----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def runs_dir(tmp_path_factory):

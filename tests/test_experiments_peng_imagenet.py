@@ -17,7 +17,8 @@ def test_paper_table_against_its_printed_improvements():
 def test_smoke_plan_arms_seeds_and_recipe():
     runs = get("peng-table5").plan("smoke").runs
     assert len(runs) == 5 * 2 * P.SEEDS == 30
-    assert [r.config for r in runs] == [r.config for r in get("peng-fig6").plan("smoke").runs]  # one shared sweep
+    # one shared sweep
+    assert [r.config for r in runs] == [r.config for r in get("peng-fig6").plan("smoke").runs]
     for r in runs:
         c, f = r.config, r.factors
         if f["arm"] == "BN":
@@ -26,7 +27,8 @@ def test_smoke_plan_arms_seeds_and_recipe():
             assert c["placement"] == "pre_linear" and "amat=true" in c["norm"]
             assert (f"rho={RHO_STAR[f['activation']]:g}" in c["norm"]) == (RHO_STAR[f["activation"]] != 1.0)
         assert c["model_options"]["residual"] == "peng" and c["data"] == "imagefolder"
-        assert c["model_options"]["padding_mode"] == "replicate"  # no padding-pattern artifact in the 4×4 stage
+        # no padding-pattern artifact in the 4×4 stage
+        assert c["model_options"]["padding_mode"] == "replicate"
         assert c["data_options"]["generate"] is True
     seeds = {(r.factors["arm"], r.factors["activation"]): set() for r in runs}
     for r in runs:
@@ -46,7 +48,8 @@ def test_paper_plan_follows_section_6_1():
 
 
 def test_paper_models_build_from_the_plan(monkeypatch):
-    """Each paper network accepts its plan's options and runs forward/backward with CBN in front of the convs."""
+    """Each paper network accepts its plan's options and runs forward/backward with CBN in front of
+    the convs."""
     from tests.vision_shim import import_or_skip
 
     import_or_skip("torchvision")
@@ -67,7 +70,8 @@ def test_paper_models_build_from_the_plan(monkeypatch):
 
 
 def _cells(values, arch="resnet18"):
-    """{(arch, arm, act): per-seed values} from {(arm, act): values}; other activations default to a clear gain."""
+    """{(arch, arm, act): per-seed values} from {(arm, act): values}; other activations default to a
+    clear gain."""
     cells = {}
     for act in ACTIVATIONS:
         cells[(arch, "BN", act)] = values.get(("BN", act), [0.50, 0.51, 0.49])
@@ -89,13 +93,15 @@ def test_table5_verdict_rule():
     # ReLU below resolution (paper +0.41, spread of several points) does not block "held"
     verdict, text = P.table5_verdict(_cells({("BN", "relu"): [0.5, 0.6, 0.7], ("CBN", "relu"): [0.7, 0.5, 0.6]}))
     assert verdict == "held"
-    assert P.table5_verdict(_cells({("CBN", "sigmoid"): [0.9, 0.9]}))[0] == "inconclusive"  # 2 seeds
+    # 2 seeds
+    assert P.table5_verdict(_cells({("CBN", "sigmoid"): [0.9, 0.9]}))[0] == "inconclusive"
     assert P.table5_verdict(_cells({}), tiny=True)[0] == "inconclusive"
     assert P.table5_verdict({})[0] == "inconclusive"
 
 
 def test_fig6_verdict_rule():
-    assert P.fig6_verdict(_cells({}))[0] == "not held"  # default BN 0.5 < CBN 0.7: CBN's loss higher everywhere
+    # default BN 0.5 < CBN 0.7: CBN's loss higher everywhere
+    assert P.fig6_verdict(_cells({}))[0] == "not held"
     lower = {("CBN", act): [0.20, 0.21, 0.19] for act in ACTIVATIONS}
     base = {("BN", act): [0.50, 0.51, 0.49] for act in ACTIVATIONS}
     assert P.fig6_verdict(_cells({**base, **lower}))[0] == "held"
@@ -105,8 +111,9 @@ def test_fig6_verdict_rule():
 
 
 def test_tiny_reproduce_end_to_end_on_a_generated_image_folder(tmp_path, monkeypatch):
-    """Both entries, every run cut to a few steps, on the generated image folder written into $BNLAB_DATA.
-    One seed per arm instead of 3 keeps the test within its time budget (10 runs instead of 30)."""
+    """Both entries, every run cut to a few steps, on the generated image folder written into
+    $BNLAB_DATA. One seed per arm instead of 3 keeps the test within its time budget (10 runs
+    instead of 30)."""
     monkeypatch.setenv("BNLAB_DATA", str(tmp_path / "data"))
     monkeypatch.setattr(P, "SEEDS", 1)
     runs_dir = tmp_path / "runs"
@@ -122,8 +129,9 @@ def test_tiny_reproduce_end_to_end_on_a_generated_image_folder(tmp_path, monkeyp
 
 
 def test_smoke_network_norms_see_the_data_not_the_padding(tmp_path):
-    """The smoke preset's BN+Sigmoid ResNet-20 at 16×16: with zero padding most of the 4×4 stage's norm-input
-    variance is the padding pattern; the preset's replicate padding removes it (issue: no proxy artifacts)."""
+    """The smoke preset's BN+Sigmoid ResNet-20 at 16×16: with zero padding most of the 4×4 stage's
+    norm-input variance is the padding pattern; the preset's replicate padding removes it (issue: no
+    proxy artifacts)."""
     import bnlab.models as M
     from bnlab import data
     from bnlab.data.image_writer import write_image_folder

@@ -1,14 +1,17 @@
-"""The Santurkar catalogue entries (figs 2, 6, 7, 8, 9, 10, 11–13, 14): wiring, plans, analysis logic.
+"""The Santurkar catalogue entries (figs 2, 6, 7, 8, 9, 10, 11–13, 14): wiring, plans, analysis
+logic.
 
-* every entry runs end to end in the suite's reduced form (``tiny``: 6 steps per run, one seed) and draws
-  its figures;
-* a longer reduced form (50 steps) makes every probe of the shared runs fire, so the analyses read the
-  real metric names (ICS, moments, histograms, landscape, hessian) and produce finite numbers;
-* the paper presets match App. A.1 (architectures, data, steps, rates, batch sizes) and each figure's runs;
-  the smoke VGG sees digits at 16×16 and every arm runs 3 seeds;
-* each verdict is a pure function of per-seed numbers and gives the known answer on synthetic values built
-  to satisfy the claim, to break it, or to leave it unresolved (seeds too noisy: inconclusive);
-* the DLN learning rate rule (module docstring): 30 × lr is where the standard DLN diverges, lr trains.
+* every entry runs end to end in the suite's reduced form (``tiny``: 6 steps per run, one seed) and
+  draws its figures;
+* a longer reduced form (50 steps) makes every probe of the shared runs fire, so the analyses read
+  the real metric names (ICS, moments, histograms, landscape, hessian) and produce finite numbers;
+* the paper presets match App. A.1 (architectures, data, steps, rates, batch sizes) and each
+  figure's runs; the smoke VGG sees digits at 16×16 and every arm runs 3 seeds;
+* each verdict is a pure function of per-seed numbers and gives the known answer on synthetic values
+  built to satisfy the claim, to break it, or to leave it unresolved (seeds too noisy:
+  inconclusive);
+* the DLN learning rate rule (module docstring): 30 × lr is where the standard DLN diverges, lr
+  trains.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ def one_seed(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    # One store for all entries: their shared configs are trained once (the runner skips finished runs).
+    # One store for all entries: their shared configs are trained once (the runner skips finished
+    # runs).
     return tmp_path_factory.mktemp("santurkar-tiny")
 
 
@@ -66,7 +70,8 @@ def test_tiny_reproduce_draws_figures(experiment_id, tiny_dir, one_seed):
 
 
 def test_probes_fire_and_analyses_read_them(tmp_path, monkeypatch, one_seed):
-    """50 steps per run: every probe of the shared VGG/DLN runs fires, the tables fill with finite numbers."""
+    """50 steps per run: every probe of the shared VGG/DLN runs fires, the tables fill with finite
+    numbers."""
     monkeypatch.setattr(runner, "TINY_STEPS", 50)
     monkeypatch.setattr(SC, "SMOKE_HESSIAN", "hessian(iters=3, samples=2, every=20)")
     monkeypatch.setattr(SC, "SMOKE_DLN_HESSIAN", "hessian(iters=3, samples=2, every=20)")
@@ -75,11 +80,14 @@ def test_probes_fire_and_analyses_read_them(tmp_path, monkeypatch, one_seed):
         outcome = runner.reproduce(experiment_id, "smoke", runs_dir=tmp_path, tiny=True, report=False, progress=False)
         _check_outcome(outcome)
         numbers[experiment_id] = [row["ours"] for row in outcome.table]
-    # fig7: per-step moment changes of all three networks; noisy BN's fresh noise dominates the change
+    # fig7: per-step moment changes of all three networks; noisy BN's fresh noise dominates the
+    # change
     ctx = runner.analysis_context("santurkar-fig7", "smoke", runs_dir=tmp_path)
     by = SC._runs_by_label(ctx)
-    assert SC.probe_layers(by[SC.BN], "moments", "mean_change")[0] == "features.0.1"      # BN outputs
-    assert SC.probe_layers(by[SC.STANDARD], "moments", "mean_change")[0] == "features.0.0"  # conv outputs
+    # BN outputs
+    assert SC.probe_layers(by[SC.BN], "moments", "mean_change")[0] == "features.0.1"
+    # conv outputs
+    assert SC.probe_layers(by[SC.STANDARD], "moments", "mean_change")[0] == "features.0.0"
     noisy = SC._layer_medians(by[SC.NOISY], "moments", "mean_change")
     plain = SC._layer_medians(by[SC.BN], "moments", "mean_change")
     assert noisy > 10 * plain  # means of U(−0.5, 0.5) redrawn each step vs β's drift at lr 0.1
@@ -93,7 +101,8 @@ def test_probes_fire_and_analyses_read_them(tmp_path, monkeypatch, one_seed):
     assert len(SC.probe_layers(dln, "ics", "cos")) == 25
     for row in numbers["santurkar-fig6"]:
         assert "—" not in row and "nan" not in row
-    # fig9: landscape medians are finite; the hessian probe ran in train mode and its sharpness is finite
+    # fig9: landscape medians are finite; the hessian probe ran in train mode and its sharpness is
+    # finite
     for row in numbers["santurkar-fig9"]:
         assert "—" not in row and "nan" not in row
     ctx = runner.analysis_context("santurkar-fig9", "smoke", runs_dir=tmp_path)
@@ -118,7 +127,8 @@ def test_paper_presets_follow_appendix_a1():
     vgg = SC.vgg_config("paper", "bn")
     assert (vgg["model"], vgg["data"], vgg["steps"], vgg["lr"], vgg["batch_size"]) == \
         ("vgg_santurkar", "cifar10", 15000, 0.1, 128)
-    assert vgg["momentum"] == 0.0 and vgg["augment"] is False and "model_options" not in vgg  # Glorot, full width
+    # Glorot, full width
+    assert vgg["momentum"] == 0.0 and vgg["augment"] is False and "model_options" not in vgg
     dln = SC.dln_config("paper", "none")
     assert (dln["model"], dln["data"], dln["steps"], dln["batch_size"]) == ("dln", "gaussian_regression", 10000, "full")
     assert dln["model_options"] == {"depth": 25, "width": 10} and dln["data_options"] == {"d": 10, "n": 1000}
@@ -182,7 +192,8 @@ def test_shared_runs_have_identical_configs():
 
 
 def test_dln_learning_rate_rule():
-    """App. A.2.2: the largest landscape step, 30 × lr, sits at the rate where the standard DLN diverges."""
+    """App. A.2.2: the largest landscape step, 30 × lr, sits at the rate where the standard DLN
+    diverges."""
     import bnlab.models as M
     from bnlab import data as D
 
@@ -317,20 +328,21 @@ def statistics_median(values):
     return statistics.median(values)
 
 
-# ---- verdicts as pure functions -------------------------------------------------------------------
+# ---- verdicts as pure functions ------------------------------------------------------------------
 
 def test_fig2_verdict():
     losses = {SC.STANDARD: seeds(1.0), SC.BN: seeds(0.1), SC.NOISY: seeds(0.1)}
     assert V.fig2_verdict(losses)[0] == "held"
     assert V.fig2_verdict({**losses, SC.NOISY: seeds(2.0)})[0] == "not held"
-    # the claim's second half: faster than standard but 2× BN's loss (issue 19 measured ≈ 1.8×) is not "as well
-    # as BN" (the old verdict tested only the first half and said held)
+    # the claim's second half: faster than standard but 2× BN's loss (issue 19 measured ≈ 1.8×) is
+    # not "as well as BN" (the old verdict tested only the first half and said held)
     verdict, text = V.fig2_verdict({**losses, SC.NOISY: seeds(0.2)})
     assert verdict == "not held" and "(1) noisy BN − standard" in text and "→ held" in text
     verdict, text = V.fig2_verdict({**losses, SC.NOISY: [0.3, 1.5, 3.0]})
     assert verdict == "inconclusive" and "resolvable" in text
     assert V.fig2_verdict(losses, "tiny")[0] == "inconclusive"
-    assert V.fig2_verdict({**losses, SC.NOISY: [0.2]})[0] == "inconclusive"  # one seed decides nothing
+    # one seed decides nothing
+    assert V.fig2_verdict({**losses, SC.NOISY: [0.2]})[0] == "inconclusive"
 
 
 def test_fig6_verdict():
@@ -339,7 +351,8 @@ def test_fig6_verdict():
                {(net, SC.BN): seeds(bn, (0.99, 1.0, 1.01)) for net in ("VGG", "DLN")}
     assert V.fig6_verdict(cos(0.99, 0.90))[0] == "held"   # BN's gradients change more: "even worse"
     assert V.fig6_verdict(cos(0.5, 0.9))[0] == "not held"  # BN clearly less ICS
-    assert V.fig6_verdict(cos(0.6, 0.62))[0] == "inconclusive"  # right at the tolerance: undecidable
+    # right at the tolerance: undecidable
+    assert V.fig6_verdict(cos(0.6, 0.62))[0] == "inconclusive"
 
 
 def test_fig7_verdict():
@@ -349,7 +362,8 @@ def test_fig7_verdict():
     losses = {SC.STANDARD: seeds(1.0), SC.NOISY: seeds(0.2)}
     assert V.fig7_verdict(changes(0.3), losses)[0] == "held"
     assert V.fig7_verdict(changes(0.06), losses)[0] == "not held"  # < 2× standard
-    assert V.fig7_verdict(changes(0.3), {**losses, SC.NOISY: seeds(3.0)})[0] == "not held"  # trains worse
+    # trains worse
+    assert V.fig7_verdict(changes(0.3), {**losses, SC.NOISY: seeds(3.0)})[0] == "not held"
 
 
 def test_fig8_verdict_and_drift():
@@ -412,7 +426,8 @@ def test_fig10_verdict(tmp_path):
     assert DL._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path, data=_pred(10.0, 100.0))).verdict == "not held"
     noisy = _pred(10.0, 9.0, (0.3, 1.0, 3.0))
     assert DL._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path, data=noisy)).verdict == "inconclusive"
-    assert DL._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path)).verdict == "inconclusive"  # no replay
+    # no replay
+    assert DL._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path)).verdict == "inconclusive"
 
 
 def test_fig10_window_summary():
@@ -424,8 +439,9 @@ def test_fig10_window_summary():
 
 
 def _lp_runs(bad=None, factor=2.0, without=None):
-    """Per-seed fake VGG and DLN runs of every ℓp arm: normalized arms 5× better than standard in loss and
-    landscape; the ``bad`` (net, label) ``factor`` × standard instead; the ``without`` label left out."""
+    """Per-seed fake VGG and DLN runs of every ℓp arm: normalized arms 5× better than standard in
+    loss and landscape; the ``bad`` (net, label) ``factor`` × standard instead; the ``without``
+    label left out."""
     out = []
     for net in ("VGG", "DLN"):
         for label in LP.LP_LABELS:
@@ -451,9 +467,11 @@ def test_fig11_verdict(tmp_path):
 
 
 def test_fig11_verdict_checks_every_arm_the_paper_names(tmp_path):
-    """Issue 10 item 6: the ℓ2 arm counts. An ℓ2 arm that contradicts the claim makes the verdict "not held";
-    a missing ℓ2 arm leaves it undecided (the old verdict checked only the arms that were run)."""
-    runs = _lp_runs(("VGG", SC.L2))  # ℓ2 trains worse than the standard VGG, with a rougher landscape
+    """Issue 10 item 6: the ℓ2 arm counts. An ℓ2 arm that contradicts the claim makes the verdict
+    "not held"; a missing ℓ2 arm leaves it undecided (the old verdict checked only the arms that
+    were run)."""
+    # ℓ2 trains worse than the standard VGG, with a rougher landscape
+    runs = _lp_runs(("VGG", SC.L2))
     out = LP._fig11_analyze(_ctx("santurkar-fig11", runs, tmp_path))
     assert out.verdict == "not held" and f"VGG: {SC.L2}: loss higher" in out.summary
     out = LP._fig11_analyze(_ctx("santurkar-fig11", _lp_runs(without=SC.L2), tmp_path))
@@ -496,8 +514,9 @@ def test_fig14_verdict(tmp_path):
 
 
 def test_smoke_plans_run_every_lp_arm_the_paper_names():
-    """Figs 11–14 compare ℓ1, ℓ2 and ℓ∞ (Santurkar §3.3): the smoke preset runs the ℓ2 arm too, for the VGG
-    and the DLN, with the seeds of the other arms and the configs the paper preset scales up."""
+    """Figs 11–14 compare ℓ1, ℓ2 and ℓ∞ (Santurkar §3.3): the smoke preset runs the ℓ2 arm too, for
+    the VGG and the DLN, with the seeds of the other arms and the configs the paper preset scales
+    up."""
     for entry, nets in (("santurkar-fig11", ("vgg", "dln")), ("santurkar-fig14", ("vgg",))):
         runs = E.get(entry).plan("smoke").runs
         for net in nets:

@@ -1,5 +1,6 @@
-"""The theorem entries (peng-eq14, peng-thm1, arora-rates, mbn-theorems): their measurements against outside
-references (torch's BatchNorm, autograd, a closed form) and their verdicts on data that should pass or fail."""
+"""The theorem entries (peng-eq14, peng-thm1, arora-rates, mbn-theorems): their measurements against
+outside references (torch's BatchNorm, autograd, a closed form) and their verdicts on data that
+should pass or fail."""
 
 import math
 
@@ -15,8 +16,9 @@ from bnlab.theory.arora import ScaleInvariantNet, sgd_convergence_rate
 
 
 def test_eq14_against_torch_batchnorm_on_a_symmetric_batch():
-    """Eq. 14 with torch's own BN: for a batch symmetric about 0, ReLU(BN(y)) equals ℓ2 normalization of
-    ReLU(y) with ρ = √2 exactly, and effective_rho says √2; for a skewed batch it does not."""
+    """Eq. 14 with torch's own BN: for a batch symmetric about 0, ReLU(BN(y)) equals ℓ2
+    normalization of ReLU(y) with ρ = √2 exactly, and effective_rho says √2; for a skewed batch it
+    does not."""
     gen = torch.Generator().manual_seed(0)
     half = torch.randn(32, 3, generator=gen, dtype=torch.float64)
     y = torch.cat([half, -half]) + 5.0  # symmetric about its mean
@@ -56,8 +58,8 @@ def test_thm1_verdict_refuted_by_one_violating_run():
 
 
 def test_sgd_full_gradient_is_the_mean_of_the_minibatch_gradients_by_autograd():
-    """arora-rates' SGD measures ‖∇L‖ for L = mean of the fixed minibatch losses; check the hand-written
-    minibatch gradients against torch autograd of that L."""
+    """arora-rates' SGD measures ‖∇L‖ for L = mean of the fixed minibatch losses; check the
+    hand-written minibatch gradients against torch autograd of that L."""
     net = ScaleInvariantNet(seed=1)
     parts = np.array_split(np.arange(net.n), 4)
     W = torch.tensor(net.W0, requires_grad=True)

@@ -1,6 +1,6 @@
-"""Hostile inputs (issue 21): ids that climb out of the runs dir, numbers that are not numbers, nesting
-that exhausts the stack, databases and checkpoints that are not what they claim. Each is refused
-with one clear message, and nothing outside its root is read, written or deleted."""
+"""Hostile inputs (issue 21): ids that climb out of the runs dir, numbers that are not numbers,
+nesting that exhausts the stack, databases and checkpoints that are not what they claim. Each is
+refused with one clear message, and nothing outside its root is read, written or deleted."""
 
 from __future__ import annotations
 
@@ -23,11 +23,13 @@ TRAVERSAL = "../../victim"
 
 @pytest.fixture
 def hostile_store(tmp_path):
-    """A runs dir whose store holds a run id that climbs out of it, and victim files where that id points."""
+    """A runs dir whose store holds a run id that climbs out of it, and victim files where that id
+    points."""
     runs_dir = tmp_path / "lab" / "runs"
     with Store(runs_dir / "bnlab.db") as store:
         store.create_run("good1", {"model": "mlp"})
-    conn = sqlite3.connect(runs_dir / "bnlab.db")  # written behind bnlab's back: create_run refuses it
+    # written behind bnlab's back: create_run refuses it
+    conn = sqlite3.connect(runs_dir / "bnlab.db")
     conn.execute("INSERT INTO runs(id, config, config_hash, status, created, updated) "
                   "VALUES (?, '{}', 'h', 'finished', 1, 1)", (TRAVERSAL,))
     conn.execute("INSERT INTO metrics VALUES (?, 1, 'train_loss', 0.5)", (TRAVERSAL,))
@@ -91,7 +93,7 @@ def test_load_model_and_a_symlinked_checkpoint_cannot_reach_outside(tmp_path):
         checkpoint_path(tmp_path, "r1")
 
 
-# -- numbers ------------------------------------------------------------------------------------------
+# -- numbers ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("spec", ["bn(eps=inf)", "bn(eps=1e400)", f"bn(eps={'1' * 100_000})", "cbn(rho=inf)",
@@ -138,7 +140,7 @@ def test_nesting_50000_deep_is_one_clear_error_not_a_recursion_error(tmp_path):
         load_config_file(digits)
 
 
-# -- files that are not what they claim ------------------------------------------------------------------
+# -- files that are not what they claim ------------------------------------------------------------
 
 
 def test_a_foreign_database_is_refused_and_left_unchanged(tmp_path):
@@ -172,7 +174,8 @@ def test_a_checkpoint_downgraded_to_format_1_with_its_checksum_is_refused(tmp_pa
     save_checkpoint(path, {"run_id": "r1", "model": {"w": torch.ones(4)}})
     state = torch.load(path, weights_only=True)
     state["format"] = 1
-    state["model"]["w"] = torch.full((4,), 7.0)  # altered weights that format 1 would load unverified
+    # altered weights that format 1 would load unverified
+    state["model"]["w"] = torch.full((4,), 7.0)
     torch.save(state, path)
     with pytest.raises(CheckpointCorruptError, match="says format 1 .* carries a checksum"):
         load_checkpoint(path)
@@ -186,7 +189,8 @@ def test_a_lock_file_that_cannot_be_opened_is_one_line_naming_it(tmp_path):
     from bnlab.store.run_files import RunDirError, RunLock
 
     path = lock_path(tmp_path, "r1")
-    path.mkdir(parents=True)  # not a file: neither writable nor readable as one (root ignores chmod)
+    # not a file: neither writable nor readable as one (root ignores chmod)
+    path.mkdir(parents=True)
     with pytest.raises(RunDirError, match=f"cannot open the run's lock file {path}"):
         with RunLock(path):
             pass
@@ -200,6 +204,7 @@ def test_a_decompression_bomb_image_is_refused_naming_the_file(tmp_path, monkeyp
 
     path = tmp_path / "bomb.png"
     Image.new("RGB", (64, 64)).save(path)
-    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 64 x 64 is then > 2x the limit: PIL's bomb error
+    # 64 x 64 is then > 2x the limit: PIL's bomb error
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
     with pytest.raises(ValueError, match=f"cannot decode {path}: .*decompression bomb"):
         decode(path, 32, 32)

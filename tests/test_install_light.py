@@ -1,4 +1,5 @@
-"""`pip install bnlab` (torch and numpy only) gives the layers and the probes; the lab says what is missing.
+"""`pip install bnlab` (torch and numpy only) gives the layers and the probes; the lab says what is
+missing.
 
 Each test runs a fresh interpreter in which the lab extra's packages cannot be imported
 (tests/hidden_imports.py), then uses bnlab as a light install would.
@@ -95,7 +96,8 @@ main()
 
 
 def test_command_without_scipy_names_the_lab_extra():
-    # typer is there but scipy is not: the theory commands (scipy imported on first use) say what to install.
+    # typer is there but scipy is not: the theory commands (scipy imported on first use) say what to
+    # install.
     result = run_without(("scipy",), '''
 import sys
 from bnlab.cli import app

@@ -1,4 +1,5 @@
-"""bnlab.jsonsafe: the one JSON sanitizer (store columns, catalogue results, `bnlab theory --json`)."""
+"""bnlab.jsonsafe: the one JSON sanitizer (store columns, catalogue results, `bnlab theory
+--json`)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 report → cli, with no import cycle and no in-function import of bnlab's own modules.
 
 The import graph is read with ``ast`` from the sources (module-level imports and imports inside
-functions alike), so the check costs no import of torch and sees imports that only run on some paths.
+functions alike), so the check costs no import of torch and sees imports that only run on some
+paths.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "bnlab"
 
-# Lowest first; a module may import its own layer or a lower one. Within a layer the graph must be acyclic.
+# Lowest first; a module may import its own layer or a lower one. Within a layer the graph must be
+# acyclic.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("bnlab", "bnlab.spec", "bnlab.plots", "bnlab.jsonsafe", "bnlab.callbacks")),
     ("norms", ("bnlab.norms",)),
@@ -25,19 +27,22 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("cli", ("bnlab.cli",)),  # every command; nothing below imports it
 ]
 
-# In-function imports of other packages are allowed only for optional or lab-only dependencies, imported
-# on first use: ray, tensorboard, mlflow, timm, torchvision (optional extras); the lab extra's scipy,
-# matplotlib, tqdm, yaml, PIL, typer and sklearn, which must stay out of the light install (bnlab.norms,
-# bnlab.probes; tests/test_install_light.py); fcntl (POSIX only). A name covers its submodules.
+# In-function imports of other packages are allowed only for optional or lab-only dependencies,
+# imported on first use: ray, tensorboard, mlflow, timm, torchvision (optional extras); the lab
+# extra's scipy, matplotlib, tqdm, yaml, PIL, typer and sklearn, which must stay out of the light
+# install (bnlab.norms, bnlab.probes; tests/test_install_light.py); fcntl (POSIX only). A name
+# covers its submodules.
 OPTIONAL = ("ray", "torch.utils.tensorboard", "mlflow", "timm", "torchvision", "PIL", "scipy", "matplotlib", "tqdm",
             "yaml", "typer", "sklearn", "fcntl")
 
-# Other in-function imports still present in files owned by other work streams: (module, import). May only shrink.
+# Other in-function imports still present in files owned by other work streams: (module, import).
+# May only shrink.
 OTHER_IN_FUNCTION_ALLOWED: set[tuple[str, str]] = set()  # now empty
 
 
-# In-function imports of bnlab modules still present in files owned by other work streams (issue 13):
-# module -> how many. To be emptied as those files are cleaned; the test fails if one grows or appears.
+# In-function imports of bnlab modules still present in files owned by other work streams (issue
+# 13): module -> how many. To be emptied as those files are cleaned; the test fails if one grows or
+# appears.
 IN_FUNCTION_ALLOWED: dict[str, int] = {}  # now empty
 
 # Layer violations still present: (importer, imported). May only shrink (now empty).
@@ -122,7 +127,8 @@ def test_no_module_imports_a_later_layer():
 def test_no_import_cycle():
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
     for a, b, _, _ in _bnlab_edges():
-        if b != a and not (b == "bnlab" and a != "bnlab"):  # every module imports its package; not a cycle
+        # every module imports its package; not a cycle
+        if b != a and not (b == "bnlab" and a != "bnlab"):
             graph[a].add(b)
     # Tarjan's strongly connected components: a component of more than one module is a cycle.
     index: dict[str, int] = {}
@@ -179,13 +185,15 @@ def test_in_function_imports_only_for_optional_dependencies():
 
 
 def test_figure_helpers_import_nothing_of_bnlab():
-    # The figure helpers sit below the catalogue; importing them must not import any experiment module.
+    # The figure helpers sit below the catalogue; importing them must not import any experiment
+    # module.
     edges = _bnlab_edges()
     assert not [b for a, b, _, _ in edges if a == "bnlab.plots"]
 
 
 def test_architecture_picture_draws_these_layers():
-    """docs/architecture_figure.py draws the layers this test enforces, and every package is on it."""
+    """docs/architecture_figure.py draws the layers this test enforces, and every package is on
+    it."""
     import importlib.util
 
     path = PACKAGE.parent / "docs" / "architecture_figure.py"

@@ -132,9 +132,10 @@ def state(module: Module) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def runs():
-    # one intra-op thread, as the reference loop below gets from conftest's (function-scoped) fixture:
-    # the landscape and gradient-variance probes difference nearby float32 gradients, where another
-    # reduction order shows at 1e-4 relative (seen in the full suite, which reached here with 2 threads)
+    # one intra-op thread, as the reference loop below gets from conftest's (function-scoped)
+    # fixture: the landscape and gradient-variance probes difference nearby float32 gradients, where
+    # another reduction order shows at 1e-4 relative (seen in the full suite, which reached here
+    # with 2 threads)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -32,8 +32,9 @@ def test_ruff_is_clean():
 
 
 def test_ruff_reads_the_projects_rules():
-    # the check above is only as strict as its configuration: a file with an unused import, an ambiguous
-    # name and a noqa that silences nothing must fail it (so a lost [tool.ruff] table cannot pass silently)
+    # the check above is only as strict as its configuration: a file with an unused import, an
+    # ambiguous name and a noqa that silences nothing must fail it (so a lost [tool.ruff] table
+    # cannot pass silently)
     bad = "import os\n\nl = 1\nx = 2  # noqa: F401\n"
     result = subprocess.run([*_ruff(), "check", "--no-cache", "--output-format", "concise",
                              "--stdin-filename", "bnlab/_lint_probe.py", "-"],

@@ -1,7 +1,7 @@
 """Every model × every norm × every activation × both placements builds and trains a step on CPU.
 
-Full product for the fully connected models (mlp, dln, perceptron); for each conv net a cycle through
-the norms in which every norm and every activation, and both placements, appear.
+Full product for the fully connected models (mlp, dln, perceptron); for each conv net a cycle
+through the norms in which every norm and every activation, and both placements, appear.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import bnlab.models as M
 import bnlab.norms as N
 from bnlab.norms.registry import REGISTRY, lookup
 
-# Every registry entry, plus the '+'-joined spec of Luo §5 and non-default parameters of the variants.
+# Every registry entry, plus the '+'-joined spec of Luo §5 and non-default parameters of the
+# variants.
 NORM_SPECS = [*REGISTRY, "wn+mean_only_bn", "lp_bn(p=inf)", "cbn(decouple=false, rho=2)"]
 ACTS = list(M.ACTIVATIONS)
 PLACEMENTS = list(N.PLACEMENTS)
@@ -52,8 +53,8 @@ def run_case(name: str, norm: str, act: str, placement: str, input_shape, num_cl
     for pname, p in model.named_parameters():
         assert p.grad is not None, f"{pname} got no gradient"
         assert torch.isfinite(p.grad).all(), pname
-    # The structure the placement promises: every block holds its weight layer and the spec's channel
-    # norms, after the layer (pre_activation) or before it (pre_linear).
+    # The structure the placement promises: every block holds its weight layer and the spec's
+    # channel norms, after the layer (pre_activation) or before it (pre_linear).
     channel_parts = [p for p in norm.split("+") if lookup(p)[0].kind == "channel" and lookup(p)[0].name != "none"]
     units = layer_units(model)
     assert units
@@ -131,8 +132,8 @@ def test_every_hidden_layer_has_exactly_one_norm_and_the_output_layer_none(name)
         model = M.create(name, norm="bn", placement=placement, input_shape=input_shape, **options)
         weight_layers = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
         norm_layers = [m for m in model.modules() if isinstance(m, N.ChannelNorm)]
-        # The perceptron's only layer is normalized, and Arora's VGG has BN on the logits (Arora Eq. 2);
-        # everywhere else the output layer is not.
+        # The perceptron's only layer is normalized, and Arora's VGG has BN on the logits (Arora Eq.
+        # 2); everywhere else the output layer is not.
         expected = len(weight_layers) if name in ("perceptron", "vgg_arora") else len(weight_layers) - 1
         assert len(norm_layers) == expected, (name, placement)
         last = weight_layers[-1]

@@ -1,5 +1,5 @@
-"""The papers' network forms: Arora's BN on the logits (every kernel scale-invariant), Peng's Eq. 7 residual
-form, conv padding modes, and the padding-pattern share of a norm's input."""
+"""The papers' network forms: Arora's BN on the logits (every kernel scale-invariant), Peng's Eq. 7
+residual form, conv padding modes, and the padding-pattern share of a norm's input."""
 
 import copy
 
@@ -19,13 +19,14 @@ def _kernels(model):
     ("vgg_arora", {"width": 1 / 16}, (1, 16, 16)),
 ])
 def test_every_kernel_of_aroras_models_is_scale_invariant(name, options, shape):
-    """Arora et al. 2019 Eq. 2 / App. D: BN on the logits too, so scaling any kernel by c > 0 leaves the
-    train-mode output unchanged (ε = 1e-12 in float64: exact up to rounding)."""
+    """Arora et al. 2019 Eq. 2 / App. D: BN on the logits too, so scaling any kernel by c > 0 leaves
+    the train-mode output unchanged (ε = 1e-12 in float64: exact up to rounding)."""
     model = M.create(name, norm="bn(eps=1e-12)", input_shape=shape, num_classes=10, seed=0, **options).double()
     x = torch.randn(32, *shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     ref = model.train()(x)
     kernels = _kernels(model)
-    assert any("classifier" in k or k.startswith("layers.3") for k in kernels)  # the last layer is among them
+    # the last layer is among them
+    assert any("classifier" in k or k.startswith("layers.3") for k in kernels)
     for kernel in kernels:
         scaled = copy.deepcopy(model)
         with torch.no_grad():
@@ -48,7 +49,8 @@ def test_logit_bn_is_off_without_a_norm_and_by_default_for_the_mlp():
 
 @pytest.mark.parametrize("residual", ["he", "peng"])
 def test_resnet20_residual_forms(residual):
-    """He: act(F(x) + shortcut(x)); Peng Eq. 7: shortcut(x) + act(F(x)) — the activation before the sum."""
+    """He: act(F(x) + shortcut(x)); Peng Eq. 7: shortcut(x) + act(F(x)) — the activation before the
+    sum."""
     model = M.create("resnet20", norm="bn", activation="sigmoid", input_shape=(1, 8, 8), width=0.25, seed=0,
                      residual=residual).train()
     block = model.stage1[1]
@@ -88,8 +90,9 @@ def test_position_share_against_a_known_pattern():
 
 
 def test_padding_share_sees_the_zero_padding_pattern_of_small_maps():
-    """BN + Sigmoid ResNet-20 on 8×8 inputs: the deepest stage's norm inputs (2×2 maps, all border) are almost
-    all padding pattern with zero padding, almost none with replicate padding; the model is not modified."""
+    """BN + Sigmoid ResNet-20 on 8×8 inputs: the deepest stage's norm inputs (2×2 maps, all border)
+    are almost all padding pattern with zero padding, almost none with replicate padding; the model
+    is not modified."""
     x = torch.randn(64, 1, 8, 8, generator=torch.Generator().manual_seed(3))
     shares = {}
     for mode in ("zeros", "replicate"):

@@ -22,15 +22,15 @@ def n_params(model):
     return sum(p.numel() for p in model.parameters())
 
 
-# ---- architectures --------------------------------------------------------------------------------
+# ---- architectures -------------------------------------------------------------------------------
 
 def test_resnet20_has_20_weight_layers_and_the_known_parameter_count():
     model = M.create("resnet20", norm="bn")
     layers = weight_layers(model)
     assert sum(isinstance(m, nn.Conv2d) for m in layers) == 19
     assert sum(isinstance(m, nn.Linear) for m in layers) == 1
-    # He et al. 2016 Table 6: 0.27M. Exactly: convs 432 + 6·2304 + (4608 + 5·9216) + (18432 + 5·36864)
-    # = 267,696; BN γ, β 2·(16 + 6·16 + 6·32 + 6·64) = 1,376; fc 64·10 + 10 = 650.
+    # He et al. 2016 Table 6: 0.27M. Exactly: convs 432 + 6·2304 + (4608 + 5·9216) + (18432 +
+    # 5·36864) = 267,696; BN γ, β 2·(16 + 6·16 + 6·32 + 6·64) = 1,376; fc 64·10 + 10 = 650.
     assert n_params(model) == 269_722
     assert [m.out_channels for m in layers[:-1]] == [16] * 7 + [32] * 6 + [64] * 6
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
@@ -135,7 +135,8 @@ def test_norm_layers_have_readable_paths_and_spec_is_recorded():
     assert paths == ["features.0.1", "features.1.1", "features.2.1", "features.3.1", "classifier.0.1"]
     resnet = M.create("resnet20", norm="cbn", placement="pre_linear", input_shape=(3, 8, 8), width=0.25)
     paths = [n for n, m in resnet.named_modules() if isinstance(m, N.ChannelNorm)]
-    assert paths[:3] == ["stem.0", "stage1.0.unit1.0", "stage1.0.unit2.0"]  # Peng Fig. 2: layer#2 = stage1.0
+    # Peng Fig. 2: layer#2 = stage1.0
+    assert paths[:3] == ["stem.0", "stage1.0.unit1.0", "stage1.0.unit2.0"]
     assert paths[7] == "stage2.0.unit1.0" and paths[13] == "stage3.0.unit1.0"  # layer#8, layer#14
     assert model.spec == dict(name="luo_cnn", norm="bn", activation="relu", placement="pre_activation",
                               input_shape=(1, 8, 8), num_classes=4, init="glorot", seed=None, dropout=0.0, width=0.25)
@@ -153,7 +154,7 @@ def test_bias_only_where_the_norm_does_not_remove_the_mean(norm, has_bias):
         assert all(m.bias is not None for m in weight_layers(pre_linear))
 
 
-# ---- initialization and reproducibility -----------------------------------------------------------
+# ---- initialization and reproducibility ----------------------------------------------------------
 
 def test_glorot_uniform_init_variance_and_bound():
     torch.manual_seed(0)
@@ -166,7 +167,8 @@ def test_glorot_uniform_init_variance_and_bound():
     assert w.abs().max().item() <= math.sqrt(6 / (fan_in + fan_out))
     assert w.abs().max().item() > 0.99 * math.sqrt(6 / (fan_in + fan_out))
     assert (weight_layers(model)[0].bias == 0).all()
-    conv = [m for m in weight_layers(M.create("luo_cnn")) if isinstance(m, nn.Conv2d)][2]  # 32 → 64, 3×3
+    # 32 → 64, 3×3
+    conv = [m for m in weight_layers(M.create("luo_cnn")) if isinstance(m, nn.Conv2d)][2]
     assert conv.weight.var().item() == pytest.approx(2 / ((32 + 64) * 9), rel=0.03)  # 18,432 draws
 
 
@@ -174,7 +176,8 @@ def test_kaiming_init_variance_and_bad_init():
     torch.manual_seed(0)
     model = M.create("mlp", norm="bn", input_shape=(400,), depth=2, width=300, init="kaiming")
     w = weight_layers(model)[0].weight
-    # He et al. 2015: N(0, 2/fan_in). Normal sample variance has relative sd √(2/n) ≈ 0.4%; allow 2%.
+    # He et al. 2015: N(0, 2/fan_in). Normal sample variance has relative sd √(2/n) ≈ 0.4%; allow
+    # 2%.
     assert w.var().item() == pytest.approx(2 / 400, rel=0.02)
     assert w.abs().max().item() > math.sqrt(6 / 700)  # not the bounded Glorot uniform
     with pytest.raises(ValueError, match="glorot"):
@@ -207,7 +210,7 @@ def test_global_seed_and_seed_option_reproduce_the_weights():
     torch.testing.assert_close(noisy[0](x), noisy[1](x))  # the noise generators are seeded too
 
 
-# ---- fold -----------------------------------------------------------------------------------------
+# ---- fold ----------------------------------------------------------------------------------------
 
 def trained_eval(model, shape, seed=0):
     """Non-trivial γ, β and running statistics (three training batches), then eval mode."""
@@ -254,7 +257,7 @@ def test_fold_pre_linear_mlp_folds_into_the_next_layer(norm):
         torch.testing.assert_close(folded(x), model(x), atol=1e-5, rtol=1e-5)
 
 
-# ---- errors ---------------------------------------------------------------------------------------
+# ---- errors --------------------------------------------------------------------------------------
 
 def test_clear_value_errors():
     with pytest.raises(ValueError, match="valid models: vgg_santurkar.*perceptron"):

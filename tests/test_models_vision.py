@@ -1,5 +1,5 @@
-"""torchvision's ImageNet networks with bnlab norms (Peng et al. Table 5): activation swap, pre-linear
-placement, Eq. 7 residual form, conversion — imported through tests/vision_shim.py."""
+"""torchvision's ImageNet networks with bnlab norms (Peng et al. Table 5): activation swap,
+pre-linear placement, Eq. 7 residual form, conversion — imported through tests/vision_shim.py."""
 
 import sys
 
@@ -35,7 +35,8 @@ def test_bad_input_and_options(tv):
 
 
 def test_bn_relu_model_is_torchvision_resnet18_converted(tv):
-    """norm=bn, ReLU, pre_activation, He's form: the same function as torchvision's resnet18 (eval mode)."""
+    """norm=bn, ReLU, pre_activation, He's form: the same function as torchvision's resnet18 (eval
+    mode)."""
     torch.manual_seed(0)
     ours = M.create("tv_resnet18", norm="bn", activation="relu", input_shape=(3, 32, 32), num_classes=7).eval()
     torch.manual_seed(0)
@@ -94,6 +95,7 @@ def test_peng_residual_puts_the_activation_before_the_sum(tv):
         branch = torch.tanh(bn2(block.conv2(torch.tanh(bn1(block.conv1(x))))))
         torch.testing.assert_close(block(x), x + branch)
         assert (block(x).abs() > 1).any()  # He's form would squash the sum into (-1, 1)
-    # torchvision adds the shortcut in place: the branch's last Tanh output must survive for the backward
+    # torchvision adds the shortcut in place: the branch's last Tanh output must survive for the
+    # backward
     model.train()(torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(3))).sum().backward()
     assert all(p.grad is not None for p in model.parameters())

@@ -17,7 +17,8 @@ from bnlab.norms.registry import REGISTRY
 
 @pytest.fixture(params=["fused", "plain"])
 def path(request, monkeypatch):
-    """Run a test through the fused kernel (forced even on tiny tensors) and through plain autograd."""
+    """Run a test through the fused kernel (forced even on tiny tensors) and through plain
+    autograd."""
     monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0 if request.param == "fused" else 1 << 62)
     return request.param
 
@@ -40,7 +41,8 @@ def randn(*shape, seed=0, dtype=torch.float64):
 
 
 def pure(layer: nn.Module):
-    """f(x, weight, bias) that restores buffers and noise before every call (gradcheck calls it often)."""
+    """f(x, weight, bias) that restores buffers and noise before every call (gradcheck calls it
+    often)."""
     buffers = {k: v.clone() for k, v in layer.named_buffers()}
     seed = getattr(layer, "_seed", None)
 
@@ -53,7 +55,7 @@ def pure(layer: nn.Module):
     return f
 
 
-# ---- gradients ------------------------------------------------------------------------------------
+# ---- gradients -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("spec", [s for s in CHANNEL_SPECS if s not in ("brn", "cbn")])
 def test_gradcheck_training_mode(spec, path):
@@ -329,7 +331,8 @@ def test_fold_scale_invariant_and_weightnorm():
 # ---- individual layers ----------------------------------------------------------------------
 
 def test_noisy_bn_noise_distribution_matches_algorithm_1():
-    """Per channel, E[out] = μ_j ~ U(−n_μ, n_μ) and Var[out] = σ_j² + r_σ² + r_μ²/3 with σ_j ~ U(1, n_σ)."""
+    """Per channel, E[out] = μ_j ~ U(−n_μ, n_μ) and Var[out] = σ_j² + r_σ² + r_μ²/3 with σ_j ~ U(1,
+    n_σ)."""
     channels, batch = 400, 4000
     layer = N.create("noisy_bn", channels)
     N.seed_layers(layer, 123)
@@ -377,7 +380,8 @@ def test_mbn_lambda_schedule_values():
     assert N.mbn_lambda(5, T, m, m0) == pytest.approx(0.25 ** (5 / 9) - 0.25)
     values = [N.mbn_lambda(t, T, m, m0) for t in range(1, T + 1)]
     assert all(a < b for a, b in zip(values, values[1:]))
-    assert all(N.mbn_lambda(t, T, 64, 32) == 0.0 for t in range(1, T + 1))  # batch ≥ ideal: plain BN
+    # batch ≥ ideal: plain BN
+    assert all(N.mbn_lambda(t, T, 64, 32) == 0.0 for t in range(1, T + 1))
     with pytest.raises(ValueError):
         N.mbn_lambda(0, T, m, m0)
 
@@ -495,7 +499,8 @@ def test_bad_inputs_raise_clear_errors():
 
 @pytest.mark.parametrize("spec", ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn(rho=2)", "cbn(decouple=false)", "cbn(center=false)", "brn", "lp_bn(p=2)"])
 def test_fused_path_equals_plain_autograd(spec, fused):
-    """The fused kernel (stats → per-channel coefficients → addcmul) equals autograd on the plain ops."""
+    """The fused kernel (stats → per-channel coefficients → addcmul) equals autograd on the plain
+    ops."""
     results = []
     for plain in (False, True):
         torch.manual_seed(0)
@@ -535,7 +540,8 @@ def test_double_backward_needs_plain_autograd(fused):
 
 
 def test_cbn_without_centering_is_eq5_alone_in_training_and_eval():
-    """center=false: x'' = (γ/ρ)(x+β)/√(mean((x+β)²)+ε) — Peng Table 6's "ℓ2 normalization" ablation."""
+    """center=false: x'' = (γ/ρ)(x+β)/√(mean((x+β)²)+ε) — Peng Table 6's "ℓ2 normalization"
+    ablation."""
     layer = N.create("cbn(center=false, amat=false, rho=2)", 3).double()
     with torch.no_grad():
         layer.weight.copy_(torch.tensor([1.0, 2.0, 0.5]))

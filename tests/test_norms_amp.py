@@ -92,7 +92,8 @@ def test_half_inputs_with_float32_and_half_modules(spec, dtype, path):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_large_half_batch_does_not_overflow(dtype):
-    """(128, 16, 32, 32) in float16 through the default path: Σx² once overflowed (zeros, inf running_var)."""
+    """(128, 16, 32, 32) in float16 through the default path: Σx² once overflowed (zeros, inf
+    running_var)."""
     x = torch.randn(128, 16, 32, 32, generator=gen(5)).to(dtype)
     layer = N.create("bn", 16).to(dtype)
     y = layer(x)
@@ -105,9 +106,10 @@ def test_large_half_batch_does_not_overflow(dtype):
 @pytest.mark.parametrize("offset", [1e3, 1e4])
 @pytest.mark.parametrize("spec", ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn", "brn", "lp_bn(p=2)"])
 def test_large_means_keep_the_variance(spec, offset, path):
-    """At an offset of up to 1e4, float32 outputs, input gradients and running_var are as close to the
-    same layer in float64 as nn.BatchNorm2d's float32 kernel is to float64 (its x·a + b rounds at |x|:
-    1e-4..1e-3 there). The old fused statistics (Σx² in float32) were off by 1.4e3 at offset 3000."""
+    """At an offset of up to 1e4, float32 outputs, input gradients and running_var are as close to
+    the same layer in float64 as nn.BatchNorm2d's float32 kernel is to float64 (its x·a + b rounds
+    at |x|: 1e-4..1e-3 there). The old fused statistics (Σx² in float32) were off by 1.4e3 at offset
+    3000."""
     x64 = torch.randn(32, 4, 8, 8, generator=gen(6), dtype=torch.float64) * 2 + offset
     g = torch.randn(x64.shape, generator=gen(7), dtype=torch.float64)
 
@@ -127,7 +129,8 @@ def test_large_means_keep_the_variance(spec, offset, path):
     (y64, g64, rv64), (y32, g32, rv32) = run(make, torch.float64), run(make, torch.float32)
     (ny64, ng64, _), (ny32, ng32, _) = (run(lambda: nn.BatchNorm2d(4), dt) for dt in (torch.float64, torch.float32))
     assert err(y32, y64) <= 3 * err(ny32, ny64) + 1e-6
-    # var_only_bn keeps the mean, so its gradient carries Σg·x/σ³ terms of size |x|/σ: float32 rounds there
+    # var_only_bn keeps the mean, so its gradient carries Σg·x/σ³ terms of size |x|/σ: float32
+    # rounds there
     conditioning = 1e-7 * offset if spec == "var_only_bn" else 0.0
     assert err(g32, g64) <= 3 * err(ng32, ng64) + conditioning + 1e-6
     torch.testing.assert_close(rv32, rv64, atol=1e-6, rtol=2e-5)

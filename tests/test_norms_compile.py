@@ -1,13 +1,13 @@
 """torch.compile for every layer (issue 9, item 2), small shapes, few compiles.
 
-A model holding every layer is compiled once with ``fullgraph=True`` (so bnlab causes no graph break)
-through dynamo and AOTAutograd (the ``aot_eager`` backend: the layers' graphs, their functionalized
-buffer updates and their backward, without inductor's code generation, which would cost minutes
-here) and trained for three steps next to an eager copy: outputs, every parameter gradient and every
-buffer agree to 1e-5. Forced onto the fused path (FUSED_MIN_NUMEL = 0) so that a traced fused
-function — which once silently lost its backward under compile — would show. The CPU inductor
-backend compiles every layer next to native BN in one graph, compared with eager and with a float64
-reference.
+A model holding every layer is compiled once with ``fullgraph=True`` (so bnlab causes no graph
+break) through dynamo and AOTAutograd (the ``aot_eager`` backend: the layers' graphs, their
+functionalized buffer updates and their backward, without inductor's code generation, which would
+cost minutes here) and trained for three steps next to an eager copy: outputs, every parameter
+gradient and every buffer agree to 1e-5. Forced onto the fused path (FUSED_MIN_NUMEL = 0) so that a
+traced fused function — which once silently lost its backward under compile — would show. The CPU
+inductor backend compiles every layer next to native BN in one graph, compared with eager and with a
+float64 reference.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def compiled_zoo():
     try:
         eager = zoo(SPECS)
         compiled_model = copy.deepcopy(eager)
-        compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")  # fails on any graph break
+        # fails on any graph break
+        compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
         inputs = [torch.randn(6, WIDTH, 5, 5, generator=gen(i)) * (1 + i) + i for i in range(3)]
         yield eager, compiled_model, compiled, train_steps(eager, inputs), train_steps(compiled, inputs)
     finally:
@@ -111,8 +112,9 @@ class _Side(nn.Module):
 
 
 def test_inductor_matches_eager_and_float64_as_closely_as_native_bn():
-    """Every layer but noisy_bn (its draws are not traced; its compiled run is checked above), in one
-    inductor graph: the generated C++ kernels (Welford statistics under compile) against eager and float64."""
+    """Every layer but noisy_bn (its draws are not traced; its compiled run is checked above), in
+    one inductor graph: the generated C++ kernels (Welford statistics under compile) against eager
+    and float64."""
     specs = ["native_bn"] + [s for s in SPECS if s != "native_bn"]
     torch._dynamo.reset()
     eager, reference = _Side(specs), _Side(specs, torch.float64)
@@ -135,8 +137,8 @@ def test_inductor_matches_eager_and_float64_as_closely_as_native_bn():
 
 
 def test_the_fused_function_is_never_traced():
-    """Dynamo once inlined the fused function's forward and dropped its backward (input gradient 1e-2
-    off on (32, 8, 16, 16)); called under compile it must run eagerly and stay exact."""
+    """Dynamo once inlined the fused function's forward and dropped its backward (input gradient
+    1e-2 off on (32, 8, 16, 16)); called under compile it must run eagerly and stay exact."""
     torch._dynamo.reset()
     layer = N.create("bn", 3).double()
     x = torch.randn(8, 3, 4, 4, generator=gen(1), dtype=torch.float64)
@@ -173,8 +175,9 @@ def test_noisy_bn_compiles_with_its_noise_drawn_eagerly():
 
 
 def test_changing_lr_and_epoch_does_not_recompile():
-    """AMAT's η, MBN's λ, BRN's warm-up and momentum=None's 1/t live in tensors: one graph for a whole
-    schedule (Python floats would be guarded on, recompiling every step until dynamo gives up)."""
+    """AMAT's η, MBN's λ, BRN's warm-up and momentum=None's 1/t live in tensors: one graph for a
+    whole schedule (Python floats would be guarded on, recompiling every step until dynamo gives
+    up)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()

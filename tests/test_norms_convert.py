@@ -30,7 +30,8 @@ def test_convert_bn_keeps_eval_output_of_vision_models(name):
         N.convert(model, "bn")
         after = model(x)
     assert not any(isinstance(m, _BatchNorm) for m in model.modules())
-    assert sorted(model.state_dict()) == sorted(keys)  # checkpoints of the original model still load
+    # checkpoints of the original model still load
+    assert sorted(model.state_dict()) == sorted(keys)
     torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
 
 
@@ -114,7 +115,8 @@ def test_subclass_that_only_changes_defaults_is_converted_with_them():
                                      dict(eps=1e-2, momentum=0.3)])
 @pytest.mark.parametrize("spec", ["bn", "native_bn"])
 def test_torch_options_keep_torch_semantics(spec, options):
-    """After 4 training batches and in eval, the converted layer equals torch's with the same options."""
+    """After 4 training batches and in eval, the converted layer equals torch's with the same
+    options."""
     torch_bn = nn.BatchNorm2d(3, **options)
     ours = N.convert(copy.deepcopy(torch_bn), spec)
     for key, value in options.items():

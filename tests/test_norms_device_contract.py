@@ -2,8 +2,8 @@
 
 The GPU benchmark (benchmarks/gpu.py, H100, torch 2.11) found every BN-family layer crashing in fp32
 eager mode on CUDA with "tensor does not have a device": ``native_batch_norm_backward`` accepts
-``weight=None`` on the CPU but not on CUDA. No GPU runs the tests, so the CUDA contract is imposed here
-on the CPU kernel: ``centred_reductions`` must pass a weight tensor.
+``weight=None`` on the CPU but not on CUDA. No GPU runs the tests, so the CUDA contract is imposed
+here on the CPU kernel: ``centred_reductions`` must pass a weight tensor.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Eval paths that match training (issue 10, items 2 and 7) and torch's BatchNorm options (issue 9, item 3).
+"""Eval paths that match training (issue 10, items 2 and 7) and torch's BatchNorm options (issue 9,
+item 3).
 
 Every layer trains a small digits MLP briefly; its eval-mode accuracy on held-out digits must be
 close to its train-mode accuracy (batch statistics) on the same digits.
@@ -53,7 +54,8 @@ def test_eval_accuracy_is_close_to_train_mode_accuracy(spec, digits):
     xtr, ytr, xte, yte = digits
     model = mlp(spec)
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
-    N.set_progress(model, lr=0.01, epoch=3, epochs=4)  # AMAT η = 0.9, MBN λ > 0: moving statistics matter
+    # AMAT η = 0.9, MBN λ > 0: moving statistics matter
+    N.set_progress(model, lr=0.01, epoch=3, epochs=4)
     g = gen(1)
     for _ in range(150):
         idx = torch.randint(0, len(ytr), (32,), generator=g)
@@ -72,7 +74,8 @@ def test_brn_running_sigma_is_an_ema_of_sigma_b_ioffe_2017():
     for seed in range(3):
         x = torch.randn(10, 2, generator=gen(seed), dtype=torch.float64) * (seed + 1)
         layer(x)
-        sigma = sigma + 0.5 * (torch.sqrt(x.var(0, unbiased=False) + layer.eps) - sigma)  # Algorithm 1
+        # Algorithm 1
+        sigma = sigma + 0.5 * (torch.sqrt(x.var(0, unbiased=False) + layer.eps) - sigma)
     torch.testing.assert_close(torch.sqrt(layer.running_var + layer.eps), sigma)
 
 
@@ -94,7 +97,8 @@ def test_brn_warm_up_relaxes_r_max_and_d_max():
 @pytest.mark.parametrize("p", ["1", "inf"])
 def test_lp_bn_eval_divides_by_its_running_lp_scale(p):
     """Eval divides by the average of the batch ℓp scales training divided by (momentum=None: the
-    cumulative mean), not by BN's running std — on heavy-tailed activations (x³) they differ by 2×."""
+    cumulative mean), not by BN's running std — on heavy-tailed activations (x³) they differ by
+    2×."""
     layer = N.create(f"lp_bn(p={p}, momentum=none, affine=false)", 3)
     scales, means = [], []
     for seed in range(20):
@@ -109,9 +113,9 @@ def test_lp_bn_eval_divides_by_its_running_lp_scale(p):
 
 
 def test_cbn_eval_uses_the_amat_statistics_it_trained_with():
-    """Eval must reproduce the training normalization (AMAT's moving second moment of x' = x − μ_A + β,
-    biased, as training divides by it), not BN's running (unbiased) variance + β²: with batches of 4
-    the two differ by √(4/3)."""
+    """Eval must reproduce the training normalization (AMAT's moving second moment of x' = x − μ_A +
+    β, biased, as training divides by it), not BN's running (unbiased) variance + β²: with batches
+    of 4 the two differ by √(4/3)."""
     layer = N.create("cbn(eta=0.98, rho=2)", 3)
     for seed in range(400):
         layer(torch.randn(4, 3, generator=gen(seed)) * torch.tensor([1.0, 3.0, 0.3]) + 2)
@@ -159,4 +163,5 @@ def test_moving_statistic_layers_warn_once_without_progress():
             quiet(torch.randn(8, 3, generator=gen(5)))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        N.create("cbn(amat=false)", 3)(torch.randn(8, 3, generator=gen(6)))  # nothing to set: no warning
+        # nothing to set: no warning
+        N.create("cbn(amat=false)", 3)(torch.randn(8, 3, generator=gen(6)))

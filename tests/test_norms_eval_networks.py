@@ -50,7 +50,8 @@ import bnlab.norms as N
 from bnlab.norms.registry import REGISTRY, lookup
 from bnlab.data import batches
 
-# Every registered layer with its defaults (cbn with Peng's ρ = 2), plus CBN's AMAT-off and ρ = 1 arms.
+# Every registered layer with its defaults (cbn with Peng's ρ = 2), plus CBN's AMAT-off and ρ = 1
+# arms.
 DEFAULTS = {"cbn": "cbn(rho=2)"}
 SPECS = [DEFAULTS.get(name, name) for name in sorted(REGISTRY)] + ["cbn(rho=2, amat=false)", "cbn"]
 NETWORKS = {  # name: (model, activation, options); all on 8×8 digits
@@ -170,7 +171,8 @@ def test_eval_accuracy_is_within_3_points_of_batch_statistics(spec, network, dig
         model = train(spec, network, digits)
     batch_stats = accuracy(batch_statistics_copy(model), digits.x_test, digits.y_test)
     eval_mode = accuracy(model.eval(), digits.x_test, digits.y_test)
-    assert batch_stats > 0.3, (spec, network, batch_stats)  # it learned: the comparison means something
+    # it learned: the comparison means something
+    assert batch_stats > 0.3, (spec, network, batch_stats)
     assert abs(eval_mode - batch_stats) <= 0.03, (spec, network, eval_mode, batch_stats)
 
 
@@ -233,16 +235,18 @@ def test_recollected_statistics_are_algorithm_2s_population_statistics(spec):
 
 
 def _sigmoid_like_batches(count: int, gen: torch.Generator):
-    """Inputs like a sigmoid's outputs in resnet20: mean 0.5, standard deviation 0.05 (variance 0.0025)."""
+    """Inputs like a sigmoid's outputs in resnet20: mean 0.5, standard deviation 0.05 (variance
+    0.0025)."""
     return [0.5 + 0.05 * torch.randn(64, 3, generator=gen, dtype=torch.float64) for _ in range(count)]
 
 
 @pytest.mark.parametrize("spec, lr", [("cbn(rho=2, amat=false)", None), ("cbn(rho=2, amat=false)", 0.01),
                                       ("cbn(rho=2)", 0.01), ("cbn(rho=2, eta=0.9)", None)])
 def test_cbn_inference_statistics_carry_no_trace_of_their_start(spec, lr):
-    """20 batches of small-variance inputs, then eval against the float64 truth: the layer normalizing
-    by the population mean 0.5 and variance 0.0025. BN's EMA from (0, 1) still holds 0.9^20 = 12 % of
-    its start value 1 in ``running_var`` (50× the variance), which the old CBN code did too."""
+    """20 batches of small-variance inputs, then eval against the float64 truth: the layer
+    normalizing by the population mean 0.5 and variance 0.0025. BN's EMA from (0, 1) still holds
+    0.9^20 = 12 % of its start value 1 in ``running_var`` (50× the variance), which the old CBN code
+    did too."""
     layer = N.create(spec, 3).double()
     with torch.no_grad():
         layer.bias.copy_(torch.tensor([0.0, 0.05, -0.1]))
@@ -253,5 +257,6 @@ def test_cbn_inference_statistics_carry_no_trace_of_their_start(spec, lr):
     x = _sigmoid_like_batches(1, torch.Generator().manual_seed(1))[0]
     beta = layer.bias.detach()
     truth = (x - 0.5 + beta) / (layer.rho * torch.sqrt(0.0025 + beta**2 + layer.eps))
-    # tolerance: the statistics of a 64-sample batch (or ~10 of them) are that far from the population
+    # tolerance: the statistics of a 64-sample batch (or ~10 of them) are that far from the
+    # population
     torch.testing.assert_close(layer.eval()(x), truth, atol=0.15, rtol=0.0)

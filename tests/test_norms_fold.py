@@ -169,8 +169,8 @@ def test_batch_statistics_in_eval_are_named_and_a_clean_fold_is_silent():
 
 @pytest.mark.parametrize("spec", ["torch", "bn", "mbn"])
 def test_kept_buffers_with_tracking_off_fold_like_torchs_eval(spec):
-    """track_running_stats=False with the buffers still there: torch's eval normalizes with the buffers
-    (a fixed affine map), so fold must fold it, not refuse it as batch statistics."""
+    """track_running_stats=False with the buffers still there: torch's eval normalizes with the
+    buffers (a fixed affine map), so fold must fold it, not refuse it as batch statistics."""
     norm = nn.BatchNorm1d(3) if spec == "torch" else N.create(spec, 3)
     model = nn.Sequential(nn.Linear(3, 3), norm)
     model.train()

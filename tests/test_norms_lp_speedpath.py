@@ -1,9 +1,11 @@
-"""The eager fast paths of ``lp_bn(p=1)``, ``lp_bn(p=inf)`` (bnlab.norms.lp_fused) and ``noisy_bn``'s draws.
+"""The eager fast paths of ``lp_bn(p=1)``, ``lp_bn(p=inf)`` (bnlab.norms.lp_fused) and
+``noisy_bn``'s draws.
 
-The fused ℓp function is checked against finite differences (gradcheck, float64) and against the plain
-autograd path (float32, 1e-5: outputs, input/γ/β gradients, running buffers); the ℓ∞ top-k search
-against a brute-force sort on inputs built to defeat it. Speed itself is measured in benchmarks/ (never
-in tests); here the number of full-size passes of a training step is pinned, counted at the dispatcher.
+The fused ℓp function is checked against finite differences (gradcheck, float64) and against the
+plain autograd path (float32, 1e-5: outputs, input/γ/β gradients, running buffers); the ℓ∞ top-k
+search against a brute-force sort on inputs built to defeat it. Speed itself is measured in
+benchmarks/ (never in tests); here the number of full-size passes of a training step is pinned,
+counted at the dispatcher.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ def fused(monkeypatch):
 
 
 def plain_and_fused(monkeypatch, spec, x, seed=0, steps=2, layer_kwargs=None):
-    """Outputs, input/γ/β gradients and buffers after ``steps`` training steps, plain then fused path."""
+    """Outputs, input/γ/β gradients and buffers after ``steps`` training steps, plain then fused
+    path."""
     results = []
     for min_numel in (1 << 62, 0):
         monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", min_numel)
@@ -66,7 +69,8 @@ def test_fused_lp_gradcheck(spec, shape, fused):
     def f(x, w, b):
         return functional_call(layer, {"weight": w, "bias": b, **{k: v.clone() for k, v in buffers.items()}}, (x,))
 
-    assert type(f(x, w, b).grad_fn).__name__.startswith("_LpNormalize")  # the fused function is what is checked
+    # the fused function is what is checked
+    assert type(f(x, w, b).grad_fn).__name__.startswith("_LpNormalize")
     assert torch.autograd.gradcheck(f, (x, w, b), eps=1e-6, atol=1e-6)
 
 
@@ -74,7 +78,8 @@ def test_fused_lp_gradcheck(spec, shape, fused):
 @pytest.mark.parametrize("shape", [(16, 4, 5, 5), (64, 3), (4, 3, 7)])
 def test_fused_lp_equals_plain_path_float32(spec, shape, monkeypatch):
     x = torch.randn(shape, generator=gen(4)) * torch.linspace(0.5, 3, shape[1]).view(1, -1, *[1] * (len(shape) - 2))
-    x = x + torch.linspace(-2, 40, shape[1]).view(1, -1, *[1] * (len(shape) - 2))  # means up to 40σ/3
+    # means up to 40σ/3
+    x = x + torch.linspace(-2, 40, shape[1]).view(1, -1, *[1] * (len(shape) - 2))
     (plain, plain_buffers), (fused, fused_buffers) = plain_and_fused(monkeypatch, spec, x)
     for p_step, f_step in zip(plain, fused):
         assert not p_step[-1] and f_step[-1]
@@ -119,7 +124,8 @@ def test_fused_lp_backward_twice_and_refuses_double_backward(fused):
     y = layer(x)
     g = torch.randn(y.shape, generator=gen(10))
     first = torch.autograd.grad(y, x, g, retain_graph=True)[0]
-    second = torch.autograd.grad(y, x, g)[0]  # the sign buffer became the first gradient: recomputed
+    # the sign buffer became the first gradient: recomputed
+    second = torch.autograd.grad(y, x, g)[0]
     torch.testing.assert_close(second, first, rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="plain_autograd"):
         torch.autograd.grad(layer(x), x, g, create_graph=True)
@@ -158,9 +164,10 @@ class FullSizeOps(TorchDispatchMode):
 
 @pytest.mark.parametrize("spec, most", [("lp_bn(p=1)", 6), ("lp_bn(p=inf)", 3), ("noisy_bn", 9)])
 def test_training_step_makes_few_full_size_passes(spec, most, fused):
-    """Pinned counts of full-size writes in one forward + backward, a proxy for speed that timing-free
-    tests can hold (native BN: 2 kernels; before the fused path ℓ1 BN made 15, ℓ∞ 17, and noisy BN 12,
-    with draws scaled and shifted out of place and torch's two-product addcmul backward)."""
+    """Pinned counts of full-size writes in one forward + backward, a proxy for speed that
+    timing-free tests can hold (native BN: 2 kernels; before the fused path ℓ1 BN made 15, ℓ∞ 17,
+    and noisy BN 12, with draws scaled and shifted out of place and torch's two-product addcmul
+    backward)."""
     layer = N.create(spec, 4)
     x = torch.randn(64, 4, 6, 6, generator=gen(12)).requires_grad_()
     g = torch.randn(x.shape, generator=gen(13))
@@ -170,8 +177,9 @@ def test_training_step_makes_few_full_size_passes(spec, most, fused):
 
 
 def test_noisy_bn_draws_algorithm_1_noise_from_its_generator():
-    """out = s·a + m with, from the layer's generator in this order: μ_j ~ U(−n_μ, n_μ), σ_j ~ U(1, n_σ)
-    (C each), m_ij − μ_j ~ U(−r_μ, r_μ) and s_ij − σ_j ~ N(0, r_σ²) (one per sample and position)."""
+    """out = s·a + m with, from the layer's generator in this order: μ_j ~ U(−n_μ, n_μ), σ_j ~ U(1,
+    n_σ) (C each), m_ij − μ_j ~ U(−r_μ, r_μ) and s_ij − σ_j ~ N(0, r_σ²) (one per sample and
+    position)."""
     layer = N.create("noisy_bn(n_mu=0.4, n_sigma=1.5, r_mu=0.2, r_sigma=0.3)", 3)
     N.seed_layers(layer, 5)
     x = torch.randn(6, 3, 4, 4, generator=gen(14))

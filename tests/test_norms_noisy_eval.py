@@ -1,8 +1,8 @@
 """noisy_bn's eval after noisy training is not silently wrong (issue 17 item 2).
 
 The layers after a noisy_bn collect their running statistics on noisy activations, which eval no
-longer produces (tests/test_norms_eval_networks.py measures eval 0.44 against 0.91 in a ReLU VGG). The
-first eval forward after such training warns once and names the remedy; after
+longer produces (tests/test_norms_eval_networks.py measures eval 0.44 against 0.91 in a ReLU VGG).
+The first eval forward after such training warns once and names the remedy; after
 ``recollect_running_stats`` (the clean network's population statistics) eval is silent.
 """
 

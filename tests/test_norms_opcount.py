@@ -40,7 +40,8 @@ def test_counter_sees_torch_batchnorm_and_skips_views():
     assert native.total <= 8, native.names
     x = torch.randn(4, 6)
     assert count_ops(lambda: x.view(2, 12).t()[3:].unsqueeze(0).expand(5, -1, -1)).total == 0
-    assert count_ops(lambda: x.t().reshape(24)).names == ["clone"]  # a reshape that must copy does count
+    # a reshape that must copy does count
+    assert count_ops(lambda: x.t().reshape(24)).names == ["clone"]
     assert count_ops(lambda: (x * 2).sum()).names == ["mul", "sum"]
 
 
@@ -58,7 +59,8 @@ def test_lp_noisy_and_si_bn_dispatch_at_most_24_ops(spec):
 
 @pytest.mark.parametrize("spec", ["mean_only_bn", "cbn", "lp_bn(p=1)"])
 def test_small_inputs_on_the_fused_path_dispatch_as_few(spec, monkeypatch):
-    """The count does not depend on the size: a (1000, 10) batch on the fused path counts the same."""
+    """The count does not depend on the size: a (1000, 10) batch on the fused path counts the
+    same."""
     monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0)
     assert counted(spec, (1000, 10)).total == counted(spec).total
 
@@ -72,7 +74,8 @@ def test_fused_operators_are_what_the_dispatcher_sees():
 
 def test_inside_counts_what_the_operators_run():
     """``inside=True`` replaces each bnlab operator by the aten ops of its kernel (about the kernel
-    launches on a GPU): the statistics, affine and reduction kernels appear, no bnlab:: name remains."""
+    launches on a GPU): the statistics, affine and reduction kernels appear, no bnlab:: name
+    remains."""
     torch.manual_seed(0)
     step = training_step(_layer("mean_only_bn", SHAPE), SHAPE)
     step()

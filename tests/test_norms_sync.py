@@ -1,10 +1,11 @@
 """Synchronized batch statistics (bnlab.norms.sync): N gloo ranks with slices of one batch equal one
 process given the whole batch — outputs, input and parameter gradients, every buffer, eval outputs.
 
-All layer checks of one world size run in a single launch of processes (tests/distributed_harness.py):
-every rank builds the reference layer too and runs it, unsynced, on the whole batch, and reports the
-largest deviation of each compared quantity; the parent asserts them. Splits are uneven on purpose
-(2 ranks: 4 + 3 samples; 3 ranks: 3 + 1 + 3, so one rank holds fewer values than ℓ∞'s top-k).
+All layer checks of one world size run in a single launch of processes
+(tests/distributed_harness.py): every rank builds the reference layer too and runs it, unsynced, on
+the whole batch, and reports the largest deviation of each compared quantity; the parent asserts
+them. Splits are uneven on purpose (2 ranks: 4 + 3 samples; 3 ranks: 3 + 1 + 3, so one rank holds
+fewer values than ℓ∞'s top-k).
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def _check_layer(spec: str, rank: int, split: list[int], shape: tuple[int, ...])
         out[f"buffer {name}"] = _excess(b_loc.float(), b_ref.float())
     x = torch.randn(BATCH, *shape, generator=gen)
     if all(m.track_running_stats for m in ref.modules() if isinstance(m, N.ChannelNorm)):
-        # (without running statistics eval normalizes each rank's batch: synced in training only, as torch)
+        # (without running statistics eval normalizes each rank's batch: synced in training only, as
+        # torch)
         with torch.no_grad():
             out["eval output"] = _excess(synced.eval()(x[lo:hi]), ref.eval()(x)[lo:hi])
     return out
@@ -103,7 +105,8 @@ def _check_layer_unsynced(rank: int, split: list[int]) -> float:
 
 
 def _primitives(rank: int, split: list[int]) -> dict:
-    """synced_moments at a large offset and global_topk against float64 references on the whole batch."""
+    """synced_moments at a large offset and global_topk against float64 references on the whole
+    batch."""
     lo, hi = sum(split[:rank]), sum(split[: rank + 1])
     group = sync.active_group()
     x = torch.randn(BATCH, 3, 4, generator=torch.Generator().manual_seed(2)) + 1e4
@@ -112,7 +115,8 @@ def _primitives(rank: int, split: list[int]) -> dict:
     var64, mean64 = torch.var_mean(x.double(), dim=(0, 2), correction=0)
     top = sync.global_topk(x_loc.transpose(0, 1).reshape(3, -1), 5, group)
     top64 = x.double().transpose(0, 1).reshape(3, -1).topk(5, dim=1).values
-    (top.sum() * (rank == 0)).backward()  # only rank 0's loss: d/dx Σ global top-5 is 1 on those entries
+    # only rank 0's loss: d/dx Σ global top-5 is 1 on those entries
+    (top.sum() * (rank == 0)).backward()
     x_ref = x.clone().requires_grad_()
     x_ref.transpose(0, 1).reshape(3, -1).topk(5, dim=1).values.sum().backward()
     return {"n": n, "mean": float((mean - mean64).abs().max()), "var": float(((var - var64) / var64).abs().max()),
@@ -122,8 +126,8 @@ def _primitives(rank: int, split: list[int]) -> dict:
 def _worker(rank: int, world: int) -> dict:
     """Every check of one world size, in one launch (process start-up dominates the cost).
 
-    The fused kernel is forced on (any size): the unsynced references take it, and a synced layer must
-    not (its backward knows nothing of the other ranks)."""
+    The fused kernel is forced on (any size): the unsynced references take it, and a synced layer
+    must not (its backward knows nothing of the other ranks)."""
     norms_base.FUSED_MIN_NUMEL = 0
     split = SPLITS[world]
     layers = {spec: _check_layer(spec, rank, split, (2, 2, 2) if spec == "si_bn" else (3, 2, 2)) for spec in SPECS}
@@ -151,7 +155,8 @@ def test_synced_layers_equal_one_process_on_the_whole_batch(world):
 def test_mbn_lambda_and_cbn_eta_identical_on_all_ranks(world):
     for res in _launch(world):
         lambdas, etas = res["schedules"]["lambda"], res["schedules"]["eta"]
-        assert lambdas == [mbn_lambda(3, 5, BATCH, 64)] * world and lambdas[0] > 0  # the global batch's m
+        # the global batch's m
+        assert lambdas == [mbn_lambda(3, 5, BATCH, 64)] * world and lambdas[0] > 0
         assert etas == [pytest.approx(amat_eta(0.05, 10.0))] * world and etas[0] > 0
 
 
@@ -202,7 +207,8 @@ def test_convert_sync_switches_every_layer_and_torch_batchnorms_become_sync_batc
     weight = model[2].weight
     assert N.convert_sync(model) is model
     assert all(m.sync for m in model.modules() if isinstance(m, N.ChannelNorm))
-    assert isinstance(model[2], nn.SyncBatchNorm) and model[2].weight is weight  # an optimizer keeps working
+    # an optimizer keeps working
+    assert isinstance(model[2], nn.SyncBatchNorm) and model[2].weight is weight
     assert isinstance(model[5], nn.SyncBatchNorm)
     with pytest.raises(ValueError, match="native_bn|valid"):
         N.create("native_bn(sync=true)", 3)

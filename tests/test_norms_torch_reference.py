@@ -309,7 +309,8 @@ def test_zero_size_batch_for_every_layer(name, training):
 
 @pytest.mark.parametrize("spec", ["si_bn", "wn", "wn+mean_only_bn"])
 def test_zero_size_batch_through_the_wrappers(spec):
-    """si_bn and wn (the layers that wrap a linear layer) pass an empty batch as torch's layers do."""
+    """si_bn and wn (the layers that wrap a linear layer) pass an empty batch as torch's layers
+    do."""
     block = N.normalized(nn.Linear(3, 5, bias=False), spec).train()
     before = {k: v.clone() for k, v in block.named_buffers()}
     x = torch.randn(0, 3, requires_grad=True)
@@ -356,7 +357,8 @@ def test_memory_format_and_non_contiguous_inputs(layout, training, path):
 @pytest.mark.parametrize("name", CHANNEL_LAYERS)
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_every_layer_keeps_channels_last(name, training, path):
-    """torch's BatchNorm returns channels_last output (and input gradient) for channels_last input."""
+    """torch's BatchNorm returns channels_last output (and input gradient) for channels_last
+    input."""
     layer = N.create(name, 8).train(training)
     x = torch.randn(4, 8, 5, 6, generator=gen(0)).contiguous(memory_format=torch.channels_last)
     x.requires_grad_()
@@ -485,8 +487,9 @@ def test_meta_device_module_loads_with_assign_like_torch():
 
 @pytest.mark.parametrize("name", CHANNEL_LAYERS)
 def test_meta_device_layer_loads_with_assign_and_runs(name):
-    """Every layer built on ``meta`` takes a state_dict with ``assign=True`` and then computes as the
-    layer it came from (non-persistent buffers, e.g. cbn's η, are rebuilt on the loaded device)."""
+    """Every layer built on ``meta`` takes a state_dict with ``assign=True`` and then computes as
+    the layer it came from (non-persistent buffers, e.g. cbn's η, are rebuilt on the loaded
+    device)."""
     source = N.create(name, 4)
     N.set_progress(source, lr=0.1, epoch=1, epochs=3)
     source(torch.randn(8, 4, 3, generator=gen(1)) + 2)

@@ -1,4 +1,5 @@
-"""track(): progress (lr, epoch) reaches CBN's AMAT and MBN's λ automatically, exactly as by hand."""
+"""track(): progress (lr, epoch) reaches CBN's AMAT and MBN's λ automatically, exactly as by
+hand."""
 
 import warnings
 
@@ -60,7 +61,8 @@ def test_track_equals_set_progress_by_hand(progress, per_step_schedule):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got, tracker = train(progress, per_step_schedule)
-    assert not [w for w in caught if "progress" in str(w.message)]  # cbn/mbn were told: nothing to warn about
+    # cbn/mbn were told: nothing to warn about
+    assert not [w for w in caught if "progress" in str(w.message)]
     assert tracker.epoch == 1 + EPOCHS and tracker.steps == EPOCHS * STEPS
     for (name, a), b in zip(expected.state_dict().items(), got.state_dict().values()):
         torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)

@@ -31,7 +31,8 @@ def last(lab, name):
     return values[-1]
 
 
-# ---------------------------------------------------------------------------------------------- registry
+# ----------------------------------------------------------------------------------------------
+# registry
 
 def test_create_rejects_bad_names_and_options():
     with pytest.raises(ValueError, match="valid probes: .*landscape"):
@@ -49,7 +50,8 @@ def test_create_rejects_bad_names_and_options():
     assert all(summary and cost for _, summary, cost in probes.describe())
 
 
-# --------------------------------------------------------------------------------------------- landscape
+# ---------------------------------------------------------------------------------------------
+# landscape
 
 def quadratic_problem(h, w_star, w0):
     """L(w) = mean_j (x_jᵀw − y_j)² with XᵀX/n = diag(h)/2, so the Hessian is exactly diag(h)."""
@@ -166,7 +168,8 @@ def test_ics_two_layer_linear_matches_direct_computation(momentum):
         opt.step()
 
 
-# ------------------------------------------------------------------------------------------ effective_lr
+# ------------------------------------------------------------------------------------------
+# effective_lr
 
 def si_net():
     torch.manual_seed(0)
@@ -198,7 +201,8 @@ def test_effective_lr_lemma_2_4_residual(momentum, exact):
         assert last(lab, f"probe/effective_lr/eff_lr/{name}") == pytest.approx(0.5 / norm**2, rel=1e-12)
 
 
-# -------------------------------------------------------------------------------------------- grad_stats
+# --------------------------------------------------------------------------------------------
+# grad_stats
 
 class Constant(nn.Module):
     """Predicts θ for every sample: the micro-batch gradient of ½‖θ − y‖² is θ − ȳ_m."""
@@ -228,12 +232,14 @@ def test_grad_stats_known_variance():
     assert last(lab, "probe/grad_stats/micro_batch") == m
 
 
-# ------------------------------------------------------------------------------------------- batch_noise
+# -------------------------------------------------------------------------------------------
+# batch_noise
 
 def _batch_noise_moments(draw, m, calls=40, channels=256):
     model = nn.Sequential(nn.BatchNorm1d(channels, affine=False), nn.Linear(channels, 1))
     g = torch.Generator().manual_seed(7)
-    heldout = draw((4_000, channels), g)  # population estimate: ~2 % per channel, <0.5 % on the moments
+    # population estimate: ~2 % per channel, <0.5 % on the moments
+    heldout = draw((4_000, channels), g)
     probe = probes.create("batch_noise", heldout=heldout)
     lab = probes.Lab(model, nn.MSELoss(), [probe])
     for step in range(calls):
@@ -247,8 +253,8 @@ def test_batch_noise_recovers_chi2_moments():
     m = 16
     _, xi_mu_var, xi_sigma_mean, xi_sigma_var, lab = _batch_noise_moments(
         lambda shape, g: 2.0 + 3.0 * torch.randn(*shape, generator=g), m)
-    # 10240 channel draws: sd of the pooled mean of ξ_σ ≈ 0.0034 (tolerance 4 sd), relative sd of the
-    # variances ≈ 2 % (tolerance ~5 sd)
+    # 10240 channel draws: sd of the pooled mean of ξ_σ ≈ 0.0034 (tolerance 4 sd), relative sd of
+    # the variances ≈ 2 % (tolerance ~5 sd)
     assert xi_sigma_mean == pytest.approx((m - 1) / m, abs=0.014)
     assert xi_sigma_var == pytest.approx(2 * (m - 1) / m**2, rel=0.12)
     assert xi_mu_var == pytest.approx(1 / m, rel=0.12)
@@ -256,8 +262,8 @@ def test_batch_noise_recovers_chi2_moments():
 
 
 def test_batch_noise_heavy_tails_follow_kurtosis_not_chi2():
-    # Laplace inputs (kurtosis κ = 6): Var ξ_σ = ((m−1)/m)² (κ/m − (m−3)/(m(m−1))) ≈ (κ−1)/m, not 2/m —
-    # the supplement's N(1, κ/m) should read N(1, (κ−1)/m).
+    # Laplace inputs (kurtosis κ = 6): Var ξ_σ = ((m−1)/m)² (κ/m − (m−3)/(m(m−1))) ≈ (κ−1)/m, not
+    # 2/m — the supplement's N(1, κ/m) should read N(1, (κ−1)/m).
     m, kappa = 16, 6.0
     laplace = torch.distributions.Laplace(0.0, 1.0)
     def draw(shape, g):
@@ -271,20 +277,24 @@ def test_batch_noise_heavy_tails_follow_kurtosis_not_chi2():
     assert abs(xi_sigma_var - 2 * (m - 1) / m**2) > 0.5 * exact  # clearly not the Gaussian value
 
 
-# ------------------------------------------------------------------------------------- bn_regularization
+# -------------------------------------------------------------------------------------
+# bn_regularization
 
 def test_bn_regularization_zeta_matches_monte_carlo_of_theorem_1():
-    """ζγ² (Luo Thm 1) against a brute-force average, over random batches of M drawn from the data, of the
-    second-order term mean_j A''(h̄_j)/2 (ĥ_j − h̄_j)² that the theorem reduces to ζγ² (App., R^q).
+    """ζγ² (Luo Thm 1) against a brute-force average, over random batches of M drawn from the data,
+    of the second-order term mean_j A''(h̄_j)/2 (ĥ_j − h̄_j)² that the theorem reduces to ζγ² (App.,
+    R^q).
 
-    Theorem 1 keeps the O(1/M) term; the remainder is O(1/M²), so the relative error must shrink like 1/M.
+    Theorem 1 keeps the O(1/M) term; the remainder is O(1/M²), so the relative error must shrink
+    like 1/M.
     """
     pop, gamma, beta = 4000, 1.5, 0.3
     g = torch.Generator().manual_seed(11)
     u = torch.rand(pop, generator=g, dtype=torch.float64) - 0.5
     h = 0.7 - 2.0 * torch.sign(u) * torch.log1p(-2 * u.abs())  # Laplace: excess kurtosis 3
     mu_p, sd_p = h.mean(), h.std(correction=0)
-    w = torch.sigmoid(gamma * (h - mu_p) / sd_p + beta)  # A'' for ReLU (softplus), the theorem's case
+    # A'' for ReLU (softplus), the theorem's case
+    w = torch.sigmoid(gamma * (h - mu_p) / sd_p + beta)
     w0, w1, w2 = w.mean(), (w * (h - mu_p)).mean(), (w * (h - mu_p) ** 2).mean()
     errors = {}
     for batch_size in (64, 256):
@@ -300,11 +310,13 @@ def test_bn_regularization_zeta_matches_monte_carlo_of_theorem_1():
         assert last(lab, "probe/bn_regularization/penalty/0") == pytest.approx(zeta * gamma**2, rel=1e-12)
         assert last(lab, "probe/bn_regularization/sigma_term/0") + last(
             lab, "probe/bn_regularization/mu_term/0") == pytest.approx(zeta, rel=1e-12)
-        # brute force: γ²/2 · mean_j w_j [(h_j − μ_P)(1/σ_B − 1/σ_P) − (μ_B − μ_P)/σ_B]², expanded in j
+        # brute force: γ²/2 · mean_j w_j [(h_j − μ_P)(1/σ_B − 1/σ_P) − (μ_B − μ_P)/σ_B]², expanded
+        # in j
         batches = h[torch.randint(0, pop, (40_000, batch_size), generator=g)]
         mu_b, sd_b = batches.mean(dim=1), batches.std(dim=1, correction=0)
         a, b = 1 / sd_b - 1 / sd_p, (mu_b - mu_p) / sd_b
-        brute = float((gamma**2 / 2 * (w2 * a * a - 2 * w1 * a * b + w0 * b * b)).mean())  # MC sd ≈ 0.6 %
+        # MC sd ≈ 0.6 %
+        brute = float((gamma**2 / 2 * (w2 * a * a - 2 * w1 * a * b + w0 * b * b)).mean())
         errors[batch_size] = abs(zeta * gamma**2 / brute - 1)
     assert errors[64] < 0.1 and errors[256] < 0.04
     assert errors[256] < errors[64] / 2  # the neglected terms are O(1/M²)
@@ -328,7 +340,8 @@ def test_bn_regularization_agrees_with_theory_module_when_present():
     assert last(lab, "probe/bn_regularization/zeta/0") == pytest.approx(sum(expected) / 3, rel=1e-10)
 
 
-# ------------------------------------------------------------------------- moments, histograms, gamma, cbn
+# ------------------------------------------------------------------------- moments, histograms,
+# gamma, cbn
 
 def test_moments_and_histograms_match_direct_computation():
     torch.manual_seed(0)
@@ -374,7 +387,8 @@ def test_gamma_and_cbn_ratios_match_hand_computation():
     assert torch.equal(cbn.amat_mean, moving)  # the probe's forward did not fold the batch in again
 
 
-# ---------------------------------------------------------------------------------------- max_stable_lr
+# ----------------------------------------------------------------------------------------
+# max_stable_lr
 
 def test_max_stable_lr_on_quadratic_with_known_threshold():
     # ½ h ‖w‖² with h = 4: gradient descent diverges iff lr > 2/h = 0.5.
@@ -391,7 +405,8 @@ def test_max_stable_lr_on_quadratic_with_known_threshold():
         calls.append(lr)
         return "diverged" if lr > 0.01 else {"status": "finished"}
     result = probes.max_stable_lr(fake_train)
-    assert result.lr == 0.01 and calls == [1.0, 0.1, 0.01]  # descending search stops at the first stable lr
+    # descending search stops at the first stable lr
+    assert result.lr == 0.01 and calls == [1.0, 0.1, 0.01]
     assert probes.max_stable_lr(lambda lr: False).lr is None
     with pytest.raises(ValueError, match="cannot read a training status"):
         probes.max_stable_lr(lambda lr: "maybe")

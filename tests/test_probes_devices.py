@@ -3,11 +3,12 @@
 Device: every tensor a probe creates must be made on the parameters' device (or, for host-side
 bookkeeping, explicitly on the CPU), never on torch's *default* device. A CPU-only machine can still
 tell the two apart: the tests set torch's default device to ``meta`` (``with torch.device("meta")``)
-while the model and the batch stay on the CPU. A tensor created without an explicit device then lands
-on ``meta`` and the first op mixing it with the model fails exactly as a CPU tensor does on a CUDA
-model ("expected device cpu but got meta" from ``autograd.grad``, the hessian probe's Lanczos vectors
-before the fix), while correctly placed tensors compute real numbers. The measurements must equal a run
-without the meta default: a probe's result does not depend on where torch puts unplaced tensors.
+while the model and the batch stay on the CPU. A tensor created without an explicit device then
+lands on ``meta`` and the first op mixing it with the model fails exactly as a CPU tensor does on a
+CUDA model ("expected device cpu but got meta" from ``autograd.grad``, the hessian probe's Lanczos
+vectors before the fix), while correctly placed tensors compute real numbers. The measurements must
+equal a run without the meta default: a probe's result does not depend on where torch puts unplaced
+tensors.
 
 Learning rate 0 (the first step of every warm-up): every probe runs; the hessian probe's stability
 threshold 2/η is ``inf`` (before: ``ZeroDivisionError``) and its eigenvalues do not depend on η.
@@ -33,7 +34,8 @@ IDS = [f"{name}{'-' + opts['method'] if 'method' in opts else ''}" for name, opt
 
 
 def conv_net() -> nn.Module:
-    """BN and Complete BN (AMAT on: moving statistics in the forward pass), a conv and a linear layer."""
+    """BN and Complete BN (AMAT on: moving statistics in the forward pass), a conv and a linear
+    layer."""
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Conv2d(1, 4, 3, padding=1, bias=False), norms.create("bn", 4), nn.ReLU(),
@@ -49,7 +51,8 @@ def batch():
 
 
 def measure(name: str, options: dict, lr: float, default_device: str | None = None) -> dict[str, float]:
-    """One training step's probe metrics (``after_backward`` and, for two-phase probes, ``after_step``)."""
+    """One training step's probe metrics (``after_backward`` and, for two-phase probes,
+    ``after_step``)."""
     model = conv_net()
     x, y = batch()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -65,7 +68,8 @@ def measure(name: str, options: dict, lr: float, default_device: str | None = No
             out = lab.after_backward((x, y), 0)
             opt.step()
             out.update(lab.after_step((x, y), 0))
-    assert all(p.device.type == "cpu" for p in model.parameters())  # the meta default never reached them
+    # the meta default never reached them
+    assert all(p.device.type == "cpu" for p in model.parameters())
     return {k.split("/", 2)[2]: v for k, v in out.items() if not k.endswith("/seconds")}
 
 
@@ -83,7 +87,8 @@ def test_probe_creates_no_tensor_on_the_default_device(name, options):
 def test_probe_runs_at_learning_rate_zero(name, options):
     values = measure(name, options, lr=0.0, default_device="meta")
     assert values, name
-    undefined_at_zero = {"threshold", "beta_smoothness"}  # 2/η → inf; β-smoothness divides by s = 0·lr
+    # 2/η → inf; β-smoothness divides by s = 0·lr
+    undefined_at_zero = {"threshold", "beta_smoothness"}
     for key, value in values.items():
         if key.split("/")[0] not in undefined_at_zero and not key.startswith("eff_lr"):
             assert math.isfinite(value), (name, key, value)
@@ -99,7 +104,8 @@ def test_hessian_threshold_is_inf_at_lr_zero_and_the_spectrum_does_not_depend_on
 
 
 def test_lanczos_and_hutchinson_keep_their_vectors_on_the_operator_device():
-    """The functions themselves, with an operator that refuses vectors from any other device or dtype."""
+    """The functions themselves, with an operator that refuses vectors from any other device or
+    dtype."""
     h = torch.diag(torch.arange(1.0, 6.0, dtype=torch.float64))
     seen = []
 

@@ -51,12 +51,15 @@ def test_top_eigenvalue_and_trace_match_brute_force_hessian():
     hessian = brute_force_hessian(model, x, y)
     spectrum = torch.linalg.eigvalsh(hessian)
     dim = hessian.shape[0]
-    exact = probe_values(model, x, y, iters=dim, samples=2)  # Lanczos over the whole space: the spectrum
+    # Lanczos over the whole space: the spectrum
+    exact = probe_values(model, x, y, iters=dim, samples=2)
     assert exact["top_eigenvalue"] == pytest.approx(float(spectrum[-1]), rel=1e-8)
     assert exact["bottom_eigenvalue"] == pytest.approx(float(spectrum[0]), rel=1e-6, abs=1e-8)
-    few = probe_values(model, x, y, iters=15, samples=400)  # 15 products: top eigenvalue already converged
+    # 15 products: top eigenvalue already converged
+    few = probe_values(model, x, y, iters=15, samples=400)
     assert few["top_eigenvalue"] == pytest.approx(float(spectrum[-1]), rel=1e-3)
-    assert few["top_eigenvalue"] <= float(spectrum[-1]) * (1 + 1e-9)  # Ritz values bound it from below
+    # Ritz values bound it from below
+    assert few["top_eigenvalue"] <= float(spectrum[-1]) * (1 + 1e-9)
     trace = float(hessian.diagonal().sum())
     assert abs(few["trace"] - trace) < 4 * few["trace_se"]  # Hutchinson is unbiased
     assert few["trace_se"] < 0.1 * abs(trace)
@@ -65,7 +68,8 @@ def test_top_eigenvalue_and_trace_match_brute_force_hessian():
 
 
 def test_hessian_is_the_train_mode_one_not_eval_mode():
-    """With running statistics (eval mode, PyHessian's setting) the curvature differs: the probe must not use it."""
+    """With running statistics (eval mode, PyHessian's setting) the curvature differs: the probe
+    must not use it."""
     model = bn_net()
     x, y = batch()
     train_top = float(torch.linalg.eigvalsh(brute_force_hessian(model, x, y))[-1])

@@ -1,4 +1,5 @@
-"""Probes never change training (bitwise), and they plug into bnlab.train, the run store and plain loops."""
+"""Probes never change training (bitwise), and they plug into bnlab.train, the run store and plain
+loops."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import bnlab.probes as probes
 
 
 def mixed_model():
-    """Every kind of state a probe could disturb: BN buffers, CBN/MBN moving statistics, SI-BN, torch BN,
-    a noisy_bn generator, dropout (global RNG)."""
+    """Every kind of state a probe could disturb: BN buffers, CBN/MBN moving statistics, SI-BN,
+    torch BN, a noisy_bn generator, dropout (global RNG)."""
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Linear(6, 8, bias=False), norms.create("bn", 8), nn.ReLU(),
@@ -27,7 +28,8 @@ def mixed_model():
         nn.Linear(8, 3),
     )
     norms.seed_layers(model, 1)
-    norms.set_progress(model, lr=0.1, epoch=2, epochs=3)  # MBN λ > 0 and CBN AMAT η > 0: buffers matter
+    # MBN λ > 0 and CBN AMAT η > 0: buffers matter
+    norms.set_progress(model, lr=0.1, epoch=2, epochs=3)
     return model
 
 

@@ -32,7 +32,8 @@ def runs_dir(tmp_path):
             store.set_status(run_id, "finished", steps=5, summary={"metrics": {"test_accuracy": 0.9}})
             save_checkpoint(checkpoint_path(tmp_path, run_id), {"run_id": run_id, "w": torch.ones(3)})
         store.create_run("ddd444", {"model": "mlp", "norm": "bn", "seed": 2})
-        store.log_rows("ddd444", [(1, "train_loss", 1.0), (40, "train_loss", 0.5)])  # still training
+        # still training
+        store.log_rows("ddd444", [(1, "train_loss", 1.0), (40, "train_loss", 0.5)])
         store.save_entry("peng-fig2", "smoke", [{"label": "cbn", "id": "aaa111"}, {"label": "bn", "id": "bbb222"}],
                          {}, tiny=False, seconds=1.0)
     return tmp_path
@@ -56,10 +57,12 @@ def test_list_shows_full_specs_entry_date_and_live_steps(runs_dir):
     assert re.search(r"stopped\s+40\b", dead)  # recorded running, but no process holds its lock
     from bnlab.store.run_files import RunLock, lock_path
 
-    with RunLock(lock_path(runs_dir, "ddd444")):  # a process training it: running, with its progress
+    # a process training it: running, with its progress
+    with RunLock(lock_path(runs_dir, "ddd444")):
         live = _invoke("runs", "list", "--runs-dir", str(runs_dir), "--status", "running").stdout.splitlines()
     assert len(live) == 2 and re.search(r"^ddd444\s+running\s+40\b", live[1])
-    assert "default" in next(line for line in lines if line.startswith("ccc333"))  # activation unset
+    # activation unset
+    assert "default" in next(line for line in lines if line.startswith("ccc333"))
 
 
 def test_list_where_filters_and_json(runs_dir):

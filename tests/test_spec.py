@@ -50,8 +50,10 @@ def test_bool_param_takes_yaml_booleans_and_rejects_the_rest():
 
 
 def test_typed_params_coerce_and_check_constraints():
-    assert Param(1.0, float, finite=False).convert("p", "x", "inf", text=True) == math.inf  # where declared
-    for hostile in ("inf", "1e400", "1" * 100_000, "nan"):  # numbers are finite by default (issue 21)
+    # where declared
+    assert Param(1.0, float, finite=False).convert("p", "x", "inf", text=True) == math.inf
+    # numbers are finite by default (issue 21)
+    for hostile in ("inf", "1e400", "1" * 100_000, "nan"):
         with pytest.raises(ValueError, match="finite"):
             Param(1.0, float).convert("p", "x", hostile, text=True)
     assert Param(1.0, float).convert("p", "x", 2) == 2.0 and isinstance(Param(1.0, float).convert("p", "x", 2), float)
@@ -85,7 +87,8 @@ def test_tuple_params_check_each_element():
 
 def test_read_value_literals():
     assert read_value("no") is False and read_value("On") is True
-    assert read_value("1") == 1 and isinstance(read_value("1"), int)  # a bare 1 is a number, not a bool
+    # a bare 1 is a number, not a bool
+    assert read_value("1") == 1 and isinstance(read_value("1"), int)
     assert read_value("1e-3") == 1e-3  # YAML 1.1 would keep this a string
     assert read_value("-inf") == -math.inf and read_value("null") is None and read_value("~") is None
     assert read_value("'no'") == "no" and read_value("abc") == "abc"

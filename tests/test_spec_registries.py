@@ -1,5 +1,6 @@
-"""Every registry of bnlab on the one spec mechanism (bnlab.spec), parametrized over what is registered:
-each entry's default spec reads back as its defaults, and an unknown key fails naming the valid keys."""
+"""Every registry of bnlab on the one spec mechanism (bnlab.spec), parametrized over what is
+registered: each entry's default spec reads back as its defaults, and an unknown key fails naming
+the valid keys."""
 
 from __future__ import annotations
 
@@ -57,8 +58,8 @@ def test_every_probe_builds_from_its_default_spec(name):
 @pytest.mark.parametrize("word, expected", [("no", False), ("off", False), ("0", False), ("False", False),
                                             ("yes", True), ("on", True), ("1", True), ("TRUE", True)])
 def test_grad_stats_per_layer_reads_bool_words(word, expected):
-    # Before bnlab.spec, --probe "grad_stats(per_layer=no)" gave per_layer='no' (a truthy string), so
-    # the per-layer output was switched on; cbn(amat=no) and YAML `no` gave False.
+    # Before bnlab.spec, --probe "grad_stats(per_layer=no)" gave per_layer='no' (a truthy string),
+    # so the per-layer output was switched on; cbn(amat=no) and YAML `no` gave False.
     assert parse_probe_spec(f"grad_stats(per_layer={word})") == ("grad_stats", {"per_layer": expected})
     probe = probes.create(f"grad_stats(per_layer={word}, every=3)")
     assert isinstance(probe, GradStatsProbe) and probe.per_layer is expected and probe.every == 3
@@ -92,5 +93,6 @@ def test_training_config_probes_get_typed_options_and_cadence():
 
     spec_probe, plain = _probe_callbacks(TrainConfig(probes=["grad_stats(per_layer=no, every=3)", "grad_stats"],
                                                      probe_every=5, steps=1))
-    assert (spec_probe.per_layer, spec_probe.every) == (False, 3)  # the spec's every wins over probe_every
+    # the spec's every wins over probe_every
+    assert (spec_probe.per_layer, spec_probe.every) == (False, 3)
     assert (plain.per_layer, plain.every) == (False, 5)

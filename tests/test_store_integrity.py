@@ -1,6 +1,7 @@
-"""Nothing silently wrong (issue 21): an ended run's seal catches a changed value, config or row on every
-read path and the final checkpoint rebuilds it; store damage SQLite itself does not report is refused at
-open; finished means healthy; SIGTERM, repeated Ctrl-C, disk full and read-only folders end cleanly."""
+"""Nothing silently wrong (issue 21): an ended run's seal catches a changed value, config or row on
+every read path and the final checkpoint rebuilds it; store damage SQLite itself does not report is
+refused at open; finished means healthy; SIGTERM, repeated Ctrl-C, disk full and read-only folders
+end cleanly."""
 
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ def test_damage_is_caught_on_every_read_path_and_rebuilt_from_the_final_checkpoi
     assert listed.exit_code == 0
     assert any(line.startswith(run_id) and "damaged" in line for line in listed.stdout.splitlines())
     assert any(line.startswith("other1") and "finished" in line for line in listed.stdout.splitlines())
-    # `train` of the same config: not "already finished" on the damaged record -- rebuilt, then answered
+    # `train` of the same config: not "already finished" on the damaged record -- rebuilt, then
+    # answered
     record = run(dict(CONFIG, runs_dir=str(runs_dir)), progress=False)
     assert record.status == "finished" and record.config["lr"] == 0.05
     with Store(runs_dir / "bnlab.db") as store:
@@ -100,7 +102,8 @@ def test_runs_repair_rebuilds_and_without_a_final_checkpoint_names_the_way_out(t
     checkpoint_path(runs_dir, run_id).unlink()
     refused = runner.invoke(app, ["runs", "repair", run_id, "--runs-dir", str(runs_dir)])
     assert refused.exit_code == 1 and f"bnlab runs delete {run_id}" in refused.output
-    deleted = runner.invoke(app, ["runs", "delete", run_id, "--runs-dir", str(runs_dir)])  # reachable
+    # reachable
+    deleted = runner.invoke(app, ["runs", "delete", run_id, "--runs-dir", str(runs_dir)])
     assert deleted.exit_code == 0, deleted.output
 
 
@@ -197,7 +200,8 @@ def test_sigterm_ends_like_one_ctrl_c_with_a_checkpoint_at_that_step_and_exit_14
 
 
 def test_repeated_ctrl_c_cannot_cut_the_ending_short(tmp_path, monkeypatch):
-    """Ctrl-C, then two more while the run records how it ended: still one clean interrupted ending."""
+    """Ctrl-C, then two more while the run records how it ended: still one clean interrupted
+    ending."""
     from bnlab.callbacks import Callback
     from bnlab.train import RunInterrupted, run
 
@@ -212,7 +216,8 @@ def test_repeated_ctrl_c_cannot_cut_the_ending_short(tmp_path, monkeypatch):
             signal.raise_signal(signal.SIGINT)  # impatient user, during the ending
             signal.raise_signal(signal.SIGINT)
 
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, as in a fresh process
+    # Python's, as in a fresh process
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(RunInterrupted) as caught:
             run(dict(CONFIG, steps=40, runs_dir=str(tmp_path)), callbacks=[CtrlC()], progress=False)
@@ -232,7 +237,8 @@ def test_disk_full_at_a_checkpoint_is_one_line_and_the_previous_one_survives(tmp
     path = checkpoint_path(tmp_path, "r1")
     save_checkpoint(path, {"run_id": "r1", "w": torch.ones(4)})
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (20000, hard))  # `ulimit -f`: Python gets EFBIG, not SIGXFSZ
+    # `ulimit -f`: Python gets EFBIG, not SIGXFSZ
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20000, hard))
     try:
         with pytest.raises(DiskFullError) as caught:
             save_checkpoint(path, {"run_id": "r1", "w": torch.ones(100000)})
@@ -280,7 +286,8 @@ def test_the_catalogues_analysis_shows_a_damaged_run_as_damaged_and_the_others_a
         good, bad = ctx.run("bn"), ctx.run("cbn")
         assert good.status == "finished" and good.series("train_loss") == ([1], [0.5])
         assert bad.status == "damaged" and "bad1" in bad.record["error"] and bad.series("train_loss") == ([], [])
-    with pytest.raises(ValueError, match="unknown preset"):  # a stored preset names a folder: refused
+    # a stored preset names a folder: refused
+    with pytest.raises(ValueError, match="unknown preset"):
         analysis_context("peng-fig2", "../../../outside", runs_dir=tmp_path)
 
 

@@ -162,7 +162,7 @@ def test_unwritable_folder_opens_read_only_by_itself(tmp_path, monkeypatch):
         assert ro.readonly and ro.get_run("r1") is not None
 
 
-# -- durability, lost rows, progress ----------------------------------------------------------------
+# -- durability, lost rows, progress ---------------------------------------------------------------
 
 
 def _rows(n: int) -> list[tuple[int, str, float]]:
@@ -228,7 +228,7 @@ def test_running_runs_show_progress_as_rows_are_flushed(tmp_path):
             store.get_run("r1")
 
 
-# -- end to end: a resumed run with a damaged store or checkpoint ------------------------------------
+# -- end to end: a resumed run with a damaged store or checkpoint ----------------------------------
 
 E2E = dict(model="mlp", data="digits", steps=12, lr=0.05, batch_size=200, seed=3, checkpoint_every=4,
            log_every=1, model_options={"width": 16})
@@ -293,7 +293,7 @@ def test_resume_from_a_corrupted_checkpoint_is_refused_never_finished(tmp_path):
     assert resumed.status == "finished" and resumed.resumed_from == 4
 
 
-# -- two sweeps on one runs dir, reports of read-only or missing runs dirs ----------------------------
+# -- two sweeps on one runs dir, reports of read-only or missing runs dirs -------------------------
 
 
 def test_a_sweep_waits_for_a_run_another_process_holds_instead_of_recording_it_failed(tmp_path, monkeypatch):

@@ -43,7 +43,8 @@ def test_inverse_sigma_moments_and_the_missing_half():
     # SE of mean(1/σ_B²) ≈ sd/√n ≈ 0.6/632 ≈ 1e-3
     assert np.mean(1 / sb) == pytest.approx(e1, abs=2e-3)
     assert np.mean(1 / sb**2) == pytest.approx(e2, abs=5e-3)
-    printed = M * math.exp(special.gammaln((M - 3) / 2) - special.gammaln((M - 1) / 2))  # appendix, no 1/2
+    # appendix, no 1/2
+    printed = M * math.exp(special.gammaln((M - 3) / 2) - special.gammaln((M - 1) / 2))
     assert printed == pytest.approx(2 * e2)
     assert abs(np.mean(1 / sb**2) - printed) > 0.5
 
@@ -106,7 +107,8 @@ def test_wn_curve_reduces_to_sgd_and_is_minimised_at_the_noise_variance():
         assert luo.gen_error_wn(alpha, 1e-9, 0.25) == pytest.approx(luo.gen_error_sgd(alpha, 0.25), rel=1e-5)
     for noise in (0.1, 0.25):
         for alpha in (0.3, 1.0, 2.5):
-            assert luo.optimal_zeta(alpha, noise) == pytest.approx(noise, rel=1e-4)  # Krogh–Hertz optimum
+            # Krogh–Hertz optimum
+            assert luo.optimal_zeta(alpha, noise) == pytest.approx(noise, rel=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ def test_ks_distances_gaussian_inputs():
     crit99 = 1.63 / math.sqrt(n)  # 99% KS critical value
     assert r["ks_xi_mu_normal"] < crit99  # ξ_μ ~ N(0, 1/m) exactly for Gaussian data
     assert r["ks_xi_sigma_chi2"] < crit99  # ξ_σ ~ χ²(m−1)/m exactly
-    assert r["ks_xi_sigma_normal_2_over_m"] > 5 * crit99  # the large-m normal limit is poor at m = 8
+    # the large-m normal limit is poor at m = 8
+    assert r["ks_xi_sigma_normal_2_over_m"] > 5 * crit99
 
 
 def test_non_gaussian_variance_is_kappa_minus_one_over_m():
@@ -45,7 +46,8 @@ def test_non_gaussian_variance_is_kappa_minus_one_over_m():
     mv = r["xi_sigma_var_times_m"]
     assert abs(mv - (kappa - 1)) < abs(mv - kappa)  # (κ−1)/m, not the printed κ/m
     assert mv == pytest.approx(m * var_exact, rel=0.06)
-    assert r["ks_xi_sigma_chi2"] > 5 * 1.63 / math.sqrt(n)  # χ²(m−1)/m is wrong for non-Gaussian data
+    # χ²(m−1)/m is wrong for non-Gaussian data
+    assert r["ks_xi_sigma_chi2"] > 5 * 1.63 / math.sqrt(n)
     assert r["ks_xi_mu_normal"] < 1.63 / math.sqrt(n) * 1.5  # the CLT for ξ_μ is fine at m = 32
 
 

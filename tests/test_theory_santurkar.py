@@ -77,7 +77,8 @@ def test_lemma45_identity_and_scale_invariant_optimum():
         grid_step = 3 * max(r["k"], 1.0) / 20000
         assert abs(r["argmin_c"] - r["k"]) <= grid_step  # kW* is the closest point of the ray
         assert r["bn_loss_at_w_star"] == pytest.approx(0.0, abs=1e-25)
-        assert r["bn_loss_at_k_w_star"] == pytest.approx(0.0, abs=1e-25)  # scaled optimum is an optimum
+        # scaled optimum is an optimum
+        assert r["bn_loss_at_k_w_star"] == pytest.approx(0.0, abs=1e-25)
     with pytest.raises(ValueError, match="k > 0"):
         santurkar.lemma45(np.ones(3), -np.ones(3))
 

@@ -1,4 +1,5 @@
-"""Config validation (before any training), schedules, run identity, and the CLI's error handling."""
+"""Config validation (before any training), schedules, run identity, and the CLI's error
+handling."""
 
 from __future__ import annotations
 
@@ -114,6 +115,7 @@ def test_cli_flags_override_config_file(tmp_path):
 
     record = json.loads(result.stdout.strip().splitlines()[-1])
     assert record["config"]["lr"] == 0.05  # flag beats file
-    assert record["config"]["seed"] == 3 and record["config"]["batch_size"] == 256  # file beats default
+    # file beats default
+    assert record["config"]["seed"] == 3 and record["config"]["batch_size"] == 256
     assert record["config"]["steps"] == 2 and record["config"]["epochs"] is None
     assert record["steps"] == 2 and record["status"] == "finished"

@@ -1,9 +1,9 @@
 """Scale-invariance detection in place (``bnlab.train.optim.find_scale_invariant``) against the
 reference it replaced: every evaluation on a fresh deep copy of the model.
 
-The in-place evaluator must find the same parameters with the same granularities for every registered
-layer, and leave the model exactly as it found it: parameter and buffer values and bindings, step
-counters, layer noise generators, modes, and attributes a forward sets.
+The in-place evaluator must find the same parameters with the same granularities for every
+registered layer, and leave the model exactly as it found it: parameter and buffer values and
+bindings, step counters, layer noise generators, modes, and attributes a forward sets.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def _batch(n=64, d=16, classes=5, seed=0):
 
 
 def _reference(model, batch, rtol=1e-4, seed=0) -> dict[str, str]:
-    """Arora Def. 2.1 by brute force: each evaluation on its own deep copy (the old implementation)."""
+    """Arora Def. 2.1 by brute force: each evaluation on its own deep copy (the old
+    implementation)."""
 
     def loss(edit=None):
         clone = copy.deepcopy(model).train()
@@ -61,7 +62,8 @@ def _reference(model, batch, rtol=1e-4, seed=0) -> dict[str, str]:
 
 
 def _state(model: nn.Module) -> dict:
-    """Everything observable: tensors by name, buffer identity, modes, generator states, attributes."""
+    """Everything observable: tensors by name, buffer identity, modes, generator states,
+    attributes."""
     out = {"tensors": {k: v.clone() for k, v in model.state_dict(keep_vars=True).items()},
            "attr_objects": {(name, k): id(v) for name, m in model.named_modules()
                             for k, v in vars(m).items() if not k.startswith("_")},

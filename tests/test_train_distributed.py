@@ -110,5 +110,6 @@ def test_reproduce_nproc_reaches_every_run_without_probes(tmp_path):
 
     assert _prepare_config(dict(BASE), tmp_path, False, 2)["nproc"] == 2
     assert "nproc" not in _prepare_config({**BASE, "probes": ["grad_norm"]}, tmp_path, False, 2)
-    assert _prepare_config({**BASE, "nproc": 3}, tmp_path, False, 2)["nproc"] == 3  # an arm's own nproc wins
+    # an arm's own nproc wins
+    assert _prepare_config({**BASE, "nproc": 3}, tmp_path, False, 2)["nproc"] == 3
     assert "nproc" not in _prepare_config(dict(BASE), tmp_path, False, None)

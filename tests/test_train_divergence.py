@@ -43,7 +43,8 @@ class Poison(Callback):
 def test_non_finite_running_statistics_diverge(tmp_path):
     record = run(dict(CONFIG, runs_dir=str(tmp_path)), model_factory=bn_mlp, callbacks=[Poison(3)], progress=False)
     assert record.status == "diverged", record
-    assert record.metrics["diverged_step"] == 3 and record.steps == 3  # log_every 1: checked every step
+    # log_every 1: checked every step
+    assert record.metrics["diverged_step"] == 3 and record.steps == 3
     assert "2.running_var" in record.error
     assert math.isfinite(record.metrics["diverged_loss"])  # the loss itself was fine
 
@@ -125,5 +126,6 @@ def test_no_host_sync_per_step(tmp_path, monkeypatch):
 
     run(dict(CONFIG, steps=60, log_every=20, eval_every=1000, runs_dir=str(tmp_path)), model_factory=bn_mlp,
         callbacks=[Mark()], progress=False)
-    reads = steps[60] - steps[2]  # steps 3..60: three checks (20, 40, 60)... the 60th after on_train_batch_end
+    # steps 3..60: three checks (20, 40, 60)... the 60th after on_train_batch_end
+    reads = steps[60] - steps[2]
     assert reads <= 2 * 6, reads  # at most a few reads per check, never ~1 per step

@@ -277,7 +277,7 @@ def test_cli_failed_run_prints_stored_record_and_exits_1(tmp_path, monkeypatch):
     assert record["status"] == "failed" and "evaluation exploded" in record["error"] and record["steps"] == 2
 
 
-# -- clean edges -------------------------------------------------------------------------------------
+# -- clean edges -----------------------------------------------------------------------------------
 
 
 @needs_models
@@ -376,8 +376,9 @@ def test_progress_lines_show_the_last_steps_loss_not_nan(tmp_path, capsys):
 
 @pytest.mark.parametrize("norm", ["mbn", "cbn(rho=2, amat=true)"])
 def test_engine_never_triggers_the_missing_progress_warning(tmp_path, norm):
-    """bnlab.train tells the layers lr and epoch itself, also before the scale-invariance detection's
-    training-mode forward passes: a user must not see the 'training without set_progress' warning."""
+    """bnlab.train tells the layers lr and epoch itself, also before the scale-invariance
+    detection's training-mode forward passes: a user must not see the 'training without
+    set_progress' warning."""
     import warnings
 
     with warnings.catch_warnings():
@@ -403,7 +404,8 @@ def test_ctrl_c_inside_a_store_write_loses_no_rows(tmp_path, monkeypatch):
         return original(self, run_id, rows)
 
     monkeypatch.setattr(Store, "log_rows", log_rows_hit_by_ctrl_c)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, as in a fresh process
+    # Python's, as in a fresh process
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     cfg = dict(model="mlp", norm="bn", data="digits", steps=40, lr=0.1, batch_size=64, log_every=2,
                checkpoint_every=2, runs_dir=str(tmp_path))
     with pytest.raises(RunInterrupted) as caught:

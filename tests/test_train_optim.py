@@ -175,7 +175,8 @@ def relu_bn_mlp(d_in=64, width=32, classes=10):
 
 
 def test_joint_gamma_beta_groups_found_only_before_a_normalized_layer():
-    """Arora App. D: with ReLU, each BN's (γ, β) is scale-invariant as one vector, except the last BN's."""
+    """Arora App. D: with ReLU, each BN's (γ, β) is scale-invariant as one vector, except the last
+    BN's."""
     torch.manual_seed(0)
     model = relu_bn_mlp()
     with torch.no_grad():  # non-trivial γ, β so that a wrong scaling would show

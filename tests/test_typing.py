@@ -1,8 +1,10 @@
-"""mypy is clean on the public API (bnlab.norms, bnlab.probes, bnlab.train), as configured in pyproject.toml.
+"""mypy is clean on the public API (bnlab.norms, bnlab.probes, bnlab.train), as configured in
+pyproject.toml.
 
-The package ships ``py.typed`` (PEP 561), so users' type checkers read these annotations: a wrong one is a
-bug they see. ``[tool.mypy]`` names the packages; this test runs mypy on them in a subprocess (a fresh
-cache in a temporary directory, so a stale cache cannot hide an error) and asserts zero errors.
+The package ships ``py.typed`` (PEP 561), so users' type checkers read these annotations: a wrong
+one is a bug they see. ``[tool.mypy]`` names the packages; this test runs mypy on them in a
+subprocess (a fresh cache in a temporary directory, so a stale cache cannot hide an error) and
+asserts zero errors.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The verdict rule itself (bnlab.experiments.verdicts), measured by simulation: its false-"held" rate under
-an exact null and its false-"not held" rate under the paper's effect, for the generic judge and for Peng's
-Tables 1–4 verdict, at the smoke design and at a design that resolves the paper's effect. The rates are
-printed in docs/readme/experiments.md; the last test checks the docs print what this simulation gives."""
+"""The verdict rule itself (bnlab.experiments.verdicts), measured by simulation: its false-"held"
+rate under an exact null and its false-"not held" rate under the paper's effect, for the generic
+judge and for Peng's Tables 1–4 verdict, at the smoke design and at a design that resolves the
+paper's effect. The rates are printed in docs/readme/experiments.md; the last test checks the docs
+print what this simulation gives."""
 
 import math
 import re
@@ -31,7 +32,8 @@ def _judge_rates(effect: float, design: Design, seed: int) -> dict[str, float]:
 def _table_rates(
     gains: dict[str, float], sd: float, n: int, seed: int, table: int = 1
 ) -> dict[str, float]:
-    """Peng's table verdict on simulated accuracies: BN ~ N(0.8, sd), CBN ~ N(0.8 + gain, sd), clipped."""
+    """Peng's table verdict on simulated accuracies: BN ~ N(0.8, sd), CBN ~ N(0.8 + gain, sd),
+    clipped."""
     gen = np.random.default_rng(seed)
     design = PV.table_design(table)
     design = Design(
@@ -54,13 +56,15 @@ def _table_rates(
 
 PAPER_GAINS = {a: PV.paper_gain(1, a) / 100 for a in ACTIVATIONS}
 NULL = {a: 0.0 for a in ACTIVATIONS}
-# (name, sd per activation, seeds): today's smoke design, and one that resolves the paper's effect (3 points
-# per activation, 5 seeds: the scenario in which the old rule said "held" only 20 % of the time, issue 19)
+# (name, sd per activation, seeds): today's smoke design, and one that resolves the paper's effect
+# (3 points per activation, 5 seeds: the scenario in which the old rule said "held" only 20 % of the
+# time, issue 19)
 DESIGNS = {"smoke": (PV.SMOKE_SD, 3), "resolving": (0.03, 5)}
 
 
 def simulated_rates() -> dict[str, dict[str, float]]:
-    """False "held" under the null and false "not held" under the paper's effect, per design (seeded)."""
+    """False "held" under the null and false "not held" under the paper's effect, per design
+    (seeded)."""
     out = {}
     for i, (name, (sd, n)) in enumerate(DESIGNS.items()):
         null = _table_rates(NULL, sd, n, seed=10 + i)
@@ -80,23 +84,27 @@ def rates():
 
 
 def test_judge_error_rates_are_bounded_by_the_rule():
-    """Generic judge, a design whose resolvable effect is below the paper's: false "held" under the null and
-    false "not held" under the paper's effect each ≤ α/2 = 2.5 % (plus Monte-Carlo error, 3 SE ≈ 1.5 %)."""
+    """Generic judge, a design whose resolvable effect is below the paper's: false "held" under the
+    null and false "not held" under the paper's effect each ≤ α/2 = 2.5 % (plus Monte-Carlo error, 3
+    SE ≈ 1.5 %)."""
     design = Design("b − a", 1.0, 0.45, 5, "simulation")
     assert design.resolves_paper()
     null, paper = _judge_rates(0.0, design, 1), _judge_rates(1.0, design, 2)
     assert null["held"] <= 0.025 + 0.015 and paper["not held"] <= 0.025 + 0.015
-    # and it has power: the paper's effect is "held" about 80 % of the time or more, the null "not held" too
+    # and it has power: the paper's effect is "held" about 80 % of the time or more, the null "not
+    # held" too
     assert paper["held"] >= 0.7 and null["not held"] >= 0.7
 
 
 def test_old_rule_was_worse(rates):
-    """The old rule (observed-SD MDE, no floor) said "not held" for the paper's effect with seeds that agree by
-    chance; the new one's false "not held" under the paper's effect is ≤ 4 % at both designs."""
+    """The old rule (observed-SD MDE, no floor) said "not held" for the paper's effect with seeds
+    that agree by chance; the new one's false "not held" under the paper's effect is ≤ 4 % at both
+    designs."""
     for name, r in rates.items():
         assert r["false not held (paper)"] <= 0.04, (name, r)
         assert r["false held (null)"] <= 0.04, (name, r)
-    # the resolving design decides: the paper's effect is held, the null is not held, most of the time
+    # the resolving design decides: the paper's effect is held, the null is not held, most of the
+    # time
     assert (
         rates["resolving"]["held (paper)"] >= 0.8 and rates["resolving"]["not held (null)"] >= 0.8
     )
@@ -105,14 +113,15 @@ def test_old_rule_was_worse(rates):
 
 
 def test_se_floor_keeps_near_identical_arms_from_p_zero():
-    """One test image of difference between arms whose seeds agree exactly (Welch SE = 0): the old rule
-    gave p = 0 ("higher"); with the binomial floor on 359 test images it is not significant."""
+    """One test image of difference between arms whose seeds agree exactly (Welch SE = 0): the old
+    rule gave p = 0 ("higher"); with the binomial floor on 359 test images it is not significant."""
     one_image = 1 / 359
     assert compare_arms([0.1] * 3, [0.1 + one_image] * 3).p < 1e-6  # no floor: "significant"
     c = compare_arms([0.1] * 3, [0.1 + one_image] * 3, n_test=359)
     assert c.decision == "no detectable difference" and c.p > 0.5
     assert c.se == pytest.approx(binomial_floor(0.1, 0.1 + one_image, 359, 3, 3))
-    # the floor against a binomial simulation of 359-image test sets: its SE is the simulated SD of the diff
+    # the floor against a binomial simulation of 359-image test sets: its SE is the simulated SD of
+    # the diff
     gen = np.random.default_rng(0)
     diffs = (
         gen.binomial(359, 0.8, (20000, 3)).mean(1) / 359
@@ -122,9 +131,10 @@ def test_se_floor_keeps_near_identical_arms_from_p_zero():
 
 
 def test_divergence_counts_against_the_arm():
-    """CBN + SELU diverging (chance accuracy) beside a trained BN arm: with every seed diverged, not held (the
-    old rule dropped them: "no finished runs", inconclusive); with 2 of 3 diverged the arm keeps its 3 values
-    (the old rule: "too few seeds") and the spread they make is what the verdict weighs."""
+    """CBN + SELU diverging (chance accuracy) beside a trained BN arm: with every seed diverged, not
+    held (the old rule dropped them: "no finished runs", inconclusive); with 2 of 3 diverged the arm
+    keeps its 3 values (the old rule: "too few seeds") and the spread they make is what the verdict
+    weighs."""
     cells = {}
     for act in ACTIVATIONS:
         cells[("①", act)] = [0.80, 0.81, 0.79]
@@ -141,7 +151,8 @@ def test_divergence_counts_against_the_arm():
 def test_holm_matches_statsmodels_definition():
     p = {"a": 0.01, "b": 0.04, "c": 0.03, "d": None}
     adj = holm(p)
-    # by hand from Holm (1979): sorted 0.01, 0.03, 0.04 → 3·0.01, max(0.03, 2·0.03), max(0.06, 1·0.04)
+    # by hand from Holm (1979): sorted 0.01, 0.03, 0.04 → 3·0.01, max(0.03, 2·0.03), max(0.06,
+    # 1·0.04)
     assert adj == {
         "a": pytest.approx(0.03),
         "c": pytest.approx(0.06),

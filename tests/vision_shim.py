@@ -14,7 +14,8 @@ from bnlab.models.vision_compat import VisionImportError, import_timm, import_to
 
 
 def import_or_skip(name: str):
-    """``torchvision`` or ``timm`` (through bnlab.models.vision_compat), or skip the calling test."""
+    """``torchvision`` or ``timm`` (through bnlab.models.vision_compat), or skip the calling
+    test."""
     if name not in ("torchvision", "timm"):
         raise ValueError(f"vision_shim imports torchvision or timm, not {name!r}")
     try:
@@ -27,8 +28,9 @@ VISION_MODELS = ("torchvision.resnet18", "timm.resnet18", "timm.efficientnet_b0"
 
 
 def build(name: str, generator: torch.Generator) -> torch.nn.Module:
-    """A torchvision/timm model (random init, no pretrained weights) in eval mode, with every BatchNorm's
-    running statistics and affine parameters drawn at random, so that eval outputs depend on all of them."""
+    """A torchvision/timm model (random init, no pretrained weights) in eval mode, with every
+    BatchNorm's running statistics and affine parameters drawn at random, so that eval outputs
+    depend on all of them."""
     package, _, model = name.partition(".")
     if name not in VISION_MODELS:
         raise ValueError(f"unknown test model {name!r}; valid: {', '.join(VISION_MODELS)}")
