@@ -78,6 +78,11 @@ class CompleteBatchNorm(ChannelNorm):
     ``bnlab.norms.track`` do it); training without it warns once and runs with η = 0.
     """
 
+    # running_var holds σ²_A − (off + β)², a signed part of the eval divisor (negative when β grew
+    # faster than the moving second moment followed): not a variance the health check may hold to
+    # be ≥ 0 (bnlab.train.health.variance_buffers). amat_var, a second moment, is checked.
+    signed_buffers = ("running_var",)
+
     amat_mean: Tensor  # buffers, declared for the type checker (see ChannelNorm)
     amat_var: Tensor
     _eta: Tensor

@@ -24,12 +24,19 @@ _VARIANCE_NAMES = ("var", "std")
 
 
 def variance_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Floating buffers that are variances by name (``running_var``, ``amat_var``, ...)."""
-    return [
-        (name, b)
-        for name, b in model.named_buffers()
-        if b.is_floating_point() and b.numel() and name.rpartition(".")[2].endswith(_VARIANCE_NAMES)
-    ]
+    """Floating buffers that are variances by name (``running_var``, ``amat_var``, ...), less those
+    a module lists in ``signed_buffers``: buffers named like a variance that hold a signed part of
+    one (Complete BN's ``running_var`` is σ²_A − (off + β)², negative whenever β grew while the
+    moving second moment σ²_A still remembers the smaller one; its eval divisor stays positive)."""
+    found = []
+    for prefix, module in model.named_modules():
+        signed = getattr(module, "signed_buffers", ())
+        for name, b in module.named_buffers(recurse=False):
+            if name in signed or not (b.is_floating_point() and b.numel()):
+                continue
+            if name.endswith(_VARIANCE_NAMES):
+                found.append((f"{prefix}.{name}" if prefix else name, b))
+    return found
 
 
 def check_variances(named: Sequence[tuple[str, torch.Tensor]], step: int, loss: float) -> None:
