@@ -8,7 +8,9 @@ import torch
 
 from bnlab.norms import CompleteBatchNorm
 
-from .base import PROBES, Probe, ProbeContext, bn_affine, bn_layers, cbn_rho, channels_first, select_layers
+from .base import (
+    PROBES, Probe, ProbeContext, bn_affine, bn_layers, cbn_rho, channels_first, select_layers,
+)
 from .bn_stats import _bn_inputs, _quantiles
 
 
@@ -21,8 +23,9 @@ class CBNRatiosProbe(Probe):
     moment of x' = x − μ_B + β for decoupled CBN (Eq. 5: var_B + β²) and the batch variance
     otherwise, ε added. Theorem 2 assumes 0 ≤ η ≤ 2 and Theorem 3 0 < τ < 1. Records
     ``eta_q05|q50|q95/<layer>``, ``eta_in_range/<layer>`` (fraction of channels with 0 ≤ η ≤ 2) and
-    the same for ``tau`` (0 < τ < 1). For non-CBN layers the same formulas are applied (ρ = 1, β the
-    layer's shift) for comparison.
+    the same for ``tau`` (0 < τ < 1), and ``var_share_q50/<layer>``, the median over channels of
+    var_B/(var_B + β²), the batch variance's share of decoupled CBN's divisor (Eq. 5). For non-CBN
+    layers the same formulas are applied (ρ = 1, β the layer's shift) for comparison.
 
     Cost: 1 forward pass.
     """
@@ -40,7 +43,8 @@ class CBNRatiosProbe(Probe):
         # E[x] ≈ μ_A as the training forward of this step left it (read before our own forward).
         moving = {}
         for name, module in layers:
-            buf = getattr(module, "amat_mean", None) if isinstance(module, CompleteBatchNorm) else None
+            buf = (getattr(module, "amat_mean", None) if isinstance(module, CompleteBatchNorm)
+                   else None)
             buf = buf if buf is not None else getattr(module, "running_mean", None)
             if buf is not None:
                 moving[name] = buf.detach().clone()
@@ -54,10 +58,17 @@ class CBNRatiosProbe(Probe):
             gamma, beta = bn_affine(module, mean_b)
             expected = moving[name].double() if name in moving else mean_b
             eta = (mean_b - beta) / expected
-            second = var_b + beta**2 if isinstance(module, CompleteBatchNorm) and module.decouple else var_b
-            tau = gamma / (cbn_rho(module) * torch.sqrt(second + float(getattr(module, "eps", 0.0))))
+            decoupled = isinstance(module, CompleteBatchNorm) and module.decouple
+            second = var_b + beta**2 if decoupled else var_b
+            tau = gamma / (
+                cbn_rho(module) * torch.sqrt(second + float(getattr(module, "eps", 0.0)))
+            )
             _quantiles(eta, "eta", name, out)
             _quantiles(tau, "tau", name, out)
             out[f"eta_in_range/{name}"] = float(((eta >= 0) & (eta <= 2)).double().mean())
             out[f"tau_in_range/{name}"] = float(((tau > 0) & (tau < 1)).double().mean())
+            # the batch variance's share of decoupled CBN's divisor var_B + β² (Eq. 5); near 0, β
+            # swamps the batch and the layer no longer normalizes it (issue 19's width-½ failure)
+            share = var_b / (var_b + beta**2).clamp_min(torch.finfo(var_b.dtype).tiny)
+            out[f"var_share_q50/{name}"] = float(share.median())
         return out
