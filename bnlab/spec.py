@@ -49,7 +49,8 @@ def parse(spec: str, what: str = "spec") -> tuple[str, dict[str, str]]:
             key, sep, text = item.partition("=")
             key = key.strip()
             if not sep or not key.isidentifier():
-                raise ValueError(f"in {what} {spec!r}: {item.strip()!r} is not of the form key=value")
+                raise ValueError(f"in {what} {spec!r}: {item.strip()!r} is not of the form "
+                                 "key=value")
             if key in raw:
                 raise ValueError(f"in {what} {spec!r}: {key!r} given twice")
             raw[key] = text.strip()
@@ -199,7 +200,8 @@ class Param:
     def convert(self, owner: str, key: str, raw: Any, text: bool = False) -> Any:
         """``raw`` (spec text when ``text``, else a Python/YAML value) as this parameter's value."""
         where = f"{owner}: {key}={raw!r}"
-        is_none = raw is None or (isinstance(raw, str) and raw.strip().strip("'\"").lower() in NONE_WORDS)
+        is_none = raw is None or (isinstance(raw, str)
+                                  and raw.strip().strip("'\"").lower() in NONE_WORDS)
         if is_none and (self.nullable or (self.type is None and (raw is None or text))):
             return None
         if self.type is None:
@@ -208,12 +210,13 @@ class Param:
             items = read_value(raw) if isinstance(raw, str) else raw
             if not isinstance(items, (list, tuple)):
                 raise ValueError(f"{where}: expected a list")
-            value = tuple(self._check(f"{owner}: {key}", _coerce(v, self.item, where), raw) if self.item else v
-                          for v in items)
+            value = tuple(self._check(f"{owner}: {key}", _coerce(v, self.item, where), raw)
+                          if self.item else v for v in items)
         else:
             value = self._check(f"{owner}: {key}", _coerce(raw, self.type, where), raw)
         if self.choices is not None and value not in self.choices:
-            raise ValueError(f"{where} is not allowed; valid values: {', '.join(map(format_value, self.choices))}")
+            raise ValueError(f"{where} is not allowed; valid values: "
+                             f"{', '.join(map(format_value, self.choices))}")
         return value
 
     def _check(self, where: str, value: Any, raw: Any) -> Any:
@@ -268,7 +271,8 @@ def params_from_signature(fn: Callable, skip: tuple[str, ...] = (),
             continue
         match = _ANNOTATION.match(p.annotation) if isinstance(p.annotation, str) else None
         if match:
-            typ, nullable = {"bool": bool, "int": int, "float": float, "str": str}[match[1]], bool(match[2])
+            typ = {"bool": bool, "int": int, "float": float, "str": str}[match[1]]
+            nullable = bool(match[2])
         elif isinstance(p.annotation, type) and p.annotation in (bool, int, float, str):
             typ, nullable = p.annotation, False
         else:
@@ -308,7 +312,8 @@ class Entry(Generic[T]):
         """The default spec, e.g. ``grad_stats(every=1, k=8, per_layer=false)``."""
         if not self.params:
             return self.name
-        return f"{self.name}({', '.join(f'{k}={format_value(p.default)}' for k, p in self.params.items())})"
+        defaults = ", ".join(f"{k}={format_value(p.default)}" for k, p in self.params.items())
+        return f"{self.name}({defaults})"
 
 
 class Registry(Mapping[str, T]):
@@ -372,7 +377,8 @@ class Registry(Mapping[str, T]):
         key = self._normalize(name) if self._normalize and isinstance(name, str) else name
         if not isinstance(key, str) or key not in self._entries:
             names = sorted(self._entries) if self._sort_names else self._entries
-            raise ValueError(f"unknown {self.kind} {name!r}; valid {self.names_label}: {', '.join(names)}")
+            raise ValueError(f"unknown {self.kind} {name!r}; valid {self.names_label}: "
+                             f"{', '.join(names)}")
         return self._entries[key]
 
     def resolve(self, name: str, options: Mapping[str, Any], *, defaults: bool = True,

@@ -60,7 +60,8 @@ class DataSource:
         self.input_shape = tuple(int(s) for s in self.input_shape)
         if (self.x_test is None) != (self.y_test is None):
             raise ValueError("x_test and y_test must both be tensors or both be None")
-        for split, x, y in (("train", self.x_train, self.y_train), ("test", self.x_test, self.y_test)):
+        for split, x, y in (("train", self.x_train, self.y_train),
+                            ("test", self.x_test, self.y_test)):
             if x is None:
                 continue
             if tuple(x.shape[1:]) != self.input_shape:
@@ -69,7 +70,8 @@ class DataSource:
                     f"expected input_shape {self.input_shape}"
                 )
             if x.shape[0] != y.shape[0]:
-                raise ValueError(f"x_{split} has {x.shape[0]} samples but y_{split} has {y.shape[0]}")
+                raise ValueError(f"x_{split} has {x.shape[0]} samples but y_{split} has "
+                                 f"{y.shape[0]}")
 
     @property
     def n_train(self) -> int:
@@ -135,7 +137,8 @@ def as_int(name: str, value, *, minimum: int | None = None) -> int:
     return result
 
 
-def as_float(name: str, value, *, minimum: float | None = None, strictly_positive: bool = False) -> float:
+def as_float(name: str, value, *, minimum: float | None = None,
+             strictly_positive: bool = False) -> float:
     if isinstance(value, bool):
         raise ValueError(f"option {name} must be a number, got {value!r}")
     try:
@@ -180,7 +183,8 @@ def _spelling(name: str) -> str:
 # name -> loader(*, device, seed, data_dir, verify, download, **options) -> DataSource; the options
 # are the typed bnlab.spec Params each @source declares. Names are case-insensitive and '-' may
 # stand for '_'.
-SOURCES: Registry = Registry("data source", names_label="choices", key_label="option", normalize=_spelling)
+SOURCES: Registry = Registry("data source", names_label="choices", key_label="option",
+                             normalize=_spelling)
 
 
 def source(name: str, params: dict[str, Param] | None = None):

@@ -30,12 +30,15 @@ def resolve_batch_size(batch_size, n: int) -> int:
         if isinstance(batch_size, float) and not batch_size.is_integer():
             raise ValueError
     except (TypeError, ValueError):
-        raise ValueError(f"batch_size must be a positive integer or 'full', got {batch_size!r}") from None
+        raise ValueError(
+            f"batch_size must be a positive integer or 'full', got {batch_size!r}"
+        ) from None
     if value < 1:
         raise ValueError(f"batch_size must be a positive integer or 'full', got {batch_size!r}")
     if value > n:
         raise ValueError(
-            f"batch_size {value} is larger than the {n} samples; use at most {n}, or 'full' for full batch"
+            f"batch_size {value} is larger than the {n} samples; use at most {n}, or 'full' for "
+            "full batch"
         )
     return value
 
@@ -78,7 +81,9 @@ def batches(
     size = resolve_batch_size(batch_size, n)
     if (shuffle and size < n) or augment is not None:
         if not isinstance(generator, torch.Generator):
-            raise ValueError("batches needs a torch.Generator (generator=...) to shuffle or augment")
+            raise ValueError(
+                "batches needs a torch.Generator (generator=...) to shuffle or augment"
+            )
 
     def finish(xb, yb):
         if augment is not None:
@@ -103,7 +108,8 @@ def _iterate(x, y, n, size, shuffle, drop_last, generator, finish):
     order_x = order.to(x.device)
     order_y = order_x if y.device == x.device else order.to(y.device)
     for start in range(0, stop, size):
-        yield finish(x.index_select(0, order_x[start : start + size]), y.index_select(0, order_y[start : start + size]))
+        yield finish(x.index_select(0, order_x[start : start + size]),
+                     y.index_select(0, order_y[start : start + size]))
 
 
 def crop_flip_draws(

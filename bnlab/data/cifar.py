@@ -48,8 +48,9 @@ from .safe_pickle import RestrictedUnpickler, restricted_loads
 
 # Public names of the CIFAR loader, wherever they are defined (bnlab.data.cifar is the documented
 # module).
-__all__ = ["DATA_ENV", "DEFAULT_DATA_DIR", "LAYOUTS", "PUBLISHED_MD5", "CifarLayout", "RestrictedUnpickler", "cifar10",
-           "cifar100", "download_cifar", "md5_of", "resolve_data_dir", "restricted_loads", "write_cifar_like"]
+__all__ = ["DATA_ENV", "DEFAULT_DATA_DIR", "LAYOUTS", "PUBLISHED_MD5", "CifarLayout",
+           "RestrictedUnpickler", "cifar10", "cifar100", "download_cifar", "md5_of",
+           "resolve_data_dir", "restricted_loads", "write_cifar_like"]
 
 
 def _candidates(root: Path, layout: CifarLayout):
@@ -66,14 +67,15 @@ def _folder_complete(folder: Path, layout: CifarLayout) -> bool:
     return all((folder / f).is_file() for f in layout.train_files + layout.test_files)
 
 
-def _not_found(layout: CifarLayout, root: Path, origin: str, looked: list[Path], extra: str = "") -> DataNotFoundError:
+def _not_found(layout: CifarLayout, root: Path, origin: str, looked: list[Path],
+               extra: str = "") -> DataNotFoundError:
     where = "\n".join(f"  - {p.resolve()}" for p in looked)
     return DataNotFoundError(
         f"{layout.title} not found. Looked in {root.resolve()} (from {origin}) for:\n{where}\n"
         f"{extra}To obtain it, download {layout.url} (the 'python version', MD5 "
-        f"{PUBLISHED_MD5[layout.archive]}) into {root.resolve()} — the .tar.gz can stay packed — or pass "
-        f"--data-dir / set ${DATA_ENV} to where it is, or rerun with --download (download=True, needs "
-        f"network access)."
+        f"{PUBLISHED_MD5[layout.archive]}) into {root.resolve()} — the .tar.gz can stay packed — "
+        f"or pass --data-dir / set ${DATA_ENV} to where it is, or rerun with --download "
+        "(download=True, needs network access)."
     )
 
 
@@ -98,7 +100,8 @@ def _decode_batch(obj, source: str, layout: CifarLayout) -> tuple[np.ndarray, np
             f"{source}: missing key 'data' or '{layout.label_key.decode()}' (found keys: {keys}); "
             f"is this a {layout.title} file?"
         )
-    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
+    if (not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2
+            or data.shape[1] != 3072):
         desc = f"{type(data).__name__} {getattr(data, 'dtype', '')} {getattr(data, 'shape', '')}"
         raise DataError(f"{source}: 'data' must be a uint8 array of shape (n, 3072), got {desc}")
     try:
@@ -109,7 +112,8 @@ def _decode_batch(obj, source: str, layout: CifarLayout) -> tuple[np.ndarray, np
         raise DataError(f"{source}: {labels.shape} labels for {data.shape[0]} images")
     if labels.size and (labels.min() < 0 or labels.max() >= layout.num_classes):
         raise DataError(
-            f"{source}: labels must lie in [0, {layout.num_classes}), found [{labels.min()}, {labels.max()}]"
+            f"{source}: labels must lie in [0, {layout.num_classes}), found [{labels.min()}, "
+            f"{labels.max()}]"
         )
     return data, labels
 
@@ -117,7 +121,8 @@ def _decode_batch(obj, source: str, layout: CifarLayout) -> tuple[np.ndarray, np
 def _decode_names(obj, source: str, layout: CifarLayout) -> list[str] | None:
     names = _get(obj, layout.label_names_key) if isinstance(obj, dict) else None
     if not isinstance(names, list) or len(names) != layout.num_classes:
-        raise DataError(f"{source}: expected {layout.num_classes} '{layout.label_names_key.decode()}'")
+        raise DataError(f"{source}: expected {layout.num_classes} "
+                        f"'{layout.label_names_key.decode()}'")
     return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
 
 
@@ -137,8 +142,8 @@ class _FolderReader:
             data = path.read_bytes()
         except FileNotFoundError:
             raise DataNotFoundError(
-                f"{self.layout.title}: {path} is missing from the extracted folder {self.folder}. Download "
-                f"{self.layout.url} again (or pass --download / download=True)."
+                f"{self.layout.title}: {path} is missing from the extracted folder {self.folder}. "
+                f"Download {self.layout.url} again (or pass --download / download=True)."
             ) from None
         if self.verify:  # checked on the bytes in memory, so what is verified is what is unpickled
             check_md5(md5_of(data), f"{self.layout.folder}/{name}", str(path), self.layout)
@@ -158,8 +163,9 @@ class _ArchiveReader:
             self.members = {m.name: m for m in self.tar.getmembers()}
         except (tarfile.TarError, OSError, EOFError) as exc:
             raise DataError(
-                f"{layout.title}: could not read the archive {archive} ({type(exc).__name__}: {exc}). It is "
-                f"corrupt or truncated; delete it and download {layout.url} again (or pass --download)."
+                f"{layout.title}: could not read the archive {archive} ({type(exc).__name__}: "
+                f"{exc}). It is corrupt or truncated; delete it and download {layout.url} again "
+                "(or pass --download)."
             ) from exc
 
     def has(self, name: str) -> bool:
@@ -173,15 +179,16 @@ class _ArchiveReader:
         member = self.members.get(member_name)
         if member is None or not member.isfile():
             raise DataError(
-                f"{self.layout.title}: the archive {self.archive} has no file {member_name}; it is not the "
-                f"official release. Download {self.layout.url} again."
+                f"{self.layout.title}: the archive {self.archive} has no file {member_name}; it is "
+                f"not the official release. Download {self.layout.url} again."
             )
         try:
             return self.tar.extractfile(member).read()
         except (tarfile.TarError, OSError, EOFError) as exc:
             raise DataError(
                 f"{self.layout.title}: could not read {member_name} from {self.archive} "
-                f"({type(exc).__name__}: {exc}); the archive is corrupt — download {self.layout.url} again."
+                f"({type(exc).__name__}: {exc}); the archive is corrupt — download "
+                f"{self.layout.url} again."
             ) from exc
 
     def close(self) -> None:
@@ -205,7 +212,8 @@ def _open(layout: CifarLayout, data_dir, verify: bool, download: bool):
         return _ArchiveReader(archive, layout, verify), archive
     extra = ""
     if incomplete:
-        missing = [f for f in layout.train_files + layout.test_files if not (incomplete[0] / f).is_file()]
+        missing = [f for f in layout.train_files + layout.test_files
+                   if not (incomplete[0] / f).is_file()]
         extra = f"The folder {incomplete[0]} exists but lacks {', '.join(missing)}.\n"
     raise _not_found(layout, root, origin, looked, extra)
 
@@ -229,7 +237,8 @@ def _channel_stats(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.array(means), np.array(stds)
 
 
-def _read_splits(reader, layout: CifarLayout) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[str] | None]:
+def _read_splits(reader, layout: CifarLayout
+                 ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[str] | None]:
     """Every batch file decoded (restricted unpickling, then validation): uint8 images (n, 3,
     32, 32) and int64 labels per split, and the class names when the meta file is there."""
     splits = {}
@@ -237,13 +246,15 @@ def _read_splits(reader, layout: CifarLayout) -> tuple[dict[str, tuple[np.ndarra
         parts = []
         for f in files:
             source = reader.describe(f)
-            parts.append(_decode_batch(restricted_loads(reader.read(f), source=source), source, layout))
+            parts.append(_decode_batch(restricted_loads(reader.read(f), source=source), source,
+                                       layout))
         images = np.concatenate([p[0] for p in parts]).reshape(-1, 3, 32, 32)
         splits[split] = (images, np.concatenate([p[1] for p in parts]))
     classes = None
     if reader.has(layout.meta_file):
         source = reader.describe(layout.meta_file)
-        classes = _decode_names(restricted_loads(reader.read(layout.meta_file), source=source), source, layout)
+        classes = _decode_names(restricted_loads(reader.read(layout.meta_file), source=source),
+                                source, layout)
     return splits, classes
 
 
@@ -257,7 +268,8 @@ def _first(images: np.ndarray, labels: np.ndarray, n: int | None, option: str, s
 
 
 def _load(
-    layout: CifarLayout, *, device, data_dir, verify: bool, download: bool, n_train, n_test, normalize
+    layout: CifarLayout, *, device, data_dir, verify: bool, download: bool, n_train, n_test,
+    normalize
 ) -> DataSource:
     if not isinstance(normalize, bool):
         raise ValueError(f"option normalize must be true or false, got {normalize!r}")
@@ -317,7 +329,8 @@ CIFAR_OPTIONS = {"n_train": count(None, 0, "keep the first n training images (no
 
 @source("cifar10", CIFAR_OPTIONS)
 def cifar10(
-    *, device="cpu", seed=0, data_dir=None, verify=True, download=False, n_train=None, n_test=None, normalize=True
+    *, device="cpu", seed=0, data_dir=None, verify=True, download=False, n_train=None, n_test=None,
+    normalize=True
 ) -> DataSource:
     """CIFAR-10 (50000 train / 10000 test, 10 classes) as float32 ``(n, 3, 32, 32)``, int64 labels.
 
@@ -329,17 +342,18 @@ def cifar10(
     ``n_train``/``n_test`` keep the first images of each split (for quick runs). ``seed`` is unused
     (loading involves no randomness). See the module docstring for verification and safety.
     """
-    return _load(LAYOUTS["cifar10"], device=device, data_dir=data_dir, verify=verify, download=download,
-                 n_train=n_train, n_test=n_test, normalize=normalize)
+    return _load(LAYOUTS["cifar10"], device=device, data_dir=data_dir, verify=verify,
+                 download=download, n_train=n_train, n_test=n_test, normalize=normalize)
 
 
 @source("cifar100", CIFAR_OPTIONS)
 def cifar100(
-    *, device="cpu", seed=0, data_dir=None, verify=True, download=False, n_train=None, n_test=None, normalize=True
+    *, device="cpu", seed=0, data_dir=None, verify=True, download=False, n_train=None, n_test=None,
+    normalize=True
 ) -> DataSource:
     """CIFAR-100 (50000 train / 10000 test) with the 100 *fine* labels; otherwise as `cifar10`.
 
     Looks for ``cifar-100-python/`` or ``cifar-100-python.tar.gz``.
     """
-    return _load(LAYOUTS["cifar100"], device=device, data_dir=data_dir, verify=verify, download=download,
-                 n_train=n_train, n_test=n_test, normalize=normalize)
+    return _load(LAYOUTS["cifar100"], device=device, data_dir=data_dir, verify=verify,
+                 download=download, n_train=n_train, n_test=n_test, normalize=normalize)

@@ -34,7 +34,8 @@ def _fixture_files(layout, n_per_file: int, seed: int) -> dict[str, bytes]:
             files[f"{layout.folder}/{fname}"] = pickle.dumps(record, protocol=2)
     names_list = [f"class_{c}".encode() for c in range(layout.num_classes)]
     if layout.name == "cifar100":
-        meta = {b"fine_label_names": names_list, b"coarse_label_names": [f"super_{c}".encode() for c in range(20)]}
+        meta = {b"fine_label_names": names_list,
+                b"coarse_label_names": [f"super_{c}".encode() for c in range(20)]}
     else:
         meta = {b"num_cases_per_batch": n_per_file, b"label_names": names_list, b"num_vis": 3072}
     files[f"{layout.folder}/{layout.meta_file}"] = pickle.dumps(meta, protocol=2)

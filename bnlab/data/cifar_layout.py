@@ -104,9 +104,10 @@ def check_md5(actual: str, key: str, where: str, layout: CifarLayout) -> None:
     if actual != expected:
         raise ChecksumError(
             f"{layout.title}: checksum mismatch for {where}: MD5 {actual}, expected the published "
-            f"{expected}. The file is corrupt, truncated or not the official release. Delete it and "
-            f"download {layout.url} again (or pass --download / download=True). If you made this file "
-            f"yourself, load it with --no-verify (verify=False); the restricted unpickler still guards it."
+            f"{expected}. The file is corrupt, truncated or not the official release. Delete it "
+            f"and download {layout.url} again (or pass --download / download=True). If you made "
+            "this file yourself, load it with --no-verify (verify=False); the restricted unpickler "
+            "still guards it."
         )
 
 
@@ -118,4 +119,5 @@ def resolve_data_dir(data_dir=None) -> tuple[Path, str]:
     env = os.environ.get(DATA_ENV)
     if env:
         return Path(env).expanduser(), f"${DATA_ENV}"
-    return Path(DEFAULT_DATA_DIR), f"the default ./{DEFAULT_DATA_DIR} (neither --data-dir nor ${DATA_ENV} set)"
+    return (Path(DEFAULT_DATA_DIR),
+            f"the default ./{DEFAULT_DATA_DIR} (neither --data-dir nor ${DATA_ENV} set)")

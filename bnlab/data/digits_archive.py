@@ -33,8 +33,8 @@ def load_digits_arrays(path: Path = DIGITS_FILE) -> tuple[np.ndarray, np.ndarray
     raw = Path(path).read_bytes()
     digest = hashlib.sha256(raw).hexdigest()
     if digest != DIGITS_SHA256:
-        raise ChecksumError(f"{path} has sha256 {digest}, not the shipped file's {DIGITS_SHA256}: it is "
-                            "corrupt or was replaced; reinstall bnlab")
+        raise ChecksumError(f"{path} has sha256 {digest}, not the shipped file's {DIGITS_SHA256}: "
+                            "it is corrupt or was replaced; reinstall bnlab")
     with np.load(io.BytesIO(raw), allow_pickle=False) as archive:
         return archive["images"], archive["target"]
 
@@ -44,7 +44,9 @@ def save_digits_arrays(path: Path, images: np.ndarray, target: np.ndarray) -> st
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
         for name, array in zip(_ARRAYS, (images, target)):
             buffer = io.BytesIO()
-            np.lib.format.write_array(buffer, np.ascontiguousarray(array, dtype=np.uint8), allow_pickle=False)
+            np.lib.format.write_array(buffer, np.ascontiguousarray(array, dtype=np.uint8),
+                                      allow_pickle=False)
             entry = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            archive.writestr(entry, buffer.getvalue(), compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+            archive.writestr(entry, buffer.getvalue(), compress_type=zipfile.ZIP_DEFLATED,
+                             compresslevel=9)
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()

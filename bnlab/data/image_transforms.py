@@ -37,7 +37,8 @@ def resize_shorter(image: torch.Tensor, size: int) -> torch.Tensor:
     x = image.unsqueeze(0).float()
     if (new_h, new_w) == (h, w):
         return x[0]
-    return F.interpolate(x, size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True)[0]
+    return F.interpolate(x, size=(new_h, new_w), mode="bilinear", align_corners=False,
+                         antialias=True)[0]
 
 
 def center_crop(image: torch.Tensor, size: int) -> torch.Tensor:
@@ -66,9 +67,10 @@ def crop_boxes(n: int, height: int, width: int, generator: torch.Generator, *, s
     images): areas ``(n, 10)``, log ratios ``(n, 10)``, positions ``(n, 2)``, flips ``(n,)``.
     """
     area = height * width
-    shares = torch.empty(n, ATTEMPTS, dtype=torch.float64).uniform_(scale[0], scale[1], generator=generator)
-    logs = torch.empty(n, ATTEMPTS, dtype=torch.float64).uniform_(math.log(ratio[0]), math.log(ratio[1]),
-                                                                  generator=generator)
+    shares = torch.empty(n, ATTEMPTS, dtype=torch.float64).uniform_(scale[0], scale[1],
+                                                                    generator=generator)
+    logs = torch.empty(n, ATTEMPTS, dtype=torch.float64).uniform_(
+        math.log(ratio[0]), math.log(ratio[1]), generator=generator)
     position = torch.rand(n, 2, dtype=torch.float64, generator=generator)
     flip = torch.randint(0, 2, (n,), generator=generator).bool()
     aspect = logs.exp()
@@ -104,13 +106,15 @@ def random_resized_crop_flip(images: torch.Tensor, size: int, generator: torch.G
     and a fair coin for the flip. Returns float32 in the input's value range, on the input's device.
     """
     if images.ndim != 4:
-        raise ValueError(f"random_resized_crop_flip expects (N, C, H, W), got shape {tuple(images.shape)}")
+        raise ValueError("random_resized_crop_flip expects (N, C, H, W), got shape "
+                         f"{tuple(images.shape)}")
     n, c, height, width = images.shape
     boxes, flip = crop_boxes(n, height, width, generator, scale=scale, ratio=ratio)
     out = torch.empty(n, c, size, size, dtype=torch.float32, device=images.device)
     for i, (top, left, h, w) in enumerate(boxes.tolist()):
         crop = images[i:i + 1, :, top:top + h, left:left + w].float()
-        out[i] = F.interpolate(crop, size=(size, size), mode="bilinear", align_corners=False, antialias=True)[0]
+        out[i] = F.interpolate(crop, size=(size, size), mode="bilinear", align_corners=False,
+                               antialias=True)[0]
     flip = flip.to(images.device)
     out[flip] = out[flip].flip(-1)
     return out

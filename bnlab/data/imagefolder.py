@@ -42,7 +42,8 @@ CACHES = ("auto", "memory", "none")
 AUTO_CACHE_BYTES = 1 << 30  # "auto" keeps a split in memory (as uint8) up to 1 GiB
 
 
-def scan_split(root: Path, split: str, classes: list[str] | None = None) -> tuple[list[Path], list[int], list[str]]:
+def scan_split(root: Path, split: str,
+               classes: list[str] | None = None) -> tuple[list[Path], list[int], list[str]]:
     """``(paths, labels, classes)`` of ``root/split/<class>/<image>``, classes and files in sorted
     order.
 
@@ -54,21 +55,24 @@ def scan_split(root: Path, split: str, classes: list[str] | None = None) -> tupl
     folder = root / split
     expected = f"{root}/{split}/<class>/<image>{{{','.join(EXTENSIONS)}}}"
     if not folder.is_dir():
-        raise DataNotFoundError(f"image folder: no {split}/ folder in {root}; expected the layout {expected}")
+        raise DataNotFoundError(f"image folder: no {split}/ folder in {root}; expected the layout "
+                                f"{expected}")
     entries = sorted(os.scandir(folder), key=lambda e: e.name)
     names = [e.name for e in entries if e.is_dir()]
     loose = [e.name for e in entries if e.is_file() and e.name.lower().endswith(EXTENSIONS)]
     if loose and not names:
-        raise DataError(f"image folder: {len(loose)} images lie directly in {folder} but there are no class "
-                        f"folders; expected {expected} (ImageNet's validation images must first be sorted "
-                        f"into class folders, e.g. with the PyTorch ImageNet example's valprep.sh)")
+        raise DataError(f"image folder: {len(loose)} images lie directly in {folder} but there are "
+                        f"no class folders; expected {expected} (ImageNet's validation images must "
+                        "first be sorted into class folders, e.g. with the PyTorch ImageNet "
+                        "example's valprep.sh)")
     if not names:
         raise DataError(f"image folder: {folder} has no class folders; expected {expected}")
     if classes is None:
         classes = names
     unknown = sorted(set(names) - set(classes))
     if unknown:
-        raise DataError(f"image folder: {folder} has class folders not in train/: {', '.join(unknown[:5])}")
+        raise DataError(f"image folder: {folder} has class folders not in train/: "
+                        f"{', '.join(unknown[:5])}")
     index = {c: i for i, c in enumerate(classes)}
     paths, labels = [], []
     for name in names:
@@ -113,8 +117,8 @@ class FolderImages:
     """
 
     def __init__(self, paths: list[Path], *, image_size: int, resize_size: int, augment: bool,
-                 crop_scale: tuple[float, float], generator: torch.Generator | None, device, cache: bool,
-                 workers: int = 0):
+                 crop_scale: tuple[float, float], generator: torch.Generator | None, device,
+                 cache: bool, workers: int = 0):
         self.paths = list(paths)
         self.image_size, self.resize_size = int(image_size), int(resize_size)
         self.augment, self.crop_scale = bool(augment), tuple(crop_scale)
@@ -161,11 +165,13 @@ class FolderImages:
         if len(indices) and (int(indices.min()) < -len(self) or int(indices.max()) >= len(self)):
             raise IndexError(f"index out of range for {len(self)} images")
         indices = indices % max(len(self), 1)
-        raw = self._cache.index_select(0, indices) if self._cache is not None else self._decode(indices.tolist())
+        raw = (self._cache.index_select(0, indices) if self._cache is not None
+               else self._decode(indices.tolist()))
         if self.augment:
             if self.generator is None:
                 raise ValueError("an augmented image split needs a torch.Generator")
-            raw = T.random_resized_crop_flip(raw, self.image_size, self.generator, scale=self.crop_scale)
+            raw = T.random_resized_crop_flip(raw, self.image_size, self.generator,
+                                             scale=self.crop_scale)
         return T.normalize(raw.to(self.device))
 
     def __getitem__(self, key) -> torch.Tensor:
@@ -175,7 +181,8 @@ class FolderImages:
             return self.batch(torch.tensor([key]))[0]
         if isinstance(key, (torch.Tensor, list, tuple)):
             return self.batch(torch.as_tensor(key))
-        raise TypeError(f"FolderImages indices must be an int, a slice or an integer tensor, not {type(key).__name__}")
+        raise TypeError("FolderImages indices must be an int, a slice or an integer tensor, not "
+                        f"{type(key).__name__}")
 
     def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
         if dim != 0:
@@ -200,10 +207,11 @@ def find_root(data_dir, folder: str) -> Path:
             return root
     looked = "\n".join(f"  - {(c / 'train').resolve()}" for c in candidates)
     raise DataNotFoundError(
-        f"image folder {folder!r} not found. Looked in {base.resolve()} (from {origin}) for:\n{looked}\n"
-        f"Expected the layout <root>/train/<class>/<image> and <root>/val/<class>/<image> (ImageNet: the "
-        f"ILSVRC2012 training and validation images, the latter sorted into class folders); pass "
-        f"--data-dir / set $BNLAB_DATA to the folder above it, and data option folder=<name>.")
+        f"image folder {folder!r} not found. Looked in {base.resolve()} (from {origin}) "
+        f"for:\n{looked}\nExpected the layout <root>/train/<class>/<image> and "
+        "<root>/val/<class>/<image> (ImageNet: the ILSVRC2012 training and validation images, the "
+        "latter sorted into class folders); pass --data-dir / set $BNLAB_DATA to the folder above "
+        "it, and data option folder=<name>.")
 
 
 @source("imagefolder", {
@@ -216,9 +224,10 @@ def find_root(data_dir, folder: str) -> Path:
     "workers": count(0, 0, "decoding threads"),
     "max_per_class": count(None, 1, "first k images per class"),
     "generate": Param(False, bool, help="write the generated look-alike first if absent")})
-def imagefolder(*, device="cpu", seed=0, data_dir=None, verify=True, download=False, folder="imagenet",
-                image_size=224, resize_size=256, augment=True, crop_scale_min=0.08, cache="auto", workers=0,
-                max_per_class=None, generate=False) -> DataSource:
+def imagefolder(*, device="cpu", seed=0, data_dir=None, verify=True, download=False,
+                folder="imagenet", image_size=224, resize_size=256, augment=True,
+                crop_scale_min=0.08, cache="auto", workers=0, max_per_class=None,
+                generate=False) -> DataSource:
     """An ImageNet-style image folder: ``<data_dir>/<folder>/{train,val}/<class>/<image>``.
 
     Peng et al. train ResNet-18/50 and EfficientNet-B0 on ILSVRC2012 with the PyTorch ImageNet
@@ -232,7 +241,8 @@ def imagefolder(*, device="cpu", seed=0, data_dir=None, verify=True, download=Fa
     smoke presets' data). ``seed`` seeds the augmentation. ``verify``/``download`` do not apply
     (there is no published checksum or download for a local folder).
     """
-    image_size, resize_size = as_int("image_size", image_size, minimum=1), as_int("resize_size", resize_size, minimum=1)
+    image_size = as_int("image_size", image_size, minimum=1)
+    resize_size = as_int("resize_size", resize_size, minimum=1)
     if resize_size < image_size:
         raise ValueError(f"option resize_size ({resize_size}) must be >= image_size ({image_size})")
     scale_min = as_float("crop_scale_min", crop_scale_min, strictly_positive=True)
@@ -254,10 +264,12 @@ def imagefolder(*, device="cpu", seed=0, data_dir=None, verify=True, download=Fa
 
     def split(paths, do_augment):
         stored = resize_size if do_augment else image_size
-        keep = cache == "memory" or (cache == "auto" and len(paths) * 3 * stored * stored <= AUTO_CACHE_BYTES)
-        return FolderImages(paths, image_size=image_size, resize_size=resize_size, augment=do_augment,
-                            crop_scale=(scale_min, 1.0), generator=cpu_generator(seed) if do_augment else None,
-                            device=device, cache=keep, workers=workers)
+        keep = cache == "memory" or (cache == "auto"
+                                     and len(paths) * 3 * stored * stored <= AUTO_CACHE_BYTES)
+        return FolderImages(paths, image_size=image_size, resize_size=resize_size,
+                            augment=do_augment, crop_scale=(scale_min, 1.0),
+                            generator=cpu_generator(seed) if do_augment else None, device=device,
+                            cache=keep, workers=workers)
 
     y_train = torch.tensor(train_labels, dtype=torch.int64, device=device)
     y_val = torch.tensor(val_labels, dtype=torch.int64, device=device)

@@ -54,13 +54,14 @@ class RestrictedUnpickler(pickle.Unpickler):
         except KeyError:
             allowed = ", ".join(f"{m}.{n}" for m, n in _ALLOWED_GLOBALS)
             raise UnsafePickleError(
-                f"refusing to unpickle {self.source}: it asks for the global {module}.{name}, which the "
-                f"CIFAR format never uses (allowed: {allowed}). The file is not a CIFAR batch and may be "
-                f"malicious; do not load it with the plain pickle module."
+                f"refusing to unpickle {self.source}: it asks for the global {module}.{name}, "
+                f"which the CIFAR format never uses (allowed: {allowed}). The file is not a CIFAR "
+                "batch and may be malicious; do not load it with the plain pickle module."
             ) from None
 
     def persistent_load(self, pid):
-        raise UnsafePickleError(f"refusing to unpickle {self.source}: it uses persistent ids ({pid!r})")
+        raise UnsafePickleError(f"refusing to unpickle {self.source}: it uses persistent ids "
+                                f"({pid!r})")
 
 
 def restricted_loads(data: bytes, *, source: str = "<bytes>"):
@@ -74,6 +75,6 @@ def restricted_loads(data: bytes, *, source: str = "<bytes>"):
         raise
     except Exception as exc:  # truncated / garbage bytes raise many different types
         raise DataError(
-            f"could not read {source}: not a valid pickle ({type(exc).__name__}: {exc}). The file is "
-            f"corrupt or truncated."
+            f"could not read {source}: not a valid pickle ({type(exc).__name__}: {exc}). The file "
+            "is corrupt or truncated."
         ) from exc

@@ -38,4 +38,5 @@ def load(
         torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"invalid device {device!r}: {exc}") from None
-    return entry.target(device=device, seed=seed, data_dir=data_dir, verify=verify, download=download, **options)
+    return entry.target(device=device, seed=seed, data_dir=data_dir, verify=verify,
+                        download=download, **options)

@@ -15,7 +15,9 @@ file (default ``runs/bnlab.db``), shared by every process that trains.
 from bnlab.store.database import STATUSES, Store
 from bnlab.store.integrity import StoreIntegrityError
 from bnlab.store.metrics import EXPORT_FORMATS
-from bnlab.store.schema import SCHEMA_VERSION, ReadOnlyStoreError, StoreCorruptError, StoreVersionError
+from bnlab.store.schema import (
+    SCHEMA_VERSION, ReadOnlyStoreError, StoreCorruptError, StoreVersionError,
+)
 
 __all__ = [
     "Store",

@@ -39,7 +39,9 @@ from bnlab.jsonsafe import dumps
 from bnlab.store.entries import EntriesMixin
 from bnlab.store.integrity import IntegrityMixin, StoreIntegrityError
 from bnlab.store.metrics import MetricsMixin
-from bnlab.store.run_files import RunLock, check_run_id, disk_full, lock_path, remove_checkpoint_files
+from bnlab.store.run_files import (
+    RunLock, check_run_id, disk_full, lock_path, remove_checkpoint_files,
+)
 from bnlab.store.schema import (
     BUSY_TIMEOUT_MS,
     ReadOnlyStoreError,
@@ -92,9 +94,9 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
             if isinstance(err, sqlite3.OperationalError) and "malformed" not in str(err):
                 raise  # locked, unable to open, disk full: as they are (the CLI words them)
             raise StoreCorruptError(
-                f"run store {self.path} is damaged ({err}). Its runs' checkpoints carry their rows: "
-                f"move the file away and re-run each run's config (or `bnlab reproduce`) -- every run "
-                f"with a checkpoint is rebuilt from it without retraining what it had done"
+                f"run store {self.path} is damaged ({err}). Its runs' checkpoints carry their "
+                "rows: move the file away and re-run each run's config (or `bnlab reproduce`) -- "
+                "every run with a checkpoint is rebuilt from it without retraining what it had done"
             ) from None
         except BaseException:
             self.close()
@@ -265,7 +267,8 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
         """Progress of a running run (``runs list`` shows it)."""
         self._write(
             lambda c: c.execute(
-                "UPDATE runs SET steps = ?, updated = ? WHERE id = ?", (int(steps), time.time(), run_id)
+                "UPDATE runs SET steps = ?, updated = ? WHERE id = ?",
+                (int(steps), time.time(), run_id)
             )
         )
 
@@ -291,7 +294,8 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
             raise StoreIntegrityError(run["problem"])
         return run
 
-    def list_runs(self, *, status: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    def list_runs(self, *, status: str | None = None,
+                  limit: int | None = None) -> list[dict[str, Any]]:
         """Runs, newest first, optionally only those with ``status``. Each is verified as by
         :meth:`get_run`; a damaged one is listed with ``problem`` set (one bad row never hides
         the others)."""

@@ -19,12 +19,12 @@ class EntriesMixin:
     ``path``."""
 
     def save_entry(
-        self, experiment_id: str, preset: str, runs: list[dict], data: dict, *, tiny: bool, seconds: float,
-        default: Any = None,
+        self, experiment_id: str, preset: str, runs: list[dict], data: dict, *, tiny: bool,
+        seconds: float, default: Any = None,
     ) -> None:
         """Store (replace) a catalogue entry's run ids by label and its computations' JSON data."""
-        row = (experiment_id, preset, json.dumps(runs), json.dumps(data, default=default), int(tiny), time.time(),
-               seconds)
+        row = (experiment_id, preset, json.dumps(runs), json.dumps(data, default=default),
+               int(tiny), time.time(), seconds)
         self._write(lambda c: c.execute(
             "INSERT OR REPLACE INTO experiments(id, preset, runs, data, tiny, created, seconds)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)", row))
@@ -33,7 +33,8 @@ class EntriesMixin:
         if "experiments" not in self._tables():
             return None
         row = self._conn.execute(
-            "SELECT runs, data, tiny, created, seconds FROM experiments WHERE id = ? AND preset = ?",
+            "SELECT runs, data, tiny, created, seconds FROM experiments "
+            "WHERE id = ? AND preset = ?",
             (experiment_id, preset),
         ).fetchone()
         if row is None:
@@ -53,7 +54,8 @@ class EntriesMixin:
         """``(experiment id, preset)`` of every stored entry."""
         if "experiments" not in self._tables():
             return []
-        return [(r[0], r[1]) for r in self._conn.execute("SELECT id, preset FROM experiments ORDER BY id, preset")]
+        rows = self._conn.execute("SELECT id, preset FROM experiments ORDER BY id, preset")
+        return [(r[0], r[1]) for r in rows]
 
     def entry_of_runs(self) -> dict[str, str]:
         """``{run id: "entry/preset:label"}`` for the runs of stored catalogue entries."""

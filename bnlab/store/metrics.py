@@ -35,9 +35,11 @@ class MetricsMixin:
         last = max(p[1] for p in payload)
 
         def insert(c):
-            c.executemany("INSERT INTO metrics(run_id, step, name, value) VALUES (?, ?, ?, ?)", payload)
+            c.executemany("INSERT INTO metrics(run_id, step, name, value) VALUES (?, ?, ?, ?)",
+                          payload)
             c.execute(
-                "UPDATE runs SET steps = MAX(steps, ?), updated = ? WHERE id = ? AND status = 'running'",
+                "UPDATE runs SET steps = MAX(steps, ?), updated = ? "
+                "WHERE id = ? AND status = 'running'",
                 (last, time.time(), run_id),
             )
 
@@ -52,13 +54,15 @@ class MetricsMixin:
         return [
             (s, n, v)
             for s, n, v in self._conn.execute(
-                "SELECT step, name, value FROM metrics WHERE run_id = ? AND step <= ? ORDER BY rowid",
+                "SELECT step, name, value FROM metrics "
+                "WHERE run_id = ? AND step <= ? ORDER BY rowid",
                 (run_id, int(step)),
             )
         ]
 
     def check_rows_up_to(
-        self, run_id: str, step: int, expected: Iterable[tuple[int, str, float | None]] | None = None
+        self, run_id: str, step: int,
+        expected: Iterable[tuple[int, str, float | None]] | None = None
     ) -> list[int]:
         """On resume from a checkpoint at ``step``: the steps whose rows the store lacks.
 
@@ -68,7 +72,8 @@ class MetricsMixin:
         step > 0 can be detected: ``[step]`` is returned then, nothing re-created.
         """
         stored = self._conn.execute(
-            "SELECT step, name, value FROM metrics WHERE run_id = ? AND step <= ?", (run_id, int(step))
+            "SELECT step, name, value FROM metrics WHERE run_id = ? AND step <= ?",
+            (run_id, int(step))
         ).fetchall()
         if expected is None:
             return [int(step)] if step > 0 and not stored else []
@@ -89,7 +94,8 @@ class MetricsMixin:
 
             def replace(c):
                 c.execute("DELETE FROM metrics WHERE run_id = ? AND step <= ?", (run_id, int(step)))
-                c.executemany("INSERT INTO metrics(run_id, step, name, value) VALUES (?, ?, ?, ?)", payload)
+                c.executemany("INSERT INTO metrics(run_id, step, name, value) VALUES (?, ?, ?, ?)",
+                              payload)
 
             self._write(replace)
         return sorted({s for s, _, _ in missing})

@@ -52,7 +52,8 @@ CREATE TABLE IF NOT EXISTS experiments (
 
 # Columns a store must have to be read at all, and those an older layout may lack (added with
 # their defaults by the migration from version 0).
-REQUIRED = {"runs": ("id", "config", "status", "created"), "metrics": ("run_id", "step", "name", "value")}
+REQUIRED = {"runs": ("id", "config", "status", "created"),
+            "metrics": ("run_id", "step", "name", "value")}
 ADDABLE = {
     "runs": {
         "config_hash": "TEXT NOT NULL DEFAULT ''",
@@ -210,8 +211,9 @@ def check_schema(conn: sqlite3.Connection, path: Path, *, readonly: bool) -> boo
         lacking = [c for c in needed if table in found and c not in found[table]]
         if lacking:
             raise StoreVersionError(
-                f"run store {path} has an unknown layout (table {table} lacks {', '.join(lacking)}); "
-                "it was not written by bnlab, or by a version this one cannot read -- use another --runs-dir"
+                f"run store {path} has an unknown layout (table {table} lacks "
+                f"{', '.join(lacking)}); it was not written by bnlab, or by a version this one "
+                "cannot read -- use another --runs-dir"
             )
     return not readonly  # a read-only store is read as it is (queries default missing columns)
 
