@@ -21,9 +21,10 @@ OUT = Path(__file__).resolve().parent / "figures" / "architecture.png"
 
 # Bottom to top: (layer, [(package, what it holds)]).
 LAYERS: list[tuple[str, list[tuple[str, str]]]] = [
-    ("foundation", [("bnlab.spec", "specs, registries, typed params"),
+    ("foundation", [("bnlab.spec", "specs, registries, params"),
                     ("bnlab.callbacks", "the one callback protocol"),
-                    ("bnlab.plots", "figure helpers"), ("bnlab.jsonsafe", "JSON of numbers")]),
+                    ("bnlab.plots", "figure helpers"), ("bnlab.jsonsafe", "JSON of numbers"),
+                    ("bnlab.formatting", "numbers as text")]),
     ("norms", [("bnlab.norms", "the layers: one coefficients function each, fused ops, convert / fold")]),
     ("models", [("bnlab.models", "ResNet-20, VGGs, MLP, DLN; torchvision / timm with bnlab layers")]),
     ("data", [("bnlab.data", "digits, CIFAR, image folders, synthetic tasks; batching")]),

@@ -1,6 +1,6 @@
 """The catalogue's layout (issue 20 item 2): one package per paper, the catalogue order declared in
 ``base.ENTRY_MODULES`` (not taken from import order), no star imports or re-export shims, one
-verdict ladder (``experiments.verdicts``) and one number formatter (``experiments.common.fmt``)."""
+verdict ladder (``experiments.verdicts``) and one number formatter (``bnlab.formatting.fmt``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 
 from bnlab.experiments import base
-from bnlab.experiments.common import compare_arms, fmt
+from bnlab.experiments.common import compare_arms
 from bnlab.experiments.verdicts import combine, decide
+from bnlab.formatting import fmt
 
 EXPERIMENTS = Path(base.__file__).parent
 

@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "bnlab"
 # Lowest first; a module may import its own layer or a lower one. Within a layer the graph must be
 # acyclic.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("bnlab", "bnlab.spec", "bnlab.plots", "bnlab.jsonsafe", "bnlab.callbacks")),
+    ("foundation", ("bnlab", "bnlab.spec", "bnlab.plots", "bnlab.jsonsafe", "bnlab.callbacks",
+                    "bnlab.formatting")),
     ("norms", ("bnlab.norms",)),
     ("models", ("bnlab.models",)),
     ("data", ("bnlab.data",)),

@@ -5,7 +5,7 @@ literal ("held", "not held", "inconclusive") outside a docstring, and on the nam
 INCONCLUSIVE used anywhere but in a comparison — so the hand-written ladder ("tiny runs →
 inconclusive → not held → held", 144 sites in 20 modules before) cannot come back. Then the
 ladder's API against outside references: scipy's one-sample t-test for :func:`against_bound`,
-Holm's step-down for :func:`family`/:func:`checks`, Python's ``format`` for ``common.fmt``."""
+Holm's step-down for :func:`family`/:func:`checks`, Python's ``format`` for ``formatting.fmt``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 from scipy import stats
 
-from bnlab.experiments.common import compare_arms, fmt
+from bnlab.experiments.common import compare_arms
 from bnlab.experiments.verdicts import (
     HELD,
     INCONCLUSIVE,
@@ -35,6 +35,7 @@ from bnlab.experiments.verdicts import (
     settle,
     tally,
 )
+from bnlab.formatting import fmt
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "bnlab" / "experiments"
 LITERALS = {HELD, NOT_HELD, INCONCLUSIVE}

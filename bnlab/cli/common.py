@@ -1,8 +1,7 @@
-"""What the commands share: exit codes, the one-line error exit, the table cell format."""
+"""What the commands share: exit codes and the one-line error exit (table cells are
+:func:`bnlab.formatting.fmt`'s)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import typer
 
@@ -13,9 +12,3 @@ EXIT_BAD_INPUT = 2
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
-
-
-def fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "-" if value is None else str(value)

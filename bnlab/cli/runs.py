@@ -21,7 +21,8 @@ from bnlab.spec import check_choice, read_pairs
 from bnlab.jsonsafe import dumps
 from bnlab.store import STATUSES, ReadOnlyStoreError, Store, StoreIntegrityError
 from bnlab.train.checkpoint import repair_from_checkpoint
-from bnlab.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, fail, fmt
+from bnlab.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, fail
+from bnlab.formatting import fmt
 
 runs_app = typer.Typer(help="The recorded runs: list, show, export, delete, plot.", no_args_is_help=True)
 
@@ -182,7 +183,7 @@ def runs_list(
     if as_json:
         typer.echo(dumps(items, indent=2))
         return
-    table = [[h for _, h in LIST_COLUMNS]] + [[fmt(i[k]) for k, _ in LIST_COLUMNS] for i in items]
+    table = [[h for _, h in LIST_COLUMNS]] + [[fmt(i[k], 4) for k, _ in LIST_COLUMNS] for i in items]
     widths = [max(len(r[c]) for r in table) for c in range(len(LIST_COLUMNS))]
     numeric = {"steps", "seed", "lr", "nproc", "test_acc", "train_loss"}
     for r in table:
@@ -222,13 +223,13 @@ def runs_show(
     if summary.get("metrics"):
         typer.echo("final metrics:")
         for k, v in summary["metrics"].items():
-            typer.echo(f"  {k}: {fmt(v)}")
+            typer.echo(f"  {k}: {fmt(v, 4)}")
     if summary.get("scale_invariant") is not None:
         typer.echo(f"scale-invariant parameters: {', '.join(sorted(summary['scale_invariant'])) or 'none'}")
     typer.echo("environment: " + ", ".join(f"{k}={v}" for k, v in sorted((row.get("env") or {}).items())))
     typer.echo("metric series:")
     for name, info in sorted(row["series"].items()):
-        typer.echo(f"  {name}: {info['points']} points, last {fmt(info['last'])} at step {info['last_step']}")
+        typer.echo(f"  {name}: {info['points']} points, last {fmt(info['last'], 4)} at step {info['last_step']}")
 
 
 @runs_app.command("export")

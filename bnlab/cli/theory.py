@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import typer
 
+from bnlab.formatting import fmt
 from bnlab.jsonsafe import jsonable
 
 from bnlab.theory import arora, figures, luo, mbn, peng, santurkar
@@ -60,15 +61,11 @@ def _ints(text: str, flag: str) -> list[int]:
     return [int(v) for v in values]
 
 
-def _fmt(v: Any) -> str:
-    return f"{v:.6g}" if isinstance(v, float) else str(v)  # bools and ints as written
-
-
 def _table(rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
     cols = list(rows[0])
-    cells = [[_fmt(r.get(c, "")) for c in cols] for r in rows]
+    cells = [[fmt(r.get(c, ""), 6) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     typer.echo("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
     for row in cells:

@@ -18,7 +18,8 @@ import typer
 from bnlab.store.run_files import RunDirError, RunLockedError
 from bnlab.jsonsafe import dumps
 from bnlab.store import Store
-from bnlab.cli.common import EXIT_FAILED, fail, fmt
+from bnlab.cli.common import EXIT_FAILED, fail
+from bnlab.formatting import fmt
 from bnlab.train.config import CliOption, TrainConfig, cli_options, load_config_file
 from bnlab.train.launcher import train  # one process, --nproc N local ones, or a torchrun rank
 from bnlab.train.loop import RunInterrupted
@@ -138,7 +139,7 @@ def _failed_record_json(config, err: Exception) -> str:
 
 def _summary_line(record) -> str:
     metrics = ", ".join(
-        f"{k} {fmt(record.metrics[k])}"
+        f"{k} {fmt(record.metrics[k], 4)}"
         for k in ("train_loss", "train_accuracy", "test_loss", "test_accuracy", "diverged_step")
         if k in record.metrics
     )

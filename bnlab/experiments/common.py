@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bnlab.formatting import finite_or_none, mean_std
 from bnlab.plots import panels
 
 
@@ -34,45 +35,6 @@ def final_table(ctx, *, paper: dict[str, str] | None = None,
             row["paper"] = paper.get(r.label, "—")
         rows.append(row)
     return rows
-
-
-# ---- appended for the Luo / Momentum-BN entries -----------------------------------------------
-
-def fmt(x, digits: int = 3, *, std: float | None = None, n: int | None = None,
-        decimals: int | None = None) -> str:
-    """A number in a table or summary, the one formatter of the entries: ``digits`` significant
-    digits (``decimals``: that many digits after the point instead), "—" for a missing value (None
-    or NaN), "∞" for +∞ (a diverged run's sharpness or loss). ``std`` / ``n`` append " ± std" (2
-    significant digits, or ``decimals``) and " (n=…)". A list or tuple is an arm's per-seed values:
-    their mean ± std (n=…), "diverged / not finished" (with how many seeds) when a seed's value is
-    None, "—" when empty."""
-    if isinstance(x, (list, tuple)):
-        if not x:
-            return "—"
-        if any(v is None for v in x):
-            missing = sum(v is None for v in x)
-            count = f" ({missing}/{len(x)} seeds)" if len(x) > 1 else ""
-            return "diverged / not finished" + count
-        mean, sd = mean_std(x)
-        return fmt(mean, digits, std=sd, n=len(x) if len(x) > 1 else None, decimals=decimals)
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    if x == math.inf:
-        return "∞"
-    text = f"{x:.{decimals}f}" if decimals is not None else f"{x:.{digits}g}"
-    if std is not None:
-        text += f" ± {std:.{decimals}f}" if decimals is not None else f" ± {std:.2g}"
-    return text + (f" (n={n})" if n is not None else "")
-
-
-def finite_or_none(value) -> float | None:
-    """``float(value)`` if it is a finite number, else None (missing metrics, NaN/inf of diverged
-    runs)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def tail_mean(run, metric: str, k: int = 3) -> float | None:
@@ -112,17 +74,6 @@ def grouped_finals(ctx, keys: tuple[str, ...], metric: str) -> dict[tuple, list[
         if value is not None and r.status == "finished":
             values.append(value)
     return groups
-
-
-def mean_std(values) -> tuple[float | None, float | None]:
-    """(mean, sample standard deviation with n−1) of finite values; std is None for fewer than 2."""
-    vals = [v for v in (finite_or_none(v) for v in values) if v is not None]
-    if not vals:
-        return None, None
-    mean = sum(vals) / len(vals)
-    if len(vals) < 2:
-        return mean, None
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
 
 
 def smooth(xs, ys, points: int = 60) -> tuple[list, list]:

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 from bnlab.train.schedules import parse_schedule
 
-from .common import Comparison, finite_or_none, mean_std
+from bnlab.formatting import finite_or_none, mean_std
+from .common import Comparison
 
 ALPHA = 0.05
 POWER = 0.8

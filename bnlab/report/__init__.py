@@ -15,16 +15,7 @@ from typing import Any
 
 from bnlab.experiments.base import PAPERS
 from bnlab.experiments.runner import iter_outcomes
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        if value != value:
-            return "nan"
-        return f"{value:.4g}"
-    if value is None:
-        return "—"
-    return str(value)
+from bnlab.formatting import fmt
 
 
 def write_report(runs_dir: str | Path = "runs", out_dir: str | Path | None = None) -> Path:
@@ -80,7 +71,7 @@ def _section(experiment_id: str, preset: str, ctx, outcome, out: Path) -> dict:
     md += [f"![{Path(f).stem}]({f})" for f in rel] + [""]
     if table:
         md += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        md += ["| " + " | ".join(_fmt(row.get(c)) for c in cols) + " |" for row in table]
+        md += ["| " + " | ".join(fmt(row.get(c), 4) for c in cols) + " |" for row in table]
         md.append("")
     preset_note = exp.smoke_changes if preset == "smoke" else "the paper configuration."
     runs_note = ", ".join(f"{v} {k}" for k, v in status.items()) or "none"
@@ -92,7 +83,7 @@ def _section(experiment_id: str, preset: str, ctx, outcome, out: Path) -> dict:
     h += [f'<img src="{html.escape(f)}" alt="{html.escape(Path(f).stem)}">' for f in rel]
     if table:
         h.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>")
-        h += ["<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(c)))}</td>" for c in cols) + "</tr>" for row in table]
+        h += ["<tr>" + "".join(f"<td>{html.escape(fmt(row.get(c), 4))}</td>" for c in cols) + "</tr>" for row in table]
         h.append("</table>")
     h.append(f"<p><i>Preset {preset}:</i> {html.escape(preset_note)} "
              f"Runs: {len(ctx.runs)} ({html.escape(runs_note)}).</p>")

@@ -19,7 +19,8 @@ from typing import Any
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from .verdicts import _arm, _seeds, d3_verdict
-from ..common import RULE, compare_arms, finite_or_none, fmt, safe_panels
+from bnlab.formatting import finite_or_none, fmt
+from ..common import RULE, compare_arms, safe_panels
 from ..verdicts import explain, ladder
 
 LRS = (1e-2, 1e-1, 1.0, 1e1, 1e2)        # "ranging from 10^-2 to 10^2"

@@ -3,7 +3,7 @@ from ``entries.py`` to keep modules under 400 lines)."""
 
 from __future__ import annotations
 
-from ..common import mean_std
+from bnlab.formatting import mean_std
 from ..verdicts import explain, ladder
 
 

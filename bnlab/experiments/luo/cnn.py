@@ -9,8 +9,8 @@ import numpy as np
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..verdicts import decide, explain, holm, ladder, settle
-from ..common import (ALPHA, RULE, SETTLE_FRACTION, compare_arms, finite_or_none, fmt, mean_curve,
-                     safe_panels)
+from bnlab.formatting import finite_or_none, fmt
+from ..common import ALPHA, RULE, SETTLE_FRACTION, compare_arms, mean_curve, safe_panels
 from .common import TRAIN_SIZES, _points, window_mean
 
 

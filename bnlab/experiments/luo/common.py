@@ -11,7 +11,8 @@ from bnlab.store import Store
 import bnlab.train as bnlab_train  # looked up on use: a test can patch bnlab.train.run
 
 from ..base import shrink
-from ..common import Comparison, compare_arms, finite_or_none
+from bnlab.formatting import finite_or_none
+from ..common import Comparison, compare_arms
 from ..runner import TINY_STEPS
 
 NOISE_VAR = 0.25          # §4.1: "let the noise variance ϵ of the teacher be 0.25"

@@ -15,8 +15,8 @@ from bnlab.theory import luo as theory
 from bnlab.train.callbacks import trainer_of
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import (RULE, SETTLE_FRACTION, compare_arms, finite_or_none, fmt, mean_curve,
-                     safe_panels)
+from bnlab.formatting import finite_or_none, fmt
+from ..common import RULE, SETTLE_FRACTION, compare_arms, mean_curve, safe_panels
 from ..verdicts import explain, ladder, settle
 from .common import (FIG3_ZETA, NOISE_VAR, _series, factor_test, train_collecting,
                      window_mean)

@@ -16,8 +16,8 @@ import bnlab.train as bnlab_train  # looked up on use: a test can patch bnlab.tr
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register, shrink
 from .cnn import SMOKE_DATA, _cnn_base, _train_size
-from ..common import (RULE, SETTLE_FRACTION, compare_arms, finite_or_none, fmt, mean_curve,
-                     safe_panels)
+from bnlab.formatting import finite_or_none, fmt
+from ..common import RULE, SETTLE_FRACTION, compare_arms, mean_curve, safe_panels
 from ..verdicts import NOT_HELD, checks, combine, conjunction, explain, ladder, settle
 from .common import _clean, _series, train_collecting, window_mean
 from ..runner import TINY_STEPS

@@ -11,7 +11,8 @@ import numpy as np
 from bnlab.theory import luo as theory
 
 from ..base import Experiment, Outcome, Plan, register
-from ..common import RULE, SETTLE_FRACTION, finite_or_none, fmt, safe_panels
+from bnlab.formatting import finite_or_none, fmt
+from ..common import RULE, SETTLE_FRACTION, safe_panels
 from ..verdicts import against_bound, explain, ladder, settle
 from .common import (FIG2_ZETAS, NOISE_VAR, _clean, _points, factor_test, zeta_by_epochs,
                      zeta_share)

@@ -27,7 +27,8 @@ import math
 from bnlab.theory import luo
 
 from ..base import Experiment, Outcome, Plan, register
-from ..common import finite_or_none, fmt, safe_panels
+from bnlab.formatting import finite_or_none, fmt
+from ..common import safe_panels
 from ..verdicts import ladder
 
 ZETAS = (0.0, 0.05, 0.1, 0.2)

@@ -21,7 +21,8 @@ from bnlab.norms import mbn_lambda
 from bnlab.theory.mbn import moving_average_noise
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import RULE, compare_arms, finite_or_none, fmt, mean_std, safe_panels
+from bnlab.formatting import finite_or_none, fmt, mean_std
+from ..common import RULE, compare_arms, safe_panels
 from ..verdicts import decide, explain, ladder
 
 BATCH_SIZES = (2, 4, 8, 16, 32)

@@ -11,8 +11,8 @@ from bnlab.probes import max_stable_lr
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..verdicts import NOT_HELD, conjunction, explain, family, is_held, ladder
-from ..common import (RULE, compare_arms, finite_or_none, fmt, grouped_finals, mean_curve, mean_std,
-                      safe_panels, smooth)
+from bnlab.formatting import finite_or_none, fmt, mean_std
+from ..common import RULE, compare_arms, grouped_finals, mean_curve, safe_panels, smooth
 from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, SMOKE_SEEDS, _base, _pct, _run,
                           _status_note)
 

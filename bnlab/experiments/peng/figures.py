@@ -9,7 +9,8 @@ from typing import Any
 from bnlab.plots import panels
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import RULE, compare_arms, finite_or_none, mean_curve, safe_panels, smooth
+from bnlab.formatting import finite_or_none
+from ..common import RULE, compare_arms, mean_curve, safe_panels, smooth
 from ..verdicts import NOT_HELD, conjunction, explain, family, ladder
 from .common import ACT_TITLE, ACTIVATIONS, RHO_GRID, RHO_STAR, _base, _run, _status_note, cbn_spec
 

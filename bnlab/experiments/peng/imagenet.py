@@ -36,8 +36,9 @@ from typing import Any
 from bnlab.plots import bars
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import (RULE, compare_arms, fmt, grouped_finals, mean_curve, mean_over_run, mean_std,
-                     safe_panels, smooth)
+from bnlab.formatting import fmt, mean_std
+from ..common import (RULE, compare_arms, grouped_finals, mean_curve, mean_over_run, safe_panels,
+                      smooth)
 from .common import ACT_TITLE, ACTIVATIONS, NON_RELU, _status_note, row_spec
 from ..verdicts import NOT_HELD, conjunction, explain, family, ladder
 

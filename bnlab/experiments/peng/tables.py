@@ -37,8 +37,9 @@ import math
 from bnlab.plots import bars
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import (compare_arms, fmt, grouped_finals, mean_curve, mean_over_run, mean_std,
-                     safe_panels, SETTLE_FRACTION, smooth, value_at_fraction)
+from bnlab.formatting import fmt, mean_std
+from ..common import (compare_arms, grouped_finals, mean_curve, mean_over_run, safe_panels,
+                      SETTLE_FRACTION, smooth, value_at_fraction)
 from .verdict import CHANCE, table_design, table_verdict
 from ..verdicts import (NOT_HELD, Design, arm_values, explain, family, holm, judge, ladder, settle,
                         settle_fraction)

@@ -9,7 +9,8 @@ import statistics
 from typing import Any
 
 from ..base import RunSpec
-from ..common import Comparison, finite_or_none, smooth
+from bnlab.formatting import finite_or_none
+from ..common import Comparison, smooth
 
 # ---- shared configurations --------------------------------------------------------------------
 

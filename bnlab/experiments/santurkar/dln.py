@@ -20,7 +20,8 @@ from bnlab.probes import ProbeContext, evaluate_landscape
 
 from ..base import Experiment, Outcome, Plan, register
 from ..verdicts import conjunction, decide, ladder
-from ..common import RULE, compare_arms, finite_or_none, fmt, safe_panels
+from bnlab.formatting import finite_or_none, fmt
+from ..common import RULE, compare_arms, safe_panels
 from .common import (
     BN, DLN_LR, DLN_RANGE, NORMS, SEEDS, SMOKE_DLN_STEPS, STANDARD, _band_panel, _curve_panel, _distribution_panel,
     _dln_runs, _hist_layers, _hist_units, _inconclusive_if_tiny, _median, _runs_by_label, _values, arm_runs,

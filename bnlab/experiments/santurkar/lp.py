@@ -13,7 +13,8 @@ import math
 
 from ..base import Experiment, Outcome, Plan, register
 from ..verdicts import checks, combine, ladder, tally
-from ..common import RULE, compare_arms, fmt, safe_panels
+from bnlab.formatting import fmt
+from ..common import RULE, compare_arms, safe_panels
 from .common import (
     BN, L1, L2, LINF, STANDARD, _curve_panel, _distribution_panel, _dln_runs, _hist_layers, _hist_units,
     _inconclusive_if_tiny, _runs_by_label, _vgg_runs, arm_runs, compare_text, distribution_drift,

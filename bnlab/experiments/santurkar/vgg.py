@@ -12,7 +12,8 @@ import math
 
 from ..base import Experiment, Outcome, Plan, register
 from ..verdicts import checks, combine, conjunction, ladder
-from ..common import RULE, compare_arms, fmt, safe_panels
+from bnlab.formatting import fmt
+from ..common import RULE, compare_arms, safe_panels
 from .common import (
     BN, COS_TOLERANCE, NOISY, SHIFT_FACTOR, STANDARD, _curve_panel, _distribution_panel, _dln_runs, _first_layer_zero,
     _hist_layers, _hist_units, _inconclusive_if_tiny, _layer_medians, _median, _runs_by_label, _values, _vgg_runs,
