@@ -20,7 +20,8 @@ def activation_layers(model, names):
     return select_layers(model, names, default, "BN (or Linear/Conv)")
 
 
-def _forward_outputs(ctx: ProbeContext, layers, params=None, reset_rng: bool = True) -> dict[str, torch.Tensor]:
+def _forward_outputs(ctx: ProbeContext, layers, params=None,
+                     reset_rng: bool = True) -> dict[str, torch.Tensor]:
     if ctx.snapshot is not None:
         ctx.snapshot.reset_forward_state(rng=reset_rng)
     with capture_inputs(layers, outputs=True) as cap, torch.no_grad():
@@ -49,7 +50,8 @@ class MomentsProbe(Probe):
     """
 
     name = "moments"
-    summary = "change of each layer's activation mean/variance caused by one update (Santurkar Fig. 7)"
+    summary = ("change of each layer's activation mean/variance caused by one update "
+               "(Santurkar Fig. 7)")
     cost = "1 optimizer step (simulated) + 2 forward passes"
 
     def __init__(self, every: int = 1, layers: Iterable[str] | None = None) -> None:

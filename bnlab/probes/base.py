@@ -48,8 +48,8 @@ def weight_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, WEIGHT_LAYER_TYPES)]
 
 
-def select_layers(model: nn.Module, names: Iterable[str] | None, default: list[tuple[str, nn.Module]],
-                  what: str) -> list[tuple[str, nn.Module]]:
+def select_layers(model: nn.Module, names: Iterable[str] | None,
+                  default: list[tuple[str, nn.Module]], what: str) -> list[tuple[str, nn.Module]]:
     """``default`` unless ``names`` is given; unknown names are a ValueError that lists the valid
     ones."""
     if names is None:
@@ -74,8 +74,10 @@ def bn_affine(module: nn.Module, like: torch.Tensor) -> tuple[torch.Tensor, torc
     weight = getattr(module, "weight", None)
     bias = getattr(module, "bias", None)
     c = like.shape[0]
-    gamma = weight.detach() if weight is not None else torch.ones(c, dtype=like.dtype, device=like.device)
-    beta = bias.detach() if bias is not None else torch.zeros(c, dtype=like.dtype, device=like.device)
+    gamma = (weight.detach() if weight is not None
+             else torch.ones(c, dtype=like.dtype, device=like.device))
+    beta = (bias.detach() if bias is not None
+            else torch.zeros(c, dtype=like.dtype, device=like.device))
     return gamma.to(like.dtype), beta.to(like.dtype)
 
 
@@ -101,10 +103,11 @@ class ProbeContext:
     def from_loop(cls, loop: Loop) -> ProbeContext:
         batch, loss_fn = loop.batch, loop.loss_fn
         if not isinstance(batch, (tuple, list)) or len(batch) < 2:
-            raise ValueError(f"probes need loop.batch = (inputs, targets), got {type(batch).__name__}")
+            raise ValueError("probes need loop.batch = (inputs, targets), got "
+                             f"{type(batch).__name__}")
         if loss_fn is None:
-            raise ValueError("probes need loop.loss_fn (loss_fn(output, target)): pass loss_fn= to the "
-                             "loop's adapter (Lab, BnlabCallback)")
+            raise ValueError("probes need loop.loss_fn (loss_fn(output, target)): pass loss_fn= to "
+                             "the loop's adapter (Lab, BnlabCallback)")
         # a compiled model (torch.compile) is measured through its eager module:
         # bnlab.probes.compiled
         return cls(model=eager_module(loop.model), loss_fn=loss_fn, batch=(batch[0], batch[1]),
@@ -123,8 +126,9 @@ class ProbeContext:
         """The snapshot a probe that is not ``read_only`` runs inside (``Probe.__call__`` takes
         it)."""
         if self.snapshot is None:
-            raise RuntimeError("this probe needs ctx.snapshot (a Snapshot), which is None: call the probe "
-                               "itself, which takes one for every probe that is not read_only")
+            raise RuntimeError("this probe needs ctx.snapshot (a Snapshot), which is None: call "
+                               "the probe itself, which takes one for every probe that is not "
+                               "read_only")
         return self.snapshot
 
     def learning_rate(self, param: torch.Tensor | None = None) -> float:
@@ -147,7 +151,8 @@ class ProbeContext:
         ``torch.func.functional_call``."""
         x = self.x if x is None else x
         y = self.y if y is None else y
-        out = self.model(x) if params is None else torch.func.functional_call(self.model, params, (x,))
+        out = (self.model(x) if params is None
+               else torch.func.functional_call(self.model, params, (x,)))
         return self.loss_fn(out, y)
 
 
@@ -175,7 +180,8 @@ def loss_and_grads(ctx: ProbeContext, wrt: list[str], params: dict[str, torch.Te
     with torch.enable_grad():
         loss = ctx.loss(leaves, x, y)
         grads = torch.autograd.grad(loss, [leaves[n] for n in wrt], allow_unused=True)
-    return float(loss.detach()), [torch.zeros_like(leaves[n]) if g is None else g for n, g in zip(wrt, grads)]
+    return float(loss.detach()), [torch.zeros_like(leaves[n]) if g is None else g
+                                  for n, g in zip(wrt, grads)]
 
 
 def flat(tensors: Iterable[torch.Tensor]) -> torch.Tensor:

@@ -67,9 +67,11 @@ class BatchNoiseProbe(Probe):
             xi_mu = (mu - mean_b) / var.sqrt()
             xi_sigma = var_b / var
             out[f"xi_mu_mean/{name}"] = float(xi_mu.mean())
-            out[f"xi_mu_var/{name}"] = float(xi_mu.var(correction=1)) if xi_mu.numel() > 1 else float("nan")
+            out[f"xi_mu_var/{name}"] = (float(xi_mu.var(correction=1)) if xi_mu.numel() > 1
+                                        else float("nan"))
             out[f"xi_sigma_mean/{name}"] = float(xi_sigma.mean())
-            out[f"xi_sigma_var/{name}"] = float(xi_sigma.var(correction=1)) if xi_sigma.numel() > 1 else float("nan")
+            out[f"xi_sigma_var/{name}"] = (float(xi_sigma.var(correction=1))
+                                           if xi_sigma.numel() > 1 else float("nan"))
             out[f"m/{name}"] = float(m)
             out[f"xi_mu_var_theory/{name}"] = 1.0 / m
             out[f"xi_sigma_mean_theory/{name}"] = (m - 1) / m

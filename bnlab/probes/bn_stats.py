@@ -24,7 +24,8 @@ def _quantiles(values: torch.Tensor, prefix: str, layer: str, out: dict) -> None
     finite = values[torch.isfinite(values)]
     if finite.numel() == 0:
         return
-    q = torch.quantile(finite, torch.tensor([0.05, 0.5, 0.95], dtype=finite.dtype, device=finite.device))
+    q = torch.quantile(finite, torch.tensor([0.05, 0.5, 0.95], dtype=finite.dtype,
+                                            device=finite.device))
     for tag, v in zip(("q05", "q50", "q95"), q.tolist()):
         out[f"{prefix}_{tag}/{layer}"] = v
 

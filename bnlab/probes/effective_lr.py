@@ -52,7 +52,8 @@ class EffectiveLRProbe(Probe):
     """
 
     name = "effective_lr"
-    summary = "‖w‖, η/‖w‖², cos(w, ∇w) and Lemma 2.4's norm-growth residual per scale-invariant weight (Arora)"
+    summary = ("‖w‖, η/‖w‖², cos(w, ∇w) and Lemma 2.4's norm-growth residual per scale-invariant "
+               "weight (Arora)")
     cost = "0 passes (reads weights and gradients)"
     read_only = True
 
@@ -65,8 +66,8 @@ class EffectiveLRProbe(Probe):
         names = scale_invariant_weights(model) if self.params is None else self.params
         unknown = [n for n in names if n not in named]
         if unknown:
-            raise ValueError(f"unknown parameter(s) {', '.join(unknown)}; scale-invariant weights found: "
-                             f"{', '.join(scale_invariant_weights(model)) or '(none)'}")
+            raise ValueError(f"unknown parameter(s) {', '.join(unknown)}; scale-invariant weights "
+                             f"found: {', '.join(scale_invariant_weights(model)) or '(none)'}")
         return [(n, named[n]) for n in names]
 
     def measure(self, ctx: ProbeContext) -> dict[str, float]:
@@ -90,5 +91,6 @@ class EffectiveLRProbe(Probe):
         for name, (w, predicted) in self._carry.items():
             new_sq = float(w.detach().double().pow(2).sum())
             out[f"residual/{name}"] = new_sq - predicted
-            out[f"residual_rel/{name}"] = (new_sq - predicted) / new_sq if new_sq > 0 else float("nan")
+            out[f"residual_rel/{name}"] = ((new_sq - predicted) / new_sq if new_sq > 0
+                                           else float("nan"))
         return out

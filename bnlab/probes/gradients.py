@@ -16,8 +16,8 @@ class GradStatsProbe(Probe):
     remainder is left out); g_i is the gradient of the loss on micro-batch i, in training mode.
     Records
 
-    * ``sq_norm``   = (1/k) Σ ‖g_i‖²             — estimates E‖g‖² (Peng's "stochastic gradient squared
-      expectation", the quantity Theorems 2–3 bound),
+    * ``sq_norm``   = (1/k) Σ ‖g_i‖²             — estimates E‖g‖² (Peng's "stochastic gradient
+      squared expectation", the quantity Theorems 2–3 bound),
     * ``variance``  = 1/(k−1) Σ ‖g_i − ḡ‖²        — unbiased estimate of E‖g − E g‖² (trace of the
       covariance),
     * ``norm_variance`` = unbiased variance of ‖g_i‖ (Peng's V[‖v_k‖]),
@@ -51,8 +51,8 @@ class GradStatsProbe(Probe):
         x, y = ctx.x, ctx.y
         m = x.shape[0] // self.k
         if m < 2:
-            raise ValueError(f"grad_stats needs at least 2 samples per micro-batch: batch of {x.shape[0]} "
-                             f"split into k={self.k}")
+            raise ValueError("grad_stats needs at least 2 samples per micro-batch: batch of "
+                             f"{x.shape[0]} split into k={self.k}")
         names = [n for n, p in model.named_parameters() if p.requires_grad]
         per_batch = []
         for i in range(self.k):

@@ -43,10 +43,11 @@ def hessian_vector_product(ctx: ProbeContext, names: list[str]):
         parts = dict(zip(map(id, wrt), torch.split(v, sizes)))
         outs = [parts[id(p)].view_as(p).to(p.dtype) for p, _ in live]
         with torch.enable_grad():
-            hv = torch.autograd.grad([g for _, g in live], [p for p, _ in live], outs, retain_graph=True,
-                                     allow_unused=True)
+            hv = torch.autograd.grad([g for _, g in live], [p for p, _ in live], outs,
+                                     retain_graph=True, allow_unused=True)
         hv_by_id = {id(p): (torch.zeros_like(p) if h is None else h) for (p, _), h in zip(live, hv)}
-        return torch.cat([hv_by_id.get(id(p), torch.zeros_like(p)).reshape(-1) for p in wrt]).to(v.dtype)
+        return torch.cat([hv_by_id.get(id(p), torch.zeros_like(p)).reshape(-1)
+                          for p in wrt]).to(v.dtype)
 
     return float(loss.detach()), hvp, sum(sizes)
 
@@ -80,7 +81,8 @@ def lanczos_extremes(hvp, dim: int, iters: int, generator: torch.Generator,
     basis = torch.zeros(k, dim, dtype=work_dtype(device), device=device)
     alphas: list[float] = []
     betas: list[float] = []
-    v = _draw(lambda g: torch.randn(dim, generator=g, dtype=torch.float64, device=g.device), generator, device)
+    v = _draw(lambda g: torch.randn(dim, generator=g, dtype=torch.float64, device=g.device),
+              generator, device)
     v /= v.norm()
     for j in range(k):
         basis[j] = v
@@ -113,7 +115,8 @@ def hutchinson_trace(hvp, dim: int, samples: int, generator: torch.Generator,
     """
     values = []
     for _ in range(samples):
-        z = _draw(lambda g: torch.randint(0, 2, (dim,), generator=g, dtype=torch.float64, device=g.device),
+        z = _draw(lambda g: torch.randint(0, 2, (dim,), generator=g, dtype=torch.float64,
+                                          device=g.device),
                   generator, device).mul_(2).sub_(1)
         values.append(float(z @ hvp(z)))
     t = torch.tensor(values, dtype=torch.float64, device="cpu")
@@ -164,7 +167,8 @@ class HessianProbe(Probe):
     """
 
     name = "hessian"
-    summary = "top Hessian eigenvalue (Lanczos) and trace (Hutchinson) of the train-mode BN loss vs 2/lr"
+    summary = ("top Hessian eigenvalue (Lanczos) and trace (Hutchinson) of the train-mode BN loss "
+               "vs 2/lr")
     cost = "one double-backward graph + (iters + samples) Hessian-vector products on the batch"
 
     def __init__(self, every: int = 1, iters: int = 20, samples: int = 10, seed: int = 0) -> None:
@@ -185,9 +189,11 @@ class HessianProbe(Probe):
         # CPU: same draws on any device
         generator = torch.Generator().manual_seed(self.seed + int(ctx.step))
         top, bottom, steps = lanczos_extremes(hvp, dim, self.iters, generator, device)
-        out = {"top_eigenvalue": top, "bottom_eigenvalue": bottom, "lanczos_steps": float(steps), "loss": loss}
+        out = {"top_eigenvalue": top, "bottom_eigenvalue": bottom, "lanczos_steps": float(steps),
+               "loss": loss}
         if self.samples:
-            out["trace"], out["trace_se"] = hutchinson_trace(hvp, dim, self.samples, generator, device)
+            out["trace"], out["trace_se"] = hutchinson_trace(hvp, dim, self.samples, generator,
+                                                             device)
         if ctx.optimizer is not None or ctx.lr is not None:
             out["threshold"] = stability_threshold(ctx)
         return out

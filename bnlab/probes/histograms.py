@@ -56,7 +56,8 @@ class HistogramsProbe(Probe):
             rows = channels_first(outputs[name].double())
             if name not in self.chosen:
                 count = min(self.units, rows.shape[0])
-                self.chosen[name] = sorted(int(u) for u in rng.choice(rows.shape[0], size=count, replace=False))
+                self.chosen[name] = sorted(int(u) for u in rng.choice(rows.shape[0], size=count,
+                                                                      replace=False))
             for unit in self.chosen[name]:
                 values = rows[unit]
                 tag = f"{name}[{unit}]"

@@ -7,7 +7,9 @@ from collections.abc import Iterable
 
 import torch
 
-from .base import PROBES, Probe, ProbeContext, cosine, flat, loss_and_grads, select_layers, weight_layers
+from .base import (
+    PROBES, Probe, ProbeContext, cosine, flat, loss_and_grads, select_layers, weight_layers,
+)
 from .state import simulated_step
 
 
@@ -63,7 +65,8 @@ class ICSProbe(Probe):
     name = "ics"
     summary = ("gradient change of each layer when the preceding layers take this step's update "
                "(Santurkar Def. 2.1, Fig. 6)")
-    cost = "1 optimizer step (simulated) + 1 + k' forward/backward passes (k' = weight layers after the first)"
+    cost = ("1 optimizer step (simulated) + 1 + k' forward/backward passes "
+            "(k' = weight layers after the first)")
 
     def __init__(self, every: int = 1, layers: Iterable[str] | None = None) -> None:
         super().__init__(every)
@@ -81,7 +84,8 @@ class ICSProbe(Probe):
         updated = {n: updated_by_id[id(p)] for n, p in params.items()}
         layer_params = {}
         for lname, module in chosen:
-            names = [f"{lname}.{pn}" if lname else pn for pn, p in module.named_parameters() if p.requires_grad]
+            names = [f"{lname}.{pn}" if lname else pn for pn, p in module.named_parameters()
+                     if p.requires_grad]
             if names:
                 layer_params[lname] = names
         wrt = [n for names in layer_params.values() for n in names]

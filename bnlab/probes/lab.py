@@ -42,8 +42,8 @@ def create(name: str, every: int = 1, **options: Any) -> Probe:
     if name in SEARCHES:
         raise ValueError(
             f"{name} is a search over training runs, not a step probe: call "
-            f"bnlab.probes.max_stable_lr(train_fn) or max_stable_lr_for(model, loss_fn, batches, steps); "
-            f"valid probes: {', '.join(PROBES)}"
+            "bnlab.probes.max_stable_lr(train_fn) or max_stable_lr_for(model, loss_fn, batches, "
+            f"steps); valid probes: {', '.join(PROBES)}"
         )
     if isinstance(name, str) and "(" in name:
         entry, from_spec = PROBES.lookup(name, defaults=False)
@@ -66,7 +66,7 @@ class Lab:
     ...     lab.after_backward((x, y), step)      # gradients present, before the update
     ...     opt.step()
     ...     lab.after_step((x, y), step)          # only two-phase probes (effective_lr) need it
-    >>> lab.records                                # [(step, "probe/landscape/beta_smoothness", 3.1), ...]
+    >>> lab.records  # [(step, "probe/landscape/beta_smoothness", 3.1), ...]
 
     The Lab is the hooks' :class:`~bnlab.callbacks.Loop`: ``after_backward`` calls
     ``on_after_backward`` and ``on_before_optimizer_step``, ``after_step`` calls
@@ -91,8 +91,10 @@ class Lab:
                                  f"bnlab.callbacks.Callback objects (Probes among them), got {p!r}")
         self.callbacks = CallbackList(self.probes)
         if recorder is not None and not callable(recorder) and not hasattr(recorder, "log_metrics"):
-            raise ValueError("recorder must be callable(step, name, value) or have log_metrics(run_id, step, dict)")
-        if recorder is not None and hasattr(recorder, "log_metrics") and not callable(recorder) and run_id is None:
+            raise ValueError("recorder must be callable(step, name, value) or have "
+                             "log_metrics(run_id, step, dict)")
+        if (recorder is not None and hasattr(recorder, "log_metrics") and not callable(recorder)
+                and run_id is None):
             run_id = getattr(recorder, "run_id", None)
             if run_id is None:
                 raise ValueError("a recorder with log_metrics(run_id, step, values) needs run_id=")

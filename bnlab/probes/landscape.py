@@ -67,7 +67,8 @@ def default_range(model: nn.Module) -> tuple[float, float]:
     return CNN_RANGE if has_conv else DLN_RANGE
 
 
-def step_sizes(lr: float, multipliers: tuple[float, float], num: int, spacing: str = "linear") -> torch.Tensor:
+def step_sizes(lr: float, multipliers: tuple[float, float], num: int,
+               spacing: str = "linear") -> torch.Tensor:
     a, b = (float(v) for v in multipliers)
     if not (0 < a <= b):
         raise ValueError(f"step-size range must satisfy 0 < a <= b, got {multipliers!r}")
@@ -128,7 +129,8 @@ def _flat(tensors) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
-def _naive(ctx: ProbeContext, names, theta, direction, steps) -> tuple[list[float], list[torch.Tensor]]:
+def _naive(ctx: ProbeContext, names, theta, direction,
+           steps) -> tuple[list[float], list[torch.Tensor]]:
     """One forward/backward per step size (buffers and RNG rewound before each)."""
     losses, grads = [], []
     for s in steps.tolist():
@@ -161,7 +163,8 @@ def _batched(ctx: ProbeContext, names, theta, direction, steps, chunk_size=None)
     def loss_of(params, buffers):
         return loss_fn(torch.func.functional_call(model, {**params, **buffers, **frozen}, (x,)), y)
 
-    toggled = [m for m in model.modules() if is_bn_layer(m) and getattr(m, "track_running_stats", False)]
+    toggled = [m for m in model.modules() if is_bn_layer(m)
+               and getattr(m, "track_running_stats", False)]
     # (setattr: a BN-like module, torch's or bnlab's; nn.Module declares no such flag)
     for m in toggled:
         setattr(m, "track_running_stats", False)
@@ -169,7 +172,8 @@ def _batched(ctx: ProbeContext, names, theta, direction, steps, chunk_size=None)
         if ctx.snapshot is not None:
             ctx.snapshot.reset_rng()
         with torch.enable_grad():
-            losses = torch.func.vmap(loss_of, randomness="same", chunk_size=chunk_size)(leaves, batched_buffers)
+            losses = torch.func.vmap(loss_of, randomness="same",
+                                     chunk_size=chunk_size)(leaves, batched_buffers)
             grads = torch.autograd.grad(losses.sum(), [leaves[n] for n in names], allow_unused=True)
     finally:
         for m in toggled:
@@ -238,7 +242,8 @@ def evaluate_landscape(ctx: ProbeContext, steps: torch.Tensor, method: str = "au
     loss0, g0 = losses.pop(0), grads.pop(0)
     changes = [float((g0 - g).norm()) for g in grads]
     return LandscapeResult(steps=steps.tolist(), losses=losses, grad_changes=changes, loss=loss0,
-                           grad_norm=float(_flat(g_dir.values()).norm()), method=method, fallback_reason=reason)
+                           grad_norm=float(_flat(g_dir.values()).norm()), method=method,
+                           fallback_reason=reason)
 
 
 @PROBES.register()
@@ -262,8 +267,10 @@ class LandscapeProbe(Probe):
     """
 
     name = "landscape"
-    summary = "loss range, gradient predictiveness and β-smoothness along the gradient (Santurkar Figs 9-12)"
-    cost = "naive: 1 + num forward/backward passes; batched: one vmapped forward/backward over num + 1 step sizes"
+    summary = ("loss range, gradient predictiveness and β-smoothness along the gradient "
+               "(Santurkar Figs 9-12)")
+    cost = ("naive: 1 + num forward/backward passes; batched: one vmapped forward/backward over "
+            "num + 1 step sizes")
 
     def __init__(self, every: int = 1, multipliers: Sequence[float] | None = None, num: int = 8,
                  spacing: str = "linear", method: str = "auto", verify: bool = True,
@@ -296,7 +303,8 @@ class LandscapeProbe(Probe):
         result = evaluate_landscape(ctx, steps, method, self.chunk_size, self.direction)
         if result.fallback_reason is not None and self.fallback_reason is None:
             self.fallback_reason = result.fallback_reason
-            warnings.warn(f"landscape probe: batched evaluation unavailable, using naive ({result.fallback_reason})",
+            warnings.warn("landscape probe: batched evaluation unavailable, using naive "
+                          f"({result.fallback_reason})",
                           stacklevel=2)
         if result.method == "batched" and self.verify and not self.verified:
             reference = evaluate_landscape(ctx, steps, "naive", direction=self.direction)
@@ -304,7 +312,8 @@ class LandscapeProbe(Probe):
             self.verified = True
             if mismatch is not None:
                 self.fallback_reason = f"batched evaluation disagrees with naive ({mismatch})"
-                warnings.warn(f"landscape probe: {self.fallback_reason}; using naive from now on", stacklevel=2)
+                warnings.warn(f"landscape probe: {self.fallback_reason}; using naive from now on",
+                              stacklevel=2)
                 result = reference
         self.last = result
         return result.metrics()

@@ -62,7 +62,8 @@ class StableLRResult:
         return out
 
 
-def max_stable_lr(train_fn: Callable[[float], Any], candidates: Iterable[float] = DEFAULT_CANDIDATES,
+def max_stable_lr(train_fn: Callable[[float], Any],
+                  candidates: Iterable[float] = DEFAULT_CANDIDATES,
                   strategy: str = "descending") -> StableLRResult:
     """The largest candidate learning rate for which ``train_fn(lr)`` reports stable training.
 
@@ -73,7 +74,8 @@ def max_stable_lr(train_fn: Callable[[float], Any], candidates: Iterable[float] 
     """
     lrs = sorted({float(c) for c in candidates}, reverse=True)
     if not lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in lrs):
-        raise ValueError(f"candidates must be positive finite learning rates, got {list(candidates)!r}")
+        raise ValueError("candidates must be positive finite learning rates, got "
+                         f"{list(candidates)!r}")
     check_choice("strategy", strategy, STRATEGIES, "strategies")
     result = StableLRResult(lr=None)
     for lr in lrs:
@@ -86,9 +88,9 @@ def max_stable_lr(train_fn: Callable[[float], Any], candidates: Iterable[float] 
     return result
 
 
-def train_status(model: nn.Module, loss_fn: Callable, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                 lr: float, steps: int, *, momentum: float = 0.0, weight_decay: float = 0.0,
-                 blowup: float = 1e3) -> str:
+def train_status(model: nn.Module, loss_fn: Callable,
+                 batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float, steps: int, *,
+                 momentum: float = 0.0, weight_decay: float = 0.0, blowup: float = 1e3) -> str:
     """Train a *copy* of ``model`` with SGD for ``steps`` steps cycling over ``batches``.
 
     Returns ``"diverged"`` as soon as the loss is non-finite or exceeds ``blowup`` × the first loss,
@@ -116,10 +118,12 @@ def train_status(model: nn.Module, loss_fn: Callable, batches: Sequence[tuple[to
     return "finished"
 
 
-def max_stable_lr_for(model: nn.Module, loss_fn: Callable, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                      steps: int, candidates: Iterable[float] = DEFAULT_CANDIDATES, strategy: str = "descending",
-                      **train_options) -> StableLRResult:
+def max_stable_lr_for(model: nn.Module, loss_fn: Callable,
+                      batches: Sequence[tuple[torch.Tensor, torch.Tensor]], steps: int,
+                      candidates: Iterable[float] = DEFAULT_CANDIDATES,
+                      strategy: str = "descending", **train_options) -> StableLRResult:
     """:func:`max_stable_lr` with :func:`train_status` as the trainer: each candidate starts from
     ``model``."""
-    return max_stable_lr(lambda lr: train_status(model, loss_fn, batches, lr, steps, **train_options),
+    return max_stable_lr(lambda lr: train_status(model, loss_fn, batches, lr, steps,
+                                                 **train_options),
                          candidates, strategy)

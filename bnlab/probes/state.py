@@ -87,7 +87,8 @@ class Snapshot:
                 self.generators.append((module, gen, None if gen is None else gen.get_state()))
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = (
-            torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+            torch.cuda.get_rng_state_all()
+            if torch.cuda.is_available() and torch.cuda.is_initialized() else None
         )
         self.optimizer_state = None
         self.optimizer_groups = None
@@ -96,7 +97,8 @@ class Snapshot:
                 p: {k: _clone(v) for k, v in state.items()} for p, state in optimizer.state.items()
             }
             self.optimizer_groups = [
-                {k: _clone(v) for k, v in group.items() if k != "params"} for group in optimizer.param_groups
+                {k: _clone(v) for k, v in group.items() if k != "params"}
+                for group in optimizer.param_groups
             ]
 
     # -- partial rewinds --------------------------------------------------------------------------
@@ -150,7 +152,8 @@ class Snapshot:
             self._restore_optimizer()
 
     def _restore_optimizer(self) -> None:
-        optimizer, saved_state, saved_groups = self.optimizer, self.optimizer_state, self.optimizer_groups
+        optimizer = self.optimizer
+        saved_state, saved_groups = self.optimizer_state, self.optimizer_groups
         if optimizer is None or saved_state is None or saved_groups is None:
             return  # no optimizer was snapshotted
         for p in list(optimizer.state.keys()):
@@ -172,7 +175,8 @@ class Snapshot:
 
 
 @contextmanager
-def preserved(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> Iterator[Snapshot]:
+def preserved(model: nn.Module,
+              optimizer: torch.optim.Optimizer | None = None) -> Iterator[Snapshot]:
     """``with preserved(model, opt) as snap: ...`` -- whatever happens inside is undone on exit."""
     snap = Snapshot(model, optimizer)
     try:

@@ -8,7 +8,9 @@ See ``docs/readme/train.md``.
 """
 
 from bnlab.callbacks import Callback
-from bnlab.train.config import COSMETIC_KEYS, OPTIMIZERS, TrainConfig, load_config_file, validate_static
+from bnlab.train.config import (
+    COSMETIC_KEYS, OPTIMIZERS, TrainConfig, load_config_file, validate_static,
+)
 from bnlab.train.loop import RunInterrupted, RunRecord, load_model, prepare, run
 from bnlab.train.optim import Projection, build_optimizer, find_scale_invariant, resolve_override
 from bnlab.train.schedules import SCHEDULE_FORMS, Schedule, parse_schedule

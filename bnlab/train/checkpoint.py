@@ -161,8 +161,8 @@ def load_checkpoint(
     if state["format"] == 1 and "checksum" in state:
         # format 1 never had a checksum: this is a later checkpoint relabelled to skip verification
         raise CheckpointCorruptError(
-            f"checkpoint {path} says format 1 (unverified) but carries a checksum, as only format 2 "
-            "does: its format was changed; nothing was loaded. " + _recovery(path))
+            f"checkpoint {path} says format 1 (unverified) but carries a checksum, as only format "
+            "2 does: its format was changed; nothing was loaded. " + _recovery(path))
     if state["format"] == 1:
         warnings.warn(f"checkpoint {path} was written by an earlier bnlab without a checksum; "
                       "loaded unverified", stacklevel=2)
@@ -191,7 +191,8 @@ def _recovery(path: Path) -> str:
     """The documented way out of a damaged checkpoint (docs/readme/train.md)."""
     prev = previous_path(path)
     run_id = path.stem
-    scratch = f"delete it ({path}) or the run (`bnlab runs delete {run_id}`) and re-run to train from scratch"
+    scratch = (f"delete it ({path}) or the run (`bnlab runs delete {run_id}`) and re-run to train "
+               "from scratch")
     if not prev.exists():
         return f"Recovery: {scratch}."
     try:
@@ -201,8 +202,9 @@ def _recovery(path: Path) -> str:
         step = previous.get("step")
     except (ValueError, AttributeError):
         return f"The previous checkpoint {prev} is damaged too. Recovery: {scratch}."
-    return (f"Recovery: resume from the previous checkpoint (step {step}) with `mv {prev} {path}` and "
-            f"re-run the same command (the steps after it are retrained: same result), or {scratch}.")
+    return (f"Recovery: resume from the previous checkpoint (step {step}) with `mv {prev} {path}` "
+            "and re-run the same command (the steps after it are retrained: same result), or "
+            f"{scratch}.")
 
 
 def pack_rows(rows: list[tuple[int, str, float | None]]) -> dict[str, Any]:
@@ -214,7 +216,8 @@ def pack_rows(rows: list[tuple[int, str, float | None]]) -> dict[str, Any]:
         "names": names,
         "steps": torch.tensor([s for s, _, _ in rows], dtype=torch.int64),
         "name_index": torch.tensor([index[n] for _, n, _ in rows], dtype=torch.int32),
-        "values": torch.tensor([float("nan") if v is None else v for _, _, v in rows], dtype=torch.float64),
+        "values": torch.tensor([float("nan") if v is None else v for _, _, v in rows],
+                               dtype=torch.float64),
     }
 
 
@@ -225,7 +228,8 @@ def unpack_rows(packed: dict[str, Any] | None) -> list[tuple[int, str, float | N
     names = packed["names"]
     return [
         (s, names[i], None if v != v else v)
-        for s, i, v in zip(packed["steps"].tolist(), packed["name_index"].tolist(), packed["values"].tolist())
+        for s, i, v in zip(packed["steps"].tolist(), packed["name_index"].tolist(),
+                           packed["values"].tolist())
     ]
 
 
@@ -240,7 +244,8 @@ def repair_from_checkpoint(store: Store, runs_dir: str | os.PathLike[str],
     final = ckpt.get("final_summary") if ckpt is not None else None
     rows = unpack_rows(ckpt.get("store_rows")) if ckpt is not None else None
     finished = isinstance(final, dict) and final.get("status") == "finished"
-    if ckpt is None or final is None or ckpt.get("run_id") != run_id or not finished or rows is None:
+    if (ckpt is None or final is None or ckpt.get("run_id") != run_id or not finished
+            or rows is None):
         why = "there is none" if ckpt is None else "it is not this finished run's final checkpoint"
         raise StoreIntegrityError(
             f"run {run_id} cannot be rebuilt from its final checkpoint {path}: {why}. "

@@ -61,7 +61,8 @@ def current() -> Rank | None:
     """This process's rank in an initialized default group of more than one process, else None."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
-    return Rank(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+    return Rank(dist.get_rank(), dist.get_world_size(),
+                int(os.environ.get("LOCAL_RANK", dist.get_rank())))
 
 
 def is_follower() -> bool:
@@ -85,7 +86,8 @@ def gather_rows(t: torch.Tensor, sizes: list[int], group=None) -> torch.Tensor:
     """Every rank's rows of t (rank r holds sizes[r]) concatenated in rank order; differentiable."""
     group = group if group is not None else dist.group.WORLD
     top = max(sizes)
-    padded = torch.cat([t, t.new_zeros((top - t.shape[0], *t.shape[1:]))]) if t.shape[0] < top else t
+    padded = (torch.cat([t, t.new_zeros((top - t.shape[0], *t.shape[1:]))]) if t.shape[0] < top
+              else t)
     # backward: Σ over ranks of ∂L_r/∂(rows), reaching each owner
     stacked = all_gather(padded, group)
     return torch.cat([stacked[r, :n] for r, n in enumerate(sizes)])
@@ -114,7 +116,8 @@ class DataParallelTrainer(Trainer):
     def __init__(self, prep, store, run_id: str, progress: Any, callbacks: list[Any]):
         me = current()
         if me is None:
-            raise RuntimeError("DataParallelTrainer needs an initialized process group of more than one rank")
+            raise RuntimeError("DataParallelTrainer needs an initialized process group of more "
+                               "than one rank")
         self.me = me
         super().__init__(prep, store, run_id, progress if me.is_main else False, callbacks)
         self.ddp: nn.Module | None = None
@@ -201,7 +204,8 @@ def follow(prep, run_id: str) -> None:
     with tempfile.TemporaryDirectory(prefix=f"bnlab-rank{dist.get_rank()}-") as scratch:
         store = Store(Path(scratch) / "bnlab.db")
         try:
-            store.create_run(run_id, prep.config.to_dict(), config_hash=prep.config.config_hash(), env={})
+            store.create_run(run_id, prep.config.to_dict(), config_hash=prep.config.config_hash(),
+                             env={})
             kept = [cb for cb in prep.callbacks if getattr(cb, "changes_training", False)]
             trainer = DataParallelTrainer(prep, store, run_id, False, kept)
             trainer.setup()

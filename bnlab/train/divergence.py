@@ -27,10 +27,12 @@ class Divergence(Exception):
         self.step, self.loss, self.reason = step, loss, reason
 
 
-def scan_losses(losses: Sequence[float], first_step: int, start_loss: float | None, factor: float | None) -> None:
+def scan_losses(losses: Sequence[float], first_step: int, start_loss: float | None,
+                factor: float | None) -> None:
     """Raise :class:`Divergence` at the first of ``losses`` (of steps ``first_step``, ...) that is
     non-finite or above ``factor`` × ``start_loss``."""
-    limit = factor * max(abs(start_loss), _LOSS_FLOOR) if factor and start_loss is not None else math.inf
+    limit = (factor * max(abs(start_loss), _LOSS_FLOOR) if factor and start_loss is not None
+             else math.inf)
     for offset, value in enumerate(losses):
         step = first_step + offset
         if not math.isfinite(value):
@@ -38,13 +40,15 @@ def scan_losses(losses: Sequence[float], first_step: int, start_loss: float | No
         if value > limit:
             raise Divergence(
                 step, value,
-                f"loss {value:.4g} at step {step} exceeds divergence_factor {factor:g} x the first loss {start_loss:.4g}",
+                f"loss {value:.4g} at step {step} exceeds divergence_factor {factor:g} x the first "
+                f"loss {start_loss:.4g}",
             )
 
 
 def state_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """The tensors whose finiteness is checked: every parameter and floating buffer, by name."""
-    named = [*model.named_parameters(), *((n, b) for n, b in model.named_buffers() if b.is_floating_point())]
+    named = [*model.named_parameters(),
+             *((n, b) for n, b in model.named_buffers() if b.is_floating_point())]
     return [(name, t) for name, t in named if t.numel()]
 
 
@@ -53,8 +57,10 @@ def check_state(named: Sequence[tuple[str, torch.Tensor]], step: int, loss: floa
     if not named:
         return
     # one multi-tensor kernel for the max-norms (NaN and inf propagate), one read
-    peaks = torch.stack([p.float() for p in torch._foreach_norm([t.detach() for _, t in named], math.inf)])
+    peaks = torch.stack([p.float() for p in torch._foreach_norm([t.detach() for _, t in named],
+                                                                math.inf)])
     finite = torch.isfinite(peaks).tolist()
     if not all(finite):
         bad = [name for (name, _), ok in zip(named, finite) if not ok]
-        raise Divergence(step, loss, f"non-finite parameters/buffers after step {step}: {', '.join(bad[:5])}")
+        raise Divergence(step, loss, f"non-finite parameters/buffers after step {step}: "
+                                     f"{', '.join(bad[:5])}")

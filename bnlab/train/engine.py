@@ -55,7 +55,8 @@ class Trainer:
     # Ctrl-C stops the run at the next step boundary (bnlab.train.interrupt)
     defer_interrupts = True
 
-    def __init__(self, prep: Prepared, store: Store, run_id: str, progress: Any, callbacks: list[Any]):
+    def __init__(self, prep: Prepared, store: Store, run_id: str, progress: Any,
+                 callbacks: list[Any]):
         self.prep = prep
         self.config = cfg = prep.config
         self.store = store
@@ -99,9 +100,11 @@ class Trainer:
     def _build_module_lists(self) -> None:
         modules = list(self.model.modules())
         # duck-typed: any layer with set_progress(lr=, epoch=, epochs=) (CBN, MBN, a user's own)
-        self.progress_layers: list[Any] = [m for m in modules if callable(getattr(m, "set_progress", None))]
+        self.progress_layers: list[Any] = [m for m in modules
+                                           if callable(getattr(m, "set_progress", None))]
         # regularization_loss is 0.0 (a float) when no layer has a regularizer: skip it per step
-        self.regularizer = regularization_loss if torch.is_tensor(regularization_loss(self.model)) else None
+        has_regularizer = torch.is_tensor(regularization_loss(self.model))
+        self.regularizer = regularization_loss if has_regularizer else None
         self.state_tensors = state_tensors(self.model)
         self.variances = variance_buffers(self.model)
         self.noise_layers = []
@@ -267,8 +270,9 @@ class Trainer:
                     if skip == 0:
                         self.epoch_start_state = self.data_gen.get_state()
                     epoch_batches = batches(
-                        self.data.x_train, self.data.y_train, self.prep.batch_size, generator=self.data_gen,
-                        shuffle=True, drop_last=self.prep.drop_last, augment=self.prep.augment,
+                        self.data.x_train, self.data.y_train, self.prep.batch_size,
+                        generator=self.data_gen, shuffle=True, drop_last=self.prep.drop_last,
+                        augment=self.prep.augment,
                     )
                     for _ in range(skip):  # replay the draws of batches taken before the checkpoint
                         next(epoch_batches)

@@ -35,17 +35,21 @@ def train(config: TrainConfig | dict, *, callbacks=(), progress: Any = None, for
     if torchrun_environment() and current() is None:
         return _as_rank(cfg, list(callbacks), progress, force, model_factory)
     if cfg.nproc > 1 and current() is None:
-        return launch(cfg, callbacks=callbacks, progress=progress, force=force, model_factory=model_factory)
-    return run(cfg, callbacks=callbacks, progress=progress, force=force, model_factory=model_factory)
+        return launch(cfg, callbacks=callbacks, progress=progress, force=force,
+                      model_factory=model_factory)
+    return run(cfg, callbacks=callbacks, progress=progress, force=force,
+               model_factory=model_factory)
 
 
-def launch(cfg: TrainConfig, *, callbacks=(), progress: Any = None, force: bool = False, model_factory=None):
+def launch(cfg: TrainConfig, *, callbacks=(), progress: Any = None, force: bool = False,
+           model_factory=None):
     """Run ``cfg`` on ``cfg.nproc`` local processes with torch.distributed's elastic launcher (the
     one ``torchrun --standalone`` uses: rendezvous on a free localhost port, no restarts); rank 0's
     record."""
     launch_config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=cfg.nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, start_method="spawn")
+        min_nodes=1, max_nodes=1, nproc_per_node=cfg.nproc, run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+        start_method="spawn")
     # The elastic agent installs its own SIGINT/SIGTERM/... handlers in this process and never puts
     # the previous ones back: a later Ctrl-C would raise torch's SignalException in unrelated code.
     saved = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
@@ -79,15 +83,15 @@ def _as_rank(config: TrainConfig, callbacks: list, progress: Any, force: bool, m
     cuda = torch.device(cfg.device).type == "cuda"
     if cuda:
         if torch.device(cfg.device).index is not None:
-            raise ValueError(f"device {cfg.device!r} names one GPU; with several processes use device cuda "
-                             "(each local rank takes GPU LOCAL_RANK)")
+            raise ValueError(f"device {cfg.device!r} names one GPU; with several processes use "
+                             "device cuda (each local rank takes GPU LOCAL_RANK)")
         torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl" if cuda else "gloo")
     try:
         main = dist.get_rank() == 0
         kept = [cb for cb in callbacks if main or getattr(cb, "changes_training", False)]
-        record = run(cfg, callbacks=kept, progress=progress if main else False, force=force and main,
-                     model_factory=model_factory)
+        record = run(cfg, callbacks=kept, progress=progress if main else False,
+                     force=force and main, model_factory=model_factory)
     finally:
         dist.destroy_process_group()
     return record if main else None

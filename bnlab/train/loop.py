@@ -54,7 +54,8 @@ _Trainer = Trainer  # the name before the split (tests patch it)
 
 __all__ = [
     "Callback", "ModelFactory", "Prepared", "RunInterrupted", "RunRecord",
-    "Trainer", "build_model", "derive_seed", "environment", "load_model", "parse_probe_spec", "prepare", "run",
+    "Trainer", "build_model", "derive_seed", "environment", "load_model", "parse_probe_spec",
+    "prepare", "run",
 ]
 
 ENDED = ("finished", "diverged")
@@ -132,7 +133,8 @@ def run(
             _delete(store, runs_dir, run_id, existing)
         elif existing is not None and existing["status"] in ENDED:
             record = RunRecord.from_store(existing)
-            record.message = f"{run_id} already {existing['status']} — stored result; --force to retrain"
+            record.message = (f"{run_id} already {existing['status']} — stored result; "
+                              "--force to retrain")
             _say(progress, record.message)
             distributed.announce(False, run_id)  # data parallel: the other ranks stop too
             return record
@@ -190,7 +192,8 @@ def _train(prep: Prepared, store: Store, run_id: str, identity: dict, progress: 
     resumed = trainer.checkpoints.resumed_from
     if resumed is not None and trainer.checkpoints.final is None:
         _say(progress, f"resuming {run_id} from step {resumed} of {trainer.total_steps}")
-    base_summary = {"scale_invariant": trainer.scale_invariant, "checkpoint": str(trainer.checkpoints.path)}
+    base_summary = {"scale_invariant": trainer.scale_invariant,
+                    "checkpoint": str(trainer.checkpoints.path)}
     store.set_status(run_id, "running", steps=trainer.step, env=env, summary=base_summary)
     # signals deferred to a step boundary; ignored while the end is recorded
     with trainer.interrupt:
@@ -208,7 +211,8 @@ def _train_and_record(trainer: Trainer, store: Store, run_id: str, base_summary:
             trainer.flush()
             trainer.loop.end(status)
         finally:
-            error = f"interrupted at step {trainer.step}" if interrupted else f"{type(err).__name__}: {err}"
+            error = (f"interrupted at step {trainer.step}" if interrupted
+                     else f"{type(err).__name__}: {err}")
             store.set_status(run_id, status, steps=trainer.step, error=error, summary=base_summary)
         if interrupted:
             raise RunInterrupted(run_id, trainer.step, trainer.interrupt.signum) from None
@@ -220,7 +224,8 @@ def _train_and_record(trainer: Trainer, store: Store, run_id: str, base_summary:
     trainer.interrupt.hold()
     trainer.loop.end(status)
     checkpoint = str(trainer.checkpoints.path) if status == "finished" else None
-    summary = {"metrics": metrics, "scale_invariant": trainer.scale_invariant, "checkpoint": checkpoint}
+    summary = {"metrics": metrics, "scale_invariant": trainer.scale_invariant,
+               "checkpoint": checkpoint}
     reason = getattr(trainer, "divergence_reason", None) if status == "diverged" else None
     # sealed with the rows the trainer kept in memory (the store is made to hold exactly those)
     store.set_status(run_id, status, steps=trainer.step, error=reason, summary=summary,
@@ -236,7 +241,8 @@ def _train_and_record(trainer: Trainer, store: Store, run_id: str, base_summary:
 
 def _brief_identity(identity: dict) -> dict:
     """What the stored config row says about the identity beyond the config keys."""
-    return {"model": identity["model"][:16], "callbacks": identity["callbacks"], "bnlab": identity["bnlab"]}
+    return {"model": identity["model"][:16], "callbacks": identity["callbacks"],
+            "bnlab": identity["bnlab"]}
 
 
 def load_model(
@@ -262,8 +268,8 @@ def load_model(
         custom = cfg.model not in models.MODELS
     if model_factory is None and custom:
         raise ValueError(
-            f"run {run_id} was trained with a model_factory (model label {cfg.model!r}); its code is not "
-            f"stored, so pass the same factory: load_model({run_id!r}, {str(runs_dir)!r}, "
+            f"run {run_id} was trained with a model_factory (model label {cfg.model!r}); its code "
+            f"is not stored, so pass the same factory: load_model({run_id!r}, {str(runs_dir)!r}, "
             "model_factory=your_factory)"
         )
     model = build_model(cfg, spec["input_shape"], spec["num_classes"], model_factory)

@@ -202,7 +202,8 @@ def _joint_affine_groups(model, loss, reference, rtol) -> dict[str, str]:
         if not (isinstance(w, nn.Parameter) and isinstance(b, nn.Parameter) and w.dim() == 1
                 and w.shape == b.shape and w.requires_grad and b.requires_grad):
             continue
-        names = [f"{module_name}.weight" if module_name else "weight", f"{module_name}.bias" if module_name else "bias"]
+        names = [f"{module_name}.weight" if module_name else "weight",
+                 f"{module_name}.bias" if module_name else "bias"]
         if any(n not in params or n in found for n in names):
             continue
 
@@ -231,7 +232,8 @@ def resolve_override(model: nn.Module, patterns: Iterable[str]) -> dict[str, str
         granularity = granularity or "tensor"
         if granularity not in GRANULARITIES:
             raise ValueError(
-                f"scale_invariant entry {raw!r}: granularity must be one of {', '.join(GRANULARITIES)}"
+                f"scale_invariant entry {raw!r}: granularity must be one of "
+                f"{', '.join(GRANULARITIES)}"
             )
         if granularity == "joint":  # every parameter the pattern matches forms one group
             granularity = f"joint:{pattern}"
@@ -283,9 +285,11 @@ class Projection:
             current = _group_norms(members, granularity)
             radius = self.radii[key]
             # a zero slice has no direction to keep; leave it at zero instead of dividing by 0
-            factor = torch.where(current > 0, radius / current.clamp_min(1e-300), torch.ones_like(current))
+            factor = torch.where(current > 0, radius / current.clamp_min(1e-300),
+                                 torch.ones_like(current))
             for param in members:
-                f = factor.reshape((param.shape[0],) + (1,) * (param.dim() - 1)) if granularity == "rows" else factor
+                f = (factor.reshape((param.shape[0],) + (1,) * (param.dim() - 1))
+                     if granularity == "rows" else factor)
                 param.copy_((param.to(torch.float64) * f).to(param.dtype))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -317,7 +321,8 @@ def build_optimizer(
     lr_w = lr if lr_scale_invariant is None else lr_scale_invariant
     groups = []
     if invariant_params:
-        groups.append({"params": invariant_params, "lr": lr_w, "base_lr": lr_w, "group": "scale_invariant"})
+        groups.append({"params": invariant_params, "lr": lr_w, "base_lr": lr_w,
+                       "group": "scale_invariant"})
     if other_params:
         groups.append({"params": other_params, "lr": lr, "base_lr": lr, "group": "scale_variant"})
     if not groups:

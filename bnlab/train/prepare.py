@@ -51,7 +51,9 @@ def _resolve_device(name: str) -> torch.device:
     except (RuntimeError, TypeError):
         raise ValueError(f"invalid device {name!r}; valid: cpu, cuda, cuda:N, mps") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available here; use device cpu")
+        raise ValueError(
+            f"device {name!r} requested but CUDA is not available here; use device cpu"
+        )
     if device.type == "cuda" and device.index is None:
         # "cuda" and "cuda:0" compare unequal; layers compare generator devices, so be explicit
         device = torch.device("cuda", torch.cuda.current_device())
@@ -85,7 +87,8 @@ ModelFactory = Callable[[tuple, int], nn.Module]
 
 
 def build_model(
-    config: TrainConfig, input_shape: Sequence[int], num_outputs: int, model_factory: ModelFactory | None = None
+    config: TrainConfig, input_shape: Sequence[int], num_outputs: int,
+    model_factory: ModelFactory | None = None
 ) -> nn.Module:
     """The model of ``config`` with its initialization fixed by ``config.seed`` (on the CPU).
 
@@ -117,7 +120,8 @@ def _create_model(config: TrainConfig, input_shape: Sequence[int], num_outputs: 
 
 
 def prepare(
-    config: TrainConfig | dict, callbacks: Iterable[Any] = (), model_factory: ModelFactory | None = None
+    config: TrainConfig | dict, callbacks: Iterable[Any] = (),
+    model_factory: ModelFactory | None = None
 ) -> Prepared:
     """Build data, model and callbacks for ``config`` (a :class:`TrainConfig`, validated when it was
     built, or a dict it is built from here); ``ValueError`` if they do not fit together."""
@@ -127,8 +131,8 @@ def prepare(
     device = _resolve_device(cfg.device)
     options = dict(cfg.data_options)
     data_seed = options.pop("seed", cfg.seed)
-    ds = data_mod.load(cfg.data, device=device, seed=data_seed, data_dir=cfg.data_dir, verify=cfg.verify,
-                       download=cfg.download, **options)
+    ds = data_mod.load(cfg.data, device=device, seed=data_seed, data_dir=cfg.data_dir,
+                       verify=cfg.verify, download=cfg.download, **options)
     batch_size, drop_last, steps_per_epoch = _batching(cfg, ds.n_train)
     total_steps = _total_steps(cfg, steps_per_epoch)
     total_epochs = -(-total_steps // steps_per_epoch)
@@ -138,7 +142,8 @@ def prepare(
     loss_fn = _loss_for(ds.task)
     _check_forward(cfg, model, ds, loss_fn)
     # an override that names no parameter is a config error: raised here, before any record
-    overrides = resolve_override(model, cfg.scale_invariant) if cfg.scale_invariant is not None else None
+    overrides = (resolve_override(model, cfg.scale_invariant) if cfg.scale_invariant is not None
+                 else None)
 
     cbs = check_callbacks(callbacks) + _probe_callbacks(cfg)
 
@@ -180,7 +185,8 @@ def _augmentation(cfg: TrainConfig, input_shape: Sequence[int]) -> Callable | No
     if not cfg.augment:
         return None
     if len(input_shape) != 3:
-        raise ValueError(f"augment needs image data (C, H, W); {cfg.data!r} has input shape {input_shape}")
+        raise ValueError(f"augment needs image data (C, H, W); {cfg.data!r} has input shape "
+                         f"{input_shape}")
     return data_mod.cifar_augment
 
 
@@ -262,7 +268,8 @@ def model_fingerprint(model: nn.Module) -> str:
     config). Two factories that build different modules get different run ids."""
     parts = []
     for name, module in model.named_modules():
-        parts.append([name, f"{type(module).__module__}.{type(module).__qualname__}", _hyper_parameters(module)])
+        parts.append([name, f"{type(module).__module__}.{type(module).__qualname__}",
+                      _hyper_parameters(module)])
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         parts.append([name, list(tensor.shape), str(tensor.dtype)])
     blob = json.dumps(parts, sort_keys=True, default=repr, separators=(",", ":"))

@@ -114,7 +114,8 @@ from bnlab.train.checkpoint import unpack_rows  # noqa: E402
 EVAL_CHUNK = 1024
 
 
-def evaluate(model: torch.nn.Module, data: Any, loss_fn: Any, classification: bool) -> dict[str, float]:
+def evaluate(model: torch.nn.Module, data: Any, loss_fn: Any,
+             classification: bool) -> dict[str, float]:
     """Loss (and accuracy) on ``data``'s test split in eval mode; non-finite outputs count as
     wrong."""
     x, y = data.x_test, data.y_test

@@ -33,7 +33,8 @@ from bnlab.train.callbacks import RunTrainer, trainer_of
 
 LOG_TO_FORMS = {"tensorboard": "tensorboard:DIR", "mlflow": "mlflow:URI"}  # --log-to KIND:TARGET
 _MLFLOW_BATCH = 1000  # metrics per log_batch call (MLflow's own limit)
-_MLFLOW_STATUS = {"finished": "FINISHED", "diverged": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+_MLFLOW_STATUS = {"finished": "FINISHED", "diverged": "FINISHED", "failed": "FAILED",
+                  "interrupted": "KILLED"}
 
 
 def _need(module: str, package: str, flag: str):
@@ -42,8 +43,8 @@ def _need(module: str, package: str, flag: str):
         return importlib.import_module(module)
     except ImportError:
         raise ValueError(
-            f"{flag} needs the '{package}' package, which is not installed: pip install 'bnlab[track]' "
-            f"(or pip install {package})"
+            f"{flag} needs the '{package}' package, which is not installed: pip install "
+            f"'bnlab[track]' (or pip install {package})"
         ) from None
 
 
@@ -131,8 +132,10 @@ class MLflowLogger(Callback):
         trainer = trainer_of(loop)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         found = self.client.get_experiment_by_name(self.experiment)
-        experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
-        runs = self.client.search_runs([experiment_id], f"tags.`bnlab.run_id` = '{trainer.run_id}'", max_results=1)
+        experiment_id = (found.experiment_id if found
+                         else self.client.create_experiment(self.experiment))
+        runs = self.client.search_runs([experiment_id], f"tags.`bnlab.run_id` = '{trainer.run_id}'",
+                                       max_results=1)
         if runs:
             self.mlflow_run_id = runs[0].info.run_id
             self.client.update_run(self.mlflow_run_id, status="RUNNING")
@@ -142,7 +145,7 @@ class MLflowLogger(Callback):
             self.mlflow_run_id = run.info.run_id
             from mlflow.entities import Param
 
-            params = [Param(mlflow_key(k), json.dumps(v, default=str) if not isinstance(v, str) else v)
+            params = [Param(mlflow_key(k), v if isinstance(v, str) else json.dumps(v, default=str))
                       for k, v in sorted(_flat(_config_of(trainer)).items())]
             for start in range(0, len(params), 100):
                 self.client.log_batch(self.mlflow_run_id, params=params[start:start + 100])
@@ -151,7 +154,8 @@ class MLflowLogger(Callback):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.pending.extend(Metric(mlflow_key(k), float(v), now, int(step)) for k, v in metrics.items())
+        self.pending.extend(Metric(mlflow_key(k), float(v), now, int(step))
+                            for k, v in metrics.items())
         if len(self.pending) >= _MLFLOW_BATCH:
             self._send()
 
