@@ -51,14 +51,15 @@ def light_main(argv: list[str]) -> int:
         return 0
     name = argv[0] if argv[0] in COMMANDS else "COMMAND"
     missing = _MISSING.name if _MISSING else "typer"
-    print(f"error: `bnlab {name}` needs {missing}, which is not installed: {LAB_INSTALL}", file=sys.stderr)
+    print(f"error: `bnlab {name}` needs {missing}, which is not installed: {LAB_INSTALL}",
+          file=sys.stderr)
     return 1
 
 
 def __getattr__(name: str) -> Any:
     if name in ("app", "LazyGroup", "load_command") and _MISSING is not None:
-        raise ModuleNotFoundError(f"the bnlab command needs {_MISSING.name}, which is not installed: "
-                                  f"{LAB_INSTALL}", name=_MISSING.name)
+        raise ModuleNotFoundError(f"the bnlab command needs {_MISSING.name}, which is not "
+                                  f"installed: {LAB_INSTALL}", name=_MISSING.name)
     raise AttributeError(f"module 'bnlab.cli' has no attribute {name!r}")
 
 

@@ -20,17 +20,24 @@ class Command(NamedTuple):
 
 # Order is the order of `bnlab --help` (plain commands, then command groups, as typer lists them).
 COMMANDS: dict[str, Command] = {
-    "demo": Command("bnlab.cli.demo", "Run the curated smoke entries of all five papers and write the report."),
-    "reproduce": Command("bnlab.cli.experiments", "Run catalogue entries end to end and (re)write the report."),
+    "demo": Command("bnlab.cli.demo",
+                    "Run the curated smoke entries of all five papers and write the report."),
+    "reproduce": Command("bnlab.cli.experiments",
+                         "Run catalogue entries end to end and (re)write the report."),
     "report": Command("bnlab.cli.experiments",
-                      "Write runs/report/index.html and index.md from the store (nothing is re-trained)."),
+                      "Write runs/report/index.html and index.md from the store (nothing is "
+                      "re-trained)."),
     "train": Command("bnlab.cli.train",
                      "Train a model and record the run; re-running the same command resumes it."),
-    "norms": Command("bnlab.cli.norms", "Normalization layers: the catalogue and how to build them."),
-    "experiments": Command("bnlab.cli.experiments", "The catalogue of the papers' figures and tables."),
-    "models": Command("bnlab.cli.models", "The papers' networks: the catalogue and how to build them."),
+    "norms": Command("bnlab.cli.norms",
+                     "Normalization layers: the catalogue and how to build them."),
+    "experiments": Command("bnlab.cli.experiments",
+                           "The catalogue of the papers' figures and tables."),
+    "models": Command("bnlab.cli.models",
+                      "The papers' networks: the catalogue and how to build them."),
     "runs": Command("bnlab.cli.runs", "The recorded runs: list, show, export, delete, plot."),
-    "theory": Command("bnlab.cli.theory", "The papers' closed forms and simulators (bnlab.theory)."),
+    "theory": Command("bnlab.cli.theory",
+                      "The papers' closed forms and simulators (bnlab.theory)."),
 }
 
 

@@ -15,7 +15,8 @@ from bnlab.store import StoreCorruptError, StoreVersionError
 from bnlab.experiments.base import check_preset, get, load_catalogue
 from bnlab.experiments.runner import reproduce
 
-experiments_app = typer.Typer(help="The catalogue of the papers' figures and tables.", no_args_is_help=True)
+experiments_app = typer.Typer(help="The catalogue of the papers' figures and tables.",
+                              no_args_is_help=True)
 
 
 @experiments_app.command("list")
@@ -34,12 +35,17 @@ def list_experiments(as_json: bool = typer.Option(False, "--json", help="print J
 
 def reproduce_cmd(
     ids: List[str] = typer.Argument(..., help="entry ids (see `bnlab experiments list`), or 'all'"),
-    preset: str = typer.Option("smoke", help="smoke (CPU, minutes) or paper (the paper's setup, GPU)"),
+    preset: str = typer.Option("smoke",
+                               help="smoke (CPU, minutes) or paper (the paper's setup, GPU)"),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="store, checkpoints and report"),
-    ray: Optional[str] = typer.Option(None, "--ray", help="run each training run as a Ray task: ADDRESS or 'local'"),
-    tiny: bool = typer.Option(False, "--tiny", help="cut every run to a few steps (a wiring check)"),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help="train each run without probes data-parallel on N "
-                                        "processes, norms synced (docs: distributed)"),
+    ray: Optional[str] = typer.Option(
+        None, "--ray", help="run each training run as a Ray task: ADDRESS or 'local'"
+    ),
+    tiny: bool = typer.Option(False, "--tiny",
+                              help="cut every run to a few steps (a wiring check)"),
+    nproc: Optional[int] = typer.Option(None, "--nproc",
+                                        help="train each run without probes data-parallel on N "
+                                             "processes, norms synced (docs: distributed)"),
     as_json: bool = typer.Option(False, "--json", help="print the outcomes as JSON"),
 ) -> None:
     """Run catalogue entries end to end and (re)write the report."""
@@ -53,10 +59,11 @@ def reproduce_cmd(
         raise typer.Exit(2) from None
     results = {}
     for experiment_id in targets:
-        outcome = reproduce(experiment_id, preset, runs_dir=runs_dir, ray_address=ray, tiny=tiny, report=False,
-                            nproc=nproc)
+        outcome = reproduce(experiment_id, preset, runs_dir=runs_dir, ray_address=ray, tiny=tiny,
+                            report=False, nproc=nproc)
         results[experiment_id] = {"verdict": outcome.verdict, "summary": outcome.summary,
-                                  "figures": [str(f) for f in outcome.figures], "table": outcome.table}
+                                  "figures": [str(f) for f in outcome.figures],
+                                  "table": outcome.table}
         if not as_json:
             typer.echo(f"{experiment_id}: {outcome.verdict} — {outcome.summary}")
     path = write_report(runs_dir)
@@ -67,12 +74,13 @@ def reproduce_cmd(
 
 
 def report_cmd(runs_dir: Path = typer.Option(Path("runs"), "--runs-dir"),
-               out: Optional[Path] = typer.Option(None, "--out", help="report folder (default RUNS_DIR/report; "
-                                                  "needed when the runs dir is read-only)")) -> None:
+               out: Optional[Path] = typer.Option(None, "--out", help="report folder (default "
+                                                  "RUNS_DIR/report; needed when the runs dir is "
+                                                  "read-only)")) -> None:
     """Write runs/report/index.html and index.md from the store (nothing is re-trained)."""
     if not (runs_dir / "bnlab.db").is_file():  # never create an empty report for a mistyped folder
-        typer.echo(f"error: no run store at {runs_dir / 'bnlab.db'}; pass the --runs-dir that `bnlab reproduce` "
-                   "or `bnlab train` wrote to", err=True)
+        typer.echo(f"error: no run store at {runs_dir / 'bnlab.db'}; pass the --runs-dir that "
+                   "`bnlab reproduce` or `bnlab train` wrote to", err=True)
         raise typer.Exit(2)
     try:
         typer.echo(str(write_report(runs_dir, out)))

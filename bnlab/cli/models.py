@@ -8,11 +8,13 @@ import typer
 
 from bnlab.models.registry import MODEL_INFO
 
-models_app = typer.Typer(help="The papers' networks: the catalogue and how to build them.", no_args_is_help=True)
+models_app = typer.Typer(help="The papers' networks: the catalogue and how to build them.",
+                         no_args_is_help=True)
 
 
 @models_app.command("list")
-def list_models(as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
+def list_models(as_json: bool = typer.Option(False, "--json",
+                                             help="print JSON instead of a table")) -> None:
     """Every model with its paper, input kind, default activation and options (with defaults)."""
     rows = [
         {
@@ -33,8 +35,9 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="print JSON i
         typer.echo(f"{row['name']:<14} {row['summary']}")
         typer.echo(f"{'':<14} paper: {row['paper']} — input: {row['input']}")
         typer.echo(f"{'':<14} options: {options}; activation default: {row['activation']}")
-    typer.echo("\nCommon: norm (any `bnlab norms list` spec), activation, placement (pre_activation | pre_linear), "
-               "input_shape, num_classes, init (glorot | kaiming), seed.")
+    typer.echo("\nCommon: norm (any `bnlab norms list` spec), activation, placement "
+               "(pre_activation | pre_linear), input_shape, num_classes, init (glorot | kaiming), "
+               "seed.")
 
 
 def register(app: typer.Typer) -> None:

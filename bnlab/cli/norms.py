@@ -11,11 +11,13 @@ from bnlab.spec import format_value as _fmt
 
 from bnlab.norms import describe
 
-norms_app = typer.Typer(help="Normalization layers: the catalogue and how to build them.", no_args_is_help=True)
+norms_app = typer.Typer(help="Normalization layers: the catalogue and how to build them.",
+                        no_args_is_help=True)
 
 
 @norms_app.command("list")
-def list_norms(as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
+def list_norms(as_json: bool = typer.Option(False, "--json",
+                                            help="print JSON instead of a table")) -> None:
     """Every layer with its paper, equation and parameters (with defaults)."""
     rows: list[dict[str, Any]] = [
         {

@@ -49,7 +49,8 @@ class LazyGroup(TyperGroup):
             if (err.name or "").partition(".")[0] not in LAB_MODULES:
                 raise
             command = ctx.meta.get("bnlab.command", "")
-            typer.echo(f"error: `bnlab {command}` needs {err.name}, which is not installed: {LAB_INSTALL}",
+            typer.echo(f"error: `bnlab {command}` needs {err.name}, which is not installed: "
+                       f"{LAB_INSTALL}",
                        err=True)
             raise typer.Exit(1) from None
 
