@@ -24,14 +24,15 @@ from bnlab.train.checkpoint import repair_from_checkpoint
 from bnlab.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, fail
 from bnlab.formatting import fmt
 
-runs_app = typer.Typer(help="The recorded runs: list, show, export, delete, plot.", no_args_is_help=True)
+runs_app = typer.Typer(help="The recorded runs: list, show, export, delete, plot.",
+                       no_args_is_help=True)
 
 PLOT_FORMATS = (".png", ".svg")
 # the columns of `runs list`, in order: (key of the brief row, header)
 LIST_COLUMNS = (
     ("id", "id"), ("status", "status"), ("steps", "steps"), ("date", "date"), ("model", "model"),
-    ("norm", "norm"), ("activation", "activation"), ("seed", "seed"), ("data", "data"), ("lr", "lr"),
-    ("nproc", "nproc"), ("test_accuracy", "test_acc"), ("train_loss", "train_loss"),
+    ("norm", "norm"), ("activation", "activation"), ("seed", "seed"), ("data", "data"),
+    ("lr", "lr"), ("nproc", "nproc"), ("test_accuracy", "test_acc"), ("train_loss", "train_loss"),
     ("entry", "entry"),
 )
 
@@ -124,7 +125,8 @@ def matches(item: dict[str, Any], where: dict[str, Any]) -> bool:
         if isinstance(wanted, str) and isinstance(value, str):
             if not fnmatch.fnmatchcase(value, wanted):
                 return False
-        elif isinstance(wanted, (int, float)) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        elif (isinstance(wanted, (int, float)) and isinstance(value, (int, float))
+              and not isinstance(value, bool)):
             if float(value) != float(wanted):
                 return False
         elif value != wanted and str(value) != str(wanted):
@@ -143,11 +145,15 @@ def _where_keys(items: list[dict[str, Any]]) -> list[str]:
 def runs_list(
     runs_dir: str = typer.Option("runs", "--runs-dir", help="Folder of the run store."),
     where: Optional[list[str]] = typer.Option(
-        None, "--where", help="KEY=VALUE filter on a column or config key (repeatable; globs: norm='cbn*')."
+        None, "--where",
+        help="KEY=VALUE filter on a column or config key (repeatable; globs: norm='cbn*').",
     ),
-    status: Optional[str] = typer.Option(None, help="Only runs with this status (same as --where status=...)."),
+    status: Optional[str] = typer.Option(
+        None, help="Only runs with this status (same as --where status=...)."
+    ),
     limit: Optional[int] = typer.Option(None, help="At most this many (newest first)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (every column and the full config)."),
+    as_json: bool = typer.Option(False, "--json",
+                                 help="Print JSON (every column and the full config)."),
 ) -> None:
     """Runs in the store, newest first: full norm spec, activation, seed, catalogue entry, date,
     status.
@@ -183,7 +189,8 @@ def runs_list(
     if as_json:
         typer.echo(dumps(items, indent=2))
         return
-    table = [[h for _, h in LIST_COLUMNS]] + [[fmt(i[k], 4) for k, _ in LIST_COLUMNS] for i in items]
+    table = [[h for _, h in LIST_COLUMNS]] + [[fmt(i[k], 4) for k, _ in LIST_COLUMNS]
+                                              for i in items]
     widths = [max(len(r[c]) for r in table) for c in range(len(LIST_COLUMNS))]
     numeric = {"steps", "seed", "lr", "nproc", "test_acc", "train_loss"}
     for r in table:
@@ -207,7 +214,8 @@ def runs_show(
         row["entry"] = store.entry_of_runs().get(row["id"])
     store.close()
     row["series"] = {
-        name: {"points": len(rows), "last_step": rows[-1][0], "last": rows[-1][1]} for name, rows in series.items()
+        name: {"points": len(rows), "last_step": rows[-1][0], "last": rows[-1][1]}
+        for name, rows in series.items()
     }
     if as_json:
         typer.echo(dumps(row, indent=2, sort_keys=True))
@@ -225,18 +233,23 @@ def runs_show(
         for k, v in summary["metrics"].items():
             typer.echo(f"  {k}: {fmt(v, 4)}")
     if summary.get("scale_invariant") is not None:
-        typer.echo(f"scale-invariant parameters: {', '.join(sorted(summary['scale_invariant'])) or 'none'}")
-    typer.echo("environment: " + ", ".join(f"{k}={v}" for k, v in sorted((row.get("env") or {}).items())))
+        typer.echo("scale-invariant parameters: "
+                   f"{', '.join(sorted(summary['scale_invariant'])) or 'none'}")
+    typer.echo(
+        "environment: " + ", ".join(f"{k}={v}" for k, v in sorted((row.get("env") or {}).items()))
+    )
     typer.echo("metric series:")
     for name, info in sorted(row["series"].items()):
-        typer.echo(f"  {name}: {info['points']} points, last {fmt(info['last'], 4)} at step {info['last_step']}")
+        typer.echo(f"  {name}: {info['points']} points, last {fmt(info['last'], 4)} at step "
+                   f"{info['last_step']}")
 
 
 @runs_app.command("export")
 def runs_export(
     run_id: str = typer.Argument(..., help="Run id (a unique prefix is enough)."),
     fmt: str = typer.Option("csv", "--format", help="csv or json."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                          help="Write to this file instead of stdout."),
     runs_dir: str = typer.Option("runs", "--runs-dir", help="Folder of the run store."),
 ) -> None:
     """A run's metrics as CSV rows (run_id, step, name, value) or one JSON document."""
@@ -278,7 +291,8 @@ def runs_delete(
                 fail(str(err))
             except (RunLockedError, RunDirError) as err:  # RunDirError: disk full, a foreign lock
                 fail(str(err), EXIT_FAILED)
-            typer.echo(f"deleted {run_id}: {done['metrics']} metric rows, {len(done['files'])} checkpoint files")
+            typer.echo(f"deleted {run_id}: {done['metrics']} metric rows, {len(done['files'])} "
+                       "checkpoint files")
     finally:
         store.close()
 
@@ -312,8 +326,10 @@ def runs_repair(
 @runs_app.command("plot")
 def runs_plot(
     run_ids: list[str] = typer.Argument(..., help="Run ids (unique prefixes) to overlay."),
-    metric: str = typer.Option(..., "--metric", help="A recorded series: train_loss, test_accuracy, probe/..."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="PNG or SVG file (default ./<metric>.png)."),
+    metric: str = typer.Option(..., "--metric",
+                               help="A recorded series: train_loss, test_accuracy, probe/..."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                       help="PNG or SVG file (default ./<metric>.png)."),
     runs_dir: str = typer.Option("runs", "--runs-dir", help="Folder of the run store."),
     logy: bool = typer.Option(False, "--logy", help="Logarithmic y axis."),
 ) -> None:
@@ -332,7 +348,8 @@ def runs_plot(
                 rows = store.metrics(row["id"], [metric]).get(metric)
             if not rows:
                 names = store.metric_names(row["id"])
-                fail(f"run {row['id']} has no series {metric!r}; it has: {', '.join(names) or 'none'}")
+                fail(f"run {row['id']} has no series {metric!r}; it has: "
+                     f"{', '.join(names) or 'none'}")
             label = f"{row['id']} {row['config'].get('norm', '')}".strip()
             series[label] = ([s for s, _ in rows], [v for _, v in rows])
     finally:

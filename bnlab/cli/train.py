@@ -144,7 +144,8 @@ def _summary_line(record) -> str:
         if k in record.metrics
     )
     runs_dir = record.config.get("runs_dir", "runs")
-    return f"run {record.id} {record.status} after {record.steps} steps: {metrics} (store {runs_dir}/bnlab.db)"
+    return (f"run {record.id} {record.status} after {record.steps} steps: {metrics} "
+            f"(store {runs_dir}/bnlab.db)")
 
 
 def register(app: typer.Typer) -> None:
