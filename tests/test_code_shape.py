@@ -25,7 +25,7 @@ LONG_FUNCTIONS_ALLOWED: set[str] = set()  # now empty
 # Modules (path relative to bnlab/) with lines over 120 characters, and how many; owned by other
 # work streams of issue 13. May only shrink.
 LONG_LINES_ALLOWED: dict[str, int] = {
-    "experiments/luo/table2.py": 1, "experiments/peng/tables.py": 1,
+    "experiments/peng/tables.py": 1,
     "experiments/peng/figures.py": 3, "experiments/peng/imagenet.py": 2,
 }
 

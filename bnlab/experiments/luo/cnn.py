@@ -83,7 +83,8 @@ def _fig4_plan(preset: str) -> Plan:
     base = {**_cnn_base(preset, FIG4_SMOKE_EPOCHS), "batch_size": 64}
     if preset != "paper":
         base["lr"] = FIG4_SMOKE_LR
-    return Plan(runs=[RunSpec(label if seed == 0 else f"{label} (seed {seed})", {**base, "norm": norm, "seed": seed},
+    return Plan(runs=[RunSpec(label if seed == 0 else f"{label} (seed {seed})",
+                              {**base, "norm": norm, "seed": seed},
                               {"arm": label, "norm": norm, "seed": seed})
                       for label, norm in _FIG4_ARMS.items() for seed in FIG4_SEEDS])
 
@@ -114,16 +115,19 @@ def fig4_verdict(gaps: dict[str, list[float]], tiny: bool = False) -> tuple[str,
     comps = {(lo, hi): compare_arms(gaps[hi], gaps[lo]) for lo, hi in FIG4_COMPARISONS}
     adjusted = holm({k: c.p for k, c in comps.items()})
     primary = comps[FIG4_PRIMARY]
-    means = ", ".join(f"{k} {np.mean(v):.4f} (n = {len(v)})" for k, v in gaps.items() if k in _FIG4_ARMS)
-    summary = (f"validation − training loss, seed means: {means}; primary BN − WN {primary.text()}; others "
-               "(Holm-adjusted p): " + "; ".join(
-                   f"{lo} − {hi} {c.diff:+.3g} (p_Holm={adjusted[(lo, hi)]:.2g})" for (lo, hi), c in comps.items()
+    means = ", ".join(f"{k} {np.mean(v):.4f} (n = {len(v)})" for k, v in gaps.items()
+                      if k in _FIG4_ARMS)
+    summary = (f"validation − training loss, seed means: {means}; primary BN − WN "
+               f"{primary.text()}; others (Holm-adjusted p): " + "; ".join(
+                   f"{lo} − {hi} {c.diff:+.3g} (p_Holm={adjusted[(lo, hi)]:.2g})"
+                   for (lo, hi), c in comps.items()
                    if (lo, hi) != FIG4_PRIMARY and adjusted[(lo, hi)] is not None))
     few = any(c.decision == "too few seeds" for c in comps.values())
     if few:
         return ladder(unusable=True), summary + f" — fewer than 3 seeds ({RULE})"
     wrong = [f"{lo} above {hi}" for (lo, hi), c in comps.items()
-             if c.diff > 0 and (adjusted[(lo, hi)] < ALPHA or ((lo, hi) == FIG4_PRIMARY and c.p < ALPHA))]
+             if c.diff > 0
+             and (adjusted[(lo, hi)] < ALPHA or ((lo, hi) == FIG4_PRIMARY and c.p < ALPHA))]
     resolved = sum(1 for k, c in comps.items() if c.diff < 0 and adjusted[k] < ALPHA)
     verdict = ladder(decide(primary, "lower"), against=bool(wrong))
     return verdict, summary + explain(
@@ -139,10 +143,12 @@ def _fig4_analyze(ctx) -> Outcome:
     for r in ctx.runs:
         by_arm.setdefault(r.factors.get("arm", r.label), []).append(r)
     specs = []
-    for metric, title in (("epoch_train_loss", "(a) training loss"), ("test_loss", "(b) validation loss")):
-        series = {f"{arm} (n = {len(runs)})": mean_curve(runs, metric) for arm, runs in by_arm.items()}
-        specs.append({"series": {k: v for k, v in series.items() if v[0]}, "xlabel": "step", "ylabel": metric,
-                      "logy": True, "title": title + " (mean over seeds)"})
+    for metric, title in (("epoch_train_loss", "(a) training loss"),
+                          ("test_loss", "(b) validation loss")):
+        series = {f"{arm} (n = {len(runs)})": mean_curve(runs, metric)
+                  for arm, runs in by_arm.items()}
+        specs.append({"series": {k: v for k, v in series.items() if v[0]}, "xlabel": "step",
+                      "ylabel": metric, "logy": True, "title": title + " (mean over seeds)"})
     gap_curves = {}
     for arm, runs in by_arm.items():
         steps, val = mean_curve(runs, "test_loss")
@@ -152,13 +158,17 @@ def _fig4_analyze(ctx) -> Outcome:
         gap_curves[arm] = ([s for s, _ in both], [g for _, g in both])
     specs.append({"series": gap_curves, "xlabel": "step", "ylabel": "validation − training loss",
                   "title": "(c) the compared gap (seed means)"})
-    fig = safe_panels(ctx.figure_path("train_val_loss"), specs, title="Luo Fig. 4: regularization of BN and its parts")
-    gaps = {arm: [g for g in (generalization_gap(r) for r in runs) if g is not None] for arm, runs in by_arm.items()}
+    fig = safe_panels(ctx.figure_path("train_val_loss"), specs,
+                      title="Luo Fig. 4: regularization of BN and its parts")
+    gaps = {arm: [g for g in (generalization_gap(r) for r in runs) if g is not None]
+            for arm, runs in by_arm.items()}
     mid = {arm: [g for g in (generalization_gap(r, SETTLE_FRACTION) for r in runs) if g is not None]
            for arm, runs in by_arm.items()}
-    acc = {arm: [finite_or_none(r.final("test_accuracy")) for r in runs] for arm, runs in by_arm.items()}
+    acc = {arm: [finite_or_none(r.final("test_accuracy")) for r in runs]
+           for arm, runs in by_arm.items()}
     table = [{"quantity": f"{arm}: val − train loss per seed, end (2/3 of training); test acc",
-              "ours": " / ".join(fmt(g) for g in gaps[arm]) + f"  ({' / '.join(fmt(g) for g in mid[arm])}); "
+              "ours": " / ".join(fmt(g) for g in gaps[arm])
+                      + f"  ({' / '.join(fmt(g) for g in mid[arm])}); "
                       + " / ".join(fmt(a) for a in acc[arm]),
               "paper": _FIG4_PAPER.get(arm, "—")} for arm in by_arm]
     verdict, summary = settle(fig4_verdict(gaps, ctx.tiny), fig4_verdict(mid, ctx.tiny))
@@ -168,13 +178,15 @@ def _fig4_analyze(ctx) -> Outcome:
 register(Experiment(
     id="luo-fig4", paper="luo", target="Fig. 4",
     title="CNN train/validation loss: SGD, BN, WN, WN + mean-only BN, WN + variance-only BN",
-    claim="BN's generalization gap (validation − training loss) is the smallest; adding mean-only or "
-          "variance-only BN to WN each reduces WN's gap (the noise of μ_B and of σ_B both regularize).",
-    smoke_changes="digits (8×8) with 70 % held out (539 training images, so over-fitting shows) instead of "
-                  "CIFAR-10 (one split for all seeds), luo_cnn at 1/4 width, 32 epochs at lr 0.02 (the gaps are "
-                  "flat after ≈ 25 epochs; at lr 0.05 WN + variance-only BN had not converged), 10 seeds per arm "
-                  "(the paper: one run); primary comparison BN vs WN by Welch's t (α = 0.05), the other five "
-                  "Holm-corrected, repeated at 2/3 of training to check that the gaps have settled.",
+    claim="BN's generalization gap (validation − training loss) is the smallest; adding mean-only "
+          "or variance-only BN to WN each reduces WN's gap (the noise of μ_B and of σ_B both "
+          "regularize).",
+    smoke_changes="digits (8×8) with 70 % held out (539 training images, so over-fitting shows) "
+                  "instead of CIFAR-10 (one split for all seeds), luo_cnn at 1/4 width, 32 epochs "
+                  "at lr 0.02 (the gaps are flat after ≈ 25 epochs; at lr 0.05 WN + variance-only "
+                  "BN had not converged), 10 seeds per arm (the paper: one run); primary "
+                  "comparison BN vs WN by Welch's t (α = 0.05), the other five Holm-corrected, "
+                  "repeated at 2/3 of training to check that the gaps have settled.",
     cost={"smoke": "≈4.5 min wall (50 runs, one thread, quiet 2-core machine; issue 19's re-run)",
           "paper": "15 runs × 100 epochs luo_cnn on CIFAR-10 (GPU, ~3 h)"},
     plan=_fig4_plan, analyze=_fig4_analyze))
@@ -201,8 +213,8 @@ def _fig5_plan(preset: str) -> Plan:
             # else every probe lands on the epoch's last (partial) batch, whose M is not M
             every += 1
         for seed in FIG5_SEEDS:
-            config = {**base, "norm": "bn", "batch_size": M, "lr": base["lr"] * M / 64, "seed": seed,
-                      "probes": ["gamma", "bn_regularization"], "probe_every": every}
+            config = {**base, "norm": "bn", "batch_size": M, "lr": base["lr"] * M / 64,
+                      "seed": seed, "probes": ["gamma", "bn_regularization"], "probe_every": every}
             runs.append(RunSpec(f"BN, M = {M}" + (f" (seed {seed})" if seed else ""), config,
                                 {"batch_size": M, "seed": seed, "steps_per_epoch": spe,
                                  "partial_last_batch": n_train % M != 0}))
@@ -221,7 +233,8 @@ def _last_per_layer(run, prefix: str, k: int = 1, fraction: float = 1.0) -> dict
     out = {}
     for name in run.metric_names(prefix):
         steps, values = run.series(name)
-        kept = [v for s, v in zip(steps, values) if finite_or_none(v) is not None and s <= steps[-1] * fraction
+        kept = [v for s, v in zip(steps, values) if finite_or_none(v) is not None
+                and s <= steps[-1] * fraction
                 and not (skip_epoch_end and s % spe == 0)]
         if kept:
             out[name[len(prefix):]] = float(np.mean(kept[-k:]))
@@ -254,7 +267,8 @@ def fig5_trend(gamma_sq: dict[int, list[float]]) -> tuple[str, str]:
     return "unresolved", text + f" [resolvable ≥ {comp.mde:.3g}]"
 
 
-def fig5_verdict(per_layer: dict[str, dict[int, list[float]]], tiny: bool = False) -> tuple[str, str]:
+def fig5_verdict(per_layer: dict[str, dict[int, list[float]]],
+                 tiny: bool = False) -> tuple[str, str]:
     """Fig. 5's claim — γ² grows with the batch size in each BN layer (the paper: five models, BN in
     one layer each) — from per-layer, per-seed γ² (``per_layer``: layer -> M -> values), by
     :func:`fig5_trend`.
@@ -282,7 +296,8 @@ def fig5_verdict(per_layer: dict[str, dict[int, list[float]]], tiny: bool = Fals
         f" — {decisions.count('rises')}/{len(decisions)} layers rise ({RULE})")
 
 
-def _fig5_values(runs, prefix: str, k: int = 1, fraction: float = 1.0) -> dict[str, dict[int, list[float]]]:
+def _fig5_values(runs, prefix: str, k: int = 1,
+                 fraction: float = 1.0) -> dict[str, dict[int, list[float]]]:
     """Layer -> batch size -> per-seed final values of ``prefix`` (``_last_per_layer``)."""
     out: dict[str, dict[int, list[float]]] = {}
     for r in runs:
@@ -300,14 +315,16 @@ def _layer_mean(per_layer: dict[str, dict[int, list[float]]], m: int) -> float |
 
 
 def _fig5_analyze(ctx) -> Outcome:
-    runs = sorted(ctx.runs, key=lambda r: (r.factors.get("batch_size", 0), r.factors.get("seed", 0)))
+    runs = sorted(ctx.runs, key=lambda r: (r.factors.get("batch_size", 0),
+                                           r.factors.get("seed", 0)))
     batches = sorted({r.factors.get("batch_size") for r in runs})
     by_m = {m: [r for r in runs if r.factors.get("batch_size") == m] for m in batches}
     gamma = _fig5_values(runs, "probe/gamma/sq_mean/")
     zetas = _fig5_values(runs, "probe/bn_regularization/zeta/", k=3)
     mean_sq = [_layer_mean(gamma, m) for m in batches]
     mean_zeta = [_layer_mean(zetas, m) for m in batches]
-    val = [_mean_or_none([finite_or_none(r.final("test_loss")) for r in by_m[m] if r.status == "finished"])
+    val = [_mean_or_none([finite_or_none(r.final("test_loss")) for r in by_m[m]
+                          if r.status == "finished"])
            for m in batches]
     # log₂ M on a linear axis: matplotlib labels the minor ticks of a short log axis unreadably
     x = [math.log2(m) if m else None for m in batches]
@@ -323,25 +340,29 @@ def _fig5_analyze(ctx) -> Outcome:
         per_run = [_layer_mean_curve(r) for r in by_m[m] if r.status == "finished"]
         if per_run and all(c[0] for c in per_run):
             length = min(len(c[0]) for c in per_run)
-            curves[f"M = {m}"] = (per_run[0][0][:length], [float(np.mean([c[1][i] for c in per_run]))
+            curves[f"M = {m}"] = (per_run[0][0][:length],
+                                  [float(np.mean([c[1][i] for c in per_run]))
                                                            for i in range(length)])
     fig = safe_panels(ctx.figure_path("gamma_vs_batch"), [
         {"series": gamma_series, "xlabel": "log₂ M", "ylabel": "mean γ²", "markers": True,
          "title": "(a) γ² per BN layer (seed means)"},
-        {"series": {"validation loss": _points(x, val)}, "xlabel": "log₂ M", "ylabel": "validation loss",
-         "markers": True, "title": "(b) validation loss"},
+        {"series": {"validation loss": _points(x, val)}, "xlabel": "log₂ M",
+         "ylabel": "validation loss", "markers": True, "title": "(b) validation loss"},
         {"series": zeta_series, "xlabel": "log₂ M", "ylabel": "ζ", "logy": True, "markers": True,
          "title": "ζ from the data (Eq. 4)"},
-        {"series": curves, "xlabel": "step", "ylabel": "layer-mean γ²", "title": "(d) γ² during training"},
+        {"series": curves, "xlabel": "step", "ylabel": "layer-mean γ²",
+         "title": "(d) γ² during training"},
     ], title="Luo Fig. 5: batch size, γ² and regularization strength")
     mid = _fig5_values(runs, "probe/gamma/sq_mean/", fraction=SETTLE_FRACTION)
     verdict, summary = settle(fig5_verdict(gamma, ctx.tiny), fig5_verdict(mid, ctx.tiny))
     table = [{"quantity": f"M = {m}: layer-mean γ² / ζ / validation loss (seed means)",
-              "ours": f"{fmt(g)} / {fmt(z)} / {fmt(v)}", "paper": "γ² grows with M; validation loss grows with M"}
+              "ours": f"{fmt(g)} / {fmt(z)} / {fmt(v)}",
+              "paper": "γ² grows with M; validation loss grows with M"}
              for m, g, z, v in zip(batches, mean_sq, mean_zeta, val)]
     table += [{"quantity": f"γ² of {layer} against M: decision at the end (at 2/3 of training)",
                "ours": f"{fig5_trend(v)[0]} ({fig5_trend(mid.get(layer, {}))[0]})",
-               "paper": "γ increases with M (each of five one-BN models)"} for layer, v in sorted(gamma.items())]
+               "paper": "γ increases with M (each of five one-BN models)"}
+              for layer, v in sorted(gamma.items())]
     return Outcome([fig], table, verdict, summary)
 
 
@@ -363,13 +384,14 @@ def _layer_mean_curve(run) -> tuple[list, list]:
 register(Experiment(
     id="luo-fig5", paper="luo", target="Fig. 5",
     title="γ² and validation loss against the batch size",
-    claim="Larger batches weaken BN's regularization ζ ∝ 1/M, so the learned γ² grows with the batch size "
-          "(and the validation loss with it).",
-    smoke_changes="digits with 70 % held out, luo_cnn at 1/4 width, 60 epochs, lr 0.05·M/64, 3 seeds per batch "
-                  "size; BN in every layer at once (the paper trains five models with BN in one layer each — "
-                  "bnlab.models has one norm spec for all layers, so each layer is read and judged). Verdict: "
-                  "per layer, γ² at M = 16 vs 256 by Welch's t (α = 0.05) and no significant fall between "
-                  "neighbouring batch sizes, repeated at 2/3 of training (settling).",
+    claim="Larger batches weaken BN's regularization ζ ∝ 1/M, so the learned γ² grows with the "
+          "batch size (and the validation loss with it).",
+    smoke_changes="digits with 70 % held out, luo_cnn at 1/4 width, 60 epochs, lr 0.05·M/64, 3 "
+                  "seeds per batch size; BN in every layer at once (the paper trains five models "
+                  "with BN in one layer each — bnlab.models has one norm spec for all layers, so "
+                  "each layer is read and judged). Verdict: per layer, γ² at M = 16 vs 256 by "
+                  "Welch's t (α = 0.05) and no significant fall between neighbouring batch sizes, "
+                  "repeated at 2/3 of training (settling).",
     cost={"smoke": "≈165 s wall (15 runs, one thread, 2-core machine under load ≈ 4)",
           "paper": "15 runs × 100 epochs luo_cnn on CIFAR-10 (GPU)"},
     plan=_fig5_plan, analyze=_fig5_analyze))

@@ -27,14 +27,15 @@ def _clean(obj: Any) -> Any:
     return jsonable(obj)
 
 
-def _points(xs: Sequence[float], ys: Sequence[float | None]) -> tuple[list[float], list[float | None]]:
+def _points(xs: Sequence[float],
+            ys: Sequence[float | None]) -> tuple[list[float], list[float | None]]:
     # plots.panels draws a single point with its own marker; doubling it keeps our marker style.
     xs, ys = list(xs), list(ys)
     return (xs * 2, ys * 2) if len(xs) == 1 else (xs, ys)
 
 
-def train_collecting(config: dict, *, callbacks: Sequence[Any] = (), model_factory: Callable | None = None,
-                     tiny: bool = False) -> dict:
+def train_collecting(config: dict, *, callbacks: Sequence[Any] = (),
+                     model_factory: Callable | None = None, tiny: bool = False) -> dict:
     """Train one config in a throw-away store and return its final record and every metric series.
 
     For the entries whose runs need Python objects a config cannot hold (a model folded from another
@@ -46,15 +47,19 @@ def train_collecting(config: dict, *, callbacks: Sequence[Any] = (), model_facto
     with tempfile.TemporaryDirectory(prefix="bnlab-entry-") as tmp:
         config["runs_dir"] = tmp
         try:
-            record = bnlab_train.run(config, callbacks=list(callbacks), progress=False, model_factory=model_factory)
+            record = bnlab_train.run(config, callbacks=list(callbacks), progress=False,
+                                     model_factory=model_factory)
         except Exception as err:  # a failed computation is reported, not fatal
-            return {"status": "failed", "metrics": {}, "series": {}, "error": f"{type(err).__name__}: {err}"}
+            return {"status": "failed", "metrics": {}, "series": {},
+                    "error": f"{type(err).__name__}: {err}"}
         store = Store(f"{tmp}/bnlab.db")
         try:
-            series = {name: [[s, v] for s, v in rows] for name, rows in store.metrics(record.id).items()}
+            series = {name: [[s, v] for s, v in rows]
+                      for name, rows in store.metrics(record.id).items()}
         finally:
             store.close()
-    return {"status": record.status, "metrics": _clean(record.metrics), "series": _clean(series), "error": record.error}
+    return {"status": record.status, "metrics": _clean(record.metrics), "series": _clean(series),
+            "error": record.error}
 
 
 def _series(data: dict, name: str) -> tuple[list[float], list[float]]:
@@ -64,8 +69,9 @@ def _series(data: dict, name: str) -> tuple[list[float], list[float]]:
 
 # ---- the stated rules of the Luo verdicts: seeds, factors, settling ------------------------------
 
-SETTLE_RULE = ("settled when the verdict from the values at 2/3 of training (each the mean of the 3 records "
-               "up to that point) is the verdict at the end; otherwise inconclusive (still changing)")
+SETTLE_RULE = ("settled when the verdict from the values at 2/3 of training (each the mean of the "
+               "3 records up to that point) is the verdict at the end; otherwise inconclusive "
+               "(still changing)")
 
 
 def window_mean(steps: Sequence[float], values: Sequence[float | None], fraction: float = 1.0,
@@ -84,7 +90,8 @@ def window_mean(steps: Sequence[float], values: Sequence[float | None], fraction
     return float(sum(kept[-k:]) / len(kept[-k:])) if kept else None
 
 
-def factor_test(reference: Sequence[float], values: Sequence[float], factor: float = 1.5) -> tuple[str, Comparison]:
+def factor_test(reference: Sequence[float], values: Sequence[float],
+                factor: float = 1.5) -> tuple[str, Comparison]:
     """Whether ``values`` lie within a factor ``factor`` of ``reference`` (positive per-seed
     values), by :func:`common.compare_arms` on logarithms: two one-sided Welch tests (TOST, α = 0.05
     each).

@@ -67,14 +67,16 @@ def fig3_runs(preset: str) -> list[RunSpec]:
     N = 4096 if preset == "paper" else 256
     spe = N // 32
     base = {"model": "perceptron", "activation": "identity", "model_options": {"bias": False},
-            "data": "teacher_student", "data_options": {"N": N, "alpha": 1.0, "noise_var": NOISE_VAR},
-            "epochs": 400, "batch_size": 32, "seed": 0, "eval_every": 4 * spe}
+            "data": "teacher_student",
+            "data_options": {"N": N, "alpha": 1.0, "noise_var": NOISE_VAR}, "epochs": 400,
+            "batch_size": 32, "seed": 0, "eval_every": 4 * spe}
     arms = [("none", "none", 16.0), ("bn", "bn", 0.03 * 256 / N),
             ("wn", f"wn(zeta={FIG3_ZETA / N:.6g})", 8.0 * 256 / N)]
     return [RunSpec(_FIG3_LABELS[key] + (f" (seed {seed})" if seed else ""),
                     {**base, "norm": norm, "lr": lr, "seed": seed},
                     {"norm": key, "N": N, "steps_per_epoch": spe, "seed": seed})
-            for key, norm, lr in arms for seed in FIG3_SEEDS["paper" if preset == "paper" else "smoke"]]
+            for key, norm, lr in arms
+            for seed in FIG3_SEEDS["paper" if preset == "paper" else "smoke"]]
 
 
 def _fig3_plan(preset: str) -> Plan:
@@ -114,12 +116,15 @@ def fig3_verdict(values: dict[str, list[float]], tiny: bool = False) -> tuple[st
     sgd, bn, wn, low = (values.get(k) or [] for k in ("sgd", "bn", "wn", "sgd_min"))
     if min(len(sgd), len(bn), len(wn), len(low)) < 3 or len(sgd) != len(low):
         return ladder(unusable=True), f"fewer than 3 finished runs per arm ({RULE})"
-    rise = compare_arms([math.log(FIG3_FACTOR)] * len(sgd), [math.log(v / m) for v, m in zip(sgd, low)])
-    above = [factor_test(ref, sgd, FIG3_FACTOR)[0] == "beyond" and compare_arms(ref, sgd).diff > 0 for ref in (bn, wn)]
+    rise = compare_arms([math.log(FIG3_FACTOR)] * len(sgd),
+                        [math.log(v / m) for v, m in zip(sgd, low)])
+    above = [factor_test(ref, sgd, FIG3_FACTOR)[0] == "beyond" and compare_arms(ref, sgd).diff > 0
+             for ref in (bn, wn)]
     similar, ratio = factor_test(wn, bn, FIG3_FACTOR)
-    summary = (f"final validation loss (mean of seeds, n = {len(sgd)}/{len(bn)}/{len(wn)}): vanilla SGD "
-               f"{np.mean(sgd):.3f} ({np.mean([v / m for v, m in zip(sgd, low)]):.2f}× its minimum), BN "
-               f"{np.mean(bn):.3f} (test-set statistics), WN + ζγ² {np.mean(wn):.3f}; ln(BN / WN) {ratio.text()}")
+    summary = (f"final validation loss (mean of seeds, n = {len(sgd)}/{len(bn)}/{len(wn)}): "
+               f"vanilla SGD {np.mean(sgd):.3f} ({np.mean([v / m for v, m in zip(sgd, low)]):.2f}× "
+               f"its minimum), BN {np.mean(bn):.3f} (test-set statistics), WN + ζγ² "
+               f"{np.mean(wn):.3f}; ln(BN / WN) {ratio.text()}")
     diverges = rise.decision == "higher" and all(above)
     verdict = ladder(True if diverges and similar == "within" else None,
                      against=rise.decision == "lower" or similar == "beyond")
@@ -149,7 +154,8 @@ def fig3_values(ctx, fraction: float = 1.0) -> dict[str, list[float]]:
             continue
         steps, values = r.series("test_loss")
         final = window_mean(steps, values, fraction)
-        seen = [v for s, v in zip(steps, values) if s <= steps[-1] * fraction and finite_or_none(v) is not None]
+        seen = [v for s, v in zip(steps, values) if s <= steps[-1] * fraction
+                and finite_or_none(v) is not None]
         if final is None or not seen:
             continue
         out[key].append(final)
@@ -165,7 +171,8 @@ def fig3_values(ctx, fraction: float = 1.0) -> dict[str, list[float]]:
 
 def _fig3_analyze(ctx) -> Outcome:
     pop = ctx.data.get("bn_population") or {}
-    spe = pop.get("steps_per_epoch") or next((r.factors.get("steps_per_epoch") for r in ctx.runs), 1) or 1
+    spe = (pop.get("steps_per_epoch")
+           or next((r.factors.get("steps_per_epoch") for r in ctx.runs), 1) or 1)
     by_norm: dict[str, list] = {}
     for r in ctx.runs:
         by_norm.setdefault(r.factors.get("norm"), []).append(r)
@@ -177,23 +184,28 @@ def _fig3_analyze(ctx) -> Outcome:
             [s / spe for s in steps], values)
         steps, values = mean_curve(runs, "epoch_train_loss")
         train[_FIG3_LABELS.get(key, key) + n] = ([s / spe for s in steps], values)
-    pop_runs = [d for d in (pop.get("seeds") or {}).values() if _series(d, "test_loss_population")[0]]
+    pop_runs = [d for d in (pop.get("seeds") or {}).values()
+                if _series(d, "test_loss_population")[0]]
     if pop_runs:
         curves = [_series(d, "test_loss_population") for d in pop_runs]
         length = min(len(c[0]) for c in curves)
-        pop_mean = [float(np.mean([c[1][i] for c in curves if finite_or_none(c[1][i]) is not None] or [np.nan]))
+        pop_mean = [float(np.mean([c[1][i] for c in curves
+                                   if finite_or_none(c[1][i]) is not None] or [np.nan]))
                     for i in range(length)]
         val[_FIG3_LABELS["bn"] + f" — test-set statistics (mean of {len(curves)} seeds)"] = (
             [s / spe for s in curves[0][0][:length]], pop_mean)
     asymptote = NOISE_VAR + theory.gen_error_wn(1.0, FIG3_ZETA, NOISE_VAR)
     fig = safe_panels(ctx.figure_path("validation_loss_alpha1"), [
-        {"series": val, "xlabel": "epoch", "ylabel": "validation loss (MSE)", "logy": True, "hline": asymptote,
-         "title": f"α = 1 (dashed: ridge ζ = {FIG3_ZETA} theory, {asymptote:.3f})"},
-        {"series": train, "xlabel": "epoch", "ylabel": "training loss", "logy": True, "title": "training loss"},
+        {"series": val, "xlabel": "epoch", "ylabel": "validation loss (MSE)", "logy": True,
+         "hline": asymptote, "title": f"α = 1 (dashed: ridge ζ = {FIG3_ZETA} theory, "
+                                      f"{asymptote:.3f})"},
+        {"series": train, "xlabel": "epoch", "ylabel": "training loss", "logy": True,
+         "title": "training loss"},
     ], title="Luo Fig. 3: validation loss at α = 1")
     end, mid = fig3_values(ctx), fig3_values(ctx, SETTLE_FRACTION)
     verdict, summary = settle(fig3_verdict(end, ctx.tiny), fig3_verdict(mid, ctx.tiny))
-    running = [window_mean(*r.series("test_loss")) for r in by_norm.get("bn", []) if r.status == "finished"]
+    running = [window_mean(*r.series("test_loss")) for r in by_norm.get("bn", [])
+               if r.status == "finished"]
 
     def seeds(values) -> str:
         return " / ".join(fmt(v) for v in values) or "—"
@@ -202,12 +214,14 @@ def _fig3_analyze(ctx) -> Outcome:
         {"quantity": "validation loss per seed (end / 2/3 of training), vanilla SGD",
          "ours": f"{seeds(end['sgd'])}  ({seeds(mid['sgd'])}); minimum {seeds(end['sgd_min'])}",
          "paper": "diverges (keeps rising)"},
-        {"quantity": "… BN (test-set statistics)", "ours": f"{seeds(end['bn'])}  ({seeds(mid['bn'])})",
+        {"quantity": "… BN (test-set statistics)",
+         "ours": f"{seeds(end['bn'])}  ({seeds(mid['bn'])})",
          "paper": "regularized, like WN with ζ = 0.014"},
-        {"quantity": "… BN (running statistics)", "ours": seeds([v for v in running if v is not None]),
+        {"quantity": "… BN (running statistics)",
+         "ours": seeds([v for v in running if v is not None]),
          "paper": "— (the paper does not say which statistics)"},
-        {"quantity": f"… WN + ζγ² (ζ = {FIG3_ZETA})", "ours": f"{seeds(end['wn'])}  ({seeds(mid['wn'])})",
-         "paper": "regularized"},
+        {"quantity": f"… WN + ζγ² (ζ = {FIG3_ZETA})",
+         "ours": f"{seeds(end['wn'])}  ({seeds(mid['wn'])})", "paper": "regularized"},
         {"quantity": "ridge theory (Eqs. 15–16) + noise", "ours": fmt(asymptote), "paper": "—"},
     ]
     return Outcome([fig], table, verdict, summary)
@@ -216,13 +230,15 @@ def _fig3_analyze(ctx) -> Outcome:
 register(Experiment(
     id="luo-fig3", paper="luo", target="Fig. 3",
     title="Validation loss at α = 1: vanilla SGD, BN, WN + ζγ²",
-    claim="At α = 1 vanilla SGD over-trains without bound while BN (M = 32) and WN with ζ = 0.014 are "
-          "regularized to a similar validation loss.",
-    smoke_changes="N = P = 256 instead of 4096 (8 steps per epoch), 400 epochs, 3 seeds per arm (the paper shows "
-                  "one run); each validation loss is the mean of its last 3 records. BN is evaluated twice: with "
-                  "its running averages (the engine's test_loss) and with the statistics of the test inputs "
-                  "(re-runs with a callback), since the theory's h̄ uses population statistics. Verdict: Welch "
-                  "tests on ln losses (factor 1.5, ≥ 3 seeds), repeated at 2/3 of training to check it has settled.",
+    claim="At α = 1 vanilla SGD over-trains without bound while BN (M = 32) and WN with ζ = 0.014 "
+          "are regularized to a similar validation loss.",
+    smoke_changes="N = P = 256 instead of 4096 (8 steps per epoch), 400 epochs, 3 seeds per arm "
+                  "(the paper shows one run); each validation loss is the mean of its last 3 "
+                  "records. BN is evaluated twice: with its running averages (the engine's "
+                  "test_loss) and with the statistics of the test inputs (re-runs with a "
+                  "callback), since the theory's h̄ uses population statistics. Verdict: Welch "
+                  "tests on ln losses (factor 1.5, ≥ 3 seeds), repeated at 2/3 of training to "
+                  "check it has settled.",
     cost={"smoke": "≈60 s CPU (12 perceptron runs)",
           "paper": "N = 4096, 400 epochs: 12 × 51k steps, ≈12 min on one CPU core"},
     plan=_fig3_plan, analyze=_fig3_analyze))

@@ -43,7 +43,8 @@ class KernelNorms(Callback):
 
 
 _FIG6 = {
-    "paper": {"base": {"model": "luo_cnn", "data": "cifar10", "momentum": 0.9, "batch_size": 64, "seed": 0},
+    "paper": {"base": {"model": "luo_cnn", "data": "cifar10", "momentum": 0.9, "batch_size": 64,
+                       "seed": 0},
               "pretrain": {"epochs": 100, "lr": 0.01, "schedule": "exp:0.9999"},
               "finetune": {"epochs": 20, "lr": 1e-3}},
     "smoke": {"base": {"model": "luo_cnn", "model_options": {"width": 0.25}, "data": "digits",
@@ -69,10 +70,12 @@ def fig6_data(preset: str, tiny: bool = False, seed: int = 0) -> dict:
         try:
             record = bnlab_train.run({**pre_cfg, "runs_dir": tmp}, progress=False)
         except Exception as err:  # reported in the entry, never fatal to the sweep
-            return {"pretrain": {"status": "failed", "metrics": {}, "error": f"{type(err).__name__}: {err}"},
+            return {"pretrain": {"status": "failed", "metrics": {},
+                                 "error": f"{type(err).__name__}: {err}"},
                     "branches": {}}
         if record.status != "finished":
-            return {"pretrain": {"status": record.status, "metrics": _clean(record.metrics)}, "branches": {}}
+            return {"pretrain": {"status": record.status, "metrics": _clean(record.metrics)},
+                    "branches": {}}
         bn_model = bnlab_train.load_model(record.id, tmp)
     folded = fold(bn_model)
     branches = {}
@@ -81,14 +84,15 @@ def fig6_data(preset: str, tiny: bool = False, seed: int = 0) -> dict:
                   "eval_every": spe}
         branches[key] = train_collecting(config, callbacks=[KernelNorms(spe)], tiny=tiny,
                                          model_factory=lambda shape, n, m=model: copy.deepcopy(m))
-    return {"pretrain": {"status": record.status, "metrics": _clean(record.metrics)}, "branches": branches,
-            "steps_per_epoch": spe}
+    return {"pretrain": {"status": record.status, "metrics": _clean(record.metrics)},
+            "branches": branches, "steps_per_epoch": spe}
 
 
 def _fig6_plan(preset: str) -> Plan:
     def compute(tiny: bool = False) -> dict:
         per_seed = {str(seed): fig6_data(preset, tiny, seed) for seed in FIG6_SEEDS}
-        return {"seeds": per_seed, "steps_per_epoch": next(iter(per_seed.values())).get("steps_per_epoch", 1)}
+        return {"seeds": per_seed,
+                "steps_per_epoch": next(iter(per_seed.values())).get("steps_per_epoch", 1)}
 
     return Plan(compute={"fig6": compute})
 
@@ -98,15 +102,18 @@ def fig6_changes(seed_data: dict, fraction: float = 1.0) -> dict | None:
     kernel-norm growth, the training-loss change and the validation-loss change from the pretrained
     model's (ends: means of the last 3 records). None when the seed recorded too little."""
     frozen = (seed_data.get("branches") or {}).get("frozen") or {}
-    start_val = finite_or_none(((seed_data.get("pretrain") or {}).get("metrics") or {}).get("test_loss"))
+    start_val = finite_or_none(((seed_data.get("pretrain") or {}).get("metrics")
+                                or {}).get("test_loss"))
     train_steps, train = _series(frozen, "epoch_train_loss")
     first_train = next((v for v in train if finite_or_none(v) is not None), None)
-    val_end, train_end = window_mean(*_series(frozen, "test_loss"), fraction), window_mean(train_steps, train, fraction)
+    val_end = window_mean(*_series(frozen, "test_loss"), fraction)
+    train_end = window_mean(train_steps, train, fraction)
     norms = {}
     for name in (frozen.get("series") or {}):
         if name.startswith("kernel_norm/"):
             steps, values = _series(frozen, name)
-            kept = [v for s, v in zip(steps, values) if s <= steps[-1] * fraction and finite_or_none(v) is not None]
+            kept = [v for s, v in zip(steps, values) if s <= steps[-1] * fraction
+                    and finite_or_none(v) is not None]
             if len(kept) >= 2:
                 norms[name[len("kernel_norm/"):]] = kept[-1] - kept[0]
     if None in (start_val, first_train, val_end, train_end) or not norms:
@@ -134,8 +141,9 @@ def fig6_verdict(changes: list[dict], tiny: bool = False) -> tuple[str, str]:
     train = compare_arms([0.0] * n, [c["train"] for c in changes])
     val = compare_arms([0.0] * n, [c["val"] for c in changes])
     grown = [k for k, c in norm_tests.items() if c.decision == "higher"]
-    summary = (f"BN frozen into the kernels ({n} seeds): {len(grown)}/{len(layers)} kernel norms grew significantly; "
-               f"training-loss change {train.text()}; validation-loss change from the pretrained model {val.text()}")
+    summary = (f"BN frozen into the kernels ({n} seeds): {len(grown)}/{len(layers)} kernel norms "
+               f"grew significantly; training-loss change {train.text()}; validation-loss change "
+               f"from the pretrained model {val.text()}")
     few = train.decision == "too few seeds"
     comps = {**norm_tests, "training loss rose": train, "validation loss fell": val}
     outcome = checks(comps, {**{k: "higher" for k in norm_tests}, "training loss rose": "lower",
@@ -167,7 +175,8 @@ def _fig6_analyze(ctx) -> Outcome:
     for metric, title in (("epoch_train_loss", "training loss"), ("test_loss", "validation loss")):
         series = {f"{names[k]}, seed {seed}": _scale_steps(_series(b, metric), spe)
                   for seed, d in seeds.items() for k, b in (d.get("branches") or {}).items()}
-        specs.append({"series": series, "xlabel": "fine-tuning epoch", "ylabel": metric, "title": title})
+        specs.append({"series": series, "xlabel": "fine-tuning epoch", "ylabel": metric,
+                      "title": title})
     if not specs:
         specs = [{"series": {}, "title": "no fine-tuning data"}]
     fig = safe_panels(ctx.figure_path("finetune_frozen_bn"), specs,
@@ -175,26 +184,31 @@ def _fig6_analyze(ctx) -> Outcome:
     end = [c for c in (fig6_changes(d) for d in seeds.values()) if c is not None]
     mid = [c for c in (fig6_changes(d, SETTLE_FRACTION) for d in seeds.values()) if c is not None]
     verdict, summary = settle(fig6_verdict(end, ctx.tiny), fig6_verdict(mid, ctx.tiny))
-    table = [{"quantity": "frozen branch per seed: validation-loss change (2/3 of fine-tuning) / training-loss change",
+    table = [{"quantity": "frozen branch per seed: validation-loss change (2/3 of fine-tuning) / "
+                          "training-loss change",
               "ours": "; ".join(f"{e['val']:+.4f} ({m['val']:+.4f}) / {e['train']:+.4f}"
                                 for e, m in zip(end, mid)) or "—",
               "paper": "frozen fine-tuning: kernel norms of every layer grow, training loss falls, "
                        "validation loss rises"}]
     for key in ("bn", "frozen"):
-        finals = [((d.get("branches") or {}).get(key) or {}).get("metrics") or {} for d in seeds.values()]
+        finals = [((d.get("branches") or {}).get(key) or {}).get("metrics") or {}
+                  for d in seeds.values()]
         table.append({"quantity": f"{names[key]}: final train / validation loss per seed",
                       "ours": "; ".join(f"{fmt(finite_or_none(m.get('train_loss')), 4)} / "
-                                        f"{fmt(finite_or_none(m.get('test_loss')), 4)}" for m in finals),
-                      "paper": "BN: stable" if key == "bn" else "lower train, higher validation than BN"})
+                                        f"{fmt(finite_or_none(m.get('test_loss')), 4)}"
+                                        for m in finals),
+                      "paper": "BN: stable" if key == "bn"
+                      else "lower train, higher validation than BN"})
     for seed, d in seeds.items():
         growth = {key: kernel_growth(b) for key, b in (d.get("branches") or {}).items()}
         if growth.get("bn") and growth.get("frozen"):
             common = sorted(set(growth["bn"]) & set(growth["frozen"]))
             more = [k for k in common if growth["frozen"][k] > growth["bn"][k]]
-            table.append({"quantity": f"seed {seed}: layers whose kernel grows more frozen than with BN "
-                                      "(effective kernel)",
+            table.append({"quantity": f"seed {seed}: layers whose kernel grows more frozen than "
+                                      "with BN (effective kernel)",
                           "ours": f"{len(more)}/{len(common)}",
-                          "paper": "kernel norms increase when freezing BN, 'compared to the results of BN'"})
+                          "paper": "kernel norms increase when freezing BN, 'compared to the "
+                                   "results of BN'"})
     return Outcome([fig], table, verdict, summary)
 
 
@@ -216,14 +230,17 @@ def _scale_steps(series: tuple[list, list], spe: int) -> tuple[list, list]:
 register(Experiment(
     id="luo-fig6", paper="luo", target="Fig. 6",
     title="Fine-tuning with BN frozen into the weights vs with BN",
-    claim="Removing BN's batch-statistics noise (kernels initialised to γW/σ, then plain SGD) releases its "
-          "regularization: kernel norms grow in every layer, training loss falls and validation loss rises.",
-    smoke_changes="digits with 70 % held out (539 training images, so over-fitting shows quickly), luo_cnn at 1/4 "
-                  "width, 20 epochs of BN training, then 20 fine-tuning epochs at lr 0.03 (paper 1e-3 on CIFAR-10), "
-                  "3 seeds (the paper: one run); each change tested against 0 by Welch's t (α = 0.05), repeated at "
-                  "2/3 of fine-tuning to check it has settled. Computed in one step (bnlab.train configs cannot "
-                  "start from another run's folded weights).",
-    cost={"smoke": "≈25 s wall (3 × 3 runs)", "paper": "3 × (100 + 2 × 20) epochs luo_cnn on CIFAR-10 (GPU)"},
+    claim="Removing BN's batch-statistics noise (kernels initialised to γW/σ, then plain SGD) "
+          "releases its regularization: kernel norms grow in every layer, training loss falls and "
+          "validation loss rises.",
+    smoke_changes="digits with 70 % held out (539 training images, so over-fitting shows quickly), "
+                  "luo_cnn at 1/4 width, 20 epochs of BN training, then 20 fine-tuning epochs at "
+                  "lr 0.03 (paper 1e-3 on CIFAR-10), 3 seeds (the paper: one run); each change "
+                  "tested against 0 by Welch's t (α = 0.05), repeated at 2/3 of fine-tuning to "
+                  "check it has settled. Computed in one step (bnlab.train configs cannot start "
+                  "from another run's folded weights).",
+    cost={"smoke": "≈25 s wall (3 × 3 runs)",
+          "paper": "3 × (100 + 2 × 20) epochs luo_cnn on CIFAR-10 (GPU)"},
     plan=_fig6_plan, analyze=_fig6_analyze))
 
 
@@ -239,10 +256,12 @@ _FIG7_PAPER = {
     "WN + dropout 0.25, M = 256": "top-1 0.80 (from 0.73), on par with BN M = 64",
 }
 # (label, norm, batch size, dropout after each normalized block)
-_FIG7_ARMS = [("BN, M = 64", "bn", 64, 0.0), ("BN, M = 256", "bn", 256, 0.0), ("WN, M = 256", "wn", 256, 0.0),
-              ("BN + dropout 0.125, M = 256", "bn", 256, 0.125), ("WN + dropout 0.25, M = 256", "wn", 256, 0.25)]
+_FIG7_ARMS = [("BN, M = 64", "bn", 64, 0.0), ("BN, M = 256", "bn", 256, 0.0),
+              ("WN, M = 256", "wn", 256, 0.0), ("BN + dropout 0.125, M = 256", "bn", 256, 0.125),
+              ("WN + dropout 0.25, M = 256", "wn", 256, 0.25)]
 # which arm each dropout arm is compared with
-_FIG7_PAIRS = {"BN + dropout 0.125, M = 256": "BN, M = 256", "WN + dropout 0.25, M = 256": "WN, M = 256"}
+_FIG7_PAIRS = {"BN + dropout 0.125, M = 256": "BN, M = 256",
+               "WN + dropout 0.25, M = 256": "WN, M = 256"}
 
 
 FIG7_SEEDS = (0, 1, 2)
@@ -263,7 +282,8 @@ def _fig7_plan(preset: str) -> Plan:
             if p:
                 config["model_options"] = {**(base.get("model_options") or {}), "dropout": p}
             runs.append(RunSpec(label + (f" (seed {seed})" if seed else ""), config,
-                                {"arm": label, "norm": norm, "batch_size": M, "dropout": p, "seed": seed}))
+                                {"arm": label, "norm": norm, "batch_size": M, "dropout": p,
+                                 "seed": seed}))
     return Plan(runs=runs)
 
 
@@ -279,7 +299,8 @@ def fig7_summary(losses: dict[str, list[float]], tiny: bool = False) -> tuple[st
     Holm over the two for "higher").
     """
     premise = compare_arms(losses.get("BN, M = 64") or [], losses.get("BN, M = 256") or [])
-    comps = {arm: compare_arms(losses.get(ref) or [], losses.get(arm) or []) for arm, ref in _FIG7_PAIRS.items()}
+    comps = {arm: compare_arms(losses.get(ref) or [], losses.get(arm) or [])
+             for arm, ref in _FIG7_PAIRS.items()}
     parts = [f"BN validation loss M = 256 − M = 64: {premise.text()} ({premise.decision})"]
     parts += [f"{arm} − {_FIG7_PAIRS[arm]}: {c.text()}" for arm, c in comps.items()]
     summary = "; ".join(parts)
@@ -311,15 +332,19 @@ def _fig7_analyze(ctx) -> Outcome:
     for r in ctx.runs:
         by_arm.setdefault(r.factors.get("arm", r.label), []).append(r)
     specs = []
-    for metric, title in (("test_loss", "(a) validation loss"), ("test_accuracy", "(b) validation top-1")):
-        series = {f"{arm} (n = {len(runs)})": mean_curve(runs, metric) for arm, runs in by_arm.items()}
-        specs.append({"series": {k: v for k, v in series.items() if v[0]}, "xlabel": "step", "ylabel": metric,
-                      "logy": metric == "test_loss", "title": title + " (mean over seeds)"})
+    for metric, title in (("test_loss", "(a) validation loss"),
+                          ("test_accuracy", "(b) validation top-1")):
+        series = {f"{arm} (n = {len(runs)})": mean_curve(runs, metric)
+                  for arm, runs in by_arm.items()}
+        specs.append({"series": {k: v for k, v in series.items() if v[0]}, "xlabel": "step",
+                      "ylabel": metric, "logy": metric == "test_loss",
+                      "title": title + " (mean over seeds)"})
     fig = safe_panels(ctx.figure_path("dropout_large_batch"), specs, title="Luo Fig. 7")
     losses, mid = fig7_values(ctx.runs), fig7_values(ctx.runs, fraction=SETTLE_FRACTION)
     accs = fig7_values(ctx.runs, "test_accuracy")
     table = [{"quantity": f"{arm}: validation loss per seed (2/3 of training); top-1",
-              "ours": f"{' / '.join(fmt(v) for v in losses[arm])} ({' / '.join(fmt(v) for v in mid[arm])}); "
+              "ours": f"{' / '.join(fmt(v) for v in losses[arm])} "
+                      f"({' / '.join(fmt(v) for v in mid[arm])}); "
                       f"{' / '.join(fmt(v) for v in accs.get(arm, []))}",
               "paper": _FIG7_PAPER.get(arm, "—")} for arm in losses]
     verdict, summary = settle(fig7_summary(losses, ctx.tiny), fig7_summary(mid, ctx.tiny))
@@ -329,12 +354,14 @@ def _fig7_analyze(ctx) -> Outcome:
 register(Experiment(
     id="luo-fig7", paper="luo", target="Fig. 7",
     title="Dropout after BN / WN at large batch",
-    claim="At M = 256 BN generalizes worse than at M = 64; dropout after each BN (0.125) or WN (0.25) layer "
-          "compensates (WN top-1 0.73 → 0.80, on par with BN at M = 64).",
-    smoke_changes="digits with 70 % held out, luo_cnn at 1/4 width, 60 epochs, lr 0.05·M/64 for BN; WN at M = 256 "
-                  "lr 0.1, not 0.2 (at 0.2 WN died at chance loss or diverged in 2 of 3 seeds); 3 seeds per arm (the "
-                  "paper: one run); dropout (model option `dropout`) follows each normalized block's activation. "
-                  "Verdict: each dropout arm against its arm without dropout by Welch's t (α = 0.05) on the "
-                  "validation loss (mean of the last 3 records), repeated at 2/3 of training (settling).",
-    cost={"smoke": "≈85 s wall (15 runs)", "paper": "15 runs × 100 epochs luo_cnn on CIFAR-10 (GPU)"},
+    claim="At M = 256 BN generalizes worse than at M = 64; dropout after each BN (0.125) or WN "
+          "(0.25) layer compensates (WN top-1 0.73 → 0.80, on par with BN at M = 64).",
+    smoke_changes="digits with 70 % held out, luo_cnn at 1/4 width, 60 epochs, lr 0.05·M/64 for "
+                  "BN; WN at M = 256 lr 0.1, not 0.2 (at 0.2 WN died at chance loss or diverged in "
+                  "2 of 3 seeds); 3 seeds per arm (the paper: one run); dropout (model option "
+                  "`dropout`) follows each normalized block's activation. Verdict: each dropout "
+                  "arm against its arm without dropout by Welch's t (α = 0.05) on the validation "
+                  "loss (mean of the last 3 records), repeated at 2/3 of training (settling).",
+    cost={"smoke": "≈85 s wall (15 runs)",
+          "paper": "15 runs × 100 epochs luo_cnn on CIFAR-10 (GPU)"},
     plan=_fig7_plan, analyze=_fig7_analyze))

@@ -25,7 +25,8 @@ from .common import (FIG2_ZETAS, NOISE_VAR, _clean, _points, factor_test, zeta_b
 _FIG2_SIZES = {
     "paper": {"N": 4096, "M": 32, "epochs": 300, "n_seeds": 3,
               "alphas": (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0)},
-    "smoke": {"N": 256, "M": 32, "epochs": 150, "n_seeds": 5, "alphas": (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)},
+    "smoke": {"N": 256, "M": 32, "epochs": 150, "n_seeds": 5,
+              "alphas": (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)},
     "tiny": {"N": 64, "M": 32, "epochs": 3, "n_seeds": 3, "alphas": (1.0, 2.0)},
 }
 FIG2_FACTOR = 1.5  # "the BN points match the fitted ridge curve": each within a factor 1.5 of it
@@ -225,18 +226,20 @@ def _fig2_ratios(data: dict) -> tuple[dict, dict]:
     """Series of BN point / fitted curve per α (seed means) for each simulation block, and the seed
     range of the primary (population-statistics) block as a band."""
     ratio_series, bands = {}, {}
-    for key, name in (("sim", "population statistics"), ("sim_short", "population statistics, 2/3 epochs"),
+    for key, name in (("sim", "population statistics"),
+                      ("sim_short", "population statistics, 2/3 epochs"),
                       ("sim_train_stats", "training-set statistics")):
         block = data.get(key) or {}
         fitted = block.get("fitted") or []
         rows = [(a, e / f, [p / f for p in ps if p]) for a, e, f, ps in zip(
-            block.get("alpha") or [], block.get("gen_error") or [], fitted, block.get("per_seed") or []) if e and f]
+            block.get("alpha") or [], block.get("gen_error") or [], fitted,
+            block.get("per_seed") or []) if e and f]
         if rows:
             label = f"{name} (fit ζ = {fmt(finite_or_none(block.get('fit_zeta')))})"
             ratio_series[label] = _points([r[0] for r in rows], [r[1] for r in rows])
             if key == "sim" and all(r[2] for r in rows):
-                bands["population statistics: seed range"] = ([r[0] for r in rows], [min(r[2]) for r in rows],
-                                                               [max(r[2]) for r in rows])
+                bands["population statistics: seed range"] = (
+                    [r[0] for r in rows], [min(r[2]) for r in rows], [max(r[2]) for r in rows])
     return ratio_series, bands
 
 
@@ -304,8 +307,9 @@ def _fig2_analyze(ctx) -> Outcome:
     fig = safe_panels(ctx.figure_path("gen_error_vs_alpha"), [
         {"series": series, "style": style, "xlabel": "α = P/N", "ylabel": "ε_gen", "logy": True,
          "title": f"noise variance {NOISE_VAR}"},
-        {"series": ratio_series, "band": bands, "xlabel": "α = P/N", "ylabel": "BN ε_gen / best-fit WN curve",
-         "hline": 1.0, "markers": True, "title": f"seed means and range (verdict: within ×/÷ {FIG2_FACTOR})"},
+        {"series": ratio_series, "band": bands, "xlabel": "α = P/N",
+         "ylabel": "BN ε_gen / best-fit WN curve", "hline": 1.0, "markers": True,
+         "title": f"seed means and range (verdict: within ×/÷ {FIG2_FACTOR})"},
         _fig2_zeta_panel(zeta_by_epochs(data, [(b, c) for b, c, _ in FIG2_LENGTHS])),
     ], title="Luo Fig. 2: generalization error vs effective load")
     verdict, summary, dev = fig2_verdict(data, ctx.tiny)
@@ -314,21 +318,27 @@ def _fig2_analyze(ctx) -> Outcome:
     for a, e in zip(sim.get("alpha") or [], sim.get("gen_error") or []):
         if a == 1.0:
             at1 = e
-    ratios = ", ".join(f"{a:g}: {e / f:.2f} ({min(ps) / f:.2f}–{max(ps) / f:.2f})" for a, e, f, ps in zip(
-        sim.get("alpha") or [], sim.get("gen_error") or [], data.get("fitted_at_sim") or [], sim.get("per_seed") or [])
-        if e and f and ps and None not in ps)
+    ratios = ", ".join(f"{a:g}: {e / f:.2f} ({min(ps) / f:.2f}–{max(ps) / f:.2f})"
+                       for a, e, f, ps in zip(sim.get("alpha") or [], sim.get("gen_error") or [],
+                                              data.get("fitted_at_sim") or [],
+                                              sim.get("per_seed") or [])
+                       if e and f and ps and None not in ps)
     table = _fig2_zeta_rows(data) + [
         {"quantity": "ζ best fitting BN evaluated at training-set statistics",
          "ours": fmt(finite_or_none(other.get("fit_zeta"))), "paper": "— (not stated)"},
-        {"quantity": "Eq. 13 ζ per unit λ at M = 32", "ours": fmt(finite_or_none(data.get("zeta13"))),
+        {"quantity": "Eq. 13 ζ per unit λ at M = 32",
+         "ours": fmt(finite_or_none(data.get("zeta13"))),
          "paper": "≈ 0.02 (ζ ≈ 0.02 λ, λ ∈ [0, 4])"},
         {"quantity": "max factor between BN points and fitted curve",
-         "ours": fmt(None if dev is None else math.exp(dev)), "paper": "points 'clearly match' the ζ = 0.014 curve"},
-        {"quantity": f"BN point / fitted curve, per α: seed mean (seed range, {n_seeds} seeds)", "ours": ratios or "—",
-         "paper": "≈ 1"},
+         "ours": fmt(None if dev is None else math.exp(dev)),
+         "paper": "points 'clearly match' the ζ = 0.014 curve"},
+        {"quantity": f"BN point / fitted curve, per α: seed mean (seed range, {n_seeds} seeds)",
+         "ours": ratios or "—", "paper": "≈ 1"},
         {"quantity": "BN ε_gen at α = 1 (simulation)", "ours": fmt(finite_or_none(at1)),
-         "paper": f"≈ WN ζ = 0.014 curve ({fmt(finite_or_none(data.get('wn_0014_at_1')))}); SGD diverges"},
-        {"quantity": "ζ minimizing ε_gen (α = 1)", "ours": fmt(finite_or_none(data.get("optimal_zeta_at_1"))),
+         "paper": f"≈ WN ζ = 0.014 curve ({fmt(finite_or_none(data.get('wn_0014_at_1')))}); SGD "
+                  "diverges"},
+        {"quantity": "ζ minimizing ε_gen (α = 1)",
+         "ours": fmt(finite_or_none(data.get("optimal_zeta_at_1"))),
          "paper": "0.25, the noise variance"},
     ]
     return Outcome([fig], table, verdict, summary)
@@ -337,8 +347,9 @@ def _fig2_analyze(ctx) -> Outcome:
 register(Experiment(
     id="luo-fig2", paper="luo", target="Fig. 2",
     title="Generalization error vs effective load α: SGD, WN + ζγ², BN",
-    claim="BN's batch statistics act as a ridge regularizer: the simulated BN student's ε_gen follows the "
-          "WN + ζγ² curve with ζ ≈ 0.014, inside Eq. 13's ζ ≈ 0.02λ, while vanilla SGD diverges at α = 1.",
+    claim="BN's batch statistics act as a ridge regularizer: the simulated BN student's ε_gen "
+          "follows the WN + ζγ² curve with ζ ≈ 0.014, inside Eq. 13's ζ ≈ 0.02λ, while vanilla SGD "
+          "diverges at α = 1.",
     smoke_changes=(
         "N = 256 inputs instead of 4096 (P = αN), 7 values of α, 150 epochs, 5 seeds: the finite-N "
         "fluctuations are larger but the curves are the same functions of α. Added (issue 19): a "

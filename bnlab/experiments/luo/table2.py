@@ -39,7 +39,8 @@ R_TOL = 0.01           # 1 − R_sim
 # |η_sim − η_closed| / η_closed: Table 2 linearizes at (γ₀, 1); the finite-η fixed point
 ETA_TOL = 0.05
                        # sits at R* < 1 (the O(η²) term), which moves the edge by a few per cent
-SETTINGS = {"smoke": {"N": 250, "students": 4, "t_max": 60.0}, "paper": {"N": 1000, "students": 8, "t_max": 100.0}}
+SETTINGS = {"smoke": {"N": 250, "students": 4, "t_max": 60.0},
+            "paper": {"N": 1000, "students": 8, "t_max": 100.0}}
 
 
 def _method(zeta: float) -> str:
@@ -98,13 +99,16 @@ def table2_data(preset: str = "smoke", tiny: bool = False) -> dict:
         method = _method(zeta)
         st = luo.stability(zeta, eta=1.0, method=method)
         printed = luo.stability(zeta, eta=1.0, method=method, include_i2_term=False)
-        ode = luo.integrate_order_parameters(eta=FIXED_POINT_ETA, zeta=zeta, t_max=cfg["t_max"], n_points=61)
-        sim = luo.simulate_online_student(N=cfg["N"], eta=FIXED_POINT_ETA, zeta=zeta, t_max=cfg["t_max"],
-                                          n_students=cfg["students"], n_records=61, seed=0)
+        ode = luo.integrate_order_parameters(eta=FIXED_POINT_ETA, zeta=zeta, t_max=cfg["t_max"],
+                                             n_points=61)
+        sim = luo.simulate_online_student(N=cfg["N"], eta=FIXED_POINT_ETA, zeta=zeta,
+                                          t_max=cfg["t_max"], n_students=cfg["students"],
+                                          n_records=61, seed=0)
         rows.append({
-            "zeta": zeta, "gamma0": st["gamma0"], "eta_max": st["eta_max"], "eta_max_printed": printed["eta_max"],
-            "eta_max_wn": luo.learning_rates("wn", 0.0)[0], "eta_max_sgd": luo.learning_rates("sgd", 0.0)[0],
-            "edge": st["eta_max"] / st["gamma0"], "edge_printed": printed["eta_max"] / st["gamma0"],
+            "zeta": zeta, "gamma0": st["gamma0"], "eta_max": st["eta_max"],
+            "eta_max_printed": printed["eta_max"], "eta_max_wn": luo.learning_rates("wn", 0.0)[0],
+            "eta_max_sgd": luo.learning_rates("sgd", 0.0)[0], "edge": st["eta_max"] / st["gamma0"],
+            "edge_printed": printed["eta_max"] / st["gamma0"],
             "edge_simulated": simulated_threshold(zeta, iters=8 if tiny else 30),
             "ode": {"t": ode["t"].tolist(), "gamma": ode["gamma"].tolist(), "R": ode["R"].tolist()},
             "sgd": {"t": sim["t"].tolist(), "gamma": sim["gamma"].tolist(), "R": sim["R"].tolist()},
@@ -135,8 +139,8 @@ def table2_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
             g_err = _rel(row[name]["gamma"][-1], row["gamma0"])
             r_gap = 1.0 - row[name]["R"][-1]
             if g_err is None or g_err > GAMMA_TOL or not r_gap < R_TOL:
-                failures.append(f"ζ={z:g} {name}: γ {row[name]['gamma'][-1]:.4f} vs γ₀ {row['gamma0']:.4f}, "
-                                f"R {row[name]['R'][-1]:.4f}")
+                failures.append(f"ζ={z:g} {name}: γ {row[name]['gamma'][-1]:.4f} vs γ₀ "
+                                f"{row['gamma0']:.4f}, R {row[name]['R'][-1]:.4f}")
         edge_err = _rel(row["edge_simulated"], row["edge"])
         if edge_err is None or edge_err > ETA_TOL:
             failures.append(f"ζ={z:g}: stability edge η {fmt(row['edge_simulated'], 4)} vs "
@@ -152,10 +156,11 @@ def table2_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
     if not effs or any(b <= a for a, b in zip(effs, effs[1:])):
         failures.append("η_eff^bn = γ₀η does not rise with M")
     zetas = ", ".join(f"{r['zeta']:g}" for r in rows)
-    summary = (f"fixed points (ODE and online SGD at η = {FIXED_POINT_ETA}: |γ − γ₀|/γ₀ ≤ {GAMMA_TOL}, 1 − R < {R_TOL}), "
-               f"stability edges (fixed-L ODE, bisection; within {100 * ETA_TOL:g} %), Proposition 3 and η_eff(M) "
-               f"checked for ζ ∈ {{{zetas}}}: "
-               + ("all pass" if not failures else "failed: " + "; ".join(failures)) + ". " + "; ".join(notes))
+    summary = (f"fixed points (ODE and online SGD at η = {FIXED_POINT_ETA}: |γ − γ₀|/γ₀ ≤ "
+               f"{GAMMA_TOL}, 1 − R < {R_TOL}), stability edges (fixed-L ODE, bisection; within "
+               f"{100 * ETA_TOL:g} %), Proposition 3 and η_eff(M) checked for ζ ∈ {{{zetas}}}: "
+               + ("all pass" if not failures else "failed: " + "; ".join(failures)) + ". "
+               + "; ".join(notes))
     return ladder(not failures), summary
 
 
@@ -180,7 +185,8 @@ def _table2_analyze(ctx) -> Outcome:
                 series[label] = (row[name]["t"], row[name][key])
                 style[label] = {"ls": ls}
         spec = {"series": series, "style": style, "xlabel": "t = samples / N", "ylabel": ylabel,
-                "title": f"{ylabel} → {'γ₀ = 1/(2ζ+1)' if ref else 'R₀ = 1'} (η = {FIXED_POINT_ETA})"}
+                "title": f"{ylabel} → {'γ₀ = 1/(2ζ+1)' if ref else 'R₀ = 1'} (η = "
+                         f"{FIXED_POINT_ETA})"}
         if not ref:
             spec["hline"] = 1.0
         specs.append(spec)
@@ -191,7 +197,8 @@ def _table2_analyze(ctx) -> Outcome:
                   "xlabel": "ζ", "ylabel": "largest stable η (L₀ = 1)", "markers": True,
                   "title": "stability edge η_max/γ₀"})
     eff = data.get("eta_eff_vs_M") or []
-    specs.append({"series": {"η_eff^bn / η = γ₀(ζ(M))": ([e["M"] for e in eff], [e["eta_eff"] for e in eff])},
+    specs.append({"series": {"η_eff^bn / η = γ₀(ζ(M))": ([e["M"] for e in eff],
+                                                         [e["eta_eff"] for e in eff])},
                   "xlabel": "batch size M", "ylabel": "η_eff / η", "logx": True, "markers": True,
                   "title": "effective learning rate vs batch size (Eq. 13's ζ)"})
     fig = safe_panels(ctx.figure_path("table2"), specs, ncols=4,
@@ -205,11 +212,13 @@ def _table2_analyze(ctx) -> Outcome:
         table.append({"quantity": f"ζ = {r['zeta']:g}: R at the end, ODE / online SGD",
                       "ours": f"{fmt(r['ode']['R'][-1], 4)} / {fmt(r['sgd']['R'][-1], 4)}",
                       "paper": "R₀ = 1"})
-        table.append({"quantity": f"ζ = {r['zeta']:g}: η_max^bn (I₂ kept / printed); η_max^wn = η_max^sgd",
+        table.append({"quantity": f"ζ = {r['zeta']:g}: η_max^bn (I₂ kept / printed); η_max^wn = "
+                                  "η_max^sgd",
                       "ours": f"{fmt(r['eta_max'], 4)} / {fmt(r['eta_max_printed'], 4)}; "
                               f"{fmt(r['eta_max_wn'], 4)}",
                       "paper": "η_max^bn ≥ η_max^{wn,sgd} + 2ζ (Prop. 3)"})
-        table.append({"quantity": f"ζ = {r['zeta']:g}: stability edge η (L₀ = 1): simulated / η_max/γ₀ / printed",
+        table.append({"quantity": f"ζ = {r['zeta']:g}: stability edge η (L₀ = 1): simulated / "
+                                  "η_max/γ₀ / printed",
                       "ours": " / ".join(fmt(r[k], 4)
                                          for k in ("edge_simulated", "edge", "edge_printed")),
                       "paper": "λ_R < 0 iff η_max > η_eff = ηγ₀/L₀² (Eq. 12)"})
@@ -222,11 +231,14 @@ def _table2_analyze(ctx) -> Outcome:
 
 register(Experiment(
     id="luo-table2", paper="luo", target="Table 2",
-    title="Fixed points, maximum and effective learning rates of BN, WN and SGD (teacher–student, ReLU)",
-    claim="R₀ = 1 for BN, WN and SGD; BN's γ₀ = 1/(2ζ+1); R's fixed point is stable iff η_eff < η_max with "
-          "η_max^bn ≥ η_max^{wn,sgd} + 2ζ; BN's η_eff = ηγ₀/L₀² rises with the batch size.",
-    smoke_changes="online SGD students with N = 250 inputs (4 students, t = 60, i.e. 15 000 samples each) instead "
-                  "of the thermodynamic limit; the ODE and the fixed-L stability bisection are exact up to solver "
-                  "tolerance. Paper preset: N = 1000, 8 students, t = 100.",
+    title="Fixed points, maximum and effective learning rates of BN, WN and SGD (teacher–student, "
+          "ReLU)",
+    claim="R₀ = 1 for BN, WN and SGD; BN's γ₀ = 1/(2ζ+1); R's fixed point is stable iff η_eff < "
+          "η_max with η_max^bn ≥ η_max^{wn,sgd} + 2ζ; BN's η_eff = ηγ₀/L₀² rises with the batch "
+          "size.",
+    smoke_changes="online SGD students with N = 250 inputs (4 students, t = 60, i.e. 15 000 "
+                  "samples each) instead of the thermodynamic limit; the ODE and the fixed-L "
+                  "stability bisection are exact up to solver tolerance. Paper preset: N = 1000, 8 "
+                  "students, t = 100.",
     cost={"smoke": "≈ 1 min CPU (numpy/scipy)", "paper": "≈ 5 min CPU"},
     plan=_table2_plan, analyze=_table2_analyze))
