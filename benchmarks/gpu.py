@@ -2,7 +2,7 @@
 training step on CIFAR-shaped synthetic tensors, eager and ``torch.compile``, for every layer.
 
     python benchmarks/gpu.py [--budget-s 300] [--out-dir benchmarks/results] [--specs bn,cbn]
-    python benchmarks/gpu.py --device cpu --quick      # dry run on a CPU: tiny shapes, numbers mean nothing
+    python benchmarks/gpu.py --device cpu --quick  # CPU dry run: tiny shapes, numbers mean nothing
 
 Writes ``<out-dir>/gpu-<device>.json`` (device from ``torch.cuda.get_device_name``). Without CUDA it
 refuses (exit code 2) unless asked for the CPU dry run. Timing as in benchmarks/timing.py: layer and
@@ -30,15 +30,16 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import AMP_DTYPES, SPECS, Budget, compile_and_warm, format_rows, layer_table, measure, op_counts
+from timing import (AMP_DTYPES, SPECS, Budget, compile_and_warm, format_rows, layer_table,
+                    measure, op_counts)
 
 import bnlab.models as M
 from bnlab.norms import set_progress
 
 # Priority for the compiled section: native first (the reference), then the BN family, then the
 # rest.
-PRIORITY = ["native_bn", "bn", "cbn", "mbn", "brn", "mean_only_bn", "var_only_bn", "cbn(decouple=false)",
-            "noisy_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "si_bn", "wn"]
+PRIORITY = ["native_bn", "bn", "cbn", "mbn", "brn", "mean_only_bn", "var_only_bn",
+            "cbn(decouple=false)", "noisy_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "si_bn", "wn"]
 FULL = dict(layer_shape=(128, 64, 32, 32), batch=128, image=32, pairs=15, inner=5)
 QUICK = dict(layer_shape=(8, 4, 4, 4), batch=4, image=8, pairs=1, inner=1)
 
@@ -47,7 +48,8 @@ def resnet_step(spec: str, device: torch.device, batch: int, image: int, precisi
     """(model, make_step): ``make_step(net)`` is one SGD step of ResNet-20 (``net`` = the model or
     its compiled form) with ``spec`` on a fixed synthetic CIFAR-shaped batch."""
     torch.manual_seed(0)
-    model = M.create("resnet20", norm=spec, input_shape=(3, image, image), num_classes=10).to(device).train()
+    model = M.create("resnet20", norm=spec, input_shape=(3, image, image),
+                     num_classes=10).to(device).train()
     set_progress(model, lr=0.05, epoch=2, epochs=4)  # mbn's λ and cbn's AMAT η > 0, as in training
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, 3, image, image, generator=g).to(device)
@@ -58,7 +60,8 @@ def resnet_step(spec: str, device: torch.device, batch: int, image: int, precisi
     def make_step(net: nn.Module):
         def step() -> None:
             opt.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            with torch.autocast(device.type, dtype=dtype or torch.float32,
+                                enabled=dtype is not None):
                 loss = nn.functional.cross_entropy(net(x), y)
             loss.backward()
             opt.step()
@@ -67,17 +70,21 @@ def resnet_step(spec: str, device: torch.device, batch: int, image: int, precisi
     return model, make_step
 
 
-def resnet_rows(specs, device, cfg, precisions, mode, budget, backend, sync, progress) -> list[dict]:
+def resnet_rows(specs, device, cfg, precisions, mode, budget, backend, sync,
+                progress) -> list[dict]:
     rows = []
     for precision in precisions:
-        ref_model, ref_make = resnet_step("native_bn", device, cfg["batch"], cfg["image"], precision)
+        ref_model, ref_make = resnet_step("native_bn", device, cfg["batch"],
+                                          cfg["image"], precision)
         ref_step = ref_make(ref_model)
         for spec in specs:
-            row = {"spec": spec, "precision": precision, "mode": mode, "reference": "native_bn resnet20 eager"}
+            row = {"spec": spec, "precision": precision, "mode": mode,
+                   "reference": "native_bn resnet20 eager"}
             try:
                 model, make = resnet_step(spec, device, cfg["batch"], cfg["image"], precision)
             except Exception as err:  # e.g. a layer the model builder does not take
-                step, info = None, {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+                step, info = None, \
+                    {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
             else:
                 step, info = ((make(model), {}) if mode == "eager" else
                               compile_and_warm(model, make, budget, backend))
@@ -96,23 +103,29 @@ def device_slug(device: torch.device) -> str:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (only with --quick)")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes, 1 pair; on a CPU, dynamo 'eager' backend")
-    parser.add_argument("--budget-s", type=float, default=300, help="wall-clock budget of the whole run")
-    parser.add_argument("--specs", default=",".join(PRIORITY), help="comma-separated subset of: " + ", ".join(SPECS))
+    parser.add_argument("--device", default="cuda",
+                        help="cuda (default) or cpu (only with --quick)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny shapes, 1 pair; on a CPU, dynamo 'eager' backend")
+    parser.add_argument("--budget-s", type=float, default=300,
+                        help="wall-clock budget of the whole run")
+    parser.add_argument("--specs", default=",".join(PRIORITY),
+                        help="comma-separated subset of: " + ", ".join(SPECS))
     parser.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args(argv)
     args.specs = [s.strip() for s in args.specs.split(",") if s.strip()]
     unknown = [s for s in args.specs if s not in SPECS]
     if unknown or not args.specs:
-        parser.error(f"unknown layer(s) {', '.join(unknown) or '(none given)'}; valid: {', '.join(SPECS)}")
+        parser.error(f"unknown layer(s) {', '.join(unknown) or '(none given)'}; valid: "
+                     f"{', '.join(SPECS)}")
     return args
 
 
 def refusal(args) -> str | None:
     if args.device == "cuda" and not torch.cuda.is_available():
         return ("benchmarks/gpu.py needs a CUDA GPU, and torch.cuda.is_available() is False here. "
-                "For CPU numbers run benchmarks/norms.py; for a dry run of this script: --device cpu --quick")
+                "For CPU numbers run benchmarks/norms.py; for a dry run of this script: "
+                "--device cpu --quick")
     if args.device == "cpu" and not args.quick:
         return "--device cpu is only a dry run (--quick); CPU timings come from benchmarks/norms.py"
     if args.device not in ("cuda", "cpu"):
@@ -122,12 +135,14 @@ def refusal(args) -> str | None:
 
 def metadata(args, device: torch.device, cfg: dict, backend: str) -> dict:
     return {
-        "benchmark": "bnlab layers vs native (cuDNN) BatchNorm and a ResNet-20 SGD step; paired, median ratio",
+        "benchmark": "bnlab layers vs native (cuDNN) BatchNorm and a ResNet-20 SGD step; "
+        "paired, median ratio",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)",
-        "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-        "python": platform.python_version(), "quick": args.quick, "compile_backend": backend,
-        "layer_shape": list(cfg["layer_shape"]),
-        "resnet20": {"batch": cfg["batch"], "input": [3, cfg["image"], cfg["image"]], "optimizer": "SGD(0.05, m=0.9)"},
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
+        "quick": args.quick, "compile_backend": backend, "layer_shape": list(cfg["layer_shape"]),
+        "resnet20": {"batch": cfg["batch"], "input": [3, cfg["image"], cfg["image"]],
+                     "optimizer": "SGD(0.05, m=0.9)"},
         "pairs": cfg["pairs"], "inner": cfg["inner"], "budget_s": args.budget_s, "complete": False,
         "layers": [], "resnet20_step": [], "elapsed_s": 0.0,
     }
@@ -153,9 +168,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def progress(row):
         print(f"{row['spec']:<22}{row['precision']:<6}{row['mode']:<10}"
-              f"{row.get('ratio', row.get('error') or row.get('skipped'))}", file=sys.stderr, flush=True)
+              f"{row.get('ratio', row.get('error') or row.get('skipped'))}",
+              file=sys.stderr, flush=True)
 
-    common = dict(pairs=cfg["pairs"], budget=budget, backend=backend, inner=cfg["inner"], sync=sync, progress=progress)
+    common = dict(pairs=cfg["pairs"], budget=budget, backend=backend, inner=cfg["inner"], sync=sync,
+                  progress=progress)
     result = metadata(args, device, cfg, backend)
     out = Path(args.out_dir) / f"gpu-{device_slug(device)}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -171,14 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     save()
     layers += layer_table(specs, shape, device, ["fp32", "fp16", "bf16"], ["eager"], **common)
     save()
-    resnet += resnet_rows(specs, device, cfg, ["fp32", "bf16"], "eager", budget, backend, sync, progress)
+    resnet += resnet_rows(specs, device, cfg, ["fp32", "bf16"], "eager", budget,
+                          backend, sync, progress)
     save()
     # compiled, in priority order, while the budget lasts: small layer graphs first
     for spec in specs:
         layers += layer_table([spec], shape, device, ["fp32"], ["compiled"], **common)
         save()
     for spec in specs:
-        resnet += resnet_rows([spec], device, cfg, ["fp32"], "compiled", budget, backend, sync, progress)
+        resnet += resnet_rows([spec], device, cfg, ["fp32"], "compiled", budget,
+                              backend, sync, progress)
         save()
     result["complete"] = True
     save()

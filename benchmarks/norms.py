@@ -35,7 +35,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import BN_FAMILY, SPECS, Budget, NativeBNPlusNoise, fwd_bwd, layer_table, measure, op_counts
+from timing import (BN_FAMILY, SPECS, Budget, NativeBNPlusNoise, fwd_bwd, layer_table,
+                    measure, op_counts)
 
 from bnlab.norms.bench import _layer
 
@@ -47,7 +48,8 @@ def parse_specs(text: str, parser: argparse.ArgumentParser) -> list[str]:
     specs = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in specs if s not in SPECS]
     if unknown or not specs:
-        parser.error(f"unknown layer(s) {', '.join(unknown) or '(none given)'}; valid: {', '.join(SPECS)}")
+        parser.error(f"unknown layer(s) {', '.join(unknown) or '(none given)'}; valid: "
+                     f"{', '.join(SPECS)}")
     return specs
 
 
@@ -58,7 +60,8 @@ def goals(rows: list[dict]) -> dict:
 
     def check(specs, mode, limit):
         ratios = {s: by.get((s, mode)) for s in specs}
-        return {"limit": limit, "ratios": ratios, "met": all(v is not None and v <= limit for v in ratios.values())}
+        return {"limit": limit, "ratios": ratios,
+                "met": all(v is not None and v <= limit for v in ratios.values())}
 
     return {"eager_bn_family_le_1.3": check(BN_FAMILY, "eager", 1.3),
             "compiled_every_layer_le_1.0": check(SPECS, "compiled", 1.0),
@@ -71,26 +74,32 @@ def noise_yardstick(shape, pairs: int, inner: int, clock) -> dict:
     torch.manual_seed(0)
     row = {"spec": "noisy_bn", "precision": "fp32", "mode": "eager", "shape": list(shape),
            "reference": "native_bn+noise eager"}
-    row.update(measure(fwd_bwd(_layer("noisy_bn", shape), x), fwd_bwd(NativeBNPlusNoise(shape[1]), x),
-                       pairs, inner, lambda: None, clock))
+    row.update(measure(fwd_bwd(_layer("noisy_bn", shape), x),
+                       fwd_bwd(NativeBNPlusNoise(shape[1]), x), pairs, inner, lambda: None, clock))
     return row
 
 
 def side_by_side(rows: list[dict]) -> str:
     """The README table: one line per (shape, layer), eager and compiled ratios against eager native
     BN."""
-    cells = {(tuple(r["shape"]), r["spec"], r["mode"], r["reference"].endswith("noise eager")): r for r in rows}
+    cells = {(tuple(r["shape"]), r["spec"], r["mode"],
+              r["reference"].endswith("noise eager")): r for r in rows}
 
     def ratio(row):
-        return f"{row['ratio']:.2f}" if row and "ratio" in row else (row or {}).get("error", "–")[:40]
+        return f"{row['ratio']:.2f}" if row and "ratio" in row \
+            else (row or {}).get("error", "–")[:40]
 
-    lines = ["| shape | layer | reference | eager ms | reference ms | eager × | compiled × | ops | ops inside |",
+    lines = ["| shape | layer | reference | eager ms | reference ms | eager × | compiled × | ops "
+             "| ops inside |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for shape, spec, mode, noise in dict.fromkeys(k for k in cells if k[2] == "eager"):
-        eager, compiled = cells[(shape, spec, mode, noise)], cells.get((shape, spec, "compiled", noise))
+        eager, compiled = cells[(shape, spec, mode, noise)], \
+            cells.get((shape, spec, "compiled", noise))
         ms = f"{eager['ms']:.3f} | {eager['ref_ms']:.3f}" if "ms" in eager else "– | –"
-        lines.append(f"| {'×'.join(map(str, shape))} | `{spec}` | {eager['reference']} | {ms} | {ratio(eager)} | "
-                     f"{ratio(compiled) if compiled else '–'} | {eager.get('ops', '–')} | {eager.get('ops_inside', '–')} |")
+        lines.append(f"| {'×'.join(map(str, shape))} | `{spec}` | {eager['reference']} | {ms} | "
+                     f"{ratio(eager)} | "
+                     f"{ratio(compiled) if compiled else '–'} | {eager.get('ops', '–')} | "
+                     f"{eager.get('ops_inside', '–')} |")
     return "\n".join(lines)
 
 
@@ -98,20 +107,25 @@ def issue18_goals(rows: list[dict], shapes: list[tuple[int, ...]]) -> dict:
     """Issue 18's ratio and operation-count goals, each with the values it covers and whether all
     meet it."""
     eager = [r for r in rows if r["mode"] == "eager" and not r["reference"].endswith("noise eager")]
-    small = {f"{r['spec']}@{'x'.join(map(str, r['shape']))}": r.get("ratio") for r in eager if tuple(r["shape"]) != shapes[0]}
-    large = {r["spec"]: r.get("ratio") for r in eager if tuple(r["shape"]) == shapes[0] and r["spec"] in BN_FAMILY}
-    noise = {"x".join(map(str, r["shape"])): r.get("ratio") for r in rows if r["reference"].endswith("noise eager")}
-    ops16 = {r["spec"]: r.get("ops") for r in eager if tuple(r["shape"]) == shapes[0] and r["spec"] in BN_FAMILY}
+    small = {f"{r['spec']}@{'x'.join(map(str, r['shape']))}": r.get("ratio") for r in eager
+             if tuple(r["shape"]) != shapes[0]}
+    large = {r["spec"]: r.get("ratio") for r in eager if tuple(r["shape"]) == shapes[0]
+             and r["spec"] in BN_FAMILY}
+    noise = {"x".join(map(str, r["shape"])): r.get("ratio") for r in rows
+             if r["reference"].endswith("noise eager")}
+    ops16 = {r["spec"]: r.get("ops") for r in eager if tuple(r["shape"]) == shapes[0]
+             and r["spec"] in BN_FAMILY}
     ops24 = {r["spec"]: r.get("ops") for r in eager if tuple(r["shape"]) == shapes[0]
              and r["spec"].startswith(("lp_bn", "noisy_bn", "si_bn"))}
 
     def check(values, limit):
-        return {"limit": limit, "values": values, "met": bool(values) and all(v is not None and v <= limit
-                                                                                for v in values.values())}
+        return {"limit": limit, "values": values, "met": bool(values) and all(
+            v is not None and v <= limit for v in values.values())}
 
-    return {"small_shapes_eager_le_1.3": check(small, 1.3), "large_bn_family_eager_le_1.1": check(large, 1.1),
-            "noisy_vs_native_plus_noise_le_1.2": check(noise, 1.2), "ops_bn_family_le_16": check(ops16, 16),
-            "ops_lp_noisy_si_le_24": check(ops24, 24)}
+    return {"small_shapes_eager_le_1.3": check(small, 1.3),
+            "large_bn_family_eager_le_1.1": check(large, 1.1),
+            "noisy_vs_native_plus_noise_le_1.2": check(noise, 1.2),
+            "ops_bn_family_le_16": check(ops16, 16), "ops_lp_noisy_si_le_24": check(ops24, 24)}
 
 
 def parse_shapes(text: str) -> list[tuple[int, ...]]:
@@ -121,15 +135,20 @@ def parse_shapes(text: str) -> list[tuple[int, ...]]:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (the goals: 2)")
-    parser.add_argument("--quick", action="store_true", help="tiny shape, 2 pairs, dynamo 'eager' backend")
-    parser.add_argument("--specs", default=",".join(SPECS), help="comma-separated subset of: " + ", ".join(SPECS))
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch intra-op threads (the goals: 2)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny shape, 2 pairs, dynamo 'eager' backend")
+    parser.add_argument("--specs", default=",".join(SPECS),
+                        help="comma-separated subset of: " + ", ".join(SPECS))
     parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in FULL_SHAPES),
                         help="NxC[xHxW],...; compiled mode runs on the first only")
     parser.add_argument("--modes", default="eager,compiled", help="eager,compiled or one of them")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="cpu: this thread's CPU time (use with --threads 1 on a loaded machine)")
-    parser.add_argument("--budget-s", type=float, default=1800, help="compiles stop when this is spent")
+                        help="cpu: this thread's CPU time (use with --threads 1 on a "
+                        "loaded machine)")
+    parser.add_argument("--budget-s", type=float, default=1800,
+                        help="compiles stop when this is spent")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "norms.json"))
     args = parser.parse_args(argv)
     specs = parse_specs(args.specs, parser)
@@ -144,11 +163,12 @@ def main(argv: list[str] | None = None) -> dict:
     for i, shape in enumerate(shapes):
         # small shapes: several calls per timing
         inner = max(1, 2_000_000 // (4 * torch.Size(shape).numel()))
-        table = layer_table(specs, shape, torch.device("cpu"), ["fp32"], modes if i == 0 else ["eager"], pairs,
-                            budget, backend=backend, inner=inner, clock=clock,
-                            progress=lambda r: print(f"{r['spec']:<22}{r['mode']:<10}"
-                                                     f"{r.get('ratio', r.get('error') or r.get('skipped'))}",
-                                                     file=sys.stderr))
+        table = layer_table(
+            specs, shape, torch.device("cpu"), ["fp32"], modes if i == 0 else ["eager"], pairs,
+            budget, backend=backend, inner=inner, clock=clock,
+            progress=lambda r: print(f"{r['spec']:<22}{r['mode']:<10}"
+            f"{r.get('ratio', r.get('error') or r.get('skipped'))}",
+            file=sys.stderr))
         counts = {spec: op_counts(spec, shape) for spec in specs}
         for row in table:
             row.update(shape=list(shape), **(counts[row["spec"]] if row["mode"] == "eager" else {}))
@@ -156,11 +176,15 @@ def main(argv: list[str] | None = None) -> dict:
         if "noisy_bn" in specs and "eager" in modes:
             rows.append(dict(noise_yardstick(shape, pairs, inner, clock), **counts["noisy_bn"]))
     result = {
-        "benchmark": "norms forward+backward, training mode, float32, CPU; paired with native BN, median ratio",
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+        "benchmark": "norms forward+backward, training mode, float32, CPU; paired with native "
+        "BN, median ratio",
+        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
         "clock": "thread CPU time" if args.clock == "cpu" else "wall time",
-        "shapes": [list(s) for s in shapes], "pairs": pairs, "compile_backend": backend, "quick": args.quick,
-        "load_average_1min": {"start": load_before, "end": os.getloadavg()[0], "cpus": os.cpu_count()},
+        "shapes": [list(s) for s in shapes], "pairs": pairs, "compile_backend": backend,
+        "quick": args.quick,
+        "load_average_1min": {"start": load_before, "end": os.getloadavg()[0],
+                              "cpus": os.cpu_count()},
         "rows": rows, "goals": goals([r for r in rows if tuple(r["shape"]) == shapes[0]
                                       and not r["reference"].endswith("noise eager")]),
         "goals_issue18": issue18_goals(rows, shapes),

@@ -1,7 +1,7 @@
 """Overhead of each probe relative to a training step, and naive vs batched landscape evaluation.
 
-    .venv/bin/python benchmarks/probes.py            # DLN (batch 1000 and 128) + vgg_santurkar (batch 128)
-    .venv/bin/python benchmarks/probes.py --quick    # fewer repeats, DLN only
+    .venv/bin/python benchmarks/probes.py          # DLN (batch 1000 and 128), vgg_santurkar (128)
+    .venv/bin/python benchmarks/probes.py --quick  # fewer repeats, DLN only
 
 Settings (issue 4): Santurkar's deep linear network (25 layers of width 10, BN after each hidden
 layer, Gaussian regression x ~ N(0, I_10), y = A x with Gaussian A, n = 1000) at batch 1000 (full
@@ -63,7 +63,8 @@ def dln_data(batch: int, seed: int):
 
 def vgg_data(batch: int, seed: int, count: int = 2):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g))
+    return [(torch.randn(batch, 3, 32, 32, generator=g),
+             torch.randint(0, 10, (batch,), generator=g))
             for _ in range(count)]
 
 
@@ -112,10 +113,12 @@ def bench_model(label, make_model, loss_fn, batches, lr, repeats, probe_repeats,
         probe = probes.create(name, every=1)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            seconds, metrics = time_probe(make_model(), loss_fn, batches, lr, probe, probe_repeats.get(name, repeats))
+            seconds, metrics = time_probe(make_model(), loss_fn, batches, lr, probe,
+                                          probe_repeats.get(name, repeats))
         rows[name] = {"seconds": seconds, "overhead": seconds / step, "cost": probe.cost,
                       "metrics_per_call": sum(1 for k in metrics if not k.endswith("/seconds"))}
-        print(f"[{label}] {name:18s} {seconds * 1e3:10.1f} ms  = {seconds / step:7.2f} steps", flush=True)
+        print(f"[{label}] {name:18s} {seconds * 1e3:10.1f} ms  = {seconds / step:7.2f} steps",
+              flush=True)
     # naive vs batched landscape, same model state, same grid; batched result checked against naive
     # once
     model = make_model()
@@ -148,8 +151,10 @@ def bench_model(label, make_model, loss_fn, batches, lr, repeats, probe_repeats,
         "beta_batched": bat.beta_smoothness, "calls_each": len(results["naive"]),
     })
     print(f"[{label}] landscape naive {naive_s * 1e3:.1f} ms, batched {batched_s * 1e3:.1f} ms, "
-          f"speedup {naive_s / batched_s:.2f}x (of minima {naive_min / batched_min:.2f}x, {bat.method})", flush=True)
-    return {"step_seconds": step, "batch": int(x.shape[0]), "lr": lr, "probes": rows, "landscape": landscape}
+          f"speedup {naive_s / batched_s:.2f}x (of minima {naive_min / batched_min:.2f}x, "
+          f"{bat.method})", flush=True)
+    return {"step_seconds": step, "batch": int(x.shape[0]), "lr": lr, "probes": rows,
+            "landscape": landscape}
 
 
 def main(argv=None) -> int:
@@ -164,14 +169,20 @@ def main(argv=None) -> int:
     dln_repeats = 3 if args.quick else 10
     report = {
         "settings": {
-            "device": "cpu", "threads": args.threads, "torch": torch.__version__, "python": platform.python_version(),
-            "machine": platform.machine(), "quick": args.quick,
-            "timing": "median; step = zero_grad+forward+backward+SGD(momentum 0.9) step; probe = its own "
-                      "recorded probe/<name>/seconds (snapshot/restore included), one warm-up call excluded",
-            "dln": "bnlab.models dln, depth 25, width 10, norm bn; x ~ N(0, I_10), y = A x, n = 1000, lr 1e-3",
-            "vgg": "bnlab.models vgg_santurkar, norm bn, CIFAR-shaped N(0,1) inputs, 10 classes, lr 0.1",
-            "landscape_compare": "evaluate_landscape on one batch, 8 step sizes over the default range x lr; "
-                                 "naive = one forward/backward per step size, batched = torch.func.vmap",
+            "device": "cpu", "threads": args.threads, "torch": torch.__version__,
+            "python": platform.python_version(), "machine": platform.machine(), "quick": args.quick,
+            "timing": "median; step = zero_grad+forward+backward+SGD(momentum 0.9) step; "
+            "probe = its own "
+                      "recorded probe/<name>/seconds (snapshot/restore included), one "
+            "warm-up call excluded",
+            "dln": "bnlab.models dln, depth 25, width 10, norm bn; x ~ N(0, I_10), y = A x, n "
+                   "= 1000, lr 1e-3",
+            "vgg": "bnlab.models vgg_santurkar, norm bn, CIFAR-shaped N(0,1) inputs, 10 "
+                   "classes, lr 0.1",
+            "landscape_compare": "evaluate_landscape on one batch, 8 step sizes over the "
+                                 "default range x lr; "
+                                 "naive = one forward/backward per step size, batched = "
+                                 "torch.func.vmap",
         },
         "models": {},
     }
@@ -183,11 +194,13 @@ def main(argv=None) -> int:
         {"landscape_compare": 2 if args.quick else 6})
     if not (args.quick or args.skip_vgg):
         vgg_repeats = 3
-        report["settings"]["vgg_repeats"] = ("3 training steps; 2 timed calls per probe (1 for ics and "
+        report["settings"]["vgg_repeats"] = ("3 training steps; 2 timed calls per probe "
+                                             "(1 for ics and "
                                              "landscape); landscape comparison 2 calls each")
         report["models"]["vgg_santurkar_batch128"] = bench_model(
             "vgg b=128", lambda: vgg_model(0), ce, vgg_data(128, 0), 0.1, vgg_repeats,
-            {name: 2 for name in probes.available()} | {"ics": 1, "landscape": 1, "landscape_compare": 2})
+            {name: 2 for name in probes.available()}
+            | {"ics": 1, "landscape": 1, "landscape_compare": 2})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")

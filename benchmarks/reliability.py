@@ -70,8 +70,8 @@ from bnlab.train import load_model, run  # noqa: E402
 from bnlab.train.checkpoint import load_checkpoint  # noqa: E402
 from bnlab.store.run_files import checkpoint_path, orphaned_temporaries  # noqa: E402
 
-CONFIG = dict(model="mlp", data="digits", steps=40, lr=0.05, batch_size=200, seed=5, checkpoint_every=5,
-              log_every=1, model_options={"width": 16})
+CONFIG = dict(model="mlp", data="digits", steps=40, lr=0.05, batch_size=200, seed=5,
+              checkpoint_every=5, log_every=1, model_options={"width": 16})
 STORE_DAMAGES = ("none", "delete_wal", "garble_wal", "drop_metrics", "delete_rows")
 
 CHILD = """
@@ -120,7 +120,8 @@ def _damage_store(runs_dir: Path, damage: str, rng: random.Random) -> None:
         wal.write_bytes(bytes(raw))
     elif damage in ("drop_metrics", "delete_rows"):
         conn = sqlite3.connect(db)
-        conn.execute("DROP TABLE metrics" if damage == "drop_metrics" else "DELETE FROM metrics WHERE step % 3 = 0")
+        conn.execute("DROP TABLE metrics" if damage == "drop_metrics"
+                     else "DELETE FROM metrics WHERE step % 3 = 0")
         conn.commit()
         conn.close()
 
@@ -135,8 +136,10 @@ def interruption_trials(trials: int, rng: random.Random, work: Path) -> dict:
         at = rng.randrange(6, 39) if mode == "step" else rng.choice(range(10, 40, 5))
         damage = STORE_DAMAGES[trial % len(STORE_DAMAGES)]
         runs_dir = work / f"trial{trial}"
-        script = CHILD.format(repo=str(REPO), runs_dir=str(runs_dir), mode=mode, at=at, config=CONFIG)
-        child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+        script = CHILD.format(repo=str(REPO), runs_dir=str(runs_dir), mode=mode,
+                              at=at, config=CONFIG)
+        child = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                               text=True, timeout=600)
         killed = child.returncode == -signal.SIGKILL
         orphans_before = len(orphaned_temporaries(checkpoint_path(runs_dir, reference.id)))
         _damage_store(runs_dir, damage, rng)
@@ -145,21 +148,26 @@ def interruption_trials(trials: int, rng: random.Random, work: Path) -> dict:
         model = load_checkpoint(checkpoint_path(runs_dir, resumed.id))["model"]
         lost = len(set(ref_rows) - set(rows))
         same = (resumed.status == reference.status and resumed.metrics == reference.metrics
-                and all(torch.equal(model[k], ref_model[k]) for k in ref_model) and rows == ref_rows)
+                and all(torch.equal(model[k], ref_model[k]) for k in ref_model)
+                and rows == ref_rows)
         orphans_after = len(orphaned_temporaries(checkpoint_path(runs_dir, resumed.id)))
-        results.append({"mode": mode, "at": at, "damage": damage, "killed": killed, "resumed_from": resumed.resumed_from,
-                        "orphans_before": orphans_before, "orphans_after": orphans_after, "rows_lost": lost,
+        results.append({"mode": mode, "at": at, "damage": damage, "killed": killed,
+                        "resumed_from": resumed.resumed_from, "orphans_before": orphans_before,
+                        "orphans_after": orphans_after, "rows_lost": lost,
                         "survived": bool(killed and same and orphans_after == 0)})
         print(f"  interruption {trial}: {results[-1]}", flush=True)
     return {"trials": len(results), "survived": sum(r["survived"] for r in results),
-            "rows_lost": sum(r["rows_lost"] for r in results), "reference_rows": len(ref_rows), "details": results}
+            "rows_lost": sum(r["rows_lost"] for r in results), "reference_rows": len(ref_rows),
+            "details": results}
 
 
 def _states_equal(a, b) -> bool:
     if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape \
+            and torch.equal(a, b)
     if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_states_equal(a[k], b[k]) for k in a)
+        return isinstance(b, dict) and a.keys() == b.keys() \
+            and all(_states_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(_states_equal(x, y) for x, y in zip(a, b))
     return a == b or (a != a and b != b)
@@ -169,7 +177,8 @@ def corruption_trials(trials: int, rng: random.Random, work: Path) -> dict:
     source = checkpoint_path(work / "reference", next(iter(_run_ids(work / "reference"))))
     original = load_checkpoint(source)
     raw = source.read_bytes()
-    weight = next(v for v in original["model"].values() if v.dtype == torch.float32 and v.numel() >= 64)
+    weight = next(v for v in original["model"].values() if v.dtype == torch.float32
+                  and v.numel() >= 64)
     weight_at = raw.find(weight.numpy().tobytes())
     counts = {"anywhere": {"raised": 0, "identical": 0, "silently_wrong": 0},
               "in_weight": {"raised": 0, "identical": 0, "silently_wrong": 0}}
@@ -177,7 +186,8 @@ def corruption_trials(trials: int, rng: random.Random, work: Path) -> dict:
     target.parent.mkdir(parents=True, exist_ok=True)
     for trial in range(trials):
         where = "anywhere" if trial % 2 == 0 else "in_weight"
-        at = rng.randrange(len(raw)) if where == "anywhere" else weight_at + rng.randrange(weight.numel() * 4)
+        at = rng.randrange(len(raw)) if where == "anywhere" \
+            else weight_at + rng.randrange(weight.numel() * 4)
         damaged = bytearray(raw)
         damaged[at] ^= 1 << rng.randrange(8)
         target.write_bytes(bytes(damaged))
@@ -231,7 +241,8 @@ def malicious_inputs(work: Path) -> dict:
         import pickle
 
         torch.save({"format": 2, "model": Exploit()}, f, pickle_module=pickle)
-    refused("checkpoint pickle that runs a command", lambda: load_model(run_id, hostile), ValueError)
+    refused("checkpoint pickle that runs a command",
+            lambda: load_model(run_id, hostile), ValueError)
     torch.save({"format": 99}, ckpt)
     refused("checkpoint of an unknown format", lambda: load_checkpoint(ckpt), ValueError)
     other = work / "other"
@@ -243,8 +254,10 @@ def malicious_inputs(work: Path) -> dict:
     state["run_id"] = "someoneelse"
     from bnlab.train.checkpoint import save_checkpoint
 
-    save_checkpoint(checkpoint_path(other, run_id), {k: v for k, v in state.items() if k not in ("format", "checksum")})
-    refused("checkpoint of another run", lambda: run(dict(CONFIG, runs_dir=str(other)), progress=False), ValueError)
+    save_checkpoint(checkpoint_path(other, run_id),
+                    {k: v for k, v in state.items() if k not in ("format", "checksum")})
+    refused("checkpoint of another run",
+            lambda: run(dict(CONFIG, runs_dir=str(other)), progress=False), ValueError)
     newer = work / "newer" / "bnlab.db"
     Store(newer).close()
     conn = sqlite3.connect(newer)
@@ -263,7 +276,8 @@ def malicious_inputs(work: Path) -> dict:
     yaml_file.write_text(f'lr: !!python/object/apply:os.system ["touch {marker}"]\n')
     refused("YAML config with a Python object tag", lambda: load_config_file(yaml_file), ValueError)
     with Store(ref_dir / "bnlab.db") as store:
-        cases["run-id prefix of SQL wildcards"] = store.get_run("%") is None and store.get_run("_") is None
+        cases["run-id prefix of SQL wildcards"] = store.get_run("%") is None \
+            and store.get_run("_") is None
     return {"tried": len(cases), "refused": sum(cases.values()), "cases": cases}
 
 
@@ -282,8 +296,8 @@ def concurrent_sweeps(work: Path) -> dict:
     runs_dir = work / "sweeps"
     configs = [dict(CONFIG, seed=s, runs_dir=str(runs_dir)) for s in (11, 12, 13)]
     script = SWEEP_CHILD.format(repo=str(REPO), configs=configs)
-    children = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True) for _ in range(2)]
+    children = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [child.communicate(timeout=900) for child in children]
     records = [rec for out, _ in outputs for rec in json.loads(out.strip().splitlines()[-1])]
     with Store(runs_dir / "bnlab.db") as store:
@@ -292,7 +306,8 @@ def concurrent_sweeps(work: Path) -> dict:
             # runs met while the other trained them
             "waits": sum(err.count("waiting: ") for _, err in outputs),
             "finished": sum(status == "finished" for _, status, _ in records),
-            "failed": [[run_id, error] for run_id, status, error in records if status != "finished"],
+            "failed": [[run_id, error] for run_id, status, error in records
+                       if status != "finished"],
             "stored": stored}
 
 
@@ -302,10 +317,12 @@ def categories(interruptions: dict, sigterms: list, corruptions: dict, damage: d
     return {
         "kill points": (interruptions["survived"] + sum(t["clean"] for t in sigterms),
                         interruptions["trials"] + len(sigterms)),
-        "corruption": (corruptions["handled"] + damage["handled"], corruptions["trials"] + damage["trials"]),
+        "corruption": (corruptions["handled"] + damage["handled"],
+                       corruptions["trials"] + damage["trials"]),
         "concurrency": (sweeps["finished"], sweeps["records"]),
         "numerics": (numbers["refused_or_caught"], numbers["tried"]),
-        "hostile inputs": (malicious["refused"] + hostile["refused"], malicious["tried"] + hostile["tried"]),
+        "hostile inputs": (malicious["refused"] + hostile["refused"],
+                           malicious["tried"] + hostile["tried"]),
     }
 
 
@@ -324,30 +341,37 @@ def main() -> None:
         sigterms = [cases.sigterm_trial(REPO, CONFIG, at, work / f"sigterm{at}") for at in (7, 23)]
         corruptions = corruption_trials(40 if args.quick else 200, rng, work)
         ref_id = _run_ids(work / "reference")[0]
-        damage = cases.store_damage_trials(work / "reference", ref_id, CONFIG, 10 if args.quick else 40, rng, work)
+        damage = cases.store_damage_trials(work / "reference", ref_id, CONFIG,
+                                           10 if args.quick else 40, rng, work)
         malicious = malicious_inputs(work)
         hostile = cases.hostile_inputs(work, work / "reference", ref_id)
         numbers = cases.numerics(work, CONFIG)
         sweeps = concurrent_sweeps(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    totals = categories(interruptions, sigterms, corruptions, damage, sweeps, numbers, malicious, hostile)
-    result = {"config": CONFIG, "seed": args.seed, "seconds": round(time.perf_counter() - started, 1),
-              "torch": torch.__version__, "python": sys.version.split()[0],
+    totals = categories(interruptions, sigterms, corruptions, damage, sweeps, numbers,
+                        malicious, hostile)
+    result = {"config": CONFIG, "seed": args.seed,
+              "seconds": round(time.perf_counter() - started, 1), "torch": torch.__version__,
+              "python": sys.version.split()[0],
               "totals": {k: {"passed": p, "tried": t} for k, (p, t) in totals.items()},
               "interruptions": interruptions, "sigterm": sigterms, "corruptions": corruptions,
-              "store_damage": damage, "malicious": malicious, "hostile_inputs": hostile, "numerics": numbers,
-              "concurrent_sweeps": sweeps}
+              "store_damage": damage, "malicious": malicious, "hostile_inputs": hostile,
+              "numerics": numbers, "concurrent_sweeps": sweeps}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    silently_wrong = (corruptions["anywhere"]["silently_wrong"]
+                      + corruptions["in_weight"]["silently_wrong"])
     print(f"interruptions survived {interruptions['survived']}/{interruptions['trials']}, "
-          f"rows lost {interruptions['rows_lost']}; corruptions handled {corruptions['handled']}/{corruptions['trials']} "
-          f"(silently wrong: {corruptions['anywhere']['silently_wrong'] + corruptions['in_weight']['silently_wrong']}); "
-          f"malicious inputs refused {malicious['refused']}/{malicious['tried']}; two concurrent sweeps: "
-          f"{sweeps['finished']}/{sweeps['records']} records finished; {result['seconds']} s -> {args.out}")
+          f"rows lost {interruptions['rows_lost']}; corruptions handled "
+          f"{corruptions['handled']}/{corruptions['trials']} (silently wrong: {silently_wrong}); "
+          f"malicious inputs refused {malicious['refused']}/{malicious['tried']}; "
+          f"two concurrent sweeps: {sweeps['finished']}/{sweeps['records']} records finished; "
+          f"{result['seconds']} s -> {args.out}")
     for name, (passed, tried) in totals.items():
         print(f"  {name:15s} {passed:4d}/{tried:<4d}")
-    print(f"  {'total':15s} {sum(p for p, _ in totals.values()):4d}/{sum(t for _, t in totals.values()):<4d}"
+    print(f"  {'total':15s} "
+          f"{sum(p for p, _ in totals.values()):4d}/{sum(t for _, t in totals.values()):<4d}"
           f"  (silently wrong store damage: {len(damage['silently_wrong'])})")
 
 

@@ -27,12 +27,14 @@ SEALED_DAMAGES = {  # damages of a finished run's record, each a valid database 
     "rows deleted": "DELETE FROM metrics WHERE step % 3 = 0",
     "one row deleted": "DELETE FROM metrics WHERE rowid = 7",
     "row added": "INSERT INTO metrics SELECT run_id, step + 1000, name, value FROM metrics LIMIT 1",
-    "summary metric": "UPDATE runs SET summary = replace(summary, '\"test_accuracy\": 0.', '\"test_accuracy\": 1.')",
+    "summary metric": "UPDATE runs SET summary = replace(summary, '\"test_accuracy\": 0.', "
+    "'\"test_accuracy\": 1.')",
     "invalid JSON": "UPDATE runs SET config = substr(config, 1, 20)",
     "metrics table dropped": "DROP TABLE metrics",
 }
 OPEN_DAMAGES = {  # refused when the store is opened
-    "insert-swallowing trigger": "CREATE TRIGGER t BEFORE INSERT ON metrics BEGIN SELECT RAISE(IGNORE); END",
+    "insert-swallowing trigger": "CREATE TRIGGER t BEFORE INSERT ON metrics BEGIN SELECT "
+                                 "RAISE(IGNORE); END",
     "NOT NULL column added": "ALTER TABLE metrics ADD COLUMN unit TEXT NOT NULL DEFAULT 'x'",
     "column renamed": "ALTER TABLE runs RENAME COLUMN steps TO step_count",
 }
@@ -52,12 +54,14 @@ def _export(runs_dir: Path, run_id: str) -> str:
 
 def _flip_a_metric_bit(db: Path, rng: random.Random) -> None:
     conn = sqlite3.connect(db)
-    rowid, value = rng.choice(conn.execute("SELECT rowid, value FROM metrics WHERE value IS NOT NULL").fetchall())
+    rowid, value = rng.choice(
+        conn.execute("SELECT rowid, value FROM metrics WHERE value IS NOT NULL").fetchall())
     bits = bytearray(struct.pack("<d", value))
     bit = rng.randrange(64)
     bits[bit // 8] ^= 1 << (bit % 8)
     flipped = struct.unpack("<d", bytes(bits))[0]
-    conn.execute("UPDATE metrics SET value = ? WHERE rowid = ?", (None if flipped != flipped else flipped, rowid))
+    conn.execute("UPDATE metrics SET value = ? WHERE rowid = ?",
+                 (None if flipped != flipped else flipped, rowid))
     conn.commit()
     conn.close()
 
@@ -82,7 +86,8 @@ def _judge(runs_dir: Path, run_id: str, truth: str, config: dict) -> str:
     except (StoreIntegrityError, StoreCorruptError, StoreVersionError):
         # rebuilds from the checkpoint
         record = run(dict(config, runs_dir=str(runs_dir)), progress=False)
-        return "caught+rebuilt" if record.status == "finished" and _export(runs_dir, run_id) == truth else "caught"
+        return "caught+rebuilt" if record.status == "finished" \
+            and _export(runs_dir, run_id) == truth else "caught"
     return "identical" if seen == truth else "silently wrong"
 
 
@@ -91,7 +96,8 @@ def store_damage_trials(reference: Path, run_id: str, config: dict, flips: int, 
     truth = _export(reference, run_id)
     outcomes: dict[str, str] = {}
     trials = [(name, lambda db, s=sql: _sql(db, s)) for name, sql in SEALED_DAMAGES.items()]
-    trials += [(f"metric bit flip {i}", lambda db: _flip_a_metric_bit(db, rng)) for i in range(flips)]
+    trials += [(f"metric bit flip {i}", lambda db: _flip_a_metric_bit(db, rng))
+               for i in range(flips)]
     for name, damage in trials:
         runs_dir = work / "damage" / name.replace(" ", "_")
         shutil.copytree(reference, runs_dir)
@@ -110,8 +116,10 @@ def store_damage_trials(reference: Path, run_id: str, config: dict, flips: int, 
     empty = work / "damage" / "empty" / "bnlab.db"
     empty.parent.mkdir(parents=True)
     empty.touch()
-    outcomes["0-byte database"] = _refused(lambda: Store(empty), StoreCorruptError) and empty.stat().st_size == 0
-    outcomes = {k: (v if isinstance(v, str) else ("caught" if v else "silently wrong")) for k, v in outcomes.items()}
+    outcomes["0-byte database"] = _refused(lambda: Store(empty), StoreCorruptError) \
+        and empty.stat().st_size == 0
+    outcomes = {k: (v if isinstance(v, str) else ("caught" if v else "silently wrong"))
+                for k, v in outcomes.items()}
     wrong = sorted(k for k, v in outcomes.items() if v == "silently wrong")
     return {"trials": len(outcomes), "handled": len(outcomes) - len(wrong), "silently_wrong": wrong,
             "rebuilt": sum(v == "caught+rebuilt" for v in outcomes.values()), "outcomes": outcomes}
@@ -142,17 +150,19 @@ def numerics(work: Path, config: dict) -> dict:
     from bnlab.train.config import TrainConfig, load_config_file, validate_static
 
     cases: dict[str, bool] = {}
-    blown = run(dict(model="mlp", norm="none", data="digits", steps=1, lr=1e6, runs_dir=str(work / "num")),
+    blown = run(dict(model="mlp", norm="none", data="digits", steps=1, lr=1e6,
+                     runs_dir=str(work / "num")),
                 progress=False)
     cases["norm none, 1 step at lr 1e6"] = blown.status == "diverged"
-    negative = run(dict(config, steps=4, runs_dir=str(work / "num")), callbacks=[_NegativeVariance()],
-                   progress=False)
+    negative = run(dict(config, steps=4, runs_dir=str(work / "num")),
+                   callbacks=[_NegativeVariance()], progress=False)
     cases["negative running_var"] = negative.status == "diverged"
-    for spec in ("bn(eps=inf)", "bn(eps=1e400)", f"bn(eps={'1' * 100_000})", "cbn(rho=inf)", "bn(eps=nan)",
-                 "bn(momentum=-inf)", "brn(r_max=inf)"):
+    for spec in ("bn(eps=inf)", "bn(eps=1e400)", f"bn(eps={'1' * 100_000})", "cbn(rho=inf)",
+                 "bn(eps=nan)", "bn(momentum=-inf)", "brn(r_max=inf)"):
         cases[f"spec {spec[:24]}"] = _refused(lambda s=spec: validate(s), ValueError)
-    for key, value in (("lr", ".inf"), ("lr", "1e400"), ("momentum", ".nan"), ("weight_decay", "-.inf"),
-                       ("divergence_factor", ".inf"), ("seed", str(2**64)), ("norm", "'bn(eps=.inf)'")):
+    for key, value in (("lr", ".inf"), ("lr", "1e400"), ("momentum", ".nan"),
+                       ("weight_decay", "-.inf"), ("divergence_factor", ".inf"),
+                       ("seed", str(2**64)), ("norm", "'bn(eps=.inf)'")):
         path = work / f"num_{key}.yaml"
         path.write_text(f"{key}: {value}\nsteps: 1\n")
         cases[f"YAML {key}: {value}"] = _refused(
@@ -171,20 +181,25 @@ def hostile_inputs(work: Path, reference: Path, run_id: str) -> dict:
     cases: dict[str, bool] = {}
     runs_dir = work / "hostile21" / "lab" / "runs"
     shutil.copytree(reference, runs_dir)
-    _sql(runs_dir / "bnlab.db", "INSERT INTO runs(id, config, config_hash, status, created, updated) "
+    _sql(runs_dir / "bnlab.db",
+         "INSERT INTO runs(id, config, config_hash, status, created, updated) "
                                 "VALUES ('../../victim', '{}', 'h', 'finished', 1, 1)")
     victims = [runs_dir.parent / f"victim{s}" for s in (".pt", ".prev.pt", ".lock")]
     for victim in victims:
         victim.write_text("not yours")
     for command in ("delete", "show", "export", "repair"):
-        result = CliRunner().invoke(app, ["runs", command, "../../victim", "--runs-dir", str(runs_dir)])
-        cases[f"runs {command} ../../victim"] = result.exit_code != 0 and all(v.exists() for v in victims)
-    cases["create_run('../x')"] = _refused(lambda: Store(runs_dir / "bnlab.db").create_run("../x", {}),
-                                           UnsafePathError)
+        result = CliRunner().invoke(
+            app, ["runs", command, "../../victim", "--runs-dir", str(runs_dir)])
+        cases[f"runs {command} ../../victim"] = result.exit_code != 0 \
+            and all(v.exists() for v in victims)
+    cases["create_run('../x')"] = _refused(
+        lambda: Store(runs_dir / "bnlab.db").create_run("../x", {}), UnsafePathError)
     deep = "[" * 50_000 + "]" * 50_000
-    cases["option nested 50,000 deep"] = _refused(lambda: read_pairs([f"w={deep}"], "--model-option"), ValueError)
+    cases["option nested 50,000 deep"] = _refused(
+        lambda: read_pairs([f"w={deep}"], "--model-option"), ValueError)
     (work / "deep.yaml").write_text(f"model_options: {{w: {deep}}}\n")
-    cases["YAML nested 50,000 deep"] = _refused(lambda: load_config_file(work / "deep.yaml"), ValueError)
+    cases["YAML nested 50,000 deep"] = _refused(
+        lambda: load_config_file(work / "deep.yaml"), ValueError)
     foreign = work / "hostile21" / "foreign" / "bnlab.db"
     foreign.parent.mkdir(parents=True)
     _sql(foreign, "CREATE TABLE invoices (n INTEGER)")
@@ -196,7 +211,8 @@ def hostile_inputs(work: Path, reference: Path, run_id: str) -> dict:
     state = torch.load(ckpt, weights_only=True)
     state["format"], state["w"] = 1, torch.full((3,), 9.0)
     torch.save(state, ckpt)
-    cases["checkpoint downgraded to format 1"] = _refused(lambda: load_checkpoint(ckpt), CheckpointCorruptError)
+    cases["checkpoint downgraded to format 1"] = _refused(lambda: load_checkpoint(ckpt),
+                                                          CheckpointCorruptError)
     return {"tried": len(cases), "refused": sum(cases.values()), "cases": cases}
 
 
@@ -226,13 +242,15 @@ def sigterm_trial(repo: Path, config: dict, at: int, runs_dir: Path) -> dict:
     import sys
 
     script = SIGTERM_CHILD.format(repo=str(repo), at=at, config=config, runs_dir=str(runs_dir))
-    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                           text=True, timeout=600)
     with Store(runs_dir / "bnlab.db") as store:
         (row,) = store.list_runs()
     step = load_checkpoint(checkpoint_path(runs_dir, row["id"]))["step"]
-    clean = (child.returncode == 128 + signal.SIGTERM and row["status"] == "interrupted" and step == at
-             and f"interrupted at step {at}" in child.stderr)
-    return {"exit": child.returncode, "status": row["status"], "checkpoint_step": step, "clean": clean}
+    clean = (child.returncode == 128 + signal.SIGTERM and row["status"] == "interrupted"
+             and step == at and f"interrupted at step {at}" in child.stderr)
+    return {"exit": child.returncode, "status": row["status"],
+            "checkpoint_step": step, "clean": clean}
 
 
 __all__ = ["RunInterrupted", "hostile_inputs", "numerics", "sigterm_trial", "store_damage_trials"]

@@ -48,7 +48,8 @@ def reference_for(spec: str, shape: tuple[int, ...]) -> tuple[nn.Module, str]:
     c = shape[1]
     if spec in WRAPPERS:
         inner = nn.Conv2d(c, c, 1, bias=False) if len(shape) == 4 else nn.Linear(c, c, bias=False)
-        return nn.Sequential(inner, NativeBatchNorm(c)), "conv1x1+native_bn" if len(shape) == 4 else "linear+native_bn"
+        return nn.Sequential(inner, NativeBatchNorm(c)), "conv1x1+native_bn" if len(shape) == 4 \
+            else "linear+native_bn"
     return NativeBatchNorm(c), "native_bn"
 
 
@@ -56,7 +57,8 @@ class NativeBNPlusNoise(nn.Module):
     """``noisy_bn``'s honest floor (issue 18): torch's BatchNorm, then Santurkar Alg. 1's noise
     written in plain PyTorch (the same four draws from a ``torch.Generator``, then ``s·a + m``)."""
 
-    def __init__(self, c: int, n_mu: float = 0.5, n_sigma: float = 1.25, r_mu: float = 0.1, r_sigma: float = 0.1):
+    def __init__(self, c: int, n_mu: float = 0.5, n_sigma: float = 1.25, r_mu: float = 0.1,
+                 r_sigma: float = 0.1):
         super().__init__()
         self.bn, self.spreads = NativeBatchNorm(c), (n_mu, n_sigma, r_mu, r_sigma)
         self.generator = torch.Generator().manual_seed(0)
@@ -87,7 +89,8 @@ def fwd_bwd(module: nn.Module, x: torch.Tensor, precision: str = "fp32") -> Call
     fp16/bf16)."""
     module.train()
     dtype = AMP_DTYPES[precision]
-    autocast = (lambda: torch.autocast(x.device.type, dtype=dtype)) if dtype is not None else nullcontext
+    autocast = (lambda: torch.autocast(x.device.type, dtype=dtype)) if dtype is not None \
+        else nullcontext
     grad = {}
 
     def step() -> None:
@@ -95,14 +98,16 @@ def fwd_bwd(module: nn.Module, x: torch.Tensor, precision: str = "fp32") -> Call
         with autocast():
             y = module(xi)
         if y.dtype not in grad:
-            grad[y.dtype] = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y.device, y.dtype)
+            grad[y.dtype] = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(
+                y.device, y.dtype)
         y.backward(grad[y.dtype])
 
     return step
 
 
-def paired(a: Callable[[], None], b: Callable[[], None], pairs: int, warmup: int = 2, inner: int = 1,
-           sync: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.perf_counter) -> dict:
+def paired(a: Callable[[], None], b: Callable[[], None], pairs: int, warmup: int = 2,
+           inner: int = 1, sync: Callable[[], None] = lambda: None,
+           clock: Callable[[], float] = time.perf_counter) -> dict:
     """Median ms of ``a`` and ``b`` and the median of the per-pair ratios a/b, timed alternately.
     ``clock``: wall time by default; ``time.thread_time`` (one thread) measures this thread's CPU
     time, which other processes on a loaded machine disturb far less."""
@@ -132,7 +137,8 @@ def measure(step: Callable[[], None], ref_step: Callable[[], None], pairs: int, 
         return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
 
 
-def compile_and_warm(module: nn.Module, make_step: Callable[[nn.Module], Callable[[], None]], budget: Budget,
+def compile_and_warm(module: nn.Module,
+                     make_step: Callable[[nn.Module], Callable[[], None]], budget: Budget,
                      backend: str = "inductor") -> tuple[Callable[[], None] | None, dict]:
     """``make_step(torch.compile(module))`` after its first calls (the compile), or None and why
     not."""
@@ -151,9 +157,10 @@ def compile_and_warm(module: nn.Module, make_step: Callable[[nn.Module], Callabl
     return step, {"compile_s": round(seconds, 1)}
 
 
-def layer_table(specs: list[str], shape: tuple[int, ...], device: torch.device, precisions: list[str],
-                modes: list[str], pairs: int, budget: Budget, backend: str = "inductor", inner: int = 1,
-                sync: Callable[[], None] = lambda: None, progress: Callable[[dict], None] | None = None,
+def layer_table(specs: list[str], shape: tuple[int, ...], device: torch.device,
+                precisions: list[str], modes: list[str], pairs: int, budget: Budget,
+                backend: str = "inductor", inner: int = 1, sync: Callable[[], None] = lambda: None,
+                progress: Callable[[dict], None] | None = None,
                 clock: Callable[[], float] = time.perf_counter) -> list[dict]:
     """One row per (spec, precision, mode): the layer's fwd+bwd against its native reference in
     eager mode."""
@@ -168,9 +175,11 @@ def layer_table(specs: list[str], shape: tuple[int, ...], device: torch.device, 
             ref_step = fwd_bwd(reference.to(device), xp, precision)
             layer = _layer(spec, shape).to(device)
             for mode in modes:
-                row = {"spec": spec, "precision": precision, "mode": mode, "reference": f"{ref_name} eager"}
+                row = {"spec": spec, "precision": precision, "mode": mode,
+                       "reference": f"{ref_name} eager"}
                 step, info = ((fwd_bwd(layer, xp, precision), {}) if mode == "eager" else
-                              compile_and_warm(layer, lambda m: fwd_bwd(m, xp, precision), budget, backend))
+                              compile_and_warm(
+                                  layer, lambda m: fwd_bwd(m, xp, precision), budget, backend))
                 row.update(info)
                 if step is not None:
                     row.update(measure(step, ref_step, pairs, inner, sync, clock))
@@ -181,10 +190,12 @@ def layer_table(specs: list[str], shape: tuple[int, ...], device: torch.device, 
 
 
 def format_rows(rows: list[dict]) -> str:
-    lines = ["| layer | precision | mode | ms | reference ms | × reference |", "|---|---|---|---:|---:|---:|"]
+    lines = ["| layer | precision | mode | ms | reference ms | × reference |",
+             "|---|---|---|---:|---:|---:|"]
     for r in rows:
         if "ratio" in r:
-            lines.append(f"| `{r['spec']}` | {r['precision']} | {r['mode']} | {r['ms']:.3f} | {r['ref_ms']:.3f} | "
+            lines.append(f"| `{r['spec']}` | {r['precision']} | {r['mode']} | {r['ms']:.3f} | "
+                         f"{r['ref_ms']:.3f} | "
                          f"{r['ratio']:.2f} |")
         else:
             lines.append(f"| `{r['spec']}` | {r['precision']} | {r['mode']} | – | – | "

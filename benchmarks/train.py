@@ -46,7 +46,8 @@ from bnlab.train import Callback, prepare, run  # noqa: E402
 WARMUP = 10
 _clock = time.thread_time  # set to time.perf_counter for a GPU in main()
 SETTINGS = {
-    "dln_full_batch": dict(model="dln", norm="bn", data="gaussian_regression", batch_size="full", lr=0.05),
+    "dln_full_batch": dict(model="dln", norm="bn", data="gaussian_regression",
+                           batch_size="full", lr=0.05),
     "digits_mlp": dict(model="mlp", norm="bn", data="digits", batch_size=128, lr=0.1),
 }
 
@@ -107,7 +108,8 @@ def measure(name: str, config: dict, steps: int, pairs: int, compile_step: bool)
         p = plain_step(config, steps)
         n = plain_step(native, steps)
         rows.append((b, p, n))
-        print(f"{name}: bnlab {b * 1e3:.3f} ms  plain {p * 1e3:.3f} ms  plain+native_bn {n * 1e3:.3f} ms",
+        print(f"{name}: bnlab {b * 1e3:.3f} ms  plain {p * 1e3:.3f} ms  plain+native_bn "
+              f"{n * 1e3:.3f} ms",
               file=sys.stderr)
     out = {
         "config": config,
@@ -133,7 +135,8 @@ def summary_rows(results: dict) -> list[dict]:
     for name, r in results.items():
         rows.append({"setting": name, "row": "bnlab engine vs plain loop, same model (bnlab `bn`)",
                      "ratio": r["ratio_vs_plain_same_model"]})
-        rows.append({"setting": name, "row": "bnlab `bn` in the engine vs native BN in a plain loop",
+        rows.append({"setting": name,
+                     "row": "bnlab `bn` in the engine vs native BN in a plain loop",
                      "ratio": r["ratio_vs_plain_native_bn"]})
     return rows
 
@@ -156,11 +159,13 @@ def main() -> None:
         name: measure(name, dict(config, device=args.device), steps[name], pairs, args.compile)
         for name, config in SETTINGS.items()
     }
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or platform.machine()
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") \
+        else platform.processor() or platform.machine()
     clock = "thread CPU time" if args.device == "cpu" else "wall time after cuda.synchronize"
-    payload = {"device": device, "threads": args.threads, "torch": torch.__version__, "clock": clock,
-               "results": results, "rows": summary_rows(results)}
-    default = ROOT / "results" / ("train.json" if args.device == "cpu" else f"train_{args.device.split(':')[0]}.json")
+    payload = {"device": device, "threads": args.threads, "torch": torch.__version__,
+               "clock": clock, "results": results, "rows": summary_rows(results)}
+    default = ROOT / "results" / ("train.json" if args.device == "cpu"
+                                  else f"train_{args.device.split(':')[0]}.json")
     path = args.output or default
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(json.dumps(payload, indent=2))
