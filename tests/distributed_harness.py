@@ -33,8 +33,8 @@ def _entry(rank, world, port, target, args, results, collective_timeout):
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only; never the machine's network
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=collective_timeout))
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=collective_timeout))
         try:
             value = target(rank, world, *args)
         finally:
@@ -44,13 +44,15 @@ def _entry(rank, world, port, target, args, results, collective_timeout):
         results.put((rank, False, traceback.format_exc()))
 
 
-def run_ranks(world: int, target, *args, timeout: float = 60.0, collective_timeout: float = 30.0) -> list:
+def run_ranks(world: int, target, *args, timeout: float = 60.0,
+              collective_timeout: float = 30.0) -> list:
     """``[target(0, world, *args), ..., target(world-1, world, *args)]``, each on its own gloo
     rank."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, target, args, results, collective_timeout),
+    procs = [ctx.Process(target=_entry,
+                         args=(r, world, port, target, args, results, collective_timeout),
                          daemon=True) for r in range(world)]
     values, errors = {}, {}
     deadline = time.monotonic() + timeout
@@ -66,7 +68,8 @@ def run_ranks(world: int, target, *args, timeout: float = 60.0, collective_timeo
             except queue_mod.Empty:
                 dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
                 if dead and results.empty():
-                    raise RuntimeError(f"a rank died without a report (exit codes {dead})") from None
+                    raise RuntimeError(
+                        f"a rank died without a report (exit codes {dead})") from None
                 continue
             (values if ok else errors)[rank] = payload
     finally:
@@ -78,5 +81,6 @@ def run_ranks(world: int, target, *args, timeout: float = 60.0, collective_timeo
                 p.join()
         results.close()
     if errors:
-        raise AssertionError("\n".join(f"rank {r} failed:\n{tb}" for r, tb in sorted(errors.items())))
+        raise AssertionError(
+            "\n".join(f"rank {r} failed:\n{tb}" for r, tb in sorted(errors.items())))
     return [values[r] for r in range(world)]

@@ -46,10 +46,11 @@ sys.meta_path[:] = [_Hide(list(sys.meta_path))]
 '''
 
 
-def run_without(hidden: tuple[str, ...], code: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_without(hidden: tuple[str, ...], code: str,
+                timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``code`` in a new interpreter (one torch thread) in which ``hidden`` cannot be
     imported."""
     script = _PRELUDE.format(hidden=tuple(sorted(hidden))) + textwrap.dedent(code)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env=env)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env=env)

@@ -28,7 +28,8 @@ def opened(tmp_path, monkeypatch):
         store.create_run("r1", {"model": "mlp"})
         store.log_rows("r1", [(1, "train_loss", 0.5)])
         store.set_status("r1", "finished", steps=1, summary={"metrics": {"test_accuracy": 0.9}})
-        store.save_entry("peng-fig2", "smoke", [{"label": "bn", "id": "r1"}], {}, tiny=True, seconds=1.0)
+        store.save_entry("peng-fig2", "smoke", [{"label": "bn", "id": "r1"}], {},
+                         tiny=True, seconds=1.0)
     monkeypatch.setattr(runner, "Store", Tracked)
     return stores
 

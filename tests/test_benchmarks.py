@@ -39,11 +39,14 @@ def test_gpu_benchmark_refuses_without_cuda(monkeypatch, capsys, tmp_path):
 
 def test_gpu_benchmark_dry_run_writes_every_section(tmp_path):
     gpu = load("gpu")
-    assert gpu.main(["--device", "cpu", "--quick", "--specs", "bn", "--out-dir", str(tmp_path)]) == 0
+    assert gpu.main(
+        ["--device", "cpu", "--quick", "--specs", "bn", "--out-dir", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "gpu-cpu.json").read_text())
-    assert {"device", "torch", "cuda", "layers", "resnet20_step", "elapsed_s", "budget_s"} <= set(result)
+    assert {"device", "torch", "cuda", "layers", "resnet20_step", "elapsed_s",
+            "budget_s"} <= set(result)
     layers = {(r["spec"], r["precision"], r["mode"]) for r in result["layers"]}
-    assert layers == {("bn", p, "eager") for p in ("fp32", "fp16", "bf16")} | {("bn", "fp32", "compiled")}
+    assert layers == {("bn", p, "eager")
+                      for p in ("fp32", "fp16", "bf16")} | {("bn", "fp32", "compiled")}
     resnet = {(r["spec"], r["precision"], r["mode"]) for r in result["resnet20_step"]}
     assert resnet == {("bn", "fp32", "eager"), ("bn", "bf16", "eager"), ("bn", "fp32", "compiled")}
     for row in result["layers"] + result["resnet20_step"]:
@@ -53,7 +56,8 @@ def test_gpu_benchmark_dry_run_writes_every_section(tmp_path):
 def test_norms_benchmark_quick_writes_eager_and_compiled_columns(tmp_path):
     norms = load("norms")
     out = tmp_path / "norms.json"
-    result = norms.main(["--quick", "--threads", "1", "--specs", "native_bn,bn,si_bn", "--out", str(out)])
+    result = norms.main(
+        ["--quick", "--threads", "1", "--specs", "native_bn,bn,si_bn", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     assert {(r["spec"], r["mode"]) for r in result["rows"]} == {
         (s, m) for s in ("native_bn", "bn", "si_bn") for m in ("eager", "compiled")}
@@ -62,6 +66,7 @@ def test_norms_benchmark_quick_writes_eager_and_compiled_columns(tmp_path):
     # wrappers are compared with their conv + BN
     assert si["reference"].startswith("conv1x1+native_bn")
     goals = result["goals"]
-    assert set(goals) == {"eager_bn_family_le_1.3", "compiled_every_layer_le_1.0", "eager_others_le_1.5"}
+    assert set(goals) == {"eager_bn_family_le_1.3", "compiled_every_layer_le_1.0",
+                          "eager_others_le_1.5"}
     # mbn, cbn, ... were not run: cannot be met
     assert goals["eager_bn_family_le_1.3"]["met"] is False

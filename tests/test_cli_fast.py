@@ -19,19 +19,21 @@ try:
     app({args!r}, prog_name="bnlab")
 except SystemExit:
     pass
-heavy = sorted(m for m in sys.modules if m.partition(".")[0] in ("torch", "numpy", "scipy", "matplotlib"))
+heavy = sorted(m for m in sys.modules
+               if m.partition(".")[0] in ("torch", "numpy", "scipy", "matplotlib"))
 print("HEAVY", heavy)
 print("BNLAB", sorted(m for m in sys.modules if m.startswith("bnlab")))
 '''
 
 
 def _run_help_path(args: list[str]) -> dict[str, str]:
-    result = subprocess.run([sys.executable, "-c", HELP_PATH.format(args=args)], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run([sys.executable, "-c", HELP_PATH.format(args=args)],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     marks = dict(line.split(" ", 1) for line in lines if line.startswith(("HEAVY ", "BNLAB ")))
-    return {"help": "\n".join(line for line in lines if not line.startswith(("HEAVY ", "BNLAB "))), **marks}
+    return {"help": "\n".join(line for line in lines
+                              if not line.startswith(("HEAVY ", "BNLAB "))), **marks}
 
 
 def test_help_imports_neither_torch_nor_any_command_module():
@@ -48,7 +50,8 @@ def test_a_command_imports_only_its_own_module():
     assert "luo-zeta" in out["help"]
     loaded = ast.literal_eval(out["BNLAB"])
     assert "bnlab.cli.theory" in loaded
-    assert not [m for m in loaded if m.startswith(("bnlab.experiments", "bnlab.norms", "bnlab.train"))]
+    assert not [m for m in loaded
+                if m.startswith(("bnlab.experiments", "bnlab.norms", "bnlab.train"))]
 
 
 def _eager_app() -> typer.Typer:
@@ -65,7 +68,8 @@ def _first_paragraph(text: str) -> str:
 
 def test_listed_commands_and_help_lines_are_the_commands_own():
     eager = typer.main.get_group(_eager_app())
-    assert set(eager.commands) == set(cli.COMMANDS), "a command was added or removed: update bnlab.cli.COMMANDS"
+    assert set(eager.commands) == set(cli.COMMANDS), \
+        "a command was added or removed: update bnlab.cli.COMMANDS"
     for name, command in cli.COMMANDS.items():
         own_help = _first_paragraph(eager.commands[name].help or "")
         assert command.help == own_help, f"bnlab.cli.COMMANDS[{name!r}].help should be {own_help!r}"

@@ -26,7 +26,6 @@ LONG_FUNCTIONS_ALLOWED: set[str] = set()  # now empty
 # work streams of issue 13. May only shrink.
 LONG_LINES_ALLOWED: dict[str, int] = {
     "experiments/peng/tables.py": 1,
-    "experiments/peng/figures.py": 3, "experiments/peng/imagenet.py": 2,
 }
 
 
@@ -61,7 +60,8 @@ def measure() -> tuple[dict[str, int], dict[str, int]]:
 
 def test_modules_under_400_lines():
     modules, _ = measure()
-    assert not set(modules) - LONG_MODULES_ALLOWED, f"modules over {MODULE_LINES} lines: split them " \
+    assert not set(modules) - LONG_MODULES_ALLOWED, \
+        f"modules over {MODULE_LINES} lines: split them " \
         f"{ {m: n for m, n in modules.items() if m not in LONG_MODULES_ALLOWED} }"
     fixed = sorted(LONG_MODULES_ALLOWED - set(modules))
     assert not fixed, f"now under {MODULE_LINES} lines: remove from LONG_MODULES_ALLOWED {fixed}"
@@ -72,7 +72,8 @@ def test_functions_under_60_lines():
     assert not set(functions) - LONG_FUNCTIONS_ALLOWED, f"functions over {FUNCTION_LINES} lines: " \
         f"{ {f: n for f, n in functions.items() if f not in LONG_FUNCTIONS_ALLOWED} }"
     assert not LONG_FUNCTIONS_ALLOWED - set(functions), \
-        f"now short: remove from LONG_FUNCTIONS_ALLOWED {sorted(LONG_FUNCTIONS_ALLOWED - set(functions))}"
+        "now short: remove from LONG_FUNCTIONS_ALLOWED " \
+        f"{sorted(LONG_FUNCTIONS_ALLOWED - set(functions))}"
 
 
 def test_no_lines_over_120_characters():

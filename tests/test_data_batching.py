@@ -42,7 +42,8 @@ def test_shuffle_is_seeded_and_changes_between_epochs():
 
     def epoch_orders(seed, epochs=2):
         gen = torch.Generator().manual_seed(seed)
-        return [torch.cat([yb for _, yb in data.batches(x, y, 8, generator=gen)]) for _ in range(epochs)]
+        return [torch.cat([yb for _, yb in data.batches(x, y, 8, generator=gen)])
+                for _ in range(epochs)]
 
     a, b, c = epoch_orders(3), epoch_orders(3), epoch_orders(4)
     assert all(torch.equal(p, q) for p, q in zip(a, b))
@@ -109,7 +110,8 @@ def brute_force_crop_flip(x, top, left, flip, padding):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("shape, padding", [((32, 3, 32, 32), 4), ((6, 1, 8, 8), 1), ((5, 2, 5, 7), 3)])
+@pytest.mark.parametrize("shape, padding",
+                         [((32, 3, 32, 32), 4), ((6, 1, 8, 8), 1), ((5, 2, 5, 7), 3)])
 def test_cifar_augment_equals_per_sample_crop_and_flip(shape, padding):
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
     out = data.cifar_augment(x, torch.Generator().manual_seed(11), padding=padding)
@@ -130,7 +132,8 @@ def test_each_augmented_image_is_some_crop_and_flip_of_its_source():
             for t in range(9)
             for left in range(9)
             for f in (False, True)
-            if torch.equal(out[i], (padded[:, t : t + 32, left : left + 32].flip(-1) if f else padded[:, t : t + 32, left : left + 32]))
+            if torch.equal(out[i], (padded[:, t : t + 32, left : left + 32].flip(-1) if f
+                                    else padded[:, t : t + 32, left : left + 32]))
         ]
         assert len(matches) == 1
         t, left, f = matches[0]
@@ -174,7 +177,8 @@ def test_cpu_generator_gives_the_same_epoch_and_augmentation_on_gpu():
         gen = torch.Generator().manual_seed(9)
         return [
             (xb.cpu(), yb.cpu())
-            for xb, yb in data.batches(x.to(device), y.to(device), 16, generator=gen, augment=data.cifar_augment)
+            for xb, yb in data.batches(x.to(device), y.to(device), 16, generator=gen,
+                                       augment=data.cifar_augment)
         ]
 
     for (xa, ya), (xb, yb) in zip(run("cpu"), run("cuda")):

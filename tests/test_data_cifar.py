@@ -43,7 +43,8 @@ def py2_style_batch(images: np.ndarray, labels) -> bytes:
     SHORT_BINSTRING, the array via numpy.core.multiarray._reconstruct with a BINSTRING payload."""
     n = images.shape[0]
     raw = images.tobytes()
-    dtype = b"cnumpy\ndtype\nq\x07U\x02u1K\x00K\x01\x87Rq\x08(K\x03U\x01|NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb"
+    dtype = (b"cnumpy\ndtype\nq\x07U\x02u1K\x00K\x01\x87Rq\x08(K\x03U\x01|NNN"
+             b"J\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb")
     return (
         b"\x80\x02}q\x00(U\x04dataq\x01cnumpy.core.multiarray\n_reconstruct\nq\x02cnumpy\nndarray\nq\x03"
         b"K\x00\x85U\x01b\x87Rq\x04(K\x01K" + bytes([n]) + b"M\x00\x0c\x86q\x05" + dtype
@@ -65,7 +66,8 @@ def test_tiny_folder_loads_with_the_right_layout(tmp_path, name):
     assert ds.x_test.shape == (4, 3, 32, 32)
     assert ds.y_train.dtype == torch.int64 and ds.num_outputs == layout.num_classes
     assert ds.input_shape == (3, 32, 32) and ds.task == "classification"
-    assert ds.meta["classes"][:2] == ["class_0", "class_1"] and len(ds.meta["classes"]) == layout.num_classes
+    assert ds.meta["classes"][:2] == ["class_0", "class_1"] \
+        and len(ds.meta["classes"]) == layout.num_classes
 
     raw = trusted_batches(tmp_path, layout)
     images = np.concatenate([raw[f][0] for f in layout.train_files])
@@ -91,7 +93,8 @@ def test_normalization_uses_per_channel_training_statistics(tmp_path):
         assert ds.meta["std"][c] == pytest.approx(images[:, c].std(), rel=1e-12)
     per_channel = ds.x_train.double().transpose(0, 1).reshape(3, -1)
     assert torch.allclose(per_channel.mean(1), torch.zeros(3, dtype=torch.float64), atol=1e-5)
-    assert torch.allclose(per_channel.std(1, unbiased=False), torch.ones(3, dtype=torch.float64), atol=1e-5)
+    assert torch.allclose(per_channel.std(1, unbiased=False),
+                          torch.ones(3, dtype=torch.float64), atol=1e-5)
     plain = data.load("cifar10", data_dir=tmp_path, verify=False, normalize=False)
     assert float(plain.x_train.min()) >= 0 and float(plain.x_train.max()) <= 1
 
@@ -101,7 +104,8 @@ def test_archive_gives_the_same_tensors_as_the_folder(tmp_path):
     cifar.write_cifar_like(tmp_path / "f", "cifar10", archive=False, folder=True, seed=4)
     a = data.load("cifar10", data_dir=tmp_path / "a", verify=False)
     f = data.load("cifar10", data_dir=tmp_path / "f", verify=False)
-    assert a.meta["path"].endswith("cifar-10-python.tar.gz") and f.meta["path"].endswith("cifar-10-batches-py")
+    assert a.meta["path"].endswith("cifar-10-python.tar.gz") \
+        and f.meta["path"].endswith("cifar-10-batches-py")
     for field in ("x_train", "y_train", "x_test", "y_test"):
         assert torch.equal(getattr(a, field), getattr(f, field))
     # data_dir may also name the folder or the archive itself.
@@ -118,7 +122,8 @@ def test_python2_pickles_of_the_official_files_are_read(tmp_path):
     paths["cifar-10-batches-py/data_batch_1"].write_bytes(py2_style_batch(images, labels))
     ds = data.load("cifar10", data_dir=tmp_path, verify=False, normalize=False)
     assert ds.y_train[:3].tolist() == labels
-    assert torch.equal((ds.x_train[:3] * 255).round().to(torch.uint8), torch.from_numpy(images).view(3, 3, 32, 32))
+    assert torch.equal((ds.x_train[:3] * 255).round().to(torch.uint8),
+                       torch.from_numpy(images).view(3, 3, 32, 32))
 
 
 def test_env_variable_is_used_when_no_data_dir_is_given(tmp_path, monkeypatch):
@@ -153,7 +158,8 @@ def test_unofficial_files_fail_verification_with_a_helpful_message(tmp_path):
 
 @pytest.mark.parametrize("archive", [False, True])
 def test_published_checksums_pass_and_a_corrupted_byte_fails(tmp_path, monkeypatch, archive):
-    paths = cifar.write_cifar_like(tmp_path, "cifar100", archive=archive, folder=not archive, seed=3)
+    paths = cifar.write_cifar_like(tmp_path, "cifar100", archive=archive,
+                                   folder=not archive, seed=3)
     published(monkeypatch, paths)
     ds = data.load("cifar100", data_dir=tmp_path)  # verify=True by default
     assert ds.meta["verified"] and ds.n_train == 4
@@ -234,7 +240,8 @@ class EvalExploit:
 def test_malicious_pickle_is_refused_even_without_verification(tmp_path):
     paths = cifar.write_cifar_like(tmp_path, "cifar10")
     marker = tmp_path / "pwned"
-    paths["cifar-10-batches-py/data_batch_3"].write_bytes(pickle.dumps({b"data": Exploit(marker)}, protocol=2))
+    paths["cifar-10-batches-py/data_batch_3"].write_bytes(
+        pickle.dumps({b"data": Exploit(marker)}, protocol=2))
     with pytest.raises(data.UnsafePickleError) as info:
         data.load("cifar10", data_dir=tmp_path, verify=False)
     assert "system" in str(info.value) and "data_batch_3" in str(info.value)
@@ -258,7 +265,8 @@ def test_restricted_unpickler_reads_arrays_and_plain_containers():
     # protocol 5 (numpy._core.numeric._frombuffer) is not the format: refused
     for protocol in (2, 3, 4):
         got = cifar.restricted_loads(pickle.dumps(value, protocol=protocol))
-        assert np.array_equal(got[b"data"], value[b"data"]) and got[b"labels"] == [1, 2] and got["s"] == 3
+        assert np.array_equal(got[b"data"], value[b"data"]) and got[b"labels"] == [1, 2] \
+            and got["s"] == 3
 
 
 # ----------------------------------------------------------------------------- not found / download
@@ -268,8 +276,10 @@ def test_missing_dataset_says_where_it_looked_and_how_to_get_it(tmp_path):
     with pytest.raises(data.DataNotFoundError) as info:
         data.load("cifar100", data_dir=tmp_path)
     message = str(info.value)
-    assert str(tmp_path / "cifar-100-python") in message and str(tmp_path / "cifar-100-python.tar.gz") in message
-    assert "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz" in message and "--download" in message
+    assert str(tmp_path / "cifar-100-python") in message \
+        and str(tmp_path / "cifar-100-python.tar.gz") in message
+    assert "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz" in message \
+        and "--download" in message
     assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, ValueError)
 
 

@@ -16,7 +16,8 @@ from bnlab.data.imagefolder import decode
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("images") / "tiny"
-    write_image_folder(root, classes=3, train_per_class=5, val_per_class=2, size=20, fmt="jpeg", seed=1)
+    write_image_folder(root, classes=3, train_per_class=5, val_per_class=2, size=20,
+                       fmt="jpeg", seed=1)
     return root
 
 
@@ -29,8 +30,10 @@ def test_writer_writes_real_image_files_deterministically(tmp_path):
     from PIL import Image
 
     for fmt, pil_name in (("png", "PNG"), ("jpeg", "JPEG")):
-        a = write_image_folder(tmp_path / f"a-{fmt}", classes=2, train_per_class=2, val_per_class=1, fmt=fmt)
-        b = write_image_folder(tmp_path / f"b-{fmt}", classes=2, train_per_class=2, val_per_class=1, fmt=fmt)
+        a = write_image_folder(tmp_path / f"a-{fmt}", classes=2, train_per_class=2,
+                               val_per_class=1, fmt=fmt)
+        b = write_image_folder(tmp_path / f"b-{fmt}", classes=2, train_per_class=2,
+                               val_per_class=1, fmt=fmt)
         assert len(a["train"]) == 4 and len(a["val"]) == 2
         for pa, pb in zip(a["train"], b["train"]):
             with Image.open(pa) as img:
@@ -46,7 +49,8 @@ def test_registered_and_shapes(folder):
     assert ds.input_shape == (3, 12, 12) and ds.num_outputs == 3 and ds.task == "classification"
     assert ds.n_train == 15 and ds.n_test == 6
     assert ds.meta["classes"] == ["class_00", "class_01", "class_02"]
-    assert ds.y_train.tolist() == [0] * 5 + [1] * 5 + [2] * 5 and ds.y_test.tolist() == [0, 0, 1, 1, 2, 2]
+    assert ds.y_train.tolist() == [0] * 5 + [1] * 5 + [2] * 5 \
+        and ds.y_test.tolist() == [0, 0, 1, 1, 2, 2]
     xb = ds.x_train.index_select(0, torch.tensor([0, 7, 14]))
     assert xb.shape == (3, 3, 12, 12) and xb.dtype == torch.float32
     assert ds.x_test[:4].shape == (4, 3, 12, 12) and ds.x_test[1].shape == (3, 12, 12)
@@ -64,7 +68,8 @@ def test_eval_transform_is_resize_then_center_crop(folder):
     _, h, w = raw.shape
     short = 16
     size = (short, int(short * w / h)) if h <= w else (int(short * h / w), short)
-    resized = torch.nn.functional.interpolate(raw[None], size=size, mode="bilinear", antialias=True)[0]
+    resized = torch.nn.functional.interpolate(raw[None], size=size, mode="bilinear",
+                                              antialias=True)[0]
     top, left = int(round((size[0] - 12) / 2)), int(round((size[1] - 12) / 2))
     crop = resized[:, top:top + 12, left:left + 12].round().clamp(0, 255)
     mean = torch.tensor(T.IMAGENET_MEAN).view(3, 1, 1)
@@ -80,7 +85,8 @@ def test_eval_transform_matches_torchvision():
     tv = import_or_skip("torchvision")
     from torchvision.transforms.v2 import functional as TF
 
-    image = torch.randint(0, 256, (3, 37, 53), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    image = torch.randint(0, 256, (3, 37, 53), generator=torch.Generator().manual_seed(0),
+                          dtype=torch.uint8)
     ours = T.center_crop(T.resize_shorter(image, 24), 20)
     ref = TF.center_crop(TF.resize(image.float(), [24], antialias=True), [20, 20])
     assert tv is not None and ours.shape == ref.shape == (3, 20, 20)
@@ -91,7 +97,8 @@ def test_crop_boxes_obey_scale_and_ratio():
     g = torch.Generator().manual_seed(3)
     boxes, flip = T.crop_boxes(4000, 40, 60, g)
     top, left, h, w = boxes.unbind(1)
-    assert (top >= 0).all() and (left >= 0).all() and (top + h <= 40).all() and (left + w <= 60).all()
+    assert (top >= 0).all() and (left >= 0).all() and (top + h <= 40).all() \
+        and (left + w <= 60).all()
     share, aspect = (h * w).double() / 2400, w.double() / h.double()
     # rounding of h and w moves the share and ratio a little past the bounds on small boxes
     assert share.min() > 0.06 and share.max() <= 1.0
@@ -132,9 +139,10 @@ def test_trains_through_the_engine(folder, tmp_path):
     from bnlab.train import run
 
     record = run(dict(model="resnet20", model_options={"width": 0.25}, data="imagefolder",
-                      data_dir=str(folder.parent), data_options={"folder": folder.name, "image_size": 12,
-                                                                 "resize_size": 16},
-                      steps=3, batch_size=5, lr=0.05, runs_dir=str(tmp_path / "runs")), progress=False)
+                      data_dir=str(folder.parent), data_options={
+                          "folder": folder.name, "image_size": 12, "resize_size": 16},
+                      steps=3, batch_size=5, lr=0.05,
+                      runs_dir=str(tmp_path / "runs")), progress=False)
     assert record.status == "finished" and math.isfinite(record.metrics["train_loss"])
     assert 0.0 <= record.metrics["test_accuracy"] <= 1.0
 
@@ -163,8 +171,9 @@ def test_missing_and_malformed_folders_name_what_was_expected(tmp_path, folder):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"resize_size": 8, "image_size": 12}, "resize_size"), ({"cache": "disk"}, "auto, memory, none"),
-    ({"crop_scale_min": 2}, "crop_scale_min"), ({"workers": -1}, "workers"), ({"colour": 1}, "valid options"),
+    ({"resize_size": 8, "image_size": 12}, "resize_size"),
+    ({"cache": "disk"}, "auto, memory, none"), ({"crop_scale_min": 2}, "crop_scale_min"),
+    ({"workers": -1}, "workers"), ({"colour": 1}, "valid options"),
 ])
 def test_bad_options(folder, options, message):
     with pytest.raises(ValueError, match=message):
@@ -175,7 +184,8 @@ def test_generated_folder_is_written_once_and_never_over_a_foreign_folder(tmp_pa
     params = dict(classes=2, train_per_class=2, val_per_class=1, size=12, fmt="png", seed=0)
     root = ensure_generated(tmp_path / "gen", params)
     stamp = (root / MARKER).stat().st_mtime_ns
-    assert ensure_generated(tmp_path / "gen", params) == root and (root / MARKER).stat().st_mtime_ns == stamp
+    assert ensure_generated(tmp_path / "gen", params) == root \
+        and (root / MARKER).stat().st_mtime_ns == stamp
     with pytest.raises(ValueError, match="remove it to regenerate"):
         ensure_generated(tmp_path / "gen", {**params, "seed": 1})
     (tmp_path / "mine").mkdir()

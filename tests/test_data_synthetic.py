@@ -15,7 +15,8 @@ from bnlab.data import DataSource
 
 
 def test_sources_registry_names_the_five_sources():
-    assert set(data.SOURCES) == {"cifar10", "cifar100", "digits", "imagefolder", "gaussian_regression", "teacher_student"}
+    assert set(data.SOURCES) == {"cifar10", "cifar100", "digits", "imagefolder",
+                                 "gaussian_regression", "teacher_student"}
     assert all(callable(f) for f in data.SOURCES.values())
 
 
@@ -86,7 +87,8 @@ def test_shapes_dtypes_and_fields(name, options, task, input_shape, num_outputs,
 
 
 @pytest.mark.parametrize(
-    "name, options", [("digits", {}), ("gaussian_regression", {"n_test": 5}), ("teacher_student", {"N": 32})]
+    "name, options", [("digits", {}), ("gaussian_regression", {"n_test": 5}),
+                      ("teacher_student", {"N": 32})]
 )
 def test_fixed_seed_is_deterministic_and_seeds_differ(name, options):
     a = data.load(name, seed=3, **options)
@@ -163,7 +165,8 @@ def test_teacher_norm_and_input_variance_follow_luo():
 
 @pytest.mark.parametrize("noise_var", [0.25, 1.0, 0.0])
 def test_teacher_student_noise_variance_is_recovered(noise_var):
-    ds = data.load("teacher_student", N=20, P=20000, n_test=20000, noise_var=noise_var, seed=5, dtype="float64")
+    ds = data.load("teacher_student", N=20, P=20000, n_test=20000, noise_var=noise_var,
+                   seed=5, dtype="float64")
     for x, y in ((ds.x_train, ds.y_train), (ds.x_test, ds.y_test)):
         residual = y.squeeze(1) - x @ ds.meta["w_star"]
         if noise_var == 0.0:
@@ -203,8 +206,8 @@ def test_least_squares_generalization_matches_luo_eq14_with_its_sign_corrected(a
     N, noise_var, seeds = 100, 0.25, 24
     errors = []
     for seed in range(seeds):
-        ds = data.load("teacher_student", N=N, alpha=alpha, noise_var=noise_var, n_test=0, seed=seed,
-                       dtype="float64")
+        ds = data.load("teacher_student", N=N, alpha=alpha, noise_var=noise_var, n_test=0,
+                       seed=seed, dtype="float64")
         w = torch.linalg.pinv(ds.x_train) @ ds.y_train.squeeze(1)  # min-norm least squares
         # E_x (w-w*)ᵀx)² with Cov x = I/N
         errors.append(float(((w - ds.meta["w_star"]) ** 2).sum()) / N)
@@ -260,7 +263,8 @@ def test_digits_are_standardized_with_training_statistics_only():
     pixel = data.load("digits", seed=0, standardize="pixel")
     per_pixel_std = pixel.x_train.double().std(dim=0)
     varying = train_raw.std(dim=0) > 0
-    assert torch.allclose(per_pixel_std[varying], torch.ones_like(per_pixel_std[varying]), atol=1e-5)
+    assert torch.allclose(per_pixel_std[varying],
+                          torch.ones_like(per_pixel_std[varying]), atol=1e-5)
     assert torch.all(pixel.x_train.double().mean(dim=0).abs() < 1e-5)
 
     none = data.load("digits", seed=0, standardize="none")

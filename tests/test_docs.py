@@ -34,10 +34,12 @@ def _nav_pages(nav) -> list[str]:
 def test_site_builds_strict(tmp_path):
     for module in ("mkdocs", "material", "mkdocstrings_handlers.python"):
         if importlib.util.find_spec(module.split(".")[0]) is None:
-            pytest.skip(f"{module} is not installed: pip install -e '.[docs]' (make docs installs it)")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+            pytest.skip(f"{module} is not installed: pip install -e '.[docs]' (make "
+                        "docs installs it)")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     site = tmp_path / "site"
     # the API reference was rendered from the docstrings, the figures and the changelog were
@@ -56,15 +58,17 @@ def test_every_docs_page_is_in_the_nav():
     config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
     pages = set(_nav_pages(config["nav"]))
     on_disk = {str(p.relative_to(REPO / "docs")) for p in (REPO / "docs").rglob("*.md")}
-    assert on_disk == pages, f"not in nav: {sorted(on_disk - pages)}; missing files: {sorted(pages - on_disk)}"
+    assert on_disk == pages, \
+        f"not in nav: {sorted(on_disk - pages)}; missing files: {sorted(pages - on_disk)}"
 
 
 def test_no_local_paper_paths():
     files = [REPO / "README.md", REPO / "CHANGELOG.md", *(REPO / "bnlab").rglob("*.py"),
              *(REPO / "docs").rglob("*.md"), *(REPO / "examples").rglob("*.py")]
-    offenders = [f"{p.relative_to(REPO)}:{i}" for p in files for i, line in enumerate(p.read_text().splitlines(), 1)
-                 if "shared/papers" in line]
-    assert not offenders, "cite papers by title, authors and arXiv id, not by a local path: " + ", ".join(offenders)
+    offenders = [f"{p.relative_to(REPO)}:{i}" for p in files
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if "shared/papers" in line]
+    assert not offenders, \
+        "cite papers by title, authors and arXiv id, not by a local path: " + ", ".join(offenders)
 
 
 def test_readme_is_short_and_its_links_resolve():
@@ -91,11 +95,13 @@ def test_replace_region_keeps_the_rest():
 
 def test_verdict_table_cells_stay_one_line():
     br = _build_readme_module()
-    rows = [{"id": "e", "paper": "luo", "authors": "Luo et al. 2019", "target": "Fig. 2", "preset": "smoke",
-             "tiny": False, "verdict": "held", "summary": "a | b\nc", "date": "2026-11-26"}]
+    rows = [{"id": "e", "paper": "luo", "authors": "Luo et al. 2019", "target": "Fig. 2",
+             "preset": "smoke", "tiny": False, "verdict": "held", "summary": "a | b\nc",
+             "date": "2026-11-26"}]
     table = br.verdict_table(rows, "runs")
     row = [line for line in table.splitlines() if line.startswith("| `e`")]
-    assert row == ["| `e` | [Luo et al. 2019, Fig. 2](docs/readme/experiments-luo-mbn.md) | smoke | **held** | "
+    assert row == ["| `e` | [Luo et al. 2019, Fig. 2](docs/readme/experiments-luo-mbn.md) | "
+                   "smoke | **held** | "
                    "a \\| b c | 2026-11-26 |"]
     assert "No catalogue entry" in br.verdict_table([], "runs")
 
@@ -103,11 +109,12 @@ def test_verdict_table_cells_stay_one_line():
 def test_verdicts_come_from_the_store(tmp_path):
     from bnlab.experiments import reproduce
 
-    outcome = reproduce("luo-fig2", "smoke", runs_dir=tmp_path / "runs", tiny=True, report=False, progress=False)
+    outcome = reproduce("luo-fig2", "smoke", runs_dir=tmp_path / "runs", tiny=True,
+                        report=False, progress=False)
     readme = tmp_path / "README.md"
     readme.write_text("# x\n<!-- verdicts:start -->\n<!-- verdicts:end -->\nrest\n")
-    build = [sys.executable, str(BUILD_README), "--runs-dir", str(tmp_path / "runs"), "--readme", str(readme),
-             "--snapshot", str(tmp_path / "verdicts.json")]
+    build = [sys.executable, str(BUILD_README), "--runs-dir", str(tmp_path / "runs"), "--readme",
+             str(readme), "--snapshot", str(tmp_path / "verdicts.json")]
     proc = subprocess.run(build, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line for line in readme.read_text().splitlines() if line.startswith("| `")]
@@ -115,8 +122,10 @@ def test_verdicts_come_from_the_store(tmp_path):
     assert f"**{outcome.verdict}**" in rows[0] and "tiny" in rows[0]
     assert readme.read_text().endswith("<!-- verdicts:end -->\nrest\n")
     # --check: the README agrees with this store; once the store holds another entry, it does not
-    assert subprocess.run(build + ["--check"], capture_output=True, text=True, timeout=300).returncode == 0
-    reproduce("luo-table2", "smoke", runs_dir=tmp_path / "runs", tiny=True, report=False, progress=False)
+    assert subprocess.run(build + ["--check"], capture_output=True, text=True,
+                          timeout=300).returncode == 0
+    reproduce("luo-table2", "smoke", runs_dir=tmp_path / "runs", tiny=True,
+              report=False, progress=False)
     proc = subprocess.run(build + ["--check"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "+ | `luo-table2` |" in proc.stderr, proc.stderr[-2000:]
     assert "luo-table2" not in readme.read_text()  # --check writes nothing

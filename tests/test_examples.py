@@ -31,7 +31,7 @@ def test_every_example_has_an_expectation():
 def test_example_runs(script, tmp_path):
     env = {**os.environ, "BNLAB_EXAMPLE_QUICK": "1", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert EXPECTED[script.name] in proc.stdout, proc.stdout[-2000:]

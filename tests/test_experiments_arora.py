@@ -28,7 +28,8 @@ def test_d1_plan_matches_appendix_d1():
         assert (c["momentum"], c["weight_decay"], c["schedule"]) == (0.0, 0.0, "constant")
         # scale-variant lr fixed
         assert c["lr"] == 0.1 and c["norm"].startswith("bn")
-    assert sorted({r.config["lr_scale_invariant"] for r in runs if r.config["optimizer"] == "sgd"}) == \
+    assert sorted({r.config["lr_scale_invariant"] for r in runs
+                   if r.config["optimizer"] == "sgd"}) == \
         [1e-2, 1e-1, 1.0, 1e1, 1e2]
     assert {r.config["optimizer"] for r in runs} == {"sgd", "psgd"}
 
@@ -39,7 +40,8 @@ def test_d2_plan_and_sharing():
     assert len(runs) == 3 * 5 * n
     assert all(r.config["lr"] == r.config["lr_scale_invariant"] for r in runs)
     removed = [r for r in runs if r.factors["setting"] == "SGD, BN removed"]
-    assert len(removed) == 5 * n and all(r.config["norm"] == "none" and r.config["optimizer"] == "sgd" for r in removed)
+    assert len(removed) == 5 * n \
+        and all(r.config["norm"] == "none" and r.config["optimizer"] == "sgd" for r in removed)
     for preset, shared in (("paper", 2 * n), ("smoke", 2 * n)):
         d1 = {_run_id(r.config) for r in get("arora-d1").plan(preset).runs}
         d2 = {_run_id(r.config) for r in get("arora-d2").plan(preset).runs}
@@ -64,8 +66,10 @@ def test_d2_smoke_runs_the_papers_epochs():
     """At 15 epochs SGD with BN at lr 0.01 was still falling (a budget artifact): D.2's smoke runs
     train the paper's 100 epochs, every arm alike, with three seeds."""
     runs = get("arora-d2").plan("smoke").runs
-    assert {r.config["epochs"] for r in runs} == {100} == {get("arora-d2").plan("paper").runs[0].config["epochs"]}
-    assert sorted(r.config["seed"] for r in runs if r.factors["lr"] == 0.01 and r.factors["setting"] == "SGD") == \
+    assert {r.config["epochs"]
+            for r in runs} == {100} == {get("arora-d2").plan("paper").runs[0].config["epochs"]}
+    assert sorted(r.config["seed"] for r in runs if r.factors["lr"] == 0.01
+                  and r.factors["setting"] == "SGD") == \
         [0, 1, 2]
 
 
@@ -73,28 +77,29 @@ def test_d2_smoke_runs_the_papers_epochs():
 
 def test_d1_verdict():
     sgd = {lr: [0.02, 0.03, 0.025] for lr in A.LRS}
-    psgd = {0.01: [0.02, 0.03, 0.02], 0.1: [0.02, 0.02, 0.03], 1.0: [0.6, 0.7, 0.65], 10.0: [0.8, 0.9, 1.0],
-            100.0: [2.1, 2.0, None]}
-    assert A.d1_verdict({"SGD": sgd, "PSGD": psgd})[0] == "held"
-    assert A.d1_verdict({"SGD": sgd, "PSGD": psgd}, tiny=True)[0] == "inconclusive"
+    psgd = {0.01: [0.02, 0.03, 0.02], 0.1: [0.02, 0.02, 0.03], 1.0: [0.6, 0.7, 0.65],
+            10.0: [0.8, 0.9, 1.0], 100.0: [2.1, 2.0, None]}
+    assert AV.d1_verdict({"SGD": sgd, "PSGD": psgd})[0] == "held"
+    assert AV.d1_verdict({"SGD": sgd, "PSGD": psgd}, tiny=True)[0] == "inconclusive"
     # SGD diverged
-    assert A.d1_verdict({"SGD": {**sgd, 100.0: [0.02, None, 0.02]}, "PSGD": psgd})[0] == "not held"
+    assert AV.d1_verdict({"SGD": {**sgd, 100.0: [0.02, None, 0.02]}, "PSGD": psgd})[0] == "not held"
     # PSGD not stuck
-    assert A.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 100.0: [0.02] * 3}})[0] == "not held"
-    assert "PSGD fails at every larger lr: 1" in A.d1_verdict({"SGD": sgd, "PSGD": psgd})[1]
+    assert AV.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 100.0: [0.02] * 3}})[0] == "not held"
+    assert "PSGD fails at every larger lr: 1" in AV.d1_verdict({"SGD": sgd, "PSGD": psgd})[1]
     # PSGD training at lr_si = 1 and failing from 10 up: held, with the smallest failing lr reported
     # (the paper gives no threshold; issue 19's 100-epoch re-run: "the claim holds from lr 10 up")
-    verdict, summary = A.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 1.0: [0.05, 0.04, 0.06]}})
+    verdict, summary = AV.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 1.0: [0.05, 0.04, 0.06]}})
     assert verdict == "held" and "larger lr: 10" in summary
     # PSGD failing at lr_si 0.1 (where the projection should change nothing the paper reports): not
     # held
-    assert A.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 0.1: [0.9, 1.0, 0.95]}})[0] == "not held"
+    assert AV.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 0.1: [0.9, 1.0, 0.95]}})[0] == "not held"
     # slow, not stuck
-    assert A.d1_verdict({"SGD": {**sgd, 0.01: [0.3] * 3}, "PSGD": psgd})[0] == "inconclusive"
+    assert AV.d1_verdict({"SGD": {**sgd, 0.01: [0.3] * 3}, "PSGD": psgd})[0] == "inconclusive"
     # stuck-level loss but one seed only: the rule cannot tell PSGD from SGD
-    assert A.d1_verdict({"SGD": {lr: [0.02] for lr in A.LRS}, "PSGD": {lr: [v[0]] for lr, v in psgd.items()}}
-                        )[0] == "inconclusive"
-    assert A.d1_verdict({"SGD": {}, "PSGD": {}})[0] == "inconclusive"
+    assert AV.d1_verdict(
+        {"SGD": {lr: [0.02] for lr in A.LRS}, "PSGD": {lr: [v[0]] for lr, v in psgd.items()}}
+        )[0] == "inconclusive"
+    assert AV.d1_verdict({"SGD": {}, "PSGD": {}})[0] == "inconclusive"
 
 
 def test_d2_verdict():
@@ -103,11 +108,11 @@ def test_d2_verdict():
     none = {0.01: 0.4, 0.1: 0.1, 1.0: None, 10.0: None, 100.0: None}
     loss = {"SGD": sgd, "PSGD": psgd, "SGD, BN removed": none}
     settled = loss  # the 5 epochs before the last 5 at the same level: every arm has settled
-    assert A.d2_verdict(loss, settled)[0] == "held"
+    assert AV.d2_verdict(loss, settled)[0] == "held"
     bad = {**loss, "SGD": {**sgd, 10.0: 2.15}}
-    assert A.d2_verdict(bad, bad)[0] == "not held"
-    assert A.d2_verdict({**loss, "PSGD": {**psgd, 100.0: 0.01}}, settled)[0] == "not held"
-    assert A.d2_verdict({"SGD": sgd}, {})[0] == "inconclusive"
+    assert AV.d2_verdict(bad, bad)[0] == "not held"
+    assert AV.d2_verdict({**loss, "PSGD": {**psgd, 100.0: 0.01}}, settled)[0] == "not held"
+    assert AV.d2_verdict({"SGD": sgd}, {})[0] == "inconclusive"
 
 
 def test_d2_verdict_waits_for_the_loss_to_settle():
@@ -118,26 +123,27 @@ def test_d2_verdict_waits_for_the_loss_to_settle():
     loss = {"SGD": {**sgd, 0.01: [0.55, 0.56, 0.58]}, "PSGD": {lr: [2.3] * 3 for lr in A.LRS},
             "SGD, BN removed": {**{lr: [0.1] * 3 for lr in A.LRS}, 100.0: [None] * 3}}
     falling = {**loss, "SGD": {**loss["SGD"], 0.01: [0.68, 0.70, 0.72]}}
-    verdict, summary = A.d2_verdict(loss, falling)
+    verdict, summary = AV.d2_verdict(loss, falling)
     assert verdict == "inconclusive" and "still falling" in summary and "SGD at lr 0.01" in summary
     # settled at 0.56 > 0.2·ln 10: SGD fails at lr 0.01
-    assert A.d2_verdict(loss, loss)[0] == "not held"
+    assert AV.d2_verdict(loss, loss)[0] == "not held"
     # a stuck-level PSGD arm at the largest lr that is still falling has not been shown stuck
     converged = {**loss, "SGD": sgd}
-    verdict, summary = A.d2_verdict(converged, {**converged, "PSGD": {**converged["PSGD"], 100.0: [3.0] * 3}})
+    verdict, summary = AV.d2_verdict(
+        converged, {**converged, "PSGD": {**converged["PSGD"], 100.0: [3.0] * 3}})
     assert verdict == "inconclusive" and "PSGD at lr 100" in summary
-    assert A.d2_verdict(converged, converged)[0] == "held"
+    assert AV.d2_verdict(converged, converged)[0] == "held"
 
 
 def test_still_falling():
-    assert A.still_falling([0.536] * 3, [0.685] * 3)          # the 15-epoch lr-0.01 arm: 22 % down
+    assert AV.still_falling([0.536] * 3, [0.685] * 3)          # the 15-epoch lr-0.01 arm: 22 % down
     # 5 % down: settled (SETTLE_DROP = 10 %)
-    assert not A.still_falling([0.136] * 3, [0.143] * 3)
-    assert not A.still_falling([0.5, 0.5, 0.5], [0.5, 0.52, 0.54])
-    assert not A.still_falling([None, 0.2, 0.2], [1.0] * 3)   # diverged: not falling
+    assert not AV.still_falling([0.136] * 3, [0.143] * 3)
+    assert not AV.still_falling([0.5, 0.5, 0.5], [0.5, 0.52, 0.54])
+    assert not AV.still_falling([None, 0.2, 0.2], [1.0] * 3)   # diverged: not falling
     # no earlier window: cannot be shown settled
-    assert A.still_falling([0.5] * 3, None)
-    assert A.SETTLE_DROP == 0.1
+    assert AV.still_falling([0.5] * 3, None)
+    assert AV.SETTLE_DROP == 0.1
 
 
 def test_d3_verdict():
@@ -147,8 +153,10 @@ def test_d3_verdict():
 
     good = acc([0.80, 0.85, 0.84, 0.82, 0.80], [0.80, 0.85, 0.60, 0.30, 0.10])
     assert AV.d3_verdict(good)[0] == "held"
-    assert AV.d3_verdict(acc([0.80, 0.85, 0.84, 0.82, None], [0.8, 0.85, 0.6, 0.3, 0.1]))[0] == "not held"
-    assert AV.d3_verdict(acc([0.80, 0.85, 0.84, 0.82, 0.8], [0.8, 0.85, 0.86, 0.85, 0.84]))[0] == "not held"
+    assert AV.d3_verdict(
+        acc([0.80, 0.85, 0.84, 0.82, None], [0.8, 0.85, 0.6, 0.3, 0.1]))[0] == "not held"
+    assert AV.d3_verdict(
+        acc([0.80, 0.85, 0.84, 0.82, 0.8], [0.8, 0.85, 0.86, 0.85, 0.84]))[0] == "not held"
     assert AV.d3_verdict({})[0] == "inconclusive"
 
 
@@ -171,7 +179,7 @@ def test_tail_value():
     assert A.tail_value(_FakeRun("finished", [2.0, float("nan"), 4.0]), "m") == pytest.approx(3.0)
     assert A.tail_value(_FakeRun("diverged", [1.0, 2.0]), "m") is None
     assert A.tail_value(_FakeRun("finished", []), "m") is None
-    assert A.CONVERGED == pytest.approx(0.1 * math.log(10)) and A.STUCK > A.CONVERGED
+    assert AV.CONVERGED == pytest.approx(0.1 * math.log(10)) and AV.STUCK > AV.CONVERGED
 
 
 # ---- end to end, tiny ----------------------------------------------------------------------------
@@ -183,8 +191,10 @@ def runs_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("experiment_id", IDS)
 def test_tiny_reproduce(experiment_id, runs_dir):
-    outcome = reproduce(experiment_id, "smoke", runs_dir=runs_dir, tiny=True, report=False, progress=False)
-    assert outcome.figures and all(f.suffix == ".png" and f.stat().st_size > 2000 for f in outcome.figures)
+    outcome = reproduce(experiment_id, "smoke", runs_dir=runs_dir, tiny=True,
+                        report=False, progress=False)
+    assert outcome.figures \
+        and all(f.suffix == ".png" and f.stat().st_size > 2000 for f in outcome.figures)
     assert outcome.table and all({"quantity", "ours", "paper"} <= set(row) for row in outcome.table)
     assert outcome.verdict == "inconclusive" and "tiny" in outcome.summary
     expected_rows = {"arora-d1": 10, "arora-d2": 15, "arora-d3": 25}[experiment_id]

@@ -13,7 +13,8 @@ import bnlab.experiments as E
 from bnlab.experiments import runner
 from bnlab.experiments.base import CATALOGUE, Experiment, Outcome, Plan, RunSpec, register
 
-BASE = dict(model="mlp", model_options={"depth": 2, "width": 16}, data="digits", steps=12, batch_size=64, seed=0)
+BASE = dict(model="mlp", model_options={"depth": 2, "width": 16}, data="digits", steps=12,
+            batch_size=64, seed=0)
 # a linear net without normalization at lr=1e3 overflows within a dozen steps
 WILD = {**BASE, "norm": "none", "lr": 1e3, "activation": "identity"}
 
@@ -23,10 +24,12 @@ def _analyze(ctx) -> Outcome:
     losses = {r.label: r.series("train_loss")[1] for r in ctx.runs}
     from bnlab.plots import panels
 
-    fig = panels(ctx.figure_path("loss"), [{"series": {k: (list(range(len(v))), v) for k, v in losses.items()}}])
+    fig = panels(ctx.figure_path("loss"),
+                 [{"series": {k: (list(range(len(v))), v) for k, v in losses.items()}}])
     held = statuses.get("calm") == "finished"
     return Outcome([fig], [{"quantity": k, "ours": v, "paper": "-"} for k, v in statuses.items()],
-                   "held" if held else "not held", f"statuses {statuses}; computed {ctx.data.get('square')}")
+                   "held" if held else "not held",
+                   f"statuses {statuses}; computed {ctx.data.get('square')}")
 
 
 @pytest.fixture
@@ -38,7 +41,8 @@ def toy_entry():
             runs=[RunSpec("calm", {**BASE, "norm": "bn", "lr": 0.1}),
                   RunSpec("wild", WILD),
                   RunSpec("broken", {**BASE, "norm": "bn", "lr": 0.1, "model": "mlp",
-                                     "model_options": {"depth": 2, "width": 16, "no_such_option": 1}})],
+                                     "model_options": {"depth": 2, "width": 16,
+                                                       "no_such_option": 1}})],
             compute={"square": lambda: {"x": [1, 2, 3], "y": [1, 4, 9]}}),
         analyze=_analyze)
     register(exp)
@@ -85,7 +89,8 @@ def test_report_renders_from_store_without_training(toy_entry, tmp_path, monkeyp
 
     monkeypatch.setattr(bnlab.train, "run", no_training)
     (tmp_path / "report").exists() and __import__("shutil").rmtree(tmp_path / "report")
-    result = CliRunner().invoke(__import__("bnlab.cli", fromlist=["app"]).app, ["report", "--runs-dir", str(tmp_path)])
+    result = CliRunner().invoke(__import__("bnlab.cli", fromlist=["app"]).app,
+                                ["report", "--runs-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     html = (tmp_path / "report" / "index.html").read_text()
     assert "computed {&#x27;x&#x27;: [1, 2, 3]" in html or "computed {'x': [1, 2, 3]" in html
@@ -104,7 +109,8 @@ def test_unknown_ids_and_presets_are_clear_errors():
 
 
 def test_catalogue_lists_every_paper_with_claims():
-    result = CliRunner().invoke(__import__("bnlab.cli", fromlist=["app"]).app, ["experiments", "list", "--json"])
+    result = CliRunner().invoke(__import__("bnlab.cli", fromlist=["app"]).app,
+                                ["experiments", "list", "--json"])
     assert result.exit_code == 0
     entries = json.loads(result.output)
     assert {"santurkar-fig2"} <= {e["id"] for e in entries}

@@ -22,11 +22,12 @@ EXPERIMENTS = Path(base.__file__).parent
 # The catalogue as `bnlab experiments list` showed it before the packages (commit 1ed2165): the
 # order users, the report and the docs' tables know.
 ORDER_BEFORE = [
-    "santurkar-fig2", "santurkar-fig6", "santurkar-fig7", "santurkar-fig8", "santurkar-fig9", "santurkar-fig10",
-    "santurkar-fig11", "santurkar-fig14", "luo-fig2", "luo-fig3", "luo-fig4", "luo-fig5", "luo-fig6", "luo-fig7",
-    "luo-table2", "peng-table1", "peng-table2", "peng-table3", "peng-table4", "peng-fig4", "peng-fig5",
-    "peng-table6", "peng-fig7", "peng-fig2", "peng-fig8", "peng-fig10", "peng-table5", "peng-fig6", "arora-d1",
-    "arora-d2", "arora-d3", "mbn-batch-size", "peng-eq14", "peng-thm1", "arora-rates", "mbn-theorems",
+    "santurkar-fig2", "santurkar-fig6", "santurkar-fig7", "santurkar-fig8", "santurkar-fig9",
+    "santurkar-fig10", "santurkar-fig11", "santurkar-fig14", "luo-fig2", "luo-fig3", "luo-fig4",
+    "luo-fig5", "luo-fig6", "luo-fig7", "luo-table2", "peng-table1", "peng-table2", "peng-table3",
+    "peng-table4", "peng-fig4", "peng-fig5", "peng-table6", "peng-fig7", "peng-fig2", "peng-fig8",
+    "peng-fig10", "peng-table5", "peng-fig6", "arora-d1", "arora-d2", "arora-d3", "mbn-batch-size",
+    "peng-eq14", "peng-thm1", "arora-rates", "mbn-theorems",
 ]
 
 
@@ -42,7 +43,8 @@ def test_catalogue_order_is_declared_not_imported():
     # A caller that imports a late entry module first used to move its entries to the front.
     assert _order_after_importing("mbn.theorems") == ORDER_BEFORE
     assert _order_after_importing("peng.figures") == ORDER_BEFORE
-    modules = {e.analyze.__module__.removeprefix("bnlab.experiments.") for e in base.load_catalogue().values()}
+    modules = {e.analyze.__module__.removeprefix("bnlab.experiments.")
+               for e in base.load_catalogue().values()}
     assert modules == set(base.ENTRY_MODULES)
 
 
@@ -51,7 +53,8 @@ def test_one_package_per_paper_without_star_imports_or_shims():
     assert packages == set(base.PAPERS)
     for path in EXPERIMENTS.rglob("*.py"):
         tree = ast.parse(path.read_text())
-        stars = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"]
+        stars = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                 and n.names[0].name == "*"]
         assert not stars, f"{path}: star import at {stars}"
         assert "noqa: F401" not in path.read_text(), f"{path}: a re-export kept alive by noqa"
     # a paper's __init__ is its docstring: nothing re-exported from the modules
@@ -62,7 +65,8 @@ def test_one_package_per_paper_without_star_imports_or_shims():
 
 def test_fmt_matches_python_formatting_and_marks_missing_values():
     g = torch.Generator().manual_seed(0)
-    for x in (torch.randn(50, generator=g, dtype=torch.float64) * 10 ** torch.randint(-6, 6, (50,), generator=g)):
+    for x in (torch.randn(50, generator=g,
+                          dtype=torch.float64) * 10 ** torch.randint(-6, 6, (50,), generator=g)):
         value = float(x)
         assert fmt(value) == format(value, ".3g") and fmt(value, 5) == format(value, ".5g")
     assert fmt(None) == fmt(math.nan) == "—" and fmt(math.inf) == "∞" and fmt(3) == "3"
@@ -79,5 +83,7 @@ def test_verdict_ladder_follows_welchs_decision():
     assert decide(lower, "lower") == decide(higher, "higher") == "held"
     assert decide(higher, "lower") == decide(lower, "higher") == "not held"
     assert decide(compare_arms([1.0], [0.5]), "lower") == "inconclusive"  # too few seeds
-    assert combine(["held", "held"]) == "held" and combine(["held", "inconclusive"]) == "inconclusive"
-    assert combine(["inconclusive", "not held", "held"]) == "not held" and combine([]) == "inconclusive"
+    assert combine(["held", "held"]) == "held" \
+        and combine(["held", "inconclusive"]) == "inconclusive"
+    assert combine(["inconclusive", "not held", "held"]) == "not held" \
+        and combine([]) == "inconclusive"

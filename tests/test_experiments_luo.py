@@ -36,7 +36,8 @@ def check_outcome(outcome):
 
 @pytest.mark.parametrize("experiment_id", LUO_IDS)
 def test_tiny_smoke_runs_end_to_end(experiment_id, tmp_path):
-    outcome = reproduce(experiment_id, "smoke", runs_dir=tmp_path, tiny=True, report=False, progress=False)
+    outcome = reproduce(experiment_id, "smoke", runs_dir=tmp_path, tiny=True,
+                        report=False, progress=False)
     check_outcome(outcome)
     # a handful of steps can never settle a claim
     assert outcome.verdict == "inconclusive"
@@ -55,8 +56,9 @@ class FakeStore:
 
 def fake_context(experiment_id, runs, data=None, tmp_path=None, tiny=False):
     """``runs``: list of (label, factors, status, final metrics, {metric: [values]})."""
-    store = FakeStore({f"r{i}": {name: list(enumerate(values, start=1)) for name, values in series.items()}
-                       for i, (_, _, _, _, series) in enumerate(runs)})
+    store = FakeStore(
+        {f"r{i}": {name: list(enumerate(values, start=1)) for name, values in series.items()}
+         for i, (_, _, _, _, series) in enumerate(runs)})
     views = [RunView(label, factors, f"r{i}", status, {"status": status, "metrics": final}, store)
              for i, (label, factors, status, final, _) in enumerate(runs)]
     return AnalysisContext(get(experiment_id), "smoke", views, data or {}, tmp_path, tiny)
@@ -74,8 +76,8 @@ def test_fig2_paper_preset_simulates_the_papers_bn_student(monkeypatch):
         a = np.asarray(alphas, dtype=float)
         curve = theory.gen_error_wn(a, 0.014 if kwargs["student"] == "bn" else 0.004, 0.25)
         per_seed = np.stack([curve * (1 + 0.01 * j) for j in range(kwargs["n_seeds"])], axis=1)
-        return {"alpha": a, "gen_error": per_seed.mean(axis=1), "gen_error_sem": 0 * a, "per_seed": per_seed,
-                "gamma": 0 * a}
+        return {"alpha": a, "gen_error": per_seed.mean(axis=1), "gen_error_sem": 0 * a,
+                "per_seed": per_seed, "gamma": 0 * a}
 
     monkeypatch.setattr(theory, "simulate_teacher_student", fake_sim)
     assert not get("luo-fig2").plan("paper").runs
@@ -112,8 +114,8 @@ def test_fig2_control_is_bn_with_population_statistics():
     from bnlab.theory import luo as theory
 
     N, M, alpha, epochs, lr, lr_gamma = 64, 32, 2.0, 4, 8.0, 0.05
-    sim = theory.simulate_teacher_student([alpha], student="wn", zeta=0.0, N=N, M=M, epochs=epochs, n_seeds=1,
-                                          lr=lr, lr_gamma=lr_gamma, seed=3)
+    sim = theory.simulate_teacher_student([alpha], student="wn", zeta=0.0, N=N, M=M, epochs=epochs,
+                                          n_seeds=1, lr=lr, lr_gamma=lr_gamma, seed=3)
     rng = np.random.default_rng([3, 0, 0])  # the simulator's stream for seed 3, first α, first seed
     P = int(alpha * N)
     X = rng.standard_normal((P, N)) / math.sqrt(N)
@@ -137,7 +139,8 @@ def test_fig2_control_is_bn_with_population_statistics():
                 w *= math.sqrt(N) / w.norm()
                 gamma -= lr_gamma * sched * gg
     w_eff = (gamma * math.sqrt(N) * w / w.norm()).detach().numpy()
-    assert sim["per_seed"][0, 0] == pytest.approx(float(np.sum((w_eff - w_star) ** 2) / N), rel=1e-9)
+    assert sim["per_seed"][0, 0] == pytest.approx(
+        float(np.sum((w_eff - w_star) ** 2) / N), rel=1e-9)
 
 
 def _fig2_block(factors, fit=0.014, spread=0.02, n_seeds=3, epochs=150):
@@ -148,9 +151,9 @@ def _fig2_block(factors, fit=0.014, spread=0.02, n_seeds=3, epochs=150):
     curve = theory.gen_error_wn(alphas, fit, 0.25)
     offsets = np.arange(n_seeds) - (n_seeds - 1) / 2
     per_seed = [[c * f * (1 + spread * o) for o in offsets] for c, f in zip(curve, factors)]
-    return {"alpha": alphas.tolist(), "gen_error": [float(np.mean(p)) for p in per_seed], "per_seed": per_seed,
-            "fitted": curve.tolist(), "fit_zeta": fit, "seed_fit_zeta": [fit * (1 + spread * o) for o in offsets],
-            "epochs": epochs}
+    return {"alpha": alphas.tolist(), "gen_error": [float(np.mean(p)) for p in per_seed],
+            "per_seed": per_seed, "fitted": curve.tolist(), "fit_zeta": fit,
+            "seed_fit_zeta": [fit * (1 + spread * o) for o in offsets], "epochs": epochs}
 
 
 def _fig2_data(factor=1.0, fit=0.014, spread=0.02, n_seeds=3, short_factor=None, control=0.004,
@@ -159,17 +162,18 @@ def _fig2_data(factor=1.0, fit=0.014, spread=0.02, n_seeds=3, short_factor=None,
     ``control`` (its per-seed fits spread the other way, so the paired share has a spread); None
     leaves them out."""
     sim = _fig2_block([factor] + [1.0] * 5, fit, spread, n_seeds)
-    short = _fig2_block([factor if short_factor is None else short_factor] + [1.0] * 5, fit, spread, n_seeds,
-                        epochs=100)
+    short = _fig2_block([factor if short_factor is None else short_factor] + [1.0] * 5, fit, spread,
+                        n_seeds, epochs=100)
     data = {"grid": [0.5, 1.0, 2.0], "curves": {"vanilla SGD (Eq. 14)": [1.0, None, 0.25]},
-            "sim": sim, "sim_short": short, "fitted_at_sim": sim["fitted"], "fit_zeta": fit, "zeta13": 0.0206,
-            "zeta13_max": 0.0823, "settings": {"M": 32, "n_seeds": n_seeds}}
+            "sim": sim, "sim_short": short, "fitted_at_sim": sim["fitted"], "fit_zeta": fit,
+            "zeta13": 0.0206, "zeta13_max": 0.0823, "settings": {"M": 32, "n_seeds": n_seeds}}
     if control is not None:
         c_short = control if short_control is None else short_control
         data["sim_control"] = _fig2_block([1.0] * 6, control, -spread, n_seeds)
         data["sim_control_short"] = _fig2_block([1.0] * 6, c_short, -spread, n_seeds, epochs=100)
         data["sim_third"] = _fig2_block([1.0] * 6, 2 * fit, spread, n_seeds, epochs=50)
-        data["sim_control_third"] = _fig2_block([1.0] * 6, 2 * fit - 0.003, -spread, n_seeds, epochs=50)
+        data["sim_control_third"] = _fig2_block([1.0] * 6, 2 * fit - 0.003, -spread,
+                                                n_seeds, epochs=50)
     return data
 
 
@@ -182,14 +186,16 @@ def test_fig2_analysis_verdicts(tmp_path):
     share_row = next(r for r in outcome.table if r["quantity"].startswith("BN's batch-noise share"))
     per_seed = [float(v) for v in share_row["ours"].split(": ")[1].split(", ")]
     assert per_seed == pytest.approx([0.01 - 0.018 * 0.02, 0.01, 0.01 + 0.018 * 0.02], abs=1e-4)
-    lengths = [r["quantity"] for r in outcome.table if r["quantity"].startswith("ζ_BN / ζ_control / Δζ after")]
+    lengths = [r["quantity"] for r in outcome.table
+               if r["quantity"].startswith("ζ_BN / ζ_control / Δζ after")]
     assert [q.split("after ")[1].split()[0] for q in lengths] == ["50", "100", "150"]
     assert "Δζ against run length: 50 epochs" in outcome.summary
     # a BN share outside Eq. 13's range (λ ≤ 4) or a point significantly beyond 1.5×: not held
     assert LS.fig2_verdict(_fig2_data(fit=0.25), False)[0] == "not held"
     assert LS.fig2_verdict(_fig2_data(factor=2.0), False)[0] == "not held"
     assert LS.fig2_verdict(_fig2_data(), True)[0] == "inconclusive"
-    assert LS.fig2_verdict({"sim": {"gen_error": [0.5]}, "zeta13_max": 0.08}, False)[0] == "inconclusive"
+    assert LS.fig2_verdict({"sim": {"gen_error": [0.5]}, "zeta13_max": 0.08},
+                           False)[0] == "inconclusive"
 
 
 def test_fig2_verdict_judges_the_batch_noise_share_not_zeta_bn():
@@ -218,10 +224,12 @@ def test_fig2_zeta_share_pairs_seeds_and_orders_run_lengths():
     assert LC.zeta_share(bn, {"seed_fit_zeta": [0.01, 0.01]}) == []         # seeds do not pair
     assert LC.zeta_share(bn, {"seed_fit_zeta": [0.01, None, 0.01]}) == []    # a failed fit
     assert LC.zeta_share(bn, {}) == []
-    data = {"long": bn, "long_c": control, "short": {**bn, "epochs": 50}, "short_c": control, "lone": bn}
+    data = {"long": bn, "long_c": control, "short": {**bn, "epochs": 50},
+            "short_c": control, "lone": bn}
     rows = LC.zeta_by_epochs(data, [("long", "long_c"), ("short", "short_c"), ("lone", "missing")])
     assert [r["epochs"] for r in rows] == [50, 150]
-    assert rows[1]["bn"] == bn["seed_fit_zeta"] and rows[1]["share"] == pytest.approx([0.010, 0.013, 0.007])
+    assert rows[1]["bn"] == bn["seed_fit_zeta"] \
+        and rows[1]["share"] == pytest.approx([0.010, 0.013, 0.007])
 
 
 def test_factor_test_and_settle_rules():
@@ -284,11 +292,13 @@ def _fig3_context(tmp_path, sgd, bn, wn, seeds=(0, 1, 2), jitter=0.02):
         scale = 1 + jitter * (seed - 1)
         for key, curve in (("none", sgd), ("bn", [2 * v for v in bn]), ("wn", wn)):
             values = [v * scale for v in curve]
-            runs.append((labels[key] + f" (seed {seed})", {"norm": key, "seed": seed, "steps_per_epoch": 1},
-                         "finished", {"test_loss": values[-1]}, {"test_loss": values}))
+            runs.append((labels[key] + f" (seed {seed})",
+                         {"norm": key, "seed": seed, "steps_per_epoch": 1}, "finished",
+                         {"test_loss": values[-1]}, {"test_loss": values}))
         pop[str(seed)] = {"status": "finished", "series": {"test_loss_population": [
             [i, v * scale] for i, v in enumerate(bn, 1)]}}
-    return fake_context("luo-fig3", runs, {"bn_population": {"steps_per_epoch": 1, "seeds": pop}}, tmp_path)
+    return fake_context("luo-fig3", runs,
+                        {"bn_population": {"steps_per_epoch": 1, "seeds": pop}}, tmp_path)
 
 
 def test_fig3_analysis_verdicts(tmp_path):
@@ -301,12 +311,14 @@ def test_fig3_analysis_verdicts(tmp_path):
     assert "BN 1.45" in outcome.summary
     # no run-away
     assert get("luo-fig3").analyze(_fig3_context(tmp_path, flat, flat, flat)).verdict == "not held"
-    assert get("luo-fig3").analyze(_fig3_context(tmp_path, rising, flat, [3 * v for v in flat])).verdict == "not held"
+    assert get("luo-fig3").analyze(
+        _fig3_context(tmp_path, rising, flat, [3 * v for v in flat])).verdict == "not held"
     # one seed per arm decides nothing (the old rule read one run and said "held")
-    assert get("luo-fig3").analyze(_fig3_context(tmp_path, rising, flat, flat, seeds=(0,))).verdict == "inconclusive"
+    assert get("luo-fig3").analyze(
+        _fig3_context(tmp_path, rising, flat, flat, seeds=(0,))).verdict == "inconclusive"
     # seeds so spread that BN ≈ WN within 1.5× cannot be shown
-    verdict, summary = LF3.fig3_verdict({"sgd": [6.0, 6.1, 5.9], "sgd_min": [0.8] * 3, "bn": [0.6, 1.4, 3.0],
-                                         "wn": [1.4, 1.45, 1.5]})
+    verdict, summary = LF3.fig3_verdict({"sgd": [6.0, 6.1, 5.9], "sgd_min": [0.8] * 3,
+                                         "bn": [0.6, 1.4, 3.0], "wn": [1.4, 1.45, 1.5]})
     assert verdict == "inconclusive" and "resolve" in summary
     # SGD still far below its final value at 2/3 of training: held at the end only, so not settled
     late = [0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 6.0, 6.0]
@@ -318,10 +330,12 @@ def test_fig3_analysis_verdicts(tmp_path):
 
 def test_fig4_paper_preset():
     runs = get("luo-fig4").plan("paper").runs
-    assert sorted({r.config["norm"] for r in runs}) == sorted(["none", "bn", "wn", "wn+mean_only_bn", "wn+var_only_bn"])
+    assert sorted({r.config["norm"] for r in runs}) == sorted(
+        ["none", "bn", "wn", "wn+mean_only_bn", "wn+var_only_bn"])
     for r in runs:
         c = r.config
-        assert (c["model"], c["data"], c["momentum"], c["schedule"]) == ("luo_cnn", "cifar10", 0.9, "exp:0.9999")
+        assert (c["model"], c["data"], c["momentum"],
+                c["schedule"]) == ("luo_cnn", "cifar10", 0.9, "exp:0.9999")
         assert not c.get("weight_decay") and not c.get("augment") and not c.get("model_options")
     smoke = get("luo-fig4").plan("smoke").runs
     assert all(r.config["data"] == "digits" for r in smoke)
@@ -341,37 +355,45 @@ def _fig4_runs(gaps, seeds=(0, 1, 2), jitter=0.01, mid_gaps=None):
             g = gap + jitter * (seed - 1)
             early = g if mid_gaps is None else mid_gaps[arm] + jitter * (seed - 1)
             val = [t + (early if i < 6 else g) for i, t in enumerate(train)]
-            runs.append((arm if seed == 0 else f"{arm} (seed {seed})", {"arm": arm, "seed": seed}, "finished",
-                         {"test_accuracy": 0.9}, {"epoch_train_loss": train, "test_loss": val}))
+            runs.append((arm if seed == 0 else f"{arm} (seed {seed})", {"arm": arm, "seed": seed},
+                         "finished", {"test_accuracy": 0.9},
+                         {"epoch_train_loss": train, "test_loss": val}))
     return runs
 
 
 def test_fig4_analysis_verdicts(tmp_path):
-    good = {"vanilla SGD": 0.15, "BN": 0.05, "WN": 0.13, "WN + mean-only BN": 0.10, "WN + variance-only BN": 0.08}
+    good = {"vanilla SGD": 0.15, "BN": 0.05, "WN": 0.13, "WN + mean-only BN": 0.10,
+            "WN + variance-only BN": 0.08}
     outcome = get("luo-fig4").analyze(fake_context("luo-fig4", _fig4_runs(good), None, tmp_path))
     check_outcome(outcome)
     assert outcome.verdict == "held" and "settled" in outcome.summary
     bad = {**good, "WN + mean-only BN": 0.2}
-    assert get("luo-fig4").analyze(fake_context("luo-fig4", _fig4_runs(bad), None, tmp_path)).verdict == "not held"
+    assert get("luo-fig4").analyze(
+        fake_context("luo-fig4", _fig4_runs(bad), None, tmp_path)).verdict == "not held"
     runs = _fig4_runs(good)
     runs[0] = (*runs[0][:2], "failed", {}, {})
     runs[1] = (*runs[1][:2], "failed", {}, {})
-    assert get("luo-fig4").analyze(fake_context("luo-fig4", runs, None, tmp_path)).verdict == "inconclusive"
+    assert get("luo-fig4").analyze(
+        fake_context("luo-fig4", runs, None, tmp_path)).verdict == "inconclusive"
 
 
 def test_fig4_verdict_needs_three_seeds_a_test_and_settled_gaps(tmp_path):
-    good = {"vanilla SGD": 0.15, "BN": 0.05, "WN": 0.13, "WN + mean-only BN": 0.10, "WN + variance-only BN": 0.08}
+    good = {"vanilla SGD": 0.15, "BN": 0.05, "WN": 0.13, "WN + mean-only BN": 0.10,
+            "WN + variance-only BN": 0.08}
     # the old two-seed rule said "held" on the ordering of the means
-    two = get("luo-fig4").analyze(fake_context("luo-fig4", _fig4_runs(good, seeds=(0, 1)), None, tmp_path))
+    two = get("luo-fig4").analyze(
+        fake_context("luo-fig4", _fig4_runs(good, seeds=(0, 1)), None, tmp_path))
     assert two.verdict == "inconclusive" and "fewer than 3 seeds" in two.summary
     # right ordering of the means, but spread over seeds wider than the differences: not resolved
     noisy = LCNN.fig4_verdict({"vanilla SGD": [0.05, 0.15, 0.25], "BN": [0.0, 0.05, 0.1],
-                                      "WN": [0.03, 0.13, 0.23], "WN + mean-only BN": [0.0, 0.10, 0.2],
-                                      "WN + variance-only BN": [0.0, 0.08, 0.16]})
+                               "WN": [0.03, 0.13, 0.23], "WN + mean-only BN": [0.0, 0.10, 0.2],
+                               "WN + variance-only BN": [0.0, 0.08, 0.16]})
     assert noisy[0] == "inconclusive" and "resolve gap differences" in noisy[1]
     # ordering only reached in the last third of training: not settled
-    early = {"vanilla SGD": 0.05, "BN": 0.05, "WN": 0.05, "WN + mean-only BN": 0.05, "WN + variance-only BN": 0.05}
-    late = get("luo-fig4").analyze(fake_context("luo-fig4", _fig4_runs(good, mid_gaps=early), None, tmp_path))
+    early = {"vanilla SGD": 0.05, "BN": 0.05, "WN": 0.05, "WN + mean-only BN": 0.05,
+             "WN + variance-only BN": 0.05}
+    late = get("luo-fig4").analyze(
+        fake_context("luo-fig4", _fig4_runs(good, mid_gaps=early), None, tmp_path))
     assert late.verdict == "inconclusive" and "NOT settled" in late.summary
 
 
@@ -394,10 +416,12 @@ def _fig5_runs(trend, seeds=(0, 1, 2), jitter=0.002, early_trend=None):
     for i, M in enumerate((16, 32, 64, 128, 256)):
         for seed in seeds:
             e = trend if early_trend is None else early_trend
-            series = {f"probe/gamma/sq_mean/features.{k}.1": [1.0, 1.0 + e * i * (k + 1), 1.0 + e * i * (k + 1),
-                                                               1.0 + trend * i * (k + 1) + jitter * (seed - 1)]
+            series = {f"probe/gamma/sq_mean/features.{k}.1":
+                      [1.0, 1.0 + e * i * (k + 1), 1.0 + e * i * (k + 1),
+                       1.0 + trend * i * (k + 1) + jitter * (seed - 1)]
                       for k in range(3)}
-            series.update({f"probe/bn_regularization/zeta/features.{k}.1": [0.5 / M] for k in range(3)})
+            series.update({f"probe/bn_regularization/zeta/features.{k}.1": [0.5 / M]
+                           for k in range(3)})
             runs.append((f"BN, M = {M} (seed {seed})", {"batch_size": M, "seed": seed}, "finished",
                          {"test_loss": 0.1 + 0.01 * i}, series))
     return runs
@@ -407,22 +431,27 @@ def test_fig5_analysis_verdicts(tmp_path):
     outcome = get("luo-fig5").analyze(fake_context("luo-fig5", _fig5_runs(0.01), None, tmp_path))
     check_outcome(outcome)
     assert outcome.verdict == "held" and "settled" in outcome.summary
-    assert get("luo-fig5").analyze(fake_context("luo-fig5", _fig5_runs(-0.01), None, tmp_path)).verdict == "not held"
+    assert get("luo-fig5").analyze(
+        fake_context("luo-fig5", _fig5_runs(-0.01), None, tmp_path)).verdict == "not held"
 
 
 def test_fig5_verdict_needs_three_seeds_a_test_and_settling(tmp_path):
-    one = get("luo-fig5").analyze(fake_context("luo-fig5", _fig5_runs(0.01, seeds=(0,)), None, tmp_path))
+    one = get("luo-fig5").analyze(
+        fake_context("luo-fig5", _fig5_runs(0.01, seeds=(0,)), None, tmp_path))
     assert one.verdict == "inconclusive" and "fewer than 3 seeds" in one.summary  # old rule: "held"
     # a rise of 0.008 at M = 256 inside a seed spread of ± 0.05: not resolved
-    noisy = get("luo-fig5").analyze(fake_context("luo-fig5", _fig5_runs(0.001, jitter=0.05), None, tmp_path))
-    assert noisy.verdict == "inconclusive" and "unresolved" in noisy.summary and "[resolvable ≥" in noisy.summary
+    noisy = get("luo-fig5").analyze(
+        fake_context("luo-fig5", _fig5_runs(0.001, jitter=0.05), None, tmp_path))
+    assert noisy.verdict == "inconclusive" and "unresolved" in noisy.summary \
+        and "[resolvable ≥" in noisy.summary
     # falling with M until the last third of training: not settled
-    late = get("luo-fig5").analyze(fake_context("luo-fig5", _fig5_runs(0.01, early_trend=-0.01), None, tmp_path))
+    late = get("luo-fig5").analyze(
+        fake_context("luo-fig5", _fig5_runs(0.01, early_trend=-0.01), None, tmp_path))
     assert late.verdict == "inconclusive" and "NOT settled" in late.summary
     # a dip between neighbours inside the seed spread does not count; a significant one does
     f5 = LCNN.fig5_verdict
-    rising = {16: [1.03, 1.031, 1.032], 32: [1.025, 1.03, 1.035], 64: [1.03, 1.04, 1.05], 128: [1.05, 1.06, 1.07],
-              256: [1.13, 1.14, 1.15]}
+    rising = {16: [1.03, 1.031, 1.032], 32: [1.025, 1.03, 1.035], 64: [1.03, 1.04, 1.05],
+              128: [1.05, 1.06, 1.07], 256: [1.13, 1.14, 1.15]}
     assert f5({"conv": rising, "fc": rising})[0] == "held"
     dip = {**rising, 64: [1.0, 1.001, 1.002]}
     verdict, summary = f5({"conv": rising, "fc": dip})
@@ -445,37 +474,43 @@ def _fig6_seed(val_end, jitter=0.0, val_mid=None):
     def branch(train, val, norms):
         series = {"epoch_train_loss": train, "test_loss": val}
         series.update({f"kernel_norm/features.{k}.0": [n + k for n in norms] for k in range(4)})
-        return {"series": {k: [[i, v] for i, v in enumerate(vals, 1)] for k, vals in series.items()},
+        return {"series": {k: [[i, v] for i, v in enumerate(vals, 1)]
+                           for k, vals in series.items()},
                 "metrics": {"train_loss": train[-1], "test_loss": val[-1]}}
 
     mid = val_end if val_mid is None else val_mid
-    frozen_val = [0.06, mid + jitter, mid + jitter, mid + jitter, val_end + jitter, val_end + jitter, val_end + jitter]
+    frozen_val = [0.06, mid + jitter, mid + jitter, mid + jitter, val_end + jitter,
+                  val_end + jitter, val_end + jitter]
     return {"pretrain": {"metrics": {"test_loss": 0.06}}, "steps_per_epoch": 1, "branches": {
         "bn": branch([0.002] * 7, [0.06] * 7, [3.0, 3.01, 2.99, 3.0, 3.0, 3.0, 3.0]),
-        "frozen": branch([0.001, 0.0005, 0.0003, 0.0002, 0.0002, 0.0002, 0.0002 - jitter / 100], frozen_val,
-                         [3.0, 3.01, 3.02, 3.03, 3.04, 3.05, 3.06 + jitter])}}
+        "frozen": branch([0.001, 0.0005, 0.0003, 0.0002, 0.0002, 0.0002, 0.0002 - jitter / 100],
+                         frozen_val, [3.0, 3.01, 3.02, 3.03, 3.04, 3.05, 3.06 + jitter])}}
 
 
 def _fig6_data(val_end, seeds=3, spread=0.001, val_mid=None):
-    return {"fig6": {"steps_per_epoch": 1, "seeds": {str(s): _fig6_seed(val_end, spread * (s - 1), val_mid)
-                                                      for s in range(seeds)}}}
+    return {"fig6": {"steps_per_epoch": 1, "seeds": {
+        str(s): _fig6_seed(val_end, spread * (s - 1), val_mid) for s in range(seeds)}}}
 
 
 def test_fig6_analysis_verdicts(tmp_path):
     outcome = get("luo-fig6").analyze(fake_context("luo-fig6", [], _fig6_data(0.065), tmp_path))
     check_outcome(outcome)
     assert outcome.verdict == "held" and "settled" in outcome.summary
-    assert get("luo-fig6").analyze(fake_context("luo-fig6", [], _fig6_data(0.05), tmp_path)).verdict == "not held"
+    assert get("luo-fig6").analyze(
+        fake_context("luo-fig6", [], _fig6_data(0.05), tmp_path)).verdict == "not held"
 
 
 def test_fig6_verdict_needs_three_seeds_a_test_and_settling(tmp_path):
-    one = get("luo-fig6").analyze(fake_context("luo-fig6", [], _fig6_data(0.065, seeds=1), tmp_path))
+    one = get("luo-fig6").analyze(
+        fake_context("luo-fig6", [], _fig6_data(0.065, seeds=1), tmp_path))
     assert one.verdict == "inconclusive" and "fewer than 3 seeds" in one.summary  # old rule: "held"
     # a rise of 0.001 with seeds spread by ± 0.01: not resolved
-    noisy = get("luo-fig6").analyze(fake_context("luo-fig6", [], _fig6_data(0.061, spread=0.01), tmp_path))
+    noisy = get("luo-fig6").analyze(
+        fake_context("luo-fig6", [], _fig6_data(0.061, spread=0.01), tmp_path))
     assert noisy.verdict == "inconclusive" and "resolve a validation-loss rise" in noisy.summary
     # validation loss below the start at 2/3 of fine-tuning, above it only at the end: not settled
-    late = get("luo-fig6").analyze(fake_context("luo-fig6", [], _fig6_data(0.065, val_mid=0.05), tmp_path))
+    late = get("luo-fig6").analyze(
+        fake_context("luo-fig6", [], _fig6_data(0.065, val_mid=0.05), tmp_path))
     assert late.verdict == "inconclusive" and "NOT settled" in late.summary
 
 
@@ -499,28 +534,34 @@ def test_fig7_plan_and_analysis(tmp_path):
 
     def fake(bn_drop, wn_drop, seeds=(0, 1, 2), spread=0.01, early=None):
         values = (("BN, M = 64", 0.6, 0.80), ("BN, M = 256", 0.9, 0.76), ("WN, M = 256", 1.0, 0.73),
-                  ("BN + dropout 0.125, M = 256", bn_drop, 0.79), ("WN + dropout 0.25, M = 256", wn_drop, 0.80))
+                  ("BN + dropout 0.125, M = 256", bn_drop, 0.79),
+                  ("WN + dropout 0.25, M = 256", wn_drop, 0.80))
         out = []
         for label, loss, acc in values:
             for seed in seeds:
                 end = loss + spread * (seed - 1)
                 start = end if early is None else early
                 out.append((f"{label} (seed {seed})", {"arm": label, "seed": seed}, "finished",
-                            {"test_loss": end, "test_accuracy": acc}, {"test_loss": [start] * 6 + [end] * 3}))
+                            {"test_loss": end, "test_accuracy": acc},
+                            {"test_loss": [start] * 6 + [end] * 3}))
         return out
 
     outcome = get("luo-fig7").analyze(fake_context("luo-fig7", fake(0.7, 0.8), None, tmp_path))
     check_outcome(outcome)
     assert outcome.verdict == "held" and "M = 256 − M = 64: +0.3" in outcome.summary
-    assert get("luo-fig7").analyze(fake_context("luo-fig7", fake(0.95, 0.8), None, tmp_path)).verdict == "not held"
+    assert get("luo-fig7").analyze(
+        fake_context("luo-fig7", fake(0.95, 0.8), None, tmp_path)).verdict == "not held"
     # one seed per arm (the old rule read one run each and said "held"), or spread wider than the
     # effect
-    assert get("luo-fig7").analyze(fake_context("luo-fig7", fake(0.7, 0.8, seeds=(0,)), None, tmp_path)).verdict \
+    assert get("luo-fig7").analyze(
+        fake_context("luo-fig7", fake(0.7, 0.8, seeds=(0,)), None, tmp_path)).verdict \
         == "inconclusive"
-    noisy = get("luo-fig7").analyze(fake_context("luo-fig7", fake(0.85, 0.8, spread=0.3), None, tmp_path))
+    noisy = get("luo-fig7").analyze(
+        fake_context("luo-fig7", fake(0.85, 0.8, spread=0.3), None, tmp_path))
     assert noisy.verdict == "inconclusive" and "resolve differences" in noisy.summary
     # every arm equal until the last third: not settled
-    late = get("luo-fig7").analyze(fake_context("luo-fig7", fake(0.7, 0.8, early=1.0), None, tmp_path))
+    late = get("luo-fig7").analyze(
+        fake_context("luo-fig7", fake(0.7, 0.8, early=1.0), None, tmp_path))
     assert late.verdict == "inconclusive" and "NOT settled" in late.summary
 
 
@@ -544,8 +585,10 @@ def test_smoke_presets_stay_on_cpu_sized_data():
 def test_analysis_survives_missing_and_nan_results(experiment_id, tmp_path):
     nan = float("nan")
     runs = [(r.label, r.factors, "diverged", {"test_loss": nan, "test_accuracy": nan},
-             {"test_loss": [nan, nan], "epoch_train_loss": [nan]}) for r in get(experiment_id).plan("smoke").runs]
-    for data in ({}, {"fig2": {"sim": {"alpha": [1.0], "gen_error": [None]}}, "fig6": {"branches": {}}}):
+             {"test_loss": [nan, nan], "epoch_train_loss": [nan]})
+            for r in get(experiment_id).plan("smoke").runs]
+    for data in ({}, {"fig2": {"sim": {"alpha": [1.0], "gen_error": [None]}},
+                      "fig6": {"branches": {}}}):
         outcome = get(experiment_id).analyze(fake_context(experiment_id, runs, data, tmp_path))
         check_outcome(outcome)
         assert outcome.verdict == "inconclusive"
@@ -571,12 +614,15 @@ def _table2_data(gamma_ode=None, edge_sim=None, eff=(0.7, 0.9, 0.95)):
     for zeta in (0.0, 0.1):
         g0 = 1 / (2 * zeta + 1)
         edge = 2.0 + 4 * zeta
-        track = {"t": [0, 1], "gamma": [0.5, g0 if gamma_ode is None else gamma_ode], "R": [0.2, 0.999]}
-        rows.append({"zeta": zeta, "gamma0": g0, "eta_max": 2 + 4 * zeta, "eta_max_printed": 2 + 4 * zeta,
-                     "eta_max_wn": 2.0, "eta_max_sgd": 2.0, "edge": edge, "edge_printed": edge,
+        track = {"t": [0, 1], "gamma": [0.5, g0 if gamma_ode is None else gamma_ode],
+                 "R": [0.2, 0.999]}
+        rows.append({"zeta": zeta, "gamma0": g0, "eta_max": 2 + 4 * zeta,
+                     "eta_max_printed": 2 + 4 * zeta, "eta_max_wn": 2.0, "eta_max_sgd": 2.0,
+                     "edge": edge, "edge_printed": edge,
                      "edge_simulated": edge * 0.98 if edge_sim is None else edge_sim,
                      "ode": track, "sgd": {**track, "gamma": [0.5, g0]}})
-    return {"rows": rows, "eta_eff_vs_M": [{"M": m, "zeta": 0.1, "eta_eff": e} for m, e in zip((8, 16, 32), eff)]}
+    return {"rows": rows,
+            "eta_eff_vs_M": [{"M": m, "zeta": 0.1, "eta_eff": e} for m, e in zip((8, 16, 32), eff)]}
 
 
 def test_table2_verdict():
@@ -600,17 +646,20 @@ def test_fig4_verdict_primary_and_holm():
     from bnlab.experiments.luo.cnn import fig4_verdict
 
     spread = [-0.01, 0.0, 0.01, -0.005, 0.005]
-    gaps = {"vanilla SGD": 0.15, "BN": 0.05, "WN": 0.13, "WN + mean-only BN": 0.10, "WN + variance-only BN": 0.08}
+    gaps = {"vanilla SGD": 0.15, "BN": 0.05, "WN": 0.13, "WN + mean-only BN": 0.10,
+            "WN + variance-only BN": 0.08}
     per_seed = {k: [v + s for s in spread] for k, v in gaps.items()}
     assert fig4_verdict(per_seed)[0] == "held"
     # WN + variance-only BN a little above WN (raw Welch p between 0.008 and 0.05) where three
     # comparisons are not resolved: Holm's step-down multiplies that p by 3 (> 0.05)
-    shifted = {**per_seed, "vanilla SGD": [0.052 + s for s in spread], "WN + mean-only BN": [0.128 + s for s in spread],
+    shifted = {**per_seed, "vanilla SGD": [0.052 + s for s in spread],
+               "WN + mean-only BN": [0.128 + s for s in spread],
                "WN + variance-only BN": [0.13 + 1.3 * s + 0.016 for s in spread]}
     p = stats.ttest_ind(shifted["WN + variance-only BN"], shifted["WN"], equal_var=False).pvalue
     assert 0.008 < p < 0.05
     verdict, summary = fig4_verdict(shifted)
     assert verdict == "held" and "p_Holm" in summary
-    assert fig4_verdict({**per_seed, "WN + variance-only BN": [0.3 + s for s in spread]})[0] == "not held"
+    assert fig4_verdict(
+        {**per_seed, "WN + variance-only BN": [0.3 + s for s in spread]})[0] == "not held"
     # the primary reversed
     assert fig4_verdict({**per_seed, "BN": [0.2 + s for s in spread]})[0] == "not held"

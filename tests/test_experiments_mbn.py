@@ -14,7 +14,8 @@ from .test_experiments_luo import check_outcome, fake_context
 
 
 def test_tiny_smoke_runs_end_to_end(tmp_path):
-    outcome = reproduce("mbn-batch-size", "smoke", runs_dir=tmp_path, tiny=True, report=False, progress=False)
+    outcome = reproduce("mbn-batch-size", "smoke", runs_dir=tmp_path, tiny=True,
+                        report=False, progress=False)
     check_outcome(outcome)
     assert outcome.verdict == "inconclusive"
 
@@ -25,8 +26,8 @@ def test_plan_pairs_bn_and_mbn_at_every_batch_size():
         pairs = {(r.factors["norm"], r.factors["batch_size"]) for r in runs}
         assert pairs == {(n, m) for n in ("BN", "MBN") for m in (2, 4, 8, 16, 32)}
         for n in ("BN", "MBN"):  # the compared ends get 3 seeds, the middle one
-            seeds = {m: {r.factors["seed"] for r in runs if r.factors["norm"] == n and r.factors["batch_size"] == m
-                         and not r.factors.get("nproc")}
+            seeds = {m: {r.factors["seed"] for r in runs if r.factors["norm"] == n
+                         and r.factors["batch_size"] == m and not r.factors.get("nproc")}
                      for m in (2, 8, 32)}
             assert seeds == {2: {0, 1, 2}, 8: {0}, 32: {0, 1, 2}}
         for r in runs:
@@ -59,8 +60,9 @@ def _runs(bn_acc, mbn_acc, seeds=3, jitter=0.002):
         for M, acc in zip((2, 4, 8, 16, 32), accs):
             for seed in range(seeds if M in (2, 32) else 1):
                 a = acc + jitter * seed * (1 if M == 2 else -1)
-                runs.append((f"{label}, M = {M}, seed {seed}", {"norm": label, "batch_size": M, "seed": seed},
-                             "finished", {"test_accuracy": a, "test_loss": 1 - a}, {"test_accuracy": [a]}))
+                runs.append((f"{label}, M = {M}, seed {seed}",
+                             {"norm": label, "batch_size": M, "seed": seed}, "finished",
+                             {"test_accuracy": a, "test_loss": 1 - a}, {"test_accuracy": [a]}))
     return runs
 
 
@@ -70,7 +72,8 @@ def test_analysis_verdicts(tmp_path):
     check_outcome(outcome)
     assert outcome.verdict == "held"
     worse = _runs([0.90, 0.93, 0.95, 0.97, 0.98], [0.85, 0.93, 0.95, 0.97, 0.98])
-    assert get("mbn-batch-size").analyze(fake_context("mbn-batch-size", worse, None, tmp_path)).verdict == "not held"
+    assert get("mbn-batch-size").analyze(
+        fake_context("mbn-batch-size", worse, None, tmp_path)).verdict == "not held"
     # within the seeds
     noisy = _runs([0.90, 0.93, 0.95, 0.97, 0.98], [0.91, 0.93, 0.95, 0.97, 0.98], jitter=0.03)
     outcome = get("mbn-batch-size").analyze(fake_context("mbn-batch-size", noisy, None, tmp_path))
@@ -81,21 +84,25 @@ def test_analysis_verdicts(tmp_path):
     assert outcome.verdict == "inconclusive" and "fewer than 3 seeds" in outcome.summary
     failed = good[:]
     failed[0] = (*failed[0][:2], "failed", {}, {})
-    assert get("mbn-batch-size").analyze(fake_context("mbn-batch-size", failed, None, tmp_path)).verdict == "inconclusive"
+    assert get("mbn-batch-size").analyze(
+        fake_context("mbn-batch-size", failed, None, tmp_path)).verdict == "inconclusive"
 
 
 def test_data_parallel_arms_planned_and_reported_next_to_the_runs_they_mirror(tmp_path):
     for preset, p in mbn.PROCESSES.items():
         ddp = [r for r in get("mbn-batch-size").plan(preset).runs if r.config.get("nproc")]
-        assert {(r.config["norm"], r.config["sync_norms"]) for r in ddp} == {("bn", False), ("bn", True), ("mbn", False)}
-        assert all(r.config["nproc"] == p and r.config["batch_size"] == p * mbn.PER_DEVICE for r in ddp)
+        assert {(r.config["norm"], r.config["sync_norms"])
+                for r in ddp} == {("bn", False), ("bn", True), ("mbn", False)}
+        assert all(r.config["nproc"] == p
+                   and r.config["batch_size"] == p * mbn.PER_DEVICE for r in ddp)
     runs = _runs([0.50, 0.90, 0.95, 0.97, 0.98], [0.93, 0.96, 0.97, 0.98, 0.98])
     for arm, acc in (("unsynced BN", 0.89), ("synced BN", 0.95), ("unsynced MBN", 0.96)):
         runs.append((arm, {"norm": "BN", "batch_size": 8, "nproc": 2, "arm": arm}, "finished",
                      {"test_accuracy": acc, "test_loss": 1 - acc}, {"test_accuracy": [acc]}))
     outcome = get("mbn-batch-size").analyze(fake_context("mbn-batch-size", runs, None, tmp_path))
     assert outcome.verdict == "held"  # the one-process arms alone decide the paper's claim
-    rows = {row["quantity"].split(": test")[0]: row["ours"] for row in outcome.table if "processes" in row["quantity"]}
+    rows = {row["quantity"].split(": test")[0]: row["ours"] for row in outcome.table
+            if "processes" in row["quantity"]}
     assert rows == {"2 processes, global batch 8 (4 each), unsynced BN": "0.89 (0.9)",
                     "2 processes, global batch 8 (4 each), synced BN": "0.95 (0.95)",
                     "2 processes, global batch 8 (4 each), unsynced MBN": "0.96 (0.96)"}

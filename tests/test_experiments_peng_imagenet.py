@@ -11,7 +11,8 @@ from bnlab.experiments.peng.common import ACTIVATIONS, RHO_STAR
 def test_paper_table_against_its_printed_improvements():
     for arch in P.ARCHS:
         for i, act in enumerate(ACTIVATIONS):
-            assert P.paper_gain(arch, act) == pytest.approx(P.PRINTED_IMPROVEMENTS[arch][i], abs=0.005), (arch, act)
+            assert P.paper_gain(arch, act) == pytest.approx(P.PRINTED_IMPROVEMENTS[arch][i],
+                                                            abs=0.005), (arch, act)
 
 
 def test_smoke_plan_arms_seeds_and_recipe():
@@ -25,7 +26,8 @@ def test_smoke_plan_arms_seeds_and_recipe():
             assert (c["norm"], c["placement"]) == ("bn", "pre_activation")
         else:
             assert c["placement"] == "pre_linear" and "amat=true" in c["norm"]
-            assert (f"rho={RHO_STAR[f['activation']]:g}" in c["norm"]) == (RHO_STAR[f["activation"]] != 1.0)
+            assert (f"rho={RHO_STAR[f['activation']]:g}" in c["norm"]) == (
+                RHO_STAR[f["activation"]] != 1.0)
         assert c["model_options"]["residual"] == "peng" and c["data"] == "imagefolder"
         # no padding-pattern artifact in the 4×4 stage
         assert c["model_options"]["padding_mode"] == "replicate"
@@ -61,8 +63,9 @@ def test_paper_models_build_from_the_plan(monkeypatch):
         if c["model"] in seen or r.factors["arm"] != "CBN":
             continue
         seen.add(c["model"])
-        model = M.create(c["model"], norm=c["norm"], activation=c["activation"], placement=c["placement"],
-                         input_shape=(3, 32, 32), num_classes=4, **c["model_options"])
+        model = M.create(c["model"], norm=c["norm"], activation=c["activation"],
+                         placement=c["placement"], input_shape=(3, 32, 32), num_classes=4,
+                         **c["model_options"])
         out = model(torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
         out.sum().backward()
         assert out.shape == (2, 4) and torch.isfinite(out).all()
@@ -88,10 +91,12 @@ def test_table5_verdict_rule():
     verdict, text = P.table5_verdict(_cells({("CBN", "relu"): [0.40, 0.41, 0.39]}))
     assert verdict == "not held" and "ResNet-18/ReLU" in text
     # a precise null where the paper reports +5.64 (SELU): the paper's effect would have been seen
-    verdict, _ = P.table5_verdict(_cells({("BN", "selu"): [0.60, 0.61, 0.59], ("CBN", "selu"): [0.61, 0.59, 0.60]}))
+    verdict, _ = P.table5_verdict(
+        _cells({("BN", "selu"): [0.60, 0.61, 0.59], ("CBN", "selu"): [0.61, 0.59, 0.60]}))
     assert verdict == "not held"
     # ReLU below resolution (paper +0.41, spread of several points) does not block "held"
-    verdict, text = P.table5_verdict(_cells({("BN", "relu"): [0.5, 0.6, 0.7], ("CBN", "relu"): [0.7, 0.5, 0.6]}))
+    verdict, text = P.table5_verdict(
+        _cells({("BN", "relu"): [0.5, 0.6, 0.7], ("CBN", "relu"): [0.7, 0.5, 0.6]}))
     assert verdict == "held"
     # 2 seeds
     assert P.table5_verdict(_cells({("CBN", "sigmoid"): [0.9, 0.9]}))[0] == "inconclusive"
@@ -117,14 +122,17 @@ def test_tiny_reproduce_end_to_end_on_a_generated_image_folder(tmp_path, monkeyp
     monkeypatch.setenv("BNLAB_DATA", str(tmp_path / "data"))
     monkeypatch.setattr(P, "SEEDS", 1)
     runs_dir = tmp_path / "runs"
-    table = reproduce("peng-table5", "smoke", runs_dir=runs_dir, tiny=True, progress=False, report=False)
+    table = reproduce("peng-table5", "smoke", runs_dir=runs_dir, tiny=True,
+                      progress=False, report=False)
     assert (tmp_path / "data" / "bnlab-gratings" / "train").is_dir()
     assert len(list((tmp_path / "data" / "bnlab-gratings" / "val").rglob("*.JPEG"))) == 300
     assert table.verdict == "inconclusive" and "tiny" in table.summary
     assert len(table.table) == 5 * 3 and all(f.exists() for f in table.figures)
-    assert all("(n=1)" in row["ours"] for row in table.table if row["quantity"].endswith("top-1 (%)"))
+    assert all("(n=1)" in row["ours"] for row in table.table
+               if row["quantity"].endswith("top-1 (%)"))
     assert "too few seeds" in table.table[2]["ours"]  # the CBN − BN row of ResNet-18/Sigmoid
-    fig = reproduce("peng-fig6", "smoke", runs_dir=runs_dir, tiny=True, progress=False, report=False)
+    fig = reproduce("peng-fig6", "smoke", runs_dir=runs_dir, tiny=True,
+                    progress=False, report=False)
     assert fig.verdict == "inconclusive" and len(fig.table) == 10 and fig.figures[0].exists()
 
 
@@ -137,7 +145,8 @@ def test_smoke_network_norms_see_the_data_not_the_padding(tmp_path):
     from bnlab.data.image_writer import write_image_folder
     from bnlab.models.padding import padding_share_by_size
 
-    write_image_folder(tmp_path / "g", classes=10, train_per_class=3, val_per_class=1, size=24, fmt="jpeg")
+    write_image_folder(tmp_path / "g", classes=10, train_per_class=3, val_per_class=1,
+                       size=24, fmt="jpeg")
     run = next(r for r in get("peng-table5").plan("smoke").runs
                if r.factors["arm"] == "BN" and r.factors["activation"] == "sigmoid")
     c = run.config
@@ -147,7 +156,8 @@ def test_smoke_network_norms_see_the_data_not_the_padding(tmp_path):
     shares = {}
     for padding in ("zeros", c["model_options"]["padding_mode"]):
         torch.manual_seed(0)
-        model = M.create(c["model"], norm=c["norm"], activation=c["activation"], placement=c["placement"],
-                         input_shape=ds.input_shape, num_classes=10, **{**c["model_options"], "padding_mode": padding})
+        model = M.create(c["model"], norm=c["norm"], activation=c["activation"],
+                         placement=c["placement"], input_shape=ds.input_shape, num_classes=10,
+                         **{**c["model_options"], "padding_mode": padding})
         shares[padding] = padding_share_by_size(model, x)["4×4"]
     assert shares["zeros"] > 0.5 and shares["replicate"] < 0.05

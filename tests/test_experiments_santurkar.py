@@ -27,11 +27,12 @@ from bnlab.experiments import verdicts as VD
 from bnlab.experiments.santurkar import common as SC
 from bnlab.experiments.santurkar import dln as DL
 from bnlab.experiments.santurkar import lp as LP
+from bnlab.experiments.santurkar import predictiveness as PR
 from bnlab.experiments.santurkar import vgg as V
 from bnlab.experiments.runner import AnalysisContext
 
-IDS = ["santurkar-fig2", "santurkar-fig6", "santurkar-fig7", "santurkar-fig8", "santurkar-fig9", "santurkar-fig10",
-       "santurkar-fig11", "santurkar-fig14"]
+IDS = ["santurkar-fig2", "santurkar-fig6", "santurkar-fig7", "santurkar-fig8", "santurkar-fig9",
+       "santurkar-fig10", "santurkar-fig11", "santurkar-fig14"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -39,7 +40,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def one_seed(monkeypatch):
     """The suite's reduced runs use one seed per arm (the smoke/paper presets use three)."""
     monkeypatch.setattr(SC, "SEEDS", (0,))
-    monkeypatch.setattr(DL, "SEEDS", (0,))
+    monkeypatch.setattr(PR, "SEEDS", (0,))
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,8 @@ def _check_outcome(outcome):
 
 @pytest.mark.parametrize("experiment_id", IDS)
 def test_tiny_reproduce_draws_figures(experiment_id, tiny_dir, one_seed):
-    outcome = runner.reproduce(experiment_id, "smoke", runs_dir=tiny_dir, tiny=True, report=False, progress=False)
+    outcome = runner.reproduce(experiment_id, "smoke", runs_dir=tiny_dir, tiny=True,
+                               report=False, progress=False)
     _check_outcome(outcome)
     assert outcome.verdict == "inconclusive"  # six steps decide nothing, and the entries say so
     ctx = runner.analysis_context(experiment_id, "smoke", runs_dir=tiny_dir)
@@ -77,7 +79,8 @@ def test_probes_fire_and_analyses_read_them(tmp_path, monkeypatch, one_seed):
     monkeypatch.setattr(SC, "SMOKE_DLN_HESSIAN", "hessian(iters=3, samples=2, every=20)")
     numbers = {}
     for experiment_id in ("santurkar-fig7", "santurkar-fig6", "santurkar-fig8", "santurkar-fig9"):
-        outcome = runner.reproduce(experiment_id, "smoke", runs_dir=tmp_path, tiny=True, report=False, progress=False)
+        outcome = runner.reproduce(experiment_id, "smoke", runs_dir=tmp_path, tiny=True,
+                                   report=False, progress=False)
         _check_outcome(outcome)
         numbers[experiment_id] = [row["ours"] for row in outcome.table]
     # fig7: per-step moment changes of all three networks; noisy BN's fresh noise dominates the
@@ -110,9 +113,11 @@ def test_probes_fire_and_analyses_read_them(tmp_path, monkeypatch, one_seed):
         assert SC.sharpness_ratio(r, SC.DLN_LR) > 0
         lr = DL.LITERAL_LR if r.factors["arm"].startswith(DL.LITERAL_ARM) else SC.DLN_LR
         assert r.series("probe/hessian/threshold")[1][0] == pytest.approx(2 / lr)
-    assert "sharpness λ_max / (2/lr)" in runner.reproduce("santurkar-fig9", "smoke", runs_dir=tmp_path, tiny=True,
+    assert "sharpness λ_max / (2/lr)" in runner.reproduce("santurkar-fig9", "smoke",
+                                                          runs_dir=tmp_path, tiny=True,
                                                           report=False, progress=False).summary
-    vgg_runs = SC._runs_by_label(runner.analysis_context("santurkar-fig7", "smoke", runs_dir=tmp_path))
+    vgg_runs = SC._runs_by_label(
+        runner.analysis_context("santurkar-fig7", "smoke", runs_dir=tmp_path))
     assert all(SC.sharpness_ratio(r, 0.1) > 0 for r in vgg_runs.values())
     # fig8: the distributions of 2 sampled units per BN layer were recorded every 10 steps
     ctx = runner.analysis_context("santurkar-fig8", "smoke", runs_dir=tmp_path)
@@ -130,12 +135,17 @@ def test_paper_presets_follow_appendix_a1():
     # Glorot, full width
     assert vgg["momentum"] == 0.0 and vgg["augment"] is False and "model_options" not in vgg
     dln = SC.dln_config("paper", "none")
-    assert (dln["model"], dln["data"], dln["steps"], dln["batch_size"]) == ("dln", "gaussian_regression", 10000, "full")
-    assert dln["model_options"] == {"depth": 25, "width": 10} and dln["data_options"] == {"d": 10, "n": 1000}
+    assert (dln["model"], dln["data"], dln["steps"],
+            dln["batch_size"]) == ("dln", "gaussian_regression", 10000, "full")
+    assert dln["model_options"] == {"depth": 25, "width": 10} \
+        and dln["data_options"] == {"d": 10, "n": 1000}
     plans = {i: E.get(i).plan("paper") for i in IDS}
-    norms = {i: list(dict.fromkeys((r.factors["net"], r.config["norm"]) for r in p.runs)) for i, p in plans.items()}
-    assert norms["santurkar-fig2"] == norms["santurkar-fig7"] == [("vgg", "none"), ("vgg", "bn"), ("vgg", "noisy_bn")]
-    assert norms["santurkar-fig6"] == [("vgg", "none"), ("vgg", "bn"), ("dln", "none"), ("dln", "bn")]
+    norms = {i: list(dict.fromkeys((r.factors["net"], r.config["norm"]) for r in p.runs))
+             for i, p in plans.items()}
+    assert norms["santurkar-fig2"] == norms["santurkar-fig7"] == [
+        ("vgg", "none"), ("vgg", "bn"), ("vgg", "noisy_bn")]
+    assert norms["santurkar-fig6"] == [("vgg", "none"), ("vgg", "bn"),
+                                       ("dln", "none"), ("dln", "bn")]
     assert norms["santurkar-fig8"] == norms["santurkar-fig9"] == [("dln", "none"), ("dln", "bn")]
     lp = ["none", "bn", "lp_bn(p=1)", "lp_bn(p=2)", "lp_bn(p=inf)"]
     assert norms["santurkar-fig11"] == [("vgg", n) for n in lp] + [("dln", n) for n in lp]
@@ -145,13 +155,15 @@ def test_paper_presets_follow_appendix_a1():
         for r in plan.runs:
             seeds.setdefault(r.factors["arm"], []).append(r.config["seed"])
         assert all(v == [0, 1, 2] for v in seeds.values()), i
-    probes = {i: [{spec.split("(")[0] for spec in r.config["probes"]} for r in p.runs] for i, p in plans.items()}
+    probes = {i: [{spec.split("(")[0] for spec in r.config["probes"]} for r in p.runs]
+              for i, p in plans.items()}
     assert all("ics" in s for s in probes["santurkar-fig6"])
     assert all("moments" in s for s in probes["santurkar-fig7"])
     assert all("histograms" in s for s in probes["santurkar-fig8"])
     assert all("landscape" in s for s in probes["santurkar-fig9"] + probes["santurkar-fig11"])
     assert all("hessian" in s for s in probes["santurkar-fig9"] + probes["santurkar-fig2"])
-    assert "predictiveness" in plans["santurkar-fig10"].compute and not plans["santurkar-fig10"].runs
+    assert "predictiveness" in plans["santurkar-fig10"].compute \
+        and not plans["santurkar-fig10"].runs
 
 
 def test_smoke_vgg_sees_16x16_digits_and_probes_sharpness():
@@ -165,27 +177,33 @@ def test_noisy_bn_uses_algorithm_1_constants():
     from bnlab.norms.registry import lookup
 
     _, params = lookup(SC.NORMS[SC.NOISY])
-    assert (params["n_mu"], params["n_sigma"], params["r_mu"], params["r_sigma"]) == (0.5, 1.25, 0.1, 0.1)
+    assert (params["n_mu"], params["n_sigma"], params["r_mu"],
+            params["r_sigma"]) == (0.5, 1.25, 0.1, 0.1)
 
 
 def test_landscape_probe_ranges_are_the_papers():
     import bnlab.models as M
     from bnlab.probes import default_range
 
-    assert default_range(M.create("dln", norm="bn", input_shape=(10,), num_classes=10)) == SC.DLN_RANGE == (0.01, 30.0)
-    assert default_range(M.create("vgg_santurkar", norm="bn", input_shape=(1, 8, 8), width=0.125)) == \
+    assert default_range(M.create("dln", norm="bn", input_shape=(10,),
+                                  num_classes=10)) == SC.DLN_RANGE == (0.01, 30.0)
+    assert default_range(
+        M.create("vgg_santurkar", norm="bn", input_shape=(1, 8, 8), width=0.125)) == \
         SC.VGG_RANGE == (0.5, 4.0)
 
 
 def test_shared_runs_have_identical_configs():
     # Identical configs give identical run ids: fig6/7/8/9/11 reuse what fig2/fig9 trained.
     for preset in ("smoke", "paper"):
-        by_entry = {i: {(r.factors["net"], r.config["norm"], r.config["seed"], r.config["lr"]): r.config
-                        for r in E.get(i).plan(preset).runs} for i in IDS}
+        by_entry = {i: {
+            (r.factors["net"], r.config["norm"], r.config["seed"], r.config["lr"]): r.config
+            for r in E.get(i).plan(preset).runs} for i in IDS}
         vgg_lr = SC.vgg_config(preset, "bn")["lr"]
-        for key in [("vgg", "none", seed, vgg_lr) for seed in SC.SEEDS] + [("vgg", "bn", 2, vgg_lr)]:
+        for key in [("vgg", "none", seed, vgg_lr)
+                    for seed in SC.SEEDS] + [("vgg", "bn", 2, vgg_lr)]:
             assert by_entry["santurkar-fig2"][key] == by_entry["santurkar-fig6"][key] == \
-                by_entry["santurkar-fig7"][key] == by_entry["santurkar-fig11"][key] == by_entry["santurkar-fig14"][key]
+                by_entry["santurkar-fig7"][key] == by_entry["santurkar-fig11"][key] == \
+                by_entry["santurkar-fig14"][key]
         for key in [("dln", "none", 0, SC.DLN_LR), ("dln", "bn", 1, SC.DLN_LR)]:
             assert by_entry["santurkar-fig6"][key] == by_entry["santurkar-fig8"][key] == \
                 by_entry["santurkar-fig9"][key] == by_entry["santurkar-fig11"][key]
@@ -223,7 +241,7 @@ def test_dln_learning_rate_rule():
 
 
 def test_fig10_grid_contains_both_range_ends():
-    grid = [v / SC.DLN_LR for v in DL.fig10_grid()]
+    grid = [v / SC.DLN_LR for v in PR.fig10_grid()]
     assert grid == sorted(grid) and math.isclose(grid[0], 0.01) and math.isclose(grid[-1], 1000.0)
     assert any(math.isclose(v, 30.0) for v in grid) and any(math.isclose(v, 300.0) for v in grid)
     assert math.isclose(30 * DL.LITERAL_LR / SC.DLN_LR, 300.0)
@@ -233,8 +251,8 @@ def test_fig10_grid_contains_both_range_ends():
 
 def test_layer_order_and_picks():
     names = ["classifier.2", "features.10.0", "features.2.0", "classifier.0.0", "features.0.0"]
-    assert sorted(names, key=SC.layer_key) == ["features.0.0", "features.2.0", "features.10.0", "classifier.0.0",
-                                              "classifier.2"]
+    assert sorted(names, key=SC.layer_key) == ["features.0.0", "features.2.0", "features.10.0",
+                                               "classifier.0.0", "classifier.2"]
     assert sorted(["layers.10.1[3]", "layers.2.1[7]", "layers.2.1[1]"], key=SC.layer_key) == \
         ["layers.2.1[1]", "layers.2.1[7]", "layers.10.1[3]"]
     assert SC.pick(list(range(11)), (0.25, 0.75)) == [2, 8]
@@ -278,21 +296,25 @@ def _hist(shift_per_step, widen_per_step, layers=("layers.0.1", "layers.1.1", "l
     out = {}
     for layer in layers:
         unit = f"{layer}[0]"
-        for q, z in (("q05", -1.645), ("q25", -0.674), ("q50", 0.0), ("q75", 0.674), ("q95", 1.645)):
-            out[f"probe/histograms/{q}/{unit}"] = [(s, shift_per_step * s + z * (1 + widen_per_step * s))
-                                                   for s in STEPS]
+        for q, z in (("q05", -1.645), ("q25", -0.674), ("q50", 0.0),
+                     ("q75", 0.674), ("q95", 1.645)):
+            out[f"probe/histograms/{q}/{unit}"] = [
+                (s, shift_per_step * s + z * (1 + widen_per_step * s)) for s in STEPS]
     return out
 
 
 def _landscape(loss_range, grad_change, beta):
-    return {"probe/landscape/loss": _const(5.0), "probe/landscape/loss_min": _const(5.0 - loss_range),
-            "probe/landscape/loss_max": _const(5.0), "probe/landscape/loss_range": _const(loss_range),
-            "probe/landscape/grad_change_min": _const(grad_change / 100),
-            "probe/landscape/grad_change_max": _const(grad_change), "probe/landscape/beta_smoothness": _const(beta)}
+    return {
+        "probe/landscape/loss": _const(5.0), "probe/landscape/loss_min": _const(5.0 - loss_range),
+        "probe/landscape/loss_max": _const(5.0), "probe/landscape/loss_range": _const(loss_range),
+        "probe/landscape/grad_change_min": _const(grad_change / 100),
+        "probe/landscape/grad_change_max": _const(grad_change),
+        "probe/landscape/beta_smoothness": _const(beta)}
 
 
 def _ctx(experiment_id, runs, tmp_path, data=None, tiny=False):
-    return AnalysisContext(E.get(experiment_id), "smoke", runs, data or {}, tmp_path / experiment_id, tiny)
+    return AnalysisContext(E.get(experiment_id), "smoke", runs, data or {},
+                           tmp_path / experiment_id, tiny)
 
 
 def seeds(value, spread=JITTER):
@@ -315,9 +337,12 @@ def test_decide_and_combine():
 
 
 def test_sharpness_ratio_reads_the_second_half():
-    run = FakeRun("x", {"probe/hessian/top_eigenvalue": [(0, 100.0), (100, 5.0), (200, 20.0), (300, 40.0)]})
-    assert SC.sharpness_ratio(run, lr=0.1) == pytest.approx(statistics_median([20.0, 40.0]) * 0.1 / 2)
-    assert SC.sharpness_ratio(run, lr=0.1, half=False) == pytest.approx(statistics_median([100, 5, 20, 40]) * 0.05)
+    run = FakeRun("x", {
+        "probe/hessian/top_eigenvalue": [(0, 100.0), (100, 5.0), (200, 20.0), (300, 40.0)]})
+    assert SC.sharpness_ratio(run, lr=0.1) == pytest.approx(
+        statistics_median([20.0, 40.0]) * 0.1 / 2)
+    assert SC.sharpness_ratio(run, lr=0.1, half=False) == pytest.approx(
+        statistics_median([100, 5, 20, 40]) * 0.05)
     assert "x 1.5" in SC.sharpness_line({"x": [run]}, 0.1)
     assert SC.sharpness_line({"x": [FakeRun("x", {})]}, 0.1) == "sharpness not measured"
 
@@ -370,9 +395,11 @@ def test_fig8_verdict_and_drift():
     # the drift measure: a pure shift of the median by half the initial 5–95 % spread gives 0.5,
     # a pure doubling of the spread gives ln 2
     span = STEPS[-1] - STEPS[0]
-    assert SC.distribution_drift(FakeRun("x", _hist(0.5 * 2 * 1.645 / span, 0.0))) == pytest.approx(0.5, rel=1e-9)
+    assert SC.distribution_drift(
+        FakeRun("x", _hist(0.5 * 2 * 1.645 / span, 0.0))) == pytest.approx(0.5, rel=1e-9)
     widen = 1.0 / (STEPS[-1] - 2 * STEPS[0])  # (1 + w·s_last) / (1 + w·s_first) = 2
-    assert SC.distribution_drift(FakeRun("z", _hist(0.0, widen))) == pytest.approx(math.log(2), rel=1e-9)
+    assert SC.distribution_drift(FakeRun("z", _hist(0.0, widen))) == pytest.approx(
+        math.log(2), rel=1e-9)
     assert SC.distribution_drift(FakeRun("y", _hist(0.0, 0.0))) == 0.0
     assert DL.fig8_verdict({SC.STANDARD: seeds(0.8), SC.BN: seeds(0.1)})[0] == "held"
     assert DL.fig8_verdict({SC.STANDARD: seeds(0.1), SC.BN: seeds(0.8)})[0] == "not held"
@@ -380,7 +407,8 @@ def test_fig8_verdict_and_drift():
 
 def test_fig9_verdict_and_analysis(tmp_path):
     def summaries(loss_range, change, beta):
-        return [{"loss_range": loss_range * j, "grad_change_max": change * j, "beta_smoothness": beta * j}
+        return [{"loss_range": loss_range * j, "grad_change_max": change * j,
+                 "beta_smoothness": beta * j}
                 for j in JITTER]
     smooth = {SC.STANDARD: summaries(5.0, 50.0, 500.0), SC.BN: summaries(0.5, 5.0, 50.0)}
     assert DL.landscape_verdict(smooth, SC.BN)[0] == "held"
@@ -390,29 +418,34 @@ def test_fig9_verdict_and_analysis(tmp_path):
     # end to end on synthetic stored runs, 3 seeds per arm, with a sharpness series
     def fig9_runs(literal_bn_scale):
         arms = ((SC.STANDARD, 10.0, 5.0), (SC.BN, 5.0, 0.5),
-                (DL.LITERAL_ARM + SC.STANDARD, 10.0, 5.0), (DL.LITERAL_ARM + SC.BN, 5.0, literal_bn_scale))
-        return [FakeRun(label, {"train_loss": _loss(lvl), **_landscape(r * j, 10 * r * j, 100 * r * j),
-                                "probe/hessian/top_eigenvalue": _const(1500.0 * j)}, seed=i)
+                (DL.LITERAL_ARM + SC.STANDARD, 10.0, 5.0),
+                (DL.LITERAL_ARM + SC.BN, 5.0, literal_bn_scale))
+        return [FakeRun(
+            label, {"train_loss": _loss(lvl), **_landscape(r * j, 10 * r * j, 100 * r * j),
+                    "probe/hessian/top_eigenvalue": _const(1500.0 * j)}, seed=i)
                 for label, lvl, r in arms for i, j in enumerate(JITTER)]
 
     out = DL._fig9_analyze(_ctx("santurkar-fig9", fig9_runs(0.5), tmp_path))
-    assert out.verdict == "held" and "λ_max / (2/lr)" in out.summary and "Standard 0.75" in out.summary
+    assert out.verdict == "held" and "λ_max / (2/lr)" in out.summary \
+        and "Standard 0.75" in out.summary
     assert "lr 0.001: held" in out.summary and "lr 0.01: held" in out.summary
     assert any("β × lr / 2" in row["quantity"] and "0.01" in row["quantity"] for row in out.table)
     # the literal rate reverses the comparison: the verdict is decided by the rate, so inconclusive
     out = DL._fig9_analyze(_ctx("santurkar-fig9", fig9_runs(50.0), tmp_path))
     assert out.verdict == "inconclusive" and "lr 0.01: not held" in out.summary
-    bare = [FakeRun(SC.STANDARD, {"train_loss": _loss(10.0)}), FakeRun(SC.BN, {"train_loss": _loss(5.0)})]
+    bare = [FakeRun(SC.STANDARD, {"train_loss": _loss(10.0)}),
+            FakeRun(SC.BN, {"train_loss": _loss(5.0)})]
     out = DL._fig9_analyze(_ctx("santurkar-fig9", bare, tmp_path))
     assert out.verdict == "inconclusive" and all(p.stat().st_size > 1000 for p in out.figures)
 
 
 def _pred(std_scale, bn_scale, spread=JITTER):
-    sizes = DL.fig10_grid()
+    sizes = PR.fig10_grid()
 
     def replay(scale):
         return {"status": "finished", "curves": [
-            {"step": step, "grad_norm": 1.0, "loss_at_theta": 5.0, "grad_change": [scale * s for s in sizes],
+            {"step": step, "grad_norm": 1.0, "loss_at_theta": 5.0,
+             "grad_change": [scale * s for s in sizes],
              "loss": [5.0 + scale * s for s in sizes]} for step in (0, 200)]}
     return {"predictiveness": {"at_steps": [0, 200], "lr": SC.DLN_LR, "step_sizes": sizes,
                                "runs": {SC.STANDARD: [replay(std_scale * j) for j in spread],
@@ -420,22 +453,25 @@ def _pred(std_scale, bn_scale, spread=JITTER):
 
 
 def test_fig10_verdict(tmp_path):
-    out = DL._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path, data=_pred(100.0, 10.0)))
+    out = PR._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path, data=_pred(100.0, 10.0)))
     _check_outcome(out)
     assert out.verdict == "held" and "(30, 1000]" in out.summary
-    assert DL._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path, data=_pred(10.0, 100.0))).verdict == "not held"
+    assert PR._fig10_analyze(
+        _ctx("santurkar-fig10", [], tmp_path, data=_pred(10.0, 100.0))).verdict == "not held"
     noisy = _pred(10.0, 9.0, (0.3, 1.0, 3.0))
-    assert DL._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path, data=noisy)).verdict == "inconclusive"
+    assert PR._fig10_analyze(
+        _ctx("santurkar-fig10", [], tmp_path, data=noisy)).verdict == "inconclusive"
     # no replay
-    assert DL._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path)).verdict == "inconclusive"
+    assert PR._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path)).verdict == "inconclusive"
 
 
 def test_fig10_window_summary():
     sizes = [1e-3, 1e-2, 1e-1]
     curve = {"grad_norm": 2.0, "loss": [5.0, 4.0, 9.0], "grad_change": [0.01, 0.4, None]}
-    assert DL.window_summary(curve, sizes, 1e-3, 1e-2) == {
-        "loss_range": 1.0, "grad_change_max": 0.4, "beta_smoothness": pytest.approx(max(0.01 / 2e-3, 0.4 / 2e-2))}
-    assert DL.window_summary(curve, sizes, 1e-2, 1e-1)["loss_range"] == 5.0
+    assert PR.window_summary(curve, sizes, 1e-3, 1e-2) == {
+        "loss_range": 1.0, "grad_change_max": 0.4,
+        "beta_smoothness": pytest.approx(max(0.01 / 2e-3, 0.4 / 2e-2))}
+    assert PR.window_summary(curve, sizes, 1e-2, 1e-1)["loss_range"] == 5.0
 
 
 def _lp_runs(bad=None, factor=2.0, without=None):
@@ -450,7 +486,8 @@ def _lp_runs(bad=None, factor=2.0, without=None):
             f = 1.0 if label == SC.STANDARD else (factor if (net, label) == bad else 0.2)
             for i, j in enumerate(JITTER):
                 out.append(FakeRun(f"{net}: {label}", {
-                    "train_loss": _loss(f * j), **_landscape(2.0 * f * j, 20.0 * f * j, 100.0 * f * j),
+                    "train_loss": _loss(f * j),
+                    **_landscape(2.0 * f * j, 20.0 * f * j, 100.0 * f * j),
                     **_hist(0.01, 0.0, ("features.4.1",))}, seed=i))
     return out
 
@@ -459,8 +496,9 @@ def test_fig11_verdict(tmp_path):
     out = LP._fig11_analyze(_ctx("santurkar-fig11", _lp_runs(), tmp_path))
     _check_outcome(out)
     assert out.verdict == "held" and len(out.figures) == 2
-    assert "against the standard network (training loss; landscape = all three medians): 16 of 16 checks held" \
-        in out.summary and "Fig. 13, ℓp comparable to BN (loss below 1.25× BN's): 6 of 6 checks held" in out.summary
+    assert ("against the standard network (training loss; landscape = all three medians): "
+            "16 of 16 checks held" in out.summary)
+    assert "Fig. 13, ℓp comparable to BN (loss below 1.25× BN's): 6 of 6 checks held" in out.summary
     out = LP._fig11_analyze(_ctx("santurkar-fig11", _lp_runs(("DLN", SC.LINF)), tmp_path))
     assert out.verdict == "not held" and "14 of 16 checks held, 2 against" in out.summary \
         and "5 of 6 checks held, 1 against" in out.summary
@@ -477,19 +515,23 @@ def test_fig11_verdict_checks_every_arm_the_paper_names(tmp_path):
     out = LP._fig11_analyze(_ctx("santurkar-fig11", _lp_runs(without=SC.L2), tmp_path))
     assert out.verdict == "inconclusive" and f"VGG: {SC.L2}: loss too few seeds" in out.summary
     # Fig. 13: an ℓp network better than standard but at 2.5× BN's loss is not "comparable to BN"
-    losses = {f"{net}: {label}": seeds(1.0 if label == SC.STANDARD else 0.1) for net in ("VGG", "DLN")
-              for label in LP.LP_LABELS}
-    landscapes = {key: [{"loss_range": v, "grad_change_max": v, "beta_smoothness": v} for v in values]
+    losses = {f"{net}: {label}": seeds(1.0 if label == SC.STANDARD else 0.1)
+              for net in ("VGG", "DLN") for label in LP.LP_LABELS}
+    landscapes = {key: [
+        {"loss_range": v, "grad_change_max": v, "beta_smoothness": v} for v in values]
                   for key, values in losses.items()}
     assert LP.fig11_verdict(losses, landscapes)[0] == "held"
     verdict, summary = LP.fig11_verdict({**losses, f"DLN: {SC.L1}": seeds(0.25)}, landscapes)
     assert verdict == "not held" and "5 of 6 checks held, 1 against" in summary
-    assert LP.fig11_verdict({**losses, f"DLN: {SC.L1}": [0.05, 0.3, 0.12]}, landscapes)[0] == "inconclusive"
+    assert LP.fig11_verdict({**losses, f"DLN: {SC.L1}": [0.05, 0.3, 0.12]},
+                            landscapes)[0] == "inconclusive"
 
 
 def test_fig14_verdict(tmp_path):
-    drift = {SC.STANDARD: seeds(0.2), SC.BN: seeds(0.1), SC.L1: seeds(0.6), SC.L2: seeds(0.4), SC.LINF: seeds(0.5)}
-    losses = {SC.STANDARD: seeds(1.0), SC.BN: seeds(0.1), SC.L1: seeds(0.2), SC.L2: seeds(0.1), SC.LINF: seeds(0.3)}
+    drift = {SC.STANDARD: seeds(0.2), SC.BN: seeds(0.1), SC.L1: seeds(0.6), SC.L2: seeds(0.4),
+             SC.LINF: seeds(0.5)}
+    losses = {SC.STANDARD: seeds(1.0), SC.BN: seeds(0.1), SC.L1: seeds(0.2), SC.L2: seeds(0.1),
+              SC.LINF: seeds(0.3)}
     assert LP.fig14_verdict(drift, losses)[0] == "held"
     assert LP.fig14_verdict({**drift, SC.LINF: seeds(0.05)}, losses)[0] == "not held"
     assert LP.fig14_verdict(drift, {**losses, SC.L1: [0.2, 1.5, 3.0]})[0] == "inconclusive"
@@ -503,14 +545,16 @@ def test_fig14_verdict(tmp_path):
 
     def runs(labels):
         return [FakeRun(f"VGG: {label}", {"train_loss": _loss(losses[label][i]),
-                                          **_hist(drift[label][i] * 2 * 1.645 / (STEPS[-1] - STEPS[0]), 0.0,
-                                                  ("features.2.1", "features.4.1"))}, seed=i)
+                                          **_hist(
+                                              drift[label][i] * 2 * 1.645 / (STEPS[-1] - STEPS[0]),
+                                              0.0, ("features.2.1", "features.4.1"))}, seed=i)
                 for label in labels for i in range(3)]
     out = LP._fig14_analyze(_ctx("santurkar-fig14", runs(LP.LP_LABELS), tmp_path))
     _check_outcome(out)
     assert out.verdict == "held"
-    assert LP._fig14_analyze(_ctx("santurkar-fig14", runs((SC.STANDARD, SC.BN, SC.L1, SC.LINF)), tmp_path)
-                             ).verdict == "inconclusive"
+    assert LP._fig14_analyze(
+        _ctx("santurkar-fig14", runs((SC.STANDARD, SC.BN, SC.L1, SC.LINF)), tmp_path)
+        ).verdict == "inconclusive"
 
 
 def test_smoke_plans_run_every_lp_arm_the_paper_names():
@@ -524,4 +568,5 @@ def test_smoke_plans_run_every_lp_arm_the_paper_names():
             assert [r.config["seed"] for r in l2] == list(SC.SEEDS) == [0, 1, 2], (entry, net)
             config = (SC.vgg_config if net == "vgg" else SC.dln_config)("smoke", "lp_bn(p=2)", 1)
             assert l2[1].config == config
-        assert {r.config["norm"] for r in runs} == {"none", "bn", "lp_bn(p=1)", "lp_bn(p=2)", "lp_bn(p=inf)"}
+        assert {r.config["norm"] for r in runs} == {"none", "bn", "lp_bn(p=1)",
+                                                    "lp_bn(p=2)", "lp_bn(p=inf)"}

@@ -63,12 +63,14 @@ def test_runs_list_shows_the_bad_id_as_damaged_and_the_others_as_they_are(hostil
     result = runner.invoke(app, ["runs", "list", "--runs-dir", str(runs_dir)])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert any(line.startswith("good1") and ("running" in line or "stopped" in line) for line in lines)
+    assert any(line.startswith("good1") and ("running" in line or "stopped" in line)
+               for line in lines)
     assert any(line.startswith(TRAVERSAL) and "damaged" in line for line in lines)
     assert "not a valid run id" in result.stderr
 
 
-@pytest.mark.parametrize("bad", [TRAVERSAL, "/etc/passwd", "a/b", "..", ".hidden", "x" * 200, "a\x00b", "", "a*"])
+@pytest.mark.parametrize(
+    "bad", [TRAVERSAL, "/etc/passwd", "a/b", "..", ".hidden", "x" * 200, "a\x00b", "", "a*"])
 def test_ids_are_validated_at_creation_and_every_use(tmp_path, bad):
     with pytest.raises(UnsafePathError, match="invalid run id"):
         check_run_id(bad)
@@ -96,8 +98,8 @@ def test_load_model_and_a_symlinked_checkpoint_cannot_reach_outside(tmp_path):
 # -- numbers ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec", ["bn(eps=inf)", "bn(eps=1e400)", f"bn(eps={'1' * 100_000})", "cbn(rho=inf)",
-                                  "bn(eps=nan)", "bn(momentum=-inf)"])
+@pytest.mark.parametrize("spec", ["bn(eps=inf)", "bn(eps=1e400)", f"bn(eps={'1' * 100_000})",
+                                  "cbn(rho=inf)", "bn(eps=nan)", "bn(momentum=-inf)"])
 def test_non_finite_spec_numbers_are_refused_from_the_spec_the_cli_and_yaml(spec, tmp_path):
     from bnlab.norms import validate
     from bnlab.train.config import TrainConfig, load_config_file, validate_static
@@ -151,7 +153,8 @@ def test_a_foreign_database_is_refused_and_left_unchanged(tmp_path):
     conn.close()
     before = foreign.read_bytes()
     for readonly in (None, True):
-        with pytest.raises(StoreVersionError, match=f"{foreign} is not a bnlab run store.*invoices"):
+        with pytest.raises(StoreVersionError,
+                           match=f"{foreign} is not a bnlab run store.*invoices"):
             Store(foreign, readonly=readonly)
     result = runner.invoke(app, ["runs", "list", "--runs-dir", str(tmp_path)])
     assert result.exit_code == 2 and "not a bnlab run store" in result.output
@@ -166,7 +169,8 @@ def test_an_empty_database_file_is_refused_not_taken_for_a_new_store(tmp_path):
     assert empty.stat().st_size == 0
     with Store(tmp_path / "new" / "bnlab.db") as store:  # a new store is created complete
         assert store.list_runs() == []
-    assert sqlite3.connect(tmp_path / "new" / "bnlab.db").execute("PRAGMA user_version").fetchone()[0] == 1
+    assert sqlite3.connect(tmp_path / "new" / "bnlab.db").execute(
+        "PRAGMA user_version").fetchone()[0] == 1
 
 
 def test_a_checkpoint_downgraded_to_format_1_with_its_checksum_is_refused(tmp_path):

@@ -27,7 +27,8 @@ for info in N.describe():  # every layer of the catalogue, trained one step
     model = nn.Sequential(N.normalized(nn.Linear(6, 8), info.name), nn.ReLU(), nn.Linear(8, 3))
     N.seed_layers(model, 0)
     nn.functional.cross_entropy(model(x), y).backward()
-converted = N.convert(nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)), "cbn(rho=2)")
+converted = N.convert(nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)),
+                      "cbn(rho=2)")
 converted(x)
 
 model = nn.Sequential(N.normalized(nn.Linear(6, 8), "bn"), nn.ReLU(), nn.Linear(8, 3))
@@ -48,7 +49,8 @@ print("LOADED", sorted({m.partition(".")[0] for m in sys.modules} & HIDDEN))
 def test_layers_and_probes_work_without_the_lab_extra():
     result = run_without(LAB_PACKAGES, LAYERS_AND_PROBES)
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("PROBES", "LOADED")))
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines()
+                 if line.startswith(("PROBES", "LOADED")))
     assert lines["LOADED"] == "[]"
     assert {"ics", "moments", "landscape", "grad_stats", "hessian"} <= set(lines["PROBES"].split())
 
@@ -89,10 +91,11 @@ main()
 
             assert result.stdout.strip() == f"bnlab {bnlab.__version__}"
         else:
-            assert result.stderr.strip() == ("error: `bnlab train` needs typer, which is not installed: "
-                                             "pip install 'bnlab[lab]'")
+            assert result.stderr.strip() == ("error: `bnlab train` needs typer, which is "
+                                             "not installed: pip install 'bnlab[lab]'")
     result = run_without(("typer",), "from bnlab.cli import app\n")
-    assert "the bnlab command needs typer, which is not installed: pip install 'bnlab[lab]'" in result.stderr
+    assert ("the bnlab command needs typer, which is not installed: pip install 'bnlab[lab]'"
+            in result.stderr)
 
 
 def test_command_without_scipy_names_the_lab_extra():
@@ -107,7 +110,8 @@ except SystemExit as exit:
     sys.exit(exit.code)
 ''')
     assert result.returncode == 1, (result.stdout, result.stderr[-3000:])
-    assert "error: `bnlab theory` needs scipy, which is not installed: pip install 'bnlab[lab]'" in result.stderr
+    assert ("error: `bnlab theory` needs scipy, which is not installed: pip install 'bnlab[lab]'"
+            in result.stderr)
 
 
 def test_digits_load_without_scikit_learn():

@@ -15,7 +15,8 @@ from bnlab.jsonsafe import dumps, jsonable
 
 
 def test_nested_numbers_arrays_and_tensors_become_plain_json():
-    value = {1: (np.float32(0.5), np.int64(3), np.bool_(True)), "a": np.arange(3), "t": torch.tensor([[1.5, 2.0]])}
+    value = {1: (np.float32(0.5), np.int64(3), np.bool_(True)), "a": np.arange(3),
+             "t": torch.tensor([[1.5, 2.0]])}
     out = jsonable(value)
     assert out == {"1": [0.5, 3, True], "a": [0, 1, 2], "t": [[1.5, 2.0]]}
     assert type(out["1"][1]) is int and type(out["1"][2]) is bool
@@ -59,12 +60,14 @@ def test_reproduce_json_is_strict(monkeypatch, tmp_path):
 
     monkeypatch.setattr(cli, "get", lambda experiment_id: type("E", (), {"id": experiment_id})())
     monkeypatch.setattr(cli, "reproduce", lambda *a, **k: Outcome([tmp_path / "f.png"], [
-        {"quantity": "slope", "ours": math.nan, "paper": np.float64(0.5)}], "inconclusive", "no finite slope"))
+        {"quantity": "slope", "ours": math.nan,
+         "paper": np.float64(0.5)}], "inconclusive", "no finite slope"))
     monkeypatch.setattr(cli, "write_report", lambda runs_dir: tmp_path / "index.html")
     app = __import__("typer").Typer()
     cli.register(app)
     result = CliRunner().invoke(app, ["reproduce", "toy", "--runs-dir", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
-    out = json.loads(result.output, parse_constant=lambda name: pytest.fail(f"non-JSON constant {name}"))
+    out = json.loads(result.output,
+                     parse_constant=lambda name: pytest.fail(f"non-JSON constant {name}"))
     assert out["toy"]["table"] == [{"quantity": "slope", "ours": None, "paper": 0.5}]
     assert out["toy"]["figures"] == [str(tmp_path / "f.png")]

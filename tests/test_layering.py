@@ -33,8 +33,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 # extra's scipy, matplotlib, tqdm, yaml, PIL, typer and sklearn, which must stay out of the light
 # install (bnlab.norms, bnlab.probes; tests/test_install_light.py); fcntl (POSIX only). A name
 # covers its submodules.
-OPTIONAL = ("ray", "torch.utils.tensorboard", "mlflow", "timm", "torchvision", "PIL", "scipy", "matplotlib", "tqdm",
-            "yaml", "typer", "sklearn", "fcntl")
+OPTIONAL = ("ray", "torch.utils.tensorboard", "mlflow", "timm", "torchvision", "PIL", "scipy",
+            "matplotlib", "tqdm", "yaml", "typer", "sklearn", "fcntl")
 
 # Other in-function imports still present in files owned by other work streams: (module, import).
 # May only shrink.
@@ -83,8 +83,10 @@ def import_graph() -> list[tuple[str, str, bool, int]]:
         def walk(node: ast.AST, in_function: bool) -> None:
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, (ast.Import, ast.ImportFrom)):
-                    edges.extend((module, t, in_function, child.lineno) for t in _targets(module, child, is_package))
-                walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+                    edges.extend((module, t, in_function, child.lineno)
+                                 for t in _targets(module, child, is_package))
+                walk(child, in_function
+                     or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
         walk(ast.parse(path.read_text(), str(path)), False)
     return edges
@@ -109,7 +111,8 @@ def layer_of(module: str) -> int:
 
 
 def _bnlab_edges() -> list[tuple[str, str, bool, int]]:
-    return [(a, _owner(b), f, line) for a, b, f, line in import_graph() if b == "bnlab" or b.startswith("bnlab.")]
+    return [(a, _owner(b), f, line) for a, b, f, line in import_graph()
+            if b == "bnlab" or b.startswith("bnlab.")]
 
 
 def test_every_module_has_a_layer():
@@ -120,8 +123,10 @@ def test_every_module_has_a_layer():
 def test_no_module_imports_a_later_layer():
     violations = {(a, b) for a, b, _, _ in _bnlab_edges() if layer_of(b) > layer_of(a)}
     new = violations - LAYER_VIOLATIONS_ALLOWED
-    assert not new, "imports against the layer order " + " → ".join(n for n, _ in LAYERS) + f": {sorted(new)}"
-    assert not LAYER_VIOLATIONS_ALLOWED - violations, "fixed: remove from LAYER_VIOLATIONS_ALLOWED " \
+    assert not new, \
+        "imports against the layer order " + " → ".join(n for n, _ in LAYERS) + f": {sorted(new)}"
+    assert not LAYER_VIOLATIONS_ALLOWED - violations, \
+        "fixed: remove from LAYER_VIOLATIONS_ALLOWED " \
         f"{sorted(LAYER_VIOLATIONS_ALLOWED - violations)}"
 
 
@@ -178,9 +183,11 @@ def test_in_function_imports_only_for_optional_dependencies():
     grown = {m: n for m, n in counts.items() if n > IN_FUNCTION_ALLOWED.get(m, 0)}
     assert not grown, f"in-function imports of bnlab modules (import them at module level): {grown}"
     shrunk = {m: n for m, n in IN_FUNCTION_ALLOWED.items() if counts.get(m, 0) < n}
-    assert not shrunk, f"fewer in-function imports now: lower IN_FUNCTION_ALLOWED to {shrunk} (actual counts)"
+    assert not shrunk, \
+        f"fewer in-function imports now: lower IN_FUNCTION_ALLOWED to {shrunk} (actual counts)"
     new = sorted(set(others) - OTHER_IN_FUNCTION_ALLOWED)
-    assert not new, f"in-function imports of non-optional packages (import them at module level): {new}"
+    assert not new, \
+        f"in-function imports of non-optional packages (import them at module level): {new}"
     gone = sorted(OTHER_IN_FUNCTION_ALLOWED - set(others))
     assert not gone, f"fixed: remove from OTHER_IN_FUNCTION_ALLOWED {gone}"
 
@@ -207,4 +214,5 @@ def test_architecture_picture_draws_these_layers():
     packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert {f"bnlab.{p}" for p in packages} <= {name for _, names in drawn for name in names}
     page = (PACKAGE.parent / "docs" / "readme" / "architecture.md").read_text()
-    assert "../figures/architecture.png" in page and (PACKAGE.parent / "docs" / "figures" / "architecture.png").is_file()
+    assert "../figures/architecture.png" in page \
+        and (PACKAGE.parent / "docs" / "figures" / "architecture.png").is_file()

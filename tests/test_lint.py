@@ -26,9 +26,11 @@ def _ruff() -> list[str]:
 
 
 def test_ruff_is_clean():
-    result = subprocess.run([*_ruff(), "check", "--no-cache", "--output-format", "concise", *CHECKED],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"ruff check {' '.join(CHECKED)}:\n{result.stdout}{result.stderr}"
+    result = subprocess.run(
+        [*_ruff(), "check", "--no-cache", "--output-format", "concise", *CHECKED], cwd=ROOT,
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, \
+        f"ruff check {' '.join(CHECKED)}:\n{result.stdout}{result.stderr}"
 
 
 def test_ruff_reads_the_projects_rules():

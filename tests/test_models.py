@@ -41,7 +41,8 @@ def layer_units(model: nn.Module) -> list[nn.Sequential]:
 
 
 
-def run_case(name: str, norm: str, act: str, placement: str, input_shape, num_classes=3, batch=6, **options):
+def run_case(name: str, norm: str, act: str, placement: str, input_shape, num_classes=3,
+             batch=6, **options):
     torch.manual_seed(0)
     model = M.create(name, norm=norm, activation=act, placement=placement, input_shape=input_shape,
                      num_classes=num_classes, **options)
@@ -55,7 +56,8 @@ def run_case(name: str, norm: str, act: str, placement: str, input_shape, num_cl
         assert torch.isfinite(p.grad).all(), pname
     # The structure the placement promises: every block holds its weight layer and the spec's
     # channel norms, after the layer (pre_activation) or before it (pre_linear).
-    channel_parts = [p for p in norm.split("+") if lookup(p)[0].kind == "channel" and lookup(p)[0].name != "none"]
+    channel_parts = [p for p in norm.split("+") if lookup(p)[0].kind == "channel"
+                     and lookup(p)[0].name != "none"]
     units = layer_units(model)
     assert units
     # Arora's logit norm (logit_bn) follows the last layer whatever the placement (Arora Eq. 2)
@@ -72,12 +74,13 @@ def run_case(name: str, norm: str, act: str, placement: str, input_shape, num_cl
     model.eval()
     with torch.no_grad():
         assert torch.isfinite(model(x)).all()
-    assert model.spec["norm"] == norm and model.spec["activation"] == act and model.spec["placement"] == placement
+    assert model.spec["norm"] == norm and model.spec["activation"] == act \
+        and model.spec["placement"] == placement
     return model
 
 
-FLAT_CASES = [(name, norm, act, placement) for name in FLAT_MODELS for norm in NORM_SPECS for act in ACTS
-              for placement in PLACEMENTS]
+FLAT_CASES = [(name, norm, act, placement) for name in FLAT_MODELS for norm in NORM_SPECS
+              for act in ACTS for placement in PLACEMENTS]
 
 
 @pytest.mark.parametrize("name,norm,act,placement", FLAT_CASES)
@@ -85,7 +88,8 @@ def test_flat_models_full_product(name, norm, act, placement):
     options = dict(FLAT_MODELS[name])
     if norm.startswith("si_bn") and placement == "pre_linear":
         with pytest.raises(ValueError, match="pre_linear"):
-            M.create(name, norm=norm, activation=act, placement=placement, input_shape=(2, 3), **options)
+            M.create(name, norm=norm, activation=act, placement=placement,
+                     input_shape=(2, 3), **options)
         return
     run_case(name, norm, act, placement, input_shape=(2, 3), **options)
 
@@ -118,7 +122,8 @@ def test_conv_models(name, norm, act, placement):
     input_shape = options.pop("input_shape")
     if norm == "si_bn" and placement == "pre_linear":
         with pytest.raises(ValueError, match="si_bn"):
-            M.create(name, norm=norm, activation=act, placement=placement, input_shape=input_shape, **options)
+            M.create(name, norm=norm, activation=act, placement=placement,
+                     input_shape=input_shape, **options)
         return
     run_case(name, norm, act, placement, input_shape=input_shape, batch=4, **options)
 
@@ -134,11 +139,13 @@ def test_every_hidden_layer_has_exactly_one_norm_and_the_output_layer_none(name)
         norm_layers = [m for m in model.modules() if isinstance(m, N.ChannelNorm)]
         # The perceptron's only layer is normalized, and Arora's VGG has BN on the logits (Arora Eq.
         # 2); everywhere else the output layer is not.
-        expected = len(weight_layers) if name in ("perceptron", "vgg_arora") else len(weight_layers) - 1
+        expected = len(weight_layers) if name in ("perceptron", "vgg_arora") \
+            else len(weight_layers) - 1
         assert len(norm_layers) == expected, (name, placement)
         last = weight_layers[-1]
         assert last.out_features == 10
         # dln is W_1⋯W_k x (Santurkar App. A.1): no biases anywhere; other output layers have one.
         # The perceptron's layer follows the block rule (no bias before a mean-removing norm).
-        no_bias = name in ("dln", "vgg_arora") or (name == "perceptron" and placement == "pre_activation")
+        no_bias = name in ("dln", "vgg_arora") \
+            or (name == "perceptron" and placement == "pre_activation")
         assert (last.bias is None) == no_bias

@@ -8,7 +8,8 @@ import bnlab.models as M
 
 
 def test_dropout_follows_every_normalized_block_and_only_acts_in_training():
-    model = M.create("luo_cnn", norm="bn", input_shape=(1, 8, 8), num_classes=10, width=0.25, dropout=0.25, seed=0)
+    model = M.create("luo_cnn", norm="bn", input_shape=(1, 8, 8), num_classes=10, width=0.25,
+                     dropout=0.25, seed=0)
     drops = [m for m in model.modules() if isinstance(m, nn.Dropout)]
     norms = [m for m in model.modules() if type(m).__name__ == "BatchNorm"]
     assert len(drops) == len(norms) == 5 and all(d.p == 0.25 for d in drops)
@@ -21,7 +22,8 @@ def test_dropout_follows_every_normalized_block_and_only_acts_in_training():
     a = model(x)
     torch.manual_seed(2)
     assert not torch.allclose(a, model(x))
-    assert not any(isinstance(m, nn.Dropout) for m in M.create("mlp", input_shape=(4,), num_classes=2).modules())
+    assert not any(isinstance(m, nn.Dropout)
+                   for m in M.create("mlp", input_shape=(4,), num_classes=2).modules())
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.0, True, "0.5"])

@@ -11,7 +11,8 @@ import bnlab.models as M
 
 
 def _kernels(model):
-    return [name for name, p in model.named_parameters() if name.endswith("weight") and p.dim() >= 2]
+    return [name for name, p in model.named_parameters() if name.endswith("weight")
+            and p.dim() >= 2]
 
 
 @pytest.mark.parametrize("name, options, shape", [
@@ -21,7 +22,8 @@ def _kernels(model):
 def test_every_kernel_of_aroras_models_is_scale_invariant(name, options, shape):
     """Arora et al. 2019 Eq. 2 / App. D: BN on the logits too, so scaling any kernel by c > 0 leaves
     the train-mode output unchanged (ε = 1e-12 in float64: exact up to rounding)."""
-    model = M.create(name, norm="bn(eps=1e-12)", input_shape=shape, num_classes=10, seed=0, **options).double()
+    model = M.create(name, norm="bn(eps=1e-12)", input_shape=shape, num_classes=10, seed=0,
+                     **options).double()
     x = torch.randn(32, *shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     ref = model.train()(x)
     kernels = _kernels(model)
@@ -51,8 +53,8 @@ def test_logit_bn_is_off_without_a_norm_and_by_default_for_the_mlp():
 def test_resnet20_residual_forms(residual):
     """He: act(F(x) + shortcut(x)); Peng Eq. 7: shortcut(x) + act(F(x)) — the activation before the
     sum."""
-    model = M.create("resnet20", norm="bn", activation="sigmoid", input_shape=(1, 8, 8), width=0.25, seed=0,
-                     residual=residual).train()
+    model = M.create("resnet20", norm="bn", activation="sigmoid", input_shape=(1, 8, 8), width=0.25,
+                     seed=0, residual=residual).train()
     block = model.stage1[1]
     x = torch.randn(16, 4, 8, 8, generator=torch.Generator().manual_seed(2))
     branch = block.unit2(block.unit1(x))
@@ -65,11 +67,12 @@ def test_resnet20_residual_forms(residual):
 
 
 def test_padding_mode_option():
-    model = M.create("resnet20", input_shape=(1, 8, 8), width=0.25, padding_mode="replicate", seed=0)
+    model = M.create("resnet20", input_shape=(1, 8, 8), width=0.25,
+                     padding_mode="replicate", seed=0)
     convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
     assert convs and all(c.padding_mode == "replicate" for c in convs)
-    assert all(c.padding_mode == "replicate" for c in M.create("vgg16", input_shape=(1, 8, 8), width=1 / 16,
-                                                                padding_mode="replicate").modules()
+    assert all(c.padding_mode == "replicate" for c in M.create(
+        "vgg16", input_shape=(1, 8, 8), width=1 / 16, padding_mode="replicate").modules()
                if isinstance(c, nn.Conv2d))
     with pytest.raises(ValueError, match="zeros, replicate"):
         M.create("vgg16", input_shape=(1, 8, 8), padding_mode="circular")
@@ -79,11 +82,12 @@ def test_position_share_against_a_known_pattern():
     """x = p(h, w) + ε: share = Var_hw(p) / (Var_hw(p) + σ²) (here 4 / (4 + 1) = 0.8)."""
     gen = torch.Generator().manual_seed(0)
     pattern = torch.randn(1, 3, 6, 6, generator=gen, dtype=torch.float64)
-    pattern = (pattern - pattern.mean(dim=(2, 3), keepdim=True)) / pattern.std(dim=(2, 3), correction=0,
-                                                                                 keepdim=True) * 2.0
+    pattern = (pattern - pattern.mean(dim=(2, 3), keepdim=True)) / pattern.std(
+        dim=(2, 3), correction=0, keepdim=True) * 2.0
     x = pattern + torch.randn(4000, 3, 6, 6, generator=gen, dtype=torch.float64)
     assert M.position_share(x) == pytest.approx(0.8, abs=0.01)
-    assert M.position_share(torch.randn(4000, 3, 6, 6, generator=gen)) == pytest.approx(0.0, abs=0.01)
+    assert M.position_share(
+        torch.randn(4000, 3, 6, 6, generator=gen)) == pytest.approx(0.0, abs=0.01)
     assert M.position_share(torch.randn(50, 3, 1, 1, generator=gen)) == 0.0
     with pytest.raises(ValueError, match="N, C, H, W"):
         M.position_share(torch.randn(5, 3))
@@ -96,15 +100,16 @@ def test_padding_share_sees_the_zero_padding_pattern_of_small_maps():
     x = torch.randn(64, 1, 8, 8, generator=torch.Generator().manual_seed(3))
     shares = {}
     for mode in ("zeros", "replicate"):
-        model = M.create("resnet20", norm="bn", activation="sigmoid", input_shape=(1, 8, 8), width=0.25, seed=0,
-                         padding_mode=mode)
+        model = M.create("resnet20", norm="bn", activation="sigmoid", input_shape=(1, 8, 8),
+                         width=0.25, seed=0, padding_mode=mode)
         before = copy.deepcopy(model.state_dict())
         shares[mode] = M.padding_share(model, x)
         assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     deep = [k for k in shares["zeros"] if k.startswith("stage3")]
     assert deep and min(shares["zeros"][k] for k in deep) > 0.9
     assert max(shares["replicate"][k] for k in deep) < 0.2
-    model = M.create("resnet20", norm="bn", activation="sigmoid", input_shape=(1, 8, 8), width=0.25, seed=0)
+    model = M.create("resnet20", norm="bn", activation="sigmoid", input_shape=(1, 8, 8),
+                     width=0.25, seed=0)
     by_size = M.padding_share_by_size(model, x)
     assert list(by_size) == ["8×8", "4×4", "2×2"]
     assert by_size["2×2"] == pytest.approx(sum(shares["zeros"][k] for k in deep) / len(deep))

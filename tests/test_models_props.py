@@ -51,7 +51,8 @@ def test_resnet20_width_multiplier_and_option_a_shortcuts():
 
 def test_resnet_pre_linear_blocks_normalize_the_block_input_not_the_shortcut():
     torch.manual_seed(0)
-    model = M.create("resnet20", norm="bn", placement="pre_linear", input_shape=(3, 8, 8), width=0.25)
+    model = M.create("resnet20", norm="bn", placement="pre_linear",
+                     input_shape=(3, 8, 8), width=0.25)
     block = model.stage1[1]
     assert isinstance(block.unit1[0], N.ChannelNorm) and isinstance(block.unit1[1], nn.Conv2d)
     # Zeroing the residual branch leaves act(shortcut(x)) = act(x): the shortcut skips the norm.
@@ -86,7 +87,8 @@ def test_luo_cnn_matches_section_5():
     layers = weight_layers(model)
     assert [m.out_channels for m in layers if isinstance(m, nn.Conv2d)] == [32, 32, 64, 64]
     # one 2×2 pool on a 32×32 input with size-preserving 3×3 convs: 64·16·16 inputs to fc512
-    assert [(m.in_features, m.out_features) for m in layers if isinstance(m, nn.Linear)] == [(16384, 512), (512, 10)]
+    assert [(m.in_features, m.out_features) for m in layers
+            if isinstance(m, nn.Linear)] == [(16384, 512), (512, 10)]
 
 
 @pytest.mark.parametrize("name", ["vgg_santurkar", "vgg_arora", "vgg16"])
@@ -105,7 +107,8 @@ def test_dln_is_a_product_of_bias_free_matrices():
     assert len(layers) == 25 and all(m.weight.shape == (10, 10) and m.bias is None for m in layers)
     assert model.spec["activation"] == "identity"
     x, y = torch.randn(5, 10), torch.randn(5, 10)
-    torch.testing.assert_close(model(2 * x - 3 * y), 2 * model(x) - 3 * model(y), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(model(2 * x - 3 * y), 2 * model(x) - 3 * model(y),
+                               atol=1e-5, rtol=1e-4)
     product = layers[0].weight
     for m in layers[1:]:
         product = m.weight @ product
@@ -116,7 +119,8 @@ def test_dln_is_a_product_of_bias_free_matrices():
 
 def test_perceptron_is_one_normalized_unit():
     torch.manual_seed(0)
-    model = M.create("perceptron", norm="bn", activation="identity", input_shape=(50,), num_classes=1)
+    model = M.create("perceptron", norm="bn", activation="identity",
+                     input_shape=(50,), num_classes=1)
     (layer,) = weight_layers(model)
     assert layer.weight.shape == (1, 50) and layer.bias is None
     out = model(torch.randn(256, 50) * 3 + 1).squeeze(1)
@@ -132,14 +136,17 @@ def test_perceptron_is_one_normalized_unit():
 def test_norm_layers_have_readable_paths_and_spec_is_recorded():
     model = M.create("luo_cnn", norm="bn", input_shape=(1, 8, 8), width=0.25, num_classes=4)
     paths = [n for n, m in model.named_modules() if isinstance(m, N.ChannelNorm)]
-    assert paths == ["features.0.1", "features.1.1", "features.2.1", "features.3.1", "classifier.0.1"]
-    resnet = M.create("resnet20", norm="cbn", placement="pre_linear", input_shape=(3, 8, 8), width=0.25)
+    assert paths == ["features.0.1", "features.1.1", "features.2.1", "features.3.1",
+                     "classifier.0.1"]
+    resnet = M.create("resnet20", norm="cbn", placement="pre_linear",
+                      input_shape=(3, 8, 8), width=0.25)
     paths = [n for n, m in resnet.named_modules() if isinstance(m, N.ChannelNorm)]
     # Peng Fig. 2: layer#2 = stage1.0
     assert paths[:3] == ["stem.0", "stage1.0.unit1.0", "stage1.0.unit2.0"]
     assert paths[7] == "stage2.0.unit1.0" and paths[13] == "stage3.0.unit1.0"  # layer#8, layer#14
-    assert model.spec == dict(name="luo_cnn", norm="bn", activation="relu", placement="pre_activation",
-                              input_shape=(1, 8, 8), num_classes=4, init="glorot", seed=None, dropout=0.0, width=0.25)
+    assert model.spec == dict(name="luo_cnn", norm="bn", activation="relu",
+                              placement="pre_activation", input_shape=(1, 8, 8), num_classes=4,
+                              init="glorot", seed=None, dropout=0.0, width=0.25)
 
 
 @pytest.mark.parametrize("norm,has_bias", [("bn", False), ("mean_only_bn", False), ("cbn", False),
@@ -150,7 +157,8 @@ def test_bias_only_where_the_norm_does_not_remove_the_mean(norm, has_bias):
     hidden = weight_layers(model)[:-1]
     assert all((m.bias is not None) == has_bias for m in hidden)
     if norm != "si_bn":  # after the activation the bias is not redundant
-        pre_linear = M.create("mlp", norm=norm, placement="pre_linear", input_shape=(5,), depth=3, width=4)
+        pre_linear = M.create("mlp", norm=norm, placement="pre_linear", input_shape=(5,),
+                              depth=3, width=4)
         assert all(m.bias is not None for m in weight_layers(pre_linear))
 
 
@@ -229,7 +237,8 @@ def trained_eval(model, shape, seed=0):
 
 
 FOLD_MODELS = {"mlp": ((5,), dict(depth=4, width=16)), "resnet20": ((3, 16, 16), dict(width=0.25)),
-               "luo_cnn": ((1, 8, 8), dict(width=0.25)), "vgg_santurkar": ((3, 16, 16), dict(width=0.0625))}
+               "luo_cnn": ((1, 8, 8), dict(width=0.25)),
+               "vgg_santurkar": ((3, 16, 16), dict(width=0.0625))}
 
 
 @pytest.mark.parametrize("norm", ["bn", "cbn", "mbn", "brn", "mean_only_bn", "var_only_bn"])
@@ -237,7 +246,8 @@ FOLD_MODELS = {"mlp": ((5,), dict(depth=4, width=16)), "resnet20": ((3, 16, 16),
 def test_fold_gives_equal_outputs(name, norm):
     shape, options = FOLD_MODELS[name]
     torch.manual_seed(0)
-    model = trained_eval(M.create(name, norm=norm, activation="tanh", input_shape=shape, **options), shape)
+    model = trained_eval(
+        M.create(name, norm=norm, activation="tanh", input_shape=shape, **options), shape)
     folded = N.fold(model)
     assert not any(isinstance(m, N.ChannelNorm) for m in folded.modules())
     x = torch.randn(16, *shape) * 2 + 0.5
@@ -248,8 +258,9 @@ def test_fold_gives_equal_outputs(name, norm):
 @pytest.mark.parametrize("norm", ["bn", "cbn"])
 def test_fold_pre_linear_mlp_folds_into_the_next_layer(norm):
     torch.manual_seed(0)
-    model = trained_eval(M.create("mlp", norm=norm, placement="pre_linear", input_shape=(5,), depth=4, width=16),
-                         (5,))
+    model = trained_eval(
+        M.create("mlp", norm=norm, placement="pre_linear", input_shape=(5,), depth=4, width=16),
+        (5,))
     folded = N.fold(model)
     assert not any(isinstance(m, N.ChannelNorm) for m in folded.modules())
     x = torch.randn(16, 5)
@@ -262,7 +273,8 @@ def test_fold_pre_linear_mlp_folds_into_the_next_layer(norm):
 def test_clear_value_errors():
     with pytest.raises(ValueError, match="valid models: vgg_santurkar.*perceptron"):
         M.create("alexnet")
-    with pytest.raises(ValueError, match="valid activations: relu, sigmoid, tanh, selu, swish, softplus, identity"):
+    with pytest.raises(ValueError, match="valid activations: relu, sigmoid, tanh, selu, swish, "
+                                         "softplus, identity"):
         M.create("mlp", activation="gelu")
     with pytest.raises(ValueError, match="valid placements: pre_activation, pre_linear"):
         M.create("mlp", placement="post_activation")

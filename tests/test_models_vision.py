@@ -38,7 +38,8 @@ def test_bn_relu_model_is_torchvision_resnet18_converted(tv):
     """norm=bn, ReLU, pre_activation, He's form: the same function as torchvision's resnet18 (eval
     mode)."""
     torch.manual_seed(0)
-    ours = M.create("tv_resnet18", norm="bn", activation="relu", input_shape=(3, 32, 32), num_classes=7).eval()
+    ours = M.create("tv_resnet18", norm="bn", activation="relu", input_shape=(3, 32, 32),
+                    num_classes=7).eval()
     torch.manual_seed(0)
     ref = tv.models.resnet18(weights=None, num_classes=7).eval()
     assert sum(isinstance(m, N.ChannelNorm) for m in ours.modules()) == 20
@@ -86,7 +87,8 @@ def test_place_before_convs_refuses_a_norm_without_a_conv():
 def test_peng_residual_puts_the_activation_before_the_sum(tv):
     """Eq. 7: block(x) = x + δ(bn2(conv2(δ(bn1(conv1 x))))) — no activation after the sum."""
     torch.manual_seed(0)
-    model = M.create("tv_resnet18", norm="bn", activation="tanh", residual="peng", input_shape=(3, 16, 16)).eval()
+    model = M.create("tv_resnet18", norm="bn", activation="tanh", residual="peng",
+                     input_shape=(3, 16, 16)).eval()
     block = model.layer1[0]
     x = torch.randn(2, 64, 8, 8, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -97,5 +99,6 @@ def test_peng_residual_puts_the_activation_before_the_sum(tv):
         assert (block(x).abs() > 1).any()  # He's form would squash the sum into (-1, 1)
     # torchvision adds the shortcut in place: the branch's last Tanh output must survive for the
     # backward
-    model.train()(torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(3))).sum().backward()
+    model.train()(torch.randn(2, 3, 16, 16,
+                              generator=torch.Generator().manual_seed(3))).sum().backward()
     assert all(p.grad is not None for p in model.parameters())

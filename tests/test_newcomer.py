@@ -384,8 +384,8 @@ def test_api_pages_lead_with_what_users_call_and_sphinx_roles_render_as_code():
     docs = Path(__file__).resolve().parents[1] / "docs"
     order = [line[4:].strip() for line in (docs / "api" / "norms.md").read_text().splitlines()
              if line.startswith("::: ")]
-    assert order[:4] == ["bnlab.norms.create", "bnlab.norms.convert.convert", "bnlab.norms.fold.fold",
-                         "bnlab.norms.track"]
+    assert order[:4] == ["bnlab.norms.create", "bnlab.norms.convert.convert",
+                         "bnlab.norms.fold.fold", "bnlab.norms.track"]
     assert order.index("bnlab.norms.ChannelNorm") > order.index("bnlab.norms.BatchRenorm")
     probes = [line[4:].strip() for line in (docs / "api" / "probes.md").read_text().splitlines()
               if line.startswith("::: ")]

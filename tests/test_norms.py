@@ -28,7 +28,8 @@ def fused(monkeypatch):
     monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0)
 
 # every registered per-channel layer (a new one is tested without editing this list), plus variants
-CHANNEL_SPECS = [name for name, info in REGISTRY.items() if info.kind == "channel" and name != "none"] + [
+CHANNEL_SPECS = [name for name, info in REGISTRY.items()
+                 if info.kind == "channel" and name != "none"] + [
     "lp_bn(p=1)", "lp_bn(p=inf)", "cbn(decouple=false, rho=2)", "cbn(center=false)"]
 
 
@@ -106,7 +107,8 @@ def test_cbn_amat_gradient_flows_through_batch_statistics(path):
     xp = x.detach() - mean_a.view(1, -1, 1, 1) + b.detach().view(1, -1, 1, 1)
     second_a = 0.5 * old_second + 0.5 * xp.pow(2).mean([0, 2, 3])
     ref = _cbn_reference(x.detach(), w.detach(), b.detach(), mean_a, second_a, 2.0, layer.eps)
-    expected = (w.detach() / 2).view(1, -1, 1, 1) * xp / torch.sqrt(second_a + layer.eps).view(1, -1, 1, 1)
+    expected = (w.detach() / 2).view(1, -1, 1, 1) * xp / torch.sqrt(
+        second_a + layer.eps).view(1, -1, 1, 1)
     torch.testing.assert_close(y, expected, atol=1e-12, rtol=1e-10)
     torch.testing.assert_close(layer.amat_mean, mean_a)
     torch.testing.assert_close(layer.amat_var, second_a)
@@ -163,28 +165,33 @@ def test_brn_matches_renorm_formula_and_its_gradient(path):
         d = ((mb - rm) / torch.sqrt(rv + 1e-5)).clamp(-5, 5)
 
     def ref(x):
-        xb = (x - x.mean(dims, keepdim=True)) / torch.sqrt(x.var(dims, unbiased=False, keepdim=True) + 1e-5)
+        xb = (x - x.mean(dims, keepdim=True)) / torch.sqrt(
+            x.var(dims, unbiased=False, keepdim=True) + 1e-5)
         return xb * r.view(1, -1, 1, 1) + d.view(1, -1, 1, 1)
 
     xr = x.detach().clone().requires_grad_()
     torch.testing.assert_close(y, ref(xr))
     g = randn(*y.shape, seed=12)
-    torch.testing.assert_close(torch.autograd.grad(y, x, g)[0], torch.autograd.grad(ref(xr), xr, g)[0])
+    torch.testing.assert_close(torch.autograd.grad(y, x, g)[0],
+                               torch.autograd.grad(ref(xr), xr, g)[0])
     assert torch.autograd.gradcheck(ref, (xr,), eps=1e-6, atol=1e-5)
     # when the clips are inactive the forward equals normalization with running statistics
-    torch.testing.assert_close(y.detach(), (x.detach() - rm.view(1, -1, 1, 1)) / torch.sqrt(rv + 1e-5).view(1, -1, 1, 1))
+    torch.testing.assert_close(
+        y.detach(), (x.detach() - rm.view(1, -1, 1, 1)) / torch.sqrt(rv + 1e-5).view(1, -1, 1, 1))
 
 
 def test_wrappers_gradcheck(path):
     torch.manual_seed(0)
-    for make in (lambda layer: N.ScaleInvariantBN(layer), lambda layer: N.WeightNorm(layer, zeta=0.1)):
+    for make in (lambda layer: N.ScaleInvariantBN(layer),
+                 lambda layer: N.WeightNorm(layer, zeta=0.1)):
         module = make(nn.Conv2d(2, 3, 2, bias=False)).double().train()
         buffers = {k: v.clone() for k, v in module.named_buffers()}
         params = dict(module.named_parameters())
         names = list(params)
 
         def f(x, *ps):
-            return functional_call(module, {**dict(zip(names, ps)), **{k: v.clone() for k, v in buffers.items()}}, (x,))
+            return functional_call(module, {**dict(zip(names, ps)),
+                                            **{k: v.clone() for k, v in buffers.items()}}, (x,))
 
         x = randn(3, 2, 3, 3, seed=13).requires_grad_()
         ps = tuple(p.detach().clone().requires_grad_() for p in params.values())
@@ -194,7 +201,8 @@ def test_wrappers_gradcheck(path):
 # ---- equality with torch's BatchNorm -------------------------------------------------------------
 
 @pytest.mark.parametrize("shape,ref_cls", [((32, 5), nn.BatchNorm1d), ((16, 5, 7), nn.BatchNorm1d),
-                                           ((8, 5, 4, 4), nn.BatchNorm2d), ((4, 5, 2, 3, 3), nn.BatchNorm3d)])
+                                           ((8, 5, 4, 4), nn.BatchNorm2d),
+                                           ((4, 5, 2, 3, 3), nn.BatchNorm3d)])
 def test_bn_equals_torch_batchnorm(shape, ref_cls):
     torch.manual_seed(0)
     ref, mine = ref_cls(5), N.create("bn", 5)
@@ -219,7 +227,8 @@ def test_bn_equals_torch_batchnorm(shape, ref_cls):
     torch.testing.assert_close(mine(x), ref(x), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("spec", ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn(rho=2)", "cbn(center=false)", "brn", "lp_bn(p=1)", "noisy_bn"])
+@pytest.mark.parametrize("spec", ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn(rho=2)",
+                                  "cbn(center=false)", "brn", "lp_bn(p=1)", "noisy_bn"])
 def test_eval_mode_uses_running_statistics(spec):
     layer = N.create(spec, 3)
     for seed in range(4):
@@ -266,8 +275,10 @@ class _TorchNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.features = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(),
-                                      nn.Sequential(nn.Conv2d(6, 4, 3), nn.BatchNorm2d(4)), nn.ReLU())
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * 4 * 4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+                                      nn.Sequential(nn.Conv2d(6, 4, 3),
+                                                    nn.BatchNorm2d(4)), nn.ReLU())
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * 4 * 4, 8),
+                                  nn.BatchNorm1d(8), nn.Linear(8, 2))
 
     def forward(self, x):
         return self.head(self.features(x))
@@ -295,12 +306,12 @@ def test_convert_replaces_every_batchnorm_and_keeps_values():
         N.convert(_TorchNet(), "nope")
 
 
-@pytest.mark.parametrize("spec", ["bn", "native_bn", "mbn", "cbn(rho=2)", "cbn(decouple=false)", "brn",
-                                  "mean_only_bn", "var_only_bn"])
+@pytest.mark.parametrize("spec", ["bn", "native_bn", "mbn", "cbn(rho=2)", "cbn(decouple=false)",
+                                  "brn", "mean_only_bn", "var_only_bn"])
 def test_fold_matches_unfolded_outputs(spec):
     torch.manual_seed(0)
-    post = nn.Sequential(*N.normalized(nn.Conv2d(3, 5, 3, padding=1), spec), nn.ReLU(), nn.Flatten(),
-                         *N.normalized(nn.Linear(5 * 4 * 4, 6), spec, "pre_linear"))
+    post = nn.Sequential(*N.normalized(nn.Conv2d(3, 5, 3, padding=1), spec), nn.ReLU(),
+                         nn.Flatten(), *N.normalized(nn.Linear(5 * 4 * 4, 6), spec, "pre_linear"))
     for m in post.modules():
         if isinstance(m, N.ChannelNorm | nn.modules.batchnorm._BatchNorm):
             with torch.no_grad():
@@ -310,7 +321,8 @@ def test_fold_matches_unfolded_outputs(spec):
         post(torch.randn(8, 3, 4, 4, generator=gen(seed)))
     post.eval()
     folded = N.fold(post)
-    assert not any(isinstance(m, N.ChannelNorm | nn.modules.batchnorm._BatchNorm) for m in folded.modules())
+    assert not any(isinstance(m, N.ChannelNorm | nn.modules.batchnorm._BatchNorm)
+                   for m in folded.modules())
     x = torch.randn(6, 3, 4, 4, generator=gen(9))
     torch.testing.assert_close(folded(x), post(x), atol=1e-5, rtol=1e-5)
 
@@ -367,7 +379,8 @@ def test_noisy_bn_counts_conv_positions_as_batch():
         out = layer(x)
     bn_out = N.create("bn", 2)(x)
     # without per-sample spread the noise is one affine map per channel: out = σ_j·bn + μ_j
-    ratio = (out - out.mean((0, 2, 3), keepdim=True)) / (bn_out - bn_out.mean((0, 2, 3), keepdim=True))
+    ratio = ((out - out.mean((0, 2, 3), keepdim=True))
+             / (bn_out - bn_out.mean((0, 2, 3), keepdim=True)))
     assert torch.allclose(ratio, ratio[:1, :, :1, :1].expand_as(ratio), atol=1e-4)
 
 
@@ -411,7 +424,8 @@ def test_si_bn_keeps_weight_scale_invariant_lemma_2_4():
     def radial_ratio(first):
         model = nn.Sequential(first, nn.Tanh(), nn.Linear(4, 2)).double()
         loss = nn.functional.mse_loss(model(x), target)
-        w = model[0].layer.weight if isinstance(model[0], N.ScaleInvariantBN) else model[0][0].weight
+        w = model[0].layer.weight if isinstance(model[0], N.ScaleInvariantBN) \
+            else model[0][0].weight
         (grad,) = torch.autograd.grad(loss, w)
         return float((w.detach() * grad).sum().abs() / (w.detach().norm() * grad.norm())), model, w
 
@@ -437,7 +451,8 @@ def test_lp_scales_estimate_the_gaussian_std():
     centred = x - x.mean(0)
     brute = torch.stack([centred[:, c].abs().sort().values[-10:].mean() for c in range(3)])
     torch.testing.assert_close(layer.batch_scale(centred), N.hoffer_linf_constant(20000) * brute)
-    assert N.hoffer_linf_constant(1024) == pytest.approx(0.5 * (1 + math.sqrt(math.pi * math.log(4))) / math.sqrt(2 * math.log(1024)))
+    assert N.hoffer_linf_constant(1024) == pytest.approx(
+        0.5 * (1 + math.sqrt(math.pi * math.log(4))) / math.sqrt(2 * math.log(1024)))
     # p=2 is BatchNorm up to where ε enters (scale vs variance)
     lp2, bn = N.create("lp_bn(p=2, eps=1e-12)", 3), N.create("bn(eps=1e-12)", 3)
     torch.testing.assert_close(lp2(x), bn(x), atol=1e-4, rtol=1e-4)
@@ -461,7 +476,8 @@ def test_specs_parse_with_types_and_defaults():
     assert N.create("lp_bn(p=inf)", 3).p == "inf"
     assert N.create(" mbn( ideal_batch = 16 ) ", 3).ideal_batch == 16
     assert isinstance(N.create("none", 3), nn.Identity)
-    assert N.removes_mean("bn") and not N.removes_mean("var_only_bn") and N.removes_mean("wn+mean_only_bn")
+    assert N.removes_mean("bn") and not N.removes_mean("var_only_bn") \
+        and N.removes_mean("wn+mean_only_bn")
 
 
 @pytest.mark.parametrize("spec,message", [
@@ -497,7 +513,8 @@ def test_bad_inputs_raise_clear_errors():
         N.normalized(nn.Linear(2, 2), "si_bn", placement="pre_linear")
 
 
-@pytest.mark.parametrize("spec", ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn(rho=2)", "cbn(decouple=false)", "cbn(center=false)", "brn", "lp_bn(p=2)"])
+@pytest.mark.parametrize("spec", ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn(rho=2)",
+                                  "cbn(decouple=false)", "cbn(center=false)", "brn", "lp_bn(p=2)"])
 def test_fused_path_equals_plain_autograd(spec, fused):
     """The fused kernel (stats → per-channel coefficients → addcmul) equals autograd on the plain
     ops."""

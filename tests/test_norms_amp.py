@@ -14,9 +14,9 @@ import torch.nn as nn
 import bnlab.norms as N
 import bnlab.norms.base as norms_base
 
-SPECS = ["bn", "native_bn", "mean_only_bn", "var_only_bn", "noisy_bn", "lp_bn(p=1)", "lp_bn(p=2)", "lp_bn(p=inf)",
-         "mbn", "cbn", "cbn(amat=false)", "cbn(decouple=false, rho=2)", "cbn(center=false)", "cbn(eta=0.9)",
-         "brn", "si_bn", "wn"]
+SPECS = ["bn", "native_bn", "mean_only_bn", "var_only_bn", "noisy_bn", "lp_bn(p=1)", "lp_bn(p=2)",
+         "lp_bn(p=inf)", "mbn", "cbn", "cbn(amat=false)", "cbn(decouple=false, rho=2)",
+         "cbn(center=false)", "cbn(eta=0.9)", "brn", "si_bn", "wn"]
 
 
 def gen(seed=0):
@@ -33,7 +33,8 @@ def block(spec: str, seed: int = 0) -> nn.Module:
     """conv → layer (the wrappers wrap the conv), progress set so AMAT and MBN's λ are active."""
     torch.manual_seed(seed)
     conv = nn.Conv2d(3, 4, 3, padding=1, bias=False)
-    model = N.normalized(conv, spec) if spec in ("si_bn", "wn") else nn.Sequential(conv, N.create(spec, 4))
+    model = N.normalized(conv, spec) if spec in ("si_bn", "wn") \
+        else nn.Sequential(conv, N.create(spec, 4))
     N.set_progress(model, lr=0.05, epoch=2, epochs=4)
     return model
 
@@ -86,7 +87,8 @@ def test_half_inputs_with_float32_and_half_modules(spec, dtype, path):
         if spec != "noisy_bn":  # (noise drawn in the input's dtype)
             torch.testing.assert_close(y.double(), want, atol=0.05, rtol=0.02)
         if not half_module:
-            torch.testing.assert_close(layer.running_mean.double(), ref.running_mean, atol=2e-3, rtol=1e-3)
+            torch.testing.assert_close(layer.running_mean.double(), ref.running_mean,
+                                       atol=2e-3, rtol=1e-3)
             assert layer.running_mean.dtype == torch.float32
 
 
@@ -104,7 +106,8 @@ def test_large_half_batch_does_not_overflow(dtype):
 
 
 @pytest.mark.parametrize("offset", [1e3, 1e4])
-@pytest.mark.parametrize("spec", ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn", "brn", "lp_bn(p=2)"])
+@pytest.mark.parametrize(
+    "spec", ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn", "brn", "lp_bn(p=2)"])
 def test_large_means_keep_the_variance(spec, offset, path):
     """At an offset of up to 1e4, float32 outputs, input gradients and running_var are as close to
     the same layer in float64 as nn.BatchNorm2d's float32 kernel is to float64 (its x·a + b rounds
@@ -127,7 +130,8 @@ def test_large_means_keep_the_variance(spec, offset, path):
 
     make = lambda: N.create(spec, 4)  # noqa: E731
     (y64, g64, rv64), (y32, g32, rv32) = run(make, torch.float64), run(make, torch.float32)
-    (ny64, ng64, _), (ny32, ng32, _) = (run(lambda: nn.BatchNorm2d(4), dt) for dt in (torch.float64, torch.float32))
+    (ny64, ng64, _), (ny32, ng32, _) = (run(lambda: nn.BatchNorm2d(4), dt)
+                                        for dt in (torch.float64, torch.float32))
     assert err(y32, y64) <= 3 * err(ny32, ny64) + 1e-6
     # var_only_bn keeps the mean, so its gradient carries Σg·x/σ³ terms of size |x|/σ: float32
     # rounds there

@@ -47,11 +47,12 @@ def _steps(layer, dtype, steps=3):
     return out + [b.clone().float() for b in layer.buffers()]
 
 
-OPTIONS = [{}, {"momentum": None}, {"affine": False}, {"bias": False}, {"track_running_stats": False},
-           {"eps": 1e-3, "momentum": 0.3}]
+OPTIONS = [{}, {"momentum": None}, {"affine": False}, {"bias": False},
+           {"track_running_stats": False}, {"eps": 1e-3, "momentum": 0.3}]
 
 
-@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "defaults")
+@pytest.mark.parametrize("options", OPTIONS,
+                         ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "defaults")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_native_path_equals_the_shared_path(options, dtype):
     native, shared = _pair(**options)
@@ -71,7 +72,8 @@ def test_buffers_kept_without_tracking_stay_untouched_in_training():
 
 def test_double_backward_without_plain_autograd_matches_finite_differences():
     layer = N.create("bn", 3).double()
-    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(4), dtype=torch.float64).requires_grad_()
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(4),
+                    dtype=torch.float64).requires_grad_()
     (g,) = torch.autograd.grad(layer(x).pow(3).sum(), x, create_graph=True)
     (h,) = torch.autograd.grad(g.pow(2).sum(), x)  # Σg ≡ 0 for BN (shift invariance): use ‖g‖²
 

@@ -21,9 +21,9 @@ import torch.nn as nn
 import bnlab.norms as N
 import bnlab.norms.base as norms_base
 
-SPECS = ["bn", "native_bn", "mean_only_bn", "var_only_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "mbn", "cbn",
-         "cbn(decouple=false, rho=2)", "cbn(center=false, eta=0.9)", "brn(relax_from=1, r_max_at=3)",
-         "bn(momentum=none)", "si_bn", "wn"]
+SPECS = ["bn", "native_bn", "mean_only_bn", "var_only_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "mbn",
+         "cbn", "cbn(decouple=false, rho=2)", "cbn(center=false, eta=0.9)",
+         "brn(relax_from=1, r_max_at=3)", "bn(momentum=none)", "si_bn", "wn"]
 WIDTH = 4
 
 
@@ -37,7 +37,8 @@ def zoo(specs) -> nn.Module:
     blocks = []
     for spec in specs:
         conv = nn.Conv2d(WIDTH, WIDTH, 3, padding=1, bias=False)
-        norm = N.normalized(conv, spec) if spec in ("si_bn", "wn") else nn.Sequential(conv, N.create(spec, WIDTH))
+        norm = N.normalized(conv, spec) if spec in ("si_bn", "wn") \
+            else nn.Sequential(conv, N.create(spec, WIDTH))
         blocks += [norm, nn.Tanh()]
     model = nn.Sequential(*blocks)
     N.set_progress(model, lr=0.05, epoch=2, epochs=4)  # AMAT's η and MBN's λ in play
@@ -69,7 +70,8 @@ def compiled_zoo():
         # fails on any graph break
         compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
         inputs = [torch.randn(6, WIDTH, 5, 5, generator=gen(i)) * (1 + i) + i for i in range(3)]
-        yield eager, compiled_model, compiled, train_steps(eager, inputs), train_steps(compiled, inputs)
+        yield eager, compiled_model, compiled, train_steps(eager, inputs), \
+            train_steps(compiled, inputs)
     finally:
         norms_base.FUSED_MIN_NUMEL = saved
         torch._dynamo.reset()
@@ -103,7 +105,8 @@ class _Side(nn.Module):
     def __init__(self, specs, dtype=torch.float32):
         super().__init__()
         torch.manual_seed(0)
-        self.norms = nn.ModuleList(N.normalized(nn.Conv2d(3, 3, 1, bias=False), spec) if spec in ("si_bn", "wn")
+        self.norms = nn.ModuleList(N.normalized(nn.Conv2d(3, 3, 1, bias=False), spec)
+                                   if spec in ("si_bn", "wn")
                                    else N.create(spec, 3) for spec in specs).to(dtype)
         N.set_progress(self, lr=0.05, epoch=2, epochs=4)
 
@@ -123,7 +126,8 @@ def test_inductor_matches_eager_and_float64_as_closely_as_native_bn():
         x = torch.randn(8, 3, 4, 4, generator=gen(10 + step), dtype=torch.float64) * 2 + 1
         g = torch.randn(x.shape, generator=gen(20 + step), dtype=torch.float64)
         results = []
-        for model, dt in ((eager, torch.float32), (compiled, torch.float32), (reference, torch.float64)):
+        for model, dt in ((eager, torch.float32), (compiled, torch.float32),
+                          (reference, torch.float64)):
             xs = [x.to(dt).requires_grad_() for _ in specs]
             ys = model(xs)
             grads = torch.autograd.grad(sum((y * g.to(dt)).sum() for y in ys), xs)
@@ -131,8 +135,10 @@ def test_inductor_matches_eager_and_float64_as_closely_as_native_bn():
         for i, spec in enumerate(specs):
             (ye, ge), (yc, gc), (yr, gr) = results[0][i], results[1][i], results[2][i]
             assert relative(yc, ye) < 1e-5 and relative(gc, ge) < 1e-5, spec
-            native_y, native_g = relative(results[1][0][0], results[2][0][0]), relative(results[1][0][1], results[2][0][1])
-            assert relative(yc, yr) < 3 * native_y + 1e-6 and relative(gc, gr) < 3 * native_g + 1e-6, spec
+            native_y, native_g = relative(results[1][0][0], results[2][0][0]), \
+                relative(results[1][0][1], results[2][0][1])
+            assert relative(yc, yr) < 3 * native_y + 1e-6 \
+                and relative(gc, gr) < 3 * native_g + 1e-6, spec
     torch._dynamo.reset()
 
 
@@ -144,7 +150,8 @@ def test_the_fused_function_is_never_traced():
     x = torch.randn(8, 3, 4, 4, generator=gen(1), dtype=torch.float64)
 
     def through_fused(x):
-        return norms_base._fused_normalize(x, layer.batch_moments, layer.coefficients, layer.weight, layer.bias)[0]
+        return norms_base._fused_normalize(x, layer.batch_moments, layer.coefficients,
+                                           layer.weight, layer.bias)[0]
 
     grads = []
     for fn in (through_fused, torch.compile(through_fused, backend="aot_eager")):
@@ -168,8 +175,8 @@ def test_noisy_bn_compiles_with_its_noise_drawn_eagerly():
         xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
         ye, yc = eager(xe), compiled(xc)
         torch.testing.assert_close(yc, ye, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(torch.autograd.grad(yc.sum(), xc)[0], torch.autograd.grad(ye.sum(), xe)[0],
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.autograd.grad(yc.sum(), xc)[0],
+                                   torch.autograd.grad(ye.sum(), xe)[0], rtol=1e-5, atol=1e-6)
     explanation = torch._dynamo.explain(copy.deepcopy(eager))(x)
     assert explanation.graph_break_count == 1
 
@@ -181,7 +188,8 @@ def test_changing_lr_and_epoch_does_not_recompile():
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
-    model = nn.Sequential(N.create("cbn", 3), N.create("mbn", 3), N.create("brn(relax_from=1, r_max_at=5)", 3),
+    model = nn.Sequential(N.create("cbn", 3), N.create("mbn", 3),
+                          N.create("brn(relax_from=1, r_max_at=5)", 3),
                           N.create("bn(momentum=none)", 3))
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     counters.clear()

@@ -111,8 +111,8 @@ def test_subclass_that_only_changes_defaults_is_converted_with_them():
     assert isinstance(layer, N.BatchNorm) and layer.eps == 1e-3 and layer.momentum == 0.01
 
 
-@pytest.mark.parametrize("options", [dict(momentum=None), dict(track_running_stats=False), dict(affine=False),
-                                     dict(eps=1e-2, momentum=0.3)])
+@pytest.mark.parametrize("options", [dict(momentum=None), dict(track_running_stats=False),
+                                     dict(affine=False), dict(eps=1e-2, momentum=0.3)])
 @pytest.mark.parametrize("spec", ["bn", "native_bn"])
 def test_torch_options_keep_torch_semantics(spec, options):
     """After 4 training batches and in eval, the converted layer equals torch's with the same
@@ -131,7 +131,8 @@ def test_torch_options_keep_torch_semantics(spec, options):
     torch.testing.assert_close(ours(x), torch_bn(x), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("spec", ["mean_only_bn", "var_only_bn", "mbn", "cbn", "brn", "lp_bn", "noisy_bn"])
+@pytest.mark.parametrize(
+    "spec", ["mean_only_bn", "var_only_bn", "mbn", "cbn", "brn", "lp_bn", "noisy_bn"])
 def test_options_reach_every_layer(spec):
     source = nn.Sequential(nn.BatchNorm2d(3, momentum=None, affine=False, eps=1e-3))
     layer = N.convert(source, spec)[0]
@@ -167,7 +168,8 @@ def test_the_torchvision_placeholders_live_in_one_library_module():
                if re.search(r"Library\(\s*[\"']torchvision", p.read_text())]
     assert defines == ["models/vision_compat.py"]
     importers = [p.relative_to(package).as_posix() for p in package.rglob("*.py")
-                 if "vision_compat" in p.read_text() and p.name not in ("vision_compat.py", "vision.py")]
+                 if "vision_compat" in p.read_text()
+                 and p.name not in ("vision_compat.py", "vision.py")]
     assert importers == []
 
 

@@ -27,7 +27,8 @@ def test_fused_backward_passes_a_weight_tensor_as_cuda_requires(monkeypatch):
     monkeypatch.setattr(norms_base.torch.ops, "aten", StrictOps)
     monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0)
     layer = N.create("bn", 3).double()
-    x = torch.randn(8, 3, 4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64, requires_grad=True)
+    x = torch.randn(8, 3, 4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64,
+                    requires_grad=True)
     grad = torch.autograd.grad(layer(x).pow(3).sum(), x)[0]
     monkeypatch.undo()
     with N.plain_autograd():

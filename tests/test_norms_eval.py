@@ -17,9 +17,10 @@ from sklearn.datasets import load_digits
 
 import bnlab.norms as N
 
-EVAL_SPECS = ["bn", "native_bn", "mean_only_bn", "var_only_bn", "noisy_bn", "lp_bn(p=1)", "lp_bn(p=2)",
-              "lp_bn(p=inf)", "mbn(ideal_batch=64)", "cbn(rho=2)", "cbn(eta=0.9, rho=2)", "cbn(center=false)",
-              "cbn(decouple=false)", "brn", "si_bn", "wn"]
+EVAL_SPECS = ["bn", "native_bn", "mean_only_bn", "var_only_bn",
+              "noisy_bn", "lp_bn(p=1)", "lp_bn(p=2)", "lp_bn(p=inf)", "mbn(ideal_batch=64)",
+              "cbn(rho=2)", "cbn(eta=0.9, rho=2)", "cbn(center=false)", "cbn(decouple=false)",
+              "brn", "si_bn", "wn"]
 
 
 def gen(seed=0):
@@ -46,7 +47,8 @@ def mlp(spec: str) -> nn.Module:
 
 def accuracy(model, x, y, batch=32):
     with torch.no_grad():
-        return float(torch.cat([model(x[i:i + batch]).argmax(1) for i in range(0, len(y), batch)]).eq(y).float().mean())
+        return float(torch.cat([model(x[i:i + batch]).argmax(1)
+                                for i in range(0, len(y), batch)]).eq(y).float().mean())
 
 
 @pytest.mark.parametrize("spec", EVAL_SPECS)
@@ -126,7 +128,8 @@ def test_cbn_eval_uses_the_amat_statistics_it_trained_with():
     torch.testing.assert_close(second, layer.amat_var, rtol=0.05, atol=0.01)
 
 
-@pytest.mark.parametrize("spec", ["bn", "mean_only_bn", "var_only_bn", "lp_bn", "mbn", "cbn", "brn", "noisy_bn"])
+@pytest.mark.parametrize(
+    "spec", ["bn", "mean_only_bn", "var_only_bn", "lp_bn", "mbn", "cbn", "brn", "noisy_bn"])
 def test_torch_options_have_torchs_semantics(spec):
     x = [torch.randn(16, 3, generator=gen(s)) * 2 + 1 for s in range(3)]
     # track_running_stats=False: no buffers, batch statistics in eval
@@ -136,7 +139,8 @@ def test_torch_options_have_torchs_semantics(spec):
         layer(xi)
     out = layer.eval()(x[0])
     if spec in ("bn", "cbn", "brn", "mbn"):
-        torch.testing.assert_close(out, nn.functional.batch_norm(x[0], None, None, training=True) / (1 if spec != "cbn" else 1))
+        torch.testing.assert_close(out, nn.functional.batch_norm(
+            x[0], None, None, training=True) / (1 if spec != "cbn" else 1))
     assert not torch.allclose(layer(x[0][:4]), out[:4])  # depends on the batch
     # momentum=None: cumulative average, as torch
     if spec in ("bn", "mean_only_bn", "var_only_bn"):
@@ -154,7 +158,8 @@ def test_moving_statistic_layers_warn_once_without_progress():
             for seed in range(3):
                 layer(torch.randn(8, 3, generator=gen(seed)))
         messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
-        assert len(messages) == 1 and "set_progress" in messages[0] and "bnlab.norms.track" in messages[0]
+        assert len(messages) == 1 and "set_progress" in messages[0] \
+            and "bnlab.norms.track" in messages[0]
         assert hint in messages[0]
         quiet = N.create(spec, 3)
         N.set_progress(quiet, lr=0.1, epoch=1, epochs=3)

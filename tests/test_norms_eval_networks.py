@@ -237,11 +237,13 @@ def test_recollected_statistics_are_algorithm_2s_population_statistics(spec):
 def _sigmoid_like_batches(count: int, gen: torch.Generator):
     """Inputs like a sigmoid's outputs in resnet20: mean 0.5, standard deviation 0.05 (variance
     0.0025)."""
-    return [0.5 + 0.05 * torch.randn(64, 3, generator=gen, dtype=torch.float64) for _ in range(count)]
+    return [0.5 + 0.05 * torch.randn(64, 3, generator=gen, dtype=torch.float64)
+            for _ in range(count)]
 
 
-@pytest.mark.parametrize("spec, lr", [("cbn(rho=2, amat=false)", None), ("cbn(rho=2, amat=false)", 0.01),
-                                      ("cbn(rho=2)", 0.01), ("cbn(rho=2, eta=0.9)", None)])
+@pytest.mark.parametrize(
+    "spec, lr", [("cbn(rho=2, amat=false)", None), ("cbn(rho=2, amat=false)", 0.01),
+                 ("cbn(rho=2)", 0.01), ("cbn(rho=2, eta=0.9)", None)])
 def test_cbn_inference_statistics_carry_no_trace_of_their_start(spec, lr):
     """20 batches of small-variance inputs, then eval against the float64 truth: the layer
     normalizing by the population mean 0.5 and variance 0.0025. BN's EMA from (0, 1) still holds

@@ -67,17 +67,20 @@ def test_fused_lp_gradcheck(spec, shape, fused):
     buffers = {k: v.clone() for k, v in layer.named_buffers()}
 
     def f(x, w, b):
-        return functional_call(layer, {"weight": w, "bias": b, **{k: v.clone() for k, v in buffers.items()}}, (x,))
+        return functional_call(
+            layer, {"weight": w, "bias": b, **{k: v.clone() for k, v in buffers.items()}}, (x,))
 
     # the fused function is what is checked
     assert type(f(x, w, b).grad_fn).__name__.startswith("_LpNormalize")
     assert torch.autograd.gradcheck(f, (x, w, b), eps=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("spec", LP_SPECS + ["lp_bn(p=1, affine=false)", "lp_bn(p=inf, momentum=none)"])
+@pytest.mark.parametrize("spec", LP_SPECS
+                         + ["lp_bn(p=1, affine=false)", "lp_bn(p=inf, momentum=none)"])
 @pytest.mark.parametrize("shape", [(16, 4, 5, 5), (64, 3), (4, 3, 7)])
 def test_fused_lp_equals_plain_path_float32(spec, shape, monkeypatch):
-    x = torch.randn(shape, generator=gen(4)) * torch.linspace(0.5, 3, shape[1]).view(1, -1, *[1] * (len(shape) - 2))
+    x = torch.randn(shape, generator=gen(4)) * torch.linspace(0.5, 3, shape[1]).view(
+        1, -1, *[1] * (len(shape) - 2))
     # means up to 40σ/3
     x = x + torch.linspace(-2, 40, shape[1]).view(1, -1, *[1] * (len(shape) - 2))
     (plain, plain_buffers), (fused, fused_buffers) = plain_and_fused(monkeypatch, spec, x)
@@ -115,7 +118,8 @@ def test_linf_top_entries_match_a_full_sort_when_one_sample_holds_them_all():
         torch.testing.assert_close(picked.sign(), signs, rtol=0, atol=0)
     x2 = torch.randn(5, 2, generator=gen(8))  # n = 5 < k: every entry
     values, _, _ = linf_top_entries(x2, x2.mean(0), 10)
-    torch.testing.assert_close(values, (x2 - x2.mean(0)).abs().t().sort(dim=1, descending=True).values)
+    torch.testing.assert_close(
+        values, (x2 - x2.mean(0)).abs().t().sort(dim=1, descending=True).values)
 
 
 def test_fused_lp_backward_twice_and_refuses_double_backward(fused):
@@ -195,8 +199,8 @@ def test_noisy_bn_draws_algorithm_1_noise_from_its_generator():
     s = sigma.view(1, -1, 1, 1) + 0.3 * torch.randn(x.shape, generator=g)
     torch.testing.assert_close(out, s * a + m, rtol=1e-6, atol=1e-6)
     grad = torch.randn(x.shape, generator=gen(15))
-    torch.testing.assert_close(torch.autograd.grad(out, xi, grad)[0], torch.autograd.grad(a, xb, grad * s)[0],
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.autograd.grad(out, xi, grad)[0],
+                               torch.autograd.grad(a, xb, grad * s)[0], rtol=1e-5, atol=1e-6)
 
 
 def test_plain_linf_scale_equals_a_full_sort_with_its_gradient():

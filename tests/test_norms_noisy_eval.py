@@ -19,7 +19,8 @@ import bnlab.norms as N
 def _model():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(6, 8, bias=False), N.create("noisy_bn", 8), nn.ReLU(),
-                         nn.Linear(8, 8, bias=False), N.create("noisy_bn", 8), nn.ReLU(), nn.Linear(8, 3))
+                         nn.Linear(8, 8, bias=False), N.create("noisy_bn", 8),
+                         nn.ReLU(), nn.Linear(8, 3))
 
 
 def _batches(count=4):

@@ -20,8 +20,9 @@ from bnlab.norms.bench import _layer
 from bnlab.norms.opcount import count_ops, training_step
 
 SHAPE = (32, 64, 16, 16)
-BN_FAMILY = ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn", "cbn(decouple=false)", "cbn(center=false)",
-             "cbn(amat=false)", "cbn(eta=0.9)", "brn", "brn(relax_from=2, r_max_at=5, d_max_at=5)"]
+BN_FAMILY = ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn", "cbn(decouple=false)",
+             "cbn(center=false)", "cbn(amat=false)", "cbn(eta=0.9)", "brn",
+             "brn(relax_from=2, r_max_at=5, d_max_at=5)"]
 OTHERS = ["lp_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "noisy_bn", "si_bn"]
 
 
@@ -36,7 +37,8 @@ def test_counter_sees_torch_batchnorm_and_skips_views():
     """The counter against torch's own ops: native BN is its two kernels plus the counter's add_ of
     num_batches_tracked and two gradient accumulations; a chain of views counts nothing."""
     native = counted("native_bn")
-    assert native.by_name()["native_batch_norm"] == 1 and native.by_name()["native_batch_norm_backward"] == 1
+    assert native.by_name()["native_batch_norm"] == 1 \
+        and native.by_name()["native_batch_norm_backward"] == 1
     assert native.total <= 8, native.names
     x = torch.randn(4, 6)
     assert count_ops(lambda: x.view(2, 12).t()[3:].unsqueeze(0).expand(5, -1, -1)).total == 0
@@ -67,7 +69,8 @@ def test_small_inputs_on_the_fused_path_dispatch_as_few(spec, monkeypatch):
 
 def test_fused_operators_are_what_the_dispatcher_sees():
     names = counted("cbn").names
-    assert names.count("bnlab::stats_affine") == 1 and names.count("bnlab::stats_affine_backward") == 1
+    assert names.count("bnlab::stats_affine") == 1 \
+        and names.count("bnlab::stats_affine_backward") == 1
     lp = counted("lp_bn(p=inf)").names
     assert lp.count("bnlab::lp_normalize") == 1 and lp.count("bnlab::lp_normalize_backward") == 1
 
@@ -103,7 +106,8 @@ def test_plain_autograd_is_thread_local():
     thread.join()
     with N.plain_autograd():
         seen["inside"] = type(layer(x).grad_fn).__name__
-    assert seen["main"].startswith("_StatsAffine") and not seen["inside"].startswith("_StatsAffine"), seen
+    assert seen["main"].startswith("_StatsAffine") \
+        and not seen["inside"].startswith("_StatsAffine"), seen
 
 
 def test_importing_the_layers_does_not_import_dynamo():

@@ -26,9 +26,10 @@ from tests.distributed_harness import run_ranks
 TOL = 1e-5
 BATCH = 7
 SPLITS = {2: [4, 3], 3: [3, 1, 3]}
-SPECS = ["bn", "mean_only_bn", "var_only_bn", "mbn(ideal_batch=64)", "cbn", "cbn(decouple=false, rho=2)",
-         "cbn(center=false)", "cbn(eta=0.9)", "cbn(amat=false)", "brn(r_max=1.5, d_max=0.5)", "lp_bn(p=1)",
-         "lp_bn(p=2)", "lp_bn(p=inf)", "noisy_bn", "si_bn", "bn(momentum=none, affine=false)",
+SPECS = ["bn", "mean_only_bn", "var_only_bn", "mbn(ideal_batch=64)", "cbn",
+         "cbn(decouple=false, rho=2)", "cbn(center=false)", "cbn(eta=0.9)", "cbn(amat=false)",
+         "brn(r_max=1.5, d_max=0.5)", "lp_bn(p=1)", "lp_bn(p=2)", "lp_bn(p=inf)", "noisy_bn",
+         "si_bn", "bn(momentum=none, affine=false)",
          "mbn(ideal_batch=64, track_running_stats=false)"]
 STEPS = 3
 
@@ -49,7 +50,8 @@ def _excess(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a.double() - b.double()).abs() - TOL * b.double().abs()).max())
 
 
-def _check_layer(spec: str, rank: int, split: list[int], shape: tuple[int, ...]) -> dict[str, float]:
+def _check_layer(spec: str, rank: int, split: list[int],
+                 shape: tuple[int, ...]) -> dict[str, float]:
     """Deviation of the synced layer on this rank's rows from the reference on the whole batch."""
     ref = _build(spec, seed=0)
     synced = N.convert_sync(_build(spec, seed=rank))  # other ranks start from other noise seeds
@@ -119,8 +121,10 @@ def _primitives(rank: int, split: list[int]) -> dict:
     (top.sum() * (rank == 0)).backward()
     x_ref = x.clone().requires_grad_()
     x_ref.transpose(0, 1).reshape(3, -1).topk(5, dim=1).values.sum().backward()
-    return {"n": n, "mean": float((mean - mean64).abs().max()), "var": float(((var - var64) / var64).abs().max()),
-            "top": float((top - top64).abs().max()), "top grad": float((x_loc.grad - x_ref.grad[lo:hi]).abs().max())}
+    return {"n": n, "mean": float((mean - mean64).abs().max()),
+            "var": float(((var - var64) / var64).abs().max()),
+            "top": float((top - top64).abs().max()),
+            "top grad": float((x_loc.grad - x_ref.grad[lo:hi]).abs().max())}
 
 
 def _worker(rank: int, world: int) -> dict:
@@ -130,7 +134,8 @@ def _worker(rank: int, world: int) -> dict:
     must not (its backward knows nothing of the other ranks)."""
     norms_base.FUSED_MIN_NUMEL = 0
     split = SPLITS[world]
-    layers = {spec: _check_layer(spec, rank, split, (2, 2, 2) if spec == "si_bn" else (3, 2, 2)) for spec in SPECS}
+    layers = {spec: _check_layer(spec, rank, split, (2, 2, 2) if spec == "si_bn" else (3, 2, 2))
+              for spec in SPECS}
     layers["bn (N, C)"] = _check_layer("bn", rank, split, (3,))
     return {"layers": layers, "schedules": _schedules_on_ranks(rank, split),
             "unsynced": _check_layer_unsynced(rank, split), "primitives": _primitives(rank, split)}
@@ -145,7 +150,8 @@ def _launch(world: int) -> list[dict]:
 def test_synced_layers_equal_one_process_on_the_whole_batch(world):
     ranks = _launch(world)
     bad = [f"rank {r} {spec}: {what} off by {err:.2e}" for r, res in enumerate(ranks)
-           for spec, checks in res["layers"].items() for what, err in checks.items() if not err <= TOL]
+           for spec, checks in res["layers"].items() for what, err in checks.items()
+           if not err <= TOL]
     assert not bad, "\n".join(bad)
     # sensitivity: the same comparison for an unsynced layer fails on these uneven splits
     assert all(res["unsynced"] > 1e-2 for res in ranks)
@@ -187,11 +193,13 @@ def test_synced_layer_outside_a_process_group_is_the_unsynced_layer(spec, fused,
         assert torch.equal(a, b)
 
 
-SYNC_NAMES = ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn", "brn", "lp_bn", "noisy_bn", "si_bn"]
+SYNC_NAMES = ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn", "brn", "lp_bn",
+              "noisy_bn", "si_bn"]
 
 
 def _norms_of(spec: str) -> list[N.ChannelNorm]:
-    layer = N.normalized(nn.Conv2d(2, 3, 1), spec) if spec.startswith("si_bn") else N.create(spec, 3)
+    layer = N.normalized(nn.Conv2d(2, 3, 1), spec) if spec.startswith("si_bn") \
+        else N.create(spec, 3)
     return [m for m in layer.modules() if isinstance(m, N.ChannelNorm)]
 
 
@@ -203,7 +211,8 @@ def test_sync_in_the_spec(name):
 
 def test_convert_sync_switches_every_layer_and_torch_batchnorms_become_sync_batchnorm():
     model = nn.Sequential(nn.Conv2d(2, 3, 1), N.create("cbn", 3), N.create("native_bn", 3),
-                          N.normalized(nn.Conv2d(3, 3, 1), "si_bn"), N.create("noisy_bn", 3), nn.BatchNorm2d(3))
+                          N.normalized(nn.Conv2d(3, 3, 1), "si_bn"), N.create("noisy_bn", 3),
+                          nn.BatchNorm2d(3))
     weight = model[2].weight
     assert N.convert_sync(model) is model
     assert all(m.sync for m in model.modules() if isinstance(m, N.ChannelNorm))

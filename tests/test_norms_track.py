@@ -18,13 +18,14 @@ def gen(seed):
 
 def make():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(5, 6), N.create("cbn", 6), nn.Tanh(), nn.Linear(6, 6), N.create("mbn", 6),
-                         nn.Tanh(), nn.Linear(6, 2))
+    return nn.Sequential(nn.Linear(5, 6), N.create("cbn", 6), nn.Tanh(), nn.Linear(6, 6),
+                         N.create("mbn", 6), nn.Tanh(), nn.Linear(6, 2))
 
 
 def batches():
     g = gen(1)
-    return [(torch.randn(BATCH, 5, generator=g), torch.randn(BATCH, 2, generator=g)) for _ in range(STEPS)]
+    return [(torch.randn(BATCH, 5, generator=g), torch.randn(BATCH, 2, generator=g))
+            for _ in range(STEPS)]
 
 
 def train(progress: str, per_step_schedule: bool):

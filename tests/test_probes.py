@@ -45,8 +45,9 @@ def test_create_rejects_bad_names_and_options():
         probes.create("gamma", every=0)
     with pytest.raises(ValueError, match="valid methods"):
         probes.create("landscape", method="fast")
-    assert set(probes.available()) == {"ics", "moments", "histograms", "landscape", "effective_lr", "grad_stats",
-                                       "cbn_ratios", "batch_noise", "gamma", "bn_regularization", "hessian"}
+    assert set(probes.available()) == {"ics", "moments", "histograms", "landscape", "effective_lr",
+                                       "grad_stats", "cbn_ratios", "batch_noise", "gamma",
+                                       "bn_regularization", "hessian"}
     assert all(summary and cost for _, summary, cost in probes.describe())
 
 
@@ -91,8 +92,10 @@ def test_landscape_generic_direction_matches_closed_form(method):
     assert last(lab, "probe/landscape/loss_max") == pytest.approx(float(curve.max()), rel=1e-10)
     # ∇L(θ) − ∇L(θ − s g) = s H g, so the change grows linearly and β = ‖Hg‖/‖g‖ for every s.
     hg = float((h * g).norm())
-    assert last(lab, "probe/landscape/grad_change_max") == pytest.approx(float(s.max()) * hg, rel=1e-10)
-    assert last(lab, "probe/landscape/beta_smoothness") == pytest.approx(hg / float(g.norm()), rel=1e-10)
+    assert last(lab, "probe/landscape/grad_change_max") == pytest.approx(
+        float(s.max()) * hg, rel=1e-10)
+    assert last(lab, "probe/landscape/beta_smoothness") == pytest.approx(
+        hg / float(g.norm()), rel=1e-10)
 
 
 def test_landscape_batched_agrees_with_naive_on_bn_net_and_falls_back_for_noisy_bn():
@@ -101,13 +104,15 @@ def test_landscape_batched_agrees_with_naive_on_bn_net_and_falls_back_for_noisy_
 
     def net(spec):
         torch.manual_seed(1)
-        return nn.Sequential(nn.Linear(5, 6, bias=False), norms.create(spec, 6), nn.ReLU(), nn.Linear(6, 2))
+        return nn.Sequential(nn.Linear(5, 6, bias=False), norms.create(spec, 6),
+                             nn.ReLU(), nn.Linear(6, 2))
 
     result = {}
     for method in ("naive", "batched"):
         probe = probes.create("landscape", method=method, num=4)
         lab, _ = run_lab(net("bn"), nn.MSELoss(), [(x, y)], [probe], lr=0.1)
-        result[method] = {n: v for _, n, v in lab.records if "seconds" not in n and "batched" not in n}
+        result[method] = {n: v for _, n, v in lab.records if "seconds" not in n
+                          and "batched" not in n}
         assert probe.fallback_reason is None
     for name, value in result["naive"].items():
         assert result["batched"][name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
@@ -120,9 +125,10 @@ def test_landscape_batched_agrees_with_naive_on_bn_net_and_falls_back_for_noisy_
 
 def test_landscape_auto_picks_naive_for_conv_nets_on_cpu():
     torch.manual_seed(0)
-    conv = nn.Sequential(nn.Conv2d(2, 3, 3, bias=False), norms.create("bn", 3), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(12, 2))
-    fc = nn.Sequential(nn.Flatten(), nn.Linear(32, 3, bias=False), norms.create("bn", 3), nn.Linear(3, 2))
+    conv = nn.Sequential(nn.Conv2d(2, 3, 3, bias=False), norms.create("bn", 3), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(12, 2))
+    fc = nn.Sequential(nn.Flatten(), nn.Linear(32, 3, bias=False),
+                       norms.create("bn", 3), nn.Linear(3, 2))
     x, y = torch.randn(8, 2, 4, 4), torch.randn(8, 2)
     for model, expected in ((conv, 0.0), (fc, 1.0)):
         probe = probes.create("landscape", num=3)
@@ -132,14 +138,15 @@ def test_landscape_auto_picks_naive_for_conv_nets_on_cpu():
     assert probes.default_range(conv) == (0.5, 4.0) and probes.default_range(fc) == (0.01, 30.0)
 
 
-# --------------------------------------------------------------------------------------------------- ics
+# ---------------------------------------------------------------------------------------------- ics
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_ics_two_layer_linear_matches_direct_computation(momentum):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4, bias=False), nn.Linear(4, 2, bias=False)).double()
     loss_fn = nn.MSELoss()
-    batches = [(torch.randn(16, 3, dtype=torch.float64), torch.randn(16, 2, dtype=torch.float64)) for _ in range(2)]
+    batches = [(torch.randn(16, 3, dtype=torch.float64), torch.randn(16, 2, dtype=torch.float64))
+               for _ in range(2)]
     probe = probes.create("ics")
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
     lab = probes.Lab(model, loss_fn, [probe], optimizer=opt)
@@ -185,11 +192,13 @@ def test_effective_lr_lemma_2_4_residual(momentum, exact):
     batches = [(torch.randn(32, 4, generator=g, dtype=torch.float64),
                 torch.randn(32, 1, generator=g, dtype=torch.float64)) for _ in range(4)]
     model = si_net()
-    lab, _ = run_lab(model, nn.MSELoss(), batches, [probes.create("effective_lr")], lr=0.5, momentum=momentum)
+    lab, _ = run_lab(model, nn.MSELoss(), batches, [probes.create("effective_lr")], lr=0.5,
+                     momentum=momentum)
     names = probes.scale_invariant_weights(model)
     assert names == ["0.layer.weight", "2.layer.weight"]
     for name in names:
-        residuals = [abs(v) for _, n, v in lab.records if n == f"probe/effective_lr/residual_rel/{name}"]
+        residuals = [abs(v) for _, n, v in lab.records
+                     if n == f"probe/effective_lr/residual_rel/{name}"]
         assert len(residuals) == 4
         cosines = [abs(v) for _, n, v in lab.records if n == f"probe/effective_lr/cos/{name}"]
         assert max(cosines) < 1e-10  # Lemma 2.4: ⟨w, ∇w⟩ = 0
@@ -198,7 +207,8 @@ def test_effective_lr_lemma_2_4_residual(momentum, exact):
         else:
             assert max(residuals[1:]) > 1e-6  # momentum breaks the identity, and the probe sees it
         norm = last(lab, f"probe/effective_lr/norm/{name}")
-        assert last(lab, f"probe/effective_lr/eff_lr/{name}") == pytest.approx(0.5 / norm**2, rel=1e-12)
+        assert last(lab, f"probe/effective_lr/eff_lr/{name}") == pytest.approx(
+            0.5 / norm**2, rel=1e-12)
 
 
 # --------------------------------------------------------------------------------------------
@@ -245,7 +255,8 @@ def _batch_noise_moments(draw, m, calls=40, channels=256):
     for step in range(calls):
         x = draw((m, channels), g)
         lab.after_backward((x, torch.zeros(m, 1)), step)
-    mean = lambda q: sum(v for _, n, v in lab.records if n == f"probe/batch_noise/{q}/0") / calls  # noqa: E731
+    mean = lambda q: sum(v for _, n, v in lab.records  # noqa: E731
+                         if n == f"probe/batch_noise/{q}/0") / calls
     return mean("xi_mu_mean"), mean("xi_mu_var"), mean("xi_sigma_mean"), mean("xi_sigma_var"), lab
 
 
@@ -302,12 +313,15 @@ def test_bn_regularization_zeta_matches_monte_carlo_of_theorem_1():
         with torch.no_grad():
             model[0].weight.fill_(gamma)
             model[0].bias.fill_(beta)
-        lab = probes.Lab(model, nn.MSELoss(), [probes.create("bn_regularization", batch_size=batch_size)])
+        lab = probes.Lab(model, nn.MSELoss(),
+                         [probes.create("bn_regularization", batch_size=batch_size)])
         lab.after_backward((h.unsqueeze(1), torch.zeros(pop, 1, dtype=torch.float64)), 0)
         kurt = last(lab, "probe/bn_regularization/kurtosis/0")
-        assert kurt == pytest.approx(float(scipy.stats.kurtosis(h.numpy(), fisher=True, bias=True)), rel=1e-10)
+        assert kurt == pytest.approx(
+            float(scipy.stats.kurtosis(h.numpy(), fisher=True, bias=True)), rel=1e-10)
         zeta = last(lab, "probe/bn_regularization/zeta/0")
-        assert last(lab, "probe/bn_regularization/penalty/0") == pytest.approx(zeta * gamma**2, rel=1e-12)
+        assert last(lab, "probe/bn_regularization/penalty/0") == pytest.approx(
+            zeta * gamma**2, rel=1e-12)
         assert last(lab, "probe/bn_regularization/sigma_term/0") + last(
             lab, "probe/bn_regularization/mu_term/0") == pytest.approx(zeta, rel=1e-12)
         # brute force: γ²/2 · mean_j w_j [(h_j − μ_P)(1/σ_B − 1/σ_P) − (μ_B − μ_P)/σ_B]², expanded
@@ -337,7 +351,8 @@ def test_bn_regularization_agrees_with_theory_module_when_present():
     gamma, beta = model[0].weight.detach(), model[0].bias.detach()
     expected = [luo.zeta_relu_estimate(h[:, c].numpy(), 32, gamma=float(gamma[c]),
                                        beta=float(beta[c]))["zeta"] for c in range(3)]
-    assert last(lab, "probe/bn_regularization/zeta/0") == pytest.approx(sum(expected) / 3, rel=1e-10)
+    assert last(lab, "probe/bn_regularization/zeta/0") == pytest.approx(
+        sum(expected) / 3, rel=1e-10)
 
 
 # ------------------------------------------------------------------------- moments, histograms,
@@ -349,8 +364,8 @@ def test_moments_and_histograms_match_direct_computation():
     x, y = torch.randn(50, 3, dtype=torch.float64), torch.randn(50, 2, dtype=torch.float64)
     loss_fn = nn.MSELoss()
     w1 = model[0].weight.detach().clone()
-    lab, _ = run_lab(model, loss_fn, [(x, y)], [probes.create("moments"), probes.create("histograms", units=4)],
-                     lr=0.3)
+    lab, _ = run_lab(model, loss_fn, [(x, y)],
+                     [probes.create("moments"), probes.create("histograms", units=4)], lr=0.3)
     w1_new = model[0].weight.detach()  # plain SGD: the probe's W' is what the optimizer produced
     before, after = x @ w1.T, x @ w1_new.T
     assert last(lab, "probe/moments/mean_change/0") == pytest.approx(
@@ -381,9 +396,12 @@ def test_gamma_and_cbn_ratios_match_hand_computation():
     eta = (mean - beta) / moving.double()
     tau = gamma / (2.0 * torch.sqrt(var + beta**2 + cbn.eps))
     assert last(lab, "probe/gamma/abs_mean/0") == pytest.approx(float(gamma.abs().mean()), rel=1e-7)
-    assert last(lab, "probe/cbn_ratios/eta_q50/0") == pytest.approx(float(torch.quantile(eta, 0.5)), rel=1e-6)
-    assert last(lab, "probe/cbn_ratios/tau_q05/0") == pytest.approx(float(torch.quantile(tau, 0.05)), rel=1e-6)
-    assert last(lab, "probe/cbn_ratios/tau_in_range/0") == pytest.approx(float(((tau > 0) & (tau < 1)).double().mean()))
+    assert last(lab, "probe/cbn_ratios/eta_q50/0") == pytest.approx(
+        float(torch.quantile(eta, 0.5)), rel=1e-6)
+    assert last(lab, "probe/cbn_ratios/tau_q05/0") == pytest.approx(
+        float(torch.quantile(tau, 0.05)), rel=1e-6)
+    assert last(lab, "probe/cbn_ratios/tau_in_range/0") == pytest.approx(
+        float(((tau > 0) & (tau < 1)).double().mean()))
     assert torch.equal(cbn.amat_mean, moving)  # the probe's forward did not fold the batch in again
 
 
@@ -395,8 +413,8 @@ def test_max_stable_lr_on_quadratic_with_known_threshold():
     model = Constant(torch.ones(5))
     loss_fn = lambda out, target: 0.5 * 4.0 * out[0].pow(2).sum()  # noqa: E731
     batches = [(torch.zeros(2, 1), torch.zeros(2, 5))]
-    result = probes.max_stable_lr_for(model, loss_fn, batches, steps=100, candidates=(0.1, 0.3, 0.45, 0.55, 1.0),
-                                      strategy="all")
+    result = probes.max_stable_lr_for(model, loss_fn, batches, steps=100,
+                                      candidates=(0.1, 0.3, 0.45, 0.55, 1.0), strategy="all")
     assert result.lr == 0.45
     assert result.statuses == {1.0: False, 0.55: False, 0.45: True, 0.3: True, 0.1: True}
     assert torch.equal(model.theta.detach(), torch.ones(5))  # the model handed in is untouched

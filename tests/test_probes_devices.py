@@ -27,9 +27,11 @@ import bnlab.probes as probes
 
 # every registered probe, with options that make it cheap on the small models below; landscape twice
 # (the vmapped "batched" evaluation and the naive loop take different code paths)
-PROBE_SPECS = [(name, {}) for name in probes.PROBES if name not in ("grad_stats", "hessian", "landscape")]
+PROBE_SPECS = [(name, {}) for name in probes.PROBES
+               if name not in ("grad_stats", "hessian", "landscape")]
 PROBE_SPECS += [("grad_stats", {"k": 4}), ("hessian", {"iters": 6, "samples": 3}),
-                ("landscape", {"method": "naive", "num": 3}), ("landscape", {"method": "batched", "num": 3})]
+                ("landscape", {"method": "naive", "num": 3}),
+                ("landscape", {"method": "batched", "num": 3})]
 IDS = [f"{name}{'-' + opts['method'] if 'method' in opts else ''}" for name, opts in PROBE_SPECS]
 
 
@@ -50,7 +52,8 @@ def batch():
     return torch.randn(16, 1, 4, 4, generator=g), torch.randint(0, 3, (16,), generator=g)
 
 
-def measure(name: str, options: dict, lr: float, default_device: str | None = None) -> dict[str, float]:
+def measure(name: str, options: dict, lr: float,
+            default_device: str | None = None) -> dict[str, float]:
     """One training step's probe metrics (``after_backward`` and, for two-phase probes,
     ``after_step``)."""
     model = conv_net()
@@ -80,7 +83,8 @@ def test_probe_creates_no_tensor_on_the_default_device(name, options):
     assert reference, name
     assert on_meta_default.keys() == reference.keys()
     for key, value in reference.items():
-        assert on_meta_default[key] == pytest.approx(value, rel=1e-6, abs=1e-9, nan_ok=True), (name, key)
+        assert on_meta_default[key] == pytest.approx(value, rel=1e-6, abs=1e-9,
+                                                     nan_ok=True), (name, key)
 
 
 @pytest.mark.parametrize("name, options", PROBE_SPECS, ids=IDS)
@@ -115,8 +119,10 @@ def test_lanczos_and_hutchinson_keep_their_vectors_on_the_operator_device():
         return h @ v
 
     with torch.device("meta"):
-        top, bottom, steps = probes.lanczos_extremes(hvp, 5, 5, torch.Generator().manual_seed(0), device="cpu")
-        trace, _ = probes.hutchinson_trace(hvp, 5, 4, torch.Generator().manual_seed(0), device="cpu")
+        top, bottom, steps = probes.lanczos_extremes(
+            hvp, 5, 5, torch.Generator().manual_seed(0), device="cpu")
+        trace, _ = probes.hutchinson_trace(
+            hvp, 5, 4, torch.Generator().manual_seed(0), device="cpu")
     assert (top, bottom) == (pytest.approx(5.0), pytest.approx(1.0))
     assert trace == pytest.approx(15.0)  # Rademacher zᵀHz = tr H exactly for a diagonal H
     assert seen

@@ -13,13 +13,15 @@ import bnlab.probes as probes
 def bn_net():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4, bias=False), norms.create("bn", 4), nn.Tanh(),
-                          nn.Linear(4, 4, bias=False), norms.create("bn", 4), nn.Tanh(), nn.Linear(4, 2))
+                          nn.Linear(4, 4, bias=False), norms.create("bn", 4),
+                          nn.Tanh(), nn.Linear(4, 2))
     return model.double().train()
 
 
 def batch():
     g = torch.Generator().manual_seed(1)
-    return torch.randn(16, 3, generator=g, dtype=torch.float64), torch.randint(0, 2, (16,), generator=g)
+    return torch.randn(16, 3, generator=g, dtype=torch.float64), \
+        torch.randint(0, 2, (16,), generator=g)
 
 
 def brute_force_hessian(model, x, y):
@@ -41,7 +43,8 @@ def brute_force_hessian(model, x, y):
 
 def probe_values(model, x, y, lr=0.1, momentum=0.0, **options):
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    lab = probes.Lab(model, nn.CrossEntropyLoss(), [probes.create("hessian", **options)], optimizer=opt)
+    lab = probes.Lab(model, nn.CrossEntropyLoss(),
+                     [probes.create("hessian", **options)], optimizer=opt)
     return {name.split("/")[-1]: v for name, v in lab.after_backward((x, y), 0).items()}
 
 
@@ -64,7 +67,8 @@ def test_top_eigenvalue_and_trace_match_brute_force_hessian():
     assert abs(few["trace"] - trace) < 4 * few["trace_se"]  # Hutchinson is unbiased
     assert few["trace_se"] < 0.1 * abs(trace)
     assert few["threshold"] == pytest.approx(2 / 0.1)
-    assert probe_values(model, x, y, momentum=0.9, iters=2, samples=0)["threshold"] == pytest.approx(3.8 / 0.1)
+    assert probe_values(model, x, y, momentum=0.9, iters=2,
+                        samples=0)["threshold"] == pytest.approx(3.8 / 0.1)
 
 
 def test_hessian_is_the_train_mode_one_not_eval_mode():
@@ -94,8 +98,9 @@ def test_seeded_and_checks_options():
 
 def test_runs_on_bnlab_fused_conv_bn_which_refuses_double_backward_alone():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(2, 64, 3, padding=1, bias=False), norms.create("mean_only_bn", 64), nn.ReLU(),
-                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 3))
+    model = nn.Sequential(nn.Conv2d(2, 64, 3, padding=1, bias=False),
+                          norms.create("mean_only_bn", 64), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(64, 3))
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(32, 2, 8, 8, generator=g), torch.randint(0, 3, (32,), generator=g)
     loss = nn.functional.cross_entropy(model(x), y)  # ≥ 65k elements: the fused kernel
@@ -109,8 +114,9 @@ def test_probe_spec_in_a_training_run(tmp_path):
     from bnlab.store import Store
     from bnlab.train import run
 
-    record = run(dict(model="mlp", model_options={"depth": 2, "width": 8}, data="digits", steps=5, batch_size=32,
-                      lr=0.05, probes=["hessian(iters=4, samples=2, every=2)"], runs_dir=str(tmp_path)),
+    record = run(dict(model="mlp", model_options={"depth": 2, "width": 8}, data="digits", steps=5,
+                      batch_size=32, lr=0.05, probes=["hessian(iters=4, samples=2, every=2)"],
+                      runs_dir=str(tmp_path)),
                  progress=False)
     with Store(tmp_path / "bnlab.db") as store:
         series = store.metrics(record.id)

@@ -38,7 +38,8 @@ def train(probe_list, steps=3, extra_forward=False):
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     g = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(24, 6, generator=g), torch.randint(0, 3, (24,), generator=g)) for _ in range(steps)]
+    batches = [(torch.randn(24, 6, generator=g), torch.randint(0, 3, (24,), generator=g))
+               for _ in range(steps)]
     heldout = torch.randn(200, 6, generator=g)
     lab = probes.Lab(model, loss_fn, probe_list(heldout), optimizer=opt)
     torch.manual_seed(5)
@@ -118,10 +119,12 @@ class MinimalLoop:
 
 def test_probes_are_callbacks_of_the_one_protocol():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 6, bias=False), norms.create("bn", 6), nn.ReLU(), nn.Linear(6, 1))
+    model = nn.Sequential(nn.Linear(4, 6, bias=False), norms.create("bn", 6),
+                          nn.ReLU(), nn.Linear(6, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     loop: Loop = MinimalLoop(model, opt, nn.MSELoss())
-    callbacks = CallbackList([probes.create("gamma", every=2), probes.create("effective_lr", every=3)])
+    callbacks = CallbackList(
+        [probes.create("gamma", every=2), probes.create("effective_lr", every=3)])
     assert all(isinstance(cb, Callback) for cb in callbacks.callbacks)
     callbacks.call("on_train_start", loop)
     for step in range(1, 7):
@@ -160,9 +163,11 @@ def test_lab_records_into_run_store(tmp_path):
         store.create_run("r1", {"probe": "test"})
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         calls = []
-        lab = probes.Lab(model, nn.MSELoss(), [probes.create("gamma"), probes.create("ics", every=2)],
-                         optimizer=opt, recorder=store, run_id="r1")
-        lab2 = probes.Lab(model, nn.MSELoss(), ["gamma"], recorder=lambda *row: calls.append(row), lr=0.1)
+        lab = probes.Lab(model, nn.MSELoss(),
+                         [probes.create("gamma"), probes.create("ics", every=2)], optimizer=opt,
+                         recorder=store, run_id="r1")
+        lab2 = probes.Lab(model, nn.MSELoss(), ["gamma"],
+                          recorder=lambda *row: calls.append(row), lr=0.1)
         for step in range(3):
             x, y = torch.randn(8, 3), torch.randn(8, 1)
             opt.zero_grad()
@@ -185,9 +190,10 @@ def test_bnlab_train_runs_probes_by_name(tmp_path):
         pytest.skip("bnlab.train.run not available")
     from bnlab.store import Store
 
-    config = {"model": "mlp", "model_options": {"depth": 2, "width": 8}, "norm": "bn", "data": "gaussian_regression",
-              "data_options": {"n": 64}, "steps": 4, "batch_size": 16, "lr": 0.01, "probes": ["landscape", "gamma"],
-              "probe_every": 2, "runs_dir": str(tmp_path)}
+    config = {"model": "mlp", "model_options": {"depth": 2, "width": 8}, "norm": "bn",
+              "data": "gaussian_regression", "data_options": {"n": 64}, "steps": 4,
+              "batch_size": 16, "lr": 0.01, "probes": ["landscape", "gamma"], "probe_every": 2,
+              "runs_dir": str(tmp_path)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         record = train_mod.run(config, progress=False)

@@ -26,7 +26,8 @@ def test_norms_keeps_its_registry_internals_in_the_registry_module():
         assert name not in norms.__all__ and not hasattr(norms, name), name
         assert hasattr(registry, name), name
     # what a user does with the package: build a layer, list the catalogue
-    assert "create" in norms.__all__ and "describe" in norms.__all__ and "BatchNorm" in norms.__all__
+    assert "create" in norms.__all__ and "describe" in norms.__all__ \
+        and "BatchNorm" in norms.__all__
     assert [info.name for info in norms.describe()] == list(registry.REGISTRY)
 
 
@@ -35,7 +36,8 @@ def test_probes_and_train_export_no_other_layers_names():
     import bnlab.train as train
     from bnlab.probes.bn_regularization import luo_zeta  # the probe's tensor form, in its module
 
-    assert "luo_zeta" not in probes.__all__ and not hasattr(probes, "luo_zeta") and callable(luo_zeta)
+    assert "luo_zeta" not in probes.__all__ and not hasattr(probes, "luo_zeta") \
+        and callable(luo_zeta)
     assert "StepContext" not in train.__all__ and not hasattr(train, "StepContext")
 
 

@@ -22,20 +22,24 @@ LONG_NORM = "cbn(decouple=false, rho=2)"
 def runs_dir(tmp_path):
     """Three finished runs (two of a catalogue entry), one running, with series and checkpoints."""
     with Store(tmp_path / "bnlab.db") as store:
-        specs = [("aaa111", LONG_NORM, 0, "relu"), ("bbb222", "bn", 1, "sigmoid"), ("ccc333", "bn", 0, None)]
+        specs = [("aaa111", LONG_NORM, 0, "relu"), ("bbb222", "bn", 1, "sigmoid"),
+                 ("ccc333", "bn", 0, None)]
         for run_id, norm, seed, act in specs:
-            config = {"model": "mlp", "norm": norm, "seed": seed, "activation": act, "data": "digits", "lr": 0.1,
-                      "model_options": {"width": 32}}
+            config = {"model": "mlp", "norm": norm, "seed": seed, "activation": act,
+                      "data": "digits", "lr": 0.1, "model_options": {"width": 32}}
             store.create_run(run_id, config)
             store.log_rows(run_id, [(s, "train_loss", 2.0 / s + seed) for s in range(1, 6)])
             store.log_rows(run_id, [(5, "probe/grad_norm/layer0", 0.5)])
-            store.set_status(run_id, "finished", steps=5, summary={"metrics": {"test_accuracy": 0.9}})
-            save_checkpoint(checkpoint_path(tmp_path, run_id), {"run_id": run_id, "w": torch.ones(3)})
+            store.set_status(run_id, "finished", steps=5,
+                             summary={"metrics": {"test_accuracy": 0.9}})
+            save_checkpoint(checkpoint_path(tmp_path, run_id),
+                            {"run_id": run_id, "w": torch.ones(3)})
         store.create_run("ddd444", {"model": "mlp", "norm": "bn", "seed": 2})
         # still training
         store.log_rows("ddd444", [(1, "train_loss", 1.0), (40, "train_loss", 0.5)])
-        store.save_entry("peng-fig2", "smoke", [{"label": "cbn", "id": "aaa111"}, {"label": "bn", "id": "bbb222"}],
-                         {}, tiny=False, seconds=1.0)
+        store.save_entry("peng-fig2", "smoke",
+                         [{"label": "cbn", "id": "aaa111"}, {"label": "bn", "id": "bbb222"}], {},
+                         tiny=False, seconds=1.0)
     return tmp_path
 
 
@@ -48,8 +52,8 @@ def test_list_shows_full_specs_entry_date_and_live_steps(runs_dir):
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     header = lines[0].split()
-    assert header == ["id", "status", "steps", "date", "model", "norm", "activation", "seed", "data", "lr",
-                      "nproc", "test_acc", "train_loss", "entry"]
+    assert header == ["id", "status", "steps", "date", "model", "norm", "activation", "seed",
+                      "data", "lr", "nproc", "test_acc", "train_loss", "entry"]
     row = next(line for line in lines if line.startswith("aaa111"))
     assert LONG_NORM in row and "relu" in row and "peng-fig2/smoke:cbn" in row
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", row)
@@ -59,7 +63,8 @@ def test_list_shows_full_specs_entry_date_and_live_steps(runs_dir):
 
     # a process training it: running, with its progress
     with RunLock(lock_path(runs_dir, "ddd444")):
-        live = _invoke("runs", "list", "--runs-dir", str(runs_dir), "--status", "running").stdout.splitlines()
+        live = _invoke("runs", "list", "--runs-dir", str(runs_dir), "--status",
+                       "running").stdout.splitlines()
     assert len(live) == 2 and re.search(r"^ddd444\s+running\s+40\b", live[1])
     # activation unset
     assert "default" in next(line for line in lines if line.startswith("ccc333"))
@@ -79,9 +84,11 @@ def test_list_where_filters_and_json(runs_dir):
     assert ids("model_options.width=32", "entry=peng-fig2*") == ["aaa111", "bbb222"]
     doc = json.loads(_invoke("runs", "list", "--runs-dir", str(runs_dir), "--json").stdout)
     first = next(d for d in doc if d["id"] == "aaa111")
-    assert first["norm"] == LONG_NORM and first["entry"] == "peng-fig2/smoke:cbn" and first["config"]["seed"] == 0
+    assert first["norm"] == LONG_NORM and first["entry"] == "peng-fig2/smoke:cbn" \
+        and first["config"]["seed"] == 0
     bad = _invoke("runs", "list", "--runs-dir", str(runs_dir), "--where", "colour=red")
-    assert bad.exit_code == 2 and "unknown --where key 'colour'; valid keys:" in bad.output and "norm" in bad.output
+    assert bad.exit_code == 2 and "unknown --where key 'colour'; valid keys:" in bad.output \
+        and "norm" in bad.output
 
 
 def test_delete_removes_runs_and_checkpoints(runs_dir):
@@ -90,15 +97,16 @@ def test_delete_removes_runs_and_checkpoints(runs_dir):
     assert "deleted aaa111: 6 metric rows, 1 checkpoint files" in result.stdout
     with Store(runs_dir / "bnlab.db") as store:
         assert sorted(r["id"] for r in store.list_runs()) == ["ccc333", "ddd444"]
-    assert not checkpoint_path(runs_dir, "aaa111").exists() and checkpoint_path(runs_dir, "ccc333").exists()
+    assert not checkpoint_path(runs_dir, "aaa111").exists() \
+        and checkpoint_path(runs_dir, "ccc333").exists()
     missing = _invoke("runs", "delete", "zzz", "--runs-dir", str(runs_dir))
     assert missing.exit_code == 2 and "no run 'zzz'" in missing.output
 
 
 def test_plot_overlays_runs_as_png_and_svg(runs_dir, tmp_path):
     svg = tmp_path / "loss.svg"
-    result = _invoke("runs", "plot", "aaa111", "bbb222", "--metric", "train_loss", "--out", str(svg),
-                     "--runs-dir", str(runs_dir))
+    result = _invoke("runs", "plot", "aaa111", "bbb222", "--metric", "train_loss", "--out",
+                     str(svg), "--runs-dir", str(runs_dir))
     assert result.exit_code == 0, result.output
     text = svg.read_text()
     assert "aaa111" in text and "bbb222" in text  # one legend entry per run
@@ -106,9 +114,12 @@ def test_plot_overlays_runs_as_png_and_svg(runs_dir, tmp_path):
     result = _invoke("runs", "plot", "ccc", "--metric", "probe/grad_norm/layer0", "-o", str(png),
                      "--runs-dir", str(runs_dir))
     assert result.exit_code == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    missing = _invoke("runs", "plot", "aaa111", "--metric", "nope", "--out", str(png), "--runs-dir", str(runs_dir))
-    assert missing.exit_code == 2 and "has no series 'nope'; it has: probe/grad_norm/layer0, train_loss" in missing.output
-    bad = _invoke("runs", "plot", "aaa111", "--metric", "train_loss", "--out", "x.gif", "--runs-dir", str(runs_dir))
+    missing = _invoke("runs", "plot", "aaa111", "--metric", "nope", "--out", str(png),
+                      "--runs-dir", str(runs_dir))
+    assert missing.exit_code == 2 \
+        and "has no series 'nope'; it has: probe/grad_norm/layer0, train_loss" in missing.output
+    bad = _invoke("runs", "plot", "aaa111", "--metric", "train_loss", "--out", "x.gif",
+                  "--runs-dir", str(runs_dir))
     assert bad.exit_code == 2 and "valid image formats: .png, .svg" in bad.output
 
 
@@ -138,13 +149,15 @@ def test_a_store_of_a_newer_bnlab_is_a_clear_error(runs_dir):
     conn.commit()
     conn.close()
     result = _invoke("runs", "list", "--runs-dir", str(runs_dir))
-    assert result.exit_code == 2 and "schema version 7, newer than this bnlab reads" in result.output
+    assert result.exit_code == 2 \
+        and "schema version 7, newer than this bnlab reads" in result.output
 
 
 def test_list_shows_how_many_processes_shared_each_batch(runs_dir):
     """Issue 22: a --nproc 2 run and a one-process run no longer look identical."""
     with Store(runs_dir / "bnlab.db") as store:
-        store.create_run("eee555", {"model": "mlp", "norm": "bn", "seed": 0, "nproc": 2, "sync_norms": True})
+        store.create_run(
+            "eee555", {"model": "mlp", "norm": "bn", "seed": 0, "nproc": 2, "sync_norms": True})
     result = _invoke("runs", "list", "--runs-dir", str(runs_dir))
     header = result.stdout.splitlines()[0].split()
     column = header.index("nproc")
@@ -152,5 +165,6 @@ def test_list_shows_how_many_processes_shared_each_batch(runs_dir):
     # the date column holds a space: count from the right, where every later column is one word
     offset = len(header) - column
     assert cells["eee555"][-offset] == "2" and cells["aaa111"][-offset] == "1"
-    shown = json.loads(_invoke("runs", "list", "--runs-dir", str(runs_dir), "--json", "--where", "nproc=2").stdout)
+    shown = json.loads(
+        _invoke("runs", "list", "--runs-dir", str(runs_dir), "--json", "--where", "nproc=2").stdout)
     assert [r["id"] for r in shown] == ["eee555"]

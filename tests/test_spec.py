@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from bnlab.spec import Param, Registry, format_value, parse, params_from_signature, read_pairs, read_value
+from bnlab.spec import (Param, Registry, format_value, parse, params_from_signature,
+                        read_pairs, read_value)
 
 
 def test_parse_splits_only_at_top_level_commas():
@@ -19,7 +20,8 @@ def test_parse_splits_only_at_top_level_commas():
 
 @pytest.mark.parametrize("bad, message", [
     ("ics(5)", "key=value"), ("ics(a=1, a=2)", "given twice"), ("1ics", "cannot parse"),
-    ("ics(a=(1, 2)", "cannot parse|unbalanced"), ("ics(a='x)", "unbalanced"), ("ics(=1)", "key=value"),
+    ("ics(a=(1, 2)", "cannot parse|unbalanced"), ("ics(a='x)", "unbalanced"),
+    ("ics(=1)", "key=value"),
 ])
 def test_parse_rejects_malformed_specs(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -56,7 +58,8 @@ def test_typed_params_coerce_and_check_constraints():
     for hostile in ("inf", "1e400", "1" * 100_000, "nan"):
         with pytest.raises(ValueError, match="finite"):
             Param(1.0, float).convert("p", "x", hostile, text=True)
-    assert Param(1.0, float).convert("p", "x", 2) == 2.0 and isinstance(Param(1.0, float).convert("p", "x", 2), float)
+    assert Param(1.0, float).convert("p", "x", 2) == 2.0 \
+        and isinstance(Param(1.0, float).convert("p", "x", 2), float)
     assert Param(1, int).convert("p", "n", " 7 ", text=True) == 7
     with pytest.raises(ValueError, match="expected an integer"):
         Param(1, int).convert("p", "n", True)
@@ -90,7 +93,8 @@ def test_read_value_literals():
     # a bare 1 is a number, not a bool
     assert read_value("1") == 1 and isinstance(read_value("1"), int)
     assert read_value("1e-3") == 1e-3  # YAML 1.1 would keep this a string
-    assert read_value("-inf") == -math.inf and read_value("null") is None and read_value("~") is None
+    assert read_value("-inf") == -math.inf and read_value("null") is None \
+        and read_value("~") is None
     assert read_value("'no'") == "no" and read_value("abc") == "abc"
     assert read_value("[1, two, [3]]") == [1, "two", [3]]
     assert read_value("(0.5, 1,)") == (0.5, 1) and read_value("()") == ()
@@ -108,8 +112,8 @@ def test_format_value_is_what_a_spec_reads_back():
         assert read_value(format_value(value)) == value
 
 
-def _probe(every: int = 1, k: int = 8, per_layer: bool = False, layers=None, mode: str | None = None,
-           ratio=0.5):
+def _probe(every: int = 1, k: int = 8, per_layer: bool = False, layers=None,
+           mode: str | None = None, ratio=0.5):
     return dict(every=every, k=k, per_layer=per_layer, layers=layers, mode=mode, ratio=ratio)
 
 
@@ -132,19 +136,23 @@ def test_registry_lookup_types_values_and_fills_defaults():
     reg = _registry()
     entry, kwargs = reg.lookup("toy(per_layer=no, layers=[a, b], k=3)")
     assert entry.target is _probe and entry.name == "toy"
-    assert kwargs == {"every": 1, "k": 3, "per_layer": False, "layers": ["a", "b"], "mode": None, "ratio": 0.5}
+    assert kwargs == {"every": 1, "k": 3, "per_layer": False, "layers": ["a", "b"],
+                      "mode": None, "ratio": 0.5}
     assert reg.lookup("toy(k=3)", defaults=False)[1] == {"k": 3}
     assert reg.names() == ["toy", "plain"] and set(reg) == {"toy", "plain"} and reg["toy"] is _probe
-    assert dict(reg.describe())["toy"] == "toy(every=1, k=8, per_layer=false, layers=none, mode=none, ratio=0.5)"
+    assert dict(reg.describe())["toy"] == "toy(every=1, k=8, per_layer=false, layers=none, " \
+        "mode=none, ratio=0.5)"
 
 
 def test_registry_errors_name_the_choices():
     reg = _registry()
     with pytest.raises(ValueError, match="unknown probe 'tooy'; valid probes: toy, plain"):
         reg.lookup("tooy")
-    with pytest.raises(ValueError, match="toy: unknown option\\(s\\) kk; valid options: every, k, per_layer"):
+    with pytest.raises(ValueError, match="toy: unknown option\\(s\\) kk; valid options: "
+                                         "every, k, per_layer"):
         reg.lookup("toy(kk=1)")
-    with pytest.raises(ValueError, match="plain: unknown option\\(s\\) k; valid options: \\(none\\)"):
+    with pytest.raises(
+        ValueError, match="plain: unknown option\\(s\\) k; valid options: \\(none\\)"):
         reg.lookup("plain(k=1)")
     with pytest.raises(ValueError, match="toy: k='x': expected an integer"):
         reg.lookup("toy(k=x)")

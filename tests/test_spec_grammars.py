@@ -35,7 +35,7 @@ def _functions_named(name: str) -> list[str]:
 def test_one_choice_validator(name):
     # before: models/blocks.py and theory/_common.py each had a check_choice (two error styles),
     # data/base.py an as_choice
-    expected = ["spec.py"] if name == "check_choice" else []
+    expected = ["spec/grammar.py"] if name == "check_choice" else []
     assert [f.split(":")[0] for f in _functions_named(name)] == expected
 
 
@@ -164,7 +164,7 @@ def test_registry_sort_and_remove():
 def test_verdict_settling_reads_schedules_with_the_one_parser():
     # before: experiments/verdicts.py split "step:..." by hand and missed "Step:60", which
     # training accepts (parse_schedule is case-insensitive), so the run settled at 2/3 instead
-    from bnlab.experiments.verdicts import settle_fraction
+    from bnlab.experiments.rule_stats import settle_fraction
 
     for text in ("step:60", "Step:60", " STEP:60:0.2"):
         assert settle_fraction({"schedule": text, "epochs": 120}) == pytest.approx((60 + 30) / 120)

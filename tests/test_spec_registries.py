@@ -55,12 +55,14 @@ def test_every_probe_builds_from_its_default_spec(name):
     assert type(probe) is probes.PROBES[name] and probe.every == 1
 
 
-@pytest.mark.parametrize("word, expected", [("no", False), ("off", False), ("0", False), ("False", False),
-                                            ("yes", True), ("on", True), ("1", True), ("TRUE", True)])
+@pytest.mark.parametrize("word, expected",
+                         [("no", False), ("off", False), ("0", False), ("False", False),
+                          ("yes", True), ("on", True), ("1", True), ("TRUE", True)])
 def test_grad_stats_per_layer_reads_bool_words(word, expected):
     # Before bnlab.spec, --probe "grad_stats(per_layer=no)" gave per_layer='no' (a truthy string),
     # so the per-layer output was switched on; cbn(amat=no) and YAML `no` gave False.
-    assert parse_probe_spec(f"grad_stats(per_layer={word})") == ("grad_stats", {"per_layer": expected})
+    assert parse_probe_spec(f"grad_stats(per_layer={word})") == (
+        "grad_stats", {"per_layer": expected})
     probe = probes.create(f"grad_stats(per_layer={word}, every=3)")
     assert isinstance(probe, GradStatsProbe) and probe.per_layer is expected and probe.every == 3
     assert norm_registry.lookup(f"cbn(amat={word})")[1]["amat"] is expected
@@ -75,11 +77,13 @@ def test_probe_options_are_typed_and_checked():
 
 
 def test_model_and_data_options_are_typed():
-    model = models.create("mlp", norm="none", input_shape=(4,), num_classes=2, depth="2", width=3, logit_bn="no")
+    model = models.create("mlp", norm="none", input_shape=(4,), num_classes=2, depth="2",
+                          width=3, logit_bn="no")
     assert model.spec["depth"] == 2 and model.spec["logit_bn"] is False
     with pytest.raises(ValueError, match="depth must be >= 2"):
         models.create("mlp", input_shape=(4,), num_classes=2, depth=1)
-    with pytest.raises(ValueError, match="dln: unknown option\\(s\\) wdth; valid options: depth, width, bias"):
+    with pytest.raises(ValueError, match="dln: unknown option\\(s\\) wdth; valid options: "
+                                         "depth, width, bias"):
         models.create("dln", input_shape=(4,), num_classes=2, wdth=3)
     ds = data.load("Gaussian-Regression", d="3", n=8, n_test=0)
     assert tuple(ds.x_train.shape) == (8, 3)
@@ -91,8 +95,8 @@ def test_training_config_probes_get_typed_options_and_cadence():
     from bnlab.train.config import TrainConfig
     from bnlab.train.prepare import _probe_callbacks
 
-    spec_probe, plain = _probe_callbacks(TrainConfig(probes=["grad_stats(per_layer=no, every=3)", "grad_stats"],
-                                                     probe_every=5, steps=1))
+    spec_probe, plain = _probe_callbacks(TrainConfig(
+        probes=["grad_stats(per_layer=no, every=3)", "grad_stats"], probe_every=5, steps=1))
     # the spec's every wins over probe_every
     assert (spec_probe.per_layer, spec_probe.every) == (False, 3)
     assert (plain.per_layer, plain.every) == (False, 5)

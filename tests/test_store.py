@@ -25,7 +25,8 @@ def _writer(path: str, worker: int, barrier) -> None:
     barrier.wait()  # start together so the transactions really contend for the lock
     for start in range(0, ROWS_PER_WRITER, ROWS_PER_BATCH):
         store.log_rows(
-            run_id, [(step, "x", float(worker * 100_000 + step)) for step in range(start, start + ROWS_PER_BATCH)]
+            run_id, [(step, "x", float(worker * 100_000 + step))
+                     for step in range(start, start + ROWS_PER_BATCH)]
         )
         # and some traffic on a row every writer shares
         store.set_steps(run_id, start + ROWS_PER_BATCH)
@@ -92,7 +93,8 @@ def test_metrics_filter_nonfinite_and_delete_after(tmp_path):
     m = store.metrics("r", names=["train_loss"])
     assert list(m) == ["train_loss"]
     steps, values = zip(*m["train_loss"])
-    assert steps == (1, 2, 3) and values[0] == 2.0 and math.isnan(values[1]) and values[2] == math.inf
+    assert steps == (1, 2, 3) and values[0] == 2.0 and math.isnan(values[1]) \
+        and values[2] == math.inf
     assert store.delete_metrics_after("r", 1) == 2
     assert store.metrics("r") == {"train_loss": [(1, 2.0)], "train_accuracy": [(1, 0.5)]}
 

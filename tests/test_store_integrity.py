@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from bnlab.cli import app
 from bnlab.store.run_files import DiskFullError
-from bnlab.store import ReadOnlyStoreError, Store, StoreCorruptError, StoreIntegrityError, StoreVersionError
+from bnlab.store import (ReadOnlyStoreError, Store, StoreCorruptError, StoreIntegrityError,
+                         StoreVersionError)
 from bnlab.train.checkpoint import save_checkpoint
 from bnlab.store.run_files import checkpoint_path
 
@@ -55,13 +56,15 @@ DAMAGES = {
     "flipped_value": "UPDATE metrics SET value = value * 2 WHERE rowid = 3",
     "config_digit": "UPDATE runs SET config = replace(config, '\"lr\": 0.05', '\"lr\": 0.07')",
     "rows_deleted": "DELETE FROM metrics WHERE step % 3 = 0",
-    "summary_metric": "UPDATE runs SET summary = replace(summary, '\"test_accuracy\": 0.', '\"test_accuracy\": 1.')",
+    "summary_metric": "UPDATE runs SET summary = replace(summary, '\"test_accuracy\": 0.', "
+    "'\"test_accuracy\": 1.')",
     "invalid_json": "UPDATE runs SET config = substr(config, 1, 20)",
 }
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
-def test_damage_is_caught_on_every_read_path_and_rebuilt_from_the_final_checkpoint(trained, tmp_path, damage):
+def test_damage_is_caught_on_every_read_path_and_rebuilt_from_the_final_checkpoint(
+    trained, tmp_path, damage):
     from bnlab.train import run
 
     source, run_id, truth = trained
@@ -76,11 +79,13 @@ def test_damage_is_caught_on_every_read_path_and_rebuilt_from_the_final_checkpoi
     for command in (["show", run_id], ["export", run_id]):
         result = runner.invoke(app, ["runs", *command, "--runs-dir", str(runs_dir)])
         assert result.exit_code == 1 and "damaged" in result.output, result.output
-        assert str(runs_dir / "bnlab.db") in result.output and f"bnlab runs repair {run_id}" in result.output
+        assert str(runs_dir / "bnlab.db") in result.output \
+            and f"bnlab runs repair {run_id}" in result.output
     listed = runner.invoke(app, ["runs", "list", "--runs-dir", str(runs_dir)])
     assert listed.exit_code == 0
     assert any(line.startswith(run_id) and "damaged" in line for line in listed.stdout.splitlines())
-    assert any(line.startswith("other1") and "finished" in line for line in listed.stdout.splitlines())
+    assert any(line.startswith("other1") and "finished" in line
+               for line in listed.stdout.splitlines())
     # `train` of the same config: not "already finished" on the damaged record -- rebuilt, then
     # answered
     record = run(dict(CONFIG, runs_dir=str(runs_dir)), progress=False)
@@ -111,7 +116,8 @@ def test_a_store_that_swallows_inserts_cannot_seal_its_loss(tmp_path):
     with Store(tmp_path / "bnlab.db") as store:
         store.create_run("r1", {})
         store.log_rows("r1", [(1, "loss", 1.0)])
-        store._conn.execute("CREATE TRIGGER swallow BEFORE INSERT ON metrics BEGIN SELECT RAISE(IGNORE); END")
+        store._conn.execute("CREATE TRIGGER swallow BEFORE INSERT ON metrics BEGIN SELECT "
+                            "RAISE(IGNORE); END")
         kept = [(1, "loss", 1.0), (2, "loss", 0.5)]  # the trainer's rows, from memory
         with pytest.raises(StoreIntegrityError, match=r"does not keep the metric rows .* 0 of 2"):
             store.set_status("r1", "finished", rows=kept)
@@ -121,7 +127,8 @@ def test_a_store_that_swallows_inserts_cannot_seal_its_loss(tmp_path):
 
 
 @pytest.mark.parametrize("alteration", ["ALTER TABLE runs RENAME COLUMN steps TO step_count",
-                                        "ALTER TABLE metrics ADD COLUMN unit TEXT NOT NULL DEFAULT 'x'",
+                                        "ALTER TABLE metrics ADD COLUMN unit TEXT NOT "
+                                        "NULL DEFAULT 'x'",
                                         "ALTER TABLE runs ADD COLUMN owner TEXT"])
 def test_a_schema_altered_under_the_same_user_version_is_refused(tmp_path, alteration):
     Store(tmp_path / "bnlab.db").close()
@@ -137,7 +144,8 @@ def test_a_damaged_page_or_index_is_refused_at_open_naming_the_file(tmp_path):
         store.log_rows("r1", [(s, "loss", float(s)) for s in range(3000)])  # several pages
     conn = sqlite3.connect(db)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'metrics_by_run'").fetchone()[0]
+    root = conn.execute(
+        "SELECT rootpage FROM sqlite_master WHERE name = 'metrics_by_run'").fetchone()[0]
     page = conn.execute("PRAGMA page_size").fetchone()[0]
     conn.close()
     raw = bytearray(db.read_bytes())
@@ -156,7 +164,8 @@ def test_a_huge_final_test_loss_or_negative_variance_is_not_finished(tmp_path):
     from bnlab.callbacks import Callback
     from bnlab.train import run
 
-    blown = run(dict(model="mlp", norm="none", data="digits", steps=1, lr=1e6, runs_dir=str(tmp_path)),
+    blown = run(dict(model="mlp", norm="none", data="digits", steps=1, lr=1e6,
+                     runs_dir=str(tmp_path)),
                 progress=False)
     assert blown.status == "diverged" and "final test loss" in blown.error
 
@@ -165,20 +174,24 @@ def test_a_huge_final_test_loss_or_negative_variance_is_not_finished(tmp_path):
 
         def on_train_batch_end(self, loop):
             if loop.step == 3:
-                next(m for m in loop.model.modules() if hasattr(m, "running_var")).running_var[0] = -1.0
+                next(m for m in loop.model.modules()
+                     if hasattr(m, "running_var")).running_var[0] = -1.0
 
-    broken = run(dict(CONFIG, steps=4, runs_dir=str(tmp_path)), callbacks=[NegativeVariance()], progress=False)
-    assert broken.status == "diverged" and "negative variance" in broken.error and "running_var" in broken.error
+    broken = run(dict(CONFIG, steps=4, runs_dir=str(tmp_path)),
+                 callbacks=[NegativeVariance()], progress=False)
+    assert broken.status == "diverged" and "negative variance" in broken.error \
+        and "running_var" in broken.error
 
 
 # -- signals and resources -------------------------------------------------------------------------
 
 
 def _train_process(runs_dir: Path) -> subprocess.Popen:
-    args = [sys.executable, "-m", "bnlab.cli", "train", "--model", "mlp", "--data", "digits", "--steps", "20000",
-            "--batch-size", "64", "--checkpoint-every", "5", "--runs-dir", str(runs_dir)]
-    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    args = [sys.executable, "-m", "bnlab.cli", "train", "--model", "mlp", "--data",
+            "digits", "--steps", "20000", "--batch-size", "64", "--checkpoint-every", "5",
+            "--runs-dir", str(runs_dir)]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.monotonic() + 120
     while not list((runs_dir / "checkpoints").glob("*.pt")) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -194,7 +207,8 @@ def test_sigterm_ends_like_one_ctrl_c_with_a_checkpoint_at_that_step_and_exit_14
     with Store(tmp_path / "bnlab.db") as store:
         (row,) = store.list_runs()
     assert row["status"] == "interrupted", (row, err)
-    assert f"interrupted at step {row['steps']}" in err and "SIGTERM" in err and "bnlab train --model mlp" in err
+    assert f"interrupted at step {row['steps']}" in err and "SIGTERM" in err \
+        and "bnlab train --model mlp" in err
     state = torch.load(checkpoint_path(tmp_path, row["id"]), weights_only=True)
     assert state["step"] == row["steps"]  # stopped at a step boundary, checkpointed there
 
@@ -245,7 +259,8 @@ def test_disk_full_at_a_checkpoint_is_one_line_and_the_previous_one_survives(tmp
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     message = str(caught.value)
-    assert message.startswith(f"no space left to write checkpoint {path}") and "unexpected pos" not in message
+    assert message.startswith(f"no space left to write checkpoint {path}") \
+        and "unexpected pos" not in message
     assert "re-run the same command to resume" in message
     assert torch.load(path, weights_only=True)["w"].shape == (4,)  # the previous checkpoint intact
     assert not list(path.parent.glob(".*.tmp"))
@@ -255,7 +270,8 @@ def test_disk_full_in_the_store_is_one_line_naming_it(tmp_path):
     with Store(tmp_path / "bnlab.db") as store:
         store.create_run("r1", {})
         store._conn.execute("PRAGMA max_page_count = 8")  # SQLite's own SQLITE_FULL
-        with pytest.raises(DiskFullError, match=f"no space left to write the run store {tmp_path / 'bnlab.db'}"):
+        with pytest.raises(DiskFullError,
+                           match=f"no space left to write the run store {tmp_path / 'bnlab.db'}"):
             store.log_rows("r1", [(s, "a_metric_name", float(s)) for s in range(20000)])
         assert store.count_metrics("r1") == 0  # the transaction rolled back whole
 
@@ -265,7 +281,8 @@ def test_training_in_a_read_only_runs_dir_names_another_runs_dir(tmp_path, monke
 
     Store(tmp_path / "bnlab.db").close()
     monkeypatch.setattr("bnlab.store.database.writable", lambda path: False)  # root ignores chmod
-    with pytest.raises(ReadOnlyStoreError, match=f"runs dir {tmp_path} is read-only.*another --runs-dir"):
+    with pytest.raises(ReadOnlyStoreError,
+                       match=f"runs dir {tmp_path} is read-only.*another --runs-dir"):
         run(dict(CONFIG, runs_dir=str(tmp_path)), progress=False)
     assert not list(tmp_path.glob("checkpoints/*.lock"))
 
@@ -277,7 +294,8 @@ def test_the_catalogues_analysis_shows_a_damaged_run_as_damaged_and_the_others_a
         for run_id in ("good1", "bad1"):
             store.create_run(run_id, {"model": "mlp"})
             store.log_rows(run_id, [(1, "train_loss", 0.5)])
-            store.set_status(run_id, "finished", steps=1, summary={"metrics": {"test_accuracy": 0.9}})
+            store.set_status(run_id, "finished", steps=1,
+                             summary={"metrics": {"test_accuracy": 0.9}})
         runs = [{"label": "bn", "id": "good1"}, {"label": "cbn", "id": "bad1"}]
         store.save_entry("peng-fig2", "smoke", runs, {}, tiny=True, seconds=1.0)
         store.save_entry("peng-fig2", "../../../outside", runs, {}, tiny=True, seconds=1.0)
@@ -285,7 +303,8 @@ def test_the_catalogues_analysis_shows_a_damaged_run_as_damaged_and_the_others_a
     with analysis_context("peng-fig2", "smoke", runs_dir=tmp_path) as ctx:
         good, bad = ctx.run("bn"), ctx.run("cbn")
         assert good.status == "finished" and good.series("train_loss") == ([1], [0.5])
-        assert bad.status == "damaged" and "bad1" in bad.record["error"] and bad.series("train_loss") == ([], [])
+        assert bad.status == "damaged" and "bad1" in bad.record["error"] \
+            and bad.series("train_loss") == ([], [])
     # a stored preset names a folder: refused
     with pytest.raises(ValueError, match="unknown preset"):
         analysis_context("peng-fig2", "../../../outside", runs_dir=tmp_path)
@@ -294,10 +313,12 @@ def test_the_catalogues_analysis_shows_a_damaged_run_as_damaged_and_the_others_a
 def test_a_damaged_catalogue_entry_is_named_and_never_hides_the_runs(tmp_path):
     with Store(tmp_path / "bnlab.db") as store:
         store.create_run("good1", {"model": "mlp"})
-        store.save_entry("peng-fig2", "smoke", [{"label": "bn", "id": "good1"}], {}, tiny=True, seconds=1.0)
+        store.save_entry("peng-fig2", "smoke", [{"label": "bn", "id": "good1"}], {},
+                         tiny=True, seconds=1.0)
     _sql(tmp_path / "bnlab.db", "UPDATE experiments SET data = '{not json'")
     with Store(tmp_path / "bnlab.db") as store:
-        with pytest.raises(StoreIntegrityError, match=r"catalogue entry peng-fig2 \(smoke\) .* is damaged"):
+        with pytest.raises(StoreIntegrityError,
+                           match=r"catalogue entry peng-fig2 \(smoke\) .* is damaged"):
             store.load_entry("peng-fig2", "smoke")
         assert store.entry_of_runs() == {}
     listed = runner.invoke(app, ["runs", "list", "--runs-dir", str(tmp_path)])

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from bnlab.callbacks import Callback
-from bnlab.store import SCHEMA_VERSION, ReadOnlyStoreError, Store, StoreIntegrityError, StoreVersionError
+from bnlab.store import (SCHEMA_VERSION, ReadOnlyStoreError, Store, StoreIntegrityError,
+                         StoreVersionError)
 from bnlab.train.checkpoint import CheckpointCorruptError, load_checkpoint, save_checkpoint
 from bnlab.store.run_files import checkpoint_path, orphaned_temporaries, previous_path
 
@@ -21,7 +22,8 @@ from bnlab.store.run_files import checkpoint_path, orphaned_temporaries, previou
 
 def _state(step: int) -> dict:
     g = torch.Generator().manual_seed(step)
-    return {"run_id": "r1", "step": step, "model": {"w": torch.randn(64, generator=g), "n": torch.tensor(step)},
+    return {"run_id": "r1", "step": step,
+            "model": {"w": torch.randn(64, generator=g), "n": torch.tensor(step)},
             "accumulators": {"loss_sum": 1.5 * step, "batches": step}}
 
 
@@ -33,7 +35,8 @@ def _flip_byte_of(path, tensor: torch.Tensor, offset: int = 5) -> None:
     path.write_bytes(bytes(raw))
 
 
-def test_flipped_byte_in_a_weight_is_a_clear_error_with_the_previous_checkpoint_as_recovery(tmp_path):
+def test_flipped_byte_in_a_weight_is_a_clear_error_with_the_previous_checkpoint_as_recovery(
+    tmp_path):
     path = checkpoint_path(tmp_path, "r1")
     save_checkpoint(path, _state(4))
     save_checkpoint(path, _state(8))
@@ -42,10 +45,12 @@ def test_flipped_byte_in_a_weight_is_a_clear_error_with_the_previous_checkpoint_
     assert loaded["step"] == 8 and torch.equal(loaded["model"]["w"], _state(8)["model"]["w"])
 
     _flip_byte_of(path, _state(8)["model"]["w"])
-    with pytest.raises(CheckpointCorruptError, match=r"damaged: model .*nothing was resumed") as err:
+    with pytest.raises(CheckpointCorruptError,
+                       match=r"damaged: model .*nothing was resumed") as err:
         load_checkpoint(path)
     message = str(err.value)
-    assert "previous checkpoint (step 4)" in message and f"mv {previous_path(path)} {path}" in message
+    assert "previous checkpoint (step 4)" in message \
+        and f"mv {previous_path(path)} {path}" in message
     assert "runs delete r1" in message
     os.replace(previous_path(path), path)  # the documented recovery
     assert load_checkpoint(path)["step"] == 4
@@ -89,7 +94,8 @@ def test_orphaned_temporary_files_are_removed_by_the_next_save(tmp_path):
 
 _OLDER_LAYOUT = """
 CREATE TABLE runs (id TEXT PRIMARY KEY, config TEXT NOT NULL, config_hash TEXT NOT NULL,
-                   status TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL, steps INTEGER);
+                   status TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
+                   steps INTEGER);
 CREATE TABLE metrics (run_id TEXT NOT NULL, step INTEGER NOT NULL, name TEXT NOT NULL, value REAL);
 INSERT INTO runs VALUES ('old1', '{"lr": 0.1}', 'h', 'finished', 1.0, 2.0, 12);
 INSERT INTO metrics VALUES ('old1', 12, 'train_loss', 0.5);
@@ -103,7 +109,8 @@ def test_an_older_unversioned_store_is_migrated_and_read(tmp_path):
     conn.close()
     with Store(path) as store:
         run = store.get_run("old1")
-        assert run["config"] == {"lr": 0.1} and run["status"] == "finished" and run["summary"] is None
+        assert run["config"] == {"lr": 0.1} and run["status"] == "finished" \
+            and run["summary"] is None
         assert store.metrics("old1") == {"train_loss": [(12, 0.5)]}
         store.set_status("old1", "finished", summary={"metrics": {"x": 1.0}})  # a migrated column
         assert store.get_run("old1")["summary"] == {"metrics": {"x": 1.0}}
@@ -126,7 +133,8 @@ def test_a_newer_or_unknown_store_is_refused_with_a_message(tmp_path):
     conn.execute("CREATE TABLE runs (name TEXT)")
     conn.commit()
     conn.close()
-    with pytest.raises(StoreVersionError, match="unknown layout .*lacks id, config, status, created"):
+    with pytest.raises(StoreVersionError,
+                       match="unknown layout .*lacks id, config, status, created"):
         Store(unknown)
 
 
@@ -230,8 +238,8 @@ def test_running_runs_show_progress_as_rows_are_flushed(tmp_path):
 
 # -- end to end: a resumed run with a damaged store or checkpoint ----------------------------------
 
-E2E = dict(model="mlp", data="digits", steps=12, lr=0.05, batch_size=200, seed=3, checkpoint_every=4,
-           log_every=1, model_options={"width": 16})
+E2E = dict(model="mlp", data="digits", steps=12, lr=0.05, batch_size=200, seed=3,
+           checkpoint_every=4, log_every=1, model_options={"width": 16})
 
 
 class FailOnceAt(Callback):
@@ -265,12 +273,15 @@ def test_resume_recreates_rows_the_store_lost(tmp_path, damage, capsys):
     clean = run(dict(E2E, runs_dir=str(tmp_path / "clean")), progress=False)
     run_id = _failed_attempt(tmp_path / "hurt")
     conn = sqlite3.connect(tmp_path / "hurt" / "bnlab.db")
-    conn.execute("DROP TABLE metrics" if damage == "drop_table" else "DELETE FROM metrics WHERE step IN (2, 5)")
+    conn.execute("DROP TABLE metrics" if damage == "drop_table"
+                 else "DELETE FROM metrics WHERE step IN (2, 5)")
     conn.commit()
     conn.close()
     resumed = run(dict(E2E, runs_dir=str(tmp_path / "hurt")), progress=None)
-    assert resumed.id == run_id == clean.id and resumed.resumed_from == 8 and resumed.status == "finished"
-    lost = "8 steps up to the checkpoint (1..8)" if damage == "drop_table" else "2 steps up to the checkpoint (2..5)"
+    assert resumed.id == run_id == clean.id and resumed.resumed_from == 8 \
+        and resumed.status == "finished"
+    lost = "8 steps up to the checkpoint (1..8)" if damage == "drop_table" \
+        else "2 steps up to the checkpoint (2..5)"
     assert lost in capsys.readouterr().err
     with Store(tmp_path / "hurt" / "bnlab.db") as a, Store(tmp_path / "clean" / "bnlab.db") as b:
         assert a.metrics(run_id) == b.metrics(clean.id)  # not one row lost
@@ -296,7 +307,8 @@ def test_resume_from_a_corrupted_checkpoint_is_refused_never_finished(tmp_path):
 # -- two sweeps on one runs dir, reports of read-only or missing runs dirs -------------------------
 
 
-def test_a_sweep_waits_for_a_run_another_process_holds_instead_of_recording_it_failed(tmp_path, monkeypatch):
+def test_a_sweep_waits_for_a_run_another_process_holds_instead_of_recording_it_failed(
+    tmp_path, monkeypatch):
     import threading
 
     from bnlab.experiments import runner
@@ -319,7 +331,8 @@ def test_a_sweep_waits_for_a_run_another_process_holds_instead_of_recording_it_f
     assert record["status"] == "finished" and record["id"] == run_id, record.get("error")
 
 
-def test_report_of_a_read_only_runs_dir_goes_elsewhere_and_writes_nothing_there(tmp_path, monkeypatch):
+def test_report_of_a_read_only_runs_dir_goes_elsewhere_and_writes_nothing_there(
+    tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from bnlab.store import database as store_mod
@@ -330,10 +343,12 @@ def test_report_of_a_read_only_runs_dir_goes_elsewhere_and_writes_nothing_there(
     with Store(runs_dir / "bnlab.db") as store:
         store.create_run("r1", {"norm": "bn"})
         store.log_rows("r1", [(1, "train_loss", 1.0)])
-        store.save_entry("no-such-entry", "smoke", [{"label": "a", "id": "r1"}], {}, tiny=False, seconds=0.1)
+        store.save_entry("no-such-entry", "smoke", [{"label": "a", "id": "r1"}], {},
+                         tiny=False, seconds=0.1)
     before = {p.name: p.read_bytes() for p in runs_dir.iterdir()}
     monkeypatch.setattr(store_mod, "writable", lambda p: False)  # root ignores chmod: stand in
-    result = CliRunner().invoke(app, ["report", "--runs-dir", str(runs_dir), "--out", str(tmp_path / "rep")])
+    result = CliRunner().invoke(
+        app, ["report", "--runs-dir", str(runs_dir), "--out", str(tmp_path / "rep")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "rep" / "index.html").exists()
     assert {p.name: p.read_bytes() for p in runs_dir.iterdir()} == before
@@ -366,7 +381,8 @@ def test_a_flipped_byte_in_an_entry_name_is_caught(tmp_path):
         load_checkpoint(path)
 
 
-def test_a_garbled_store_file_is_a_clear_error_and_runs_are_rebuilt_from_their_checkpoints(tmp_path):
+def test_a_garbled_store_file_is_a_clear_error_and_runs_are_rebuilt_from_their_checkpoints(
+    tmp_path):
     from bnlab.store import StoreCorruptError
     from bnlab.train import run
 
@@ -379,7 +395,8 @@ def test_a_garbled_store_file_is_a_clear_error_and_runs_are_rebuilt_from_their_c
         Store(db)
     db.unlink()  # the documented recovery
     again = run(dict(E2E, runs_dir=str(tmp_path)), progress=False)
-    assert again.status == "finished" and again.metrics == first.metrics and again.resumed_from == 12
+    assert again.status == "finished" and again.metrics == first.metrics \
+        and again.resumed_from == 12
     with Store(db) as store:
         assert store.metrics(first.id) == rows
 

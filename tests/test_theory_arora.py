@@ -39,7 +39,8 @@ def test_scale_invariance_and_lemma22():
 
 def test_theorem25_trajectories_coincide_with_minibatch_sgd():
     for init_scale in (0.3, 1.0, 10.0):
-        r = arora.run_intrinsic_pair(steps=200, lr_w=0.5, batch_size=16, init_scale=init_scale, eps=1e-3, seed=3)
+        r = arora.run_intrinsic_pair(steps=200, lr_w=0.5, batch_size=16, init_scale=init_scale,
+                                     eps=1e-3, seed=3)
         assert max(r["dev_v"].max(), r["dev_G"].max(), r["dev_g"].max()) < 1e-11
         assert r["lemma24_residual"].max() < 1e-12
         assert np.all(np.diff(r["G"], axis=0) >= 0)  # norms only grow
@@ -71,7 +72,8 @@ def test_theorem31_rate_whatever_lr_w_and_setting2_contrast():
 
 
 def test_bad_inputs():
-    with pytest.raises(ValueError, match="unknown eps_mode .*; valid eps_modes: scaled, linear, constant"):
+    with pytest.raises(ValueError, match="unknown eps_mode .*; valid eps_modes: scaled, "
+                                         "linear, constant"):
         arora.ScaleInvariantNet(eps_mode="sqrt")
     with pytest.raises(ValueError, match="lr_w"):
         arora.run_intrinsic_pair(lr_w=0.0)

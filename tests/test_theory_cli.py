@@ -19,9 +19,12 @@ def _invoke(*args: str):
 
 
 @pytest.mark.parametrize("args, computed", [
-    (["luo-rates", "--zeta", "0,0.1", "--eta", "0.1"], lambda: luo.rates_table([0.0, 0.1], eta=0.1)),
-    (["luo-zeta", "--m", "8,16", "--n-batches", "200"], lambda: luo.zeta_table([8, 16], 1.0, 200, seed=0)),
-    (["santurkar", "--m", "4", "--loss", "mse"], lambda: santurkar.theorems_table([4], ["mse"], gamma=1.5)),
+    (["luo-rates", "--zeta", "0,0.1", "--eta", "0.1"],
+     lambda: luo.rates_table([0.0, 0.1], eta=0.1)),
+    (["luo-zeta", "--m", "8,16", "--n-batches", "200"],
+     lambda: luo.zeta_table([8, 16], 1.0, 200, seed=0)),
+    (["santurkar", "--m", "4", "--loss", "mse"],
+     lambda: santurkar.theorems_table([4], ["mse"], gamma=1.5)),
 ])
 def test_json_is_the_theory_functions_result(args, computed):
     out = json.loads(_invoke(*args, "--json").output)
@@ -31,8 +34,8 @@ def test_json_is_the_theory_functions_result(args, computed):
 def test_arora_rate_table_is_the_modules_summary():
     res = arora.convergence_rates([0.1, 1.0], steps=40, seed=0)
     rows = arora.convergence_table(res, [0.1, 1.0])
-    assert [(r["setting"], r["lr_w"]) for r in rows] == [("auto", 0.1), ("auto", 1.0), ("projected", 0.1),
-                                                         ("projected", 1.0)]
+    assert [(r["setting"], r["lr_w"]) for r in rows] == [("auto", 0.1), ("auto", 1.0),
+                                                         ("projected", 0.1), ("projected", 1.0)]
     assert rows[0]["min_grad_T"] == pytest.approx(float(res["auto"]["min_grad"][0][-1]))
 
 

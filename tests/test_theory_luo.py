@@ -104,7 +104,8 @@ def test_G_is_the_trace_of_the_resolvent():
 
 def test_wn_curve_reduces_to_sgd_and_is_minimised_at_the_noise_variance():
     for alpha in (0.3, 0.8, 1.7, 3.0):
-        assert luo.gen_error_wn(alpha, 1e-9, 0.25) == pytest.approx(luo.gen_error_sgd(alpha, 0.25), rel=1e-5)
+        assert luo.gen_error_wn(alpha, 1e-9,
+                                0.25) == pytest.approx(luo.gen_error_sgd(alpha, 0.25), rel=1e-5)
     for noise in (0.1, 0.25):
         for alpha in (0.3, 1.0, 2.5):
             # Krogh–Hertz optimum
@@ -146,14 +147,16 @@ def test_fixed_point_and_ode_convergence():
     g0, R0, _ = luo.relu_fixed_point(zeta)
     assert g0 == pytest.approx(1 / 1.3)
     i1, _, i3 = luo.order_parameter_integrals(g0, 1.0)
-    assert i1 / g0 - zeta * g0 == pytest.approx(0.0, abs=1e-14) and g0 * i3 - i1 == pytest.approx(0.0, abs=1e-14)
+    assert i1 / g0 - zeta * g0 == pytest.approx(0.0, abs=1e-14) \
+        and g0 * i3 - i1 == pytest.approx(0.0, abs=1e-14)
     ode = luo.integrate_order_parameters(eta=0.3, zeta=zeta, t_max=150.0, n_points=3)
     # the O(η²) terms keep R a little below 1 and let L grow slowly
     assert ode["gamma"][-1] == pytest.approx(g0, abs=0.01)
     assert ode["R"][-1] > 0.995
     assert np.all(np.diff(ode["L"]) > 0)
     g_erf = luo.fixed_point(0.1, "erf")[0]
-    assert luo.order_parameter_integrals(g_erf, 1.0, "erf")[0] == pytest.approx(0.1 * g_erf**2, abs=1e-10)
+    assert luo.order_parameter_integrals(g_erf, 1.0, "erf")[0] == pytest.approx(
+        0.1 * g_erf**2, abs=1e-10)
     assert abs(g_erf - 1 / 1.2) > 0.1  # Prop. 2's γ0 = 1/(2ζ+1) is ReLU's, not erf's
 
 
@@ -184,7 +187,8 @@ def test_learning_rates_table2_and_proposition3():
         mx_wn, eff_wn = luo.learning_rates("wn", zeta, eta=0.2, L0=2.0)
         mx_sgd, eff_sgd = luo.learning_rates("sgd", zeta, eta=0.2, L0=2.0)
         assert mx_wn == pytest.approx(2.0) and mx_sgd == pytest.approx(2.0)
-        assert luo.learning_rates("bn", zeta, include_i2_term=False)[0] == pytest.approx(2 + 4 * zeta)
+        assert luo.learning_rates(
+            "bn", zeta, include_i2_term=False)[0] == pytest.approx(2 + 4 * zeta)
         assert mx_bn >= mx_wn + 2 * zeta  # Proposition 3 (the gap is ≈ 4ζ)
         g0 = 1 / (1 + 2 * zeta)
         assert (eff_bn, eff_wn, eff_sgd) == pytest.approx((0.2 * g0 / 4, 0.2 / 4, 0.2))
@@ -232,7 +236,8 @@ def test_bn_points_near_wn_curve_and_not_from_batch_noise():
 
 
 def test_wn_student_simulation_matches_krogh_hertz():
-    res = luo.simulate_teacher_student([2.0], student="wn", zeta=0.1, N=256, epochs=150, n_seeds=2, seed=14)
+    res = luo.simulate_teacher_student([2.0], student="wn", zeta=0.1, N=256, epochs=150,
+                                       n_seeds=2, seed=14)
     assert res["gen_error"][0] == pytest.approx(luo.gen_error_wn(2.0, 0.1, 0.25), rel=0.12)
 
 
@@ -261,7 +266,8 @@ def test_cli_luo_commands():
     assert out.exit_code == 0, out.output
     assert json.loads(out.output)[0]["zeta_exact"] == pytest.approx(0.0206, abs=5e-5)
     listed = runner.invoke(app, ["theory", "list"]).output
-    for name in ("luo-zeta", "luo-gen-error", "mbn-theorem1", "santurkar", "arora-rate", "peng-terms"):
+    for name in ("luo-zeta", "luo-gen-error", "mbn-theorem1", "santurkar",
+                 "arora-rate", "peng-terms"):
         assert name in listed
     bad = runner.invoke(app, ["theory", "luo-zeta", "--m", "2"])
     assert bad.exit_code == 2 and "batch size" in bad.output
@@ -277,7 +283,8 @@ def test_one_zeta_estimator_shared_with_the_probe():
 
     g = torch.Generator().manual_seed(3)
     h = torch.randn(2, 300, generator=g, dtype=torch.float64) ** 3
-    gamma, beta = torch.tensor([0.5, 2.0], dtype=torch.float64), torch.tensor([0.1, -0.3], dtype=torch.float64)
+    gamma, beta = torch.tensor([0.5, 2.0], dtype=torch.float64), \
+        torch.tensor([0.1, -0.3], dtype=torch.float64)
     for activation in ACTIVATIONS:
         probe = luo_zeta(h, gamma, beta, 16, activation)
         theory = zeta_terms(h.numpy(), 16, gamma.numpy(), beta.numpy(), activation)

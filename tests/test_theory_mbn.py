@@ -67,7 +67,8 @@ def test_theorem2_expansion_against_real_batches():
     t = mbn.theorem2_terms(loss, x, m)
     # quadrature check: for Gaussian ξ_μ, R_add = E[cos(x + ξ)] − cos x = cos x (e^{−1/2m} − 1)
     np.testing.assert_allclose(t["R_add"], np.cos(x) * (math.exp(-1 / (2 * m)) - 1), atol=1e-12)
-    np.testing.assert_allclose(t["loss"] + t["R_add"] + t["R_mul"] + t["R"], t["expected"], atol=1e-12)
+    np.testing.assert_allclose(t["loss"] + t["R_add"] + t["R_mul"] + t["R"],
+                               t["expected"], atol=1e-12)
     mc = mbn.expected_loss_mc(loss, x, m, 200_000, seed=4)
     z = (mc["mean"] - t["expected"]) / mc["sem"]
     assert np.all(np.abs(z) < 4.5)  # real batches follow the expansion (5 points, 4.5σ)
@@ -118,7 +119,8 @@ def test_cli_mbn_theorem1_json():
 
     from bnlab.cli import app
 
-    out = CliRunner().invoke(app, ["theory", "mbn-theorem1", "--m", "16", "--n-batches", "5000", "--json"])
+    out = CliRunner().invoke(
+        app, ["theory", "mbn-theorem1", "--m", "16", "--n-batches", "5000", "--json"])
     assert out.exit_code == 0, out.output
     rep = json.loads(out.output)[0]
     assert rep["xi_sigma_mean_theory"] == pytest.approx(15 / 16)

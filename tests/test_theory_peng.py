@@ -33,7 +33,8 @@ def test_terms_equal_a_direct_computation():
     assert t["bound"] == pytest.approx(T1 + T2 + T3, rel=1e-12)
     assert t["lr_nonincreasing"] and t["lr_below_inverse_lipschitz"]
     assert not peng.theorem1_terms(lrs[::-1], sq, var, initial_loss=3.0)["lr_nonincreasing"]
-    assert not peng.theorem1_terms(lrs, sq, var, initial_loss=3.0, lipschitz=50.0)["lr_below_inverse_lipschitz"]
+    assert not peng.theorem1_terms(lrs, sq, var, initial_loss=3.0,
+                                   lipschitz=50.0)["lr_below_inverse_lipschitz"]
 
 
 @pytest.mark.parametrize("momentum,decay", [(0.0, 0.0), (0.0, 0.02), (0.6, 0.0)])
@@ -55,12 +56,14 @@ def test_expected_values_bound_the_expected_gradient():
     lhs, bound = [], []
     for seed in range(6):
         run = peng.simulate_quadratic_sgd(steps=200, seed=10 + seed)
-        t = peng.theorem1_terms(run["lr"], run["exp_sq_norm"], run["exp_variance"], initial_loss=run["initial_loss"],
-                                loss_lower_bound=run["loss_min"], lipschitz=run["lipschitz"])
+        t = peng.theorem1_terms(run["lr"], run["exp_sq_norm"], run["exp_variance"],
+                                initial_loss=run["initial_loss"], loss_lower_bound=run["loss_min"],
+                                lipschitz=run["lipschitz"])
         lhs.append(peng.gradient_norm_lhs(run["grad_norm"])["mean_sq"])
         bound.append(t["bound_tight"])
         # unbiased minibatch gradient: E‖v‖² = ‖∇F‖² + E‖v − ∇F‖²
-        np.testing.assert_allclose(run["exp_sq_norm"], np.array(run["grad_norm"]) ** 2 + run["exp_variance"])
+        np.testing.assert_allclose(run["exp_sq_norm"],
+                                   np.array(run["grad_norm"]) ** 2 + run["exp_variance"])
     assert np.mean(lhs) <= np.mean(bound)
 
 
@@ -116,8 +119,10 @@ def test_cli_peng_terms_from_file(tmp_path):
     from bnlab.cli import app
 
     path = tmp_path / "records.json"
-    path.write_text(json.dumps({peng.SQ_NORM_KEY: [2.0, 1.0], peng.VARIANCE_KEY: [0.5, 0.5], "lr": [0.2, 0.1]}))
-    out = CliRunner().invoke(app, ["theory", "peng-terms", "--records", str(path), "--initial-loss", "3", "--json"])
+    path.write_text(
+        json.dumps({peng.SQ_NORM_KEY: [2.0, 1.0], peng.VARIANCE_KEY: [0.5, 0.5], "lr": [0.2, 0.1]}))
+    out = CliRunner().invoke(
+        app, ["theory", "peng-terms", "--records", str(path), "--initial-loss", "3", "--json"])
     assert out.exit_code == 0, out.output
     res = json.loads(out.output)
     T1, T2, T3, _ = _direct([0.2, 0.1], [2.0, 1.0], [0.5, 0.5], 3.0, 0.0, 1.0)

@@ -15,7 +15,8 @@ def test_bn_jacobian_is_the_projection_of_fact_c2():
     rng = np.random.default_rng(0)
     y = torch.as_tensor(rng.standard_normal(7) * 3 + 1)
     gamma = 1.7
-    J = torch.autograd.functional.jacobian(lambda t: santurkar.batchnorm_1d(t, gamma, 0.2), y).numpy()
+    J = torch.autograd.functional.jacobian(
+        lambda t: santurkar.batchnorm_1d(t, gamma, 0.2), y).numpy()
     m = y.numel()
     sigma = float(y.std(unbiased=False))
     yh = ((y - y.mean()) / sigma).numpy()
@@ -97,7 +98,8 @@ def test_cli_santurkar_json():
 
     from bnlab.cli import app
 
-    out = CliRunner().invoke(app, ["theory", "santurkar", "--m", "8", "--loss", "quartic", "--json"])
+    out = CliRunner().invoke(
+        app, ["theory", "santurkar", "--m", "8", "--loss", "quartic", "--json"])
     assert out.exit_code == 0, out.output
     row = json.loads(out.output)[0]
     assert row["grad_sq"] == pytest.approx(row["thm41_rhs"], rel=1e-10)

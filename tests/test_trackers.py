@@ -22,7 +22,8 @@ def _stored(runs_dir, run_id) -> dict[str, list[tuple[int, float]]]:
 
 def _same(points_a, points_b) -> bool:
     return len(points_a) == len(points_b) and all(
-        sa == sb and (math.isclose(va, vb, rel_tol=1e-6, abs_tol=1e-9) or (math.isnan(va) and math.isnan(vb)))
+        sa == sb and (math.isclose(va, vb, rel_tol=1e-6, abs_tol=1e-9)
+                      or (math.isnan(va) and math.isnan(vb)))
         for (sa, va), (sb, vb) in zip(points_a, points_b)
     )
 
@@ -31,10 +32,12 @@ def test_tensorboard_logger_mirrors_scalars_probes_config_and_status(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    record = run(dict(CONFIG, runs_dir=str(tmp_path)), callbacks=[TensorBoardLogger(tmp_path / "tb")], progress=False)
+    record = run(dict(CONFIG, runs_dir=str(tmp_path)),
+                 callbacks=[TensorBoardLogger(tmp_path / "tb")], progress=False)
     plain = run(dict(CONFIG, runs_dir=str(tmp_path / "plain")), progress=False)
     assert plain.id == record.id  # a logger never changes the run's identity
-    acc = EventAccumulator(str(tmp_path / "tb" / record.id), size_guidance={"scalars": 0, "tensors": 0})
+    acc = EventAccumulator(str(tmp_path / "tb" / record.id),
+                           size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     stored = _stored(tmp_path, record.id)
     assert any(name.startswith("probe/grad_stats/") for name in stored)
@@ -53,24 +56,28 @@ def test_mlflow_logger_mirrors_metrics_params_and_status_in_a_file_store(tmp_pat
     from mlflow.tracking import MlflowClient
 
     uri = (tmp_path / "mlruns").resolve().as_uri()
-    record = run(dict(CONFIG, runs_dir=str(tmp_path)), callbacks=[MLflowLogger(uri)], progress=False)
+    record = run(dict(CONFIG, runs_dir=str(tmp_path)),
+                 callbacks=[MLflowLogger(uri)], progress=False)
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("bnlab")
-    (found,) = client.search_runs([experiment.experiment_id], f"tags.`bnlab.run_id` = '{record.id}'")
+    (found,) = client.search_runs([experiment.experiment_id],
+                                  f"tags.`bnlab.run_id` = '{record.id}'")
     assert found.info.status == "FINISHED" and found.data.tags["bnlab.status"] == "finished"
     assert found.data.params["lr"] == "0.05" and found.data.params["model_options.width"] == "16"
     assert found.data.params["norm"] == "bn"
     stored = _stored(tmp_path, record.id)
     assert set(found.data.metrics) == {mlflow_key(n) for n in stored}
     for name, points in stored.items():
-        history = sorted((m.step, m.value) for m in client.get_metric_history(found.info.run_id, mlflow_key(name)))
+        history = sorted((m.step, m.value)
+                         for m in client.get_metric_history(found.info.run_id, mlflow_key(name)))
         assert _same(history, points), name
 
 
 def test_log_to_specs_and_missing_packages_are_clear_errors(tmp_path, monkeypatch):
     import builtins
 
-    with pytest.raises(ValueError, match="unknown tracker 'wandb'; valid forms: tensorboard:DIR \\| mlflow:URI"):
+    with pytest.raises(ValueError, match="unknown tracker 'wandb'; valid forms: tensorboard:DIR "
+                                         "\\| mlflow:URI"):
         parse_log_to("wandb:project")
     with pytest.raises(ValueError, match="bad tracker 'tensorboard'; expected tensorboard:DIR"):
         parse_log_to("tensorboard")
@@ -83,7 +90,8 @@ def test_log_to_specs_and_missing_packages_are_clear_errors(tmp_path, monkeypatc
 
     monkeypatch.setattr(builtins, "__import__", no_tensorboard)
     monkeypatch.delitem(__import__("sys").modules, "tensorboard", raising=False)
-    with pytest.raises(ValueError, match=r"needs the 'tensorboard' package.*pip install 'bnlab\[track\]'"):
+    with pytest.raises(ValueError, match=r"needs the 'tensorboard' package.*pip install "
+                                         r"'bnlab\[track\]'"):
         parse_log_to(f"tensorboard:{tmp_path}")
 
 
@@ -93,11 +101,13 @@ def test_log_to_flag_of_bnlab_train(tmp_path):
 
     from bnlab.cli import app
 
-    result = CliRunner().invoke(app, ["train", "--model", "mlp", "--data", "digits", "--steps", "2", "--batch-size", "256",
-                                      "--runs-dir", str(tmp_path), "--log-to", f"tensorboard:{tmp_path / 'tb'}", "--json"])
+    result = CliRunner().invoke(
+        app, ["train", "--model", "mlp", "--data", "digits", "--steps", "2", "--batch-size", "256",
+              "--runs-dir", str(tmp_path), "--log-to", f"tensorboard:{tmp_path / 'tb'}", "--json"])
     assert result.exit_code == 0, result.output
     assert list((tmp_path / "tb").glob("*/events.out.tfevents.*"))
-    bad = CliRunner().invoke(app, ["train", "--steps", "2", "--runs-dir", str(tmp_path), "--log-to", "neptune:x"])
+    bad = CliRunner().invoke(
+        app, ["train", "--steps", "2", "--runs-dir", str(tmp_path), "--log-to", "neptune:x"])
     assert bad.exit_code == 2 and "unknown tracker 'neptune'" in bad.output
 
 

@@ -64,7 +64,8 @@ def test_unknown_key_lists_valid_keys():
 
 
 def test_batch_size_larger_than_data_fails_before_training(tmp_path):
-    with pytest.raises(ValueError, match="batch_size 5000 is larger than the training set of 'digits'"):
+    with pytest.raises(ValueError, match="batch_size 5000 is larger than the training "
+                                         "set of 'digits'"):
         run(dict(model="mlp", data="digits", epochs=1, batch_size=5000, runs_dir=str(tmp_path)))
     # validation happens before the store is even created
     assert not (tmp_path / "bnlab.db").exists()
@@ -72,7 +73,8 @@ def test_batch_size_larger_than_data_fails_before_training(tmp_path):
 
 def test_schedules():
     step = parse_schedule("step:60,100")
-    assert [step(0, e) for e in (0, 59, 60, 99, 100, 119)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
+    assert [step(0, e) for e in (0, 59, 60, 99, 100, 119)] == pytest.approx(
+        [1, 1, 0.1, 0.1, 0.01, 0.01])
     assert parse_schedule("step:2:0.5")(0, 3) == 0.5
     exp = parse_schedule("exp:0.9999")
     assert exp(0, 0) == 1.0 and exp(10_000, 7) == pytest.approx(0.9999**10_000)
@@ -108,7 +110,8 @@ def test_cli_flags_override_config_file(tmp_path):
     )
     result = runner.invoke(
         app,
-        ["train", "--config", str(config), "--lr", "0.05", "--steps", "2", "--runs-dir", str(tmp_path), "--json"],
+        ["train", "--config", str(config), "--lr", "0.05", "--steps", "2", "--runs-dir",
+         str(tmp_path), "--json"],
     )
     assert result.exit_code == 0, result.output
     import json

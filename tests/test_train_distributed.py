@@ -24,8 +24,8 @@ from bnlab.train.callbacks import Callback
 from bnlab.train.config import TrainConfig
 
 runner = CliRunner()
-BASE = {"model": "mlp", "norm": "bn", "data": "digits", "steps": 8, "batch_size": 75, "lr": 0.1, "log_every": 1,
-        "checkpoint_every": 2, "seed": 3}
+BASE = {"model": "mlp", "norm": "bn", "data": "digits", "steps": 8, "batch_size": 75, "lr": 0.1,
+        "log_every": 1, "checkpoint_every": 2, "seed": 3}
 TOL = 1e-5
 
 
@@ -54,8 +54,8 @@ def test_two_processes_equal_one_and_a_killed_run_resumes(tmp_path, monkeypatch)
 
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     with pytest.raises(Exception, match="(?i)fail"):  # torch's ChildFailedError names the exit code
-        launcher.launch(TrainConfig.from_dict({**config, "nproc": 2}), callbacks=[KillRankZeroAt(5)],
-                           progress=False)
+        launcher.launch(TrainConfig.from_dict({**config, "nproc": 2}),
+                        callbacks=[KillRankZeroAt(5)], progress=False)
     # the elastic agent's signal handlers must not outlive the launch (a later Ctrl-C raised its
     # SignalException in unrelated code)
     assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
@@ -63,13 +63,14 @@ def test_two_processes_equal_one_and_a_killed_run_resumes(tmp_path, monkeypatch)
         killed = [r for r in store.list_runs() if r["config"].get("nproc") == 2]
     assert len(killed) == 1 and killed[0]["status"] == "running"  # died without a word
 
-    args = ["train", "--model", "mlp", "--norm", "bn", "--data", "digits", "--steps", "8", "--batch-size", "75",
-            "--lr", "0.1", "--log-every", "1", "--checkpoint-every", "2", "--seed", "3", "--runs-dir", str(tmp_path),
-            "--nproc", "2", "--json"]
+    args = ["train", "--model", "mlp", "--norm", "bn", "--data", "digits", "--steps", "8",
+            "--batch-size", "75", "--lr", "0.1", "--log-every", "1", "--checkpoint-every", "2",
+            "--seed", "3", "--runs-dir", str(tmp_path), "--nproc", "2", "--json"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout.strip().splitlines()[-1])
-    assert record["id"] == killed[0]["id"] and record["status"] == "finished" and record["resumed_from"] == 4
+    assert record["id"] == killed[0]["id"] and record["status"] == "finished" \
+        and record["resumed_from"] == 4
 
     one_curve, two_curve = _losses(tmp_path, one.id), _losses(tmp_path, record["id"])
     assert [s for s, _ in two_curve] == [s for s, _ in one_curve] == list(range(1, 9))

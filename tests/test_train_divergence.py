@@ -41,7 +41,8 @@ class Poison(Callback):
 
 
 def test_non_finite_running_statistics_diverge(tmp_path):
-    record = run(dict(CONFIG, runs_dir=str(tmp_path)), model_factory=bn_mlp, callbacks=[Poison(3)], progress=False)
+    record = run(dict(CONFIG, runs_dir=str(tmp_path)), model_factory=bn_mlp,
+                 callbacks=[Poison(3)], progress=False)
     assert record.status == "diverged", record
     # log_every 1: checked every step
     assert record.metrics["diverged_step"] == 3 and record.steps == 3
@@ -71,7 +72,8 @@ class Spike(Callback):
 
 
 def test_loss_far_above_its_start_diverges_and_records_step_and_loss(tmp_path):
-    record = run(dict(CONFIG, runs_dir=str(tmp_path)), model_factory=bn_mlp, callbacks=[Spike(4)], progress=False)
+    record = run(dict(CONFIG, runs_dir=str(tmp_path)), model_factory=bn_mlp,
+                 callbacks=[Spike(4)], progress=False)
     assert record.status == "diverged"
     assert record.metrics["diverged_step"] == 5  # the step after the scaling sees the huge loss
     with Store(tmp_path / "bnlab.db") as store:
@@ -86,21 +88,23 @@ def test_loss_far_above_its_start_diverges_and_records_step_and_loss(tmp_path):
 
 @pytest.mark.parametrize("factor", [None, 1e12])
 def test_divergence_factor_is_configurable(tmp_path, factor):
-    record = run(dict(CONFIG, runs_dir=str(tmp_path), divergence_factor=factor), model_factory=bn_mlp,
-                 callbacks=[Spike(4)], progress=False)
+    record = run(dict(CONFIG, runs_dir=str(tmp_path), divergence_factor=factor),
+                 model_factory=bn_mlp, callbacks=[Spike(4)], progress=False)
     assert record.status == "finished" and record.steps == 8  # spiked, came back, not diverged
 
 
 def test_divergence_factor_must_exceed_one(tmp_path):
     with pytest.raises(ValueError, match="divergence_factor must be > 1"):
-        run(dict(CONFIG, runs_dir=str(tmp_path), divergence_factor=0.5), model_factory=bn_mlp, progress=False)
+        run(dict(CONFIG, runs_dir=str(tmp_path), divergence_factor=0.5),
+            model_factory=bn_mlp, progress=False)
     assert not (tmp_path / "bnlab.db").exists()
 
 
 def test_bn_with_a_huge_learning_rate_is_diverged_not_finished(tmp_path):
     """The issue's case: mlp + bn at lr 50 on digits overflowed the running variances to inf while
     loss and parameters stayed finite, and the run was stored 'finished' with test loss NaN."""
-    record = run(dict(model="mlp", norm="bn", data="digits", epochs=1, lr=50.0, runs_dir=str(tmp_path)),
+    record = run(dict(model="mlp", norm="bn", data="digits", epochs=1, lr=50.0,
+                      runs_dir=str(tmp_path)),
                  progress=False)
     assert record.status == "diverged", (record.status, record.metrics)
 
@@ -124,8 +128,8 @@ def test_no_host_sync_per_step(tmp_path, monkeypatch):
             step = loop.step
             steps[step] = counts["n"]
 
-    run(dict(CONFIG, steps=60, log_every=20, eval_every=1000, runs_dir=str(tmp_path)), model_factory=bn_mlp,
-        callbacks=[Mark()], progress=False)
+    run(dict(CONFIG, steps=60, log_every=20, eval_every=1000, runs_dir=str(tmp_path)),
+        model_factory=bn_mlp, callbacks=[Mark()], progress=False)
     # steps 3..60: three checks (20, 40, 60)... the 60th after on_train_batch_end
     reads = steps[60] - steps[2]
     assert reads <= 2 * 6, reads  # at most a few reads per check, never ~1 per step

@@ -16,25 +16,29 @@ from bnlab.train import Callback, run
 from bnlab.store.run_files import checkpoint_path
 
 runner = CliRunner()
-CONFIG = dict(model="mine", data="digits", steps=4, lr=0.05, batch_size=64, seed=3, log_every=1, checkpoint_every=2)
+CONFIG = dict(model="mine", data="digits", steps=4, lr=0.05, batch_size=64, seed=3, log_every=1,
+              checkpoint_every=2)
 
 
 def small(shape, classes):
-    return nn.Sequential(nn.Flatten(), nn.Linear(shape[0] * shape[1] * shape[2], 16), nn.ReLU(), nn.Linear(16, classes))
+    return nn.Sequential(nn.Flatten(), nn.Linear(shape[0] * shape[1] * shape[2], 16), nn.ReLU(),
+                         nn.Linear(16, classes))
 
 
 def big(shape, classes):
-    return nn.Sequential(nn.Flatten(), nn.Linear(shape[0] * shape[1] * shape[2], 32), nn.ReLU(), nn.Linear(32, classes))
+    return nn.Sequential(nn.Flatten(), nn.Linear(shape[0] * shape[1] * shape[2], 32), nn.ReLU(),
+                         nn.Linear(32, classes))
 
 
 def small_tanh(shape, classes):  # same shapes as `small`, another activation module
-    return nn.Sequential(nn.Flatten(), nn.Linear(shape[0] * shape[1] * shape[2], 16), nn.Tanh(), nn.Linear(16, classes))
+    return nn.Sequential(nn.Flatten(), nn.Linear(shape[0] * shape[1] * shape[2], 16), nn.Tanh(),
+                         nn.Linear(16, classes))
 
 
 def small_leaky(slope):
     def build(shape, classes):  # same modules and shapes; a hyper-parameter differs
-        return nn.Sequential(nn.Flatten(), nn.Linear(shape[0] * shape[1] * shape[2], 16), nn.LeakyReLU(slope),
-                             nn.Linear(16, classes))
+        return nn.Sequential(nn.Flatten(), nn.Linear(shape[0] * shape[1] * shape[2], 16),
+                             nn.LeakyReLU(slope), nn.Linear(16, classes))
     return build
 
 
@@ -115,8 +119,10 @@ def test_force_deletes_and_retrains(tmp_path):
     first = run(_cfg(tmp_path), model_factory=small, callbacks=[Count()], progress=False)
     stored = run(_cfg(tmp_path), model_factory=small, callbacks=[Count()], progress=False)
     assert steps == [1, 2, 3, 4] and stored.origin == "stored"
-    forced = run(_cfg(tmp_path), model_factory=small, callbacks=[Count()], progress=False, force=True)
-    assert steps == [1, 2, 3, 4, 1, 2, 3, 4] and forced.origin == "trained" and forced.id == first.id
+    forced = run(_cfg(tmp_path), model_factory=small, callbacks=[Count()],
+                 progress=False, force=True)
+    assert steps == [1, 2, 3, 4, 1, 2, 3, 4] and forced.origin == "trained" \
+        and forced.id == first.id
     assert forced.metrics == first.metrics  # same seed, same result
     with Store(tmp_path / "bnlab.db") as store:
         losses = store.metrics(first.id, "train_loss")["train_loss"]
@@ -125,7 +131,8 @@ def test_force_deletes_and_retrains(tmp_path):
 
 @pytest.mark.parametrize("extra", [[], ["--force"]])
 def test_cli_force(tmp_path, extra):
-    args = ["train", "--model", "mlp", "--data", "digits", "--steps", "2", "--runs-dir", str(tmp_path), "--json"]
+    args = ["train", "--model", "mlp", "--data", "digits", "--steps", "2", "--runs-dir",
+            str(tmp_path), "--json"]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     second = runner.invoke(app, args + extra)

@@ -85,16 +85,19 @@ def test_resume_after_sigkill_equals_uninterrupted_bitwise(tmp_path):
             callbacks=[KillAt(21)], progress=False)
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     with Store(killed_dir / "bnlab.db") as store:
         (row,) = store.list_runs()
         assert row["status"] == "running"  # nobody got to mark it: it was killed
 
     # 30 steps of 100 on 1438 samples: step 21 is mid-epoch 2; the last checkpoint was step 16
-    resumed = run(dict(RESUME_CONFIG, runs_dir=str(killed_dir)), model_factory=noisy_model, progress=False)
+    resumed = run(dict(RESUME_CONFIG, runs_dir=str(killed_dir)),
+                  model_factory=noisy_model, progress=False)
     assert resumed.resumed_from == 16 and resumed.status == "finished" and resumed.steps == 30
-    clean = run(dict(RESUME_CONFIG, runs_dir=str(clean_dir)), model_factory=noisy_model, progress=False)
+    clean = run(dict(RESUME_CONFIG, runs_dir=str(clean_dir)),
+                model_factory=noisy_model, progress=False)
     assert clean.id == resumed.id and clean.resumed_from is None
 
     a = torch.load(checkpoint_path(killed_dir, resumed.id), weights_only=True)
@@ -103,7 +106,8 @@ def test_resume_after_sigkill_equals_uninterrupted_bitwise(tmp_path):
         assert torch.equal(a["model"][key], b["model"][key]), key
     for key in ("torch_rng", "data_generator"):
         assert torch.equal(a[key], b[key]), key
-    assert all(torch.equal(a["noise_generators"][k], b["noise_generators"][k]) for k in b["noise_generators"])
+    assert all(torch.equal(a["noise_generators"][k], b["noise_generators"][k])
+               for k in b["noise_generators"])
     assert resumed.metrics == clean.metrics
     with Store(killed_dir / "bnlab.db") as s1, Store(clean_dir / "bnlab.db") as s2:
         m1, m2 = s1.metrics(resumed.id), s2.metrics(clean.id)
@@ -158,11 +162,13 @@ def test_callbacks_see_gradients_and_log_into_the_store(tmp_path):
     with Store(tmp_path / "bnlab.db") as store:
         m = store.metrics(record.id)
     assert [s for s, _ in m["grad_norm"]] == [1, 2, 3] and all(v > 0 for _, v in m["grad_norm"])
-    assert {"train_loss", "train_accuracy", "test_loss", "test_accuracy", "epoch_train_loss"} <= set(m)
+    assert {"train_loss", "train_accuracy", "test_loss", "test_accuracy",
+            "epoch_train_loss"} <= set(m)
 
 
 def test_checkpoint_is_weights_only_and_load_model_restores_weights(tmp_path):
-    record = run(dict(RESUME_CONFIG, steps=2, runs_dir=str(tmp_path)), model_factory=noisy_model, progress=False)
+    record = run(dict(RESUME_CONFIG, steps=2, runs_dir=str(tmp_path)),
+                 model_factory=noisy_model, progress=False)
     state = torch.load(record.checkpoint, weights_only=True)
     assert state["step"] == 2 and state["run_id"] == record.id
     model = load_model(record.id, tmp_path, model_factory=noisy_model)
@@ -180,8 +186,8 @@ def test_mlp_bn_on_digits_reaches_90_percent(tmp_path):
     # 359 test images: 90% leaves ~7 standard errors of margin below the ~97% this reaches
     assert record.metrics["test_accuracy"] >= 0.90
     # the weights feeding BN, and (ReLU) the first BN's (γ, β) as one vector; not the last BN's
-    assert set(record.scale_invariant) == {"layers.0.0.weight", "layers.1.0.weight", "layers.0.1.weight",
-                                           "layers.0.1.bias"}
+    assert set(record.scale_invariant) == {"layers.0.0.weight", "layers.1.0.weight",
+                                           "layers.0.1.weight", "layers.0.1.bias"}
 
 
 @needs_models
@@ -199,8 +205,9 @@ def test_dln_full_batch_gd_decreases_loss(tmp_path, norm, lr):
 
 @needs_models
 def test_large_lr_without_normalization_diverges_cleanly_via_cli(tmp_path):
-    result = runner.invoke(app, ["train", "--model", "mlp", "--norm", "none", "--data", "digits", "--steps", "50",
-                                 "--lr", "1e3", "--batch-size", "64", "--runs-dir", str(tmp_path), "--json"])
+    result = runner.invoke(
+        app, ["train", "--model", "mlp", "--norm", "none", "--data", "digits", "--steps", "50",
+              "--lr", "1e3", "--batch-size", "64", "--runs-dir", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout.strip().splitlines()[-1])
     assert record["status"] == "diverged"
@@ -218,7 +225,8 @@ def test_lr_sweep_completes_and_reports_divergence(tmp_path):
         statuses[lr] = r.status
         assert (r.status == "diverged") == ("diverged_step" in r.metrics)
     # (lr 10 sends the loss to ~1e21 and back: above divergence_factor x the first loss, diverged)
-    assert statuses[1e-2] == "finished" and statuses[1e1] == "diverged" and statuses[1e2] == "diverged", statuses
+    assert statuses[1e-2] == "finished" and statuses[1e1] == "diverged" \
+        and statuses[1e2] == "diverged", statuses
     with Store(tmp_path / "bnlab.db") as store:
         assert sorted(r["status"] for r in store.list_runs()) == sorted(statuses.values())
 
@@ -228,13 +236,16 @@ def test_runs_list_show_export(tmp_path):
     record = run(dict(model="mlp", data="digits", steps=3, runs_dir=str(tmp_path)), progress=False)
     result = runner.invoke(app, ["runs", "list", "--runs-dir", str(tmp_path), "--json"])
     assert result.exit_code == 0 and json.loads(result.stdout)[0]["id"] == record.id
-    result = runner.invoke(app, ["runs", "show", record.id[:6], "--runs-dir", str(tmp_path), "--json"])
+    result = runner.invoke(
+        app, ["runs", "show", record.id[:6], "--runs-dir", str(tmp_path), "--json"])
     shown = json.loads(result.stdout)
     assert shown["status"] == "finished" and shown["env"]["torch"] == torch.__version__
     assert shown["series"]["train_loss"]["points"] == 3
-    result = runner.invoke(app, ["runs", "export", record.id, "--format", "csv", "--runs-dir", str(tmp_path)])
+    result = runner.invoke(
+        app, ["runs", "export", record.id, "--format", "csv", "--runs-dir", str(tmp_path)])
     lines = result.stdout.strip().splitlines()
-    assert lines[0] == "run_id,step,name,value" and any(",3,test_accuracy," in line for line in lines)
+    assert lines[0] == "run_id,step,name,value" \
+        and any(",3,test_accuracy," in line for line in lines)
     result = runner.invoke(app, ["runs", "show", "zzzz", "--runs-dir", str(tmp_path)])
     assert result.exit_code == 2 and "no run 'zzzz'" in result.output
 
@@ -248,8 +259,9 @@ def test_probe_flag(tmp_path):
     if not names:
         pytest.skip("bnlab.probes lists no probes")
     name = "grad_stats" if "grad_stats" in names else names[0]
-    result = runner.invoke(app, ["train", "--model", "mlp", "--data", "digits", "--steps", "4", "--probe", name,
-                                 "--probe-every", "2", "--runs-dir", str(tmp_path), "--json"])
+    result = runner.invoke(
+        app, ["train", "--model", "mlp", "--data", "digits", "--steps", "4", "--probe", name,
+              "--probe-every", "2", "--runs-dir", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout.strip().splitlines()[-1])
     with Store(tmp_path / "bnlab.db") as store:
@@ -258,7 +270,8 @@ def test_probe_flag(tmp_path):
                                  "epoch_train_loss", "epoch_train_accuracy", "lr"}
     assert probe_rows, "the probe logged nothing"
     with Store(tmp_path / "bnlab.db") as store:
-        steps = {s for rows in store.metrics(record["id"], sorted(probe_rows)).values() for s, _ in rows}
+        steps = {s for rows in store.metrics(record["id"], sorted(probe_rows)).values()
+                 for s, _ in rows}
     assert steps == {2, 4}  # --probe-every 2 over 4 steps
 
 
@@ -274,7 +287,8 @@ def test_cli_failed_run_prints_stored_record_and_exits_1(tmp_path, monkeypatch):
                                  "--runs-dir", str(tmp_path), "--json"])
     assert result.exit_code == 1
     record = json.loads(result.stdout.strip().splitlines()[-1])
-    assert record["status"] == "failed" and "evaluation exploded" in record["error"] and record["steps"] == 2
+    assert record["status"] == "failed" and "evaluation exploded" in record["error"] \
+        and record["steps"] == 2
 
 
 # -- clean edges -----------------------------------------------------------------------------------
@@ -285,14 +299,16 @@ def test_ctrl_c_stores_interrupted_and_says_how_to_resume(tmp_path):
     """A real SIGINT to a `bnlab train` process once its first checkpoint exists."""
     import time
 
-    args = [sys.executable, "-m", "bnlab.cli", "train", "--model", "mlp", "--data", "digits", "--steps", "20000",
-            "--batch-size", "64", "--checkpoint-every", "5", "--runs-dir", str(tmp_path)]
+    args = [sys.executable, "-m", "bnlab.cli", "train", "--model", "mlp", "--data",
+            "digits", "--steps", "20000", "--batch-size", "64", "--checkpoint-every", "5",
+            "--runs-dir", str(tmp_path)]
     def deliverable_sigint():  # a mask or SIG_IGN left by another test in this worker is inherited
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=deliverable_sigint)
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            preexec_fn=deliverable_sigint)
     deadline = time.monotonic() + 300  # generous: CI shares 2 cores between pytest workers
     while not list((tmp_path / "checkpoints").glob("*.pt")) and time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -304,7 +320,8 @@ def test_ctrl_c_stores_interrupted_and_says_how_to_resume(tmp_path):
         _, err = proc.communicate(timeout=240)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError(f"no exit 240 s after SIGINT: {proc.communicate()[1][-2000:]}") from None
+        raise AssertionError(
+            f"no exit 240 s after SIGINT: {proc.communicate()[1][-2000:]}") from None
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     with Store(tmp_path / "bnlab.db") as store:
@@ -325,7 +342,8 @@ def test_invalid_scale_invariant_override_leaves_no_record(tmp_path):
 
 
 def test_load_model_of_a_model_factory_run_says_how(tmp_path):
-    record = run(dict(RESUME_CONFIG, steps=2, runs_dir=str(tmp_path)), model_factory=noisy_model, progress=False)
+    record = run(dict(RESUME_CONFIG, steps=2, runs_dir=str(tmp_path)),
+                 model_factory=noisy_model, progress=False)
     with pytest.raises(ValueError, match="model_factory=your_factory"):
         load_model(record.id, tmp_path)
 
@@ -351,7 +369,8 @@ def test_compile_trains_like_eager(tmp_path, monkeypatch):
         return nn.Sequential(nn.Flatten(), nn.Linear(shape[0] * shape[1] * shape[2], 16), nn.ReLU(),
                              nn.Linear(16, classes))
 
-    base = dict(model="small", data="digits", steps=3, lr=0.05, batch_size=64, runs_dir=str(tmp_path))
+    base = dict(model="small", data="digits", steps=3, lr=0.05, batch_size=64,
+                runs_dir=str(tmp_path))
     eager = run(base, model_factory=small, progress=False)
     assert compiled_modules == []
     compiled = run(dict(base, compile=True), model_factory=small, progress=False)

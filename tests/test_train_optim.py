@@ -60,7 +60,8 @@ def test_detection_without_normalization_finds_nothing_and_tensor_granularity():
 
 def test_override_patterns_and_errors():
     model = bn_mlp()
-    assert resolve_override(model, ["*.weight"]) == {n: "tensor" for n, p in model.named_parameters() if n.endswith("weight")}
+    assert resolve_override(model, ["*.weight"]) == {
+        n: "tensor" for n, p in model.named_parameters() if n.endswith("weight")}
     assert resolve_override(model, ["1.weight:rows"]) == {"1.weight": "rows"}
     with pytest.raises(ValueError, match="matches no parameter; parameters: 1.weight"):
         resolve_override(model, ["conv.weight"])
@@ -78,7 +79,8 @@ def test_lemma_2_4_norm_growth_of_scale_invariant_weight():
     xb = xb.double()
     w = model[1].weight
     eta = 0.7
-    opt = build_optimizer(model, {"1.weight": "rows"}, lr=0.01, lr_scale_invariant=eta, momentum=0.0, weight_decay=0.0)
+    opt = build_optimizer(model, {"1.weight": "rows"}, lr=0.01, lr_scale_invariant=eta,
+                          momentum=0.0, weight_decay=0.0)
     loss = F.cross_entropy(model(xb), yb)
     loss.backward()
     grad = w.grad.detach().clone()
@@ -102,7 +104,8 @@ def test_projection_restores_initial_norms():
         model[4].weight.mul_(7.0)
     proj.project()
     assert torch.allclose(model[1].weight.detach().double().norm(dim=1), r_rows, rtol=1e-6, atol=0)
-    assert model[4].weight.detach().double().norm().item() == pytest.approx(r_tensor.item(), rel=1e-6)
+    assert model[4].weight.detach().double().norm().item() == pytest.approx(
+        r_tensor.item(), rel=1e-6)
 
 
 class NormTracker(Callback):
@@ -114,7 +117,8 @@ class NormTracker(Callback):
 
     def on_train_start(self, loop):
         params = dict(loop.model.named_parameters())
-        self.initial = {n: params[n].detach().double().norm().item() for n in trainer_of(loop).scale_invariant}
+        self.initial = {n: params[n].detach().double().norm().item()
+                        for n in trainer_of(loop).scale_invariant}
         self.max_rel_change = dict.fromkeys(self.initial, 0.0)
 
     def on_train_batch_end(self, loop):
@@ -137,8 +141,8 @@ def test_projected_sgd_keeps_norms_fixed_plain_sgd_grows_them(tmp_path, optimize
     """Arora App. D: PSGD holds every scale-invariant norm (to 1e-6); SGD grows it (Lemma 2.4)."""
     tracker = NormTracker()
     record = run(
-        dict(model="test_bn_mlp", data="digits", steps=40, lr=0.1, lr_scale_invariant=2.0, batch_size=64,
-             optimizer=optimizer, runs_dir=str(tmp_path)),
+        dict(model="test_bn_mlp", data="digits", steps=40, lr=0.1, lr_scale_invariant=2.0,
+             batch_size=64, optimizer=optimizer, runs_dir=str(tmp_path)),
         callbacks=[tracker],
         model_factory=_digits_bn,
         progress=False,
@@ -169,9 +173,9 @@ def test_separate_learning_rates_reach_their_groups(tmp_path):
 
 
 def relu_bn_mlp(d_in=64, width=32, classes=10):
-    return nn.Sequential(nn.Flatten(), nn.Linear(d_in, width, bias=False), nn.BatchNorm1d(width), nn.ReLU(),
-                         nn.Linear(width, width, bias=False), nn.BatchNorm1d(width), nn.ReLU(),
-                         nn.Linear(width, classes))
+    return nn.Sequential(nn.Flatten(), nn.Linear(d_in, width, bias=False), nn.BatchNorm1d(width),
+                         nn.ReLU(), nn.Linear(width, width, bias=False), nn.BatchNorm1d(width),
+                         nn.ReLU(), nn.Linear(width, classes))
 
 
 def test_joint_gamma_beta_groups_found_only_before_a_normalized_layer():
@@ -184,7 +188,8 @@ def test_joint_gamma_beta_groups_found_only_before_a_normalized_layer():
             bn.weight.uniform_(0.5, 1.5)
             bn.bias.uniform_(-0.5, 0.5)
     found = find_scale_invariant(model, F.cross_entropy, _batch())
-    assert found == {"1.weight": "rows", "4.weight": "rows", "2.weight": "joint:2", "2.bias": "joint:2"}
+    assert found == {"1.weight": "rows", "4.weight": "rows", "2.weight": "joint:2",
+                     "2.bias": "joint:2"}
     # the function really is invariant to (γ, β) → c(γ, β) for the first BN and not for the last one
     x, y = _batch()
     model.train()
@@ -209,8 +214,11 @@ def test_joint_group_projection_and_learning_rate():
     after = torch.sqrt(model[2].weight.double().norm() ** 2 + model[2].bias.double().norm() ** 2)
     assert after.item() == pytest.approx(radius.item(), rel=1e-6)  # float32 parameters
     # one common factor for the whole group: the direction (γ·4 : β·0.5 from γ = 1, β = 0.5) is kept
-    assert (model[2].weight.double().norm() / model[2].bias.double().norm()).item() == pytest.approx(16.0, rel=1e-6)
-    opt = build_optimizer(model, invariant, lr=0.1, lr_scale_invariant=5.0, momentum=0.0, weight_decay=0.0)
+    ratio = (model[2].weight.double().norm() / model[2].bias.double().norm()).item()
+    assert ratio == pytest.approx(16.0, rel=1e-6)
+    opt = build_optimizer(model, invariant, lr=0.1, lr_scale_invariant=5.0, momentum=0.0,
+                          weight_decay=0.0)
     by_group = {g["group"]: {id(p) for p in g["params"]} for g in opt.param_groups}
     assert {id(model[2].weight), id(model[2].bias)} <= by_group["scale_invariant"]
-    assert resolve_override(model, ["2.*:joint"]) == {"2.weight": "joint:2.*", "2.bias": "joint:2.*"}
+    assert resolve_override(model, ["2.*:joint"]) == {"2.weight": "joint:2.*",
+                                                      "2.bias": "joint:2.*"}

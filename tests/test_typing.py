@@ -21,14 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLIC_API = ["bnlab.norms", "bnlab.probes", "bnlab.train"]
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("mypy") is None,
-                                reason="mypy is not installed (it comes with the test extra: pip install -e '.[test]')")
+                                reason="mypy is not installed (it comes with the test extra: pip "
+                                "install -e '.[test]')")
 
 
 def run_mypy(root: Path, cache_dir: Path) -> subprocess.CompletedProcess[str]:
     """mypy with the [tool.mypy] settings of ``root``'s pyproject.toml, on the tree at ``root``."""
-    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(root / "pyproject.toml"),
-                           "--cache-dir", str(cache_dir), "--show-error-codes"],
-                          cwd=root, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(root / "pyproject.toml"),
+         "--cache-dir", str(cache_dir), "--show-error-codes"],
+        cwd=root, capture_output=True, text=True, timeout=600)
 
 
 def test_config_checks_the_public_api_without_blanket_exemptions():
@@ -42,7 +44,8 @@ def test_mypy_reports_no_errors_on_the_public_api(tmp_path):
     result = run_mypy(ROOT, tmp_path / "mypy_cache")
     output = result.stdout + result.stderr
     errors = [line for line in output.splitlines() if ": error:" in line]
-    assert result.returncode == 0 and not errors, f"mypy found {len(errors)} error(s):\n" + "\n".join(errors[:40])
+    assert result.returncode == 0 and not errors, \
+        f"mypy found {len(errors)} error(s):\n" + "\n".join(errors[:40])
     # it really checked the packages: every module of them counts as a source file
     modules = sum(len(list((ROOT / p.replace(".", "/")).rglob("*.py"))) for p in PUBLIC_API)
     checked = int(output.split("no issues found in ")[1].split()[0])

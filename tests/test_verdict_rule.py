@@ -15,7 +15,8 @@ from scipy import stats
 from bnlab.experiments.peng import verdict as PV
 from bnlab.experiments.common import compare_arms
 from bnlab.experiments.peng.common import ACTIVATIONS
-from bnlab.experiments.verdicts import Design, binomial_floor, holm, judge, settle_fraction
+from bnlab.experiments.rule_stats import binomial_floor, holm, settle_fraction
+from bnlab.experiments.verdicts import Design, judge
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "readme" / "experiments.md"
 SIMS = 600

@@ -30,11 +30,11 @@ from bnlab.experiments.verdicts import (
     decide,
     explain,
     family,
-    holm,
     ladder,
     settle,
     tally,
 )
+from bnlab.experiments.rule_stats import holm
 from bnlab.formatting import fmt
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "bnlab" / "experiments"
