@@ -1,6 +1,6 @@
 """The health check's negative-variance rule (bnlab.train.health) against Complete BN's signed
-``running_var``: CBN stores σ²_A − (off + β)², which is negative whenever β grew faster than the moving
-second moment followed. The old check read that as divergence and killed healthy CBN runs (a
+``running_var``: CBN stores σ²_A − (off + β)², which is negative whenever β grew faster than the
+moving second moment followed. The old check read that as divergence and killed healthy CBN runs (a
 ResNet-20 with CBN + Sigmoid at lr 0.05 was stopped at step 50 at 53 % test accuracy, rising)."""
 
 import torch
