@@ -66,7 +66,7 @@ def test_one_formatter_in_the_package():
 
 
 def test_theory_table_prints_missing_values_the_one_way(capsys):
-    from bnlab.cli.theory import _table
+    from bnlab.cli.theory_common import _table
 
     _table([{"a": math.nan, "b": None, "c": True, "d": 12, "e": 1 / 3}])
     header, row = capsys.readouterr().out.splitlines()

@@ -9,91 +9,47 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import numpy as np
 import typer
 
-from bnlab.formatting import fmt
-from bnlab.jsonsafe import jsonable
+from bnlab.cli.theory_common import JSON, PLOT, _emit, _floats, _ints, _plotted, _run
 
 from bnlab.theory import arora, figures, luo, mbn, peng, santurkar
 
-theory_app = typer.Typer(help="The papers' closed forms and simulators (bnlab.theory).", no_args_is_help=True)
-
-EXIT_BAD_INPUT = 2
+theory_app = typer.Typer(help="The papers' closed forms and simulators (bnlab.theory).",
+                         no_args_is_help=True)
 
 #: name -> (paper, what it computes); the order is the order of `bnlab theory list`.
 CALCULATORS: dict[str, tuple[str, str]] = {
-    "luo-zeta": ("Luo et al. Eq. 13 / Thm 1", "ζ(M) for the linear Gaussian case: exact, large-M λ/2M, Monte Carlo"),
-    "luo-gen-error": ("Luo et al. Eqs. 14-16", "generalization error vs load α: SGD and WN with ζ (Fig. 2 curves)"),
-    "luo-teacher-student": ("Luo et al. Fig. 2", "BN student trained by SGD on P = αN samples vs the WN curve"),
-    "luo-dynamics": ("Luo et al. Eqs. 9-11", "order-parameter ODE (γ, R, L), optionally against a direct simulation"),
-    "luo-rates": ("Luo et al. Table 2, Props 1-3", "fixed point, Jacobian eigenvalues, η_max and η_eff of BN/WN/SGD"),
-    "mbn-theorem1": ("MBN Theorem 1", "laws of ξ_μ and ξ_σ: moments and KS distances by simulation"),
-    "mbn-theorem2": ("MBN Theorem 2", "E[l((x+ξ_μ)/√ξ_σ)] vs l + R_add + R_mul + R (quadrature, Monte Carlo)"),
-    "mbn-momentum": ("MBN moving statistics", "noise of the moving mean/variance vs batch size m and momentum λ"),
-    "santurkar": ("Santurkar et al. Thms 4.1, 4.2", "gradient and curvature bounds on a BN layer, with slack"),
-    "santurkar-lemma45": ("Santurkar et al. Lemma 4.5", "distance to the closest BN optimum kW* vs to W*"),
-    "arora-equivalence": ("Arora et al. Thm 2.5", "SGD on w vs the adaptive update on v = w/‖w‖: max deviation"),
-    "arora-rate": ("Arora et al. Thm 3.1", "min_t ‖∇L‖ against T for several η_w (T^-1/2), with Setting 2"),
-    "peng-terms": ("Peng et al. Thm 1", "T1, T2, T3 from recorded grad_stats (JSON) or a synthetic run"),
+    "luo-zeta": ("Luo et al. Eq. 13 / Thm 1",
+                 "ζ(M) for the linear Gaussian case: exact, large-M λ/2M, Monte Carlo"),
+    "luo-gen-error": ("Luo et al. Eqs. 14-16",
+                      "generalization error vs load α: SGD and WN with ζ (Fig. 2 curves)"),
+    "luo-teacher-student": ("Luo et al. Fig. 2",
+                            "BN student trained by SGD on P = αN samples vs the WN curve"),
+    "luo-dynamics": ("Luo et al. Eqs. 9-11",
+                     "order-parameter ODE (γ, R, L), optionally against a direct simulation"),
+    "luo-rates": ("Luo et al. Table 2, Props 1-3",
+                  "fixed point, Jacobian eigenvalues, η_max and η_eff of BN/WN/SGD"),
+    "mbn-theorem1": ("MBN Theorem 1",
+                     "laws of ξ_μ and ξ_σ: moments and KS distances by simulation"),
+    "mbn-theorem2": ("MBN Theorem 2",
+                     "E[l((x+ξ_μ)/√ξ_σ)] vs l + R_add + R_mul + R (quadrature, Monte Carlo)"),
+    "mbn-momentum": ("MBN moving statistics",
+                     "noise of the moving mean/variance vs batch size m and momentum λ"),
+    "santurkar": ("Santurkar et al. Thms 4.1, 4.2",
+                  "gradient and curvature bounds on a BN layer, with slack"),
+    "santurkar-lemma45": ("Santurkar et al. Lemma 4.5",
+                          "distance to the closest BN optimum kW* vs to W*"),
+    "arora-equivalence": ("Arora et al. Thm 2.5",
+                          "SGD on w vs the adaptive update on v = w/‖w‖: max deviation"),
+    "arora-rate": ("Arora et al. Thm 3.1",
+                   "min_t ‖∇L‖ against T for several η_w (T^-1/2), with Setting 2"),
+    "peng-terms": ("Peng et al. Thm 1",
+                   "T1, T2, T3 from recorded grad_stats (JSON) or a synthetic run"),
 }
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(EXIT_BAD_INPUT)
-
-
-def _floats(text: str, flag: str) -> list[float]:
-    try:
-        return [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        _fail(f"{flag} expects comma-separated numbers, got {text!r}")
-    return []
-
-
-def _ints(text: str, flag: str) -> list[int]:
-    values = _floats(text, flag)
-    if any(v != int(v) for v in values):
-        _fail(f"{flag} expects comma-separated integers, got {text!r}")
-    return [int(v) for v in values]
-
-
-def _table(rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    cols = list(rows[0])
-    cells = [[fmt(r.get(c, ""), 6) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    typer.echo("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
-    for row in cells:
-        typer.echo("  ".join(x.rjust(w) for x, w in zip(row, widths)))
-
-
-def _emit(result: Any, rows: list[dict[str, Any]], as_json: bool, notes: list[str] | None = None) -> None:
-    if as_json:
-        typer.echo(json.dumps(jsonable(result, nonfinite="string"), indent=2))
-        return
-    _table(rows)
-    for note in notes or []:
-        typer.echo(note)
-
-
-def _run(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except ValueError as exc:  # bad parameters: one line, exit 2
-        _fail(str(exc))
-
-
-def _plotted(path: Path) -> None:
-    typer.echo(f"plot written to {path}", err=True)
-
-
-JSON = typer.Option(False, "--json", help="Print the full result as JSON instead of a table.")
-PLOT = typer.Option(None, "--plot", help="Draw the curves into this image file (PNG/PDF/SVG).")
 
 
 @theory_app.command("list")
@@ -109,8 +65,11 @@ def list_calculators(as_json: bool = JSON) -> None:
 
 @theory_app.command("luo-zeta")
 def luo_zeta(
-    m_values: str = typer.Option("8,16,32,64,128,256", "--m", help="Batch sizes M (comma-separated)."),
-    lam: float = typer.Option(1.0, help="λ in Eq. 13 (use λ = α for the ridge parameter of a P = αN set)."),
+    m_values: str = typer.Option("8,16,32,64,128,256", "--m",
+                                 help="Batch sizes M (comma-separated)."),
+    lam: float = typer.Option(
+        1.0, help="λ in Eq. 13 (use λ = α for the ridge parameter of a P = αN set)."
+    ),
     n_batches: int = typer.Option(100_000, help="Monte Carlo batches per M."),
     seed: int = typer.Option(0),
     as_json: bool = JSON,
@@ -119,15 +78,18 @@ def luo_zeta(
     """ζ(M) of Eq. 13 (exact), its large-M limit λ/2M, and Monte Carlo of E[(1 − σ_P/σ_B)²]."""
     ms = _ints(m_values, "--m")
     rows = _run(lambda: luo.zeta_table(ms, lam, n_batches, seed=seed))
-    _emit(rows, rows, as_json, ["penalty_with_mean_mc: E[(ĥ−h̄)²] incl. the μ_B noise Eq. 13 drops (≈ 1/M more)."])
+    _emit(rows, rows, as_json,
+          ["penalty_with_mean_mc: E[(ĥ−h̄)²] incl. the μ_B noise Eq. 13 drops (≈ 1/M more)."])
     if plot:
         _plotted(figures.luo_zeta(plot, ms, rows))
 
 
 @theory_app.command("luo-gen-error")
 def luo_gen_error(
-    alphas: str = typer.Option("0.25,0.5,0.75,0.9,1.1,1.25,1.5,2,3,4", "--alpha", help="Loads α = P/N."),
-    zetas: str = typer.Option("0.014,0.0206,0.25", "--zeta", help="Krogh-Hertz ridge parameters ζ for WN."),
+    alphas: str = typer.Option("0.25,0.5,0.75,0.9,1.1,1.25,1.5,2,3,4", "--alpha",
+                               help="Loads α = P/N."),
+    zetas: str = typer.Option("0.014,0.0206,0.25", "--zeta",
+                              help="Krogh-Hertz ridge parameters ζ for WN."),
     noise_var: float = typer.Option(0.25, help="Teacher noise variance σ²."),
     as_json: bool = JSON,
     plot: Optional[Path] = PLOT,
@@ -136,7 +98,8 @@ def luo_gen_error(
     al = _floats(alphas, "--alpha")
     zs = _floats(zetas, "--zeta")
     rows = _run(lambda: luo.gen_error_table(al, zs, noise_var))
-    _emit({"noise_var": noise_var, "rows": rows}, rows, as_json, [f"optimum ζ* = noise variance = {noise_var:g}"])
+    _emit({"noise_var": noise_var, "rows": rows}, rows, as_json,
+          [f"optimum ζ* = noise variance = {noise_var:g}"])
     if plot:
         _plotted(figures.luo_gen_error(plot, al, zs, noise_var))
 
@@ -144,7 +107,8 @@ def luo_gen_error(
 @theory_app.command("luo-teacher-student")
 def luo_teacher_student(
     alphas: str = typer.Option("0.5,1,1.5,2,3", "--alpha", help="Loads α = P/N."),
-    preset: str = typer.Option("test", help="Sizes: test (N=256), cpu (N=1024), paper (N=4096, slow)."),
+    preset: str = typer.Option("test",
+                               help="Sizes: test (N=256), cpu (N=1024), paper (N=4096, slow)."),
     student: str = typer.Option("bn", help="bn, wn or sgd."),
     inference: str = typer.Option("population", help="population (Luo's h̄) or train statistics."),
     noise_var: float = typer.Option(0.25),
@@ -155,12 +119,14 @@ def luo_teacher_student(
     """Fig. 2's squares: train the student by SGD (batch M) and compare with the WN curve of Eq.
     13's ζ."""
     al = _floats(alphas, "--alpha")
-    res = _run(lambda: luo.teacher_student_vs_theory(al, noise_var=noise_var, student=student, preset=preset,
-                                                     inference=inference, seed=seed))
+    res = _run(lambda: luo.teacher_student_vs_theory(al, noise_var=noise_var, student=student,
+                                                     preset=preset, inference=inference, seed=seed))
     rows = [
-        {"alpha": a, "simulated": e, "sem": s, "wn(zeta_eq13)": w, "wn(alpha*zeta_eq13)": wr, "sgd": g}
+        {"alpha": a, "simulated": e, "sem": s, "wn(zeta_eq13)": w, "wn(alpha*zeta_eq13)": wr,
+         "sgd": g}
         for a, e, s, w, wr, g in zip(
-            al, res["gen_error"], res["gen_error_sem"], res["wn_eq13"], res["wn_eq13_ridge"], res["sgd_curve"]
+            al, res["gen_error"], res["gen_error_sem"], res["wn_eq13"], res["wn_eq13_ridge"],
+            res["sgd_curve"]
         )
     ]
     _emit(res, rows, as_json, [f"best-fit Krogh-Hertz ζ = {res['fitted_zeta']:.4g}; Eq. 13 ζ(M) = "
@@ -185,14 +151,18 @@ def luo_dynamics(
     plot: Optional[Path] = PLOT,
 ) -> None:
     """Integrate Eqs. 9-11 and (optionally) compare with a direct simulation of the student."""
-    start = dict(eta=eta, zeta=zeta, gamma0=gamma0, R0=r0, L0=l0, t_max=t_max, activation=activation)
-    res = _run(lambda: luo.dynamics_vs_simulation(**start, simulate=simulate, students=students, seed=seed))
+    start = dict(eta=eta, zeta=zeta, gamma0=gamma0, R0=r0, L0=l0, t_max=t_max,
+                 activation=activation)
+    res = _run(lambda: luo.dynamics_vs_simulation(**start, simulate=simulate, students=students,
+                                                  seed=seed))
     ode, sim = res["ode"], res.get("simulation")
     rows = []
     for i, t in enumerate(ode["t"]):
-        row = {"t": float(t), "gamma": float(ode["gamma"][i]), "R": float(ode["R"][i]), "L": float(ode["L"][i])}
+        row = {"t": float(t), "gamma": float(ode["gamma"][i]), "R": float(ode["R"][i]),
+               "L": float(ode["L"][i])}
         if sim is not None:
-            row.update(gamma_sim=float(sim["gamma"][i]), R_sim=float(sim["R"][i]), L_sim=float(sim["L"][i]))
+            row.update(gamma_sim=float(sim["gamma"][i]), R_sim=float(sim["R"][i]),
+                       L_sim=float(sim["L"][i]))
         rows.append(row)
     g0, _, _ = res["fixed_point"]
     _emit(res, rows, as_json, [f"fixed point γ0 = {g0:.6g}, R0 = 1 (small-η limit)"])
@@ -210,14 +180,17 @@ def luo_rates(
     as_json: bool = JSON,
 ) -> None:
     """Fixed point, λ_Q, λ_R (analytic and finite-difference) and η_max, η_eff for BN, WN, SGD."""
-    rows = _run(lambda: luo.rates_table(_floats(zetas, "--zeta"), eta=eta, L0=l0, activation=activation))
-    _emit(rows, rows, as_json, ["eta_max_printed drops the I2 term of ∂(R·I2)/∂R (Table 2 as printed)."])
+    rows = _run(lambda: luo.rates_table(_floats(zetas, "--zeta"), eta=eta, L0=l0,
+                                        activation=activation))
+    _emit(rows, rows, as_json,
+          ["eta_max_printed drops the I2 term of ∂(R·I2)/∂R (Table 2 as printed)."])
 
 
 @theory_app.command("mbn-theorem1")
 def mbn_theorem1(
     m_values: str = typer.Option("2,4,8,16,32,64", "--m"),
-    kurtosis: Optional[float] = typer.Option(None, help="Pearson kurtosis of the inputs (Gaussian: 3)."),
+    kurtosis: Optional[float] = typer.Option(None,
+                                             help="Pearson kurtosis of the inputs (Gaussian: 3)."),
     n_batches: int = typer.Option(20_000),
     seed: int = typer.Option(0),
     as_json: bool = JSON,
@@ -225,10 +198,11 @@ def mbn_theorem1(
 ) -> None:
     """Moments and KS distances of ξ_μ, ξ_σ against N(0,1/m), χ²(m−1)/m and the normal limits."""
     ms = _ints(m_values, "--m")
-    reports = _run(lambda: [mbn.theorem1_report(m, n_batches, kurtosis=kurtosis, seed=seed + m) for m in ms])
-    keys = ("m", "xi_mu_var", "xi_mu_var_theory", "xi_sigma_mean", "xi_sigma_mean_theory", "xi_sigma_var",
-            "xi_sigma_var_theory", "ks_xi_mu_normal", "ks_xi_sigma_chi2", "ks_xi_sigma_normal_corrected",
-            "ks_xi_sigma_normal_printed")
+    reports = _run(lambda: [mbn.theorem1_report(m, n_batches, kurtosis=kurtosis, seed=seed + m)
+                            for m in ms])
+    keys = ("m", "xi_mu_var", "xi_mu_var_theory", "xi_sigma_mean", "xi_sigma_mean_theory",
+            "xi_sigma_var", "xi_sigma_var_theory", "ks_xi_mu_normal", "ks_xi_sigma_chi2",
+            "ks_xi_sigma_normal_corrected", "ks_xi_sigma_normal_printed")
     rows = [{k: r[k] for k in keys} for r in reports]
     _emit(reports, rows, as_json, [f"KS 95% noise floor: {reports[0]['ks_noise_floor']:.4f}"])
     if plot:
@@ -250,8 +224,9 @@ def mbn_theorem2(
     t, lo, mc = res["terms"], res["leading_order"], res["monte_carlo"]
     rows = [
         {
-            "x": float(x), "l": float(t["loss"][i]), "R_add": float(t["R_add"][i]), "R_mul": float(t["R_mul"][i]),
-            "R": float(t["R"][i]), "l+R_add+R_mul+R": float(t["expected"][i]),
+            "x": float(x), "l": float(t["loss"][i]), "R_add": float(t["R_add"][i]),
+            "R_mul": float(t["R_mul"][i]), "R": float(t["R"][i]),
+            "l+R_add+R_mul+R": float(t["expected"][i]),
             "leading_order": float(t["loss"][i] + lo["R_add"][i] + lo["R_mul"][i]),
             "monte_carlo": float(mc["mean"][i]), "mc_sem": float(mc["sem"][i]),
         }
@@ -273,8 +248,9 @@ def mbn_momentum(
     ms, lams = _ints(m_values, "--m"), _floats(momenta, "--momentum")
     res = _run(lambda: mbn.moving_noise_curve(ms, lams, n_steps, seed=seed))
     rows = [
-        {"momentum": lam, "m": m, "var_mu": res["var_mu"][i, j], "var_mu_theory": res["var_mu_theory"][i, j],
-         "var_sigma2": res["var_sigma2"][i, j], "var_sigma2_theory": res["var_sigma2_theory"][i, j],
+        {"momentum": lam, "m": m, "var_mu": res["var_mu"][i, j],
+         "var_mu_theory": res["var_mu_theory"][i, j], "var_sigma2": res["var_sigma2"][i, j],
+         "var_sigma2_theory": res["var_sigma2_theory"][i, j],
          "equivalent_m": m * (1 + lam) / (1 - lam)}
         for i, lam in enumerate(lams) for j, m in enumerate(ms)
     ]
@@ -294,7 +270,8 @@ def santurkar_cmd(
     """Theorems 4.1 and 4.2 on a BN layer: both sides via autograd, the slack, the printed 1/√m
     form."""
     names = [s.strip() for s in losses.split(",") if s.strip()]
-    rows = _run(lambda: santurkar.theorems_table(_ints(m_values, "--m"), names, gamma=gamma, seed=seed))
+    rows = _run(lambda: santurkar.theorems_table(_ints(m_values, "--m"), names, gamma=gamma,
+                                                 seed=seed))
     _emit(rows, rows, as_json)
 
 
@@ -315,7 +292,9 @@ def arora_equivalence(
     lr_w: float = typer.Option(0.5),
     lr_g: float = typer.Option(0.05),
     batch_size: int = typer.Option(16),
-    eps_mode: str = typer.Option("scaled", help="BN smoothing: scaled (ε‖w‖²), linear (ε‖w‖, printed), constant."),
+    eps_mode: str = typer.Option(
+        "scaled", help="BN smoothing: scaled (ε‖w‖²), linear (ε‖w‖, printed), constant."
+    ),
     eps: float = typer.Option(1e-3),
     seed: int = typer.Option(0),
     as_json: bool = JSON,
@@ -323,13 +302,14 @@ def arora_equivalence(
 ) -> None:
     """Theorem 2.5: run SGD on w and the adaptive projected update on v together; print the gaps."""
     res = _run(lambda: arora.run_intrinsic_pair(
-        steps=steps, lr_w=lr_w, lr_g=lr_g, batch_size=batch_size, eps=eps, eps_mode=eps_mode, seed=seed
+        steps=steps, lr_w=lr_w, lr_g=lr_g, batch_size=batch_size, eps=eps, eps_mode=eps_mode,
+        seed=seed
     ))
     idx = sorted({0, steps // 10, steps // 4, steps // 2, steps - 1})
     rows = [
-        {"step": i + 1, "dev_v": res["dev_v"][i], "dev_G": res["dev_G"][i], "dev_g": res["dev_g"][i],
-         "eff_lr_min": float(res["eff_lr"][i].min()), "eff_lr_max": float(res["eff_lr"][i].max()),
-         "loss": res["loss"][i]}
+        {"step": i + 1, "dev_v": res["dev_v"][i], "dev_G": res["dev_G"][i],
+         "dev_g": res["dev_g"][i], "eff_lr_min": float(res["eff_lr"][i].min()),
+         "eff_lr_max": float(res["eff_lr"][i].max()), "loss": res["loss"][i]}
         for i in idx
     ]
     dev = max(res["dev_v"].max(), res["dev_G"].max(), res["dev_g"].max())
@@ -359,16 +339,23 @@ def arora_rate(
 @theory_app.command("peng-terms")
 def peng_terms(
     records: Optional[Path] = typer.Option(
-        None, help="JSON object of per-step series (probe/grad_stats/sq_norm, probe/grad_stats/variance, lr)."
+        None, help="JSON object of per-step series (probe/grad_stats/sq_norm, "
+                   "probe/grad_stats/variance, lr)."
     ),
     lr_key: str = typer.Option("lr", help="Key of the learning-rate series in --records."),
     lr: Optional[float] = typer.Option(None, help="Constant learning rate (instead of a series)."),
     initial_loss: Optional[float] = typer.Option(None, help="F(w_0) (required with --records)."),
     loss_lower_bound: float = typer.Option(0.0, help="F* (0 for non-negative losses)."),
     lipschitz: Optional[float] = typer.Option(None, help="Gradient Lipschitz constant, if known."),
-    micro_batches: Optional[int] = typer.Option(None, help="grad_stats' k, to convert to the training batch."),
-    n_steps: Optional[int] = typer.Option(None, help="Steps of the run (when the probe ran every few steps)."),
-    synthetic: bool = typer.Option(False, help="Use a synthetic least-squares SGD run instead of --records."),
+    micro_batches: Optional[int] = typer.Option(
+        None, help="grad_stats' k, to convert to the training batch."
+    ),
+    n_steps: Optional[int] = typer.Option(
+        None, help="Steps of the run (when the probe ran every few steps)."
+    ),
+    synthetic: bool = typer.Option(
+        False, help="Use a synthetic least-squares SGD run instead of --records."
+    ),
     seed: int = typer.Option(0),
     as_json: bool = JSON,
 ) -> None:
@@ -386,8 +373,8 @@ def peng_terms(
         if lrs is None:
             raise ValueError(f"no learning rate: pass --lr or a {lr_key!r} series in the records")
         return peng.terms_from_records(
-            data, lrs=lrs, initial_loss=initial_loss, loss_lower_bound=loss_lower_bound, lipschitz=lipschitz,
-            n_steps=n_steps, micro_batches=micro_batches,
+            data, lrs=lrs, initial_loss=initial_loss, loss_lower_bound=loss_lower_bound,
+            lipschitz=lipschitz, n_steps=n_steps, micro_batches=micro_batches,
         )
 
     res = _run(compute)
