@@ -241,13 +241,7 @@ def imagefolder(*, device="cpu", seed=0, data_dir=None, verify=True, download=Fa
     smoke presets' data). ``seed`` seeds the augmentation. ``verify``/``download`` do not apply
     (there is no published checksum or download for a local folder).
     """
-    image_size = as_int("image_size", image_size, minimum=1)
-    resize_size = as_int("resize_size", resize_size, minimum=1)
-    if resize_size < image_size:
-        raise ValueError(f"option resize_size ({resize_size}) must be >= image_size ({image_size})")
-    scale_min = as_float("crop_scale_min", crop_scale_min, strictly_positive=True)
-    if scale_min > 1:
-        raise ValueError(f"option crop_scale_min must be in (0, 1], got {scale_min}")
+    image_size, resize_size, scale_min = _checked_sizes(image_size, resize_size, crop_scale_min)
     cache = check_choice("cache", cache, CACHES, "caches")
     workers = as_int("workers", workers, minimum=0)
     if generate not in (True, False) or augment not in (True, False):
@@ -277,6 +271,18 @@ def imagefolder(*, device="cpu", seed=0, data_dir=None, verify=True, download=Fa
                       x_test=split(val_paths, False), y_test=y_val, task="classification",
                       input_shape=(3, image_size, image_size), num_outputs=len(classes),
                       meta={"classes": classes, "root": str(root)})
+
+
+def _checked_sizes(image_size, resize_size, crop_scale_min) -> tuple[int, int, float]:
+    """The size options as numbers, checked: (image_size, resize_size, crop_scale_min)."""
+    image_size = as_int("image_size", image_size, minimum=1)
+    resize_size = as_int("resize_size", resize_size, minimum=1)
+    if resize_size < image_size:
+        raise ValueError(f"option resize_size ({resize_size}) must be >= image_size ({image_size})")
+    scale_min = as_float("crop_scale_min", crop_scale_min, strictly_positive=True)
+    if scale_min > 1:
+        raise ValueError(f"option crop_scale_min must be in (0, 1], got {scale_min}")
+    return image_size, resize_size, scale_min
 
 
 def _first_per_class(paths: list[Path], labels: list[int], k: int) -> tuple[list[Path], list[int]]:
