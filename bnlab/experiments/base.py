@@ -87,7 +87,7 @@ def register(experiment: Experiment) -> Experiment:
 # the catalogue by this list, so the order does not depend on which module some caller happened to
 # import first.
 ENTRY_MODULES = (
-    "santurkar.vgg", "santurkar.dln", "santurkar.lp",
+    "santurkar.vgg", "santurkar.dln", "santurkar.predictiveness", "santurkar.lp",
     "luo.student", "luo.fig3", "luo.cnn", "luo.fold_dropout", "luo.table2",
     "peng.tables", "peng.components", "peng.figures", "peng.imagenet",
     "arora.entries", "mbn.entries",

@@ -16,7 +16,8 @@ from ..common import Comparison, smooth
 
 STANDARD, BN, NOISY = "Standard", "Standard + BatchNorm", 'Standard + "Noisy" BatchNorm'
 L1, L2, LINF = "Standard + ℓ1", "Standard + ℓ2", "Standard + ℓ∞"
-NORMS = {STANDARD: "none", BN: "bn", NOISY: "noisy_bn", L1: "lp_bn(p=1)", L2: "lp_bn(p=2)", LINF: "lp_bn(p=inf)"}
+NORMS = {STANDARD: "none", BN: "bn", NOISY: "noisy_bn", L1: "lp_bn(p=1)", L2: "lp_bn(p=2)",
+         LINF: "lp_bn(p=inf)"}
 
 # see the module docstring: 30 × lr sits at the standard DLN's divergence rate
 DLN_LR = 1e-3
@@ -50,21 +51,22 @@ def vgg_config(preset: str, norm: str, seed: int = 0) -> dict[str, Any]:
     full = norm in _FULL_PROBES
     if preset == "paper":
         probes = ["ics(every=150)", "moments(every=150)"] if full else []
-        return dict(model="vgg_santurkar", norm=norm, data="cifar10", steps=15000, lr=0.1, batch_size=128,
-                    momentum=0.0, augment=False, seed=seed, eval_every=500,
+        return dict(model="vgg_santurkar", norm=norm, data="cifar10", steps=15000, lr=0.1,
+                    batch_size=128, momentum=0.0, augment=False, seed=seed, eval_every=500,
                     probes=probes + ["histograms(every=75)", "landscape(every=150)", PAPER_HESSIAN])
     probes = ["ics(every=30)", "moments(every=15)"] if full else []
     return dict(model="vgg_santurkar", norm=norm, model_options={"width": 0.125, "init": "kaiming"},
-                data="digits", data_options={"size": SMOKE_IMAGE_SIZE}, steps=SMOKE_VGG_STEPS, lr=0.1,
-                batch_size=128, momentum=0.0, seed=seed, eval_every=50,
+                data="digits", data_options={"size": SMOKE_IMAGE_SIZE}, steps=SMOKE_VGG_STEPS,
+                lr=0.1, batch_size=128, momentum=0.0, seed=seed, eval_every=50,
                 probes=probes + ["histograms(every=20)", "landscape(every=30)", SMOKE_HESSIAN])
 
 
 def dln_config(preset: str, norm: str, seed: int = 0, lr: float = DLN_LR) -> dict[str, Any]:
     """The DLN run of every Santurkar entry for ``norm`` (App. A.1: 25 square 10×10 layers, full
     batch of 1000); ``lr``: the other reading of the paper's rate for fig9's second arm pair."""
-    base = dict(model="dln", norm=norm, model_options={"depth": 25, "width": 10}, data="gaussian_regression",
-                data_options={"d": 10, "n": 1000}, batch_size="full", lr=lr, momentum=0.0, seed=seed)
+    base = dict(model="dln", norm=norm, model_options={"depth": 25, "width": 10},
+                data="gaussian_regression", data_options={"d": 10, "n": 1000}, batch_size="full",
+                lr=lr, momentum=0.0, seed=seed)
     full = norm in _FULL_PROBES
     if preset == "paper":
         probes = ["ics(every=100)"] if full else []
@@ -158,8 +160,9 @@ def sharpness_panel(runs: dict, lr: float, prefix: str = "") -> dict:
         xs, ys = r.series("probe/hessian/top_eigenvalue")
         if xs:
             series[label] = (xs, ys)
-    return {"series": series, "xlabel": "step", "ylabel": "λ_max(∇²L), train-mode BN", "logy": True, "markers": True,
-            "hline": 2.0 / lr, "title": f"{prefix}sharpness (dashed: 2/lr = {2.0 / lr:g})"}
+    return {"series": series, "xlabel": "step", "ylabel": "λ_max(∇²L), train-mode BN", "logy": True,
+            "markers": True, "hline": 2.0 / lr,
+            "title": f"{prefix}sharpness (dashed: 2/lr = {2.0 / lr:g})"}
 
 
 def sharpness_line(arms: dict[str, list], lr: float) -> str:
@@ -172,7 +175,8 @@ def sharpness_line(arms: dict[str, list], lr: float) -> str:
             parts.append(f"{label} {statistics.median(values):.2g}")
     if not parts:
         return "sharpness not measured"
-    return ("sharpness λ_max / (2/lr) of the train-mode loss, second half of training, median over seeds: "
+    return ("sharpness λ_max / (2/lr) of the train-mode loss, second half of training, median over "
+            "seeds: "
             + ", ".join(parts) + " (≈ 1: at gradient descent's stability edge)")
 
 
@@ -258,7 +262,8 @@ def _curve_panel(runs: dict, metric: str, title: str, ylabel: str, logy=False, p
     return {"series": series, "xlabel": "step", "ylabel": ylabel, "title": title, "logy": logy}
 
 
-def _band_panel(runs: dict, lo: str, hi: str, mid: str | None, title: str, ylabel: str, logy=False) -> dict:
+def _band_panel(runs: dict, lo: str, hi: str, mid: str | None, title: str, ylabel: str,
+                logy=False) -> dict:
     """Shaded [lo, hi] per run against the step (the papers' 'variation' plots), ``mid`` as a
     line."""
     series, band = {}, {}
@@ -269,22 +274,26 @@ def _band_panel(runs: dict, lo: str, hi: str, mid: str | None, title: str, ylabe
         steps_hi, v_hi = r.series(hi)
         hi_at = dict(zip(steps_hi, v_hi))
         rows = [(s, a, hi_at.get(s)) for s, a in zip(steps_lo, v_lo)]
-        rows = [(s, a, b) for s, a, b in rows if finite_or_none(a) is not None and finite_or_none(b) is not None]
+        rows = [(s, a, b) for s, a, b in rows if finite_or_none(a) is not None
+                and finite_or_none(b) is not None]
         if mid is not None:
             xs, ys = r.series(mid)
             if _finite(ys):
                 series[label] = (xs, ys)
         if rows:
-            band[label + " (range)"] = ([s for s, _, _ in rows], [a for _, a, _ in rows], [b for _, _, b in rows])
+            band[label + " (range)"] = ([s for s, _, _ in rows], [a for _, a, _ in rows],
+                                        [b for _, _, b in rows])
             if mid is None:
                 series[label] = ([s for s, _, _ in rows], [b for _, _, b in rows])
-    return {"series": series, "band": band, "xlabel": "step", "ylabel": ylabel, "title": title, "logy": logy}
+    return {"series": series, "band": band, "xlabel": "step", "ylabel": ylabel, "title": title,
+            "logy": logy}
 
 
 def _hist_units(run) -> list[str]:
     """Unit tags ``<layer>[<unit>]`` recorded by the histograms probe, in forward order."""
     prefix = "probe/histograms/q50/"
-    return sorted({n[len(prefix):] for n in run.metric_names(prefix)}, key=layer_key) if run is not None else []
+    return sorted({n[len(prefix):] for n in run.metric_names(prefix)},
+                  key=layer_key) if run is not None else []
 
 
 def _hist_layers(run) -> list[str]:
@@ -320,7 +329,8 @@ def distribution_drift(run) -> float | None:
         return None
     drifts = []
     for unit in _hist_units(run):
-        q05, q50, q95 = (_values(run, f"probe/histograms/{q}/{unit}") for q in ("q05", "q50", "q95"))
+        q05, q50, q95 = (_values(run, f"probe/histograms/{q}/{unit}")
+                         for q in ("q05", "q50", "q95"))
         if len(q05) < 2 or len(q95) < 2 or len(q50) < 2:
             continue
         spread0, spread1 = q95[0] - q05[0], q95[-1] - q05[-1]

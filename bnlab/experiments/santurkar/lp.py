@@ -16,9 +16,10 @@ from ..verdicts import checks, combine, ladder, tally
 from bnlab.formatting import fmt
 from ..common import RULE, compare_arms, safe_panels
 from .common import (
-    BN, L1, L2, LINF, STANDARD, _curve_panel, _distribution_panel, _dln_runs, _hist_layers, _hist_units,
-    _inconclusive_if_tiny, _runs_by_label, _vgg_runs, arm_runs, compare_text, distribution_drift,
-    dln_config, log_values, mean_train_loss, per_seed, pick, sharpness_line, vgg_config,
+    BN, L1, L2, LINF, STANDARD, _curve_panel, _distribution_panel, _dln_runs, _hist_layers,
+    _hist_units, _inconclusive_if_tiny, _runs_by_label, _vgg_runs, arm_runs, compare_text,
+    distribution_drift, dln_config, log_values, mean_train_loss, per_seed, pick, sharpness_line,
+    vgg_config,
 )
 from .dln import LANDSCAPE, _landscape_panels, landscape_summary, landscape_verdict
 
@@ -81,33 +82,37 @@ def fig11_verdict(losses: dict[str, list[float]], landscapes: dict[str, list[dic
 
 def _fig11_analyze(ctx) -> Outcome:
     by_label, arms = _runs_by_label(ctx), arm_runs(ctx)
-    labels = [label for label in LP_LABELS if f"VGG: {label}" in by_label or f"DLN: {label}" in by_label]
+    labels = [label for label in LP_LABELS if f"VGG: {label}" in by_label
+              or f"DLN: {label}" in by_label]
     figures, table, losses, landscapes = [], [], {}, {}
     for net, fig_name, target in NETS:
         runs = {label: by_label.get(f"{net}: {label}") for label in labels}
         lr = (vgg_config if net == "VGG" else dln_config)(ctx.preset, "none")["lr"]
         specs = [_curve_panel(runs, "train_loss", f"(a) {net} training loss", "loss", logy=True)]
         specs += _landscape_panels(runs, f"{net}: ", lr)
-        figures.append(safe_panels(ctx.figure_path(f"{fig_name}_lp"), specs, ncols=5,
-                                   title=f"Santurkar {target}: {net} with ℓp normalizations (seed 0)"))
+        title = f"Santurkar {target}: {net} with ℓp normalizations (seed 0)"
+        figures.append(safe_panels(ctx.figure_path(f"{fig_name}_lp"), specs, ncols=5, title=title))
         for label in labels:
             key = f"{net}: {label}"
             losses[key] = per_seed(arms.get(key), mean_train_loss)
             landscapes[key] = [landscape_summary(r) for r in arms.get(key, [])]
-            table.append({"quantity": f"{key}: mean training loss; median loss range; median β (per seed)",
+            table.append({"quantity": f"{key}: mean training loss; median loss range; median β "
+                                      "(per seed)",
                           "ours": "; ".join(" ".join(fmt(v) for v in values) or "—" for values in (
                               losses[key], [s["loss_range"] for s in landscapes[key]],
                               [s["beta_smoothness"] for s in landscapes[key]])),
                           "paper": "worst training, roughest landscape" if label == STANDARD else
                                    "trains better and smoother than Standard (Figs 11–12)" + (
-                                       ", comparably to or better than BN (Fig. 13)" if label in LP else "")})
+                                       ", comparably to or better than BN (Fig. 13)" if label in LP
+                                       else "")})
     verdict, summary = fig11_verdict(losses, landscapes, _inconclusive_if_tiny(ctx))
 
     def lr_of(net: str) -> float:
         return (vgg_config if net == "VGG" else dln_config)(ctx.preset, "none")["lr"]
 
     def line(net: str) -> str:
-        return f"{net}: " + sharpness_line({label: arms.get(f"{net}: {label}", []) for label in labels}, lr_of(net))
+        return f"{net}: " + sharpness_line({label: arms.get(f"{net}: {label}", [])
+                                            for label in labels}, lr_of(net))
 
     lines = "; ".join(line(net) for net, _, _ in NETS)
     return Outcome(figures, table, verdict, f"{summary} {lines}")
@@ -116,17 +121,20 @@ def _fig11_analyze(ctx) -> Outcome:
 register(Experiment(
     id="santurkar-fig11", paper="santurkar", target="Figs 11–13",
     title="ℓp normalizations (ℓ1, ℓ2, ℓ∞) against standard and BN: training and landscapes",
-    claim="Every normalization — BN and the ℓ1, ℓ2, ℓ∞ batch normalizations, which do not fix the mean and "
-          "variance of the activations — trains better than the standard network and makes its loss landscape "
-          "smoother (smaller loss range and β-smoothness along the gradient), for the VGG and the DLN (Figs 11–12); "
-          "every ℓp normalization trains comparably to BN or better (Fig. 13).",
-    smoke_changes="the shared smoke VGG (digits at 16×16, 1/8 width, 600 steps, He init) and DLN (600 steps, lr "
-                  "1e-3) runs, 3 seeds each, with every arm the paper names: norms none, bn, lp_bn(p=1), lp_bn(p=2) "
-                  "and lp_bn(p=inf) (Hoffer's top-10 scale). Landscapes every 30 (VGG) / 25 (DLN) steps, "
-                  "histograms every 20 / 10, hessian every 100 / 50. Verdict: Welch's t-test over seeds (ln scale) "
-                  "per normalization, criterion and network; Fig. 13's 'comparably' = loss below 1.25× BN's.",
-    cost={"smoke": "15 VGG + 15 DLN runs (none/bn shared with the other entries): measured 7.5 min CPU, 15.6 min "
-                   "wall on 2 cores under a load average of 3–6 (one thread)",
+    claim="Every normalization — BN and the ℓ1, ℓ2, ℓ∞ batch normalizations, which do not fix the "
+          "mean and variance of the activations — trains better than the standard network and "
+          "makes its loss landscape smoother (smaller loss range and β-smoothness along the "
+          "gradient), for the VGG and the DLN (Figs 11–12); every ℓp normalization trains "
+          "comparably to BN or better (Fig. 13).",
+    smoke_changes="the shared smoke VGG (digits at 16×16, 1/8 width, 600 steps, He init) and DLN "
+                  "(600 steps, lr 1e-3) runs, 3 seeds each, with every arm the paper names: norms "
+                  "none, bn, lp_bn(p=1), lp_bn(p=2) and lp_bn(p=inf) (Hoffer's top-10 scale). "
+                  "Landscapes every 30 (VGG) / 25 (DLN) steps, histograms every 20 / 10, hessian "
+                  "every 100 / 50. Verdict: Welch's t-test over seeds (ln scale) per "
+                  "normalization, criterion and network; Fig. 13's 'comparably' = loss below 1.25× "
+                  "BN's.",
+    cost={"smoke": "15 VGG + 15 DLN runs (none/bn shared with the other entries): measured 7.5 min "
+                   "CPU, 15.6 min wall on 2 cores under a load average of 3–6 (one thread)",
           "paper": "15 VGG × 15 000 steps on CIFAR-10 + 15 DLN × 10 000 steps (GPU, ≈ 6 h)"},
     plan=_fig11_plan, analyze=_fig11_analyze))
 
@@ -150,11 +158,13 @@ def fig14_verdict(drift: dict[str, list[float]], losses: dict[str, list[float]],
     comps, wanted, parts = {}, {}, []
     for label in LP:
         more = compare_arms(drift.get(STANDARD, []), drift.get(label, []))
-        better = compare_arms(log_values(losses.get(STANDARD, [])), log_values(losses.get(label, [])))
+        better = compare_arms(log_values(losses.get(STANDARD, [])),
+                              log_values(losses.get(label, [])))
         vs_bn = compare_arms(drift.get(BN, []), drift.get(label, []))
         comps.update({(label, "drift"): more, (label, "loss"): better})
         wanted.update({(label, "drift"): "higher", (label, "loss"): "lower"})
-        parts.append(f"{label}: {compare_text(more, 'drift − standard')}, drift vs BN {vs_bn.decision}, "
+        parts.append(f"{label}: {compare_text(more, 'drift − standard')}, drift vs BN "
+                     f"{vs_bn.decision}, "
                      f"{compare_text(better, 'mean training loss − standard', log=True)}")
     outcome = checks(comps, wanted)
     return combine(list(outcome.values())), (
@@ -172,15 +182,17 @@ def _fig14_analyze(ctx) -> Outcome:
         for layer in pick(_hist_layers(r), (0.25, 0.75)):
             unit = next(u for u in units if u.split("[")[0] == layer)
             specs.append(_distribution_panel(r, unit, f"{label}: {unit}"))
-    fig = safe_panels(ctx.figure_path("vgg_lp_activations"), specs or [{"title": "no activation histograms"}],
-                      ncols=4,
-                      title="Santurkar Fig. 14: VGG activation distributions under ℓp normalizations (seed 0)")
+    fig = safe_panels(ctx.figure_path("vgg_lp_activations"),
+                      specs or [{"title": "no activation histograms"}], ncols=4,
+                      title="Santurkar Fig. 14: VGG activation distributions under ℓp "
+                            "normalizations (seed 0)")
     drift = {label: per_seed(arms.get(f"VGG: {label}"), distribution_drift) for label in labels}
     losses = {label: per_seed(arms.get(f"VGG: {label}"), mean_train_loss) for label in labels}
     table = [{"quantity": f"VGG {label}: median distribution drift; mean training loss (per seed)",
               "ours": f"{' '.join(fmt(v) for v in drift[label]) or '—'}; "
                       f"{' '.join(fmt(v) for v in losses[label]) or '—'}",
-              "paper": "ℓp: larger distributional shift than normal networks, yet better optimization (Fig. 14)"
+              "paper": "ℓp: larger distributional shift than normal networks, yet better "
+                       "optimization (Fig. 14)"
               if label in LP else "reference"} for label in labels]
     verdict, summary = fig14_verdict(drift, losses, _inconclusive_if_tiny(ctx))
     return Outcome([fig], table, verdict, summary)
@@ -189,13 +201,15 @@ def _fig14_analyze(ctx) -> Outcome:
 register(Experiment(
     id="santurkar-fig14", paper="santurkar", target="Fig. 14",
     title="VGG activation distributions under ℓp normalizations",
-    claim="The ℓp normalizations lead to a larger distributional shift of the activations than normal networks "
-          "over training, yet optimize better.",
-    smoke_changes="the VGG runs of fig11 (digits at 16×16, 1/8 width, 600 steps, 3 seeds, norms none, bn and "
-                  "the paper's three ℓp: p = 1, 2, ∞; 2 sampled units per layer every 20 steps). The shift is a "
-                  "scale-free drift of each sampled unit's distribution from the first to the last measurement "
-                  "(centre shift in initial 5–95 % spreads + |ln width ratio|), median over units; compared with the "
-                  "standard network (and reported against BN).",
-    cost={"smoke": "the 15 VGG runs of fig11: measured 10.7 min wall on 2 cores under a load average of 3–5",
+    claim="The ℓp normalizations lead to a larger distributional shift of the activations than "
+          "normal networks over training, yet optimize better.",
+    smoke_changes="the VGG runs of fig11 (digits at 16×16, 1/8 width, 600 steps, 3 seeds, norms "
+                  "none, bn and the paper's three ℓp: p = 1, 2, ∞; 2 sampled units per layer every "
+                  "20 steps). The shift is a scale-free drift of each sampled unit's distribution "
+                  "from the first to the last measurement (centre shift in initial 5–95 % spreads "
+                  "+ |ln width ratio|), median over units; compared with the standard network (and "
+                  "reported against BN).",
+    cost={"smoke": "the 15 VGG runs of fig11: measured 10.7 min wall on 2 cores under a load "
+                   "average of 3–5",
           "paper": "the 15 VGG runs of fig11 (GPU)"},
     plan=_fig14_plan, analyze=_fig14_analyze))

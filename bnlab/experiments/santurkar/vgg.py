@@ -15,10 +15,10 @@ from ..verdicts import checks, combine, conjunction, ladder
 from bnlab.formatting import fmt
 from ..common import RULE, compare_arms, safe_panels
 from .common import (
-    BN, COS_TOLERANCE, NOISY, SHIFT_FACTOR, STANDARD, _curve_panel, _distribution_panel, _dln_runs, _first_layer_zero,
-    _hist_layers, _hist_units, _inconclusive_if_tiny, _layer_medians, _median, _runs_by_label, _values, _vgg_runs,
-    arm_runs, compare_text, layer_key, log_values, mean_train_loss, per_seed, pick,
-    probe_layers, sharpness_line, sharpness_panel, vgg_config,
+    BN, COS_TOLERANCE, NOISY, SHIFT_FACTOR, STANDARD, _curve_panel, _distribution_panel, _dln_runs,
+    _first_layer_zero, _hist_layers, _hist_units, _inconclusive_if_tiny, _layer_medians, _median,
+    _runs_by_label, _values, _vgg_runs, arm_runs, compare_text, layer_key, log_values,
+    mean_train_loss, per_seed, pick, probe_layers, sharpness_line, sharpness_panel, vgg_config,
 )
 
 # ---- Fig. 2: standard vs BN vs "noisy" BN ------------------------------------------------------
@@ -33,7 +33,8 @@ def _fig2_plan(preset: str) -> Plan:
 def _fig2_analyze(ctx) -> Outcome:
     runs = {label: _runs_by_label(ctx).get(label) for label in FIG2_LABELS}
     specs = [_curve_panel(runs, "train_loss", "training loss (block means)", "loss", logy=True),
-             _curve_panel(runs, "train_accuracy", "training accuracy (batch, block means)", "accuracy"),
+             _curve_panel(runs, "train_accuracy", "training accuracy (batch, block means)",
+                          "accuracy"),
              _curve_panel(runs, "test_accuracy", "test accuracy", "accuracy", points=200)]
     for label in (BN, NOISY):
         r = runs.get(label)
@@ -45,17 +46,20 @@ def _fig2_analyze(ctx) -> Outcome:
     arms = arm_runs(ctx)
     losses = {label: per_seed(arms.get(label), mean_train_loss) for label in FIG2_LABELS}
     finals = {label: (r.final("train_accuracy") if r is not None else None,
-                      r.final("test_accuracy") if r is not None else None) for label, r in runs.items()}
+                      r.final("test_accuracy") if r is not None else None)
+              for label, r in runs.items()}
     paper = {STANDARD: "trains slowest; test acc. 80 % (App. A.1, CIFAR-10, no augmentation)",
              BN: "trains fastest; test acc. 83 % (App. A.1)",
              NOISY: "trains like BN, faster than Standard, despite the noise (Fig. 2)"}
-    table = [{"quantity": f"{label}: mean training loss per seed / seed 0's final train acc. / test acc.",
-              "ours": f"{' '.join(fmt(v) for v in losses[label]) or '—'} / {fmt(finals[label][0])} / "
-                      f"{fmt(finals[label][1])}",
+    table = [{"quantity": f"{label}: mean training loss per seed / seed 0's final train acc. / "
+                          "test acc.",
+              "ours": f"{' '.join(fmt(v) for v in losses[label]) or '—'} / {fmt(finals[label][0])} "
+                      f"/ {fmt(finals[label][1])}",
               "paper": paper[label]} for label in FIG2_LABELS]
     lr = vgg_config(ctx.preset, "none")["lr"]
-    fig = safe_panels(ctx.figure_path("training_curves"), specs + [sharpness_panel(runs, lr)], ncols=3,
-                      title="Santurkar Fig. 2: VGG with standard, BN and noisy BN layers (seed 0)")
+    fig = safe_panels(ctx.figure_path("training_curves"), specs + [sharpness_panel(runs, lr)],
+                      ncols=3, title="Santurkar Fig. 2: VGG with standard, BN and noisy BN layers "
+                                     "(seed 0)")
     verdict, summary = fig2_verdict(losses, _inconclusive_if_tiny(ctx))
     return Outcome([fig], table, verdict, f"{summary}; {sharpness_line(arms, lr)}")
 
@@ -81,22 +85,24 @@ def fig2_verdict(losses: dict[str, list[float]], tiny: str | None = None) -> tup
     plain = compare_arms(bn, noisy)
     first, second = checks({1: c, 2: margin}, "lower").values()
     return combine([first, second]), (
-        f"(1) noisy BN − standard, {compare_text(c, 'mean training loss per seed', log=True)} → {first}; "
-        f"(2) noisy BN − BN {compare_text(plain, 'same', log=True)}; against the margin ln 1.25: "
-        f"{margin.decision} → {second}. {RULE}")
+        f"(1) noisy BN − standard, {compare_text(c, 'mean training loss per seed', log=True)} → "
+        f"{first}; (2) noisy BN − BN {compare_text(plain, 'same', log=True)}; against the margin "
+        f"ln 1.25: {margin.decision} → {second}. {RULE}")
 
 
 register(Experiment(
     id="santurkar-fig2", paper="santurkar", target="Fig. 2",
     title="Training with standard, BN and noisy BN VGG",
-    claim="BN with injected, time-varying covariate shift ('noisy' BN) still trains as well as BN and better "
-          "than the standard network: ICS reduction is not what makes BN work.",
-    smoke_changes="digits upsampled to 16×16 instead of CIFAR-10, VGG at 1/8 width, 600 steps (≈ 53 epochs of "
-                  "digits) instead of 15 000, He instead of Glorot init (with Glorot the 11-layer standard VGG "
-                  "stays at chance for the whole smoke budget), 3 seeds per arm. The runs carry the ics/moments/"
-                  "histograms/landscape/hessian probes so that fig6, fig7, fig11 and fig14 reuse them. Both halves of "
-                  "the claim are judged: 'faster than standard' by Welch's t-test over seeds of the ln mean training "
-                  "loss over the run, 'as well as BN' as within a factor 1.25 of BN's (pre-declared margin).",
+    claim="BN with injected, time-varying covariate shift ('noisy' BN) still trains as well as BN "
+          "and better than the standard network: ICS reduction is not what makes BN work.",
+    smoke_changes="digits upsampled to 16×16 instead of CIFAR-10, VGG at 1/8 width, 600 steps (≈ "
+                  "53 epochs of digits) instead of 15 000, He instead of Glorot init (with Glorot "
+                  "the 11-layer standard VGG stays at chance for the whole smoke budget), 3 seeds "
+                  "per arm. The runs carry the ics/moments/histograms/landscape/hessian probes so "
+                  "that fig6, fig7, fig11 and fig14 reuse them. Both halves of the claim are "
+                  "judged: 'faster than standard' by Welch's t-test over seeds of the ln mean "
+                  "training loss over the run, 'as well as BN' as within a factor 1.25 of BN's "
+                  "(pre-declared margin).",
     cost={"smoke": "≈ 5 min CPU, one thread (9 VGG runs of 600 steps with probes, ≈ 32 s each)",
           "paper": "9 runs × 15 000 steps VGG on CIFAR-10 (GPU, ≈ 3 h with probes)"},
     plan=_fig2_plan, analyze=_fig2_analyze))
@@ -108,7 +114,8 @@ FIG6_LABELS = (STANDARD, BN)
 
 
 def _fig6_plan(preset: str) -> Plan:
-    return Plan(runs=_vgg_runs(preset, FIG6_LABELS, "VGG: ") + _dln_runs(preset, FIG6_LABELS, "DLN: "))
+    return Plan(runs=_vgg_runs(preset, FIG6_LABELS, "VGG: ")
+                + _dln_runs(preset, FIG6_LABELS, "DLN: "))
 
 
 def ics_summary(run) -> tuple[float | None, float | None]:
@@ -130,7 +137,8 @@ def _fig6_analyze(ctx) -> Outcome:
     for net in ("VGG", "DLN"):
         runs = {label: by_label.get(f"{net}: {label}") for label in FIG6_LABELS}
         reference = runs[STANDARD] or runs[BN]
-        layers = [name for name in probe_layers(reference, "ics", "l2") if name not in _first_layer_zero(reference)] \
+        layers = [name for name in probe_layers(reference, "ics", "l2")
+                  if name not in _first_layer_zero(reference)] \
             if reference is not None else []
         for layer in pick(layers, (0.3, 0.9)):
             for quantity, ylabel in (("l2", "‖G − G′‖₂"), ("cos", "cos(G, G′)")):
@@ -148,10 +156,12 @@ def _fig6_analyze(ctx) -> Outcome:
             cos[(net, label)] = per_seed(seeds, lambda r: ics_summary(r)[0])
             l2[label] = per_seed(seeds, lambda r: ics_summary(r)[1])
         table.append({"quantity": f"{net}: median cos(G, G′) per seed, standard / BN",
-                      "ours": " / ".join(" ".join(fmt(v) for v in cos[(net, label)]) or "—" for label in FIG6_LABELS),
+                      "ours": " / ".join(" ".join(fmt(v) for v in cos[(net, label)]) or "—"
+                                         for label in FIG6_LABELS),
                       "paper": "BN similar or lower (worse) than standard (Fig. 6)"})
         table.append({"quantity": f"{net}: median ‖G − G′‖₂ per seed, standard / BN",
-                      "ours": " / ".join(" ".join(fmt(v) for v in l2[label]) or "—" for label in FIG6_LABELS),
+                      "ours": " / ".join(" ".join(fmt(v) for v in l2[label]) or "—"
+                                         for label in FIG6_LABELS),
                       "paper": "BN similar or larger (worse) than standard (Fig. 6)"})
     fig = safe_panels(ctx.figure_path("ics"), specs or [{"title": "no ICS measurements"}], ncols=4,
                       title="Santurkar Fig. 6: ICS (Definition 2.1) with and without BN (seed 0)")
@@ -159,7 +169,8 @@ def _fig6_analyze(ctx) -> Outcome:
     return Outcome([fig], table, verdict, summary)
 
 
-def fig6_verdict(cos: dict[tuple[str, str], list[float]], tiny: str | None = None) -> tuple[str, str]:
+def fig6_verdict(cos: dict[tuple[str, str], list[float]],
+                 tiny: str | None = None) -> tuple[str, str]:
     """Fig. 6: BN's ICS is similar or worse. Per seed, the median cos(G, G′) over steps and layers
     (first layer out); 'similar' allows BN up to COS_TOLERANCE above standard. Per network: held
     when BN's cos is detectably below standard's + tolerance, not held when detectably above it
@@ -173,19 +184,21 @@ def fig6_verdict(cos: dict[tuple[str, str], list[float]], tiny: str | None = Non
                                       cos.get((net, BN), []))
         parts.append(f"{net} " + compare_text(c, f"BN − (standard + {COS_TOLERANCE})"))
     return conjunction(comps, "lower"), ("median cos(G, G′) over probed steps and layers (first "
-                                          "layer excluded), per seed; "
-                               + "; ".join(parts) + f". {RULE}")
+                                         "layer excluded), per seed; "
+                                         + "; ".join(parts) + f". {RULE}")
 
 
 register(Experiment(
     id="santurkar-fig6", paper="santurkar", target="Fig. 6",
     title="Internal covariate shift (Definition 2.1) with and without BN",
-    claim="Networks with BN have similar or even larger ICS — the change of a layer's gradient when the "
-          "preceding layers are updated, ‖G − G′‖ and cos(G, G′) — than standard networks, while training better.",
-    smoke_changes="VGG: the shared smoke VGG runs of fig2 (digits at 16×16, 1/8 width, 600 steps, He init, 3 "
-                  "seeds), ICS every 30 steps. DLN: the paper's 25 layers of width 10 on 1000 Gaussian samples, "
-                  "full batch, 600 instead of 10 000 steps, 3 seeds, ICS every 25 steps. 'Similar or worse': per "
-                  "seed the median cos(G, G′) over steps and layers; Welch's t-test of BN against standard + 0.02.",
+    claim="Networks with BN have similar or even larger ICS — the change of a layer's gradient "
+          "when the preceding layers are updated, ‖G − G′‖ and cos(G, G′) — than standard "
+          "networks, while training better.",
+    smoke_changes="VGG: the shared smoke VGG runs of fig2 (digits at 16×16, 1/8 width, 600 steps, "
+                  "He init, 3 seeds), ICS every 30 steps. DLN: the paper's 25 layers of width 10 "
+                  "on 1000 Gaussian samples, full batch, 600 instead of 10 000 steps, 3 seeds, ICS "
+                  "every 25 steps. 'Similar or worse': per seed the median cos(G, G′) over steps "
+                  "and layers; Welch's t-test of BN against standard + 0.02.",
     cost={"smoke": "≈ 5 min CPU (6 VGG + 6 DLN runs; the VGG runs are fig2's)",
           "paper": "6 VGG × 15 000 steps on CIFAR-10 + 6 DLN × 10 000 steps (GPU, ≈ 2 h)"},
     plan=_fig6_plan, analyze=_fig6_analyze))
@@ -203,7 +216,8 @@ def _fig7_analyze(ctx) -> Outcome:
     # Layers differ in name (the conv output "features.4.0" without BN, the BN output "features.4.1"
     # with it): pair them by their block "features.4", at depths picked among the blocks every run
     # has.
-    block_maps = {label: {layer.rsplit(".", 1)[0]: layer for layer in probe_layers(r, "moments", "mean_change")}
+    block_maps = {label: {layer.rsplit(".", 1)[0]: layer
+                          for layer in probe_layers(r, "moments", "mean_change")}
                   if r is not None else {} for label, r in runs.items()}
     present = [m for m in block_maps.values() if m]
     common = sorted(set.intersection(*(set(m) for m in present)), key=layer_key) if present else []
@@ -225,8 +239,10 @@ def _fig7_analyze(ctx) -> Outcome:
                        for q in ("mean_change", "var_change")} for label in FIG2_LABELS}
     losses = {label: per_seed(arms.get(label), mean_train_loss) for label in FIG2_LABELS}
     paper = {STANDARD: "small change of mean and variance", BN: "small change",
-             NOISY: "much larger change of both moments than Standard, yet trains faster (Figs 2, 7)"}
-    table = [{"quantity": f"{label}: median |Δ mean| / |Δ var| per step; mean training loss (per seed)",
+             NOISY: "much larger change of both moments than Standard, yet trains faster "
+                    "(Figs 2, 7)"}
+    table = [{"quantity": f"{label}: median |Δ mean| / |Δ var| per step; mean training loss "
+                          "(per seed)",
               "ours": f"{' '.join(fmt(v) for v in changes[label]['mean_change']) or '—'} / "
                       f"{' '.join(fmt(v) for v in changes[label]['var_change']) or '—'}; "
                       f"{' '.join(fmt(v) for v in losses[label]) or '—'}",
@@ -247,7 +263,8 @@ def fig7_verdict(changes: dict[str, dict[str, list[float]]], losses: dict[str, l
     for q in ("mean_change", "var_change"):
         std = [v + math.log(SHIFT_FACTOR) for v in log_values(changes.get(STANDARD, {}).get(q, []))]
         c = comps[q] = compare_arms(std, log_values(changes.get(NOISY, {}).get(q, [])))
-        parts.append(compare_text(c, f"noisy BN − {SHIFT_FACTOR:g}× standard, median |Δ {q.split('_')[0]}|", log=True))
+        parts.append(compare_text(c, f"noisy BN − {SHIFT_FACTOR:g}× standard, median |Δ "
+                                     f"{q.split('_')[0]}|", log=True))
     c = comps["loss"] = compare_arms(log_values(losses.get(STANDARD, [])),
                                      log_values(losses.get(NOISY, [])))
     parts.append(compare_text(c, "noisy BN − standard, mean training loss", log=True))
@@ -258,12 +275,14 @@ def fig7_verdict(changes: dict[str, dict[str, list[float]]], losses: dict[str, l
 register(Experiment(
     id="santurkar-fig7", paper="santurkar", target="Fig. 7",
     title="Change of activation moments per step: standard, BN, noisy BN",
-    claim="'Noisy' BN layers change the mean and variance of a layer's activations between successive steps "
-          "far more than a standard network does, yet the network trains better (cf. Fig. 2).",
-    smoke_changes="the shared smoke VGG runs of fig2 (digits at 16×16, 1/8 width, 600 steps, He init, 3 seeds), "
-                  "moments probe every 15 steps; layers are the BN outputs (conv outputs without BN), paired "
-                  "across networks by depth. 'Significantly higher': Welch's t-test over seeds of ln(noisy BN's "
-                  "median change) against ln(2 × standard's).",
+    claim="'Noisy' BN layers change the mean and variance of a layer's activations between "
+          "successive steps far more than a standard network does, yet the network trains better "
+          "(cf. Fig. 2).",
+    smoke_changes="the shared smoke VGG runs of fig2 (digits at 16×16, 1/8 width, 600 steps, He "
+                  "init, 3 seeds), moments probe every 15 steps; layers are the BN outputs (conv "
+                  "outputs without BN), paired across networks by depth. 'Significantly higher': "
+                  "Welch's t-test over seeds of ln(noisy BN's median change) against ln(2 × "
+                  "standard's).",
     cost={"smoke": "≈ 5 min CPU (the 9 runs of fig2; free after fig2)",
           "paper": "the 3 runs of fig2 (GPU)"},
     plan=_fig7_plan, analyze=_fig7_analyze))

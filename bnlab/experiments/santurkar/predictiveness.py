@@ -1,0 +1,220 @@
+"""Santurkar et al. 2018, Fig. 10: gradient predictiveness against the distance moved along the
+gradient, from a plain full-batch SGD replay of the deep linear networks of
+:mod:`bnlab.experiments.santurkar.dln` (same configurations, rate and seeds).
+
+The replay keeps each whole curve ‖∇L(θ) − ∇L(θ − s g)‖, L(θ − s g) over step sizes s that reach
+past the paper's 30 × lr, so both readings of the paper's rate (module docstring of
+:mod:`bnlab.experiments.santurkar`) can be cut from one curve. The verdict is a pure function of
+per-seed numbers, tested on synthetic values.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+import bnlab.models as M
+from bnlab import data as D
+from bnlab.probes import ProbeContext, evaluate_landscape
+
+from ..base import Experiment, Outcome, Plan, register
+from ..verdicts import decide, ladder
+from bnlab.formatting import finite_or_none, fmt
+from ..common import RULE, compare_arms, safe_panels
+from .common import (
+    BN, DLN_LR, DLN_RANGE, NORMS, SEEDS, SMOKE_DLN_STEPS, STANDARD, _inconclusive_if_tiny, _median,
+    compare_text, dln_config, log_values,
+)
+from .dln import FIG6_LABELS, LANDSCAPE, LITERAL_LR
+
+# Fig. 10's replay goes past the paper's 30 × lr ("BN keeps smoothing further")
+FIG10_MULTIPLIERS = (0.01, 1000.0)
+
+
+def fig10_grid(lr: float = DLN_LR, points_per_decade: int = 5) -> list[float]:
+    """Log-spaced step sizes over FIG10_MULTIPLIERS × lr plus the exact ends 30 × lr and 300 × lr.
+
+    30 × lr ends the paper's range at our rate; 30 × LITERAL_LR = 300 × lr ends it at the other
+    reading of the paper's rate, so both ranges can be cut from one curve."""
+    lo, hi = (math.log10(m) for m in FIG10_MULTIPLIERS)
+    count = round((hi - lo) * points_per_decade)
+    multipliers = {10 ** (lo + i * (hi - lo) / count) for i in range(count + 1)} | {30.0, 300.0}
+    return [m * lr for m in sorted(multipliers)]
+
+
+def predictiveness_curves(preset: str = "smoke", tiny: bool = False) -> dict:
+    """Fig. 10: ‖∇L(θ) − ∇L(θ − s g)‖ and L(θ − s g) against the step s along the gradient, DLN ±
+    BN, per seed.
+
+    Replays each DLN of :func:`dln_config` (same model, data and rate; a plain full-batch SGD loop,
+    weights and data drawn with each of :data:`SEEDS`) and at a few steps evaluates the landscape
+    with :func:`bnlab.probes.evaluate_landscape` (naive, exact) on :func:`fig10_grid`. The training
+    probe keeps only the range over its grid; this keeps the whole curve, and reaches past the
+    paper's 30 × lr up to 1000 × lr, which also covers [1/100, 30] × 1e-2 (the literal conversion of
+    the paper's rate, module docstring of :mod:`bnlab.experiments.santurkar`).
+    """
+    at = {"paper": (0, 1000, 10000), "smoke": (0, 200, SMOKE_DLN_STEPS)}[preset]
+    seeds = SEEDS[:1] if tiny else SEEDS
+    if tiny:
+        at = (0, 2)
+    out: dict[str, Any] = {"at_steps": list(at), "lr": DLN_LR, "step_sizes": fig10_grid(),
+                           "runs": {}}
+    for label in FIG6_LABELS:
+        for seed in seeds:
+            config = dln_config(preset, NORMS[label], seed)
+            out["runs"].setdefault(label, []).append(_replay(config, at))
+    return out
+
+
+def _replay(cfg: dict, at: tuple[int, ...]) -> dict:
+    """Train one DLN config with plain full-batch SGD, evaluating the landscape at the steps
+    ``at``."""
+    grid = torch.tensor(fig10_grid(), dtype=torch.float64)
+    ds = D.load(cfg["data"], **cfg["data_options"], seed=cfg["seed"])
+    model = M.create("dln", norm=cfg["norm"], input_shape=ds.input_shape,
+                     num_classes=ds.num_outputs, seed=cfg["seed"], **cfg["model_options"])
+    opt = torch.optim.SGD(model.parameters(), lr=DLN_LR)
+    x, y = ds.x_train, ds.y_train
+    loss_fn = torch.nn.functional.mse_loss
+    curves, status = [], "finished"
+    for step in range(max(at) + 1):
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        if not torch.isfinite(loss):
+            status = "diverged"
+            break
+        loss.backward()
+        if step in at:
+            res = evaluate_landscape(ProbeContext(model, loss_fn, (x, y), step, optimizer=opt),
+                                     grid, "naive")
+            curves.append({"step": step,
+                           "grad_change": [finite_or_none(v) for v in res.grad_changes],
+                           "loss": [finite_or_none(v) for v in res.losses],
+                           "grad_norm": res.grad_norm, "loss_at_theta": res.loss})
+        opt.step()
+    return {"seed": cfg["seed"], "status": status, "curves": curves}
+
+
+def window_summary(curve: dict, step_sizes: list[float], lo: float,
+                   hi: float) -> dict[str, float | None]:
+    """Loss range, largest gradient change and effective β of one Fig. 10 curve over s ∈ [lo, hi].
+
+    Same definitions as the landscape probe (:class:`bnlab.probes.LandscapeResult`): the range of
+    L(θ − s g), max ‖∇L(θ) − ∇L(θ − s g)‖ and max of that over s‖g‖; non-finite points are
+    skipped."""
+    rows = [(s, loss, d) for s, loss, d in zip(step_sizes, curve["loss"], curve["grad_change"])
+            if lo * (1 - 1e-9) <= s <= hi * (1 + 1e-9)]
+    losses = [loss for _, loss, _ in rows if loss is not None]
+    changes = [(s, d) for s, _, d in rows if d is not None]
+    g = curve.get("grad_norm") or 0.0
+    betas = [d / (s * g) for s, d in changes if s > 0 and g > 0]
+    return {"loss_range": (max(losses) - min(losses)) if losses else None,
+            "grad_change_max": max(d for _, d in changes) if changes else None,
+            "beta_smoothness": max(betas) if betas else None}
+
+
+def _replay_windows(pred: dict) -> dict[str, dict[str, list[dict[str, float | None]]]]:
+    """Per arm and window, per seed: the median over the replay's evaluation steps after step 0 of
+    :func:`window_summary`, for the paper's range at our rate ([1/100, 30] × lr), at the literal
+    conversion ([1/100, 30] × 1e-2) and beyond ((30, 1000] × lr: "BN keeps smoothing", Fig. 9's
+    caption)."""
+    lr = pred.get("lr") or DLN_LR
+    sizes = pred.get("step_sizes") or []
+    windows = {"ours": (DLN_RANGE[0] * lr, DLN_RANGE[1] * lr),
+               "literal": (DLN_RANGE[0] * LITERAL_LR, DLN_RANGE[1] * LITERAL_LR),
+               "beyond": (DLN_RANGE[1] * lr, FIG10_MULTIPLIERS[1] * lr)}
+    out: dict[str, dict[str, list]] = {}
+    for label, seeds in (pred.get("runs") or {}).items():
+        out[label] = {name: [] for name in windows}
+        for info in seeds:
+            curves = ([c for c in info.get("curves") or [] if c.get("step")]
+                      or info.get("curves") or [])
+            for name, (lo, hi) in windows.items():
+                summaries = [window_summary(c, sizes, lo, hi) for c in curves]
+                out[label][name].append({k: _median([sm[k] for sm in summaries])
+                                         for k in LANDSCAPE})
+    return out
+
+
+def _fig10_panels(pred: dict) -> list[dict]:
+    lr = pred.get("lr") or DLN_LR
+    multiples = [v / lr for v in pred.get("step_sizes") or []]
+    runs = pred.get("runs") or {}
+    specs = []
+    for quantity, ylabel in (("grad_change", "‖∇L(θ) − ∇L(θ − s g)‖"), ("loss", "L(θ − s g)")):
+        for index, step in enumerate(pred.get("at_steps") or []):
+            series = {}
+            for label, seeds in runs.items():
+                curves = (seeds[0].get("curves") or []) if seeds else []
+                if index < len(curves):
+                    series[label] = (multiples, curves[index][quantity])
+            specs.append({"series": series, "xlabel": "step size s / lr (paper's range ends at 30)",
+                          "ylabel": ylabel, "title": f"training step {step} (seed 0)", "logx": True,
+                          "logy": True, "markers": True})
+    return specs
+
+
+def fig10_verdict(windows: dict[str, dict[str, list[dict]]],
+                  tiny: str | None = None) -> tuple[str, str]:
+    """Fig. 10: gradients are more predictive with BN. Per seed, the median over the evaluated
+    training steps (step 0 left out: both nets start from a random init) of max ‖∇L(θ) − ∇L(θ − s
+    g)‖ over the paper's range [1/100, 30] × lr; BN − standard on a ln scale. The literal-rate
+    window and the range beyond 30 × lr are reported beside it. Primary, pre-declared: that BN −
+    standard difference, lower (:func:`verdicts.decide`)."""
+    if tiny:
+        return ladder(unusable=True), tiny
+    parts, verdict = [], ladder()
+    for name, text in (("ours", f"[1/100, 30] × {DLN_LR:g}"),
+                       ("literal", f"[1/100, 30] × {LITERAL_LR:g}"),
+                       ("beyond", f"(30, {FIG10_MULTIPLIERS[1]:g}] × {DLN_LR:g}")):
+        std, bn = ([s["grad_change_max"] for s in windows.get(label, {}).get(name, [])
+                    if s["grad_change_max"] is not None] for label in (STANDARD, BN))
+        c = compare_arms(log_values(std), log_values(bn))
+        if name == "ours":
+            verdict = decide(c, "lower")
+        parts.append(compare_text(c, f"{text}: BN − standard, max gradient change", log=True))
+    return verdict, "per seed, median over training steps: " + "; ".join(parts) + f". {RULE}"
+
+
+def _fig10_plan(preset: str) -> Plan:
+    return Plan(compute={"predictiveness": lambda tiny=False: predictiveness_curves(preset, tiny)})
+
+
+def _fig10_analyze(ctx) -> Outcome:
+    pred = (ctx.data or {}).get("predictiveness") or {}
+    fig = safe_panels(ctx.figure_path("predictiveness"),
+                      _fig10_panels(pred) or [{"title": "no replay data"}], ncols=3,
+                      title="Santurkar Fig. 10: gradient change and loss along the gradient, "
+                            "against the step size")
+    windows = _replay_windows(pred)
+    table = []
+    for name, text in (("ours", f"[1/100, 30] × {DLN_LR:g}"),
+                       ("literal", f"[1/100, 30] × {LITERAL_LR:g}"),
+                       ("beyond", f"(30, {FIG10_MULTIPLIERS[1]:g}] × {DLN_LR:g}")):
+        for k in LANDSCAPE:
+            per_arm = [" ".join(fmt(s[k]) for s in windows.get(label, {}).get(name, [])) or "—"
+                       for label in FIG6_LABELS]
+            table.append({"quantity": f"{text}: median {LANDSCAPE[k]} per seed, standard / BN",
+                          "ours": " / ".join(per_arm),
+                          "paper": "BN much smaller, also beyond 30 × lr (Figs 9, 10)"})
+    verdict, summary = fig10_verdict(windows, _inconclusive_if_tiny(ctx))
+    return Outcome([fig], table, verdict, summary)
+
+
+register(Experiment(
+    id="santurkar-fig10", paper="santurkar", target="Fig. 10",
+    title="Gradient predictiveness against the distance moved along the gradient, DLN with and "
+          "without BN",
+    claim="At a given training step, the ℓ2 change between the gradient and the gradients seen "
+          "while moving along it grows much more slowly with the distance moved in a DLN with BN: "
+          "gradients are more predictive.",
+    smoke_changes="a plain full-batch SGD replay of the smoke DLNs (lr 1e-3, 600 steps, 3 seeds "
+                  "per arm) evaluated at steps 0, 200 and 600 on 27 log-spaced step sizes from "
+                  "1/100 to 1000 × lr (the paper's range ends at 30 × lr). Verdict: Welch's t-test "
+                  "over seeds of the median (steps 200, 600) of the largest gradient change over "
+                  "[1/100, 30] × lr, ln scale.",
+    cost={"smoke": "≈ 50 s CPU (6 DLN replays of 600 steps, 3 landscape evaluations each)",
+          "paper": "6 replays × 10 000 steps (≈ 20 min on a CPU)"},
+    plan=_fig10_plan, analyze=_fig10_analyze))
