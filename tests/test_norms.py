@@ -275,8 +275,8 @@ class _TorchNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.features = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(),
-                                      nn.Sequential(nn.Conv2d(6, 4, 3),
-                                                    nn.BatchNorm2d(4)), nn.ReLU())
+                                      nn.Sequential(nn.Conv2d(6, 4, 3), nn.BatchNorm2d(4)),
+                                      nn.ReLU())
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * 4 * 4, 8),
                                   nn.BatchNorm1d(8), nn.Linear(8, 2))
 

@@ -17,10 +17,10 @@ from sklearn.datasets import load_digits
 
 import bnlab.norms as N
 
-EVAL_SPECS = ["bn", "native_bn", "mean_only_bn", "var_only_bn",
-              "noisy_bn", "lp_bn(p=1)", "lp_bn(p=2)", "lp_bn(p=inf)", "mbn(ideal_batch=64)",
-              "cbn(rho=2)", "cbn(eta=0.9, rho=2)", "cbn(center=false)", "cbn(decouple=false)",
-              "brn", "si_bn", "wn"]
+EVAL_SPECS = ["bn", "native_bn", "mean_only_bn", "var_only_bn", "noisy_bn", "lp_bn(p=1)",
+              "lp_bn(p=2)", "lp_bn(p=inf)", "mbn(ideal_batch=64)", "cbn(rho=2)",
+              "cbn(eta=0.9, rho=2)", "cbn(center=false)", "cbn(decouple=false)", "brn", "si_bn",
+              "wn"]
 
 
 def gen(seed=0):
@@ -139,8 +139,8 @@ def test_torch_options_have_torchs_semantics(spec):
         layer(xi)
     out = layer.eval()(x[0])
     if spec in ("bn", "cbn", "brn", "mbn"):
-        torch.testing.assert_close(out, nn.functional.batch_norm(
-            x[0], None, None, training=True) / (1 if spec != "cbn" else 1))
+        torch.testing.assert_close(out, nn.functional.batch_norm(x[0], None, None, training=True)
+                                   / (1 if spec != "cbn" else 1))
     assert not torch.allclose(layer(x[0][:4]), out[:4])  # depends on the batch
     # momentum=None: cumulative average, as torch
     if spec in ("bn", "mean_only_bn", "var_only_bn"):

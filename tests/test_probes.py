@@ -111,8 +111,8 @@ def test_landscape_batched_agrees_with_naive_on_bn_net_and_falls_back_for_noisy_
     for method in ("naive", "batched"):
         probe = probes.create("landscape", method=method, num=4)
         lab, _ = run_lab(net("bn"), nn.MSELoss(), [(x, y)], [probe], lr=0.1)
-        result[method] = {n: v for _, n, v in lab.records if "seconds" not in n
-                          and "batched" not in n}
+        result[method] = {n: v for _, n, v in lab.records
+                          if "seconds" not in n and "batched" not in n}
         assert probe.fallback_reason is None
     for name, value in result["naive"].items():
         assert result["batched"][name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
