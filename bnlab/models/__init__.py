@@ -12,7 +12,7 @@ from .resnet import BasicBlock, ResNet, ZeroPadShortcut
 from .vgg import ConvNet
 
 __all__ = [
-    "ACTIVATIONS", "BasicBlock", "BlockFactory", "ConvNet", "FlatNet", "INITS", "MODELS", "MODEL_INFO",
-    "ModelInfo", "ResNet", "ZeroPadShortcut", "activation", "create", "padding_share", "padding_share_by_size",
-    "position_share",
+    "ACTIVATIONS", "BasicBlock", "BlockFactory", "ConvNet", "FlatNet", "INITS", "MODELS",
+    "MODEL_INFO", "ModelInfo", "ResNet", "ZeroPadShortcut", "activation", "create", "padding_share",
+    "padding_share_by_size", "position_share",
 ]

@@ -74,7 +74,8 @@ class BlockFactory:
         if self.init in ("glorot", "xavier"):
             nn.init.xavier_uniform_(layer.weight, generator=self.generator)
         else:
-            nn.init.kaiming_normal_(layer.weight, mode="fan_in", nonlinearity="relu", generator=self.generator)
+            nn.init.kaiming_normal_(layer.weight, mode="fan_in", nonlinearity="relu",
+                                    generator=self.generator)
         if layer.bias is not None:
             nn.init.zeros_(layer.bias)
         return layer
@@ -89,7 +90,8 @@ class BlockFactory:
              padding: int = 1, bias: bool | None = None) -> nn.Conv2d:
         bias = self.layer_bias() if bias is None else bias
         return self.initialize(nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride,
-                                         padding=padding, bias=bias, padding_mode=self.padding_mode))
+                                         padding=padding, bias=bias,
+                                         padding_mode=self.padding_mode))
 
     def linear(self, in_features: int, out_features: int, *, bias: bool | None = None) -> nn.Linear:
         bias = self.layer_bias() if bias is None else bias
@@ -107,7 +109,8 @@ class BlockFactory:
         """
         if not logit_norm or self.norm == "none":
             return self.initialize(nn.Linear(in_features, out_features, bias=bias))
-        layer = self.initialize(nn.Linear(in_features, out_features, bias=not norms.removes_mean(self.norm)))
+        layer = self.initialize(nn.Linear(in_features, out_features,
+                                          bias=not norms.removes_mean(self.norm)))
         return norms.normalized(layer, self.norm, "pre_activation")
 
     # ---- blocks ------------------------------------------------------------------------------
@@ -127,11 +130,13 @@ class BlockFactory:
 
     def conv_unit(self, in_channels: int, out_channels: int, **kw) -> nn.Sequential:
         with_activation = kw.pop("with_activation", True)
-        return self.unit(self.conv(in_channels, out_channels, **kw), with_activation=with_activation)
+        return self.unit(self.conv(in_channels, out_channels, **kw),
+                         with_activation=with_activation)
 
     def linear_unit(self, in_features: int, out_features: int, *, bias: bool | None = None,
                     with_activation: bool = True) -> nn.Sequential:
-        return self.unit(self.linear(in_features, out_features, bias=bias), with_activation=with_activation)
+        return self.unit(self.linear(in_features, out_features, bias=bias),
+                         with_activation=with_activation)
 
     def activation(self) -> nn.Module:
         return activation(self.act)

@@ -35,7 +35,8 @@ def _stack(f: BlockFactory, in_features: int, depth: int, width: int, num_classe
     for _ in range(depth - 1):
         layers.append(f.linear_unit(in_features, width, bias=bias))
         in_features = width
-    layers.append(f.classifier(in_features, num_classes, bias=True if bias is None else bias, logit_norm=logit_norm))
+    layers.append(f.classifier(in_features, num_classes, bias=True if bias is None else bias,
+                               logit_norm=logit_norm))
     return nn.Sequential(*layers)
 
 
@@ -49,11 +50,13 @@ def mlp(f: BlockFactory, input_shape: tuple, num_classes: int, *, depth: int = 3
     ``logit_bn=True`` puts the model's norm on the logits as well (Arora et al. 2019, Eq. 2): every
     weight matrix is then scale-invariant.
     """
-    return FlatNet(_stack(f, flat_size(input_shape), depth, width, num_classes, bias=None, logit_norm=logit_bn))
+    return FlatNet(_stack(f, flat_size(input_shape), depth, width, num_classes, bias=None,
+                          logit_norm=logit_bn))
 
 
 @model("dln", "Santurkar et al. 2018, App. A.1", images_only=False, default_activation="identity",
-       params={"depth": depth(25), "width": units(10), "bias": flag(False, "linear layers' biases")})
+       params={"depth": depth(25), "width": units(10),
+               "bias": flag(False, "linear layers' biases")})
 def dln(f: BlockFactory, input_shape: tuple, num_classes: int, *, depth: int = 25, width: int = 10,
         bias: bool = False) -> FlatNet:
     """Santurkar et al. 2018 App. A.1 deep linear network: ``depth`` (25) linear layers of ``width``
@@ -68,7 +71,8 @@ def dln(f: BlockFactory, input_shape: tuple, num_classes: int, *, depth: int = 2
 
 @model("perceptron", "Luo et al. 2019, §2-3, Fig. 1(a)", images_only=False,
        params={"bias": flag(None, "a bias (none: only without a norm)")})
-def perceptron(f: BlockFactory, input_shape: tuple, num_classes: int, *, bias: bool | None = None) -> FlatNet:
+def perceptron(f: BlockFactory, input_shape: tuple, num_classes: int, *,
+               bias: bool | None = None) -> FlatNet:
     """Luo et al. 2019 §2, Fig. 1(a): single-layer perceptron ``y = g(BN(wᵀx))``, ``num_classes``
     units.
 

@@ -33,7 +33,8 @@ def position_share(x: torch.Tensor) -> float:
     (no spatial pattern). ``x = p(h, w) + ε`` with Var_hw(p) = P, Var(ε) = σ² gives P/(P + σ²).
     """
     if x.dim() != 4:
-        raise ValueError(f"position_share needs (N, C, H, W) activations, got shape {tuple(x.shape)}")
+        raise ValueError("position_share needs (N, C, H, W) activations, got shape "
+                         f"{tuple(x.shape)}")
     x = x.detach().double()
     n = x.shape[0]
     if n < 2:

@@ -24,17 +24,21 @@ def _check_shape(input_shape: Any, num_classes: Any) -> tuple[int, ...]:
         shape = tuple(input_shape)
     except TypeError:
         shape = None
-    if not shape or not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1 for s in shape):
-        raise ValueError(f"input_shape must be a non-empty tuple of positive integers, got {input_shape!r}")
-    if not isinstance(num_classes, numbers.Integral) or isinstance(num_classes, bool) or num_classes < 1:
+    if not shape or not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1
+                            for s in shape):
+        raise ValueError("input_shape must be a non-empty tuple of positive integers, got "
+                         f"{input_shape!r}")
+    if (not isinstance(num_classes, numbers.Integral) or isinstance(num_classes, bool)
+            or num_classes < 1):
         raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
     return tuple(int(s) for s in shape)
 
 
 def _make_builder(info: ModelInfo) -> Callable[..., nn.Module]:
-    def builder(*, norm: str = "bn", activation: str | None = None, placement: str = "pre_activation",
-                input_shape: tuple = (3, 32, 32), num_classes: int = 10, init: str = "glorot",
-                seed: int | None = None, dropout: float = 0.0, **options: Any) -> nn.Module:
+    def builder(*, norm: str = "bn", activation: str | None = None,
+                placement: str = "pre_activation", input_shape: tuple = (3, 32, 32),
+                num_classes: int = 10, init: str = "glorot", seed: int | None = None,
+                dropout: float = 0.0, **options: Any) -> nn.Module:
         norm = "none" if norm is None else norm
         norms.validate(norm)
         activation = info.default_activation if activation is None else activation
@@ -42,20 +46,24 @@ def _make_builder(info: ModelInfo) -> Callable[..., nn.Module]:
         check_choice("placement", placement, norms.PLACEMENTS)
         check_choice("init", init, INITS)
         shape = _check_shape(input_shape, num_classes)
-        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
-            raise ValueError(f"{info.name}: dropout must be a probability in [0, 1), got {dropout!r}")
+        if (isinstance(dropout, bool) or not isinstance(dropout, numbers.Real)
+                or not 0 <= dropout < 1):
+            raise ValueError(f"{info.name}: dropout must be a probability in [0, 1), got "
+                             f"{dropout!r}")
         try:
             _, resolved = MODEL_INFO.resolve(info.name, options)
         except ValueError as err:
-            note = " (and norm, activation, placement, input_shape, num_classes, init, seed, dropout)"
+            note = (" (and norm, activation, placement, input_shape, num_classes, init, seed, "
+                    "dropout)")
             raise ValueError(f"{err}{note if set(options) - set(info.options) else ''}") from None
         if seed is None:
-            factory = BlockFactory(norm=norm, placement=placement, act=activation, init=init, dropout=float(dropout))
+            factory = BlockFactory(norm=norm, placement=placement, act=activation, init=init,
+                                   dropout=float(dropout))
             model = info.build(factory, shape, int(num_classes), **resolved)
         else:
             generator = torch.Generator().manual_seed(int(seed))
-            factory = BlockFactory(norm=norm, placement=placement, act=activation, init=init, generator=generator,
-                                   dropout=float(dropout))
+            factory = BlockFactory(norm=norm, placement=placement, act=activation, init=init,
+                                   generator=generator, dropout=float(dropout))
             # torch's layer constructors draw a default init from the global RNG before ours
             # replaces it; fork_rng keeps a seeded build from disturbing the caller's random stream.
             with torch.random.fork_rng(devices=[]):
@@ -74,11 +82,13 @@ def _make_builder(info: ModelInfo) -> Callable[..., nn.Module]:
     return builder
 
 
-MODELS: dict[str, Callable[..., nn.Module]] = {name: _make_builder(info) for name, info in MODEL_INFO.items()}
+MODELS: dict[str, Callable[..., nn.Module]] = {name: _make_builder(info)
+                                               for name, info in MODEL_INFO.items()}
 
 
-def create(name: str, *, norm: str = "bn", activation: str | None = None, placement: str = "pre_activation",
-           input_shape: tuple = (3, 32, 32), num_classes: int = 10, **kw: Any) -> nn.Module:
+def create(name: str, *, norm: str = "bn", activation: str | None = None,
+           placement: str = "pre_activation", input_shape: tuple = (3, 32, 32),
+           num_classes: int = 10, **kw: Any) -> nn.Module:
     """Build model ``name`` with normalization ``norm`` (a :mod:`bnlab.norms` spec) at
     ``placement``.
 

@@ -96,8 +96,8 @@ class ResNet(nn.Module):
 
 @model("resnet20", "He et al. 2016 §4.2; Peng et al. (CBN)", images_only=True,
        params={"width": width(), "residual": RESIDUAL, "padding_mode": PADDING})
-def resnet20(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0, residual: str = "he",
-             padding_mode: str = "zeros") -> ResNet:
+def resnet20(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0,
+             residual: str = "he", padding_mode: str = "zeros") -> ResNet:
     """He et al. 2016 CIFAR ResNet-20 (3 stages × 3 basic blocks, 16/32/64 channels) as Peng et al.
     use.
 

@@ -28,7 +28,8 @@ def with_padding(f: BlockFactory, padding_mode: str) -> BlockFactory:
     """The factory with its convs' ``padding_mode`` set (one of :data:`PADDING_MODES`); same
     generator."""
     check_choice("padding_mode", padding_mode, PADDING_MODES)
-    return f if padding_mode == f.padding_mode else dataclasses.replace(f, padding_mode=padding_mode)
+    return (f if padding_mode == f.padding_mode
+            else dataclasses.replace(f, padding_mode=padding_mode))
 
 POOL = "M"
 
@@ -38,11 +39,13 @@ SANTURKAR_CONVS = [64, POOL, 128, POOL, 256, 256, POOL, 512, 512, POOL, 512, 512
 SANTURKAR_FCS = [512, 512]
 # Arora et al. 2019, App. D: 2×conv64, pool, 3×conv128, pool, 3×conv256, pool, 3×conv512, pool,
 # 3×conv512, pool, fc512, fc10; BN right before each ReLU, after every conv and fc layer.
-ARORA_CONVS = [64, 64, POOL, 128, 128, 128, POOL, 256, 256, 256, POOL, 512, 512, 512, POOL, 512, 512, 512, POOL]
+ARORA_CONVS = [64, 64, POOL, 128, 128, 128, POOL, 256, 256, 256, POOL, 512, 512, 512, POOL, 512,
+               512, 512, POOL]
 ARORA_FCS = [512]
 # VGG-16 (configuration D) in its usual CIFAR form (13 conv layers, then one classifier layer on the
 # 512-d feature), the variant of the PyTorch CIFAR code bases Peng et al. build on.
-VGG16_CONVS = [64, 64, POOL, 128, 128, POOL, 256, 256, 256, POOL, 512, 512, 512, POOL, 512, 512, 512, POOL]
+VGG16_CONVS = [64, 64, POOL, 128, 128, POOL, 256, 256, 256, POOL, 512, 512, 512, POOL, 512, 512,
+               512, POOL]
 # Luo et al. 2019 §5 (after Salimans & Kingma 2016): conv(3,32)-conv(3,32)-conv(3,64)-conv(3,64)-
 # pool(2,2)-fc(512)-fc(10).
 LUO_CONVS = [32, 32, 64, 64, POOL]
@@ -64,11 +67,13 @@ class ConvNet(nn.Module):
 
 def image_shape(input_shape: tuple, model: str) -> tuple[int, int, int]:
     if len(input_shape) != 3:
-        raise ValueError(f"{model} needs image input of shape (C, H, W), got input_shape={tuple(input_shape)}")
+        raise ValueError(f"{model} needs image input of shape (C, H, W), got "
+                         f"input_shape={tuple(input_shape)}")
     return tuple(input_shape)
 
 
-def make_features(f: BlockFactory, cfg: list, input_shape: tuple, width: float) -> tuple[nn.Sequential, int]:
+def make_features(f: BlockFactory, cfg: list, input_shape: tuple,
+                  width: float) -> tuple[nn.Sequential, int]:
     """Conv blocks and pools from a VGG config list; returns the module and the flattened output
     size."""
     channels, height, wide = input_shape
@@ -98,17 +103,19 @@ def make_classifier(f: BlockFactory, in_features: int, hidden: list[int], num_cl
     return nn.Sequential(*layers)
 
 
-def vgg_net(f: BlockFactory, input_shape: tuple, num_classes: int, convs: list, fcs: list, width: float,
-            model: str, logit_norm: bool = False) -> ConvNet:
+def vgg_net(f: BlockFactory, input_shape: tuple, num_classes: int, convs: list, fcs: list,
+            width: float, model: str, logit_norm: bool = False) -> ConvNet:
     features, flat = make_features(f, convs, image_shape(input_shape, model), width)
     return ConvNet(features, make_classifier(f, flat, fcs, num_classes, width, logit_norm))
 
 
 @model("vgg_santurkar", "Santurkar et al. 2018, App. A.1", images_only=True,
        params={"width": width()})
-def vgg_santurkar(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0) -> ConvNet:
+def vgg_santurkar(f: BlockFactory, input_shape: tuple, num_classes: int, *,
+                  width: float = 1.0) -> ConvNet:
     """Santurkar et al. 2018 App. A.1 VGG-like CIFAR net: VGG-A (8 conv) + fc512-fc512-fc."""
-    return vgg_net(f, input_shape, num_classes, SANTURKAR_CONVS, SANTURKAR_FCS, width, "vgg_santurkar")
+    return vgg_net(f, input_shape, num_classes, SANTURKAR_CONVS, SANTURKAR_FCS, width,
+                   "vgg_santurkar")
 
 
 @model("vgg_arora", "Arora, Li & Lyu 2019, App. D", images_only=True,
@@ -120,7 +127,8 @@ def vgg_arora(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: f
     The last BN sits on the logits (Eq. 2; App. D: "every kernel is scale-invariant ... only β and γ
     in the last BN are scale-variant"); ``logit_bn=False`` drops it.
     """
-    return vgg_net(f, input_shape, num_classes, ARORA_CONVS, ARORA_FCS, width, "vgg_arora", logit_bn)
+    return vgg_net(f, input_shape, num_classes, ARORA_CONVS, ARORA_FCS, width, "vgg_arora",
+                   logit_bn)
 
 
 @model("vgg16", "Simonyan & Zisserman 2015 (D); Peng et al. (CBN)", images_only=True,
@@ -134,11 +142,12 @@ def vgg16(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float
     variant. VGG has no shortcuts (𝕀(SC) = 0 in Peng's Eq. 7), so the residual forms coincide and
     there is no ``residual`` option. ``padding_mode``: ``"zeros"`` (the paper's) or ``"replicate"``.
     """
-    return vgg_net(with_padding(f, padding_mode), input_shape, num_classes, VGG16_CONVS, list(fc_widths), width,
-                   "vgg16")
+    return vgg_net(with_padding(f, padding_mode), input_shape, num_classes, VGG16_CONVS,
+                   list(fc_widths), width, "vgg16")
 
 
 @model("luo_cnn", "Luo et al. 2019, §5", images_only=True, params={"width": width()})
-def luo_cnn(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0) -> ConvNet:
+def luo_cnn(f: BlockFactory, input_shape: tuple, num_classes: int, *,
+            width: float = 1.0) -> ConvNet:
     """Luo et al. 2019 §5: conv32-conv32-conv64-conv64-pool-fc512-fc (3×3 convs, 2×2 max pool)."""
     return vgg_net(f, input_shape, num_classes, LUO_CONVS, LUO_FCS, width, "luo_cnn")

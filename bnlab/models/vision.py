@@ -47,8 +47,8 @@ def torchvision_models():
     except VisionImportError as err:
         # not installed (a RuntimeError: installed, broken)
         if isinstance(err.__cause__, ImportError):
-            raise ValueError("the tv_* models need torchvision: pip install torchvision (the release built "
-                             f"for your torch {torch.__version__}); {err}") from None
+            raise ValueError("the tv_* models need torchvision: pip install torchvision (the "
+                             f"release built for your torch {torch.__version__}); {err}") from None
         raise ValueError(f"the tv_* models need an importable torchvision: {err}") from None
 
 
@@ -93,14 +93,16 @@ def place_before_convs(model: nn.Module) -> int:
             conv_name = _producer(module, name)
             conv = getattr(module, conv_name, None) if conv_name else None
             if not isinstance(conv, nn.Conv2d):
-                raise ValueError(f"cannot place norm {path + '.' if path else ''}{name} before a linear layer: "
-                                 "no convolution found right before it")
+                raise ValueError(f"cannot place norm {path + '.' if path else ''}{name} before a "
+                                 "linear layer: no convolution found right before it")
             plan.append((module, name, conv_name, conv))
     for module, name, conv_name, conv in plan:
         if conv.bias is None:
-            conv.register_parameter("bias", nn.Parameter(torch.zeros(conv.out_channels, dtype=conv.weight.dtype,
-                                                                     device=conv.weight.device)))
-        norm = nn.BatchNorm2d(conv.in_channels).to(device=conv.weight.device, dtype=conv.weight.dtype)
+            zeros = torch.zeros(conv.out_channels, dtype=conv.weight.dtype,
+                                device=conv.weight.device)
+            conv.register_parameter("bias", nn.Parameter(zeros))
+        norm = nn.BatchNorm2d(conv.in_channels).to(device=conv.weight.device,
+                                                   dtype=conv.weight.dtype)
         setattr(module, conv_name, nn.Sequential(norm, conv))
         setattr(module, name, nn.Identity())
     return len(plan)
@@ -115,7 +117,8 @@ def peng_residual(model: nn.Module, act: str) -> int:
     the last activation acts on the branch before the sum and none after it.
     """
     tvm = torchvision_models()
-    blocks = [m for m in model.modules() if isinstance(m, (tvm.resnet.BasicBlock, tvm.resnet.Bottleneck))]
+    blocks = [m for m in model.modules()
+              if isinstance(m, (tvm.resnet.BasicBlock, tvm.resnet.Bottleneck))]
     for block in blocks:
         names = [n for n, _ in block.named_children() if re.fullmatch(r"bn\d+", n)]
         for name in names:
@@ -138,7 +141,8 @@ def _check_input(name: str, input_shape: tuple, f: BlockFactory) -> None:
     if len(input_shape) != 3 or input_shape[0] != 3:
         raise ValueError(f"{name} takes RGB images (3, H, W); got input shape {tuple(input_shape)}")
     if f.dropout:
-        raise ValueError(f"{name} has torchvision's own dropout; the dropout option is not supported")
+        raise ValueError(f"{name} has torchvision's own dropout; the dropout option is not "
+                         "supported")
 
 
 def _finish(model: nn.Module, f: BlockFactory, residual: str | None) -> nn.Module:
@@ -158,19 +162,22 @@ def _finish(model: nn.Module, f: BlockFactory, residual: str | None) -> nn.Modul
 
 @model("tv_resnet18", "He et al. 2016 (torchvision); Peng et al. Table 5", images_only=True,
        params={"residual": RESIDUAL})
-def tv_resnet18(f: BlockFactory, input_shape: tuple, num_classes: int, *, residual: str = "he") -> nn.Module:
+def tv_resnet18(f: BlockFactory, input_shape: tuple, num_classes: int, *,
+                residual: str = "he") -> nn.Module:
     """torchvision ResNet-18 (He et al. 2016) with bnlab norms; Peng et al. Table 5."""
     return _tv_resnet("resnet18", f, input_shape, num_classes, residual)
 
 
 @model("tv_resnet50", "He et al. 2016 (torchvision); Peng et al. Table 5", images_only=True,
        params={"residual": RESIDUAL})
-def tv_resnet50(f: BlockFactory, input_shape: tuple, num_classes: int, *, residual: str = "he") -> nn.Module:
+def tv_resnet50(f: BlockFactory, input_shape: tuple, num_classes: int, *,
+                residual: str = "he") -> nn.Module:
     """torchvision ResNet-50 (He et al. 2016) with bnlab norms; Peng et al. Table 5."""
     return _tv_resnet("resnet50", f, input_shape, num_classes, residual)
 
 
-def _tv_resnet(arch: str, f: BlockFactory, input_shape: tuple, num_classes: int, residual: str) -> nn.Module:
+def _tv_resnet(arch: str, f: BlockFactory, input_shape: tuple, num_classes: int,
+               residual: str) -> nn.Module:
     check_choice("residual", residual, RESIDUAL_FORMS)
     _check_input(f"tv_{arch}", input_shape, f)
     model = getattr(torchvision_models(), arch)(weights=None, num_classes=num_classes)

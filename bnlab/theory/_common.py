@@ -15,7 +15,8 @@ def check_positive(name: str, value: float, *, strict: bool = True) -> float:
     """Reject non-finite, negative (or zero, when ``strict``) numbers with a clear message."""
     value = float(value)
     if not math.isfinite(value) or value < 0 or (strict and value == 0):
-        raise ValueError(f"{name} must be a {'positive' if strict else 'non-negative'} finite number; got {value!r}")
+        raise ValueError(f"{name} must be a {'positive' if strict else 'non-negative'} finite "
+                         f"number; got {value!r}")
     return value
 
 

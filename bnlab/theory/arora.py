@@ -36,8 +36,8 @@ from bnlab.spec import check_choice
 
 from ._common import check_int, check_positive, loglog_slope
 
-__all__ = ["ScaleInvariantNet", "run_intrinsic_pair", "intrinsic_equivalence", "convergence_rate", "convergence_rates",
-           "convergence_table", "sgd_convergence_rate"]
+__all__ = ["ScaleInvariantNet", "run_intrinsic_pair", "intrinsic_equivalence", "convergence_rate",
+           "convergence_rates", "convergence_table", "sgd_convergence_rate"]
 
 
 def _softplus(u: np.ndarray) -> np.ndarray:
@@ -58,12 +58,14 @@ class ScaleInvariantNet:
     """
 
     def __init__(
-        self, *, n: int = 64, d: int = 8, width: int = 4, eps: float = 1e-6, eps_mode: str = "scaled", seed: int = 0
+        self, *, n: int = 64, d: int = 8, width: int = 4, eps: float = 1e-6,
+        eps_mode: str = "scaled", seed: int = 0
     ) -> None:
         self.eps = float(eps)
         self.eps_mode = check_choice("eps_mode", eps_mode, ("scaled", "linear", "constant"))
         rng = np.random.default_rng(seed)
-        self.n, self.d, self.width = check_int("n", n, minimum=4), check_int("d", d, minimum=1), width
+        self.n, self.d = check_int("n", n, minimum=4), check_int("d", d, minimum=1)
+        self.width = width
         self.X = rng.standard_normal((n, d))
         W_t = rng.standard_normal((d, width))
         g_t = (np.ones(width), np.zeros(width), rng.standard_normal(width))
@@ -126,7 +128,8 @@ class ScaleInvariantNet:
         z = X @ W
         c = z - z.mean(dim=0)
         norm2 = (W * W).sum(dim=0)
-        smoothings = {"scaled": self.eps * norm2, "linear": self.eps * torch.sqrt(norm2), "constant": self.eps}
+        smoothings = {"scaled": self.eps * norm2, "linear": self.eps * torch.sqrt(norm2),
+                      "constant": self.eps}
         smooth = smoothings[self.eps_mode]
         h = c / torch.sqrt((c * c).mean(dim=0) + smooth)
         out = torch.nn.functional.softplus(gamma * h + beta) @ a
@@ -181,7 +184,8 @@ def run_intrinsic_pair(
         )
         rec["dev_v"].append(float(np.max(np.linalg.norm(V - W / np.sqrt(norm2), axis=0))))
         rec["dev_G"].append(float(np.max(np.abs(G - norm2) / G)))
-        rec["dev_g"].append(float(math.sqrt(sum(float(np.sum((a - b) ** 2)) for a, b in zip(g1, g2)))))
+        rec["dev_g"].append(float(math.sqrt(sum(float(np.sum((a - b) ** 2))
+                                                for a, b in zip(g1, g2)))))
         rec["G"].append(G.copy())
         rec["eff_lr"].append(lr_w / G)
         rec["loss"].append(net.loss(W, g1))
@@ -252,12 +256,14 @@ def convergence_rate(
         grad_sq_sum.append(float(np.nansum(norms**2)))
     out.update(
         min_grad=np.asarray(mins), rms_grad=np.asarray(rmss), min_slope=np.asarray(slopes_min),
-        rms_slope=np.asarray(slopes_rms), G_final=np.asarray(G_final), grad_sq_sum=np.asarray(grad_sq_sum),
+        rms_slope=np.asarray(slopes_rms), G_final=np.asarray(G_final),
+        grad_sq_sum=np.asarray(grad_sq_sum),
     )
     return out
 
 
-def convergence_rates(lrs: Sequence[float], *, steps: int = 2000, lr_g: float = 0.05, seed: int = 0) -> dict:
+def convergence_rates(lrs: Sequence[float], *, steps: int = 2000, lr_g: float = 0.05,
+                      seed: int = 0) -> dict:
     """Theorem 3.1 in both settings: ``auto`` (plain GD, norms grow, the rate tunes itself) and
     ``projected`` (Setting 2, ‖w‖ = 1), each :func:`convergence_rate` over the rates ``lrs``."""
     return {"auto": convergence_rate(lrs, steps=steps, lr_g=lr_g, seed=seed),
@@ -272,8 +278,10 @@ def convergence_table(rates: dict, lrs: Sequence[float]) -> list[dict]:
         r = rates[mode]
         for i, lr in enumerate(lrs):
             rows.append({"setting": mode, "lr_w": lr, "min_grad_T": float(r["min_grad"][i][-1]),
-                         "rms_grad_T": float(r["rms_grad"][i][-1]), "rms_slope": float(r["rms_slope"][i]),
-                         "min_slope": float(r["min_slope"][i]), "max_norm_sq": float(r["G_final"][i])})
+                         "rms_grad_T": float(r["rms_grad"][i][-1]),
+                         "rms_slope": float(r["rms_slope"][i]),
+                         "min_slope": float(r["min_slope"][i]),
+                         "max_norm_sq": float(r["G_final"][i])})
     return rows
 
 
@@ -316,7 +324,8 @@ def sgd_convergence_rate(
             gW = sum(p[0] for p in per) / len(per)
             gg = [sum(p[1][i] for p in per) / len(per) for i in range(3)]
             # Lemma 2.2: ∇_v L = ‖w‖ ∇_w L column by column
-            sq[t] = float(np.sum((gW * np.linalg.norm(W, axis=0)) ** 2)) + sum(float(np.sum(p * p)) for p in gg)
+            sq[t] = (float(np.sum((gW * np.linalg.norm(W, axis=0)) ** 2))
+                     + sum(float(np.sum(p * p)) for p in gg))
             if not np.isfinite(sq[t]):
                 break
             bW, bg = per[int(rng.integers(len(parts)))]
@@ -324,7 +333,9 @@ def sgd_convergence_rate(
             g = tuple(p - lr_g * (t + 1) ** -0.5 * dp for p, dp in zip(g, bg))
         mean_sq = np.cumsum(sq) / np.arange(1, steps + 1)
         curves.append(mean_sq[T_grid - 1])
-        slopes.append(loglog_slope(T_grid[tail], mean_sq[T_grid[tail] - 1]) if np.isfinite(mean_sq[-1]) else np.nan)
+        slopes.append(loglog_slope(T_grid[tail], mean_sq[T_grid[tail] - 1])
+                      if np.isfinite(mean_sq[-1]) else np.nan)
         norms_final.append(float(np.max(np.sum(W * W, axis=0))))
-    out.update(mean_sq=np.asarray(curves), slope_sq=np.asarray(slopes), max_norm_sq=np.asarray(norms_final))
+    out.update(mean_sq=np.asarray(curves), slope_sq=np.asarray(slopes),
+               max_norm_sq=np.asarray(norms_final))
     return out

@@ -60,9 +60,11 @@ def luo_teacher_student(path: Path, alphas, res: dict, noise_var: float, student
     grid = np.linspace(0.05, max(alphas) * 1.05, 300)
     fig, ax = _pyplot().subplots(figsize=(5.5, 4))
     ax.plot(grid, np.minimum(luo.gen_error_sgd(grid, noise_var), 5), label="SGD")
-    ax.plot(grid, luo.gen_error_wn(grid, luo.zeta_linear(res["settings"]["M"]), noise_var), label="WN ζ (Eq. 13)")
+    ax.plot(grid, luo.gen_error_wn(grid, luo.zeta_linear(res["settings"]["M"]), noise_var),
+            label="WN ζ (Eq. 13)")
     ax.plot(grid, luo.gen_error_wn(grid, noise_var, noise_var), ":", label="WN ζ = σ² (optimal)")
-    ax.errorbar(alphas, res["gen_error"], yerr=res["gen_error_sem"], fmt="ks", label=f"{student} simulation")
+    ax.errorbar(alphas, res["gen_error"], yerr=res["gen_error_sem"], fmt="ks",
+                label=f"{student} simulation")
     ax.set_ylim(0, 2.5)
     ax.set_xlabel("α = P/N")
     ax.set_ylabel("ε_gen")
@@ -77,7 +79,8 @@ def luo_dynamics(path: Path, fine: dict, sim: dict | None, simulate: int) -> Pat
     for key in ("gamma", "R", "L"):
         (line,) = ax.plot(fine["t"], fine[key], label=f"{key} (ODE)")
         if sim is not None:
-            ax.plot(sim["t"], sim[key], "o", ms=4, color=line.get_color(), label=f"{key} (N={simulate})")
+            ax.plot(sim["t"], sim[key], "o", ms=4, color=line.get_color(),
+                    label=f"{key} (N={simulate})")
     ax.set_xlabel("t = j/N")
     ax.legend()
     return _save(fig, path)

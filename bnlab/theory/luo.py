@@ -6,14 +6,16 @@ Contents
 --------
 * Regularization strength ζ (Theorem 1, Eq. 4; linear/Gaussian case Eq. 13 and Appendix 1):
   :func:`zeta_linear`, :func:`zeta_linear_large_m`, :func:`inverse_sigma_moments`,
-  :func:`zeta_linear_mc`, :func:`bn_output_noise_mc`, :func:`zeta_relu_estimate`, :func:`zeta_relu_mc`.
+  :func:`zeta_linear_mc`, :func:`bn_output_noise_mc`, :func:`zeta_relu_estimate`,
+  :func:`zeta_relu_mc`.
 * Generalization error against the load α = P/N (Sec. 4.1): :func:`gen_error_sgd` (Eq. 14),
   :func:`krogh_hertz_G` (Eq. 16), :func:`gen_error_wn` (Eq. 15), :func:`optimal_zeta`,
   :func:`ridge_gen_error_mc` (random-matrix Monte Carlo of the same quantity), :func:`fit_zeta`.
 * Order-parameter dynamics (Eqs. 9–11, Appendix 2): :func:`order_parameter_integrals`
   (I₁, I₂, I₃ closed form for ReLU/linear, Gauss–Hermite quadrature for any activation),
-  :func:`ode_rhs`, :func:`integrate_order_parameters`, :func:`relu_fixed_point`, :func:`fixed_point`,
-  :func:`jacobian`, :func:`stability`, :func:`learning_rates` (Table 2, Propositions 1–3).
+  :func:`ode_rhs`, :func:`integrate_order_parameters`, :func:`relu_fixed_point`,
+  :func:`fixed_point`, :func:`jacobian`, :func:`stability`, :func:`learning_rates` (Table 2,
+  Propositions 1–3).
 * Simulators: :func:`simulate_online_student` (the student of Sec. 3 trained sample by sample, to
   compare with the ODE) and :func:`simulate_teacher_student` (Fig. 2: a BN / WN / plain linear
   student trained by minibatch SGD on P = αN samples).
@@ -62,7 +64,8 @@ from .luo_generalization import (
     optimal_zeta,
     ridge_gen_error_mc,
 )
-from .luo_simulators import TEACHER_STUDENT_PRESETS, simulate_online_student, simulate_teacher_student
+from .luo_simulators import (TEACHER_STUDENT_PRESETS, simulate_online_student,
+                             simulate_teacher_student)
 from .luo_zeta import zeta_terms
 
 __all__ = [
@@ -111,7 +114,8 @@ def _check_batch(M: int) -> int:
     M = check_int("M (batch size)", M, minimum=2)
     if M <= 3:
         # E[σ_B^-2] = M/(σ²(M-3)) is infinite for M <= 3 (χ²_{M-1} has no -1 moment).
-        raise ValueError(f"M (batch size) must be >= 4 for the Gaussian ζ formulas (E[1/σ_B²] diverges); got {M}")
+        raise ValueError("M (batch size) must be >= 4 for the Gaussian ζ formulas (E[1/σ_B²] "
+                         f"diverges); got {M}")
     return M
 
 
@@ -129,7 +133,8 @@ def inverse_sigma_moments(M: int) -> tuple[float, float]:
     meant. Eq. 13 itself uses the right factor. Checked against Monte Carlo in the tests.
     """
     M = _check_batch(M)
-    e_inv = math.sqrt(M / 2.0) * math.exp(special.gammaln((M - 2) / 2) - special.gammaln((M - 1) / 2))
+    e_inv = math.sqrt(M / 2.0) * math.exp(special.gammaln((M - 2) / 2)
+                                          - special.gammaln((M - 1) / 2))
     e_inv2 = M / (M - 3.0)
     return e_inv, e_inv2
 
@@ -164,7 +169,8 @@ def zeta_linear_mc(M: int, n_batches: int = 200_000, *, seed: int = 0) -> float:
     return float(np.mean((1.0 - 1.0 / sigma_b) ** 2))
 
 
-def bn_output_noise_mc(M: int, n_batches: int = 100_000, *, include_mean: bool = True, seed: int = 0) -> float:
+def bn_output_noise_mc(M: int, n_batches: int = 100_000, *, include_mean: bool = True,
+                       seed: int = 0) -> float:
     """Per-unit-γ² penalty that BN's batch noise adds to a squared loss, by Monte Carlo.
 
     Returns E[(ĥ_j − h̄_j)²] for Gaussian h: ĥ_j = (h_j − μ_B)/σ_B uses the statistics of the batch
@@ -207,7 +213,8 @@ def zeta_relu_estimate(h: np.ndarray, M: int, *, gamma: float = 1.0, beta: float
 
 
 def zeta_relu_mc(
-    h: np.ndarray, M: int, *, gamma: float = 1.0, beta: float = 0.0, n_batches: int = 20_000, seed: int = 0
+    h: np.ndarray, M: int, *, gamma: float = 1.0, beta: float = 0.0, n_batches: int = 20_000,
+    seed: int = 0
 ) -> float:
     """Direct Monte Carlo of the quadratic term R^q/γ² that Theorem 1 reduces to ζ.
 
@@ -225,7 +232,8 @@ def zeta_relu_mc(
     # consecutive batches of M, repeat with fresh shuffles until n_batches are collected.
     per_perm = h.size // M
     idx = np.concatenate(
-        [rng.permutation(h.size)[: per_perm * M].reshape(per_perm, M) for _ in range(-(-n_batches // per_perm))]
+        [rng.permutation(h.size)[: per_perm * M].reshape(per_perm, M)
+         for _ in range(-(-n_batches // per_perm))]
     )[:n_batches]
     hb = h[idx]
     h_hat = gamma * (hb - hb.mean(axis=1, keepdims=True)) / hb.std(axis=1, keepdims=True) + beta
@@ -238,7 +246,8 @@ def zeta_relu_mc(
 # ---------------------------------------------------------------------------------------------
 
 
-def zeta_table(ms: Sequence[int], lam: float = 1.0, n_batches: int = 100_000, *, seed: int = 0) -> list[dict]:
+def zeta_table(ms: Sequence[int], lam: float = 1.0, n_batches: int = 100_000, *,
+               seed: int = 0) -> list[dict]:
     """Per batch size M: Eq. 13's ζ exact, its large-M limit λ/2M, λ × the Monte Carlo of
     E[(1 − σ_P/σ_B)²], and the Monte Carlo of E[(ĥ − h̄)²] with the μ_B noise Eq. 13 drops."""
     return [{"M": m, "zeta_exact": zeta_linear(m, lam), "zeta_large_M": zeta_linear_large_m(m, lam),
@@ -246,7 +255,8 @@ def zeta_table(ms: Sequence[int], lam: float = 1.0, n_batches: int = 100_000, *,
              "penalty_with_mean_mc": bn_output_noise_mc(m, n_batches, seed=seed)} for m in ms]
 
 
-def gen_error_table(alphas: Sequence[float], zetas: Sequence[float], noise_var: float) -> list[dict]:
+def gen_error_table(alphas: Sequence[float], zetas: Sequence[float],
+                    noise_var: float) -> list[dict]:
     """Per load α: ε_gen of SGD (Eq. 14, corrected) and of WN with each ridge ζ (Eqs. 15-16)."""
     rows = []
     for a in alphas:
@@ -257,7 +267,8 @@ def gen_error_table(alphas: Sequence[float], zetas: Sequence[float], noise_var: 
     return rows
 
 
-def teacher_student_vs_theory(alphas: Sequence[float], *, noise_var: float = 0.25, **simulation) -> dict:
+def teacher_student_vs_theory(alphas: Sequence[float], *, noise_var: float = 0.25,
+                              **simulation) -> dict:
     """Fig. 2: :func:`simulate_teacher_student` (``simulation`` its options) with the WN curve at
     Eq. 13's ζ(M) (``wn_eq13``) and at α·ζ(M) (``wn_eq13_ridge``), the SGD curve and the best-fit
     ζ."""
@@ -270,32 +281,36 @@ def teacher_student_vs_theory(alphas: Sequence[float], *, noise_var: float = 0.2
     return res
 
 
-def dynamics_vs_simulation(*, eta: float, zeta: float, gamma0: float, R0: float, L0: float, t_max: float,
-                           activation: str = "relu", simulate: int = 0, students: int = 4, n_points: int = 11,
-                           seed: int = 0) -> dict:
+def dynamics_vs_simulation(*, eta: float, zeta: float, gamma0: float, R0: float, L0: float,
+                           t_max: float, activation: str = "relu", simulate: int = 0,
+                           students: int = 4, n_points: int = 11, seed: int = 0) -> dict:
     """Eqs. 9-11 integrated (``ode``), the fixed point, and with ``simulate`` = N > 0 the mean of
     ``students`` N-dimensional online students at the same times (``simulation``)."""
-    res = {"ode": integrate_order_parameters(eta=eta, zeta=zeta, gamma0=gamma0, R0=R0, L0=L0, t_max=t_max,
-                                             n_points=n_points, activation=activation)}
+    res = {"ode": integrate_order_parameters(eta=eta, zeta=zeta, gamma0=gamma0, R0=R0, L0=L0,
+                                             t_max=t_max, n_points=n_points, activation=activation)}
     if simulate:
-        res["simulation"] = simulate_online_student(N=simulate, eta=eta, zeta=zeta, gamma0=gamma0, R0=R0, L0=L0,
-                                                    t_max=t_max, activation=activation, n_students=students,
+        res["simulation"] = simulate_online_student(N=simulate, eta=eta, zeta=zeta, gamma0=gamma0,
+                                                    R0=R0, L0=L0, t_max=t_max,
+                                                    activation=activation, n_students=students,
                                                     n_records=n_points, seed=seed)
     res["fixed_point"] = fixed_point(zeta, activation)
     return res
 
 
-def rates_table(zetas: Sequence[float], *, eta: float, L0: float = 1.0, activation: str = "relu") -> list[dict]:
+def rates_table(zetas: Sequence[float], *, eta: float, L0: float = 1.0,
+                activation: str = "relu") -> list[dict]:
     """Table 2 per ζ and method (bn, wn, sgd): fixed point, λ_Q, λ_R (analytic and finite
     difference), η_max (and as printed, without the I2 term of ∂(R·I2)/∂R) and η_eff."""
     rows = []
     for z in zetas:
         for method in ("bn", "wn", "sgd"):
             st = stability(z, eta=eta, L0=L0, activation=activation, method=method)
-            printed = stability(z, eta=eta, L0=L0, activation=activation, method=method, include_i2_term=False)
+            printed = stability(z, eta=eta, L0=L0, activation=activation, method=method,
+                                include_i2_term=False)
             rows.append({
                 "zeta": z, "method": method, "gamma0": st["gamma0"], "lambda_Q": st["lambda_Q"],
                 "lambda_R": st["lambda_R"], "lambda_R_fd": st.get("lambda_R_fd", float("nan")),
-                "eta_max": st["eta_max"], "eta_max_printed": printed["eta_max"], "eta_eff": st["eta_eff"],
+                "eta_max": st["eta_max"], "eta_max_printed": printed["eta_max"],
+                "eta_eff": st["eta_eff"],
             })
     return rows

@@ -71,7 +71,8 @@ def _closed_integrals(gamma: float, R: float, activation: str) -> tuple[float, f
         return i1, i2, i3
     if activation == "linear":
         return gamma * R - gamma**2, 1 - 2 * gamma * R + gamma**2, 1 - gamma * R
-    raise ValueError(f"no closed form for activation {activation!r}; closed forms exist for 'relu', 'linear'")
+    raise ValueError(f"no closed form for activation {activation!r}; closed forms exist for "
+                     "'relu', 'linear'")
 
 
 def relu_integrals_printed(gamma: float, R: float) -> tuple[float, float, float]:
@@ -94,12 +95,12 @@ def erf_integrals_printed(gamma: float, R: float) -> tuple[float, float]:
     correct 0.0021), so the erf case is computed by quadrature here.
     """
     Q = float(gamma)
-    i1 = 2 * Q * R / ((math.pi + math.pi * Q * Q) * math.sqrt(2 + 2 * Q * Q - Q * Q * R * R)) - 2 * Q * Q / (
-        (math.pi + math.pi * Q * Q) * math.sqrt(1 + 2 * Q * Q)
-    )
+    i1 = (2 * Q * R / ((math.pi + math.pi * Q * Q) * math.sqrt(2 + 2 * Q * Q - Q * Q * R * R))
+          - 2 * Q * Q / ((math.pi + math.pi * Q * Q) * math.sqrt(1 + 2 * Q * Q)))
     i2 = 4 / (math.pi * math.sqrt(1 + 2 * Q * Q)) * (
         math.asin(1 / (1 + 3 * Q * Q))
-        - math.asin(1 / (math.sqrt(1 + 3 * Q * Q) * math.sqrt(2 * (1 + 2 * Q * Q) - 2 * Q * Q * R * R)))
+        - math.asin(1 / (math.sqrt(1 + 3 * Q * Q)
+                         * math.sqrt(2 * (1 + 2 * Q * Q) - 2 * Q * Q * R * R)))
     )
     return i1, i2
 
@@ -125,10 +126,12 @@ def order_parameter_integrals(
     s = gamma * u
     t = R * u + math.sqrt(max(0.0, 1 - R * R)) * v
     delta = gp(s) * (g(t) - g(s))
-    return float(np.sum(ww * delta * s)), float(np.sum(ww * delta**2)), float(np.sum(ww * delta * t))
+    return (float(np.sum(ww * delta * s)), float(np.sum(ww * delta**2)),
+            float(np.sum(ww * delta * t)))
 
 
-def ode_rhs(gamma: float, R: float, L: float, *, eta: float, zeta: float, activation: str = "relu", **kw):
+def ode_rhs(gamma: float, R: float, L: float, *, eta: float, zeta: float,
+            activation: str = "relu", **kw):
     """Right-hand side of Eqs. 9–11 (derived again; they agree with the paper):
 
         dγ/dt = η I₁/γ − η ζ γ
@@ -163,7 +166,8 @@ def integrate_order_parameters(
         return ode_rhs(y[0], min(y[1], 1.0), y[2], eta=eta, zeta=zeta, activation=activation)
 
     t_eval = np.linspace(0.0, t_max, n_points)
-    sol = integrate.solve_ivp(f, (0.0, t_max), [gamma0, R0, L0], t_eval=t_eval, rtol=1e-8, atol=1e-10)
+    sol = integrate.solve_ivp(f, (0.0, t_max), [gamma0, R0, L0], t_eval=t_eval, rtol=1e-8,
+                              atol=1e-10)
     if not sol.success:  # pragma: no cover - only on pathological inputs
         raise RuntimeError(f"ODE integration failed: {sol.message}")
     return {"t": sol.t, "gamma": sol.y[0], "R": np.minimum(sol.y[1], 1.0), "L": sol.y[2]}
@@ -179,7 +183,8 @@ def relu_fixed_point(zeta: float, L0: float = 1.0) -> tuple[float, float, float]
     return 1.0 / (2.0 * zeta + 1.0), 1.0, float(L0)
 
 
-def fixed_point(zeta: float, activation: str = "relu", L0: float = 1.0) -> tuple[float, float, float]:
+def fixed_point(zeta: float, activation: str = "relu",
+                L0: float = 1.0) -> tuple[float, float, float]:
     """(γ₀, 1, L₀) for any activation: R = 1 always solves γI₃ = RI₁; γ₀ solves I₁(γ,1) = ζγ²."""
     check_choice("activation", activation, ACTIVATIONS)
     if activation == "relu":
@@ -213,7 +218,8 @@ def _derivatives(gamma: float, R: float, activation: str) -> dict:
         }
     else:
         d = {
-            f"dI{k + 1}_dR": _dR(lambda r, k=k: order_parameter_integrals(gamma, r, activation)[k], R)
+            f"dI{k + 1}_dR": _dR(
+                lambda r, k=k: order_parameter_integrals(gamma, r, activation)[k], R)
             for k in range(3)
         }
         hg = 1e-5 * max(1.0, gamma)
@@ -224,7 +230,8 @@ def _derivatives(gamma: float, R: float, activation: str) -> dict:
     return d
 
 
-def jacobian(gamma: float, R: float, L: float, *, eta: float, zeta: float, activation: str = "relu", h: float = 1e-6):
+def jacobian(gamma: float, R: float, L: float, *, eta: float, zeta: float,
+             activation: str = "relu", h: float = 1e-6):
     """3×3 Jacobian of (dγ/dt, dR/dt, dL/dt) by finite differences.
 
     At R = 1 the R-derivative is one-sided (second-order backward). The ReLU integrals contain
@@ -274,7 +281,8 @@ def stability(
     """
     check_choice("method", method, ("bn", "wn", "sgd"))
     zeta_eff = zeta if method == "bn" else 0.0
-    g0, R0, L0 = fixed_point(zeta_eff, activation, L0) if method == "bn" else (1.0, 1.0, L0 if method == "wn" else 1.0)
+    g0, R0, L0 = (fixed_point(zeta_eff, activation, L0) if method == "bn"
+                  else (1.0, 1.0, L0 if method == "wn" else 1.0))
     d = _derivatives(g0, R0, activation)
     D = d["dI2_dR"] + (d["I2"] if include_i2_term else 0.0)
     eta_max = ((g0 * d["dI3_dR"] - d["dI1_dR"]) / g0 - zeta_eff * g0) / (D / 2)
@@ -316,5 +324,6 @@ def learning_rates(
     Proposition 3's η_max^bn ≥ η_max^{wn,sgd} + 2ζ holds with room (the gap is 4ζ).
     η_eff: BN ηγ₀/L₀², WN η/L₀², SGD η.
     """
-    st = stability(zeta, eta=eta, L0=L0, activation=activation, method=method, include_i2_term=include_i2_term)
+    st = stability(zeta, eta=eta, L0=L0, activation=activation, method=method,
+                   include_i2_term=include_i2_term)
     return float(st["eta_max"]), float(st["eta_eff"])

@@ -125,7 +125,8 @@ def ridge_gen_error_mc(
             w = np.linalg.lstsq(X, y, rcond=None)[0]
         errs.append(float(np.sum((w - w_star) ** 2) / N))
     errs = np.asarray(errs)
-    return {"mean": float(errs.mean()), "sem": float(errs.std(ddof=1) / math.sqrt(errs.size)) if errs.size > 1 else 0.0}
+    return {"mean": float(errs.mean()),
+            "sem": float(errs.std(ddof=1) / math.sqrt(errs.size)) if errs.size > 1 else 0.0}
 
 
 def fit_zeta(alphas: Sequence[float], gen_errors: Sequence[float], noise_var: float) -> float:

@@ -44,16 +44,19 @@ def second_derivative(activation: str, h: np.ndarray) -> np.ndarray:
     if activation == "sigmoid":
         s = _sigmoid(h)
         return s * (1.0 - s)
-    raise ValueError(f"unknown activation {activation!r}; valid activations: {', '.join(ACTIVATIONS)}")
+    raise ValueError(f"unknown activation {activation!r}; valid activations: "
+                     f"{', '.join(ACTIVATIONS)}")
 
 
-def zeta_terms(h, batch_size: int, gamma=1.0, beta=0.0, activation: str = "relu") -> dict[str, np.ndarray]:
+def zeta_terms(h, batch_size: int, gamma=1.0, beta=0.0,
+               activation: str = "relu") -> dict[str, np.ndarray]:
     """Theorem 1's terms per unit from pre-BN values ``h`` of shape (P,) or (C, P) (float64).
 
     ``gamma``/``beta`` are scalars or one per unit. Returns :data:`ZETA_KEYS` as arrays of shape
     () or (C,). A unit with zero variance gives non-finite terms (ζ is undefined there).
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 2:
+    if (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer))
+            or batch_size < 2):
         raise ValueError(f"batch_size must be an integer >= 2, got {batch_size!r}")
     h = np.asarray(h, dtype=np.float64)
     if h.ndim not in (1, 2):

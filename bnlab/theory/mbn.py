@@ -24,8 +24,9 @@ CORRECTIONS found while deriving (each has a test):
      κ = E[(x−μ)⁴]/σ⁴ (3 for a Gaussian), so ξ_σ → N(1, (κ−1)/m), not N(1, κ/m); the printed
      form would give 3/m for Gaussian data and contradict the χ²(m−1)/m limit (variance 2/m) it
      is meant to reduce to. The proof also drops the 1/m in "p(Σ((x_i−μ)/σ)²)".
-  2. Theorem 2: R(x) = Σ_n E[ξ_μ^n]/n! dⁿR^mul/dxⁿ — the printed E[ξ_μ]ⁿ is identically 0 (E ξ_μ = 0)
-     and would delete the cross term; the proof's fifth line repeats l(x) where R^mul(x) belongs.
+  2. Theorem 2: R(x) = Σ_n E[ξ_μ^n]/n! dⁿR^mul/dxⁿ — the printed E[ξ_μ]ⁿ is identically 0
+     (E ξ_μ = 0) and would delete the cross term; the proof's fifth line repeats l(x) where
+     R^mul(x) belongs.
   3. Exact finite-m moments: E[ξ_σ] = (m−1)/m, Var[ξ_σ] = ((m−1)/m)² (κ/m − (m−3)/(m(m−1))),
      which is 2(m−1)/m² for Gaussian data.
 """
@@ -63,7 +64,8 @@ def _gennorm_shape(kurtosis: float) -> float:
 
     def f(log_beta: float) -> float:
         b = math.exp(log_beta)
-        return special.gammaln(5 / b) + special.gammaln(1 / b) - 2 * special.gammaln(3 / b) - math.log(kurtosis)
+        return (special.gammaln(5 / b) + special.gammaln(1 / b) - 2 * special.gammaln(3 / b)
+                - math.log(kurtosis))
 
     return math.exp(optimize.brentq(f, math.log(0.05), math.log(2000.0), xtol=1e-12))
 
@@ -79,7 +81,8 @@ def standardized_samples(shape, kurtosis: float | None, rng: np.random.Generator
         return rng.standard_normal(shape)
     kurtosis = float(kurtosis)
     if not math.isfinite(kurtosis) or kurtosis < 1.0:
-        raise ValueError(f"kurtosis (Pearson, E[x^4]/sigma^4) must be a finite number >= 1; got {kurtosis!r}")
+        raise ValueError("kurtosis (Pearson, E[x^4]/sigma^4) must be a finite number >= 1; got "
+                         f"{kurtosis!r}")
     if kurtosis <= _UNIFORM_KURTOSIS:
         p = (_UNIFORM_KURTOSIS - kurtosis) / (_UNIFORM_KURTOSIS - 1.0)
         rademacher = rng.integers(0, 2, size=shape) * 2.0 - 1.0
@@ -140,7 +143,8 @@ def theorem1_report(
         "ks_xi_mu_normal": ks_distance(xi_mu, stats.norm(0, 1 / math.sqrt(m)).cdf),
         "ks_xi_sigma_chi2": ks_distance(xi_sigma, chi2.cdf),
         "ks_xi_sigma_normal_2_over_m": ks_distance(xi_sigma, stats.norm(1, math.sqrt(2 / m)).cdf),
-        "ks_xi_sigma_normal_corrected": ks_distance(xi_sigma, stats.norm(1, math.sqrt(max(k - 1, 1e-12) / m)).cdf),
+        "ks_xi_sigma_normal_corrected": ks_distance(
+            xi_sigma, stats.norm(1, math.sqrt(max(k - 1, 1e-12) / m)).cdf),
         "ks_xi_sigma_normal_printed": ks_distance(xi_sigma, stats.norm(1, math.sqrt(k / m)).cdf),
         "ks_noise_floor": 1.36 / math.sqrt(n_batches),
         "xi_mu_mean": float(xi_mu.mean()),
@@ -175,9 +179,9 @@ def theorem2_terms(
     theorem) and l analytic, the Taylor series of the paper sum to expectations:
         R^add(x) = Σ E[ξ_μⁿ]/n! l⁽ⁿ⁾(x)        = E[l(x + ξ_μ)] − l(x)
         R^mul(x) = E[l(x/√ξ_σ)] − l(x)
-        R(x)     = Σ E[ξ_μⁿ]/n! R^mul⁽ⁿ⁾(x)   = E[R^mul(x + ξ_μ)] − R^mul(x)   (corrected, see module)
-    and l + R^add + R^mul + R = E[l((x + ξ_μ)/√ξ_σ)] (``expected``). All expectations are computed by
-    Gauss–Hermite × generalised Gauss–Laguerre quadrature; ``loss`` must accept numpy arrays.
+        R(x)     = Σ E[ξ_μⁿ]/n! R^mul⁽ⁿ⁾(x)   = E[R^mul(x + ξ_μ)] − R^mul(x) (corrected, see module)
+    and l + R^add + R^mul + R = E[l((x + ξ_μ)/√ξ_σ)] (``expected``). All expectations are computed
+    by Gauss–Hermite × generalised Gauss–Laguerre quadrature; ``loss`` must accept numpy arrays.
     """
     # m >= 4: for m = 2, 3 the ratio ξ_μ/√ξ_σ is Cauchy / t₂ distributed and a fixed-node rule
     # is off by ~1% (seen against Monte Carlo at m = 2).
@@ -231,7 +235,8 @@ def expected_loss_mc(
     x = np.atleast_1d(np.asarray(x, dtype=np.float64))
     xi_mu, xi_sigma = simulate_batch_noise(m, n_batches, kurtosis=kurtosis, seed=seed)
     vals = loss((x[:, None] + xi_mu[None, :]) / np.sqrt(xi_sigma)[None, :])
-    return {"x": x, "mean": vals.mean(axis=1), "sem": vals.std(axis=1, ddof=1) / math.sqrt(n_batches)}
+    return {"x": x, "mean": vals.mean(axis=1),
+            "sem": vals.std(axis=1, ddof=1) / math.sqrt(n_batches)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,9 +264,11 @@ def moving_average_noise(
     """
     m = check_int("m (batch size)", m, minimum=2)
     if not 0.0 <= momentum < 1.0:
-        raise ValueError(f"momentum (weight of the history, lambda) must be in [0, 1); got {momentum!r}")
+        raise ValueError("momentum (weight of the history, lambda) must be in [0, 1); got "
+                         f"{momentum!r}")
     n_steps = check_int("n_steps", n_steps, minimum=10)
-    burn = int(10 / (1 - momentum)) + 1 if burn_in is None else check_int("burn_in", burn_in, minimum=0)
+    burn = (int(10 / (1 - momentum)) + 1 if burn_in is None
+            else check_int("burn_in", burn_in, minimum=0))
     xi_mu, xi_sigma = simulate_batch_noise(m, n_steps + burn, kurtosis=kurtosis, seed=seed)
     mu_b, var_b = -xi_mu, xi_sigma
     from scipy.signal import lfilter
@@ -297,7 +304,8 @@ def moving_noise_curve(
 ) -> dict:
     """:func:`moving_average_noise` on a grid: arrays (len(momenta) × len(ms)) for plotting."""
     shape = (len(momenta), len(ms))
-    out = {k: np.zeros(shape) for k in ("var_mu", "var_mu_theory", "var_sigma2", "var_sigma2_theory")}
+    out = {k: np.zeros(shape) for k in ("var_mu", "var_mu_theory", "var_sigma2",
+                                        "var_sigma2_theory")}
     for i, lam in enumerate(momenta):
         for j, m in enumerate(ms):
             r = moving_average_noise(m, lam, n_steps, seed=seed + 7919 * i + j)
@@ -318,5 +326,7 @@ def theorem2_cosine(m: int, omega: float, xs, n_batches: int = 200_000, *, seed:
         return np.cos(omega * x)
 
     terms = theorem2_terms(loss, xs, m)
-    lead = theorem2_leading_order(-omega * np.sin(omega * xs), -omega**2 * np.cos(omega * xs), xs, m)
-    return {"terms": terms, "leading_order": lead, "monte_carlo": expected_loss_mc(loss, xs, m, n_batches, seed=seed)}
+    lead = theorem2_leading_order(-omega * np.sin(omega * xs), -omega**2 * np.cos(omega * xs),
+                                  xs, m)
+    return {"terms": terms, "leading_order": lead,
+            "monte_carlo": expected_loss_mc(loss, xs, m, n_batches, seed=seed)}

@@ -129,7 +129,8 @@ def terms_from_records(
     """
     for key in (sq_norm_key, variance_key):
         if key not in records:
-            raise ValueError(f"records lack {key!r}; available: {', '.join(sorted(records)) or 'none'}")
+            raise ValueError(f"records lack {key!r}; available: "
+                             f"{', '.join(sorted(records)) or 'none'}")
     sq = _as_1d(sq_norm_key, records[sq_norm_key])
     var = _as_1d(variance_key, records[variance_key], sq.size)
     if micro_batches is not None:
@@ -138,7 +139,8 @@ def terms_from_records(
         var = var / k
     a = np.full(sq.size, float(lrs)) if np.isscalar(lrs) else _as_1d("lrs", lrs, sq.size)
     return theorem1_terms(
-        a, sq, var, initial_loss=initial_loss, loss_lower_bound=loss_lower_bound, lipschitz=lipschitz, n_steps=n_steps
+        a, sq, var, initial_loss=initial_loss, loss_lower_bound=loss_lower_bound,
+        lipschitz=lipschitz, n_steps=n_steps
     )
 
 
@@ -225,7 +227,8 @@ def synthetic_terms(*, seed: int = 0) -> dict:
     """Theorem 1's terms on a synthetic least-squares SGD run (:func:`simulate_quadratic_sgd`), with
     the left-hand side mean ‖∇F‖² of the same run (``lhs_mean_sq_grad``)."""
     run = simulate_quadratic_sgd(seed=seed)
-    terms = theorem1_terms(run["lr"], run["sq_norm"], run["variance"], initial_loss=run["initial_loss"],
-                           loss_lower_bound=run["loss_min"], lipschitz=run["lipschitz"])
+    terms = theorem1_terms(run["lr"], run["sq_norm"], run["variance"],
+                           initial_loss=run["initial_loss"], loss_lower_bound=run["loss_min"],
+                           lipschitz=run["lipschitz"])
     terms["lhs_mean_sq_grad"] = gradient_norm_lhs(run["grad_norm"])["mean_sq"]
     return terms

@@ -39,11 +39,12 @@ from bnlab.spec import check_choice
 
 from ._common import check_int
 
-__all__ = ["LOSSES", "batchnorm_1d", "bn_layer_quantities", "theorem41", "theorem42", "lemma45", "theorems_table",
-           "lemma45_random"]
+__all__ = ["LOSSES", "batchnorm_1d", "bn_layer_quantities", "theorem41", "theorem42", "lemma45",
+           "theorems_table", "lemma45_random"]
 
 
-def batchnorm_1d(y: torch.Tensor, gamma: float | torch.Tensor, beta: float | torch.Tensor, eps: float = 0.0):
+def batchnorm_1d(y: torch.Tensor, gamma: float | torch.Tensor, beta: float | torch.Tensor,
+                 eps: float = 0.0):
     """Training-mode BN of one unit over the batch (biased variance), written with torch ops."""
     mu = y.mean()
     var = ((y - mu) ** 2).mean()
@@ -66,14 +67,17 @@ def _quartic(z, target):
 
 def _cross_term(z, target):
     # couples the batch entries, so H is not diagonal
-    return 0.5 * ((z - target) ** 2).sum() + 0.1 * (z.sum() * (z * target).sum()) + torch.tanh(z).pow(2).sum()
+    return (0.5 * ((z - target) ** 2).sum() + 0.1 * (z.sum() * (z * target).sum())
+            + torch.tanh(z).pow(2).sum())
 
 
-LOSSES: dict[str, Callable] = {"mse": _mse, "logistic": _logistic, "quartic": _quartic, "coupled": _cross_term}
+LOSSES: dict[str, Callable] = {"mse": _mse, "logistic": _logistic, "quartic": _quartic,
+                               "coupled": _cross_term}
 
 
 def bn_layer_quantities(
-    y, *, gamma: float = 1.0, beta: float = 0.0, loss: str | Callable = "mse", target=None, seed: int = 0
+    y, *, gamma: float = 1.0, beta: float = 0.0, loss: str | Callable = "mse", target=None,
+    seed: int = 0
 ) -> dict:
     """Gradients and Hessians of a BN unit and of the same loss without BN, by autograd (float64).
 
@@ -123,8 +127,8 @@ def _sample_layer(m: int, seed: int, scale: float) -> np.ndarray:
 
 
 def theorem41(
-    y=None, *, m: int = 16, gamma: float = 1.5, beta: float = 0.3, loss: str | Callable = "mse", seed: int = 0,
-    target=None, scale: float = 2.0,
+    y=None, *, m: int = 16, gamma: float = 1.5, beta: float = 0.3, loss: str | Callable = "mse",
+    seed: int = 0, target=None, scale: float = 2.0,
 ) -> dict:
     """Theorem 4.1 on a BN unit: both sides, the corrected right-hand side and the printed one.
 
@@ -133,7 +137,8 @@ def theorem41(
     (rescaled) gradient that BN removes. ``printed_violated`` is True when lhs > rhs_printed. ``y``
     defaults to a seeded batch N(c, scale²) of size ``m``.
     """
-    y = _sample_layer(check_int("m", m, minimum=2), seed, scale) if y is None else np.asarray(y, dtype=np.float64)
+    y = (_sample_layer(check_int("m", m, minimum=2), seed, scale) if y is None
+         else np.asarray(y, dtype=np.float64))
     q = bn_layer_quantities(y, gamma=gamma, beta=beta, loss=loss, target=target, seed=seed)
     m, s, g, yh = q["m"], q["sigma"], q["g_hat"], q["y_hat"]
     c = gamma**2 / s**2
@@ -158,8 +163,8 @@ def theorem41(
 
 
 def theorem42(
-    y=None, *, m: int = 16, gamma: float = 1.5, beta: float = 0.3, loss: str | Callable = "quartic", seed: int = 0,
-    target=None, scale: float = 2.0,
+    y=None, *, m: int = 16, gamma: float = 1.5, beta: float = 0.3, loss: str | Callable = "quartic",
+    seed: int = 0, target=None, scale: float = 2.0,
 ) -> dict:
     """Theorem 4.2 on a BN unit: the curvature along the gradient, both statements.
 
@@ -168,7 +173,8 @@ def theorem42(
     ``rhs_second`` = (γ²/σ²)(ĝᵀHĝ − (1/(mγ))⟨ĝ,ŷ⟩‖v‖²) (second statement, needs the paper's
     "H preserves relative norms" assumption; ``second_holds`` says whether it does here).
     """
-    y = _sample_layer(check_int("m", m, minimum=2), seed, scale) if y is None else np.asarray(y, dtype=np.float64)
+    y = (_sample_layer(check_int("m", m, minimum=2), seed, scale) if y is None
+         else np.asarray(y, dtype=np.float64))
     q = bn_layer_quantities(y, gamma=gamma, beta=beta, loss=loss, target=target, seed=seed)
     m, s, g, yh, H = q["m"], q["sigma"], q["g_hat"], q["y_hat"], q["H"]
     v = q["grad_y"]
@@ -205,7 +211,8 @@ def lemma45(w0, w_star, *, n_samples: int = 64, seed: int = 0) -> dict:
         raise ValueError(f"w0 and w_star must have the same shape; got {w0.shape} and {ws.shape}")
     k = float(w0 @ ws / (ws @ ws))
     if k <= 0:
-        raise ValueError("Lemma 4.5 needs <W0, W*> > 0 (k > 0); the scaled optimum kW* is not on the BN ray")
+        raise ValueError("Lemma 4.5 needs <W0, W*> > 0 (k > 0); the scaled optimum kW* is not on "
+                         "the BN ray")
     d_std = float(np.sum((w0 - ws) ** 2))
     d_bn = float(np.sum((w0 - k * ws) ** 2))
     cs = np.linspace(1e-3, 3 * max(k, 1.0), 20001)
@@ -238,10 +245,10 @@ def theorems_table(ms, losses, *, gamma: float = 1.5, seed: int = 0) -> list[dic
             a = theorem41(m=m, gamma=gamma, loss=loss, seed=seed)
             b = theorem42(m=m, gamma=gamma, loss=loss, seed=seed)
             rows.append({
-                "loss": loss, "m": m, "grad_sq": a["lhs"], "thm41_rhs": a["rhs"], "thm41_printed": a["rhs_printed"],
-                "printed_violated": a["printed_violated"], "bn_reduction": a["reduction"],
-                "curv": b["lhs"], "thm42_rhs": b["rhs"], "thm42_second": b["rhs_second"],
-                "second_holds": b["second_holds"],
+                "loss": loss, "m": m, "grad_sq": a["lhs"], "thm41_rhs": a["rhs"],
+                "thm41_printed": a["rhs_printed"], "printed_violated": a["printed_violated"],
+                "bn_reduction": a["reduction"], "curv": b["lhs"], "thm42_rhs": b["rhs"],
+                "thm42_second": b["rhs_second"], "second_holds": b["second_holds"],
             })
     return rows
 

@@ -7,8 +7,9 @@ one module per kind of run (each registers its entries when the catalogue import
   Alg. 1), ``santurkar-fig6`` (ICS of Definition 2.1 per layer, VGG and DLN), ``santurkar-fig7``
   (change of the activation moments per update).
 * ``dln``: ``santurkar-fig8`` (DLN activation distributions), ``santurkar-fig9`` (DLN loss
-  landscape and effective β-smoothness over [1/100, 30] × lr, App. A.2.2), ``santurkar-fig10``
-  (gradient predictiveness against the distance moved, from a replay of the DLNs).
+  landscape and effective β-smoothness over [1/100, 30] × lr, App. A.2.2).
+* ``predictiveness``: ``santurkar-fig10`` (gradient predictiveness against the distance moved,
+  from a replay of the DLNs).
 * ``lp``: ``santurkar-fig11`` (ℓp normalizations: training and landscapes, Figs 11–13) and
   ``santurkar-fig14`` (VGG activation distributions under the ℓp normalizations).
 
