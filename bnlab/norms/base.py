@@ -35,8 +35,8 @@ UpdateFn = Callable[[Tensor, Tensor, int], None]
 
 # The fused path's kernels and switches live in .fused; imported here under their old names.
 from .fused import (  # noqa: E402,F401
-    centred_reductions, channel_affine, channel_dot, channel_sum, coef_dtype, fused_normalize, per_channel,
-    plain_autograd, plain_requested, refuse_double_backward, stats_dtype,
+    centred_reductions, channel_affine, channel_dot, channel_sum, coef_dtype, fused_normalize,
+    per_channel, plain_autograd, plain_requested, refuse_double_backward, stats_dtype,
 )
 
 
@@ -88,17 +88,19 @@ class ChannelNorm(BatchNormConventions):
             dtype = getattr(x, "dtype", type(x).__name__)
             raise ValueError(f"{type(self).__name__} expects a floating-point tensor, got {dtype}")
         if x.dim() < 2:
-            raise ValueError(f"{type(self).__name__} expects input of shape (N, C) or (N, C, *), got {tuple(x.shape)}")
+            raise ValueError(f"{type(self).__name__} expects input of shape (N, C) or (N, C, *), "
+                             f"got {tuple(x.shape)}")
         if x.shape[1] != self.num_features:
             raise ValueError(
-                f"{type(self).__name__} was built for {self.num_features} channels but the input has "
-                f"{x.shape[1]} (shape {tuple(x.shape)})"
+                f"{type(self).__name__} was built for {self.num_features} channels but the input "
+                f"has {x.shape[1]} (shape {tuple(x.shape)})"
             )
         # torch's _verify_batch_size: exactly one value per channel (a zero-size batch is fine);
         # synced layers count globally
         if self.training and x.numel() // x.shape[1] == 1 and module_group(self) is None:
             raise ValueError(
-                f"Expected more than 1 value per channel when training, got input of shape {tuple(x.shape)}"
+                "Expected more than 1 value per channel when training, got input of shape "
+                f"{tuple(x.shape)}"
             )
         check_eps_now(self)
         check_dtype(self, x)
@@ -121,7 +123,8 @@ class ChannelNorm(BatchNormConventions):
         if (group := module_group(self)) is not None:  # training with sync=True in a process group
             return synced_moments(x, group, stats_dtype(x))
         n = x.numel() // x.shape[1]
-        plain = (torch.is_grad_enabled() or x.dtype != stats_dtype(x) or x.device.type not in ("cpu", "cuda")
+        plain = (torch.is_grad_enabled() or x.dtype != stats_dtype(x)
+                 or x.device.type not in ("cpu", "cuda")
                  or torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active())
         if not plain:  # one call, double accumulation; eager and no-grad only
             mean, var = torch.batch_norm_update_stats(x, None, None, 0.0)
@@ -141,7 +144,8 @@ class ChannelNorm(BatchNormConventions):
         return mean, var, n
 
     def normalize_with_batch_stats(self, x: Tensor, coef_fn: CoefFn, *tensors: Tensor,
-                                   update: UpdateFn | None = None) -> tuple[Tensor, Tensor, Tensor, int]:
+                                   update: UpdateFn | None = None
+                                   ) -> tuple[Tensor, Tensor, Tensor, int]:
         """Apply the per-channel affine map ``coef_fn(μ_B, σ²_B, *tensors) -> (scale, shift)`` to x.
 
         Returns ``(y, μ_B, σ²_B, n)`` (statistics detached, for running-statistics updates).
@@ -154,7 +158,8 @@ class ChannelNorm(BatchNormConventions):
         with torch.autocast(x.device.type, enabled=False):
             # synced: autograd through the collectives
             if fused_enabled(x) and module_group(self) is None:
-                y, mean, var = fused_normalize(x, self.batch_moments, coef_fn, *tensors, update=update)
+                y, mean, var = fused_normalize(x, self.batch_moments, coef_fn, *tensors,
+                                               update=update)
                 return y, mean, var, x.numel() // x.shape[1]
             y, mean, var, n = self._plain_normalize(x, coef_fn, *tensors)
         if update is not None:
@@ -162,7 +167,8 @@ class ChannelNorm(BatchNormConventions):
                 update(mean, var, n)
         return y, mean, var, n
 
-    def _plain_normalize(self, x: Tensor, coef_fn: CoefFn, *tensors: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
+    def _plain_normalize(self, x: Tensor, coef_fn: CoefFn,
+                         *tensors: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
         """:meth:`normalize_with_batch_stats` from plain autograd ops (compile, half inputs, sync,
         vmap)."""
         # half inputs: one float32 copy feeds μ_B, σ²_B and the centred x, so their three
@@ -205,7 +211,8 @@ class ChannelNorm(BatchNormConventions):
             old.copy_(value)
 
     @torch.no_grad()
-    def update_running_stats(self, mean: Tensor, var: Tensor, n: int, momentum: float | None = None) -> None:
+    def update_running_stats(self, mean: Tensor, var: Tensor, n: int,
+                             momentum: float | None = None) -> None:
         """PyTorch's convention: biased variance normalizes, the unbiased one goes into
         running_var."""
         if not self.tracks_now():

@@ -30,10 +30,12 @@ class BatchNorm(ChannelNorm):
             return empty
         if not self.use_batch_stats():
             return self.running_normalize(x)
-        if type(self) is BatchNorm and module_group(self) is None and not self.compiled_cumulative():
+        if (type(self) is BatchNorm and module_group(self) is None
+                and not self.compiled_cumulative()):
             return self.native_batch_norm(x)
         gamma, beta = self.gamma_beta(x)
-        return self.normalize_with_batch_stats(x, self.coefficients, gamma, beta, update=self.update_running_stats)[0]
+        return self.normalize_with_batch_stats(x, self.coefficients, gamma, beta,
+                                               update=self.update_running_stats)[0]
 
     def native_batch_norm(self, x: Tensor) -> Tensor:
         """Training with batch statistics through torch's own kernel, as ``nn.BatchNorm2d.forward``.
@@ -48,21 +50,24 @@ class BatchNorm(ChannelNorm):
         if tracks:
             self.num_batches_tracked.add_(1)
         momentum = float(self.momentum_weight()) if tracks else 0.0
-        return F.batch_norm(x, self.running_mean if tracks else None, self.running_var if tracks else None,
-                            self.weight, self.bias, True, momentum, self.eps)
+        return F.batch_norm(x, self.running_mean if tracks else None,
+                            self.running_var if tracks else None, self.weight, self.bias, True,
+                            momentum, self.eps)
 
     def compiled_cumulative(self) -> bool:
         """``momentum=None`` under torch.compile: the kernel needs 1/t as a Python float, a graph
         break on every step; the shared path takes it as a tensor."""
         return self.momentum is None and torch.compiler.is_compiling()
 
-    def coefficients(self, mean: Tensor, var: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+    def coefficients(self, mean: Tensor, var: Tensor, gamma: Tensor,
+                     beta: Tensor) -> tuple[Tensor, Tensor]:
         """The layer as a per-channel affine map of x given the statistics: (scale, shift)."""
         scale = gamma * torch.rsqrt(var + self.eps)
         return scale, beta - mean * scale
 
     def inference_affine(self):
-        return self.coefficients(self.running_mean, self.running_var, self.weight_or_one(), self.bias_or_zero())
+        return self.coefficients(self.running_mean, self.running_var, self.weight_or_one(),
+                                 self.bias_or_zero())
 
 
 @norm("mean_only_bn", "subtract the batch mean only", "Luo et al. 2019", "§5 (with WN)", BN_OPTIONS)
@@ -81,7 +86,8 @@ class MeanOnlyBatchNorm(BatchNorm):
         if not self.use_batch_stats():
             return self.running_normalize(x)
         gamma, beta = self.gamma_beta(x)
-        return self.normalize_with_batch_stats(x, self.coefficients, gamma, beta, update=self.update_running_mean)[0]
+        return self.normalize_with_batch_stats(x, self.coefficients, gamma, beta,
+                                               update=self.update_running_mean)[0]
 
     def update_running_mean(self, mean: Tensor, var: Tensor, n: int) -> None:
         """Only the mean is tracked; running_var keeps its value."""
@@ -133,7 +139,8 @@ class NativeBatchNorm(nn.modules.batchnorm._BatchNorm):
 
     def _check_input_dim(self, x: Tensor) -> None:
         if x.dim() < 2:
-            raise ValueError(f"NativeBatchNorm expects input of shape (N, C) or (N, C, *), got {tuple(x.shape)}")
+            raise ValueError("NativeBatchNorm expects input of shape (N, C) or (N, C, *), got "
+                             f"{tuple(x.shape)}")
 
     def forward(self, x: Tensor) -> Tensor:
         ChannelNorm.check_input(self, x)

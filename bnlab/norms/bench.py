@@ -13,8 +13,9 @@ from .ops import create
 from .progress import set_progress
 from .wrappers import ScaleInvariantBN, WeightNorm
 
-DEFAULT_SPECS = ["native_bn", "bn", "mean_only_bn", "var_only_bn", "mbn", "cbn", "cbn(decouple=false)", "brn",
-                 "noisy_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "si_bn", "wn"]
+DEFAULT_SPECS = ["native_bn", "bn", "mean_only_bn", "var_only_bn", "mbn", "cbn",
+                 "cbn(decouple=false)", "brn", "noisy_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "si_bn",
+                 "wn"]
 
 
 def _layer(spec: str, shape: tuple[int, ...]) -> nn.Module:
@@ -58,7 +59,8 @@ def benchmark(shapes: list[tuple[int, ...]], specs: list[str] | None = None, rep
         for spec in specs:
             torch.manual_seed(seed)
             t = native if spec == "native_bn" else time_layer(_layer(spec, shape), x, repeats)
-            rows.append({"shape": list(shape), "spec": spec, "median_ms": 1e3 * t, "ratio_to_native": t / native})
+            rows.append({"shape": list(shape), "spec": spec, "median_ms": 1e3 * t,
+                         "ratio_to_native": t / native})
             if progress is not None:
                 progress(rows[-1])
     return rows
@@ -68,5 +70,6 @@ def format_table(rows: list[dict]) -> str:
     lines = ["| shape | layer | fwd+bwd median (ms) | × native BN |", "|---|---|---:|---:|"]
     for r in rows:
         shape = "×".join(map(str, r["shape"]))
-        lines.append(f"| {shape} | `{r['spec']}` | {r['median_ms']:.3f} | {r['ratio_to_native']:.2f} |")
+        lines.append(f"| {shape} | `{r['spec']}` | {r['median_ms']:.3f} | "
+                     f"{r['ratio_to_native']:.2f} |")
     return "\n".join(lines)

@@ -27,11 +27,13 @@ def _forward_as(value: Tensor, carrier: Tensor) -> Tensor:
     return carrier + (value - carrier).detach()
 
 
-@norm("cbn", "Complete BN: decoupled centring + ℓ2 scale, ρ, AMAT", "Peng et al.", "Eqs. 4-9, Alg. 1", {
+@norm("cbn", "Complete BN: decoupled centring + ℓ2 scale, ρ, AMAT", "Peng et al.",
+      "Eqs. 4-9, Alg. 1", {
     "rho": Param(1.0, float, positive=True), "amat": Param(True, bool),
     "omega": Param(10.0, float, minimum=0.0), "decouple": Param(True, bool),
     "center": Param(True, bool, help="remove the mean (false: Eq. 5 alone)"),
-    "eta": Param(None, float, minimum=0.0, nullable=True, help="fixed moving weight instead of AMAT's rule"),
+    "eta": Param(None, float, minimum=0.0, nullable=True,
+                 help="fixed moving weight instead of AMAT's rule"),
     **BN_OPTIONS})
 class CompleteBatchNorm(ChannelNorm):
     """CBN, placed before the linear layer (``placement="pre_linear"``).
@@ -90,11 +92,13 @@ class CompleteBatchNorm(ChannelNorm):
     counts_empty_batches = False  # num_batches_tracked also says whether μ_A, σ²_A hold a batch yet
 
     def __init__(self, num_features: int, rho: float = 1.0, amat: bool = True, omega: float = 10.0,
-                 decouple: bool = True, center: bool = True, eta: float | None = None, **kwargs) -> None:
+                 decouple: bool = True, center: bool = True, eta: float | None = None,
+                 **kwargs) -> None:
         super().__init__(num_features, **kwargs)
         if eta is not None and not 0 <= eta < 1:
             raise ValueError(f"cbn: eta must be in [0, 1), got {eta!r}")
-        self.rho, self.amat, self.omega, self.decouple, self.center = rho, amat, omega, decouple, center
+        self.rho, self.amat, self.omega = rho, amat, omega
+        self.decouple, self.center = decouple, center
         self.eta = eta
         self.lr: float | None = None
         self._warned_progress = False
@@ -145,14 +149,15 @@ class CompleteBatchNorm(ChannelNorm):
     def _warn_without_progress(self) -> None:
         if self.amat and self.eta is None and self.lr is None and not self._warned_progress:
             self._warned_progress = True
-            warn_at_user_line("cbn with AMAT is training without a learning rate, so AMAT is off (η = 0): call "
-                          "bnlab.norms.set_progress(model, lr=...) every step, or bnlab.norms.track(model, "
-                          "optimizer, epochs=...) once")
+            warn_at_user_line("cbn with AMAT is training without a learning rate, so AMAT is off "
+                              "(η = 0): call bnlab.norms.set_progress(model, lr=...) every step, "
+                              "or bnlab.norms.track(model, optimizer, epochs=...) once")
 
     def moving_statistics(self, mean_b: Tensor, var_b: Tensor, beta: Tensor, eta: Tensor):
         """(μ_A or 0, σ²_A, σ²_B, off + β or off): the moving centre and second moment after folding
         in this batch (Peng Eqs. 8–9), the batch second moment and the β-dependent offset of x'."""
-        centre = eta * self.amat_mean + (1 - eta) * mean_b.detach() if self.center else torch.zeros_like(mean_b)
+        centre = (eta * self.amat_mean + (1 - eta) * mean_b.detach() if self.center
+                  else torch.zeros_like(mean_b))
         off = mean_b - centre if not self.center else torch.zeros_like(mean_b)
         # forward value μ_A, gradient through μ_B (Batch-Renorm's additive correction)
         if self.center:
@@ -200,7 +205,8 @@ class CompleteBatchNorm(ChannelNorm):
         if self.track_running_stats:
             self.write_buffer("num_batches_tracked", self.num_batches_tracked + 1)
             m = self.inference_weight()
-            self.running_mean.lerp_((centre if self.center else mean_b).to(self.running_mean.dtype), m)
+            self.running_mean.lerp_((centre if self.center else mean_b).to(self.running_mean.dtype),
+                                    m)
             self.running_var.lerp_((second_a - k**2).to(self.running_var.dtype), m)
 
     def inference_weight(self) -> float | Tensor:
@@ -229,13 +235,16 @@ class CompleteBatchNorm(ChannelNorm):
             return self.momentum_weight()  # None: 1/t; 0: frozen statistics, as in BN
         if self.eta is not None or self.amat:
             return 1.0
-        return torch.clamp(1.0 / self.num_batches_tracked.to(self.running_mean.dtype), min=self.momentum)
+        return torch.clamp(1.0 / self.num_batches_tracked.to(self.running_mean.dtype),
+                           min=self.momentum)
 
     def _affine(self, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
         centre = self.running_mean if self.center else torch.zeros_like(self.running_mean)
         offset = self.running_mean - centre  # mean of x about the centre that is removed
         if self.decouple:  # second moment of x' = x − centre + β
-            scale = gamma / (self.rho * torch.sqrt(self.running_var + (offset + beta) ** 2 + self.eps))
+            scale = gamma / (
+                self.rho * torch.sqrt(self.running_var + (offset + beta) ** 2 + self.eps)
+            )
             return scale, (beta - centre) * scale
         scale = gamma / (self.rho * torch.sqrt(self.running_var + offset**2 + self.eps))
         return scale, beta - centre * scale

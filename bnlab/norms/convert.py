@@ -97,7 +97,8 @@ def convert(model: nn.Module, spec: str) -> nn.Module:
     _warn_frozen(model)
     # every replacement is built (and may refuse) before the first one is set: never half-converted
     replacements = [(parent, name, _replacement(child, spec, f"{path}.{name}" if path else name))
-                    for path, parent in model.named_modules() for name, child in parent.named_children()
+                    for path, parent in model.named_modules()
+                    for name, child in parent.named_children()
                     if isinstance(child, _BatchNorm) and not isinstance(parent, _BatchNorm)]
     for parent, name, new in replacements:
         setattr(parent, name, new)
@@ -107,10 +108,12 @@ def convert(model: nn.Module, spec: str) -> nn.Module:
 def _warn_frozen(model: nn.Module) -> None:
     """torchvision's/timm's frozen BN keeps fixed statistics by design (detection backbones): not
     converted."""
-    frozen = [name for name, m in model.named_modules() if type(m).__name__.startswith("FrozenBatchNorm")]
+    frozen = [name for name, m in model.named_modules()
+              if type(m).__name__.startswith("FrozenBatchNorm")]
     if frozen:
-        warnings.warn(f"convert leaves {len(frozen)} frozen BatchNorm layer(s) in place (fixed statistics by "
-                      f"design, not torch BatchNorm): {', '.join(frozen[:5])}{' ...' if len(frozen) > 5 else ''}",
+        warnings.warn(f"convert leaves {len(frozen)} frozen BatchNorm layer(s) in place (fixed "
+                      "statistics by design, not torch BatchNorm): "
+                      f"{', '.join(frozen[:5])}{' ...' if len(frozen) > 5 else ''}",
                       stacklevel=3)
 
 
@@ -118,17 +121,18 @@ def _kind(module: _BatchNorm, path: str) -> str:
     """'plain' (BatchNorm's own forward) or 'norm_act' (timm); raises for anything else."""
     cls = type(module)
     if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
-        raise ValueError(f"cannot convert {path!r}: {cls.__name__} is an uninitialized lazy BatchNorm (its "
-                         "number of channels is unknown); run one forward pass before convert()")
+        raise ValueError(f"cannot convert {path!r}: {cls.__name__} is an uninitialized lazy "
+                         "BatchNorm (its number of channels is unknown); run one forward pass "
+                         "before convert()")
     if f"{cls.__module__}.{cls.__qualname__}" in NORM_ACT_CLASSES:
         return "norm_act"
     if cls.forward in _TORCH_FORWARDS and not any(True for _ in module.children()):
         return "plain"  # a subclass that changes defaults or checks only
     raise ValueError(
-        f"cannot convert {path!r}: {cls.__module__}.{cls.__qualname__} subclasses torch's BatchNorm with "
-        "behaviour of its own (its own forward or submodules), which a bnlab layer would drop. Supported: "
-        "nn.BatchNorm1d/2d/3d, nn.SyncBatchNorm, initialized lazy BatchNorm, subclasses that keep "
-        f"BatchNorm's forward, and {', '.join(NORM_ACT_CLASSES)}")
+        f"cannot convert {path!r}: {cls.__module__}.{cls.__qualname__} subclasses torch's "
+        "BatchNorm with behaviour of its own (its own forward or submodules), which a bnlab layer "
+        "would drop. Supported: nn.BatchNorm1d/2d/3d, nn.SyncBatchNorm, initialized lazy "
+        f"BatchNorm, subclasses that keep BatchNorm's forward, and {', '.join(NORM_ACT_CLASSES)}")
 
 
 def _replacement(old: _BatchNorm, spec: str, path: str) -> nn.Module:
@@ -219,7 +223,8 @@ def convert_sync(model: nn.Module, process_group=None) -> nn.Module:
 
 
 def _torch_batchnorm(module: nn.Module) -> bool:
-    return isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, nn.SyncBatchNorm)
+    return (isinstance(module, nn.modules.batchnorm._BatchNorm)
+            and not isinstance(module, nn.SyncBatchNorm))
 
 
 def align_seed(layer) -> None:

@@ -100,7 +100,8 @@ def _fold_traced(root: nn.Module, module: nn.Module, prefix: str, rep: FoldRepor
         graph = _Tracer().trace(module)
     # fx raises many kinds (TraceError, TypeError, ...) on untraceable code
     except Exception as err:
-        rep.untraced[prefix.rstrip(".") or "<model>"] = f"{type(err).__name__}: {err}".splitlines()[0]
+        key = prefix.rstrip(".") or "<model>"
+        rep.untraced[key] = f"{type(err).__name__}: {err}".splitlines()[0]
         for name, child in module.named_children():
             if not (_is_norm(child) or isinstance(child, WeightNorm)):
                 _fold_traced(root, child, prefix + name + ".", rep)
@@ -127,7 +128,8 @@ def _plan(graph: fx.Graph, module: nn.Module, prefix: str, rep: FoldReport) -> l
             rep.unfolded[prefix + node.target] = "called more than once in forward"
         elif isinstance(norm, ScaleInvariantBN):
             plan.append(("self", node.target, node.target, affine))
-        elif (side := _neighbour(node, modules, calls, taken, _is_norm_act(norm))) and isinstance(side, tuple):
+        elif ((side := _neighbour(node, modules, calls, taken, _is_norm_act(norm)))
+              and isinstance(side, tuple)):
             taken.add(side)
             plan.append((side[1], side[0], node.target, affine))
         else:
@@ -141,7 +143,8 @@ def _neighbour(node: fx.Node, modules: dict, calls: Counter, taken: set,
     src = node.args[0] if len(node.args) == 1 and not node.kwargs else None
     if isinstance(src, fx.Node) and src.op == "call_module":
         layer = _unwrap(modules[src.target])
-        if isinstance(layer, LINEAR_TYPES) and calls[src.target] == 1 and (src.target, "output") not in taken:
+        if (isinstance(layer, LINEAR_TYPES) and calls[src.target] == 1
+                and (src.target, "output") not in taken):
             if len(src.users) == 1:
                 return str(src.target), "output"  # a call_module node's target is the module's path
             others = ", ".join(sorted(u.name for u in src.users if u is not node))
@@ -153,10 +156,12 @@ def _neighbour(node: fx.Node, modules: dict, calls: Counter, taken: set,
     users = list(node.users)
     if output_only:
         return f"a norm-act layer folds only into the layer before it: {producer_note}"
-    if len(users) == 1 and users[0].op == "call_module" and users[0].args == (node,) and not users[0].kwargs:
+    if (len(users) == 1 and users[0].op == "call_module" and users[0].args == (node,)
+            and not users[0].kwargs):
         dst = users[0]
         layer = _unwrap(modules[dst.target])
-        if calls[dst.target] == 1 and (dst.target, "input") not in taken and _accepts_input_fold(layer):
+        if (calls[dst.target] == 1 and (dst.target, "input") not in taken
+                and _accepts_input_fold(layer)):
             return str(dst.target), "input"
     consumer_note = "its output feeds " + (", ".join(_describe(u) for u in users) or "nothing")
     return f"no adjacent conv/linear to fold into: {producer_note}; {consumer_note}"
@@ -211,20 +216,23 @@ def _explain_leftovers(model: nn.Module, rep: FoldReport) -> None:
     for name, module in model.named_modules():
         if _is_norm(module) and name not in rep.unfolded and name not in rep.folded:
             parents = [p for p in rep.untraced if p == "<model>" or name.startswith(p + ".")]
-            rep.unfolded[name] = (f"inside {parents[-1]!r}, whose forward fx cannot trace ({rep.untraced[parents[-1]]})"
+            rep.unfolded[name] = (f"inside {parents[-1]!r}, whose forward fx cannot trace "
+                                  f"({rep.untraced[parents[-1]]})"
                                   if parents else "not called by the traced forward")
 
 
 def _apply(root: nn.Module, kind: str, layer_path: str, norm_path: str, affine) -> None:
     if kind == "self":  # si_bn: the norm wraps its own layer
-        _set(root, norm_path, _scaled_output(cast(ScaleInvariantBN, root.get_submodule(norm_path)).layer, *affine))
+        _set(root, norm_path,
+             _scaled_output(cast(ScaleInvariantBN, root.get_submodule(norm_path)).layer, *affine))
         return
     layer = _unwrap(root.get_submodule(layer_path))
     new = _scaled_output(layer, *affine) if kind == "output" else _scaled_input(layer, *affine)
     _set(root, layer_path, new)
     norm = root.get_submodule(norm_path)
     _set(root, norm_path,
-         nn.Sequential(cast(nn.Module, norm.drop), cast(nn.Module, norm.act)) if _is_norm_act(norm) else nn.Identity())
+         nn.Sequential(cast(nn.Module, norm.drop), cast(nn.Module, norm.act))
+         if _is_norm_act(norm) else nn.Identity())
 
 
 def _set(root: nn.Module, path: str, module: nn.Module) -> None:
@@ -241,7 +249,8 @@ def _accepts_input_fold(layer: nn.Module) -> bool:
     if isinstance(layer, nn.Linear):
         return True
     if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and layer.groups == 1:
-        return layer.padding == "valid" if isinstance(layer.padding, str) else all(p == 0 for p in layer.padding)
+        return (layer.padding == "valid" if isinstance(layer.padding, str)
+                else all(p == 0 for p in layer.padding))
     return False
 
 
@@ -261,7 +270,8 @@ def _plain_copy(layer: nn.Module, bias: bool) -> nn.Linear | _ConvNd:
     new.weight.copy_(weight)
     if bias:
         old_bias = cast("Tensor | None", layer.bias)
-        _bias(new).copy_(old_bias.detach() if old_bias is not None else torch.zeros_like(_bias(new)))
+        _bias(new).copy_(old_bias.detach() if old_bias is not None
+                         else torch.zeros_like(_bias(new)))
     return new
 
 

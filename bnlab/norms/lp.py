@@ -14,9 +14,10 @@ from .registry import BN_OPTIONS, Param, norm
 __all__ = ["LpBatchNorm", "hoffer_linf_constant"]
 
 
-@norm("lp_bn", "centre, divide by a Gaussian-calibrated ℓp scale", "Santurkar et al. 2018 / Hoffer et al. 2018",
-      "§3.3, App. B", {"p": Param("2", str, choices=("1", "2", "inf")), "topk": Param(10, int, minimum=1),
-                       **BN_OPTIONS})
+@norm("lp_bn", "centre, divide by a Gaussian-calibrated ℓp scale",
+      "Santurkar et al. 2018 / Hoffer et al. 2018", "§3.3, App. B",
+      {"p": Param("2", str, choices=("1", "2", "inf")), "topk": Param(10, int, minimum=1),
+       **BN_OPTIONS})
 class LpBatchNorm(BatchNorm):
     """Subtract the batch mean, divide by a per-channel ℓp scale of the centred batch.
 
@@ -59,20 +60,24 @@ class LpBatchNorm(BatchNorm):
         # runs along one dim.
         constant = hoffer_linf_constant(channel_count(self, centred))
         if module_group(self) is None:
-            return constant * linf_top_entries(centred, centred.new_zeros(self.num_features), self.topk)[0].mean(dim=1)
+            return constant * linf_top_entries(centred, centred.new_zeros(self.num_features),
+                                               self.topk)[0].mean(dim=1)
         flat = centred.transpose(0, 1).reshape(self.num_features, -1).abs()
         return constant * channel_topk(self, flat, self.topk).mean(dim=1)
 
-    def coefficients(self, mean: Tensor, scale: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+    def coefficients(self, mean: Tensor, scale: Tensor, gamma: Tensor,
+                     beta: Tensor) -> tuple[Tensor, Tensor]:
         """The layer as a per-channel affine map given the mean and the ℓp scale."""
         a = gamma / (scale + self.eps)
         return a, beta - mean * a
 
-    def rms_coefficients(self, mean: Tensor, var: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+    def rms_coefficients(self, mean: Tensor, var: Tensor, gamma: Tensor,
+                         beta: Tensor) -> tuple[Tensor, Tensor]:
         """p=2 from the batch moments: ε is added to the scale √σ²_B, not to the variance."""
         return self.coefficients(mean, var.sqrt(), gamma, beta)
 
-    def normalize_by_lp_scale(self, x: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def normalize_by_lp_scale(self, x: Tensor, gamma: Tensor,
+                              beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(y, μ_B, s_B) for p=1 and p=inf, in training: γ(x − μ_B)/(s_B + ε) + β.
 
         Eager float32/float64 and unsynced: one custom autograd function
@@ -111,9 +116,12 @@ class LpBatchNorm(BatchNorm):
                 self.num_batches_tracked.add_(1)
                 m = self.momentum_weight()
                 self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), m)
-                running_scale = self.running_var.sqrt().lerp_(scale.detach().to(self.running_var.dtype), m)
+                running_scale = self.running_var.sqrt().lerp_(
+                    scale.detach().to(self.running_var.dtype), m
+                )
                 self.running_var.copy_(running_scale**2)
         return y.to(x.dtype)
 
     def inference_affine(self):
-        return self.coefficients(self.running_mean, self.running_var.sqrt(), self.weight_or_one(), self.bias_or_zero())
+        return self.coefficients(self.running_mean, self.running_var.sqrt(), self.weight_or_one(),
+                                 self.bias_or_zero())

@@ -3,7 +3,7 @@
 Santurkar et al. 2018 §3.3 and Hoffer et al. 2018 ("Norm matters", ℓ1 and top-k ℓ∞ batch norm). Per
 channel, with c = x − μ_B over the n values of the channel, the ℓp scale s and a = γ/(s + ε):
 
-    y = a·c + β,     s = √(π/2)·mean|c|  (p = 1)   or   s = C(n)·mean of the k largest |c|  (p = inf).
+    y = a·c + β,   s = √(π/2)·mean|c|  (p = 1)   or   s = C(n)·mean of the k largest |c|  (p = inf).
 
 Plain autograd on these expressions keeps several full-size temporaries (c, |c|, its sign, the
 gradients of each step). Here the forward pass takes μ_B and s in a few passes over x, and the
@@ -129,7 +129,8 @@ def _lp_backward(g: Tensor, x: Tensor, gamma: Tensor, mean: Tensor, key: int) ->
 
 define("lp_normalize(Tensor x, Tensor gamma, Tensor beta, str p, float eps, int topk, int key) "
        "-> (Tensor, Tensor, Tensor)", _lp_forward)
-define("lp_normalize_backward(Tensor g, Tensor x, Tensor gamma, Tensor mean, int key) -> Tensor[]", _lp_backward)
+define("lp_normalize_backward(Tensor g, Tensor x, Tensor gamma, Tensor mean, int key) -> Tensor[]",
+       _lp_backward)
 
 
 class _LpNormalize(torch.autograd.Function):
@@ -140,7 +141,8 @@ class _LpNormalize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, gamma: Tensor, beta: Tensor, p: str, eps: float, topk: int):
         ctx.state = SimpleNamespace()
-        y, mean, scale_out = torch.ops.bnlab.lp_normalize(x, gamma, beta, p, eps, topk, park(ctx.state))
+        y, mean, scale_out = torch.ops.bnlab.lp_normalize(x, gamma, beta, p, eps, topk,
+                                                          park(ctx.state))
         ctx.save_for_backward(x, gamma, mean)
         ctx.mark_non_differentiable(mean, scale_out)
         ctx.set_materialize_grads(False)
@@ -152,12 +154,14 @@ class _LpNormalize(torch.autograd.Function):
         if g is None:
             return None, None, None, None, None, None
         x, gamma, mean = ctx.saved_tensors
-        gx, g_gamma, g_beta = torch.ops.bnlab.lp_normalize_backward(g, x, gamma, mean, park(ctx.state))
-        return (gx, g_gamma if ctx.needs_input_grad[1] else None, g_beta if ctx.needs_input_grad[2] else None,
-                None, None, None)
+        gx, g_gamma, g_beta = torch.ops.bnlab.lp_normalize_backward(g, x, gamma, mean,
+                                                                    park(ctx.state))
+        return (gx, g_gamma if ctx.needs_input_grad[1] else None,
+                g_beta if ctx.needs_input_grad[2] else None, None, None, None)
 
 
-def _l1_input_grad(state, x: Tensor, mean: Tensor, g: Tensor, a: Tensor, g_scale: Tensor, const: Tensor) -> Tensor:
+def _l1_input_grad(state, x: Tensor, mean: Tensor, g: Tensor, a: Tensor, g_scale: Tensor,
+                   const: Tensor) -> Tensor:
     """a·g + q·(sign c − mean sign c) + const, q = ∂L/∂s·√(π/2)/n, written into the sign buffer.
 
     The forward pass's sign buffer becomes the gradient (no new full-size tensor); a second backward

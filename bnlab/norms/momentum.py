@@ -20,7 +20,8 @@ def mbn_lambda(epoch: int, epochs: int, batch_size: int, ideal_batch: int) -> fl
     none at all when m ≥ m0). For T = 1 there is only the first epoch, λ = 0.
     """
     if epochs < 1 or epoch < 1:
-        raise ValueError(f"epoch and epochs are 1-based and positive, got epoch={epoch}, epochs={epochs}")
+        raise ValueError(f"epoch and epochs are 1-based and positive, got epoch={epoch}, "
+                         f"epochs={epochs}")
     ratio = min(batch_size / ideal_batch, 1.0)
     if epochs == 1:
         return 0.0
@@ -28,9 +29,10 @@ def mbn_lambda(epoch: int, epochs: int, batch_size: int, ideal_batch: int) -> fl
     return rho ** (epochs / (epochs - 1) * max(epochs - epoch, 0)) - rho**epochs
 
 
-@norm("mbn", "normalize with moving statistics, λ scheduled by epoch", "Yong et al. 2020 (Momentum BN)",
-      "Eqs. 3-4, λ schedule", {"ideal_batch": Param(32, int, minimum=1), "tau0": Param(0.9, float, minimum=0.0),
-                               **BN_OPTIONS})
+@norm("mbn", "normalize with moving statistics, λ scheduled by epoch",
+      "Yong et al. 2020 (Momentum BN)", "Eqs. 3-4, λ schedule",
+      {"ideal_batch": Param(32, int, minimum=1), "tau0": Param(0.9, float, minimum=0.0),
+       **BN_OPTIONS})
 class MomentumBatchNorm(ChannelNorm):
     """MBN: normalize with moving statistics that already include the current batch.
 
@@ -53,7 +55,8 @@ class MomentumBatchNorm(ChannelNorm):
     train_var: Tensor
     _lambda_exponent: Tensor
 
-    def __init__(self, num_features: int, ideal_batch: int = 32, tau0: float = 0.9, **kwargs) -> None:
+    def __init__(self, num_features: int, ideal_batch: int = 32, tau0: float = 0.9,
+                 **kwargs) -> None:
         super().__init__(num_features, **kwargs)
         self.ideal_batch = ideal_batch
         self.tau0 = tau0
@@ -105,12 +108,13 @@ class MomentumBatchNorm(ChannelNorm):
         # MBN's m (over all ranks when synced) is the number of samples, not samples × positions
         m = batch_samples(self, x)
         learning = self.training
-        if (learning and not torch.compiler.is_compiling() and (self.epoch is None or self.epochs is None)
-                and not self._warned_progress):
+        if (learning and not torch.compiler.is_compiling()
+                and (self.epoch is None or self.epochs is None) and not self._warned_progress):
             self._warned_progress = True
-            warn_at_user_line("mbn is training without epoch/epochs, so its momentum λ is 0 (plain BN): call "
-                          "bnlab.norms.set_progress(model, epoch=..., epochs=...) every epoch, or "
-                          "bnlab.norms.track(model, optimizer, epochs=...) once")
+            warn_at_user_line("mbn is training without epoch/epochs, so its momentum λ is 0 (plain "
+                              "BN): call bnlab.norms.set_progress(model, epoch=..., epochs=...) "
+                              "every epoch, or bnlab.norms.track(model, optimizer, epochs=...) "
+                              "once")
 
         # called inside the fused operator: no dispatched operations of its own
         def lam() -> Tensor:
@@ -126,11 +130,13 @@ class MomentumBatchNorm(ChannelNorm):
                 mean, var = self.moving_statistics(mean_b, var_b, lam())
                 self.write_buffer("train_mean", mean)
                 self.write_buffer("train_var", var)
-                self.update_running_stats(mean_b, var_b, n, momentum=1 - self.tau0 ** (m / self.ideal_batch))
+                self.update_running_stats(mean_b, var_b, n,
+                                          momentum=1 - self.tau0 ** (m / self.ideal_batch))
 
         return self.normalize_with_batch_stats(x, coefficients, gamma, beta, update=update)[0]
 
-    def moving_statistics(self, mean_b: Tensor, var_b: Tensor, lam: Tensor) -> tuple[Tensor, Tensor]:
+    def moving_statistics(self, mean_b: Tensor, var_b: Tensor,
+                          lam: Tensor) -> tuple[Tensor, Tensor]:
         """μ ← λμ + (1−λ)μ_B, σ² ← λσ² + (1−λ)σ²_B; the old moving values are constants for
         autograd."""
         return lam * self.train_mean + (1 - lam) * mean_b, lam * self.train_var + (1 - lam) * var_b

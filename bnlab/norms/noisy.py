@@ -13,11 +13,12 @@ from .registry import BN_OPTIONS, Param, norm
 from .user_line import warn as warn_at_user_line
 
 NOISY_STATISTICS = (
-    "noisy_bn in eval mode after training with its noise: the running statistics of every layer after a "
-    "noisy_bn were collected on noisy activations, which eval no longer gives them (Santurkar et al.'s "
-    "Alg. 1 adds the noise in training only), and eval accuracy can fall far below training (e.g. 0.44 "
-    "against 0.91 in a ReLU VGG); call bnlab.norms.recollect_running_stats(model, batches) after "
-    "training for the clean network's population statistics")
+    "noisy_bn in eval mode after training with its noise: the running statistics of every layer "
+    "after a noisy_bn were collected on noisy activations, which eval no longer gives them "
+    "(Santurkar et al.'s Alg. 1 adds the noise in training only), and eval accuracy can fall far "
+    "below training (e.g. 0.44 against 0.91 in a ReLU VGG); call "
+    "bnlab.norms.recollect_running_stats(model, batches) after training for the clean network's "
+    "population statistics")
 
 
 class StochasticLayer:
@@ -45,13 +46,15 @@ class StochasticLayer:
 
     @property
     def generator(self) -> torch.Generator:
-        return self._generator if self._generator is not None else self.generator_for(torch.device("cpu"))
+        return (self._generator if self._generator is not None
+                else self.generator_for(torch.device("cpu")))
 
 
-@norm("noisy_bn", "BN + time-varying non-zero-mean, non-unit-variance noise", "Santurkar et al. 2018",
-      "App. A.2.1, Alg. 1", {"n_mu": Param(0.5, float, minimum=0.0), "n_sigma": Param(1.25, float, minimum=1.0),
-                             "r_mu": Param(0.1, float, minimum=0.0), "r_sigma": Param(0.1, float, minimum=0.0),
-                             **BN_OPTIONS})
+@norm("noisy_bn", "BN + time-varying non-zero-mean, non-unit-variance noise",
+      "Santurkar et al. 2018", "App. A.2.1, Alg. 1",
+      {"n_mu": Param(0.5, float, minimum=0.0), "n_sigma": Param(1.25, float, minimum=1.0),
+       "r_mu": Param(0.1, float, minimum=0.0), "r_sigma": Param(0.1, float, minimum=0.0),
+       **BN_OPTIONS})
 class NoisyBatchNorm(BatchNorm, StochasticLayer):
     """BN followed by time-varying, non-zero-mean, non-unit-variance noise (Santurkar Alg. 1).
 
@@ -64,8 +67,8 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
     Alg. 1 with s = 1, m = 0 (:func:`bnlab.norms.recollect_running_stats` uses it).
     """
 
-    def __init__(self, num_features: int, n_mu: float = 0.5, n_sigma: float = 1.25, r_mu: float = 0.1,
-                 r_sigma: float = 0.1, **kwargs) -> None:
+    def __init__(self, num_features: int, n_mu: float = 0.5, n_sigma: float = 1.25,
+                 r_mu: float = 0.1, r_sigma: float = 0.1, **kwargs) -> None:
         super().__init__(num_features, **kwargs)
         self.n_mu, self.n_sigma, self.r_mu, self.r_sigma = n_mu, n_sigma, r_mu, r_sigma
         self.noise = True

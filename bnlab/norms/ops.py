@@ -47,7 +47,8 @@ def create(spec: str, num_features: int, **options) -> nn.Module:
     if info.kind == "wrapper":
         raise ValueError(
             f"{info.name} needs the weight of the layer it normalizes; use "
-            f"bnlab.norms.normalized(layer, {spec!r}) (or {info.factory.__name__}(layer)) instead of create()"
+            f"bnlab.norms.normalized(layer, {spec!r}) (or {info.factory.__name__}(layer)) instead "
+            "of create()"
         )
     return info.factory(num_features, **{**kwargs, **options})
 
@@ -72,11 +73,13 @@ def normalized(layer: nn.Module, spec: str, placement: str = "pre_activation") -
     first, kwargs = lookup(parts[0])
     if first.kind == "wrapper":
         if placement == "pre_linear" and first.name == "si_bn":
-            raise ValueError("si_bn normalizes the output of its layer; it cannot be placed pre_linear")
+            raise ValueError("si_bn normalizes the output of its layer; it cannot be placed "
+                             "pre_linear")
         layer = first.factory(layer, **kwargs)
         parts = parts[1:]
     if placement == "pre_activation":
-        width = _out_features(layer.layer if isinstance(layer, (ScaleInvariantBN, WeightNorm)) else layer)
+        width = _out_features(layer.layer if isinstance(layer, (ScaleInvariantBN,
+                                                                WeightNorm)) else layer)
         return nn.Sequential(layer, *(create(p, width) for p in parts))
     inner = layer.layer if isinstance(layer, (ScaleInvariantBN, WeightNorm)) else layer
     # a conv
@@ -100,7 +103,8 @@ def stochastic_layers(model: nn.Module) -> list[tuple[str, StochasticLayer]]:
 
 def regularization_loss(model: nn.Module) -> torch.Tensor | float:
     """Sum of the explicit regularizers that layers expose (WN's γ-decay ζ Σγ², Luo Eq. 15)."""
-    terms = [m.regularization_loss() for m in model.modules() if isinstance(m, WeightNorm) and m.zeta > 0]
+    terms = [m.regularization_loss() for m in model.modules() if isinstance(m, WeightNorm)
+             and m.zeta > 0]
     return sum(terms) if terms else 0.0
 
 

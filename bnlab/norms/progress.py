@@ -42,14 +42,15 @@ class ProgressTracker:
     ``state_dict()`` / ``load_state_dict()`` carry the epoch and step count through a checkpoint.
     """
 
-    def __init__(self, model: nn.Module, optimizer: Optimizer, epochs: int, steps_per_epoch: int | None,
-                 group: int, start_epoch: int) -> None:
+    def __init__(self, model: nn.Module, optimizer: Optimizer, epochs: int,
+                 steps_per_epoch: int | None, group: int, start_epoch: int) -> None:
         _check_positive("epochs", epochs)
         _check_positive("start_epoch", start_epoch)
         if steps_per_epoch is not None:
             _check_positive("steps_per_epoch", steps_per_epoch)
         if not 0 <= group < len(optimizer.param_groups):
-            raise ValueError(f"group={group} but the optimizer has {len(optimizer.param_groups)} param group(s)")
+            raise ValueError(f"group={group} but the optimizer has {len(optimizer.param_groups)} "
+                             "param group(s)")
         self.model, self.optimizer, self.epochs = model, optimizer, int(epochs)
         self.steps_per_epoch, self.group = steps_per_epoch, group
         self.start_epoch, self.steps, self._epochs_ended = int(start_epoch), 0, 0
@@ -70,7 +71,8 @@ class ProgressTracker:
         """Call once at the end of every epoch (not needed, and refused, with
         ``steps_per_epoch``)."""
         if self.steps_per_epoch is not None:
-            raise RuntimeError("this tracker counts epochs from steps_per_epoch; do not also call epoch_end()")
+            raise RuntimeError("this tracker counts epochs from steps_per_epoch; do not also call "
+                               "epoch_end()")
         self._epochs_ended += 1
 
     def remove(self) -> None:
@@ -100,8 +102,9 @@ class ProgressTracker:
         self.steps += 1
 
 
-def track(model: nn.Module, optimizer: Optimizer, epochs: int, *, steps_per_epoch: int | None = None,
-          group: int = 0, start_epoch: int = 1) -> ProgressTracker:
+def track(model: nn.Module, optimizer: Optimizer, epochs: int, *,
+          steps_per_epoch: int | None = None, group: int = 0,
+          start_epoch: int = 1) -> ProgressTracker:
     """Keep every progress-dependent layer of ``model`` told the learning rate and epoch,
     automatically.
 

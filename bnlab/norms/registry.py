@@ -16,7 +16,8 @@ import torch.nn as nn
 
 from bnlab.spec import Param, Registry, parse
 
-__all__ = ["BN_OPTIONS", "NORMS", "REGISTRY", "NormInfo", "Param", "lookup", "norm", "parse_spec", "register"]
+__all__ = ["BN_OPTIONS", "NORMS", "REGISTRY", "NormInfo", "Param", "lookup", "norm", "parse_spec",
+           "register"]
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,8 @@ def register(info: NormInfo) -> NormInfo:
     return NORMS.add(info.name, info, info.params)
 
 
-def norm(name: str, summary: str, paper: str, equation: str, params: dict[str, Param] | None = None, *,
-         kind: str = "channel", removes_mean: bool = True) -> Callable:
+def norm(name: str, summary: str, paper: str, equation: str, params: dict[str, Param] | None = None,
+         *, kind: str = "channel", removes_mean: bool = True) -> Callable:
     """Decorator next to a layer class: register it as spec ``name`` with its paper, equation and
     typed parameters (``kind="wrapper"``: it wraps the linear/conv layer it normalizes). The class
     docstring gets a closing ``Paper: <paper>, <equation>.`` line from these same words, so
@@ -70,8 +71,10 @@ BN_OPTIONS = {  # torch.nn.BatchNorm2d's options, with torch's names and semanti
                       help="running-statistics update weight; none = cumulative moving average"),
     "affine": Param(True, bool, help="learnable γ (weight) and β (bias)"),
     "bias": Param(True, bool, help="false: γ only, no β (torch's bias=False)"),
-    "track_running_stats": Param(True, bool, help="false: no running statistics, batch statistics in eval"),
-    "sync": Param(False, bool, help="batch statistics over all ranks of torch.distributed (bnlab.norms.sync)"),
+    "track_running_stats": Param(True, bool, help="false: no running statistics, batch statistics "
+                                                  "in eval"),
+    "sync": Param(False, bool, help="batch statistics over all ranks of torch.distributed "
+                                    "(bnlab.norms.sync)"),
 }
 
 

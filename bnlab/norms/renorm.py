@@ -12,7 +12,8 @@ from .base import ChannelNorm
 from .registry import BN_OPTIONS, Param, norm
 
 
-def relaxed_limit(step: Tensor, start: float, final: float, relax_from: int, reach_at: int) -> Tensor | float:
+def relaxed_limit(step: Tensor, start: float, final: float, relax_from: int,
+                  reach_at: int) -> Tensor | float:
     """Ioffe 2017 §4's warm-up of r_max / d_max: ``start`` before step ``relax_from``, then linear
     to ``final`` at step ``reach_at`` (the paper: r_max 1 → 3 between steps 5k and 40k, d_max 0 → 5
     between 5k and 25k). ``reach_at <= relax_from`` switches at ``relax_from``. During a warm-up a
@@ -66,28 +67,31 @@ def set_run_length(model: nn.Module, steps: int) -> int:
     "r_max": Param(3.0, float, minimum=1.0), "d_max": Param(5.0, float, minimum=0.0),
     "relax_from": Param(None, int, minimum=0, nullable=True,
                         help="warm-up: r_max=1, d_max=0 before this step (none: Ioffe's schedule)"),
-    "r_max_at": Param(None, int, minimum=0, nullable=True, help="warm-up: step at which r_max is reached"),
-    "d_max_at": Param(None, int, minimum=0, nullable=True, help="warm-up: step at which d_max is reached"),
+    "r_max_at": Param(None, int, minimum=0, nullable=True,
+                      help="warm-up: step at which r_max is reached"),
+    "d_max_at": Param(None, int, minimum=0, nullable=True,
+                      help="warm-up: step at which d_max is reached"),
     "run_steps": Param(None, int, minimum=1, nullable=True,
                        help="the run's length, scaling the default warm-up (bnlab train sets it)"),
     **BN_OPTIONS})
 class BatchRenorm(ChannelNorm):
     """Batch Renormalization (Ioffe 2017, Algorithm 1).
 
-    ``x̂ = (x − μ_B)/σ_B · r + d`` with ``σ_B = √(σ²_B + ε)`` (biased σ²_B), ``r = stop_grad(clip(σ_B/σ,
-    1/r_max, r_max))``, ``d = stop_grad(clip((μ_B − μ)/σ, −d_max, d_max))``, then ``y = γ x̂ + β``; the
-    running values follow Algorithm 1: ``μ ← μ + α(μ_B − μ)``, ``σ ← σ + α(σ_B − σ)`` — an EMA of σ_B
-    itself, not of the unbiased variance. ``running_var`` keeps BN's name and holds ``σ² − ε``, so
-    ``√(running_var + ε) = σ`` and a BatchNorm state_dict loads with its meaning. Inference is BN with
-    the running statistics. §4's warm-up (r_max from 1, d_max from 0) is on by default:
-    :func:`ioffe_schedule`, scaled to ``run_steps`` when the run's length is known. Giving any of
-    ``relax_from``/``r_max_at``/``d_max_at`` (steps) sets the schedule by hand (the others 0);
-    ``relax_from=0`` alone: no warm-up. ``track_running_stats=False``: r = 1, d = 0 (plain BN).
+    ``x̂ = (x − μ_B)/σ_B · r + d`` with ``σ_B = √(σ²_B + ε)`` (biased σ²_B),
+    ``r = stop_grad(clip(σ_B/σ, 1/r_max, r_max))``, ``d = stop_grad(clip((μ_B − μ)/σ, −d_max,
+    d_max))``, then ``y = γ x̂ + β``; the running values follow Algorithm 1:
+    ``μ ← μ + α(μ_B − μ)``, ``σ ← σ + α(σ_B − σ)`` — an EMA of σ_B itself, not of the unbiased
+    variance. ``running_var`` keeps BN's name and holds ``σ² − ε``, so ``√(running_var + ε) = σ``
+    and a BatchNorm state_dict loads with its meaning. Inference is BN with the running statistics.
+    §4's warm-up (r_max from 1, d_max from 0) is on by default: :func:`ioffe_schedule`, scaled to
+    ``run_steps`` when the run's length is known. Giving any of ``relax_from``/``r_max_at``/
+    ``d_max_at`` (steps) sets the schedule by hand (the others 0); ``relax_from=0`` alone: no
+    warm-up. ``track_running_stats=False``: r = 1, d = 0 (plain BN).
     """
 
     def __init__(self, num_features: int, r_max: float = 3.0, d_max: float = 5.0,
-                 relax_from: int | None = None, r_max_at: int | None = None, d_max_at: int | None = None,
-                 run_steps: int | None = None, **kwargs) -> None:
+                 relax_from: int | None = None, r_max_at: int | None = None,
+                 d_max_at: int | None = None, run_steps: int | None = None, **kwargs) -> None:
         super().__init__(num_features, **kwargs)
         self.r_max, self.d_max = r_max, d_max
         self.relax_from, self.r_max_at, self.d_max_at = relax_from, r_max_at, d_max_at
@@ -107,8 +111,8 @@ class BatchRenorm(ChannelNorm):
     def extra_repr(self) -> str:
         relax, r_at, d_at = self.schedule()
         source = f"Ioffe's schedule, run_steps={self.run_steps}" if self.default_warmup else "given"
-        return (super().extra_repr() + f", r_max={self.r_max}, d_max={self.d_max}, relax_from={relax}, "
-                f"r_max_at={r_at}, d_max_at={d_at} ({source})")
+        return (super().extra_repr() + f", r_max={self.r_max}, d_max={self.d_max}, "
+                f"relax_from={relax}, r_max_at={r_at}, d_max_at={d_at} ({source})")
 
     def limits(self) -> tuple[Tensor | float, Tensor | float]:
         """(r_max, d_max) at the current step."""
@@ -148,8 +152,11 @@ class BatchRenorm(ChannelNorm):
         # write_buffer
         self.write_buffer("num_batches_tracked", self.num_batches_tracked + 1)
         alpha = self.momentum_weight()
-        std = torch.sqrt(self.running_var + self.eps).lerp_(torch.sqrt(var_b + self.eps).to(self.running_var.dtype), alpha)
-        self.write_buffer("running_mean", self.running_mean.lerp(mean_b.to(self.running_mean.dtype), alpha))
+        std = torch.sqrt(self.running_var + self.eps).lerp_(
+            torch.sqrt(var_b + self.eps).to(self.running_var.dtype), alpha
+        )
+        self.write_buffer("running_mean",
+                          self.running_mean.lerp(mean_b.to(self.running_mean.dtype), alpha))
         self.write_buffer("running_var", (std**2 - self.eps).clamp_min(0))
 
     def inference_affine(self):

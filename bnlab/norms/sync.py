@@ -25,9 +25,9 @@ import torch.nn as nn
 from torch import Tensor
 
 __all__ = [
-    "active_group", "all_gather", "all_reduce_sum", "batch_samples", "broadcast_seed", "channel_count",
-    "channel_mean", "channel_topk", "global_batch_rows", "global_topk", "module_group",
-    "sample_offset", "synced_moments",
+    "active_group", "all_gather", "all_reduce_sum", "batch_samples", "broadcast_seed",
+    "channel_count", "channel_mean", "channel_topk", "global_batch_rows", "global_topk",
+    "module_group", "sample_offset", "synced_moments",
 ]
 
 
@@ -103,7 +103,8 @@ def _channel_last_flat(x: Tensor) -> Tensor:
     return x.transpose(0, 1).reshape(x.shape[1], -1)
 
 
-def synced_moments(x: Tensor, group, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor, int]:
+def synced_moments(x: Tensor, group,
+                   dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor, int]:
     """Per-channel mean and biased variance over the global batch, and the global count per channel.
 
     Each rank reduces its slice to (count n_r, mean μ_r, M2_r = Σ(x − μ_r)²) — a two-pass, shifted
@@ -125,7 +126,8 @@ def synced_moments(x: Tensor, group, dtype: torch.dtype | None = None) -> tuple[
     means, m2s, counts = gathered[:, :c], gathered[:, c:2 * c], gathered[:, 2 * c:].detach()
     total = int(counts.sum().item())
     if total < 2:
-        raise ValueError(f"Expected more than 1 value per channel over all ranks when training, got {total}")
+        raise ValueError("Expected more than 1 value per channel over all ranks when training, "
+                         f"got {total}")
     mean = (counts * means).sum(0) / total
     m2 = m2s.sum(0) + (counts * (means - mean).pow(2)).sum(0)
     return mean, m2 / total, total

@@ -17,7 +17,8 @@ import torch
 
 import bnlab
 
-_INTERNAL = tuple(os.path.dirname(os.path.abspath(str(m.__file__))) + os.sep for m in (bnlab, torch))
+_INTERNAL = tuple(os.path.dirname(os.path.abspath(str(m.__file__))) + os.sep
+                  for m in (bnlab, torch))
 
 
 def user_stacklevel() -> int:

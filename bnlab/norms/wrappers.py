@@ -49,18 +49,19 @@ class ScaleInvariantBN(nn.Module):
     """A linear/conv layer followed by BN that keeps its weight exactly scale-invariant.
 
     Arora, Li & Lyu 2019, Eq. 8: for channel k with weight w_k,
-    ``z̃ = γ_k (w_kᵀx − u)/‖w_k‖_{S+εI} + β_k`` where ``‖w‖²_{S+εI} = wᵀSw + ε‖w‖² = Var(w_kᵀx) + ε‖w_k‖²``.
-    (The paper's text says "replace ε with ε‖w_k‖₂"; inside the square root it is ε‖w_k‖₂² that makes the
-    map exactly invariant to w_k → c·w_k, which is what we implement and test.) Hence
+    ``z̃ = γ_k (w_kᵀx − u)/‖w_k‖_{S+εI} + β_k`` where
+    ``‖w‖²_{S+εI} = wᵀSw + ε‖w‖² = Var(w_kᵀx) + ε‖w_k‖²``. (The paper's text says "replace ε with
+    ε‖w_k‖₂"; inside the square root it is ε‖w_k‖₂² that makes the map exactly invariant to
+    w_k → c·w_k, which is what we implement and test.) Hence
     ⟨w, ∇_w L⟩ = 0 (Lemma 2.4) holds to rounding, while plain BN with ε > 0 violates it.
 
     State dict: ``layer.weight`` (and ``layer.bias`` if any) and ``norm.{weight,bias,running_mean,
     running_var,num_batches_tracked}`` — the BN names. Build the layer with ``bias=False``.
     """
 
-    def __init__(self, layer: nn.Module, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, device=None, dtype=None, *, bias: bool = True,
-                 sync: bool = False) -> None:
+    def __init__(self, layer: nn.Module, eps: float = 1e-5, momentum: float | None = 0.1,
+                 affine: bool = True, track_running_stats: bool = True, device=None, dtype=None, *,
+                 bias: bool = True, sync: bool = False) -> None:
         super().__init__()
         features = _out_features(layer)
         self.layer = layer
@@ -88,7 +89,8 @@ class ScaleInvariantBN(nn.Module):
 
     def inference_affine(self):
         n = self.norm
-        return n.coefficients(n.running_mean, n.running_var, n.weight_or_one(), n.bias_or_zero(), self.weight_sq())
+        return n.coefficients(n.running_mean, n.running_var, n.weight_or_one(), n.bias_or_zero(),
+                              self.weight_sq())
 
 
 # The issue and the model builders name the two uses; they are the same module.
@@ -96,8 +98,9 @@ ScaleInvariantConvBN = ScaleInvariantBN
 ScaleInvariantLinearBN = ScaleInvariantBN
 
 
-@norm("wn", "weight normalization w = γ v/‖v‖, optional γ-decay ζ Σγ²", "Salimans & Kingma 2016; Luo et al. 2019",
-      "Luo Eq. 15", {"zeta": Param(0.0, float, minimum=0.0)}, kind="wrapper", removes_mean=False)
+@norm("wn", "weight normalization w = γ v/‖v‖, optional γ-decay ζ Σγ²",
+      "Salimans & Kingma 2016; Luo et al. 2019", "Luo Eq. 15",
+      {"zeta": Param(0.0, float, minimum=0.0)}, kind="wrapper", removes_mean=False)
 class WeightNorm(nn.Module):
     """Weight normalization (Salimans & Kingma 2016) of a linear/conv layer: ``w_k = γ_k
     v_k/‖v_k‖``.
