@@ -57,7 +57,7 @@ DAMAGES = {
     "config_digit": "UPDATE runs SET config = replace(config, '\"lr\": 0.05', '\"lr\": 0.07')",
     "rows_deleted": "DELETE FROM metrics WHERE step % 3 = 0",
     "summary_metric": "UPDATE runs SET summary = replace(summary, '\"test_accuracy\": 0.', "
-    "'\"test_accuracy\": 1.')",
+                      "'\"test_accuracy\": 1.')",
     "invalid_json": "UPDATE runs SET config = substr(config, 1, 20)",
 }
 

@@ -104,8 +104,8 @@ def test_G_is_the_trace_of_the_resolvent():
 
 def test_wn_curve_reduces_to_sgd_and_is_minimised_at_the_noise_variance():
     for alpha in (0.3, 0.8, 1.7, 3.0):
-        assert luo.gen_error_wn(alpha, 1e-9,
-                                0.25) == pytest.approx(luo.gen_error_sgd(alpha, 0.25), rel=1e-5)
+        assert luo.gen_error_wn(alpha, 1e-9, 0.25) \
+            == pytest.approx(luo.gen_error_sgd(alpha, 0.25), rel=1e-5)
     for noise in (0.1, 0.25):
         for alpha in (0.3, 1.0, 2.5):
             # Krogh–Hertz optimum
@@ -187,8 +187,8 @@ def test_learning_rates_table2_and_proposition3():
         mx_wn, eff_wn = luo.learning_rates("wn", zeta, eta=0.2, L0=2.0)
         mx_sgd, eff_sgd = luo.learning_rates("sgd", zeta, eta=0.2, L0=2.0)
         assert mx_wn == pytest.approx(2.0) and mx_sgd == pytest.approx(2.0)
-        assert luo.learning_rates(
-            "bn", zeta, include_i2_term=False)[0] == pytest.approx(2 + 4 * zeta)
+        assert luo.learning_rates("bn", zeta, include_i2_term=False)[0] \
+            == pytest.approx(2 + 4 * zeta)
         assert mx_bn >= mx_wn + 2 * zeta  # Proposition 3 (the gap is ≈ 4ζ)
         g0 = 1 / (1 + 2 * zeta)
         assert (eff_bn, eff_wn, eff_sgd) == pytest.approx((0.2 * g0 / 4, 0.2 / 4, 0.2))

@@ -46,8 +46,8 @@ def _reference(model, batch, rtol=1e-4, seed=0) -> dict[str, str]:
     for name, p in model.named_parameters():
         if p.dim() < 2:
             continue
-        rows = torch.where(torch.arange(p.shape[0]) % 2 == 0, 2.0,
-                           0.5).reshape(-1, *[1] * (p.dim() - 1))
+        rows = torch.where(torch.arange(p.shape[0]) % 2 == 0, 2.0, 0.5)
+        rows = rows.reshape(-1, *[1] * (p.dim() - 1))
         if p.shape[0] >= 2 and _same(ref, loss(scaled([name], rows)), rtol):
             found[name] = "rows"
         elif all(_same(ref, loss(scaled([name], c)), rtol) for c in (2.0, 0.5)):
@@ -55,7 +55,7 @@ def _reference(model, batch, rtol=1e-4, seed=0) -> dict[str, str]:
     for mname, m in model.named_modules():
         w, b = getattr(m, "weight", None), getattr(m, "bias", None)
         if isinstance(w, nn.Parameter) and isinstance(b, nn.Parameter) and w.dim() == 1 \
-            and w.shape == b.shape:
+                and w.shape == b.shape:
             names = [f"{mname}.weight", f"{mname}.bias"]
             if not any(n in found for n in names) and all(
                     _same(ref, loss(scaled(names, c)), rtol) for c in (2.0, 0.5)):
