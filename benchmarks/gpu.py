@@ -136,7 +136,7 @@ def refusal(args) -> str | None:
 def metadata(args, device: torch.device, cfg: dict, backend: str) -> dict:
     return {
         "benchmark": "bnlab layers vs native (cuDNN) BatchNorm and a ResNet-20 SGD step; "
-        "paired, median ratio",
+                     "paired, median ratio",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)",
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),

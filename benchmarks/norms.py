@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="NxC[xHxW],...; compiled mode runs on the first only")
     parser.add_argument("--modes", default="eager,compiled", help="eager,compiled or one of them")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="cpu: this thread's CPU time (use with --threads 1 on a "
-                        "loaded machine)")
+                        help="cpu: this thread's CPU time (use with --threads 1 on a loaded "
+                             "machine)")
     parser.add_argument("--budget-s", type=float, default=1800,
                         help="compiles stop when this is spent")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "norms.json"))
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
             specs, shape, torch.device("cpu"), ["fp32"], modes if i == 0 else ["eager"], pairs,
             budget, backend=backend, inner=inner, clock=clock,
             progress=lambda r: print(f"{r['spec']:<22}{r['mode']:<10}"
-            f"{r.get('ratio', r.get('error') or r.get('skipped'))}",
+                                     f"{r.get('ratio', r.get('error') or r.get('skipped'))}",
             file=sys.stderr))
         counts = {spec: op_counts(spec, shape) for spec in specs}
         for row in table:
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append(dict(noise_yardstick(shape, pairs, inner, clock), **counts["noisy_bn"]))
     result = {
         "benchmark": "norms forward+backward, training mode, float32, CPU; paired with native "
-        "BN, median ratio",
+                     "BN, median ratio",
         "torch": torch.__version__, "threads": torch.get_num_threads(),
         "machine": platform.machine(),
         "clock": "thread CPU time" if args.clock == "cpu" else "wall time",

@@ -172,17 +172,15 @@ def main(argv=None) -> int:
             "device": "cpu", "threads": args.threads, "torch": torch.__version__,
             "python": platform.python_version(), "machine": platform.machine(), "quick": args.quick,
             "timing": "median; step = zero_grad+forward+backward+SGD(momentum 0.9) step; "
-            "probe = its own "
-                      "recorded probe/<name>/seconds (snapshot/restore included), one "
-            "warm-up call excluded",
-            "dln": "bnlab.models dln, depth 25, width 10, norm bn; x ~ N(0, I_10), y = A x, n "
-                   "= 1000, lr 1e-3",
-            "vgg": "bnlab.models vgg_santurkar, norm bn, CIFAR-shaped N(0,1) inputs, 10 "
-                   "classes, lr 0.1",
+                      "probe = its own recorded probe/<name>/seconds (snapshot/restore "
+                      "included), one warm-up call excluded",
+            "dln": "bnlab.models dln, depth 25, width 10, norm bn; x ~ N(0, I_10), y = A x, "
+                   "n = 1000, lr 1e-3",
+            "vgg": "bnlab.models vgg_santurkar, norm bn, CIFAR-shaped N(0,1) inputs, "
+                   "10 classes, lr 0.1",
             "landscape_compare": "evaluate_landscape on one batch, 8 step sizes over the "
-                                 "default range x lr; "
-                                 "naive = one forward/backward per step size, batched = "
-                                 "torch.func.vmap",
+                                 "default range x lr; naive = one forward/backward per step "
+                                 "size, batched = torch.func.vmap",
         },
         "models": {},
     }
@@ -195,8 +193,8 @@ def main(argv=None) -> int:
     if not (args.quick or args.skip_vgg):
         vgg_repeats = 3
         report["settings"]["vgg_repeats"] = ("3 training steps; 2 timed calls per probe "
-                                             "(1 for ics and "
-                                             "landscape); landscape comparison 2 calls each")
+                                             "(1 for ics and landscape); landscape comparison "
+                                             "2 calls each")
         report["models"]["vgg_santurkar_batch128"] = bench_model(
             "vgg b=128", lambda: vgg_model(0), ce, vgg_data(128, 0), 0.1, vgg_repeats,
             {name: 2 for name in probes.available()}

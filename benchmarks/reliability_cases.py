@@ -28,7 +28,7 @@ SEALED_DAMAGES = {  # damages of a finished run's record, each a valid database 
     "one row deleted": "DELETE FROM metrics WHERE rowid = 7",
     "row added": "INSERT INTO metrics SELECT run_id, step + 1000, name, value FROM metrics LIMIT 1",
     "summary metric": "UPDATE runs SET summary = replace(summary, '\"test_accuracy\": 0.', "
-    "'\"test_accuracy\": 1.')",
+                      "'\"test_accuracy\": 1.')",
     "invalid JSON": "UPDATE runs SET config = substr(config, 1, 20)",
     "metrics table dropped": "DROP TABLE metrics",
 }
@@ -183,7 +183,7 @@ def hostile_inputs(work: Path, reference: Path, run_id: str) -> dict:
     shutil.copytree(reference, runs_dir)
     _sql(runs_dir / "bnlab.db",
          "INSERT INTO runs(id, config, config_hash, status, created, updated) "
-                                "VALUES ('../../victim', '{}', 'h', 'finished', 1, 1)")
+         "VALUES ('../../victim', '{}', 'h', 'finished', 1, 1)")
     victims = [runs_dir.parent / f"victim{s}" for s in (".pt", ".prev.pt", ".lock")]
     for victim in victims:
         victim.write_text("not yours")

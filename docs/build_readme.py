@@ -87,8 +87,8 @@ def _cell(text: str) -> str:
 def verdict_table(rows: list[dict], runs_dir: str) -> str:
     """The Markdown table (with a one-line provenance note) that goes between the markers."""
     if not rows:
-        return f"*No catalogue entry is stored in `{runs_dir}` yet: run `make demo`, " \
-            "then this script.*"
+        return (f"*No catalogue entry is stored in `{runs_dir}` yet: run `make demo`, "
+                "then this script.*")
     threads = sorted({t for r in rows for t in r.get("threads", [])})
     per_run = (f" Every training run used {' or '.join(map(str, threads))} torch thread(s) (each "
                "run's recorded `env`), so the numbers do not depend on the machine's cores."

@@ -140,8 +140,8 @@ def test_registry_lookup_types_values_and_fills_defaults():
                       "mode": None, "ratio": 0.5}
     assert reg.lookup("toy(k=3)", defaults=False)[1] == {"k": 3}
     assert reg.names() == ["toy", "plain"] and set(reg) == {"toy", "plain"} and reg["toy"] is _probe
-    assert dict(reg.describe())["toy"] == "toy(every=1, k=8, per_layer=false, layers=none, " \
-        "mode=none, ratio=0.5)"
+    assert dict(reg.describe())["toy"] == ("toy(every=1, k=8, per_layer=false, layers=none, "
+                                           "mode=none, ratio=0.5)")
 
 
 def test_registry_errors_name_the_choices():

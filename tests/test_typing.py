@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLIC_API = ["bnlab.norms", "bnlab.probes", "bnlab.train"]
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("mypy") is None,
-                                reason="mypy is not installed (it comes with the test extra: pip "
-                                "install -e '.[test]')")
+                                reason="mypy is not installed (it comes with the test extra: "
+                                       "pip install -e '.[test]')")
 
 
 def run_mypy(root: Path, cache_dir: Path) -> subprocess.CompletedProcess[str]:
