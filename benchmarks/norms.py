@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
             budget, backend=backend, inner=inner, clock=clock,
             progress=lambda r: print(f"{r['spec']:<22}{r['mode']:<10}"
                                      f"{r.get('ratio', r.get('error') or r.get('skipped'))}",
-            file=sys.stderr))
+                                     file=sys.stderr))
         counts = {spec: op_counts(spec, shape) for spec in specs}
         for row in table:
             row.update(shape=list(shape), **(counts[row["spec"]] if row["mode"] == "eager" else {}))
