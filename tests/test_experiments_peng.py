@@ -9,6 +9,7 @@ from bnlab.experiments import get, reproduce
 from bnlab.experiments import verdicts as V
 from bnlab.experiments.peng import common as PC
 from bnlab.experiments.peng import components as PCo
+from bnlab.experiments.peng import amat as PA
 from bnlab.experiments.peng import figures as PF
 from bnlab.experiments.peng import tables as P
 from bnlab.experiments.peng import verdict as PV
@@ -415,19 +416,19 @@ def test_fig10_verdict():
         return {"BN": [1.0], "CBN without AMAT": off, "CBN, fixed η = 0.9": [1.1], "CBN with AMAT": on}
 
     lower = {a: variance(0.7) for a in PC.ACTIVATIONS}
-    verdict, summary = PF.fig10_verdict(lower)
+    verdict, summary = PA.fig10_verdict(lower)
     assert verdict == "held" and "fixed η = 0.9 / without" in summary
     # 4 of 5 significantly lower
-    assert PF.fig10_verdict({**lower, "relu": variance(1.0)})[0] == "held"
+    assert PA.fig10_verdict({**lower, "relu": variance(1.0)})[0] == "held"
     # significantly higher once
-    assert PF.fig10_verdict({**lower, "relu": variance(1.5)})[0] == "not held"
+    assert PA.fig10_verdict({**lower, "relu": variance(1.5)})[0] == "not held"
     # within the seeds' spread: nothing decided, the resolvable effect is stated
-    verdict, summary = PF.fig10_verdict({a: variance(0.9, spread=0.3) for a in PC.ACTIVATIONS})
+    verdict, summary = PA.fig10_verdict({a: variance(0.9, spread=0.3) for a in PC.ACTIVATIONS})
     assert verdict == "inconclusive" and "resolve ≥" in summary
     # one seed per arm (the old smoke preset) cannot decide
-    verdict, summary = PF.fig10_verdict({a: variance(0.5, seeds=1) for a in PC.ACTIVATIONS})
+    verdict, summary = PA.fig10_verdict({a: variance(0.5, seeds=1) for a in PC.ACTIVATIONS})
     assert verdict == "inconclusive" and "fewer than 3 seeds" in summary
-    assert PF.fig10_verdict({**lower, "tanh": variance(None)})[0] == "inconclusive"
+    assert PA.fig10_verdict({**lower, "tanh": variance(None)})[0] == "inconclusive"
 
 
 class _FakeRun:
@@ -491,8 +492,8 @@ def test_ratio_fractions_skip_the_start_up_transient():
 def test_mean_variance_skips_the_transient():
     run = _FakeProbedRun({"probe/grad_stats/variance": [100.0, 4.0, 2.0, float("inf"), 3.0]})
     # 4 finite values, first quarter (1) skipped
-    assert PF._mean_variance(run) == pytest.approx(3.0)
-    assert PF._mean_variance(_FakeProbedRun({})) is None
+    assert PA._mean_variance(run) == pytest.approx(3.0)
+    assert PA._mean_variance(_FakeProbedRun({})) is None
 
 
 # ---- every entry end to end, tiny ----------------------------------------------------------------

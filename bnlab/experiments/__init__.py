@@ -13,10 +13,10 @@ each entry module registers its entries in :data:`CATALOGUE` when imported, and
 
 from __future__ import annotations
 
-from .base import (CATALOGUE, ENTRY_MODULES, PAPERS, PRESETS, Experiment, Outcome, Plan, RunSpec, check_preset, get,
-                   load_catalogue, register, shrink)
+from .base import (CATALOGUE, ENTRY_MODULES, PAPERS, PRESETS, Experiment, Outcome, Plan, RunSpec,
+                   check_preset, get, load_catalogue, register, shrink)
 from .runner import reproduce
 
 
-__all__ = ["CATALOGUE", "ENTRY_MODULES", "PAPERS", "PRESETS", "Experiment", "Outcome", "Plan", "RunSpec",
-           "check_preset", "get", "load_catalogue", "register", "reproduce", "shrink"]
+__all__ = ["CATALOGUE", "ENTRY_MODULES", "PAPERS", "PRESETS", "Experiment", "Outcome", "Plan",
+           "RunSpec", "check_preset", "get", "load_catalogue", "register", "reproduce", "shrink"]

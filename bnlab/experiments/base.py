@@ -67,8 +67,9 @@ class Experiment:
     analyze: Callable[["AnalysisContext"], Outcome]  # noqa: F821 (defined in runner)
 
     def describe(self) -> dict[str, Any]:
-        return {"id": self.id, "paper": self.paper, "paper_title": PAPERS[self.paper], "target": self.target,
-                "title": self.title, "claim": self.claim, "smoke_changes": self.smoke_changes, "cost": self.cost}
+        return {"id": self.id, "paper": self.paper, "paper_title": PAPERS[self.paper],
+                "target": self.target, "title": self.title, "claim": self.claim,
+                "smoke_changes": self.smoke_changes, "cost": self.cost}
 
 
 # id -> Experiment: a bnlab.spec Registry like every catalogue (entries without parameters), so an
@@ -89,7 +90,7 @@ def register(experiment: Experiment) -> Experiment:
 ENTRY_MODULES = (
     "santurkar.vgg", "santurkar.dln", "santurkar.predictiveness", "santurkar.lp",
     "luo.student", "luo.fig3", "luo.cnn", "luo.fold_dropout", "luo.table2",
-    "peng.tables", "peng.components", "peng.figures", "peng.imagenet",
+    "peng.tables", "peng.components", "peng.figures", "peng.amat", "peng.imagenet",
     "arora.entries", "mbn.entries",
     "peng.theorems", "arora.rates", "mbn.theorems",
 )

@@ -12,7 +12,8 @@ from bnlab.formatting import finite_or_none, mean_std
 from bnlab.plots import panels
 
 
-def training_curves(ctx, path: Path, *, title: str, metrics=("train_loss", "train_accuracy", "test_accuracy"),
+def training_curves(ctx, path: Path, *, title: str,
+                    metrics=("train_loss", "train_accuracy", "test_accuracy"),
                     logy_loss: bool = False) -> Path:
     """One panel per metric, one curve per run label."""
     specs = []
@@ -99,7 +100,8 @@ def safe_panels(path, specs: list[dict], **kwargs):
         spec = dict(spec)
         for axis, index in (("logy", 1), ("logx", 0)):
             if spec.get(axis):
-                values = [finite_or_none(v) for xy in (spec.get("series") or {}).values() for v in xy[index]]
+                values = [finite_or_none(v) for xy in (spec.get("series") or {}).values()
+                          for v in xy[index]]
                 if not any(v is not None and v > 0 for v in values):
                     spec[axis] = False
         fixed.append(spec)
@@ -137,11 +139,12 @@ class Comparison:
         if self.se is None:
             return out + f" (n={self.n_a}/{self.n_b}: too few seeds for a test)"
         out += f" ± {scale * self.se:.2g}{unit} (SE; Welch p={self.p:.2g}, n={self.n_a}/{self.n_b}"
-        return out + (f", resolvable ≥ {scale * self.mde:.2g}{unit})" if self.mde is not None else ")")
+        return out + (f", resolvable ≥ {scale * self.mde:.2g}{unit})" if self.mde is not None
+                      else ")")
 
-RULE = (f"Welch's two-sided t-test on the per-seed values, α = {ALPHA:g}, at least {MIN_SEEDS} seeds per arm; "
-        f"a non-significant difference is reported with its minimum detectable effect "
-        f"(t_(1−α/2) + t_({POWER:g}))·SE at power {POWER:g}")
+RULE = (f"Welch's two-sided t-test on the per-seed values, α = {ALPHA:g}, at least {MIN_SEEDS} "
+        "seeds per arm; a non-significant difference is reported with its minimum detectable "
+        f"effect (t_(1−α/2) + t_({POWER:g}))·SE at power {POWER:g}")
 
 
 def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds: int = MIN_SEEDS,
@@ -173,14 +176,17 @@ def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds:
     va, vb = sa**2 / n_a, sb**2 / n_b
     floor = se_floor
     if n_test:
-        floor = max(floor, math.sqrt(sum(min(max(p, 0.0), 1.0) * (1 - min(max(p, 0.0), 1.0)) / (n_test * n)
+        floor = max(floor,
+                    math.sqrt(sum(min(max(p, 0.0), 1.0) * (1 - min(max(p, 0.0), 1.0)) / (n_test * n)
                                          for p, n in ((ma, n_a), (mb, n_b)))))
     se = max(math.sqrt(va + vb), floor)
     if se == 0:
         return Comparison(diff, 0.0, None, 0.0 if diff else 1.0, 0.0, n_a, n_b,
-                          "no detectable difference" if diff == 0 else ("higher" if diff > 0 else "lower"))
+                          "no detectable difference" if diff == 0
+                          else ("higher" if diff > 0 else "lower"))
     if va + vb > 0:
-        df = (va + vb) ** 2 / ((va**2 / (n_a - 1) if va else 0.0) + (vb**2 / (n_b - 1) if vb else 0.0))
+        df = (va + vb) ** 2 / ((va**2 / (n_a - 1) if va else 0.0) + (vb**2 / (n_b - 1) if vb
+                                                                     else 0.0))
     else:  # only the floor: the pooled df
         df = float(n_a + n_b - 2)
     p = float(2 * stats.t.sf(abs(diff) / se, df))

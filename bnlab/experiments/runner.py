@@ -37,7 +37,8 @@ class ResultStore:
     def close(self) -> None:
         self._store.close()
 
-    def save(self, experiment_id: str, preset: str, runs: list[dict], data: dict, tiny: bool, seconds: float) -> None:
+    def save(self, experiment_id: str, preset: str, runs: list[dict], data: dict, tiny: bool,
+             seconds: float) -> None:
         # tensors/arrays as lists, other objects as their fields; NaN kept as the analyses read it
         # back
         data = jsonable(data, nonfinite="keep", objects=True)
@@ -134,7 +135,8 @@ def _run_on_ray(configs: list[dict], address: str, progress: bool | None) -> lis
             try:
                 records[index] = ray.get(done[0])
             except Exception as err:  # a lost worker is a failed run, not a failed sweep
-                records[index] = {"id": None, "status": "failed", "steps": 0, "config": configs[index],
+                records[index] = {"id": None, "status": "failed", "steps": 0,
+                                  "config": configs[index],
                                   "metrics": {}, "error": f"{type(err).__name__}: {err}"}
             bar.update()
         bar.close()
@@ -158,7 +160,8 @@ TINY_STEPS = 6
 
 def reproduce(experiment_id: str, preset: str = "smoke", *, runs_dir: str | Path = "runs",
               ray_address: str | None = None, tiny: bool = False, progress: bool | None = None,
-              report: bool = False, nproc: int | None = None, workers: int | None = None) -> Outcome:
+              report: bool = False, nproc: int | None = None,
+              workers: int | None = None) -> Outcome:
     """Run one entry end to end: its training runs and computations, stored, then analysed.
 
     ``tiny`` cuts every run to a few steps (the test suite's reduced form); results are stored under
@@ -172,15 +175,17 @@ def reproduce(experiment_id: str, preset: str = "smoke", *, runs_dir: str | Path
     ``report=True`` is refused with that advice rather than silently ignored.
     """
     if report:
-        raise ValueError("reproduce() no longer writes the report (the report layer sits above the catalogue): "
-                         "call bnlab.report.write_report(runs_dir) after reproducing")
-    return next(iter(reproduce_many([experiment_id], preset, runs_dir=runs_dir, ray_address=ray_address,
+        raise ValueError("reproduce() no longer writes the report (the report layer sits above the "
+                         "catalogue): call bnlab.report.write_report(runs_dir) after reproducing")
+    return next(iter(reproduce_many([experiment_id], preset, runs_dir=runs_dir,
+                                    ray_address=ray_address,
                                     tiny=tiny, progress=progress, nproc=nproc, workers=workers)))[1]
 
 
-def reproduce_many(experiment_ids: list[str], preset: str = "smoke", *, runs_dir: str | Path = "runs",
-                   ray_address: str | None = None, tiny: bool = False, progress: bool | None = None,
-                   nproc: int | None = None, workers: int | None = None) -> Iterator[tuple[str, Outcome]]:
+def reproduce_many(experiment_ids: list[str], preset: str = "smoke", *,
+                   runs_dir: str | Path = "runs", ray_address: str | None = None,
+                   tiny: bool = False, progress: bool | None = None, nproc: int | None = None,
+                   workers: int | None = None) -> Iterator[tuple[str, Outcome]]:
     """:func:`reproduce` for several entries with one sweep over all their runs (no core idles
     while one entry's last run finishes) and their computations beside it, on a thread; yields
     ``(id, outcome)`` in the given order once the runs are done and the entry's results stored."""
@@ -206,11 +211,12 @@ def reproduce_many(experiment_ids: list[str], preset: str = "smoke", *, runs_dir
     # the computations (closed forms, simulations: a minute for luo-fig2) go beside the training
     # runs
     computed = parallel.in_background(computations)
-    records = iter(run_sweep(configs, ray_address=ray_address, progress=progress, workers=workers, desc=desc))
+    records = iter(run_sweep(configs, ray_address=ray_address, progress=progress, workers=workers,
+                             desc=desc))
     for exp, entry, (data, compute_seconds) in zip(exps, specs, computed()):
         done = [next(records) for _ in entry]
-        runs = [{"label": s.label, "factors": s.factors, "id": r.get("id"), "status": r.get("status"),
-                 "error": r.get("error")} for s, r in zip(entry, done)]
+        runs = [{"label": s.label, "factors": s.factors, "id": r.get("id"),
+                 "status": r.get("status"), "error": r.get("error")} for s, r in zip(entry, done)]
         seconds = compute_seconds + sum(float(r.get("seconds") or 0.0) for r in done)
         store = ResultStore(runs_dir)
         try:
@@ -289,7 +295,8 @@ class AnalysisContext:
         for r in self.runs:
             if r.label == label:
                 return r
-        raise KeyError(f"no run labelled {label!r}; labels: {', '.join(r.label for r in self.runs)}")
+        raise KeyError("no "
+                       f"run labelled {label!r}; labels: {', '.join(r.label for r in self.runs)}")
 
     def figure_path(self, name: str) -> Path:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -319,8 +326,8 @@ def analysis_context(experiment_id: str, preset: str, *, runs_dir: str | Path = 
     except BaseException:
         store.close()
         raise
-    return AnalysisContext(exp, preset, views, saved["data"], report_dir / "figures" / exp.id / preset,
-                           saved["tiny"], store)
+    return AnalysisContext(exp, preset, views, saved["data"],
+                           report_dir / "figures" / exp.id / preset, saved["tiny"], store)
 
 
 def _run_views(runs: list[dict[str, Any]], store: Store) -> list[RunView]:
@@ -333,8 +340,8 @@ def _run_views(runs: list[dict[str, Any]], store: Store) -> list[RunView]:
             row, r = None, {**r, "id": None}
             unstored = {"status": "damaged", "metrics": {}, "error": str(err)}
         record = _record_dict(row) if row else unstored
-        views.append(RunView(r["label"], r.get("factors") or {}, r.get("id"), record.get("status", "failed"), record,
-                             store))
+        views.append(RunView(r["label"], r.get("factors") or {}, r.get("id"),
+                             record.get("status", "failed"), record, store))
     return views
 
 

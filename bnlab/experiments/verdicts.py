@@ -11,7 +11,7 @@ rule, stated once (:data:`RULE`):
    a it compares, the paper's effect on that quantity (signed: the direction the paper claims), the
    number of seeds per arm and a *design SD* of one seed's value, measured in a pilot and written
    into the entry. Every other comparison is reported; where one is judged as well, its p-values are
-   Holm-corrected (:func:`holm`, Holm 1979) as a family.
+   Holm-corrected (:func:`rule_stats.holm`, Holm 1979) as a family.
 2. **Resolution fixed in advance.** The minimum detectable effect is ``(t_{1−α/2} +
    t_{power})·SE_design`` with ``SE_design = max(design_sd·√(1/n_a + 1/n_b), floor)``, at df = n_a +
    n_b − 2: a property of the design, not of the scatter of this run's seeds.
@@ -22,8 +22,8 @@ rule, stated once (:data:`RULE`):
    "significant" because their seeds happened to agree. Other quantities pass ``se_floor`` (their
    measurement resolution).
 4. **Divergence is failure.** A diverged run enters its arm with the entry's failure value (chance
-   accuracy, the loss at initialization, ...; :func:`arm_values`), never as missing data. Runs that
-   crashed (status "failed"/"interrupted") are missing, and named in the summary.
+   accuracy, the loss at initialization, ...; :func:`rule_stats.arm_values`), never as missing
+   data. Runs that crashed (status "failed"/"interrupted") are missing, and named in the summary.
 5. **Decision.** Welch's two-sided t at α = 0.05 on the primary comparison: "held" if significant in
    the paper's direction; "not held" if significant against it, or if the (1−α) confidence interval
    lies entirely short of the paper's effect (the data reject an effect of the paper's size);
@@ -31,9 +31,9 @@ rule, stated once (:data:`RULE`):
    effect) ≤ α/2 and P(false "not held" | the paper's effect) ≤ α/2 + the family's Holm-controlled
    share; ``tests/test_verdict_rule.py`` measures both by simulation and the docs print them.
 6. **Settling.** Where the verdict is read at the end of training, it is read again inside the final
-   learning-rate phase (:func:`settle_fraction`): halfway through the last constant-lr stretch of a
-   step schedule, never before the last drop. A verdict that changed within that phase is
-   "inconclusive".
+   learning-rate phase (:func:`rule_stats.settle_fraction`): halfway through the last constant-lr
+   stretch of a step schedule, never before the last drop. A verdict that changed within that phase
+   is "inconclusive".
 """
 
 from __future__ import annotations
@@ -41,20 +41,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from bnlab.train.schedules import parse_schedule
-
 from bnlab.formatting import finite_or_none, mean_std
+
 from .common import Comparison
+from .rule_stats import binomial_floor, holm
 
 ALPHA = 0.05
 POWER = 0.8
 MIN_SEEDS = 3
 RULE = (
-    "one pre-declared primary comparison per entry: Welch's two-sided t (α = 0.05, ≥ 3 seeds per arm) with "
-    "the standard error floored (binomial on the test-set size for accuracies); held = significant in the "
-    "paper's direction, not held = significant against it or the 95 % CI excludes the paper's effect, else "
-    "inconclusive; resolvable effect (t_0.975 + t_0.8)·design SD·√(1/n_a + 1/n_b), from a design SD stated "
-    "in advance; diverged runs count as failures of their arm; other comparisons Holm-corrected"
+    "one pre-declared primary comparison per entry: Welch's two-sided t (α = 0.05, ≥ 3 seeds per "
+    "arm) with the standard error floored (binomial on the test-set size for accuracies); held = "
+    "significant in the paper's direction, not held = significant against it or the 95 % CI "
+    "excludes the paper's effect, else inconclusive; resolvable effect (t_0.975 + t_0.8)·design "
+    "SD·√(1/n_a + 1/n_b), from a design SD stated in advance; diverged runs count as failures of "
+    "their arm; other comparisons Holm-corrected"
 )
 
 
@@ -115,19 +116,10 @@ class Design:
             else ("lower" if self.paper_effect < 0 else "higher") + " (direction only)"
         )
         return (
-            f"primary: {self.quantity}; paper {paper}; design SD "
-            f"{scale * self.design_sd:.2g}{unit} ({self.source}), {self.n_seeds} seeds/arm → resolvable "
-            f"≥ {scale * self.mde():.2g}{unit}"
+            f"primary: {self.quantity}; paper {paper}; design "
+            f"SD {scale * self.design_sd:.2g}{unit} ({self.source}), {self.n_seeds} seeds/arm → "
+            f"resolvable ≥ {scale * self.mde():.2g}{unit}"
         )
-
-
-def binomial_floor(p_a: float, p_b: float, n_test: int | None, n_a: int, n_b: int) -> float:
-    """Binomial SE of the difference of two arm-mean accuracies on ``n_test`` test images (0 without
-    n_test)."""
-    if not n_test:
-        return 0.0
-    p_a, p_b = (min(max(p, 0.0), 1.0) for p in (p_a, p_b))
-    return math.sqrt(p_a * (1 - p_a) / (n_test * n_a) + p_b * (1 - p_b) / (n_test * n_b))
 
 
 @dataclass(frozen=True)
@@ -146,25 +138,27 @@ class Judgement:
 
     def text(self, design: Design, scale: float = 1.0, unit: str = "") -> str:
         if self.diff is None or self.se is None:
-            return f"{design.quantity}: n={self.n_a}/{self.n_b}, too few seeds ({design.text(scale, unit)})"
+            return (f"{design.quantity}: n={self.n_a}/{self.n_b}, too few seeds "
+                    f"({design.text(scale, unit)})")
         lo, hi = self.ci
         return (
-            f"{design.quantity} {scale * self.diff:+.3g}{unit} ± {scale * self.se:.2g} (SE"
-            f"{', floored' if self.floored else ''}; 95 % CI [{scale * lo:+.3g}, {scale * hi:+.3g}], p={self.p:.2g}, "
-            f"n={self.n_a}/{self.n_b}) vs the paper's "
+            f"{design.quantity} {scale * self.diff:+.3g}{unit} ± {scale * self.se:.2g} "
+            f"(SE{', floored' if self.floored else ''}; 95 % CI "
+            f"[{scale * lo:+.3g}, {scale * hi:+.3g}], p={self.p:.2g}, n={self.n_a}/{self.n_b}) "
+            "vs the paper's "
             + (
                 f"{scale * design.paper_effect:+.3g}{unit}"
                 if design.magnitude_known
                 else ("negative" if design.paper_effect < 0 else "positive") + " (direction only)"
             )
-            + "; resolvable ≥ "
-            f"{scale * self.mde:.2g}{unit} (design SD {scale * design.design_sd:.2g}, {design.source})"
+            + f"; resolvable ≥ {scale * self.mde:.2g}{unit} "
+            f"(design SD {scale * design.design_sd:.2g}, {design.source})"
         )
 
 
 def judge(a, b, design: Design) -> Judgement:
     """Judge the primary comparison b − a by :data:`RULE` (values per seed; diverged runs already
-    replaced by the failure value, see :func:`arm_values`; non-finite values dropped)."""
+    replaced by the failure value, see :func:`rule_stats.arm_values`; non-finite values dropped)."""
     from scipy import stats
 
     xa = [v for v in (finite_or_none(v) for v in a) if v is not None]
@@ -199,49 +193,6 @@ def judge(a, b, design: Design) -> Judgement:
     else:
         verdict = INCONCLUSIVE
     return Judgement(verdict, diff, se, p, ci, design.mde(ma, mb), n_a, n_b, floor > welch)
-
-
-def holm(pvalues: dict) -> dict:
-    """Holm's step-down adjusted p-values (Holm 1979, "A simple sequentially rejective multiple test
-    procedure"): the k-th smallest of m gets max over j ≤ k of min(1, (m − j + 1)·p_(j)). None stays
-    None."""
-    known = sorted(((p, key) for key, p in pvalues.items() if p is not None), key=lambda t: t[0])
-    m, running, out = len(known), 0.0, {key: None for key in pvalues}
-    for rank, (p, key) in enumerate(known):
-        running = max(running, min(1.0, (m - rank) * p))
-        out[key] = running
-    return out
-
-
-def arm_values(runs, read, failure_value: float) -> tuple[list[float], list[str]]:
-    """Per-seed values of one arm: ``read(run)`` for finished runs, ``failure_value`` for a diverged
-    run or a finished one whose value is non-finite (a failure of the arm, not missing data). Runs
-    that crashed or were interrupted are left out and their labels returned, so the summary can name
-    them."""
-    values, missing = [], []
-    for r in runs:
-        if r.status == "diverged":
-            values.append(failure_value)
-        elif r.status == "finished":
-            value = finite_or_none(read(r))
-            values.append(failure_value if value is None else value)
-        else:
-            missing.append(r.label)
-    return values, missing
-
-
-def settle_fraction(config: dict) -> float:
-    """Where (fraction of training) the settling rule reads the verdict a second time: halfway
-    through the final learning-rate phase. For ``step:E1,...,Ek`` over E epochs that is (Ek + (E −
-    Ek)/2)/E — after the last drop, so the two readings compare like with like; otherwise (constant,
-    exponential) 2/3."""
-    schedule = parse_schedule(str(config.get("schedule") or "constant"))  # the one parser
-    epochs = config.get("epochs")
-    if schedule.kind == "step" and epochs:
-        last = max(schedule.milestones)
-        if last < epochs:
-            return (last + (epochs - last) / 2) / epochs
-    return 2 / 3
 
 
 # ---- The ladder: the one place that turns evidence into a verdict -------------------------------
@@ -308,8 +259,8 @@ def decide(comparison: Comparison, wanted: str, p: float | None = None,
     "held" when the rule detects the difference the paper claims (``wanted`` "lower"/"higher"),
     "not held" when it detects the opposite, else "inconclusive" (no detectable difference, too few
     seeds).
-    ``p``: a Holm-adjusted p-value (:func:`holm`) to judge it by instead of its own, as one of a
-    family."""
+    ``p``: a Holm-adjusted p-value (:func:`rule_stats.holm`) to judge it by instead of its own, as
+    one of a family."""
     if wanted not in ("lower", "higher"):
         raise ValueError(f"wanted must be 'lower' or 'higher', got {wanted!r}")
     decision = comparison.decision
@@ -324,8 +275,9 @@ def decide(comparison: Comparison, wanted: str, p: float | None = None,
 
 def family(comparisons: dict, wanted, alpha: float = ALPHA) -> dict:
     """Each comparison of a family (key → :class:`Comparison`) judged by :func:`decide` on its
-    Holm-adjusted p-value (:func:`holm`): the secondary comparisons of an entry, whose "not held"
-    may overrule a primary. ``wanted``: "lower"/"higher" for all, or a dict key → direction."""
+    Holm-adjusted p-value (:func:`rule_stats.holm`): the secondary comparisons of an entry, whose
+    "not held" may overrule a primary. ``wanted``: "lower"/"higher" for all, or a dict key →
+    direction."""
     adjusted = holm({k: c.p for k, c in comparisons.items()})
     want = wanted if isinstance(wanted, dict) else {k: wanted for k in comparisons}
     return {k: decide(c, want[k], adjusted[k], alpha) for k, c in comparisons.items()}
@@ -397,10 +349,10 @@ def combine(verdicts: list[str]) -> str:
 def settle(end: tuple[str, str], mid: tuple[str, str],
            where: str = "2/3 of training") -> tuple[str, str]:
     """The settling rule (item 6 of :data:`RULE`): ``end`` / ``mid`` are (verdict, summary) of the
-    same verdict function on the values at the end and at ``where`` (:func:`settle_fraction`:
-    halfway through the final learning-rate phase for step schedules). A verdict that changed in
-    between is "inconclusive": the compared quantity has not settled, and a longer run could change
-    it again."""
+    same verdict function on the values at the end and at ``where``
+    (:func:`rule_stats.settle_fraction`: halfway through the final learning-rate phase for step
+    schedules). A verdict that changed in between is "inconclusive": the compared quantity has not
+    settled, and a longer run could change it again."""
     verdict, summary = end
     if mid[0] == verdict:
         return verdict, f"{summary}; settled: the verdict at {where} is also '{mid[0]}'"

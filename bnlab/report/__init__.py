@@ -25,8 +25,8 @@ def write_report(runs_dir: str | Path = "runs", out_dir: str | Path | None = Non
     then needs an ``out_dir`` elsewhere (``PermissionError`` naming it otherwise)."""
     runs_dir = Path(runs_dir)
     if not (runs_dir / "bnlab.db").is_file():
-        raise FileNotFoundError(f"no run store at {runs_dir / 'bnlab.db'}; pass the --runs-dir that "
-                                "`bnlab reproduce` or `bnlab train` wrote to")
+        raise FileNotFoundError(f"no run store at {runs_dir / 'bnlab.db'}; pass the --runs-dir "
+                                "that `bnlab reproduce` or `bnlab train` wrote to")
     out = Path(out_dir) if out_dir is not None else runs_dir / "report"
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -34,18 +34,22 @@ def write_report(runs_dir: str | Path = "runs", out_dir: str | Path | None = Non
         raise PermissionError(f"cannot write the report to {out} ({err.strerror}); the runs dir is "
                               "read-only? pass --out DIR (bnlab report --out DIR)") from None
     if not os.access(out, os.W_OK):
-        raise PermissionError(f"cannot write the report to {out}; pass --out DIR (bnlab report --out DIR)")
+        raise PermissionError(f"cannot write the report to {out}; pass --out DIR (bnlab report "
+                              "--out DIR)")
     sections = []
     for experiment_id, preset, ctx, outcome in iter_outcomes(runs_dir, out):
         sections.append(_section(experiment_id, preset, ctx, outcome, out))
     md = ["# bnlab report", "",
-          f"{len(sections)} entries. Generated from `{runs_dir}` (no training was run to draw this).", ""]
+          f"{len(sections)} entries. Generated from `{runs_dir}` (no training was run to draw "
+          "this).", ""]
     md += [s["md"] for s in sections]
     (out / "index.md").write_text("\n".join(md))
     body = "\n".join(s["html"] for s in sections)
-    toc = "".join(f'<li><a href="#{s["anchor"]}">{html.escape(s["title"])}</a> — <b>{s["verdict"]}</b></li>'
+    toc = "".join(f'<li><a href="#{s["anchor"]}">{html.escape(s["title"])}</a> — '
+                  f'<b>{s["verdict"]}</b></li>'
                   for s in sections)
-    page = _PAGE.format(count=len(sections), toc=toc, body=body, runs_dir=html.escape(str(runs_dir)))
+    page = _PAGE.format(count=len(sections), toc=toc, body=body,
+                        runs_dir=html.escape(str(runs_dir)))
     (out / "index.html").write_text(page)
     return out / "index.html"
 
@@ -54,11 +58,14 @@ def _section(experiment_id: str, preset: str, ctx, outcome, out: Path) -> dict:
     exp = ctx.experiment
     anchor = f"{experiment_id}-{preset}"
     paper = PAPERS[exp.paper].split(",")[0]
-    title = f"{experiment_id} [{preset}{', tiny' if ctx.tiny else ''}] — {paper} {exp.target}: {exp.title}"
+    tiny = ", tiny" if ctx.tiny else ""
+    title = f"{experiment_id} [{preset}{tiny}] — {paper} {exp.target}: {exp.title}"
     if isinstance(outcome, Exception):
-        verdict, summary, figures, table = "error", f"analysis failed: {type(outcome).__name__}: {outcome}", [], []
+        failure = f"analysis failed: {type(outcome).__name__}: {outcome}"
+        verdict, summary, figures, table = "error", failure, [], []
     else:
-        verdict, summary, figures, table = outcome.verdict, outcome.summary, outcome.figures, outcome.table
+        verdict, summary = outcome.verdict, outcome.summary
+        figures, table = outcome.figures, outcome.table
     rel = [os.path.relpath(f, out) for f in figures]
     status = {}
     for r in ctx.runs:
@@ -67,7 +74,8 @@ def _section(experiment_id: str, preset: str, ctx, outcome, out: Path) -> dict:
                 "config": _short_config(r.record.get("config") or {})} for r in ctx.runs]
     env = next((r.record.get("env") for r in ctx.runs if r.record.get("env")), {})
     cols = _columns(table)
-    md = [f"## {title}", "", f"**Claim.** {exp.claim}", "", f"**Verdict: {verdict}.** {summary}", ""]
+    md = [f"## {title}", "", f"**Claim.** {exp.claim}", "", f"**Verdict: {verdict}.** {summary}",
+          ""]
     md += [f"![{Path(f).stem}]({f})" for f in rel] + [""]
     if table:
         md += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -83,13 +91,15 @@ def _section(experiment_id: str, preset: str, ctx, outcome, out: Path) -> dict:
     h += [f'<img src="{html.escape(f)}" alt="{html.escape(Path(f).stem)}">' for f in rel]
     if table:
         h.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>")
-        h += ["<tr>" + "".join(f"<td>{html.escape(fmt(row.get(c), 4))}</td>" for c in cols) + "</tr>" for row in table]
+        h += ["<tr>" + "".join(f"<td>{html.escape(fmt(row.get(c), 4))}</td>"
+                               for c in cols) + "</tr>" for row in table]
         h.append("</table>")
     h.append(f"<p><i>Preset {preset}:</i> {html.escape(preset_note)} "
              f"Runs: {len(ctx.runs)} ({html.escape(runs_note)}).</p>")
     h += [_details("Run configs", configs), _details("Environment", env)]
     h.append("</section>")
-    return {"md": "\n".join(md), "html": "\n".join(h), "anchor": anchor, "title": title, "verdict": verdict}
+    return {"md": "\n".join(md), "html": "\n".join(h), "anchor": anchor, "title": title,
+            "verdict": verdict}
 
 
 def _details(summary: str, value: Any) -> str:
@@ -113,7 +123,8 @@ def _short_config(config: dict) -> dict:
 _PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>bnlab report</title>
 <style>
-body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }}
+body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em;
+       color: #222; }}
 img {{ max-width: 100%; border: 1px solid #ddd; margin: 0.3em 0; }}
 table {{ border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }}
 td, th {{ border: 1px solid #ccc; padding: 3px 8px; }}
@@ -123,7 +134,8 @@ section {{ border-top: 2px solid #eee; padding-top: 0.5em; }}
 pre {{ font-size: 0.8em; background: #f7f7f7; padding: 0.5em; overflow-x: auto; }}
 </style></head><body>
 <h1>bnlab report</h1>
-<p>{count} entries, generated from <code>{runs_dir}</code> alone (nothing re-trained to draw this).</p>
+<p>{count} entries, generated from <code>{runs_dir}</code> alone
+(nothing re-trained to draw this).</p>
 <ul>{toc}</ul>
 {body}
 </body></html>

@@ -17,17 +17,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..base import Experiment, Outcome, Plan, RunSpec, register
-from .verdicts import _arm, _seeds, d3_verdict
 from bnlab.formatting import finite_or_none, fmt
-from ..common import RULE, compare_arms, safe_panels
-from ..verdicts import explain, ladder
+
+from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..common import safe_panels
+from .verdicts import (NUM_CLASSES, SCALE_VARIANT_LR, TAIL_EPOCHS, _arm, _seeds, d1_verdict,
+                       d2_verdict, d3_verdict)
 
 LRS = (1e-2, 1e-1, 1.0, 1e1, 1e2)        # "ranging from 10^-2 to 10^2"
-# D.1: "we fix the learning rate for scale-variant ones to 0.1"
-SCALE_VARIANT_LR = 0.1
-TAIL_EPOCHS = 5                           # Figs 1–3 (left): "the average ... of the last 5 epochs"
-NUM_CLASSES = 10
 SETTINGS = {"SGD": ("sgd", True), "PSGD": ("psgd", True), "SGD, BN removed": ("sgd", False)}
 
 # App. D: the modified VGG on CIFAR-10 with BN right before each ReLU and on the logits (Eq. 2:
@@ -36,11 +33,12 @@ SETTINGS = {"SGD": ("sgd", True), "PSGD": ("psgd", True), "SGD, BN removed": ("s
 # weight decay or dropout. The batch size is not stated: 128. bnlab's BN needs ε > 0 (it divides by
 # √(σ² + ε)); ε = 1e-8 is far below float32 resolution relative to the unit-scale variances here, so
 # the weights stay scale-invariant to the detection's tolerance.
-PAPER_BASE = dict(model="vgg_arora", data="cifar10", epochs=100, batch_size=128, momentum=0.0, weight_decay=0.0,
-                  schedule="constant")
+PAPER_BASE = dict(model="vgg_arora", data="cifar10", epochs=100, batch_size=128, momentum=0.0,
+                  weight_decay=0.0, schedule="constant")
 # Smoke: an MLP with BN (3 hidden layers of 128, BN before each ReLU and on the logits — the same
 # structure of scale-invariant kernels and a scale-variant last BN as the VGG), 15 epochs of digits.
-SMOKE_BASE = dict(model="mlp", model_options={"depth": 4, "width": 128, "logit_bn": True}, data="digits", epochs=100,
+SMOKE_BASE = dict(model="mlp", model_options={"depth": 4, "width": 128, "logit_bn": True},
+                  data="digits", epochs=100,
                   batch_size=128, momentum=0.0, weight_decay=0.0, schedule="constant")
 # D.1's and D.2's smoke runs train the paper's 100 epochs (1 200 steps, ≈ 4 s a run here): at 15
 # epochs SGD with BN at lr 0.01 was still falling ≈ 4 % an epoch (0.60 → 0.55 → 0.53, seed 1; D.1:
@@ -56,7 +54,8 @@ def _base(preset: str) -> dict[str, Any]:
     return dict(PAPER_BASE if preset == "paper" else SMOKE_BASE)
 
 
-def _config(base: dict, setting: str, lr: float, lr_scale_invariant: float, seed: int) -> dict[str, Any]:
+def _config(base: dict, setting: str, lr: float, lr_scale_invariant: float,
+            seed: int) -> dict[str, Any]:
     optimizer, with_bn = SETTINGS[setting]
     return {**base, "norm": BN_SPEC if with_bn else "none", "optimizer": optimizer, "lr": lr,
             "lr_scale_invariant": lr_scale_invariant, "seed": seed}
@@ -74,7 +73,8 @@ def _d2_runs(preset: str) -> list[RunSpec]:
     base = _base(preset) if preset == "paper" else {**_base(preset), "epochs": SMOKE_D2_EPOCHS}
     # lr_scale_invariant is spelled out (= lr) so that the lr-0.1 runs are the same runs as D.1's
     # (paper preset).
-    return [RunSpec(f"{setting}, unified, lr {lr:g}, seed {seed}", _config(base, setting, lr, lr, seed),
+    return [RunSpec(f"{setting}, unified, lr {lr:g}, seed {seed}",
+                    _config(base, setting, lr, lr, seed),
                     {"setting": setting, "mode": "unified", "lr": lr, "seed": seed})
             for setting in SETTINGS for lr in LRS for seed in SEEDS]
 
@@ -91,147 +91,16 @@ def tail_value(run, metric: str, k: int = TAIL_EPOCHS, skip: int = 0) -> float |
     return sum(window) / len(window) if window else None
 
 
-def _collect(ctx, metric: str, skip: int = 0) -> dict[tuple[str, str], dict[float, list[float | None]]]:
+def _collect(ctx, metric: str,
+             skip: int = 0) -> dict[tuple[str, str], dict[float, list[float | None]]]:
     """(setting, mode) -> {lr: [tail mean of ``metric`` per seed]} (None for a run that diverged);
     ``skip`` as in :func:`tail_value`."""
     out: dict[tuple[str, str], dict[float, list[float | None]]] = {}
     for r in ctx.runs:
         key = (r.factors.get("setting"), r.factors.get("mode"))
-        out.setdefault(key, {}).setdefault(r.factors.get("lr"), []).append(tail_value(r, metric, skip=skip))
+        out.setdefault(key, {}).setdefault(r.factors.get("lr"), []).append(tail_value(r, metric,
+                                                                                      skip=skip))
     return out
-
-
-# Thresholds on the average training loss of the last epochs, as fractions of the loss at chance
-# ln(10) = 2.303: "converges" below 10 % (0.23), "stuck" above 20 % (0.46; the paper's stuck PSGD
-# runs sit near chance) or not finished.
-CONVERGED = 0.1 * math.log(NUM_CLASSES)
-STUCK = 0.2 * math.log(NUM_CLASSES)
-
-
-def _is_stuck(value) -> bool:
-    value = _arm(value)
-    return value is None or value >= STUCK
-
-
-def _psgd_stuck_above_sgd(sgd, psgd) -> str:
-    """One PSGD arm at a large lr against SGD's: "stuck" (mean ≥ 0.2·ln 10 or diverged, and above
-    SGD by the rule, or diverged), "trains" (not stuck), or "unresolved" (stuck-level loss, but not
-    above SGD by the rule)."""
-    if not _is_stuck(psgd):
-        return "trains"
-    if _arm(psgd) is None:
-        return "stuck"
-    return "stuck" if compare_arms(_seeds(sgd), _seeds(psgd)).decision == "higher" else "unresolved"
-
-
-def smallest_failing_lr(sgd: dict, psgd: dict) -> float | None:
-    """The smallest lr_si from which PSGD fails at every larger lr as well (stuck ≥ 0.2·ln 10 or
-    diverged, and above SGD by :data:`common.RULE`); None if PSGD is not stuck at the largest lr."""
-    lrs = sorted(set(sgd) & set(psgd))
-    smallest = None
-    for lr in reversed(lrs):
-        if _psgd_stuck_above_sgd(sgd[lr], psgd[lr]) != "stuck":
-            break
-        smallest = lr
-    return smallest
-
-
-def d1_verdict(loss: dict[str, dict[float, Any]], tiny: bool = False) -> tuple[str, str]:
-    """D.1: SGD converges at every scale-invariant lr; projected SGD "got stuck" for the larger lrs
-    (App. D.1 gives no threshold, so the entry reports the smallest lr_si from which PSGD fails at
-    every larger one).
-
-    ``loss[setting][lr]`` = average training loss of the last epochs, per seed (a list) or one
-    number; None = diverged (a failure of the arm). Primary, pre-declared: held if SGD's mean is ≤
-    0.1·ln 10 at every lr and PSGD fails (≥ 0.2·ln 10 or diverged, above SGD by :data:`common.RULE`)
-    from some lr_si > 0.1 up to the largest; not held if SGD is stuck at some lr, PSGD trains (<
-    0.2·ln 10) at the largest lr, or PSGD fails at an lr_si ≤ 0.1 (where the projection changes
-    nothing the paper reports); otherwise inconclusive.
-    """
-    sgd, psgd = loss.get("SGD", {}), loss.get("PSGD", {})
-    lrs = sorted(set(sgd) & set(psgd))
-    if not lrs:
-        return ladder(unusable=True), "no SGD/PSGD runs" + (" (tiny runs)" if tiny else "")
-    smallest = smallest_failing_lr(sgd, psgd)
-    summary = "average training loss of the last epochs, SGD vs PSGD: " + ", ".join(
-        f"lr_si {lr:g}: {fmt(_seeds(sgd[lr]), 4)} vs {fmt(_seeds(psgd[lr]), 4)}" for lr in lrs) + \
-        "; smallest lr_si from which PSGD fails at every larger lr: " + \
-        (f"{smallest:g}" if smallest is not None else "none")
-    stuck_sgd = [f"{lr:g}" for lr in lrs if _is_stuck(sgd[lr])]
-    top = _psgd_stuck_above_sgd(sgd[lrs[-1]], psgd[lrs[-1]])
-    early = smallest is not None and smallest <= SCALE_VARIANT_LR
-    against = ("; SGD does not train at lr_si " + ", ".join(stuck_sgd) if stuck_sgd else
-               f"; PSGD is not stuck even at lr_si {lrs[-1]:g}" if top == "trains" else
-               f"; PSGD fails already at lr_si {smallest:g} ≤ {SCALE_VARIANT_LR}" if early else "")
-    supports = (not against and smallest is not None
-                and all(_arm(sgd[lr]) <= CONVERGED for lr in lrs))
-    verdict = ladder(True if supports else None, unusable=tiny, against=bool(against))
-    return verdict, summary + explain(
-        verdict, not_held=against,
-        held=f"; SGD converges at every lr, PSGD is stuck from lr_si {smallest:g} up ({RULE})"
-        if supports else "",
-        inconclusive=" (tiny runs)" if tiny else f"; PSGD at the largest lr_si {top}, SGD slow (> "
-        f"{CONVERGED:.2f}) at " + ", ".join(f"{lr:g}" for lr in lrs
-                                             if (_arm(sgd[lr]) or 0) > CONVERGED))
-
-
-# The settling rule of D.2: an arm's loss is "still falling" when its mean over seeds of the last
-# TAIL_EPOCHS epochs is more than SETTLE_DROP below the mean of the TAIL_EPOCHS epochs before them
-# (≈ 2 % an epoch). A loss above the thresholds counts as a failure to converge (or as "stuck") only
-# once it has settled.
-SETTLE_DROP = 0.1
-
-
-def still_falling(last, earlier) -> bool:
-    """The settling rule on one arm: ``last`` and ``earlier`` are its per-seed means of the last
-    TAIL_EPOCHS epochs and of the TAIL_EPOCHS before them. A diverged arm is not falling; an arm
-    without the earlier window (too few epochs) cannot be shown to have settled, so it counts as
-    falling."""
-    now, before = _arm(last), _arm(earlier) if earlier is not None else None
-    if now is None:
-        return False
-    return before is None or now < (1 - SETTLE_DROP) * before
-
-
-def d2_verdict(loss: dict[str, dict[float, Any]], earlier: dict[str, dict[float, Any]],
-               tiny: bool = False) -> tuple[str, str]:
-    """D.2: with one lr for all parameters SGD with BN converges at every lr, PSGD and SGD without
-    BN fail at large ones. ``loss[setting][lr]``: per-seed average training loss of the last
-    TAIL_EPOCHS epochs (None = diverged), ``earlier[setting][lr]``: of the TAIL_EPOCHS before
-    (:func:`still_falling`). held if SGD converges (≤ 0.1·ln 10) at every lr and both others are
-    stuck (≥ 0.2·ln 10, settled) or diverge at the largest; not held if SGD is stuck and settled, or
-    diverges, at some lr, or the others train at the largest lr; otherwise inconclusive — in
-    particular while an unconverged arm is still falling. Primary, pre-declared: these thresholds on
-    the arm means (a check, :func:`verdicts.ladder`)."""
-    sgd = loss.get("SGD", {})
-    others = ("PSGD", "SGD, BN removed")
-    lrs = sorted(set(sgd).intersection(*[set(loss.get(k, {})) for k in others]))
-    if not lrs:
-        return ladder(unusable=True), "missing settings" + (" (tiny runs)" if tiny else "")
-    summary = "average training loss of the last epochs (SGD / PSGD / no BN): " + ", ".join(
-        f"lr {lr:g}: " + " / ".join(fmt(_seeds(loss[k][lr]), 4) for k in ("SGD",) + others)
-        for lr in lrs)
-    if tiny:
-        return ladder(unusable=True), summary + " (tiny runs)"
-    top = lrs[-1]
-
-    def falling(setting: str, lr: float) -> bool:
-        return still_falling(loss[setting][lr], earlier.get(setting, {}).get(lr))
-
-    failing = [lr for lr in lrs if _is_stuck(sgd[lr]) and not falling("SGD", lr)]
-    unsettled = [f"SGD at lr {lr:g}" for lr in lrs if _arm(sgd[lr]) is not None and _arm(sgd[lr]) > CONVERGED
-                 and falling("SGD", lr)] + [f"{k} at lr {top:g}" for k in others if falling(k, top)]
-    if unsettled:
-        summary += (f"; still falling (last {TAIL_EPOCHS} epochs more than {SETTLE_DROP:.0%} below the "
-                    f"{TAIL_EPOCHS} before): " + ", ".join(unsettled))
-    trains = any(not _is_stuck(loss[k][top]) for k in others)
-    against = ("; SGD with BN does not converge at lr " + ", ".join(f"{lr:g}" for lr in failing)
-               if failing else
-               "; PSGD or SGD without BN still trains at the largest lr" if trains else "")
-    supports = not against and not unsettled and all(_arm(sgd[lr]) <= CONVERGED for lr in lrs)
-    verdict = ladder(True if supports else None, against=bool(against))
-    return verdict, summary + explain(verdict, not_held=against,
-                                      held="; only SGD with BN converges at every lr")
 
 
 LOSS_CAP = 10 * math.log(NUM_CLASSES)
@@ -239,7 +108,8 @@ LR_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
 SETTING_LINES = {"SGD": "-", "PSGD": ":", "SGD, BN removed": "--"}
 
 
-def _left_right(ctx, metric: str, ylabel: str, path, title: str, modes: tuple[str, ...], logy: bool) -> Any:
+def _left_right(ctx, metric: str, ylabel: str, path, title: str, modes: tuple[str, ...],
+                logy: bool) -> Any:
     # Losses above 10·ln 10 are left out, as the paper leaves out its "very large or NaN" ones; the
     # table still lists them.
     cap = LOSS_CAP if logy else None
@@ -250,10 +120,12 @@ def _left_right(ctx, metric: str, ylabel: str, path, title: str, modes: tuple[st
             continue
         points = sorted((lr, _arm(v)) for lr, v in by_lr.items()
                         if _arm(v) is not None and (cap is None or _arm(v) <= cap))
-        left[f"{setting}" + (f", {mode}" if len(modes) > 1 else "")] = ([p[0] for p in points], [p[1] for p in points])
-    specs = [{"series": left, "xlabel": "learning rate" + (" (scale-invariant)" if modes == ("separate",) else ""),
-              "ylabel": f"{ylabel}, mean of last {TAIL_EPOCHS} epochs", "logx": True, "logy": logy, "markers": True,
-              "title": f"{ylabel} vs lr"}]
+        left[f"{setting}" + (f", {mode}" if len(modes) > 1 else "")] = ([p[0] for p in points],
+                                                                        [p[1] for p in points])
+    specs = [{"series": left,
+              "xlabel": "learning rate" + (" (scale-invariant)" if modes == ("separate",) else ""),
+              "ylabel": f"{ylabel}, mean of last {TAIL_EPOCHS} epochs", "logx": True, "logy": logy,
+              "markers": True, "title": f"{ylabel} vs lr"}]
     for mode in modes:
         series, style = {}, {}
         for r in ctx.runs:
@@ -264,10 +136,11 @@ def _left_right(ctx, metric: str, ylabel: str, path, title: str, modes: tuple[st
             label = f"{r.factors['setting']}, lr {r.factors['lr']:g}"
             series[label] = (list(range(1, len(vals) + 1)), vals)
             # as in the paper's figures: colour = lr, line style = setting
-            style[label] = {"color": LR_COLORS[LRS.index(r.factors["lr"]) % len(LR_COLORS)] if r.factors["lr"] in LRS
+            style[label] = {"color": LR_COLORS[LRS.index(r.factors["lr"]) % len(LR_COLORS)]
+                            if r.factors["lr"] in LRS
                             else None, "ls": SETTING_LINES.get(r.factors["setting"], "-")}
-        specs.append({"series": series, "style": style, "xlabel": "epoch", "ylabel": ylabel, "logy": logy,
-                      "title": f"{ylabel} per epoch ({mode} lr)"})
+        specs.append({"series": series, "style": style, "xlabel": "epoch", "ylabel": ylabel,
+                      "logy": logy, "title": f"{ylabel} per epoch ({mode} lr)"})
     if cap is not None:
         title += f" — losses above {cap:.0f} not drawn"
     return safe_panels(path, specs, title=title, ncols=len(specs))
@@ -280,15 +153,18 @@ def _d1_plan(preset: str) -> Plan:
 
 
 def _d1_analyze(ctx) -> Outcome:
-    fig = _left_right(ctx, "epoch_train_loss", "training loss", ctx.figure_path("training_loss_vs_lr"),
-                      f"Arora App. D.1, Fig. 1: separate lrs, scale-variant lr {SCALE_VARIANT_LR} ({ctx.preset})",
+    fig = _left_right(ctx, "epoch_train_loss", "training loss",
+                      ctx.figure_path("training_loss_vs_lr"),
+                      f"Arora App. D.1, Fig. 1: separate lrs, scale-variant lr {SCALE_VARIANT_LR} "
+                      f"({ctx.preset})",
                       ("separate",), logy=True)
     values = _collect(ctx, "epoch_train_loss")
     loss = {setting: values.get((setting, "separate"), {}) for setting in ("SGD", "PSGD")}
     rows = [{"quantity": f"training loss, last {TAIL_EPOCHS} epochs · {setting} · lr_si {lr:g}",
              "ours": fmt(_seeds(v), 4),
              "paper": ("converges to 0" if setting == "SGD" else
-                       ("≈ SGD" if lr <= 0.1 else "stuck at a relatively large loss")) + " (Fig. 1, no numbers)"}
+                       ("≈ SGD" if lr <= 0.1
+                        else "stuck at a relatively large loss")) + " (Fig. 1, no numbers)"}
             for setting, by_lr in loss.items() for lr, v in sorted(by_lr.items())]
     verdict, summary = d1_verdict(loss, ctx.tiny)
     return Outcome([fig], rows, verdict, summary)
@@ -297,13 +173,16 @@ def _d1_analyze(ctx) -> Outcome:
 register(Experiment(
     id="arora-d1", paper="arora", target="App. D.1 (Fig. 1)",
     title="Separate learning rates: scale-invariant lr from 1e-2 to 1e2, SGD vs projected SGD",
-    claim="With the scale-variant lr fixed at 0.1, SGD drives the training loss to 0 for every scale-invariant lr "
-          "from 0.01 to 100 (BN's auto rate-tuning), while projected SGD, which removes it, gets stuck at large lrs.",
-    smoke_changes="digits and an MLP with BN (3 hidden layers of 128 and BN on the logits, Eq. 2: every kernel "
-                  "scale-invariant, as in the VGG) instead of the modified VGG on CIFAR-10, the paper's 100 epochs, "
-                  "3 seeds per arm (compared by Welch's t-test); BN ε = 1e-8 instead of 0 in both presets. Reports "
-                  "the smallest lr_si from which PSGD fails.",
-    cost={"smoke": "30 runs × 100 epochs (6 shared with arora-d2), ≈2 min on 2 CPU cores (≈4 s a run, quiet)",
+    claim="With the scale-variant lr fixed at 0.1, SGD drives the training loss to 0 for every "
+          "scale-invariant lr from 0.01 to 100 (BN's auto rate-tuning), while projected SGD, which "
+          "removes it, gets stuck at large lrs.",
+    smoke_changes="digits and an MLP with BN (3 hidden layers of 128 and BN on the logits, Eq. 2: "
+                  "every kernel scale-invariant, as in the VGG) instead of the modified VGG on "
+                  "CIFAR-10, the paper's 100 epochs, 3 seeds per arm (compared by Welch's t-test); "
+                  "BN ε = 1e-8 instead of 0 in both presets. Reports the smallest lr_si from which "
+                  "PSGD fails.",
+    cost={"smoke": "30 runs × 100 epochs (6 shared with arora-d2), ≈2 min on 2 CPU cores (≈4 s a "
+                   "run, quiet)",
           "paper": "30 runs × 100 epochs of the VGG on CIFAR-10 (GPU)"},
     plan=_d1_plan, analyze=_d1_analyze))
 
@@ -315,15 +194,18 @@ def _d2_plan(preset: str) -> Plan:
 
 
 def _d2_analyze(ctx) -> Outcome:
-    fig = _left_right(ctx, "epoch_train_loss", "training loss", ctx.figure_path("training_loss_vs_lr"),
-                      f"Arora App. D.2, Fig. 2: one lr for all parameters ({ctx.preset})", ("unified",), logy=True)
-    values, before = _collect(ctx, "epoch_train_loss"), _collect(ctx, "epoch_train_loss", skip=TAIL_EPOCHS)
+    fig = _left_right(ctx, "epoch_train_loss", "training loss",
+                      ctx.figure_path("training_loss_vs_lr"),
+                      f"Arora App. D.2, Fig. 2: one lr for all parameters ({ctx.preset})",
+                      ("unified",), logy=True)
+    values, before = _collect(ctx, "epoch_train_loss"), _collect(ctx, "epoch_train_loss",
+                                                                 skip=TAIL_EPOCHS)
     loss = {setting: values.get((setting, "unified"), {}) for setting in SETTINGS}
     earlier = {setting: before.get((setting, "unified"), {}) for setting in SETTINGS}
     paper = {"SGD": "converges to 0", "PSGD": "fails to converge at large lr",
              "SGD, BN removed": "fails at large lr; very large or NaN for lr > 10"}
-    rows = [{"quantity": f"training loss, last {TAIL_EPOCHS} epochs (the {TAIL_EPOCHS} before) · {setting} · "
-                         f"lr {lr:g}",
+    rows = [{"quantity": f"training loss, last {TAIL_EPOCHS} epochs (the {TAIL_EPOCHS} before) "
+                         f"· {setting} · lr {lr:g}",
              "ours": f"{fmt(_seeds(v), 4)} ({fmt(_seeds(earlier[setting].get(lr, [None])), 4)})",
              "paper": paper[setting] + " (Fig. 2, no numbers)"}
             for setting, by_lr in loss.items() for lr, v in sorted(by_lr.items())]
@@ -334,16 +216,18 @@ def _d2_analyze(ctx) -> Outcome:
 register(Experiment(
     id="arora-d2", paper="arora", target="App. D.2 (Fig. 2)",
     title="Unified learning rate from 1e-2 to 1e2: SGD, projected SGD, and SGD without BN",
-    claim="With one lr for all parameters, SGD with BN still drives the training loss to 0 at every lr, while PSGD "
-          "and SGD with BN removed fail to converge (or diverge) at large lrs.",
-    smoke_changes="digits and an MLP (3 hidden layers of 128, BN on the logits too) instead of the modified VGG on "
-                  "CIFAR-10, the paper's 100 epochs (D.1 keeps 15: at 15 epochs SGD at lr 0.01 was still falling "
-                  "≈ 4 % an epoch, a budget artifact), 3 seeds per arm; BN ε = 1e-8 instead of 0. Settling rule: "
-                  "a loss above the thresholds is a failure (or 'stuck') only if its last-5-epoch mean is within "
-                  "10 % of the 5 epochs before; an arm still falling makes the verdict inconclusive. The per-epoch "
-                  "curves are the figure's right panel.",
-    cost={"smoke": "45 runs of 100 epochs; with arora-d3 (30 more runs) measured 2 min CPU, 3.4 min wall on 2 cores "
-                   "under a load average of 4–5",
+    claim="With one lr for all parameters, SGD with BN still drives the training loss to 0 at "
+          "every "
+          "lr, while PSGD and SGD with BN removed fail to converge (or diverge) at large lrs.",
+    smoke_changes="digits and an MLP (3 hidden layers of 128, BN on the logits too) instead of the "
+                  "modified VGG on CIFAR-10, the paper's 100 epochs (D.1 keeps 15: at 15 epochs "
+                  "SGD at lr 0.01 was still falling ≈ 4 % an epoch, a budget artifact), 3 seeds "
+                  "per arm; BN ε = 1e-8 instead of 0. Settling rule: a loss above the thresholds "
+                  "is a failure (or 'stuck') only if its last-5-epoch mean is within 10 % of the 5 "
+                  "epochs before; an arm still falling makes the verdict inconclusive. The "
+                  "per-epoch curves are the figure's right panel.",
+    cost={"smoke": "45 runs of 100 epochs; with arora-d3 (30 more runs) measured 2 min CPU, 3.4 "
+                   "min wall on 2 cores under a load average of 4–5",
           "paper": "45 runs × 100 epochs of the VGG on CIFAR-10 (GPU)"},
     plan=_d2_plan, analyze=_d2_analyze))
 
@@ -356,7 +240,8 @@ def _d3_plan(preset: str) -> Plan:
 
 def _d3_analyze(ctx) -> Outcome:
     fig = _left_right(ctx, "test_accuracy", "test accuracy", ctx.figure_path("test_accuracy_vs_lr"),
-                      f"Arora App. D.3, Fig. 3: test accuracy, unified and separate lrs ({ctx.preset})",
+                      "Arora App. D.3, Fig. 3: test accuracy, unified and separate lrs "
+                      f"({ctx.preset})",
                       ("unified", "separate"), logy=False)
     acc = _collect(ctx, "test_accuracy")
     rows = []
@@ -364,7 +249,8 @@ def _d3_analyze(ctx) -> Outcome:
         for lr, v in sorted(by_lr.items()):
             paper = ("> 75 % at every lr" if setting == "SGD" else
                      "falls as lr grows past 0.1" if setting == "PSGD" else "10 % (NaN) at lr ≥ 1")
-            rows.append({"quantity": f"test accuracy, last {TAIL_EPOCHS} epochs · {setting} · {mode} · lr {lr:g}",
+            rows.append({"quantity": f"test accuracy, last {TAIL_EPOCHS} epochs · {setting} "
+                                     f"· {mode} · lr {lr:g}",
                          "ours": fmt(_seeds(v), 4),
                          "paper": paper + " (Fig. 3, no numbers)"})
     verdict, summary = d3_verdict(acc, ctx.tiny)
@@ -374,13 +260,15 @@ def _d3_analyze(ctx) -> Outcome:
 register(Experiment(
     id="arora-d3", paper="arora", target="App. D.3 (Fig. 3)",
     title="Test accuracy across learning rates: SGD vs projected SGD (unified and separate lrs)",
-    claim="Auto rate-tuning also helps generalization: SGD's test accuracy stays above 75 % over lrs from 0.01 to 100 "
-          "(unified, or separate with the scale-variant lr at 0.1), while PSGD's falls as the lr grows past 0.1 "
-          "(underfitting).",
-    smoke_changes="the runs of arora-d1 and arora-d2's smoke presets (digits, MLP; 15 epochs for D.1's separate "
-                  "lrs, 100 for D.2's unified ones), evaluated each epoch "
-                  "on digits' 359 test images; the 75 % threshold is kept although digits is easier than CIFAR-10.",
-    cost={"smoke": "75 runs (those of arora-d1 and arora-d2, none retrained in the same runs dir): measured with "
-                   "arora-d2 in an empty store, 2 min CPU, 3.4 min wall under a load average of 4–5",
+    claim="Auto rate-tuning also helps generalization: SGD's test accuracy stays above 75 % over "
+          "lrs from 0.01 to 100 (unified, or separate with the scale-variant lr at 0.1), while "
+          "PSGD's falls as the lr grows past 0.1 (underfitting).",
+    smoke_changes="the runs of arora-d1 and arora-d2's smoke presets (digits, MLP; 15 epochs for "
+                  "D.1's separate lrs, 100 for D.2's unified ones), evaluated each epoch on "
+                  "digits' 359 test images; the 75 % threshold is kept although digits is easier "
+                  "than CIFAR-10.",
+    cost={"smoke": "75 runs (those of arora-d1 and arora-d2, none retrained in the same runs dir): "
+                   "measured with arora-d2 in an empty store, 2 min CPU, 3.4 min wall under a load "
+                   "average of 4–5",
           "paper": "69 runs × 100 epochs of the VGG on CIFAR-10 (GPU), shared with arora-d1/d2"},
     plan=_d3_plan, analyze=_d3_analyze))

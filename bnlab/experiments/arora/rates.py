@@ -63,12 +63,13 @@ def rates_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
     bound = float(np.mean([s["bound_slope"] for s in data["sgd"]]))
     fmt = ", ".join
     summary = (
-        f"primary: steepest-worst log-log slopes over the last decade of T={data['T'][-1]}, "
-        f"{len(data['gd'])} seeds — GD rms‖∇L‖ (Thm 3.1: −0.5): "
-        f"{fmt(f'η_w={lr:g}: {s:+.2f}' for lr, s in zip(lrs, gd))}; SGD mean‖∇L‖² (Thm 4.2: ≤ "
-        f"{bound:+.2f}, the slope of log T/√T there): {fmt(f'η_w={lr:g}: {s:+.2f}' for lr, s in zip(lrs, sgd))}; "
-        f"tolerance +{SLOPE_TOL}; contrast, projected GD (‖w‖ = 1, no auto-tuning): "
-        f"{fmt(f'η_w={lr:g}: {s:+.2f}' for lr, s in zip(lrs, pr))}"
+        "primary: steepest-worst log-log slopes over the last decade of "
+        f"T={data['T'][-1]}, {len(data['gd'])} seeds — GD rms‖∇L‖ (Thm 3.1: "
+        f"−0.5): {fmt(f'η_w={lr:g}: {s:+.2f}' for lr, s in zip(lrs, gd))}; SGD mean‖∇L‖² (Thm 4.2: "
+        f"≤ {bound:+.2f}, the slope of log T/√T "
+        f"there): {fmt(f'η_w={lr:g}: {s:+.2f}' for lr, s in zip(lrs, sgd))}; tolerance "
+        f"+{SLOPE_TOL}; contrast, projected GD (‖w‖ = 1, no "
+        f"auto-tuning): {fmt(f'η_w={lr:g}: {s:+.2f}' for lr, s in zip(lrs, pr))}"
     )
     bad = [f"GD η_w={lr:g}" for lr, s in zip(lrs, gd) if s > -0.5 + SLOPE_TOL]
     bad += [f"SGD η_w={lr:g}" for lr, s in zip(lrs, sgd) if s > bound + SLOPE_TOL]
@@ -126,12 +127,14 @@ register(
         id="arora-rates",
         paper="arora",
         target="Thms 3.1, 4.2",
-        title="Convergence rates of (S)GD with BN for any learning rate of the scale-invariant weights",
-        claim="With η_g tuned, GD reaches ‖∇L‖ = Õ(T^−1/2) and SGD E‖∇L‖² = Õ(log T/√T) (‖∇L‖ ≈ T^−1/4) for any "
-        "η_w > 0.",
-        smoke_changes="a fully batch-normalised one-layer softplus network (64 samples, 8 inputs, 4 units, float64) "
-        "instead of a deep network; η_w ∈ {0.01 … 100}, 2000 steps, 3 seeds; SGD over 4 fixed minibatches "
-        "with η_g·(t+1)^−1/2; the measured slope over the last decade of T is compared with the bound's.",
+        title="Convergence rates of (S)GD with BN for any learning rate of the scale-invariant "
+              "weights",
+        claim="With η_g tuned, GD reaches ‖∇L‖ = Õ(T^−1/2) and SGD E‖∇L‖² = Õ(log T/√T) (‖∇L‖ ≈ "
+        "T^−1/4) for any η_w > 0.",
+        smoke_changes="a fully batch-normalised one-layer softplus network (64 samples, 8 inputs, "
+        "4 units, float64) instead of a deep network; η_w ∈ {0.01 … 100}, 2000 steps, 3 seeds; SGD "
+        "over 4 fixed minibatches with η_g·(t+1)^−1/2; the measured slope over the last decade of "
+        "T is compared with the bound's.",
         cost={
             "smoke": "≈1 min on 2 CPU cores",
             "paper": "as smoke (the theorems are about the rate, not the scale)",

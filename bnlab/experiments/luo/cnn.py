@@ -8,7 +8,8 @@ import math
 import numpy as np
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..verdicts import decide, explain, holm, ladder, settle
+from ..rule_stats import holm
+from ..verdicts import decide, explain, ladder, settle
 from bnlab.formatting import finite_or_none, fmt
 from ..common import ALPHA, RULE, SETTLE_FRACTION, compare_arms, mean_curve, safe_panels
 from .common import TRAIN_SIZES, _points, window_mean

@@ -44,10 +44,10 @@ def _base(preset: str) -> dict:
     1 − M/m0) has several epochs to act.
     """
     if preset == "paper":
-        return {"model": "resnet20", "data": "cifar10", "epochs": 160, "momentum": 0.9, "weight_decay": 5e-4,
-                "schedule": "step:80,120", "augment": True, "seed": 0}
-    return {"model": "mlp", "model_options": {"depth": 3, "width": 64}, "data": "digits", "epochs": 6,
-            "momentum": 0.9, "seed": 0}
+        return {"model": "resnet20", "data": "cifar10", "epochs": 160, "momentum": 0.9,
+                "weight_decay": 5e-4, "schedule": "step:80,120", "augment": True, "seed": 0}
+    return {"model": "mlp", "model_options": {"depth": 3, "width": 64}, "data": "digits",
+            "epochs": 6, "momentum": 0.9, "seed": 0}
 
 
 def _plan(preset: str) -> Plan:
@@ -56,7 +56,8 @@ def _plan(preset: str) -> Plan:
     runs = [RunSpec(f"{label}, M = {M}" + (f", seed {seed}" if seed else ""),
                     {**base, "norm": norm, "batch_size": M, "lr": 0.1 * M / 32, "seed": seed},
                     {"norm": label, "batch_size": M, "seed": seed})
-            for label, norm in NORMS.items() for M in BATCH_SIZES for seed in (SEEDS if M in ends else (0,))]
+            for label, norm in NORMS.items() for M in BATCH_SIZES for seed in (SEEDS if M in ends
+                                                                               else (0,))]
     runs += ddp_runs(base, PROCESSES[preset])
 
     def normalizer_noise(tiny: bool = False) -> dict:
@@ -70,8 +71,10 @@ def ddp_runs(base: dict, processes: int) -> list[RunSpec]:
     batch."""
     m = processes * PER_DEVICE
     return [RunSpec(f"{processes} processes × {PER_DEVICE}: {arm}",
-                    {**base, "norm": norm, "batch_size": m, "lr": 0.1 * m / 32, "nproc": processes, "sync_norms": sync},
-                    {"norm": "BN" if norm == "bn" else "MBN", "batch_size": m, "nproc": processes, "arm": arm})
+                    {**base, "norm": norm, "batch_size": m, "lr": 0.1 * m / 32, "nproc": processes,
+                     "sync_norms": sync},
+                    {"norm": "BN" if norm == "bn" else "MBN", "batch_size": m, "nproc": processes,
+                     "arm": arm})
             for arm, (norm, sync) in DDP_ARMS.items()]
 
 
@@ -90,21 +93,24 @@ def ddp_table(runs, acc: dict[str, dict[int, float | None]]) -> tuple[list[dict]
     for arm, run in ddp.items():
         norm, M, expectation = mirror[arm]
         ours = _accuracy(run)
-        rows.append({"quantity": f"{p} processes, global batch {m} ({PER_DEVICE} each), {arm}: test accuracy "
-                                 f"(one process, {norm} at M = {M})",
+        rows.append({"quantity": f"{p} processes, global batch {m} ({PER_DEVICE} each), {arm}: "
+                                 f"test accuracy (one process, {norm} at M = {M})",
                      "ours": f"{fmt(ours)} ({fmt(acc.get(norm, {}).get(M))})",
-                     "paper": expectation.format(M=M) + " (bnlab's expectation; the paper uses one device)"})
+                     "paper": expectation.format(M=M) + " (bnlab's expectation; the paper uses one "
+                                                        "device)"})
         parts.append(f"{arm} {fmt(ours)}")
     return rows, f"; {p} processes × {PER_DEVICE}: " + ", ".join(parts)
 
 
-def normalizer_noise_data(batch_sizes: Sequence[int], epochs: int, *, n_steps: int = 20_000) -> dict:
+def normalizer_noise_data(batch_sizes: Sequence[int], epochs: int, *,
+                          n_steps: int = 20_000) -> dict:
     """Var[μ]/σ² of the statistic each layer normalizes with at the last epoch, per batch size.
 
     BN: the batch mean, 1/m. MBN: the moving mean with λ(T) = 1 − min(m/m0, 1) (``mbn_lambda``),
     simulated, and its AR(1) value (1−λ)/(1+λ)/m; the equivalent BN batch size m(1+λ)/(1−λ).
     """
-    out = {"m": list(batch_sizes), "lambda_final": [], "bn": [], "mbn": [], "mbn_theory": [], "equivalent_batch": []}
+    out = {"m": list(batch_sizes), "lambda_final": [], "bn": [], "mbn": [], "mbn_theory": [],
+           "equivalent_batch": []}
     for m in batch_sizes:
         lam = mbn_lambda(epochs, epochs, m, IDEAL_BATCH)
         r = moving_average_noise(m, lam, n_steps, seed=m)
@@ -123,7 +129,8 @@ def _accuracy(run) -> float | None:
     return finite_or_none(run.final("test_accuracy"))
 
 
-def batch_size_verdict(acc: dict[str, dict[int, dict[int, float | None]]], tiny: bool) -> tuple[str, str]:
+def batch_size_verdict(acc: dict[str, dict[int, dict[int, float | None]]],
+                       tiny: bool) -> tuple[str, str]:
     """MBN loses less accuracy than BN from the ideal batch M = 32 to the smallest, M = 2.
 
     ``acc[norm][M][seed]``: final test accuracy. Per seed, the drop acc(32) − acc(2); MBN's drops
@@ -135,7 +142,8 @@ def batch_size_verdict(acc: dict[str, dict[int, dict[int, float | None]]], tiny:
     small, large = min(BATCH_SIZES), max(BATCH_SIZES)
     if tiny:
         return ladder(unusable=True), "tiny run: a few steps per batch size"
-    drops = {n: [v[large] - v[small] for v in _by_seed(acc.get(n, {}), small, large)] for n in NORMS}
+    drops = {n: [v[large] - v[small] for v in _by_seed(acc.get(n, {}), small, large)]
+             for n in NORMS}
     if not drops["BN"] or not drops["MBN"]:
         return ladder(unusable=True), "a run did not finish"
     comp = compare_arms(drops["BN"], drops["MBN"])
@@ -166,7 +174,8 @@ def _analyze(ctx) -> Outcome:
         n, M, seed = r.factors.get("norm"), r.factors.get("batch_size"), r.factors.get("seed", 0)
         if n in acc and not r.factors.get("nproc"):
             acc[n].setdefault(M, {})[seed] = _accuracy(r)
-            losses[n].setdefault(M, {})[seed] = finite_or_none(r.final("test_loss")) if r.status == "finished" else None
+            loss = finite_or_none(r.final("test_loss")) if r.status == "finished" else None
+            losses[n].setdefault(M, {})[seed] = loss
     mean_acc = {n: {M: mean_std(v.values())[0] for M, v in d.items()} for n, d in acc.items()}
     loss = {n: {M: mean_std(v.values())[0] for M, v in d.items()} for n, d in losses.items()}
     noise = ctx.data.get("normalizer_noise") or {}
@@ -177,7 +186,8 @@ def _analyze(ctx) -> Outcome:
          "xlabel": "log₂ M", "ylabel": "test accuracy", "markers": True,
          "title": "final test accuracy (M = 2, 32: mean of 3 seeds)"},
         {"series": {n: (x, [loss[n].get(M) for M in BATCH_SIZES]) for n in NORMS},
-         "xlabel": "log₂ M", "ylabel": "test loss", "logy": True, "markers": True, "title": "final test loss"},
+         "xlabel": "log₂ M", "ylabel": "test loss", "logy": True, "markers": True,
+         "title": "final test loss"},
     ]
     if noise.get("m"):
         xn = [math.log2(m) for m in noise["m"]]
@@ -186,7 +196,8 @@ def _analyze(ctx) -> Outcome:
                                  "MBN: (1−λ)/((1+λ)M)": (xn, noise["mbn_theory"])},
                       "xlabel": "log₂ M", "ylabel": "Var[μ]/σ² at the last epoch", "logy": True,
                       "markers": True, "title": f"normalizer noise (m0 = {IDEAL_BATCH})"})
-    fig = safe_panels(ctx.figure_path("accuracy_vs_batch_size"), specs, title="Momentum BN vs BN across batch sizes")
+    fig = safe_panels(ctx.figure_path("accuracy_vs_batch_size"), specs,
+                      title="Momentum BN vs BN across batch sizes")
     verdict, summary = batch_size_verdict(acc, ctx.tiny)
     table = []
     for i, M in enumerate(BATCH_SIZES):
@@ -194,7 +205,8 @@ def _analyze(ctx) -> Outcome:
         table.append({"quantity": f"M = {M}: test accuracy BN / MBN (MBN's equivalent batch for μ)",
                       "ours": f"{fmt(mean_acc['BN'].get(M))} / {fmt(mean_acc['MBN'].get(M))} "
                               f"({fmt(finite_or_none(eq))}; n={len(acc['BN'].get(M) or {})})",
-                      "paper": "MBN ≥ BN, the gap growing as M shrinks; MBN close to its M = 32 accuracy"})
+                      "paper": "MBN ≥ BN, the gap growing as M shrinks; MBN close to its M = 32 "
+                               "accuracy"})
     rows, clause = ddp_table(ctx.runs, mean_acc)
     return Outcome([fig], table + rows, verdict, summary + clause)
 
@@ -202,16 +214,18 @@ def _analyze(ctx) -> Outcome:
 register(Experiment(
     id="mbn-batch-size", paper="mbn", target="§5 (batch size study)",
     title="BN vs Momentum BN at batch sizes 2–32",
-    claim="MBN's moving statistics (λ → 1 − M/m0 over training) keep the normalizer's noise at the level of the "
-          "ideal batch, so its accuracy degrades much less than BN's as the batch shrinks.",
-    smoke_changes="digits and a 3-layer MLP (width 64) instead of CIFAR and a ResNet, 6 epochs; the compared runs "
-                  "(BN and MBN at M = 2 and M = 32) 3 seeds, the other batch sizes one (shown). The paper "
-                  "preset is our standard CIFAR-10/ResNet-20 recipe: the repository holds only the supplement, not "
-                  "the main text's settings. The data-parallel arms use 2 CPU processes (gloo) in the smoke preset, "
-                  "4 in the paper preset.",
-    cost={"smoke": "18 one-process runs (M = 2 is 720 steps/epoch; the 8 seeds added for M = 2 and 32 took 34 s "
-                   "wall) and 3 data-parallel runs (2 processes, 1080 steps each); the whole demo, this entry "
-                   "included, took 3 min 50 s on a quiet 2-core machine",
-          "paper": "18 runs × 160 epochs ResNet-20 on CIFAR-10 (GPU; M = 2 runs are slow, ~25k steps/epoch), "
-                   "plus 3 runs on 4 GPUs (or processes)"},
+    claim="MBN's moving statistics (λ → 1 − M/m0 over training) keep the normalizer's noise at the "
+          "level of the ideal batch, so its accuracy degrades much less than BN's as the batch "
+          "shrinks.",
+    smoke_changes="digits and a 3-layer MLP (width 64) instead of CIFAR and a ResNet, 6 epochs; "
+                  "the compared runs (BN and MBN at M = 2 and M = 32) 3 seeds, the other batch "
+                  "sizes one (shown). The paper preset is our standard CIFAR-10/ResNet-20 recipe: "
+                  "the repository holds only the supplement, not the main text's settings. The "
+                  "data-parallel arms use 2 CPU processes (gloo) in the smoke preset, 4 in the "
+                  "paper preset.",
+    cost={"smoke": "18 one-process runs (M = 2 is 720 steps/epoch; the 8 seeds added for M = 2 and "
+                   "32 took 34 s wall) and 3 data-parallel runs (2 processes, 1080 steps each); "
+                   "the whole demo, this entry included, took 3 min 50 s on a quiet 2-core machine",
+          "paper": "18 runs × 160 epochs ResNet-20 on CIFAR-10 (GPU; M = 2 runs are slow, ~25k "
+                   "steps/epoch), plus 3 runs on 4 GPUs (or processes)"},
     plan=_plan, analyze=_analyze))

@@ -12,7 +12,8 @@ from bnlab.theory.mbn import moving_average_noise, theorem1_report, theorem2_cos
 
 from ..base import Experiment, Outcome, Plan, register
 from ..common import safe_panels
-from ..verdicts import explain, holm, ladder
+from ..rule_stats import holm
+from ..verdicts import explain, ladder
 
 # ---- Momentum BN, supplementary Theorems 1–2 and the moving statistics ---------------------------
 
@@ -138,11 +139,13 @@ register(
         id="mbn-theorems",
         paper="mbn",
         target="Suppl. Thms 1–2",
-        title="The batch statistics' noise (Theorem 1), its effect on the loss (Theorem 2) and MBN's moving statistics",
-        claim="ξ_μ → N(0, 1/m), ξ_σ → χ²(m−1)/m; E[l((x+ξ_μ)/√ξ_σ)] = l + R^add + R^mul + R; the moving averages "
-        "shrink the noise to that of a batch of m(1+λ)/(1−λ).",
-        smoke_changes="Monte Carlo on standardised Gaussian batches (m = 4, 16, 64; 20 000 batches; λ = 0.5, 0.9), "
-        "Theorem 2 with l = cos; the paper gives the statements without a measurement.",
+        title="The batch statistics' noise (Theorem 1), its effect on the loss (Theorem 2) and "
+              "MBN's moving statistics",
+        claim="ξ_μ → N(0, 1/m), ξ_σ → χ²(m−1)/m; E[l((x+ξ_μ)/√ξ_σ)] = l + R^add + R^mul + R; the "
+        "moving averages shrink the noise to that of a batch of m(1+λ)/(1−λ).",
+        smoke_changes="Monte Carlo on standardised Gaussian batches (m = 4, 16, 64; 20 000 "
+        "batches; λ = 0.5, 0.9), Theorem 2 with l = cos; the paper gives the statements without a "
+        "measurement.",
         cost={"smoke": "≈20 s on 2 CPU cores", "paper": "as smoke"},
         plan=lambda preset: Plan(compute={"mbn": mbn_data}),
         analyze=_mbn_analyze,

@@ -48,13 +48,17 @@ def _t6_plan(preset: str) -> Plan:
             # the lr grid per seed: a maximal stable lr per seed, compared by the rule
             for seed in T6_SEEDS:
                 for lr in candidates:
-                    label = f"{name} · {ACT_TITLE[act]} · lr {lr:g}" + (f" · seed {seed}" if seed else "")
+                    label = f"{name} · {ACT_TITLE[act]} · lr {lr:g}" + (f" · seed {seed}" if seed
+                                                                        else "")
                     runs.append(RunSpec(label,
-                                        _run(base, norm=norm, placement="pre_linear", activation=act, seed=seed, lr=lr),
-                                        {"approach": name, "activation": act, "lr": lr, "seed": seed}))
+                                        _run(base, norm=norm, placement="pre_linear",
+                                             activation=act, seed=seed, lr=lr),
+                                        {"approach": name, "activation": act, "lr": lr,
+                                         "seed": seed}))
             for seed in extra_seeds:  # the accuracy columns: 10 trials at the recipe's lr 0.1
                 runs.append(RunSpec(f"{name} · {ACT_TITLE[act]} · lr 0.1 · seed {seed}",
-                                    _run(base, norm=norm, placement="pre_linear", activation=act, seed=seed, lr=0.1),
+                                    _run(base, norm=norm, placement="pre_linear", activation=act,
+                                         seed=seed, lr=0.1),
                                     {"approach": name, "activation": act, "lr": 0.1, "seed": seed}))
     return Plan(runs=runs)
 
@@ -80,7 +84,8 @@ def run_trains(run, num_classes: int = 10) -> bool:
     return final < math.log(num_classes) - 0.05
 
 
-def table6_verdict(lr_max: dict[tuple[str, str], list[float | None]], tiny: bool = False) -> tuple[str, str]:
+def table6_verdict(lr_max: dict[tuple[str, str], list[float | None]],
+                   tiny: bool = False) -> tuple[str, str]:
     """Verdict on §6.3's ordering of the maximal learning rate, per activation.
 
     ``lr_max[(approach, activation)]`` = per-seed maximal stable lr (None: nothing trained, counted
@@ -92,12 +97,14 @@ def table6_verdict(lr_max: dict[tuple[str, str], list[float | None]], tiny: bool
     significantly raises the rate over none for at least one activation (primary, pre-declared: ℓ2 −
     none in log10 lr, Holm over the activations); otherwise "inconclusive".
     """
-    acts = sorted({a for _, a in lr_max}, key=lambda a: ACTIVATIONS.index(a) if a in ACTIVATIONS else 99)
+    acts = sorted({a for _, a in lr_max}, key=lambda a: ACTIVATIONS.index(a) if a in ACTIVATIONS
+                  else 99)
     if not acts:
         return ladder(unusable=True), "no runs" + (" (tiny runs)" if tiny else "")
     lines, steps, raised = [], {}, {}
     for act in acts:
-        logs = [[math.log10(v or NONE_TRAINS) for v in lr_max.get((name, act)) or []] for name in T6_ORDER]
+        logs = [[math.log10(v or NONE_TRAINS) for v in lr_max.get((name, act)) or []]
+                for name in T6_ORDER]
         lines.append(f"{ACT_TITLE.get(act, act)}: " + " / ".join(
             "–" if not v else f"{10 ** (sum(v) / len(v)):.2g}" for v in logs))
         steps.update({(act, i): compare_arms(logs[i], logs[i + 1])
@@ -108,8 +115,8 @@ def table6_verdict(lr_max: dict[tuple[str, str], list[float | None]], tiny: bool
     reversed_ = list(dict.fromkeys(ACT_TITLE.get(a, a) for (a, _), v in against.items()
                                    if v == NOT_HELD))
     primary = any(is_held(v) for v in family(raised, "higher").values())
-    summary = ("maximal stable lr, geometric mean over seeds (none / mean removal / ℓ2 / CBN; 1e-05: nothing "
-               "trained): " + "; ".join(lines))
+    summary = ("maximal stable lr, geometric mean over seeds (none / mean removal / ℓ2 / CBN; "
+               "1e-05: nothing trained): " + "; ".join(lines))
     verdict = ladder(True if primary else None, unusable=tiny or few, against=bool(reversed_))
     return verdict, summary + explain(
         verdict, inconclusive=" (tiny runs)" if tiny else f"; fewer than 3 seeds ({RULE})" if few
@@ -133,18 +140,20 @@ def _t6_analyze(ctx) -> Outcome:
                     trained[(name, act)] = status
                 if status:
                     lr_max.setdefault((name, act), []).append(
-                        max_stable_lr(lambda lr, s=status: s[lr], candidates=list(status), strategy="all").lr)
+                        max_stable_lr(lambda lr, s=status: s[lr], candidates=list(status),
+                                      strategy="all").lr)
     accuracy = grouped_finals(ctx, ("approach", "activation", "lr"), "test_accuracy")
     rows = []
-    paper_claim = ("not in our copy (Table 6's body is missing); §6.3: none < mean removal < ℓ2, ℓ2 "
-                   "“contributes more”; CBN “1 + 1 > 2”")
+    paper_claim = ("not in our copy (Table 6's body is missing); §6.3: none < mean removal < ℓ2, "
+                   "ℓ2 “contributes more”; CBN “1 + 1 > 2”")
     for act in acts:
         for name in T6_ORDER:
             rates = lr_max.get((name, act)) or []
             mean, std = mean_std(accuracy.get((name, act, 0.1), []))
             status = trained.get((name, act), {})
             rows.append({"quantity": f"max stable lr per seed · {name} · {ACT_TITLE[act]}",
-                         "ours": " / ".join("none trains" if r is None else f"{r:g}" for r in rates) or "—",
+                         "ours": " / ".join("none trains" if r is None else f"{r:g}" for r in rates)
+                         or "—",
                          "trained at (seed 0)": " ".join(f"{lr:g}:{'✓' if ok else '✗'}"
                                                          for lr, ok in sorted(status.items())),
                          "test acc at lr 0.1 (%)": fmt(
@@ -155,9 +164,11 @@ def _t6_analyze(ctx) -> Outcome:
     fig_lr = bars(ctx.figure_path("max_stable_lr"), groups,
                   ylabel="log10 maximal stable lr, mean over seeds (−5: none)",
                   title=f"Peng Table 6 / §6.3: maximal lr from {{1e-4 … 1}} ({ctx.preset})")
-    acc_groups = {ACT_TITLE[a]: {n: (_pct(mean_std(accuracy.get((n, a, 0.1), []))[0]) or float("nan"))
+    acc_groups = {ACT_TITLE[a]: {n: (_pct(mean_std(accuracy.get((n, a, 0.1), []))[0])
+                                     or float("nan"))
                                  for n in T6_ORDER} for a in acts}
-    fig_acc = bars(ctx.figure_path("test_accuracy"), acc_groups, ylabel="test accuracy at lr 0.1 (%)",
+    fig_acc = bars(ctx.figure_path("test_accuracy"), acc_groups, ylabel="test accuracy at lr 0.1 "
+                                                                        "(%)",
                    title=f"Peng Table 6: test accuracy of CBN's components ({ctx.preset})")
     verdict, summary = table6_verdict(lr_max, ctx.tiny)
     return Outcome([fig_lr, fig_acc], rows, verdict, summary + _status_note(ctx))
@@ -171,18 +182,19 @@ def _mean_log10(rates: list[float | None] | None) -> float:
 
 register(Experiment(
     id="peng-table6", paper="peng", target="Table 6",
-    title="Maximal learning rate (and accuracy) of CBN's components: none, mean removal, ℓ2 normalization, CBN",
-    claim="Mean removal and normalization via the ℓ2 norm both lower the gradient Lipschitz constant, so both raise "
-          "the maximal stable learning rate (lr_max = 1/L, Theorem 1), ℓ2 normalization more; together (CBN) they do "
-          "better than either.",
-    smoke_changes="digits, ResNet-20 at width 1/4, 3 epochs at a constant lr, Sigmoid/Tanh/ReLU only, three seeds "
-                  "per candidate lr from 1e-3 to 1 (1e-4 trains nothing in 36 steps, so it cannot be the maximum); the "
-                  "paper also reports 10-trial accuracies, smoke's accuracy column is the three lr-0.1 runs. "
-                  "ℓ2 normalization is Eq. 5 alone, "
-                  "`cbn(center=false, amat=false)` (root mean square).",
+    title="Maximal learning rate (and accuracy) of CBN's components: none, mean removal, ℓ2 "
+          "normalization, CBN",
+    claim="Mean removal and normalization via the ℓ2 norm both lower the gradient Lipschitz "
+          "constant, so both raise the maximal stable learning rate (lr_max = 1/L, Theorem 1), ℓ2 "
+          "normalization more; together (CBN) they do better than either.",
+    smoke_changes="digits, ResNet-20 at width 1/4, 3 epochs at a constant lr, Sigmoid/Tanh/ReLU "
+                  "only, three seeds per candidate lr from 1e-3 to 1 (1e-4 trains nothing in 36 "
+                  "steps, so it cannot be the maximum); the paper also reports 10-trial "
+                  "accuracies, smoke's accuracy column is the three lr-0.1 runs. ℓ2 normalization "
+                  "is Eq. 5 alone, `cbn(center=false, amat=false)` (root mean square).",
     cost={"smoke": "144 short runs, ≈6 min on 2 CPU cores",
-          "paper": "440 runs (4 approaches × 5 activations × (5 candidate lrs × 3 seeds + 7 more trials at 0.1)) × "
-                   "120 epochs of ResNet-20 on CIFAR-10 (GPU)"},
+          "paper": "440 runs (4 approaches × 5 activations × (5 candidate lrs × 3 seeds + 7 more "
+                   "trials at 0.1)) × 120 epochs of ResNet-20 on CIFAR-10 (GPU)"},
     plan=_t6_plan, analyze=_t6_analyze))
 
 
@@ -202,12 +214,12 @@ def _f7_plan(preset: str) -> Plan:
         base = {**_base("resnet20", "cifar10", "paper"), "probe_every": 390}
         acts, seeds = ACTIVATIONS, range(PAPER_TRIALS)
     else:
-        base = {**_base("resnet20", "digits", "smoke"), "epochs": F7_SMOKE_EPOCHS, "schedule": "constant",
-                "probe_every": F7_PROBE_EVERY}
+        base = {**_base("resnet20", "digits", "smoke"), "epochs": F7_SMOKE_EPOCHS,
+                "schedule": "constant", "probe_every": F7_PROBE_EVERY}
         acts, seeds = F7_SMOKE_ACTIVATIONS, SMOKE_SEEDS
     return Plan(runs=[RunSpec(f"{name} · {ACT_TITLE[act]} · seed {seed}",
-                              _run(base, norm=norm, placement="pre_linear", activation=act, seed=seed,
-                                   probes=["grad_stats"]),
+                              _run(base, norm=norm, placement="pre_linear", activation=act,
+                                   seed=seed, probes=["grad_stats"]),
                               {"approach": name, "activation": act, "seed": seed})
                       for act in acts for name, norm in T6_APPROACHES.items() for seed in seeds])
 
@@ -269,10 +281,11 @@ def _f7_analyze(ctx) -> Outcome:
             arm = [r for r in runs if r.factors.get("approach") == name]
             sq[act][name] = [v for v in (mean_sq_grad_norm(r) for r in arm) if v is not None]
             series[f"{name} (n={len(arm)})"] = smooth(*mean_curve(arm, "probe/grad_stats/sq_norm"))
-        specs.append({"series": series, "xlabel": "step", "ylabel": "E‖g‖² (mean over seeds)", "logy": True,
-                      "title": ACT_TITLE[act]})
+        specs.append({"series": series, "xlabel": "step", "ylabel": "E‖g‖² (mean over seeds)",
+                      "logy": True, "title": ACT_TITLE[act]})
     fig = safe_panels(ctx.figure_path("gradient_sq_norm"), specs, ncols=len(specs) or 1,
-                      title=f"Peng Fig. 7: stochastic-gradient squared norm of CBN's components ({ctx.preset})")
+                      title="Peng Fig. 7: stochastic-gradient squared norm of CBN's components "
+                            f"({ctx.preset})")
     rows = [{"quantity": f"log10 E‖g‖² · {ACT_TITLE[act]} · {name}",
              "ours": fmt(values, decimals=2),
              "paper": "mean removal and ℓ2 normalization below no normalization (curves only)"}
@@ -283,13 +296,18 @@ def _f7_analyze(ctx) -> Outcome:
 
 register(Experiment(
     id="peng-fig7", paper="peng", target="Fig. 7",
-    title="Gradient norm of CBN's components: no normalization, mean removal, ℓ2 normalization, CBN",
-    claim="Mean removal and normalization with the ℓ2 norm both reduce the stochastic-gradient squared expectation "
-          "E‖g‖² (Theorems 2–3, second conclusion), relative to no normalization.",
-    smoke_changes=f"digits at 16×16, ResNet-20 at width 1/4 in Eq. 7's block form, {F7_SMOKE_EPOCHS} epochs "
-                  f"({12 * F7_SMOKE_EPOCHS} steps) at the constant lr 0.1, Sigmoid/Tanh/ReLU, 3 seeds per arm, E‖g‖² "
-                  f"from 8 micro-batches every {F7_PROBE_EVERY} steps (grad_stats probe), compared in log10 by "
-                  "Welch's t-test.",
-    cost={"smoke": "36 runs with a probe, ≈8 min on 2 CPU cores (estimated from the step cost, uncontended)",
-          "paper": "200 runs × 120 epochs of ResNet-20 on CIFAR-10 with a gradient probe per epoch (GPU)"},
+    title="Gradient "
+          "norm of CBN's components: no normalization, mean removal, ℓ2 normalization, CBN",
+    claim="Mean removal and normalization with the ℓ2 norm both reduce the stochastic-gradient "
+          "squared expectation E‖g‖² (Theorems 2–3, second conclusion), relative to no "
+          "normalization.",
+    smoke_changes="digits at 16×16, ResNet-20 at width 1/4 in Eq. 7's block "
+                  f"form, {F7_SMOKE_EPOCHS} epochs ({12 * F7_SMOKE_EPOCHS} steps) at the constant "
+                  "lr 0.1, Sigmoid/Tanh/ReLU, 3 seeds per arm, E‖g‖² from 8 micro-batches "
+                  f"every {F7_PROBE_EVERY} steps (grad_stats probe), compared in log10 by Welch's "
+                  "t-test.",
+    cost={"smoke": "36 runs with a probe, ≈8 min on 2 CPU cores (estimated from the step cost, "
+                   "uncontended)",
+          "paper": "200 runs × 120 epochs of ResNet-20 on CIFAR-10 with a gradient probe per epoch "
+                   "(GPU)"},
     plan=_f7_plan, analyze=_f7_analyze))

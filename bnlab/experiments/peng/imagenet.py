@@ -43,26 +43,34 @@ from .common import ACT_TITLE, ACTIVATIONS, NON_RELU, _status_note, row_spec
 from ..verdicts import NOT_HELD, conjunction, explain, family, ladder
 
 ARCHS = ("resnet18", "resnet50", "efficientnet_b0")
-ARCH_TITLE = {"resnet18": "ResNet-18", "resnet50": "ResNet-50", "efficientnet_b0": "EfficientNet-B0"}
+ARCH_TITLE = {"resnet18": "ResNet-18", "resnet50": "ResNet-50",
+              "efficientnet_b0": "EfficientNet-B0"}
 ARMS = ("BN", "CBN")
 ARM_ROW = {"BN": "①", "CBN": "②"}  # rows of Tables 1–4 (peng.row_spec)
 
 # Table 5, top-1 test accuracy (%), columns Sigmoid, Tanh, ReLU, SELU, Swish; one run per cell.
 PAPER_TABLE5: dict[str, dict[str, tuple[float, ...]]] = {
-    "resnet18": {"BN": (52.03, 64.45, 70.02, 65.46, 70.81), "CBN": (70.15, 70.12, 70.43, 71.10, 71.39)},
-    "resnet50": {"BN": (44.38, 69.35, 76.02, 69.68, 76.21), "CBN": (72.82, 73.93, 76.38, 74.69, 76.75)},
-    "efficientnet_b0": {"BN": (55.04, 67.95, 73.71, 69.51, 74.61), "CBN": (70.36, 71.47, 74.05, 72.57, 75.08)},
+    "resnet18": {"BN": (52.03, 64.45, 70.02, 65.46, 70.81),
+                 "CBN": (70.15, 70.12, 70.43, 71.10, 71.39)},
+    "resnet50": {"BN": (44.38, 69.35, 76.02, 69.68, 76.21),
+                 "CBN": (72.82, 73.93, 76.38, 74.69, 76.75)},
+    "efficientnet_b0": {"BN": (55.04, 67.95, 73.71, 69.51, 74.61),
+                        "CBN": (70.36, 71.47, 74.05, 72.57, 75.08)},
 }
 # The "Imp." row as printed (checked against CBN − BN in the tests).
-PRINTED_IMPROVEMENTS = {"resnet18": (18.12, 5.67, 0.41, 5.64, 0.58), "resnet50": (28.44, 4.58, 0.36, 5.01, 0.54),
+PRINTED_IMPROVEMENTS = {"resnet18": (18.12, 5.67, 0.41, 5.64, 0.58),
+                        "resnet50": (28.44, 4.58, 0.36, 5.01, 0.54),
                         "efficientnet_b0": (15.32, 3.52, 0.34, 3.06, 0.47)}
 
-PAPER_MODELS = {"resnet18": ("tv_resnet18", {"residual": "peng"}), "resnet50": ("tv_resnet50", {"residual": "peng"}),
+PAPER_MODELS = {"resnet18": ("tv_resnet18", {"residual": "peng"}),
+                "resnet50": ("tv_resnet50", {"residual": "peng"}),
                 "efficientnet_b0": ("tv_efficientnet_b0", {})}
 SEEDS = 3
-PAPER_RECIPE = dict(data="imagefolder", data_options={"folder": "imagenet", "image_size": 224, "resize_size": 256,
+PAPER_RECIPE = dict(data="imagefolder", data_options={"folder": "imagenet", "image_size": 224,
+                                                      "resize_size": 256,
                                                       "cache": "none", "workers": 8},
-                    epochs=120, lr=0.1, momentum=0.9, weight_decay=1e-4, batch_size=256, schedule="step:30,60,90",
+                    epochs=120, lr=0.1, momentum=0.9, weight_decay=1e-4, batch_size=256,
+                    schedule="step:30,60,90",
                     # 120 ImageNet epochs: a GPU or nothing
                     scale_invariant=[], log_every=100, device="cuda")
 SMOKE_ARCH = "resnet18"  # the paper column the stand-in is compared with
@@ -76,9 +84,11 @@ SMOKE_MODEL = ("resnet20", {"width": 0.25, "residual": "peng", "padding_mode": "
 # 16-pixel image, runs either found the orientations in the first 40 steps or never did (BN+Tanh 62
 # / 64 / 19 %, CBN+Sigmoid 22–25 %); half the run at lr 0.1 and crops of at least 35 % of the area
 # give the proxy a chance to learn.
-SMOKE_RECIPE = dict(data="imagefolder", data_options={"folder": "bnlab-gratings", "generate": True, "image_size": 16,
+SMOKE_RECIPE = dict(data="imagefolder", data_options={"folder": "bnlab-gratings", "generate": True,
+                                                      "image_size": 16,
                                                       "resize_size": 18, "crop_scale_min": 0.35},
-                    epochs=16, lr=0.1, momentum=0.9, weight_decay=1e-4, batch_size=60, schedule="step:8,12",
+                    epochs=16, lr=0.1, momentum=0.9, weight_decay=1e-4, batch_size=60,
+                    schedule="step:8,12",
                     scale_invariant=[])
 
 
@@ -105,10 +115,13 @@ def plan(preset: str) -> Plan:
             for arm in ARMS:
                 norm, placement = row_spec(ARM_ROW[arm], act)
                 for seed in range(SEEDS):
-                    config = {**base, "norm": norm, "placement": placement, "activation": act, "seed": seed}
-                    runs.append(RunSpec(f"{arm} · {ARCH_TITLE[arch]} · {ACT_TITLE[act]} · seed {seed}", config,
+                    config = {**base, "norm": norm, "placement": placement, "activation": act,
+                              "seed": seed}
+                    runs.append(RunSpec(f"{arm} · {ARCH_TITLE[arch]} · {ACT_TITLE[act]} · "
+                                        f"seed {seed}", config,
                                         {"arch": arch, "arm": arm, "activation": act, "seed": seed,
-                                         "model": base["model"], "norm": norm, "placement": placement}))
+                                         "model": base["model"], "norm": norm,
+                                         "placement": placement}))
     return Plan(runs=runs)
 
 
@@ -125,7 +138,8 @@ def _cell_comparisons(cells: dict, archs: list[str]) -> dict:
             for arch in archs for act in ACTIVATIONS}
 
 
-def table5_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = False) -> tuple[str, str]:
+def table5_verdict(cells: dict[tuple[str, str, str], list[float]],
+                   tiny: bool = False) -> tuple[str, str]:
     """Verdict on Table 5 from final top-1 accuracies (fractions) per (arch, arm, activation), one
     per seed.
 
@@ -157,7 +171,8 @@ def table5_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = 
                       and 100 * comp.mde < gain)
             if holm_outcome[(arch, act)] == NOT_HELD or missed:
                 against.append(_cell_text(arch, act))
-            elif comp.decision != "higher" and (act in NON_RELU or comp.decision == "too few seeds"):
+            elif comp.decision != "higher" and (act in NON_RELU
+                                                or comp.decision == "too few seeds"):
                 unresolved.append(f"{_cell_text(arch, act)} (resolvable ≥ "
                                   + (f"{100 * comp.mde:.2g}" if comp.mde is not None else "—")
                                   + f" vs paper {gain:+.2f} points)")
@@ -170,7 +185,8 @@ def table5_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = 
         held=" CBN is significantly better with Sigmoid, Tanh and SELU and nowhere worse.")
 
 
-def fig6_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = False) -> tuple[str, str]:
+def fig6_verdict(cells: dict[tuple[str, str, str], list[float]],
+                 tiny: bool = False) -> tuple[str, str]:
     """Verdict on Fig. 6 from each run's mean training loss per (arch, arm, activation), one per
     seed.
 
@@ -197,8 +213,10 @@ def fig6_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = Fa
                 higher.append(_cell_text(arch, act))
             elif comp.decision != "lower":
                 unresolved.append(_cell_text(arch, act)
-                                  + (f" (resolvable ≥ {comp.mde:.2g})" if comp.mde is not None else " (too few seeds)"))
-    summary = "mean training loss of CBN minus BN over the run: " + "; ".join(lines) + f". Rule: {RULE}."
+                                  + (f" (resolvable ≥ {comp.mde:.2g})" if comp.mde is not None
+                                     else " (too few seeds)"))
+    summary = ("mean training loss of CBN minus BN over the run: " + "; ".join(lines)
+               + f". Rule: {RULE}.")
     verdict = ladder(conjunction(comps, "lower"), unusable=tiny)
     return verdict, summary + explain(
         verdict, not_held=" CBN converges slower (Holm) in: " + ", ".join(higher) + ".",
@@ -238,7 +256,9 @@ def _table5_analyze(ctx) -> Outcome:
             for arm in ARMS:
                 values = cells.get((arch, arm, act), [])
                 rows.append({"quantity": f"{ARCH_TITLE[arch]} · {ACT_TITLE[act]} · {arm} top-1 (%)",
-                             "ours": _pct_text(values), "paper": f"{PAPER_TABLE5[arch][arm][i]:.2f} (1 run)"})
+                             "ours": _pct_text(values),
+                             "paper": f"{PAPER_TABLE5[arch][arm][i]:.2f} "
+                                                                 "(1 run)"})
                 mean, std = mean_std(values)
                 ours[group][arm] = float("nan") if mean is None else 100 * mean
                 errs[group][arm] = 0.0 if std is None else 100 * std
@@ -265,10 +285,13 @@ def _fig6_analyze(ctx) -> Outcome:
                 runs = [r for r in ctx.runs if (r.factors.get("arch"), r.factors.get("arm"),
                                                 r.factors.get("activation")) == (arch, arm, act)]
                 finished = [r for r in runs if r.status == "finished"]
-                series[f"{arm} (mean of {len(finished)} seeds)"] = smooth(*mean_curve(finished, "train_loss"))
+                series[f"{arm} (mean of {len(finished)} seeds)"] = smooth(*mean_curve(finished,
+                                                                                      "train_loss"))
                 mean, std = mean_std(cells.get((arch, arm, act), []))
-                rows.append({"quantity": f"{ARCH_TITLE[arch]} · {ACT_TITLE[act]} · {arm} mean training loss",
-                             "ours": "—" if mean is None else f"{mean:.3f}" + (f" ± {std:.3f}" if std else ""),
+                rows.append({"quantity": f"{ARCH_TITLE[arch]} · {ACT_TITLE[act]} · {arm} mean "
+                                         "training loss",
+                             "ours": "—" if mean is None else f"{mean:.3f}" + (f" ± {std:.3f}"
+                                                                               if std else ""),
                              "paper": "curve only (Fig. 6)"})
             specs.append({"series": series, "xlabel": "step", "ylabel": "training loss",
                           "title": f"{ARCH_TITLE[arch]} · {ACT_TITLE[act]}", "logy": True})
@@ -278,25 +301,31 @@ def _fig6_analyze(ctx) -> Outcome:
     return Outcome([figure], rows, verdict, summary + _status_note(ctx))
 
 
-_SMOKE = ("bnlab's ResNet-20 at width ¼ (Eq. 7 residual form, replicate padding) stands in for ResNet-18 (ResNet-50 and "
-          "EfficientNet-B0 are not run); a generated 10-class folder of oriented colour gratings (600 training, "
-          "300 validation JPEGs) at 16×16 instead of ImageNet, read through the same image-folder source with "
-          "random resized crops of at least 35 % of the area; 16 epochs of 10 steps (batch 60), lr 0.1 ÷10 after epochs 8 "
-          "and 12; 3 seeds per arm. "
-          "The proxy can resolve gains of a few points, not ReLU's or Swish's +0.3–0.6.")
-_COST = {"smoke": "30 runs × 160 steps (shared by the pair): 313 s of CPU with one thread, measured",
-         "paper": "90 runs (3 networks × 5 activations × 2 arms × 3 seeds) × 120 ImageNet epochs (GPU; the paper "
-                  "used 8 per run; not run here)"}
+_SMOKE = ("bnlab's ResNet-20 at width ¼ (Eq. 7 residual form, replicate padding) stands in for "
+          "ResNet-18 (ResNet-50 and EfficientNet-B0 are not run); a generated 10-class folder of "
+          "oriented colour gratings (600 training, 300 validation JPEGs) at 16×16 instead of "
+          "ImageNet, read through the same image-folder source with random resized crops of at "
+          "least 35 % of the area; 16 epochs of 10 steps (batch 60), lr 0.1 ÷10 after epochs 8 and "
+          "12; 3 seeds per arm. The proxy can resolve gains of a few points, not ReLU's or Swish's "
+          "+0.3–0.6.")
+_COST = {"smoke": "30 "
+                  "runs × 160 steps (shared by the pair): 313 s of CPU with one thread, measured",
+         "paper": "90 runs (3 networks × 5 activations × 2 arms × 3 seeds) × 120 ImageNet epochs "
+                  "(GPU; the paper used 8 per run; not run here)"}
 
 register(Experiment(
     id="peng-table5", paper="peng", target="Table 5",
-    title="BN vs CBN on ILSVRC2012: ResNet-18, ResNet-50, EfficientNet-B0, five activations (top-1)",
-    claim=("CBN's top-1 accuracy beats BN's with every activation in every network, by several points with "
-           "Sigmoid, Tanh and SELU (+3.1 to +28.4) and by less than one with ReLU and Swish."),
+    title="BN "
+          "vs CBN on ILSVRC2012: ResNet-18, ResNet-50, EfficientNet-B0, five activations (top-1)",
+    claim=("CBN's top-1 accuracy beats BN's with every activation in every network, by several "
+           "points with Sigmoid, Tanh and SELU (+3.1 to +28.4) and by less than one with ReLU and "
+           "Swish."),
     smoke_changes=_SMOKE, cost=_COST, plan=plan, analyze=_table5_analyze))
 
 register(Experiment(
     id="peng-fig6", paper="peng", target="Fig. 6",
-    title="Training loss of BN vs CBN on ILSVRC2012: ResNet-18, ResNet-50, EfficientNet-B0, five activations",
-    claim="CBN's training loss converges faster than BN's, consistently across networks and activations.",
+    title="Training loss of BN vs CBN on ILSVRC2012: ResNet-18, ResNet-50, EfficientNet-B0, five "
+          "activations",
+    claim="CBN's training loss converges faster than BN's, consistently across networks and "
+          "activations.",
     smoke_changes=_SMOKE, cost=_COST, plan=plan, analyze=_fig6_analyze))

@@ -41,8 +41,8 @@ from bnlab.formatting import fmt, mean_std
 from ..common import (compare_arms, grouped_finals, mean_curve, mean_over_run, safe_panels,
                       SETTLE_FRACTION, smooth, value_at_fraction)
 from .verdict import CHANCE, table_design, table_verdict
-from ..verdicts import (NOT_HELD, Design, arm_values, explain, family, holm, judge, ladder, settle,
-                        settle_fraction)
+from ..rule_stats import arm_values, holm, settle_fraction
+from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
 from .common import (ACT_TITLE, ACTIVATIONS, NON_RELU, PAPER_TABLES, PAPER_TRIALS, ROW_FEATURES,
                           ROW_NAMES, ROWS, SMOKE_SEEDS, SMOKE_WIDTH, TABLES, _base, _pct, _run,
                           _status_note,

@@ -37,7 +37,8 @@ from bnlab.theory.peng import simulate_quadratic_sgd, theorem1_terms
 
 from ..base import Experiment, Outcome, Plan, register
 from ..common import compare_arms, safe_panels
-from ..verdicts import NOT_HELD, explain, family, holm, ladder
+from ..rule_stats import holm
+from ..verdicts import NOT_HELD, explain, family, ladder
 
 RHO_TOL = 0.05  # peng-eq14: |ρ_eff/√2 − 1| allowed for the median channel (pre-declared)
 GAUSS_BATCHES = (16, 128, 1024)
@@ -99,9 +100,9 @@ def eq14_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
         f"B={b}: {v['mean']:.3f} ± {v['sd']:.3f}" for b, v in data["gaussian"].items()
     )
     summary = (
-        f"primary: median ρ_eff over {rhos.size} ReLU input channels of ResNet-20 at init = {med:.3f} "
-        f"(10–90 %: {lo:.3f}–{hi:.3f}) vs √2 = {math.sqrt(2):.3f}, tolerance ±{RHO_TOL:.0%}; Gaussian "
-        f"batches (mean ± SD over channels): {gauss}"
+        f"primary: median ρ_eff over {rhos.size} ReLU input channels of ResNet-20 at init "
+        f"= {med:.3f} (10–90 %: {lo:.3f}–{hi:.3f}) vs √2 = {math.sqrt(2):.3f}, tolerance "
+        f"±{RHO_TOL:.0%}; Gaussian batches (mean ± SD over channels): {gauss}"
     )
     verdict = ladder(abs(med / math.sqrt(2) - 1) <= RHO_TOL, unusable=tiny)
     return verdict, summary + explain(
@@ -152,11 +153,11 @@ register(
         paper="peng",
         target="Eq. 14",
         title="BN before ReLU acts as ℓ2 normalization of the ReLU output with ρ = √2",
-        claim="After mean removal the batch is symmetric about 0, so ReLU keeps half its energy and BN + ReLU "
-        "equals CBN's ℓ2 normalization with ρ = √2.",
-        smoke_changes="numerics only: Gaussian batches of 16/128/1024 and the BN outputs feeding every ReLU of the "
-        "smoke ResNet-20 (width ¼, digits 16×16) at initialization, 128 images; the paper gives no "
-        "measurement. Primary check: median ρ_eff within ±5 % of √2.",
+        claim="After mean removal the batch is symmetric about 0, so ReLU keeps half its energy "
+        "and BN + ReLU equals CBN's ℓ2 normalization with ρ = √2.",
+        smoke_changes="numerics only: Gaussian batches of 16/128/1024 and the BN outputs feeding "
+        "every ReLU of the smoke ResNet-20 (width ¼, digits 16×16) at initialization, 128 images; "
+        "the paper gives no measurement. Primary check: median ρ_eff within ±5 % of √2.",
         cost={
             "smoke": "≈10 s on 2 CPU cores",
             "paper": "as smoke (a property of the layer, not of the data scale)",
@@ -233,8 +234,8 @@ def thm1_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
     adj = holm({k: c.p for k, c in comps.items()})
     effects = "; ".join(f"{k}: {c.diff:+.3g} (p_Holm={adj[k]:.2g})" for k, c in comps.items())
     summary = (
-        f"primary: max over {len(runs)} runs of mean‖∇F‖² / (T₁+T₂+T₃) = {worst:.3f} (≤ 1 required); "
-        f"effects (difference, lower arm − higher arm; negative = as claimed): {effects}"
+        f"primary: max over {len(runs)} runs of mean‖∇F‖² / (T₁+T₂+T₃) = {worst:.3f} (≤ 1 "
+        f"required); effects (difference, lower arm − higher arm; negative = as claimed): {effects}"
     )
     against = [k for k, v in family(comps, "lower").items() if v == NOT_HELD]
     verdict = ladder(worst <= 1, unusable=tiny, against=bool(against))
@@ -283,13 +284,14 @@ register(
         id="peng-thm1",
         paper="peng",
         target="Theorem 1",
-        title="The convergence bound of SGD and its three effects (learning rate, E‖v‖², gradient variance)",
+        title="The convergence bound of SGD and its three effects (learning rate, E‖v‖², gradient "
+              "variance)",
         claim="(1/K)Σ‖∇F‖² ≤ T₁ + T₂ + T₃ for α_k ≤ 1/𝓛 non-increasing; "
         "a larger α shrinks T₁, a smaller "
         "E‖v‖² shrinks T₂, a smaller gradient variance shrinks T₃.",
-        smoke_changes="least-squares SGD (256 samples, 20 dims, 400 steps) where 𝓛, F* and the exact expectations "
-        "are known, 5 seeds per arm; the paper states the theorem for networks (not measurable "
-        "exactly there). Primary check: the bound on every run.",
+        smoke_changes="least-squares SGD (256 samples, 20 dims, 400 steps) where 𝓛, F* and the "
+        "exact expectations are known, 5 seeds per arm; the paper states the theorem for networks "
+        "(not measurable exactly there). Primary check: the bound on every run.",
         cost={"smoke": "≈10 s on 2 CPU cores", "paper": "as smoke"},
         plan=lambda preset: Plan(compute={"thm1": thm1_data}),
         analyze=_thm1_analyze,

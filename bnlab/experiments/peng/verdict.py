@@ -27,7 +27,8 @@ from .common import (
     RELU_LIKE,
     SMOKE_SEEDS,
 )
-from ..verdicts import NOT_HELD, Design, explain, family, holm, judge, ladder, settle
+from ..rule_stats import holm
+from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
 
 CHANCE = (
     0.1  # ten classes (digits; CIFAR-10). CIFAR-100's paper preset uses 0.01 (see failure_value)
