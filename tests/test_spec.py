@@ -151,8 +151,8 @@ def test_registry_errors_name_the_choices():
     with pytest.raises(ValueError, match="toy: unknown option\\(s\\) kk; valid options: "
                                          "every, k, per_layer"):
         reg.lookup("toy(kk=1)")
-    with pytest.raises(
-        ValueError, match="plain: unknown option\\(s\\) k; valid options: \\(none\\)"):
+    with pytest.raises(ValueError,
+                       match="plain: unknown option\\(s\\) k; valid options: \\(none\\)"):
         reg.lookup("plain(k=1)")
     with pytest.raises(ValueError, match="toy: k='x': expected an integer"):
         reg.lookup("toy(k=x)")
