@@ -185,8 +185,8 @@ def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds:
                           "no detectable difference" if diff == 0
                           else ("higher" if diff > 0 else "lower"))
     if va + vb > 0:
-        df = (va + vb) ** 2 / ((va**2 / (n_a - 1) if va else 0.0) + (vb**2 / (n_b - 1) if vb
-                                                                     else 0.0))
+        df = (va + vb) ** 2 / ((va**2 / (n_a - 1) if va else 0.0)
+                               + (vb**2 / (n_b - 1) if vb else 0.0))
     else:  # only the floor: the pooled df
         df = float(n_a + n_b - 2)
     p = float(2 * stats.t.sf(abs(diff) / se, df))

@@ -98,8 +98,8 @@ def _collect(ctx, metric: str,
     out: dict[tuple[str, str], dict[float, list[float | None]]] = {}
     for r in ctx.runs:
         key = (r.factors.get("setting"), r.factors.get("mode"))
-        out.setdefault(key, {}).setdefault(r.factors.get("lr"), []).append(tail_value(r, metric,
-                                                                                      skip=skip))
+        value = tail_value(r, metric, skip=skip)
+        out.setdefault(key, {}).setdefault(r.factors.get("lr"), []).append(value)
     return out
 
 
@@ -120,8 +120,8 @@ def _left_right(ctx, metric: str, ylabel: str, path, title: str, modes: tuple[st
             continue
         points = sorted((lr, _arm(v)) for lr, v in by_lr.items()
                         if _arm(v) is not None and (cap is None or _arm(v) <= cap))
-        left[f"{setting}" + (f", {mode}" if len(modes) > 1 else "")] = ([p[0] for p in points],
-                                                                        [p[1] for p in points])
+        name = f"{setting}" + (f", {mode}" if len(modes) > 1 else "")
+        left[name] = ([p[0] for p in points], [p[1] for p in points])
     specs = [{"series": left,
               "xlabel": "learning rate" + (" (scale-invariant)" if modes == ("separate",) else ""),
               "ylabel": f"{ylabel}, mean of last {TAIL_EPOCHS} epochs", "logx": True, "logy": logy,
@@ -198,8 +198,8 @@ def _d2_analyze(ctx) -> Outcome:
                       ctx.figure_path("training_loss_vs_lr"),
                       f"Arora App. D.2, Fig. 2: one lr for all parameters ({ctx.preset})",
                       ("unified",), logy=True)
-    values, before = _collect(ctx, "epoch_train_loss"), _collect(ctx, "epoch_train_loss",
-                                                                 skip=TAIL_EPOCHS)
+    values = _collect(ctx, "epoch_train_loss")
+    before = _collect(ctx, "epoch_train_loss", skip=TAIL_EPOCHS)
     loss = {setting: values.get((setting, "unified"), {}) for setting in SETTINGS}
     earlier = {setting: before.get((setting, "unified"), {}) for setting in SETTINGS}
     paper = {"SGD": "converges to 0", "PSGD": "fails to converge at large lr",

@@ -56,8 +56,8 @@ def _plan(preset: str) -> Plan:
     runs = [RunSpec(f"{label}, M = {M}" + (f", seed {seed}" if seed else ""),
                     {**base, "norm": norm, "batch_size": M, "lr": 0.1 * M / 32, "seed": seed},
                     {"norm": label, "batch_size": M, "seed": seed})
-            for label, norm in NORMS.items() for M in BATCH_SIZES for seed in (SEEDS if M in ends
-                                                                               else (0,))]
+            for label, norm in NORMS.items() for M in BATCH_SIZES
+            for seed in (SEEDS if M in ends else (0,))]
     runs += ddp_runs(base, PROCESSES[preset])
 
     def normalizer_noise(tiny: bool = False) -> dict:

@@ -56,12 +56,13 @@ def _fig10_plan(preset: str) -> Plan:
 
 FIG10_COMPARED = ("CBN without AMAT", "CBN with AMAT")  # the arms the claim compares: 3 seeds each
 FIG10_SEEDS = (0, 1, 2)
+VARIANCE_METRIC = "probe/grad_stats/variance"  # the grad_stats probe's stochastic-gradient variance
 
 
 def _mean_variance(run, skip_fraction: float = 0.25) -> float | None:
     """Mean of ``probe/grad_stats/variance`` after the first quarter of training (the start is
     transient)."""
-    steps, values = run.series("probe/grad_stats/variance")
+    steps, values = run.series(VARIANCE_METRIC)
     values = [v for v in (finite_or_none(v) for v in values) if v is not None]
     if not values:
         return None
@@ -123,8 +124,7 @@ def _fig10_analyze(ctx) -> Outcome:
             by_variant.setdefault(r.factors["variant"], []).append(r)
         variance[act] = {name: [v for v in map(_mean_variance, rs) if v is not None]
                          for name, rs in by_variant.items()}
-        specs.append({"series": {f"{name} (n={len(rs)})": mean_curve(rs,
-                                                                     "probe/grad_stats/variance")
+        specs.append({"series": {f"{name} (n={len(rs)})": mean_curve(rs, VARIANCE_METRIC)
                                  for name, rs in by_variant.items()},
                       "xlabel": "step", "ylabel": "stochastic-gradient variance",
                       "title": ACT_TITLE[act],

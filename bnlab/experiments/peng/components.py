@@ -48,8 +48,8 @@ def _t6_plan(preset: str) -> Plan:
             # the lr grid per seed: a maximal stable lr per seed, compared by the rule
             for seed in T6_SEEDS:
                 for lr in candidates:
-                    label = f"{name} · {ACT_TITLE[act]} · lr {lr:g}" + (f" · seed {seed}" if seed
-                                                                        else "")
+                    label = (f"{name} · {ACT_TITLE[act]} · lr {lr:g}"
+                             + (f" · seed {seed}" if seed else ""))
                     runs.append(RunSpec(label,
                                         _run(base, norm=norm, placement="pre_linear",
                                              activation=act, seed=seed, lr=lr),
@@ -167,8 +167,8 @@ def _t6_analyze(ctx) -> Outcome:
     acc_groups = {ACT_TITLE[a]: {n: (_pct(mean_std(accuracy.get((n, a, 0.1), []))[0])
                                      or float("nan"))
                                  for n in T6_ORDER} for a in acts}
-    fig_acc = bars(ctx.figure_path("test_accuracy"), acc_groups, ylabel="test accuracy at lr 0.1 "
-                                                                        "(%)",
+    fig_acc = bars(ctx.figure_path("test_accuracy"), acc_groups,
+                   ylabel="test accuracy at lr 0.1 (%)",
                    title=f"Peng Table 6: test accuracy of CBN's components ({ctx.preset})")
     verdict, summary = table6_verdict(lr_max, ctx.tiny)
     return Outcome([fig_lr, fig_acc], rows, verdict, summary + _status_note(ctx))

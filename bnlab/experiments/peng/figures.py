@@ -145,7 +145,8 @@ def _fig8_plan(preset: str) -> Plan:
         # Figs 8–9's captions: VGG-16 on CIFAR-100 (§6.4's text says ResNet-20).
         base = _base("vgg16", "cifar100", "paper")
     else:
-        # = Table 1's smoke runs: ρ* and BN runs are shared
+        # the earlier, cheaper smoke recipe (15 epochs, width ¼): Table 1's smoke moved to noisy
+        # digits at width ½ over 40 epochs (issue 19), so no runs are shared with it any more
         base = _base("resnet20", "cifar10", "smoke")
     runs = []
     for act in ACTIVATIONS:
@@ -219,8 +220,8 @@ def _fig8_analyze(ctx) -> Outcome:
                           if v is not None] for rho, rs in by_rho.items()}
         series, style = {}, {}
         for rho, rs in by_rho.items():
-            name = ("BN" if rho is None else f"ρ={rho:g}") + (f" (n={len(rs)})" if len(rs) > 1
-                                                              else "")
+            name = (("BN" if rho is None else f"ρ={rho:g}")
+                    + (f" (n={len(rs)})" if len(rs) > 1 else ""))
             series[name] = smooth(*mean_curve(rs, "train_loss"))
             if rho is None:
                 style[name] = {"color": "k", "ls": "--"}
@@ -267,7 +268,7 @@ register(Experiment(
     smoke_changes="digits, ResNet-20 at width 1/4 (the paper's figures use VGG-16 on CIFAR-100; "
                   "its text says ResNet-20), digits at 16×16, Eq. 7's block form, 15 epochs (180 "
                   "steps); Sigmoid and Tanh (the judged claim) 3 seeds per ρ and for BN, "
-                  "ReLU/SELU/Swish one (shown); the BN and ρ* runs are peng-table1's smoke runs.",
-    cost={"smoke": "63 runs, 18 of them peng-table1's; ≈12 min on 2 CPU cores for the other 45",
+                  "ReLU/SELU/Swish one (shown).",
+    cost={"smoke": "63 runs; ≈ 16 min on 2 CPU cores (≈ 12 for 45 of them, measured earlier)",
           "paper": "63 runs × 120 epochs of VGG-16 on CIFAR-100 (GPU)"},
     plan=_fig8_plan, analyze=_fig8_analyze))

@@ -257,8 +257,7 @@ def _table5_analyze(ctx) -> Outcome:
                 values = cells.get((arch, arm, act), [])
                 rows.append({"quantity": f"{ARCH_TITLE[arch]} · {ACT_TITLE[act]} · {arm} top-1 (%)",
                              "ours": _pct_text(values),
-                             "paper": f"{PAPER_TABLE5[arch][arm][i]:.2f} "
-                                                                 "(1 run)"})
+                             "paper": f"{PAPER_TABLE5[arch][arm][i]:.2f} (1 run)"})
                 mean, std = mean_std(values)
                 ours[group][arm] = float("nan") if mean is None else 100 * mean
                 errs[group][arm] = 0.0 if std is None else 100 * std
@@ -285,13 +284,13 @@ def _fig6_analyze(ctx) -> Outcome:
                 runs = [r for r in ctx.runs if (r.factors.get("arch"), r.factors.get("arm"),
                                                 r.factors.get("activation")) == (arch, arm, act)]
                 finished = [r for r in runs if r.status == "finished"]
-                series[f"{arm} (mean of {len(finished)} seeds)"] = smooth(*mean_curve(finished,
-                                                                                      "train_loss"))
+                curve = smooth(*mean_curve(finished, "train_loss"))
+                series[f"{arm} (mean of {len(finished)} seeds)"] = curve
                 mean, std = mean_std(cells.get((arch, arm, act), []))
+                spread = f" ± {std:.3f}" if std else ""
                 rows.append({"quantity": f"{ARCH_TITLE[arch]} · {ACT_TITLE[act]} · {arm} mean "
                                          "training loss",
-                             "ours": "—" if mean is None else f"{mean:.3f}" + (f" ± {std:.3f}"
-                                                                               if std else ""),
+                             "ours": "—" if mean is None else f"{mean:.3f}" + spread,
                              "paper": "curve only (Fig. 6)"})
             specs.append({"series": series, "xlabel": "step", "ylabel": "training loss",
                           "title": f"{ARCH_TITLE[arch]} · {ACT_TITLE[act]}", "logy": True})
