@@ -11,12 +11,12 @@ from bnlab.experiments.peng import common as PC
 from bnlab.experiments.peng import components as PCo
 from bnlab.experiments.peng import amat as PA
 from bnlab.experiments.peng import figures as PF
-from bnlab.experiments.peng import tables as P
+from bnlab.experiments.peng import curves as P
 from bnlab.experiments.peng import verdict as PV
 from bnlab.train import TrainConfig
 
-IDS = ["peng-table1", "peng-table2", "peng-table3", "peng-table4", "peng-table6", "peng-fig2", "peng-fig8",
-       "peng-fig10", "peng-fig4", "peng-fig5", "peng-fig7"]
+IDS = ["peng-table1", "peng-table2", "peng-table3", "peng-table4", "peng-table6", "peng-fig2",
+       "peng-fig8", "peng-fig10", "peng-fig4", "peng-fig5", "peng-fig7"]
 
 
 def _run_id(config: dict) -> str:
@@ -36,8 +36,8 @@ def test_row_specs_build_layers_with_the_tables_features(activation):
         norm, placement = PC.row_spec(row, activation)
         before, decouple, tune, amat = PC.ROW_FEATURES[row]
         assert placement == ("pre_linear" if before else "pre_activation")
-        model = M.create("resnet20", norm=norm, activation=activation, placement=placement, input_shape=(1, 8, 8),
-                         width=0.25, seed=0)
+        model = M.create("resnet20", norm=norm, activation=activation, placement=placement,
+                         input_shape=(1, 8, 8), width=0.25, seed=0)
         layer = dict(model.named_modules())["stage1.0.unit1." + ("0" if before else "1")]
         if row == "①":
             assert not isinstance(layer, CompleteBatchNorm) and type(layer).__name__ == "BatchNorm"
@@ -88,7 +88,8 @@ def test_paper_average_gains_match_section_6_2():
     Tables 1–4."""
     def mean_gain(act):
         i = PC.ACTIVATIONS.index(act)
-        return sum(PC.PAPER_TABLES[t]["②"][i][0] - PC.PAPER_TABLES[t]["①"][i][0] for t in PC.PAPER_TABLES) / 4
+        return sum(PC.PAPER_TABLES[t]["②"][i][0] - PC.PAPER_TABLES[t]["①"][i][0]
+                   for t in PC.PAPER_TABLES) / 4
 
     assert mean_gain("sigmoid") == pytest.approx(13.855, abs=1e-3) and mean_gain("sigmoid") > 13
     assert 4 < mean_gain("tanh") < 4.5 and 3.5 < mean_gain("selu") < 4.0
@@ -106,7 +107,8 @@ def test_table_plans(table):
     for run in paper.runs:
         c = run.config
         assert (c["model"], c["data"]) == (spec["model"], spec["data"])
-        assert (c["epochs"], c["lr"], c["momentum"], c["weight_decay"], c["batch_size"], c["schedule"]) == \
+        assert (c["epochs"], c["lr"], c["momentum"], c["weight_decay"], c["batch_size"],
+                c["schedule"]) == \
             (120, 0.1, 0.9, 5e-4, 128, "step:60,100")
         assert c["augment"] is True
         assert (c["norm"], c["placement"]) == PC.row_spec(run.factors["row"], c["activation"])
@@ -115,20 +117,34 @@ def test_table_plans(table):
     assert len({_run_id(r.config) for r in paper.runs}) >= 5 * 10 * 6
     resnet = spec["model"] == "resnet20"
     # Peng Eq. 7 (and Eq. 13 for BN): the activation before the shortcut sum, for every row
-    assert all(r.config["model_options"].get("residual") == ("peng" if resnet else None) for r in paper.runs)
+    assert all(r.config["model_options"].get("residual") == ("peng" if resnet else None)
+               for r in paper.runs)
     smoke = get(f"peng-table{table}").plan("smoke")
-    main = [r for r in smoke.runs if r.factors["residual"] != "he"]
-    # smoke: the compared rows ① and ② with 3 seeds each, on 16×16 digits (not the 8×8 all-border
-    # proxy)
-    assert {r.factors["row"] for r in main} == {"①", "②"} and len(main) == 2 * 5 * 3
-    assert {r.factors["seed"] for r in main} == {0, 1, 2}
-    assert all(r.config["data"] == "digits" and r.config["data_options"]["size"] == 16 for r in smoke.runs)
+    main = [r for r in smoke.runs
+            if r.factors["residual"] != "he" and r.factors["lr_reading"] == "paper"]
+    half = [r for r in smoke.runs if r.factors["lr_reading"] == "half"]
+    # the ResNet tables' lr side arm: rows ① and ② with Sigmoid at lr 0.05, 5 seeds
+    assert len(half) == (2 * 5 if spec["model"] == "resnet20" else 0)
+    assert all(r.config["lr"] == 0.05 and r.config["activation"] == "sigmoid" for r in half)
+    # smoke (issue 19's resolving design): rows ① and ②, 5 seeds on Sigmoid/Tanh/SELU (the primary
+    # comparison), 2 on ReLU/Swish, on noisy 16×16 digits, width ½, 40 epochs on the two-step
+    # schedule
+    assert {r.factors["row"] for r in main} == {"①", "②"} and len(main) == 2 * (3 * 5 + 2 * 2)
+    for act in PC.ACTIVATIONS:
+        seeds = {r.factors["seed"] for r in main if r.factors["activation"] == act}
+        assert seeds == (set(range(5)) if act in PC.NON_RELU else {0, 1}), act
+    assert all(r.config["data"] == "digits" and r.config["data_options"]["size"] == 16
+               and r.config["data_options"]["noise"] == 1.5 for r in smoke.runs)
+    assert all(r.config["model_options"]["width"] >= 0.5 and r.config["epochs"] >= 40
+               and r.config["schedule"] == "step:20,33" for r in smoke.runs)
+    assert all(r.config["probes"] == ["cbn_ratios"] for r in smoke.runs)
     side = [r for r in smoke.runs if r.factors["residual"] == "he"]
-    assert len(side) == (2 * 2 if resnet else 0)
+    assert len(side) == (2 if resnet else 0)
     assert all(r.config["model_options"]["residual"] == "he" for r in side)
-    steps = {r.config["epochs"] * -(-int(1797 * (0.5 if spec["data"] == "cifar100" else 0.8)) // 128)
+    steps = {r.config["epochs"] * -(-int(1797 * (0.5 if spec["data"] == "cifar100" else 0.8))
+                                    // 128)
              for r in smoke.runs}
-    assert min(steps) >= 170  # runs long enough for the gap to settle (the old preset: 48 steps)
+    assert min(steps) >= 280  # 40 epochs of 7 (CIFAR-100's stand-in) or 12 steps
     assert set(smoke.compute) == {"padding_shares"}
 
 
@@ -156,7 +172,8 @@ def test_table6_plan():
     paper = get("peng-table6").plan("paper")
     assert len(paper.runs) == 4 * 5 * (5 * 3 + 7)  # the lr grid × 3 seeds, 10 trials at lr 0.1
     assert {r.config["norm"] for r in paper.runs} == set(PCo.T6_APPROACHES.values())
-    assert all(r.config["placement"] == "pre_linear" and r.config["model"] == "resnet20" for r in paper.runs)
+    assert all(r.config["placement"] == "pre_linear" and r.config["model"] == "resnet20"
+               for r in paper.runs)
     seed0 = [r for r in paper.runs if r.factors["seed"] == 0]
     assert sorted({r.config["lr"] for r in seed0}) == [1e-4, 1e-3, 1e-2, 1e-1, 1.0]
     assert {r.config["lr"] for r in paper.runs if r.factors["seed"] > 2} == {0.1}
@@ -172,11 +189,14 @@ def test_fig2_plan_probes_the_papers_layers():
     for preset in ("paper", "smoke"):
         (run,) = get("peng-fig2").plan(preset).runs
         c = run.config
-        assert c["probes"] == ["cbn_ratios"] and c["placement"] == "pre_linear" and c["model"] == "resnet20"
-        model = M.create("resnet20", norm=c["norm"], placement="pre_linear", input_shape=(1, 8, 8), width=0.25)
+        assert c["probes"] == ["cbn_ratios"] and c["placement"] == "pre_linear" \
+            and c["model"] == "resnet20"
+        model = M.create("resnet20", norm=c["norm"], placement="pre_linear",
+                         input_shape=(1, 8, 8), width=0.25)
         modules = dict(model.named_modules())
         for layer in PF.FIG2_LAYERS.values():
-            assert isinstance(modules[layer + ".0"], CompleteBatchNorm) and modules[layer + ".0"].rho == 1.0
+            assert isinstance(modules[layer + ".0"], CompleteBatchNorm) \
+                and modules[layer + ".0"].rho == 1.0
     assert get("peng-fig2").plan("paper").runs[0].config["data"] == "cifar10"
 
 
@@ -188,11 +208,13 @@ def test_fig8_plan_and_sharing_with_table1():
     # the judged claim (Sigmoid, Tanh: worst ρ vs BN) 3 seeds per arm, the others one
     for act, seeds in (("sigmoid", {0, 1, 2}), ("tanh", {0, 1, 2}), ("relu", {0})):
         for rho in (None, *PC.RHO_GRID):
-            assert {r.factors["seed"] for r in plan if r.factors["activation"] == act and r.factors["rho"] == rho} == seeds
+            assert {r.factors["seed"] for r in plan if r.factors["activation"] == act
+                    and r.factors["rho"] == rho} == seeds
     smoke = {_run_id(r.config) for r in plan}
     table1 = {_run_id(r.config) for r in get("peng-table1").plan("smoke").runs}
-    # BN and ρ*: 3 seeds for Sigmoid/Tanh, seed 0 for the rest
-    assert len(smoke & table1) == 2 * 2 * 3 + 3 * 2
+    # Fig. 8 keeps the cheap 15-epoch, width-¼ recipe; Table 1's smoke moved to the resolving one
+    # (noisy digits, width ½, 40 epochs), so they no longer share runs
+    assert not smoke & table1
 
 
 def test_fig10_plan_fixes_eta():
@@ -203,14 +225,15 @@ def test_fig10_plan_fixes_eta():
         runs = get("peng-fig10").plan(preset).runs
         # the compared arms (AMAT, no AMAT) 3 seeds × 5 activations, BN and fixed η one seed each
         assert len(runs) == 40 and all(r.config["probes"] == ["grad_stats"] for r in runs)
-        for variant, seeds in (("CBN with AMAT", {0, 1, 2}), ("CBN without AMAT", {0, 1, 2}), ("BN", {0})):
+        for variant, seeds in (("CBN with AMAT", {0, 1, 2}),
+                               ("CBN without AMAT", {0, 1, 2}), ("BN", {0})):
             assert {r.factors["seed"] for r in runs if r.factors["variant"] == variant} == seeds
         lr = runs[0].config["lr"]
         for r in runs:
             if r.factors["variant"] == "BN":
                 continue
-            model = M.create("resnet20", norm=r.config["norm"], placement="pre_linear", input_shape=(1, 8, 8),
-                             width=0.25)
+            model = M.create("resnet20", norm=r.config["norm"], placement="pre_linear",
+                             input_shape=(1, 8, 8), width=0.25)
             layer = next(m for m in model.modules() if isinstance(m, CompleteBatchNorm))
             # past the first batch, which initializes the averages
             layer.num_batches_tracked.fill_(1)
@@ -265,9 +288,13 @@ def test_table_verdict():
     # no gain anywhere although the design resolves far smaller effects than the paper's: not held
     flat = {a: 0.0 for a in PC.ACTIVATIONS}
     assert PV.table_verdict(_noisy_cells(flat, sd=0.002), design=sharp)[0] == "not held"
-    # today's smoke design (resolvable ≥ 26 points) cannot reject the paper's 6 points: inconclusive
-    verdict, summary = PV.table_verdict(_noisy_cells(flat, sd=0.2), table=1)
-    assert verdict == "inconclusive" and "resolvable ≥ 26 pt" in summary
+    # the smoke design (noisy digits, width ½, 5 seeds: resolvable ≥ 5.3 points at 5 seeds) can
+    # reject the paper's 6 points when the arms agree closely; with a 20-point spread it cannot
+    assert PV.table_design(1).resolves_paper()
+    assert PV.table_verdict(_noisy_cells(flat, n=5, sd=0.01), table=1)[0] == "not held"
+    assert PV.table_verdict(_noisy_cells(paper_like, n=5, sd=0.01), table=1)[0] == "held"
+    verdict, summary = PV.table_verdict(_noisy_cells(flat, n=5, sd=0.2), table=1)
+    assert verdict == "inconclusive" and "resolvable ≥" in summary
     missing = _noisy_cells(paper_like)
     del missing[("②", "selu")]
     assert PV.table_verdict(missing)[0] == "inconclusive"
@@ -281,9 +308,11 @@ def test_table_verdict_must_settle():
     paper_like = {"sigmoid": 0.12, "tanh": 0.04, "relu": 0.01, "selu": 0.04, "swish": 0.01}
     sharp = V.Design("primary", 0.0608, 0.005, 3, "test", n_test=10_000)
     worse = {**paper_like, "tanh": -0.6}
-    held = PV.settled_table_verdict(_noisy_cells(paper_like), _noisy_cells(paper_like), design=sharp)
+    held = PV.settled_table_verdict(_noisy_cells(paper_like),
+                                    _noisy_cells(paper_like), design=sharp)
     assert held[0] == "held" and "settled: the verdict at 2/3 of training is also 'held'" in held[1]
-    verdict, summary = PV.settled_table_verdict(_noisy_cells(worse), _noisy_cells(paper_like), design=sharp)
+    verdict, summary = PV.settled_table_verdict(_noisy_cells(worse),
+                                                _noisy_cells(paper_like), design=sharp)
     assert verdict == "inconclusive" and "NOT settled: the verdict would be 'not held'" in summary
 
 
@@ -292,8 +321,9 @@ def test_loss_curve_verdict():
         out = {}
         for t in (1, 2):
             for act in PC.ACTIVATIONS:
-                out[(t, act)] = {"①": [0.5 - sd, 0.5, 0.5 + sd], "②": [0.5 + delta[act] - sd, 0.5 + delta[act],
-                                                                    0.5 + delta[act] + sd / 2]}
+                out[(t, act)] = {"①": [0.5 - sd, 0.5, 0.5 + sd],
+                                 "②": [0.5 + delta[act] - sd, 0.5 + delta[act],
+                                       0.5 + delta[act] + sd / 2]}
         return out
 
     lower = {a: -0.2 for a in PC.ACTIVATIONS}
@@ -311,9 +341,12 @@ def test_fig4_fig5_share_the_tables_runs():
     for fig, tables in ((4, (1, 2)), (5, (3, 4))):
         for preset in ("smoke", "paper"):
             runs = {_run_id(r.config) for r in get(f"peng-fig{fig}").plan(preset).runs}
-            compared = {_run_id(r.config) for t in tables for r in get(f"peng-table{t}").plan(preset).runs
-                        if r.factors["row"] in ("①", "②") and r.factors["residual"] != "he"}
-            assert runs == compared and len(runs) == 2 * 2 * 5 * (3 if preset == "smoke" else 10)
+            compared = {_run_id(r.config) for t in tables
+                        for r in get(f"peng-table{t}").plan(preset).runs
+                        if r.factors["row"] in ("①", "②") and r.factors["residual"] != "he"
+                        and r.factors.get("lr_reading") != "half"}
+            per_table = 2 * (3 * 5 + 2 * 2) if preset == "smoke" else 2 * 5 * 10
+            assert runs == compared and len(runs) == 2 * per_table
 
 
 def test_fig7_plan_and_verdict():
@@ -324,7 +357,8 @@ def test_fig7_plan_and_verdict():
     assert len(get("peng-fig7").plan("paper").runs) == 4 * 5 * 10
 
     def sq(mr, l2):
-        return {act: {"no normalization": [2.0, 2.1, 1.9], "mean removal": [2.0 + mr, 2.1 + mr, 1.95 + mr],
+        return {act: {"no normalization": [2.0, 2.1, 1.9],
+                      "mean removal": [2.0 + mr, 2.1 + mr, 1.95 + mr],
                       "ℓ2 normalization": [2.0 + l2, 2.05 + l2, 1.9 + l2], "CBN": [0.5, 0.6, 0.55]}
                 for act in ("sigmoid", "tanh", "relu")}
 
@@ -346,11 +380,13 @@ def test_mean_train_loss_and_gradient_measure():
     from bnlab.experiments.common import mean_over_run
 
     assert mean_over_run(_SeriesRun([2.0, 1.0, float("nan"), 0.0])) == pytest.approx(1.0)
-    assert mean_over_run(_SeriesRun([2.0, 1.0, float("nan"), 0.0]), fraction=0.5) == pytest.approx(1.5)
+    assert mean_over_run(_SeriesRun([2.0, 1.0, float("nan"), 0.0]),
+                         fraction=0.5) == pytest.approx(1.5)
     assert mean_over_run(_SeriesRun([1.0], status="diverged")) is None
     import math
 
-    assert PCo.mean_sq_grad_norm(_SeriesRun([1e6, 10.0, 10.0, 1000.0])) == pytest.approx(math.log10(340.0))
+    assert PCo.mean_sq_grad_norm(_SeriesRun([1e6, 10.0, 10.0, 1000.0])) == pytest.approx(
+        math.log10(340.0))
     assert PCo.mean_sq_grad_norm(_SeriesRun([])) is None
 
 
@@ -370,7 +406,8 @@ def test_table6_verdict():
     assert verdict == "inconclusive" and "no approach significantly changes" in summary
     assert PCo.table6_verdict({**same, ("no normalization", "sigmoid"): [None] * 3})[0] == "held"
     # seeds that disagree: nothing resolved
-    mixed = {**same, ("ℓ2 normalization", "relu"): [1.0, 0.01, 0.1], ("CBN", "relu"): [1.0, 0.01, 0.1]}
+    mixed = {**same, ("ℓ2 normalization", "relu"): [1.0, 0.01, 0.1],
+             ("CBN", "relu"): [1.0, 0.01, 0.1]}
     assert PCo.table6_verdict(mixed)[0] == "inconclusive"
     # one seed per candidate (the old smoke preset) cannot decide
     verdict, summary = PCo.table6_verdict({k: v[:1] for k, v in ordered.items()})
@@ -391,19 +428,22 @@ def test_fig8_verdict():
     0.05 margin)."""
     def curve(bn, values, seeds=3, spread=0.002):
         jitter = [spread * (k - 1) for k in range(seeds)]
-        return {None: [bn + j for j in jitter], **{rho: [v + j for j in jitter] for rho, v in zip(PC.RHO_GRID, values)}}
+        return {None: [bn + j for j in jitter],
+                **{rho: [v + j for j in jitter] for rho, v in zip(PC.RHO_GRID, values)}}
 
     acc = {"sigmoid": curve(0.70, [0.75, 0.85, 0.90, 0.88, 0.80, 0.76]),
            "tanh": curve(0.85, [0.86, 0.90, 0.92, 0.91, 0.88, 0.87]),
            "relu": curve(0.93, [0.93, 0.94, 0.94, 0.94, 0.93, 0.93], seeds=1)}
     verdict, summary = PF.fig8_verdict(acc)
     assert verdict == "held" and "Sigmoid (ρ = 0.25)" in summary and "ReLU/SELU/Swish" in summary
-    assert PF.fig8_verdict({**acc, "sigmoid": curve(0.95, [0.75, 0.85, 0.9, 0.88, 0.8, 0.76])})[0] == "not held"
+    assert PF.fig8_verdict(
+        {**acc, "sigmoid": curve(0.95, [0.75, 0.85, 0.9, 0.88, 0.8, 0.76])})[0] == "not held"
     # the worst ρ within the seeds' spread of BN: not resolved
     verdict, summary = PF.fig8_verdict({**acc, "tanh": curve(0.86, [0.86] * 6, spread=0.05)})
     assert verdict == "inconclusive" and "resolvable ≥" in summary
     # one seed per arm (the old smoke preset) cannot decide
-    assert PF.fig8_verdict({a: curve(0.7, [0.9] * 6, seeds=1) for a in ("sigmoid", "tanh")})[0] == "inconclusive"
+    assert PF.fig8_verdict(
+        {a: curve(0.7, [0.9] * 6, seeds=1) for a in ("sigmoid", "tanh")})[0] == "inconclusive"
     assert PF.fig8_verdict({**acc, "tanh": {None: [0.8]}})[0] == "inconclusive"
 
 
@@ -413,7 +453,8 @@ def test_fig10_verdict():
     def variance(ratio, spread=0.02, seeds=3):
         off = [1.0 * (1 + spread * k) for k in range(seeds)]
         on = None if ratio is None else [ratio * (1 - spread * k) for k in range(seeds)]
-        return {"BN": [1.0], "CBN without AMAT": off, "CBN, fixed η = 0.9": [1.1], "CBN with AMAT": on}
+        return {"BN": [1.0], "CBN without AMAT": off, "CBN, fixed η = 0.9": [1.1],
+                "CBN with AMAT": on}
 
     lower = {a: variance(0.7) for a in PC.ACTIVATIONS}
     verdict, summary = PA.fig10_verdict(lower)
@@ -477,7 +518,8 @@ def test_ratio_fractions_find_the_papers_layers():
     fractions = PF.ratio_fractions(_FakeProbedRun(series), skip=0.0)
     assert [d["eta"] for d in fractions.values()] == pytest.approx([0.75, 0.8, 0.85])
     assert all(d["tau"] == pytest.approx(0.5) for d in fractions.values())
-    assert PF.ratio_fractions(_FakeProbedRun({}))["layer#2 (stage1.0.cbn1)"] == {"eta": None, "tau": None}
+    assert PF.ratio_fractions(_FakeProbedRun({}))["layer#2 (stage1.0.cbn1)"] == {
+        "eta": None, "tau": None}
 
 
 def test_ratio_fractions_skip_the_start_up_transient():
@@ -485,8 +527,10 @@ def test_ratio_fractions_skip_the_start_up_transient():
     made the fraction in range differ run to run)."""
     layer = PF.FIG2_LAYERS["layer#2 (stage1.0.cbn1)"]
     series = {f"probe/cbn_ratios/eta_in_range/{layer}.0": [0.0, 0.0, 1.0, 1.0]}
-    assert PF.ratio_fractions(_FakeProbedRun(series))["layer#2 (stage1.0.cbn1)"]["eta"] == pytest.approx(1.0)
-    assert PF.ratio_fractions(_FakeProbedRun(series), skip=0.0)["layer#2 (stage1.0.cbn1)"]["eta"] == 0.5
+    assert PF.ratio_fractions(
+        _FakeProbedRun(series))["layer#2 (stage1.0.cbn1)"]["eta"] == pytest.approx(1.0)
+    assert PF.ratio_fractions(_FakeProbedRun(series),
+                              skip=0.0)["layer#2 (stage1.0.cbn1)"]["eta"] == 0.5
 
 
 def test_mean_variance_skips_the_transient():
@@ -515,7 +559,8 @@ def two_steps(monkeypatch):
 
 @pytest.mark.parametrize("experiment_id", IDS)
 def test_tiny_reproduce(experiment_id, runs_dir, two_steps):
-    outcome = reproduce(experiment_id, "smoke", runs_dir=runs_dir, tiny=True, report=False, progress=False)
+    outcome = reproduce(experiment_id, "smoke", runs_dir=runs_dir, tiny=True,
+                        report=False, progress=False)
     assert outcome.figures
     for fig in outcome.figures:
         assert fig.suffix == ".png" and fig.stat().st_size > 2000

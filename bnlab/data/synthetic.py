@@ -15,6 +15,8 @@ same whatever ``device`` it is moved to.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -40,7 +42,8 @@ def gaussian_regression(
     n_test=0,
     dtype="float32",
 ) -> DataSource:
-    """Santurkar et al. (2018), appendix A: targets ``y = A x``, ``x ~ N(0, I_d)``, ``A_ij ~ N(0, 1)``.
+    """Santurkar et al. (2018), appendix A: targets ``y = A x``, ``x ~ N(0, I_d)``, ``A_ij ~ N(0,
+    1)``.
 
     The paper trains on ``n = 1000`` samples (the full batch) with ``d = 10`` and reports training
     loss only, so by default there is no test split (``n_test = 0``); ``n_test > 0`` draws a test
@@ -130,15 +133,18 @@ def teacher_student(
     w_star = torch.randn(N, generator=gen, dtype=torch.float64)
     w_star = w_star * (N**0.5 / w_star.norm())
     x_train, y_train = _teacher_samples(P, w_star, noise_var, dtype, gen)
-    x_test, y_test = _teacher_samples(n_test, w_star, noise_var, dtype, gen) if n_test else (None, None)
-    meta = {"w_star": w_star.to(dtype), "noise_var": noise_var, "alpha": P / N, "N": N, "P": P, "n_test": n_test,
-            "signal_var": 1.0, "seed": seed}
-    return DataSource(name="teacher_student", x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
-                      task="regression", input_shape=(N,), num_outputs=1, meta=meta).to(device)
+    x_test, y_test = _teacher_samples(n_test, w_star, noise_var, dtype,
+                                      gen) if n_test else (None, None)
+    meta = {"w_star": w_star.to(dtype), "noise_var": noise_var, "alpha": P / N, "N": N, "P": P,
+            "n_test": n_test, "signal_var": 1.0, "seed": seed}
+    return DataSource(name="teacher_student", x_train=x_train, y_train=y_train, x_test=x_test,
+                      y_test=y_test, task="regression", input_shape=(N,), num_outputs=1,
+                      meta=meta).to(device)
 
 
 def _training_size(N: int, P, alpha) -> int:
-    """The teacher-student option ``P``, or ``round(alpha * N)``, or ``N`` (alpha = 1) with neither."""
+    """The teacher-student option ``P``, or ``round(alpha * N)``, or ``N`` (alpha = 1) with
+    neither."""
     if P is not None:
         P = as_int("P", P, minimum=1)
     if alpha is None:
@@ -148,13 +154,15 @@ def _training_size(N: int, P, alpha) -> int:
     if P_from_alpha < 1:
         raise ValueError(f"option alpha={alpha} with N={N} gives P={P_from_alpha}; P must be >= 1")
     if P is not None and P != P_from_alpha:
-        raise ValueError(f"options P={P} and alpha={alpha} disagree: alpha*N = {alpha * N:g}; give one of them")
+        raise ValueError(f"options P={P} and alpha={alpha} disagree: alpha*N = {alpha * N:g}; give "
+                         "one of them")
     return P_from_alpha
 
 
 def _teacher_samples(count: int, w_star: torch.Tensor, noise_var: float, dtype: torch.dtype,
                      gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``count`` inputs ``x ~ N(0, I/N)`` and targets ``w*ᵀx + ε``, ``ε ~ N(0, noise_var)`` (draw order: x, ε)."""
+    """``count`` inputs ``x ~ N(0, I/N)`` and targets ``w*ᵀx + ε``, ``ε ~ N(0, noise_var)`` (draw
+    order: x, ε)."""
     N = w_star.numel()
     x = torch.randn(count, N, generator=gen, dtype=torch.float64) / N**0.5
     eps = torch.randn(count, generator=gen, dtype=torch.float64) * noise_var**0.5
@@ -165,11 +173,14 @@ def _teacher_samples(count: int, w_star: torch.Tensor, noise_var: float, dtype: 
 
 DIGITS_STANDARDIZE = ("channel", "pixel", "none")
 DIGITS_SIZES = (8, 16, 32)
+# the noise stream's seed differs from the split's, so they are not correlated
+NOISE_SEED_OFFSET = 7_919
 
 
 def resize_images(images: torch.Tensor, size: int) -> torch.Tensor:
     """Bilinear resize of ``(n, C, H, W)`` images to ``size × size`` (``align_corners=False``: pixel
-    centres map to pixel centres, so a constant image stays constant); ``size == H == W`` returns them."""
+    centres map to pixel centres, so a constant image stays constant); ``size == H == W`` returns
+    them."""
     if images.shape[-2:] == (size, size):
         return images
     return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
@@ -178,35 +189,37 @@ def resize_images(images: torch.Tensor, size: int) -> torch.Tensor:
 @source("digits", {
     "test_fraction": Param(0.2, float, minimum=0.0, help="held-out share, in [0, 1)"),
     "standardize": Param("channel", str, choices=DIGITS_STANDARDIZE, help="per channel or pixel"),
-    "size": Param(8, int, choices=DIGITS_SIZES, help="side of the (upsampled) images")})
-def digits(
-    *,
-    device="cpu",
-    seed=0,
-    data_dir=None,
-    verify=True,
-    download=False,
-    test_fraction=0.2,
-    standardize="channel",
-    size=8,
-) -> DataSource:
-    """scikit-learn's bundled handwritten digits (1797 samples, 10 classes) as ``(n, 1, size, size)`` images.
+    "size": Param(8, int, choices=DIGITS_SIZES, help="side of the (upsampled) images"),
+    "noise": Param(0.0, float, minimum=0.0,
+                   help="SD of fixed Gaussian pixel noise (standardized units)")})
+def digits(*, device="cpu", seed=0, data_dir=None, verify=True, download=False,
+           test_fraction=0.2, standardize="channel", size=8, noise=0.0) -> DataSource:
+    """scikit-learn's bundled handwritten digits (1797 samples, 10 classes) as ``(n, 1, size,
+    size)`` images.
 
     ``size`` (8, 16 or 32): the 8×8 originals bilinearly upsampled (:func:`resize_images`) before
-    standardization. Why: a 3×3 zero-padded conv net on 8×8 inputs has 2×2 (all border) or 4×4 maps in
-    its deep stages, where the padding pattern — the same for every sample — dominates the norms' input
-    variance; 16×16 or 32×32 inputs give those stages interior pixels (see ``bnlab.models.padding_share``).
+    standardization. Why: a 3×3 zero-padded conv net on 8×8 inputs has 2×2 (all border) or 4×4 maps
+    in its deep stages, where the padding pattern — the same for every sample — dominates the norms'
+    input variance; 16×16 or 32×32 inputs give those stages interior pixels (see
+    ``bnlab.models.padding_share``).
 
     Split: stratified (:func:`stratified_split`, default 80/20: 1438 train / 359 test);
     ``meta["train_index"]`` and ``meta["test_index"]`` index into ``load_digits()``. Standardization
-    (``standardize``: ``"channel"``, ``"pixel"`` or ``"none"``, :func:`standardization`) uses training-set
-    statistics only; the constants are in ``meta["mean"]``/``meta["std"]``.
+    (``standardize``: ``"channel"``, ``"pixel"`` or ``"none"``, :func:`standardization`) uses
+    training-set statistics only; the constants are in ``meta["mean"]``/``meta["std"]``.
+
+    ``noise`` (σ ≥ 0): Gaussian noise of SD σ added once to every standardized pixel, train and test
+    images alike, drawn from its own generator (seeded by ``seed``, so the split does not change
+    with σ). Why: a conv net reaches 98 % on the clean digits, a ceiling where effects of a few
+    points cannot show; at σ = 1.5 BN-ResNet-20 proxies sit near 80 % (issue 19's pilot), with room
+    above and below.
     """
     test_fraction = as_float("test_fraction", test_fraction)
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"option test_fraction must be in [0, 1), got {test_fraction}")
     standardize = check_choice("standardize", standardize, DIGITS_STANDARDIZE, "standardizations")
     size = check_choice("size", as_int("size", size), DIGITS_SIZES)
+    noise = _check_noise(noise)
     gen = cpu_generator(seed)
 
     raw_images, raw_target = load_digits_arrays()  # scikit-learn's load_digits() values and order
@@ -220,21 +233,44 @@ def digits(
     mean, std = standardization(x_train, standardize)
     x_train = ((x_train - mean) / std).float()
     x_test = ((x_test - mean) / std).float()
+    x_train, x_test = _add_pixel_noise(x_train, x_test, noise, seed)
 
     device = torch.device(device)
     has_test = test_index.numel() > 0
-    meta = {"size": size, "mean": mean.float().to(device), "std": std.float().to(device), "standardize": standardize,
-            "test_fraction": test_fraction, "train_index": train_index.to(device),
-            "test_index": test_index.to(device), "classes": [str(c) for c in range(10)], "seed": seed}
+    meta = {"size": size, "noise": noise,
+            "mean": mean.float().to(device), "std": std.float().to(device),
+            "standardize": standardize, "test_fraction": test_fraction,
+            "train_index": train_index.to(device), "test_index": test_index.to(device),
+            "classes": [str(c) for c in range(10)], "seed": seed}
     return DataSource(name="digits", x_train=x_train.to(device), y_train=y_train.to(device),
-                      x_test=x_test.to(device) if has_test else None, y_test=y_test.to(device) if has_test else None,
-                      task="classification", input_shape=(1, size, size), num_outputs=10, meta=meta)
+                      x_test=x_test.to(device) if has_test else None,
+                      y_test=y_test.to(device) if has_test else None, task="classification",
+                      input_shape=(1, size, size), num_outputs=10, meta=meta)
+
+
+def _check_noise(noise) -> float:
+    noise = as_float("noise", noise)
+    if not (math.isfinite(noise) and noise >= 0.0):
+        raise ValueError(f"option noise must be a finite number >= 0, got {noise}")
+    return noise
+
+
+def _add_pixel_noise(x_train: torch.Tensor, x_test: torch.Tensor, noise: float,
+                     seed) -> tuple[torch.Tensor, torch.Tensor]:
+    """Add N(0, noise²) once to every pixel of both splits, from a generator of its own."""
+    if noise == 0:
+        return x_train, x_test
+    noise_gen = cpu_generator(NOISE_SEED_OFFSET + int(seed))
+    x_train = x_train + noise * torch.randn(x_train.shape, generator=noise_gen)
+    x_test = x_test + noise * torch.randn(x_test.shape, generator=noise_gen)
+    return x_train, x_test
 
 
 def stratified_split(labels: torch.Tensor, test_fraction: float,
                      gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train_index, test_index): within each class (in class order) the samples are permuted by ``gen`` and
-    ``round(test_fraction * class_size)`` go to the test set; both splits keep the original order."""
+    """(train_index, test_index): within each class (in class order) the samples are permuted by
+    ``gen`` and ``round(test_fraction * class_size)`` go to the test set; both splits keep the
+    original order."""
     test_parts = []
     for c in range(int(labels.max()) + 1):
         members = torch.nonzero(labels == c).flatten()
@@ -250,11 +286,12 @@ def stratified_split(labels: torch.Tensor, test_fraction: float,
 def standardization(x_train: torch.Tensor, standardize: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, std) from the training images only (the test set never leaks into them).
 
-    ``"channel"`` (the digits default): the one mean and standard deviation of all training pixels — the
-    single-channel analogue of CIFAR's per-channel normalization, so the image stays an image for a CNN
-    (shape ``(1, 1, 1)``); ``"pixel"``: each pixel separately (scikit-learn's ``StandardScaler``; pixels
-    constant on the training set, such as the always-blank corners, get std 1 so they stay 0; shape
-    ``(1, size, size)``); ``"none"``: mean 0 and std 1 (the raw 0–16 intensities stay).
+    ``"channel"`` (the digits default): the one mean and standard deviation of all training pixels —
+    the single-channel analogue of CIFAR's per-channel normalization, so the image stays an image
+    for a CNN (shape ``(1, 1, 1)``); ``"pixel"``: each pixel separately (scikit-learn's
+    ``StandardScaler``; pixels constant on the training set, such as the always-blank corners, get
+    std 1 so they stay 0; shape ``(1, size, size)``); ``"none"``: mean 0 and std 1 (the raw 0–16
+    intensities stay).
     """
     if standardize == "channel":
         return x_train.mean().reshape(1, 1, 1), x_train.std().reshape(1, 1, 1)

@@ -1,8 +1,9 @@
 """Peng, Yu & Yu — Re-thinking the effectiveness of batch normalization and beyond (Complete BN,
 CBN).
 
-Entries: ``peng-table1`` … ``peng-table4`` (the seven-row ablation of Tables 1–4) and ``peng-fig4``
-/ ``peng-fig5`` (their training-loss curves, Figs 4–5) here; ``peng-table6`` and ``peng-fig7``
+Entries: ``peng-table1`` … ``peng-table4`` (the seven-row ablation of Tables 1–4) here;
+``peng-fig4`` / ``peng-fig5`` (their training-loss curves, Figs 4–5) in ``curves.py``;
+``peng-table6`` and ``peng-fig7``
 (CBN's components, §6.3) in ``components.py``; ``peng-fig2`` (η_k and τ_k, Figs 2–3), ``peng-fig8``
 (ρ sensitivity, §6.4, Figs 8–9) and ``peng-fig10`` (AMAT's gradient variance, §6.5) in
 ``figures.py``; the rows, the paper's numbers and the recipes in ``common.py``.
@@ -10,43 +11,43 @@ Entries: ``peng-table1`` … ``peng-table4`` (the seven-row ablation of Tables 1
 Rows ①–⑦ of Tables 1–4 as ``bnlab`` norm specs (checked against the tables' feature columns "Before
 Opera." / "Decouple" / "Tune ρ" / "AMAT"):
 
-=====  ==========================================  ===============  =========================
-row    features                                    norm             placement
-=====  ==========================================  ===============  =========================
-①      BN (baseline)                               ``bn``           ``pre_activation``
-②      before linear, decouple, ρ*, AMAT (CBN)     ``cbn(rho=ρ*, amat=true)``  ``pre_linear``
-③      before linear                               ``cbn(decouple=false, amat=false)``  ``pre_linear``
-④      before linear, decouple                     ``cbn(amat=false)``  ``pre_linear``
-⑤      before linear, decouple, ρ*                 ``cbn(rho=ρ*, amat=false)``  ``pre_linear``
-⑥      ρ*                                          ``cbn(decouple=false, rho=ρ*, amat=false)``  ``pre_activation``
-⑦      ρ*, AMAT                                    ``cbn(decouple=false, rho=ρ*, amat=true)``  ``pre_activation``
-=====  ==========================================  ===============  =========================
+=====  =================================  ======================================  ==============
+row    features                           norm (``cbn(…)`` options)               placement
+=====  =================================  ======================================  ==============
+①      BN (baseline)                      ``bn``                                  pre_activation
+②      before linear, decouple, ρ*, AMAT  ``rho=ρ*, amat=true``                   pre_linear
+③      before linear                      ``decouple=false, amat=false``          pre_linear
+④      before linear, decouple            ``amat=false``                          pre_linear
+⑤      before linear, decouple, ρ*        ``rho=ρ*, amat=false``                  pre_linear
+⑥      ρ*                                 ``decouple=false, rho=ρ*, amat=false``  pre_activation
+⑦      ρ*, AMAT                           ``decouple=false, rho=ρ*, amat=true``   pre_activation
+=====  =================================  ======================================  ==============
 
-ρ* (the tuned ρ per activation): the paper does not print it. §6.4 says the best ρ for Sigmoid is below
-1 and that the best ρ of ReLU, Tanh and Sigmoid "become larger in order"; on the paper's grid
-{0.25, 0.5, 1, 2, 4, 8} three strictly increasing values below 1 do not exist, and the explanation given
-(Sigmoid's outputs are the smallest) points the other way, so we read the order as ReLU > Tanh > Sigmoid
-and take ρ* = 0.5 (Sigmoid), 1 (Tanh), 2 (ReLU, and the ReLU-like SELU and Swish, on which §6.4 finds
-CBN insensitive to ρ). ``peng-fig8`` measures the sensitivity this choice leans on.
+Row ② is CBN.
+
+ρ* (the tuned ρ per activation): the paper does not print it. §6.4 says the best ρ for Sigmoid is
+below 1 and that the best ρ of ReLU, Tanh and Sigmoid "become larger in order"; on the paper's grid
+{0.25, 0.5, 1, 2, 4, 8} three strictly increasing values below 1 do not exist, and the explanation
+given (Sigmoid's outputs are the smallest) points the other way, so we read the order as ReLU >
+Tanh > Sigmoid and take ρ* = 0.5 (Sigmoid), 1 (Tanh), 2 (ReLU, and the ReLU-like SELU and Swish, on
+which §6.4 finds CBN insensitive to ρ). ``peng-fig8`` measures the sensitivity this choice leans on.
 """
 
 from __future__ import annotations
 
-import math
 
 from bnlab.plots import bars
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from bnlab.formatting import fmt, mean_std
-from ..common import (compare_arms, grouped_finals, mean_curve, mean_over_run, safe_panels,
+from ..common import (compare_arms, grouped_finals, mean_curve, safe_panels,
                       SETTLE_FRACTION, smooth, value_at_fraction)
 from .verdict import CHANCE, table_design, table_verdict
-from ..rule_stats import arm_values, holm, settle_fraction
-from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
+from ..rule_stats import arm_values, settle_fraction
+from ..verdicts import settle
 from .common import (ACT_TITLE, ACTIVATIONS, NON_RELU, PAPER_TABLES, PAPER_TRIALS, ROW_FEATURES,
-                          ROW_NAMES, ROWS, SMOKE_SEEDS, SMOKE_WIDTH, TABLES, _base, _pct, _run,
-                          _status_note,
-                          padding_shares, row_spec)
+                          ROW_NAMES, ROWS, TABLE_SIDE_SEEDS, TABLE_SMOKE_SEEDS, TABLE_SMOKE_WIDTH,
+                          TABLES, _pct, _run, _status_note, padding_shares, row_spec, table_base)
 
 COMPARED = ("①", "②")  # the rows the tables' claim compares (BN, CBN)
 
@@ -55,27 +56,39 @@ COMPARED = ("①", "②")  # the rows the tables' claim compares (BN, CBN)
 
 # He's block form as a smoke side arm for the bounded activations, where the two forms differ most
 # (He's squashes the running sum through the activation at every block).
-SIDE_ACTIVATIONS = ("sigmoid", "tanh")
+SIDE_ACTIVATIONS = ("sigmoid",)
+
+
+def _seeds(preset: str, activation: str, residual: str):
+    """Paper: the paper's 10 trials. Smoke: 5 seeds on the primary activations, 2 on the others,
+    1 on He's block form (a side arm)."""
+    if preset == "paper":
+        return range(PAPER_TRIALS)
+    if residual != "peng":
+        return TABLE_SMOKE_SEEDS[:1]
+    return TABLE_SMOKE_SEEDS if activation in NON_RELU else TABLE_SIDE_SEEDS
 
 
 def _compared_runs(table: int, preset: str, rows=COMPARED, residual: str = "peng",
-                   activations=ACTIVATIONS) -> list[RunSpec]:
+                   activations=ACTIVATIONS, lr_reading: str = "paper") -> list[RunSpec]:
     spec = TABLES[table]
-    base = _base(spec["model"], spec["data"], preset, residual)
-    seeds = range(PAPER_TRIALS) if preset == "paper" else SMOKE_SEEDS
-    if residual != "peng":
-        seeds = seeds[:1]
+    base = table_base(spec["model"], spec["data"], preset, residual)
     form = residual if spec["model"] == "resnet20" else None
     tag = " · He's block" if residual != "peng" else ""
+    if lr_reading == "half":  # the lr side arm: both rows at half the paper's learning rate
+        base = {**base, "lr": base["lr"] / 2}
+        tag += f" · lr {base['lr']:g}"
     runs = []
     for act in activations:
         for row in rows:
             norm, placement = row_spec(row, act)
-            for seed in seeds:
+            for seed in _seeds(preset, act, residual):
                 runs.append(RunSpec(f"{row} {ROW_NAMES[row]} · {ACT_TITLE[act]}{tag} · seed {seed}",
-                                    _run(base, norm=norm, placement=placement, activation=act, seed=seed),
+                                    _run(base, norm=norm, placement=placement, activation=act,
+                                         seed=seed),
                                     {"row": row, "activation": act, "seed": seed, "norm": norm,
-                                     "placement": placement, "residual": form}))
+                                     "placement": placement, "residual": form,
+                                     "lr_reading": lr_reading}))
     return runs
 
 
@@ -83,16 +96,18 @@ def _table_plan(table: int):
     def plan(preset: str) -> Plan:
         if preset == "paper":
             return Plan(runs=_compared_runs(table, preset, ROWS))
-        # smoke spends its budget on the compared rows ① and ② (3 seeds each); rows ③–⑦ run in the
-        # paper preset. The ResNet tables add He's block form (activation after the shortcut sum) as
-        # a side arm.
+        # smoke spends its budget on the compared rows ① and ②; rows ③–⑦ run in the paper preset.
+        # The ResNet tables add two side arms: He's block form (activation after the shortcut
+        # sum), and Sigmoid at half the paper's lr (CBN + Sigmoid fails at lr 0.1 at width ½ in
+        # the pilot: is it the lr?)
         runs = _compared_runs(table, preset)
         if TABLES[table]["model"] == "resnet20":
             runs += _compared_runs(table, preset, residual="he", activations=SIDE_ACTIVATIONS)
+            runs += _compared_runs(table, preset, activations=SIDE_ACTIVATIONS, lr_reading="half")
         model = TABLES[table]["model"]
 
         def shares(tiny: bool = False) -> dict:
-            return padding_shares(model, {"width": SMOKE_WIDTH[model]}, n=16 if tiny else 128)
+            return padding_shares(model, {"width": TABLE_SMOKE_WIDTH}, n=16 if tiny else 128)
 
         return Plan(runs=runs, compute={"padding_shares": shares})
 
@@ -124,12 +139,15 @@ def _phase_reading(ctx) -> float:
 def _side_rows(cells: dict, main: dict) -> list[dict]:
     """He's block form vs Eq. 7's (ResNet tables): one seed each, shown, not judged."""
     rows = []
-    for (row, act, form), values in sorted(cells.items(), key=lambda kv: (ACTIVATIONS.index(kv[0][1]), kv[0][0])):
+    for (row, act, form), values in sorted(
+        cells.items(), key=lambda kv: (ACTIVATIONS.index(kv[0][1]), kv[0][0])
+    ):
         if form != "he":
             continue
         mean, _ = mean_std(values)
         peng_mean, _ = mean_std(main.get((row, act), []))
-        rows.append({"quantity": f"side arm · {row} {ROW_NAMES[row]} · {ACT_TITLE[act]} · He's block (act after sum)",
+        rows.append({"quantity": f"side arm · {row} {ROW_NAMES[row]} · {ACT_TITLE[act]} · He's "
+                                 "block (act after sum)",
                      "ours": fmt(_pct(mean), n=len(values), decimals=2),
                      "paper": f"Eq. 7's form (main rows): {fmt(_pct(peng_mean), decimals=2)}"})
     return rows
@@ -139,7 +157,9 @@ def _table_analyze(table: int):
     spec = TABLES[table]
 
     def analyze(ctx) -> Outcome:
-        by_form = grouped_finals(ctx, ("row", "activation", "residual"), "test_accuracy")
+        grouped = grouped_finals(ctx, ("row", "activation", "residual", "lr_reading"),
+                                 "test_accuracy")
+        by_form = {key[:3]: v for key, v in grouped.items() if key[3] != "half"}
         cells: dict[tuple[str, str], list[float]] = {}
         for (row, act, form), values in by_form.items():
             if form != "he":
@@ -147,7 +167,8 @@ def _table_analyze(table: int):
         paper = PAPER_TABLES[table]
         rows, ours_bars, ours_err, paper_bars = [], {}, {}, {}
         for i, act in enumerate(ACTIVATIONS):
-            ours_bars[ACT_TITLE[act]], ours_err[ACT_TITLE[act]], paper_bars[ACT_TITLE[act]] = {}, {}, {}
+            title = ACT_TITLE[act]
+            ours_bars[title], ours_err[title], paper_bars[title] = {}, {}, {}
             for row in ROWS:
                 values = cells.get((row, act), [])
                 mean, std = mean_std(values)
@@ -162,20 +183,28 @@ def _table_analyze(table: int):
                 ours_err[ACT_TITLE[act]][row] = _pct(std) or 0.0
                 paper_bars[ACT_TITLE[act]][row] = pm
         rows += _side_rows(by_form, cells)
+        rows += _lr_rows(ctx)
         rows += _proxy_rows(ctx)
-        fig_ours = bars(ctx.figure_path("test_accuracy_ours"), ours_bars, errors=ours_err, ylabel="test accuracy (%)",
-                        title=f"Peng {spec['target']} (ours, {ctx.preset}): rows per activation, mean ± std over seeds")
-        fig_paper = bars(ctx.figure_path("test_accuracy_paper"), paper_bars, ylabel="test accuracy (%)",
+        fig_ours = bars(ctx.figure_path("test_accuracy_ours"), ours_bars, errors=ours_err,
+                        ylabel="test accuracy (%)", title=f"Peng {spec['target']} (ours, "
+                                                          f"{ctx.preset}): rows per activation, "
+                                                          "mean ± std over seeds")
+        fig_paper = bars(ctx.figure_path("test_accuracy_paper"), paper_bars,
+                         ylabel="test accuracy (%)",
                          title=f"Peng {spec['target']} as printed ({spec['what']}, 10 trials)")
         fig_curves = _curves(ctx, ctx.figure_path("test_accuracy_curves"), "test_accuracy",
-                             f"Test accuracy during training, BN (①) vs CBN (②), mean over seeds ({ctx.preset})")
+                             "Test accuracy during training, BN (①) vs CBN (②), mean over seeds "
+                             f"({ctx.preset})")
         arms = _arm_runs(ctx)
         reading = _phase_reading(ctx)
-        verdict, summary = settle(table_verdict(_cells_at(arms, 1.0), ctx.tiny, table_design(table, ctx.preset)),
-                                  table_verdict(_cells_at(arms, reading), ctx.tiny, table_design(table, ctx.preset)),
+        verdict, summary = settle(table_verdict(_cells_at(arms, 1.0), ctx.tiny,
+                                                table_design(table, ctx.preset)),
+                                  table_verdict(_cells_at(arms, reading), ctx.tiny,
+                                                table_design(table, ctx.preset)),
                                   f"{reading:.0%} of training (inside the final lr phase)")
         summary += settling(arms, "test_accuracy", fraction=reading)
-        return Outcome([fig_ours, fig_paper, fig_curves], rows, verdict, summary + _status_note(ctx))
+        return Outcome([fig_ours, fig_paper, fig_curves], rows, verdict,
+                       summary + _status_note(ctx))
 
     return analyze
 
@@ -184,14 +213,52 @@ def _arm_runs(ctx, table: int | None = None) -> dict[tuple, list]:
     """(table, row, activation) -> the runs of the compared rows in Eq. 7's form (the main arms)."""
     arms: dict[tuple, list] = {}
     for r in ctx.runs:
+        if r.factors.get("lr_reading") == "half":
+            continue
         if r.factors.get("row") in COMPARED and r.factors.get("residual") != "he":
-            arms.setdefault((r.factors.get("table", table), r.factors["row"], r.factors["activation"]), []).append(r)
+            arms.setdefault((r.factors.get("table", table), r.factors["row"],
+                             r.factors["activation"]), []).append(r)
     return arms
+
+
+def _lr_rows(ctx) -> list[dict]:
+    """The lr side arm: rows ① and ② with Sigmoid at half the paper's lr, and CBN − BN there
+    (Welch, binomial SE floor), beside the same difference at the paper's lr. Reported, not judged:
+    the pre-declared primary comparison is at the paper's lr."""
+    arms: dict[tuple[str, str], list] = {}
+    for r in ctx.runs:
+        if r.factors.get("row") in COMPARED and r.factors.get("residual") != "he":
+            arms.setdefault((r.factors.get("lr_reading", "paper"), r.factors["row"]), []).append(r)
+    if not any(k[0] == "half" for k in arms):
+        return []
+    rows = []
+    for reading in ("half", "paper"):
+        runs = {row: [r for r in arms.get((reading, row), [])
+                      if r.factors["activation"] in SIDE_ACTIVATIONS] for row in COMPARED}
+        values = {row: arm_values(runs[row], lambda run: run.final("test_accuracy"), CHANCE)[0]
+                  for row in COMPARED}
+        lr = runs["①"][0].config["lr"] if runs["①"] else None
+        diff = compare_arms(values["①"], values["②"], n_test=_n_test(runs["①"]))
+        rows.append({"quantity": f"lr reading · Sigmoid at lr {lr:g} · ② CBN − ① BN (points)"
+                     if lr is not None else "lr reading · Sigmoid",
+                     "ours": f"{fmt(_pct(diff.diff), decimals=1)} (Welch p = {fmt(diff.p, 2)}; "
+                             f"① {fmt([_pct(v) for v in values['①']], decimals=1)}, "
+                             f"② {fmt([_pct(v) for v in values['②']], decimals=1)})",
+                     "paper": "lr 0.1 (both arms)"})
+    return rows
+
+
+def _n_test(runs) -> int | None:
+    if not runs:
+        return None
+    options = runs[0].config.get("data_options", {})
+    return round(1797 * options.get("test_fraction", 0.2))
 
 
 def _proxy_rows(ctx) -> list[dict]:
     shares = (ctx.data or {}).get("padding_shares") or {}
-    return [{"quantity": f"padding-pattern share of the norms' input variance at init · {arm} · {size} input",
+    return [{"quantity": f"padding-pattern share of the norms' input variance at init · {arm} · "
+                         f"{size} input",
              "ours": ", ".join(f"{k} maps {v:.2f}" for k, v in by_map.items()),
              "paper": "CIFAR is 32×32 (digits 8×8 made 2×2 deep maps, all border)"}
             for arm, by_size in shares.items() for size, by_map in by_size.items()]
@@ -206,13 +273,17 @@ def _curves(ctx, path, metric: str, title: str):
             for row in COMPARED:
                 runs = arms.get((key, row, act), [])
                 if runs:
-                    series[f"{row} {ROW_NAMES[row]} (n={len(runs)})"] = smooth(*mean_curve(runs, metric))
-            specs.append({"series": series, "xlabel": "step", "ylabel": metric, "logy": metric.endswith("loss"),
+                    series[
+                        f"{row} {ROW_NAMES[row]} (n={len(runs)})"
+                    ] = smooth(*mean_curve(runs, metric))
+            specs.append({"series": series, "xlabel": "step", "ylabel": metric,
+                          "logy": metric.endswith("loss"),
                           "title": ACT_TITLE[act] + (f" · Table {key}" if key is not None else "")})
     return safe_panels(path, specs, title=title, ncols=5)
 
 
-def settling(arms: dict[tuple, list], metric: str, scale: float = 100.0, fraction: float = SETTLE_FRACTION) -> str:
+def settling(arms: dict[tuple, list], metric: str, scale: float = 100.0,
+             fraction: float = SETTLE_FRACTION) -> str:
     """How far the compared quantity still moved: ``; ② − ① in <metric> at <fraction> of training →
     at the end: …`` (mean curves over seeds; ``scale`` 100 gives points). A gap that changes little
     over the last third has settled; the figure shows the whole curves."""
@@ -227,145 +298,54 @@ def settling(arms: dict[tuple, list], metric: str, scale: float = 100.0, fractio
         if any(x is None or y is None for x, y in ends):
             continue
         label = ACT_TITLE[act] + (f" (T{table})" if table is not None else "")
-        parts.append(f"{label} {scale * (ends[0][0] - ends[0][1]):+.1f} → {scale * (ends[1][0] - ends[1][1]):+.1f}")
-    return f"; ② − ① in {metric} at {fraction:.0%} of training → at the end: " + ", ".join(parts) if parts else ""
+        parts.append(f"{label} {scale * (ends[0][0] - ends[0][1]):+.1f} → "
+                     f"{scale * (ends[1][0] - ends[1][1]):+.1f}")
+    if not parts:
+        return ""
+    return f"; ② − ① in {metric} at {fraction:.0%} of training → at the end: " + ", ".join(parts)
 
 
-_TABLE_CLAIM = ("CBN (②: normalization moved in front of the linear layer, mean removal decoupled from the ℓ2 "
-                "scaling, tuned ρ, AMAT) beats vanilla BN (①) with every activation, by the most where the "
-                "activation is least like ReLU (Sigmoid, Tanh, SELU); rows ③–⑦ add one feature at a time.")
-_TABLE_SMOKE = ("digits upsampled to 16×16 (10 classes) instead of CIFAR, {model} at width {width:g}{form}, {steps} "
-                "steps with the lr ÷10 for the last {last} (so AMAT acts), rows ① and ② only with 3 seeds each "
-                "(compared by Welch's t-test; rows ③–⑦ run in the paper preset){side}{extra}. The report lists the "
-                "padding-pattern share of the norms' input variance at 8×8, 16×16 and 32×32.")
+_TABLE_CLAIM = ("CBN (②: normalization moved in front of the linear layer, mean removal decoupled "
+                "from the ℓ2 scaling, tuned ρ, AMAT) beats vanilla BN (①) with every activation, "
+                "by the most where the activation is least like ReLU (Sigmoid, Tanh, SELU); rows "
+                "③–⑦ add one feature at a time.")
+_TABLE_SMOKE = ("digits upsampled to 16×16 with fixed Gaussian pixel noise of SD 1.5 "
+                "(digits(noise=1.5); 10 classes) instead of CIFAR, {model} at width ½{form}, 40 "
+                "epochs on the paper's two-step schedule (lr 0.1 ÷10 at epochs 20 and 33, as at 60 "
+                "and 100 of 120; {steps} steps), rows ① and ② only: 5 seeds with Sigmoid, Tanh and "
+                "SELU (the primary comparison), 2 with ReLU and Swish (rows ③–⑦ run in the paper "
+                "preset){side}{extra}; the cbn_ratios probe every 48 steps (η, τ, var/(var+β²) per "
+                "layer). The report lists the padding-pattern share of the norms' input variance "
+                "at 8×8, 16×16 and 32×32.")
+# measured in this session's runs of the preset (1 torch thread a run): ResNet-20 at width ½
+# 65–115 s a run, VGG-16 at width ½ ≈ 250 s
+_TABLE_COST = {"resnet20": "40 runs, ≈ 55 CPU-minutes (≈ 28 min on 2 cores)",
+               "vgg16": "38 runs, ≈ 160 CPU-minutes (≈ 80 min on 2 cores)"}
 
 
 def _register_table(table: int) -> None:
     spec = TABLES[table]
     c100 = spec["data"] == "cifar100"
-    extra = ("; half the digits go to the test split as a harder stand-in for CIFAR-100 (digits has 10 classes, "
-             "not 100)") if c100 else ""
+    extra = ("; half the digits go to the test split as a harder stand-in for CIFAR-100 (digits "
+             "has 10 classes, not 100)") if c100 else ""
     resnet = spec["model"] == "resnet20"
     register(Experiment(
         id=f"peng-table{table}", paper="peng", target=spec["target"],
         title=f"BN vs CBN and its ablations, {spec['what']}, five activations",
         claim=_TABLE_CLAIM,
         smoke_changes=_TABLE_SMOKE.format(
-            model=spec["model"], width=SMOKE_WIDTH[spec["model"]], steps=176 if c100 else 180, last=32 if c100 else 36,
-            form=" in Peng's block form (Eq. 7: activation before the shortcut sum) for BN and CBN alike" if resnet
-            else "", side="; side arm: rows ① and ② in He's block form with Sigmoid and Tanh, 1 seed" if resnet else "",
+            model=spec["model"], steps=280 if c100 else 480,
+            form=" in Peng's block form (Eq. 7: activation before the shortcut sum) for BN and CBN "
+                 "alike"
+            if resnet else "",
+            side=("; side arms: rows ① and ② in He's block form with Sigmoid, 1 seed, and with "
+                  "Sigmoid at lr 0.05, 5 seeds") if resnet else "",
             extra=extra),
-        cost={"smoke": (f"{34 if resnet else 30} runs, ≈{'11' if resnet else '7'} min on 2 CPU cores (estimated from "
-                        "the step cost uncontended; not measured end to end)"),
-              "paper": f"350 runs (7 rows × 5 activations × 10 trials) × 120 epochs of {spec['what']} (GPU; "
-                       f"≈ {'0.5' if resnet else '1'} GPU-hour each)"},
+        cost={"smoke": _TABLE_COST[spec["model"]],
+              "paper": "350 runs (7 rows × 5 activations × 10 trials) × 120 epochs of "
+                       f"{spec['what']} (GPU; ≈ {'0.5' if resnet else '1'} GPU-hour each)"},
         plan=_table_plan(table), analyze=_table_analyze(table)))
 
 
 for _t in TABLES:
     _register_table(_t)
-
-
-# ---- Figs 4–5: training-loss curves of BN and CBN ------------------------------------------------
-
-FIGURES = {4: (1, 2), 5: (3, 4)}  # Fig. 4: CIFAR-10 (Tables 1, 2); Fig. 5: CIFAR-100 (Tables 3, 4)
-
-
-def _fig_plan(fig: int):
-    def plan(preset: str) -> Plan:
-        runs = []
-        for table in FIGURES[fig]:  # the tables' compared runs, shared with them in one runs dir
-            runs += [RunSpec(f"Table {table} · {r.label}", r.config, {**r.factors, "table": table})
-                     for r in _compared_runs(table, preset)]
-        return Plan(runs=runs)
-
-    return plan
-
-
-# Figs 4–5 print curves, not numbers: the paper's effect is a direction (CBN lower). Design SD of
-# one seed's mean training loss over the run, mean over the Sigmoid/Tanh/SELU panels of both tables:
-# 0.1 (the smoke's BN + Sigmoid runs sit near ln 10 ≈ 2.3 for a seed-dependent 5–9 of 15 epochs;
-# issue 19).
-FIG_DESIGN = Design("CBN − BN mean training loss over the run, mean over the Sigmoid/Tanh/SELU panels of both tables",
-                    -1.0, 0.1, len(SMOKE_SEEDS),
-                    "issue-19 re-run of the smoke: BN + Sigmoid at chance 5–9 of 15 epochs",
-                    se_floor=1e-3, magnitude_known=False)
-
-
-def loss_curve_verdict(losses: dict[tuple[int, str], dict[str, list[float]]], tiny: bool = False,
-                       design: Design = FIG_DESIGN) -> tuple[str, str]:
-    """Figs 4–5: CBN's training loss lies below BN's for every activation, on both networks.
-
-    ``losses[(table, activation)]["①" | "②"]`` = per-seed mean training loss over the run (a
-    diverged run at its failure value). Primary (:data:`FIG_DESIGN`, judged by ``verdict.judge``):
-    the per-seed mean over the Sigmoid/Tanh/SELU panels. Secondary, judged with Holm's correction
-    over all panels: CBN's loss is nowhere significantly higher ("not held" if it is).
-    """
-    if not losses:
-        return ladder(unusable=True), "no runs" + (" (tiny runs)" if tiny else "")
-    comps = {key: compare_arms(d.get("①", []), d.get("②", []), se_floor=design.se_floor) for key, d in losses.items()}
-    adjusted = holm({key: c.p for key, c in comps.items()})
-    trio = [d for (t, a), d in sorted(losses.items()) if a in NON_RELU]
-
-    def per_seed(row):
-        lists = [d.get(row, []) for d in trio]
-        n = min((len(v) for v in lists), default=0)
-        return [sum(v[i] for v in lists) / len(lists) for i in range(n)]
-
-    primary = judge(per_seed("①"), per_seed("②"), design)
-    summary = primary.text(design) + "; per panel, CBN − BN (reported): " + "; ".join(
-        f"T{t} {ACT_TITLE.get(a, a)} {c.diff:+.3g}" + (f" (p_Holm={adjusted[(t, a)]:.2g})"
-                                                       if adjusted[(t, a)] is not None else " (too few seeds)")
-        for (t, a), c in sorted(comps.items()) if c.diff is not None)
-    against = family(comps, "lower", design.alpha)
-    higher = [f"T{t} {ACT_TITLE.get(a, a)}" for (t, a), v in sorted(against.items())
-              if v == NOT_HELD]
-    verdict = ladder(primary.verdict, unusable=tiny, against=bool(higher))
-    return verdict, summary + explain(
-        verdict, inconclusive=" (tiny runs)" if tiny else "",
-        not_held="; CBN's loss is significantly higher (Holm) in " + ", ".join(higher)
-        if higher else "")
-
-
-def _mean_losses(runs, fraction: float) -> dict[tuple[int, str], dict[str, list[float]]]:
-    """``[(table, activation)][row]`` = per-seed mean training loss over the first ``fraction`` of
-    each run; a diverged run counts as ln 10 (the loss of a chance-level ten-class classifier:
-    failure, not missing data)."""
-    losses: dict[tuple[int, str], dict[str, list[float]]] = {}
-    for r in runs:
-        entry = losses.setdefault((r.factors["table"], r.factors["activation"]), {}).setdefault(r.factors["row"], [])
-        entry.extend(arm_values([r], lambda run: mean_over_run(run, "train_loss", fraction), math.log(10))[0])
-    return losses
-
-
-def _fig_analyze(fig: int):
-    def analyze(ctx) -> Outcome:
-        reading = _phase_reading(ctx)
-        losses, early = _mean_losses(ctx.runs, 1.0), _mean_losses(ctx.runs, reading)
-        fig_loss = _curves(ctx, ctx.figure_path("training_loss"), "train_loss",
-                           f"Peng Fig. {fig}: training loss, BN (①) vs CBN (②), mean over seeds ({ctx.preset})")
-        rows = [{"quantity": f"mean training loss over the run · Table {t} ({TABLES[t]['what']}) · {ACT_TITLE[a]} · "
-                             f"{row} {ROW_NAMES[row]}",
-                 "ours": fmt(d.get(row, []), decimals=3),
-                 "paper": "CBN below BN in every panel (curves only)"}
-                for (t, a), d in sorted(losses.items()) for row in COMPARED]
-        verdict, summary = settle(loss_curve_verdict(losses, ctx.tiny), loss_curve_verdict(early, ctx.tiny),
-                                  f"{reading:.0%} of training (the mean loss up to there)")
-        summary += settling(_arm_runs(ctx), "train_loss", scale=1.0, fraction=reading)
-        return Outcome([fig_loss], rows, verdict, summary + _status_note(ctx))
-
-    return analyze
-
-
-for _fig, (_a, _b) in FIGURES.items():
-    register(Experiment(
-        id=f"peng-fig{_fig}", paper="peng", target=f"Fig. {_fig}",
-        title=f"Training loss of BN and CBN, ResNet-20 and VGG-16 on CIFAR-{10 if _fig == 4 else 100}, five activations",
-        claim="CBN's training loss falls faster and lower than BN's with every activation, on both networks.",
-        smoke_changes=f"the compared runs of peng-table{_a} and peng-table{_b}'s smoke presets (rows ① and ②, 3 seeds, "
-                      "digits at 16×16); the claim is judged on the mean training loss over the run (the area under "
-                      "the curve: lower = faster), by Welch's t-test.",
-        cost={"smoke": f"60 runs, shared with peng-table{_a}/{_b} (none retrained in the same runs dir)",
-              "paper": f"100 runs, shared with peng-table{_a}/{_b}"},
-        plan=_fig_plan(_fig), analyze=_fig_analyze(_fig)))
-

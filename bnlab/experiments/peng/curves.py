@@ -1,0 +1,134 @@
+"""Peng, Yu & Yu — Re-thinking the effectiveness of batch normalization and beyond (Complete BN):
+Figs 4–5, the training-loss curves of BN (①) and CBN (②) behind Tables 1–4.
+
+The entries ``peng-fig4`` (CIFAR-10: Tables 1, 2) and ``peng-fig5`` (CIFAR-100: Tables 3, 4) train
+nothing of their own: their runs are the tables' compared runs (:mod:`.tables`), shared in one runs
+dir. The claim is judged on each seed's mean training loss over the run (the area under the curve:
+lower is faster).
+"""
+
+from __future__ import annotations
+
+import math
+
+from bnlab.formatting import fmt
+
+from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..common import compare_arms, mean_over_run
+from ..rule_stats import arm_values, holm
+from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
+from .common import ACT_TITLE, NON_RELU, ROW_NAMES, TABLE_SMOKE_SEEDS, TABLES, _status_note
+from .tables import COMPARED, _arm_runs, _compared_runs, _curves, _phase_reading, settling
+
+FIGURES = {4: (1, 2), 5: (3, 4)}  # Fig. 4: CIFAR-10 (Tables 1, 2); Fig. 5: CIFAR-100 (Tables 3, 4)
+
+
+def _fig_plan(fig: int):
+    def plan(preset: str) -> Plan:
+        runs = []
+        for table in FIGURES[fig]:  # the tables' compared runs, shared with them in one runs dir
+            runs += [RunSpec(f"Table {table} · {r.label}", r.config, {**r.factors, "table": table})
+                     for r in _compared_runs(table, preset)]
+        return Plan(runs=runs)
+
+    return plan
+
+
+# Figs 4–5 print curves, not numbers: the paper's effect is a direction (CBN lower). Design SD of
+# one seed's mean training loss over the run, mean over the Sigmoid/Tanh/SELU panels of both tables:
+# 0.1 (the smoke's BN + Sigmoid runs sit near ln 10 ≈ 2.3 for a seed-dependent 5–9 of 15 epochs;
+# issue 19).
+FIG_DESIGN = Design("CBN − BN mean training loss over the run, mean over the Sigmoid/Tanh/SELU "
+                    "panels of both tables",
+                    -1.0, 0.1, len(TABLE_SMOKE_SEEDS),
+                    "issue-19 re-run of the smoke: BN + Sigmoid at chance 5–9 of 15 epochs",
+                    se_floor=1e-3, magnitude_known=False)
+
+
+def loss_curve_verdict(losses: dict[tuple[int, str], dict[str, list[float]]], tiny: bool = False,
+                       design: Design = FIG_DESIGN) -> tuple[str, str]:
+    """Figs 4–5: CBN's training loss lies below BN's for every activation, on both networks.
+
+    ``losses[(table, activation)]["①" | "②"]`` = per-seed mean training loss over the run (a
+    diverged run at its failure value). Primary (:data:`FIG_DESIGN`, judged by ``verdict.judge``):
+    the per-seed mean over the Sigmoid/Tanh/SELU panels. Secondary, judged with Holm's correction
+    over all panels: CBN's loss is nowhere significantly higher ("not held" if it is).
+    """
+    if not losses:
+        return ladder(unusable=True), "no runs" + (" (tiny runs)" if tiny else "")
+    comps = {key: compare_arms(d.get("①", []), d.get("②", []), se_floor=design.se_floor)
+             for key, d in losses.items()}
+    adjusted = holm({key: c.p for key, c in comps.items()})
+    trio = [d for (t, a), d in sorted(losses.items()) if a in NON_RELU]
+
+    def per_seed(row):
+        lists = [d.get(row, []) for d in trio]
+        n = min((len(v) for v in lists), default=0)
+        return [sum(v[i] for v in lists) / len(lists) for i in range(n)]
+
+    primary = judge(per_seed("①"), per_seed("②"), design)
+    summary = primary.text(design) + "; per panel, CBN − BN (reported): " + "; ".join(
+        f"T{t} {ACT_TITLE.get(a, a)} {c.diff:+.3g}"
+        + (f" (p_Holm={adjusted[(t, a)]:.2g})" if adjusted[(t, a)] is not None
+           else " (too few seeds)")
+        for (t, a), c in sorted(comps.items()) if c.diff is not None)
+    against = family(comps, "lower", design.alpha)
+    higher = [f"T{t} {ACT_TITLE.get(a, a)}" for (t, a), v in sorted(against.items())
+              if v == NOT_HELD]
+    verdict = ladder(primary.verdict, unusable=tiny, against=bool(higher))
+    return verdict, summary + explain(
+        verdict, inconclusive=" (tiny runs)" if tiny else "",
+        not_held="; CBN's loss is significantly higher (Holm) in " + ", ".join(higher)
+        if higher else "")
+
+
+def _mean_losses(runs, fraction: float) -> dict[tuple[int, str], dict[str, list[float]]]:
+    """``[(table, activation)][row]`` = per-seed mean training loss over the first ``fraction`` of
+    each run; a diverged run counts as ln 10 (the loss of a chance-level ten-class classifier:
+    failure, not missing data)."""
+    losses: dict[tuple[int, str], dict[str, list[float]]] = {}
+    for r in runs:
+        entry = losses.setdefault((r.factors["table"], r.factors["activation"]),
+                                  {}).setdefault(r.factors["row"], [])
+        entry.extend(arm_values([r], lambda run: mean_over_run(run, "train_loss", fraction),
+                                math.log(10))[0])
+    return losses
+
+
+def _fig_analyze(fig: int):
+    def analyze(ctx) -> Outcome:
+        reading = _phase_reading(ctx)
+        losses, early = _mean_losses(ctx.runs, 1.0), _mean_losses(ctx.runs, reading)
+        fig_loss = _curves(ctx, ctx.figure_path("training_loss"), "train_loss",
+                           f"Peng Fig. {fig}: training loss, BN (①) vs CBN (②), mean over seeds "
+                           f"({ctx.preset})")
+        rows = [{"quantity": f"mean training loss over the run · Table {t} ({TABLES[t]['what']}) · "
+                             f"{ACT_TITLE[a]} · {row} {ROW_NAMES[row]}",
+                 "ours": fmt(d.get(row, []), decimals=3),
+                 "paper": "CBN below BN in every panel (curves only)"}
+                for (t, a), d in sorted(losses.items()) for row in COMPARED]
+        verdict, summary = settle(loss_curve_verdict(losses, ctx.tiny),
+                                  loss_curve_verdict(early, ctx.tiny),
+                                  f"{reading:.0%} of training (the mean loss up to there)")
+        summary += settling(_arm_runs(ctx), "train_loss", scale=1.0, fraction=reading)
+        return Outcome([fig_loss], rows, verdict, summary + _status_note(ctx))
+
+    return analyze
+
+
+for _fig, (_a, _b) in FIGURES.items():
+    register(Experiment(
+        id=f"peng-fig{_fig}", paper="peng", target=f"Fig. {_fig}",
+        title="Training loss of BN and CBN, ResNet-20 and VGG-16 on "
+              f"CIFAR-{10 if _fig == 4 else 100}, five activations",
+        claim="CBN's training loss falls faster and lower than BN's with every activation, on both "
+              "networks.",
+        smoke_changes=f"the compared runs of peng-table{_a} and peng-table{_b}'s smoke presets "
+                      "(rows ① and ②, 3 seeds, digits at 16×16); the claim is judged on the mean "
+                      "training loss over the run (the area under the curve: lower = faster), by "
+                      "Welch's t-test.",
+        cost={"smoke": f"60 runs, shared with peng-table{_a}/{_b} (none retrained in the same runs "
+                       "dir)",
+              "paper": f"100 runs, shared with peng-table{_a}/{_b}"},
+        plan=_fig_plan(_fig), analyze=_fig_analyze(_fig)))
+
