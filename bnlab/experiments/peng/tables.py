@@ -241,11 +241,15 @@ def _lr_rows(ctx) -> list[dict]:
         diff = compare_arms(values["①"], values["②"], n_test=_n_test(runs["①"]))
         rows.append({"quantity": f"lr reading · Sigmoid at lr {lr:g} · ② CBN − ① BN (points)"
                      if lr is not None else "lr reading · Sigmoid",
-                     "ours": f"{fmt(_pct(diff.diff), decimals=1)} (Welch p = {fmt(diff.p, 2)}; "
+                     "ours": f"{_signed(_pct(diff.diff))} (Welch p = {fmt(diff.p, 2)}; "
                              f"① {fmt([_pct(v) for v in values['①']], decimals=1)}, "
                              f"② {fmt([_pct(v) for v in values['②']], decimals=1)})",
                      "paper": "lr 0.1 (both arms)"})
     return rows
+
+
+def _signed(points: float | None) -> str:
+    return "—" if points is None else f"{points:+.1f}"
 
 
 def _n_test(runs) -> int | None:
