@@ -21,7 +21,8 @@ PAPERS = {
     "santurkar": "Santurkar et al. 2018, How does batch normalization help optimization?",
     "luo": "Luo et al. 2019, Towards understanding regularization in batch normalization",
     "peng": "Peng et al., Complete batch normalization (CBN)",
-    "arora": "Arora, Li & Lyu 2019, Theoretical analysis of auto rate-tuning by batch normalization",
+    "arora": ("Arora, Li & Lyu 2019, Theoretical analysis of auto rate-tuning by batch "
+              "normalization"),
     "mbn": "Yong et al. 2020, Momentum batch normalization for deep learning with small batch size",
 }
 
@@ -90,7 +91,7 @@ def register(experiment: Experiment) -> Experiment:
 ENTRY_MODULES = (
     "santurkar.vgg", "santurkar.dln", "santurkar.predictiveness", "santurkar.lp",
     "luo.student", "luo.fig3", "luo.cnn", "luo.fold_dropout", "luo.table2",
-    "peng.tables", "peng.components", "peng.figures", "peng.amat", "peng.imagenet",
+    "peng.tables", "peng.curves", "peng.components", "peng.figures", "peng.amat", "peng.imagenet",
     "arora.entries", "mbn.entries",
     "peng.theorems", "arora.rates", "mbn.theorems",
 )
