@@ -4,8 +4,8 @@
     BNLAB_EXAMPLE_QUICK=1 python examples/probes_on_your_loop.py   # seconds (what the tests run)
 
 Three probes on a small BN MLP: internal covariate shift (Santurkar et al., *How Does Batch
-Normalization Help Optimization?*, arXiv:1805.11604, Def. 2.1), the loss landscape's β-smoothness along
-the gradient (same paper, §3.2) and the top Hessian eigenvalue against gradient descent's 2/lr
+Normalization Help Optimization?*, arXiv:1805.11604, Def. 2.1), the loss landscape's β-smoothness
+along the gradient (same paper, §3.2) and the top Hessian eigenvalue against gradient descent's 2/lr
 threshold. Probes restore parameters, gradients, buffers, optimizer and RNG state after every call,
 so the run is bitwise the run you would have had without them.
 """
@@ -44,7 +44,8 @@ def main() -> None:
         opt.step()
         lab.after_step(batch, step)
 
-    for name in ("probe/landscape/beta_smoothness", "probe/hessian/top_eigenvalue", "probe/hessian/threshold"):
+    for name in ("probe/landscape/beta_smoothness", "probe/hessian/top_eigenvalue",
+                 "probe/hessian/threshold"):
         series = lab.series(name)
         print(f"{name}: " + ", ".join(f"step {s}: {v:.3g}" for s, v in series))
         assert series, name

@@ -12,7 +12,8 @@ import torch.nn as nn
 import bnlab.norms as norms
 from bnlab.spec import check_choice
 
-from . import vgg, resnet, mlp, vision  # noqa: F401  (their @model decorators fill MODEL_INFO, in this order)
+# their @model decorators fill MODEL_INFO, in this order
+from . import vgg, resnet, mlp, vision  # noqa: F401
 from .blocks import ACTIVATIONS, INITS, BlockFactory
 from .catalog import MODEL_INFO, ModelInfo
 

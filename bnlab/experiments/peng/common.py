@@ -158,8 +158,8 @@ SMOKE_SEEDS = (0, 1, 2)
 # above and below. 40 epochs of 12 steps on the paper's two-step schedule (lr ÷10 at 50 % and 83 %
 # of training, as at epochs 60 and 100 of 120), width ½, 5 seeds on the primary arms (Sigmoid,
 # Tanh, SELU), 2 on ReLU and Swish, the cbn_ratios probe (η, τ and the var/(var+β²) share per
-# layer) every 4 epochs. The learning rate and its pilot: docs/readme/experiments.md ("Peng's
-# tables").
+# layer) every 4 epochs. The learning rate (the paper's) and the pilot behind these choices:
+# docs/readme/experiments-peng-arora.md, "Peng's tables: a smoke that can decide".
 TABLE_SMOKE_WIDTH = 0.5
 TABLE_SMOKE_NOISE = 1.5
 TABLE_SMOKE_LR = 0.1
