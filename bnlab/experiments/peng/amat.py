@@ -11,7 +11,7 @@ from bnlab.formatting import finite_or_none
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..common import RULE, compare_arms, mean_curve, safe_panels
 from ..verdicts import NOT_HELD, explain, family, ladder
-from .common import ACT_TITLE, ACTIVATIONS, RHO_STAR, _base, _run, _status_note, cbn_spec
+from .common import ACT_TITLE, ACTIVATIONS, RHO_STAR, recipe_base, run_config, status_note, cbn_spec
 
 SMOKE_FIG10_LR = 0.05
 
@@ -34,13 +34,13 @@ def _fig10_plan(preset: str) -> Plan:
     if preset == "paper":
         # ResNet-18 on ImageNet is not in bnlab: ResNet-20 with the CIFAR-10 recipe stands in.
         # see _fig2_plan
-        base, lr = {**_base("resnet20", "cifar10", "paper"), "probe_every": 390}, 0.1
+        base, lr = {**recipe_base("resnet20", "cifar10", "paper"), "probe_every": 390}, 0.1
     else:
         lr = SMOKE_FIG10_LR
         # probe every 5 of the 48 steps: grad_stats costs 8 small forward/backward passes per call,
         # and steps 12, 24, … are the epochs' last batches (30 of digits' 1438 images: micro-batches
         # of 3)
-        base = {**_base("resnet20", "cifar10", "smoke"), "lr": lr, "schedule": "constant",
+        base = {**recipe_base("resnet20", "cifar10", "smoke"), "lr": lr, "schedule": "constant",
                 "probe_every": 5}
     runs = []
     for act in ACTIVATIONS:
@@ -48,8 +48,8 @@ def _fig10_plan(preset: str) -> Plan:
             # BN, fixed η: shown, one seed
             for seed in FIG10_SEEDS if name in FIG10_COMPARED else (0,):
                 runs.append(RunSpec(f"{name} · {ACT_TITLE[act]} · seed {seed}",
-                                    _run(base, norm=norm(act), placement=placement, activation=act,
-                                         seed=seed, probes=["grad_stats"]),
+                                    run_config(base, norm=norm(act), placement=placement,
+                                               activation=act, seed=seed, probes=["grad_stats"]),
                                     {"activation": act, "variant": name, "seed": seed}))
     return Plan(runs=runs)
 
@@ -137,7 +137,7 @@ def _fig10_analyze(ctx) -> Outcome:
              "paper": "AMAT lowest; fixed η not necessarily lower (curves only)"}
             for act, d in variance.items() for name, v in d.items()]
     verdict, summary = fig10_verdict(variance, ctx.tiny)
-    return Outcome([fig], rows, verdict, summary + _status_note(ctx))
+    return Outcome([fig], rows, verdict, summary + status_note(ctx))
 
 
 register(Experiment(

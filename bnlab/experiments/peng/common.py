@@ -187,15 +187,15 @@ def model_options(model: str, preset: str, residual: str = RESIDUAL,
 def table_base(model: str, data: str, preset: str, residual: str = RESIDUAL) -> dict[str, Any]:
     """The recipe of Tables 1–4's runs: the paper's, or the resolving smoke (TABLE_SMOKE_RECIPE)."""
     if preset == "paper":
-        return _base(model, data, preset, residual)
+        return recipe_base(model, data, preset, residual)
     options = model_options(model, preset, residual, width=TABLE_SMOKE_WIDTH)
     base = dict(model=model, model_options=options, **TABLE_SMOKE_RECIPE)
-    if data == "cifar100":  # half the digits to the test split (see _base): 7 steps an epoch
+    if data == "cifar100":  # half the digits to the test split (see recipe_base): 7 steps an epoch
         base["data_options"] = {**base["data_options"], "test_fraction": 0.5}
     return base
 
 
-def _base(model: str, data: str, preset: str, residual: str = RESIDUAL) -> dict[str, Any]:
+def recipe_base(model: str, data: str, preset: str, residual: str = RESIDUAL) -> dict[str, Any]:
     if preset == "paper":
         return dict(model=model, data=data, model_options=model_options(model, preset, residual),
                     **PAPER_RECIPE)
@@ -209,17 +209,17 @@ def _base(model: str, data: str, preset: str, residual: str = RESIDUAL) -> dict[
     return base
 
 
-def _run(base: dict, *, norm: str, placement: str, activation: str, seed: int,
-         **extra) -> dict[str, Any]:
+def run_config(base: dict, *, norm: str, placement: str, activation: str, seed: int,
+               **extra) -> dict[str, Any]:
     return {**base, "norm": norm, "placement": placement, "activation": activation, "seed": seed,
             **extra}
 
 
-def _pct(value: float | None) -> float | None:
+def percent(value: float | None) -> float | None:
     return None if value is None else 100.0 * value
 
 
-def _status_note(ctx) -> str:
+def status_note(ctx) -> str:
     bad = [r for r in ctx.runs if r.status != "finished"]
     if not bad:
         return ""

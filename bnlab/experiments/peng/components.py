@@ -13,8 +13,8 @@ from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..verdicts import NOT_HELD, conjunction, explain, family, is_held, ladder
 from bnlab.formatting import finite_or_none, fmt, mean_std
 from ..common import RULE, compare_arms, grouped_finals, mean_curve, safe_panels, smooth
-from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, SMOKE_SEEDS, _base, _pct, _run,
-                          _status_note)
+from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, SMOKE_SEEDS, recipe_base, percent,
+                     run_config, status_note)
 
 # ---- Table 6: maximal learning rate of CBN's components ------------------------------------------
 
@@ -36,10 +36,10 @@ def _t6_plan(preset: str) -> Plan:
     if preset == "paper":
         # Table 6's caption says CIFAR-10 (as does Fig. 7's, the same ablation); §6.3's text says
         # CIFAR-100.
-        base, acts = _base("resnet20", "cifar10", "paper"), ACTIVATIONS
+        base, acts = recipe_base("resnet20", "cifar10", "paper"), ACTIVATIONS
         extra_seeds, candidates = range(len(T6_SEEDS), PAPER_TRIALS), LR_CANDIDATES
     else:
-        base = {**_base("resnet20", "digits", "smoke"), "epochs": 3, "schedule": "constant"}
+        base = {**recipe_base("resnet20", "digits", "smoke"), "epochs": 3, "schedule": "constant"}
         acts, extra_seeds = T6_SMOKE_ACTIVATIONS, range(0)
         candidates = SMOKE_LR_CANDIDATES
     runs = []
@@ -51,14 +51,14 @@ def _t6_plan(preset: str) -> Plan:
                     label = (f"{name} · {ACT_TITLE[act]} · lr {lr:g}"
                              + (f" · seed {seed}" if seed else ""))
                     runs.append(RunSpec(label,
-                                        _run(base, norm=norm, placement="pre_linear",
-                                             activation=act, seed=seed, lr=lr),
+                                        run_config(base, norm=norm, placement="pre_linear",
+                                                   activation=act, seed=seed, lr=lr),
                                         {"approach": name, "activation": act, "lr": lr,
                                          "seed": seed}))
             for seed in extra_seeds:  # the accuracy columns: 10 trials at the recipe's lr 0.1
                 runs.append(RunSpec(f"{name} · {ACT_TITLE[act]} · lr 0.1 · seed {seed}",
-                                    _run(base, norm=norm, placement="pre_linear", activation=act,
-                                         seed=seed, lr=0.1),
+                                    run_config(base, norm=norm, placement="pre_linear",
+                                               activation=act, seed=seed, lr=0.1),
                                     {"approach": name, "activation": act, "lr": 0.1, "seed": seed}))
     return Plan(runs=runs)
 
@@ -157,21 +157,21 @@ def _t6_analyze(ctx) -> Outcome:
                          "trained at (seed 0)": " ".join(f"{lr:g}:{'✓' if ok else '✗'}"
                                                          for lr, ok in sorted(status.items())),
                          "test acc at lr 0.1 (%)": fmt(
-                             _pct(mean), std=_pct(std), n=len(accuracy.get((name, act, 0.1), [])),
-                             decimals=2),
+                             percent(mean), std=percent(std),
+                             n=len(accuracy.get((name, act, 0.1), [])), decimals=2),
                          "paper": paper_claim})
     groups = {ACT_TITLE[a]: {n: _mean_log10(lr_max.get((n, a))) for n in T6_ORDER} for a in acts}
     fig_lr = bars(ctx.figure_path("max_stable_lr"), groups,
                   ylabel="log10 maximal stable lr, mean over seeds (−5: none)",
                   title=f"Peng Table 6 / §6.3: maximal lr from {{1e-4 … 1}} ({ctx.preset})")
-    acc_groups = {ACT_TITLE[a]: {n: (_pct(mean_std(accuracy.get((n, a, 0.1), []))[0])
+    acc_groups = {ACT_TITLE[a]: {n: (percent(mean_std(accuracy.get((n, a, 0.1), []))[0])
                                      or float("nan"))
                                  for n in T6_ORDER} for a in acts}
     fig_acc = bars(ctx.figure_path("test_accuracy"), acc_groups,
                    ylabel="test accuracy at lr 0.1 (%)",
                    title=f"Peng Table 6: test accuracy of CBN's components ({ctx.preset})")
     verdict, summary = table6_verdict(lr_max, ctx.tiny)
-    return Outcome([fig_lr, fig_acc], rows, verdict, summary + _status_note(ctx))
+    return Outcome([fig_lr, fig_acc], rows, verdict, summary + status_note(ctx))
 
 
 def _mean_log10(rates: list[float | None] | None) -> float:
@@ -211,15 +211,15 @@ F7_PROBE_EVERY = 4
 def _f7_plan(preset: str) -> Plan:
     if preset == "paper":
         # Fig. 7's caption: ResNet-20 on CIFAR-10, the Table 6 approaches, the standard recipe.
-        base = {**_base("resnet20", "cifar10", "paper"), "probe_every": 390}
+        base = {**recipe_base("resnet20", "cifar10", "paper"), "probe_every": 390}
         acts, seeds = ACTIVATIONS, range(PAPER_TRIALS)
     else:
-        base = {**_base("resnet20", "digits", "smoke"), "epochs": F7_SMOKE_EPOCHS,
+        base = {**recipe_base("resnet20", "digits", "smoke"), "epochs": F7_SMOKE_EPOCHS,
                 "schedule": "constant", "probe_every": F7_PROBE_EVERY}
         acts, seeds = F7_SMOKE_ACTIVATIONS, SMOKE_SEEDS
     return Plan(runs=[RunSpec(f"{name} · {ACT_TITLE[act]} · seed {seed}",
-                              _run(base, norm=norm, placement="pre_linear", activation=act,
-                                   seed=seed, probes=["grad_stats"]),
+                              run_config(base, norm=norm, placement="pre_linear", activation=act,
+                                         seed=seed, probes=["grad_stats"]),
                               {"approach": name, "activation": act, "seed": seed})
                       for act in acts for name, norm in T6_APPROACHES.items() for seed in seeds])
 
@@ -291,7 +291,7 @@ def _f7_analyze(ctx) -> Outcome:
              "paper": "mean removal and ℓ2 normalization below no normalization (curves only)"}
             for act, d in sq.items() for name, values in d.items()]
     verdict, summary = fig7_verdict(sq, ctx.tiny)
-    return Outcome([fig], rows, verdict, summary + _status_note(ctx))
+    return Outcome([fig], rows, verdict, summary + status_note(ctx))
 
 
 register(Experiment(

@@ -12,7 +12,7 @@ from bnlab.plots import panels
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..common import RULE, compare_arms, mean_curve, safe_panels, smooth
 from ..verdicts import conjunction, explain, ladder
-from .common import ACT_TITLE, ACTIVATIONS, RHO_GRID, _base, _run, _status_note, cbn_spec
+from .common import ACT_TITLE, ACTIVATIONS, RHO_GRID, recipe_base, run_config, status_note, cbn_spec
 
 # ---- Figs 2–3: η_k and τ_k -----------------------------------------------------------------------
 
@@ -25,18 +25,18 @@ def _fig2_plan(preset: str) -> Plan:
     if preset == "paper":
         # about once an epoch; 390, not 391 (= steps per epoch), so the probes do not all land on
         # the epoch's last, 80-sample batch
-        base = {**_base("resnet20", "cifar10", "paper"), "probe_every": 390}
+        base = {**recipe_base("resnet20", "cifar10", "paper"), "probe_every": 390}
     else:
         # width ¼ (layer #2 has 4 channels, so one step's fraction moves in quarters; the verdict
         # averages the second half of training): at full width CBN (ρ = 1, lr 0.1) diverged on
         # digits within 62 s (measured 2026-11-26, issue 19; at width ½ issue 19's re-run saw it
         # fail to train), so full width decides nothing
-        base = _base("resnet20", "digits", "smoke")
+        base = recipe_base("resnet20", "digits", "smoke")
         base = {**base, "probe_every": 6,
                 "model_options": {**base["model_options"], "width": FIG2_SMOKE_WIDTH}}
     # Fig. 3's caption: "we set ρ = 1 in the experiment"; ResNet-20's own activation, ReLU.
-    config = _run(base, norm=cbn_spec(), placement="pre_linear", activation="relu", seed=0,
-                  probes=["cbn_ratios"])
+    config = run_config(base, norm=cbn_spec(), placement="pre_linear", activation="relu", seed=0,
+                        probes=["cbn_ratios"])
     return Plan(runs=[RunSpec("CBN (ρ = 1) ResNet-20", config, {"norm": config["norm"]})])
 
 
@@ -120,7 +120,7 @@ def _fig2_analyze(ctx) -> Outcome:
                          "paper": f"“commonly satisfied” (Fig. {2 if ratio == 'eta' else 3}, no "
                                   "number)"})
     verdict, summary = fig2_verdict(fractions, ctx.tiny)
-    return Outcome([fig], rows, verdict, summary + _status_note(ctx))
+    return Outcome([fig], rows, verdict, summary + status_note(ctx))
 
 
 register(Experiment(
@@ -143,24 +143,24 @@ register(Experiment(
 def _fig8_plan(preset: str) -> Plan:
     if preset == "paper":
         # Figs 8–9's captions: VGG-16 on CIFAR-100 (§6.4's text says ResNet-20).
-        base = _base("vgg16", "cifar100", "paper")
+        base = recipe_base("vgg16", "cifar100", "paper")
     else:
         # the earlier, cheaper smoke recipe (15 epochs, width ¼): Table 1's smoke moved to noisy
         # digits at width ½ over 40 epochs (issue 19), so no runs are shared with it any more
-        base = _base("resnet20", "cifar10", "smoke")
+        base = recipe_base("resnet20", "cifar10", "smoke")
     runs = []
     for act in ACTIVATIONS:
         # the judged claim: 3 seeds; the rest shown
         for seed in FIG8_SEEDS if act in FIG8_JUDGED else (0,):
             runs.append(RunSpec(f"BN · {ACT_TITLE[act]} · seed {seed}",
-                                _run(base, norm="bn", placement="pre_activation", activation=act,
-                                     seed=seed),
+                                run_config(base, norm="bn", placement="pre_activation",
+                                           activation=act, seed=seed),
                                 {"activation": act, "rho": None, "seed": seed}))
             for rho in RHO_GRID:
                 runs.append(RunSpec(f"CBN ρ={rho:g} · {ACT_TITLE[act]} · seed {seed}",
-                                    _run(base, norm=cbn_spec(rho=rho), placement="pre_linear",
-                                         activation=act,
-                                         seed=seed), {"activation": act, "rho": rho, "seed": seed}))
+                                    run_config(base, norm=cbn_spec(rho=rho), placement="pre_linear",
+                                               activation=act, seed=seed),
+                                    {"activation": act, "rho": rho, "seed": seed}))
     return Plan(runs=runs)
 
 
@@ -256,7 +256,7 @@ def _fig8_analyze(ctx) -> Outcome:
             rows.append({"quantity": f"test accuracy · {ACT_TITLE[act]} · {arm}", "ours": ours,
                          "paper": paper + " (curves only, no numbers)"})
     verdict, summary = fig8_verdict(acc, ctx.tiny)
-    return Outcome([fig_loss, fig_acc], rows, verdict, summary + _status_note(ctx))
+    return Outcome([fig_loss, fig_acc], rows, verdict, summary + status_note(ctx))
 
 
 register(Experiment(

@@ -39,7 +39,7 @@ from ..base import Experiment, Outcome, Plan, RunSpec, register
 from bnlab.formatting import fmt, mean_std
 from ..common import (RULE, compare_arms, grouped_finals, mean_curve, mean_over_run, safe_panels,
                       smooth)
-from .common import ACT_TITLE, ACTIVATIONS, NON_RELU, _status_note, row_spec
+from .common import ACT_TITLE, ACTIVATIONS, NON_RELU, status_note, row_spec
 from ..verdicts import NOT_HELD, conjunction, explain, family, ladder
 
 ARCHS = ("resnet18", "resnet50", "efficientnet_b0")
@@ -270,7 +270,7 @@ def _table5_analyze(ctx) -> Outcome:
                bars(ctx.figure_path("top1_paper"), paper, ylabel="top-1 accuracy (%)",
                     title="Peng Table 5 as printed (ILSVRC2012)")]
     verdict, summary = table5_verdict(cells, ctx.tiny)
-    return Outcome(figures, rows, verdict, summary + _status_note(ctx))
+    return Outcome(figures, rows, verdict, summary + status_note(ctx))
 
 
 def _fig6_analyze(ctx) -> Outcome:
@@ -297,7 +297,7 @@ def _fig6_analyze(ctx) -> Outcome:
     figure = safe_panels(ctx.figure_path("training_loss"), specs, ncols=5,
                          title=f"Peng Fig. 6 (ours, {ctx.preset}): training loss, BN vs CBN")
     verdict, summary = fig6_verdict(cells, ctx.tiny)
-    return Outcome([figure], rows, verdict, summary + _status_note(ctx))
+    return Outcome([figure], rows, verdict, summary + status_note(ctx))
 
 
 _SMOKE = ("bnlab's ResNet-20 at width ¼ (Eq. 7 residual form, replicate padding) stands in for "

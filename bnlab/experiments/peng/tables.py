@@ -47,7 +47,8 @@ from ..rule_stats import arm_values, settle_fraction
 from ..verdicts import settle
 from .common import (ACT_TITLE, ACTIVATIONS, NON_RELU, PAPER_TABLES, PAPER_TRIALS, ROW_FEATURES,
                           ROW_NAMES, ROWS, TABLE_SIDE_SEEDS, TABLE_SMOKE_SEEDS, TABLE_SMOKE_WIDTH,
-                          TABLES, _pct, _run, _status_note, padding_shares, row_spec, table_base)
+                          TABLES, percent, run_config, status_note, padding_shares, row_spec,
+                          table_base)
 
 COMPARED = ("①", "②")  # the rows the tables' claim compares (BN, CBN)
 
@@ -69,8 +70,8 @@ def _seeds(preset: str, activation: str, residual: str):
     return TABLE_SMOKE_SEEDS if activation in NON_RELU else TABLE_SIDE_SEEDS
 
 
-def _compared_runs(table: int, preset: str, rows=COMPARED, residual: str = "peng",
-                   activations=ACTIVATIONS, lr_reading: str = "paper") -> list[RunSpec]:
+def compared_runs(table: int, preset: str, rows=COMPARED, residual: str = "peng",
+                  activations=ACTIVATIONS, lr_reading: str = "paper") -> list[RunSpec]:
     spec = TABLES[table]
     base = table_base(spec["model"], spec["data"], preset, residual)
     form = residual if spec["model"] == "resnet20" else None
@@ -84,8 +85,8 @@ def _compared_runs(table: int, preset: str, rows=COMPARED, residual: str = "peng
             norm, placement = row_spec(row, act)
             for seed in _seeds(preset, act, residual):
                 runs.append(RunSpec(f"{row} {ROW_NAMES[row]} · {ACT_TITLE[act]}{tag} · seed {seed}",
-                                    _run(base, norm=norm, placement=placement, activation=act,
-                                         seed=seed),
+                                    run_config(base, norm=norm, placement=placement, activation=act,
+                                               seed=seed),
                                     {"row": row, "activation": act, "seed": seed, "norm": norm,
                                      "placement": placement, "residual": form,
                                      "lr_reading": lr_reading}))
@@ -95,15 +96,15 @@ def _compared_runs(table: int, preset: str, rows=COMPARED, residual: str = "peng
 def _table_plan(table: int):
     def plan(preset: str) -> Plan:
         if preset == "paper":
-            return Plan(runs=_compared_runs(table, preset, ROWS))
+            return Plan(runs=compared_runs(table, preset, ROWS))
         # smoke spends its budget on the compared rows ① and ②; rows ③–⑦ run in the paper preset.
         # The ResNet tables add two side arms: He's block form (activation after the shortcut
         # sum), and Sigmoid at half the paper's lr (CBN + Sigmoid fails at lr 0.1 at width ½ in
         # the pilot: is it the lr?)
-        runs = _compared_runs(table, preset)
+        runs = compared_runs(table, preset)
         if TABLES[table]["model"] == "resnet20":
-            runs += _compared_runs(table, preset, residual="he", activations=SIDE_ACTIVATIONS)
-            runs += _compared_runs(table, preset, activations=SIDE_ACTIVATIONS, lr_reading="half")
+            runs += compared_runs(table, preset, residual="he", activations=SIDE_ACTIVATIONS)
+            runs += compared_runs(table, preset, activations=SIDE_ACTIVATIONS, lr_reading="half")
         model = TABLES[table]["model"]
 
         def shares(tiny: bool = False) -> dict:
@@ -129,7 +130,7 @@ def _cells_at(arms: dict[tuple, list], fraction: float,
     return cells
 
 
-def _phase_reading(ctx) -> float:
+def phase_reading(ctx) -> float:
     """Where the settling rule reads the table again: halfway through the final lr phase of the
     recipe."""
     runs = ctx.experiment.plan(ctx.preset).runs
@@ -148,8 +149,8 @@ def _side_rows(cells: dict, main: dict) -> list[dict]:
         peng_mean, _ = mean_std(main.get((row, act), []))
         rows.append({"quantity": f"side arm · {row} {ROW_NAMES[row]} · {ACT_TITLE[act]} · He's "
                                  "block (act after sum)",
-                     "ours": fmt(_pct(mean), n=len(values), decimals=2),
-                     "paper": f"Eq. 7's form (main rows): {fmt(_pct(peng_mean), decimals=2)}"})
+                     "ours": fmt(percent(mean), n=len(values), decimals=2),
+                     "paper": f"Eq. 7's form (main rows): {fmt(percent(peng_mean), decimals=2)}"})
     return rows
 
 
@@ -174,13 +175,13 @@ def _table_analyze(table: int):
                 mean, std = mean_std(values)
                 pm, ps = paper[row][i]
                 rows.append({"quantity": f"{row} {ROW_NAMES[row]} · {ACT_TITLE[act]}",
-                             "ours": fmt(_pct(mean), std=_pct(std), n=len(values), decimals=2)
+                             "ours": fmt(percent(mean), std=percent(std), n=len(values), decimals=2)
                              if values else "— (paper preset only)",
                              "paper": fmt(pm, std=ps, decimals=2)
                              + (f" (n={PAPER_TRIALS})" if ps is not None else " (std unreadable)"),
                              "features": "/".join("✓" if f else "-" for f in ROW_FEATURES[row])})
-                ours_bars[ACT_TITLE[act]][row] = _pct(mean) if mean is not None else float("nan")
-                ours_err[ACT_TITLE[act]][row] = _pct(std) or 0.0
+                ours_bars[ACT_TITLE[act]][row] = percent(mean) if mean is not None else float("nan")
+                ours_err[ACT_TITLE[act]][row] = percent(std) or 0.0
                 paper_bars[ACT_TITLE[act]][row] = pm
         rows += _side_rows(by_form, cells)
         rows += _lr_rows(ctx)
@@ -192,11 +193,11 @@ def _table_analyze(table: int):
         fig_paper = bars(ctx.figure_path("test_accuracy_paper"), paper_bars,
                          ylabel="test accuracy (%)",
                          title=f"Peng {spec['target']} as printed ({spec['what']}, 10 trials)")
-        fig_curves = _curves(ctx, ctx.figure_path("test_accuracy_curves"), "test_accuracy",
-                             "Test accuracy during training, BN (①) vs CBN (②), mean over seeds "
-                             f"({ctx.preset})")
-        arms = _arm_runs(ctx)
-        reading = _phase_reading(ctx)
+        fig_curves = curve_panels(ctx, ctx.figure_path("test_accuracy_curves"), "test_accuracy",
+                                  "Test accuracy during training, BN (①) vs CBN (②), mean over "
+                                  f"seeds ({ctx.preset})")
+        arms = main_arm_runs(ctx)
+        reading = phase_reading(ctx)
         verdict, summary = settle(table_verdict(_cells_at(arms, 1.0), ctx.tiny,
                                                 table_design(table, ctx.preset)),
                                   table_verdict(_cells_at(arms, reading), ctx.tiny,
@@ -204,12 +205,12 @@ def _table_analyze(table: int):
                                   f"{reading:.0%} of training (inside the final lr phase)")
         summary += settling(arms, "test_accuracy", fraction=reading)
         return Outcome([fig_ours, fig_paper, fig_curves], rows, verdict,
-                       summary + _status_note(ctx))
+                       summary + status_note(ctx))
 
     return analyze
 
 
-def _arm_runs(ctx, table: int | None = None) -> dict[tuple, list]:
+def main_arm_runs(ctx, table: int | None = None) -> dict[tuple, list]:
     """(table, row, activation) -> the runs of the compared rows in Eq. 7's form (the main arms)."""
     arms: dict[tuple, list] = {}
     for r in ctx.runs:
@@ -241,9 +242,9 @@ def _lr_rows(ctx) -> list[dict]:
         diff = compare_arms(values["①"], values["②"], n_test=_n_test(runs["①"]))
         rows.append({"quantity": f"lr reading · Sigmoid at lr {lr:g} · ② CBN − ① BN (points)"
                      if lr is not None else "lr reading · Sigmoid",
-                     "ours": f"{_signed(_pct(diff.diff))} (Welch p = {fmt(diff.p, 2)}; "
-                             f"① {fmt([_pct(v) for v in values['①']], decimals=1)}, "
-                             f"② {fmt([_pct(v) for v in values['②']], decimals=1)})",
+                     "ours": f"{_signed(percent(diff.diff))} (Welch p = {fmt(diff.p, 2)}; "
+                             f"① {fmt([percent(v) for v in values['①']], decimals=1)}, "
+                             f"② {fmt([percent(v) for v in values['②']], decimals=1)})",
                      "paper": "lr 0.1 (both arms)"})
     return rows
 
@@ -268,8 +269,8 @@ def _proxy_rows(ctx) -> list[dict]:
             for arm, by_size in shares.items() for size, by_map in by_size.items()]
 
 
-def _curves(ctx, path, metric: str, title: str):
-    arms = _arm_runs(ctx)
+def curve_panels(ctx, path, metric: str, title: str):
+    arms = main_arm_runs(ctx)
     specs = []
     for key in sorted({k[0] for k in arms}, key=lambda t: (t is None, t)):
         for act in ACTIVATIONS:
