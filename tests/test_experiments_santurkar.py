@@ -86,21 +86,21 @@ def test_probes_fire_and_analyses_read_them(tmp_path, monkeypatch, one_seed):
     # fig7: per-step moment changes of all three networks; noisy BN's fresh noise dominates the
     # change
     ctx = runner.analysis_context("santurkar-fig7", "smoke", runs_dir=tmp_path)
-    by = SC._runs_by_label(ctx)
+    by = SC.runs_by_label(ctx)
     # BN outputs
     assert SC.probe_layers(by[SC.BN], "moments", "mean_change")[0] == "features.0.1"
     # conv outputs
     assert SC.probe_layers(by[SC.STANDARD], "moments", "mean_change")[0] == "features.0.0"
-    noisy = SC._layer_medians(by[SC.NOISY], "moments", "mean_change")
-    plain = SC._layer_medians(by[SC.BN], "moments", "mean_change")
+    noisy = SC.layer_medians(by[SC.NOISY], "moments", "mean_change")
+    plain = SC.layer_medians(by[SC.BN], "moments", "mean_change")
     assert noisy > 10 * plain  # means of U(−0.5, 0.5) redrawn each step vs β's drift at lr 0.1
     # fig6: ICS of every weight layer; the first layer has nothing before it, so G' = G exactly
     ctx = runner.analysis_context("santurkar-fig6", "smoke", runs_dir=tmp_path)
-    vgg = SC._runs_by_label(ctx)[f"VGG: {SC.BN}"]
+    vgg = SC.runs_by_label(ctx)[f"VGG: {SC.BN}"]
     layers = SC.probe_layers(vgg, "ics", "l2")
     assert layers[0] == "features.0.0" and layers[-1] == "classifier.2" and len(layers) == 11
-    assert SC._first_layer_zero(vgg) == {"features.0.0"}
-    dln = SC._runs_by_label(ctx)[f"DLN: {SC.STANDARD}"]
+    assert SC.first_layer_zero(vgg) == {"features.0.0"}
+    dln = SC.runs_by_label(ctx)[f"DLN: {SC.STANDARD}"]
     assert len(SC.probe_layers(dln, "ics", "cos")) == 25
     for row in numbers["santurkar-fig6"]:
         assert "—" not in row and "nan" not in row
@@ -109,20 +109,20 @@ def test_probes_fire_and_analyses_read_them(tmp_path, monkeypatch, one_seed):
     for row in numbers["santurkar-fig9"]:
         assert "—" not in row and "nan" not in row
     ctx = runner.analysis_context("santurkar-fig9", "smoke", runs_dir=tmp_path)
-    for r in SC._runs_by_label(ctx).values():
+    for r in SC.runs_by_label(ctx).values():
         assert SC.sharpness_ratio(r, SC.DLN_LR) > 0
         lr = DL.LITERAL_LR if r.factors["arm"].startswith(DL.LITERAL_ARM) else SC.DLN_LR
         assert r.series("probe/hessian/threshold")[1][0] == pytest.approx(2 / lr)
     assert "sharpness λ_max / (2/lr)" in runner.reproduce("santurkar-fig9", "smoke",
                                                           runs_dir=tmp_path, tiny=True,
                                                           report=False, progress=False).summary
-    vgg_runs = SC._runs_by_label(
+    vgg_runs = SC.runs_by_label(
         runner.analysis_context("santurkar-fig7", "smoke", runs_dir=tmp_path))
     assert all(SC.sharpness_ratio(r, 0.1) > 0 for r in vgg_runs.values())
     # fig8: the distributions of 2 sampled units per BN layer were recorded every 10 steps
     ctx = runner.analysis_context("santurkar-fig8", "smoke", runs_dir=tmp_path)
-    bn = SC._runs_by_label(ctx)[SC.BN]
-    assert len(SC._hist_units(bn)) == 2 * 24
+    bn = SC.runs_by_label(ctx)[SC.BN]
+    assert len(SC.hist_units(bn)) == 2 * 24
     assert SC.distribution_drift(bn) is not None
 
 

@@ -21,8 +21,8 @@ from bnlab.formatting import finite_or_none, fmt
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..common import safe_panels
-from .verdicts import (NUM_CLASSES, SCALE_VARIANT_LR, TAIL_EPOCHS, _arm, _seeds, d1_verdict,
-                       d2_verdict, d3_verdict)
+from .verdicts import (NUM_CLASSES, SCALE_VARIANT_LR, TAIL_EPOCHS, arm_mean, seed_values,
+                       d1_verdict, d2_verdict, d3_verdict)
 
 LRS = (1e-2, 1e-1, 1.0, 1e1, 1e2)        # "ranging from 10^-2 to 10^2"
 SETTINGS = {"SGD": ("sgd", True), "PSGD": ("psgd", True), "SGD, BN removed": ("sgd", False)}
@@ -118,8 +118,8 @@ def _left_right(ctx, metric: str, ylabel: str, path, title: str, modes: tuple[st
     for (setting, mode), by_lr in values.items():
         if mode not in modes:
             continue
-        points = sorted((lr, _arm(v)) for lr, v in by_lr.items()
-                        if _arm(v) is not None and (cap is None or _arm(v) <= cap))
+        points = sorted((lr, arm_mean(v)) for lr, v in by_lr.items()
+                        if arm_mean(v) is not None and (cap is None or arm_mean(v) <= cap))
         name = f"{setting}" + (f", {mode}" if len(modes) > 1 else "")
         left[name] = ([p[0] for p in points], [p[1] for p in points])
     specs = [{"series": left,
@@ -161,7 +161,7 @@ def _d1_analyze(ctx) -> Outcome:
     values = _collect(ctx, "epoch_train_loss")
     loss = {setting: values.get((setting, "separate"), {}) for setting in ("SGD", "PSGD")}
     rows = [{"quantity": f"training loss, last {TAIL_EPOCHS} epochs · {setting} · lr_si {lr:g}",
-             "ours": fmt(_seeds(v), 4),
+             "ours": fmt(seed_values(v), 4),
              "paper": ("converges to 0" if setting == "SGD" else
                        ("≈ SGD" if lr <= 0.1
                         else "stuck at a relatively large loss")) + " (Fig. 1, no numbers)"}
@@ -206,7 +206,8 @@ def _d2_analyze(ctx) -> Outcome:
              "SGD, BN removed": "fails at large lr; very large or NaN for lr > 10"}
     rows = [{"quantity": f"training loss, last {TAIL_EPOCHS} epochs (the {TAIL_EPOCHS} before) "
                          f"· {setting} · lr {lr:g}",
-             "ours": f"{fmt(_seeds(v), 4)} ({fmt(_seeds(earlier[setting].get(lr, [None])), 4)})",
+             "ours": f"{fmt(seed_values(v), 4)} "
+                     f"({fmt(seed_values(earlier[setting].get(lr, [None])), 4)})",
              "paper": paper[setting] + " (Fig. 2, no numbers)"}
             for setting, by_lr in loss.items() for lr, v in sorted(by_lr.items())]
     verdict, summary = d2_verdict(loss, earlier, ctx.tiny)
@@ -251,7 +252,7 @@ def _d3_analyze(ctx) -> Outcome:
                      "falls as lr grows past 0.1" if setting == "PSGD" else "10 % (NaN) at lr ≥ 1")
             rows.append({"quantity": f"test accuracy, last {TAIL_EPOCHS} epochs · {setting} "
                                      f"· {mode} · lr {lr:g}",
-                         "ours": fmt(_seeds(v), 4),
+                         "ours": fmt(seed_values(v), 4),
                          "paper": paper + " (Fig. 3, no numbers)"})
     verdict, summary = d3_verdict(acc, ctx.tiny)
     return Outcome([fig], rows, verdict, summary)

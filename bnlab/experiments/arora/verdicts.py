@@ -17,16 +17,16 @@ TAIL_EPOCHS = 5                           # Figs 1–3 (left): "the average ... 
 NUM_CLASSES = 10
 
 
-def _seeds(value) -> list[float | None]:
+def seed_values(value) -> list[float | None]:
     """The per-seed values of an arm: a list as collected, or one number (a single run) as a
     list."""
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _arm(value) -> float | None:
+def arm_mean(value) -> float | None:
     """An arm's value: the mean over its seeds, None if every seed diverged (a partly diverged arm
     counts as diverged too: the paper's "very large or NaN")."""
-    values = _seeds(value)
+    values = seed_values(value)
     if not values or any(v is None for v in values):
         return None
     return mean_std(values)[0]
@@ -44,8 +44,8 @@ def d3_verdict(acc: dict[tuple[str, str], dict[float, float | None]],
     lr and PSGD's accuracy at the largest lr ≥ 0.05 below its accuracy at 0.1, in both modes."""
     lines, sgd_low, psgd_flat = [], [], []
     for mode in ("unified", "separate"):
-        sgd = {lr: _arm(v) for lr, v in acc.get(("SGD", mode), {}).items()}
-        psgd = {lr: _arm(v) for lr, v in acc.get(("PSGD", mode), {}).items()}
+        sgd = {lr: arm_mean(v) for lr, v in acc.get(("SGD", mode), {}).items()}
+        psgd = {lr: arm_mean(v) for lr, v in acc.get(("PSGD", mode), {}).items()}
         lrs = sorted(set(sgd) & set(psgd))
         if not lrs or 0.1 not in lrs:
             return ladder(unusable=True), f"missing {mode} runs" + (" (tiny runs)" if tiny else "")
@@ -73,7 +73,7 @@ STUCK = 0.2 * math.log(NUM_CLASSES)
 
 
 def _is_stuck(value) -> bool:
-    value = _arm(value)
+    value = arm_mean(value)
     return value is None or value >= STUCK
 
 
@@ -83,9 +83,10 @@ def _psgd_stuck_above_sgd(sgd, psgd) -> str:
     above SGD by the rule)."""
     if not _is_stuck(psgd):
         return "trains"
-    if _arm(psgd) is None:
+    if arm_mean(psgd) is None:
         return "stuck"
-    return "stuck" if compare_arms(_seeds(sgd), _seeds(psgd)).decision == "higher" else "unresolved"
+    higher = compare_arms(seed_values(sgd), seed_values(psgd)).decision == "higher"
+    return "stuck" if higher else "unresolved"
 
 
 def smallest_failing_lr(sgd: dict, psgd: dict) -> float | None:
@@ -118,7 +119,8 @@ def d1_verdict(loss: dict[str, dict[float, Any]], tiny: bool = False) -> tuple[s
         return ladder(unusable=True), "no SGD/PSGD runs" + (" (tiny runs)" if tiny else "")
     smallest = smallest_failing_lr(sgd, psgd)
     summary = "average training loss of the last epochs, SGD vs PSGD: " + ", ".join(
-        f"lr_si {lr:g}: {fmt(_seeds(sgd[lr]), 4)} vs {fmt(_seeds(psgd[lr]), 4)}" for lr in lrs) + \
+        f"lr_si {lr:g}: {fmt(seed_values(sgd[lr]), 4)} vs {fmt(seed_values(psgd[lr]), 4)}"
+        for lr in lrs) + \
         "; smallest lr_si from which PSGD fails at every larger lr: " + \
         (f"{smallest:g}" if smallest is not None else "none")
     stuck_sgd = [f"{lr:g}" for lr in lrs if _is_stuck(sgd[lr])]
@@ -128,7 +130,7 @@ def d1_verdict(loss: dict[str, dict[float, Any]], tiny: bool = False) -> tuple[s
                f"; PSGD is not stuck even at lr_si {lrs[-1]:g}" if top == "trains" else
                f"; PSGD fails already at lr_si {smallest:g} ≤ {SCALE_VARIANT_LR}" if early else "")
     supports = (not against and smallest is not None
-                and all(_arm(sgd[lr]) <= CONVERGED for lr in lrs))
+                and all(arm_mean(sgd[lr]) <= CONVERGED for lr in lrs))
     verdict = ladder(True if supports else None, unusable=tiny, against=bool(against))
     return verdict, summary + explain(
         verdict, not_held=against,
@@ -136,7 +138,7 @@ def d1_verdict(loss: dict[str, dict[float, Any]], tiny: bool = False) -> tuple[s
         if supports else "",
         inconclusive=" (tiny runs)" if tiny else f"; PSGD at the largest lr_si {top}, SGD slow (> "
         f"{CONVERGED:.2f}) at " + ", ".join(f"{lr:g}" for lr in lrs
-                                             if (_arm(sgd[lr]) or 0) > CONVERGED))
+                                             if (arm_mean(sgd[lr]) or 0) > CONVERGED))
 
 
 # The settling rule of D.2: an arm's loss is "still falling" when its mean over seeds of the last
@@ -151,7 +153,7 @@ def still_falling(last, earlier) -> bool:
     TAIL_EPOCHS epochs and of the TAIL_EPOCHS before them. A diverged arm is not falling; an arm
     without the earlier window (too few epochs) cannot be shown to have settled, so it counts as
     falling."""
-    now, before = _arm(last), _arm(earlier) if earlier is not None else None
+    now, before = arm_mean(last), arm_mean(earlier) if earlier is not None else None
     if now is None:
         return False
     return before is None or now < (1 - SETTLE_DROP) * before
@@ -173,7 +175,7 @@ def d2_verdict(loss: dict[str, dict[float, Any]], earlier: dict[str, dict[float,
     if not lrs:
         return ladder(unusable=True), "missing settings" + (" (tiny runs)" if tiny else "")
     summary = "average training loss of the last epochs (SGD / PSGD / no BN): " + ", ".join(
-        f"lr {lr:g}: " + " / ".join(fmt(_seeds(loss[k][lr]), 4) for k in ("SGD",) + others)
+        f"lr {lr:g}: " + " / ".join(fmt(seed_values(loss[k][lr]), 4) for k in ("SGD",) + others)
         for lr in lrs)
     if tiny:
         return ladder(unusable=True), summary + " (tiny runs)"
@@ -183,8 +185,8 @@ def d2_verdict(loss: dict[str, dict[float, Any]], earlier: dict[str, dict[float,
         return still_falling(loss[setting][lr], earlier.get(setting, {}).get(lr))
 
     failing = [lr for lr in lrs if _is_stuck(sgd[lr]) and not falling("SGD", lr)]
-    unsettled = [f"SGD at lr {lr:g}" for lr in lrs if _arm(sgd[lr]) is not None
-                 and _arm(sgd[lr]) > CONVERGED
+    unsettled = [f"SGD at lr {lr:g}" for lr in lrs if arm_mean(sgd[lr]) is not None
+                 and arm_mean(sgd[lr]) > CONVERGED
                  and falling("SGD", lr)] + [f"{k} at lr {top:g}" for k in others if falling(k, top)]
     if unsettled:
         summary += (f"; still falling (last {TAIL_EPOCHS} epochs more than {SETTLE_DROP:.0%} below "
@@ -193,7 +195,7 @@ def d2_verdict(loss: dict[str, dict[float, Any]], earlier: dict[str, dict[float,
     against = ("; SGD with BN does not converge at lr " + ", ".join(f"{lr:g}" for lr in failing)
                if failing else
                "; PSGD or SGD without BN still trains at the largest lr" if trains else "")
-    supports = not against and not unsettled and all(_arm(sgd[lr]) <= CONVERGED for lr in lrs)
+    supports = not against and not unsettled and all(arm_mean(sgd[lr]) <= CONVERGED for lr in lrs)
     verdict = ladder(True if supports else None, against=bool(against))
     return verdict, summary + explain(verdict, not_held=against,
                                       held="; only SGD with BN converges at every lr")

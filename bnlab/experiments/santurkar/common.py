@@ -77,13 +77,13 @@ def dln_config(preset: str, norm: str, seed: int = 0, lr: float = DLN_LR) -> dic
             "probes": probes + ["histograms(every=10)", "landscape(every=25)", SMOKE_DLN_HESSIAN]}
 
 
-def _vgg_runs(preset: str, labels, prefix: str = "") -> list[RunSpec]:
+def vgg_runs(preset: str, labels, prefix: str = "") -> list[RunSpec]:
     return [RunSpec(f"{prefix}{label} · seed {seed}", vgg_config(preset, NORMS[label], seed),
                     {"net": "vgg", "norm": NORMS[label], "arm": prefix + label, "seed": seed})
             for label in labels for seed in SEEDS]
 
 
-def _dln_runs(preset: str, labels, prefix: str = "", lr: float = DLN_LR) -> list[RunSpec]:
+def dln_runs(preset: str, labels, prefix: str = "", lr: float = DLN_LR) -> list[RunSpec]:
     return [RunSpec(f"{prefix}{label} · seed {seed}", dln_config(preset, NORMS[label], seed, lr),
                     {"net": "dln", "norm": NORMS[label], "arm": prefix + label, "seed": seed})
             for label in labels for seed in SEEDS]
@@ -95,7 +95,7 @@ def _finite(values) -> list[float]:
     return [v for v in (finite_or_none(v) for v in values) if v is not None]
 
 
-def _median(values) -> float | None:
+def finite_median(values) -> float | None:
     vals = _finite(values)
     return statistics.median(vals) if vals else None
 
@@ -109,7 +109,7 @@ def arm_runs(ctx) -> dict[str, list]:
     return arms
 
 
-def _runs_by_label(ctx) -> dict[str, Any]:
+def runs_by_label(ctx) -> dict[str, Any]:
     """One run per arm for the figures: the first seed's."""
     return {arm: runs[0] for arm, runs in arm_runs(ctx).items()}
 
@@ -148,7 +148,7 @@ def sharpness_ratio(run, lr: float, half: bool = True) -> float | None:
     if half and rows:
         cut = rows[-1][0] / 2
         rows = [(s, v) for s, v in rows if s >= cut] or rows[-1:]
-    return _median([v * lr / 2 for _, v in rows])
+    return finite_median([v * lr / 2 for _, v in rows])
 
 
 def sharpness_panel(runs: dict, lr: float, prefix: str = "") -> dict:
@@ -221,11 +221,11 @@ def pick(items: list, fractions=(0.25, 0.75)) -> list:
     return [items[i] for i in chosen]
 
 
-def _values(run, metric: str) -> list[float]:
+def finite_values(run, metric: str) -> list[float]:
     return _finite(run.series(metric)[1]) if run is not None else []
 
 
-def _layer_medians(run, probe: str, quantity: str, skip_zero: bool = False) -> float | None:
+def layer_medians(run, probe: str, quantity: str, skip_zero: bool = False) -> float | None:
     """Median over probed steps and layers of ``probe/<probe>/<quantity>/<layer>``.
 
     ``skip_zero`` leaves out layers whose values are all exactly 0 (ICS of the first layer: nothing
@@ -234,23 +234,23 @@ def _layer_medians(run, probe: str, quantity: str, skip_zero: bool = False) -> f
         return None
     values = []
     for layer in probe_layers(run, probe, quantity):
-        vals = _values(run, f"probe/{probe}/{quantity}/{layer}")
+        vals = finite_values(run, f"probe/{probe}/{quantity}/{layer}")
         if skip_zero and all(v == 0.0 for v in vals):
             continue
         values += vals
-    return _median(values)
+    return finite_median(values)
 
 
-def _first_layer_zero(run, probe="ics") -> set[str]:
+def first_layer_zero(run, probe="ics") -> set[str]:
     out = set()
     for layer in probe_layers(run, probe, "l2"):
-        vals = _values(run, f"probe/{probe}/l2/{layer}")
+        vals = finite_values(run, f"probe/{probe}/l2/{layer}")
         if vals and all(v == 0.0 for v in vals):
             out.add(layer)
     return out
 
 
-def _curve_panel(runs: dict, metric: str, title: str, ylabel: str, logy=False, points=80) -> dict:
+def curve_panel(runs: dict, metric: str, title: str, ylabel: str, logy=False, points=80) -> dict:
     series = {}
     for label, r in runs.items():
         if r is None:
@@ -262,8 +262,8 @@ def _curve_panel(runs: dict, metric: str, title: str, ylabel: str, logy=False, p
     return {"series": series, "xlabel": "step", "ylabel": ylabel, "title": title, "logy": logy}
 
 
-def _band_panel(runs: dict, lo: str, hi: str, mid: str | None, title: str, ylabel: str,
-                logy=False) -> dict:
+def band_panel(runs: dict, lo: str, hi: str, mid: str | None, title: str, ylabel: str,
+               logy=False) -> dict:
     """Shaded [lo, hi] per run against the step (the papers' 'variation' plots), ``mid`` as a
     line."""
     series, band = {}, {}
@@ -289,18 +289,18 @@ def _band_panel(runs: dict, lo: str, hi: str, mid: str | None, title: str, ylabe
             "logy": logy}
 
 
-def _hist_units(run) -> list[str]:
+def hist_units(run) -> list[str]:
     """Unit tags ``<layer>[<unit>]`` recorded by the histograms probe, in forward order."""
     prefix = "probe/histograms/q50/"
     return sorted({n[len(prefix):] for n in run.metric_names(prefix)},
                   key=layer_key) if run is not None else []
 
 
-def _hist_layers(run) -> list[str]:
-    return sorted({u.split("[")[0] for u in _hist_units(run)}, key=layer_key)
+def hist_layers(run) -> list[str]:
+    return sorted({u.split("[")[0] for u in hist_units(run)}, key=layer_key)
 
 
-def _distribution_panel(run, unit: str, title: str) -> dict:
+def distribution_panel(run, unit: str, title: str) -> dict:
     """One sampled unit over training: 5–95 % and 25–75 % bands and the median (Figs 2, 8, 14)."""
     def s(q):
         return run.series(f"probe/histograms/{q}/{unit}")
@@ -328,8 +328,8 @@ def distribution_drift(run) -> float | None:
     if run is None:
         return None
     drifts = []
-    for unit in _hist_units(run):
-        q05, q50, q95 = (_values(run, f"probe/histograms/{q}/{unit}")
+    for unit in hist_units(run):
+        q05, q50, q95 = (finite_values(run, f"probe/histograms/{q}/{unit}")
                          for q in ("q05", "q50", "q95"))
         if len(q05) < 2 or len(q95) < 2 or len(q50) < 2:
             continue
@@ -337,10 +337,10 @@ def distribution_drift(run) -> float | None:
         if spread0 <= 0 or spread1 <= 0:
             continue
         drifts.append(abs(q50[-1] - q50[0]) / spread0 + abs(math.log(spread1 / spread0)))
-    return _median(drifts)
+    return finite_median(drifts)
 
 
-def _inconclusive_if_tiny(ctx) -> str | None:
+def inconclusive_if_tiny(ctx) -> str | None:
     if ctx.tiny:
         return "tiny run (a few steps, a wiring check): nothing to compare"
     return None

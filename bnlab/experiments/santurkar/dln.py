@@ -14,9 +14,9 @@ from ..verdicts import conjunction, decide, ladder
 from bnlab.formatting import fmt
 from ..common import RULE, compare_arms, safe_panels
 from .common import (
-    BN, DLN_LR, STANDARD, _band_panel, _curve_panel, _distribution_panel, _dln_runs, _hist_layers,
-    _hist_units, _inconclusive_if_tiny, _median, _runs_by_label, _values, arm_runs, compare_text,
-    distribution_drift, log_values, per_seed, pick, sharpness_line, sharpness_panel,
+    BN, DLN_LR, STANDARD, band_panel, curve_panel, distribution_panel, dln_runs, hist_layers,
+    hist_units, inconclusive_if_tiny, finite_median, runs_by_label, finite_values, arm_runs,
+    compare_text, distribution_drift, log_values, per_seed, pick, sharpness_line, sharpness_panel,
 )
 
 FIG6_LABELS = (STANDARD, BN)
@@ -24,17 +24,17 @@ FIG6_LABELS = (STANDARD, BN)
 # ---- Fig. 8: DLN activation distributions -----------------------------------------------------
 
 def _fig8_plan(preset: str) -> Plan:
-    return Plan(runs=_dln_runs(preset, FIG6_LABELS))
+    return Plan(runs=dln_runs(preset, FIG6_LABELS))
 
 
 def _fig8_analyze(ctx) -> Outcome:
-    runs = {label: _runs_by_label(ctx).get(label) for label in FIG6_LABELS}
+    runs = {label: runs_by_label(ctx).get(label) for label in FIG6_LABELS}
     specs = []
     for label, r in runs.items():
-        units = _hist_units(r)
-        for layer in pick(_hist_layers(r), (0.1, 0.5, 0.9)):
+        units = hist_units(r)
+        for layer in pick(hist_layers(r), (0.1, 0.5, 0.9)):
             unit = next(u for u in units if u.split("[")[0] == layer)
-            specs.append(_distribution_panel(r, unit, f"{label}: {unit}"))
+            specs.append(distribution_panel(r, unit, f"{label}: {unit}"))
     fig = safe_panels(ctx.figure_path("activations"),
                       specs or [{"title": "no activation histograms"}], ncols=3,
                  title="Santurkar Fig. 8: activation distributions of a 25-layer DLN over training")
@@ -44,7 +44,7 @@ def _fig8_analyze(ctx) -> Outcome:
               "ours": " ".join(fmt(v) for v in drift[label]) or "—",
               "paper": {STANDARD: "distributions shift and widen over training (Fig. 8)",
                         BN: "distributions stay stable (Fig. 8)"}[label]} for label in FIG6_LABELS]
-    verdict, summary = fig8_verdict(drift, _inconclusive_if_tiny(ctx))
+    verdict, summary = fig8_verdict(drift, inconclusive_if_tiny(ctx))
     return Outcome([fig], table, verdict, summary)
 
 
@@ -85,24 +85,24 @@ LANDSCAPE = {"loss_range": "loss range along the gradient",
 def landscape_summary(run) -> dict[str, float | None]:
     """Median over probed steps of the landscape probe's loss range, largest gradient change and
     β."""
-    return {k: _median(_values(run, f"probe/landscape/{k}")) for k in LANDSCAPE}
+    return {k: finite_median(finite_values(run, f"probe/landscape/{k}")) for k in LANDSCAPE}
 
 
 # the paper's 1e-6 converted as if its loss summed over all 1000 samples and 10 outputs
 LITERAL_LR = 1e-2
 
 
-def _landscape_panels(runs: dict, prefix: str, lr: float) -> list[dict]:
-    beta = _curve_panel(runs, "probe/landscape/beta_smoothness",
-                        f"{prefix}effective β-smoothness (dashed: 2/lr)", "β", logy=True)
+def landscape_panels(runs: dict, prefix: str, lr: float) -> list[dict]:
+    beta = curve_panel(runs, "probe/landscape/beta_smoothness",
+                       f"{prefix}effective β-smoothness (dashed: 2/lr)", "β", logy=True)
     # gradient descent's stability edge: sharper directions make a step overshoot
     beta["hline"] = 2.0 / lr
     return [
-        _band_panel(runs, "probe/landscape/loss_min", "probe/landscape/loss_max",
-                    "probe/landscape/loss", f"{prefix}loss landscape (loss along the gradient)",
-                    "loss", logy=True),
-        _band_panel(runs, "probe/landscape/grad_change_min", "probe/landscape/grad_change_max",
-                    None, f"{prefix}gradient predictiveness", "‖∇L(θ) − ∇L(θ − s g)‖", logy=True),
+        band_panel(runs, "probe/landscape/loss_min", "probe/landscape/loss_max",
+                   "probe/landscape/loss", f"{prefix}loss landscape (loss along the gradient)",
+                   "loss", logy=True),
+        band_panel(runs, "probe/landscape/grad_change_min", "probe/landscape/grad_change_max",
+                   None, f"{prefix}gradient predictiveness", "‖∇L(θ) − ∇L(θ − s g)‖", logy=True),
         beta,
         sharpness_panel(runs, lr, prefix),
     ]
@@ -130,8 +130,8 @@ LITERAL_ARM = "lr 1e-2 · "  # fig9's second reading: the arms trained at LITERA
 
 
 def _fig9_plan(preset: str) -> Plan:
-    return Plan(runs=_dln_runs(preset, FIG6_LABELS)
-                + _dln_runs(preset, FIG6_LABELS, LITERAL_ARM, LITERAL_LR))
+    return Plan(runs=dln_runs(preset, FIG6_LABELS)
+                + dln_runs(preset, FIG6_LABELS, LITERAL_ARM, LITERAL_LR))
 
 
 def _beta_edge(summaries: dict[str, list[dict]], lr: float) -> dict[str, list[float | None]]:
@@ -176,14 +176,14 @@ FIG9_PAPER = {"loss_range": "BN much smaller (Fig. 9a)",
 
 
 def _fig9_analyze(ctx) -> Outcome:
-    runs = {label: _runs_by_label(ctx).get(label) for label in FIG6_LABELS}
+    runs = {label: runs_by_label(ctx).get(label) for label in FIG6_LABELS}
     arms = arm_runs(ctx)
-    specs = _landscape_panels(runs, "", DLN_LR)
-    specs.append(_curve_panel(runs, "train_loss", "training loss", "loss", logy=True))
+    specs = landscape_panels(runs, "", DLN_LR)
+    specs.append(curve_panel(runs, "train_loss", "training loss", "loss", logy=True))
     fig9 = safe_panels(ctx.figure_path("landscape"), specs, ncols=5,
                        title="Santurkar Fig. 9: DLN landscape along the gradient, [1/100, 30] × lr "
                              "(seed 0)")
-    verdict, table, text = fig9_readings(arms, _inconclusive_if_tiny(ctx))
+    verdict, table, text = fig9_readings(arms, inconclusive_if_tiny(ctx))
     caveat = ("both readings must agree; BN's β·lr/2 near 1 at a rate means it trains at the "
               "stability edge 2/lr there, so its raw β is set by the rate")
     literal = {k: v for k, v in arms.items() if k.startswith(LITERAL_ARM)}

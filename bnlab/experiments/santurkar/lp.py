@@ -16,12 +16,12 @@ from ..verdicts import checks, combine, ladder, tally
 from bnlab.formatting import fmt
 from ..common import RULE, compare_arms, safe_panels
 from .common import (
-    BN, L1, L2, LINF, STANDARD, _curve_panel, _distribution_panel, _dln_runs, _hist_layers,
-    _hist_units, _inconclusive_if_tiny, _runs_by_label, _vgg_runs, arm_runs, compare_text,
+    BN, L1, L2, LINF, STANDARD, curve_panel, distribution_panel, dln_runs, hist_layers,
+    hist_units, inconclusive_if_tiny, runs_by_label, vgg_runs, arm_runs, compare_text,
     distribution_drift, dln_config, log_values, mean_train_loss, per_seed, pick, sharpness_line,
     vgg_config,
 )
-from .dln import LANDSCAPE, _landscape_panels, landscape_summary, landscape_verdict
+from .dln import LANDSCAPE, landscape_panels, landscape_summary, landscape_verdict
 
 # Every arm the paper names (Figs 11–14: ℓ1, ℓ2 and ℓ∞ beside standard and BN), in both presets.
 LP_LABELS = (STANDARD, BN, L1, L2, LINF)
@@ -35,7 +35,7 @@ COMPARABLE_FACTOR = 1.25
 
 
 def _fig11_plan(preset: str) -> Plan:
-    return Plan(runs=_vgg_runs(preset, LP_LABELS, "VGG: ") + _dln_runs(preset, LP_LABELS, "DLN: "))
+    return Plan(runs=vgg_runs(preset, LP_LABELS, "VGG: ") + dln_runs(preset, LP_LABELS, "DLN: "))
 
 
 def fig11_verdict(losses: dict[str, list[float]], landscapes: dict[str, list[dict]],
@@ -81,15 +81,15 @@ def fig11_verdict(losses: dict[str, list[float]], landscapes: dict[str, list[dic
 
 
 def _fig11_analyze(ctx) -> Outcome:
-    by_label, arms = _runs_by_label(ctx), arm_runs(ctx)
+    by_label, arms = runs_by_label(ctx), arm_runs(ctx)
     labels = [label for label in LP_LABELS if f"VGG: {label}" in by_label
               or f"DLN: {label}" in by_label]
     figures, table, losses, landscapes = [], [], {}, {}
     for net, fig_name, target in NETS:
         runs = {label: by_label.get(f"{net}: {label}") for label in labels}
         lr = (vgg_config if net == "VGG" else dln_config)(ctx.preset, "none")["lr"]
-        specs = [_curve_panel(runs, "train_loss", f"(a) {net} training loss", "loss", logy=True)]
-        specs += _landscape_panels(runs, f"{net}: ", lr)
+        specs = [curve_panel(runs, "train_loss", f"(a) {net} training loss", "loss", logy=True)]
+        specs += landscape_panels(runs, f"{net}: ", lr)
         title = f"Santurkar {target}: {net} with ℓp normalizations (seed 0)"
         figures.append(safe_panels(ctx.figure_path(f"{fig_name}_lp"), specs, ncols=5, title=title))
         for label in labels:
@@ -105,7 +105,7 @@ def _fig11_analyze(ctx) -> Outcome:
                                    "trains better and smoother than Standard (Figs 11–12)" + (
                                        ", comparably to or better than BN (Fig. 13)" if label in LP
                                        else "")})
-    verdict, summary = fig11_verdict(losses, landscapes, _inconclusive_if_tiny(ctx))
+    verdict, summary = fig11_verdict(losses, landscapes, inconclusive_if_tiny(ctx))
 
     def lr_of(net: str) -> float:
         return (vgg_config if net == "VGG" else dln_config)(ctx.preset, "none")["lr"]
@@ -142,7 +142,7 @@ register(Experiment(
 # ---- Fig. 14: activation distributions under the ℓp normalizations -------------------------------
 
 def _fig14_plan(preset: str) -> Plan:
-    return Plan(runs=_vgg_runs(preset, LP_LABELS, "VGG: "))
+    return Plan(runs=vgg_runs(preset, LP_LABELS, "VGG: "))
 
 
 def fig14_verdict(drift: dict[str, list[float]], losses: dict[str, list[float]],
@@ -173,15 +173,15 @@ def fig14_verdict(drift: dict[str, list[float]], losses: dict[str, list[float]],
 
 
 def _fig14_analyze(ctx) -> Outcome:
-    by_label, arms = _runs_by_label(ctx), arm_runs(ctx)
+    by_label, arms = runs_by_label(ctx), arm_runs(ctx)
     labels = [label for label in LP_LABELS if f"VGG: {label}" in by_label]
     specs = []
     for label in labels:
         r = by_label[f"VGG: {label}"]
-        units = _hist_units(r)
-        for layer in pick(_hist_layers(r), (0.25, 0.75)):
+        units = hist_units(r)
+        for layer in pick(hist_layers(r), (0.25, 0.75)):
             unit = next(u for u in units if u.split("[")[0] == layer)
-            specs.append(_distribution_panel(r, unit, f"{label}: {unit}"))
+            specs.append(distribution_panel(r, unit, f"{label}: {unit}"))
     fig = safe_panels(ctx.figure_path("vgg_lp_activations"),
                       specs or [{"title": "no activation histograms"}], ncols=4,
                       title="Santurkar Fig. 14: VGG activation distributions under ℓp "
@@ -194,7 +194,7 @@ def _fig14_analyze(ctx) -> Outcome:
               "paper": "ℓp: larger distributional shift than normal networks, yet better "
                        "optimization (Fig. 14)"
               if label in LP else "reference"} for label in labels]
-    verdict, summary = fig14_verdict(drift, losses, _inconclusive_if_tiny(ctx))
+    verdict, summary = fig14_verdict(drift, losses, inconclusive_if_tiny(ctx))
     return Outcome([fig], table, verdict, summary)
 
 

@@ -24,8 +24,8 @@ from ..verdicts import decide, ladder
 from bnlab.formatting import finite_or_none, fmt
 from ..common import RULE, compare_arms, safe_panels
 from .common import (
-    BN, DLN_LR, DLN_RANGE, NORMS, SEEDS, SMOKE_DLN_STEPS, STANDARD, _inconclusive_if_tiny, _median,
-    compare_text, dln_config, log_values,
+    BN, DLN_LR, DLN_RANGE, NORMS, SEEDS, SMOKE_DLN_STEPS, STANDARD, inconclusive_if_tiny,
+    finite_median, compare_text, dln_config, log_values,
 )
 from .dln import FIG6_LABELS, LANDSCAPE, LITERAL_LR
 
@@ -133,7 +133,7 @@ def _replay_windows(pred: dict) -> dict[str, dict[str, list[dict[str, float | No
                       or info.get("curves") or [])
             for name, (lo, hi) in windows.items():
                 summaries = [window_summary(c, sizes, lo, hi) for c in curves]
-                out[label][name].append({k: _median([sm[k] for sm in summaries])
+                out[label][name].append({k: finite_median([sm[k] for sm in summaries])
                                          for k in LANDSCAPE})
     return out
 
@@ -199,7 +199,7 @@ def _fig10_analyze(ctx) -> Outcome:
             table.append({"quantity": f"{text}: median {LANDSCAPE[k]} per seed, standard / BN",
                           "ours": " / ".join(per_arm),
                           "paper": "BN much smaller, also beyond 30 × lr (Figs 9, 10)"})
-    verdict, summary = fig10_verdict(windows, _inconclusive_if_tiny(ctx))
+    verdict, summary = fig10_verdict(windows, inconclusive_if_tiny(ctx))
     return Outcome([fig], table, verdict, summary)
 
 

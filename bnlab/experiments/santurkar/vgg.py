@@ -15,9 +15,9 @@ from ..verdicts import checks, combine, conjunction, ladder
 from bnlab.formatting import fmt
 from ..common import RULE, compare_arms, safe_panels
 from .common import (
-    BN, COS_TOLERANCE, NOISY, SHIFT_FACTOR, STANDARD, _curve_panel, _distribution_panel, _dln_runs,
-    _first_layer_zero, _hist_layers, _hist_units, _inconclusive_if_tiny, _layer_medians, _median,
-    _runs_by_label, _values, _vgg_runs, arm_runs, compare_text, layer_key, log_values,
+    BN, COS_TOLERANCE, NOISY, SHIFT_FACTOR, STANDARD, curve_panel, distribution_panel, dln_runs,
+    first_layer_zero, hist_layers, hist_units, inconclusive_if_tiny, layer_medians, finite_median,
+    runs_by_label, finite_values, vgg_runs, arm_runs, compare_text, layer_key, log_values,
     mean_train_loss, per_seed, pick, probe_layers, sharpness_line, sharpness_panel, vgg_config,
 )
 
@@ -27,22 +27,22 @@ FIG2_LABELS = (STANDARD, BN, NOISY)
 
 
 def _fig2_plan(preset: str) -> Plan:
-    return Plan(runs=_vgg_runs(preset, FIG2_LABELS))
+    return Plan(runs=vgg_runs(preset, FIG2_LABELS))
 
 
 def _fig2_analyze(ctx) -> Outcome:
-    runs = {label: _runs_by_label(ctx).get(label) for label in FIG2_LABELS}
-    specs = [_curve_panel(runs, "train_loss", "training loss (block means)", "loss", logy=True),
-             _curve_panel(runs, "train_accuracy", "training accuracy (batch, block means)",
-                          "accuracy"),
-             _curve_panel(runs, "test_accuracy", "test accuracy", "accuracy", points=200)]
+    runs = {label: runs_by_label(ctx).get(label) for label in FIG2_LABELS}
+    specs = [curve_panel(runs, "train_loss", "training loss (block means)", "loss", logy=True),
+             curve_panel(runs, "train_accuracy", "training accuracy (batch, block means)",
+                         "accuracy"),
+             curve_panel(runs, "test_accuracy", "test accuracy", "accuracy", points=200)]
     for label in (BN, NOISY):
         r = runs.get(label)
-        units = _hist_units(r)
-        layers = _hist_layers(r)
+        units = hist_units(r)
+        layers = hist_layers(r)
         for layer in pick(layers, (0.2, 0.8)):
             unit = next(u for u in units if u.split("[")[0] == layer)
-            specs.append(_distribution_panel(r, unit, f"{label}: activation {unit}"))
+            specs.append(distribution_panel(r, unit, f"{label}: activation {unit}"))
     arms = arm_runs(ctx)
     losses = {label: per_seed(arms.get(label), mean_train_loss) for label in FIG2_LABELS}
     finals = {label: (r.final("train_accuracy") if r is not None else None,
@@ -60,7 +60,7 @@ def _fig2_analyze(ctx) -> Outcome:
     fig = safe_panels(ctx.figure_path("training_curves"), specs + [sharpness_panel(runs, lr)],
                       ncols=3, title="Santurkar Fig. 2: VGG with standard, BN and noisy BN layers "
                                      "(seed 0)")
-    verdict, summary = fig2_verdict(losses, _inconclusive_if_tiny(ctx))
+    verdict, summary = fig2_verdict(losses, inconclusive_if_tiny(ctx))
     return Outcome([fig], table, verdict, f"{summary}; {sharpness_line(arms, lr)}")
 
 
@@ -114,8 +114,8 @@ FIG6_LABELS = (STANDARD, BN)
 
 
 def _fig6_plan(preset: str) -> Plan:
-    return Plan(runs=_vgg_runs(preset, FIG6_LABELS, "VGG: ")
-                + _dln_runs(preset, FIG6_LABELS, "DLN: "))
+    return Plan(runs=vgg_runs(preset, FIG6_LABELS, "VGG: ")
+                + dln_runs(preset, FIG6_LABELS, "DLN: "))
 
 
 def ics_summary(run) -> tuple[float | None, float | None]:
@@ -123,14 +123,14 @@ def ics_summary(run) -> tuple[float | None, float | None]:
     out."""
     if run is None:
         return None, None
-    skip = _first_layer_zero(run)
+    skip = first_layer_zero(run)
     cos = [v for layer in probe_layers(run, "ics", "cos") if layer not in skip
-           for v in _values(run, f"probe/ics/cos/{layer}")]
-    return _median(cos), _layer_medians(run, "ics", "l2", skip_zero=True)
+           for v in finite_values(run, f"probe/ics/cos/{layer}")]
+    return finite_median(cos), layer_medians(run, "ics", "l2", skip_zero=True)
 
 
 def _fig6_analyze(ctx) -> Outcome:
-    by_label = _runs_by_label(ctx)
+    by_label = runs_by_label(ctx)
     arms = arm_runs(ctx)
     specs, table = [], []
     cos: dict[tuple[str, str], list[float]] = {}
@@ -138,7 +138,7 @@ def _fig6_analyze(ctx) -> Outcome:
         runs = {label: by_label.get(f"{net}: {label}") for label in FIG6_LABELS}
         reference = runs[STANDARD] or runs[BN]
         layers = [name for name in probe_layers(reference, "ics", "l2")
-                  if name not in _first_layer_zero(reference)] \
+                  if name not in first_layer_zero(reference)] \
             if reference is not None else []
         for layer in pick(layers, (0.3, 0.9)):
             for quantity, ylabel in (("l2", "‖G − G′‖₂"), ("cos", "cos(G, G′)")):
@@ -165,7 +165,7 @@ def _fig6_analyze(ctx) -> Outcome:
                       "paper": "BN similar or larger (worse) than standard (Fig. 6)"})
     fig = safe_panels(ctx.figure_path("ics"), specs or [{"title": "no ICS measurements"}], ncols=4,
                       title="Santurkar Fig. 6: ICS (Definition 2.1) with and without BN (seed 0)")
-    verdict, summary = fig6_verdict(cos, _inconclusive_if_tiny(ctx))
+    verdict, summary = fig6_verdict(cos, inconclusive_if_tiny(ctx))
     return Outcome([fig], table, verdict, summary)
 
 
@@ -207,11 +207,11 @@ register(Experiment(
 # ---- Fig. 7: moments drift --------------------------------------------------------------------
 
 def _fig7_plan(preset: str) -> Plan:
-    return Plan(runs=_vgg_runs(preset, FIG2_LABELS))
+    return Plan(runs=vgg_runs(preset, FIG2_LABELS))
 
 
 def _fig7_analyze(ctx) -> Outcome:
-    runs = {label: _runs_by_label(ctx).get(label) for label in FIG2_LABELS}
+    runs = {label: runs_by_label(ctx).get(label) for label in FIG2_LABELS}
     specs = []
     # Layers differ in name (the conv output "features.4.0" without BN, the BN output "features.4.1"
     # with it): pair them by their block "features.4", at depths picked among the blocks every run
@@ -231,11 +231,11 @@ def _fig7_analyze(ctx) -> Outcome:
                         series[label] = (xs, ys)
             specs.append({"series": series, "xlabel": "step", "ylabel": ylabel, "logy": True,
                           "title": f"block {block} output: {ylabel} per step"})
-    specs.append(_curve_panel(runs, "train_loss", "training loss (block means)", "loss", logy=True))
+    specs.append(curve_panel(runs, "train_loss", "training loss (block means)", "loss", logy=True))
     fig = safe_panels(ctx.figure_path("moments"), specs, ncols=3,
                  title="Santurkar Fig. 7: change of activation moments between successive steps")
     arms = arm_runs(ctx)
-    changes = {label: {q: per_seed(arms.get(label), lambda r, q=q: _layer_medians(r, "moments", q))
+    changes = {label: {q: per_seed(arms.get(label), lambda r, q=q: layer_medians(r, "moments", q))
                        for q in ("mean_change", "var_change")} for label in FIG2_LABELS}
     losses = {label: per_seed(arms.get(label), mean_train_loss) for label in FIG2_LABELS}
     paper = {STANDARD: "small change of mean and variance", BN: "small change",
@@ -247,7 +247,7 @@ def _fig7_analyze(ctx) -> Outcome:
                       f"{' '.join(fmt(v) for v in changes[label]['var_change']) or '—'}; "
                       f"{' '.join(fmt(v) for v in losses[label]) or '—'}",
               "paper": paper[label]} for label in FIG2_LABELS]
-    verdict, summary = fig7_verdict(changes, losses, _inconclusive_if_tiny(ctx))
+    verdict, summary = fig7_verdict(changes, losses, inconclusive_if_tiny(ctx))
     return Outcome([fig], table, verdict, summary)
 
 
