@@ -12,7 +12,7 @@ from ..rule_stats import holm
 from ..verdicts import decide, explain, ladder, settle
 from bnlab.formatting import finite_or_none, fmt
 from ..common import ALPHA, RULE, SETTLE_FRACTION, compare_arms, mean_curve, safe_panels
-from .common import TRAIN_SIZES, _points, window_mean
+from .common import TRAIN_SIZES, plot_points, window_mean
 
 
 # ================================================================================================
@@ -37,7 +37,7 @@ SMOKE_DATA = {"test_fraction": SMOKE_TEST_FRACTION, "seed": 0}
 DIGITS_TRAIN = {0.2: 1438, SMOKE_TEST_FRACTION: 539}
 
 
-def _cnn_base(preset: str, smoke_epochs: int) -> dict:
+def cnn_base(preset: str, smoke_epochs: int) -> dict:
     """§5's CNN and recipe: SGD, momentum 0.9, lr × (1 − 10⁻⁴) every step, no weight decay, no
     augmentation.
 
@@ -56,7 +56,7 @@ def _cnn_base(preset: str, smoke_epochs: int) -> dict:
             "momentum": 0.9, "schedule": "exp:0.9999", "seed": 0}
 
 
-def _train_size(config: dict) -> int:
+def train_size(config: dict) -> int:
     if config["data"] == "digits":
         return DIGITS_TRAIN[(config.get("data_options") or {}).get("test_fraction", 0.2)]
     return TRAIN_SIZES[config["data"]]
@@ -81,7 +81,7 @@ FIG4_PRIMARY = ("BN", "WN")
 
 
 def _fig4_plan(preset: str) -> Plan:
-    base = {**_cnn_base(preset, FIG4_SMOKE_EPOCHS), "batch_size": 64}
+    base = {**cnn_base(preset, FIG4_SMOKE_EPOCHS), "batch_size": 64}
     if preset != "paper":
         base["lr"] = FIG4_SMOKE_LR
     return Plan(runs=[RunSpec(label if seed == 0 else f"{label} (seed {seed})",
@@ -204,8 +204,8 @@ FIG5_SEEDS = (0, 1, 2)
 
 
 def _fig5_plan(preset: str) -> Plan:
-    base = _cnn_base(preset, 60)
-    n_train = _train_size(base)
+    base = cnn_base(preset, 60)
+    n_train = train_size(base)
     runs = []
     for M in _FIG5_BATCHES:
         spe = -(-n_train // M)
@@ -329,10 +329,11 @@ def _fig5_analyze(ctx) -> Outcome:
            for m in batches]
     # log₂ M on a linear axis: matplotlib labels the minor ticks of a short log axis unreadably
     x = [math.log2(m) if m else None for m in batches]
-    gamma_series = {layer: _points(x, [float(np.mean(v[m])) if v.get(m) else None for m in batches])
+    gamma_series = {layer: plot_points(x, [float(np.mean(v[m])) if v.get(m) else None
+                                           for m in batches])
                     for layer, v in sorted(gamma.items())}
-    gamma_series["mean over layers"] = _points(x, mean_sq)
-    zeta_series = {"ζ (Theorem 1, layer mean)": _points(x, mean_zeta)}
+    gamma_series["mean over layers"] = plot_points(x, mean_sq)
+    zeta_series = {"ζ (Theorem 1, layer mean)": plot_points(x, mean_zeta)}
     first = next(((m, z) for m, z in zip(batches, mean_zeta) if z), None)
     if first:
         zeta_series["∝ 1/M"] = (x, [first[1] * first[0] / m for m in batches])
@@ -347,7 +348,7 @@ def _fig5_analyze(ctx) -> Outcome:
     fig = safe_panels(ctx.figure_path("gamma_vs_batch"), [
         {"series": gamma_series, "xlabel": "log₂ M", "ylabel": "mean γ²", "markers": True,
          "title": "(a) γ² per BN layer (seed means)"},
-        {"series": {"validation loss": _points(x, val)}, "xlabel": "log₂ M",
+        {"series": {"validation loss": plot_points(x, val)}, "xlabel": "log₂ M",
          "ylabel": "validation loss", "markers": True, "title": "(b) validation loss"},
         {"series": zeta_series, "xlabel": "log₂ M", "ylabel": "ζ", "logy": True, "markers": True,
          "title": "ζ from the data (Eq. 4)"},

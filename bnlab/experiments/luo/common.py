@@ -22,13 +22,13 @@ TRAIN_SIZES = {"cifar10": 50000}
 _TOL = math.log(1.5)       # "matches within a factor 1.5" for ratios compared in the verdicts
 
 
-def _clean(obj: Any) -> Any:
+def jsonable_copy(obj: Any) -> Any:
     """JSON-able copy: arrays to lists, non-finite floats to None (strict JSON, plots skip None)."""
     return jsonable(obj)
 
 
-def _points(xs: Sequence[float],
-            ys: Sequence[float | None]) -> tuple[list[float], list[float | None]]:
+def plot_points(xs: Sequence[float],
+                ys: Sequence[float | None]) -> tuple[list[float], list[float | None]]:
     # plots.panels draws a single point with its own marker; doubling it keeps our marker style.
     xs, ys = list(xs), list(ys)
     return (xs * 2, ys * 2) if len(xs) == 1 else (xs, ys)
@@ -58,11 +58,11 @@ def train_collecting(config: dict, *, callbacks: Sequence[Any] = (),
                       for name, rows in store.metrics(record.id).items()}
         finally:
             store.close()
-    return {"status": record.status, "metrics": _clean(record.metrics), "series": _clean(series),
-            "error": record.error}
+    return {"status": record.status, "metrics": jsonable_copy(record.metrics),
+            "series": jsonable_copy(series), "error": record.error}
 
 
-def _series(data: dict, name: str) -> tuple[list[float], list[float]]:
+def collected_series(data: dict, name: str) -> tuple[list[float], list[float]]:
     rows = (data.get("series") or {}).get(name) or []
     return [r[0] for r in rows], [r[1] for r in rows]
 

@@ -18,7 +18,7 @@ from ..base import Experiment, Outcome, Plan, RunSpec, register
 from bnlab.formatting import finite_or_none, fmt
 from ..common import RULE, SETTLE_FRACTION, compare_arms, mean_curve, safe_panels
 from ..verdicts import explain, ladder, settle
-from .common import (FIG3_ZETA, NOISE_VAR, _series, factor_test, train_collecting,
+from .common import (FIG3_ZETA, NOISE_VAR, collected_series, factor_test, train_collecting,
                      window_mean)
 
 
@@ -163,7 +163,7 @@ def fig3_values(ctx, fraction: float = 1.0) -> dict[str, list[float]]:
             out["sgd_min"].append(min(seen))
     for data in ((ctx.data.get("bn_population") or {}).get("seeds") or {}).values():
         if data.get("status") == "finished":
-            value = window_mean(*_series(data, "test_loss_population"), fraction)
+            value = window_mean(*collected_series(data, "test_loss_population"), fraction)
             if value is not None:
                 out["bn"].append(value)
     return out
@@ -185,9 +185,9 @@ def _fig3_analyze(ctx) -> Outcome:
         steps, values = mean_curve(runs, "epoch_train_loss")
         train[_FIG3_LABELS.get(key, key) + n] = ([s / spe for s in steps], values)
     pop_runs = [d for d in (pop.get("seeds") or {}).values()
-                if _series(d, "test_loss_population")[0]]
+                if collected_series(d, "test_loss_population")[0]]
     if pop_runs:
-        curves = [_series(d, "test_loss_population") for d in pop_runs]
+        curves = [collected_series(d, "test_loss_population") for d in pop_runs]
         length = min(len(c[0]) for c in curves)
         pop_mean = [float(np.mean([c[1][i] for c in curves
                                    if finite_or_none(c[1][i]) is not None] or [np.nan]))

@@ -15,11 +15,11 @@ from bnlab.train.callbacks import trainer_of
 import bnlab.train as bnlab_train  # looked up on use: a test can patch bnlab.train.run
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register, shrink
-from .cnn import SMOKE_DATA, _cnn_base, _train_size
+from .cnn import SMOKE_DATA, cnn_base, train_size
 from bnlab.formatting import finite_or_none, fmt
 from ..common import RULE, SETTLE_FRACTION, compare_arms, mean_curve, safe_panels
 from ..verdicts import NOT_HELD, checks, combine, conjunction, explain, ladder, settle
-from .common import _clean, _series, train_collecting, window_mean
+from .common import jsonable_copy, collected_series, train_collecting, window_mean
 from ..runner import TINY_STEPS
 
 
@@ -65,7 +65,7 @@ def fig6_data(preset: str, tiny: bool = False, seed: int = 0) -> dict:
     base = {**s["base"], "seed": seed}
     pre_cfg = {**base, **s["pretrain"], "norm": "bn"}
     pre_cfg = shrink(pre_cfg, TINY_STEPS) if tiny else pre_cfg
-    spe = -(-_train_size(s["base"]) // s["base"]["batch_size"])
+    spe = -(-train_size(s["base"]) // s["base"]["batch_size"])
     with tempfile.TemporaryDirectory(prefix="bnlab-fig6-") as tmp:
         try:
             record = bnlab_train.run({**pre_cfg, "runs_dir": tmp}, progress=False)
@@ -74,7 +74,7 @@ def fig6_data(preset: str, tiny: bool = False, seed: int = 0) -> dict:
                                  "error": f"{type(err).__name__}: {err}"},
                     "branches": {}}
         if record.status != "finished":
-            return {"pretrain": {"status": record.status, "metrics": _clean(record.metrics)},
+            return {"pretrain": {"status": record.status, "metrics": jsonable_copy(record.metrics)},
                     "branches": {}}
         bn_model = bnlab_train.load_model(record.id, tmp)
     folded = fold(bn_model)
@@ -84,7 +84,7 @@ def fig6_data(preset: str, tiny: bool = False, seed: int = 0) -> dict:
                   "eval_every": spe}
         branches[key] = train_collecting(config, callbacks=[KernelNorms(spe)], tiny=tiny,
                                          model_factory=lambda shape, n, m=model: copy.deepcopy(m))
-    return {"pretrain": {"status": record.status, "metrics": _clean(record.metrics)},
+    return {"pretrain": {"status": record.status, "metrics": jsonable_copy(record.metrics)},
             "branches": branches, "steps_per_epoch": spe}
 
 
@@ -104,14 +104,14 @@ def fig6_changes(seed_data: dict, fraction: float = 1.0) -> dict | None:
     frozen = (seed_data.get("branches") or {}).get("frozen") or {}
     start_val = finite_or_none(((seed_data.get("pretrain") or {}).get("metrics")
                                 or {}).get("test_loss"))
-    train_steps, train = _series(frozen, "epoch_train_loss")
+    train_steps, train = collected_series(frozen, "epoch_train_loss")
     first_train = next((v for v in train if finite_or_none(v) is not None), None)
-    val_end = window_mean(*_series(frozen, "test_loss"), fraction)
+    val_end = window_mean(*collected_series(frozen, "test_loss"), fraction)
     train_end = window_mean(train_steps, train, fraction)
     norms = {}
     for name in (frozen.get("series") or {}):
         if name.startswith("kernel_norm/"):
-            steps, values = _series(frozen, name)
+            steps, values = collected_series(frozen, name)
             kept = [v for s, v in zip(steps, values) if s <= steps[-1] * fraction
                     and finite_or_none(v) is not None]
             if len(kept) >= 2:
@@ -169,11 +169,12 @@ def _fig6_analyze(ctx) -> Outcome:
                      if k.startswith("kernel_norm/features")})
     specs = []
     for layer in layers[:4]:
-        series = {names[k]: _scale_steps(_series(b, layer), spe) for k, b in branches.items()}
+        series = {names[k]: _scale_steps(collected_series(b, layer), spe)
+                  for k, b in branches.items()}
         specs.append({"series": series, "xlabel": "fine-tuning epoch", "ylabel": "‖W‖",
                       "title": layer[len("kernel_norm/"):] + " (seed 0)"})
     for metric, title in (("epoch_train_loss", "training loss"), ("test_loss", "validation loss")):
-        series = {f"{names[k]}, seed {seed}": _scale_steps(_series(b, metric), spe)
+        series = {f"{names[k]}, seed {seed}": _scale_steps(collected_series(b, metric), spe)
                   for seed, d in seeds.items() for k, b in (d.get("branches") or {}).items()}
         specs.append({"series": series, "xlabel": "fine-tuning epoch", "ylabel": metric,
                       "title": title})
@@ -217,7 +218,7 @@ def kernel_growth(branch: dict) -> dict[str, float]:
     out = {}
     for name in (branch.get("series") or {}):
         if name.startswith("kernel_norm/"):
-            values = [v for v in _series(branch, name)[1] if finite_or_none(v) is not None]
+            values = [v for v in collected_series(branch, name)[1] if finite_or_none(v) is not None]
             if len(values) >= 2:
                 out[name[len("kernel_norm/"):]] = values[-1] - values[0]
     return out
@@ -273,7 +274,7 @@ FIG7_SMOKE_WN_LR = 0.1
 
 
 def _fig7_plan(preset: str) -> Plan:
-    base = _cnn_base(preset, 60)
+    base = cnn_base(preset, 60)
     runs = []
     for label, norm, M, p in _FIG7_ARMS:
         for seed in FIG7_SEEDS:

@@ -14,7 +14,7 @@ from ..base import Experiment, Outcome, Plan, register
 from bnlab.formatting import finite_or_none, fmt
 from ..common import RULE, SETTLE_FRACTION, safe_panels
 from ..verdicts import against_bound, explain, ladder, settle
-from .common import (FIG2_ZETAS, NOISE_VAR, _clean, _points, factor_test, zeta_by_epochs,
+from .common import (FIG2_ZETAS, NOISE_VAR, jsonable_copy, plot_points, factor_test, zeta_by_epochs,
                      zeta_share)
 
 
@@ -96,7 +96,7 @@ def fig2_data(preset: str, tiny: bool = False) -> dict:
         epochs = max(1, round(s["epochs"] * fraction))
         sims[bn_key] = _fig2_simulation(s, "bn", epochs)
         sims[control_key] = _fig2_simulation(s, "wn", epochs)
-    return _clean({
+    return jsonable_copy({
         "settings": {**{k: v for k, v in s.items() if k != "alphas"}, "noise_var": NOISE_VAR},
         "grid": grid, "curves": curves, **sims,
         "fit_zeta": sims["sim"]["fit_zeta"], "fitted_at_sim": sims["sim"]["fitted"],
@@ -236,7 +236,7 @@ def _fig2_ratios(data: dict) -> tuple[dict, dict]:
             block.get("per_seed") or []) if e and f]
         if rows:
             label = f"{name} (fit ζ = {fmt(finite_or_none(block.get('fit_zeta')))})"
-            ratio_series[label] = _points([r[0] for r in rows], [r[1] for r in rows])
+            ratio_series[label] = plot_points([r[0] for r in rows], [r[1] for r in rows])
             if key == "sim" and all(r[2] for r in rows):
                 bands["population statistics: seed range"] = (
                     [r[0] for r in rows], [min(r[2]) for r in rows], [max(r[2]) for r in rows])
@@ -258,7 +258,7 @@ def _fig2_point_series(data: dict) -> tuple[dict, dict]:
         block = data.get(key) or {}
         if block.get("alpha"):
             label = f"{label}, {block.get('epochs')} epochs"
-            series[label] = _points(block["alpha"], block["gen_error"])
+            series[label] = plot_points(block["alpha"], block["gen_error"])
             style[label] = {"ls": "none", "ms": 5, **look}
     return series, style
 
