@@ -14,7 +14,8 @@ from typing import Optional
 import numpy as np
 import typer
 
-from bnlab.cli.theory_common import JSON, PLOT, _emit, _floats, _ints, _plotted, _run
+from bnlab.cli.theory_common import (JSON, PLOT, emit_result, parse_floats, parse_ints,
+                                     plot_written, run_or_exit)
 
 from bnlab.theory import arora, figures, luo, mbn, peng, santurkar
 
@@ -76,12 +77,12 @@ def luo_zeta(
     plot: Optional[Path] = PLOT,
 ) -> None:
     """ζ(M) of Eq. 13 (exact), its large-M limit λ/2M, and Monte Carlo of E[(1 − σ_P/σ_B)²]."""
-    ms = _ints(m_values, "--m")
-    rows = _run(lambda: luo.zeta_table(ms, lam, n_batches, seed=seed))
-    _emit(rows, rows, as_json,
-          ["penalty_with_mean_mc: E[(ĥ−h̄)²] incl. the μ_B noise Eq. 13 drops (≈ 1/M more)."])
+    ms = parse_ints(m_values, "--m")
+    rows = run_or_exit(lambda: luo.zeta_table(ms, lam, n_batches, seed=seed))
+    emit_result(rows, rows, as_json,
+                ["penalty_with_mean_mc: E[(ĥ−h̄)²] incl. the μ_B noise Eq. 13 drops (≈ 1/M more)."])
     if plot:
-        _plotted(figures.luo_zeta(plot, ms, rows))
+        plot_written(figures.luo_zeta(plot, ms, rows))
 
 
 @theory_app.command("luo-gen-error")
@@ -95,13 +96,13 @@ def luo_gen_error(
     plot: Optional[Path] = PLOT,
 ) -> None:
     """ε_gen(α) of vanilla SGD (Eq. 14, corrected sign) and of WN with each ζ (Eqs. 15-16)."""
-    al = _floats(alphas, "--alpha")
-    zs = _floats(zetas, "--zeta")
-    rows = _run(lambda: luo.gen_error_table(al, zs, noise_var))
-    _emit({"noise_var": noise_var, "rows": rows}, rows, as_json,
-          [f"optimum ζ* = noise variance = {noise_var:g}"])
+    al = parse_floats(alphas, "--alpha")
+    zs = parse_floats(zetas, "--zeta")
+    rows = run_or_exit(lambda: luo.gen_error_table(al, zs, noise_var))
+    emit_result({"noise_var": noise_var, "rows": rows}, rows, as_json,
+                [f"optimum ζ* = noise variance = {noise_var:g}"])
     if plot:
-        _plotted(figures.luo_gen_error(plot, al, zs, noise_var))
+        plot_written(figures.luo_gen_error(plot, al, zs, noise_var))
 
 
 @theory_app.command("luo-teacher-student")
@@ -118,9 +119,9 @@ def luo_teacher_student(
 ) -> None:
     """Fig. 2's squares: train the student by SGD (batch M) and compare with the WN curve of Eq.
     13's ζ."""
-    al = _floats(alphas, "--alpha")
-    res = _run(lambda: luo.teacher_student_vs_theory(al, noise_var=noise_var, student=student,
-                                                     preset=preset, inference=inference, seed=seed))
+    al = parse_floats(alphas, "--alpha")
+    res = run_or_exit(lambda: luo.teacher_student_vs_theory(
+        al, noise_var=noise_var, student=student, preset=preset, inference=inference, seed=seed))
     rows = [
         {"alpha": a, "simulated": e, "sem": s, "wn(zeta_eq13)": w, "wn(alpha*zeta_eq13)": wr,
          "sgd": g}
@@ -129,10 +130,11 @@ def luo_teacher_student(
             res["sgd_curve"]
         )
     ]
-    _emit(res, rows, as_json, [f"best-fit Krogh-Hertz ζ = {res['fitted_zeta']:.4g}; Eq. 13 ζ(M) = "
-                               f"{luo.zeta_linear(res['settings']['M']):.4g}"])
+    emit_result(res, rows, as_json,
+                [f"best-fit Krogh-Hertz ζ = {res['fitted_zeta']:.4g}; Eq. 13 ζ(M) = "
+                 f"{luo.zeta_linear(res['settings']['M']):.4g}"])
     if plot:
-        _plotted(figures.luo_teacher_student(plot, al, res, noise_var, student))
+        plot_written(figures.luo_teacher_student(plot, al, res, noise_var, student))
 
 
 @theory_app.command("luo-dynamics")
@@ -153,8 +155,8 @@ def luo_dynamics(
     """Integrate Eqs. 9-11 and (optionally) compare with a direct simulation of the student."""
     start = dict(eta=eta, zeta=zeta, gamma0=gamma0, R0=r0, L0=l0, t_max=t_max,
                  activation=activation)
-    res = _run(lambda: luo.dynamics_vs_simulation(**start, simulate=simulate, students=students,
-                                                  seed=seed))
+    res = run_or_exit(lambda: luo.dynamics_vs_simulation(**start, simulate=simulate,
+                                                         students=students, seed=seed))
     ode, sim = res["ode"], res.get("simulation")
     rows = []
     for i, t in enumerate(ode["t"]):
@@ -165,10 +167,10 @@ def luo_dynamics(
                        L_sim=float(sim["L"][i]))
         rows.append(row)
     g0, _, _ = res["fixed_point"]
-    _emit(res, rows, as_json, [f"fixed point γ0 = {g0:.6g}, R0 = 1 (small-η limit)"])
+    emit_result(res, rows, as_json, [f"fixed point γ0 = {g0:.6g}, R0 = 1 (small-η limit)"])
     if plot:
         fine = luo.integrate_order_parameters(**start, n_points=200)
-        _plotted(figures.luo_dynamics(plot, fine, sim, simulate))
+        plot_written(figures.luo_dynamics(plot, fine, sim, simulate))
 
 
 @theory_app.command("luo-rates")
@@ -180,10 +182,10 @@ def luo_rates(
     as_json: bool = JSON,
 ) -> None:
     """Fixed point, λ_Q, λ_R (analytic and finite-difference) and η_max, η_eff for BN, WN, SGD."""
-    rows = _run(lambda: luo.rates_table(_floats(zetas, "--zeta"), eta=eta, L0=l0,
-                                        activation=activation))
-    _emit(rows, rows, as_json,
-          ["eta_max_printed drops the I2 term of ∂(R·I2)/∂R (Table 2 as printed)."])
+    rows = run_or_exit(lambda: luo.rates_table(parse_floats(zetas, "--zeta"), eta=eta, L0=l0,
+                                               activation=activation))
+    emit_result(rows, rows, as_json,
+                ["eta_max_printed drops the I2 term of ∂(R·I2)/∂R (Table 2 as printed)."])
 
 
 @theory_app.command("mbn-theorem1")
@@ -197,16 +199,16 @@ def mbn_theorem1(
     plot: Optional[Path] = PLOT,
 ) -> None:
     """Moments and KS distances of ξ_μ, ξ_σ against N(0,1/m), χ²(m−1)/m and the normal limits."""
-    ms = _ints(m_values, "--m")
-    reports = _run(lambda: [mbn.theorem1_report(m, n_batches, kurtosis=kurtosis, seed=seed + m)
-                            for m in ms])
+    ms = parse_ints(m_values, "--m")
+    reports = run_or_exit(lambda: [mbn.theorem1_report(m, n_batches, kurtosis=kurtosis,
+                                                       seed=seed + m) for m in ms])
     keys = ("m", "xi_mu_var", "xi_mu_var_theory", "xi_sigma_mean", "xi_sigma_mean_theory",
             "xi_sigma_var", "xi_sigma_var_theory", "ks_xi_mu_normal", "ks_xi_sigma_chi2",
             "ks_xi_sigma_normal_corrected", "ks_xi_sigma_normal_printed")
     rows = [{k: r[k] for k in keys} for r in reports]
-    _emit(reports, rows, as_json, [f"KS 95% noise floor: {reports[0]['ks_noise_floor']:.4f}"])
+    emit_result(reports, rows, as_json, [f"KS 95% noise floor: {reports[0]['ks_noise_floor']:.4f}"])
     if plot:
-        _plotted(figures.mbn_theorem1(plot, ms, n_batches, kurtosis, seed))
+        plot_written(figures.mbn_theorem1(plot, ms, n_batches, kurtosis, seed))
 
 
 @theory_app.command("mbn-theorem2")
@@ -219,8 +221,8 @@ def mbn_theorem2(
     as_json: bool = JSON,
 ) -> None:
     """Theorem 2's expansion l + R_add + R_mul + R against Monte Carlo over real batches."""
-    xs = np.array(_floats(points, "--x"))
-    res = _run(lambda: mbn.theorem2_cosine(m, omega, xs, n_batches, seed=seed))
+    xs = np.array(parse_floats(points, "--x"))
+    res = run_or_exit(lambda: mbn.theorem2_cosine(m, omega, xs, n_batches, seed=seed))
     t, lo, mc = res["terms"], res["leading_order"], res["monte_carlo"]
     rows = [
         {
@@ -232,7 +234,8 @@ def mbn_theorem2(
         }
         for i, x in enumerate(xs)
     ]
-    _emit(res, rows, as_json, ["R uses E[ξ_μ^n] (the printed E[ξ_μ]^n is 0 and drops this term)."])
+    emit_result(res, rows, as_json,
+                ["R uses E[ξ_μ^n] (the printed E[ξ_μ]^n is 0 and drops this term)."])
 
 
 @theory_app.command("mbn-momentum")
@@ -245,8 +248,8 @@ def mbn_momentum(
     plot: Optional[Path] = PLOT,
 ) -> None:
     """Variance of MBN's moving mean/variance over steps against (1−λ)/(1+λ) × the batch noise."""
-    ms, lams = _ints(m_values, "--m"), _floats(momenta, "--momentum")
-    res = _run(lambda: mbn.moving_noise_curve(ms, lams, n_steps, seed=seed))
+    ms, lams = parse_ints(m_values, "--m"), parse_floats(momenta, "--momentum")
+    res = run_or_exit(lambda: mbn.moving_noise_curve(ms, lams, n_steps, seed=seed))
     rows = [
         {"momentum": lam, "m": m, "var_mu": res["var_mu"][i, j],
          "var_mu_theory": res["var_mu_theory"][i, j], "var_sigma2": res["var_sigma2"][i, j],
@@ -254,9 +257,9 @@ def mbn_momentum(
          "equivalent_m": m * (1 + lam) / (1 - lam)}
         for i, lam in enumerate(lams) for j, m in enumerate(ms)
     ]
-    _emit(res, rows, as_json)
+    emit_result(res, rows, as_json)
     if plot:
-        _plotted(figures.mbn_momentum(plot, ms, lams, res))
+        plot_written(figures.mbn_momentum(plot, ms, lams, res))
 
 
 @theory_app.command("santurkar")
@@ -270,9 +273,9 @@ def santurkar_cmd(
     """Theorems 4.1 and 4.2 on a BN layer: both sides via autograd, the slack, the printed 1/√m
     form."""
     names = [s.strip() for s in losses.split(",") if s.strip()]
-    rows = _run(lambda: santurkar.theorems_table(_ints(m_values, "--m"), names, gamma=gamma,
-                                                 seed=seed))
-    _emit(rows, rows, as_json)
+    rows = run_or_exit(lambda: santurkar.theorems_table(parse_ints(m_values, "--m"), names,
+                                                        gamma=gamma, seed=seed))
+    emit_result(rows, rows, as_json)
 
 
 @theory_app.command("santurkar-lemma45")
@@ -282,8 +285,8 @@ def santurkar_lemma45(
     as_json: bool = JSON,
 ) -> None:
     """Lemma 4.5 on random W0, W* (with <W0, W*> > 0)."""
-    res = _run(lambda: santurkar.lemma45_random(dim, seed=seed))
-    _emit(res, [res], as_json)
+    res = run_or_exit(lambda: santurkar.lemma45_random(dim, seed=seed))
+    emit_result(res, [res], as_json)
 
 
 @theory_app.command("arora-equivalence")
@@ -301,7 +304,7 @@ def arora_equivalence(
     plot: Optional[Path] = PLOT,
 ) -> None:
     """Theorem 2.5: run SGD on w and the adaptive projected update on v together; print the gaps."""
-    res = _run(lambda: arora.run_intrinsic_pair(
+    res = run_or_exit(lambda: arora.run_intrinsic_pair(
         steps=steps, lr_w=lr_w, lr_g=lr_g, batch_size=batch_size, eps=eps, eps_mode=eps_mode,
         seed=seed
     ))
@@ -313,9 +316,9 @@ def arora_equivalence(
         for i in idx
     ]
     dev = max(res["dev_v"].max(), res["dev_G"].max(), res["dev_g"].max())
-    _emit(res, rows, as_json, [f"max deviation between the trajectories: {dev:.3e}"])
+    emit_result(res, rows, as_json, [f"max deviation between the trajectories: {dev:.3e}"])
     if plot:
-        _plotted(figures.arora_equivalence(plot, res))
+        plot_written(figures.arora_equivalence(plot, res))
 
 
 @theory_app.command("arora-rate")
@@ -328,12 +331,12 @@ def arora_rate(
     plot: Optional[Path] = PLOT,
 ) -> None:
     """Theorem 3.1: min_t ‖∇L‖ and rms ‖∇L‖ against T for several η_w, auto-tuned and projected."""
-    lrs = _floats(lr_ws, "--lr-w")
-    res = _run(lambda: arora.convergence_rates(lrs, steps=steps, lr_g=lr_g, seed=seed))
+    lrs = parse_floats(lr_ws, "--lr-w")
+    res = run_or_exit(lambda: arora.convergence_rates(lrs, steps=steps, lr_g=lr_g, seed=seed))
     notes = ["auto: plain GD (norms grow, rate auto-tuned); projected: Setting 2 (‖w‖ = 1)."]
-    _emit(res, arora.convergence_table(res, lrs), as_json, notes)
+    emit_result(res, arora.convergence_table(res, lrs), as_json, notes)
     if plot:
-        _plotted(figures.arora_rate(plot, lrs, res))
+        plot_written(figures.arora_rate(plot, lrs, res))
 
 
 @theory_app.command("peng-terms")
@@ -377,8 +380,8 @@ def peng_terms(
             lipschitz=lipschitz, n_steps=n_steps, micro_batches=micro_batches,
         )
 
-    res = _run(compute)
-    _emit(res, [res], as_json)
+    res = run_or_exit(compute)
+    emit_result(res, [res], as_json)
 
 
 def register(app: typer.Typer) -> None:

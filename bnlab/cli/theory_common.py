@@ -20,7 +20,7 @@ def _fail(message: str) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
-def _floats(text: str, flag: str) -> list[float]:
+def parse_floats(text: str, flag: str) -> list[float]:
     try:
         return [float(t) for t in text.split(",") if t.strip()]
     except ValueError:
@@ -28,8 +28,8 @@ def _floats(text: str, flag: str) -> list[float]:
     return []
 
 
-def _ints(text: str, flag: str) -> list[int]:
-    values = _floats(text, flag)
+def parse_ints(text: str, flag: str) -> list[int]:
+    values = parse_floats(text, flag)
     if any(v != int(v) for v in values):
         _fail(f"{flag} expects comma-separated integers, got {text!r}")
     return [int(v) for v in values]
@@ -46,8 +46,8 @@ def _table(rows: list[dict[str, Any]]) -> None:
         typer.echo("  ".join(x.rjust(w) for x, w in zip(row, widths)))
 
 
-def _emit(result: Any, rows: list[dict[str, Any]], as_json: bool,
-          notes: list[str] | None = None) -> None:
+def emit_result(result: Any, rows: list[dict[str, Any]], as_json: bool,
+                notes: list[str] | None = None) -> None:
     if as_json:
         typer.echo(json.dumps(jsonable(result, nonfinite="string"), indent=2))
         return
@@ -56,14 +56,14 @@ def _emit(result: Any, rows: list[dict[str, Any]], as_json: bool,
         typer.echo(note)
 
 
-def _run(fn: Callable[[], Any]) -> Any:
+def run_or_exit(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except ValueError as exc:  # bad parameters: one line, exit 2
         _fail(str(exc))
 
 
-def _plotted(path: Path) -> None:
+def plot_written(path: Path) -> None:
     typer.echo(f"plot written to {path}", err=True)
 
 

@@ -26,7 +26,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from .base import ChannelNorm
 from .batchnorm import NativeBatchNorm
 from .noisy import StochasticLayer
-from .ops import _parts, create
+from .ops import spec_parts, create
 from .registry import lookup, parse_spec
 from .sync import active_group, broadcast_seed
 
@@ -87,7 +87,7 @@ def convert(model: nn.Module, spec: str) -> nn.Module:
     statistics over the same process group. Raises ``ValueError`` for an uninitialized lazy
     BatchNorm and for a ``_BatchNorm`` subclass whose extra behaviour would be lost.
     """
-    parts = _parts(spec)
+    parts = spec_parts(spec)
     if len(parts) > 1:
         raise ValueError(f"convert replaces each norm by one layer; {spec!r} combines several "
                          "(use bnlab.norms.normalized(layer, spec) to build such blocks)")

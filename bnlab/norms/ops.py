@@ -16,10 +16,10 @@ from bnlab.spec import check_choice, split_joined
 
 from .noisy import StochasticLayer
 from .registry import REGISTRY, NormInfo, lookup
-from .wrappers import ScaleInvariantBN, WeightNorm, _out_features
+from .wrappers import ScaleInvariantBN, WeightNorm, out_features_of
 
 
-def _parts(spec: str) -> list[str]:
+def spec_parts(spec: str) -> list[str]:
     """The parts of a ``+``-joined spec (bnlab.spec.split_joined, the one parser of joins)."""
     return split_joined(spec, "normalization spec") if isinstance(spec, str) else [spec]
 
@@ -27,7 +27,7 @@ def _parts(spec: str) -> list[str]:
 def validate(spec: str) -> None:
     """Raise ``ValueError`` (naming valid choices) if ``spec`` is not a valid (possibly '+'-joined)
     spec."""
-    parts = _parts(spec)
+    parts = spec_parts(spec)
     for i, part in enumerate(parts):
         info, _ = lookup(part)
         if info.kind == "wrapper" and i > 0:
@@ -55,7 +55,7 @@ def create(spec: str, num_features: int, **options) -> nn.Module:
 
 def removes_mean(spec: str) -> bool:
     """True if the spec's normalization subtracts a mean, which makes a preceding bias redundant."""
-    return any(lookup(p)[0].removes_mean for p in _parts(spec))
+    return any(lookup(p)[0].removes_mean for p in spec_parts(spec))
 
 
 def normalized(layer: nn.Module, spec: str, placement: str = "pre_activation") -> nn.Module:
@@ -69,7 +69,7 @@ def normalized(layer: nn.Module, spec: str, placement: str = "pre_activation") -
     """
     check_choice("placement", placement, PLACEMENTS)
     validate(spec)
-    parts = _parts(spec)
+    parts = spec_parts(spec)
     first, kwargs = lookup(parts[0])
     if first.kind == "wrapper":
         if placement == "pre_linear" and first.name == "si_bn":
@@ -78,8 +78,8 @@ def normalized(layer: nn.Module, spec: str, placement: str = "pre_activation") -
         layer = first.factory(layer, **kwargs)
         parts = parts[1:]
     if placement == "pre_activation":
-        width = _out_features(layer.layer if isinstance(layer, (ScaleInvariantBN,
-                                                                WeightNorm)) else layer)
+        width = out_features_of(layer.layer if isinstance(layer, (ScaleInvariantBN,
+                                                                  WeightNorm)) else layer)
         return nn.Sequential(layer, *(create(p, width) for p in parts))
     inner = layer.layer if isinstance(layer, (ScaleInvariantBN, WeightNorm)) else layer
     # a conv

@@ -15,7 +15,7 @@ from .registry import BN_OPTIONS, Param, norm
 LINEAR_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
-def _out_features(layer: nn.Module) -> int:
+def out_features_of(layer: nn.Module) -> int:
     if isinstance(layer, nn.Linear):
         return layer.out_features
     if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
@@ -63,7 +63,7 @@ class ScaleInvariantBN(nn.Module):
                  affine: bool = True, track_running_stats: bool = True, device=None, dtype=None, *,
                  bias: bool = True, sync: bool = False) -> None:
         super().__init__()
-        features = _out_features(layer)
+        features = out_features_of(layer)
         self.layer = layer
         weight = cast(Tensor, layer.weight)  # the norm's tensors default to the layer's place
         factory = {"device": weight.device if device is None else device,
@@ -113,7 +113,7 @@ class WeightNorm(nn.Module):
 
     def __init__(self, layer: nn.Module, zeta: float = 0.0) -> None:
         super().__init__()
-        _out_features(layer)
+        out_features_of(layer)
         self.layer = weight_norm(layer, dim=0)
         self.zeta = zeta
 

@@ -20,8 +20,8 @@ def activation_layers(model, names):
     return select_layers(model, names, default, "BN (or Linear/Conv)")
 
 
-def _forward_outputs(ctx: ProbeContext, layers, params=None,
-                     reset_rng: bool = True) -> dict[str, torch.Tensor]:
+def forward_outputs(ctx: ProbeContext, layers, params=None,
+                    reset_rng: bool = True) -> dict[str, torch.Tensor]:
     if ctx.snapshot is not None:
         ctx.snapshot.reset_forward_state(rng=reset_rng)
     with capture_inputs(layers, outputs=True) as cap, torch.no_grad():
@@ -62,11 +62,11 @@ class MomentsProbe(Probe):
         model = ctx.model
         model.train()
         layers = activation_layers(model, self.layers)
-        before = _forward_outputs(ctx, layers)
+        before = forward_outputs(ctx, layers)
         lr = None if ctx.optimizer is not None else ctx.learning_rate()
         updated_by_id = simulated_step(ctx.require_snapshot(), lr)
         updated = {n: updated_by_id[id(p)] for n, p in model.named_parameters()}
-        after = _forward_outputs(ctx, layers, updated, reset_rng=False)
+        after = forward_outputs(ctx, layers, updated, reset_rng=False)
         out = {}
         for name, _ in layers:
             if name not in before or name not in after:

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from .base import PROBES, Probe, ProbeContext, bn_layers, channels_first, select_layers
-from .bn_stats import _bn_inputs, _heldout_inputs
+from .bn_stats import bn_inputs, heldout_inputs
 
 
 @PROBES.register()
@@ -39,7 +39,7 @@ class BatchNoiseProbe(Probe):
 
     def __init__(self, every: int = 1, heldout=None, layers: Iterable[str] | None = None) -> None:
         super().__init__(every)
-        self.heldout = _heldout_inputs(heldout)
+        self.heldout = heldout_inputs(heldout)
         self.layers = None if layers is None else list(layers)
 
     def measure(self, ctx: ProbeContext) -> dict[str, float]:
@@ -50,9 +50,9 @@ class BatchNoiseProbe(Probe):
                 if getattr(module, "running_mean", None) is not None:
                     population[name] = (cast(Tensor, module.running_mean).detach().double().clone(),
                                         cast(Tensor, module.running_var).detach().double().clone())
-        inputs = _bn_inputs(ctx, layers)
+        inputs = bn_inputs(ctx, layers)
         if self.heldout is not None:
-            held = _bn_inputs(ctx, layers, self.heldout.to(ctx.x.device))
+            held = bn_inputs(ctx, layers, self.heldout.to(ctx.x.device))
             for name, value in held.items():
                 var, mean = torch.var_mean(channels_first(value.double()), dim=1, correction=0)
                 population[name] = (mean, var)

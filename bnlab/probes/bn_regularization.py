@@ -14,7 +14,7 @@ from bnlab.spec import check_choice
 from bnlab.theory.luo_zeta import ACTIVATIONS, zeta_terms
 
 from .base import PROBES, Probe, ProbeContext, bn_affine, bn_layers, channels_first, select_layers
-from .bn_stats import _bn_inputs, _heldout_inputs
+from .bn_stats import bn_inputs, heldout_inputs
 
 
 def luo_zeta(h: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, batch_size: int,
@@ -54,13 +54,13 @@ class BNRegularizationProbe(Probe):
             raise ValueError(f"batch_size must be an integer >= 2, got {batch_size!r}")
         self.activation = activation
         self.batch_size = batch_size
-        self.heldout = _heldout_inputs(heldout)
+        self.heldout = heldout_inputs(heldout)
         self.layers = None if layers is None else list(layers)
 
     def measure(self, ctx: ProbeContext) -> dict[str, float]:
         layers = select_layers(ctx.model, self.layers, bn_layers(ctx.model), "BN")
         x = None if self.heldout is None else self.heldout.to(ctx.x.device)
-        inputs = _bn_inputs(ctx, layers, x)
+        inputs = bn_inputs(ctx, layers, x)
         batch_size = self.batch_size or int(ctx.x.shape[0])
         out = {}
         for name, module in layers:

@@ -9,7 +9,7 @@ import torch
 from .base import ProbeContext, capture_inputs
 
 
-def _bn_inputs(ctx: ProbeContext, layers, x: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def bn_inputs(ctx: ProbeContext, layers, x: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Inputs of the given BN layers in one train-mode forward of ``x`` (default: this step's
     batch)."""
     if ctx.snapshot is not None:
@@ -20,7 +20,7 @@ def _bn_inputs(ctx: ProbeContext, layers, x: torch.Tensor | None = None) -> dict
     return cap.values
 
 
-def _quantiles(values: torch.Tensor, prefix: str, layer: str, out: dict) -> None:
+def add_quantiles(values: torch.Tensor, prefix: str, layer: str, out: dict) -> None:
     finite = values[torch.isfinite(values)]
     if finite.numel() == 0:
         return
@@ -30,7 +30,7 @@ def _quantiles(values: torch.Tensor, prefix: str, layer: str, out: dict) -> None
         out[f"{prefix}_{tag}/{layer}"] = v
 
 
-def _heldout_inputs(heldout):
+def heldout_inputs(heldout):
     if heldout is None:
         return None
     if isinstance(heldout, (tuple, list)):

@@ -11,7 +11,7 @@ from bnlab.norms import CompleteBatchNorm
 from .base import (
     PROBES, Probe, ProbeContext, bn_affine, bn_layers, cbn_rho, channels_first, select_layers,
 )
-from .bn_stats import _bn_inputs, _quantiles
+from .bn_stats import bn_inputs, add_quantiles
 
 
 @PROBES.register()
@@ -48,7 +48,7 @@ class CBNRatiosProbe(Probe):
             buf = buf if buf is not None else getattr(module, "running_mean", None)
             if buf is not None:
                 moving[name] = buf.detach().clone()
-        inputs = _bn_inputs(ctx, layers)
+        inputs = bn_inputs(ctx, layers)
         out: dict[str, float] = {}
         for name, module in layers:
             if name not in inputs:
@@ -63,8 +63,8 @@ class CBNRatiosProbe(Probe):
             tau = gamma / (
                 cbn_rho(module) * torch.sqrt(second + float(getattr(module, "eps", 0.0)))
             )
-            _quantiles(eta, "eta", name, out)
-            _quantiles(tau, "tau", name, out)
+            add_quantiles(eta, "eta", name, out)
+            add_quantiles(tau, "tau", name, out)
             out[f"eta_in_range/{name}"] = float(((eta >= 0) & (eta <= 2)).double().mean())
             out[f"tau_in_range/{name}"] = float(((tau > 0) & (tau < 1)).double().mean())
             # the batch variance's share of decoupled CBN's divisor var_B + β² (Eq. 5); near 0, β

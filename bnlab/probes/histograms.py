@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-from .activations import _forward_outputs, activation_layers
+from .activations import forward_outputs, activation_layers
 from .base import PROBES, Probe, ProbeContext, channels_first
 
 
@@ -47,7 +47,7 @@ class HistogramsProbe(Probe):
         model = ctx.model
         model.train()
         layers = activation_layers(model, self.layers)
-        outputs = _forward_outputs(ctx, layers)
+        outputs = forward_outputs(ctx, layers)
         rng = np.random.default_rng(self.seed)
         out = {}
         for name, _ in layers:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 # relative threshold against a first loss of ~0 (a perfectly fitted start) would flag any loss
-_LOSS_FLOOR = 1e-12
+LOSS_FLOOR = 1e-12
 
 
 class Divergence(Exception):
@@ -31,7 +31,7 @@ def scan_losses(losses: Sequence[float], first_step: int, start_loss: float | No
                 factor: float | None) -> None:
     """Raise :class:`Divergence` at the first of ``losses`` (of steps ``first_step``, ...) that is
     non-finite or above ``factor`` × ``start_loss``."""
-    limit = (factor * max(abs(start_loss), _LOSS_FLOOR) if factor and start_loss is not None
+    limit = (factor * max(abs(start_loss), LOSS_FLOOR) if factor and start_loss is not None
              else math.inf)
     for offset, value in enumerate(losses):
         step = first_step + offset

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from bnlab.train.divergence import _LOSS_FLOOR, Divergence
+from bnlab.train.divergence import LOSS_FLOOR, Divergence
 
 # buffers holding a variance or a standard deviation (BN's running_var, CBN's amat_var, ...)
 _VARIANCE_NAMES = ("var", "std")
@@ -65,7 +65,7 @@ def check_final(
         return
     if not math.isfinite(test_loss):
         raise Divergence(step, loss, f"non-finite final test loss {test_loss} after step {step}")
-    if factor and start_loss is not None and test_loss > factor * max(abs(start_loss), _LOSS_FLOOR):
+    if factor and start_loss is not None and test_loss > factor * max(abs(start_loss), LOSS_FLOOR):
         raise Divergence(
             step,
             loss,

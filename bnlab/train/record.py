@@ -98,12 +98,12 @@ def environment(device: torch.device) -> dict[str, Any]:
     }
 
 
-def _primitive(value: Any) -> Any:
+def to_primitive(value: Any) -> Any:
     """Config/summary values for a checkpoint: only primitives (weights_only loading)."""
     if isinstance(value, dict):
-        return {str(k): _primitive(v) for k, v in value.items()}
+        return {str(k): to_primitive(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_primitive(v) for v in value]
+        return [to_primitive(v) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)

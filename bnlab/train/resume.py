@@ -25,7 +25,7 @@ from bnlab.callbacks import CallbackList
 from bnlab.train.checkpoint import load_checkpoint, pack_rows, save_checkpoint
 from bnlab.train.config import TrainConfig
 from bnlab.train.optim import Projection
-from bnlab.train.record import MetricRows, _primitive
+from bnlab.train.record import MetricRows, to_primitive
 from bnlab.train.window import MetricWindow
 
 CHECKPOINT_SECONDS = 30.0  # default cadence: first epoch end after this much time
@@ -103,7 +103,7 @@ def checkpoint_state(trainer: Resumable, final_summary: dict[str, Any] | None = 
         "step": trainer.step,
         "model": trainer.model.state_dict(),
         "model_spec": trainer.model_spec,
-        "config": _primitive(trainer.config.to_dict()),
+        "config": to_primitive(trainer.config.to_dict()),
         "optimizer": trainer.optimizer.state_dict(),
         "projection": trainer.projection.state_dict() if trainer.projection else None,
         "torch_rng": torch.get_rng_state(),
@@ -116,7 +116,7 @@ def checkpoint_state(trainer: Resumable, final_summary: dict[str, Any] | None = 
         "callbacks": trainer.callbacks.state_dict(),
         "scale_invariant": dict(trainer.scale_invariant),
         **trainer.window.state_dict(),  # accumulators, last_loss, start_loss
-        "final_summary": _primitive(final_summary) if final_summary is not None else None,
+        "final_summary": to_primitive(final_summary) if final_summary is not None else None,
         # the rows up to here, from the trainer's memory (never read back from the store, which
         # may have lost some); a resume re-creates any the store lost
         "store_rows": pack_rows(trainer.rows.up_to(trainer.step)),
