@@ -39,10 +39,10 @@ def test_no_bnlab_module_imports_a_private_name_of_another():
 
 def test_the_check_sees_relative_absolute_nested_and_grouped_imports():
     source = ("from .common import (PUBLIC,\n    _grouped, helper)\n"
-              "from bnlab.train.record import _primitive as prim\n"
+              "from bnlab.train.record import _helper as prim\n"
               "from ..verdicts import __all__, settle\n"
               "from torch.nn.modules.batchnorm import _BatchNorm\n"
               "import bnlab.norms\n"
               "def f():\n    from . import _nested\n")
     assert [f.split(": ", 1)[1] for f in private_imports(source)] == [
-        ".common -> _grouped", "bnlab.train.record -> _primitive", ". -> _nested"]
+        ".common -> _grouped", "bnlab.train.record -> _helper", ". -> _nested"]
