@@ -7,19 +7,16 @@ from types import SimpleNamespace
 import pytest
 
 from bnlab.experiments.peng import tables as T
+from bnlab.experiments.runner import RunView
 
 
-class Run:
-    def __init__(self, row, reading, seed, acc, status="finished"):
-        self.status = status
-        self.factors = {"row": row, "activation": "sigmoid", "residual": "peng", "seed": seed,
-                        "lr_reading": reading}
-        self.config = {"lr": 0.05 if reading == "half" else 0.1,
-                       "data_options": {"size": 16, "noise": 1.5}}
-        self._acc = acc
-
-    def final(self, name, default=None):
-        return self._acc if name == "test_accuracy" else default
+def Run(row, reading, seed, acc, status="finished"):
+    """A stored run as the analysis sees it: the real ``RunView``, without a store behind it."""
+    factors = {"row": row, "activation": "sigmoid", "residual": "peng", "seed": seed,
+               "lr_reading": reading, "lr": 0.05 if reading == "half" else 0.1}
+    record = {"config": {"data_options": {"size": 16, "noise": 1.5}},
+              "metrics": {"test_accuracy": acc}}
+    return RunView(f"{row} · seed {seed}", factors, None, status, record, None)
 
 
 def _runs():
@@ -52,6 +49,6 @@ def test_no_side_arm_no_rows():
 def test_n_test_follows_the_split():
     assert T._n_test([Run("①", "half", 0, 0.8)]) == 359
     run = Run("①", "half", 0, 0.8)
-    run.config["data_options"]["test_fraction"] = 0.5
+    run.record["config"]["data_options"]["test_fraction"] = 0.5
     assert T._n_test([run]) == pytest.approx(898, abs=1)
     assert T._n_test([]) is None

@@ -89,7 +89,7 @@ def compared_runs(table: int, preset: str, rows=COMPARED, residual: str = "peng"
                                                seed=seed),
                                     {"row": row, "activation": act, "seed": seed, "norm": norm,
                                      "placement": placement, "residual": form,
-                                     "lr_reading": lr_reading}))
+                                     "lr_reading": lr_reading, "lr": base["lr"]}))
     return runs
 
 
@@ -238,7 +238,7 @@ def _lr_rows(ctx) -> list[dict]:
                       if r.factors["activation"] in SIDE_ACTIVATIONS] for row in COMPARED}
         values = {row: arm_values(runs[row], lambda run: run.final("test_accuracy"), CHANCE)[0]
                   for row in COMPARED}
-        lr = runs["①"][0].config["lr"] if runs["①"] else None
+        lr = runs["①"][0].factors.get("lr") if runs["①"] else None
         diff = compare_arms(values["①"], values["②"], n_test=_n_test(runs["①"]))
         rows.append({"quantity": f"lr reading · Sigmoid at lr {lr:g} · ② CBN − ① BN (points)"
                      if lr is not None else "lr reading · Sigmoid",
@@ -256,7 +256,8 @@ def _signed(points: float | None) -> str:
 def _n_test(runs) -> int | None:
     if not runs:
         return None
-    options = runs[0].config.get("data_options", {})
+    # the stored config (RunView.record); the split's test share sets the test-set size
+    options = (runs[0].record.get("config") or {}).get("data_options") or {}
     return round(1797 * options.get("test_fraction", 0.2))
 
 
