@@ -23,6 +23,7 @@ import contextlib
 import multiprocessing
 import os
 import queue as queue_mod
+import signal
 import sys
 import threading
 import time
@@ -170,6 +171,24 @@ def _init_worker(progress_queue: Any) -> None:
     global _QUEUE
     torch.set_num_threads(1)
     _QUEUE = progress_queue
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True,
+                     name="bnlab-parent-watch").start()
+
+
+PARENT_POLL_SECONDS = 1.0
+ORPHAN_GRACE_SECONDS = 30.0
+
+
+def _watch_parent(parent: int) -> None:
+    """End this pool worker once the sweep that started it is gone (SIGTERM or SIGKILL to
+    ``bnlab reproduce``): an orphan would go on training the queued runs. It is sent SIGTERM, which
+    a run takes as a Ctrl-C at its next step (checkpoint, status "interrupted"), and exits after a
+    grace period if it has not by then."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_SECONDS)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(ORPHAN_GRACE_SECONDS)
+    os._exit(1)
 
 
 def _send(message: tuple[int, int, int]) -> None:
