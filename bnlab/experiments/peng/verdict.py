@@ -68,7 +68,8 @@ def table_design(table: int, preset: str = "smoke") -> Design:
         effect,
         SMOKE_SD / math.sqrt(3),
         len(TABLE_SMOKE_SEEDS),
-        "3 points per activation, assumed before the runs (binomial floor 1.9 on 359 images)",
+        f"3 points per activation, assumed before the runs (binomial floor at 85 %: "
+        f"{100 * math.sqrt(0.85 * 0.15 / n_test):.1f} on {n_test} test images)",
         n_test=n_test,
     )
 
