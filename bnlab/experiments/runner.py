@@ -295,8 +295,8 @@ class AnalysisContext:
         for r in self.runs:
             if r.label == label:
                 return r
-        raise KeyError("no "
-                       f"run labelled {label!r}; labels: {', '.join(r.label for r in self.runs)}")
+        labels = ", ".join(r.label for r in self.runs)
+        raise KeyError(f"no run labelled {label!r}; labels: {labels}")
 
     def figure_path(self, name: str) -> Path:
         self.out_dir.mkdir(parents=True, exist_ok=True)

@@ -218,8 +218,8 @@ register(Experiment(
     id="arora-d2", paper="arora", target="App. D.2 (Fig. 2)",
     title="Unified learning rate from 1e-2 to 1e2: SGD, projected SGD, and SGD without BN",
     claim="With one lr for all parameters, SGD with BN still drives the training loss to 0 at "
-          "every "
-          "lr, while PSGD and SGD with BN removed fail to converge (or diverge) at large lrs.",
+          "every lr, while PSGD and SGD with BN removed fail to converge (or diverge) at large "
+          "lrs.",
     smoke_changes="digits and an MLP (3 hidden layers of 128, BN on the logits too) instead of the "
                   "modified VGG on CIFAR-10, the paper's 100 epochs (D.1 keeps 15: at 15 epochs "
                   "SGD at lr 0.01 was still falling ≈ 4 % an epoch, a budget artifact), 3 seeds "

@@ -296,8 +296,8 @@ def _f7_analyze(ctx) -> Outcome:
 
 register(Experiment(
     id="peng-fig7", paper="peng", target="Fig. 7",
-    title="Gradient "
-          "norm of CBN's components: no normalization, mean removal, ℓ2 normalization, CBN",
+    title="Gradient norm of CBN's components: no normalization, mean removal, ℓ2 "
+          "normalization, CBN",
     claim="Mean removal and normalization with the ℓ2 norm both reduce the stochastic-gradient "
           "squared expectation E‖g‖² (Theorems 2–3, second conclusion), relative to no "
           "normalization.",

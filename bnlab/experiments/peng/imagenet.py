@@ -307,15 +307,15 @@ _SMOKE = ("bnlab's ResNet-20 at width ¼ (Eq. 7 residual form, replicate padding
           "least 35 % of the area; 16 epochs of 10 steps (batch 60), lr 0.1 ÷10 after epochs 8 and "
           "12; 3 seeds per arm. The proxy can resolve gains of a few points, not ReLU's or Swish's "
           "+0.3–0.6.")
-_COST = {"smoke": "30 "
-                  "runs × 160 steps (shared by the pair): 313 s of CPU with one thread, measured",
+_COST = {"smoke": "30 runs × 160 steps (shared by the pair): 313 s of CPU with one thread, "
+                  "measured",
          "paper": "90 runs (3 networks × 5 activations × 2 arms × 3 seeds) × 120 ImageNet epochs "
                   "(GPU; the paper used 8 per run; not run here)"}
 
 register(Experiment(
     id="peng-table5", paper="peng", target="Table 5",
-    title="BN "
-          "vs CBN on ILSVRC2012: ResNet-18, ResNet-50, EfficientNet-B0, five activations (top-1)",
+    title="BN vs CBN on ILSVRC2012: ResNet-18, ResNet-50, EfficientNet-B0, five activations "
+          "(top-1)",
     claim=("CBN's top-1 accuracy beats BN's with every activation in every network, by several "
            "points with Sigmoid, Tanh and SELU (+3.1 to +28.4) and by less than one with ReLU and "
            "Swish."),
