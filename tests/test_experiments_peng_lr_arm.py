@@ -4,8 +4,6 @@ accuracy for its arm (failure, not missing data)."""
 
 from types import SimpleNamespace
 
-import pytest
-
 from bnlab.experiments.peng import tables as T
 from bnlab.experiments.runner import RunView
 
@@ -30,7 +28,7 @@ def _runs():
 
 
 def test_lr_rows_compare_cbn_and_bn_at_both_learning_rates():
-    rows = T._lr_rows(SimpleNamespace(runs=_runs()))
+    rows = T._lr_rows(SimpleNamespace(runs=_runs()), 359)
     assert [r["quantity"] for r in rows] == [
         "lr reading · Sigmoid at lr 0.05 · ② CBN − ① BN (points)",
         "lr reading · Sigmoid at lr 0.1 · ② CBN − ① BN (points)"]
@@ -43,12 +41,16 @@ def test_lr_rows_compare_cbn_and_bn_at_both_learning_rates():
 
 def test_no_side_arm_no_rows():
     runs = [r for r in _runs() if r.factors["lr_reading"] == "paper"]
-    assert T._lr_rows(SimpleNamespace(runs=runs)) == []
+    assert T._lr_rows(SimpleNamespace(runs=runs), 359) == []
 
 
-def test_n_test_follows_the_split():
-    assert T._n_test([Run("①", "half", 0, 0.8)]) == 359
-    run = Run("①", "half", 0, 0.8)
-    run.record["config"]["data_options"]["test_fraction"] = 0.5
-    assert T._n_test([run]) == pytest.approx(898, abs=1)
-    assert T._n_test([]) is None
+def test_the_floor_is_the_tables_design():
+    """The side arm's SE floor is the binomial SE on the table's own test-set size (its design):
+    on CIFAR-100's stand-in (898 test images) the same difference is resolved more sharply than
+    on 359."""
+    from bnlab.experiments.peng.verdict import table_design
+
+    assert (table_design(1).n_test, table_design(3).n_test) == (359, 898)
+    p = [float(T._lr_rows(SimpleNamespace(runs=_runs()), n)[0]["ours"]
+               .split("p = ")[1].split(";")[0]) for n in (359, 898)]
+    assert p[1] < p[0]

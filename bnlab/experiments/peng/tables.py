@@ -184,7 +184,7 @@ def _table_analyze(table: int):
                 ours_err[ACT_TITLE[act]][row] = percent(std) or 0.0
                 paper_bars[ACT_TITLE[act]][row] = pm
         rows += _side_rows(by_form, cells)
-        rows += _lr_rows(ctx)
+        rows += _lr_rows(ctx, table_design(table, ctx.preset).n_test)
         rows += _proxy_rows(ctx)
         fig_ours = bars(ctx.figure_path("test_accuracy_ours"), ours_bars, errors=ours_err,
                         ylabel="test accuracy (%)", title=f"Peng {spec['target']} (ours, "
@@ -222,10 +222,11 @@ def main_arm_runs(ctx, table: int | None = None) -> dict[tuple, list]:
     return arms
 
 
-def _lr_rows(ctx) -> list[dict]:
+def _lr_rows(ctx, n_test: int | None) -> list[dict]:
     """The lr side arm: rows ① and ② with Sigmoid at half the paper's lr, and CBN − BN there
-    (Welch, binomial SE floor), beside the same difference at the paper's lr. Reported, not judged:
-    the pre-declared primary comparison is at the paper's lr."""
+    (Welch, SE floored at the binomial SE on ``n_test`` test images: the table's design), beside
+    the same difference at the paper's lr. Reported, not judged: the pre-declared primary
+    comparison is at the paper's lr."""
     arms: dict[tuple[str, str], list] = {}
     for r in ctx.runs:
         if r.factors.get("row") in COMPARED and r.factors.get("residual") != "he":
@@ -239,7 +240,7 @@ def _lr_rows(ctx) -> list[dict]:
         values = {row: arm_values(runs[row], lambda run: run.final("test_accuracy"), CHANCE)[0]
                   for row in COMPARED}
         lr = runs["①"][0].factors.get("lr") if runs["①"] else None
-        diff = compare_arms(values["①"], values["②"], n_test=_n_test(runs["①"]))
+        diff = compare_arms(values["①"], values["②"], n_test=n_test)
         rows.append({"quantity": f"lr reading · Sigmoid at lr {lr:g} · ② CBN − ① BN (points)"
                      if lr is not None else "lr reading · Sigmoid",
                      "ours": f"{_signed(percent(diff.diff))} (Welch p = {fmt(diff.p, 2)}; "
@@ -251,14 +252,6 @@ def _lr_rows(ctx) -> list[dict]:
 
 def _signed(points: float | None) -> str:
     return "—" if points is None else f"{points:+.1f}"
-
-
-def _n_test(runs) -> int | None:
-    if not runs:
-        return None
-    # the stored config (RunView.record); the split's test share sets the test-set size
-    options = (runs[0].record.get("config") or {}).get("data_options") or {}
-    return round(1797 * options.get("test_fraction", 0.2))
 
 
 def _proxy_rows(ctx) -> list[dict]:
