@@ -388,7 +388,7 @@ def test_fig4_verdict_needs_three_seeds_a_test_and_settled_gaps(tmp_path):
     noisy = LCNN.fig4_verdict({"vanilla SGD": [0.05, 0.15, 0.25], "BN": [0.0, 0.05, 0.1],
                                "WN": [0.03, 0.13, 0.23], "WN + mean-only BN": [0.0, 0.10, 0.2],
                                "WN + variance-only BN": [0.0, 0.08, 0.16]})
-    assert noisy[0] == "inconclusive" and "resolve gap differences" in noisy[1]
+    assert noisy[0] == "inconclusive" and "resolves gap differences" in noisy[1]
     # ordering only reached in the last third of training: not settled
     early = {"vanilla SGD": 0.05, "BN": 0.05, "WN": 0.05, "WN + mean-only BN": 0.05,
              "WN + variance-only BN": 0.05}

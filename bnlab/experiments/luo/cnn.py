@@ -9,7 +9,8 @@ import numpy as np
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..rule_stats import holm
-from ..verdicts import decide, explain, ladder, settle
+from ..verdicts import RULE as JUDGED_RULE
+from ..verdicts import Design, explain, judge, ladder, settle
 from bnlab.formatting import finite_or_none, fmt
 from ..common import ALPHA, RULE, SETTLE_FRACTION, compare_arms, mean_curve, safe_panels
 from .common import TRAIN_SIZES, plot_points, window_mean
@@ -71,6 +72,12 @@ FIG4_SMOKE_EPOCHS = 32  # the gaps are flat from ≈ epoch 25 on (measured at 40
 # loss 0.05, validation spikes); at 0.02 every arm's training loss ends below 0.01 with ≤ 1 spike
 # (measured, 3 seeds).
 FIG4_SMOKE_LR = 0.02
+# Fig. 4 plots curves, no number: the paper's effect is a direction. Design SD: the pooled SD of one
+# seed's gap in issue 19's 10-seed re-run (BN − WN −0.063, SE 0.010 at 10/10 seeds, so SD ≈
+# 0.010·√5).
+FIG4_DESIGN = Design("BN − WN generalization gap (validation − training loss)", paper_effect=-1.0,
+                     design_sd=0.022, n_seeds=len(FIG4_SEEDS), source="10-seed pilot 2026-11-25",
+                     magnitude_known=False)
 # the comparisons Fig. 4's claim makes: (arm expected lower, arm expected higher)
 FIG4_COMPARISONS = [("BN", arm) for arm in _FIG4_ARMS if arm != "BN"] + [
     ("WN + mean-only BN", "WN"), ("WN + variance-only BN", "WN")]
@@ -102,12 +109,12 @@ def generalization_gap(run, fraction: float = 1.0) -> float | None:
 def fig4_verdict(gaps: dict[str, list[float]], tiny: bool = False) -> tuple[str, str]:
     """Fig. 4's claim from per-seed generalization gaps (``gaps``: arm -> one gap per seed).
 
-    Primary (pre-declared, :data:`FIG4_PRIMARY`): BN's gap below WN's by Welch's t (α = 0.05, ≥ 3
-    seeds). The other comparisons of :data:`FIG4_COMPARISONS` are judged with Holm's correction over
-    all six: held when the primary is significant as claimed and no comparison is Holm-significant
-    the other way; not held when the primary or any Holm-adjusted comparison is significant the
-    other way; otherwise inconclusive, with the smallest gap difference the seeds resolve (power
-    0.8).
+    Primary (pre-declared, :data:`FIG4_PRIMARY`, :data:`FIG4_DESIGN`): BN's gap below WN's, by
+    :func:`verdicts.judge` (Welch's t, α = 0.05, resolution from the design SD). The other
+    comparisons of :data:`FIG4_COMPARISONS` are judged with Holm's correction over all six: held
+    when the primary is significant as claimed and no comparison is Holm-significant the other way;
+    not held when the primary or any Holm-adjusted comparison is significant the other way;
+    otherwise inconclusive, with the gap difference the design resolves (power 0.8).
     """
     if tiny:
         return ladder(unusable=True), "tiny run: no generalization gap develops in a few steps"
@@ -115,28 +122,31 @@ def fig4_verdict(gaps: dict[str, list[float]], tiny: bool = False) -> tuple[str,
         return ladder(unusable=True), "an arm has no finished run"
     comps = {(lo, hi): compare_arms(gaps[hi], gaps[lo]) for lo, hi in FIG4_COMPARISONS}
     adjusted = holm({k: c.p for k, c in comps.items()})
-    primary = comps[FIG4_PRIMARY]
+    lo, hi = FIG4_PRIMARY
+    judged = judge(gaps[hi], gaps[lo], FIG4_DESIGN)
     means = ", ".join(f"{k} {np.mean(v):.4f} (n = {len(v)})" for k, v in gaps.items()
                       if k in _FIG4_ARMS)
-    summary = (f"validation − training loss, seed means: {means}; primary BN − WN "
-               f"{primary.text()}; others (Holm-adjusted p): " + "; ".join(
+    summary = (f"validation − training loss, seed means: {means}; "
+               f"{judged.text(FIG4_DESIGN)}; others (Holm-adjusted p): " + "; ".join(
                    f"{lo} − {hi} {c.diff:+.3g} (p_Holm={adjusted[(lo, hi)]:.2g})"
                    for (lo, hi), c in comps.items()
                    if (lo, hi) != FIG4_PRIMARY and adjusted[(lo, hi)] is not None))
     few = any(c.decision == "too few seeds" for c in comps.values())
     if few:
         return ladder(unusable=True), summary + f" — fewer than 3 seeds ({RULE})"
+    # the primary's own "against" is judge's; the others count against when Holm-significant
     wrong = [f"{lo} above {hi}" for (lo, hi), c in comps.items()
-             if c.diff > 0
-             and (adjusted[(lo, hi)] < ALPHA or ((lo, hi) == FIG4_PRIMARY and c.p < ALPHA))]
+             if c.diff > 0 and (lo, hi) != FIG4_PRIMARY and adjusted[(lo, hi)] < ALPHA]
     resolved = sum(1 for k, c in comps.items() if c.diff < 0 and adjusted[k] < ALPHA)
-    verdict = ladder(decide(primary, "lower"), against=bool(wrong))
+    verdict = ladder(judged.verdict, against=bool(wrong))
+    rules = f"primary: {JUDGED_RULE}; others: {RULE}"
     return verdict, summary + explain(
-        verdict, not_held=f" — significantly the other way: {', '.join(wrong)} ({RULE})",
+        verdict, not_held=" — significantly the other way: "
+        f"{', '.join(wrong) or f'{lo} above {hi} (primary)'} ({rules})",
         held=f" — primary significant as claimed; {resolved} of {len(comps)} comparisons "
-        f"Holm-significant as claimed ({RULE})",
-        inconclusive=f" — the primary is not resolved; these seeds resolve gap differences ≥ "
-        f"{fmt(primary.mde)} ({RULE})")
+        f"Holm-significant as claimed ({rules})",
+        inconclusive=f" — the primary is not resolved; the design resolves gap differences ≥ "
+        f"{fmt(judged.mde)} ({rules})")
 
 
 def _fig4_analyze(ctx) -> Outcome:

@@ -10,12 +10,14 @@ tested on synthetic values.
 from __future__ import annotations
 
 from ..base import Experiment, Outcome, Plan, register
-from ..verdicts import conjunction, decide, ladder
+from ..verdicts import RULE as JUDGED_RULE
+from ..verdicts import Design, conjunction, judge, ladder
 from bnlab.formatting import fmt
 from ..common import RULE, compare_arms, safe_panels
 from .common import (
     BN, DLN_LR, STANDARD, band_panel, curve_panel, distribution_panel, dln_runs, hist_layers,
-    hist_units, inconclusive_if_tiny, finite_median, runs_by_label, finite_values, arm_runs,
+    SEEDS, hist_units, inconclusive_if_tiny, finite_median, runs_by_label, finite_values,
+    arm_runs,
     compare_text, distribution_drift, log_values, per_seed, pick, sharpness_line, sharpness_panel,
 )
 
@@ -48,15 +50,24 @@ def _fig8_analyze(ctx) -> Outcome:
     return Outcome([fig], table, verdict, summary)
 
 
+# The paper shows distributions (Fig. 8), no number: its effect is a direction. Design SD: the
+# pooled SD of one seed's drift in the smoke pilot of 2026-11-26 (BN − standard −0.89, SE 0.15 at
+# 3/3 seeds, so SD ≈ 0.15·√(3/2)).
+FIG8_DESIGN = Design("BN − standard median drift of a unit's distribution", paper_effect=-1.0,
+                     design_sd=0.18, n_seeds=len(SEEDS), source="smoke pilot 2026-11-26",
+                     magnitude_known=False)
+
+
 def fig8_verdict(drift: dict[str, list[float]], tiny: str | None = None) -> tuple[str, str]:
     """Fig. 8: BN's activation distributions drift less than the standard DLN's. Primary,
-    pre-declared: BN − standard per-seed median drift, lower (:func:`verdicts.decide`)."""
+    pre-declared (:data:`FIG8_DESIGN`): BN − standard per-seed median drift, lower
+    (:func:`verdicts.judge`)."""
     if tiny:
         return ladder(unusable=True), tiny
-    c = compare_arms(drift.get(STANDARD, []), drift.get(BN, []))
-    return decide(c, "lower"), ("median drift of a sampled unit's distribution from the first to "
-                                "the last measurement, per seed; "
-                                f"{compare_text(c, 'BN − standard')}. {RULE}")
+    j = judge(drift.get(STANDARD, []), drift.get(BN, []), FIG8_DESIGN)
+    return ladder(j.verdict), ("median drift of a sampled unit's distribution from the first to "
+                               f"the last measurement, per seed; {j.text(FIG8_DESIGN)}. "
+                               f"{JUDGED_RULE}")
 
 
 register(Experiment(

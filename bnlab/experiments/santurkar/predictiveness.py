@@ -20,7 +20,8 @@ from bnlab import data as D
 from bnlab.probes import ProbeContext, evaluate_landscape
 
 from ..base import Experiment, Outcome, Plan, register
-from ..verdicts import decide, ladder
+from ..verdicts import RULE as JUDGED_RULE
+from ..verdicts import Design, judge, ladder
 from bnlab.formatting import finite_or_none, fmt
 from ..common import RULE, compare_arms, safe_panels
 from .common import (
@@ -156,13 +157,21 @@ def _fig10_panels(pred: dict) -> list[dict]:
     return specs
 
 
+# Fig. 10 plots curves, no number: the paper's effect is a direction. Design SD: the pooled SD of
+# one seed's ln max gradient change in the smoke pilot of 2026-11-26 (SE 0.46 at 3/3 seeds, so SD ≈
+# 0.46·√(3/2)).
+FIG10_DESIGN = Design("BN − standard ln max gradient change over [1/100, 30] × lr",
+                      paper_effect=-1.0, design_sd=0.56, n_seeds=len(SEEDS),
+                      source="smoke pilot 2026-11-26", magnitude_known=False)
+
+
 def fig10_verdict(windows: dict[str, dict[str, list[dict]]],
                   tiny: str | None = None) -> tuple[str, str]:
     """Fig. 10: gradients are more predictive with BN. Per seed, the median over the evaluated
     training steps (step 0 left out: both nets start from a random init) of max ‖∇L(θ) − ∇L(θ − s
     g)‖ over the paper's range [1/100, 30] × lr; BN − standard on a ln scale. The literal-rate
-    window and the range beyond 30 × lr are reported beside it. Primary, pre-declared: that BN −
-    standard difference, lower (:func:`verdicts.decide`)."""
+    window and the range beyond 30 × lr are reported beside it. Primary, pre-declared
+    (:data:`FIG10_DESIGN`): that BN − standard difference, lower (:func:`verdicts.judge`)."""
     if tiny:
         return ladder(unusable=True), tiny
     parts, verdict = [], ladder()
@@ -171,11 +180,15 @@ def fig10_verdict(windows: dict[str, dict[str, list[dict]]],
                        ("beyond", f"(30, {FIG10_MULTIPLIERS[1]:g}] × {DLN_LR:g}")):
         std, bn = ([s["grad_change_max"] for s in windows.get(label, {}).get(name, [])
                     if s["grad_change_max"] is not None] for label in (STANDARD, BN))
-        c = compare_arms(log_values(std), log_values(bn))
         if name == "ours":
-            verdict = decide(c, "lower")
+            j = judge(log_values(std), log_values(bn), FIG10_DESIGN)
+            verdict = ladder(j.verdict)
+            parts.append(f"{text}: {j.text(FIG10_DESIGN)}")
+            continue
+        c = compare_arms(log_values(std), log_values(bn))
         parts.append(compare_text(c, f"{text}: BN − standard, max gradient change", log=True))
-    return verdict, "per seed, median over training steps: " + "; ".join(parts) + f". {RULE}"
+    return verdict, ("per seed, median over training steps: " + "; ".join(parts)
+                     + f". Primary: {JUDGED_RULE}. Reported windows: {RULE}")
 
 
 def _fig10_plan(preset: str) -> Plan:

@@ -1,0 +1,71 @@
+"""Issue 19, item 1 beyond Peng's tables: every entry whose primary is one two-arm comparison states
+its resolvable effect from a design SD declared before the runs (a pilot named in the entry), not
+from the scatter of this run's seeds, and judges it by :func:`verdicts.judge`."""
+
+import re
+
+import pytest
+
+from bnlab.experiments.luo import cnn as LCNN
+from bnlab.experiments.mbn import entries as MBN
+from bnlab.experiments.santurkar import dln as SDLN
+from bnlab.experiments.santurkar import predictiveness as SPRED
+from bnlab.experiments.santurkar.common import BN, STANDARD
+from bnlab.experiments.verdicts import Design, judge
+
+
+def _fig4(spread: float) -> dict:
+    base = {"vanilla SGD": 0.15, "BN": 0.05, "WN": 0.13, "WN + mean-only BN": 0.10,
+            "WN + variance-only BN": 0.08}
+    offsets = [spread * (i - 4.5) / 4.5 for i in range(10)]
+    return {k: [v + o for o in offsets] for k, v in base.items()}
+
+
+def _mbn(spread: float) -> dict:
+    acc = {}
+    for norm, drop in (("BN", 0.40), ("MBN", 0.05)):
+        acc[norm] = {32: {s: 0.98 for s in range(3)},
+                     2: {s: 0.98 - drop + spread * (s - 1) for s in range(3)}}
+    return acc
+
+
+CASES = {
+    "luo-fig4": (LCNN.FIG4_DESIGN, lambda sd: LCNN.fig4_verdict(_fig4(sd))),
+    "mbn-batch-size": (MBN.BATCH_SIZE_DESIGN,
+                       lambda sd: MBN.batch_size_verdict(_mbn(sd), tiny=False)),
+    "santurkar-fig8": (SDLN.FIG8_DESIGN,
+                       lambda sd: SDLN.fig8_verdict({STANDARD: [2.0 + sd, 2.0, 2.0 - sd],
+                                                     BN: [1.0 + sd, 1.0, 1.0 - sd]})),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(CASES))
+def test_resolvable_effect_comes_from_the_design_not_the_seeds(entry):
+    design, verdict_of = CASES[entry]
+    assert isinstance(design, Design) and design.design_sd > 0 and "pilot" in design.source
+    texts = [verdict_of(sd)[1] for sd in (0.001, 0.01)]
+    stated = [re.findall(r"resolvable ≥ ([0-9.e+-]+)", t) for t in texts]
+    # the old rule printed (t + t)·observed SE: ten times the spread, ten times the number
+    assert stated[0] and stated[0] == stated[1], stated
+    assert float(stated[0][0]) == pytest.approx(design.mde(), rel=0.05)
+    assert all(design.source in t for t in texts)
+
+
+def test_fig10_primary_is_judged_with_its_design():
+    w = {label: {"ours": [{"grad_change_max": v} for v in values]}
+         for label, values in ((STANDARD, [10.0, 12.0, 11.0]), (BN, [1.0, 1.2, 1.1]))}
+    verdict, text = SPRED.fig10_verdict(w)
+    assert verdict == "held"
+    design = SPRED.FIG10_DESIGN
+    assert f"resolvable ≥ {design.mde():.2g}" in text and design.source in text
+    # BN's gradient change larger: significant against the claimed direction
+    w[BN], w[STANDARD] = w[STANDARD], w[BN]
+    assert SPRED.fig10_verdict(w)[0] == "not held"
+
+
+def test_direction_only_designs_need_a_significant_contrary_effect_for_not_held():
+    # magnitude unknown: a CI short of the stand-in unit effect must not read as "not held"
+    design = LCNN.FIG4_DESIGN
+    assert not design.magnitude_known
+    a, b = [0.10, 0.11, 0.12, 0.10, 0.11], [0.105, 0.115, 0.125, 0.105, 0.115]
+    assert judge(a, b, design).verdict == "inconclusive"
