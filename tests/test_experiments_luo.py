@@ -12,6 +12,7 @@ from bnlab.experiments import get
 from bnlab.experiments.luo import cnn as LCNN
 from bnlab.experiments.luo import common as LC
 from bnlab.experiments.luo import fig3 as LF3
+from bnlab.experiments.luo import fig5 as LF5
 from bnlab.experiments.luo import fold_dropout as LFD
 from bnlab.experiments.luo import student as LS
 from bnlab.experiments.luo import table2 as luo_table2
@@ -449,7 +450,7 @@ def test_fig5_verdict_needs_three_seeds_a_test_and_settling(tmp_path):
         fake_context("luo-fig5", _fig5_runs(0.01, early_trend=-0.01), None, tmp_path))
     assert late.verdict == "inconclusive" and "NOT settled" in late.summary
     # a dip between neighbours inside the seed spread does not count; a significant one does
-    f5 = LCNN.fig5_verdict
+    f5 = LF5.fig5_verdict
     rising = {16: [1.03, 1.031, 1.032], 32: [1.025, 1.03, 1.035], 64: [1.03, 1.04, 1.05],
               128: [1.05, 1.06, 1.07], 256: [1.13, 1.14, 1.15]}
     assert f5({"conv": rising, "fc": rising})[0] == "held"

@@ -90,7 +90,7 @@ def register(experiment: Experiment) -> Experiment:
 # import first.
 ENTRY_MODULES = (
     "santurkar.vgg", "santurkar.dln", "santurkar.predictiveness", "santurkar.lp",
-    "luo.student", "luo.fig3", "luo.cnn", "luo.fold_dropout", "luo.table2",
+    "luo.student", "luo.fig3", "luo.cnn", "luo.fig5", "luo.fold_dropout", "luo.table2",
     "peng.tables", "peng.curves", "peng.components", "peng.figures", "peng.amat", "peng.imagenet",
     "arora.entries", "mbn.entries",
     "peng.theorems", "arora.rates", "mbn.theorems",
