@@ -10,6 +10,7 @@ import numpy as np
 
 from bnlab.formatting import finite_or_none, mean_std
 from bnlab.plots import panels
+from .rule_stats import arm_values
 
 
 def training_curves(ctx, path: Path, *, title: str,
@@ -59,21 +60,22 @@ def spearman(xs, ys) -> float | None:
 
 # ---- appended for the Peng / Arora entries ----------------------------------------------------
 
-def grouped_finals(ctx, keys: tuple[str, ...], metric: str) -> dict[tuple, list[float]]:
+def grouped_finals(ctx, keys: tuple[str, ...], metric: str, *,
+                   failure_value: float) -> dict[tuple, list[float]]:
     """Final ``metric`` of every run grouped by the values of the factors ``keys`` (e.g. ("row",
     "activation")).
 
-    Runs without a finite final value (failed, diverged to NaN, missing) are left out of their
-    group; a group whose runs all lack the value is present with an empty list, so callers can tell
-    "no runs" from "no usable runs".
+    A diverged run, or a finished one without a finite final value, enters its group as
+    ``failure_value`` (chance accuracy, ...): a failure of that arm, never missing data
+    (:func:`rule_stats.arm_values`, issue 19). Crashed or interrupted runs are left out; a group
+    whose runs all crashed is present with an empty list, so callers can tell "no runs" from "no
+    usable runs".
     """
     groups: dict[tuple, list[float]] = {}
     for r in ctx.runs:
         key = tuple(r.factors.get(k) for k in keys)
         values = groups.setdefault(key, [])
-        value = finite_or_none(r.final(metric))
-        if value is not None and r.status == "finished":
-            values.append(value)
+        values.extend(arm_values([r], lambda run: run.final(metric), failure_value)[0])
     return groups
 
 

@@ -5,6 +5,7 @@ batch). Shared constants and helpers are in :mod:`bnlab.experiments.luo.common`.
 from __future__ import annotations
 
 import copy
+import math
 import tempfile
 
 from torch import nn
@@ -18,6 +19,7 @@ from ..base import Experiment, Outcome, Plan, RunSpec, register, shrink
 from .cnn import SMOKE_DATA, cnn_base, train_size
 from bnlab.formatting import finite_or_none, fmt
 from ..common import RULE, SETTLE_FRACTION, compare_arms, mean_curve, safe_panels
+from ..rule_stats import arm_values
 from ..verdicts import NOT_HELD, checks, combine, conjunction, explain, ladder, settle
 from .common import jsonable_copy, collected_series, train_collecting, window_mean
 from ..runner import TINY_STEPS
@@ -316,15 +318,19 @@ def fig7_summary(losses: dict[str, list[float]], tiny: bool = False) -> tuple[st
         f" — not resolved; these seeds resolve differences ≥ {max(open_, default=0):.3g} ({RULE})")
 
 
+# a diverged run's value: what a chance-level classifier of the ten digit classes scores
+FAILURE = {"test_loss": math.log(10), "test_accuracy": 0.1}
+
+
 def fig7_values(runs, metric: str = "test_loss", fraction: float = 1.0) -> dict[str, list[float]]:
-    """Arm -> per-seed ``metric`` at ``fraction`` of training (mean of the 3 records up to
-    there)."""
+    """Arm -> per-seed ``metric`` at ``fraction`` of training (mean of the 3 records up to there).
+    A diverged run counts as a chance-level ten-class classifier (:data:`FAILURE`: a failure of its
+    arm, not missing data); crashed runs are left out."""
     out: dict[str, list[float]] = {}
     for r in runs:
-        value = window_mean(*r.series(metric), fraction) if r.status == "finished" else None
-        out.setdefault(r.factors.get("arm", r.label), [])
-        if value is not None:
-            out[r.factors.get("arm", r.label)].append(value)
+        out.setdefault(r.factors.get("arm", r.label), []).extend(
+            arm_values([r], lambda run: window_mean(*run.series(metric), fraction),
+                       FAILURE[metric])[0])
     return out
 
 

@@ -13,6 +13,7 @@ from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..verdicts import NOT_HELD, conjunction, explain, family, is_held, ladder
 from bnlab.formatting import finite_or_none, fmt, mean_std
 from ..common import RULE, compare_arms, grouped_finals, mean_curve, safe_panels, smooth
+from .verdict import CHANCE
 from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, SMOKE_SEEDS, recipe_base, percent,
                      run_config, status_note)
 
@@ -142,7 +143,8 @@ def _t6_analyze(ctx) -> Outcome:
                     lr_max.setdefault((name, act), []).append(
                         max_stable_lr(lambda lr, s=status: s[lr], candidates=list(status),
                                       strategy="all").lr)
-    accuracy = grouped_finals(ctx, ("approach", "activation", "lr"), "test_accuracy")
+    accuracy = grouped_finals(ctx, ("approach", "activation", "lr"), "test_accuracy",
+                              failure_value=CHANCE)
     rows = []
     paper_claim = ("not in our copy (Table 6's body is missing); §6.3: none < mean removal < ℓ2, "
                    "ℓ2 “contributes more”; CBN “1 + 1 > 2”")

@@ -31,6 +31,7 @@ minimum detectable effect at power 0.8) per (network, activation) cell; see `tab
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from bnlab.plots import bars
@@ -40,6 +41,7 @@ from bnlab.formatting import fmt, mean_std
 from ..common import (RULE, compare_arms, grouped_finals, mean_curve, mean_over_run, safe_panels,
                       smooth)
 from .common import ACT_TITLE, ACTIVATIONS, NON_RELU, status_note, row_spec
+from ..rule_stats import arm_values
 from ..verdicts import NOT_HELD, conjunction, explain, family, ladder
 
 ARCHS = ("resnet18", "resnet50", "efficientnet_b0")
@@ -227,14 +229,24 @@ def fig6_verdict(cells: dict[tuple[str, str, str], list[float]],
 
 # ---- analysis ------------------------------------------------------------------------------------
 
+# classes of the data each preset trains on (smoke: the generated 10-class folder; paper:
+# ILSVRC2012): a diverged run counts as a chance-level classifier, a failure of its arm
+CLASSES = {"smoke": 10, "paper": 1000}
+
+
+def _classes(ctx) -> int:
+    return CLASSES.get(ctx.preset, CLASSES["smoke"])
+
+
 def _loss_cells(ctx) -> dict[tuple[str, str, str], list[float]]:
+    """Per-seed mean training loss per (arch, arm, activation); a diverged run counts as ln C, the
+    loss of a chance-level classifier (failure of its arm, not missing data)."""
     cells: dict[tuple[str, str, str], list[float]] = {}
     for r in ctx.runs:
         key = (r.factors.get("arch"), r.factors.get("arm"), r.factors.get("activation"))
-        value = mean_over_run(r, "train_loss")
-        cells.setdefault(key, [])
-        if value is not None:
-            cells[key].append(value)
+        cells.setdefault(key, []).extend(
+            arm_values([r], lambda run: mean_over_run(run, "train_loss"),
+                       math.log(_classes(ctx)))[0])
     return cells
 
 
@@ -246,7 +258,8 @@ def _pct_text(values: list[float]) -> str:
 
 
 def _table5_analyze(ctx) -> Outcome:
-    cells = grouped_finals(ctx, ("arch", "arm", "activation"), "test_accuracy")
+    cells = grouped_finals(ctx, ("arch", "arm", "activation"), "test_accuracy",
+                           failure_value=1 / _classes(ctx))
     archs = sorted({a for a, _, _ in cells}, key=ARCHS.index)
     rows, ours, errs, paper = [], {}, {}, {}
     for arch in archs:

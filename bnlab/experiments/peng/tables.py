@@ -159,7 +159,7 @@ def _table_analyze(table: int):
 
     def analyze(ctx) -> Outcome:
         grouped = grouped_finals(ctx, ("row", "activation", "residual", "lr_reading"),
-                                 "test_accuracy")
+                                 "test_accuracy", failure_value=CHANCE)
         by_form = {key[:3]: v for key, v in grouped.items() if key[3] != "half"}
         cells: dict[tuple[str, str], list[float]] = {}
         for (row, act, form), values in by_form.items():
