@@ -567,3 +567,27 @@ def test_tiny_reproduce(experiment_id, runs_dir, two_steps):
     assert outcome.table and all({"quantity", "ours", "paper"} <= set(row) for row in outcome.table)
     assert outcome.verdict == "inconclusive"  # tiny runs never decide a claim
     assert "tiny" in outcome.summary
+
+
+class _FinalRun:
+    status = "finished"
+
+    def __init__(self, accuracy, train_loss):
+        self._final = {"test_accuracy": accuracy, "train_loss": train_loss}
+
+    def final(self, name):
+        return self._final.get(name)
+
+
+def test_tables_flag_an_arm_that_fits_but_scores_chance():
+    """Table 2's BN + Sigmoid on the proxy: training loss 0.009–0.029, test accuracy 10–18 % (its
+    1×1-map BN layers fail in eval mode). The summary names such a cell; a cell that fails to train
+    (loss at chance) or that generalizes is not named."""
+    from bnlab.experiments.peng import tables as PT
+    arms = {(2, "①", "sigmoid"): [_FinalRun(0.103, 0.029), _FinalRun(0.10, 0.009)],
+            (2, "②", "sigmoid"): [_FinalRun(0.855, 0.011), _FinalRun(0.87, 0.013)],
+            (1, "②", "sigmoid"): [_FinalRun(0.11, 2.30), _FinalRun(0.12, 2.29)]}
+    text = PT.inference_flags(arms)
+    assert "inference-statistics failure" in text and "① Sigmoid" in text
+    assert "② Sigmoid" not in text
+    assert PT.inference_flags({k: v for k, v in arms.items() if k[1] == "②"}) == ""

@@ -35,11 +35,12 @@ which §6.4 finds CBN insensitive to ρ). ``peng-fig8`` measures the sensitivity
 
 from __future__ import annotations
 
+import math
 
 from bnlab.plots import bars
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from bnlab.formatting import fmt, mean_std
+from bnlab.formatting import finite_or_none, fmt, mean_std
 from ..common import (compare_arms, grouped_finals, mean_curve, safe_panels,
                       SETTLE_FRACTION, smooth, value_at_fraction)
 from .verdict import CHANCE, table_design, table_verdict
@@ -203,11 +204,40 @@ def _table_analyze(table: int):
                                   table_verdict(_cells_at(arms, reading), ctx.tiny,
                                                 table_design(table, ctx.preset)),
                                   f"{reading:.0%} of training (inside the final lr phase)")
-        summary += settling(arms, "test_accuracy", fraction=reading)
+        summary += settling(arms, "test_accuracy", fraction=reading) + inference_flags(arms)
         return Outcome([fig_ours, fig_paper, fig_curves], rows, verdict,
                        summary + status_note(ctx))
 
     return analyze
+
+
+# an arm "fits but cannot infer": test accuracy within this of chance while its final training loss
+# is below this fraction of ln 10 (a chance-level classifier's loss)
+INFERENCE_MARGIN, FIT_FRACTION = 0.05, 0.25
+
+
+def inference_flags(arms: dict[tuple, list]) -> str:
+    """Name the arms that fit their training set but score chance on the test set: a failure of the
+    layer's inference statistics (eval mode), not of training. Reported beside the verdict, which
+    it does not change, because such a cell decides the verdict by the proxy: in VGG-16 at a 16×16
+    input BN + Sigmoid's last two BN layers see 1×1 maps, normalize over the batch alone, and the
+    network comes to depend on that (docs: Peng page, Table 2)."""
+    flagged = []
+    for (table, row, act), runs in sorted(arms.items(), key=str):
+        finished = [r for r in runs if r.status == "finished"]
+        accs = [finite_or_none(r.final("test_accuracy")) for r in finished]
+        losses = [finite_or_none(r.final("train_loss")) for r in finished]
+        if not finished or None in accs or None in losses:
+            continue
+        acc, loss = sum(accs) / len(accs), sum(losses) / len(losses)
+        if acc <= CHANCE + INFERENCE_MARGIN and loss <= FIT_FRACTION * math.log(10):
+            flagged.append(f"{row} {ACT_TITLE[act]} (test accuracy {percent(acc):.1f} %, final "
+                           f"training loss {loss:.3g})")
+    if not flagged:
+        return ""
+    return ("; fits its training set but scores chance on the test set — an inference-statistics "
+            "failure, not a training failure, so the proxy decides that cell: "
+            + ", ".join(flagged))
 
 
 def main_arm_runs(ctx, table: int | None = None) -> dict[tuple, list]:
