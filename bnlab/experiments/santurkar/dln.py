@@ -67,7 +67,7 @@ def fig8_verdict(drift: dict[str, list[float]], tiny: str | None = None) -> tupl
     j = judge(drift.get(STANDARD, []), drift.get(BN, []), FIG8_DESIGN)
     return ladder(j.verdict), ("median drift of a sampled unit's distribution from the first to "
                                f"the last measurement, per seed; {j.text(FIG8_DESIGN)}. "
-                               f"{JUDGED_RULE}")
+                               f"Rule: {JUDGED_RULE}")
 
 
 register(Experiment(
