@@ -69,3 +69,30 @@ def test_direction_only_designs_need_a_significant_contrary_effect_for_not_held(
     assert not design.magnitude_known
     a, b = [0.10, 0.11, 0.12, 0.10, 0.11], [0.105, 0.115, 0.125, 0.105, 0.115]
     assert judge(a, b, design).verdict == "inconclusive"
+
+
+# ---- the same for the comparisons of conjunctive / family claims (common.DesignSD) ---------------
+
+def test_compare_arms_with_a_design_sd_states_the_design_resolution():
+    from bnlab.experiments.common import DesignSD, compare_arms, design_mde
+    from scipy import stats
+
+    design = DesignSD({"loss": 0.2, "drift": 0.05}, "pilot: synthetic")
+    a, b = [1.0, 1.1, 0.9], [0.5, 0.6, 0.4]
+    observed, planned = compare_arms(a, b), compare_arms(a, b, design_sd=design.of("loss"))
+    # the test itself is unchanged; only the stated resolution moves to the design
+    assert (planned.diff, planned.se, planned.p, planned.decision) == (
+        observed.diff, observed.se, observed.p, observed.decision)
+    expected = (stats.t.ppf(0.975, 4) + stats.t.ppf(0.8, 4)) * 0.2 * (2 / 3) ** 0.5
+    assert planned.mde == pytest.approx(expected) == design_mde(0.2, 3, 3)
+    assert planned.mde_basis == "design SD" and "at the design SD" in planned.text()
+    wide = compare_arms([1.0, 2.1, -0.1], [0.5, 1.6, -0.6], design_sd=design.of("loss"))
+    assert wide.mde == pytest.approx(planned.mde) and wide.decision != planned.decision
+    # the binomial floor still applies to the design resolution
+    floored = compare_arms([0.5] * 3, [0.6] * 3, n_test=100, design_sd=0.0)
+    assert floored.mde == pytest.approx(design_mde(0.0, 3, 3, floored.se))
+    assert "design SD loss 0.2, drift 0.05 (pilot: synthetic)" == design.text()
+    with pytest.raises(KeyError, match="declared for: loss, drift"):
+        design.of("ics")
+    with pytest.raises(ValueError, match="finite numbers ≥ 0"):
+        DesignSD(-1.0, "pilot")

@@ -131,6 +131,9 @@ class Comparison:
     n_a: int
     n_b: int
     decision: str
+    # where ``mde`` comes from: the observed spread of these seeds, or a design SD stated in
+    # advance (:class:`DesignSD`; issue 19: the observed one scatters 1.7–4.8× run to run)
+    mde_basis: str = "observed SD"
 
     def text(self, scale: float = 1.0, unit: str = "") -> str:
         """``+3.1 ± 0.8 (SE; Welch p=0.01, n=3/3, resolvable ≥ 2.9)``; numbers times ``scale`` (100:
@@ -141,8 +144,56 @@ class Comparison:
         if self.se is None:
             return out + f" (n={self.n_a}/{self.n_b}: too few seeds for a test)"
         out += f" ± {scale * self.se:.2g}{unit} (SE; Welch p={self.p:.2g}, n={self.n_a}/{self.n_b}"
-        return out + (f", resolvable ≥ {scale * self.mde:.2g}{unit})" if self.mde is not None
-                      else ")")
+        if self.mde is None:
+            return out + ")"
+        basis = "" if self.mde_basis == "observed SD" else f" at the {self.mde_basis}"
+        return out + f", resolvable ≥ {scale * self.mde:.2g}{unit}{basis})"
+
+
+@dataclass(frozen=True)
+class DesignSD:
+    """The design SD of the comparisons of a conjunctive or family claim: SD of one seed's value
+    (in the compared quantity's units), one number for all comparisons or one per comparison key,
+    from the pilot named in ``source``. Given to :func:`compare_arms`, it fixes each comparison's
+    resolvable effect in advance, as :class:`verdicts.Design` does for a single primary comparison
+    (issue 19); the decision itself is unchanged (Welch's t on the observed seeds)."""
+
+    sd: float | dict
+    source: str
+
+    def __post_init__(self):
+        values = self.sd.values() if isinstance(self.sd, dict) else (self.sd,)
+        if not values or not all(isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)
+                                 for v in values):
+            raise ValueError(f"design SDs must be finite numbers ≥ 0, got {self.sd!r}")
+
+    def of(self, key=None) -> float:
+        """The design SD of comparison ``key`` (the one number when not given per key)."""
+        if not isinstance(self.sd, dict):
+            return float(self.sd)
+        if key not in self.sd:
+            raise KeyError(f"no design SD for comparison {key!r}; declared for: "
+                           f"{', '.join(map(str, self.sd))}")
+        return float(self.sd[key])
+
+    def text(self, scale: float = 1.0, unit: str = "") -> str:
+        if isinstance(self.sd, dict):
+            sds = ", ".join(f"{k} {scale * v:.2g}{unit}" for k, v in self.sd.items())
+        else:
+            sds = f"{scale * self.sd:.2g}{unit}"
+        return f"design SD {sds} ({self.source})"
+
+
+def design_mde(design_sd: float, n_a: int, n_b: int, floor: float = 0.0, *, alpha: float = ALPHA,
+               power: float = POWER) -> float:
+    """The effect ``n_a``/``n_b`` seeds detect with probability ``power`` (two-sided ``alpha``)
+    when one seed's value has SD ``design_sd``: ``(t_{1−α/2} + t_power)·max(design_sd·√(1/n_a +
+    1/n_b), floor)`` at df = n_a + n_b − 2 (the pooled-variance approximation of Welch's df)."""
+    from scipy import stats
+
+    se = max(design_sd * math.sqrt(1 / n_a + 1 / n_b), floor)
+    df = n_a + n_b - 2
+    return float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * se)
 
 RULE = (f"Welch's two-sided t-test on the per-seed values, α = {ALPHA:g}, at least {MIN_SEEDS} "
         "seeds per arm; a non-significant difference is reported with its minimum detectable "
@@ -150,7 +201,8 @@ RULE = (f"Welch's two-sided t-test on the per-seed values, α = {ALPHA:g}, at le
 
 
 def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds: int = MIN_SEEDS,
-                 se_floor: float = 0.0, n_test: int | None = None) -> Comparison:
+                 se_floor: float = 0.0, n_test: int | None = None,
+                 design_sd: float | None = None) -> Comparison:
     """Compare arm ``b`` with arm ``a`` (lists of per-seed values, non-finite ones dropped): the
     rule :data:`RULE`.
 
@@ -163,6 +215,10 @@ def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds:
     the arm means on ``n_test`` test images (``verdict.binomial_floor``), so arms whose seeds happen
     to agree do not get p ≈ 0 for a one-image difference. Without a floor, identical values (SE = 0,
     deterministic computations) count any nonzero difference as detected (p = 0).
+
+    ``design_sd`` (from :class:`DesignSD`, stated in the entry before it runs): ``mde`` is then
+    :func:`design_mde` of it and the floor, a property of the design rather than of these seeds'
+    scatter; the test itself is unchanged.
     """
     from scipy import stats
 
@@ -182,22 +238,30 @@ def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds:
                     math.sqrt(sum(min(max(p, 0.0), 1.0) * (1 - min(max(p, 0.0), 1.0)) / (n_test * n)
                                          for p, n in ((ma, n_a), (mb, n_b)))))
     se = max(math.sqrt(va + vb), floor)
+    basis = "observed SD"
+    if design_sd is not None:
+        basis = "design SD"
+        planned = design_mde(design_sd, n_a, n_b, floor, alpha=alpha, power=power)
     if se == 0:
-        return Comparison(diff, 0.0, None, 0.0 if diff else 1.0, 0.0, n_a, n_b,
+        return Comparison(diff, 0.0, None, 0.0 if diff else 1.0,
+                          planned if design_sd is not None else 0.0, n_a, n_b,
                           "no detectable difference" if diff == 0
-                          else ("higher" if diff > 0 else "lower"))
+                          else ("higher" if diff > 0 else "lower"), basis)
     if va + vb > 0:
         df = (va + vb) ** 2 / ((va**2 / (n_a - 1) if va else 0.0)
                                + (vb**2 / (n_b - 1) if vb else 0.0))
     else:  # only the floor: the pooled df
         df = float(n_a + n_b - 2)
     p = float(2 * stats.t.sf(abs(diff) / se, df))
-    mde = float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * se)
+    if design_sd is not None:
+        mde = planned
+    else:
+        mde = float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * se)
     if p < alpha:
         decision = "higher" if diff > 0 else "lower"
     else:
         decision = "no detectable difference"
-    return Comparison(diff, se, float(df), p, mde, n_a, n_b, decision)
+    return Comparison(diff, se, float(df), p, mde, n_a, n_b, decision, basis)
 
 
 def mean_curve(runs, metric: str) -> tuple[list, list]:
