@@ -62,6 +62,14 @@ def train_collecting(config: dict, *, callbacks: Sequence[Any] = (),
             "series": jsonable_copy(series), "error": record.error}
 
 
+def unfinished_status(data: dict, *keys: str, default: str = "recorded too little") -> str:
+    """Why a computed result has no values: the first status among ``data[key]`` (or
+    ``data["branches"][key]``) that is not "finished" (e.g. "diverged"), else ``default``."""
+    records = [data.get(k) or (data.get("branches") or {}).get(k) or {} for k in keys]
+    return next((r["status"] for r in records if r.get("status") not in (None, "finished")),
+                default)
+
+
 def collected_series(data: dict, name: str) -> tuple[list[float], list[float]]:
     rows = (data.get("series") or {}).get(name) or []
     return [r[0] for r in rows], [r[1] for r in rows]

@@ -10,7 +10,7 @@ import numpy as np
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..verdicts import explain, ladder, settle
 from bnlab.formatting import finite_or_none, fmt
-from ..common import RULE, SETTLE_FRACTION, compare_arms, safe_panels
+from ..common import RULE, SETTLE_FRACTION, DesignSD, compare_arms, safe_panels
 from .cnn import cnn_base, train_size
 from .common import plot_points
 
@@ -64,22 +64,32 @@ def _last_per_layer(run, prefix: str, k: int = 1, fraction: float = 1.0) -> dict
     return out
 
 
-def fig5_trend(gamma_sq: dict[int, list[float]]) -> tuple[str, str]:
+# Design SD of one seed's γ² (issue 19): the root-mean-square of the pooled per-arm SDs of every
+# judged comparison (per layer: M = 16 vs 256 and each neighbouring pair, at the end and at 2/3 of
+# training; 50 comparisons, SDs 0.0006–0.089, the pairs with M = 256 the widest) in the pilot.
+FIG5_DESIGN_SD = DesignSD(0.031, "pilot: the session-4 catalogue run, 3 seeds/arm, 2026-11-26; "
+                                 "RMS over the per-layer batch-size comparisons")
+
+
+def fig5_trend(gamma_sq: dict[int, list[float]], *,
+               design_sd: DesignSD = FIG5_DESIGN_SD) -> tuple[str, str]:
     """One BN layer's γ² against M (``gamma_sq``: M -> per-seed values) by :data:`common.RULE`
     (Welch's t, α = 0.05, ≥ 3 seeds): the largest batch against the smallest, and each pair of
     neighbouring batch sizes.
 
     "rises": significantly higher at the largest M and significantly lower at no larger neighbour;
     "falls": significantly lower at the largest M; "dips": higher at the largest M but significantly
-    lower somewhere between neighbours; "unresolved" / "too few seeds" otherwise. Returns (decision,
-    text).
+    lower somewhere between neighbours; "unresolved" / "too few seeds" otherwise. The resolvable
+    rise is stated at ``design_sd`` (:data:`FIG5_DESIGN_SD`), not at these seeds' spread. Returns
+    (decision, text).
     """
     batches = sorted(gamma_sq)
     if len(batches) < 2 or any(not gamma_sq[m] for m in batches):
         return "too few seeds", "no γ record at some M"
-    comp = compare_arms(gamma_sq[batches[0]], gamma_sq[batches[-1]])
+    sd = design_sd.of()
+    comp = compare_arms(gamma_sq[batches[0]], gamma_sq[batches[-1]], design_sd=sd)
     dips = [f"{a}→{b}" for a, b in zip(batches, batches[1:])
-            if compare_arms(gamma_sq[a], gamma_sq[b]).decision == "lower"]
+            if compare_arms(gamma_sq[a], gamma_sq[b], design_sd=sd).decision == "lower"]
     means = " → ".join(f"{np.mean(gamma_sq[m]):.4f}" for m in batches)
     text = f"{means} (M = {batches[-1]} − {batches[0]}: {comp.text()}"
     text += f"; falls at M = {', '.join(dips)})" if dips else ")"
@@ -87,11 +97,11 @@ def fig5_trend(gamma_sq: dict[int, list[float]]) -> tuple[str, str]:
         return ("falls" if comp.decision == "lower" else comp.decision), text
     if comp.decision == "higher":
         return ("dips" if dips else "rises"), text
-    return "unresolved", text + f" [resolvable ≥ {comp.mde:.3g}]"
+    return "unresolved", text + f" [resolvable ≥ {comp.mde:.3g} at the design SD]"
 
 
-def fig5_verdict(per_layer: dict[str, dict[int, list[float]]],
-                 tiny: bool = False) -> tuple[str, str]:
+def fig5_verdict(per_layer: dict[str, dict[int, list[float]]], tiny: bool = False, *,
+                 design_sd: DesignSD = FIG5_DESIGN_SD) -> tuple[str, str]:
     """Fig. 5's claim — γ² grows with the batch size in each BN layer (the paper: five models, BN in
     one layer each) — from per-layer, per-seed γ² (``per_layer``: layer -> M -> values), by
     :func:`fig5_trend`.
@@ -105,7 +115,8 @@ def fig5_verdict(per_layer: dict[str, dict[int, list[float]]],
         return ladder(unusable=True), "tiny run: γ has barely moved from 1"
     if not per_layer:
         return ladder(unusable=True), "no finished run recorded γ"
-    trends = {layer: fig5_trend(values) for layer, values in sorted(per_layer.items())}
+    trends = {layer: fig5_trend(values, design_sd=design_sd)
+              for layer, values in sorted(per_layer.items())}
     summary = "γ² per BN layer (seed means, M ascending): " + "; ".join(
         f"{layer} {d}: {t}" for layer, (d, t) in trends.items())
     decisions = [d for d, _ in trends.values()]
@@ -116,7 +127,8 @@ def fig5_verdict(per_layer: dict[str, dict[int, list[float]]],
         verdict, not_held=f" — γ² significantly lower at the large batch in some layer ({RULE})",
         held=f" — γ² rises with M in every layer ({RULE})",
         inconclusive=f" — fewer than 3 seeds ({RULE})" if few else
-        f" — {decisions.count('rises')}/{len(decisions)} layers rise ({RULE})")
+        f" — {decisions.count('rises')}/{len(decisions)} layers rise ({RULE})") \
+        + f"; resolution from the {design_sd.text()}"
 
 
 def _fig5_values(runs, prefix: str, k: int = 1,
@@ -179,6 +191,7 @@ def _fig5_analyze(ctx) -> Outcome:
     ], title="Luo Fig. 5: batch size, γ² and regularization strength")
     mid = _fig5_values(runs, "probe/gamma/sq_mean/", fraction=SETTLE_FRACTION)
     verdict, summary = settle(fig5_verdict(gamma, ctx.tiny), fig5_verdict(mid, ctx.tiny))
+    summary += left_out_note(runs)
     table = [{"quantity": f"M = {m}: layer-mean γ² / ζ / validation loss (seed means)",
               "ours": f"{fmt(g)} / {fmt(z)} / {fmt(v)}",
               "paper": "γ² grows with M; validation loss grows with M"}
@@ -188,6 +201,16 @@ def _fig5_analyze(ctx) -> Outcome:
                "paper": "γ increases with M (each of five one-BN models)"}
               for layer, v in sorted(gamma.items())]
     return Outcome([fig], table, verdict, summary)
+
+
+def left_out_note(runs) -> str:
+    """The summary's note on the runs γ² is not read from: a diverged run has no γ² to compare (it
+    is left out, not given a failure value), so the summary says how many — by status."""
+    left = [r.status for r in runs if r.status != "finished"]
+    if not left:
+        return ""
+    counts = ", ".join(f"{left.count(s)} {s}" for s in sorted(set(left)))
+    return f"; {len(left)} of {len(runs)} runs left out of the γ² comparisons ({counts})"
 
 
 def _mean_or_none(values) -> float | None:

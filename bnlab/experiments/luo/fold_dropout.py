@@ -18,10 +18,11 @@ import bnlab.train as bnlab_train  # looked up on use: a test can patch bnlab.tr
 from ..base import Experiment, Outcome, Plan, RunSpec, register, shrink
 from .cnn import SMOKE_DATA, cnn_base, train_size
 from bnlab.formatting import finite_or_none, fmt
-from ..common import RULE, SETTLE_FRACTION, compare_arms, mean_curve, safe_panels
+from ..common import RULE, SETTLE_FRACTION, DesignSD, compare_arms, mean_curve, safe_panels
 from ..rule_stats import arm_values
 from ..verdicts import NOT_HELD, checks, combine, conjunction, explain, ladder, settle
-from .common import jsonable_copy, collected_series, train_collecting, window_mean
+from .common import (jsonable_copy, collected_series, train_collecting, unfinished_status,
+                     window_mean)
 from ..runner import TINY_STEPS
 
 
@@ -123,7 +124,15 @@ def fig6_changes(seed_data: dict, fraction: float = 1.0) -> dict | None:
     return {"norms": norms, "train": train_end - first_train, "val": val_end - start_val}
 
 
-def fig6_verdict(changes: list[dict], tiny: bool = False) -> tuple[str, str]:
+# Design SDs of one seed's change, per quantity (issue 19): the root-mean-square of the pilot's
+# pooled SDs (against 0) at the end and at 2/3 of fine-tuning; the kernel norm pools its 6 layers.
+FIG6_DESIGN_SD = DesignSD({"kernel-norm growth": 0.0012, "training-loss change": 7.5e-05,
+                           "validation-loss change": 0.0031},
+                          "pilot: the session-4 catalogue run, 3 seeds, 2026-11-26")
+
+
+def fig6_verdict(changes: list[dict], tiny: bool = False, *,
+                 design_sd: DesignSD = FIG6_DESIGN_SD) -> tuple[str, str]:
     """Fig. 6's claim from per-seed changes over frozen fine-tuning (:func:`fig6_changes`).
 
     Rule: :data:`common.RULE` (Welch's t against 0, α = 0.05, ≥ 3 seeds) on each change. Held: every
@@ -131,7 +140,7 @@ def fig6_verdict(changes: list[dict], tiny: bool = False) -> tuple[str, str]:
     significantly; not held: one of them significantly the other way; otherwise inconclusive, with
     the validation-loss rise the seeds resolve (power 0.8). Primary, pre-declared: the conjunction
     of these changes (the claim names all three), each against 0 (:func:`verdicts.checks`: "the
-    other way" Holm-corrected over them).
+    other way" Holm-corrected over them). Resolutions are stated at ``design_sd``.
     """
     if tiny:
         return ladder(unusable=True), "tiny run: a few fine-tuning steps"
@@ -139,9 +148,12 @@ def fig6_verdict(changes: list[dict], tiny: bool = False) -> tuple[str, str]:
         return ladder(unusable=True), "the fine-tuning runs recorded too little"
     n = len(changes)
     layers = sorted(set.intersection(*(set(c["norms"]) for c in changes)))
-    norm_tests = {k: compare_arms([0.0] * n, [c["norms"][k] for c in changes]) for k in layers}
-    train = compare_arms([0.0] * n, [c["train"] for c in changes])
-    val = compare_arms([0.0] * n, [c["val"] for c in changes])
+    norm_tests = {k: compare_arms([0.0] * n, [c["norms"][k] for c in changes],
+                                  design_sd=design_sd.of("kernel-norm growth")) for k in layers}
+    train = compare_arms([0.0] * n, [c["train"] for c in changes],
+                         design_sd=design_sd.of("training-loss change"))
+    val = compare_arms([0.0] * n, [c["val"] for c in changes],
+                       design_sd=design_sd.of("validation-loss change"))
     grown = [k for k, c in norm_tests.items() if c.decision == "higher"]
     summary = (f"BN frozen into the kernels ({n} seeds): {len(grown)}/{len(layers)} kernel norms "
                f"grew significantly; training-loss change {train.text()}; validation-loss change "
@@ -156,8 +168,8 @@ def fig6_verdict(changes: list[dict], tiny: bool = False) -> tuple[str, str]:
         verdict, not_held=f" — significantly the other way: {', '.join(wrong)} ({RULE})",
         held=f" — every change significant as claimed ({RULE})",
         inconclusive=f" — fewer than 3 seeds ({RULE})" if few else
-        f" — not all resolved; these seeds resolve a validation-loss rise ≥ {fmt(val.mde)} "
-        f"({RULE})")
+        f" — not all resolved; {n} seeds at the design SD resolve a validation-loss rise ≥ "
+        f"{fmt(val.mde)} ({RULE})") + f"; resolution from the {design_sd.text()}"
 
 
 def _fig6_analyze(ctx) -> Outcome:
@@ -187,6 +199,11 @@ def _fig6_analyze(ctx) -> Outcome:
     end = [c for c in (fig6_changes(d) for d in seeds.values()) if c is not None]
     mid = [c for c in (fig6_changes(d, SETTLE_FRACTION) for d in seeds.values()) if c is not None]
     verdict, summary = settle(fig6_verdict(end, ctx.tiny), fig6_verdict(mid, ctx.tiny))
+    gone = {s: unfinished_status(d, "pretrain", "frozen") for s, d in seeds.items()
+            if fig6_changes(d) is None}
+    if gone:  # left out, not given a failure value: say how many and why
+        summary += f"; {len(gone)} of {len(seeds)} seeds left out: " + ", ".join(
+            f"seed {s} {why}" for s, why in gone.items())
     table = [{"quantity": "frozen branch per seed: validation-loss change (2/3 of fine-tuning) / "
                           "training-loss change",
               "ours": "; ".join(f"{e['val']:+.4f} ({m['val']:+.4f}) / {e['train']:+.4f}"
@@ -290,7 +307,13 @@ def _fig7_plan(preset: str) -> Plan:
     return Plan(runs=runs)
 
 
-def fig7_summary(losses: dict[str, list[float]], tiny: bool = False) -> tuple[str, str]:
+# Design SD of one seed's validation loss (issue 19): the RMS of the pilot's pooled SDs of the two
+# judged dropout comparisons at the end and at 2/3 of training; the premise is stated at it too.
+FIG7_DESIGN_SD = DesignSD(0.078, "pilot: the session-4 catalogue run, 3 seeds/arm, 2026-11-26")
+
+
+def fig7_summary(losses: dict[str, list[float]], tiny: bool = False, *,
+                 design_sd: DesignSD = FIG7_DESIGN_SD) -> tuple[str, str]:
     """Verdict on Fig. 7's claim from per-seed validation losses per arm (``losses``: arm label ->
     values): does dropout after each BN/WN block lower the validation loss at M = 256?
 
@@ -299,10 +322,12 @@ def fig7_summary(losses: dict[str, list[float]], tiny: bool = False) -> tuple[st
     significantly higher; otherwise inconclusive, with the difference the seeds resolve (power 0.8).
     The premise (BN at M = 256 worse than at M = 64) is tested the same way and reported. Primary,
     pre-declared: both dropout arms lower (the claim is about each; :func:`verdicts.conjunction`,
-    Holm over the two for "higher").
+    Holm over the two for "higher"). Resolutions are stated at ``design_sd``.
     """
-    premise = compare_arms(losses.get("BN, M = 64") or [], losses.get("BN, M = 256") or [])
-    comps = {arm: compare_arms(losses.get(ref) or [], losses.get(arm) or [])
+    sd = design_sd.of()
+    premise = compare_arms(losses.get("BN, M = 64") or [], losses.get("BN, M = 256") or [],
+                           design_sd=sd)
+    comps = {arm: compare_arms(losses.get(ref) or [], losses.get(arm) or [], design_sd=sd)
              for arm, ref in _FIG7_PAIRS.items()}
     parts = [f"BN validation loss M = 256 − M = 64: {premise.text()} ({premise.decision})"]
     parts += [f"{arm} − {_FIG7_PAIRS[arm]}: {c.text()}" for arm, c in comps.items()]
@@ -315,7 +340,8 @@ def fig7_summary(losses: dict[str, list[float]], tiny: bool = False) -> tuple[st
         held=f" — both dropout arms significantly lower ({RULE})",
         inconclusive=" (tiny run)" if tiny else
         f" — fewer than 3 finished seeds ({RULE})" if few else
-        f" — not resolved; these seeds resolve differences ≥ {max(open_, default=0):.3g} ({RULE})")
+        f" — not resolved; the seeds at the design SD resolve differences ≥ "
+        f"{max(open_, default=0):.3g} ({RULE})") + f"; resolution from the {design_sd.text()}"
 
 
 # a diverged run's value: what a chance-level classifier of the ten digit classes scores
