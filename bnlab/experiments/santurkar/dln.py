@@ -13,7 +13,7 @@ from ..base import Experiment, Outcome, Plan, register
 from ..verdicts import RULE as JUDGED_RULE
 from ..verdicts import Design, conjunction, judge, ladder
 from bnlab.formatting import fmt
-from ..common import RULE, compare_arms, safe_panels
+from ..common import RULE, DesignSD, compare_arms, safe_panels
 from .common import (
     BN, DLN_LR, STANDARD, band_panel, curve_panel, distribution_panel, dln_runs, hist_layers,
     SEEDS, hist_units, inconclusive_if_tiny, finite_median, runs_by_label, finite_values,
@@ -119,17 +119,29 @@ def landscape_panels(runs: dict, prefix: str, lr: float) -> list[dict]:
     ]
 
 
-def landscape_verdict(summaries: dict[str, list[dict]], normalized: str, tiny: str | None = None
+# Three different quantities (ln loss range, ln max gradient change, ln β): one design SD each,
+# the root-mean-square over fig9's two rates of the pooled per-arm SDs in the pilot
+# (/work/notes/s5/pilot_sds.log). The literal rate 1e-2 dominates (its standard arm scatters).
+FIG9_DESIGN_SD = DesignSD(
+    {"loss_range": 3.7, "grad_change_max": 3.5, "beta_smoothness": 3.4},
+    "pilot: the session-4 catalogue run, 3 seeds/arm, 2026-11-26; ln scale, RMS over lr 1e-3 "
+    "(0.66, 0.54, 0.23) and lr 1e-2 (5.2, 5.0, 4.7)")
+
+
+def landscape_verdict(summaries: dict[str, list[dict]], normalized: str, tiny: str | None = None,
+                      *, design_sd: DesignSD = FIG9_DESIGN_SD, key_prefix: str = ""
                       ) -> tuple[str, dict[str, object], str]:
     """Is ``normalized``'s landscape smoother than the standard network's? Per seed, the three
     medians of :func:`landscape_summary`, compared on a ln scale: held when all three are detectably
     smaller, not held when one is detectably larger after Holm's correction over the three
     (:func:`verdicts.conjunction`). Fig. 9's primary, pre-declared: this conjunction for BN. Returns
-    (verdict, comparisons by quantity, text)."""
+    (verdict, comparisons by quantity, text). Each comparison's resolvable effect is stated at
+    ``design_sd.of(key_prefix + quantity)`` (fig11 declares one per network)."""
     def logs(label: str, k: str) -> list[float]:
         return log_values([s[k] for s in summaries.get(label, []) if s[k] is not None])
 
-    comparisons = {k: compare_arms(logs(STANDARD, k), logs(normalized, k)) for k in LANDSCAPE}
+    comparisons = {k: compare_arms(logs(STANDARD, k), logs(normalized, k),
+                                   design_sd=design_sd.of(key_prefix + k)) for k in LANDSCAPE}
     text = "; ".join(compare_text(c, f"{LANDSCAPE[k]}, {normalized} − standard", log=True)
                      for k, c in comparisons.items())
     if tiny:
@@ -152,7 +164,8 @@ def _beta_edge(summaries: dict[str, list[dict]], lr: float) -> dict[str, list[fl
             for label, rows in summaries.items()}
 
 
-def fig9_readings(arms: dict, tiny: str | None) -> tuple[str, list[dict], str]:
+def fig9_readings(arms: dict, tiny: str | None, *, design_sd: DesignSD = FIG9_DESIGN_SD
+                  ) -> tuple[str, list[dict], str]:
     """Fig. 9 at both readings of the paper's rate (module docstring): trained at 1e-3 (ours) and at
     1e-2 (the literal conversion). Pre-declared primary: :func:`landscape_verdict` for BN at each
     reading; the entry holds (or fails) only if both readings agree, else it is inconclusive
@@ -163,7 +176,7 @@ def fig9_readings(arms: dict, tiny: str | None) -> tuple[str, list[dict], str]:
     for lr, prefix in ((DLN_LR, ""), (LITERAL_LR, LITERAL_ARM)):
         summaries = {label: [landscape_summary(r) for r in arms.get(prefix + label, [])]
                      for label in FIG6_LABELS}
-        verdict, _, text = landscape_verdict(summaries, BN, tiny)
+        verdict, _, text = landscape_verdict(summaries, BN, tiny, design_sd=design_sd)
         verdicts.append(verdict)
         texts.append(f"lr {lr:g}: {verdict} ({text})")
         table += [{"quantity": f"median {LANDSCAPE[k]} over training, [1/100, 30] × {lr:g}, per "
@@ -178,7 +191,7 @@ def fig9_readings(arms: dict, tiny: str | None) -> tuple[str, list[dict], str]:
                                          for label in FIG6_LABELS),
                       "paper": "—"})
     verdict = ladder(verdicts[0], unusable=verdicts[0] != verdicts[1])
-    return verdict, table, "; ".join(texts)
+    return verdict, table, "; ".join(texts) + f"; resolution: {design_sd.text()}"
 
 
 FIG9_PAPER = {"loss_range": "BN much smaller (Fig. 9a)",

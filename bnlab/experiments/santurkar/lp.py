@@ -14,7 +14,7 @@ import math
 from ..base import Experiment, Outcome, Plan, register
 from ..verdicts import checks, combine, ladder, tally
 from bnlab.formatting import fmt
-from ..common import RULE, compare_arms, safe_panels
+from ..common import RULE, DesignSD, compare_arms, safe_panels
 from .common import (
     BN, L1, L2, LINF, STANDARD, curve_panel, distribution_panel, dln_runs, hist_layers,
     hist_units, inconclusive_if_tiny, runs_by_label, vgg_runs, arm_runs, compare_text,
@@ -38,8 +38,22 @@ def _fig11_plan(preset: str) -> Plan:
     return Plan(runs=vgg_runs(preset, LP_LABELS, "VGG: ") + dln_runs(preset, LP_LABELS, "DLN: "))
 
 
+PILOT = "pilot: the session-4 catalogue run, 3 seeds/arm, 2026-11-26"
+# Per network (VGG's cross-entropy and the DLN's squared loss are different quantities) and per
+# quantity, all on a ln scale: the root-mean-square of the pooled per-arm SDs of that quantity's
+# comparisons in the pilot (/work/notes/s5/pilot_sds.log): "loss" pools Figs 11–12's four
+# normalizations against standard with Fig. 13's three against 1.25× BN; the landscape medians
+# pool the four normalizations.
+FIG11_DESIGN_SD = DesignSD(
+    {"VGG loss": 0.18, "VGG loss_range": 2.2, "VGG grad_change_max": 1.1,
+     "VGG beta_smoothness": 0.20, "DLN loss": 0.25, "DLN loss_range": 0.64,
+     "DLN grad_change_max": 0.54, "DLN beta_smoothness": 0.26},
+    f"{PILOT}; ln scale")
+
+
 def fig11_verdict(losses: dict[str, list[float]], landscapes: dict[str, list[dict]],
-                  tiny: str | None = None) -> tuple[str, str]:
+                  tiny: str | None = None, *,
+                  design_sd: DesignSD = FIG11_DESIGN_SD) -> tuple[str, str]:
     """Figs 11–13 for every arm the paper names (keys ``"<net>: <label>"``, per-seed values; a
     missing arm leaves its checks undecided). Figs 11–12: BN, ℓ1, ℓ2 and ℓ∞ each train better (ln
     mean training loss) and have a smoother landscape (:func:`landscape_verdict`: all three medians)
@@ -48,7 +62,8 @@ def fig11_verdict(losses: dict[str, list[float]], landscapes: dict[str, list[dic
     pre-declared: the conjunction of these checks (:func:`verdicts.checks`): held when every check
     detects the claim, not held when one detects the opposite after Holm's correction over all of
     them (issue 19: 22 uncorrected checks gave a spurious opposite result 43 % of the time), else
-    inconclusive (the parts give each check's resolvable effect)."""
+    inconclusive (the parts give each check's resolvable effect, at ``design_sd``: keys
+    "<net> loss" and "<net> <landscape quantity>")."""
     if tiny:
         return ladder(unusable=True), tiny
     figs, fig13, parts, parts13 = {}, {}, [], []
@@ -56,16 +71,17 @@ def fig11_verdict(losses: dict[str, list[float]], landscapes: dict[str, list[dic
         std = f"{net}: {STANDARD}"
         for label in NORMALIZED:
             key = f"{net}: {label}"
-            c = compare_arms(log_values(losses.get(std, [])), log_values(losses.get(key, [])))
+            c = compare_arms(log_values(losses.get(std, [])), log_values(losses.get(key, [])),
+                             design_sd=design_sd.of(f"{net} loss"))
             pair = {STANDARD: landscapes.get(std, []), label: landscapes.get(key, [])}
-            _, comps, _ = landscape_verdict(pair, label)
+            _, comps, _ = landscape_verdict(pair, label, design_sd=design_sd, key_prefix=f"{net} ")
             figs.update({(key, "loss"): c, **{(key, k): comps[k] for k in LANDSCAPE}})
             parts.append(f"{key}: loss {c.decision}, "
                          + ", ".join(f"{LANDSCAPE[k]} {comps[k].decision}" for k in LANDSCAPE))
         bn = [v + math.log(COMPARABLE_FACTOR) for v in log_values(losses.get(f"{net}: {BN}", []))]
         for label in LP:
             ours = log_values(losses.get(f"{net}: {label}", []))
-            c = fig13[(net, label)] = compare_arms(bn, ours)
+            c = fig13[(net, label)] = compare_arms(bn, ours, design_sd=design_sd.of(f"{net} loss"))
             what = f"{label} − {COMPARABLE_FACTOR:g}× BN, mean training loss"
             parts13.append(f"{net}: " + compare_text(c, what, log=True))
     outcome = checks({**figs, **fig13}, "lower")
@@ -76,7 +92,8 @@ def fig11_verdict(losses: dict[str, list[float]], landscapes: dict[str, list[dic
                f"medians): {tally(per_arm)} — " + "; ".join(parts)
                + f". Fig. 13, ℓp comparable to BN (loss below {COMPARABLE_FACTOR:g}× BN's): "
                f"{tally(outcome[k] for k in fig13)} — " + "; ".join(parts13)
-               + f". Holm over all {len(outcome)} checks for 'against'. {RULE}")
+               + f". Holm over all {len(outcome)} checks for 'against'. Resolution: "
+               f"{design_sd.text()}. {RULE}")
     return combine(list(outcome.values())), summary
 
 
@@ -145,21 +162,28 @@ def _fig14_plan(preset: str) -> Plan:
     return Plan(runs=vgg_runs(preset, LP_LABELS, "VGG: "))
 
 
+# Two quantities (the drift, the ln mean training loss): one design SD each, the root-mean-square
+# over the three ℓp arms of the pooled per-arm SDs in the pilot (/work/notes/s5/pilot_sds.log).
+FIG14_DESIGN_SD = DesignSD({"drift": 0.17, "loss": 0.24}, f"{PILOT}; loss on a ln scale")
+
+
 def fig14_verdict(drift: dict[str, list[float]], losses: dict[str, list[float]],
-                  tiny: str | None = None) -> tuple[str, str]:
+                  tiny: str | None = None, *,
+                  design_sd: DesignSD = FIG14_DESIGN_SD) -> tuple[str, str]:
     """Fig. 14 for every ℓp arm the paper names (ℓ1, ℓ2, ℓ∞; a missing arm leaves its checks
     undecided): each shifts the activation distributions more than the standard ('normal') network
     does (per-seed median drift, :func:`distribution_drift`), yet trains better (ln mean training
     loss). BN's drift is reported beside it (the caption's "normal networks" could also mean BN).
     Primary, pre-declared: the conjunction of the six checks (:func:`verdicts.checks`, Holm over
-    them for "against")."""
+    them for "against"); resolvable effects at ``design_sd``."""
     if tiny:
         return ladder(unusable=True), tiny
     comps, wanted, parts = {}, {}, []
     for label in LP:
-        more = compare_arms(drift.get(STANDARD, []), drift.get(label, []))
+        more = compare_arms(drift.get(STANDARD, []), drift.get(label, []),
+                            design_sd=design_sd.of("drift"))
         better = compare_arms(log_values(losses.get(STANDARD, [])),
-                              log_values(losses.get(label, [])))
+                              log_values(losses.get(label, [])), design_sd=design_sd.of("loss"))
         vs_bn = compare_arms(drift.get(BN, []), drift.get(label, []))
         comps.update({(label, "drift"): more, (label, "loss"): better})
         wanted.update({(label, "drift"): "higher", (label, "loss"): "lower"})
@@ -169,7 +193,7 @@ def fig14_verdict(drift: dict[str, list[float]], losses: dict[str, list[float]],
     outcome = checks(comps, wanted)
     return combine(list(outcome.values())), (
         f"per seed, {tally(outcome.values())} (Holm over the checks for 'against'): "
-        + "; ".join(parts) + f". {RULE}")
+        + "; ".join(parts) + f". Resolution: {design_sd.text()}. {RULE}")
 
 
 def _fig14_analyze(ctx) -> Outcome:

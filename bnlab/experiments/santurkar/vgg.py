@@ -13,7 +13,7 @@ import math
 from ..base import Experiment, Outcome, Plan, register
 from ..verdicts import checks, combine, conjunction, ladder
 from bnlab.formatting import fmt
-from ..common import RULE, compare_arms, safe_panels
+from ..common import RULE, DesignSD, compare_arms, safe_panels
 from .common import (
     BN, COS_TOLERANCE, NOISY, SHIFT_FACTOR, STANDARD, curve_panel, distribution_panel, dln_runs,
     first_layer_zero, hist_layers, hist_units, inconclusive_if_tiny, layer_medians, finite_median,
@@ -66,9 +66,14 @@ def _fig2_analyze(ctx) -> Outcome:
 
 # "trains as well as BN": noisy BN's mean training loss within a factor 1.25 of BN's
 NOISY_MARGIN = math.log(1.25)
+PILOT = "pilot: the session-4 catalogue run, 3 seeds/arm, 2026-11-26"
+# Both checks compare the ln mean training loss: one design SD, the root-mean-square of the two
+# checks' pooled per-arm SDs in the pilot (/work/notes/s5/pilot_sds.log: 0.24 and 0.059).
+FIG2_DESIGN_SD = DesignSD(0.18, f"{PILOT}; RMS of checks (1) 0.24 and (2) 0.059, ln loss")
 
 
-def fig2_verdict(losses: dict[str, list[float]], tiny: str | None = None) -> tuple[str, str]:
+def fig2_verdict(losses: dict[str, list[float]], tiny: str | None = None, *,
+                 design_sd: DesignSD = FIG2_DESIGN_SD) -> tuple[str, str]:
     """Fig. 2, both halves of the claim. Per seed, the mean training loss over the run (area under
     the curve, ln scale: ∞ for a diverged run). (1) noisy BN trains faster than the standard
     network: noisy − standard detectably lower (:func:`compare_arms`). (2) noisy BN trains as well
@@ -76,18 +81,19 @@ def fig2_verdict(losses: dict[str, list[float]], tiny: str | None = None) -> tup
     negative, not held when noisy − (BN + ln 1.25) is detectably positive (noisy BN worse than BN by
     more than the margin), else inconclusive. Both halves held → held; either not held → not held
     (after Holm's correction over the two, :func:`verdicts.checks`). Primary, pre-declared: the
-    conjunction of (1) and (2)."""
+    conjunction of (1) and (2). Each check's resolvable effect is stated at ``design_sd``."""
     if tiny:
         return ladder(unusable=True), tiny
     std, bn, noisy = (log_values(losses.get(k, [])) for k in (STANDARD, BN, NOISY))
-    c = compare_arms(std, noisy)
-    margin = compare_arms([v + NOISY_MARGIN for v in bn], noisy)
-    plain = compare_arms(bn, noisy)
+    sd = design_sd.of()
+    c = compare_arms(std, noisy, design_sd=sd)
+    margin = compare_arms([v + NOISY_MARGIN for v in bn], noisy, design_sd=sd)
+    plain = compare_arms(bn, noisy, design_sd=sd)
     first, second = checks({1: c, 2: margin}, "lower").values()
     return combine([first, second]), (
         f"(1) noisy BN − standard, {compare_text(c, 'mean training loss per seed', log=True)} → "
         f"{first}; (2) noisy BN − BN {compare_text(plain, 'same', log=True)}; against the margin "
-        f"ln 1.25: {margin.decision} → {second}. {RULE}")
+        f"ln 1.25: {margin.decision} → {second}. Resolution: {design_sd.text()}. {RULE}")
 
 
 register(Experiment(
@@ -169,23 +175,29 @@ def _fig6_analyze(ctx) -> Outcome:
     return Outcome([fig], table, verdict, summary)
 
 
-def fig6_verdict(cos: dict[tuple[str, str], list[float]],
-                 tiny: str | None = None) -> tuple[str, str]:
+# One design SD per network (the two nets' cos scatter differs five-fold in the pilot), each the
+# pooled per-arm SD of that network's comparison in the pilot (/work/notes/s5/pilot_sds.log).
+FIG6_DESIGN_SD = DesignSD({"VGG": 0.063, "DLN": 0.32}, f"{PILOT}; median cos(G, G′), per network")
+
+
+def fig6_verdict(cos: dict[tuple[str, str], list[float]], tiny: str | None = None, *,
+                 design_sd: DesignSD = FIG6_DESIGN_SD) -> tuple[str, str]:
     """Fig. 6: BN's ICS is similar or worse. Per seed, the median cos(G, G′) over steps and layers
     (first layer out); 'similar' allows BN up to COS_TOLERANCE above standard. Per network: held
     when BN's cos is detectably below standard's + tolerance, not held when detectably above it
     (Holm over the two networks), else inconclusive. Primary, pre-declared: the conjunction over VGG
-    and DLN (:func:`verdicts.conjunction`)."""
+    and DLN (:func:`verdicts.conjunction`); resolvable effects at ``design_sd``."""
     if tiny:
         return ladder(unusable=True), tiny
     comps, parts = {}, []
     for net in ("VGG", "DLN"):
         c = comps[net] = compare_arms([v + COS_TOLERANCE for v in cos.get((net, STANDARD), [])],
-                                      cos.get((net, BN), []))
+                                      cos.get((net, BN), []), design_sd=design_sd.of(net))
         parts.append(f"{net} " + compare_text(c, f"BN − (standard + {COS_TOLERANCE})"))
     return conjunction(comps, "lower"), ("median cos(G, G′) over probed steps and layers (first "
                                          "layer excluded), per seed; "
-                                         + "; ".join(parts) + f". {RULE}")
+                                         + "; ".join(parts)
+                                         + f". Resolution: {design_sd.text()}. {RULE}")
 
 
 register(Experiment(
@@ -251,25 +263,35 @@ def _fig7_analyze(ctx) -> Outcome:
     return Outcome([fig], table, verdict, summary)
 
 
+# Three different quantities (ln |Δ mean|, ln |Δ variance|, ln mean training loss): one design SD
+# each, the pooled per-arm SD of that comparison in the pilot (/work/notes/s5/pilot_sds.log).
+FIG7_DESIGN_SD = DesignSD({"mean_change": 0.62, "var_change": 0.43, "loss": 0.24},
+                          f"{PILOT}; ln scale")
+
+
 def fig7_verdict(changes: dict[str, dict[str, list[float]]], losses: dict[str, list[float]],
-                 tiny: str | None = None) -> tuple[str, str]:
+                 tiny: str | None = None, *,
+                 design_sd: DesignSD = FIG7_DESIGN_SD) -> tuple[str, str]:
     """Fig. 7: noisy BN changes both moments per step far more than the standard network (≥
     SHIFT_FACTOR ×, tested on ln values against ln(SHIFT_FACTOR × standard)) and still trains faster
     (ln mean training loss). Primary, pre-declared: the conjunction of the three
-    (:func:`verdicts.conjunction`, Holm for "against")."""
+    (:func:`verdicts.conjunction`, Holm for "against"); resolvable effects at ``design_sd``."""
     if tiny:
         return ladder(unusable=True), tiny
     comps, parts = {}, []
     for q in ("mean_change", "var_change"):
         std = [v + math.log(SHIFT_FACTOR) for v in log_values(changes.get(STANDARD, {}).get(q, []))]
-        c = comps[q] = compare_arms(std, log_values(changes.get(NOISY, {}).get(q, [])))
+        c = comps[q] = compare_arms(std, log_values(changes.get(NOISY, {}).get(q, [])),
+                                    design_sd=design_sd.of(q))
         parts.append(compare_text(c, f"noisy BN − {SHIFT_FACTOR:g}× standard, median |Δ "
                                      f"{q.split('_')[0]}|", log=True))
     c = comps["loss"] = compare_arms(log_values(losses.get(STANDARD, [])),
-                                     log_values(losses.get(NOISY, [])))
+                                     log_values(losses.get(NOISY, [])),
+                                     design_sd=design_sd.of("loss"))
     parts.append(compare_text(c, "noisy BN − standard, mean training loss", log=True))
     wanted = {"mean_change": "higher", "var_change": "higher", "loss": "lower"}
-    return conjunction(comps, wanted), "per seed: " + "; ".join(parts) + f". {RULE}"
+    return conjunction(comps, wanted), ("per seed: " + "; ".join(parts)
+                                        + f". Resolution: {design_sd.text()}. {RULE}")
 
 
 register(Experiment(
