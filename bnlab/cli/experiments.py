@@ -31,6 +31,10 @@ def list_experiments(as_json: bool = typer.Option(False, "--json", help="print J
         typer.echo(f"{e['id']:<24} {e['target']:<12} {e['title']}")
         typer.echo(f"{'':<24} claim: {e['claim']}")
         typer.echo(f"{'':<24} cost: {cost}")
+        if e["resolution"]:
+            r = e["resolution"]
+            typer.echo(f"{'':<24} resolves: {r['resolvable']} (paper: {r['paper']}; "
+                       f"from {r['pilot']})")
 
 
 def reproduce_cmd(

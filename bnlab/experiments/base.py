@@ -55,6 +55,29 @@ class Outcome:
     summary: str                 # one or two sentences: what was compared and what we saw
 
 
+@dataclass(frozen=True)
+class Resolution:
+    """What an entry's smoke preset can decide, stated in the entry before it runs (issue 19, item
+    2): the effect the paper reports, the effect the proxy resolves, and the pilot (or computation)
+    that set that number. The report prints it above the verdict, ``bnlab experiments list`` beside
+    the claim. Entries with a :class:`verdicts.Design` build it with
+    :func:`verdicts.design_resolution`, so the number is not written twice."""
+
+    paper: str       # the paper's effect: a number with its table/figure, or "direction only: ..."
+    resolvable: str  # the smallest effect (or tolerance) the smoke design resolves, with units
+    pilot: str       # where that number comes from: a named pilot, a simulation, a computation
+
+    def __post_init__(self):
+        for name in ("paper", "resolvable", "pilot"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"Resolution.{name} must be a non-empty string, got {value!r}")
+
+    def text(self) -> str:
+        return (f"paper: {self.paper}; the smoke resolves {self.resolvable} "
+                f"(from {self.pilot})")
+
+
 @dataclass
 class Experiment:
     id: str
@@ -66,11 +89,16 @@ class Experiment:
     cost: dict[str, str]  # preset -> rough cost ("≈1 min on 2 CPU cores")
     plan: Callable[[str], Plan]
     analyze: Callable[["AnalysisContext"], Outcome]  # noqa: F821 (defined in runner)
+    resolution: Resolution | None = None  # what the smoke can decide, stated in advance
 
     def describe(self) -> dict[str, Any]:
+        resolution = None if self.resolution is None else {
+            "paper": self.resolution.paper, "resolvable": self.resolution.resolvable,
+            "pilot": self.resolution.pilot}
         return {"id": self.id, "paper": self.paper, "paper_title": PAPERS[self.paper],
                 "target": self.target, "title": self.title, "claim": self.claim,
-                "smoke_changes": self.smoke_changes, "cost": self.cost}
+                "smoke_changes": self.smoke_changes, "cost": self.cost,
+                "resolution": resolution}
 
 
 # id -> Experiment: a bnlab.spec Registry like every catalogue (entries without parameters), so an

@@ -10,7 +10,7 @@ import numpy as np
 
 from bnlab.formatting import finite_or_none, mean_std
 from bnlab.plots import panels
-from .rule_stats import arm_values
+from .rule_stats import arm_values, binomial_floor
 
 
 def training_curves(ctx, path: Path, *, title: str,
@@ -232,11 +232,7 @@ def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds:
     if n_a < max(min_seeds, 2) or n_b < max(min_seeds, 2):
         return Comparison(diff, None, None, None, None, n_a, n_b, "too few seeds")
     va, vb = sa**2 / n_a, sb**2 / n_b
-    floor = se_floor
-    if n_test:
-        floor = max(floor,
-                    math.sqrt(sum(min(max(p, 0.0), 1.0) * (1 - min(max(p, 0.0), 1.0)) / (n_test * n)
-                                         for p, n in ((ma, n_a), (mb, n_b)))))
+    floor = max(se_floor, binomial_floor(ma, mb, n_test, n_a, n_b))
     se = max(math.sqrt(va + vb), floor)
     basis = "observed SD"
     if design_sd is not None:

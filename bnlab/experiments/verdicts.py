@@ -39,10 +39,11 @@ rule, stated once (:data:`RULE`):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bnlab.formatting import finite_or_none, mean_std
 
+from .base import Resolution
 from .common import Comparison
 from .rule_stats import binomial_floor, holm
 
@@ -105,6 +106,16 @@ class Design:
         df = 2 * n - 2
         return float((stats.t.ppf(1 - self.alpha / 2, df) + stats.t.ppf(self.power, df)) * se)
 
+    def seeds_to_resolve(self, effect: float | None = None, limit: int = 1000) -> int | None:
+        """The fewest seeds per arm whose resolvable effect is ≤ |``effect``| (the paper's by
+        default): what "the budget truly cannot do better" costs. None when no number of seeds
+        up to ``limit`` does (the floor on the SE is above the effect)."""
+        effect = abs(self.paper_effect if effect is None else effect)
+        for n in range(2, limit + 1):
+            if replace(self, n_seeds=n).mde() <= effect:
+                return n
+        return None
+
     def resolves_paper(self) -> bool:
         """Whether the paper's effect is at least the design's minimum detectable effect."""
         return abs(self.paper_effect) >= self.mde()
@@ -120,6 +131,26 @@ class Design:
             f"SD {scale * self.design_sd:.2g}{unit} ({self.source}), {self.n_seeds} seeds/arm → "
             f"resolvable ≥ {scale * self.mde():.2g}{unit}"
         )
+
+
+def design_resolution(design: Design, *, paper: str | None = None, scale: float = 1.0,
+                      unit: str = "") -> Resolution:
+    """The entry's :class:`base.Resolution` from its :class:`Design`: the paper's effect (``paper``,
+    or the design's signed effect / direction), the design's resolvable effect at its seeds and,
+    where that is larger than a known paper effect, the seeds per arm that would resolve it."""
+    if paper is None:
+        paper = (f"{scale * design.paper_effect:+.3g}{unit} ({design.quantity})"
+                 if design.magnitude_known else
+                 f"direction only: {design.quantity} "
+                 + ("lower" if design.paper_effect < 0 else "higher"))
+    resolvable = f"≥ {scale * design.mde():.2g}{unit} with {design.n_seeds} seeds per arm"
+    if design.magnitude_known and not design.resolves_paper():
+        needed = design.seeds_to_resolve()
+        resolvable += (f" (the paper's effect needs {needed} seeds per arm)" if needed else
+                       " (no number of seeds resolves the paper's effect: the SE floor is "
+                       "above it)")
+    return Resolution(paper, resolvable,
+                      f"design SD {scale * design.design_sd:.2g}{unit}, {design.source}")
 
 
 @dataclass(frozen=True)

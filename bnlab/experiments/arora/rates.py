@@ -9,7 +9,7 @@ import numpy as np
 
 from bnlab.theory.arora import convergence_rate, sgd_convergence_rate
 
-from ..base import Experiment, Outcome, Plan, register
+from ..base import Experiment, Outcome, Plan, Resolution, register
 from ..common import safe_panels
 from ..verdicts import explain, ladder
 
@@ -141,5 +141,13 @@ register(
         },
         plan=lambda preset: Plan(compute={"rates": rates_data}),
         analyze=_rates_analyze,
+        resolution=Resolution(
+            "GD: ‖∇L‖ = Õ(T^−1/2) (Thm 3.1); SGD: E‖∇L‖² = Õ(log T/√T), ‖∇L‖ ≈ T^−1/4 (Thm "
+            "4.2); for every η_w > 0",
+            f"a log-log slope within +{SLOPE_TOL} of the bound's over the last decade of T = 2000, "
+            "for each η_w in 0.01–100 and each of 3 seeds",
+            "the pre-declared tolerance; in the session-4 run the contrast (projected GD, no "
+            "auto-tuning) misses the bound by +0.39 and +0.56 at η_w = 10 and 100, 4–6× the "
+            "tolerance"),
     )
 )

@@ -10,7 +10,7 @@ import numpy as np
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..rule_stats import holm
 from ..verdicts import RULE as JUDGED_RULE
-from ..verdicts import Design, explain, judge, ladder, settle
+from ..verdicts import Design, design_resolution, explain, judge, ladder, settle
 from bnlab.formatting import finite_or_none, fmt
 from ..common import ALPHA, RULE, SETTLE_FRACTION, compare_arms, mean_curve, safe_panels
 from .common import TRAIN_SIZES, window_mean
@@ -200,4 +200,4 @@ register(Experiment(
                   "repeated at 2/3 of training to check that the gaps have settled.",
     cost={"smoke": "≈4.5 min wall (50 runs, one thread, quiet 2-core machine; issue 19's re-run)",
           "paper": "15 runs × 100 epochs luo_cnn on CIFAR-10 (GPU, ~3 h)"},
-    plan=_fig4_plan, analyze=_fig4_analyze))
+    plan=_fig4_plan, analyze=_fig4_analyze, resolution=design_resolution(FIG4_DESIGN)))

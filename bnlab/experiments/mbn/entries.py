@@ -23,7 +23,7 @@ from bnlab.theory.mbn import moving_average_noise
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from bnlab.formatting import finite_or_none, fmt, mean_std
 from ..common import safe_panels
-from ..verdicts import RULE, Design, explain, judge, ladder
+from ..verdicts import RULE, Design, design_resolution, explain, judge, ladder
 
 BATCH_SIZES = (2, 4, 8, 16, 32)
 IDEAL_BATCH = 32   # m0, issue 2's default for the `mbn` spec
@@ -237,4 +237,4 @@ register(Experiment(
                    "the whole demo, this entry included, took 3 min 50 s on a quiet 2-core machine",
           "paper": "18 runs × 160 epochs ResNet-20 on CIFAR-10 (GPU; M = 2 runs are slow, ~25k "
                    "steps/epoch), plus 3 runs on 4 GPUs (or processes)"},
-    plan=_plan, analyze=_analyze))
+    plan=_plan, analyze=_analyze, resolution=design_resolution(BATCH_SIZE_DESIGN)))

@@ -10,7 +10,7 @@ import numpy as np
 
 from bnlab.theory.mbn import moving_average_noise, theorem1_report, theorem2_cosine
 
-from ..base import Experiment, Outcome, Plan, register
+from ..base import Experiment, Outcome, Plan, Resolution, register
 from ..common import safe_panels
 from ..rule_stats import holm
 from ..verdicts import explain, ladder
@@ -149,5 +149,13 @@ register(
         cost={"smoke": "≈20 s on 2 CPU cores", "paper": "as smoke"},
         plan=lambda preset: Plan(compute={"mbn": mbn_data}),
         analyze=_mbn_analyze,
+        resolution=Resolution(
+            "Var[μ_M] = (1−λ)/(1+λ)·σ²/m (an equivalent batch m(1+λ)/(1−λ)); ξ_μ ~ N(0, 1/m), "
+            "ξ_σ ~ χ²(m−1)/m for Gaussian data (Thm 1); E[l] = l + R^add + R^mul + R (Thm 2); "
+            "statements without a measurement",
+            "the variance ratio within 4 Monte Carlo SEs of 1, i.e. deviations ≥ 2.3 % (λ = 0.5) "
+            "and ≥ 5.5 % (λ = 0.9) over 100 000 steps (plain BN's noise would be 3× and 19×); KS "
+            "distances ≥ ≈ 0.01 on 20 000 batches; Theorem 2 within 4 Monte Carlo SEs",
+            "a computation: the sampling SE of a variance of an AR(1) series, √(2/n_eff)"),
     )
 )

@@ -16,7 +16,8 @@ from bnlab.formatting import fmt
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..common import compare_arms, mean_over_run
 from ..rule_stats import arm_values, holm
-from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
+from ..verdicts import (NOT_HELD, Design, design_resolution, explain, family, judge, ladder,
+                        settle)
 from .common import ACT_TITLE, NON_RELU, ROW_NAMES, TABLE_SMOKE_SEEDS, TABLES, status_note
 from .tables import COMPARED, main_arm_runs, compared_runs, curve_panels, phase_reading, settling
 
@@ -132,5 +133,6 @@ for _fig, (_a, _b) in FIGURES.items():
         cost={"smoke": f"76 runs, shared with peng-table{_a}/{_b} (none retrained in the same runs "
                        "dir)",
               "paper": f"100 runs, shared with peng-table{_a}/{_b}"},
-        plan=_fig_plan(_fig), analyze=_fig_analyze(_fig)))
+        plan=_fig_plan(_fig), analyze=_fig_analyze(_fig),
+        resolution=design_resolution(FIG_DESIGN)))
 

@@ -45,7 +45,7 @@ from ..common import (compare_arms, grouped_finals, mean_curve, safe_panels,
                       SETTLE_FRACTION, smooth, value_at_fraction)
 from .verdict import CHANCE, table_design, table_verdict
 from ..rule_stats import arm_values, settle_fraction
-from ..verdicts import settle
+from ..verdicts import design_resolution, settle
 from .common import (ACT_TITLE, ACTIVATIONS, NON_RELU, PAPER_TABLES, PAPER_TRIALS, ROW_FEATURES,
                           ROW_NAMES, ROWS, TABLE_SIDE_SEEDS, TABLE_SMOKE_SEEDS, TABLE_SMOKE_WIDTH,
                           TABLES, percent, run_config, status_note, padding_shares, row_spec,
@@ -373,7 +373,8 @@ def _register_table(table: int) -> None:
         cost={"smoke": _TABLE_COST[spec["model"]],
               "paper": "350 runs (7 rows × 5 activations × 10 trials) × 120 epochs of "
                        f"{spec['what']} (GPU; ≈ {'0.5' if resnet else '1'} GPU-hour each)"},
-        plan=_table_plan(table), analyze=_table_analyze(table)))
+        plan=_table_plan(table), analyze=_table_analyze(table),
+        resolution=design_resolution(table_design(table), scale=100, unit=" points")))
 
 
 for _t in TABLES:
