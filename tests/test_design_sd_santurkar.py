@@ -76,12 +76,14 @@ def _fig14(spread, **override):
 LANDSCAPE_KEYS = list(DL.LANDSCAPE)
 # entry: (its DesignSD, verdict of a spread, the design keys of the printed comparisons in order)
 CASES = {
-    "santurkar-fig2": (V.FIG2_DESIGN_SD, _fig2, [None, None]),
+    "santurkar-fig2": (V.FIG2_DESIGN_SD, _fig2, ["vs standard", "vs BN"]),
     "santurkar-fig6": (V.FIG6_DESIGN_SD, _fig6, ["VGG", "DLN"]),
     "santurkar-fig7": (V.FIG7_DESIGN_SD, _fig7, ["mean_change", "var_change", "loss"]),
-    "santurkar-fig9": (DL.FIG9_DESIGN_SD, _fig9, LANDSCAPE_KEYS * 2),
+    "santurkar-fig9": (DL.FIG9_DESIGN_SD, _fig9, [f"lr {lr} {k}" for lr in ("1e-3", "1e-2")
+                                                  for k in LANDSCAPE_KEYS]),
     # Fig. 13's six checks print their resolution; Figs 11–12's print decisions only (below)
-    "santurkar-fig11": (LP.FIG11_DESIGN_SD, _fig11, ["VGG loss"] * 3 + ["DLN loss"] * 3),
+    "santurkar-fig11": (LP.FIG11_DESIGN_SD, _fig11,
+                        ["VGG loss vs BN"] * 3 + ["DLN loss vs BN"] * 3),
     "santurkar-fig14": (LP.FIG14_DESIGN_SD, _fig14, ["drift", "loss"] * 3),
 }
 
