@@ -11,7 +11,8 @@ import pytest
 from bnlab.experiments import get
 from bnlab.experiments.common import DesignSD, design_mde
 from bnlab.experiments.luo import fig5 as LF5
-from bnlab.experiments.luo import fold_dropout as LFD
+from bnlab.experiments.luo import dropout as LDR
+from bnlab.experiments.luo import fold as LFD
 
 from .test_experiments_luo import _fig5_runs, _fig6_data, _fig6_seed, fake_context
 
@@ -27,7 +28,7 @@ def _stated(text: str) -> list[float]:
     return [float(x) for x in RESOLVABLE.findall(text)]
 
 
-@pytest.mark.parametrize("design", [LF5.FIG5_DESIGN_SD, LFD.FIG6_DESIGN_SD, LFD.FIG7_DESIGN_SD])
+@pytest.mark.parametrize("design", [LF5.FIG5_DESIGN_SD, LFD.FIG6_DESIGN_SD, LDR.FIG7_DESIGN_SD])
 def test_designs_name_the_pilot(design):
     assert isinstance(design, DesignSD) and "pilot" in design.source
 
@@ -142,9 +143,9 @@ def _fig7_losses(bn_drop: float, wn_drop: float, sd: float) -> dict:
 
 
 def test_fig7_resolution_comes_from_the_design_not_the_seeds():
-    design = LFD.FIG7_DESIGN_SD
+    design = LDR.FIG7_DESIGN_SD
     # no dropout effect: both judged comparisons and the premise unresolved
-    texts = [LFD.fig7_summary(_fig7_losses(0.9, 1.0, sd) | {"BN, M = 64": _spread(0.9, sd)})[1]
+    texts = [LDR.fig7_summary(_fig7_losses(0.9, 1.0, sd) | {"BN, M = 64": _spread(0.9, sd)})[1]
              for sd in (0.03, 0.3)]
     stated = [_stated(t) for t in texts]
     assert len(stated[0]) == 3  # the premise and the two dropout pairs
@@ -158,8 +159,8 @@ def test_fig7_resolution_comes_from_the_design_not_the_seeds():
 
 
 def test_fig7_decisions_are_unchanged():
-    for design in (LFD.FIG7_DESIGN_SD, DesignSD(10.0, "pilot: synthetic, huge")):
-        assert LFD.fig7_summary(_fig7_losses(0.7, 0.8, 0.01), design_sd=design)[0] == "held"
-        assert LFD.fig7_summary(_fig7_losses(0.95, 0.8, 0.01), design_sd=design)[0] == "not held"
-        assert LFD.fig7_summary(_fig7_losses(0.85, 0.8, 0.3),
+    for design in (LDR.FIG7_DESIGN_SD, DesignSD(10.0, "pilot: synthetic, huge")):
+        assert LDR.fig7_summary(_fig7_losses(0.7, 0.8, 0.01), design_sd=design)[0] == "held"
+        assert LDR.fig7_summary(_fig7_losses(0.95, 0.8, 0.01), design_sd=design)[0] == "not held"
+        assert LDR.fig7_summary(_fig7_losses(0.85, 0.8, 0.3),
                                 design_sd=design)[0] == "inconclusive"

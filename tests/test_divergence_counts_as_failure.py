@@ -8,7 +8,7 @@ import math
 import pytest
 
 from bnlab.experiments.common import grouped_finals
-from bnlab.experiments.luo.fold_dropout import fig7_values
+from bnlab.experiments.luo.dropout import fig7_values
 from bnlab.experiments.peng import imagenet as P
 from bnlab.experiments.peng.common import ACTIVATIONS
 from .test_experiments_luo import fake_context

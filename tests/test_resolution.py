@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from bnlab.experiments import runner
-from bnlab.experiments.base import (CATALOGUE, Experiment, Outcome, Plan, Resolution,
-                                    load_catalogue, register)
-from bnlab.experiments.verdicts import Design, design_resolution
+from bnlab.experiments.base import CATALOGUE, Experiment, Outcome, Plan, load_catalogue, register
+from bnlab.experiments.resolution import Resolution, design_resolution
+from bnlab.experiments.verdicts import Design
 
 
 def test_every_entry_states_what_its_smoke_can_decide():

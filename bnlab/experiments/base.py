@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 from bnlab.spec import Registry, check_choice
 
+from .resolution import Resolution
+
 PRESETS = ("smoke", "paper")
 PAPERS = {
     "santurkar": "Santurkar et al. 2018, How does batch normalization help optimization?",
@@ -53,29 +55,6 @@ class Outcome:
     table: list[dict[str, Any]]  # rows with at least "quantity", "ours", "paper"
     verdict: str                 # "held", "not held" or "inconclusive"
     summary: str                 # one or two sentences: what was compared and what we saw
-
-
-@dataclass(frozen=True)
-class Resolution:
-    """What an entry's smoke preset can decide, stated in the entry before it runs (issue 19, item
-    2): the effect the paper reports, the effect the proxy resolves, and the pilot (or computation)
-    that set that number. The report prints it above the verdict, ``bnlab experiments list`` beside
-    the claim. Entries with a :class:`verdicts.Design` build it with
-    :func:`verdicts.design_resolution`, so the number is not written twice."""
-
-    paper: str       # the paper's effect: a number with its table/figure, or "direction only: ..."
-    resolvable: str  # the smallest effect (or tolerance) the smoke design resolves, with units
-    pilot: str       # where that number comes from: a named pilot, a simulation, a computation
-
-    def __post_init__(self):
-        for name in ("paper", "resolvable", "pilot"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"Resolution.{name} must be a non-empty string, got {value!r}")
-
-    def text(self) -> str:
-        return (f"paper: {self.paper}; the smoke resolves {self.resolvable} "
-                f"(from {self.pilot})")
 
 
 @dataclass
@@ -118,7 +97,7 @@ def register(experiment: Experiment) -> Experiment:
 # import first.
 ENTRY_MODULES = (
     "santurkar.vgg", "santurkar.dln", "santurkar.predictiveness", "santurkar.lp",
-    "luo.student", "luo.fig3", "luo.cnn", "luo.fig5", "luo.fold_dropout", "luo.table2",
+    "luo.student", "luo.fig3", "luo.cnn", "luo.fig5", "luo.fold", "luo.dropout", "luo.table2",
     "peng.tables", "peng.curves", "peng.components", "peng.figures", "peng.amat", "peng.imagenet",
     "arora.entries", "mbn.entries",
     "peng.theorems", "arora.rates", "mbn.theorems",

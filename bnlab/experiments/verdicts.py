@@ -43,7 +43,6 @@ from dataclasses import dataclass, replace
 
 from bnlab.formatting import finite_or_none, mean_std
 
-from .base import Resolution
 from .common import Comparison
 from .rule_stats import binomial_floor, holm
 
@@ -131,26 +130,6 @@ class Design:
             f"SD {scale * self.design_sd:.2g}{unit} ({self.source}), {self.n_seeds} seeds/arm → "
             f"resolvable ≥ {scale * self.mde():.2g}{unit}"
         )
-
-
-def design_resolution(design: Design, *, paper: str | None = None, scale: float = 1.0,
-                      unit: str = "") -> Resolution:
-    """The entry's :class:`base.Resolution` from its :class:`Design`: the paper's effect (``paper``,
-    or the design's signed effect / direction), the design's resolvable effect at its seeds and,
-    where that is larger than a known paper effect, the seeds per arm that would resolve it."""
-    if paper is None:
-        paper = (f"{scale * design.paper_effect:+.3g}{unit} ({design.quantity})"
-                 if design.magnitude_known else
-                 f"direction only: {design.quantity} "
-                 + ("lower" if design.paper_effect < 0 else "higher"))
-    resolvable = f"≥ {scale * design.mde():.2g}{unit} with {design.n_seeds} seeds per arm"
-    if design.magnitude_known and not design.resolves_paper():
-        needed = design.seeds_to_resolve()
-        resolvable += (f" (the paper's effect needs {needed} seeds per arm)" if needed else
-                       " (no number of seeds resolves the paper's effect: the SE floor is "
-                       "above it)")
-    return Resolution(paper, resolvable,
-                      f"design SD {scale * design.design_sd:.2g}{unit}, {design.source}")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from typing import Any
 
 from bnlab.formatting import finite_or_none, fmt
 
-from ..base import Experiment, Outcome, Plan, Resolution, RunSpec, register
+from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..resolution import Resolution
 from ..common import safe_panels
 from .verdicts import (NUM_CLASSES, SCALE_VARIANT_LR, TAIL_EPOCHS, arm_mean, seed_values,
                        d1_verdict, d2_verdict, d3_verdict)

@@ -9,7 +9,8 @@ import numpy as np
 
 from bnlab.theory.arora import convergence_rate, sgd_convergence_rate
 
-from ..base import Experiment, Outcome, Plan, Resolution, register
+from ..base import Experiment, Outcome, Plan, register
+from ..resolution import Resolution
 from ..common import safe_panels
 from ..verdicts import explain, ladder
 

@@ -9,15 +9,17 @@ catalogue imports it):
   (WN + ζγ², Krogh–Hertz ridge) for ζ = 0.014, 0.25 and Eq. 13's ζ, and the BN student simulated by
   minibatch SGD (``bnlab.theory.luo.simulate_teacher_student``); the ζ that best fits the BN points.
 * ``luo-fig3`` — validation loss over epochs at α = 1: vanilla SGD, BN (M = 32), WN + ζγ² (ζ =
-  0.014). ``cnn`` and ``fold_dropout``:
+  0.014).
+
+``cnn``, ``fig5``, ``fold`` and ``dropout``:
 
 * ``luo-fig4`` — the CNN of §5 (``luo_cnn``): SGD, BN, WN, WN + mean-only BN, WN + variance-only BN.
 * ``luo-fig5`` — γ² (probe ``gamma``) and ζ (probe ``bn_regularization``, Theorem 1) against the
   batch size.
-* ``luo-fig6`` — fine-tuning with BN folded into the weights (``bnlab.norms.fold``) against going on
-  with BN.
-* ``luo-fig7`` — BN at M = 64 and 256, WN at 256, and both with dropout after each block (see the
-  entry's ``smoke_changes``).
+* ``luo-fig6`` (``fold``) — fine-tuning with BN folded into the weights (``bnlab.norms.fold``)
+  against going on with BN.
+* ``luo-fig7`` (``dropout``) — BN at M = 64 and 256, WN at 256, and both with dropout after each
+  block (see the entry's ``smoke_changes``).
 
 ``table2``: ``luo-table2`` — Table 2's fixed points, η_max and η_eff against simulation.
 

@@ -1,7 +1,7 @@
 """Luo et al. 2019, the CNN of §5 and Fig. 4 (BN and its parts); Fig. 5 (γ² and ζ against the
 batch size) is in :mod:`bnlab.experiments.luo.fig5`, Figs. 6 and 7 on the same CNN in
-:mod:`bnlab.experiments.luo.fold_dropout`. Shared constants and helpers are in
-:mod:`bnlab.experiments.luo.common`."""
+:mod:`bnlab.experiments.luo.fold` and :mod:`bnlab.experiments.luo.dropout`. Shared constants and
+helpers are in :mod:`bnlab.experiments.luo.common`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..rule_stats import holm
 from ..verdicts import RULE as JUDGED_RULE
-from ..verdicts import Design, design_resolution, explain, judge, ladder, settle
+from ..verdicts import Design, explain, judge, ladder, settle
+from ..resolution import design_resolution
 from bnlab.formatting import finite_or_none, fmt
 from ..common import ALPHA, RULE, SETTLE_FRACTION, compare_arms, mean_curve, safe_panels
 from .common import TRAIN_SIZES, window_mean

@@ -14,7 +14,8 @@ from bnlab.callbacks import Callback, Loop
 from bnlab.theory import luo as theory
 from bnlab.train.callbacks import trainer_of
 
-from ..base import Experiment, Outcome, Plan, Resolution, RunSpec, register
+from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..resolution import Resolution
 from bnlab.formatting import finite_or_none, fmt
 from ..common import RULE, SETTLE_FRACTION, compare_arms, mean_curve, safe_panels
 from ..verdicts import explain, ladder, settle

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..verdicts import explain, ladder, settle
+from ..resolution import family_resolution
 from bnlab.formatting import finite_or_none, fmt
 from ..common import RULE, SETTLE_FRACTION, DesignSD, compare_arms, safe_panels
 from .cnn import cnn_base, train_size
@@ -241,4 +242,7 @@ register(Experiment(
                   "repeated at 2/3 of training (settling).",
     cost={"smoke": "≈165 s wall (15 runs, one thread, 2-core machine under load ≈ 4)",
           "paper": "15 runs × 100 epochs luo_cnn on CIFAR-10 (GPU)"},
-    plan=_fig5_plan, analyze=_fig5_analyze))
+    plan=_fig5_plan, analyze=_fig5_analyze,
+    resolution=family_resolution(
+        "direction only: γ² falls and ζ rises as the batch shrinks (Fig. 5)", FIG5_DESIGN_SD, 3,
+        unit=" in γ²")))

@@ -10,7 +10,8 @@ import numpy as np
 
 from bnlab.theory import luo as theory
 
-from ..base import Experiment, Outcome, Plan, Resolution, register
+from ..base import Experiment, Outcome, Plan, register
+from ..resolution import Resolution
 from bnlab.formatting import finite_or_none, fmt
 from ..common import RULE, SETTLE_FRACTION, safe_panels
 from ..verdicts import against_bound, explain, ladder, settle

@@ -26,7 +26,8 @@ import math
 
 from bnlab.theory import luo
 
-from ..base import Experiment, Outcome, Plan, Resolution, register
+from ..base import Experiment, Outcome, Plan, register
+from ..resolution import Resolution
 from bnlab.formatting import finite_or_none, fmt
 from ..common import safe_panels
 from ..verdicts import ladder

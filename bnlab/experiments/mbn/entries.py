@@ -23,7 +23,8 @@ from bnlab.theory.mbn import moving_average_noise
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from bnlab.formatting import finite_or_none, fmt, mean_std
 from ..common import safe_panels
-from ..verdicts import RULE, Design, design_resolution, explain, judge, ladder
+from ..verdicts import RULE, Design, explain, judge, ladder
+from ..resolution import design_resolution
 
 BATCH_SIZES = (2, 4, 8, 16, 32)
 IDEAL_BATCH = 32   # m0, issue 2's default for the `mbn` spec

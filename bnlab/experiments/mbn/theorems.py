@@ -10,7 +10,8 @@ import numpy as np
 
 from bnlab.theory.mbn import moving_average_noise, theorem1_report, theorem2_cosine
 
-from ..base import Experiment, Outcome, Plan, Resolution, register
+from ..base import Experiment, Outcome, Plan, register
+from ..resolution import Resolution
 from ..common import safe_panels
 from ..rule_stats import holm
 from ..verdicts import explain, ladder

@@ -16,8 +16,8 @@ from bnlab.formatting import fmt
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..common import compare_arms, mean_over_run
 from ..rule_stats import arm_values, holm
-from ..verdicts import (NOT_HELD, Design, design_resolution, explain, family, judge, ladder,
-                        settle)
+from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
+from ..resolution import design_resolution
 from .common import ACT_TITLE, NON_RELU, ROW_NAMES, TABLE_SMOKE_SEEDS, TABLES, status_note
 from .tables import COMPARED, main_arm_runs, compared_runs, curve_panels, phase_reading, settling
 

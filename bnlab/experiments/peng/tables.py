@@ -45,7 +45,8 @@ from ..common import (compare_arms, grouped_finals, mean_curve, safe_panels,
                       SETTLE_FRACTION, smooth, value_at_fraction)
 from .verdict import CHANCE, table_design, table_verdict
 from ..rule_stats import arm_values, settle_fraction
-from ..verdicts import design_resolution, settle
+from ..verdicts import settle
+from ..resolution import design_resolution
 from .common import (ACT_TITLE, ACTIVATIONS, NON_RELU, PAPER_TABLES, PAPER_TRIALS, ROW_FEATURES,
                           ROW_NAMES, ROWS, TABLE_SIDE_SEEDS, TABLE_SMOKE_SEEDS, TABLE_SMOKE_WIDTH,
                           TABLES, percent, run_config, status_note, padding_shares, row_spec,

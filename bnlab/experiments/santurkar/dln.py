@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..base import Experiment, Outcome, Plan, register
 from ..verdicts import RULE as JUDGED_RULE
 from ..verdicts import Design, conjunction, judge, ladder
+from ..resolution import design_resolution, family_resolution
 from bnlab.formatting import fmt
 from ..common import RULE, DesignSD, compare_arms, safe_panels
 from .common import (
@@ -83,7 +84,7 @@ register(Experiment(
                   "seeds.",
     cost={"smoke": "≈ 1.5 min CPU (6 DLN runs; shared with fig6/fig9)",
           "paper": "6 DLN runs × 10 000 steps (GPU or CPU, ≈ 30 min)"},
-    plan=_fig8_plan, analyze=_fig8_analyze))
+    plan=_fig8_plan, analyze=_fig8_analyze, resolution=design_resolution(FIG8_DESIGN)))
 
 
 # ---- Fig. 9: DLN landscape ---------------------------------------------------------------------
@@ -236,4 +237,7 @@ register(Experiment(
                   "median (ln scale), at each rate; inconclusive if the two rates disagree.",
     cost={"smoke": "≈ 3 min CPU (12 DLN runs; the 6 at lr 1e-3 shared with fig6/fig8)",
           "paper": "6 DLN runs × 10 000 steps (≈ 30 min on a CPU)"},
-    plan=_fig9_plan, analyze=_fig9_analyze))
+    plan=_fig9_plan, analyze=_fig9_analyze,
+    resolution=family_resolution(
+        "direction only: BN's loss range, gradient change and β-smoothness far below the "
+        "standard DLN's (Fig. 9)", FIG9_DESIGN_SD, 3, unit=" (ln)")))

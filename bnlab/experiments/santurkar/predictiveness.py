@@ -22,6 +22,7 @@ from bnlab.probes import ProbeContext, evaluate_landscape
 from ..base import Experiment, Outcome, Plan, register
 from ..verdicts import RULE as JUDGED_RULE
 from ..verdicts import Design, judge, ladder
+from ..resolution import design_resolution
 from bnlab.formatting import finite_or_none, fmt
 from ..common import RULE, compare_arms, safe_panels
 from .common import (
@@ -230,4 +231,4 @@ register(Experiment(
                   "[1/100, 30] × lr, ln scale.",
     cost={"smoke": "≈ 50 s CPU (6 DLN replays of 600 steps, 3 landscape evaluations each)",
           "paper": "6 replays × 10 000 steps (≈ 20 min on a CPU)"},
-    plan=_fig10_plan, analyze=_fig10_analyze))
+    plan=_fig10_plan, analyze=_fig10_analyze, resolution=design_resolution(FIG10_DESIGN)))
