@@ -9,7 +9,7 @@ from typing import Any
 from bnlab.formatting import finite_or_none
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import RULE, compare_arms, mean_curve, safe_panels
+from ..common import RULE, DesignSD, compare_arms, mean_curve, safe_panels
 from ..verdicts import NOT_HELD, explain, family, ladder
 from .common import ACT_TITLE, ACTIVATIONS, RHO_STAR, recipe_base, run_config, status_note, cbn_spec
 
@@ -70,8 +70,14 @@ def _mean_variance(run, skip_fraction: float = 0.25) -> float | None:
     return sum(values) / len(values)
 
 
-def fig10_verdict(variance: dict[str, dict[str, list[float]]],
-                  tiny: bool = False) -> tuple[str, str]:
+# Design SD of one seed's log10 gradient variance: the root-mean-square over the five activations of
+# the pooled per-arm SD of AMAT − without in the pilot (0.056, 0.12, 0.061, 0.18, 0.11 dex).
+FIG10_DESIGN_SD = DesignSD(0.11, "pilot: the session-4 catalogue run (smoke), 3 seeds/arm, "
+                           "2026-11-26, RMS over the 5 activations")
+
+
+def fig10_verdict(variance: dict[str, dict[str, list[float]]], tiny: bool = False,
+                  design_sd: DesignSD = FIG10_DESIGN_SD) -> tuple[str, str]:
     """§6.5: AMAT lowers the stochastic-gradient variance relative to CBN without AMAT.
 
     ``variance[activation][variant]`` = per-seed mean gradient variance. Per activation, log10 of
@@ -79,17 +85,19 @@ def fig10_verdict(variance: dict[str, dict[str, list[float]]],
     seeds spread multiplicatively). Primary, pre-declared: AMAT significantly lower for at least 4
     of the 5 activations; held when it is and AMAT is nowhere significantly higher (Holm over the
     activations); not held: Holm-significantly higher for some activation; otherwise inconclusive,
-    with the effect (dex) the seeds resolve. The fixed-η arm is reported, not judged.
+    with the effect (dex) the design resolves (``design_sd``, :data:`FIG10_DESIGN_SD`). The fixed-η
+    arm is reported, not judged.
     """
     comps = {}
     for act, d in variance.items():
         off, on = ([math.log10(v) for v in d.get(k) or [] if v is not None and v > 0]
                    for k in FIG10_COMPARED)
-        comps[act] = compare_arms(off, on)
+        comps[act] = compare_arms(off, on, design_sd=design_sd.of())
     if not comps:
         return ladder(unusable=True), "no runs" + (" (tiny runs)" if tiny else "")
     summary = "log10 gradient variance, AMAT − without: " + "; ".join(
-        f"{ACT_TITLE.get(a, a)} {c.text(unit=' dex')}" for a, c in comps.items())
+        f"{ACT_TITLE.get(a, a)} {c.text(unit=' dex')}" for a, c in comps.items()) + (
+        f" (resolvable effects at the {design_sd.text(unit=' dex')})")
     fixed = {a: (d.get("CBN, fixed η = 0.9") or [None])[0] for a, d in variance.items()}
     ratios = {a: fixed[a] / d["CBN without AMAT"][0] for a, d in variance.items()
               if fixed[a] and (d.get("CBN without AMAT") or [None])[0]}
@@ -108,8 +116,8 @@ def fig10_verdict(variance: dict[str, dict[str, list[float]]],
         held=f"; AMAT significantly lower for {lower} of {len(comps)} activations",
         inconclusive=" (tiny runs)" if tiny
         else "; fewer than 3 seeds for " + ", ".join(few) + f" ({RULE})" if few
-        else f"; AMAT significantly lower for {lower} of {len(comps)}; these seeds resolve ≥ "
-        f"{mde:.2g} dex ({RULE})")
+        else f"; AMAT significantly lower for {lower} of {len(comps)}; at the design SD the seeds "
+        f"resolve ≥ {mde:.2g} dex ({RULE})")
 
 
 def _fig10_analyze(ctx) -> Outcome:

@@ -12,7 +12,8 @@ from bnlab.probes import max_stable_lr
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..verdicts import NOT_HELD, conjunction, explain, family, is_held, ladder
 from bnlab.formatting import finite_or_none, fmt, mean_std
-from ..common import RULE, compare_arms, grouped_finals, mean_curve, safe_panels, smooth
+from ..common import (RULE, DesignSD, compare_arms, grouped_finals, mean_curve, safe_panels,
+                      smooth)
 from .verdict import CHANCE
 from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, SMOKE_SEEDS, recipe_base, percent,
                      run_config, status_note)
@@ -85,8 +86,16 @@ def run_trains(run, num_classes: int = 10) -> bool:
     return final < math.log(num_classes) - 0.05
 
 
-def table6_verdict(lr_max: dict[tuple[str, str], list[float | None]],
-                   tiny: bool = False) -> tuple[str, str]:
+_PILOT = "pilot: the session-4 catalogue run (smoke), 3 seeds/arm, 2026-11-26"
+# Design SD of one seed's log10 maximal stable lr: the lr grid is a decade apart, so seeds agree
+# exactly (SD 0 in 6 of the pilot's 12 judged comparisons) or differ by whole decades (pooled SDs
+# 0.41–1.7, RMS 0.82 dex): the quantity's resolution, one grid step (1 dex), stands in.
+TABLE6_DESIGN_SD = DesignSD(1.0, _PILOT + "; quantized to the lr grid (SD 0 in 6 of 12, RMS 0.82 "
+                            "dex): one grid step")
+
+
+def table6_verdict(lr_max: dict[tuple[str, str], list[float | None]], tiny: bool = False,
+                   design_sd: DesignSD = TABLE6_DESIGN_SD) -> tuple[str, str]:
     """Verdict on §6.3's ordering of the maximal learning rate, per activation.
 
     ``lr_max[(approach, activation)]`` = per-seed maximal stable lr (None: nothing trained, counted
@@ -96,7 +105,8 @@ def table6_verdict(lr_max: dict[tuple[str, str], list[float | None]],
     t, ≥ 3 seeds; identical seeds make any difference significant). "not held" if a step is
     significantly reversed for some activation (Holm over all steps); "held" if none is and ℓ2
     significantly raises the rate over none for at least one activation (primary, pre-declared: ℓ2 −
-    none in log10 lr, Holm over the activations); otherwise "inconclusive".
+    none in log10 lr, Holm over the activations); otherwise "inconclusive", stating the effect
+    resolvable at ``design_sd`` (:data:`TABLE6_DESIGN_SD`).
     """
     acts = sorted({a for _, a in lr_max}, key=lambda a: ACTIVATIONS.index(a) if a in ACTIVATIONS
                   else 99)
@@ -108,20 +118,23 @@ def table6_verdict(lr_max: dict[tuple[str, str], list[float | None]],
                 for name in T6_ORDER]
         lines.append(f"{ACT_TITLE.get(act, act)}: " + " / ".join(
             "–" if not v else f"{10 ** (sum(v) / len(v)):.2g}" for v in logs))
-        steps.update({(act, i): compare_arms(logs[i], logs[i + 1])
+        steps.update({(act, i): compare_arms(logs[i], logs[i + 1], design_sd=design_sd.of())
                       for i in range(len(T6_ORDER) - 1)})
-        raised[act] = compare_arms(logs[0], logs[2])
+        raised[act] = compare_arms(logs[0], logs[2], design_sd=design_sd.of())
     few = any(c.decision == "too few seeds" for c in steps.values())
     against = family(steps, "higher")
     reversed_ = list(dict.fromkeys(ACT_TITLE.get(a, a) for (a, _), v in against.items()
                                    if v == NOT_HELD))
     primary = any(is_held(v) for v in family(raised, "higher").values())
     summary = ("maximal stable lr, geometric mean over seeds (none / mean removal / ℓ2 / CBN; "
-               "1e-05: nothing trained): " + "; ".join(lines))
+               "1e-05: nothing trained): " + "; ".join(lines)
+               + f"; log10 lr compared at the {design_sd.text(unit=' dex')}")
     verdict = ladder(True if primary else None, unusable=tiny or few, against=bool(reversed_))
+    mde = max((c.mde for c in raised.values() if c.mde is not None), default=0.0)
     return verdict, summary + explain(
         verdict, inconclusive=" (tiny runs)" if tiny else f"; fewer than 3 seeds ({RULE})" if few
-        else f"; no approach significantly changes the maximal lr on this grid ({RULE})",
+        else "; no approach significantly changes the maximal lr on this grid (ℓ2 − none "
+        f"resolvable ≥ {mde:.2g} dex; {RULE})",
         not_held="; the order none ≤ mean removal ≤ ℓ2 ≤ CBN is significantly reversed (Holm over "
         "the steps) for " + ", ".join(reversed_),
         held="; ℓ2 normalization significantly raises the maximal lr (Holm over the activations), "
@@ -241,7 +254,14 @@ def mean_sq_grad_norm(run, skip_fraction: float = 0.25) -> float | None:
 F7_CLAIMS = (("mean removal", "no normalization"), ("ℓ2 normalization", "no normalization"))
 
 
-def fig7_verdict(sq: dict[str, dict[str, list[float]]], tiny: bool = False) -> tuple[str, str]:
+# Design SD of one seed's log10 E‖g‖²: the root-mean-square of the pooled per-arm SDs of the six
+# judged comparisons in the pilot (mean removal − none, ℓ2 − none × Sigmoid/Tanh/ReLU: 0.55, 0.28,
+# 0.21, 0.26, 1.9, 1.9 dex; ReLU's no-normalization arm scatters by orders of magnitude).
+FIG7_DESIGN_SD = DesignSD(1.1, _PILOT + ", RMS over the 6 judged comparisons")
+
+
+def fig7_verdict(sq: dict[str, dict[str, list[float]]], tiny: bool = False,
+                 design_sd: DesignSD = FIG7_DESIGN_SD) -> tuple[str, str]:
     """§6.3 / Fig. 7: mean removal and ℓ2 normalization each lower E‖g‖² relative to no
     normalization.
 
@@ -249,18 +269,20 @@ def fig7_verdict(sq: dict[str, dict[str, list[float]]], tiny: bool = False) -> t
     (mean removal < none, ℓ2 < none) per activation by :data:`common.RULE`. Primary, pre-declared:
     their conjunction (:func:`verdicts.conjunction`): held when every comparison is significantly
     "lower"; not held when some is significantly "higher" after Holm's correction over the family;
-    otherwise inconclusive. ℓ2 vs mean removal and CBN vs none are reported, not judged.
+    otherwise inconclusive. ℓ2 vs mean removal and CBN vs none are reported, not judged. Every
+    comparison states its resolvable effect at ``design_sd`` (:data:`FIG7_DESIGN_SD`).
     """
     if not sq:
         return ladder(unusable=True), "no runs" + (" (tiny runs)" if tiny else "")
     parts, claims = [], {}
     for act, d in sq.items():
         for a, b in F7_CLAIMS + (("ℓ2 normalization", "mean removal"), ("CBN", "no normalization")):
-            c = compare_arms(d.get(b, []), d.get(a, []))
+            c = compare_arms(d.get(b, []), d.get(a, []), design_sd=design_sd.of())
             parts.append(f"{ACT_TITLE.get(act, act)} {a} − {b} {c.text(unit=' dex')}")
             if (a, b) in F7_CLAIMS:
                 claims[(act, a)] = c
-    summary = "log10 E‖g‖² after the first quarter: " + "; ".join(parts)
+    summary = ("log10 E‖g‖² after the first quarter: " + "; ".join(parts)
+               + f"; resolvable effects at the {design_sd.text(unit=' dex')}")
     few = any(c.decision == "too few seeds" for c in claims.values())
     verdict = ladder(conjunction(claims, "lower"), unusable=tiny or few)
     return verdict, summary + explain(

@@ -10,7 +10,7 @@ from bnlab.formatting import finite_or_none
 from bnlab.plots import panels
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import RULE, compare_arms, mean_curve, safe_panels, smooth
+from ..common import RULE, DesignSD, compare_arms, mean_curve, safe_panels, smooth
 from ..verdicts import conjunction, explain, ladder
 from .common import ACT_TITLE, ACTIVATIONS, RHO_GRID, recipe_base, run_config, status_note, cbn_spec
 
@@ -168,8 +168,17 @@ FIG8_JUDGED = ("sigmoid", "tanh")  # "even the worst ρ beats vanilla BN with Si
 FIG8_SEEDS = (0, 1, 2)
 
 
-def fig8_verdict(acc: dict[str, dict[float | None, list[float]]],
-                 tiny: bool = False) -> tuple[str, str]:
+# Design SD of one seed's final test accuracy (fraction): the root-mean-square of the pooled per-arm
+# SD of worst-ρ CBN − BN for Sigmoid and Tanh in the pilot (0.033, 0.0050), the session-5 smoke run
+# (63 runs, finished 2026-11-27 00:18; no session-4 run of this entry was stored). Its worst-ρ arms
+# sat at chance with SD ≈ 0, so this is about BN's seed SD / √2: two arms that both train may
+# scatter more.
+FIG8_DESIGN_SD = DesignSD(0.023, "pilot: the session-5 smoke run, 3 seeds/arm, 2026-11-27, RMS "
+                                 "over Sigmoid and Tanh")
+
+
+def fig8_verdict(acc: dict[str, dict[float | None, list[float]]], tiny: bool = False,
+                 design_sd: DesignSD = FIG8_DESIGN_SD) -> tuple[str, str]:
     """§6.4: (a) with Sigmoid and Tanh even the worst ρ beats vanilla BN (judged); (b) Sigmoid/Tanh
     are more sensitive to ρ than ReLU/SELU/Swish (reported: range over the grid of the seed-mean
     accuracy).
@@ -178,7 +187,8 @@ def fig8_verdict(acc: dict[str, dict[float | None, list[float]]],
     (a), per judged activation, the ρ with the lowest mean against BN by :data:`common.RULE`
     (Welch's t, ≥ 3 seeds): held if higher for both, not held if lower for either (Holm over the
     two), else inconclusive with the resolvable effect. Primary, pre-declared: worst-ρ CBN − BN,
-    higher, for Sigmoid and for Tanh (:func:`verdicts.conjunction`).
+    higher, for Sigmoid and for Tanh (:func:`verdicts.conjunction`). Resolvable effects at
+    ``design_sd`` (:data:`FIG8_DESIGN_SD`).
     """
     mean = {a: {rho: sum(v) / len(v) for rho, v in d.items() if v} for a, d in acc.items()}
     if any(a not in mean or None not in mean[a] or len(mean[a]) < 3 for a in FIG8_JUDGED):
@@ -186,7 +196,8 @@ def fig8_verdict(acc: dict[str, dict[float | None, list[float]]],
                                        + (" (tiny runs)" if tiny else ""))
     worst = {a: min((rho for rho in mean[a] if rho is not None), key=lambda rho: mean[a][rho])
              for a in FIG8_JUDGED}
-    comps = {a: compare_arms(acc[a][None], acc[a][worst[a]]) for a in FIG8_JUDGED}
+    comps = {a: compare_arms(acc[a][None], acc[a][worst[a]], design_sd=design_sd.of())
+             for a in FIG8_JUDGED}
     cbn = {a: [v for rho, v in d.items() if rho is not None] for a, d in mean.items() if len(d) > 2}
     spans = {a: max(v) - min(v) for a, v in cbn.items()}
     robust = [spans[a] for a in ("relu", "selu", "swish") if a in spans]
@@ -194,7 +205,8 @@ def fig8_verdict(acc: dict[str, dict[float | None, list[float]]],
         f"{ACT_TITLE[a]} (ρ = {worst[a]:g}) {comps[a].text(100)}" for a in FIG8_JUDGED)
     robust_text = f", ReLU/SELU/Swish {sum(robust) / len(robust):.3f}" if robust else ""
     summary += ("; accuracy range over ρ (reported, not judged: one seed for ReLU/SELU/Swish): "
-                f"Sigmoid/Tanh {(spans['sigmoid'] + spans['tanh']) / 2:.3f}" + robust_text)
+                f"Sigmoid/Tanh {(spans['sigmoid'] + spans['tanh']) / 2:.3f}" + robust_text
+                + f"; resolvable effects at the {design_sd.text(100, ' points')}")
     few = any(c.decision == "too few seeds" for c in comps.values())
     verdict = ladder(conjunction(comps, "higher"), unusable=tiny or few)
     mde = max((c.mde for c in comps.values() if c.mde is not None), default=0.0)

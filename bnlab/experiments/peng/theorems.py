@@ -36,7 +36,7 @@ from bnlab import models
 from bnlab.theory.peng import simulate_quadratic_sgd, theorem1_terms
 
 from ..base import Experiment, Outcome, Plan, register
-from ..common import compare_arms, safe_panels
+from ..common import DesignSD, compare_arms, safe_panels
 from ..rule_stats import holm
 from ..verdicts import NOT_HELD, explain, family, ladder
 
@@ -218,24 +218,36 @@ THM1_EFFECTS = (
 )
 
 
-def thm1_verdict(data: dict, tiny: bool = False) -> tuple[str, str]:
+# Design SD of one seed's T₁, T₂, T₃ (three quantities, one each): the pooled per-arm SD of each
+# effect's comparison in the pilot (2.1e-4, 0.0128, 0.00245 at 5 seeds per arm).
+THM1_DESIGN_SD = DesignSD({"T1": 0.00021, "T2": 0.013, "T3": 0.0025},
+                          "pilot: the session-4 catalogue run (smoke), 5 seeds/arm, 2026-11-26")
+
+
+def thm1_verdict(data: dict, tiny: bool = False,
+                 design_sd: DesignSD = THM1_DESIGN_SD) -> tuple[str, str]:
     """Primary: the bound LHS ≤ T₁ + T₂ + T₃ on every run (a theorem about every trajectory: one
     violation refutes it). Secondary (reported, Holm-corrected Welch over 5 seeds): the three
-    effects' directions."""
+    effects' directions, each with its resolvable effect at ``design_sd`` (per term,
+    :data:`THM1_DESIGN_SD`)."""
 
     runs = [r for rows in data.values() for r in rows]
     if not runs:
         return ladder(unusable=True), "no runs"
     worst = max(r["lhs"] / r["bound"] for r in runs)
     comps = {
-        label: compare_arms([r[term] for r in data[hi]], [r[term] for r in data[lo]])
+        label: compare_arms([r[term] for r in data[hi]], [r[term] for r in data[lo]],
+                            design_sd=design_sd.of(term))
         for lo, hi, term, label in THM1_EFFECTS
     }
     adj = holm({k: c.p for k, c in comps.items()})
-    effects = "; ".join(f"{k}: {c.diff:+.3g} (p_Holm={adj[k]:.2g})" for k, c in comps.items())
+    effects = "; ".join(
+        f"{k}: {c.diff:+.3g} (p_Holm={adj[k]:.2g}, resolvable ≥ "
+        + ("—" if c.mde is None else f"{c.mde:.2g}") + ")" for k, c in comps.items())
     summary = (
         f"primary: max over {len(runs)} runs of mean‖∇F‖² / (T₁+T₂+T₃) = {worst:.3f} (≤ 1 "
         f"required); effects (difference, lower arm − higher arm; negative = as claimed): {effects}"
+        f"; resolvable effects at the {design_sd.text()}"
     )
     against = [k for k, v in family(comps, "lower").items() if v == NOT_HELD]
     verdict = ladder(worst <= 1, unusable=tiny, against=bool(against))
