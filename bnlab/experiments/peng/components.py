@@ -10,6 +10,7 @@ from bnlab.plots import bars
 from bnlab.probes import max_stable_lr
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..resolution import family_resolution
 from ..verdicts import NOT_HELD, conjunction, explain, family, is_held, ladder
 from bnlab.formatting import finite_or_none, fmt, mean_std
 from ..common import (RULE, DesignSD, compare_arms, grouped_finals, mean_curve, safe_panels,
@@ -210,7 +211,10 @@ register(Experiment(
     cost={"smoke": "144 short runs, ≈6 min on 2 CPU cores",
           "paper": "440 runs (4 approaches × 5 activations × (5 candidate lrs × 3 seeds + 7 more "
                    "trials at 0.1)) × 120 epochs of ResNet-20 on CIFAR-10 (GPU)"},
-    plan=_t6_plan, analyze=_t6_analyze))
+    plan=_t6_plan, analyze=_t6_analyze,
+    resolution=family_resolution(
+        "the maximal stable lr per activation, in the order none < mean removal < ℓ2 < CBN "
+        "(Table 6)", TABLE6_DESIGN_SD, 3, unit=" dex (log10 lr)")))
 
 
 
@@ -334,4 +338,7 @@ register(Experiment(
                    "uncontended)",
           "paper": "200 runs × 120 epochs of ResNet-20 on CIFAR-10 with a gradient probe per epoch "
                    "(GPU)"},
-    plan=_f7_plan, analyze=_f7_analyze))
+    plan=_f7_plan, analyze=_f7_analyze,
+    resolution=family_resolution(
+        "direction only: mean removal and ℓ2 normalization each lower E‖g‖² against no "
+        "normalization (Fig. 7)", FIG7_DESIGN_SD, 3, unit=" dex (log10 E‖g‖²)")))
