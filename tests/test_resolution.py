@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from bnlab.experiments import runner
 from bnlab.experiments.base import CATALOGUE, Experiment, Outcome, Plan, load_catalogue, register
-from bnlab.experiments.resolution import Resolution, design_resolution
+from bnlab.experiments.common import DesignSD, design_mde
+from bnlab.experiments.resolution import Resolution, design_resolution, family_resolution
 from bnlab.experiments.verdicts import Design
 
 
@@ -80,3 +81,20 @@ def test_experiments_list_prints_the_resolution():
     assert result.exit_code == 0, result.output
     entry = load_catalogue().entry("peng-table2").target
     assert f"resolves: {entry.resolution.resolvable}" in result.output
+
+
+def test_family_resolution_states_each_comparison_and_the_seeds_the_paper_needs():
+    design = DesignSD({"loss": 0.2, "drift": 0.05}, "pilot: synthetic")
+    res = family_resolution("direction only: both lower", design, 3)
+    assert f"loss ≥ {design_mde(0.2, 3, 3):.2g}; drift ≥ {design_mde(0.05, 3, 3):.2g}" \
+        in res.resolvable
+    assert res.pilot == design.text()
+    one = DesignSD(0.26, "pilot: synthetic")
+    res = family_resolution("+5.6 points", one, 3, scale=100, unit=" points per cell",
+                            smallest_effect=0.056)
+    n = int(res.resolvable.split("needs ")[1].split(" seeds")[0])
+    # the widest comparison's resolution first reaches the paper's smallest effect at n seeds
+    assert design_mde(0.26, n, n) <= 0.056 < design_mde(0.26, n - 1, n - 1)
+    assert "+5.6 points, needs" in res.resolvable and "design SD 26 points" in res.pilot
+    resolved = family_resolution("+50 points", one, 3, smallest_effect=5.0)
+    assert "needs" not in resolved.resolvable

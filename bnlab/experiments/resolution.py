@@ -57,12 +57,22 @@ def design_resolution(design: Design, *, paper: str | None = None, scale: float 
 
 
 def family_resolution(paper: str, design_sd: DesignSD, n_seeds: int, *, unit: str = "",
-                      scale: float = 1.0) -> Resolution:
+                      scale: float = 1.0, smallest_effect: float | None = None) -> Resolution:
     """The :class:`base.Resolution` of a conjunctive or family claim from its
     :class:`common.DesignSD`: each comparison's resolvable effect at ``n_seeds`` per arm
-    (:func:`common.design_mde`, without a floor), the pilot as the source."""
+    (:func:`common.design_mde`, without a floor), the pilot as the source. ``smallest_effect``
+    (the paper's smallest judged effect, in the design SD's units): where the design does not
+    resolve it, the seeds per arm that would."""
     keys = list(design_sd.sd) if isinstance(design_sd.sd, dict) else [None]
     mdes = {k: scale * design_mde(design_sd.of(k), n_seeds, n_seeds) for k in keys}
     parts = [("" if k is None else f"{k} ") + f"≥ {mde:.2g}" for k, mde in mdes.items()]
-    return Resolution(paper, "; ".join(parts) + f"{unit} with {n_seeds} seeds per arm",
-                      design_sd.text(scale))
+    resolvable = "; ".join(parts) + f"{unit} with {n_seeds} seeds per arm"
+    if smallest_effect is not None:
+        widest = max(design_sd.of(k) for k in keys)
+        needed = next((n for n in range(2, 1001)
+                       if design_mde(widest, n, n) <= abs(smallest_effect)), None)
+        if needed is not None and needed > n_seeds:
+            resolvable += (f" (the paper's smallest judged effect, {scale * smallest_effect:+.3g}"
+                           f"{unit.split(' per ')[0]}, needs {needed} seeds per arm)")
+    sd_unit = "" if isinstance(design_sd.sd, dict) else unit.split(" per ")[0]
+    return Resolution(paper, resolvable, design_sd.text(scale, sd_unit))
