@@ -36,7 +36,8 @@ def test_designs_name_the_pilot(design):
 # ---- luo-fig5: γ² against M, per layer -------------------------------------------------------
 
 def _fig5_flat(sd: float) -> dict:
-    """Two layers whose γ² does not move with M: the largest-vs-smallest comparison is unresolved."""
+    """Two layers whose γ² does not move with M: the largest-vs-smallest comparison is
+    unresolved."""
     flat = {m: _spread(1.05, sd) for m in BATCHES}
     return {"conv": flat, "fc": flat}
 

@@ -13,7 +13,6 @@ from bnlab.experiments.luo import cnn as LCNN
 from bnlab.experiments.luo import common as LC
 from bnlab.experiments.luo import fig3 as LF3
 from bnlab.experiments.luo import fig5 as LF5
-from bnlab.experiments.luo import dropout as LDR
 from bnlab.experiments.luo import fold as LFD
 from bnlab.experiments.luo import student as LS
 from bnlab.experiments.luo import table2 as luo_table2
