@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -71,9 +71,7 @@ class Experiment:
     resolution: Resolution | None = None  # what the smoke can decide, stated in advance
 
     def describe(self) -> dict[str, Any]:
-        resolution = None if self.resolution is None else {
-            "paper": self.resolution.paper, "resolvable": self.resolution.resolvable,
-            "pilot": self.resolution.pilot}
+        resolution = None if self.resolution is None else asdict(self.resolution)
         return {"id": self.id, "paper": self.paper, "paper_title": PAPERS[self.paper],
                 "target": self.target, "title": self.title, "claim": self.claim,
                 "smoke_changes": self.smoke_changes, "cost": self.cost,

@@ -150,6 +150,11 @@ class Comparison:
         return out + f", resolvable ≥ {scale * self.mde:.2g}{unit}{basis})"
 
 
+# The pilot of the conjunctive and family entries' design SDs: the catalogue run stored at the start
+# of session 5, re-analysed with each comparison's pooled per-arm SD recorded (docs: experiments).
+CATALOGUE_PILOT = "pilot: the session-4 catalogue run (smoke), 3 seeds/arm, 2026-11-26"
+
+
 @dataclass(frozen=True)
 class DesignSD:
     """The design SD of the comparisons of a conjunctive or family claim: SD of one seed's value
@@ -194,6 +199,12 @@ def design_mde(design_sd: float, n_a: int, n_b: int, floor: float = 0.0, *, alph
     se = max(design_sd * math.sqrt(1 / n_a + 1 / n_b), floor)
     df = n_a + n_b - 2
     return float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * se)
+
+
+def fewest_seeds(mde_at, effect: float, limit: int = 1000) -> int | None:
+    """The fewest seeds per arm n (2 ≤ n ≤ ``limit``) whose resolvable effect ``mde_at(n)`` is ≤
+    |``effect``|; None when none is (a floor on the SE above the effect)."""
+    return next((n for n in range(2, limit + 1) if mde_at(n) <= abs(effect)), None)
 
 RULE = (f"Welch's two-sided t-test on the per-seed values, α = {ALPHA:g}, at least {MIN_SEEDS} "
         "seeds per arm; a non-significant difference is reported with its minimum detectable "

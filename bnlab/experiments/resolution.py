@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .common import DesignSD, design_mde
+from .common import DesignSD, design_mde, fewest_seeds
 
 if TYPE_CHECKING:
     from .verdicts import Design
@@ -67,12 +67,12 @@ def family_resolution(paper: str, design_sd: DesignSD, n_seeds: int, *, unit: st
     mdes = {k: scale * design_mde(design_sd.of(k), n_seeds, n_seeds) for k in keys}
     parts = [("" if k is None else f"{k} ") + f"≥ {mde:.2g}" for k, mde in mdes.items()]
     resolvable = "; ".join(parts) + f"{unit} with {n_seeds} seeds per arm"
+    value_unit = unit.split(" per ")[0]  # " points per activation" → " points"
     if smallest_effect is not None:
         widest = max(design_sd.of(k) for k in keys)
-        needed = next((n for n in range(2, 1001)
-                       if design_mde(widest, n, n) <= abs(smallest_effect)), None)
+        needed = fewest_seeds(lambda n: design_mde(widest, n, n), smallest_effect)
         if needed is not None and needed > n_seeds:
             resolvable += (f" (the paper's smallest judged effect, {scale * smallest_effect:+.3g}"
-                           f"{unit.split(' per ')[0]}, needs {needed} seeds per arm)")
-    sd_unit = "" if isinstance(design_sd.sd, dict) else unit.split(" per ")[0]
+                           f"{value_unit}, needs {needed} seeds per arm)")
+    sd_unit = "" if isinstance(design_sd.sd, dict) else value_unit
     return Resolution(paper, resolvable, design_sd.text(scale, sd_unit))

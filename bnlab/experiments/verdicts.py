@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 
 from bnlab.formatting import finite_or_none, mean_std
 
-from .common import Comparison
+from .common import Comparison, design_mde, fewest_seeds
 from .rule_stats import binomial_floor, holm
 
 ALPHA = 0.05
@@ -97,23 +97,16 @@ class Design:
         """The effect this design detects with probability ``power`` (two-sided α), from the design
         SD and the floor; ``p_a``/``p_b`` (accuracies) set the binomial floor, 0.5 its largest
         value."""
-        from scipy import stats
-
         n = self.n_seeds
         floor = max(self.se_floor, binomial_floor(p_a, p_b, self.n_test, n, n))
-        se = max(self.design_sd * math.sqrt(2 / n), floor)
-        df = 2 * n - 2
-        return float((stats.t.ppf(1 - self.alpha / 2, df) + stats.t.ppf(self.power, df)) * se)
+        return design_mde(self.design_sd, n, n, floor, alpha=self.alpha, power=self.power)
 
     def seeds_to_resolve(self, effect: float | None = None, limit: int = 1000) -> int | None:
         """The fewest seeds per arm whose resolvable effect is ≤ |``effect``| (the paper's by
         default): what "the budget truly cannot do better" costs. None when no number of seeds
         up to ``limit`` does (the floor on the SE is above the effect)."""
-        effect = abs(self.paper_effect if effect is None else effect)
-        for n in range(2, limit + 1):
-            if replace(self, n_seeds=n).mde() <= effect:
-                return n
-        return None
+        return fewest_seeds(lambda n: replace(self, n_seeds=n).mde(),
+                            self.paper_effect if effect is None else effect, limit)
 
     def resolves_paper(self) -> bool:
         """Whether the paper's effect is at least the design's minimum detectable effect."""

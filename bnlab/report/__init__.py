@@ -74,9 +74,11 @@ def _section(experiment_id: str, preset: str, ctx, outcome, out: Path) -> dict:
                 "config": _short_config(r.record.get("config") or {})} for r in ctx.runs]
     env = next((r.record.get("env") for r in ctx.runs if r.record.get("env")), {})
     cols = _columns(table)
+    # stated in the entry before the runs, for the smoke preset it describes
+    decidable = exp.resolution.text() if exp.resolution is not None and preset == "smoke" else None
     md = [f"## {title}", "", f"**Claim.** {exp.claim}", ""]
-    if exp.resolution is not None and preset == "smoke":  # stated before the runs
-        md += [f"**What the smoke can decide.** {exp.resolution.text()}", ""]
+    if decidable:
+        md += [f"**What the smoke can decide.** {decidable}", ""]
     md += [f"**Verdict: {verdict}.** {summary}", ""]
     md += [f"![{Path(f).stem}]({f})" for f in rel] + [""]
     if table:
@@ -88,8 +90,8 @@ def _section(experiment_id: str, preset: str, ctx, outcome, out: Path) -> dict:
     md += [f"*Preset {preset}:* {preset_note}", f"Runs: {len(ctx.runs)} ({runs_note}).", ""]
     h = [f'<section id="{anchor}"><h2>{html.escape(title)}</h2>',
          f"<p><b>Claim.</b> {html.escape(exp.claim)}</p>",
-         *([f"<p><b>What the smoke can decide.</b> {html.escape(exp.resolution.text())}</p>"]
-           if exp.resolution is not None and preset == "smoke" else []),
+         *([f"<p><b>What the smoke can decide.</b> {html.escape(decidable)}</p>"]
+           if decidable else []),
          f'<p class="verdict {verdict.replace(" ", "-")}"><b>Verdict: {html.escape(verdict)}.</b> '
          f"{html.escape(summary)}</p>"]
     h += [f'<img src="{html.escape(f)}" alt="{html.escape(Path(f).stem)}">' for f in rel]

@@ -9,7 +9,8 @@ import math
 from bnlab.formatting import fmt
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import RULE, SETTLE_FRACTION, DesignSD, compare_arms, mean_curve, safe_panels
+from ..common import (CATALOGUE_PILOT, RULE, SETTLE_FRACTION, DesignSD, compare_arms,
+                      mean_curve, safe_panels)
 from ..rule_stats import arm_values
 from ..verdicts import conjunction, explain, ladder, settle
 from ..resolution import family_resolution
@@ -57,7 +58,7 @@ def _fig7_plan(preset: str) -> Plan:
 
 # Design SD of one seed's validation loss (issue 19): the RMS of the pilot's pooled SDs of the two
 # judged dropout comparisons at the end and at 2/3 of training; the premise is stated at it too.
-FIG7_DESIGN_SD = DesignSD(0.078, "pilot: the session-4 catalogue run, 3 seeds/arm, 2026-11-26")
+FIG7_DESIGN_SD = DesignSD(0.078, CATALOGUE_PILOT)
 
 
 def fig7_summary(losses: dict[str, list[float]], tiny: bool = False, *,

@@ -11,7 +11,7 @@ from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..verdicts import explain, ladder, settle
 from ..resolution import family_resolution
 from bnlab.formatting import finite_or_none, fmt
-from ..common import RULE, SETTLE_FRACTION, DesignSD, compare_arms, safe_panels
+from ..common import CATALOGUE_PILOT, RULE, SETTLE_FRACTION, DesignSD, compare_arms, safe_panels
 from .cnn import cnn_base, train_size
 from .common import plot_points
 
@@ -68,8 +68,8 @@ def _last_per_layer(run, prefix: str, k: int = 1, fraction: float = 1.0) -> dict
 # Design SD of one seed's γ² (issue 19): the root-mean-square of the pooled per-arm SDs of every
 # judged comparison (per layer: M = 16 vs 256 and each neighbouring pair, at the end and at 2/3 of
 # training; 50 comparisons, SDs 0.0006–0.089, the pairs with M = 256 the widest) in the pilot.
-FIG5_DESIGN_SD = DesignSD(0.031, "pilot: the session-4 catalogue run, 3 seeds/arm, 2026-11-26; "
-                                 "RMS over the per-layer batch-size comparisons")
+FIG5_DESIGN_SD = DesignSD(0.031, f"{CATALOGUE_PILOT}; RMS over the per-layer batch-size "
+                                 "comparisons")
 
 
 def fig5_trend(gamma_sq: dict[int, list[float]], *,

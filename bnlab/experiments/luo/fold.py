@@ -18,7 +18,8 @@ import bnlab.train as bnlab_train  # looked up on use: a test can patch bnlab.tr
 from ..base import Experiment, Outcome, Plan, register, shrink
 from .cnn import SMOKE_DATA, train_size
 from bnlab.formatting import finite_or_none, fmt
-from ..common import RULE, SETTLE_FRACTION, DesignSD, compare_arms, safe_panels
+from ..common import (CATALOGUE_PILOT, RULE, SETTLE_FRACTION, DesignSD, compare_arms,
+                      safe_panels)
 from ..verdicts import NOT_HELD, checks, combine, explain, ladder, settle
 from ..resolution import family_resolution
 from .common import (jsonable_copy, collected_series, train_collecting, unfinished_status,
@@ -128,7 +129,7 @@ def fig6_changes(seed_data: dict, fraction: float = 1.0) -> dict | None:
 # pooled SDs (against 0) at the end and at 2/3 of fine-tuning; the kernel norm pools its 6 layers.
 FIG6_DESIGN_SD = DesignSD({"kernel-norm growth": 0.0012, "training-loss change": 7.5e-05,
                            "validation-loss change": 0.0031},
-                          "pilot: the session-4 catalogue run, 3 seeds, 2026-11-26")
+                          CATALOGUE_PILOT)
 
 
 def fig6_verdict(changes: list[dict], tiny: bool = False, *,

@@ -9,7 +9,7 @@ from typing import Any
 from bnlab.formatting import finite_or_none
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import RULE, DesignSD, compare_arms, mean_curve, safe_panels
+from ..common import CATALOGUE_PILOT, RULE, DesignSD, compare_arms, mean_curve, safe_panels
 from ..resolution import family_resolution
 from ..verdicts import NOT_HELD, explain, family, ladder
 from .common import ACT_TITLE, ACTIVATIONS, RHO_STAR, recipe_base, run_config, status_note, cbn_spec
@@ -73,8 +73,7 @@ def _mean_variance(run, skip_fraction: float = 0.25) -> float | None:
 
 # Design SD of one seed's log10 gradient variance: the root-mean-square over the five activations of
 # the pooled per-arm SD of AMAT − without in the pilot (0.056, 0.12, 0.061, 0.18, 0.11 dex).
-FIG10_DESIGN_SD = DesignSD(0.11, "pilot: the session-4 catalogue run (smoke), 3 seeds/arm, "
-                           "2026-11-26, RMS over the 5 activations")
+FIG10_DESIGN_SD = DesignSD(0.11, CATALOGUE_PILOT + ", RMS over the 5 activations")
 
 
 def fig10_verdict(variance: dict[str, dict[str, list[float]]], tiny: bool = False,

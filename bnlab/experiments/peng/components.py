@@ -13,8 +13,8 @@ from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..resolution import family_resolution
 from ..verdicts import NOT_HELD, conjunction, explain, family, is_held, ladder
 from bnlab.formatting import finite_or_none, fmt, mean_std
-from ..common import (RULE, DesignSD, compare_arms, grouped_finals, mean_curve, safe_panels,
-                      smooth)
+from ..common import (CATALOGUE_PILOT, RULE, DesignSD, compare_arms, grouped_finals,
+                      mean_curve, safe_panels, smooth)
 from .verdict import CHANCE
 from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, SMOKE_SEEDS, recipe_base, percent,
                      run_config, status_note)
@@ -87,12 +87,11 @@ def run_trains(run, num_classes: int = 10) -> bool:
     return final < math.log(num_classes) - 0.05
 
 
-_PILOT = "pilot: the session-4 catalogue run (smoke), 3 seeds/arm, 2026-11-26"
 # Design SD of one seed's log10 maximal stable lr: the lr grid is a decade apart, so seeds agree
 # exactly (SD 0 in 6 of the pilot's 12 judged comparisons) or differ by whole decades (pooled SDs
 # 0.41–1.7, RMS 0.82 dex): the quantity's resolution, one grid step (1 dex), stands in.
-TABLE6_DESIGN_SD = DesignSD(1.0, _PILOT + "; quantized to the lr grid (SD 0 in 6 of 12, RMS 0.82 "
-                            "dex): one grid step")
+TABLE6_DESIGN_SD = DesignSD(1.0, CATALOGUE_PILOT + "; quantized to the lr grid (SD 0 in 6 of 12, "
+                            "RMS 0.82 dex): one grid step")
 
 
 def table6_verdict(lr_max: dict[tuple[str, str], list[float | None]], tiny: bool = False,
@@ -261,7 +260,7 @@ F7_CLAIMS = (("mean removal", "no normalization"), ("ℓ2 normalization", "no no
 # Design SD of one seed's log10 E‖g‖²: the root-mean-square of the pooled per-arm SDs of the six
 # judged comparisons in the pilot (mean removal − none, ℓ2 − none × Sigmoid/Tanh/ReLU: 0.55, 0.28,
 # 0.21, 0.26, 1.9, 1.9 dex; ReLU's no-normalization arm scatters by orders of magnitude).
-FIG7_DESIGN_SD = DesignSD(1.1, _PILOT + ", RMS over the 6 judged comparisons")
+FIG7_DESIGN_SD = DesignSD(1.1, CATALOGUE_PILOT + ", RMS over the 6 judged comparisons")
 
 
 def fig7_verdict(sq: dict[str, dict[str, list[float]]], tiny: bool = False,

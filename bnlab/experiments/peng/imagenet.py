@@ -38,8 +38,8 @@ from bnlab.plots import bars
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from bnlab.formatting import fmt, mean_std
-from ..common import (RULE, DesignSD, compare_arms, grouped_finals, mean_curve, mean_over_run,
-                      safe_panels, smooth)
+from ..common import (CATALOGUE_PILOT, RULE, DesignSD, compare_arms, grouped_finals,
+                      mean_curve, mean_over_run, safe_panels, smooth)
 from .common import ACT_TITLE, ACTIVATIONS, NON_RELU, status_note, row_spec
 from ..rule_stats import arm_values
 from ..resolution import family_resolution
@@ -142,11 +142,10 @@ def _cell_comparisons(cells: dict, archs: list[str], design_sd: float | None = N
             for arch in archs for act in ACTIVATIONS}
 
 
-_PILOT = "pilot: the session-4 catalogue run (smoke), 3 seeds/arm, 2026-11-26"
 # Design SD of one seed's top-1 (fraction): the root-mean-square over the five activations of the
 # pooled per-arm SD of CBN − BN in the pilot (0.20, 0.35, 0.18, 0.37, 0.029; diverged seeds count
 # as chance, 10 %), so the cells' resolvable effect is fixed before the runs (issue 19).
-TABLE5_DESIGN_SD = DesignSD(0.26, _PILOT + ", RMS over the 5 activations")
+TABLE5_DESIGN_SD = DesignSD(0.26, CATALOGUE_PILOT + ", RMS over the 5 activations")
 
 
 def table5_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = False,
@@ -205,7 +204,7 @@ def table5_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = 
 # Design SD of one seed's mean training loss (nats): the root-mean-square over the five activations
 # of the pooled per-arm SD of CBN − BN in the pilot (0.22, 0.68, 0.32, 0.38, 0.15; diverged seeds
 # count as ln 10).
-FIG6_DESIGN_SD = DesignSD(0.39, _PILOT + ", RMS over the 5 activations")
+FIG6_DESIGN_SD = DesignSD(0.39, CATALOGUE_PILOT + ", RMS over the 5 activations")
 
 
 def fig6_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = False,

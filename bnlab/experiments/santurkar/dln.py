@@ -14,7 +14,7 @@ from ..verdicts import RULE as JUDGED_RULE
 from ..verdicts import Design, conjunction, judge, ladder
 from ..resolution import design_resolution, family_resolution
 from bnlab.formatting import fmt
-from ..common import RULE, DesignSD, compare_arms, safe_panels
+from ..common import CATALOGUE_PILOT, RULE, DesignSD, compare_arms, safe_panels
 from .common import (
     BN, DLN_LR, STANDARD, band_panel, curve_panel, distribution_panel, dln_runs, hist_layers,
     SEEDS, hist_units, inconclusive_if_tiny, finite_median, runs_by_label, finite_values,
@@ -128,7 +128,7 @@ FIG9_DESIGN_SD = DesignSD(
     {"lr 1e-3 loss_range": 0.66, "lr 1e-3 grad_change_max": 0.54,
      "lr 1e-3 beta_smoothness": 0.23, "lr 1e-2 loss_range": 5.2,
      "lr 1e-2 grad_change_max": 5.0, "lr 1e-2 beta_smoothness": 4.7},
-    "pilot: the session-4 catalogue run, 3 seeds/arm, 2026-11-26; ln scale")
+    f"{CATALOGUE_PILOT}; ln scale")
 FIG9_KEY_PREFIX = "lr 1e-3 "  # the declared rate's keys (DLN_LR)
 
 

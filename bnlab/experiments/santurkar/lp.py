@@ -15,6 +15,7 @@ from ..base import Experiment, Outcome, Plan, register
 from ..verdicts import checks, combine, ladder, tally
 from ..resolution import family_resolution
 from bnlab.formatting import fmt
+from ..common import CATALOGUE_PILOT as PILOT
 from ..common import RULE, DesignSD, compare_arms, safe_panels
 from .common import (
     BN, L1, L2, LINF, STANDARD, curve_panel, distribution_panel, dln_runs, hist_layers,
@@ -39,7 +40,6 @@ def _fig11_plan(preset: str) -> Plan:
     return Plan(runs=vgg_runs(preset, LP_LABELS, "VGG: ") + dln_runs(preset, LP_LABELS, "DLN: "))
 
 
-PILOT = "pilot: the session-4 catalogue run, 3 seeds/arm, 2026-11-26"
 # Per network (VGG's cross-entropy and the DLN's squared loss are different quantities) and per
 # quantity, all on a ln scale: the root-mean-square of the pooled per-arm SDs of that quantity's
 # comparisons in the pilot (/work/notes/s5/pilot_sds.log): "loss" pools Figs 11–12's four

@@ -14,6 +14,7 @@ from ..base import Experiment, Outcome, Plan, register
 from ..verdicts import checks, combine, conjunction, ladder
 from ..resolution import family_resolution
 from bnlab.formatting import fmt
+from ..common import CATALOGUE_PILOT as PILOT
 from ..common import RULE, DesignSD, compare_arms, safe_panels
 from .common import (
     BN, COS_TOLERANCE, NOISY, SHIFT_FACTOR, STANDARD, curve_panel, distribution_panel, dln_runs,
@@ -67,7 +68,6 @@ def _fig2_analyze(ctx) -> Outcome:
 
 # "trains as well as BN": noisy BN's mean training loss within a factor 1.25 of BN's
 NOISY_MARGIN = math.log(1.25)
-PILOT = "pilot: the session-4 catalogue run, 3 seeds/arm, 2026-11-26"
 # One per check, ln mean training loss, the pooled per-arm SDs of the pilot: the standard arm
 # scatters four times as much as BN's and noisy BN's, so one pooled number would state check (2)'s
 # resolution at the standard network's spread (ln 0.55 against its margin ln 1.25 = 0.22).
