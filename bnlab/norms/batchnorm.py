@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -30,8 +32,8 @@ class BatchNorm(ChannelNorm):
             return empty
         if not self.use_batch_stats():
             return self.running_normalize(x)
-        if (type(self) is BatchNorm and module_group(self) is None
-                and not self.compiled_cumulative()):
+        if (module_group(self) is None and not self.compiled_cumulative()
+                and trains_as_torch_bn(type(self))):
             return self.native_batch_norm(x)
         gamma, beta = self.gamma_beta(x)
         return self.normalize_with_batch_stats(x, self.coefficients, gamma, beta,
@@ -40,11 +42,13 @@ class BatchNorm(ChannelNorm):
     def native_batch_norm(self, x: Tensor) -> Tensor:
         """Training with batch statistics through torch's own kernel, as ``nn.BatchNorm2d.forward``.
 
-        Plain BN's coefficients are exactly what torch's fused kernel computes, so ``bn`` (not its
-        subclasses) runs that one kernel forward and one backward (double backward included): on
-        small tensors the shared path's per-channel ops cost 3–4× the kernel. The shared path
-        (:meth:`normalize_with_batch_stats`, which the variants use) still runs for synced layers
-        (its statistics are reduced across ranks); tests hold the two paths equal.
+        Plain BN's coefficients are exactly what torch's fused kernel computes, so ``bn`` and every
+        subclass that keeps BN's training step (:func:`trains_as_torch_bn`: ``noisy_bn``, whose
+        noise comes after BN's output) run that one kernel forward and one backward (double
+        backward included): on small tensors the shared path's per-channel ops cost 3–4× the
+        kernel. The shared path (:meth:`normalize_with_batch_stats`, which the variants use) still
+        runs for synced layers (its statistics are reduced across ranks); tests hold the two paths
+        equal.
         """
         tracks = self.tracks_now()
         if tracks:
@@ -68,6 +72,20 @@ class BatchNorm(ChannelNorm):
     def inference_affine(self):
         return self.coefficients(self.running_mean, self.running_var, self.weight_or_one(),
                                  self.bias_or_zero())
+
+
+# The methods that define BN's training step on the shared path: a class that overrides none of them
+# trains exactly as torch's kernel computes.
+BN_TRAINING_STEP = ("coefficients", "batch_moments", "update_running_stats",
+                    "normalize_with_batch_stats", "gamma_beta")
+
+
+@functools.cache
+def trains_as_torch_bn(cls: type) -> bool:
+    """Whether a :class:`BatchNorm` subclass keeps BN's training step (none of
+    :data:`BN_TRAINING_STEP` overridden), so torch's kernel can run it. A variant that overrides its
+    ``coefficients`` (or the statistics, or the buffer update) takes the shared path."""
+    return all(getattr(cls, name) is getattr(BatchNorm, name) for name in BN_TRAINING_STEP)
 
 
 @norm("mean_only_bn", "subtract the batch mean only", "Luo et al. 2019", "§5 (with WN)", BN_OPTIONS)

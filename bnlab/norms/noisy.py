@@ -100,11 +100,12 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         g = self.generator_for(a.device)
         # synced: the global batch's noise, this rank's rows
         shape, rows = global_batch_rows(self, a)
+        dtype = stats_dtype(a)
 
         def blank(size: tuple[int, ...]) -> Tensor:
             if tuple(size) == tuple(a.shape):  # a's memory format: channels_last output stays so
-                return torch.empty_like(a, dtype=stats_dtype(a))
-            return torch.empty(size, dtype=stats_dtype(a), device=a.device)
+                return torch.empty_like(a, dtype=dtype)
+            return torch.empty(size, dtype=dtype, device=a.device)
 
         def own_rows(t: Tensor) -> Tensor:
             return t if rows == slice(None) else t[rows].clone()
