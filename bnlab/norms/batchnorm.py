@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -80,7 +78,6 @@ BN_TRAINING_STEP = ("coefficients", "batch_moments", "update_running_stats",
                     "normalize_with_batch_stats", "gamma_beta")
 
 
-@functools.cache
 def trains_as_torch_bn(cls: type) -> bool:
     """Whether a :class:`BatchNorm` subclass keeps BN's training step (none of
     :data:`BN_TRAINING_STEP` overridden), so torch's kernel can run it. A variant that overrides its
