@@ -147,9 +147,10 @@ class BatchRenorm(ChannelNorm):
         """Algorithm 1's ``r = clip(σ_B/σ, 1/r_max, r_max)`` and ``d = clip((μ_B − μ)/σ, −d_max,
         d_max)`` against the running values, both stop-gradient."""
         std, (r_max, d_max) = torch.sqrt(self.running_var + self.eps), self.limits()
-        r = (torch.sqrt(var_b + self.eps) / std).clamp(1 / r_max, r_max).detach()
-        d = ((mean_b - self.running_mean) / std).clamp(-d_max, d_max).detach()
-        return r, d
+        # each limit is a number or a tensor (limits()), so both bounds of a clamp are the same kind
+        r = (torch.sqrt(var_b + self.eps) / std).clamp(1 / r_max, r_max)  # type: ignore[arg-type]
+        d = ((mean_b - self.running_mean) / std).clamp(-d_max, d_max)  # type: ignore[arg-type]
+        return r.detach(), d.detach()
 
     def takes_torch_kernel(self, x: Tensor) -> bool:
         """Eager inputs the fused operators do not take (small CPU batches, half precision), where
