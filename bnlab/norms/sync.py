@@ -133,14 +133,38 @@ def synced_moments(x: Tensor, group,
     return mean, m2 / total, total
 
 
+# Below this many entries along ``dim`` a stable sort is cheaper than topk_first's selection passes
+# ((3, 50): 0.03 against 0.15 ms); from it the selection wins ((64, 256): 0.59 against 0.83 ms;
+# (64, 10240): 22 against 70 ms; CPU, 1 thread, 2026-11-27).
+TOPK_SORT_BELOW = 256
+
+
 def topk_first(values: Tensor, k: int, dim: int = -1) -> tuple[Tensor, Tensor]:
     """The ``k`` largest entries along ``dim``, sorted descending, equal values taken lowest index
     first: ``(values, indices)``. ``torch.topk`` leaves the choice among equal values unspecified,
     so where the k-th value is tied (integer-valued inputs, ReLU zeros) two layouts of one batch —
-    2 ranks × 8 samples, 1 × 16 — could put the ℓ∞ scale's gradient on different entries. A stable
-    sort makes the choice a function of the values and their order in the batch alone."""
-    sorted_values, order = torch.sort(values, dim=dim, descending=True, stable=True)
-    return sorted_values.narrow(dim, 0, k), order.narrow(dim, 0, k)
+    2 ranks × 8 samples, 1 × 16 — could put the ℓ∞ scale's gradient on different entries. Here the
+    choice is a function of the values and their order in the batch alone: what a stable sort of
+    the whole row gives (which short rows use), found on long rows without sorting them — every
+    entry above the k-th largest value, then the first entries equal to it, then a stable sort of
+    the k picked. (NaN entries are not ordered as a sort orders them.)"""
+    dim = dim % values.dim()
+    n = values.size(dim)
+    if n < TOPK_SORT_BELOW or k == 0:
+        sorted_values, order = torch.sort(values, dim=dim, descending=True, stable=True)
+        return sorted_values.narrow(dim, 0, k), order.narrow(dim, 0, k)
+    kth = torch.topk(values.detach(), k, dim=dim).values.narrow(dim, k - 1, 1)
+    above, tied = values.detach() > kth, values.detach() == kth
+    chosen = above | (tied & (tied.cumsum(dim) <= k - above.sum(dim, keepdim=True)))
+    # exactly k chosen entries; the largest keys are the lowest positions
+    key_shape = [1] * values.dim()
+    key_shape[dim] = n
+    key = torch.arange(n, 0, -1, device=values.device).view(key_shape)
+    # in batch order (descending keys), as the stable sort below needs
+    index = torch.topk(torch.where(chosen, key, 0), k, dim=dim).indices
+    picked = values.gather(dim, index)
+    order = torch.sort(picked.detach(), dim=dim, descending=True, stable=True).indices
+    return picked.gather(dim, order), index.gather(dim, order)
 
 
 def global_topk(values: Tensor, k: int, group) -> Tensor:

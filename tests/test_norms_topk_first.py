@@ -1,0 +1,60 @@
+"""``topk_first`` (the ℓ∞ scale's top-k, ties to the lowest index) equals a stable sort of the row.
+
+Long rows take a selection (``torch.topk`` for the k-th value, the first tied entries, a stable sort
+of the k picked) instead of sorting the whole row (issue 18: ``lp_bn(p=inf)`` spent most of its step
+in that sort). The reference is the definition: ``torch.sort(..., descending=True, stable=True)``
+truncated to k — values, indices and the gradient through the values.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bnlab.norms import sync
+
+
+def _reference(values: torch.Tensor, k: int, dim: int):
+    ordered, order = torch.sort(values, dim=dim, descending=True, stable=True)
+    return ordered.narrow(dim, 0, k), order.narrow(dim, 0, k)
+
+
+def _rows(kind: str, shape, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    if kind == "ties":  # few distinct values: the k-th value is tied many times
+        return (x * 2).round().abs()
+    if kind == "relu":  # most entries 0, as after a ReLU
+        return x.clamp_min(1.5)
+    return x
+
+
+@pytest.mark.parametrize("kind", ["plain", "ties", "relu"])
+@pytest.mark.parametrize("shape, k, dim", [((6, 3000), 10, 1), ((3000, 5), 10, 0),
+                                           ((4, 700), 700, 1), ((3, 600), 1, -1),
+                                           ((3, 50), 10, 1)])
+def test_topk_first_equals_a_stable_sort(kind, shape, k, dim):
+    values = _rows(kind, shape, seed=len(kind) + k).requires_grad_()
+    got_v, got_i = sync.topk_first(values, k, dim)
+    want_v, want_i = _reference(values, k, dim)
+    assert torch.equal(got_i, want_i) and torch.equal(got_v, want_v)
+    weights = torch.randn(got_v.shape, generator=torch.Generator().manual_seed(1),
+                          dtype=torch.float64)
+    (got_g,) = torch.autograd.grad((got_v * weights).sum(), values)
+    (want_g,) = torch.autograd.grad((want_v * weights).sum(), values)
+    assert torch.equal(got_g, want_g)
+
+
+def test_long_rows_do_not_sort_the_whole_row(monkeypatch):
+    """The selection runs from ``TOPK_SORT_BELOW`` entries on: every sort it makes is k long."""
+    lengths = []
+    real_sort = torch.sort
+
+    def counting_sort(t, *args, **kwargs):
+        dim = kwargs.get("dim", args[0] if args else -1)
+        lengths.append(t.shape[dim])
+        return real_sort(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "sort", counting_sort)
+    sync.topk_first(torch.randn(4, sync.TOPK_SORT_BELOW * 4), 10, dim=1)
+    assert lengths and max(lengths) == 10
