@@ -96,3 +96,13 @@ def training_step(module: torch.nn.Module, shape: tuple[int, ...], seed: int = 0
         module(x.detach().requires_grad_()).backward(g)
 
     return step
+
+
+def count_training_step(module: torch.nn.Module, shape: tuple[int, ...],
+                        inside: bool = False) -> OpCount:
+    """The operations of one :func:`training_step` of ``module`` after a first, uncounted one
+    (which allocates the parameters' ``.grad``; the counted step accumulates into them, as training
+    does)."""
+    step = training_step(module, shape)
+    step()
+    return count_ops(step, inside)
