@@ -136,19 +136,20 @@ class BatchRenorm(ChannelNorm):
             return self.normalize_with_batch_stats(x, self.batch_norm_coefficients, gamma, beta)[0]
 
         def coefficients(mean_b, var_b, gamma, beta):
-            r, d = self.corrections(mean_b, var_b)
-            scale = gamma * r / torch.sqrt(var_b + self.eps)
+            std_b = torch.sqrt(var_b + self.eps)
+            r, d = self.corrections(mean_b, std_b)
+            scale = gamma * r / std_b
             return scale, beta + gamma * d - mean_b * scale
 
         update = self._update_running if self.training else None
         return self.normalize_with_batch_stats(x, coefficients, gamma, beta, update=update)[0]
 
-    def corrections(self, mean_b: Tensor, var_b: Tensor) -> tuple[Tensor, Tensor]:
+    def corrections(self, mean_b: Tensor, std_b: Tensor) -> tuple[Tensor, Tensor]:
         """Algorithm 1's ``r = clip(σ_B/σ, 1/r_max, r_max)`` and ``d = clip((μ_B − μ)/σ, −d_max,
-        d_max)`` against the running values, both stop-gradient."""
+        d_max)`` against the running values, both stop-gradient (``std_b``: σ_B = √(σ²_B + ε))."""
         std, (r_max, d_max) = torch.sqrt(self.running_var + self.eps), self.limits()
         # each limit is a number or a tensor (limits()), so both bounds of a clamp are the same kind
-        r = (torch.sqrt(var_b + self.eps) / std).clamp(1 / r_max, r_max)  # type: ignore[arg-type]
+        r = (std_b / std).clamp(1 / r_max, r_max)  # type: ignore[arg-type]
         d = ((mean_b - self.running_mean) / std).clamp(-d_max, d_max)  # type: ignore[arg-type]
         return r.detach(), d.detach()
 
@@ -172,7 +173,7 @@ class BatchRenorm(ChannelNorm):
             return F.batch_norm(x, None, None, gamma, beta, True, 0.0, self.eps)
         with torch.no_grad():
             mean_b, var_b, n = self.batch_moments(x)
-            r, d = self.corrections(mean_b, var_b)
+            r, d = self.corrections(mean_b, torch.sqrt(var_b + self.eps))
         y = F.batch_norm(x, None, None, gamma * r.to(gamma.dtype), beta + gamma * d.to(gamma.dtype),
                          True, 0.0, self.eps)
         self._update_running(mean_b, var_b, n)

@@ -153,8 +153,9 @@ def topk_first(values: Tensor, k: int, dim: int = -1) -> tuple[Tensor, Tensor]:
     if n < TOPK_SORT_BELOW or k == 0:
         sorted_values, order = torch.sort(values, dim=dim, descending=True, stable=True)
         return sorted_values.narrow(dim, 0, k), order.narrow(dim, 0, k)
-    kth = torch.topk(values.detach(), k, dim=dim).values.narrow(dim, k - 1, 1)
-    above, tied = values.detach() > kth, values.detach() == kth
+    plain = values.detach()  # the selection is not differentiated; the gather below is
+    kth = torch.topk(plain, k, dim=dim).values.narrow(dim, k - 1, 1)
+    above, tied = plain > kth, plain == kth
     chosen = above | (tied & (tied.cumsum(dim) <= k - above.sum(dim, keepdim=True)))
     # exactly k chosen entries; the largest keys are the lowest positions
     key_shape = [1] * values.dim()

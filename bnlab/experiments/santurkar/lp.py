@@ -15,8 +15,7 @@ from ..base import Experiment, Outcome, Plan, register
 from ..verdicts import checks, combine, ladder, tally
 from ..resolution import family_resolution
 from bnlab.formatting import fmt
-from ..common import CATALOGUE_PILOT as PILOT
-from ..common import RULE, DesignSD, compare_arms, safe_panels
+from ..common import CATALOGUE_PILOT as PILOT, RULE, DesignSD, compare_arms, safe_panels
 from .common import (
     BN, L1, L2, LINF, STANDARD, curve_panel, distribution_panel, dln_runs, hist_layers,
     hist_units, inconclusive_if_tiny, runs_by_label, vgg_runs, arm_runs, compare_text,

@@ -14,8 +14,7 @@ from ..base import Experiment, Outcome, Plan, register
 from ..verdicts import checks, combine, conjunction, ladder
 from ..resolution import family_resolution
 from bnlab.formatting import fmt
-from ..common import CATALOGUE_PILOT as PILOT
-from ..common import RULE, DesignSD, compare_arms, safe_panels
+from ..common import CATALOGUE_PILOT as PILOT, RULE, DesignSD, compare_arms, safe_panels
 from .common import (
     BN, COS_TOLERANCE, NOISY, SHIFT_FACTOR, STANDARD, curve_panel, distribution_panel, dln_runs,
     first_layer_zero, hist_layers, hist_units, inconclusive_if_tiny, layer_medians, finite_median,
