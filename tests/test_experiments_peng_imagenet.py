@@ -90,10 +90,21 @@ def test_table5_verdict_rule():
     assert verdict == "inconclusive" and "ResNet-18/Tanh (resolvable ≥" in text
     verdict, text = P.table5_verdict(_cells({("CBN", "relu"): [0.40, 0.41, 0.39]}))
     assert verdict == "not held" and "ResNet-18/ReLU" in text
-    # a precise null where the paper reports +5.64 (SELU): the paper's effect would have been seen
-    verdict, _ = P.table5_verdict(
-        _cells({("BN", "selu"): [0.60, 0.61, 0.59], ("CBN", "selu"): [0.61, 0.59, 0.60]}))
-    assert verdict == "not held"
+    # a "precise null" where the paper reports +5.64 (SELU): three seeds that agree to a point are
+    # no evidence against +5.64 once the SE is floored at the binomial SE on 300 validation images
+    # (2.3 points; 95 % CI [−6.4, +6.4]); the old rule (mde from the seeds' own scatter) said
+    # "not held"
+    null = {("BN", "selu"): [0.60, 0.61, 0.59], ("CBN", "selu"): [0.61, 0.59, 0.60]}
+    verdict, text = P.table5_verdict(_cells(null))
+    assert verdict == "inconclusive" and "ResNet-18/SELU (resolvable ≥" in text
+    assert "floored on 300 validation images" in text
+    # without the floor (no test-set size), the same seeds' CI [−2.3, +2.3] lies short of +5.64,
+    # also after Holm's correction over the five cells
+    verdict, text = P.table5_verdict(_cells(null), n_test=None)
+    assert verdict == "not held" and "ResNet-18/SELU (95 % CI short of +5.64)" in text
+    # many validation images (the paper preset's 50,000): the floor is 0.3 points, the null is
+    # precise enough to reject +5.64
+    assert P.table5_verdict(_cells(null), n_test=50_000)[0] == "not held"
     # ReLU below resolution (paper +0.41, spread of several points) does not block "held"
     verdict, text = P.table5_verdict(
         _cells({("BN", "relu"): [0.5, 0.6, 0.7], ("CBN", "relu"): [0.7, 0.5, 0.6]}))

@@ -185,3 +185,51 @@ def test_docs_print_the_simulated_rates(rates):
         assert line is not None, f"docs table row for the {name} design missing"
         printed = [float(x) for x in re.findall(r"(\d+(?:\.\d+)?) %", line)]
         assert printed == [round(100 * v, 1) for v in r.values()], (line, r)
+
+
+def _comparison(diff, se, df=4.0):
+    from bnlab.experiments.common import Comparison
+    return Comparison(diff, se, df, None, None, 3, 3, "no detectable difference")
+
+
+def test_short_of_effect_is_the_ci_rule_for_one_comparison():
+    """One comparison: short exactly when judge's two-sided 95 % CI lies below the paper's
+    effect."""
+    from bnlab.experiments.verdicts import short_of_effect
+    design = Design("b − a", 0.05, 0.01, 3, "test")
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        a = list(rng.normal(0.5, 0.02, 3))
+        b = list(rng.normal(0.5 + rng.uniform(-0.02, 0.08), 0.02, 3))
+        j = judge(a, b, design)
+        c = compare_arms(a, b)
+        assert short_of_effect({"k": c}, {"k": 0.05})["k"] == (j.ci[1] < 0.05)
+    # the claimed direction negative: short when the CI lies above the (negative) effect
+    assert short_of_effect({"k": _comparison(-0.01, 0.005)}, {"k": -0.1})["k"]
+    assert not short_of_effect({"k": _comparison(-0.09, 0.005)}, {"k": -0.1})["k"]
+    # too few seeds: never short; deterministic (SE 0): short when the difference falls short
+    assert not short_of_effect({"k": _comparison(0.0, None)}, {"k": 0.1})["k"]
+    assert short_of_effect({"k": _comparison(0.05, 0.0)}, {"k": 0.1})["k"]
+
+
+def test_short_of_effect_holm_controls_the_family_under_the_papers_effect():
+    """Simulation: five cells whose true difference IS the paper's effect, 3 seeds per arm. The
+    chance that some cell is called short of it stays ≤ α/2 with Holm's correction; without it
+    (each cell at its own 2·p₁ < α) it is about five times that."""
+    from bnlab.experiments.verdicts import short_of_effect
+    rng = np.random.default_rng(0)
+    effects = {k: 0.06 for k in range(5)}
+    trials, with_holm, without = 4000, 0, 0
+    for _ in range(trials):
+        comps = {k: compare_arms(list(rng.normal(0.6, 0.02, 3)),
+                                 list(rng.normal(0.66, 0.02, 3))) for k in effects}
+        with_holm += any(short_of_effect(comps, effects).values())
+        without += any(short_of_effect({k: c}, {k: 0.06})[k] for k, c in comps.items())
+    assert with_holm / trials <= 0.025 + 3 * math.sqrt(0.025 * 0.975 / trials)
+    assert without / trials > 2.5 * with_holm / trials
+    # and it has power where the truth is far below the paper's effect: no gain, SD 1 point
+    hits = sum(
+        short_of_effect({0: compare_arms(list(rng.normal(0.6, 0.01, 3)),
+                                         list(rng.normal(0.6, 0.01, 3)))}, {0: 0.06})[0]
+        for _ in range(500))
+    assert hits / 500 > 0.9

@@ -286,6 +286,35 @@ def family(comparisons: dict, wanted, alpha: float = ALPHA) -> dict:
     return {k: decide(c, want[k], adjusted[k], alpha) for k, c in comparisons.items()}
 
 
+def short_of_effect(comparisons: dict, effects: dict, alpha: float = ALPHA) -> dict:
+    """Rule 5's "the confidence interval lies entirely short of the paper's effect", for a family:
+    per key, whether the data reject a difference as large as ``effects[key]`` (the paper's, signed
+    in the claimed direction), Holm-corrected over the family (:func:`rule_stats.holm`).
+
+    Per comparison the test is one-sided, H0: the true difference reaches the effect, with p₁ =
+    P(T_df ≤ sign·(diff − effect)/SE) on the comparison's floored SE and Welch df (sign: the
+    effect's). 2·p₁ < α alone is exactly "the two-sided (1 − α) CI excludes the effect", as
+    :func:`judge` reads it for one primary comparison. Over m comparisons the 2·p₁ are
+    Holm-adjusted, so the chance of calling some comparison short of an effect it truly has stays
+    ≤ α/2 (without the correction it grows with m; measured in ``tests/test_verdict_rule.py``).
+    Comparisons without an SE (too few seeds) are never short."""
+    from scipy import stats
+
+    two_sided = {}
+    for key, c in comparisons.items():
+        if c.diff is None or c.se is None or c.df is None:
+            two_sided[key] = None
+            continue
+        sign = 1.0 if effects[key] > 0 else -1.0
+        if c.se == 0:  # deterministic: short exactly when the difference falls short
+            two_sided[key] = 0.0 if sign * (c.diff - effects[key]) < 0 else 1.0
+            continue
+        t = sign * (c.diff - effects[key]) / c.se
+        two_sided[key] = min(1.0, 2 * float(stats.t.cdf(t, c.df)))
+    adjusted = holm(two_sided)
+    return {k: adjusted[k] is not None and adjusted[k] < alpha for k in comparisons}
+
+
 def checks(comparisons: dict, wanted, alpha: float = ALPHA) -> dict:
     """Each comparison of a conjunctive claim (every one must go the paper's way): "held" when
     significant at ``alpha`` in the claimed direction (an intersection–union test is level α without

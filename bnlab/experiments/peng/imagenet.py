@@ -43,7 +43,9 @@ from ..common import (CATALOGUE_PILOT, RULE, DesignSD, compare_arms, grouped_fin
 from .common import ACT_TITLE, ACTIVATIONS, NON_RELU, status_note, row_spec
 from ..rule_stats import arm_values
 from ..resolution import family_resolution
-from ..verdicts import NOT_HELD, conjunction, explain, family, ladder
+from bnlab.data.image_writer import GENERATED
+from ..verdicts import RULE as JUDGED_RULE
+from ..verdicts import NOT_HELD, conjunction, explain, family, ladder, short_of_effect
 
 ARCHS = ("resnet18", "resnet50", "efficientnet_b0")
 ARCH_TITLE = {"resnet18": "ResNet-18", "resnet50": "ResNet-50",
@@ -134,12 +136,20 @@ def _cell_text(arch: str, act: str) -> str:
     return f"{ARCH_TITLE[arch]}/{ACT_TITLE[act]}"
 
 
-def _cell_comparisons(cells: dict, archs: list[str], design_sd: float | None = None) -> dict:
+def _cell_comparisons(cells: dict, archs: list[str], design_sd: float | None = None,
+                      n_test: int | None = None) -> dict:
     """CBN − BN per (network, activation) cell by ``compare_arms`` (Welch, α = 0.05, ≥ 3 seeds),
-    its resolvable effect from ``design_sd`` when given."""
+    its resolvable effect from ``design_sd`` when given, its SE floored at the binomial SE on
+    ``n_test`` validation images when given (accuracies)."""
     return {(arch, act): compare_arms(cells.get((arch, "BN", act), []),
-                                      cells.get((arch, "CBN", act), []), design_sd=design_sd)
+                                      cells.get((arch, "CBN", act), []), design_sd=design_sd,
+                                      n_test=n_test)
             for arch in archs for act in ACTIVATIONS}
+
+
+# Validation images a top-1 accuracy is counted on: the generated gratings folder's (10 classes ×
+# 30) in smoke, ILSVRC2012's 50,000 in paper. The binomial floor on the SE (rule 3).
+VAL_IMAGES = {"smoke": GENERATED["classes"] * GENERATED["val_per_class"], "paper": 50_000}
 
 
 # Design SD of one seed's top-1 (fraction): the root-mean-square over the five activations of the
@@ -149,53 +159,56 @@ TABLE5_DESIGN_SD = DesignSD(0.26, CATALOGUE_PILOT + ", RMS over the 5 activation
 
 
 def table5_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = False,
-                   design_sd: DesignSD = TABLE5_DESIGN_SD) -> tuple[str, str]:
+                   design_sd: DesignSD = TABLE5_DESIGN_SD,
+                   n_test: int | None = VAL_IMAGES["smoke"]) -> tuple[str, str]:
     """Verdict on Table 5 from final top-1 accuracies (fractions) per (arch, arm, activation), one
     per seed.
 
     Claim: CBN's top-1 accuracy is higher than BN's with every activation in every network, by
     several points with Sigmoid, Tanh and SELU (paper: +3.1 to +28.4) and by less than a point with
-    ReLU and Swish. Rule per (network, activation) cell: `compare_arms` (CBN − BN; Welch, α = 0.05,
-    ≥ 3 seeds per arm, minimum detectable effect ``mde`` at power 0.8). "not held": CBN
-    significantly lower in some cell, or a cell with no significant difference although the paper's
-    gain exceeds the mde (an effect of the paper's size would have been seen). "held": every
-    Sigmoid/Tanh/SELU cell significantly higher and no cell against the claim (a ReLU/Swish cell may
-    be below resolution: paper gain < mde, stated). Otherwise — a Sigmoid/Tanh/SELU cell whose paper
-    gain is below the mde, too few seeds, or tiny runs — "inconclusive", naming the effect size the
-    runs could resolve. Primary, pre-declared: CBN − BN top-1 in every Sigmoid/Tanh/SELU cell,
-    higher (a conjunction); "significantly lower" is judged with Holm's correction over all cells.
-    The stated resolvable effect is the design's (``design_sd``, :data:`TABLE5_DESIGN_SD`); whether
-    a null cell "would have seen" the paper's gain is judged, as before, from these seeds' own SE.
+    ReLU and Swish. Rule (:data:`RULE`) per (network, activation) cell: `compare_arms` (CBN − BN;
+    Welch, α = 0.05, ≥ 3 seeds per arm, the SE floored at the binomial SE on ``n_test`` validation
+    images, the resolvable effect from ``design_sd``, :data:`TABLE5_DESIGN_SD`, stated in advance).
+    "not held": some cell against the claim after Holm's correction over the cells — CBN
+    significantly lower (:func:`verdicts.family`), or the 95 % CI short of the paper's gain
+    (:func:`verdicts.short_of_effect`: the data reject a gain of the paper's size). "held": every
+    Sigmoid/Tanh/SELU cell significantly higher and no cell against the claim (a ReLU/Swish cell
+    may be below resolution). Otherwise — a Sigmoid/Tanh/SELU cell not significantly higher, too
+    few seeds, or tiny runs — "inconclusive", naming the effect the design could resolve. Primary,
+    pre-declared: CBN − BN top-1 in every Sigmoid/Tanh/SELU cell, higher (a conjunction).
+
+    Before issue 19's rule, a cell with no detectable difference counted against the claim when
+    the minimum detectable effect computed from *these seeds' own scatter* was below the paper's
+    gain (a "precise null"): three seeds that happened to agree, with no floor on the SE, were
+    enough.
     """
     archs = sorted({a for a, _, _ in cells}, key=ARCHS.index)
     if not archs:
         return ladder(unusable=True), "no finished runs" + (" (tiny runs)" if tiny else "")
     lines, against, unresolved = [], [], []
-    comps = _cell_comparisons(cells, archs, design_sd.of())
-    # the seeds' own resolution: the "precise null" test below (a decision, kept as it was)
-    observed = _cell_comparisons(cells, archs)
-    holm_outcome = family(comps, "higher")
+    comps = _cell_comparisons(cells, archs, design_sd.of(), n_test)
+    lower = family(comps, "higher")
+    short = short_of_effect(comps, {key: paper_gain(*key) / 100 for key in comps})
     for arch in archs:
         for act in ACTIVATIONS:
             comp = comps[(arch, act)]
             gain = paper_gain(arch, act)
             lines.append(f"{_cell_text(arch, act)} {comp.text(100)} [paper {gain:+.2f}]")
-            # no detectable difference where an effect of the paper's size would have been seen
-            seen = observed[(arch, act)].mde
-            missed = (comp.decision == "no detectable difference" and seen is not None
-                      and 100 * seen < gain)
-            if holm_outcome[(arch, act)] == NOT_HELD or missed:
-                against.append(_cell_text(arch, act))
+            if lower[(arch, act)] == NOT_HELD or short[(arch, act)]:
+                against.append(_cell_text(arch, act)
+                               + (" (lower)" if lower[(arch, act)] == NOT_HELD
+                                  else f" (95 % CI short of {gain:+.2f})"))
             elif comp.decision != "higher" and (act in NON_RELU
                                                 or comp.decision == "too few seeds"):
                 unresolved.append(f"{_cell_text(arch, act)} (resolvable ≥ "
                                   + (f"{100 * comp.mde:.2g}" if comp.mde is not None else "—")
                                   + f" vs paper {gain:+.2f} points)")
-    summary = ("top-1 gain of CBN over BN, points: " + "; ".join(lines) + f". Rule: {RULE}; "
-               f"resolvable effects at the {design_sd.text(100, ' points')}.")
+    floor = f", SE floored on {n_test} validation images" if n_test else ""
+    summary = ("top-1 gain of CBN over BN, points: " + "; ".join(lines) + f". Rule: {JUDGED_RULE}; "
+               f"resolvable effects at the {design_sd.text(100, ' points')}{floor}.")
     verdict = ladder(True if not unresolved else None, unusable=tiny, against=bool(against))
     return verdict, summary + explain(
-        verdict, not_held=" Against the claim: " + ", ".join(against) + ".",
+        verdict, not_held=" Against the claim (Holm over the cells): " + ", ".join(against) + ".",
         inconclusive=" (tiny runs: a few steps each)" if tiny
         else " Not resolved: " + ", ".join(unresolved) + ".",
         held=" CBN is significantly better with Sigmoid, Tanh and SELU and nowhere worse.")
@@ -270,6 +283,10 @@ def _loss_cells(ctx) -> dict[tuple[str, str, str], list[float]]:
     return cells
 
 
+def _val_images(ctx) -> int:
+    return VAL_IMAGES.get(ctx.preset, VAL_IMAGES["smoke"])
+
+
 def _pct_text(values: list[float]) -> str:
     """Per-seed accuracies as points: mean ± std (n=…), by the entries' one formatter."""
     mean, std = mean_std(values)
@@ -296,14 +313,14 @@ def _table5_analyze(ctx) -> Outcome:
                 errs[group][arm] = 0.0 if std is None else 100 * std
                 paper[group][arm] = PAPER_TABLE5[arch][arm][i]
             comp = compare_arms(cells.get((arch, "BN", act), []), cells.get((arch, "CBN", act), []),
-                                design_sd=TABLE5_DESIGN_SD.of())
+                                design_sd=TABLE5_DESIGN_SD.of(), n_test=_val_images(ctx))
             rows.append({"quantity": f"{ARCH_TITLE[arch]} · {ACT_TITLE[act]} · CBN − BN (points)",
                          "ours": comp.text(100), "paper": f"{paper_gain(arch, act):+.2f}"})
     figures = [bars(ctx.figure_path("top1_ours"), ours, errors=errs, ylabel="top-1 accuracy (%)",
                     title=f"Peng Table 5 (ours, {ctx.preset}): BN vs CBN"),
                bars(ctx.figure_path("top1_paper"), paper, ylabel="top-1 accuracy (%)",
                     title="Peng Table 5 as printed (ILSVRC2012)")]
-    verdict, summary = table5_verdict(cells, ctx.tiny)
+    verdict, summary = table5_verdict(cells, ctx.tiny, n_test=_val_images(ctx))
     return Outcome(figures, rows, verdict, summary + status_note(ctx))
 
 
