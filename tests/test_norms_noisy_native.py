@@ -84,3 +84,28 @@ def test_which_layers_train_as_torch_bn():
     torch.testing.assert_close(Scaled(3)(x), 2 * plain(x), rtol=1e-5, atol=1e-5)
     names = count_ops(lambda: Scaled(3)(x.requires_grad_()).sum().backward()).by_name()
     assert "native_batch_norm" not in names, names
+
+
+def test_a_coefficients_override_on_one_layer_or_patched_on_the_class_is_not_skipped(monkeypatch):
+    """Setting ``layer.coefficients`` on one layer, or patching ``BatchNorm.coefficients`` after
+    import, changes what the layer computes: torch's kernel (which knows nothing of it) must not
+    run. Before, only the class's attributes were compared with BatchNorm's own, so both were
+    silently ignored."""
+    x = torch.randn(16, 3, generator=torch.Generator().manual_seed(2))
+    expected = 2 * N.BatchNorm(3)(x)
+
+    def doubled(mean, var, gamma, beta):
+        scale = gamma * torch.rsqrt(var + 1e-5)
+        return 2 * scale, 2 * (beta - mean * scale)
+
+    layer = N.BatchNorm(3)
+    layer.coefficients = doubled
+    assert not trains_as_torch_bn(layer) and trains_as_torch_bn(N.BatchNorm(3))
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+
+    def doubled_method(self, mean, var, gamma, beta):
+        return doubled(mean, var, gamma, beta)
+
+    monkeypatch.setattr(N.BatchNorm, "coefficients", doubled_method)
+    assert not trains_as_torch_bn(N.BatchNorm)
+    torch.testing.assert_close(N.BatchNorm(3)(x), expected, rtol=1e-5, atol=1e-5)

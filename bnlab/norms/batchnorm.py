@@ -31,7 +31,7 @@ class BatchNorm(ChannelNorm):
         if not self.use_batch_stats():
             return self.running_normalize(x)
         if (module_group(self) is None and not self.compiled_cumulative()
-                and trains_as_torch_bn(type(self))):
+                and trains_as_torch_bn(self)):
             return self.native_batch_norm(x)
         gamma, beta = self.gamma_beta(x)
         return self.normalize_with_batch_stats(x, self.coefficients, gamma, beta,
@@ -78,11 +78,21 @@ BN_TRAINING_STEP = ("coefficients", "batch_moments", "update_running_stats",
                     "normalize_with_batch_stats", "gamma_beta")
 
 
-def trains_as_torch_bn(cls: type) -> bool:
-    """Whether a :class:`BatchNorm` subclass keeps BN's training step (none of
+def trains_as_torch_bn(layer: type | nn.Module) -> bool:
+    """Whether a :class:`BatchNorm` subclass (or one layer) keeps BN's training step (none of
     :data:`BN_TRAINING_STEP` overridden), so torch's kernel can run it. A variant that overrides its
-    ``coefficients`` (or the statistics, or the buffer update) takes the shared path."""
-    return all(getattr(cls, name) is getattr(BatchNorm, name) for name in BN_TRAINING_STEP)
+    ``coefficients`` (or the statistics, or the buffer update) takes the shared path — also when
+    the override is an attribute set on one layer, or a method patched on the class after import:
+    both are compared with BN's methods as defined here, so no user's function is silently
+    skipped."""
+    if isinstance(layer, nn.Module) and any(name in vars(layer) for name in BN_TRAINING_STEP):
+        return False
+    cls = layer if isinstance(layer, type) else type(layer)
+    return all(getattr(cls, name) is _BN_METHODS[name] for name in BN_TRAINING_STEP)
+
+
+# BN's own training-step methods, as this module defines them (see trains_as_torch_bn)
+_BN_METHODS = {name: getattr(BatchNorm, name) for name in BN_TRAINING_STEP}
 
 
 @norm("mean_only_bn", "subtract the batch mean only", "Luo et al. 2019", "§5 (with WN)", BN_OPTIONS)
