@@ -71,8 +71,9 @@ def panels(
     """Draw several line panels side by side.
 
     Each panel: ``{"series": {label: (x, y)}, "xlabel", "ylabel", "title", "logy": bool, "logx":
-    bool, "band": {label: (x, lo, hi)}, "hline": value}``. Axis names go through :func:`readable`;
-    each legend sits beside its panel.
+    bool, "band": {label: (x, lo, hi)}, "hline": value, "ylim": (lo, hi)}`` (``ylim`` clips the
+    y-axis: say so in the title). Axis names go through :func:`readable`; each legend sits beside
+    its panel.
     """
     return _save(panel_figure(panels, ncols=ncols), path, title)
 
@@ -101,6 +102,8 @@ def panel_figure(panels: Sequence[Mapping], *, ncols: int | None = None):
             ax.set_yscale("log")
         if spec.get("logx"):
             ax.set_xscale("log")
+        if spec.get("ylim") is not None:
+            ax.set_ylim(*spec["ylim"])
         ax.set_xlabel(readable(spec.get("xlabel", "")))
         ax.set_ylabel(readable(spec.get("ylabel", "")))
         ax.set_title(spec.get("title", ""), fontsize=10)

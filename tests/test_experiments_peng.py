@@ -631,3 +631,25 @@ def test_tables_flag_an_arm_that_fits_but_scores_chance():
     assert "inference-statistics failure" in text and "① Sigmoid" in text
     assert "② Sigmoid" not in text
     assert PT.inference_flags({k: v for k, v in arms.items() if k[1] == "②"}) == ""
+
+
+def test_fig2_eta_panels_clip_the_axis_around_the_bounds():
+    """η = (μ_B − β)/μ_A reaches 10⁴–10⁵ in channels whose moving mean is near 0: the η panels show
+    [−1, 4] (and say so), the τ panels scale to their data."""
+    import matplotlib.pyplot as plt
+
+    from bnlab.plots import panel_figure
+
+    series = {}
+    for layer in PF.FIG2_LAYERS.values():
+        for ratio in ("eta", "tau"):
+            for q, v in (("q05", 0.5), ("q50", 1.0), ("q95", 8e4)):
+                series[f"probe/cbn_ratios/{ratio}_{q}/{layer}.0"] = [v, v]
+    specs = PF._band_specs([_FakeProbedRun(series), _FakeProbedRun(series)])
+    fig = panel_figure(specs, ncols=3)
+    try:
+        etas, taus = fig.axes[:3], fig.axes[3:6]
+        assert all(ax.get_ylim() == (-1.0, 4.0) and "clipped" in ax.get_title() for ax in etas)
+        assert all(ax.get_ylim()[1] > 1e4 and "clipped" not in ax.get_title() for ax in taus)
+    finally:
+        plt.close(fig)

@@ -147,8 +147,12 @@ def _band_specs(runs) -> list[dict]:
                 series[f"median over channels (mean of {len(runs)} seeds)"] = curves["q50"]
                 band["5–95 % of channels"] = (curves["q05"][0], curves["q05"][1],
                                               curves["q95"][1])
+            # η = (μ_B − β)/μ_A explodes where the moving mean μ_A is near 0: the axis shows the
+            # bounds' neighbourhood, where the median and the bulk of the channels are
+            clip = ratio == "eta"
             specs.append({"series": series, "band": band, "xlabel": "step", "ylabel": symbol,
-                          "title": f"{symbol}, {title}", "hline": bounds[1]})
+                          "title": f"{symbol}, {title}" + (" (axis clipped)" if clip else ""),
+                          "hline": bounds[1], "ylim": (-1.0, 4.0) if clip else None})
     return specs
 
 
