@@ -272,11 +272,16 @@ def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds:
 
 
 def mean_curve(runs, metric: str) -> tuple[list, list]:
-    """(steps, mean over ``runs`` of ``metric`` at each step), over the steps every run recorded
-    (seeds of one arm share their logging steps; a run that stopped early shortens the curve).
-    Non-finite values are skipped in the mean; a step where every value is non-finite is left
-    out."""
-    series = [r.series(metric) for r in runs]
+    """(steps, mean over ``runs`` of ``metric`` at each step): :func:`mean_series` of the runs'
+    series."""
+    return mean_series([r.series(metric) for r in runs])
+
+
+def mean_series(series) -> tuple[list, list]:
+    """(steps, mean of the (steps, values) ``series`` at each step), over the steps every series
+    recorded (seeds of one arm share their logging steps; a run that stopped early shortens the
+    curve). Non-finite values are skipped in the mean; a step where every value is non-finite is
+    left out."""
     series = [(list(s), list(v)) for s, v in series if s]
     if not series:
         return [], []

@@ -11,7 +11,8 @@ from bnlab.plots import panels
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..resolution import Resolution, family_resolution
-from ..common import RULE, DesignSD, compare_arms, mean_curve, safe_panels, smooth
+from ..common import (RULE, DesignSD, compare_arms, mean_curve, mean_series, safe_panels,
+                      smooth)
 from ..rule_stats import holm
 from ..verdicts import ALPHA, HELD, MIN_SEEDS, against_bound, conjunction, explain, ladder
 from .common import ACT_TITLE, ACTIVATIONS, RHO_GRID, recipe_base, run_config, status_note, cbn_spec
@@ -138,11 +139,12 @@ def _band_specs(runs) -> list[dict]:
     for ratio, symbol, bounds in (("eta", "η_k", (0.0, 2.0)), ("tau", "τ_k", (0.0, 1.0))):
         for title, layer in FIG2_LAYERS.items():
             series, band = {}, {}
+            # the layer's metric names per run (the norm's index inside the block varies)
             names = [{q: _find_layer_metric(r, f"{ratio}_{q}", layer) for q in ("q05", "q50",
                                                                                 "q95")}
                      for r in runs]
             if runs and all(all(n.values()) for n in names):
-                curves = {q: mean_curve([_Renamed(r, n[q]) for r, n in zip(runs, names)], "")
+                curves = {q: mean_series([r.series(n[q]) for r, n in zip(runs, names)])
                           for q in ("q05", "q50", "q95")}
                 series[f"median over channels (mean of {len(runs)} seeds)"] = curves["q50"]
                 band["5–95 % of channels"] = (curves["q05"][0], curves["q05"][1],
@@ -154,16 +156,6 @@ def _band_specs(runs) -> list[dict]:
                           "title": f"{symbol}, {title}" + (" (axis clipped)" if clip else ""),
                           "hline": bounds[1], "ylim": (-1.0, 4.0) if clip else None})
     return specs
-
-
-class _Renamed:
-    """A run whose metric ``""`` is its stored metric ``name`` (the layer's index varies by run)."""
-
-    def __init__(self, run, name: str) -> None:
-        self.run, self.name = run, name
-
-    def series(self, _metric: str):
-        return self.run.series(self.name)
 
 
 def _fig2_analyze(ctx) -> Outcome:

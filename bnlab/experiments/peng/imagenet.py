@@ -298,6 +298,8 @@ def _table5_analyze(ctx) -> Outcome:
     cells = grouped_finals(ctx, ("arch", "arm", "activation"), "test_accuracy",
                            failure_value=1 / _classes(ctx))
     archs = sorted({a for a, _, _ in cells}, key=ARCHS.index)
+    # the cells' comparisons exactly as table5_verdict makes them
+    comps = _cell_comparisons(cells, archs, TABLE5_DESIGN_SD.of(), _val_images(ctx))
     rows, ours, errs, paper = [], {}, {}, {}
     for arch in archs:
         for i, act in enumerate(ACTIVATIONS):
@@ -312,10 +314,9 @@ def _table5_analyze(ctx) -> Outcome:
                 ours[group][arm] = float("nan") if mean is None else 100 * mean
                 errs[group][arm] = 0.0 if std is None else 100 * std
                 paper[group][arm] = PAPER_TABLE5[arch][arm][i]
-            comp = compare_arms(cells.get((arch, "BN", act), []), cells.get((arch, "CBN", act), []),
-                                design_sd=TABLE5_DESIGN_SD.of(), n_test=_val_images(ctx))
             rows.append({"quantity": f"{ARCH_TITLE[arch]} · {ACT_TITLE[act]} · CBN − BN (points)",
-                         "ours": comp.text(100), "paper": f"{paper_gain(arch, act):+.2f}"})
+                         "ours": comps[(arch, act)].text(100),
+                         "paper": f"{paper_gain(arch, act):+.2f}"})
     figures = [bars(ctx.figure_path("top1_ours"), ours, errors=errs, ylabel="top-1 accuracy (%)",
                     title=f"Peng Table 5 (ours, {ctx.preset}): BN vs CBN"),
                bars(ctx.figure_path("top1_paper"), paper, ylabel="top-1 accuracy (%)",
