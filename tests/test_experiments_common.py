@@ -48,3 +48,16 @@ def test_no_detectable_difference_reports_a_minimum_detectable_effect_with_the_s
 def test_identical_values_count_any_difference_as_detected():
     assert compare_arms([1.0] * 3, [1.0] * 3).decision == "no detectable difference"
     assert compare_arms([1.0] * 3, [2.0] * 3).decision == "higher"
+
+
+def test_the_quoted_rule_describes_what_compare_arms_does_with_a_design_sd_and_a_floor():
+    """Entries quote ``RULE`` beside comparisons made with a design SD and an SE floor; the text
+    once described only the observed-SD resolution (issue 19)."""
+    a, b = [0.50, 0.52, 0.51], [0.53, 0.50, 0.52]
+    planned = compare_arms(a, b, design_sd=0.1, se_floor=0.05)
+    observed = compare_arms(a, b)
+    # the resolution is the design's, not these seeds' scatter; the floor bounds the test's SE
+    assert planned.mde_basis == "design SD" and planned.mde > 5 * observed.mde
+    assert planned.se == pytest.approx(0.05)
+    assert "design SD" in RULE and "floored" in RULE and "observed" in RULE
+    assert "at the design SD" in planned.text() and "at the design SD" not in observed.text()

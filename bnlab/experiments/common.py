@@ -206,9 +206,16 @@ def fewest_seeds(mde_at, effect: float, limit: int = 1000) -> int | None:
     |``effect``|; None when none is (a floor on the SE above the effect)."""
     return next((n for n in range(2, limit + 1) if mde_at(n) <= abs(effect)), None)
 
+
+# What :func:`compare_arms` does, quoted by the entries that report its comparisons: the resolvable
+# effect comes from the design SD where the entry states one (its text then says "at the design
+# SD"), from these seeds' observed SDs otherwise; the SE floor applies to both.
 RULE = (f"Welch's two-sided t-test on the per-seed values, α = {ALPHA:g}, at least {MIN_SEEDS} "
-        "seeds per arm; a non-significant difference is reported with its minimum detectable "
-        f"effect (t_(1−α/2) + t_({POWER:g}))·SE at power {POWER:g}")
+        "seeds per arm, the standard error floored at the measurement's resolution (binomial on "
+        "the test-set size for accuracies); a non-significant difference is reported with the "
+        f"effect it resolves at power {POWER:g}, (t_(1−α/2) + t_({POWER:g}))·SE, the SE from the "
+        "design SD stated in advance where the entry gives one (\"at the design SD\"), else from "
+        "the observed SDs")
 
 
 def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds: int = MIN_SEEDS,
