@@ -3,6 +3,8 @@ logic, tiny runs."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from bnlab.experiments import get, reproduce
@@ -612,25 +614,67 @@ def test_tiny_reproduce(experiment_id, runs_dir, two_steps):
 class _FinalRun:
     status = "finished"
 
-    def __init__(self, accuracy, train_loss):
-        self._final = {"test_accuracy": accuracy, "train_loss": train_loss}
+    def __init__(self, accuracy, train_loss, train_accuracy=None):
+        self._final = {"test_accuracy": accuracy, "train_loss": train_loss,
+                       "train_accuracy": train_accuracy}
 
     def final(self, name):
         return self._final.get(name)
 
 
-def test_tables_flag_an_arm_that_fits_but_scores_chance():
-    """Table 2's BN + Sigmoid on the proxy: training loss 0.009–0.029, test accuracy 10–18 % (its
-    1×1-map BN layers fail in eval mode). The summary names such a cell; a cell that fails to train
-    (loss at chance) or that generalizes is not named."""
+def test_tables_find_the_cells_whose_arm_fits_but_scores_chance():
+    """Table 2's BN + Sigmoid on the proxy: training accuracy 100 % in train mode, test accuracy
+    10–18 % in eval mode (its 1×1-map BN layers); Table 4's: 57–79 % against 10 %, with a training
+    loss (0.74–1.84) that the old loss-only test missed. Such a cell is named with its numbers; a
+    cell that fails to train (accuracy at chance in both modes) or that generalizes is not."""
     from bnlab.experiments.peng import tables as PT
-    arms = {(2, "①", "sigmoid"): [_FinalRun(0.103, 0.029), _FinalRun(0.10, 0.009)],
-            (2, "②", "sigmoid"): [_FinalRun(0.855, 0.011), _FinalRun(0.87, 0.013)],
-            (1, "②", "sigmoid"): [_FinalRun(0.11, 2.30), _FinalRun(0.12, 2.29)]}
-    text = PT.inference_flags(arms)
-    assert "inference-statistics failure" in text and "① Sigmoid" in text
-    assert "② Sigmoid" not in text
-    assert PT.inference_flags({k: v for k, v in arms.items() if k[1] == "②"}) == ""
+    arms = {(2, "①", "sigmoid"): [_FinalRun(0.103, 0.029, 1.0), _FinalRun(0.10, 0.009, 1.0)],
+            (2, "②", "sigmoid"): [_FinalRun(0.855, 0.011, 0.999), _FinalRun(0.87, 0.013, 0.998)],
+            (4, "①", "tanh"): [_FinalRun(0.10, 1.07, 0.735), _FinalRun(0.101, 1.84, 0.566)],
+            (1, "②", "sigmoid"): [_FinalRun(0.11, 2.30, 0.113), _FinalRun(0.12, 2.29, 0.109)]}
+    flagged = PT.proxy_cells(arms)
+    assert set(flagged) == {("①", "sigmoid"), ("①", "tanh")}
+    assert "training accuracy 100.0 %" in flagged[("①", "sigmoid")]
+    assert "inference-statistics failure" in flagged[("①", "tanh")]
+    # runs that log no training accuracy are read by their training loss
+    no_acc = {(2, "①", "sigmoid"): [_FinalRun(0.103, 0.029), _FinalRun(0.10, 0.009)],
+              (4, "①", "tanh"): [_FinalRun(0.10, 1.07), _FinalRun(0.101, 1.84)]}
+    assert set(PT.proxy_cells(no_acc)) == {("①", "sigmoid")}
+    # CIFAR-100's chance is 1 %: 10 % test accuracy there is not chance
+    assert PT.proxy_cells({(3, "①", "tanh"): [_FinalRun(0.10, 1.0, 0.7)]}, 0.01) == {}
+
+
+def test_table_verdict_leaves_out_a_cell_the_proxy_decides_and_reports_the_verdict_with_it():
+    """Table 2 on the proxy said "held" by +26 points, 74 of them from BN + Sigmoid's eval-mode
+    collapse; with that cell left out the primary is the mean over Tanh/SELU against the paper's
+    mean gain over the same two, and the verdict with the cell is reported beside it."""
+    gains = {"sigmoid": 0.74, "tanh": 0.0, "relu": 0.0, "selu": 0.0, "swish": 0.0}
+    cells = _noisy_cells(gains, n=5, sd=0.002)
+    sharp = V.Design("primary", PV.table_design(2).paper_effect, 0.005, 5, "test", n_test=10_000)
+    assert PV.table_verdict(cells, design=sharp, table=2)[0] == "held"
+    proxy = {("①", "sigmoid"): "test accuracy 10 % in eval mode, 100 % in train mode"}
+    verdict, summary = PV.table_verdict(cells, design=sharp, table=2, proxy=proxy)
+    assert verdict == "not held"  # no gain where both arms work, the design resolves the paper's
+    assert "mean over Tanh/SELU" in summary
+    assert "with Sigmoid the verdict would be 'held'" in summary
+    narrowed = PV.restrict_design(sharp, 2, ("tanh", "selu"))
+    assert narrowed.paper_effect == pytest.approx(
+        (PV.paper_gain(2, "tanh") + PV.paper_gain(2, "selu")) / 200)
+    assert narrowed.design_sd == pytest.approx(0.005 * math.sqrt(3 / 2))
+    # every primary cell decided by the proxy: nothing left to judge
+    everywhere = {("①", a): "proxy" for a in PC.NON_RELU}
+    verdict, summary = PV.table_verdict(cells, design=sharp, table=2, proxy=everywhere)
+    assert verdict == "inconclusive" and "every primary cell is decided by the proxy" in summary
+    # the settling reading uses the same cells
+    settled = PV.settled_table_verdict(cells, cells, design=sharp, table=2, proxy=proxy)
+    assert settled[0] == "not held"
+
+
+def test_a_diverged_run_scores_the_chance_of_its_task():
+    """CIFAR-100 (the paper preset of Tables 3–4) has 100 classes: a diverged run scores 1 %,
+    not the 10 % of ten classes (which would have credited a diverged arm with 9 points)."""
+    assert PV.chance(3, "paper") == PV.chance(4, "paper") == pytest.approx(0.01)
+    assert PV.chance(1, "paper") == PV.chance(3, "smoke") == pytest.approx(0.1)
 
 
 def test_fig2_eta_panels_clip_the_axis_around_the_bounds():
@@ -653,3 +697,20 @@ def test_fig2_eta_panels_clip_the_axis_around_the_bounds():
         assert all(ax.get_ylim()[1] > 1e4 and "clipped" not in ax.get_title() for ax in taus)
     finally:
         plt.close(fig)
+
+
+def test_fig5_counts_a_diverged_cifar100_run_at_the_loss_of_chance_on_100_classes():
+    """Fig. 5 reads Tables 3–4, CIFAR-100 in the paper preset: a diverged run's training loss is
+    ln 100 there (ln 10 credited it with a loss below chance); the smoke's digits keep ln 10."""
+
+    class Diverged:
+        status, label = "diverged", "diverged run"
+
+        def __init__(self, table):
+            self.factors = {"table": table, "activation": "tanh", "row": "②"}
+
+    runs = [Diverged(3), Diverged(1)]
+    paper = P._mean_losses(runs, 1.0, "paper")
+    assert paper[(3, "tanh")]["②"] == [pytest.approx(math.log(100))]
+    assert paper[(1, "tanh")]["②"] == [pytest.approx(math.log(10))]
+    assert P._mean_losses(runs, 1.0, "smoke")[(3, "tanh")]["②"] == [pytest.approx(math.log(10))]

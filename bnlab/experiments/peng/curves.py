@@ -20,6 +20,7 @@ from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
 from ..resolution import design_resolution
 from .common import ACT_TITLE, NON_RELU, ROW_NAMES, TABLE_SMOKE_SEEDS, TABLES, status_note
 from .tables import COMPARED, main_arm_runs, compared_runs, curve_panels, phase_reading, settling
+from .verdict import chance
 
 FIGURES = {4: (1, 2), 5: (3, 4)}  # Fig. 4: CIFAR-10 (Tables 1, 2); Fig. 5: CIFAR-100 (Tables 3, 4)
 
@@ -84,23 +85,26 @@ def loss_curve_verdict(losses: dict[tuple[int, str], dict[str, list[float]]], ti
         if higher else "")
 
 
-def _mean_losses(runs, fraction: float) -> dict[tuple[int, str], dict[str, list[float]]]:
+def _mean_losses(runs, fraction: float,
+                 preset: str = "smoke") -> dict[tuple[int, str], dict[str, list[float]]]:
     """``[(table, activation)][row]`` = per-seed mean training loss over the first ``fraction`` of
-    each run; a diverged run counts as ln 10 (the loss of a chance-level ten-class classifier:
-    failure, not missing data)."""
+    each run; a diverged run counts as ln(classes), the loss of a chance-level classifier of its
+    task (ln 10; ln 100 for the paper preset's CIFAR-100): failure, not missing data."""
     losses: dict[tuple[int, str], dict[str, list[float]]] = {}
     for r in runs:
-        entry = losses.setdefault((r.factors["table"], r.factors["activation"]),
+        table = r.factors["table"]
+        entry = losses.setdefault((table, r.factors["activation"]),
                                   {}).setdefault(r.factors["row"], [])
         entry.extend(arm_values([r], lambda run: mean_over_run(run, "train_loss", fraction),
-                                math.log(10))[0])
+                                -math.log(chance(table, preset)))[0])
     return losses
 
 
 def _fig_analyze(fig: int):
     def analyze(ctx) -> Outcome:
         reading = phase_reading(ctx)
-        losses, early = _mean_losses(ctx.runs, 1.0), _mean_losses(ctx.runs, reading)
+        losses = _mean_losses(ctx.runs, 1.0, ctx.preset)
+        early = _mean_losses(ctx.runs, reading, ctx.preset)
         fig_loss = curve_panels(ctx, ctx.figure_path("training_loss"), "train_loss",
                                 f"Peng Fig. {fig}: training loss, BN (①) vs CBN (②), mean over "
                                 f"seeds ({ctx.preset})")

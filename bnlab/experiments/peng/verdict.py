@@ -9,13 +9,21 @@ the five activations: CBN is not significantly worse with any activation (the cl
 activation"). Reported only: whether the mean gain over Sigmoid/Tanh/SELU exceeds that over
 ReLU/Swish.
 
-A diverged run counts as chance accuracy (0.1, ten classes) for its arm — a CBN that does not train
+A diverged run counts as chance accuracy (:func:`chance`) for its arm — a CBN that does not train
 is a failure of CBN, not a missing value.
+
+A cell decided by the proxy is left out of both judgements: an arm that fits its training set in
+train mode but scores chance in eval mode (``tables.proxy_cells``) fails in its inference
+statistics, which the proxy causes (VGG-16 at a 16×16 input normalizes 1×1 maps in its fifth stage,
+over the batch alone), not the claim. The primary is then the mean over the remaining activations of
+Sigmoid/Tanh/SELU, with the paper's effect over the same ones, and the verdict with the cell is
+reported beside it.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..common import compare_arms
 from .common import (
@@ -26,13 +34,12 @@ from .common import (
     PAPER_TRIALS,
     RELU_LIKE,
     TABLE_SMOKE_SEEDS,
+    TABLES,
 )
 from ..rule_stats import holm
 from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
 
-CHANCE = (
-    0.1  # ten classes (digits; CIFAR-10). CIFAR-100's paper preset uses 0.01 (see failure_value)
-)
+CHANCE = 0.1  # ten classes: digits (every smoke preset) and CIFAR-10
 DIGITS = 1797
 # Design SD of one seed's test accuracy for one activation in the smoke preset (noisy digits, 40
 # epochs, width ½), stated before the runs: 3 points. Why: the binomial floor on 359 test images at
@@ -50,23 +57,32 @@ def paper_gain(table: int, act: str) -> float:
     return PAPER_TABLES[table]["②"][i][0] - PAPER_TABLES[table]["①"][i][0]
 
 
+def chance(table: int, preset: str = "smoke") -> float:
+    """Chance accuracy of ``peng-table<table>``'s task, the value a diverged run scores: 1/100 for
+    the paper preset's CIFAR-100 (Tables 3–4), 1/10 otherwise (CIFAR-10; every smoke preset trains
+    on the 10 digits)."""
+    return 0.01 if preset == "paper" and TABLES[table]["data"] == "cifar100" else CHANCE
+
+
 def table_design(table: int, preset: str = "smoke") -> Design:
-    """The pre-declared primary comparison of ``peng-table<table>`` in ``preset``."""
-    effect = sum(paper_gain(table, a) for a in NON_RELU) / len(NON_RELU) / 100
+    """The pre-declared primary comparison of ``peng-table<table>`` in ``preset``: CBN − BN, each
+    seed's value its mean over Sigmoid/Tanh/SELU; the paper's effect is the mean of its gains over
+    them, and the design SD of one activation's value (3 points smoke, 1 paper) is divided by √3."""
+    effect, quantity, root = _mean_gain(table, NON_RELU), _quantity(NON_RELU), math.sqrt(3)
     if preset == "paper":
         return Design(
-            "CBN − BN test accuracy, mean over Sigmoid/Tanh/SELU",
+            quantity,
             effect,
-            PAPER_SD / math.sqrt(3),
+            PAPER_SD / root,
             PAPER_TRIALS,
             "assumed 1 point per activation (issue 19 re-run: 0.2–1.6)",
             n_test=10_000,
         )
     n_test = round(DIGITS * (0.5 if table in (3, 4) else 0.2))
     return Design(
-        "CBN − BN test accuracy, mean over Sigmoid/Tanh/SELU",
+        quantity,
         effect,
-        SMOKE_SD / math.sqrt(3),
+        SMOKE_SD / root,
         len(TABLE_SMOKE_SEEDS),
         f"3 points per activation, assumed before the runs (binomial floor at 85 %: "
         f"{100 * math.sqrt(0.85 * 0.15 / n_test):.1f} on {n_test} test images)",
@@ -74,10 +90,32 @@ def table_design(table: int, preset: str = "smoke") -> Design:
     )
 
 
-def _per_seed_mean(cells, row: str) -> list[float]:
-    """Seed i's mean over Sigmoid/Tanh/SELU of one row (seeds of different activations are
-    independent runs, so the i-th values form one draw of the three-activation mean)."""
-    lists = [cells.get((row, a)) or [] for a in NON_RELU]
+def _mean_gain(table: int, activations) -> float:
+    """The paper's gain of ② over ① averaged over ``activations`` (a fraction, not points)."""
+    return sum(paper_gain(table, a) for a in activations) / len(activations) / 100
+
+
+def _quantity(activations) -> str:
+    return "CBN − BN test accuracy, mean over " + "/".join(ACT_TITLE[a] for a in activations)
+
+
+def restrict_design(design: Design, table: int, activations) -> Design:
+    """``design`` with its primary narrowed to the mean over ``activations`` (some of
+    Sigmoid/Tanh/SELU, when a cell is left out as decided by the proxy): the paper's effect is the
+    mean of its gains over them, and the design SD of the mean scales as 1/√(their number)."""
+    activations = [a for a in NON_RELU if a in activations]
+    if not activations:
+        raise ValueError(f"no activations for the primary comparison; valid: {', '.join(NON_RELU)}")
+    scale = math.sqrt(len(NON_RELU) / len(activations))
+    return replace(design, quantity=_quantity(activations),
+                   paper_effect=_mean_gain(table, activations),
+                   design_sd=design.design_sd * scale)
+
+
+def _per_seed_mean(cells, row: str, activations=NON_RELU) -> list[float]:
+    """Seed i's mean over ``activations`` of one row (seeds of different activations are
+    independent runs, so the i-th values form one draw of the activations' mean)."""
+    lists = [cells.get((row, a)) or [] for a in activations]
     n = min(len(v) for v in lists)
     return [sum(v[i] for v in lists) / len(lists) for i in range(n)]
 
@@ -87,25 +125,35 @@ def table_verdict(
     tiny: bool = False,
     design: Design | None = None,
     table: int = 1,
+    proxy: dict[tuple[str, str], str] | None = None,
 ) -> tuple[str, str]:
     """The verdict on Tables 1–4's claim from final test accuracies (fractions, diverged runs
     already at chance) per (row, activation): the primary comparison of :func:`table_design` judged
     by :func:`verdict.judge`; "not held" as well when CBN is Holm-significantly worse with some
-    activation."""
+    activation. ``proxy`` maps the (row, activation) cells decided by the proxy to the reason
+    (``tables.proxy_cells``): their activations are left out of both judgements, and the verdict
+    with them is reported."""
     design = design or table_design(table)
     for act in ACTIVATIONS:
         if not cells.get(("①", act)) or not cells.get(("②", act)):
             return ladder(unusable=True), f"no finished ① and ② runs for {ACT_TITLE[act]}" + (
                 " (tiny runs)" if tiny else ""
             )
-    primary = judge(_per_seed_mean(cells, "①"), _per_seed_mean(cells, "②"), design)
-    comps = {
-        a: compare_arms(cells[("①", a)], cells[("②", a)], n_test=design.n_test) for a in ACTIVATIONS
-    }
+    if proxy:
+        return _without_proxy_cells(cells, tiny, design, table, proxy)
+    return _judge_table(cells, tiny, design, ACTIVATIONS)
+
+
+def _judge_table(cells, tiny: bool, design: Design, judged) -> tuple[str, str]:
+    """:func:`table_verdict` over the activations ``judged`` (the primary's are those of
+    Sigmoid/Tanh/SELU among them, as ``design`` states)."""
+    primary_acts = [a for a in NON_RELU if a in judged]
+    primary = judge(_per_seed_mean(cells, "①", primary_acts),
+                    _per_seed_mean(cells, "②", primary_acts), design)
+    comps = {a: compare_arms(cells[("①", a)], cells[("②", a)], n_test=design.n_test)
+             for a in judged}
     adjusted = holm({a: c.p for a, c in comps.items()})
-    gains = {a: comps[a].diff for a in ACTIVATIONS}
-    trio = sum(gains[a] for a in NON_RELU) / len(NON_RELU)
-    relu_like = sum(gains[a] for a in RELU_LIKE) / len(RELU_LIKE)
+    gains = {a: comps[a].diff for a in judged}
     summary = (
         primary.text(design, 100, " pt")
         + "; per activation (reported, Holm-adjusted p): "
@@ -113,11 +161,13 @@ def table_verdict(
             f"{ACT_TITLE[a]} {100 * gains[a]:+.1f} (p_Holm={adjusted[a]:.2g})"
             if adjusted[a] is not None
             else f"{ACT_TITLE[a]} {comps[a].text(100)}"
-            for a in ACTIVATIONS
+            for a in judged
         )
-        + f"; mean gain over Sigmoid/Tanh/SELU {100 * trio:+.1f}, over ReLU/Swish "
-          f"{100 * relu_like:+.1f}"
     )
+    groups = [[a for a in acts if a in judged] for acts in (NON_RELU, RELU_LIKE)]
+    summary += "; mean gain " + ", ".join(
+        f"over {'/'.join(ACT_TITLE[a] for a in acts)} "
+        f"{100 * sum(gains[a] for a in acts) / len(acts):+.1f}" for acts in groups if acts)
     worse = [ACT_TITLE[a] for a, v in family(comps, "higher", design.alpha).items()
              if v == NOT_HELD]
     verdict = ladder(primary.verdict, unusable=tiny, against=bool(worse))
@@ -131,12 +181,34 @@ def table_verdict(
     )
 
 
+def _without_proxy_cells(cells, tiny: bool, design: Design, table: int,
+                         proxy: dict[tuple[str, str], str]) -> tuple[str, str]:
+    """The verdict with the activations of the proxy-decided cells left out, and the one with them
+    (reported)."""
+    left_out = [a for a in ACTIVATIONS if any((row, a) in proxy for row in ("①", "②"))]
+    judged = [a for a in ACTIVATIONS if a not in left_out]
+    reasons = "; ".join(f"{row} {ACT_TITLE[a]}: {proxy[(row, a)]}" for a in left_out
+                        for row in ("①", "②") if (row, a) in proxy)
+    with_cells, with_summary = _judge_table(cells, tiny, design, ACTIVATIONS)
+    note = (f"left out as decided by the proxy, not the claim ({reasons}); with "
+            f"{'/'.join(ACT_TITLE[a] for a in left_out)} the verdict would be '{with_cells}' ("
+            + with_summary.split("; per activation")[0] + ")")
+    primary_acts = [a for a in NON_RELU if a in judged]
+    if not primary_acts:
+        return ladder(unusable=True), f"every primary cell is decided by the proxy: {note}"
+    verdict, summary = _judge_table(cells, tiny, restrict_design(design, table, primary_acts),
+                                    judged)
+    return verdict, f"{summary}; {note}"
+
+
 def settled_table_verdict(
-    cells, mid_cells, tiny: bool = False, design: Design | None = None, table: int = 1
+    cells, mid_cells, tiny: bool = False, design: Design | None = None, table: int = 1,
+    proxy: dict[tuple[str, str], str] | None = None,
 ) -> tuple[str, str]:
     """:func:`table_verdict` at the end of training and again halfway through the final
     learning-rate phase (``mid_cells``; :func:`verdict.settle_fraction`): a verdict that changed
-    within the phase is inconclusive."""
+    within the phase is inconclusive. ``proxy`` (read at the end of training) applies to both."""
     return settle(
-        table_verdict(cells, tiny, design, table), table_verdict(mid_cells, tiny, design, table)
+        table_verdict(cells, tiny, design, table, proxy),
+        table_verdict(mid_cells, tiny, design, table, proxy),
     )
