@@ -141,21 +141,22 @@ def table_verdict(
             )
     if proxy:
         return _without_proxy_cells(cells, tiny, design, table, proxy)
-    return _judge_table(cells, tiny, design, ACTIVATIONS)
+    return _judge_table(cells, tiny, design, ACTIVATIONS)[:2]
 
 
-def _judge_table(cells, tiny: bool, design: Design, judged) -> tuple[str, str]:
+def _judge_table(cells, tiny: bool, design: Design, judged) -> tuple[str, str, str]:
     """:func:`table_verdict` over the activations ``judged`` (the primary's are those of
-    Sigmoid/Tanh/SELU among them, as ``design`` states)."""
+    Sigmoid/Tanh/SELU among them, as ``design`` states): (verdict, summary, the primary's text)."""
     primary_acts = [a for a in NON_RELU if a in judged]
     primary = judge(_per_seed_mean(cells, "①", primary_acts),
                     _per_seed_mean(cells, "②", primary_acts), design)
+    primary_text = primary.text(design, 100, " pt")
     comps = {a: compare_arms(cells[("①", a)], cells[("②", a)], n_test=design.n_test)
              for a in judged}
     adjusted = holm({a: c.p for a, c in comps.items()})
     gains = {a: comps[a].diff for a in judged}
     summary = (
-        primary.text(design, 100, " pt")
+        primary_text
         + "; per activation (reported, Holm-adjusted p): "
         + "; ".join(
             f"{ACT_TITLE[a]} {100 * gains[a]:+.1f} (p_Holm={adjusted[a]:.2g})"
@@ -178,7 +179,7 @@ def _judge_table(cells, tiny: bool, design: Design, judged) -> tuple[str, str]:
         not_held="; CBN significantly worse (Holm) with " + ", ".join(worse) if worse
         else "; the data reject a gain of the paper's size (or show a loss)",
         held="; CBN better on the primary comparison and nowhere significantly worse",
-    )
+    ), primary_text
 
 
 def _without_proxy_cells(cells, tiny: bool, design: Design, table: int,
@@ -189,15 +190,15 @@ def _without_proxy_cells(cells, tiny: bool, design: Design, table: int,
     judged = [a for a in ACTIVATIONS if a not in left_out]
     reasons = "; ".join(f"{row} {ACT_TITLE[a]}: {proxy[(row, a)]}" for a in left_out
                         for row in ("①", "②") if (row, a) in proxy)
-    with_cells, with_summary = _judge_table(cells, tiny, design, ACTIVATIONS)
+    with_cells, _, with_primary = _judge_table(cells, tiny, design, ACTIVATIONS)
     note = (f"left out as decided by the proxy, not the claim ({reasons}); with "
-            f"{'/'.join(ACT_TITLE[a] for a in left_out)} the verdict would be '{with_cells}' ("
-            + with_summary.split("; per activation")[0] + ")")
+            f"{'/'.join(ACT_TITLE[a] for a in left_out)} the verdict would be '{with_cells}' "
+            f"({with_primary})")
     primary_acts = [a for a in NON_RELU if a in judged]
     if not primary_acts:
         return ladder(unusable=True), f"every primary cell is decided by the proxy: {note}"
-    verdict, summary = _judge_table(cells, tiny, restrict_design(design, table, primary_acts),
-                                    judged)
+    verdict, summary, _ = _judge_table(cells, tiny, restrict_design(design, table, primary_acts),
+                                       judged)
     return verdict, f"{summary}; {note}"
 
 
