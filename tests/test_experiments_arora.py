@@ -102,6 +102,18 @@ def test_d1_verdict():
     assert AV.d1_verdict({"SGD": {}, "PSGD": {}})[0] == "inconclusive"
 
 
+def test_d1_names_a_psgd_arm_between_the_converged_and_the_stuck_line():
+    """The store's lr_si 10: PSGD 0.42 against SGD 0.026, neither converged (≤ 0.23) nor stuck
+    (≥ 0.46): the smallest failing lr reads 100, and the summary says why."""
+    sgd = {lr: [0.02, 0.03, 0.025] for lr in A.LRS}
+    psgd = {0.01: [0.03] * 3, 0.1: [0.02] * 3, 1.0: [0.02] * 3, 10.0: [0.36, 0.42, 0.47],
+            100.0: [2.1, 2.0, 2.3]}
+    verdict, summary = AV.d1_verdict({"SGD": sgd, "PSGD": psgd})
+    assert verdict == "held" and "larger lr: 100" in summary
+    assert "between the converged ≤ 0.23 and stuck ≥ 0.46 lines, neither: lr_si 10 0.417" in summary
+    assert "between" not in AV.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 10.0: [0.9] * 3}})[1]
+
+
 def test_d2_verdict():
     sgd = {lr: 0.01 for lr in A.LRS}
     psgd = {0.01: 0.05, 0.1: 0.01, 1.0: 0.3, 10.0: 2.3, 100.0: None}

@@ -122,7 +122,7 @@ def d1_verdict(loss: dict[str, dict[float, Any]], tiny: bool = False) -> tuple[s
         f"lr_si {lr:g}: {fmt(seed_values(sgd[lr]), 4)} vs {fmt(seed_values(psgd[lr]), 4)}"
         for lr in lrs) + \
         "; smallest lr_si from which PSGD fails at every larger lr: " + \
-        (f"{smallest:g}" if smallest is not None else "none")
+        (f"{smallest:g}" if smallest is not None else "none") + _between_lines(psgd, lrs)
     stuck_sgd = [f"{lr:g}" for lr in lrs if _is_stuck(sgd[lr])]
     top = _psgd_stuck_above_sgd(sgd[lrs[-1]], psgd[lrs[-1]])
     early = smallest is not None and smallest <= SCALE_VARIANT_LR
@@ -139,6 +139,17 @@ def d1_verdict(loss: dict[str, dict[float, Any]], tiny: bool = False) -> tuple[s
         inconclusive=" (tiny runs)" if tiny else f"; PSGD at the largest lr_si {top}, SGD slow (> "
         f"{CONVERGED:.2f}) at " + ", ".join(f"{lr:g}" for lr in lrs
                                              if (arm_mean(sgd[lr]) or 0) > CONVERGED))
+
+
+def _between_lines(psgd: dict, lrs) -> str:
+    """Name the PSGD arms whose mean lies between the converged and the stuck line: neither, so they
+    count as "not stuck" for the smallest failing lr, and the reader should see them."""
+    between = [(lr, arm_mean(psgd[lr])) for lr in lrs
+               if arm_mean(psgd[lr]) is not None and CONVERGED < arm_mean(psgd[lr]) < STUCK]
+    if not between:
+        return ""
+    return (f" (PSGD between the converged ≤ {CONVERGED:.2f} and stuck ≥ {STUCK:.2f} lines, "
+            "neither: " + ", ".join(f"lr_si {lr:g} {v:.3g}" for lr, v in between) + ")")
 
 
 # The settling rule of D.2: an arm's loss is "still falling" when its mean over seeds of the last
