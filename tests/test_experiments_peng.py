@@ -704,6 +704,10 @@ def test_a_diverged_run_scores_the_chance_of_its_task():
     not the 10 % of ten classes (which would have credited a diverged arm with 9 points)."""
     assert PV.chance(3, "paper") == PV.chance(4, "paper") == pytest.approx(0.01)
     assert PV.chance(1, "paper") == PV.chance(3, "smoke") == pytest.approx(0.1)
+    with pytest.raises(ValueError, match=r"Tables 1–4 are \[1, 2, 3, 4\]"):
+        PV.chance(5)
+    with pytest.raises(ValueError, match="valid: smoke, paper"):
+        PV.table_design(1, "papr")
 
 
 def test_fig2_eta_panels_clip_the_axis_around_the_bounds():

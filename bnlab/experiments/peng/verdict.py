@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from ..base import PRESETS
 from ..common import compare_arms
 from .common import (
     ACT_TITLE,
@@ -57,10 +58,18 @@ def paper_gain(table: int, act: str) -> float:
     return PAPER_TABLES[table]["②"][i][0] - PAPER_TABLES[table]["①"][i][0]
 
 
+def _check(table: int, preset: str) -> None:
+    if table not in TABLES:
+        raise ValueError(f"unknown table {table!r}; Peng's Tables 1–4 are {sorted(TABLES)}")
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
+
+
 def chance(table: int, preset: str = "smoke") -> float:
     """Chance accuracy of ``peng-table<table>``'s task, the value a diverged run scores: 1/100 for
     the paper preset's CIFAR-100 (Tables 3–4), 1/10 otherwise (CIFAR-10; every smoke preset trains
     on the 10 digits)."""
+    _check(table, preset)
     return 0.01 if preset == "paper" and TABLES[table]["data"] == "cifar100" else CHANCE
 
 
@@ -68,6 +77,7 @@ def table_design(table: int, preset: str = "smoke") -> Design:
     """The pre-declared primary comparison of ``peng-table<table>`` in ``preset``: CBN − BN, each
     seed's value its mean over Sigmoid/Tanh/SELU; the paper's effect is the mean of its gains over
     them, and the design SD of one activation's value (3 points smoke, 1 paper) is divided by √3."""
+    _check(table, preset)
     effect, quantity, root = _mean_gain(table, NON_RELU), _quantity(NON_RELU), math.sqrt(3)
     if preset == "paper":
         return Design(
