@@ -96,3 +96,44 @@ def test_compare_arms_with_a_design_sd_states_the_design_resolution():
         design.of("ics")
     with pytest.raises(ValueError, match="finite numbers ≥ 0"):
         DesignSD(-1.0, "pilot")
+
+
+def test_mbn_batch_size_floors_the_se_at_the_binomial_se_of_the_drops():
+    """A drop counted on 359 test images cannot resolve a 2-point difference because three seeds
+    happened to agree (SE 0): the floor, the binomial SE of the two arms' mean drops, makes it
+    inconclusive; without test images (no floor) the old rule called it held at p = 0."""
+    import math
+
+    import numpy as np
+
+    acc = {"BN": {32: {s: 0.98 for s in range(3)}, 2: {s: 0.96 for s in range(3)}},
+           "MBN": {32: {s: 0.98 for s in range(3)}, 2: {s: 0.98 for s in range(3)}}}
+    assert MBN.batch_size_verdict(acc, tiny=False)[0] == "held"
+    verdict, summary = MBN.batch_size_verdict(acc, tiny=False, n_test=359)
+    assert verdict == "inconclusive" and "floored" in summary
+    # the floor against simulation: seeds' drops counted on n images, arm means over 3 seeds each
+    mean = {"BN": {2: 0.556, 32: 0.98}, "MBN": {2: 0.939, 32: 0.981}}
+    floor = MBN.drop_floor(mean, {"BN": 3, "MBN": 3}, 359, (2, 32))
+    rng = np.random.default_rng(0)
+
+    def arm_mean_drop(p2, p32, draws):
+        counts = rng.binomial(359, p32, (draws, 3)) - rng.binomial(359, p2, (draws, 3))
+        return counts.mean(1) / 359
+
+    diffs = (arm_mean_drop(0.939, 0.981, 20_000) - arm_mean_drop(0.556, 0.98, 20_000))
+    assert diffs.std() == pytest.approx(floor, rel=0.03)
+    assert MBN.drop_floor(mean, {"BN": 3, "MBN": 3}, None, (2, 32)) == 0.0
+    assert floor == pytest.approx(math.sqrt(sum(
+        (p * (1 - p) + q * (1 - q)) / 359 / 3 for p, q in ((0.556, 0.98), (0.939, 0.981)))))
+
+
+@pytest.mark.parametrize("fraction", [0.2, 0.5])
+def test_test_images_is_the_size_of_the_digits_split(fraction):
+    from bnlab import data
+    from bnlab.experiments.rule_stats import n_test_images
+
+    split = data.load("digits", test_fraction=fraction)
+    assert n_test_images("digits", fraction) == split.y_test.numel()
+    assert n_test_images("cifar100") == 10_000
+    with pytest.raises(ValueError, match="known: digits, cifar10, cifar100"):
+        n_test_images("imagenet")

@@ -12,6 +12,21 @@ from bnlab.formatting import finite_or_none
 from bnlab.train.schedules import parse_schedule
 
 
+DIGITS_IMAGES = 1797  # scikit-learn's digits
+CIFAR_TEST_IMAGES = 10_000  # CIFAR-10's and CIFAR-100's test sets
+
+
+def n_test_images(data: str, test_fraction: float = 0.2) -> int:
+    """The number of test images an entry's accuracies are counted on (the ``n_test`` of the
+    binomial floor): digits' stratified split holds round(1797·``test_fraction``) of them (359 at
+    the default 0.2, 898 at 0.5; checked against the split by a test), CIFAR's test sets 10,000."""
+    if data == "digits":
+        return round(DIGITS_IMAGES * test_fraction)
+    if data in ("cifar10", "cifar100"):
+        return CIFAR_TEST_IMAGES
+    raise ValueError(f"no test-set size for data {data!r}; known: digits, cifar10, cifar100")
+
+
 def binomial_floor(p_a: float, p_b: float, n_test: int | None, n_a: int, n_b: int) -> float:
     """Binomial SE of the difference of two arm-mean accuracies on ``n_test`` test images (0 without
     n_test)."""

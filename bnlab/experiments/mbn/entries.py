@@ -15,6 +15,7 @@ in issue 2 (item 7, ``bnlab.norms`` spec ``mbn(ideal_batch=32, tau0=0.9)``). Ent
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Sequence
 
 from bnlab.norms import mbn_lambda
@@ -23,6 +24,7 @@ from bnlab.theory.mbn import moving_average_noise
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from bnlab.formatting import finite_or_none, fmt, mean_std
 from ..common import safe_panels
+from ..rule_stats import n_test_images
 from ..verdicts import RULE, Design, explain, judge, ladder
 from ..resolution import design_resolution
 
@@ -138,8 +140,21 @@ BATCH_SIZE_DESIGN = Design("MBN's − BN's test-accuracy drop from M = 32 to M =
                            source="smoke pilot 2026-11-26", magnitude_known=False)
 
 
+def drop_floor(mean: dict[str, dict[int, float]], seeds: dict[str, int], n_test: int | None,
+               sizes: tuple[int, int]) -> float:
+    """The binomial floor on the SE of MBN's − BN's mean drop: one seed's drop acc(32) − acc(2) is
+    a difference of two accuracies counted on ``n_test`` images each, variance Σ p(1 − p)/n_test
+    over the two batch sizes (independent runs); the arms' means over ``seeds[norm]`` seeds add.
+    0 without ``n_test``."""
+    if not n_test:
+        return 0.0
+    var = {n: sum(min(max(mean[n][M], 0.0), 1.0) * (1 - min(max(mean[n][M], 0.0), 1.0))
+                  for M in sizes) / n_test for n in NORMS}
+    return math.sqrt(sum(var[n] / seeds[n] for n in NORMS))
+
+
 def batch_size_verdict(acc: dict[str, dict[int, dict[int, float | None]]],
-                       tiny: bool) -> tuple[str, str]:
+                       tiny: bool, n_test: int | None = None) -> tuple[str, str]:
     """MBN loses less accuracy than BN from the ideal batch M = 32 to the smallest, M = 2.
 
     ``acc[norm][M][seed]``: final test accuracy. Per seed, the drop acc(32) − acc(2); MBN's drops
@@ -147,7 +162,7 @@ def batch_size_verdict(acc: dict[str, dict[int, dict[int, float | None]]],
     held if significantly larger, otherwise inconclusive with the difference the seeds resolve.
 
     Primary, pre-declared (:data:`BATCH_SIZE_DESIGN`): MBN's drop − BN's drop, per seed, lower
-    (:func:`verdicts.judge`).
+    (:func:`verdicts.judge`), its SE floored at :func:`drop_floor` on ``n_test`` test images.
     """
     small, large = min(BATCH_SIZES), max(BATCH_SIZES)
     if tiny:
@@ -156,12 +171,14 @@ def batch_size_verdict(acc: dict[str, dict[int, dict[int, float | None]]],
              for n in NORMS}
     if not drops["BN"] or not drops["MBN"]:
         return ladder(unusable=True), "a run did not finish"
-    j = judge(drops["BN"], drops["MBN"], BATCH_SIZE_DESIGN)
     mean = {n: {M: mean_std(acc[n][M].values())[0] for M in (small, large)} for n in NORMS}
+    floor = drop_floor(mean, {n: len(drops[n]) for n in NORMS}, n_test, (small, large))
+    design = replace(BATCH_SIZE_DESIGN, se_floor=floor)
+    j = judge(drops["BN"], drops["MBN"], design)
     summary = f"test accuracy M = {large} → M = {small}, mean over seeds: " + ", ".join(
         f"{n} {mean[n][large]:.3f} → {mean[n][small]:.3f} "
         f"(drop {sum(drops[n]) / len(drops[n]):.3f}, n={len(drops[n])})" for n in NORMS) + \
-        f"; {j.text(BATCH_SIZE_DESIGN)}"
+        f"; {j.text(design)}"
     few = j.diff is None
     verdict = ladder(j.verdict, unusable=few)
     return verdict, summary + explain(
@@ -208,7 +225,10 @@ def _analyze(ctx) -> Outcome:
                       "markers": True, "title": f"normalizer noise (m0 = {IDEAL_BATCH})"})
     fig = safe_panels(ctx.figure_path("accuracy_vs_batch_size"), specs,
                       title="Momentum BN vs BN across batch sizes")
-    verdict, summary = batch_size_verdict(acc, ctx.tiny)
+    config = ctx.experiment.plan(ctx.preset).runs[0].config
+    n_test = n_test_images(config["data"], (config.get("data_options") or {}).get("test_fraction",
+                                                                                  0.2))
+    verdict, summary = batch_size_verdict(acc, ctx.tiny, n_test)
     table = []
     for i, M in enumerate(BATCH_SIZES):
         eq = (noise.get("equivalent_batch") or [None] * len(BATCH_SIZES))[i]

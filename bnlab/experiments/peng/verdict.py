@@ -37,11 +37,10 @@ from .common import (
     TABLE_SMOKE_SEEDS,
     TABLES,
 )
-from ..rule_stats import holm
+from ..rule_stats import holm, n_test_images
 from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
 
 CHANCE = 0.1  # ten classes: digits (every smoke preset) and CIFAR-10
-DIGITS = 1797
 # Design SD of one seed's test accuracy for one activation in the smoke preset (noisy digits, 40
 # epochs, width ½), stated before the runs: 3 points. Why: the binomial floor on 359 test images at
 # 85 % is 1.9 points, the split and the noise change with the seed, and issue 19's 40-epoch re-run
@@ -86,9 +85,9 @@ def table_design(table: int, preset: str = "smoke") -> Design:
             PAPER_SD / root,
             PAPER_TRIALS,
             "assumed 1 point per activation (issue 19 re-run: 0.2–1.6)",
-            n_test=10_000,
+            n_test=n_test_images(TABLES[table]["data"]),
         )
-    n_test = round(DIGITS * (0.5 if table in (3, 4) else 0.2))
+    n_test = n_test_images("digits", 0.5 if table in (3, 4) else 0.2)
     return Design(
         quantity,
         effect,
