@@ -27,6 +27,12 @@ def n_test_images(data: str, test_fraction: float = 0.2) -> int:
     raise ValueError(f"no test-set size for data {data!r}; known: digits, cifar10, cifar100")
 
 
+def config_test_images(config: dict) -> int:
+    """:func:`n_test_images` of a run config (its ``data`` and ``data_options.test_fraction``)."""
+    options = config.get("data_options") or {}
+    return n_test_images(config["data"], options.get("test_fraction", 0.2))
+
+
 def binomial_floor(p_a: float, p_b: float, n_test: int | None, n_a: int, n_b: int) -> float:
     """Binomial SE of the difference of two arm-mean accuracies on ``n_test`` test images (0 without
     n_test)."""

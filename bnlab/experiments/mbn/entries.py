@@ -24,7 +24,7 @@ from bnlab.theory.mbn import moving_average_noise
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from bnlab.formatting import finite_or_none, fmt, mean_std
 from ..common import safe_panels
-from ..rule_stats import n_test_images
+from ..rule_stats import config_test_images
 from ..verdicts import RULE, Design, explain, judge, ladder
 from ..resolution import design_resolution
 
@@ -225,9 +225,7 @@ def _analyze(ctx) -> Outcome:
                       "markers": True, "title": f"normalizer noise (m0 = {IDEAL_BATCH})"})
     fig = safe_panels(ctx.figure_path("accuracy_vs_batch_size"), specs,
                       title="Momentum BN vs BN across batch sizes")
-    config = ctx.experiment.plan(ctx.preset).runs[0].config
-    n_test = n_test_images(config["data"], (config.get("data_options") or {}).get("test_fraction",
-                                                                                  0.2))
+    n_test = config_test_images(ctx.experiment.plan(ctx.preset).runs[0].config)
     verdict, summary = batch_size_verdict(acc, ctx.tiny, n_test)
     table = []
     for i, M in enumerate(BATCH_SIZES):

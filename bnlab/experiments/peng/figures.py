@@ -13,7 +13,7 @@ from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..resolution import Resolution, family_resolution
 from ..common import (RULE, DesignSD, compare_arms, mean_curve, mean_series, safe_panels,
                       smooth)
-from ..rule_stats import holm
+from ..rule_stats import config_test_images, holm
 from ..verdicts import ALPHA, HELD, MIN_SEEDS, against_bound, conjunction, explain, ladder
 from .common import ACT_TITLE, ACTIVATIONS, RHO_GRID, recipe_base, run_config, status_note, cbn_spec
 
@@ -239,7 +239,8 @@ FIG8_DESIGN_SD = DesignSD(0.023, "pilot: the session-5 smoke run, 3 seeds/arm, 2
 
 
 def fig8_verdict(acc: dict[str, dict[float | None, list[float]]], tiny: bool = False,
-                 design_sd: DesignSD = FIG8_DESIGN_SD) -> tuple[str, str]:
+                 design_sd: DesignSD = FIG8_DESIGN_SD,
+                 n_test: int | None = None) -> tuple[str, str]:
     """§6.4: (a) with Sigmoid and Tanh even the worst ρ beats vanilla BN (judged); (b) Sigmoid/Tanh
     are more sensitive to ρ than ReLU/SELU/Swish (reported: range over the grid of the seed-mean
     accuracy).
@@ -249,7 +250,8 @@ def fig8_verdict(acc: dict[str, dict[float | None, list[float]]], tiny: bool = F
     (Welch's t, ≥ 3 seeds): held if higher for both, not held if lower for either (Holm over the
     two), else inconclusive with the resolvable effect. Primary, pre-declared: worst-ρ CBN − BN,
     higher, for Sigmoid and for Tanh (:func:`verdicts.conjunction`). Resolvable effects at
-    ``design_sd`` (:data:`FIG8_DESIGN_SD`).
+    ``design_sd`` (:data:`FIG8_DESIGN_SD`); SEs floored at the binomial SE on ``n_test`` test
+    images.
     """
     mean = {a: {rho: sum(v) / len(v) for rho, v in d.items() if v} for a, d in acc.items()}
     if any(a not in mean or None not in mean[a] or len(mean[a]) < 3 for a in FIG8_JUDGED):
@@ -257,8 +259,8 @@ def fig8_verdict(acc: dict[str, dict[float | None, list[float]]], tiny: bool = F
                                        + (" (tiny runs)" if tiny else ""))
     worst = {a: min((rho for rho in mean[a] if rho is not None), key=lambda rho: mean[a][rho])
              for a in FIG8_JUDGED}
-    comps = {a: compare_arms(acc[a][None], acc[a][worst[a]], design_sd=design_sd.of())
-             for a in FIG8_JUDGED}
+    comps = {a: compare_arms(acc[a][None], acc[a][worst[a]], design_sd=design_sd.of(),
+                             n_test=n_test) for a in FIG8_JUDGED}
     cbn = {a: [v for rho, v in d.items() if rho is not None] for a, d in mean.items() if len(d) > 2}
     spans = {a: max(v) - min(v) for a, v in cbn.items()}
     robust = [spans[a] for a in ("relu", "selu", "swish") if a in spans]
@@ -328,7 +330,9 @@ def _fig8_analyze(ctx) -> Outcome:
                      "sensitive to ρ; worst ρ still beats BN")
             rows.append({"quantity": f"test accuracy · {ACT_TITLE[act]} · {arm}", "ours": ours,
                          "paper": paper + " (curves only, no numbers)"})
-    verdict, summary = fig8_verdict(acc, ctx.tiny)
+    runs = ctx.experiment.plan(ctx.preset).runs
+    n_test = config_test_images(runs[0].config) if runs else None
+    verdict, summary = fig8_verdict(acc, ctx.tiny, n_test=n_test)
     return Outcome([fig_loss, fig_acc], rows, verdict, summary + status_note(ctx))
 
 
