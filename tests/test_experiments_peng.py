@@ -752,3 +752,20 @@ def test_fig5_counts_a_diverged_cifar100_run_at_the_loss_of_chance_on_100_classe
     assert paper[(3, "tanh")]["②"] == [pytest.approx(math.log(100))]
     assert paper[(1, "tanh")]["②"] == [pytest.approx(math.log(10))]
     assert P._mean_losses(runs, 1.0, "smoke")[(3, "tanh")]["②"] == [pytest.approx(math.log(10))]
+
+
+def test_fig8_counts_a_diverged_run_at_chance_not_as_missing():
+    """ReLU, SELU and Swish diverge at ρ = 0.25 in the smoke; dropping those runs made the
+    ReLU-like activations look insensitive to ρ (range 0.38 instead of 0.89)."""
+
+    class Run:
+        def __init__(self, status, accuracy):
+            self.status, self.label, self._acc = status, status, accuracy
+
+        def final(self, name):
+            return self._acc
+
+    accs = PF.fig8_accuracies({None: [Run("finished", 0.9)],
+                               0.25: [Run("diverged", 0.0), Run("finished", 0.8),
+                                      Run("failed", None)]})
+    assert accs == {None: [0.9], 0.25: [pytest.approx(0.1), 0.8]}

@@ -13,9 +13,10 @@ from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..resolution import Resolution, family_resolution
 from ..common import (RULE, DesignSD, compare_arms, mean_curve, mean_series, safe_panels,
                       smooth)
-from ..rule_stats import config_test_images, holm
+from ..rule_stats import arm_values, config_test_images, holm
 from ..verdicts import ALPHA, HELD, MIN_SEEDS, against_bound, conjunction, explain, ladder
 from .common import ACT_TITLE, ACTIVATIONS, RHO_GRID, recipe_base, run_config, status_note, cbn_spec
+from .verdict import CHANCE
 
 # ---- Figs 2–3: η_k and τ_k -----------------------------------------------------------------------
 
@@ -280,6 +281,14 @@ def fig8_verdict(acc: dict[str, dict[float | None, list[float]]], tiny: bool = F
         f"; resolvable ≥ {100 * mde:.2g} points ({RULE})")
 
 
+def fig8_accuracies(by_rho: dict[float | None, list]) -> dict[float | None, list[float]]:
+    """Per ρ (None: BN), the runs' final test accuracies: a diverged run scores chance (rule 4:
+    the arm's failure, not missing data; ReLU, SELU and Swish diverge at ρ = 0.25), a crashed one
+    is left out."""
+    return {rho: arm_values(runs, lambda r: r.final("test_accuracy"), CHANCE)[0]
+            for rho, runs in by_rho.items()}
+
+
 def _fig8_analyze(ctx) -> Outcome:
     acc: dict[str, dict] = {}
     loss_specs, acc_specs = [], []
@@ -290,9 +299,7 @@ def _fig8_analyze(ctx) -> Outcome:
         by_rho: dict[float | None, list] = {}
         for r in runs:
             by_rho.setdefault(r.factors.get("rho"), []).append(r)
-        acc[act] = {rho: [v for v in (finite_or_none(r.final("test_accuracy")) for r in rs
-                                      if r.status == "finished")
-                          if v is not None] for rho, rs in by_rho.items()}
+        acc[act] = fig8_accuracies(by_rho)
         series, style = {}, {}
         for rho, rs in by_rho.items():
             name = (("BN" if rho is None else f"ρ={rho:g}")
