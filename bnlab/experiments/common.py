@@ -316,6 +316,13 @@ def value_at_fraction(curve: tuple[list, list], fraction: float) -> float | None
 SETTLE_FRACTION = 2 / 3
 
 
+def recipe_config(ctx) -> dict | None:
+    """The config of the first run an entry plans for ``ctx``'s preset: the recipe its runs share
+    (schedule, data, test split), read by analyses that need it; None for an empty plan."""
+    runs = ctx.experiment.plan(ctx.preset).runs
+    return runs[0].config if runs else None
+
+
 def mean_over_run(run, metric: str = "train_loss", fraction: float = 1.0) -> float | None:
     """Mean of a finished run's finite ``metric`` values logged up to ``fraction`` of its last step:
     for the training loss, the area under the curve over its length (lower = faster convergence).

@@ -23,8 +23,8 @@ from bnlab.theory.mbn import moving_average_noise
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from bnlab.formatting import finite_or_none, fmt, mean_std
-from ..common import safe_panels
-from ..rule_stats import config_test_images
+from ..common import recipe_config, safe_panels
+from ..rule_stats import binomial_floor, config_test_images
 from ..verdicts import RULE, Design, explain, judge, ladder
 from ..resolution import design_resolution
 
@@ -146,11 +146,9 @@ def drop_floor(mean: dict[str, dict[int, float]], seeds: dict[str, int], n_test:
     a difference of two accuracies counted on ``n_test`` images each, variance Σ p(1 − p)/n_test
     over the two batch sizes (independent runs); the arms' means over ``seeds[norm]`` seeds add.
     0 without ``n_test``."""
-    if not n_test:
-        return 0.0
-    var = {n: sum(min(max(mean[n][M], 0.0), 1.0) * (1 - min(max(mean[n][M], 0.0), 1.0))
-                  for M in sizes) / n_test for n in NORMS}
-    return math.sqrt(sum(var[n] / seeds[n] for n in NORMS))
+    # each arm's term is the binomial floor of its two batch sizes' accuracies over its seeds
+    return math.sqrt(sum(binomial_floor(mean[n][sizes[0]], mean[n][sizes[1]], n_test, seeds[n],
+                                        seeds[n]) ** 2 for n in NORMS))
 
 
 def batch_size_verdict(acc: dict[str, dict[int, dict[int, float | None]]],
@@ -225,7 +223,7 @@ def _analyze(ctx) -> Outcome:
                       "markers": True, "title": f"normalizer noise (m0 = {IDEAL_BATCH})"})
     fig = safe_panels(ctx.figure_path("accuracy_vs_batch_size"), specs,
                       title="Momentum BN vs BN across batch sizes")
-    n_test = config_test_images(ctx.experiment.plan(ctx.preset).runs[0].config)
+    n_test = config_test_images(recipe_config(ctx))
     verdict, summary = batch_size_verdict(acc, ctx.tiny, n_test)
     table = []
     for i, M in enumerate(BATCH_SIZES):

@@ -11,8 +11,8 @@ from bnlab.plots import panels
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..resolution import Resolution, family_resolution
-from ..common import (RULE, DesignSD, compare_arms, mean_curve, mean_series, safe_panels,
-                      smooth)
+from ..common import (RULE, DesignSD, compare_arms, mean_curve, mean_series, recipe_config,
+                      safe_panels, smooth)
 from ..rule_stats import arm_values, config_test_images, holm
 from ..verdicts import ALPHA, HELD, MIN_SEEDS, against_bound, conjunction, explain, ladder
 from .common import ACT_TITLE, ACTIVATIONS, RHO_GRID, recipe_base, run_config, status_note, cbn_spec
@@ -337,8 +337,8 @@ def _fig8_analyze(ctx) -> Outcome:
                      "sensitive to ρ; worst ρ still beats BN")
             rows.append({"quantity": f"test accuracy · {ACT_TITLE[act]} · {arm}", "ours": ours,
                          "paper": paper + " (curves only, no numbers)"})
-    runs = ctx.experiment.plan(ctx.preset).runs
-    n_test = config_test_images(runs[0].config) if runs else None
+    config = recipe_config(ctx)
+    n_test = config_test_images(config) if config else None
     verdict, summary = fig8_verdict(acc, ctx.tiny, n_test=n_test)
     return Outcome([fig_loss, fig_acc], rows, verdict, summary + status_note(ctx))
 

@@ -41,7 +41,7 @@ from bnlab.plots import bars
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from bnlab.formatting import finite_or_none, fmt, mean_std
-from ..common import (compare_arms, grouped_finals, mean_curve, safe_panels,
+from ..common import (compare_arms, grouped_finals, mean_curve, recipe_config, safe_panels,
                       SETTLE_FRACTION, smooth, value_at_fraction)
 from .verdict import CHANCE, chance, table_design, table_verdict
 from ..rule_stats import arm_values, settle_fraction
@@ -135,8 +135,8 @@ def _cells_at(arms: dict[tuple, list], fraction: float, chance_accuracy: float =
 def phase_reading(ctx) -> float:
     """Where the settling rule reads the table again: halfway through the final lr phase of the
     recipe."""
-    runs = ctx.experiment.plan(ctx.preset).runs
-    return settle_fraction(runs[0].config) if runs else SETTLE_FRACTION
+    config = recipe_config(ctx)
+    return settle_fraction(config) if config else SETTLE_FRACTION
 
 
 def _side_rows(cells: dict, main: dict) -> list[dict]:
@@ -160,8 +160,9 @@ def _table_analyze(table: int):
     spec = TABLES[table]
 
     def analyze(ctx) -> Outcome:
+        failed = chance(table, ctx.preset)  # what a diverged run scores
         grouped = grouped_finals(ctx, ("row", "activation", "residual", "lr_reading"),
-                                 "test_accuracy", failure_value=chance(table, ctx.preset))
+                                 "test_accuracy", failure_value=failed)
         by_form = {key[:3]: v for key, v in grouped.items() if key[3] != "half"}
         cells: dict[tuple[str, str], list[float]] = {}
         for (row, act, form), values in by_form.items():
@@ -199,7 +200,7 @@ def _table_analyze(table: int):
                                   "Test accuracy during training, BN (①) vs CBN (②), mean over "
                                   f"seeds ({ctx.preset})")
         arms = main_arm_runs(ctx)
-        reading, failed = phase_reading(ctx), chance(table, ctx.preset)
+        reading = phase_reading(ctx)
         design, proxy = table_design(table, ctx.preset), proxy_cells(arms, failed)
         verdict, summary = settle(
             table_verdict(_cells_at(arms, 1.0, failed), ctx.tiny, design, table, proxy),

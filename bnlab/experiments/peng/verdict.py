@@ -36,8 +36,9 @@ from .common import (
     RELU_LIKE,
     TABLE_SMOKE_SEEDS,
     TABLES,
+    table_base,
 )
-from ..rule_stats import holm, n_test_images
+from ..rule_stats import config_test_images, holm
 from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
 
 CHANCE = 0.1  # ten classes: digits (every smoke preset) and CIFAR-10
@@ -78,6 +79,8 @@ def table_design(table: int, preset: str = "smoke") -> Design:
     them, and the design SD of one activation's value (3 points smoke, 1 paper) is divided by √3."""
     _check(table, preset)
     effect, quantity, root = _mean_gain(table, NON_RELU), _quantity(NON_RELU), math.sqrt(3)
+    # the test images the recipe's accuracies are counted on (its data and test split)
+    n_test = config_test_images(table_base(TABLES[table]["model"], TABLES[table]["data"], preset))
     if preset == "paper":
         return Design(
             quantity,
@@ -85,9 +88,8 @@ def table_design(table: int, preset: str = "smoke") -> Design:
             PAPER_SD / root,
             PAPER_TRIALS,
             "assumed 1 point per activation (issue 19 re-run: 0.2–1.6)",
-            n_test=n_test_images(TABLES[table]["data"]),
+            n_test=n_test,
         )
-    n_test = n_test_images("digits", 0.5 if table in (3, 4) else 0.2)
     return Design(
         quantity,
         effect,
