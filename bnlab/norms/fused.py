@@ -62,6 +62,23 @@ def per_channel(t: Tensor, x: Tensor) -> Tensor:
     return t.view(1, -1, *([1] * (x.dim() - 2)))
 
 
+# (value, C, dtype, device) -> a (C,) tensor of value that no kernel writes to
+_FILLED: dict[tuple, Tensor] = {}
+
+
+def filled(like: Tensor, value: float) -> Tensor:
+    """A cached (C,) tensor of ``value`` shaped like ``like``, for the kernels' constant arguments:
+    on a GPU each fresh ``ones_like``/``zeros_like`` is a kernel launch (up to 5 a step). Read-only
+    by contract: BatchNorm's inference kernel and its backward never write their weight, mean or
+    variance arguments. Built outside inference mode, so later autograd steps may use it."""
+    key = (value, like.shape[0], like.dtype, like.device)
+    if (t := _FILLED.get(key)) is None:
+        with torch.inference_mode(False):
+            t = _FILLED[key] = torch.full((like.shape[0],), value, dtype=like.dtype,
+                                          device=like.device)
+    return t
+
+
 def centred_reductions(g: Tensor, x: Tensor, mean: Tensor) -> tuple[Tensor, Tensor]:
     """Per-channel (Σ g, Σ g·(x − mean)) in one pass over g and x, accumulated in double on CPU.
 
@@ -70,7 +87,7 @@ def centred_reductions(g: Tensor, x: Tensor, mean: Tensor) -> tuple[Tensor, Tens
     reductions.
     """
     if x.device.type in ("cpu", "cuda"):
-        one = torch.ones_like(mean)  # invstd = 1, and weight = 1: CUDA's kernel refuses weight=None
+        one = filled(mean, 1.0)  # invstd = 1, and weight = 1: CUDA's kernel refuses weight=None
         _, dot, total = torch.ops.aten.native_batch_norm_backward(
             g, x, one, None, None, mean, one, True, 0.0, [False, True, True])
         return total, dot
@@ -97,9 +114,8 @@ def channel_affine(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
     where ``addcmul`` with two broadcast operands takes a scalar one (on (128, 64, 32, 32), 1
     thread: 25 against 33 ms with the allocation, 3.6 against 11 ms without)."""
     if x.device.type == "cpu":
-        zero = torch.zeros_like(scale)
-        return torch.batch_norm(x, scale, shift, zero, torch.ones_like(scale), False, 0.0, 0.0,
-                                False)
+        return torch.batch_norm(x, scale, shift, filled(scale, 0.0), filled(scale, 1.0), False, 0.0,
+                                0.0, False)
     return torch.addcmul(per_channel(shift, x), x, per_channel(scale, x))
 
 
@@ -163,12 +179,14 @@ class _Call:
     """The Python side of one fused call: callables in, the per-channel graph out (kept for
     backward)."""
 
-    __slots__ = ("moments_fn", "coef_fn", "update_fn", "needs", "graph", "n")
+    __slots__ = ("moments_fn", "coef_fn", "update_fn", "needs", "differentiable", "graph", "n")
 
     def __init__(self, moments_fn: MomentsFn, coef_fn: CoefFn, update_fn: UpdateFn | None,
-                 needs) -> None:
+                 needs, differentiable: bool = True) -> None:
         self.moments_fn, self.coef_fn = moments_fn, coef_fn
         self.update_fn, self.needs = update_fn, needs
+        # False: no backward can follow (no_grad, inference_mode, nothing requires grad)
+        self.differentiable = differentiable
         self.graph: tuple | None = None
         self.n = 0
 
@@ -214,6 +232,10 @@ def _coefficients(call: _Call, x: Tensor, mean: Tensor, var: Tensor,
     graph."""
     leaves = [t.detach() for t in tensors]
     dt = coef_dtype(x)
+    if not call.differentiable:  # no graph: under inference_mode one could not even be recorded
+        with torch.no_grad():
+            scale, shift = call.coef_fn(mean.detach().to(dt), var.detach().to(dt), *leaves)
+        return scale.to(x.dtype), shift.to(x.dtype)
     out = forward_coefficients(call.coef_fn, tuple(call.needs), dt, x.dtype, mean, var, leaves)
     if out is not None:
         scale_x, shift_x, m_x, m, p = out
@@ -271,7 +293,9 @@ def _eager_backward(call: _Call, g: Tensor,
     with torch.enable_grad():  # the engine directly: torch.autograd.grad's checks cost more
         raw = _ENGINE.run_backward((scale, shift), (g_dot, g_sum), True, False, tuple(inputs),
                                    True, False)
-    grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(raw, inputs)]
+    # a statistic the variant ignores (var_only_bn's mean) gets the cached zero: read-only below
+    grads = [(filled(t, 0.0) if i < 2 else torch.zeros_like(t)) if gr is None else gr
+             for i, (gr, t) in enumerate(zip(raw, inputs))]
     s = (2.0 / call.n) * grads[1]
     # gx = s·(x − μ) + g_μ/n + scale·g = s·x + (g_μ/n − s·μ) + scale·g: the constant in float64, so
     # only s·x rounds at |x| (as nn.BatchNorm's own x·a + b does)
@@ -311,8 +335,9 @@ class _StatsAffine(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, moments_fn: MomentsFn, coef_fn: CoefFn, update_fn: UpdateFn | None,
-                *tensors: Tensor):
-        call = _Call(moments_fn, coef_fn, update_fn, [t.requires_grad for t in tensors])
+                differentiable: bool, *tensors: Tensor):
+        call = _Call(moments_fn, coef_fn, update_fn, [t.requires_grad for t in tensors],
+                     differentiable)
         y, mean, var = torch.ops.bnlab.stats_affine(x, list(tensors), call.park())
         ctx.call, ctx.needs = call, call.needs
         ctx.set_materialize_grads(False)  # no zero gradients built for the statistics outputs
@@ -324,16 +349,21 @@ class _StatsAffine(torch.autograd.Function):
     def backward(ctx, g: Tensor, _gm, _gv):
         refuse_double_backward("normalization")
         if g is None:  # y's gradient undefined (set_materialize_grads(False)): nothing flows back
-            return (None,) * (4 + len(ctx.needs))
+            return (None,) * (5 + len(ctx.needs))
         (x,) = ctx.saved_tensors
         gx, *rest = torch.ops.bnlab.stats_affine_backward(g, x, ctx.call.park())
         grads = iter(rest)
-        return (gx, None, None, None, *[next(grads) if need else None for need in ctx.needs])
+        return (gx, None, None, None, None,
+                *[next(grads) if need else None for need in ctx.needs])
 
 
 @lazily_disabled
 def fused_normalize(x: Tensor, moments_fn: MomentsFn, coef_fn: CoefFn, *tensors: Tensor,
                     update: UpdateFn | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(y, μ_B, σ²_B) through :class:`_StatsAffine`, eagerly and never traced: dynamo once inlined
-    the function's forward as plain code and dropped its backward (1e-2 relative error)."""
-    return _StatsAffine.apply(x, moments_fn, coef_fn, update, *tensors)
+    the function's forward as plain code and dropped its backward (1e-2 relative error). Where no
+    backward can follow (``torch.no_grad``, ``torch.inference_mode``, no input requiring grad) the
+    coefficients are taken without a graph."""
+    differentiable = torch.is_grad_enabled() and (
+        x.requires_grad or any(t.requires_grad for t in tensors))
+    return _StatsAffine.apply(x, moments_fn, coef_fn, update, differentiable, *tensors)

@@ -1,0 +1,65 @@
+"""Every layer where torch's BatchNorm runs: under ``torch.inference_mode`` and ``torch.no_grad``.
+
+``nn.BatchNorm2d`` runs in training mode under ``torch.inference_mode`` (BN recalibration, a
+Lightning ``validate``/``predict`` loop with ``track_running_stats=False`` layers, which use batch
+statistics in eval mode too). bnlab's fused path used to build its per-channel coefficient graph
+there and failed ("Inference tensors cannot be saved for backward") for every variant on tensors of
+65,536 elements or more. Where no backward can follow, the coefficients are now taken without a
+graph; the output and the buffers must be exactly those of a call with grad enabled (to rounding on
+the plain path, whose statistics without grad come from torch's kernel).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+from bnlab.norms.bench import _layer
+from bnlab.norms.registry import REGISTRY
+
+SPECS = sorted(name for name, info in REGISTRY.items()
+               if info.kind == "channel" and name not in ("none", "si_bn", "wn")) + [
+    "cbn(decouple=false)", "lp_bn(p=1)", "lp_bn(p=inf)", "si_bn"]
+# 131,072 elements: the fused path on the CPU; 1,000: the plain one
+FUSED, PLAIN = (32, 64, 8, 8), (100, 10)
+
+
+def _pair(spec: str, shape, mode: str):
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        layer = _layer(spec, shape)
+    if mode == "eval_batch_stats":  # eval with batch statistics: track_running_stats=False
+        layer.track_running_stats = False
+        layer.eval()
+    return layer, copy.deepcopy(layer)
+
+
+@pytest.mark.parametrize("shape", [FUSED, PLAIN], ids=["fused", "plain"])
+@pytest.mark.parametrize("mode", ["train", "eval_batch_stats"])
+@pytest.mark.parametrize("context", ["inference_mode", "no_grad"])
+@pytest.mark.parametrize("spec", SPECS)
+def test_a_layer_runs_without_grad_as_it_runs_with_it(spec, context, mode, shape):
+    if spec == "noisy_bn":
+        pytest.skip("its noise draws differ between the two copies' calls by design")
+    without, with_grad = _pair(spec, shape, mode)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 2 + 1
+    guard = torch.inference_mode if context == "inference_mode" else torch.no_grad
+    with guard():
+        y = without(x)
+    expected = with_grad(x.clone().requires_grad_())
+    # the fused path: bit for bit. The plain one takes its statistics from torch's
+    # double-accumulating kernel when grad is off (one call, not a two-pass graph): to rounding
+    same = torch.equal if shape == FUSED else torch.testing.assert_close
+    assert same(y, expected.detach()) is not False
+    for (name, a), (_, b) in zip(without.named_buffers(), with_grad.named_buffers()):
+        assert same(a, b) is not False, name
+    # the layer trains afterwards: nothing it keeps became an inference tensor
+    assert not any(t.is_inference() for t in [*without.parameters(), *without.buffers()])
+    without.train()
+    out = without(x.clone().requires_grad_())
+    out.square().sum().backward()
+    assert all(p.grad is not None for p in without.parameters() if p.requires_grad)
