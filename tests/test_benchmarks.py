@@ -70,3 +70,30 @@ def test_norms_benchmark_quick_writes_eager_and_compiled_columns(tmp_path):
                           "eager_others_le_1.5"}
     # mbn, cbn, ... were not run: cannot be met
     assert goals["eager_bn_family_le_1.3"]["met"] is False
+
+
+def test_eager_floor_quick_times_the_floor_of_the_same_computation(tmp_path):
+    """benchmarks/eager_floor.py: every candidate on both small shapes against nn.BatchNorm, and its
+    hand-written mean-only function computes what bnlab's mean_only_bn does (output, gradients)."""
+    floor = load("eager_floor")
+    out = tmp_path / "floor.json"
+    result = floor.main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert result["lean_mean_only_agrees_with_bnlab"] is True
+    assert {(tuple(r["shape"]), r["layer"]) for r in result["rows"]} == {
+        (s, name) for s in floor.SHAPES
+        for name in ("empty_function", "lean_mean_only", "bnlab bn", "bnlab mean_only_bn")}
+    assert all(r["ratio"] > 0 and r["ms"] > 0 for r in result["rows"])
+
+
+def test_eager_floor_check_catches_a_wrong_floor(monkeypatch):
+    """The agreement check can fail: a lean function that forgets the mean's gradient disagrees."""
+    floor = load("eager_floor")
+    backward = floor._LeanMeanOnly.backward
+
+    def wrong(ctx, g):
+        g_x, g_w, g_b = backward(ctx, g)
+        return g * ctx.saved_tensors[2].view(1, -1, *([1] * (g.dim() - 2))), g_w, g_b
+
+    monkeypatch.setattr(floor._LeanMeanOnly, "backward", staticmethod(wrong))
+    assert floor.agrees_with_bnlab((100, 10)) is False

@@ -277,9 +277,12 @@ def forward_coefficients(
     tensors,
 ) -> tuple[Tensor, ...] | None:
     """:func:`partials` compiled for this variant, or None (eager path)."""
+    if not policy_allows(mean.device):  # the usual CPU case: build no key, no name
+        return None
     code = getattr(coef_fn, "__func__", coef_fn).__code__
     key = ("forward", code, cdt, xdt, mean.device.type, needs, tuple(t.dtype for t in tensors))
-    name = getattr(coef_fn, "__qualname__", repr(coef_fn))
+    # not getattr's default: that would build the layer's repr on every step
+    name = getattr(coef_fn, "__qualname__", None) or repr(coef_fn)
 
     def check() -> bool:
         return _channelwise(coef_fn, needs, mean.to(cdt), var.to(cdt), tensors)
