@@ -1,4 +1,5 @@
-"""Every layer where torch's BatchNorm runs: under ``torch.inference_mode`` and ``torch.no_grad``.
+"""Every layer where torch's BatchNorm runs: under ``torch.inference_mode`` and ``torch.no_grad``,
+and with its affine parameters frozen.
 
 ``nn.BatchNorm2d`` runs in training mode under ``torch.inference_mode`` (BN recalibration, a
 Lightning ``validate``/``predict`` loop with ``track_running_stats=False`` layers, which use batch
@@ -11,12 +12,14 @@ the plain path, whose statistics without grad come from torch's kernel).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 
 import pytest
 import torch
 
+from bnlab.norms import plain_autograd
 from bnlab.norms.bench import _layer
 from bnlab.norms.registry import REGISTRY
 
@@ -63,3 +66,31 @@ def test_a_layer_runs_without_grad_as_it_runs_with_it(spec, context, mode, shape
     out = without(x.clone().requires_grad_())
     out.square().sum().backward()
     assert all(p.grad is not None for p in without.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("frozen", [("weight",), ("bias",), ("weight", "bias")],
+                         ids=["weight", "bias", "both"])
+@pytest.mark.parametrize("spec", SPECS)
+def test_frozen_affine_parameters_train_as_on_the_plain_path(spec, frozen):
+    """Fine-tuning with BN's γ and/or β frozen (``requires_grad_(False)``). ``mean_only_bn``'s scale
+    is γ itself and ``var_only_bn``'s shift β itself: with them frozen the fused backward handed the
+    autograd engine an output without a graph and failed ("element 0 of tensors does not require
+    grad"). Every layer's gradients must equal the plain autograd path's."""
+    if spec == "noisy_bn":
+        pytest.skip("its noise draws differ between the two copies' calls by design")
+    fused_layer, plain_layer = _pair(spec, FUSED, "train")
+    grads = []
+    for layer, context in ((fused_layer, contextlib.nullcontext), (plain_layer, plain_autograd)):
+        for name, p in layer.named_parameters():
+            if name.rsplit(".", 1)[-1] in frozen:
+                p.requires_grad_(False)
+        x = (torch.randn(FUSED, generator=torch.Generator().manual_seed(1)) * 2 + 1
+             ).requires_grad_()
+        with context():
+            y = layer(x)
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        grads.append([x.grad] + [p.grad for p in layer.parameters() if p.requires_grad])
+    assert len(grads[0]) == len(grads[1])
+    # to float32 rounding on each gradient's scale (si_bn's conv weight: ~160)
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))

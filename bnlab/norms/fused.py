@@ -290,9 +290,13 @@ def _eager_backward(call: _Call, g: Tensor,
     g_sum = g_sum.to(m.dtype)
     g_dot = g_dot_centred.to(m.dtype) + m_x.to(m.dtype) * g_sum  # Σ g·x exactly: no cancellation
     inputs = [m, v] + [t for t in leaves if t.requires_grad]
+    # a coefficient that is a frozen parameter itself (mean_only_bn's scale γ, var_only_bn's shift
+    # β) has no graph: the engine refuses it as an output, and it contributes no gradient
+    pairs = [(out, grad) for out, grad in ((scale, g_dot), (shift, g_sum)) if out.requires_grad]
     with torch.enable_grad():  # the engine directly: torch.autograd.grad's checks cost more
-        raw = _ENGINE.run_backward((scale, shift), (g_dot, g_sum), True, False, tuple(inputs),
-                                   True, False)
+        raw = (_ENGINE.run_backward(tuple(o for o, _ in pairs), tuple(g for _, g in pairs), True,
+                                    False, tuple(inputs), True, False)
+               if pairs else (None,) * len(inputs))
     # a statistic the variant ignores (var_only_bn's mean) gets the cached zero: read-only below
     grads = [(filled(t, 0.0) if i < 2 else torch.zeros_like(t)) if gr is None else gr
              for i, (gr, t) in enumerate(zip(raw, inputs))]
