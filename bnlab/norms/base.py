@@ -35,8 +35,9 @@ UpdateFn = Callable[[Tensor, Tensor, int], None]
 
 # The fused path's kernels and switches live in .fused; imported here under their old names.
 from .fused import (  # noqa: E402,F401
-    centred_reductions, channel_affine, channel_dot, channel_sum, coef_dtype, fused_normalize,
-    per_channel, plain_autograd, plain_requested, refuse_double_backward, stats_dtype,
+    autocast_off, centred_reductions, channel_affine, channel_dot, channel_sum, coef_dtype,
+    fused_normalize, per_channel, plain_autograd, plain_requested, refuse_double_backward,
+    stats_dtype,
 )
 
 
@@ -56,9 +57,11 @@ def fused_enabled(x: Tensor) -> bool:
     """Whether the eager fused function runs. Never under torch.compile (inductor fuses the plain
     ops, and the function cannot be traced) nor torch.func transforms (vmap, grad: a closure graph);
     only for float32/float64 inputs (half inputs take the plain path, which promotes them to
-    float32); on the CPU only from :data:`FUSED_MIN_NUMEL` elements."""
+    float32); on the CPU only from :data:`FUSED_MIN_NUMEL` elements; never on the meta device
+    (shape inference: the plain ops have meta kernels, torch's statistics kernel has none)."""
     return (not plain_requested()
             and (x.numel() >= FUSED_MIN_NUMEL or x.device.type != "cpu")
+            and x.device.type != "meta"
             and x.dtype in (torch.float32, torch.float64)
             and not torch.compiler.is_compiling()
             and not torch._C._are_functorch_transforms_active())
@@ -157,7 +160,7 @@ class ChannelNorm(BatchNormConventions):
         after the coefficients were taken (inside the fused operator: no extra dispatched
         operations).
         """
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_off(x):
             # synced: autograd through the collectives
             if fused_enabled(x) and module_group(self) is None:
                 y, mean, var = fused_normalize(x, self.batch_moments, coef_fn, *tensors,
@@ -244,7 +247,7 @@ class ChannelNorm(BatchNormConventions):
         """y = scale·x + shift per channel, in one pass, computed in float32 or better, x's dtype
         out."""
         dt = stats_dtype(x)
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_off(x):
             y = torch.addcmul(per_channel(shift.to(dt), x), x, per_channel(scale.to(dt), x))
         return y.to(x.dtype)
 
@@ -260,7 +263,7 @@ class ChannelNorm(BatchNormConventions):
 
         def cast(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.to(dt)
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_off(x):
             return torch.batch_norm(x, cast(weight), cast(bias), cast(mean), cast(var), False, 0.0,
                                     eps, torch.backends.cudnn.enabled)
 

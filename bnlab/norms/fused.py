@@ -28,6 +28,7 @@ call parks them in a table under an integer ``key`` that the operator pops. Eage
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import threading
@@ -117,6 +118,14 @@ def channel_affine(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
         return torch.batch_norm(x, scale, shift, filled(scale, 0.0), filled(scale, 1.0), False, 0.0,
                                 0.0, False)
     return torch.addcmul(per_channel(shift, x), x, per_channel(scale, x))
+
+
+def autocast_off(x: Tensor):
+    """Autocast off on x's device (the layers compute in x's dtype or better, as nn.BatchNorm), or
+    nothing where the device has no autocast (meta tensors: shape inference)."""
+    if torch.amp.is_autocast_available(x.device.type):
+        return torch.autocast(x.device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def refuse_double_backward(what: str) -> None:

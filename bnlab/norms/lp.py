@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import fused_enabled, stats_dtype
+from .base import autocast_off, fused_enabled, stats_dtype
 from .batchnorm import BatchNorm
 from .lp_fused import L1_CONSTANT, hoffer_linf_constant, linf_top_entries, lp_normalize
 from .sync import channel_count, channel_mean, channel_topk, module_group
@@ -109,7 +109,7 @@ class LpBatchNorm(BatchNorm):
             y, mean, var, _ = self.normalize_with_batch_stats(x, self.rms_coefficients, gamma, beta)
             scale = var.sqrt()
         else:
-            with torch.autocast(x.device.type, enabled=False):
+            with autocast_off(x):
                 y, mean, scale = self.normalize_by_lp_scale(x, gamma, beta)
         if self.tracks_now():
             with torch.no_grad():

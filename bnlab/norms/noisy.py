@@ -30,8 +30,9 @@ class StochasticLayer:
 
     def init_generator(self) -> None:
         # Draw the default seed from torch's global RNG so `torch.manual_seed` makes models
-        # reproducible.
-        self._seed = int(torch.randint(0, 2**62, (1,)).item())
+        # reproducible; on the CPU whatever the default device (a model built under
+        # `torch.device("meta")` has no values to read a seed from)
+        self._seed = int(torch.randint(0, 2**62, (1,), device="cpu").item())
         self._generator: torch.Generator | None = None
 
     def reseed(self, seed: int) -> None:
@@ -97,7 +98,8 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         cost); both are fresh tensors that nothing else holds. Excluded from torch.compile: dynamo
         does not trace draws from a ``torch.Generator`` (one graph break per noisy layer; the
         normalization before it and the noise application are compiled)."""
-        g = self.generator_for(a.device)
+        # a meta tensor has no values and no generator: shapes only (as nn.BatchNorm on meta)
+        g = None if a.device.type == "meta" else self.generator_for(a.device)
         # synced: the global batch's noise, this rank's rows
         shape, rows = global_batch_rows(self, a)
         dtype = stats_dtype(a)
