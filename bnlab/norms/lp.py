@@ -14,6 +14,16 @@ from .registry import BN_OPTIONS, Param, norm
 __all__ = ["LpBatchNorm", "hoffer_linf_constant"]
 
 
+def rms_scale(var: Tensor) -> Tensor:
+    """√σ²_B, whose gradient is 0 where σ²_B = 0 instead of 0·∞ = NaN.
+
+    A constant channel (a dead ReLU's zeros) has σ²_B = 0, where √ is not differentiable; the
+    subgradient 0 is what torch's norms take there (``torch.linalg.vector_norm``). Elsewhere the
+    value and the gradient are ``var.sqrt()``'s, bit for bit."""
+    positive = var > 0
+    return torch.where(positive, var, torch.ones_like(var)).sqrt() * positive
+
+
 @norm("lp_bn", "centre, divide by a Gaussian-calibrated ℓp scale",
       "Santurkar et al. 2018 / Hoffer et al. 2018", "§3.3, App. B",
       {"p": Param("2", str, choices=("1", "2", "inf")), "topk": Param(10, int, minimum=1),
@@ -51,7 +61,7 @@ class LpBatchNorm(BatchNorm):
         # channel_mean/_count/_topk reduce over all ranks when the layer is synced
         # (bnlab.norms.sync)
         if self.p == "2":
-            return (channel_mean(self, centred.pow(2)) if var is None else var).sqrt()
+            return rms_scale(channel_mean(self, centred.pow(2)) if var is None else var)
         if self.p == "1":
             return L1_CONSTANT * channel_mean(self, centred.abs())
         # p = inf: top-k of |x − μ| per channel. Unsynced, searched only in the k samples with the
@@ -74,7 +84,7 @@ class LpBatchNorm(BatchNorm):
     def rms_coefficients(self, mean: Tensor, var: Tensor, gamma: Tensor,
                          beta: Tensor) -> tuple[Tensor, Tensor]:
         """p=2 from the batch moments: ε is added to the scale √σ²_B, not to the variance."""
-        return self.coefficients(mean, var.sqrt(), gamma, beta)
+        return self.coefficients(mean, rms_scale(var), gamma, beta)
 
     def normalize_by_lp_scale(self, x: Tensor, gamma: Tensor,
                               beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
