@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -134,11 +135,17 @@ def test_small_inputs_take_the_fused_path_off_the_cpu_only():
     operators run at every size there; on the CPU small inputs keep the plain path, measured 0–20 %
     faster (docs: benchmarks)."""
     small = (1000, 10)
+
+    def on(device: str, dtype=torch.float32):  # what fused_enabled reads of a (1000, 10) input
+        return SimpleNamespace(numel=lambda: 10_000, device=torch.device(device), dtype=dtype)
+
     assert not norms_base.fused_enabled(torch.empty(small))
-    assert norms_base.fused_enabled(torch.empty(small, device="meta"))
-    assert norms_base.fused_enabled(torch.empty(small, device="meta", dtype=torch.float64))
-    assert not norms_base.fused_enabled(torch.empty(small, device="meta", dtype=torch.bfloat16))
+    assert norms_base.fused_enabled(on("cuda"))
+    assert norms_base.fused_enabled(on("cuda", torch.float64))
+    assert not norms_base.fused_enabled(on("cuda", torch.bfloat16))
     assert norms_base.fused_enabled(torch.empty(64, 32, 8, 8))
+    # meta tensors (shape inference) take the plain ops, which have meta kernels
+    assert not norms_base.fused_enabled(torch.empty(64, 32, 8, 8, device="meta"))
 
 
 @pytest.mark.parametrize("spec", ["mean_only_bn", "var_only_bn", "mbn", "brn", "lp_bn(p=1)"])
