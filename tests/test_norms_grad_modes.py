@@ -94,3 +94,22 @@ def test_frozen_affine_parameters_train_as_on_the_plain_path(spec, frozen):
     # to float32 rounding on each gradient's scale (si_bn's conv weight: ~160)
     for got, want in zip(*grads):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("spec", ["mbn", "cbn", "brn"])
+def test_compiled_under_inference_mode_then_trained(spec):
+    """Under torch.compile the layers that write buffers their graph reads (mbn's moving moments,
+    cbn's AMAT statistics, brn's running ones) rebind them to new tensors
+    (``ChannelNorm.write_buffer``). Under ``inference_mode`` a rebound buffer was an inference
+    tensor, and the next compiled training step failed to save it for backward. Now: in place
+    there, and every buffer equals the eager layer's after both calls."""
+    compiled_layer, eager_layer = _pair(spec, FUSED, "train")
+    compiled = torch.compile(compiled_layer, backend="aot_eager", fullgraph=True)
+    x = torch.randn(FUSED, generator=torch.Generator().manual_seed(1)) * 2 + 1
+    for layer in (compiled, eager_layer):
+        with torch.inference_mode():
+            layer(x)
+        layer(x.clone().requires_grad_()).square().sum().backward()
+    assert not any(t.is_inference() for t in compiled_layer.buffers())
+    for (name, a), (_, b) in zip(compiled_layer.named_buffers(), eager_layer.named_buffers()):
+        torch.testing.assert_close(a, b, msg=name)

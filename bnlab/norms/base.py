@@ -168,6 +168,9 @@ class ChannelNorm(BatchNormConventions):
                 return y, mean, var, x.numel() // x.shape[1]
             y, mean, var, n = self._plain_normalize(x, coef_fn, *tensors)
         if update is not None:
+            # read by write_buffer (dynamo traces neither torch.is_inference_mode_enabled nor
+            # Tensor.is_inference, so the grad mode of the call is the test)
+            self._step_has_backward = torch.is_grad_enabled()
             with torch.no_grad():
                 update(mean, var, n)
         return y, mean, var, n
@@ -206,11 +209,13 @@ class ChannelNorm(BatchNormConventions):
         AOTAutograd may recompute forward values in backward from the buffer, and after an in-place
         update it reads the new value (wrong gradients, measured with torch 2.13 on mbn: 1e-3 off;
         cbn, brn likewise). Buffers only read outside the graph (BN's running statistics) are
-        updated in place.
+        updated in place. So are all where the step has no backward (grad off when the layer was
+        called, :meth:`normalize_with_batch_stats`): under ``torch.inference_mode`` a rebound
+        buffer would be an inference tensor that no later training step could save.
         """
         old = getattr(self, name)
         value = value.detach().to(old.dtype)
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() and getattr(self, "_step_has_backward", True):
             setattr(self, name, value)
         else:
             old.copy_(value)
