@@ -112,6 +112,10 @@ class CompleteBatchNorm(ChannelNorm):
         steps = torch.tensor(0, dtype=torch.long, device=factory["device"])
         self.register_buffer("_amat_steps", steps, persistent=False)
 
+    def moving_buffers(self) -> dict[str, Tensor]:
+        return {"amat_mean": torch.zeros(self.num_features),
+                "amat_var": torch.ones(self.num_features)}
+
     def transient_buffers(self) -> dict[str, Tensor]:
         return {"_eta": torch.tensor(self._python_eta()), "_amat_steps": torch.tensor(0)}
 

@@ -60,6 +60,10 @@ def factory_kwargs(options: dict) -> dict:
     return {"device": options.get("device"), "dtype": options.get("dtype")}
 
 
+# What torch's BatchNorm puts in a state_dict
+TORCH_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+
+
 class BatchNormConventions(nn.Module):
     """Parameters, buffers and module protocol of ``torch.nn.modules.batchnorm._NormBase``."""
 
@@ -128,10 +132,31 @@ class BatchNormConventions(nn.Module):
             current = self.num_batches_tracked
             state_dict[key] = (current if current is not None and current.device.type != "meta"
                                else torch.tensor(0, dtype=torch.long))
+        self._keep_moving_buffers(state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
         if local_metadata.get("assign_to_params_buffers", False):
             self._materialize_transient_buffers()
+
+    def moving_buffers(self) -> dict[str, Tensor]:
+        """Persistent buffers beyond torch's BatchNorm (mbn's and cbn's moving statistics), with
+        their initial values; empty for the layers that have none."""
+        return {}
+
+    def _keep_moving_buffers(self, state_dict, prefix: str) -> None:
+        """A checkpoint of a layer without moving statistics (torch's BatchNorm: a pretrained
+        torchvision or timm model) loads strictly into one that has them: they keep their values,
+        as torch keeps ``num_batches_tracked`` for a version-1 checkpoint (their initial values on
+        the meta device). A checkpoint holding some of them but not all still fails as missing."""
+        own = self.moving_buffers()
+        theirs = [state_dict[prefix + k] for k in TORCH_KEYS if prefix + k in state_dict]
+        if not own or not theirs or any(prefix + name in state_dict for name in own):
+            return
+        ref = next((t for t in theirs if t.is_floating_point()), theirs[0])
+        for name, initial in own.items():
+            current = getattr(self, name)
+            state_dict[prefix + name] = (current if current.device.type != "meta"
+                                         else initial.to(ref.device, current.dtype))
 
     def transient_buffers(self) -> dict[str, Tensor]:
         """Initial values of the non-persistent buffers (η, step counters: not in a state_dict),

@@ -68,6 +68,10 @@ class MomentumBatchNorm(ChannelNorm):
         self.register_buffer("train_var", torch.ones(num_features, **factory))
         self.register_buffer("_lambda_exponent", torch.tensor(1.0, **factory), persistent=False)
 
+    def moving_buffers(self) -> dict[str, Tensor]:
+        return {"train_mean": torch.zeros(self.num_features),
+                "train_var": torch.ones(self.num_features)}
+
     def transient_buffers(self) -> dict[str, Tensor]:
         return {"_lambda_exponent": torch.tensor(1.0)}  # λ = 0 until set_progress gives the epoch
 
