@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .base import ChannelNorm
 from .sync import module_group
-from .conventions import checked_eps, checked_momentum
+from .conventions import checked_eps, checked_momentum, fx_leaf
 from .registry import BN_OPTIONS, norm
 
 
@@ -167,6 +167,7 @@ class NativeBatchNorm(nn.modules.batchnorm._BatchNorm):
             raise ValueError("NativeBatchNorm expects input of shape (N, C) or (N, C, *), got "
                              f"{tuple(x.shape)}")
 
+    @fx_leaf
     def forward(self, x: Tensor) -> Tensor:
         ChannelNorm.check_input(self, x)
         return super().forward(x)

@@ -19,7 +19,9 @@ What a user of ``torch.nn.BatchNorm1d/2d/3d`` relies on beyond the formula (torc
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -64,10 +66,40 @@ def factory_kwargs(options: dict) -> dict:
 TORCH_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 
 
+def fx_leaf(forward: Callable) -> Callable:
+    """``forward`` that records the layer as ONE ``call_module`` node under ``torch.fx`` tracing.
+
+    torch.fx traces into every module outside ``torch.nn`` (its leaf rule), and a layer's Python
+    checks and path choices cannot run on a ``Proxy``; torch's own BatchNorm is a leaf. So is every
+    bnlab layer: ``torch.fx.symbolic_trace``, torchvision's ``create_feature_extractor`` and FX
+    quantization see it as torch's, and the traced module calls it."""
+
+    @functools.wraps(forward)
+    def call(self, x, *args, **kwargs):
+        if isinstance(x, torch.fx.Proxy):
+            tracer = x.tracer
+            try:
+                path = tracer.path_of_module(self)
+            except NameError:
+                path = ""
+            if not path:  # the layer is the root: there is no parent to hold it
+                raise TypeError(f"{type(self).__name__} is a leaf module for torch.fx: trace a "
+                                "model that contains it, not the layer alone")
+            return tracer.create_proxy("call_module", path, (x, *args), kwargs)
+        return forward(self, x, *args, **kwargs)
+
+    return call
+
+
 class BatchNormConventions(nn.Module):
     """Parameters, buffers and module protocol of ``torch.nn.modules.batchnorm._NormBase``."""
 
     _version = 2  # torch's: version 2 added num_batches_tracked
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "forward" in cls.__dict__:  # every layer's forward is a torch.fx leaf (fx_leaf)
+            cls.forward = fx_leaf(cls.__dict__["forward"])
     # Declared for the type checker (nn.Module.__getattr__ would type them ``Tensor | Module``).
     # None when affine=False (bias: or bias=False) / without running buffers; reads check that.
     weight: Tensor
