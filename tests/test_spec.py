@@ -164,3 +164,29 @@ def test_registry_normalizes_names():
     reg = Registry("data source", normalize=lambda s: s.strip().lower().replace("-", "_"))
     reg.register("teacher_student", params={})(object)
     assert reg.entry("Teacher-Student").name == "teacher_student"
+
+
+def test_mbn_tau0_is_a_decay_in_zero_one():
+    """Yong et al.'s inference EMA keeps τ = τ0^(m/m0) of the old value; τ0 > 1 made the running
+    update's momentum 1 − τ negative and the running statistics run away. Refused by the spec (the
+    parameter's maximum) and by the constructor, with the valid range named."""
+    import bnlab.norms as N
+    from bnlab.norms.momentum import MomentumBatchNorm
+
+    with pytest.raises(ValueError, match="tau0 must be <= 1"):
+        N.create("mbn(tau0=2)", 4)
+    for bad in (1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match=r"tau0 must be in \[0, 1\]"):
+            MomentumBatchNorm(4, tau0=bad)
+    with pytest.raises(ValueError, match="ideal_batch must be a positive integer"):
+        MomentumBatchNorm(4, ideal_batch=0)
+    assert N.create("mbn(tau0=1)", 4).tau0 == 1.0 and N.create("mbn(tau0=0)", 4).tau0 == 0.0
+
+
+def test_param_maximum_is_inclusive():
+    from bnlab.spec.params import Param
+
+    p = Param(0.5, float, minimum=0.0, maximum=1.0)
+    assert p.convert("x", "k", "1", text=True) == 1.0
+    with pytest.raises(ValueError, match="must be <= 1"):
+        p.convert("x", "k", "1.01", text=True)

@@ -31,8 +31,8 @@ def mbn_lambda(epoch: int, epochs: int, batch_size: int, ideal_batch: int) -> fl
 
 @norm("mbn", "normalize with moving statistics, λ scheduled by epoch",
       "Yong et al. 2020 (Momentum BN)", "Eqs. 3-4, λ schedule",
-      {"ideal_batch": Param(32, int, minimum=1), "tau0": Param(0.9, float, minimum=0.0),
-       **BN_OPTIONS})
+      {"ideal_batch": Param(32, int, minimum=1),
+       "tau0": Param(0.9, float, minimum=0.0, maximum=1.0), **BN_OPTIONS})
 class MomentumBatchNorm(ChannelNorm):
     """MBN: normalize with moving statistics that already include the current batch.
 
@@ -58,6 +58,12 @@ class MomentumBatchNorm(ChannelNorm):
     def __init__(self, num_features: int, ideal_batch: int = 32, tau0: float = 0.9,
                  **kwargs) -> None:
         super().__init__(num_features, **kwargs)
+        if isinstance(ideal_batch, bool) or not isinstance(ideal_batch, int) or ideal_batch < 1:
+            raise ValueError(f"mbn: ideal_batch must be a positive integer, got {ideal_batch!r}")
+        # the inference EMA keeps τ = τ0^(m/m0) of the old value: a decay, so in [0, 1] (τ0 > 1
+        # gave a negative momentum and running statistics that run away)
+        if not 0.0 <= tau0 <= 1.0:
+            raise ValueError(f"mbn: tau0 must be in [0, 1], got {tau0!r}")
         self.ideal_batch = ideal_batch
         self.tau0 = tau0
         self.epoch: int | None = None

@@ -22,13 +22,15 @@ class Param:
     """One keyword of a spec: type, default and constraints.
 
     ``type`` None accepts any value (text is read by :func:`read_value`). ``item`` is the element
-    type of a ``tuple`` parameter; ``minimum``/``positive``/``finite`` then apply to each element.
+    type of a ``tuple`` parameter; ``minimum``/``maximum``/``positive``/``finite`` then apply to
+    each element.
     """
 
     default: Any
     type: type | None = None
     choices: tuple | None = None
     minimum: float | None = None  # inclusive
+    maximum: float | None = None  # inclusive
     positive: bool = False
     help: str = ""
     nullable: bool = False  # accepts None / "none"
@@ -67,6 +69,8 @@ class Param:
                 raise ValueError(f"{where} must be > 0, got {raw!r}")
             if self.minimum is not None and not value >= self.minimum:
                 raise ValueError(f"{where} must be >= {format_value(self.minimum)}, got {raw!r}")
+            if self.maximum is not None and not value <= self.maximum:
+                raise ValueError(f"{where} must be <= {format_value(self.maximum)}, got {raw!r}")
         return value
 
 
