@@ -109,6 +109,14 @@ class ChannelNorm(BatchNormConventions):
             )
         check_eps_now(self)
         check_dtype(self, x)
+        if (self.training and getattr(self, "reads_own_updates", False)
+                and not torch.compiler.is_compiling() and torch._C._current_graph_task_id() >= 0):
+            raise RuntimeError(
+                f"{type(self).__name__} is being run inside backward (torch.utils.checkpoint "
+                "recomputing a checkpointed region): its training step reads statistics that its "
+                "own forward pass updated (moving or running statistics), so the recomputation "
+                "would see the updated ones and give silently wrong gradients. Keep this layer "
+                "outside checkpointed regions")
 
     @staticmethod
     def reduce_dims(x: Tensor) -> list[int]:

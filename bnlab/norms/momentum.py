@@ -51,6 +51,10 @@ class MomentumBatchNorm(ChannelNorm):
     Training without epoch and epochs warns once.
     """
 
+    # its training step reads statistics the step itself updates: refused inside backward
+    # (checkpoint recomputation; ChannelNorm.check_input)
+    reads_own_updates = True
+
     train_mean: Tensor  # buffers, declared for the type checker (see ChannelNorm)
     train_var: Tensor
     _lambda_exponent: Tensor

@@ -98,6 +98,13 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         cost); both are fresh tensors that nothing else holds. Excluded from torch.compile: dynamo
         does not trace draws from a ``torch.Generator`` (one graph break per noisy layer; the
         normalization before it and the noise application are compiled)."""
+        if torch._C._current_graph_task_id() >= 0:  # a forward run inside backward: recomputation
+            raise RuntimeError(
+                "noisy_bn draws its noise from the layer's own torch.Generator, which "
+                "torch.utils.checkpoint does not replay when it recomputes the forward pass in "
+                "backward: the recomputed noise would differ from the forward's and the gradients "
+                "would be silently wrong. Keep noisy_bn outside checkpointed regions (or set "
+                "layer.noise = False there)")
         # a meta tensor has no values and no generator: shapes only (as nn.BatchNorm on meta)
         g = None if a.device.type == "meta" else self.generator_for(a.device)
         # synced: the global batch's noise, this rank's rows
