@@ -5,6 +5,7 @@ torchvision and timm are imported through tests/vision_shim.py (see its docstrin
 
 import copy
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,29 @@ def test_frozen_batchnorm_is_left_in_place_with_a_warning():
     with pytest.warns(UserWarning, match=r"leaves 1 frozen BatchNorm layer\(s\) in place.*: 0"):
         N.convert(model, "bn")
     assert type(model[0]).__name__ == "FrozenBatchNorm2d" and isinstance(model[1], N.BatchNorm)
+
+
+@pytest.mark.parametrize("spec", ["bn", "cbn", "mbn", "brn", "lp_bn", "native_bn"])
+def test_convert_keeps_the_parameters_themselves_as_torch_convert_sync_does(spec):
+    """Fine-tuning freezes BN's γ/β (``requires_grad_(False)``); torch's
+    ``nn.SyncBatchNorm.convert_sync_batchnorm`` hands the new layer the same Parameter objects, so
+    they stay frozen and an optimizer built before the conversion still updates them. ``convert``
+    used to build fresh ones: a frozen γ silently trained again."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(8)
+    bn.weight.requires_grad_(False)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), bn)
+    reference = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))
+    weight, bias = bn.weight, bn.bias
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        converted = N.convert(model, spec)
+    layer = converted[1]
+    assert layer.weight is weight and layer.bias is bias
+    assert [p.requires_grad for p in layer.parameters()] == [
+        p.requires_grad for p in reference[1].parameters()] == [False, True]
+    converted(torch.randn(4, 3, 8, 8)).square().sum().backward()
+    before = bias.detach().clone()
+    optimizer.step()
+    assert not torch.equal(bias, before) and weight.grad is None

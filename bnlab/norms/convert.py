@@ -141,11 +141,25 @@ def _replacement(old: _BatchNorm, spec: str, path: str) -> nn.Module:
         new = create_like(old, spec)
     except (TypeError, ValueError) as err:
         raise ValueError(f"cannot convert {path!r} ({old!r}) to {spec!r}: {err}") from err
+    _share_parameters(old, new)
     if isinstance(old, nn.SyncBatchNorm):
         new = convert_sync(new, old.process_group)
     if kind == "norm_act":
         new = NormAct(new, cast(nn.Module, old.drop), cast(nn.Module, old.act))
     return new.train(old.training)
+
+
+def _share_parameters(old: nn.Module, new: nn.Module) -> None:
+    """The new layer takes the old one's γ and β Parameter objects, as torch's
+    ``convert_sync_batchnorm`` does: a frozen γ/β (``requires_grad=False``) stays frozen, and an
+    optimizer built before the conversion keeps updating them (fresh copies silently unfroze
+    fine-tuning's frozen BN affines)."""
+    for name in ("weight", "bias"):
+        mine, theirs = getattr(new, name, None), getattr(old, name, None)
+        if (isinstance(mine, nn.Parameter) and isinstance(theirs, nn.Parameter)
+                and mine.shape == theirs.shape and mine.dtype == theirs.dtype
+                and mine.device == theirs.device):
+            setattr(new, name, theirs)
 
 
 def torch_options(old: _BatchNorm) -> dict:
