@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import fwd_bwd, measure
+from timing import fwd_bwd, measure, run_header
 
 import bnlab.norms as norms
 
@@ -142,15 +141,10 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{str(shape):<16}{name:<22}{row.get('ratio', row.get('error'))}",
                   file=sys.stderr)
     result = {
-        "benchmark": "the eager floor on small shapes: training forward+backward, float32, CPU; "
-                     "paired with nn.BatchNorm, median ratio",
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "machine": platform.machine(),
-        "clock": "thread CPU time" if args.clock == "cpu" else "wall time",
+        **run_header("the eager floor on small shapes: training forward+backward, float32, CPU; "
+                     "paired with nn.BatchNorm, median ratio", args.clock, load_before),
         "pairs": pairs, "calls_per_timing": inner, "quick": args.quick,
         "lean_mean_only_agrees_with_bnlab": all(agrees_with_bnlab(s) for s in SHAPES),
-        "load_average_1min": {"start": load_before, "end": os.getloadavg()[0],
-                              "cpus": os.cpu_count()},
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import (BN_FAMILY, SPECS, Budget, NativeBNPlusNoise, fwd_bwd, layer_table,
-                    measure, op_counts)
+                    measure, op_counts, run_header)
 
 from bnlab.norms.bench import _layer
 
@@ -176,15 +175,10 @@ def main(argv: list[str] | None = None) -> dict:
         if "noisy_bn" in specs and "eager" in modes:
             rows.append(dict(noise_yardstick(shape, pairs, inner, clock), **counts["noisy_bn"]))
     result = {
-        "benchmark": "norms forward+backward, training mode, float32, CPU; paired with native "
-                     "BN, median ratio",
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "machine": platform.machine(),
-        "clock": "thread CPU time" if args.clock == "cpu" else "wall time",
+        **run_header("norms forward+backward, training mode, float32, CPU; paired with native "
+                     "BN, median ratio", args.clock, load_before),
         "shapes": [list(s) for s in shapes], "pairs": pairs, "compile_backend": backend,
         "quick": args.quick,
-        "load_average_1min": {"start": load_before, "end": os.getloadavg()[0],
-                              "cpus": os.cpu_count()},
         "rows": rows, "goals": goals([r for r in rows if tuple(r["shape"]) == shapes[0]
                                       and not r["reference"].endswith("noise eager")]),
         "goals_issue18": issue18_goals(rows, shapes),

@@ -9,6 +9,8 @@ the scripts run and write the right keys (``--quick``).
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
 import time
 from contextlib import nullcontext
@@ -42,6 +44,16 @@ class Budget:
 
     def record_compile(self, seconds: float) -> None:
         self.compile_estimate = max(self.compile_estimate, seconds)
+
+
+def run_header(benchmark: str, clock: str, load_before: float) -> dict:
+    """What a CPU benchmark's JSON records about its run: torch, threads, machine, clock ("cpu":
+    thread CPU time, else wall time) and the 1-minute load average at its start and end."""
+    return {"benchmark": benchmark, "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "machine": platform.machine(),
+            "clock": "thread CPU time" if clock == "cpu" else "wall time",
+            "load_average_1min": {"start": load_before, "end": os.getloadavg()[0],
+                                  "cpus": os.cpu_count()}}
 
 
 def reference_for(spec: str, shape: tuple[int, ...]) -> tuple[nn.Module, str]:
