@@ -90,30 +90,93 @@ class LeanMeanOnly(nn.Module):
         return _LeanMeanOnly.apply(x, self.weight, self.bias)
 
 
-def candidates(c: int) -> dict[str, nn.Module]:
+def _mean_only_forward(x, weight, bias):
+    mean = x.mean(0) if x.dim() == 2 else x.mean((0, *range(2, x.dim())))
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    return (x - mean.view(shape)) * weight.view(shape) + bias.view(shape), mean
+
+
+def _mean_only_backward(g, x, mean, weight):
+    dims = (0,) if x.dim() == 2 else (0, *range(2, x.dim()))
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    g_bias = g.sum(dims)
+    g_weight = (g * (x - mean.view(shape))).sum(dims)
+    n = x.numel() // x.shape[1]
+    return (g - (g_bias / n).view(shape)) * weight.view(shape), g_weight, g_bias
+
+
+class CompiledMeanOnly(nn.Module):
+    """Mean-only BN with its whole forward and its whole backward each ONE inductor-compiled
+    function (``make_fx`` + ``compile_fx_inner``, static shapes), called directly: no dynamo guards,
+    no AOTAutograd wrappers, one ``autograd.Function``. Not a bnlab layer: the measurement of the
+    route that could reach the issue's small-shape goal (a variant's closure state — buffers, λ, η
+    — would have to become explicit inputs, which the direct call needs)."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        from torch._inductor.compile_fx import compile_fx_inner
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        c = shape[1]
+        self.weight, self.bias = nn.Parameter(torch.ones(c)), nn.Parameter(torch.zeros(c))
+        gen = torch.Generator().manual_seed(0)
+        x, g = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+        m, w, b = (torch.randn(c, generator=gen) for _ in range(3))  # distinct: no aliasing
+        forward = make_fx(_mean_only_forward)(x, w, b)
+        backward = make_fx(_mean_only_backward)(g, x, m, w)
+        self.kernels = (compile_fx_inner(forward, [x, w, b]),
+                        compile_fx_inner(backward, [g, x, m, w]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _CompiledMeanOnly.apply(x, self.weight, self.bias, self.kernels)
+
+
+class _CompiledMeanOnly(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, kernels):
+        y, mean = kernels[0]([x, weight, bias])
+        ctx.save_for_backward(x, mean, weight)
+        ctx.backward_kernel = kernels[1]
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, mean, weight = ctx.saved_tensors
+        g_x, g_weight, g_bias = ctx.backward_kernel([g.contiguous(), x, mean, weight])
+        return g_x, g_weight, g_bias, None
+
+
+def candidates(shape: tuple[int, ...]) -> dict[str, nn.Module]:
+    c = shape[1]
     return {"empty_function": EmptyFunction(), "lean_mean_only": LeanMeanOnly(c),
+            "compiled_mean_only": CompiledMeanOnly(shape),
             "bnlab bn": norms.create("bn", c),
             "bnlab mean_only_bn": norms.create("mean_only_bn", c)}
 
 
-def agrees_with_bnlab(shape: tuple[int, ...]) -> bool:
-    """lean_mean_only and bnlab's mean_only_bn: same output and gradients (float64)."""
+def agrees_with_bnlab(shape: tuple[int, ...], candidate: str = "lean_mean_only") -> bool:
+    """A mean-only candidate and bnlab's mean_only_bn: same output and gradients (float64 for the
+    lean function; the compiled one is float32, to float32 rounding)."""
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(shape, generator=gen, dtype=torch.float64) * 3 + 2
-    g = torch.randn(shape, generator=gen, dtype=torch.float64)
-    lean = LeanMeanOnly(shape[1]).double()
-    ours = norms.create("mean_only_bn", shape[1]).double()
+    compiled = candidate == "compiled_mean_only"
+    dtype = torch.float32 if compiled else torch.float64
+    x = torch.randn(shape, generator=gen, dtype=dtype) * 3 + 2
+    g = torch.randn(shape, generator=gen, dtype=dtype)
+    mine = CompiledMeanOnly(shape) if compiled else LeanMeanOnly(shape[1]).double()
+    ours = norms.create("mean_only_bn", shape[1]).to(dtype)
     with torch.no_grad():
-        for m in (lean, ours):
+        for m in (mine, ours):
             m.weight.copy_(torch.linspace(0.5, 2.0, shape[1]))
             m.bias.copy_(torch.linspace(-1.0, 1.0, shape[1]))
     outs = []
-    for m in (lean, ours):
+    for m in (mine, ours):
         xi = x.clone().requires_grad_()
         y = m(xi)
         y.backward(g)
         outs.append([y, xi.grad, m.weight.grad, m.bias.grad])
-    return all(torch.allclose(a, b, rtol=1e-10, atol=1e-10) for a, b in zip(*outs))
+    tol = 1e-4 if compiled else 1e-10
+    return all(torch.allclose(a, b, rtol=tol, atol=tol * float(b.abs().max()))
+               for a, b in zip(*outs))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -134,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
         x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
         torch_bn = nn.BatchNorm1d if len(shape) == 2 else nn.BatchNorm2d
         native = fwd_bwd(torch_bn(shape[1]), x)
-        for name, module in candidates(shape[1]).items():
+        for name, module in candidates(shape).items():
             row = {"shape": list(shape), "layer": name, "reference": "nn.BatchNorm eager",
                    **measure(fwd_bwd(module, x), native, pairs, inner, lambda: None, clock)}
             rows.append(row)
@@ -145,6 +208,8 @@ def main(argv: list[str] | None = None) -> dict:
                      "paired with nn.BatchNorm, median ratio", args.clock, load_before),
         "pairs": pairs, "calls_per_timing": inner, "quick": args.quick,
         "lean_mean_only_agrees_with_bnlab": all(agrees_with_bnlab(s) for s in SHAPES),
+        "compiled_mean_only_agrees_with_bnlab": all(agrees_with_bnlab(s, "compiled_mean_only")
+                                                    for s in SHAPES),
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

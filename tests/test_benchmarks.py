@@ -74,15 +74,18 @@ def test_norms_benchmark_quick_writes_eager_and_compiled_columns(tmp_path):
 
 def test_eager_floor_quick_times_the_floor_of_the_same_computation(tmp_path):
     """benchmarks/eager_floor.py: every candidate on both small shapes against nn.BatchNorm, and its
-    hand-written mean-only function computes what bnlab's mean_only_bn does (output, gradients)."""
+    hand-written and compiled mean-only functions compute what bnlab's mean_only_bn does (output,
+    gradients)."""
     floor = load("eager_floor")
     out = tmp_path / "floor.json"
     result = floor.main(["--quick", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     assert result["lean_mean_only_agrees_with_bnlab"] is True
+    assert result["compiled_mean_only_agrees_with_bnlab"] is True
     assert {(tuple(r["shape"]), r["layer"]) for r in result["rows"]} == {
         (s, name) for s in floor.SHAPES
-        for name in ("empty_function", "lean_mean_only", "bnlab bn", "bnlab mean_only_bn")}
+        for name in ("empty_function", "lean_mean_only", "compiled_mean_only", "bnlab bn",
+                     "bnlab mean_only_bn")}
     assert all(r["ratio"] > 0 and r["ms"] > 0 for r in result["rows"])
 
 
