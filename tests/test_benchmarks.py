@@ -82,10 +82,11 @@ def test_eager_floor_quick_times_the_floor_of_the_same_computation(tmp_path):
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     assert result["lean_mean_only_agrees_with_bnlab"] is True
     assert result["compiled_mean_only_agrees_with_bnlab"] is True
+    assert result["aot_step_agrees_with_bnlab"] is True
     assert {(tuple(r["shape"]), r["layer"]) for r in result["rows"]} == {
         (s, name) for s in floor.SHAPES
-        for name in ("empty_function", "lean_mean_only", "compiled_mean_only", "bnlab bn",
-                     "bnlab mean_only_bn")}
+        for name in ("empty_function", "lean_mean_only", "compiled_mean_only",
+                     "aot_function mean_only_bn", "bnlab bn", "bnlab mean_only_bn")}
     assert all(r["ratio"] > 0 and r["ms"] > 0 for r in result["rows"])
 
 
