@@ -37,7 +37,7 @@ UpdateFn = Callable[[Tensor, Tensor, int], None]
 from .fused import (  # noqa: E402,F401
     autocast_off, centred_reductions, channel_affine, channel_dot, channel_sum, coef_dtype,
     fused_normalize, per_channel, plain_autograd, plain_requested, refuse_double_backward,
-    stats_dtype,
+    refuse_recomputation, stats_dtype,
 )
 
 
@@ -110,13 +110,11 @@ class ChannelNorm(BatchNormConventions):
         check_eps_now(self)
         check_dtype(self, x)
         if (self.training and getattr(self, "reads_own_updates", False)
-                and not torch.compiler.is_compiling() and torch._C._current_graph_task_id() >= 0):
-            raise RuntimeError(
-                f"{type(self).__name__} is being run inside backward (torch.utils.checkpoint "
-                "recomputing a checkpointed region): its training step reads statistics that its "
-                "own forward pass updated (moving or running statistics), so the recomputation "
-                "would see the updated ones and give silently wrong gradients. Keep this layer "
-                "outside checkpointed regions")
+                and not torch.compiler.is_compiling()):
+            refuse_recomputation(type(self).__name__,
+                                 "its training step reads statistics (moving or running) that its "
+                                 "own forward pass updated, and would read the updated ones",
+                                 "Keep this layer outside checkpointed regions")
 
     @staticmethod
     def reduce_dims(x: Tensor) -> list[int]:

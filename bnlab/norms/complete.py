@@ -80,9 +80,7 @@ class CompleteBatchNorm(ChannelNorm):
     ``bnlab.norms.track`` do it); training without it warns once and runs with η = 0.
     """
 
-    # its training step reads statistics the step itself updates: refused inside backward
-    # (checkpoint recomputation; ChannelNorm.check_input)
-    reads_own_updates = True
+    reads_own_updates = True  # refused in checkpoint recomputation (ChannelNorm.check_input)
 
     # running_var holds σ²_A − (off + β)², a signed part of the eval divisor (negative when β grew
     # faster than the moving second moment followed): not a variance the health check may hold to

@@ -137,6 +137,16 @@ def refuse_double_backward(what: str) -> None:
                            "bnlab.norms.plain_autograd():`")
 
 
+def refuse_recomputation(layer: str, reason: str, remedy: str) -> None:
+    """Raise if this forward pass runs inside backward: torch.utils.checkpoint recomputing its
+    region, which for a layer whose step is not a pure function of its inputs (``reason``) would
+    give silently wrong gradients."""
+    if torch._C._current_graph_task_id() >= 0:
+        raise RuntimeError(f"{layer} is being run inside backward (torch.utils.checkpoint "
+                           f"recomputing a checkpointed region): {reason}, so the recomputation "
+                           f"would give silently wrong gradients. {remedy}")
+
+
 # ---- switches ------------------------------------------------------------------------------------
 # per thread: one thread's plain_autograd() must not change another's layers
 _STATE = threading.local()

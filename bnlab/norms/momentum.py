@@ -51,9 +51,7 @@ class MomentumBatchNorm(ChannelNorm):
     Training without epoch and epochs warns once.
     """
 
-    # its training step reads statistics the step itself updates: refused inside backward
-    # (checkpoint recomputation; ChannelNorm.check_input)
-    reads_own_updates = True
+    reads_own_updates = True  # refused in checkpoint recomputation (ChannelNorm.check_input)
 
     train_mean: Tensor  # buffers, declared for the type checker (see ChannelNorm)
     train_var: Tensor

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from .base import stats_dtype
-from .fused import lazily_disabled
+from .fused import lazily_disabled, refuse_recomputation
 from .batchnorm import BatchNorm
 from .sync import global_batch_rows, module_group
 from .registry import BN_OPTIONS, Param, norm
@@ -98,13 +98,11 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         cost); both are fresh tensors that nothing else holds. Excluded from torch.compile: dynamo
         does not trace draws from a ``torch.Generator`` (one graph break per noisy layer; the
         normalization before it and the noise application are compiled)."""
-        if torch._C._current_graph_task_id() >= 0:  # a forward run inside backward: recomputation
-            raise RuntimeError(
-                "noisy_bn draws its noise from the layer's own torch.Generator, which "
-                "torch.utils.checkpoint does not replay when it recomputes the forward pass in "
-                "backward: the recomputed noise would differ from the forward's and the gradients "
-                "would be silently wrong. Keep noisy_bn outside checkpointed regions (or set "
-                "layer.noise = False there)")
+        refuse_recomputation("noisy_bn",
+                             "its noise comes from the layer's own torch.Generator, which "
+                             "checkpoint does not replay, and would differ from the forward's",
+                             "Keep noisy_bn outside checkpointed regions (or set layer.noise = "
+                             "False there)")
         # a meta tensor has no values and no generator: shapes only (as nn.BatchNorm on meta)
         g = None if a.device.type == "meta" else self.generator_for(a.device)
         # synced: the global batch's noise, this rank's rows

@@ -91,9 +91,7 @@ class BatchRenorm(ChannelNorm):
     warm-up. ``track_running_stats=False``: r = 1, d = 0 (plain BN).
     """
 
-    # its training step reads statistics the step itself updates: refused inside backward
-    # (checkpoint recomputation; ChannelNorm.check_input)
-    reads_own_updates = True
+    reads_own_updates = True  # refused in checkpoint recomputation (ChannelNorm.check_input)
 
     def __init__(self, num_features: int, r_max: float = 3.0, d_max: float = 5.0,
                  relax_from: int | None = None, r_max_at: int | None = None,
