@@ -78,3 +78,18 @@ def test_a_timm_resnet_checkpoint_loads_into_the_converted_network(spec):
     if spec == "bn":
         x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(2))
         torch.testing.assert_close(target.eval()(x), source.eval()(x))
+
+
+@pytest.mark.parametrize("spec", ["mbn", "cbn"])
+def test_loading_inside_a_meta_device_block_gives_real_buffers(spec):
+    """Large-model initialization builds AND loads inside ``with torch.device("meta")``: the
+    initial values of the moving statistics (and of the non-persistent buffers) were then built
+    on meta themselves ("Cannot copy out of meta tensor")."""
+    source = torch_bn().state_dict()  # a real checkpoint, loaded from outside the block
+    with torch.device("meta"):
+        layer = create(spec)
+        layer.load_state_dict(source, assign=True)
+    assert not any(t.is_meta for t in [*layer.parameters(), *layer.buffers()])
+    for name, initial in layer.moving_buffers().items():
+        assert torch.equal(getattr(layer, name), initial)
+    assert torch.isfinite(layer(torch.randn(4, 8, 3, 3))).all()

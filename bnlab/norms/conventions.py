@@ -180,7 +180,8 @@ class BatchNormConventions(nn.Module):
         torchvision or timm model) loads strictly into one that has them: they keep their values,
         as torch keeps ``num_batches_tracked`` for a version-1 checkpoint (their initial values on
         the meta device). A checkpoint holding some of them but not all still fails as missing."""
-        own = self.moving_buffers()
+        with torch.device("cpu"):  # real values also inside a `torch.device("meta")` block
+            own = self.moving_buffers()
         theirs = [state_dict[prefix + k] for k in TORCH_KEYS if prefix + k in state_dict]
         if not own or not theirs or any(prefix + name in state_dict for name in own):
             return
@@ -203,7 +204,9 @@ class BatchNormConventions(nn.Module):
         if not loaded:
             return
         ref = next((t for t in loaded if t.is_floating_point()), loaded[0])
-        for name, value in self.transient_buffers().items():
+        with torch.device("cpu"):  # real values also inside a `torch.device("meta")` block
+            transient = self.transient_buffers()
+        for name, value in transient.items():
             current = self._buffers.get(name)
             if current is not None and current.device.type == "meta":
                 dtype = ref.dtype if value.is_floating_point() else value.dtype
