@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from bnlab.norms import NativeBatchNorm
+from bnlab.norms import NativeBatchNorm, compiled_step, compiled_steps
 from bnlab.norms.bench import DEFAULT_SPECS, _layer
 from bnlab.norms.opcount import count_ops, training_step
 
@@ -169,6 +169,25 @@ def compile_and_warm(module: nn.Module,
     return step, {"compile_s": round(seconds, 1)}
 
 
+def compiled_step_and_warm(module: nn.Module, make_step: Callable[[nn.Module], Callable[[], None]]
+                           ) -> tuple[Callable[[], None] | None, dict]:
+    """``make_step(module)`` run inside ``bnlab.norms.compiled_steps()`` after its first call (the
+    compile of the layer's step: bnlab.norms.compiled_step), or None and why not."""
+    inner = make_step(module)
+
+    def step() -> None:
+        with compiled_steps():
+            inner()
+    start, before = time.perf_counter(), compiled_step.CALLS["forward"]
+    try:
+        step(), step()
+    except Exception as err:
+        return None, {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+    if compiled_step.CALLS["forward"] == before:
+        return None, {"skipped": "the layer does not take the compiled step"}
+    return step, {"compile_s": round(time.perf_counter() - start, 1)}
+
+
 def layer_table(specs: list[str], shape: tuple[int, ...], device: torch.device,
                 precisions: list[str], modes: list[str], pairs: int, budget: Budget,
                 backend: str = "inductor", inner: int = 1, sync: Callable[[], None] = lambda: None,
@@ -189,9 +208,10 @@ def layer_table(specs: list[str], shape: tuple[int, ...], device: torch.device,
             for mode in modes:
                 row = {"spec": spec, "precision": precision, "mode": mode,
                        "reference": f"{ref_name} eager"}
-                step, info = ((fwd_bwd(layer, xp, precision), {}) if mode == "eager" else
-                              compile_and_warm(
-                                  layer, lambda m: fwd_bwd(m, xp, precision), budget, backend))
+                make = lambda m: fwd_bwd(m, xp, precision)  # noqa: E731
+                step, info = ((make(layer), {}) if mode == "eager" else
+                              compiled_step_and_warm(layer, make) if mode == "compiled_step" else
+                              compile_and_warm(layer, make, budget, backend))
                 row.update(info)
                 if step is not None:
                     row.update(measure(step, ref_step, pairs, inner, sync, clock))

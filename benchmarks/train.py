@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/train.py             # both settings, 7 alternating pairs each
     .venv/bin/python benchmarks/train.py --quick     # 3 pairs, fewer steps
+    .venv/bin/python benchmarks/train.py --quick --norm mbn --compiled-steps --output PATH
     python3 benchmarks/train.py --device cuda        # on a GPU (results/train_cuda.json)
 
 Settings (issue 12): Santurkar's deep linear network (``dln``: 25 layers of width 10, BN after each
@@ -21,6 +22,10 @@ thread's CPU time on the CPU (one thread does all the work; on a shared, oversub
 time mostly measures waiting for a core), and wall time after ``torch.cuda.synchronize()`` on a GPU.
 bnlab and the plain loop alternate, each pair gives a ratio, and the result is the median of the
 ratios. Results go to benchmarks/results/train.json (train_cuda.json on a GPU).
+
+``--norm SPEC`` trains bnlab's side (engine and plain loop) with another layer; ``--compiled-steps``
+runs its layers' training steps as compiled functions (``bnlab.norms.set_compiled_steps``: both
+bnlab sides, not the native-BN loop; the first steps, which compile, are before the clock starts).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
 from bnlab.data import batches  # noqa: E402
+from bnlab.norms import set_compiled_steps  # noqa: E402
 from bnlab.train import Callback, prepare, run  # noqa: E402
 
 WARMUP = 10
@@ -127,16 +133,17 @@ def measure(name: str, config: dict, steps: int, pairs: int, compile_step: bool)
     return out
 
 
-def summary_rows(results: dict) -> list[dict]:
+def summary_rows(results: dict, norm: str = "bn", compiled_steps: bool = False) -> list[dict]:
     """The table's rows: the engine's overhead alone, and issue 18's "bnlab `bn` in the engine vs
     native BN in a plain loop" (layers and engine together, against what a PyTorch user would
     write)."""
-    rows = []
+    rows, how = [], " (compiled steps)" if compiled_steps else ""
     for name, r in results.items():
-        rows.append({"setting": name, "row": "bnlab engine vs plain loop, same model (bnlab `bn`)",
+        rows.append({"setting": name,
+                     "row": f"bnlab engine vs plain loop, same model (bnlab `{norm}`{how})",
                      "ratio": r["ratio_vs_plain_same_model"]})
         rows.append({"setting": name,
-                     "row": "bnlab `bn` in the engine vs native BN in a plain loop",
+                     "row": f"bnlab `{norm}`{how} in the engine vs native BN in a plain loop",
                      "ratio": r["ratio_vs_plain_native_bn"]})
     return rows
 
@@ -147,23 +154,29 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--compile", action="store_true", help="also time bnlab with --compile")
+    parser.add_argument("--norm", default="bn", help="bnlab's layer (default bn)")
+    parser.add_argument("--compiled-steps", action="store_true",
+                        help="bnlab.norms.set_compiled_steps(True) for bnlab's layers")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    set_compiled_steps(args.compiled_steps)
     global _clock
     if args.device != "cpu":
         _clock = time.perf_counter
     pairs = 3 if args.quick else 7
     steps = {"dln_full_batch": 150 if args.quick else 400, "digits_mlp": 200 if args.quick else 600}
     results = {
-        name: measure(name, dict(config, device=args.device), steps[name], pairs, args.compile)
+        name: measure(name, dict(config, device=args.device, norm=args.norm), steps[name], pairs,
+                      args.compile)
         for name, config in SETTINGS.items()
     }
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") \
         else platform.processor() or platform.machine()
     clock = "thread CPU time" if args.device == "cpu" else "wall time after cuda.synchronize"
     payload = {"device": device, "threads": args.threads, "torch": torch.__version__,
-               "clock": clock, "results": results, "rows": summary_rows(results)}
+               "clock": clock, "compiled_steps": args.compiled_steps, "results": results,
+               "rows": summary_rows(results, args.norm, args.compiled_steps)}
     default = ROOT / "results" / ("train.json" if args.device == "cpu"
                                   else f"train_{args.device.split(':')[0]}.json")
     path = args.output or default

@@ -56,12 +56,18 @@ def test_gpu_benchmark_dry_run_writes_every_section(tmp_path):
 def test_norms_benchmark_quick_writes_eager_and_compiled_columns(tmp_path):
     norms = load("norms")
     out = tmp_path / "norms.json"
-    result = norms.main(
-        ["--quick", "--threads", "1", "--specs", "native_bn,bn,si_bn", "--out", str(out)])
+    specs = ("native_bn", "bn", "si_bn", "mean_only_bn")
+    result = norms.main(["--quick", "--threads", "1", "--specs", ",".join(specs), "--out",
+                         str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     assert {(r["spec"], r["mode"]) for r in result["rows"]} == {
-        (s, m) for s in ("native_bn", "bn", "si_bn") for m in ("eager", "compiled")}
-    assert all(r["ratio"] > 0 and r["ms"] > 0 for r in result["rows"])
+        (s, m) for s in specs for m in ("eager", "compiled", "compiled_step")}
+    # mean_only_bn and si_bn take bnlab.norms.compiled_steps(); the others say they do not
+    timed = [r for r in result["rows"] if r["mode"] != "compiled_step"
+             or r["spec"] in ("mean_only_bn", "si_bn")]
+    assert all(r["ratio"] > 0 and r["ms"] > 0 for r in timed)
+    assert all("does not take" in r["skipped"] for r in result["rows"] if r not in timed)
+    assert "| compiled step × |" in norms.side_by_side(result["rows"])
     si = next(r for r in result["rows"] if r["spec"] == "si_bn")
     # wrappers are compared with their conv + BN
     assert si["reference"].startswith("conv1x1+native_bn")

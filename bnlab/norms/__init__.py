@@ -8,6 +8,7 @@ on the docs site).
 from . import catalog as _catalog  # noqa: F401  (registers the layers)
 from .base import ChannelNorm, plain_autograd
 from .batchnorm import BatchNorm, MeanOnlyBatchNorm, NativeBatchNorm, VarOnlyBatchNorm
+from .compiled_step import compiled_steps, set_compiled_steps
 from .complete import CompleteBatchNorm, amat_eta
 from .lp import LpBatchNorm, hoffer_linf_constant
 from .momentum import MomentumBatchNorm, mbn_lambda
@@ -39,8 +40,9 @@ __all__ = [
     "MeanOnlyBatchNorm", "MomentumBatchNorm", "NativeBatchNorm", "NoisyBatchNorm", "NormAct",
     "NormInfo", "ProgressTracker", "ScaleInvariantBN", "ScaleInvariantConvBN",
     "ScaleInvariantLinearBN", "StochasticLayer", "VarOnlyBatchNorm", "WeightNorm",
-    "PLACEMENTS", "amat_eta", "convert", "convert_sync", "create", "describe", "fold",
+    "PLACEMENTS", "amat_eta", "compiled_steps", "convert", "convert_sync", "create", "describe",
+    "fold",
     "hoffer_linf_constant", "mbn_lambda", "normalized", "plain_autograd", "recollect_running_stats",
-    "regularization_loss",
-    "removes_mean", "seed_layers", "set_progress", "stochastic_layers", "track", "validate",
+    "regularization_loss", "removes_mean", "seed_layers", "set_compiled_steps", "set_progress",
+    "stochastic_layers", "track", "validate",
 ]

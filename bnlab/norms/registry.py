@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch.nn as nn
 
 from bnlab.spec import Param, Registry, parse
+
+from .compiled_step import ROUTED_SPECS, route
 
 __all__ = ["BN_OPTIONS", "NORMS", "REGISTRY", "NormInfo", "Param", "lookup", "norm", "parse_spec",
            "register"]
@@ -57,6 +59,8 @@ def norm(name: str, summary: str, paper: str, equation: str, params: dict[str, P
     def decorate(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         register(NormInfo(name, factory, summary, paper, equation, dict(params or {}), kind,
                           removes_mean))
+        if name in ROUTED_SPECS:  # opt-in compiled training steps (a wrapper: its normalization)
+            route(cast(type, getattr(factory, "normalization", factory)), list(params or {}))
         if isinstance(factory, type):
             reference = f"Paper: {paper}, {equation}."
             doc = inspect.cleandoc(factory.__doc__ or "")

@@ -59,6 +59,8 @@ class ScaleInvariantBN(nn.Module):
     running_var,num_batches_tracked}`` — the BN names. Build the layer with ``bias=False``.
     """
 
+    normalization = _WeightScaledEpsBN  # the class of .norm (bnlab.norms.compiled_step keys on it)
+
     def __init__(self, layer: nn.Module, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True, device=None, dtype=None, *,
                  bias: bool = True, sync: bool = False) -> None:

@@ -1,0 +1,325 @@
+"""A layer's whole training step as two compiled functions, for small eager CPU tensors (issue 18).
+
+On a small tensor ((1000, 10), (32, 16, 8, 8)) an eager training step of a BN variant costs what
+its ~40–100 dispatched operations cost in Python and the dispatcher, not arithmetic: 3–7× torch's
+BatchNorm, and even the least a hand-written eager ``autograd.Function`` can do is 1.5–1.7×
+(``benchmarks/eager_floor.py``). Only compiled code gets below that. ``torch.compile`` does not
+help there either: its guards and wrappers cost 0.06–0.11 ms a call, more than the step.
+
+So, opt-in (:func:`compiled_steps`, or ``BNLAB_COMPILED_STEPS=1``), a layer's training step on a
+small CPU input runs as
+
+* **forward**: one inductor-compiled function of ``(x, parameters, buffers)`` that returns ``y``
+  and what the backward needs, and writes the buffer updates in place (running statistics, mbn's
+  moving moments, cbn's AMAT, step counters);
+* **backward**: one compiled function of (what the forward saved, ∂L/∂y) that returns the input
+  and parameter gradients,
+
+called directly from one ``autograd.Function``: no dynamo, no guards. Both come from one joint
+graph, traced once per key from the layer's own plain-autograd forward and its ``torch.func.vjp``
+(``functional_call``, ``functionalize``, ``make_fx`` on fake tensors, inductor's decompositions),
+and split by torch's min-cut partitioner (AOTAutograd's): the variant stays its one
+``coefficients`` description, nothing is written per variant. A buffer the backward would read
+itself is saved as a copy taken before the in-place update. The key is the layer's class, its
+hyper-parameters (its catalogue entry's options: ``eps``, ``momentum``, ρ, τ0, …), the inputs'
+shapes and dtypes, and which tensors require grad (none, or grad off: a forward-only function);
+layers with equal keys share the compiled functions (a 25-layer network compiles once). Tracing on
+fake tensors means no value of a tensor can be baked into the code: a step that reads one in Python
+fails to trace and keeps its eager path, with one warning. Whatever a step reads from a buffer
+(cbn's η, brn's warm-up step, mbn's λ exponent) is an input; Python numbers it reads are in the
+key.
+
+Which steps take it: training mode (batch statistics), float32/float64, contiguous, on the CPU,
+below :data:`bnlab.norms.base.FUSED_MIN_NUMEL` elements (above it the fused operators run at
+1.0–1.1× native), not synchronized, not under ``torch.compile``, ``torch.func`` transforms, a
+``TorchDispatchMode`` or :func:`plain_autograd`, for the classes of :data:`ROUTED_SPECS` exactly
+(a user's subclass, or a layer with a method set on it, stays eager; ``si_bn``: the normalization
+inside it, whose ‖w‖² is a second input). ``noisy_bn`` does not: its noise comes from its own
+generator, which a compiled function cannot advance; nor ``bn``, which runs torch's kernel.
+
+Cost: the first call per key compiles, 1–5 s on a laptop CPU. Then, against native eager
+BatchNorm (``benchmarks/norms.py --modes eager,compiled_step``, 2026-11-27, 1 thread): 0.86–1.31×
+on (1000, 10) and (32, 16, 8, 8) where the eager variants are 2.4–4.9×; ``lp_bn(p=inf)`` 2.1–2.6×
+(eager 6.4×: its deterministic top-k's ``sort``/``topk`` stay separate kernels). Numerics:
+inductor's reductions round differently from the eager kernels (float32 agrees to ~1e-6
+relative, float64 to ~1e-15), so runs with and without differ in the last bits; the stored
+catalogue runs are eager. Not twice differentiable (as the fused operators).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, cast
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from . import base
+from .fused import plain_requested, refuse_double_backward
+from .sync import module_group
+
+# the catalogue entries whose layer classes take the compiled step (bn runs torch's kernel already)
+ROUTED_SPECS = ("mean_only_bn", "var_only_bn", "mbn", "cbn", "brn", "lp_bn", "si_bn")
+# Python numbers every ChannelNorm step reads, beside its catalogue options
+_BASE_ATTRIBUTES = ("num_features", "eps", "momentum", "affine", "track_running_stats", "training")
+_DTYPES = (torch.float32, torch.float64)
+
+_LOCK = threading.Lock()
+_STATE = threading.local()  # .tracing: inside a trace (the layer's own forward must run)
+_ENABLED = [os.environ.get("BNLAB_COMPILED_STEPS", "0") == "1"]
+_BUILT: dict[tuple, "CompiledStep | None"] = {}  # key -> compiled step, or None (stays eager)
+CALLS: dict[str, int] = {"forward": 0, "backward": 0}  # compiled calls made (tests, diagnostics)
+
+
+def enabled() -> bool:
+    """Whether layers take their compiled step where they can (process-wide)."""
+    return _ENABLED[0]
+
+
+@contextmanager
+def compiled_steps(enabled: bool = True) -> Iterator[None]:
+    """Within the block, eligible training steps run as compiled functions (see the module's
+    docstring); process-wide, like ``torch.backends`` flags. ``set_compiled_steps`` switches it
+    for good."""
+    previous = _ENABLED[0]
+    _ENABLED[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _ENABLED[0] = previous
+
+
+def set_compiled_steps(enabled: bool) -> None:
+    """Switch the compiled steps on or off for the rest of the process."""
+    _ENABLED[0] = bool(enabled)
+
+
+def _eligible(layer: nn.Module, x: Tensor, extra: tuple) -> bool:
+    """``extra``: further tensor inputs of the forward (si_bn's ‖w‖², per channel)."""
+    return (layer.training and torch.is_tensor(x) and x.device.type == "cpu"
+            and all(torch.is_tensor(t) and t.device.type == "cpu" and t.dtype in _DTYPES
+                    for t in extra)
+            and x.dtype in _DTYPES and 0 < x.numel() < base.FUSED_MIN_NUMEL and x.dim() >= 2
+            and x.shape[1] == layer.num_features and x.is_contiguous()
+            and not getattr(_STATE, "tracing", False) and not plain_requested()
+            and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+            and not torch._C._are_functorch_transforms_active()
+            and _get_current_dispatch_mode() is None
+            and module_group(layer) is None
+            and not any(callable(v) for v in vars(layer).values()))
+
+
+def route(cls: type[nn.Module], options: Iterable[str]) -> None:
+    """Let ``cls``'s training step take the compiled route where :func:`_eligible` (called by the
+    catalogue's ``norm`` decorator for :data:`ROUTED_SPECS`); ``options``: its catalogue options,
+    the Python numbers its step reads. Instances of ``cls`` exactly: a subclass stays eager."""
+    attributes = (*_BASE_ATTRIBUTES,
+                  *(o for o in options if o not in ("bias", "sync", "affine")))
+    forward = cls.forward
+
+    @functools.wraps(forward)
+    def forward_or_compiled_step(self, x, *args, **kwargs):
+        if _ENABLED[0] and not kwargs and type(self) is cls and _eligible(self, x, args):
+            self.check_input(x)
+            step = _step_for(self, (x, *args), attributes)
+            if step is not None:
+                return step(self, (x, *args))
+        return forward(self, x, *args, **kwargs)
+
+    cls.forward = forward_or_compiled_step
+
+
+def _step_for(layer: nn.Module, inputs: tuple[Tensor, ...],
+              attributes: tuple[str, ...]) -> "CompiledStep | None":
+    """The compiled step for this layer and these inputs, built on the first call with its key."""
+    grad = torch.is_grad_enabled()
+    params = tuple(p for p in layer._parameters.values() if p is not None)
+    needs = tuple(t.requires_grad for t in (*inputs, *params)) if grad else ()
+    needs = needs if any(needs) else ()  # () : forward only
+    key = (type(layer), tuple(getattr(layer, a) for a in attributes),
+           tuple((t.shape, t.dtype, t.is_contiguous()) for t in inputs),
+           tuple(n for n, b in layer._buffers.items() if b is not None),
+           tuple(n for n, p in layer._parameters.items() if p is not None), needs)
+    step = _BUILT.get(key, _MISSING)
+    if step is _MISSING:
+        with _LOCK:
+            step = _BUILT[key] = _build(layer, inputs, needs)
+    return step
+
+
+_MISSING: Any = object()
+
+
+@dataclass
+class CompiledStep:
+    """The two compiled functions of one key; ``needs``: which of (*inputs, *params) get a
+    gradient (empty: forward only)."""
+
+    forward: Callable[[list[Tensor]], list[Tensor]]
+    backward: Callable[[list[Tensor]], list[Tensor]] | None
+    needs: tuple[bool, ...]
+
+    def __call__(self, layer: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+        params = [p for p in layer._parameters.values() if p is not None]
+        buffers = [b for b in layer._buffers.values() if b is not None]
+        if self.backward is None:
+            CALLS["forward"] += 1
+            with torch.no_grad():
+                return self.forward([*(t.detach() for t in (*inputs, *params)), *buffers])[0]
+        return _CompiledStepFunction.apply(self, buffers, *inputs, *params)
+
+
+class _CompiledStepFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, step: CompiledStep, buffers: list[Tensor],
+                *tensors: Tensor) -> Tensor:
+        CALLS["forward"] += 1
+        y, *saved = step.forward([*tensors, *buffers])
+        ctx.step = step
+        ctx.save_for_backward(*saved)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: Tensor):
+        refuse_double_backward("compiled training step")
+        CALLS["backward"] += 1
+        step = ctx.step
+        saved = ctx.saved_tensors
+        grads = iter(step.backward([*saved, grad_y.contiguous()]))
+        return (None, None, *(next(grads) if need else None for need in step.needs))
+
+
+def _pure_step(layer: nn.Module, n_inputs: int, n_params: int) -> Callable:
+    """``(*inputs, *params, *buffers) -> y`` through the layer's own forward, the buffers written
+    in place."""
+    pnames = [n for n, p in layer._parameters.items() if p is not None]
+    bnames = [n for n, b in layer._buffers.items() if b is not None]
+
+    def step(*tensors: Tensor) -> Tensor:
+        inputs, params = tensors[:n_inputs], tensors[n_inputs:n_inputs + n_params]
+        buffers = tensors[n_inputs + n_params:]
+        state = {**dict(zip(pnames, params)), **dict(zip(bnames, buffers))}
+        return torch.func.functional_call(layer, state, inputs, tie_weights=False)
+    return step
+
+
+def _graph(fn: Callable, inputs: list[Tensor]) -> torch.fx.GraphModule:
+    """``fn`` traced on fake tensors (no data baked in) with inductor's decompositions and
+    functionalized: buffer writes become copies into the inputs at the end."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    def flat(*args: Tensor) -> list[Tensor]:
+        return list(fn(*args))
+    _STATE.tracing = True
+    try:
+        with torch.autocast("cpu", enabled=False):
+            graph = make_fx(torch.func.functionalize(flat, remove="mutations_and_views"),
+                            decomposition_table=select_decomp_table(),
+                            tracing_mode="fake")(*inputs)
+    finally:
+        _STATE.tracing = False
+    _drop_detaches(graph)
+    return graph
+
+
+def _compile(graph: torch.fx.GraphModule) -> Callable[[list[Tensor]], list[Tensor]]:
+    """Inductor's code for ``graph``, called as ``compiled(list_of_tensors)``."""
+    from torch._inductor import config
+    from torch._inductor.compile_fx import compile_fx_inner
+    inputs = [_example(n.meta["val"]) for n in graph.graph.find_nodes(op="placeholder")]
+    # per-channel values computed once into a (C,) buffer rather than inlined into every
+    # full-size loop (inductor's default recomputes up to 30 ops per element): cbn, mbn, brn
+    # 1.5–1.8 → 1.3–1.4× native eager on (1000, 10)
+    with config.patch(realize_opcount_threshold=4):
+        return compile_fx_inner(graph, inputs)
+
+
+def _example(val: Tensor) -> Tensor:
+    return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype)
+
+
+def _drop_detaches(graph: torch.fx.GraphModule) -> None:
+    """Functionalization turns the layer's ``.detach()`` calls into copies that inductor runs as
+    separate aten calls (cbn: 10 of them, 2.5× the step's time). In a traced graph a detach has
+    done its work (it shaped the traced gradient), and after functionalization nothing writes to
+    its result, so each is its input."""
+    detach = (torch.ops.aten.detach_copy.default, torch.ops.aten.detach.default)
+    for node in list(graph.graph.nodes):
+        if node.op == "call_function" and node.target in detach:
+            node.replace_all_uses_with(node.args[0])
+            graph.graph.erase_node(node)
+    graph.recompile()
+
+
+def _write_back(forward: torch.fx.GraphModule, n_inputs: int, n_buffers: int) -> None:
+    """Outputs 1 … n_buffers of the partitioned forward graph are the buffers' new values: copy
+    each into its input (the last ``n_buffers`` of ``n_inputs``) inside the graph, so inductor
+    writes them in place, and drop them from the outputs. A buffer that the backward reads
+    itself is saved as a copy taken before the write (else the backward would read the new
+    value)."""
+    graph = forward.graph
+    buffers = list(graph.find_nodes(op="placeholder"))[n_inputs - n_buffers:n_inputs]
+    output = next(iter(graph.find_nodes(op="output")))
+    values = list(output.args[0])
+    new, saved = values[1:1 + n_buffers], values[1 + n_buffers:]
+    with graph.inserting_before(output):
+        saved = [graph.call_function(torch.ops.aten.clone.default, (node,)) if node in buffers
+                 else node for node in saved]
+        for buffer, value in zip(buffers, new):
+            graph.call_function(torch.ops.aten.copy_.default, (buffer, value))
+    output.args = ((values[0], *saved),)
+    forward.recompile()
+
+
+def _build(layer: nn.Module, inputs: tuple[Tensor, ...],
+           needs: tuple[bool, ...]) -> CompiledStep | None:
+    """Trace and compile ``layer``'s step for tensors like ``inputs``; None (and one warning) if
+    the step cannot be traced or compiled: it then stays eager."""
+    params = [p.detach().clone() for p in layer._parameters.values() if p is not None]
+    buffers = [b.detach().clone() for b in layer._buffers.values() if b is not None]
+    step = _pure_step(layer, len(inputs), len(params))
+    examples = [*(t.detach().clone() for t in inputs), *params]  # what may be differentiated
+    n_diff = len(examples)
+
+    def forward(*tensors: Tensor) -> tuple[Tensor]:
+        return (step(*tensors),)
+
+    def joint(*tensors: Tensor) -> tuple[Tensor, ...]:
+        """(y, the buffers' new values, the gradients): forward and backward in one graph."""
+        diff, bs, grad_y = tensors[:n_diff], tensors[n_diff:-1], tensors[-1]
+
+        def of(*wrt: Tensor) -> tuple[Tensor, list[Tensor]]:
+            it = iter(wrt)
+            new = [b.clone() for b in bs]
+            return step(*(next(it) if need else t for t, need in zip(diff, needs)), *new), new
+        # (output, pull-back, aux): torch.func.vjp's annotation omits the aux
+        y, pull, new = cast(Any, torch.func.vjp)(of, *(t for t, need in zip(diff, needs) if need),
+                                                 has_aux=True)
+        return (y, *new, *pull(grad_y))
+
+    try:
+        if not needs:
+            return CompiledStep(_compile(_graph(forward, [*examples, *buffers])), None, needs)
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+        # every layer's output has its first input's shape
+        graph = _graph(joint, [*examples, *buffers, torch.empty_like(examples[0])])
+        tangent = list(graph.graph.find_nodes(op="placeholder"))[-1]
+        tangent.target = tangent.name = "tangents_1"  # the partitioner's naming (AOTAutograd's)
+        graph.recompile()
+        fw, bw = min_cut_rematerialization_partition(
+            graph, None, num_fwd_outputs=1 + len(buffers))
+        _write_back(fw, n_diff + len(buffers), len(buffers))
+        return CompiledStep(_compile(fw), _compile(bw), needs)
+    except Exception as error:  # any failure keeps the eager step
+        warnings.warn(f"bnlab: {type(layer).__name__}'s training step could not be compiled for "
+                      f"input {tuple(inputs[0].shape)} ({type(error).__name__}: {error}); it "
+                      "runs eagerly", RuntimeWarning, stacklevel=4)
+        return None
