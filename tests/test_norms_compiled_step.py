@@ -279,3 +279,30 @@ def test_si_bn_takes_the_step_with_its_weight_norm_as_an_input():
     compiled.load_state_dict(eager.state_dict())
     assert train_both(eager, compiled, (64, 6)) < 1e-12
     assert rel(eager.layer.weight.grad, compiled.layer.weight.grad) < 1e-12
+
+
+@pytest.mark.parametrize("spec", ["mean_only_bn", "mbn", "cbn"])
+def test_written_buffers_bump_their_version_as_an_eager_update_does(spec):
+    """Inductor's code writes the buffers through pointers; the step bumps their version counters
+    itself, the same buffers as the eager step, with grad and without."""
+    eager, compiled = pair(spec, 6)
+    x = torch.randn(64, 6, dtype=torch.float64, requires_grad=True)
+
+    def bumps(layer, grad):
+        before = [b._version for b in layer.buffers()]
+        with torch.set_grad_enabled(grad), N.compiled_steps(layer is compiled):
+            layer(x)
+        return [b._version - v for b, v in zip(layer.buffers(), before)]
+    for grad in (True, False):
+        assert bumps(compiled, grad) == bumps(eager, grad)
+        assert any(bumps(compiled, grad))
+
+
+def test_a_graph_that_saved_a_buffer_fails_as_eager_after_the_step():
+    layer, x = N.create("mean_only_bn", 6), torch.randn(64, 6)
+    w = torch.ones(6, requires_grad=True)
+    penalty = (w * layer.running_mean).sum()  # autograd saves running_mean
+    with N.compiled_steps():
+        layer(x)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        penalty.backward()

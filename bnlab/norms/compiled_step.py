@@ -60,6 +60,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.autograd.graph import increment_version
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import base
@@ -150,8 +151,10 @@ def _step_for(layer: nn.Module, inputs: tuple[Tensor, ...],
            tuple(n for n, p in layer._parameters.items() if p is not None), needs)
     step = _BUILT.get(key, _MISSING)
     if step is _MISSING:
-        with _LOCK:
-            step = _BUILT[key] = _build(layer, inputs, needs)
+        with _LOCK:  # one build per key, also when two threads meet it at once
+            step = _BUILT.get(key, _MISSING)
+            if step is _MISSING:
+                step = _BUILT[key] = _build(layer, inputs, needs)
     return step
 
 
@@ -166,6 +169,14 @@ class CompiledStep:
     forward: Callable[[list[Tensor]], list[Tensor]]
     backward: Callable[[list[Tensor]], list[Tensor]] | None
     needs: tuple[bool, ...]
+    written: tuple[int, ...]  # the buffers (indices) the forward writes in place
+
+    def wrote(self, buffers: list[Tensor]) -> None:
+        """Bump the version counters of the buffers written, as an eager in-place update does
+        (inductor's code writes through pointers): a graph that saved one still fails at backward
+        instead of reading the new value."""
+        if self.written:
+            increment_version([buffers[i] for i in self.written])
 
     def __call__(self, layer: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
         params = [p for p in layer._parameters.values() if p is not None]
@@ -173,7 +184,9 @@ class CompiledStep:
         if self.backward is None:
             CALLS["forward"] += 1
             with torch.no_grad():
-                return self.forward([*(t.detach() for t in (*inputs, *params)), *buffers])[0]
+                y = self.forward([*(t.detach() for t in (*inputs, *params)), *buffers])[0]
+            self.wrote(buffers)
+            return y
         return _CompiledStepFunction.apply(self, buffers, *inputs, *params)
 
 
@@ -183,6 +196,7 @@ class _CompiledStepFunction(torch.autograd.Function):
                 *tensors: Tensor) -> Tensor:
         CALLS["forward"] += 1
         y, *saved = step.forward([*tensors, *buffers])
+        step.wrote(buffers)
         ctx.step = step
         ctx.save_for_backward(*saved)
         return y
@@ -259,24 +273,43 @@ def _drop_detaches(graph: torch.fx.GraphModule) -> None:
     graph.recompile()
 
 
-def _write_back(forward: torch.fx.GraphModule, n_inputs: int, n_buffers: int) -> None:
+def _write_back(forward: torch.fx.GraphModule, n_inputs: int, n_buffers: int) -> tuple[int, ...]:
     """Outputs 1 … n_buffers of the partitioned forward graph are the buffers' new values: copy
-    each into its input (the last ``n_buffers`` of ``n_inputs``) inside the graph, so inductor
-    writes them in place, and drop them from the outputs. A buffer that the backward reads
-    itself is saved as a copy taken before the write (else the backward would read the new
-    value)."""
+    each that changed into its input (the last ``n_buffers`` of ``n_inputs``) inside the graph, so
+    inductor writes it in place, and drop them from the outputs; return which were written. A
+    buffer that the backward reads itself is saved as a copy taken before the write (else the
+    backward would read the new value)."""
     graph = forward.graph
     buffers = list(graph.find_nodes(op="placeholder"))[n_inputs - n_buffers:n_inputs]
     output = next(iter(graph.find_nodes(op="output")))
     values = list(output.args[0])
     new, saved = values[1:1 + n_buffers], values[1 + n_buffers:]
+    written = tuple(i for i, (buffer, value) in enumerate(zip(buffers, new))
+                    if value is not buffer and not _is_copy_of(value, buffer))
     with graph.inserting_before(output):
         saved = [graph.call_function(torch.ops.aten.clone.default, (node,)) if node in buffers
                  else node for node in saved]
-        for buffer, value in zip(buffers, new):
-            graph.call_function(torch.ops.aten.copy_.default, (buffer, value))
+        for i in written:
+            graph.call_function(torch.ops.aten.copy_.default, (buffers[i], new[i]))
     output.args = ((values[0], *saved),)
+    graph.eliminate_dead_code()
     forward.recompile()
+    return written
+
+
+def _is_copy_of(node: torch.fx.Node, buffer: torch.fx.Node) -> bool:
+    return (node.op == "call_function" and node.target == torch.ops.aten.clone.default
+            and node.args[0] is buffer)
+
+
+def _written_inputs(graph: torch.fx.GraphModule, first: int) -> tuple[int, ...]:
+    """Which placeholders from position ``first`` on the functionalized graph copies into (its
+    buffer writes), as indices counted from ``first``."""
+    placeholders = list(graph.graph.find_nodes(op="placeholder"))
+    targets = {node.args[0] for node in graph.graph.find_nodes(
+        op="call_function", target=torch.ops.aten.copy_.default)}
+    return tuple(i - first for i, node in enumerate(placeholders) if i >= first
+                 and node in targets)
 
 
 def _build(layer: nn.Module, inputs: tuple[Tensor, ...],
@@ -307,7 +340,8 @@ def _build(layer: nn.Module, inputs: tuple[Tensor, ...],
 
     try:
         if not needs:
-            return CompiledStep(_compile(_graph(forward, [*examples, *buffers])), None, needs)
+            graph = _graph(forward, [*examples, *buffers])
+            return CompiledStep(_compile(graph), None, needs, _written_inputs(graph, n_diff))
         from torch._functorch.partitioners import min_cut_rematerialization_partition
         # every layer's output has its first input's shape
         graph = _graph(joint, [*examples, *buffers, torch.empty_like(examples[0])])
@@ -316,8 +350,8 @@ def _build(layer: nn.Module, inputs: tuple[Tensor, ...],
         graph.recompile()
         fw, bw = min_cut_rematerialization_partition(
             graph, None, num_fwd_outputs=1 + len(buffers))
-        _write_back(fw, n_diff + len(buffers), len(buffers))
-        return CompiledStep(_compile(fw), _compile(bw), needs)
+        written = _write_back(fw, n_diff + len(buffers), len(buffers))
+        return CompiledStep(_compile(fw), _compile(bw), needs, written)
     except Exception as error:  # any failure keeps the eager step
         warnings.warn(f"bnlab: {type(layer).__name__}'s training step could not be compiled for "
                       f"input {tuple(inputs[0].shape)} ({type(error).__name__}: {error}); it "
