@@ -306,3 +306,23 @@ def test_a_graph_that_saved_a_buffer_fails_as_eager_after_the_step():
         layer(x)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         penalty.backward()
+
+
+def test_new_shapes_beyond_the_limit_run_eagerly_with_one_warning(monkeypatch):
+    """Variable batch sizes would compile at every new shape: after SHAPES_PER_LAYER keys of one
+    class and hyper-parameters, new shapes run eagerly (same values), with one warning."""
+    eager, compiled = pair("mean_only_bn(eps=0.003)", 3)
+    family = sum(1 for key in cs._BUILT if key[0] is type(compiled) and 0.003 in key[1])
+    monkeypatch.setattr(cs, "SHAPES_PER_LAYER", family + 1)
+    first = torch.randn(20, 3, dtype=torch.float64)
+    with N.compiled_steps():
+        compiled(first)  # the one more shape it may compile
+        before = dict(cs.CALLS)
+        with pytest.warns(RuntimeWarning, match="compiled for .* input shapes already"):
+            y = compiled(x := torch.randn(21, 3, dtype=torch.float64))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            compiled(torch.randn(22, 3, dtype=torch.float64))
+    assert cs.CALLS == before
+    eager(first)
+    assert rel(eager(x), y) < 1e-12

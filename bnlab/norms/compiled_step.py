@@ -77,6 +77,8 @@ _LOCK = threading.Lock()
 _STATE = threading.local()  # .tracing: inside a trace (the layer's own forward must run)
 _ENABLED = [os.environ.get("BNLAB_COMPILED_STEPS", "0") == "1"]
 _BUILT: dict[tuple, "CompiledStep | None"] = {}  # key -> compiled step, or None (stays eager)
+_WARNED: set[tuple] = set()  # (class, hyper-parameters) told that they reached SHAPES_PER_LAYER
+SHAPES_PER_LAYER = 16  # keys (shapes, grad patterns) compiled per class and hyper-parameters
 CALLS: dict[str, int] = {"forward": 0, "backward": 0}  # compiled calls made (tests, diagnostics)
 
 
@@ -154,8 +156,24 @@ def _step_for(layer: nn.Module, inputs: tuple[Tensor, ...],
         with _LOCK:  # one build per key, also when two threads meet it at once
             step = _BUILT.get(key, _MISSING)
             if step is _MISSING:
-                step = _BUILT[key] = _build(layer, inputs, needs)
+                step = _BUILT[key] = _build(layer, inputs, needs) if _may_build(key) else None
     return step
+
+
+def _may_build(key: tuple) -> bool:
+    """At most :data:`SHAPES_PER_LAYER` input shapes per (class, hyper-parameters): a model fed
+    ever new shapes (variable lengths) would otherwise compile for seconds at every one. Beyond
+    it the step stays eager, with one warning (dynamo's recompile limit, for the same reason)."""
+    family = key[:2]
+    built = sum(1 for other in _BUILT if other[:2] == family)
+    if built < SHAPES_PER_LAYER:
+        return True
+    if family not in _WARNED:
+        _WARNED.add(family)
+        warnings.warn(f"bnlab: {key[0].__name__}'s training step was compiled for "
+                      f"{SHAPES_PER_LAYER} input shapes already; new shapes run eagerly "
+                      "(bnlab.norms.compiled_step.SHAPES_PER_LAYER)", RuntimeWarning, stacklevel=5)
+    return False
 
 
 _MISSING: Any = object()
