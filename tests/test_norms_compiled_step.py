@@ -133,12 +133,12 @@ class MyMeanOnly(N.MeanOnlyBatchNorm):
 
 
 def not_routed_cases():
-    big = (norms_base.FUSED_MIN_NUMEL // 4, 4)
+    big = (cs.MAX_NUMEL // 4, 4)
     return {
         "eval mode": lambda: (N.create("cbn", 4).eval(), (16, 4)),
         "a user's subclass": lambda: (MyMeanOnly(4), (16, 4)),
         "a method set on the layer": lambda: (_with_method(N.create("mean_only_bn", 4)), (16, 4)),
-        "a large input (fused operators)": lambda: (N.create("mean_only_bn", 4), big),
+        "a large input (the fused operators)": lambda: (N.create("mean_only_bn", 4), big),
         "bn (torch's kernel)": lambda: (N.create("bn", 4), (16, 4)),
         "noisy_bn (its own generator)": lambda: (N.create("noisy_bn", 4), (16, 4)),
     }
@@ -326,3 +326,12 @@ def test_new_shapes_beyond_the_limit_run_eagerly_with_one_warning(monkeypatch):
     assert cs.CALLS == before
     eager(first)
     assert rel(eager(x), y) < 1e-12
+
+
+def test_a_mid_size_input_takes_the_step_instead_of_the_fused_operators():
+    """Between FUSED_MIN_NUMEL and MAX_NUMEL the eager layer runs the fused operators; the compiled
+    step agrees with them (float32, over 16 384 values per channel)."""
+    shape = (64, 4, 16, 16)
+    assert norms_base.FUSED_MIN_NUMEL <= torch.Size(shape).numel() < cs.MAX_NUMEL
+    eager, compiled = pair("cbn", 4, torch.float32)
+    assert train_both(eager, compiled, shape, steps=2, dtype=torch.float32) < 1e-5

@@ -30,17 +30,19 @@ fails to trace and keeps its eager path, with one warning. Whatever a step reads
 key.
 
 Which steps take it: training mode (batch statistics), float32/float64, contiguous, on the CPU,
-below :data:`bnlab.norms.base.FUSED_MIN_NUMEL` elements (above it the fused operators run at
-1.0–1.1× native), not synchronized, not under ``torch.compile``, ``torch.func`` transforms, a
+below :data:`MAX_NUMEL` elements (above it inductor's one-thread loops lose to torch's kernels
+in the fused operators: at (128, 64, 32, 32) the step is 1.2–1.7× native, the fused path
+1.1×), not synchronized, not under ``torch.compile``, ``torch.func`` transforms, a
 ``TorchDispatchMode`` or :func:`plain_autograd`, for the classes of :data:`ROUTED_SPECS` exactly
 (a user's subclass, or a layer with a method set on it, stays eager; ``si_bn``: the normalization
 inside it, whose ‖w‖² is a second input). ``noisy_bn`` does not: its noise comes from its own
 generator, which a compiled function cannot advance; nor ``bn``, which runs torch's kernel.
 
 Cost: the first call per key compiles, 1–5 s on a laptop CPU. Then, against native eager
-BatchNorm (``benchmarks/norms.py --modes eager,compiled_step``, 2026-11-27, 1 thread): 0.86–1.31×
-on (1000, 10) and (32, 16, 8, 8) where the eager variants are 2.4–4.9×; ``lp_bn(p=inf)`` 2.1–2.6×
-(eager 6.4×: its deterministic top-k's ``sort``/``topk`` stay separate kernels). Numerics:
+BatchNorm (``benchmarks/norms.py --modes eager,compiled_step``, 2026-11-27, 1 thread): the BN
+family 0.89–1.25× on (1000, 10) and (32, 16, 8, 8) where it is 2.5–5.0× eager, 0.58–0.90× on
+(128, 16, 8, 8) and (128, 32, 8, 8) where the fused path is 1.4–2.6×; ``lp_bn(p=inf)`` 1.3–2.5×
+(eager 1.9–6.5×: its deterministic top-k's ``sort``/``topk`` stay separate kernels). Numerics:
 inductor's reductions round differently from the eager kernels (float32 agrees to ~1e-6
 relative, float64 to ~1e-15), so runs with and without differ in the last bits; the stored
 catalogue runs are eager. Not twice differentiable (as the fused operators).
@@ -63,7 +65,6 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.autograd.graph import increment_version
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from . import base
 from .fused import plain_requested, refuse_double_backward
 from .sync import module_group
 
@@ -79,6 +80,11 @@ _ENABLED = [os.environ.get("BNLAB_COMPILED_STEPS", "0") == "1"]
 _BUILT: dict[tuple, "CompiledStep | None"] = {}  # key -> compiled step, or None (stays eager)
 _WARNED: set[tuple] = set()  # (class, hyper-parameters) told that they reached SHAPES_PER_LAYER
 SHAPES_PER_LAYER = 16  # keys (shapes, grad patterns) compiled per class and hyper-parameters
+# Inputs below this many elements take the compiled step. Measured 2026-11-27 (1 thread, against
+# native BN; mean_only_bn / cbn / brn): (128, 16, 8, 8) 0.72 / 0.83 / 0.86 (fused path 1.6–2.4),
+# (128, 32, 8, 8) 0.64 / 0.91 / 0.95 (fused 1.5–2.1), (128, 16, 16, 16) 0.83 / 1.50 / 0.78 (fused
+# 1.4–1.6), (128, 64, 16, 16) 1.09 / 1.58 / 0.99 (fused 0.9–1.2): the crossover is about 2^19.
+MAX_NUMEL = 1 << 19
 CALLS: dict[str, int] = {"forward": 0, "backward": 0}  # compiled calls made (tests, diagnostics)
 
 
@@ -110,7 +116,7 @@ def _eligible(layer: nn.Module, x: Tensor, extra: tuple) -> bool:
     return (layer.training and torch.is_tensor(x) and x.device.type == "cpu"
             and all(torch.is_tensor(t) and t.device.type == "cpu" and t.dtype in _DTYPES
                     for t in extra)
-            and x.dtype in _DTYPES and 0 < x.numel() < base.FUSED_MIN_NUMEL and x.dim() >= 2
+            and x.dtype in _DTYPES and 0 < x.numel() < MAX_NUMEL and x.dim() >= 2
             and x.shape[1] == layer.num_features and x.is_contiguous()
             and not getattr(_STATE, "tracing", False) and not plain_requested()
             and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
