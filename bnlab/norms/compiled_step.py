@@ -51,6 +51,7 @@ catalogue runs are eager. Not twice differentiable (as the fused operators).
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import threading
 import warnings
@@ -111,32 +112,35 @@ def set_compiled_steps(enabled: bool) -> None:
     _ENABLED[0] = bool(enabled)
 
 
-def _eligible(layer: nn.Module, x: Tensor, extra: tuple) -> bool:
-    """``extra``: further tensor inputs of the forward (si_bn's ‖w‖², per channel)."""
+def _eligible(layer: nn.Module, x: Tensor, extra: tuple, methods: frozenset[str]) -> bool:
+    """``extra``: further tensor inputs of the forward (si_bn's ‖w‖², per channel); ``methods``:
+    the class's methods, none of which may be replaced on the layer itself."""
     return (layer.training and torch.is_tensor(x) and x.device.type == "cpu"
-            and all(torch.is_tensor(t) and t.device.type == "cpu" and t.dtype in _DTYPES
-                    for t in extra)
             and x.dtype in _DTYPES and 0 < x.numel() < MAX_NUMEL and x.dim() >= 2
             and x.shape[1] == layer.num_features and x.is_contiguous()
+            and all(torch.is_tensor(t) and t.device.type == "cpu" and t.dtype in _DTYPES
+                    for t in extra)
             and not getattr(_STATE, "tracing", False) and not plain_requested()
             and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
             and not torch._C._are_functorch_transforms_active()
             and _get_current_dispatch_mode() is None
             and module_group(layer) is None
-            and not any(callable(v) for v in vars(layer).values()))
+            and methods.isdisjoint(layer.__dict__))
 
 
 def route(cls: type[nn.Module], options: Iterable[str]) -> None:
     """Let ``cls``'s training step take the compiled route where :func:`_eligible` (called by the
     catalogue's ``norm`` decorator for :data:`ROUTED_SPECS`); ``options``: its catalogue options,
     the Python numbers its step reads. Instances of ``cls`` exactly: a subclass stays eager."""
-    attributes = (*_BASE_ATTRIBUTES,
-                  *(o for o in options if o not in ("bias", "sync", "affine")))
+    attributes = operator.attrgetter(
+        *_BASE_ATTRIBUTES, *(o for o in options if o not in ("bias", "sync", "affine")))
+    methods = frozenset(name for name in dir(cls) if callable(getattr(cls, name, None))
+                        and not name.startswith("__"))
     forward = cls.forward
 
     @functools.wraps(forward)
     def forward_or_compiled_step(self, x, *args, **kwargs):
-        if _ENABLED[0] and not kwargs and type(self) is cls and _eligible(self, x, args):
+        if _ENABLED[0] and not kwargs and type(self) is cls and _eligible(self, x, args, methods):
             self.check_input(x)
             step = _step_for(self, (x, *args), attributes)
             if step is not None:
@@ -147,13 +151,13 @@ def route(cls: type[nn.Module], options: Iterable[str]) -> None:
 
 
 def _step_for(layer: nn.Module, inputs: tuple[Tensor, ...],
-              attributes: tuple[str, ...]) -> "CompiledStep | None":
+              attributes: Callable[[nn.Module], tuple]) -> "CompiledStep | None":
     """The compiled step for this layer and these inputs, built on the first call with its key."""
     grad = torch.is_grad_enabled()
     params = tuple(p for p in layer._parameters.values() if p is not None)
     needs = tuple(t.requires_grad for t in (*inputs, *params)) if grad else ()
     needs = needs if any(needs) else ()  # () : forward only
-    key = (type(layer), tuple(getattr(layer, a) for a in attributes),
+    key = (type(layer), attributes(layer),
            tuple((t.shape, t.dtype, t.is_contiguous()) for t in inputs),
            tuple(n for n, b in layer._buffers.items() if b is not None),
            tuple(n for n, p in layer._parameters.items() if p is not None), needs)
