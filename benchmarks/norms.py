@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import (BN_FAMILY, SPECS, Budget, NativeBNPlusNoise, fwd_bwd, layer_table,
                     measure, op_counts, run_header)
 
+from bnlab.norms import compiled_step
 from bnlab.norms.base import FUSED_MIN_NUMEL
 from bnlab.norms.bench import _layer
 
@@ -165,9 +166,14 @@ def main(argv: list[str] | None = None) -> dict:
                              "machine)")
     parser.add_argument("--budget-s", type=float, default=1800,
                         help="compiles stop when this is spent")
+    parser.add_argument("--compiled-step-max-numel", type=int, default=None,
+                        help="override bnlab.norms.compiled_step.MAX_NUMEL (to measure the "
+                             "crossover with the fused path)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "norms.json"))
     args = parser.parse_args(argv)
     specs = parse_specs(args.specs, parser)
+    if args.compiled_step_max_numel is not None:
+        compiled_step.MAX_NUMEL = args.compiled_step_max_numel
     torch.set_num_threads(args.threads)
     shapes, pairs = ([QUICK_SHAPE], 2) if args.quick else (parse_shapes(args.shapes), args.pairs)
     backend = "eager" if args.quick else "inductor"
@@ -196,6 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
         **run_header("norms forward+backward, training mode, float32, CPU; paired with native "
                      "BN, median ratio", args.clock, load_before),
         "shapes": [list(s) for s in shapes], "pairs": pairs, "compile_backend": backend,
+        "compiled_step_max_numel": compiled_step.MAX_NUMEL,
         "quick": args.quick,
         "rows": rows, "goals": goals([r for r in rows if tuple(r["shape"]) == shapes[0]
                                       and not r["reference"].endswith("noise eager")]),

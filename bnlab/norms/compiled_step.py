@@ -81,10 +81,12 @@ _ENABLED = [os.environ.get("BNLAB_COMPILED_STEPS", "0") == "1"]
 _BUILT: dict[tuple, "CompiledStep | None"] = {}  # key -> compiled step, or None (stays eager)
 _WARNED: set[tuple] = set()  # (class, hyper-parameters) told that they reached SHAPES_PER_LAYER
 SHAPES_PER_LAYER = 16  # keys (shapes, grad patterns) compiled per class and hyper-parameters
-# Inputs below this many elements take the compiled step. Measured 2026-11-27 (1 thread, against
-# native BN; mean_only_bn / cbn / brn): (128, 16, 8, 8) 0.72 / 0.83 / 0.86 (fused path 1.6–2.4),
-# (128, 32, 8, 8) 0.64 / 0.91 / 0.95 (fused 1.5–2.1), (128, 16, 16, 16) 0.83 / 1.50 / 0.78 (fused
-# 1.4–1.6), (128, 64, 16, 16) 1.09 / 1.58 / 0.99 (fused 0.9–1.2): the crossover is about 2^19.
+# Inputs below this many elements take the compiled step. Measured 2026-11-27, 1 thread, against
+# native BN, the BN family and lp_bn(p=1), compiled step (fused path): (128, 16, 8, 8) 0.62–0.90
+# (1.5–2.6), (128, 32, 8, 8) 0.58–0.81 (1.1–1.8) (results/norms_s10_compiled_step.json);
+# (128, 16, 16, 16) 0.59–1.10 (0.70–1.37), (128, 64, 16, 16) 0.67–1.34 (0.83–1.14), (128, 64, 32,
+# 32) 1.13–1.57 (1.08–1.12) (results/norms_s10_crossover.json). The crossover lies between 2^19
+# and 2^21 elements; the bound is on the safe side of it.
 MAX_NUMEL = 1 << 19
 CALLS: dict[str, int] = {"forward": 0, "backward": 0}  # compiled calls made (tests, diagnostics)
 
