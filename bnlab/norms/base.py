@@ -36,8 +36,8 @@ UpdateFn = Callable[[Tensor, Tensor, int], None]
 # The fused path's kernels and switches live in .fused; imported here under their old names.
 from .fused import (  # noqa: E402,F401
     autocast_off, centred_reductions, channel_affine, channel_dot, channel_sum, coef_dtype,
-    fused_normalize, per_channel, plain_autograd, plain_requested, refuse_double_backward,
-    refuse_recomputation, stats_dtype,
+    fast_paths_allowed, fused_normalize, per_channel, plain_autograd, plain_requested,
+    refuse_double_backward, refuse_recomputation, stats_dtype,
 )
 
 
@@ -59,12 +59,10 @@ def fused_enabled(x: Tensor) -> bool:
     only for float32/float64 inputs (half inputs take the plain path, which promotes them to
     float32); on the CPU only from :data:`FUSED_MIN_NUMEL` elements; never on the meta device
     (shape inference: the plain ops have meta kernels, torch's statistics kernel has none)."""
-    return (not plain_requested()
-            and (x.numel() >= FUSED_MIN_NUMEL or x.device.type != "cpu")
+    return ((x.numel() >= FUSED_MIN_NUMEL or x.device.type != "cpu")
             and x.device.type != "meta"
             and x.dtype in (torch.float32, torch.float64)
-            and not torch.compiler.is_compiling()
-            and not torch._C._are_functorch_transforms_active())
+            and fast_paths_allowed())
 
 
 class ChannelNorm(BatchNormConventions):

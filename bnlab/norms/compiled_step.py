@@ -66,7 +66,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.autograd.graph import increment_version
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .fused import plain_requested, refuse_double_backward
+from .fused import fast_paths_allowed, refuse_double_backward
 from .sync import module_group
 
 # the catalogue entries whose layer classes take the compiled step (bn runs torch's kernel already)
@@ -122,10 +122,8 @@ def _eligible(layer: nn.Module, x: Tensor, extra: tuple, methods: frozenset[str]
             and x.shape[1] == layer.num_features and x.is_contiguous()
             and all(torch.is_tensor(t) and t.device.type == "cpu" and t.dtype in _DTYPES
                     for t in extra)
-            and not getattr(_STATE, "tracing", False) and not plain_requested()
-            and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-            and not torch._C._are_functorch_transforms_active()
-            and _get_current_dispatch_mode() is None
+            and not getattr(_STATE, "tracing", False) and fast_paths_allowed()
+            and not torch.jit.is_tracing() and _get_current_dispatch_mode() is None
             and module_group(layer) is None
             and methods.isdisjoint(layer.__dict__))
 
@@ -144,19 +142,20 @@ def route(cls: type[nn.Module], options: Iterable[str]) -> None:
     def forward_or_compiled_step(self, x, *args, **kwargs):
         if _ENABLED[0] and not kwargs and type(self) is cls and _eligible(self, x, args, methods):
             self.check_input(x)
-            step = _step_for(self, (x, *args), attributes)
+            inputs = (x, *args)
+            params = [p for p in self._parameters.values() if p is not None]
+            step = _step_for(self, inputs, params, attributes)
             if step is not None:
-                return step(self, (x, *args))
+                return step(inputs, params, [b for b in self._buffers.values() if b is not None])
         return forward(self, x, *args, **kwargs)
 
     cls.forward = forward_or_compiled_step
 
 
-def _step_for(layer: nn.Module, inputs: tuple[Tensor, ...],
+def _step_for(layer: nn.Module, inputs: tuple[Tensor, ...], params: list[Tensor],
               attributes: Callable[[nn.Module], tuple]) -> "CompiledStep | None":
     """The compiled step for this layer and these inputs, built on the first call with its key."""
     grad = torch.is_grad_enabled()
-    params = tuple(p for p in layer._parameters.values() if p is not None)
     needs = tuple(t.requires_grad for t in (*inputs, *params)) if grad else ()
     needs = needs if any(needs) else ()  # () : forward only
     key = (type(layer), attributes(layer),
@@ -208,9 +207,9 @@ class CompiledStep:
         if self.written:
             increment_version([buffers[i] for i in self.written])
 
-    def __call__(self, layer: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
-        params = [p for p in layer._parameters.values() if p is not None]
-        buffers = [b for b in layer._buffers.values() if b is not None]
+    def __call__(self, inputs: tuple[Tensor, ...], params: list[Tensor],
+                 buffers: list[Tensor]) -> Tensor:
+        """One step on a layer's present (not None) parameters and buffers, in their order."""
         if self.backward is None:
             CALLS["forward"] += 1
             with torch.no_grad():

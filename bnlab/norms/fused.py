@@ -157,6 +157,15 @@ def plain_requested() -> bool:
     return getattr(_STATE, "plain", False)
 
 
+def fast_paths_allowed() -> bool:
+    """Whether an eager fast path (the fused operators, ``brn``'s torch kernel, a compiled step)
+    may stand in for the plain autograd ops: not inside :class:`plain_autograd` (double backward),
+    ``torch.compile`` (inductor fuses the plain ops; the fast paths cannot be traced) or a
+    ``torch.func`` transform (vmap, grad: a closure graph)."""
+    return (not plain_requested() and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active())
+
+
 class plain_autograd:
     """Context manager: build normalization layers' graphs from plain autograd ops (slower, but
     twice differentiable), e.g. for Hessian-vector products. Thread-local."""

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch import Tensor
 
-from .base import ChannelNorm, fused_enabled, plain_requested
+from .base import ChannelNorm, fast_paths_allowed, fused_enabled
 from .registry import BN_OPTIONS, Param, norm
 from .sync import module_group
 
@@ -163,9 +163,7 @@ class BatchRenorm(ChannelNorm):
         Algorithm 1's. Elsewhere the fused operators (4 dispatched operations) or, compiled,
         inductor's loops run the same math; synced layers and ``plain_autograd`` keep the shared
         path."""
-        return (module_group(self) is None and not fused_enabled(x) and not plain_requested()
-                and not torch.compiler.is_compiling()
-                and not torch._C._are_functorch_transforms_active())
+        return module_group(self) is None and not fused_enabled(x) and fast_paths_allowed()
 
     def renorm_with_torch_kernel(self, x: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:
         """Algorithm 1 through ``F.batch_norm`` (see :meth:`takes_torch_kernel`): the batch moments
