@@ -105,8 +105,7 @@ class CompleteBatchNorm(ChannelNorm):
         self.lr: float | None = None
         self._warned_progress = False
         factory = factory_kwargs(kwargs)
-        self.register_buffer("amat_mean", torch.zeros(num_features, **factory))
-        self.register_buffer("amat_var", torch.ones(num_features, **factory))
+        self.register_moving_buffers(factory)
         # η as a tensor (not a Python float) so a changing learning rate never recompiles a compiled
         # model; the step counter says whether μ_A, σ²_A hold a batch yet (the first batch
         # initializes them).
@@ -114,9 +113,9 @@ class CompleteBatchNorm(ChannelNorm):
         steps = torch.tensor(0, dtype=torch.long, device=factory["device"])
         self.register_buffer("_amat_steps", steps, persistent=False)
 
-    def moving_buffers(self) -> dict[str, Tensor]:
-        return {"amat_mean": torch.zeros(self.num_features),
-                "amat_var": torch.ones(self.num_features)}
+    def moving_buffers(self, **factory) -> dict[str, Tensor]:
+        return {"amat_mean": torch.zeros(self.num_features, **factory),
+                "amat_var": torch.ones(self.num_features, **factory)}
 
     def transient_buffers(self) -> dict[str, Tensor]:
         return {"_eta": torch.tensor(self._python_eta()), "_amat_steps": torch.tensor(0)}
@@ -125,8 +124,7 @@ class CompleteBatchNorm(ChannelNorm):
     def reset_running_stats(self) -> None:
         """BN's buffers and AMAT's moving statistics (the next training batch initializes them)."""
         super().reset_running_stats()
-        self.amat_mean.zero_()
-        self.amat_var.fill_(1)
+        self.reset_moving_buffers()
         self._amat_steps.zero_()
 
     def extra_repr(self) -> str:

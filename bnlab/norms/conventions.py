@@ -170,10 +170,22 @@ class BatchNormConventions(nn.Module):
         if local_metadata.get("assign_to_params_buffers", False):
             self._materialize_transient_buffers()
 
-    def moving_buffers(self) -> dict[str, Tensor]:
+    def moving_buffers(self, **factory) -> dict[str, Tensor]:
         """Persistent buffers beyond torch's BatchNorm (mbn's and cbn's moving statistics), with
-        their initial values; empty for the layers that have none."""
+        their initial values (``factory``: device, dtype); empty for the layers that have none.
+        The one place those values are written: registration, reset and loading read them."""
         return {}
+
+    def register_moving_buffers(self, factory: dict) -> None:
+        for name, initial in self.moving_buffers(**factory).items():
+            self.register_buffer(name, initial)
+
+    @torch.no_grad()
+    def reset_moving_buffers(self) -> None:
+        with torch.device("cpu"):  # real values also inside a `torch.device("meta")` block
+            initial = self.moving_buffers()
+        for name, value in initial.items():
+            getattr(self, name).copy_(value)
 
     def _keep_moving_buffers(self, state_dict, prefix: str) -> None:
         """A checkpoint of a layer without moving statistics (torch's BatchNorm: a pretrained

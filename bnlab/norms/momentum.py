@@ -72,13 +72,12 @@ class MomentumBatchNorm(ChannelNorm):
         self.epochs: int | None = None
         self._warned_progress = False
         factory = factory_kwargs(kwargs)
-        self.register_buffer("train_mean", torch.zeros(num_features, **factory))
-        self.register_buffer("train_var", torch.ones(num_features, **factory))
+        self.register_moving_buffers(factory)
         self.register_buffer("_lambda_exponent", torch.tensor(1.0, **factory), persistent=False)
 
-    def moving_buffers(self) -> dict[str, Tensor]:
-        return {"train_mean": torch.zeros(self.num_features),
-                "train_var": torch.ones(self.num_features)}
+    def moving_buffers(self, **factory) -> dict[str, Tensor]:
+        return {"train_mean": torch.zeros(self.num_features, **factory),
+                "train_var": torch.ones(self.num_features, **factory)}
 
     def transient_buffers(self) -> dict[str, Tensor]:
         return {"_lambda_exponent": torch.tensor(1.0)}  # λ = 0 until set_progress gives the epoch
@@ -87,8 +86,7 @@ class MomentumBatchNorm(ChannelNorm):
     def reset_running_stats(self) -> None:
         """BN's buffers and the moving statistics that training normalizes with."""
         super().reset_running_stats()
-        self.train_mean.zero_()
-        self.train_var.fill_(1)
+        self.reset_moving_buffers()
 
     def set_progress(self, *, lr=None, epoch=None, epochs=None) -> None:
         if epoch is not None:
