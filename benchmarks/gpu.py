@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import (AMP_DTYPES, SPECS, Budget, compile_and_warm, format_rows, layer_table,
+from timing import (AMP_DTYPES, SPECS, Budget, compile_and_warm, failure, format_rows, layer_table,
                     measure, op_counts)
 
 import bnlab.models as M
@@ -83,8 +83,7 @@ def resnet_rows(specs, device, cfg, precisions, mode, budget, backend, sync,
             try:
                 model, make = resnet_step(spec, device, cfg["batch"], cfg["image"], precision)
             except Exception as err:  # e.g. a layer the model builder does not take
-                step, info = None, \
-                    {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+                step, info = None, failure(err)
             else:
                 step, info = ((make(model), {}) if mode == "eager" else
                               compile_and_warm(model, make, budget, backend))

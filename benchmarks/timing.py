@@ -139,6 +139,11 @@ def paired(a: Callable[[], None], b: Callable[[], None], pairs: int, warmup: int
             "ratio": statistics.median(ratios)}
 
 
+def failure(err: Exception) -> dict:
+    """A row's record of an exception: a layer that fails is a result to report, not a crash."""
+    return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+
+
 def measure(step: Callable[[], None], ref_step: Callable[[], None], pairs: int, inner: int,
             sync: Callable[[], None], clock: Callable[[], float] = time.perf_counter) -> dict:
     """:func:`paired`, or the error: one layer that fails (e.g. under autocast) must not end the
@@ -146,7 +151,7 @@ def measure(step: Callable[[], None], ref_step: Callable[[], None], pairs: int, 
     try:
         return paired(step, ref_step, pairs, inner=inner, sync=sync, clock=clock)
     except Exception as err:
-        return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+        return failure(err)
 
 
 def compile_and_warm(module: nn.Module,
@@ -163,7 +168,7 @@ def compile_and_warm(module: nn.Module,
         # the first call compiles forward and backward; the second catches recompiles
         step(), step()
     except Exception as err:  # a layer that does not compile is a result to report, not a crash
-        return None, {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+        return None, failure(err)
     seconds = time.perf_counter() - start
     budget.record_compile(seconds)
     return step, {"compile_s": round(seconds, 1)}
@@ -182,7 +187,7 @@ def compiled_step_and_warm(module: nn.Module, make_step: Callable[[nn.Module], C
     try:
         step(), step()
     except Exception as err:
-        return None, {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+        return None, failure(err)
     if compiled_step.CALLS["forward"] == before:
         return None, {"skipped": "the layer does not take the compiled step"}
     return step, {"compile_s": round(time.perf_counter() - start, 1)}
