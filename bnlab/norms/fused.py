@@ -158,10 +158,9 @@ def plain_requested() -> bool:
 
 
 def fast_paths_allowed() -> bool:
-    """Whether an eager fast path (the fused operators, ``brn``'s torch kernel, a compiled step)
-    may stand in for the plain autograd ops: not inside :class:`plain_autograd` (double backward),
-    ``torch.compile`` (inductor fuses the plain ops; the fast paths cannot be traced) or a
-    ``torch.func`` transform (vmap, grad: a closure graph)."""
+    """Whether an eager fast path (fused operators, brn's torch kernel, a compiled step) may stand
+    in for the plain ops: not in :class:`plain_autograd` (double backward), ``torch.compile``
+    (it fuses the plain ops) or a ``torch.func`` transform (vmap, grad: a closure graph)."""
     return (not plain_requested() and not torch.compiler.is_compiling()
             and not torch._C._are_functorch_transforms_active())
 
