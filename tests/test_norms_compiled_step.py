@@ -270,14 +270,18 @@ def test_switches():
     assert out.stdout.strip() == "True"
 
 
-def test_si_bn_takes_the_step_with_its_weight_norm_as_an_input():
+@pytest.mark.parametrize("layer, shape", [(lambda: nn.Linear(6, 6, bias=False), (64, 6)),
+                                          (lambda: nn.Conv2d(6, 6, 3, padding=1, bias=False),
+                                           (8, 6, 5, 5))])
+def test_si_bn_takes_the_step_with_its_layer_weight_as_an_input(layer, shape):
     """si_bn (Arora et al. 2019, Eq. 8): the normalization inside the wrapper takes two tensors,
-    z and ‖w‖² per channel; the gradient reaches the linear layer's weight through both."""
+    z and the layer's weight, whose ‖w‖² per channel is computed inside the compiled step; the
+    gradient reaches the weight through both."""
     torch.manual_seed(0)
-    eager = N.ScaleInvariantBN(nn.Linear(6, 6, bias=False)).double()
-    compiled = N.ScaleInvariantBN(nn.Linear(6, 6, bias=False)).double()
+    eager = N.ScaleInvariantBN(layer()).double()
+    compiled = N.ScaleInvariantBN(layer()).double()
     compiled.load_state_dict(eager.state_dict())
-    assert train_both(eager, compiled, (64, 6)) < 1e-12
+    assert train_both(eager, compiled, shape) < 1e-12
     assert rel(eager.layer.weight.grad, compiled.layer.weight.grad) < 1e-12
 
 

@@ -35,8 +35,9 @@ in the fused operators: at (128, 64, 32, 32) the step is 1.2–1.7× native, the
 1.1×), not synchronized, not under ``torch.compile``, ``torch.func`` transforms, a
 ``TorchDispatchMode`` or :func:`plain_autograd`, for the classes of :data:`ROUTED_SPECS` exactly
 (a user's subclass, or a layer with a method set on it, stays eager; ``si_bn``: the normalization
-inside it, whose ‖w‖² is a second input). ``noisy_bn`` does not: its noise comes from its own
-generator, which a compiled function cannot advance; nor ``bn``, which runs torch's kernel.
+inside it, with the layer's weight as a second input, so ‖w‖² and its gradient are compiled too).
+``noisy_bn`` does not: its noise comes from its own generator, which a compiled function cannot
+advance; nor ``bn``, which runs torch's kernel.
 
 Cost: the first call per key compiles, 1–5 s on a laptop CPU. Then, against native eager
 BatchNorm (``benchmarks/norms.py --modes eager,compiled_step``, 2026-11-27, 1 thread): the BN
@@ -115,13 +116,13 @@ def set_compiled_steps(enabled: bool) -> None:
 
 
 def _eligible(layer: nn.Module, x: Tensor, extra: tuple, methods: frozenset[str]) -> bool:
-    """``extra``: further tensor inputs of the forward (si_bn's ‖w‖², per channel); ``methods``:
+    """``extra``: further tensor inputs of the forward (si_bn's layer weight); ``methods``:
     the class's methods, none of which may be replaced on the layer itself."""
     return (layer.training and torch.is_tensor(x) and x.device.type == "cpu"
             and x.dtype in _DTYPES and 0 < x.numel() < MAX_NUMEL and x.dim() >= 2
             and x.shape[1] == layer.num_features and x.is_contiguous()
             and all(torch.is_tensor(t) and t.device.type == "cpu" and t.dtype in _DTYPES
-                    for t in extra)
+                    and t.is_contiguous() for t in extra)
             and not getattr(_STATE, "tracing", False) and fast_paths_allowed()
             and not torch.jit.is_tracing() and _get_current_dispatch_mode() is None
             and module_group(layer) is None

@@ -23,10 +23,19 @@ def out_features_of(layer: nn.Module) -> int:
     raise ValueError(f"expected nn.Linear or nn.Conv1d/2d/3d, got {type(layer).__name__}")
 
 
-class _WeightScaledEpsBN(ChannelNorm):
-    """BN whose ε of channel k is ε·‖w_k‖² (the SI-BN of Arora et al. 2019, Eq. 8)."""
+def row_sq_norms(weight: Tensor) -> Tensor:
+    """‖w_k‖² of each output channel k of a linear/conv weight."""
+    return weight.flatten(1).pow(2).sum(dim=1)
 
-    def forward(self, z: Tensor, weight_sq: Tensor) -> Tensor:
+
+class _WeightScaledEpsBN(ChannelNorm):
+    """BN whose ε of channel k is ε·‖w_k‖² (the SI-BN of Arora et al. 2019, Eq. 8), ``w`` the
+    weight of the layer it follows."""
+
+    def forward(self, z: Tensor, weight: Tensor) -> Tensor:
+        # ‖w‖² here, not in the wrapper: the compiled step (bnlab.norms.compiled_step) then fuses
+        # it and its gradient with the normalization (si_bn (1000, 10): 1.42 → 1.2× native)
+        weight_sq = row_sq_norms(weight)
         self.check_input(z)
         if (empty := self.empty_batch(z)) is not None:
             return empty
@@ -84,10 +93,10 @@ class ScaleInvariantBN(nn.Module):
         self.norm.reset_running_stats()
 
     def weight_sq(self) -> Tensor:
-        return cast(Tensor, self.layer.weight).flatten(1).pow(2).sum(dim=1)
+        return row_sq_norms(cast(Tensor, self.layer.weight))
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.norm(self.layer(x), self.weight_sq())
+        return self.norm(self.layer(x), self.layer.weight)
 
     def inference_affine(self):
         n = self.norm
