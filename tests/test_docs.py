@@ -159,3 +159,15 @@ def test_py_typed_is_shipped():
     assert (REPO / "bnlab" / "py.typed").is_file()
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert "py.typed" in config["tool"]["setuptools"]["package-data"]["bnlab"]
+
+
+def test_verdict_table_names_the_cpu_and_threads_the_runs_recorded():
+    """float32 results move between CPU models and SIMD levels (measured: session 11's store on
+    an AVX512 EPYC against session 9's): the note under the table says where the runs ran."""
+    br = _build_readme_module()
+    row = {"id": "e", "paper": "luo", "authors": "Luo et al. 2019", "target": "Fig. 2",
+           "preset": "smoke", "tiny": False, "verdict": "held", "summary": "s",
+           "date": "2026-11-27", "threads": [1], "cpus": ["AMD EPYC (AVX512)"]}
+    note = br.verdict_table([row], "runs").splitlines()[0]
+    assert "1 torch thread(s)" in note and "AMD EPYC (AVX512)" in note
+    assert "AMD EPYC" not in br.verdict_table([{**row, "cpus": []}], "runs")

@@ -240,6 +240,9 @@ def test_runs_list_show_export(tmp_path):
         app, ["runs", "show", record.id[:6], "--runs-dir", str(tmp_path), "--json"])
     shown = json.loads(result.stdout)
     assert shown["status"] == "finished" and shown["env"]["torch"] == torch.__version__
+    # what moves float32 results between machines is recorded with every run
+    assert shown["env"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert shown["env"]["cpu_model"]
     assert shown["series"]["train_loss"]["points"] == 3
     result = runner.invoke(
         app, ["runs", "export", record.id, "--format", "csv", "--runs-dir", str(tmp_path)])

@@ -79,11 +79,23 @@ def _git_revision() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment(device: torch.device) -> dict[str, Any]:
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = platform.processor() or platform.machine()
+    """What a run's numbers depend on beyond its config. ``cpu_capability`` (torch's SIMD level,
+    e.g. AVX512) and the CPU model: float32 kernels round differently across them, so the same
+    run on another machine ends within its seed-to-seed noise, not bit for bit (measured: the
+    catalogue's smoke runs moved between two machines, their verdicts did not)."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
     return {
         "torch": torch.__version__,
         "numpy": numpy.__version__,
@@ -94,6 +106,8 @@ def environment(device: torch.device) -> dict[str, Any]:
         "device_name": name,
         "cuda": torch.version.cuda,
         "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_model": cpu_model(),
         "git": _git_revision(),
     }
 
