@@ -364,10 +364,12 @@ _TABLE_SMOKE = ("digits upsampled to 16×16 with fixed Gaussian pixel noise of S
                 "preset){side}{extra}; the cbn_ratios probe every 48 steps (η, τ, var/(var+β²) per "
                 "layer). The report lists the padding-pattern share of the norms' input variance "
                 "at 8×8, 16×16 and 32×32.")
-# measured in this session's runs of the preset (1 torch thread a run): ResNet-20 at width ½
-# 65–115 s a run, VGG-16 at width ½ ≈ 250 s
-_TABLE_COST = {"resnet20": "40 runs, ≈ 55 CPU-minutes (≈ 28 min on 2 cores)",
-               "vgg16": "38 runs, ≈ 160 CPU-minutes (≈ 80 min on 2 cores)"}
+# measured 2026-11-27 (session 11) in an empty store, 2 workers × 1 torch thread on 2 idle cores:
+# Tables 1 / 3 13 min 50 s / 11 min 54 s, Tables 2 / 4 31 min 45 s / 25 min 05 s (ResNet-20 at width ½ ≈ 30 s
+# a run, VGG-16 ≈ 90 s)
+_TABLE_COST = {"resnet20": "50 runs, ≈ 26 CPU-minutes (12–14 min on 2 cores)",
+               "vgg16": "38 runs, ≈ 60 CPU-minutes (31 min 45 s / 25 min 05 s on 2 cores: over the 15-minute "
+                        "smoke budget)"}
 
 
 def _register_table(table: int) -> None:
