@@ -364,12 +364,10 @@ _TABLE_SMOKE = ("digits upsampled to 16×16 with fixed Gaussian pixel noise of S
                 "preset){side}{extra}; the cbn_ratios probe every 48 steps (η, τ, var/(var+β²) per "
                 "layer). The report lists the padding-pattern share of the norms' input variance "
                 "at 8×8, 16×16 and 32×32.")
-# measured 2026-11-27 (session 11) in an empty store, 2 workers × 1 torch thread on 2 idle cores:
-# Tables 1 / 3 13 min 50 s / 11 min 54 s, Tables 2 / 4 31 min 45 s / 25 min 05 s (ResNet-20 at width ½ ≈ 30 s
-# a run, VGG-16 ≈ 90 s)
+# session 11 (2026-11-27), empty store, 2 workers: ResNet-20 ≈ 30 s a run, VGG-16 ≈ 90 s
 _TABLE_COST = {"resnet20": "50 runs, ≈ 26 CPU-minutes (12–14 min on 2 cores)",
-               "vgg16": "38 runs, ≈ 60 CPU-minutes (31 min 45 s / 25 min 05 s on 2 cores: over the 15-minute "
-                        "smoke budget)"}
+               "vgg16": "38 runs, ≈ 60 CPU-minutes (25–32 min on 2 cores: over the 15-minute smoke "
+                        "budget)"}
 
 
 def _register_table(table: int) -> None:
