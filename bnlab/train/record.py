@@ -94,8 +94,9 @@ def environment(device: torch.device) -> dict[str, Any]:
     """What a run's numbers depend on beyond its config. ``cpu_capability`` (torch's SIMD level,
     e.g. AVX512) and the CPU model: float32 kernels round differently across them, so the same
     run on another machine ends within its seed-to-seed noise, not bit for bit (measured: the
-    catalogue's smoke runs moved between two machines, their verdicts did not)."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+    catalogue's smoke runs moved between two machines; one verdict at the edge of its rule did)."""
+    cpu = cpu_model()  # read once: /proc/cpuinfo is parsed line by line
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu
     return {
         "torch": torch.__version__,
         "numpy": numpy.__version__,
@@ -107,7 +108,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_model": cpu_model(),
+        "cpu_model": cpu,
         "git": _git_revision(),
     }
 
