@@ -127,13 +127,14 @@ def test_mbn_batch_size_floors_the_se_at_the_binomial_se_of_the_drops():
         (p * (1 - p) + q * (1 - q)) / 359 / 3 for p, q in ((0.556, 0.98), (0.939, 0.981)))))
 
 
-@pytest.mark.parametrize("fraction", [0.2, 0.5])
+@pytest.mark.parametrize("fraction", [0.2, 0.43, 0.5, 0.501])
 def test_test_images_is_the_size_of_the_digits_split(fraction):
     from bnlab import data
-    from bnlab.experiments.rule_stats import n_test_images
+    from bnlab.experiments.rule_stats import DIGITS_CLASS_SIZES, n_test_images
 
     split = data.load("digits", test_fraction=fraction)
     assert n_test_images("digits", fraction) == split.y_test.numel()
+    assert sum(DIGITS_CLASS_SIZES) == split.y_test.numel() + split.y_train.numel() == 1797
     assert n_test_images("cifar100") == 10_000
     with pytest.raises(ValueError, match="known: digits, cifar10, cifar100"):
         n_test_images("imagenet")

@@ -12,16 +12,19 @@ from bnlab.formatting import finite_or_none
 from bnlab.train.schedules import parse_schedule
 
 
-DIGITS_IMAGES = 1797  # scikit-learn's digits
+# scikit-learn's digits: 1,797 images, per class (0–9); the stratified split rounds each class's
+# share on its own
+DIGITS_CLASS_SIZES = (178, 182, 177, 183, 181, 182, 181, 179, 174, 180)
 CIFAR_TEST_IMAGES = 10_000  # CIFAR-10's and CIFAR-100's test sets
 
 
 def n_test_images(data: str, test_fraction: float = 0.2) -> int:
     """The number of test images an entry's accuracies are counted on (the ``n_test`` of the
-    binomial floor): digits' stratified split holds round(1797·``test_fraction``) of them (359 at
-    the default 0.2, 898 at 0.5; checked against the split by a test), CIFAR's test sets 10,000."""
+    binomial floor): digits' stratified split holds round(``test_fraction``·size) of each class
+    (359 at the default 0.2, 898 at 0.5, 901 at 0.501; checked against the split by a test),
+    CIFAR's test sets 10,000."""
     if data == "digits":
-        return round(DIGITS_IMAGES * test_fraction)
+        return sum(round(test_fraction * size) for size in DIGITS_CLASS_SIZES)
     if data in ("cifar10", "cifar100"):
         return CIFAR_TEST_IMAGES
     raise ValueError(f"no test-set size for data {data!r}; known: digits, cifar10, cifar100")

@@ -20,7 +20,7 @@ from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
 from ..resolution import design_resolution
 from .common import ACT_TITLE, NON_RELU, ROW_NAMES, TABLE_SMOKE_SEEDS, TABLES, status_note
 from .tables import COMPARED, main_arm_runs, compared_runs, curve_panels, phase_reading, settling
-from .verdict import chance
+from .verdict import chance, primary_activations
 
 FIGURES = {4: (1, 2), 5: (3, 4)}  # Fig. 4: CIFAR-10 (Tables 1, 2); Fig. 5: CIFAR-100 (Tables 3, 4)
 
@@ -40,8 +40,9 @@ def _fig_plan(fig: int):
 # one seed's mean training loss over the run, mean over the Sigmoid/Tanh/SELU panels of both tables:
 # 0.1 (the smoke's BN + Sigmoid runs sit near ln 10 ≈ 2.3 for a seed-dependent 5–9 of 15 epochs;
 # issue 19).
-FIG_DESIGN = Design("CBN − BN mean training loss over the run, mean over the Sigmoid/Tanh/SELU "
-                    "panels of both tables",
+FIG_DESIGN = Design("CBN − BN mean training loss over the run, mean over the panels of both "
+                    "tables' primary activations (ResNet-20: Sigmoid/Tanh/SELU; VGG-16 in smoke: "
+                    "Tanh/SELU)",
                     -1.0, 0.1, len(TABLE_SMOKE_SEEDS),
                     "kept from the 15-epoch smoke (BN + Sigmoid at chance 5–9 of 15 epochs); "
                     "the 40-epoch runs' observed SD is reported beside it",
@@ -49,20 +50,23 @@ FIG_DESIGN = Design("CBN − BN mean training loss over the run, mean over the S
 
 
 def loss_curve_verdict(losses: dict[tuple[int, str], dict[str, list[float]]], tiny: bool = False,
-                       design: Design = FIG_DESIGN) -> tuple[str, str]:
+                       design: Design = FIG_DESIGN,
+                       primary: dict[int, tuple[str, ...]] | None = None) -> tuple[str, str]:
     """Figs 4–5: CBN's training loss lies below BN's for every activation, on both networks.
 
     ``losses[(table, activation)]["①" | "②"]`` = per-seed mean training loss over the run (a
     diverged run at its failure value). Primary (:data:`FIG_DESIGN`, judged by ``verdict.judge``):
-    the per-seed mean over the Sigmoid/Tanh/SELU panels. Secondary, judged with Holm's correction
-    over all panels: CBN's loss is nowhere significantly higher ("not held" if it is).
+    the per-seed mean over the panels of each table's primary activations (``primary[table]``,
+    :func:`verdict.primary_activations`; Sigmoid/Tanh/SELU where not given). Secondary, judged
+    with Holm's correction over all panels: CBN's loss is nowhere significantly higher ("not held"
+    if it is).
     """
     if not losses:
         return ladder(unusable=True), "no runs" + (" (tiny runs)" if tiny else "")
     comps = {key: compare_arms(d.get("①", []), d.get("②", []), se_floor=design.se_floor)
              for key, d in losses.items()}
     adjusted = holm({key: c.p for key, c in comps.items()})
-    trio = [d for (t, a), d in sorted(losses.items()) if a in NON_RELU]
+    trio = [d for (t, a), d in sorted(losses.items()) if a in (primary or {}).get(t, NON_RELU)]
 
     def per_seed(row):
         lists = [d.get(row, []) for d in trio]
@@ -113,8 +117,9 @@ def _fig_analyze(fig: int):
                  "ours": fmt(d.get(row, []), decimals=3),
                  "paper": "CBN below BN in every panel (curves only)"}
                 for (t, a), d in sorted(losses.items()) for row in COMPARED]
-        verdict, summary = settle(loss_curve_verdict(losses, ctx.tiny),
-                                  loss_curve_verdict(early, ctx.tiny),
+        primary = {t: primary_activations(t, ctx.preset) for t in FIGURES[fig]}
+        verdict, summary = settle(loss_curve_verdict(losses, ctx.tiny, primary=primary),
+                                  loss_curve_verdict(early, ctx.tiny, primary=primary),
                                   f"{reading:.0%} of training (the mean loss up to there)")
         summary += settling(main_arm_runs(ctx), "train_loss", scale=1.0, fraction=reading)
         return Outcome([fig_loss], rows, verdict, summary + status_note(ctx))
@@ -130,11 +135,12 @@ for _fig, (_a, _b) in FIGURES.items():
         claim="CBN's training loss falls faster and lower than BN's with every activation, on both "
               "networks.",
         smoke_changes=f"the compared runs of peng-table{_a} and peng-table{_b}'s smoke presets "
-                      "(rows ① and ②; 5 seeds with Sigmoid/Tanh/SELU, 2 with ReLU/Swish; noisy "
-                      "16×16 digits, width ½, 40 epochs); the claim is judged on the mean "
+                      "(rows ① and ②; ResNet-20: 5 seeds with Sigmoid/Tanh/SELU, 2 with ReLU/"
+                      "Swish; VGG-16: 5 with Tanh/SELU, 1 with Sigmoid; noisy 16×16 digits, width "
+                      "½, 40 epochs); the claim is judged on the mean "
                       "training loss over the run (the area under the curve: lower = faster), by "
                       "Welch's t-test.",
-        cost={"smoke": f"76 runs, shared with peng-table{_a}/{_b} (none retrained in the same runs "
+        cost={"smoke": f"60 runs, shared with peng-table{_a}/{_b} (none retrained in the same runs "
                        "dir)",
               "paper": f"100 runs, shared with peng-table{_a}/{_b}"},
         plan=_fig_plan(_fig), analyze=_fig_analyze(_fig),

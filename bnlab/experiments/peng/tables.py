@@ -35,22 +35,22 @@ which §6.4 finds CBN insensitive to ρ). ``peng-fig8`` measures the sensitivity
 
 from __future__ import annotations
 
-import math
 
 from bnlab.plots import bars
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from bnlab.formatting import finite_or_none, fmt, mean_std
+from bnlab.formatting import fmt, mean_std
 from ..common import (compare_arms, grouped_finals, mean_curve, recipe_config, safe_panels,
                       SETTLE_FRACTION, smooth, value_at_fraction)
-from .verdict import CHANCE, chance, table_design, table_verdict
-from ..rule_stats import arm_values, settle_fraction
+from .verdict import (CHANCE, chance, primary_activations, proxy_cells, table_design,
+                      table_verdict)
+from ..rule_stats import DIGITS_CLASS_SIZES, arm_values, config_test_images, settle_fraction
 from ..verdicts import settle
 from ..resolution import design_resolution
-from .common import (ACT_TITLE, ACTIVATIONS, NON_RELU, PAPER_TABLES, PAPER_TRIALS, ROW_FEATURES,
-                          ROW_NAMES, ROWS, TABLE_SIDE_SEEDS, TABLE_SMOKE_SEEDS, TABLE_SMOKE_WIDTH,
+from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TABLES, PAPER_TRIALS, ROW_FEATURES,
+                          ROW_NAMES, ROWS, TABLE_SMOKE_SEEDS, TABLE_SMOKE_WIDTH,
                           TABLES, percent, run_config, status_note, padding_shares, row_spec,
-                          table_base)
+                          smoke_seeds, table_base)
 
 COMPARED = ("①", "②")  # the rows the tables' claim compares (BN, CBN)
 
@@ -62,14 +62,15 @@ COMPARED = ("①", "②")  # the rows the tables' claim compares (BN, CBN)
 SIDE_ACTIVATIONS = ("sigmoid",)
 
 
-def _seeds(preset: str, activation: str, residual: str):
-    """Paper: the paper's 10 trials. Smoke: 5 seeds on the primary activations, 2 on the others,
-    1 on He's block form (a side arm)."""
+def _seeds(preset: str, model: str, activation: str, residual: str):
+    """Paper: the paper's 10 trials. Smoke: 5 seeds on the primary activations, the side seeds of
+    ``common.SMOKE_SIDE`` on the others (none: paper preset only), 1 on He's block form (a side
+    arm)."""
     if preset == "paper":
         return range(PAPER_TRIALS)
     if residual != "peng":
         return TABLE_SMOKE_SEEDS[:1]
-    return TABLE_SMOKE_SEEDS if activation in NON_RELU else TABLE_SIDE_SEEDS
+    return smoke_seeds(model, activation)
 
 
 def compared_runs(table: int, preset: str, rows=COMPARED, residual: str = "peng",
@@ -85,7 +86,7 @@ def compared_runs(table: int, preset: str, rows=COMPARED, residual: str = "peng"
     for act in activations:
         for row in rows:
             norm, placement = row_spec(row, act)
-            for seed in _seeds(preset, act, residual):
+            for seed in _seeds(preset, spec["model"], act, residual):
                 runs.append(RunSpec(f"{row} {ROW_NAMES[row]} · {ACT_TITLE[act]}{tag} · seed {seed}",
                                     run_config(base, norm=norm, placement=placement, activation=act,
                                                seed=seed),
@@ -202,60 +203,17 @@ def _table_analyze(table: int):
         arms = main_arm_runs(ctx)
         reading = phase_reading(ctx)
         design, proxy = table_design(table, ctx.preset), proxy_cells(arms, failed)
+        primary = primary_activations(table, ctx.preset)
         verdict, summary = settle(
-            table_verdict(_cells_at(arms, 1.0, failed), ctx.tiny, design, table, proxy),
-            table_verdict(_cells_at(arms, reading, failed), ctx.tiny, design, table, proxy),
+            table_verdict(_cells_at(arms, 1.0, failed), ctx.tiny, design, table, proxy, primary),
+            table_verdict(_cells_at(arms, reading, failed), ctx.tiny, design, table, proxy,
+                          primary),
             f"{reading:.0%} of training (inside the final lr phase)")
         summary += settling(arms, "test_accuracy", fraction=reading)
         return Outcome([fig_ours, fig_paper, fig_curves], rows, verdict,
                        summary + status_note(ctx))
 
     return analyze
-
-
-# an arm "fits but cannot infer": test accuracy (eval mode) within INFERENCE_MARGIN of chance while
-# its training accuracy (train mode, batch statistics) is at least FIT_MARGIN above chance; runs
-# that log no training accuracy are read by their final training loss (≤ FIT_FRACTION·ln(classes))
-INFERENCE_MARGIN, FIT_MARGIN, FIT_FRACTION = 0.05, 0.3, 0.25
-
-
-def proxy_cells(arms: dict[tuple, list], chance_accuracy: float = CHANCE) -> dict[tuple, str]:
-    """The (row, activation) cells whose arm fits its training set but scores chance on the test
-    set, each with the numbers that say so: a failure of the layer's inference statistics (eval
-    mode), not of training, which the proxy causes. In VGG-16 at a 16×16 input the last two BN
-    layers see 1×1 maps and normalize over the batch alone; BN + Sigmoid comes to depend on that
-    (train-mode accuracy 57–100 %, eval-mode 10 %; docs: Peng page, Table 2). :func:`table_verdict`
-    leaves such cells out of the judgement and reports the verdict with them. A cell whose arm fails
-    in training (training accuracy at chance too) is the arm's failure and stays in."""
-    flagged = {}
-    for (_, row, act), runs in sorted(arms.items(), key=str):
-        finished = [r for r in runs if r.status == "finished"]
-        accs = [finite_or_none(r.final("test_accuracy")) for r in finished]
-        if not finished or None in accs:
-            continue
-        acc = sum(accs) / len(accs)
-        fitted = _train_fit(finished, chance_accuracy)
-        if fitted and acc <= chance_accuracy + INFERENCE_MARGIN:
-            flagged[(row, act)] = (f"test accuracy {percent(acc):.1f} % in eval mode, {fitted} in "
-                                   "train mode: an inference-statistics failure")
-    return flagged
-
-
-def _train_fit(runs, chance_accuracy: float) -> str:
-    """How the runs fit their training set ("" when they do not): the mean final training accuracy
-    if at least FIT_MARGIN above chance, else (runs without it) a final training loss below
-    FIT_FRACTION of a chance-level classifier's."""
-    train = [finite_or_none(r.final("train_accuracy")) for r in runs]
-    if None not in train:
-        mean = sum(train) / len(train)
-        return (f"training accuracy {percent(mean):.1f} %"
-                if mean >= chance_accuracy + FIT_MARGIN else "")
-    losses = [finite_or_none(r.final("train_loss")) for r in runs]
-    if None in losses:
-        return ""
-    loss = sum(losses) / len(losses)
-    fits = loss <= FIT_FRACTION * math.log(1 / chance_accuracy)
-    return f"final training loss {loss:.3g}" if fits else ""
 
 
 def main_arm_runs(ctx, table: int | None = None) -> dict[tuple, list]:
@@ -359,29 +317,50 @@ _TABLE_CLAIM = ("CBN (②: normalization moved in front of the linear layer, mea
 _TABLE_SMOKE = ("digits upsampled to 16×16 with fixed Gaussian pixel noise of SD 1.5 "
                 "(digits(noise=1.5); 10 classes) instead of CIFAR, {model} at width ½{form}, 40 "
                 "epochs on the paper's two-step schedule (lr 0.1 ÷10 at epochs 20 and 33, as at 60 "
-                "and 100 of 120; {steps} steps), rows ① and ② only: 5 seeds with Sigmoid, Tanh and "
-                "SELU (the primary comparison), 2 with ReLU and Swish (rows ③–⑦ run in the paper "
-                "preset){side}{extra}; the cbn_ratios probe every 48 steps (η, τ, var/(var+β²) per "
-                "layer). The report lists the padding-pattern share of the norms' input variance "
-                "at 8×8, 16×16 and 32×32.")
-# session 11 (2026-11-27), empty store, 2 workers: ResNet-20 ≈ 30 s a run, VGG-16 ≈ 90 s
+                "and 100 of 120; {steps} steps), rows ① and ② only: {arms} "
+                "(rows ③–⑦ run in the paper preset){side}{extra}; the cbn_ratios probe every 48 "
+                "steps (η, τ, var/(var+β²) per layer). The report lists the padding-pattern share "
+                "of the norms' input variance at 8×8, 16×16 and 32×32.")
+_TABLE_ARMS = {
+    "resnet20": "5 seeds with Sigmoid, Tanh and SELU (the primary comparison), 2 with ReLU and "
+                "Swish",
+    "vgg16": "5 seeds with Tanh and SELU (the primary comparison, declared without Sigmoid: at "
+             "16×16 VGG-16's fifth stage normalizes 1×1 maps and BN + Sigmoid's inference "
+             "statistics failed in every earlier store), 1 with Sigmoid to show that failure; "
+             "ReLU and Swish in the paper preset only"}
+_TABLE_DATA = {1: "1,438 training images (11 batches of 128 and one of 30 an epoch)",
+               2: "1,024 training images (8 whole batches an epoch: 1,438 took 32 minutes)",
+               3: "896 training images (7 whole batches an epoch: at 899 each epoch ended with a "
+                  "batch of 3)",
+               4: "896 training images (7 whole batches an epoch: at 899 each epoch ended with a "
+                  "batch of 3)"}
+
+
+def _smoke_steps(table: int) -> int:
+    """Steps of one smoke run of ``peng-table<table>``: 40 epochs of its split's batches of 128."""
+    base = table_base(TABLES[table]["model"], TABLES[table]["data"], "smoke")
+    n_train = sum(DIGITS_CLASS_SIZES) - config_test_images({**base, "data": "digits"})
+    return base["epochs"] * -(-n_train // base["batch_size"])
+# session 11 (2026-11-27), empty store, 2 workers: ResNet-20 ≈ 30 s a run; session 12: VGG-16 at
+# 8 (Table 2) or 7 (Table 4) batches an epoch ≈ 70 s
 _TABLE_COST = {"resnet20": "50 runs, ≈ 26 CPU-minutes (12–14 min on 2 cores)",
-               "vgg16": "38 runs, ≈ 60 CPU-minutes (25–32 min on 2 cores: over the 15-minute smoke "
-                        "budget)"}
+               "vgg16": "22 runs, ≈ 26 CPU-minutes (13–14 min on 2 cores)"}
 
 
 def _register_table(table: int) -> None:
     spec = TABLES[table]
     c100 = spec["data"] == "cifar100"
-    extra = ("; half the digits go to the test split as a harder stand-in for CIFAR-100 (digits "
-             "has 10 classes, not 100)") if c100 else ""
+    extra = f"; {_TABLE_DATA[table]}" + ("; half the digits go to the test split as a harder "
+                                          "stand-in for CIFAR-100 (digits has 10 classes, not "
+                                          "100)" if c100 else "")
     resnet = spec["model"] == "resnet20"
     register(Experiment(
         id=f"peng-table{table}", paper="peng", target=spec["target"],
         title=f"BN vs CBN and its ablations, {spec['what']}, five activations",
         claim=_TABLE_CLAIM,
         smoke_changes=_TABLE_SMOKE.format(
-            model=spec["model"], steps=280 if c100 else 480,
+            model=spec["model"], steps=_smoke_steps(table),
+            arms=_TABLE_ARMS[spec["model"]],
             form=" in Peng's block form (Eq. 7: activation before the shortcut sum) for BN and CBN "
                  "alike"
             if resnet else "",
