@@ -159,6 +159,7 @@ def test_table_smoke_splits_train_on_whole_batches(table, n_train, steps):
     whose batch statistics decided cells of Table 4 (BN + ReLU 17 %, CBN + Tanh at chance); the
     splits now leave whole batches of 128 (Table 1: 11 and one of 30), checked on the real split."""
     from bnlab import data
+    from bnlab.experiments.rule_stats import settle_fraction
     from bnlab.train.prepare import prepare
 
     config = get(f"peng-table{table}").plan("smoke").runs[0].config
@@ -168,6 +169,14 @@ def test_table_smoke_splits_train_on_whole_batches(table, n_train, steps):
     assert n_train % 128 == 0 or n_train % 128 >= 16
     prep = prepare({**config, "runs_dir": "unused"})
     assert prep.total_steps == steps and not prep.drop_last
+    # VGG-16's tables evaluate every 2 epochs (time): the settling reading (epoch 38 of 40) stays
+    # inside the final lr phase (from epoch 33)
+    vgg = PC.TABLES[table]["model"] == "vgg16"
+    assert config.get("eval_every") == (2 * prep.steps_per_epoch if vgg else None)
+    if vgg:
+        readings = range(config["eval_every"], steps + 1, config["eval_every"])
+        settle_at = next(r for r in readings if r >= steps * settle_fraction(config))
+        assert 33 * prep.steps_per_epoch < settle_at < steps
 
 
 def test_padding_shares_measure_cbn_with_amat_on():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -139,6 +140,7 @@ def prepare(
     augment = _augmentation(cfg, ds.input_shape)
     model = build_model(cfg, ds.input_shape, ds.num_outputs, model_factory).to(device)
     set_run_length(model, total_steps)  # brn's default warm-up scales to the run (Ioffe 2017 §4)
+    warn_small_last_batch(model, ds.n_train, batch_size, drop_last)
     loss_fn = _loss_for(ds.task)
     _check_forward(cfg, model, ds, loss_fn)
     # an override that names no parameter is a config error: raised here, before any record
@@ -205,6 +207,28 @@ def _batching(cfg: TrainConfig, n: int) -> tuple[int, bool, int]:
     # is dropped in that one case; otherwise every sample is used every epoch.
     drop_last = batch_size < n and n % batch_size == 1
     return batch_size, drop_last, n // batch_size if drop_last else -(-n // batch_size)
+
+
+# a final batch below min(SMALL_LAST_BATCH, batch_size // 4) samples is warned about
+SMALL_LAST_BATCH = 16
+
+
+def warn_small_last_batch(model: nn.Module, n: int, batch_size: int, drop_last: bool) -> None:
+    """Warn when every epoch ends with a batch of a few samples and the model normalizes over the
+    batch (a module with a ``running_mean`` buffer): its statistics over those few samples enter a
+    step and the running averages once an epoch. Found in Peng Table 4's smoke, where a batch of 3
+    after 7 of 128 decided cells of the verdict. Every sample is still used (torch's DataLoader
+    default); the fix is a batch size or a split that leaves whole batches."""
+    last = n % batch_size
+    if drop_last or last == 0 or last >= min(SMALL_LAST_BATCH, batch_size // 4):
+        return
+    if not any(isinstance(getattr(m, "running_mean", None), torch.Tensor) for m in model.modules()):
+        return
+    warnings.warn(f"every epoch ends with a batch of {last} samples ({n} training samples = "
+                  f"{n // batch_size} × {batch_size} + {last}): layers that normalize over the "
+                  "batch use statistics of those few samples in that step and in their running "
+                  "averages; choose a batch size or split that leaves whole batches",
+                  stacklevel=3)
 
 
 def _probe_callbacks(cfg: TrainConfig) -> list[Callback]:

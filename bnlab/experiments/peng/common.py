@@ -12,6 +12,8 @@ from bnlab import data as data_sources
 from bnlab import models
 from bnlab.norms import set_progress
 
+from ..rule_stats import DIGITS_CLASS_SIZES, n_test_images
+
 ACTIVATIONS = ("sigmoid", "tanh", "relu", "selu", "swish")
 ACT_TITLE = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "ReLU", "selu": "SELU", "swish": "Swish"}
 NON_RELU = ("sigmoid", "tanh", "selu")   # where the paper reports CBN's large gains
@@ -188,6 +190,10 @@ SMOKE_SIDE = {"resnet20": {"relu": TABLE_SIDE_SEEDS, "swish": TABLE_SIDE_SEEDS},
 # 320 steps, what 15 minutes hold for VGG-16 (1,438 images, 480 steps, took 32 minutes).
 TABLE_SMOKE_SPLIT = {("vgg16", "cifar10"): 0.43, ("resnet20", "cifar100"): 0.501,
                      ("vgg16", "cifar100"): 0.501}
+# VGG tables: the test split evaluated every 2 epochs, not every one (each evaluation of 773–901
+# test images cost ≈ 20 % of a VGG run's time): 20 readings, 4 of them in the final lr phase, where
+# the settling rule reads (epoch 38 of 40)
+TABLE_SMOKE_EVAL_EPOCHS = {"vgg16": 2}
 
 
 def model_options(model: str, preset: str, residual: str = RESIDUAL,
@@ -211,7 +217,17 @@ def table_base(model: str, data: str, preset: str, residual: str = RESIDUAL) -> 
     if (model, data) in TABLE_SMOKE_SPLIT:
         base["data_options"] = {**base["data_options"],
                                 "test_fraction": TABLE_SMOKE_SPLIT[(model, data)]}
+    if model in TABLE_SMOKE_EVAL_EPOCHS:
+        steps_per_epoch = -(-smoke_train_images(model, data) // base["batch_size"])
+        base["eval_every"] = TABLE_SMOKE_EVAL_EPOCHS[model] * steps_per_epoch
     return base
+
+
+def smoke_train_images(model: str, data: str) -> int:
+    """The training images of the tables' smoke split for ``model`` and the ``data`` it stands in
+    for (:data:`TABLE_SMOKE_SPLIT`; digits' stratified split, exact)."""
+    test_fraction = TABLE_SMOKE_SPLIT.get((model, data), 0.2)
+    return sum(DIGITS_CLASS_SIZES) - n_test_images("digits", test_fraction)
 
 
 def smoke_seeds(model: str, activation: str) -> tuple[int, ...]:

@@ -44,13 +44,13 @@ from ..common import (compare_arms, grouped_finals, mean_curve, recipe_config, s
                       SETTLE_FRACTION, smooth, value_at_fraction)
 from .verdict import (CHANCE, chance, primary_activations, proxy_cells, table_design,
                       table_verdict)
-from ..rule_stats import DIGITS_CLASS_SIZES, arm_values, config_test_images, settle_fraction
+from ..rule_stats import arm_values, settle_fraction
 from ..verdicts import settle
 from ..resolution import design_resolution
 from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TABLES, PAPER_TRIALS, ROW_FEATURES,
                           ROW_NAMES, ROWS, TABLE_SMOKE_SEEDS, TABLE_SMOKE_WIDTH,
                           TABLES, percent, run_config, status_note, padding_shares, row_spec,
-                          smoke_seeds, table_base)
+                          smoke_seeds, smoke_train_images, table_base)
 
 COMPARED = ("①", "②")  # the rows the tables' claim compares (BN, CBN)
 
@@ -319,8 +319,8 @@ _TABLE_SMOKE = ("digits upsampled to 16×16 with fixed Gaussian pixel noise of S
                 "epochs on the paper's two-step schedule (lr 0.1 ÷10 at epochs 20 and 33, as at 60 "
                 "and 100 of 120; {steps} steps), rows ① and ② only: {arms} "
                 "(rows ③–⑦ run in the paper preset){side}{extra}; the cbn_ratios probe every 48 "
-                "steps (η, τ, var/(var+β²) per layer). The report lists the padding-pattern share "
-                "of the norms' input variance at 8×8, 16×16 and 32×32.")
+                "steps (η, τ, var/(var+β²) per layer){evals}. The report lists the padding-pattern "
+                "share of the norms' input variance at 8×8, 16×16 and 32×32.")
 _TABLE_ARMS = {
     "resnet20": "5 seeds with Sigmoid, Tanh and SELU (the primary comparison), 2 with ReLU and "
                 "Swish",
@@ -338,9 +338,9 @@ _TABLE_DATA = {1: "1,438 training images (11 batches of 128 and one of 30 an epo
 
 def _smoke_steps(table: int) -> int:
     """Steps of one smoke run of ``peng-table<table>``: 40 epochs of its split's batches of 128."""
-    base = table_base(TABLES[table]["model"], TABLES[table]["data"], "smoke")
-    n_train = sum(DIGITS_CLASS_SIZES) - config_test_images({**base, "data": "digits"})
-    return base["epochs"] * -(-n_train // base["batch_size"])
+    model, data = TABLES[table]["model"], TABLES[table]["data"]
+    base = table_base(model, data, "smoke")
+    return base["epochs"] * -(-smoke_train_images(model, data) // base["batch_size"])
 # session 11 (2026-11-27), empty store, 2 workers: ResNet-20 ≈ 30 s a run; session 12: VGG-16 at
 # 8 (Table 2) or 7 (Table 4) batches an epoch ≈ 70 s
 _TABLE_COST = {"resnet20": "50 runs, ≈ 26 CPU-minutes (12–14 min on 2 cores)",
@@ -360,6 +360,7 @@ def _register_table(table: int) -> None:
         claim=_TABLE_CLAIM,
         smoke_changes=_TABLE_SMOKE.format(
             model=spec["model"], steps=_smoke_steps(table),
+            evals="; the test split every 2 epochs" if not resnet else "",
             arms=_TABLE_ARMS[spec["model"]],
             form=" in Peng's block form (Eq. 7: activation before the shortcut sum) for BN and CBN "
                  "alike"

@@ -228,9 +228,11 @@ def _without_proxy_cells(cells, tiny: bool, design: Design, table: int,
     reasons = "; ".join(f"{row} {ACT_TITLE[a]}: {proxy[(row, a)]}" for a in left_out
                         for row in ("①", "②") if (row, a) in proxy)
     with_cells, _, with_primary = _judge_table(cells, tiny, design, ran, primary)
+    # the primary's text with the cells, where they are part of it
+    shown = f" ({with_primary})" if set(left_out) & set(primary) else ""
     note = (f"left out as decided by the proxy, not the claim ({reasons}); with "
-            f"{'/'.join(ACT_TITLE[a] for a in left_out)} the verdict would be '{with_cells}' "
-            f"({with_primary})")
+            f"{'/'.join(ACT_TITLE[a] for a in left_out)} the verdict would be '{with_cells}'"
+            + shown)
     primary_acts = [a for a in primary if a in judged]
     if not primary_acts:
         return ladder(unusable=True), f"every primary cell is decided by the proxy: {note}"
