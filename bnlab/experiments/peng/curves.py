@@ -141,7 +141,8 @@ for _fig, (_a, _b) in FIGURES.items():
                       "training loss over the run (the area under the curve: lower = faster), by "
                       "Welch's t-test.",
         cost={"smoke": f"60 runs, shared with peng-table{_a}/{_b} (none retrained in the same runs "
-                       "dir)",
+                       "dir; alone in an empty one ≈ 20–22 min on 2 cores: both tables' compared "
+                       "runs)",
               "paper": f"100 runs, shared with peng-table{_a}/{_b}"},
         plan=_fig_plan(_fig), analyze=_fig_analyze(_fig),
         resolution=design_resolution(FIG_DESIGN)))
