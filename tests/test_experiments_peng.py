@@ -337,6 +337,46 @@ def test_table_verdict():
     assert PV.table_design(1).paper_effect == pytest.approx((12.23 + 4.14 + 1.88) / 300)
 
 
+def test_vgg_smoke_verdict_is_judged_over_tanh_and_selu_with_relu_and_swish_not_run():
+    """The VGG tables' smoke: primary declared over Tanh/SELU (design SD 3/√2 points), Sigmoid with
+    one seed (its BN cell decided by the proxy), no ReLU/Swish runs: the verdict needs only the
+    primary's cells, names what was not run, and a left-out cell outside the primary does not
+    repeat the primary's text as the verdict "with" it."""
+    design = PV.table_design(2)
+    assert design.quantity.endswith("mean over Tanh/SELU")
+    assert design.design_sd == pytest.approx(0.03 / math.sqrt(2))
+    assert design.paper_effect == pytest.approx(
+        (PV.paper_gain(2, "tanh") + PV.paper_gain(2, "selu")) / 200)
+    primary = PV.primary_activations(2)
+    cells = _noisy_cells({"tanh": 0.06, "selu": 0.06}, n=5, sd=0.01)
+    cells[("①", "sigmoid")], cells[("②", "sigmoid")] = [0.10], [0.85]
+    verdict, summary = PV.table_verdict(cells, design=design, table=2, primary=primary)
+    assert verdict == "held" and "not run in this preset: ReLU, Swish" in summary
+    proxy = {("①", "sigmoid"): "test accuracy 10.0 % in eval mode"}
+    verdict, summary = PV.table_verdict(cells, design=design, table=2, proxy=proxy,
+                                        primary=primary)
+    assert verdict == "held" and "with Sigmoid the verdict would be 'held'" in summary
+    assert summary.count("mean over Tanh/SELU") == 1
+    # a primary activation without runs is unusable, not silently dropped
+    del cells[("②", "selu")]
+    assert PV.table_verdict(cells, design=design, table=2, primary=primary)[0] == "inconclusive"
+
+
+def test_fig_primary_panels_follow_the_tables_primary_activations():
+    """Fig. 4's primary is the per-seed mean over the panels of each table's primary activations:
+    Table 2's one-seed Sigmoid panel (VGG smoke) must not cut every seed's mean to one seed."""
+    lower = {a: [2.0 + 0.01 * i for i in range(5)] for a in PC.NON_RELU}
+    losses = {(1, a): {"①": v, "②": [x - 0.3 for x in v]} for a, v in lower.items()}
+    losses.update({(2, a): {"①": lower[a], "②": [x - 0.3 for x in lower[a]]}
+                   for a in ("tanh", "selu")})
+    losses[(2, "sigmoid")] = {"①": [2.3], "②": [0.5]}
+    primary = {1: PV.primary_activations(1), 2: PV.primary_activations(2)}
+    verdict, summary = P.loss_curve_verdict(losses, primary=primary)
+    assert verdict == "held" and "n=5/5" in summary
+    # without the tables' primaries the Sigmoid panel's single seed leaves one seed to judge
+    assert P.loss_curve_verdict(losses)[0] == "inconclusive"
+
+
 def test_table_verdict_must_settle():
     """A verdict that changed within the final lr phase is inconclusive: table 4's smoke said "not
     held" at the end where the same rule earlier said "inconclusive"."""
