@@ -732,21 +732,20 @@ def test_tables_find_the_cells_whose_arm_fits_but_scores_chance():
     10–18 % in eval mode (its 1×1-map BN layers); Table 4's: 57–79 % against 10 %, with a training
     loss (0.74–1.84) that the old loss-only test missed. Such a cell is named with its numbers; a
     cell that fails to train (accuracy at chance in both modes) or that generalizes is not."""
-    from bnlab.experiments.peng import tables as PT
     arms = {(2, "①", "sigmoid"): [_FinalRun(0.103, 0.029, 1.0), _FinalRun(0.10, 0.009, 1.0)],
             (2, "②", "sigmoid"): [_FinalRun(0.855, 0.011, 0.999), _FinalRun(0.87, 0.013, 0.998)],
             (4, "①", "tanh"): [_FinalRun(0.10, 1.07, 0.735), _FinalRun(0.101, 1.84, 0.566)],
             (1, "②", "sigmoid"): [_FinalRun(0.11, 2.30, 0.113), _FinalRun(0.12, 2.29, 0.109)]}
-    flagged = PT.proxy_cells(arms)
+    flagged = PV.proxy_cells(arms)
     assert set(flagged) == {("①", "sigmoid"), ("①", "tanh")}
     assert "training accuracy 100.0 %" in flagged[("①", "sigmoid")]
     assert "inference-statistics failure" in flagged[("①", "tanh")]
     # runs that log no training accuracy are read by their training loss
     no_acc = {(2, "①", "sigmoid"): [_FinalRun(0.103, 0.029), _FinalRun(0.10, 0.009)],
               (4, "①", "tanh"): [_FinalRun(0.10, 1.07), _FinalRun(0.101, 1.84)]}
-    assert set(PT.proxy_cells(no_acc)) == {("①", "sigmoid")}
+    assert set(PV.proxy_cells(no_acc)) == {("①", "sigmoid")}
     # CIFAR-100's chance is 1 %: 10 % test accuracy there is not chance
-    assert PT.proxy_cells({(3, "①", "tanh"): [_FinalRun(0.10, 1.0, 0.7)]}, 0.01) == {}
+    assert PV.proxy_cells({(3, "①", "tanh"): [_FinalRun(0.10, 1.0, 0.7)]}, 0.01) == {}
 
 
 def test_table_verdict_leaves_out_a_cell_the_proxy_decides_and_reports_the_verdict_with_it():

@@ -175,7 +175,7 @@ TABLE_SIDE_SEEDS = (0, 1)  # ReLU and Swish: reported, and judged only by the "n
 # The activations of the smoke's primary comparison, declared before its runs, and the seeds of the
 # others. VGG-16 at a 16×16 input normalizes 1×1 maps in its fifth stage over the batch alone, and
 # BN + Sigmoid's inference statistics failed there in every store of sessions 8–11 (train-mode
-# accuracy 57–100 %, eval-mode 10 %: tables.proxy_cells), so the VGG tables declare Tanh/SELU,
+# accuracy 57–100 %, eval-mode 10 %: verdict.proxy_cells), so the VGG tables declare Tanh/SELU,
 # run Sigmoid with one seed to show that failure, and leave ReLU and Swish (a side comparison the
 # ResNet tables make in smoke) to the paper preset: 22 runs of ≈ 70 s, inside 15 minutes.
 SMOKE_PRIMARY = {"resnet20": NON_RELU, "vgg16": ("tanh", "selu")}

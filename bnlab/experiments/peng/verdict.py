@@ -15,7 +15,7 @@ A diverged run counts as chance accuracy (:func:`chance`) for its arm — a CBN 
 is a failure of CBN, not a missing value.
 
 A cell decided by the proxy is left out of both judgements: an arm that fits its training set in
-train mode but scores chance in eval mode (``tables.proxy_cells``) fails in its inference
+train mode but scores chance in eval mode (:func:`proxy_cells`) fails in its inference
 statistics, which the proxy causes (VGG-16 at a 16×16 input normalizes 1×1 maps in its fifth stage,
 over the batch alone), not the claim. The primary is then the mean over the remaining activations of
 Sigmoid/Tanh/SELU, with the paper's effect over the same ones, and the verdict with the cell is
@@ -160,7 +160,7 @@ def table_verdict(
     mean over ``primary``, :func:`primary_activations`) judged by :func:`verdict.judge`; "not held"
     as well when CBN is Holm-significantly worse with some activation (those with runs of both
     rows; every primary one must have them). ``proxy`` maps the (row, activation) cells decided
-    by the proxy to the reason (``tables.proxy_cells``): their activations are left out of both
+    by the proxy to the reason (:func:`proxy_cells`): their activations are left out of both
     judgements, and the verdict with them is reported."""
     design = design or table_design(table)
     for act in primary:
