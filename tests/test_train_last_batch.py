@@ -9,8 +9,8 @@ import warnings
 import pytest
 
 from bnlab.experiments.base import load_catalogue
-from bnlab.experiments.rule_stats import DIGITS_CLASS_SIZES, config_test_images
-from bnlab.train.prepare import SMALL_LAST_BATCH, prepare
+from bnlab.experiments.rule_stats import digits_train_images
+from bnlab.train.prepare import prepare, small_last_batch
 
 BASE = dict(model="mlp", model_options={"depth": 2, "width": 16}, data="digits", steps=2,
             batch_size=128, runs_dir="unused")
@@ -39,15 +39,25 @@ def test_whole_or_large_last_batches_and_models_without_batch_statistics_are_not
     assert _warnings(**config) == []
 
 
-def _last_batch(config: dict) -> tuple[int, int] | None:
-    """(samples, batch size) of the final batch of an epoch of a digits config, None if whole or
-    not a digits/batch config."""
+def test_the_rule_by_numbers():
+    """Below min(16, batch/4) samples and kept: 899 = 7 × 128 + 3 is small; 30 of 128, 3 of 8 (at
+    least a quarter of the batch) and a whole epoch are not; a final batch of 1 is dropped, so it
+    is not small either."""
+    assert small_last_batch(899, 128) == 3
+    assert small_last_batch(15 + 256, 256) == 15
+    assert small_last_batch(16 + 256, 256) == 0
+    assert [small_last_batch(n, b) for n, b in ((1438, 128), (899, 8), (896, 128), (129, 128))] \
+        == [0, 0, 0, 0]
+
+
+def _small_last_batch(config: dict) -> int:
+    """The trainer's small final batch (:func:`small_last_batch`) of a digits config, 0 for none
+    or for another data source or full-batch training."""
     batch = config.get("batch_size", 128)
     if config.get("data") != "digits" or isinstance(batch, str):
-        return None
-    n_train = sum(DIGITS_CLASS_SIZES) - config_test_images(config)
-    last = n_train % batch
-    return (last, batch) if last not in (0, 1) else None  # a last batch of 1 is dropped
+        return 0
+    test_fraction = (config.get("data_options") or {}).get("test_fraction", 0.2)
+    return small_last_batch(digits_train_images(test_fraction), batch)
 
 
 def test_no_catalogue_entry_ends_its_epochs_with_a_batch_of_a_few_samples():
@@ -57,7 +67,7 @@ def test_no_catalogue_entry_ends_its_epochs_with_a_batch_of_a_few_samples():
         entry = catalogue.entry(name).target
         for preset in ("smoke", "paper"):
             for run in entry.plan(preset).runs:
-                last = _last_batch(run.config)
-                if last and last[0] < min(SMALL_LAST_BATCH, last[1] // 4):
-                    small[(entry.id, preset)] = last
+                last = _small_last_batch(run.config)
+                if last:
+                    small[(entry.id, preset)] = (last, run.config.get("batch_size", 128))
     assert small == {}

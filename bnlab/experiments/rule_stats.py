@@ -30,6 +30,11 @@ def n_test_images(data: str, test_fraction: float = 0.2) -> int:
     raise ValueError(f"no test-set size for data {data!r}; known: digits, cifar10, cifar100")
 
 
+def digits_train_images(test_fraction: float = 0.2) -> int:
+    """The training images of digits' stratified split: the 1,797 less :func:`n_test_images`."""
+    return sum(DIGITS_CLASS_SIZES) - n_test_images("digits", test_fraction)
+
+
 def config_test_images(config: dict) -> int:
     """:func:`n_test_images` of a run config (its ``data`` and ``data_options.test_fraction``)."""
     options = config.get("data_options") or {}

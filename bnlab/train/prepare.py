@@ -140,7 +140,7 @@ def prepare(
     augment = _augmentation(cfg, ds.input_shape)
     model = build_model(cfg, ds.input_shape, ds.num_outputs, model_factory).to(device)
     set_run_length(model, total_steps)  # brn's default warm-up scales to the run (Ioffe 2017 §4)
-    warn_small_last_batch(model, ds.n_train, batch_size, drop_last)
+    warn_small_last_batch(model, ds.n_train, batch_size)
     loss_fn = _loss_for(ds.task)
     _check_forward(cfg, model, ds, loss_fn)
     # an override that names no parameter is a config error: raised here, before any record
@@ -203,24 +203,38 @@ def _batching(cfg: TrainConfig, n: int) -> tuple[int, bool, int]:
                 f"({n} samples); use at most {n}, or batch_size full"
             )
         batch_size = int(cfg.batch_size)
-    # A final batch of a single sample has no batch statistics (BN would divide by zero), so it
-    # is dropped in that one case; otherwise every sample is used every epoch.
-    drop_last = batch_size < n and n % batch_size == 1
+    drop_last = drops_last(n, batch_size)
     return batch_size, drop_last, n // batch_size if drop_last else -(-n // batch_size)
+
+
+def drops_last(n: int, batch_size: int) -> bool:
+    """Whether an epoch of ``n`` samples drops its final batch: only when it would hold a single
+    sample, which has no batch statistics (BN would divide by zero); otherwise every sample is used
+    every epoch."""
+    return batch_size < n and n % batch_size == 1
 
 
 # a final batch below min(SMALL_LAST_BATCH, batch_size // 4) samples is warned about
 SMALL_LAST_BATCH = 16
 
 
-def warn_small_last_batch(model: nn.Module, n: int, batch_size: int, drop_last: bool) -> None:
+def small_last_batch(n: int, batch_size: int) -> int:
+    """The size of the final batch of an epoch of ``n`` samples when it is kept and below
+    min(:data:`SMALL_LAST_BATCH`, batch_size // 4) samples, else 0."""
+    last = n % batch_size
+    if drops_last(n, batch_size) or last >= min(SMALL_LAST_BATCH, batch_size // 4):
+        return 0
+    return last
+
+
+def warn_small_last_batch(model: nn.Module, n: int, batch_size: int) -> None:
     """Warn when every epoch ends with a batch of a few samples and the model normalizes over the
     batch (a module with a ``running_mean`` buffer): its statistics over those few samples enter a
     step and the running averages once an epoch. Found in Peng Table 4's smoke, where a batch of 3
     after 7 of 128 decided cells of the verdict. Every sample is still used (torch's DataLoader
     default); the fix is a batch size or a split that leaves whole batches."""
-    last = n % batch_size
-    if drop_last or last == 0 or last >= min(SMALL_LAST_BATCH, batch_size // 4):
+    last = small_last_batch(n, batch_size)
+    if not last:
         return
     if not any(isinstance(getattr(m, "running_mean", None), torch.Tensor) for m in model.modules()):
         return

@@ -12,7 +12,7 @@ from bnlab import data as data_sources
 from bnlab import models
 from bnlab.norms import set_progress
 
-from ..rule_stats import DIGITS_CLASS_SIZES, n_test_images
+from ..rule_stats import digits_train_images
 
 ACTIVATIONS = ("sigmoid", "tanh", "relu", "selu", "swish")
 ACT_TITLE = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "ReLU", "selu": "SELU", "swish": "Swish"}
@@ -218,16 +218,19 @@ def table_base(model: str, data: str, preset: str, residual: str = RESIDUAL) -> 
         base["data_options"] = {**base["data_options"],
                                 "test_fraction": TABLE_SMOKE_SPLIT[(model, data)]}
     if model in TABLE_SMOKE_EVAL_EPOCHS:
-        steps_per_epoch = -(-smoke_train_images(model, data) // base["batch_size"])
-        base["eval_every"] = TABLE_SMOKE_EVAL_EPOCHS[model] * steps_per_epoch
+        base["eval_every"] = TABLE_SMOKE_EVAL_EPOCHS[model] * smoke_steps_per_epoch(model, data)
     return base
 
 
 def smoke_train_images(model: str, data: str) -> int:
     """The training images of the tables' smoke split for ``model`` and the ``data`` it stands in
     for (:data:`TABLE_SMOKE_SPLIT`; digits' stratified split, exact)."""
-    test_fraction = TABLE_SMOKE_SPLIT.get((model, data), 0.2)
-    return sum(DIGITS_CLASS_SIZES) - n_test_images("digits", test_fraction)
+    return digits_train_images(TABLE_SMOKE_SPLIT.get((model, data), 0.2))
+
+
+def smoke_steps_per_epoch(model: str, data: str) -> int:
+    """Batches of the tables' smoke batch size in one epoch of :func:`smoke_train_images`."""
+    return -(-smoke_train_images(model, data) // TABLE_SMOKE_RECIPE["batch_size"])
 
 
 def smoke_seeds(model: str, activation: str) -> tuple[int, ...]:

@@ -35,7 +35,6 @@ which §6.4 finds CBN insensitive to ρ). ``peng-fig8`` measures the sensitivity
 
 from __future__ import annotations
 
-
 from bnlab.plots import bars
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
@@ -48,9 +47,10 @@ from ..rule_stats import arm_values, settle_fraction
 from ..verdicts import settle
 from ..resolution import design_resolution
 from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TABLES, PAPER_TRIALS, ROW_FEATURES,
-                          ROW_NAMES, ROWS, TABLE_SMOKE_SEEDS, TABLE_SMOKE_WIDTH,
+                          ROW_NAMES, ROWS, TABLE_SMOKE_RECIPE, TABLE_SMOKE_SEEDS, TABLE_SMOKE_WIDTH,
                           TABLES, percent, run_config, status_note, padding_shares, row_spec,
-                          smoke_seeds, smoke_train_images, table_base)
+                          smoke_seeds, smoke_steps_per_epoch, smoke_train_images,
+                          table_base)
 
 COMPARED = ("①", "②")  # the rows the tables' claim compares (BN, CBN)
 
@@ -328,19 +328,20 @@ _TABLE_ARMS = {
              "16×16 VGG-16's fifth stage normalizes 1×1 maps and BN + Sigmoid's inference "
              "statistics failed in every earlier store), 1 with Sigmoid to show that failure; "
              "ReLU and Swish in the paper preset only"}
-_TABLE_DATA = {1: "1,438 training images (11 batches of 128 and one of 30 an epoch)",
-               2: "1,024 training images (8 whole batches an epoch: 1,438 took 32 minutes)",
-               3: "896 training images (7 whole batches an epoch: at 899 each epoch ended with a "
-                  "batch of 3)",
-               4: "896 training images (7 whole batches an epoch: at 899 each epoch ended with a "
-                  "batch of 3)"}
+# why a table's split is what it is (common.TABLE_SMOKE_SPLIT)
+_SPLIT_WHY = {2: ": 1,438 took 32 minutes", 3: ": at 899 each epoch ended with a batch of 3",
+              4: ": at 899 each epoch ended with a batch of 3"}
 
 
-def _smoke_steps(table: int) -> int:
-    """Steps of one smoke run of ``peng-table<table>``: 40 epochs of its split's batches of 128."""
+def _smoke_data(table: int) -> str:
+    """The training set of ``peng-table<table>``'s smoke runs, in batches of 128, and why."""
     model, data = TABLES[table]["model"], TABLES[table]["data"]
-    base = table_base(model, data, "smoke")
-    return base["epochs"] * -(-smoke_train_images(model, data) // base["batch_size"])
+    n, size = smoke_train_images(model, data), TABLE_SMOKE_RECIPE["batch_size"]
+    batches = (f"{n // size} whole batches" if n % size == 0
+               else f"{n // size} batches of {size} and one of {n % size}")
+    return f"{n:,} training images ({batches} an epoch{_SPLIT_WHY.get(table, '')})"
+
+
 # session 11 (2026-11-27), empty store, 2 workers: ResNet-20 ≈ 30 s a run; session 12: VGG-16 at
 # 8 (Table 2) or 7 (Table 4) batches an epoch ≈ 70 s
 _TABLE_COST = {"resnet20": "50 runs, ≈ 26 CPU-minutes (12–14 min on 2 cores)",
@@ -350,7 +351,7 @@ _TABLE_COST = {"resnet20": "50 runs, ≈ 26 CPU-minutes (12–14 min on 2 cores)
 def _register_table(table: int) -> None:
     spec = TABLES[table]
     c100 = spec["data"] == "cifar100"
-    extra = f"; {_TABLE_DATA[table]}" + ("; half the digits go to the test split as a harder "
+    extra = f"; {_smoke_data(table)}" + ("; half the digits go to the test split as a harder "
                                           "stand-in for CIFAR-100 (digits has 10 classes, not "
                                           "100)" if c100 else "")
     resnet = spec["model"] == "resnet20"
@@ -359,7 +360,9 @@ def _register_table(table: int) -> None:
         title=f"BN vs CBN and its ablations, {spec['what']}, five activations",
         claim=_TABLE_CLAIM,
         smoke_changes=_TABLE_SMOKE.format(
-            model=spec["model"], steps=_smoke_steps(table),
+            model=spec["model"],
+            steps=TABLE_SMOKE_RECIPE["epochs"] * smoke_steps_per_epoch(spec["model"],
+                                                                       spec["data"]),
             evals="; the test split every 2 epochs" if not resnet else "",
             arms=_TABLE_ARMS[spec["model"]],
             form=" in Peng's block form (Eq. 7: activation before the shortcut sum) for BN and CBN "
