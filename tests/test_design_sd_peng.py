@@ -149,7 +149,7 @@ def test_fig8_fig10_thm1_decisions_are_unchanged():
     verdict, text = PA.fig10_verdict(_fig10(0.3, ratio=0.9))
     mde = design_mde(PA.FIG10_DESIGN_SD.of(), 3, 3)
     assert verdict == "inconclusive"
-    assert f"at the design SD the seeds resolve ≥ {mde:.2g} dex" in text
+    assert f"resolvable ≥ {mde:.2g} dex (design SD" in text  # the primary's
     assert PT.thm1_verdict(_thm1(1.0))[0] == "held"
     assert PT.thm1_verdict(_thm1(1.0, effect=1.0))[0] == "not held"
     with pytest.raises(KeyError, match="declared for: T1, T2, T3"):

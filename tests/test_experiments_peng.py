@@ -4,8 +4,10 @@ logic, tiny runs."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
+import torch
 
 from bnlab.experiments import get, reproduce
 from bnlab.experiments import verdicts as V
@@ -566,8 +568,8 @@ def test_fig8_verdict():
 
 
 def test_fig10_verdict():
-    """Per activation, Welch's t on log10 variance over ≥ 3 seeds (the old rule read one run per
-    arm)."""
+    """Primary: per seed, the mean over activations of log10 variance, AMAT against no AMAT
+    (Welch's t, ≥ 3 seeds); secondary: nowhere significantly higher (Holm)."""
     def variance(ratio, spread=0.02, seeds=3):
         off = [1.0 * (1 + spread * k) for k in range(seeds)]
         on = None if ratio is None else [ratio * (1 - spread * k) for k in range(seeds)]
@@ -577,17 +579,43 @@ def test_fig10_verdict():
     lower = {a: variance(0.7) for a in PC.ACTIVATIONS}
     verdict, summary = PA.fig10_verdict(lower)
     assert verdict == "held" and "fixed η = 0.9 / without" in summary
-    # 4 of 5 significantly lower
+    expected = sum(math.log10(0.7 * (1 - 0.02 * k)) - math.log10(1 + 0.02 * k)
+                   for k in range(3)) / 3
+    assert summary.startswith(f"{PA.FIG10_DESIGN.quantity} {expected:+.3g} dex")
+    # 4 of 5 lower, one unchanged: the mean still is
     assert PA.fig10_verdict({**lower, "relu": variance(1.0)})[0] == "held"
     # significantly higher once
     assert PA.fig10_verdict({**lower, "relu": variance(1.5)})[0] == "not held"
     # within the seeds' spread: nothing decided, the resolvable effect is stated
     verdict, summary = PA.fig10_verdict({a: variance(0.9, spread=0.3) for a in PC.ACTIVATIONS})
-    assert verdict == "inconclusive" and "resolve ≥" in summary
+    assert verdict == "inconclusive" and "resolvable ≥ 0.33 dex (design SD" in summary
     # one seed per arm (the old smoke preset) cannot decide
     verdict, summary = PA.fig10_verdict({a: variance(0.5, seeds=1) for a in PC.ACTIVATIONS})
     assert verdict == "inconclusive" and "fewer than 3 seeds" in summary
     assert PA.fig10_verdict({**lower, "tanh": variance(None)})[0] == "inconclusive"
+
+
+def test_fig10_primary_pools_what_single_activations_cannot_resolve():
+    """The old count rule ("significantly lower for ≥ 4 of 5") missed a uniform effect that each
+    activation alone resolves only sometimes; the mean over activations resolves it. Seeds drawn
+    with a seeded generator: per activation AMAT −0.24 dex (the session-11 store's mean), seed SD
+    0.1 dex, shared per seed across activations (one data order), 3 seeds."""
+    gen = torch.Generator().manual_seed(0)
+    held = counts = 0
+    trials = 200
+    for _ in range(trials):
+        shared = torch.randn(2, 3, generator=gen) * 0.07
+        noise = torch.randn(5, 2, 3, generator=gen) * 0.07
+        data = {a: {"CBN without AMAT": [10 ** float(shared[0, s] + noise[i, 0, s])
+                                         for s in range(3)],
+                    "CBN with AMAT": [10 ** float(-0.24 + shared[1, s] + noise[i, 1, s])
+                                      for s in range(3)]}
+                for i, a in enumerate(PC.ACTIVATIONS)}
+        verdict, summary = PA.fig10_verdict(data)
+        held += verdict == "held"
+        found = re.search(r"lower per activation for (\d) of 5", summary)
+        counts += bool(found) and int(found.group(1)) >= 4
+    assert held / trials > 0.6 and counts / trials < held / trials
 
 
 class _FakeRun:
