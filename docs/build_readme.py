@@ -1,19 +1,20 @@
-"""Rewrite the catalogue's verdict table in README.md from a runs dir's stored results.
+"""Rewrite the catalogue's verdict tables (README.md and the paper pages) from a runs dir's results.
 
     python docs/build_readme.py --runs-dir runs          # after `make demo` or `bnlab reproduce`
-    python docs/build_readme.py --runs-dir runs --check  # exit 1 if README disagrees with the store
+    python docs/build_readme.py --runs-dir runs --check  # exit 1 if a table disagrees with the runs
 
-Only the region between ``<!-- verdicts:start -->`` and ``<!-- verdicts:end -->`` changes; the rest
-of the README is hand-written. The verdicts are not copied from anywhere: every stored catalogue
-entry is analysed again from the store (``bnlab.experiments.runner.iter_outcomes``, the same path as
-``bnlab report``; nothing is trained), so the table says what the stored runs say today. The user
-guide itself is the docs site (``mkdocs.yml``, pages in ``docs/readme/``), no longer concatenated
-here.
+Only the region between ``<!-- verdicts:start -->`` and ``<!-- verdicts:end -->`` changes in each
+file; the rest is hand-written. The README's region holds every stored entry with its full summary;
+each paper page (``PAGES``, found beside the README) holds its own entries, with the summary's first
+clause (the primary comparison, ``first_clause``). The verdicts are not copied from anywhere: every
+stored catalogue entry is analysed again from the store (``bnlab.experiments.runner.iter_outcomes``,
+the same path as ``bnlab report``; nothing is trained), so the tables say what the stored runs say
+today. The user guide itself is the docs site (``mkdocs.yml``, pages in ``docs/readme/``).
 
 Each rewrite also stores the rows it rendered in ``docs/verdicts.json`` (the store's verdicts, as
-analysed then): the suite checks that the README's table is exactly what those rows render and that
-every row names a catalogue entry, so neither a hand edit nor a renamed entry goes unnoticed where
-no store is at hand (CI). ``--check`` compares the README with a live store instead.
+analysed then): the suite checks that every table is exactly what those rows render and that every
+row names a catalogue entry, so neither a hand edit nor a renamed entry goes unnoticed where no
+store is at hand (CI). ``--check`` compares the README and the pages with a live store instead.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import datetime
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from bnlab.experiments.base import PAPERS
@@ -41,6 +43,15 @@ PAPER_PAGES = {
     "peng": "docs/readme/experiments-peng-arora.md",
     "arora": "docs/readme/experiments-peng-arora.md",
 }
+# Entries discussed on a page other than their paper's: their rows (and links) go there.
+ENTRY_PAGES = {
+    "peng-table5": "docs/readme/experiments-peng-imagenet.md",
+    "peng-fig6": "docs/readme/experiments-peng-imagenet.md",
+}
+# The pages that hold a generated table of their entries (paths relative to the README's folder).
+PAGES = list(dict.fromkeys([*PAPER_PAGES.values(), *ENTRY_PAGES.values()]))
+# A summary this short is its own primary comparison (``first_clause``).
+SHORT_SUMMARY = 200
 
 
 def collect_rows(runs_dir: Path) -> list[dict]:
@@ -88,41 +99,119 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def page_of(row: dict) -> str | None:
+    """The docs page that discusses the row's entry (``ENTRY_PAGES``, else its paper's page)."""
+    return ENTRY_PAGES.get(row["id"], PAPER_PAGES.get(row["paper"]))
+
+
+def first_clause(summary: str) -> str:
+    """The primary comparison of an outcome's summary: the summary up to its first ``"; "`` outside
+    brackets. A clause without a digit only names what is measured ("median drift …, per seed"),
+    so it runs on to the next clause; a summary of at most ``SHORT_SUMMARY`` characters is whole."""
+    if len(summary) <= SHORT_SUMMARY:
+        return summary
+    depth, start = 0, 0
+    for i, char in enumerate(summary):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth = max(depth - 1, 0)
+        elif depth == 0 and summary.startswith("; ", i):
+            if any(c.isdigit() for c in summary[start:i]):
+                return summary[:i]
+            start = i + 2
+    return summary
+
+
+def _paper(row: dict) -> str:
+    cited = f"{row.get('authors', row['paper'])}, {row['target']}"
+    page = page_of(row)
+    return f"[{cited}]({page})" if page else cited
+
+
+def _preset(row: dict) -> str:
+    return row["preset"] + (" (tiny: a wiring check)" if row["tiny"] else "")
+
+
+Column = tuple[str, Callable[[dict], str]]
+_ENTRY: Column = ("entry", lambda r: f"`{r['id']}`")
+_VERDICT: Column = ("verdict", lambda r: f"**{r['verdict']}**")
+_STORED: Column = ("stored", lambda r: r["date"])
+README_COLUMNS: tuple[Column, ...] = (_ENTRY, ("paper", _paper), ("preset", _preset), _VERDICT,
+                                      ("what decided it", lambda r: r["summary"]), _STORED)
+PAGE_COLUMNS: tuple[Column, ...] = (_ENTRY, ("target", lambda r: r["target"]),
+                                    ("preset", _preset), _VERDICT,
+                                    ("primary comparison", lambda r: first_clause(r["summary"])),
+                                    _STORED)
+
+
+def render_table(rows: list[dict], note: str, columns: tuple[Column, ...]) -> str:
+    """``note`` (one line), then a Markdown table: one row per ``rows``, one cell per column."""
+    lines = [note, "", "| " + " | ".join(name for name, _ in columns) + " |",
+             "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(cell(r)) for _, cell in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _run_facts(rows: list[dict]) -> tuple[list, list]:
+    """The torch thread counts and CPUs the rows' runs recorded (the store's, on every row)."""
+    threads = sorted({t for r in rows for t in r.get("threads", [])})
+    return threads, sorted({c for r in rows for c in r.get("cpus", [])})
+
+
 def verdict_table(rows: list[dict], runs_dir: str) -> str:
-    """The Markdown table (with a one-line provenance note) that goes between the markers."""
+    """The README's region: a one-line provenance note and every row with its full summary."""
     if not rows:
         return (f"*No catalogue entry is stored in `{runs_dir}` yet: run `make demo`, "
                 "then this script.*")
-    threads = sorted({t for r in rows for t in r.get("threads", [])})
+    threads, cpus = _run_facts(rows)
     per_run = (f" Every training run used {' or '.join(map(str, threads))} torch thread(s) (each "
                "run's recorded `env`), so the numbers do not depend on the machine's cores."
                if threads else "")
-    cpus = sorted({c for r in rows for c in r.get("cpus", [])})
     if cpus:  # float32 kernels round differently on another CPU model or SIMD level
         per_run += (f" The runs that record their CPU ran on {' and '.join(cpus)}; on another CPU "
                     "the same runs end within their seed-to-seed scatter, not digit for digit, "
                     "and a verdict at the edge of its rule can move.")
-    lines = [f"*Generated by `python docs/build_readme.py --runs-dir {runs_dir}` from "
-             f"{len(rows)} stored "
-             "entries (re-analysed from the store; smoke presets are small proxies of the papers' "
-             f"experiments: a verdict is about the proxy, see each entry's page).{per_run}*", "",
-             "| entry | paper | preset | verdict | what decided it | stored |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        page = PAPER_PAGES.get(r["paper"])
-        cited = f"{r.get('authors', r['paper'])}, {r['target']}"
-        paper = f"[{cited}]({page})" if page else cited
-        preset = r["preset"] + (" (tiny: a wiring check)" if r["tiny"] else "")
-        lines.append(f"| `{r['id']}` | {_cell(paper)} | {preset} | **{r['verdict']}** | "
-                     f"{_cell(r['summary'])} | {r['date']} |")
-    return "\n".join(lines)
+    note = (f"*Generated by `python docs/build_readme.py --runs-dir {runs_dir}` from "
+            f"{len(rows)} stored "
+            "entries (re-analysed from the store; smoke presets are small proxies of the papers' "
+            f"experiments: a verdict is about the proxy, see each entry's page).{per_run}*")
+    return render_table(rows, note, README_COLUMNS)
+
+
+def page_table(rows: list[dict], runs_dir: str, page: str) -> str:
+    """A paper page's region: a one-line provenance note and the page's rows (``page_of``), each
+    with its primary comparison (``first_clause``) instead of the full summary."""
+    mine = [r for r in rows if page_of(r) == page]
+    command = f"`python docs/build_readme.py --runs-dir {runs_dir}`"
+    if not mine:
+        return f"*No entry of this page is stored in `{runs_dir}` yet: run `bnlab reproduce ID`, " \
+               f"then {command}.*"
+    threads, cpus = _run_facts(rows)
+    runs = (f"; the runs used {' or '.join(map(str, threads))} torch thread(s)" if threads else "")
+    runs += f", on {' and '.join(cpus)}" if cpus else ""
+    note = (f"*Generated by {command} from the store's {len(mine)} entries of this page "
+            f"({len(rows)} in all), each re-analysed from its stored runs{runs}. Primary "
+            "comparison: the summary's "
+            "first clause (the README's table has the whole summary); smoke presets are small "
+            "proxies of the paper's experiments.*")
+    return render_table(mine, note, PAGE_COLUMNS)
+
+
+def tables(rows: list[dict], runs_dir: str, readme: Path) -> dict[Path, str]:
+    """Every file's region: the README's, and each of ``PAGES`` found beside the README."""
+    out = {readme: verdict_table(rows, runs_dir)}
+    for page in PAGES:
+        if (readme.parent / page).is_file():
+            out[readme.parent / page] = page_table(rows, runs_dir, page)
+    return out
 
 
 def _markers(text: str) -> tuple[int, int]:
     """Where the table's region starts (after START) and ends (at END); exactly one of each."""
     start, end = text.find(START), text.find(END)
     if start < 0 or end < 0 or end < start or text.count(START) != 1 or text.count(END) != 1:
-        raise ValueError(f"README must hold exactly one {START} followed by one {END}")
+        raise ValueError(f"must hold exactly one {START} followed by one {END}")
     return start + len(START), end
 
 
@@ -138,18 +227,33 @@ def region(text: str) -> str:
     return text[start:end].strip()
 
 
-def check(readme: Path, table: str, source: str) -> int:
-    """0 if the README's table is ``table``; else 1, naming the rows that differ."""
-    have, want = region(readme.read_text()).splitlines(), table.strip().splitlines()
+def check(path: Path, table: str, source: str) -> int:
+    """0 if the file's table is ``table``; else 1, naming the rows that differ."""
+    try:
+        have, want = region(path.read_text()).splitlines(), table.strip().splitlines()
+    except ValueError as err:
+        print(f"{path}: {err}", file=sys.stderr)
+        return 1
     if have == want:
-        print(f"{readme}: the verdict table agrees with {source}")
+        print(f"{path}: the verdict table agrees with {source}")
         return 0
-    print(f"{readme}: the verdict table disagrees with {source} "
+    print(f"{path}: the verdict table disagrees with {source} "
           f"(regenerate: python docs/build_readme.py --runs-dir RUNS):", file=sys.stderr)
     for line in [f"- {x}" for x in have if x not in want] + [f"+ {x}" for x in want
                                                              if x not in have]:
         print(f"  {line[:160]}", file=sys.stderr)
     return 1
+
+
+def rewrite(targets: dict[Path, str]) -> dict[Path, str]:
+    """Each file's new text (nothing written: a file without its markers fails them all)."""
+    out = {}
+    for path, table in targets.items():
+        try:
+            out[path] = replace_region(path.read_text(), table)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+    return out
 
 
 def load_snapshot(path: Path) -> tuple[list[dict], str]:
@@ -162,29 +266,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-dir", type=Path, default=Path("runs"),
                         help="the store to read (default: runs)")
     parser.add_argument("--readme", type=Path, default=REPO / "README.md",
-                        help="the file to rewrite")
+                        help="the README to rewrite (the paper pages are found beside it)")
     parser.add_argument("--snapshot", type=Path, default=SNAPSHOT,
                         help="where the rendered rows are kept")
     parser.add_argument("--check", action="store_true",
-                        help="compare only; exit 1 if the README disagrees")
+                        help="compare only; exit 1 if the README or a page disagrees")
     args = parser.parse_args(argv)
     try:
         rows = collect_rows(args.runs_dir)
-        table = verdict_table(rows, str(args.runs_dir))
+        targets = tables(rows, str(args.runs_dir), args.readme)
         if args.check:
-            return check(args.readme, table, f"the store at {args.runs_dir}")
-        text = replace_region(args.readme.read_text(), table)
+            source = f"the store at {args.runs_dir}"
+            return max([check(path, table, source) for path, table in targets.items()])
+        texts = rewrite(targets)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    args.readme.write_text(text)
+    for path, text in texts.items():
+        path.write_text(text)
     args.snapshot.write_text(json.dumps({"runs_dir": str(args.runs_dir), "rows": rows}, indent=1,
                                         ensure_ascii=False) + "\n")
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
     print(f"{args.readme}: {len(rows)} entries "
-          f"({', '.join(f'{n} {v}' for v, n in counts.items()) or 'none'})")
+          f"({', '.join(f'{n} {v}' for v, n in counts.items()) or 'none'}); "
+          f"{len(texts) - 1} paper page(s) rewritten")
     return 0
 
 

@@ -113,6 +113,9 @@ def test_verdicts_come_from_the_store(tmp_path):
                         report=False, progress=False)
     readme = tmp_path / "README.md"
     readme.write_text("# x\n<!-- verdicts:start -->\n<!-- verdicts:end -->\nrest\n")
+    page = tmp_path / "docs" / "readme" / "experiments-luo-mbn.md"  # found beside the README
+    page.parent.mkdir(parents=True)
+    page.write_text("# luo\n> banner\n\n<!-- verdicts:start -->\n<!-- verdicts:end -->\nrest\n")
     build = [sys.executable, str(BUILD_README), "--runs-dir", str(tmp_path / "runs"), "--readme",
              str(readme), "--snapshot", str(tmp_path / "verdicts.json")]
     proc = subprocess.run(build, capture_output=True, text=True, timeout=300)
@@ -121,6 +124,9 @@ def test_verdicts_come_from_the_store(tmp_path):
     assert len(rows) == 1 and rows[0].startswith("| `luo-fig2` |")
     assert f"**{outcome.verdict}**" in rows[0] and "tiny" in rows[0]
     assert readme.read_text().endswith("<!-- verdicts:end -->\nrest\n")
+    page_rows = [line for line in page.read_text().splitlines() if line.startswith("| `")]
+    assert len(page_rows) == 1 and page_rows[0].startswith("| `luo-fig2` | Fig. 2 | smoke (tiny")
+    assert page.read_text().endswith("<!-- verdicts:end -->\nrest\n")
     # --check: the README agrees with this store; once the store holds another entry, it does not
     assert subprocess.run(build + ["--check"], capture_output=True, text=True,
                           timeout=300).returncode == 0
@@ -128,7 +134,8 @@ def test_verdicts_come_from_the_store(tmp_path):
               report=False, progress=False)
     proc = subprocess.run(build + ["--check"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "+ | `luo-table2` |" in proc.stderr, proc.stderr[-2000:]
-    assert "luo-table2" not in readme.read_text()  # --check writes nothing
+    assert f"{page}: the verdict table disagrees" in proc.stderr  # each file is reported
+    assert "luo-table2" not in readme.read_text() + page.read_text()  # --check writes nothing
 
 
 def test_readme_table_is_what_the_stored_verdicts_render():
