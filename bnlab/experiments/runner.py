@@ -27,15 +27,20 @@ class ResultStore:
 
     For each (experiment, preset): the run ids by label with their factors, and the JSON data of the
     entry's computations. Together with the runs' metrics this is all the report needs.
+
+    ``store``: an open :class:`Store` of ``runs_dir`` to read and write through (not closed by
+    :meth:`close`: its opener closes it); by default one is opened here.
     """
 
-    def __init__(self, runs_dir: str | Path):
+    def __init__(self, runs_dir: str | Path, *, store: Store | None = None):
         self.runs_dir = Path(runs_dir)
         self.path = self.runs_dir / "bnlab.db"
-        self._store = Store(self.path)
+        self._owned = store is None
+        self._store = Store(self.path) if store is None else store
 
     def close(self) -> None:
-        self._store.close()
+        if self._owned:
+            self._store.close()
 
     def save(self, experiment_id: str, preset: str, runs: list[dict], data: dict, tiny: bool,
              seconds: float) -> None:
@@ -218,12 +223,10 @@ def reproduce_many(experiment_ids: list[str], preset: str = "smoke", *,
         runs = [{"label": s.label, "factors": s.factors, "id": r.get("id"),
                  "status": r.get("status"), "error": r.get("error")} for s, r in zip(entry, done)]
         seconds = compute_seconds + sum(float(r.get("seconds") or 0.0) for r in done)
-        store = ResultStore(runs_dir)
-        try:
-            store.save(exp.id, preset, runs, data, tiny, seconds)
-        finally:
-            store.close()
-        yield exp.id, analyze(exp.id, preset, runs_dir=runs_dir)
+        with Store(runs_dir / "bnlab.db") as store:  # one open (and check) per entry
+            ResultStore(runs_dir, store=store).save(exp.id, preset, runs, data, tiny, seconds)
+            outcome = analyze(exp.id, preset, runs_dir=runs_dir, store=store)
+        yield exp.id, outcome
 
 
 def _accepts_tiny(fn) -> bool:
@@ -280,9 +283,10 @@ class AnalysisContext:
     out_dir: Path
     tiny: bool
     store: Store | None = None  # the run store the views read from; open until close()
+    owns_store: bool = True  # False: the caller opened ``store`` and closes it (not close())
 
     def close(self) -> None:
-        if self.store is not None:
+        if self.store is not None and self.owns_store:
             self.store.close()
 
     def __enter__(self) -> AnalysisContext:
@@ -304,30 +308,34 @@ class AnalysisContext:
 
 
 def analysis_context(experiment_id: str, preset: str, *, runs_dir: str | Path = "runs",
-                     report_dir: str | Path | None = None) -> AnalysisContext:
+                     report_dir: str | Path | None = None,
+                     store: Store | None = None) -> AnalysisContext:
     """``report_dir`` (default ``<runs_dir>/report``) receives the figures: a read-only runs dir
     is analysed with a report folder elsewhere. The context holds the run store open for its views'
-    series: use it in a ``with`` block (or call ``close()``)."""
+    series: use it in a ``with`` block (or call ``close()``).
+
+    ``store``: an open :class:`Store` of ``runs_dir`` to read through, left open by ``close()``
+    (several entries analysed on one open: the store is opened, and checked, once); by default the
+    context opens its own and closes it."""
     exp = get(experiment_id)
     check_preset(preset)  # a preset read from the store names a folder: only the catalogue's names
     runs_dir = Path(runs_dir)
     report_dir = Path(report_dir) if report_dir is not None else runs_dir / "report"
-    results = ResultStore(runs_dir)
+    owned = store is None
+    if store is None:
+        store = Store(runs_dir / "bnlab.db")
     try:
-        saved = results.load(exp.id, preset)
-    finally:
-        results.close()
-    if saved is None:
-        raise ValueError(f"no stored results for {experiment_id} ({preset}) in {runs_dir}; "
-                         f"run `bnlab reproduce {experiment_id} --preset {preset}` first")
-    store = Store(runs_dir / "bnlab.db")
-    try:
+        saved = ResultStore(runs_dir, store=store).load(exp.id, preset)
+        if saved is None:
+            raise ValueError(f"no stored results for {experiment_id} ({preset}) in {runs_dir}; "
+                             f"run `bnlab reproduce {experiment_id} --preset {preset}` first")
         views = _run_views(saved["runs"], store)
     except BaseException:
-        store.close()
+        if owned:
+            store.close()
         raise
     return AnalysisContext(exp, preset, views, saved["data"],
-                           report_dir / "figures" / exp.id / preset, saved["tiny"], store)
+                           report_dir / "figures" / exp.id / preset, saved["tiny"], store, owned)
 
 
 def _run_views(runs: list[dict[str, Any]], store: Store) -> list[RunView]:
@@ -349,36 +357,43 @@ def _record_dict(row: dict) -> dict:
     return train.RunRecord.from_store(row).to_dict()
 
 
-def analyze(experiment_id: str, preset: str, *, runs_dir: str | Path = "runs") -> Outcome:
-    with analysis_context(experiment_id, preset, runs_dir=runs_dir) as ctx:
+def analyze(experiment_id: str, preset: str, *, runs_dir: str | Path = "runs",
+            store: Store | None = None) -> Outcome:
+    """One stored entry analysed (``store``: as in :func:`analysis_context`)."""
+    with analysis_context(experiment_id, preset, runs_dir=runs_dir, store=store) as ctx:
         return ctx.experiment.analyze(ctx)
 
 
 def stored_entries(runs_dir: str | Path) -> list[tuple[str, str]]:
     if not (Path(runs_dir) / "bnlab.db").exists():
         return []
-    store = ResultStore(runs_dir)
-    try:
+    with Store(Path(runs_dir) / "bnlab.db") as store:
         return store.entries()
-    finally:
-        store.close()
 
 
 def iter_outcomes(runs_dir: str | Path, report_dir: str | Path | None = None
                   ) -> Iterable[tuple[str, str, AnalysisContext, Outcome | Exception]]:
-    for experiment_id, preset in stored_entries(runs_dir):
-        try:
-            ctx = analysis_context(experiment_id, preset, runs_dir=runs_dir, report_dir=report_dir)
-        except StoreIntegrityError as err:  # a damaged entry: named, never silently left out
-            print(f"warning: {err}", file=sys.stderr, flush=True)
-            continue
-        except ValueError:
-            continue  # an entry that no longer exists in the catalogue
-        try:
-            outcome: Outcome | Exception = ctx.experiment.analyze(ctx)
-        except Exception as err:  # one broken entry must not hide the others
-            outcome = err
-        try:
-            yield experiment_id, preset, ctx, outcome
-        finally:  # the consumer is done with this entry's views
-            ctx.close()
+    """Every stored entry analysed: ``(id, preset, context, outcome or the error it raised)``.
+
+    The store is opened once for the whole pass (its open runs ``PRAGMA quick_check`` over the
+    whole file: seconds for a large store) and closed when the iteration ends or is abandoned."""
+    if not (Path(runs_dir) / "bnlab.db").exists():
+        return
+    with Store(Path(runs_dir) / "bnlab.db") as store:
+        for experiment_id, preset in store.entries():
+            try:
+                ctx = analysis_context(experiment_id, preset, runs_dir=runs_dir,
+                                       report_dir=report_dir, store=store)
+            except StoreIntegrityError as err:  # a damaged entry: named, never silently left out
+                print(f"warning: {err}", file=sys.stderr, flush=True)
+                continue
+            except ValueError:
+                continue  # an entry that no longer exists in the catalogue
+            try:
+                outcome: Outcome | Exception = ctx.experiment.analyze(ctx)
+            except Exception as err:  # one broken entry must not hide the others
+                outcome = err
+            try:
+                yield experiment_id, preset, ctx, outcome
+            finally:  # the consumer is done with this entry's views
+                ctx.close()
