@@ -1,10 +1,21 @@
-"""Small matplotlib helpers the catalogue entries draw with (Agg backend; PNG files)."""
+"""Small matplotlib helpers the catalogue entries draw with (Agg backend; PNG files).
+
+Each PNG carries, in a text chunk, a key of what drew it: the function, its arguments (every data
+value) and this module's code and matplotlib's version. A figure whose file already holds the key
+it would be drawn with is not drawn again: a report re-written over an unchanged store draws
+nothing (drawing and laying out was ≈ 43 of a 36-entry report's 63 s). Arguments that cannot be
+written out exactly (anything but numbers, strings, None, sequences, mappings and arrays/tensors)
+give no key, and the figure is always drawn: a cache that can miss, never one that can be stale.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import matplotlib
 
@@ -49,14 +60,62 @@ def _legend(ax, entries: int) -> None:
     )
 
 
-def _save(fig, path: Path, title: str | None = None) -> Path:
+FIGURE_KEY = "bnlab-figure-key"  # the PNG text chunk holding what drew the figure
+_CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16] + "/" + matplotlib.__version__
+
+
+def _plain(obj: Any) -> Any:
+    """JSON for what ``json`` does not write itself: arrays and tensors (``tolist``), mappings,
+    paths; anything else is refused (no key: the figure is drawn)."""
+    if callable(getattr(obj, "tolist", None)):
+        return obj.tolist()
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"no exact text for {type(obj).__name__}")
+
+
+def figure_key(kind: str, *args: Any) -> str | None:
+    """The key of a figure drawn by ``kind`` from ``args`` (None: some argument has no exact
+    text)."""
+    try:
+        # insertion order kept: the order of series sets their colours and legend
+        text = json.dumps([kind, _CODE, args], default=_plain, allow_nan=True)
+    except (TypeError, ValueError):
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def is_current(path: Path, key: str | None) -> bool:
+    """Whether ``path`` is a PNG this module wrote with ``key`` (then it is not drawn again)."""
+    if key is None or not Path(path).is_file():
+        return False
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            return getattr(image, "text", {}).get(FIGURE_KEY) == key
+    except (OSError, ValueError, SyntaxError):  # unreadable, truncated or not a PNG: redraw
+        return False
+
+
+def _save(fig, path: Path, title: str | None = None, key: str | None = None) -> Path:
     """Title, lay out (constrained: legends outside the axes keep their room), write the PNG
-    (creating its folder) and free the figure."""
+    (creating its folder; written beside and renamed, so a killed process never leaves a file
+    that holds its key but not its image), record ``key`` in it and free the figure."""
     if title:
         fig.suptitle(title, fontsize=11)
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        fig.savefig(partial, dpi=110, format="png",
+                    metadata={FIGURE_KEY: key} if key is not None else None)
+        os.replace(partial, path)
+    finally:
+        plt.close(fig)
+        partial.unlink(missing_ok=True)
     return path
 
 
@@ -73,9 +132,12 @@ def panels(
     Each panel: ``{"series": {label: (x, y)}, "xlabel", "ylabel", "title", "logy": bool, "logx":
     bool, "band": {label: (x, lo, hi)}, "hline": value, "ylim": (lo, hi)}`` (``ylim`` clips the
     y-axis: say so in the title). Axis names go through :func:`readable`; each legend sits beside
-    its panel.
+    its panel. Not drawn again if ``path`` holds this very figure (:func:`is_current`).
     """
-    return _save(panel_figure(panels, ncols=ncols), path, title)
+    key = figure_key("panels", panels, title, ncols)
+    if is_current(path, key):
+        return Path(path)
+    return _save(panel_figure(panels, ncols=ncols), path, title, key)
 
 
 def panel_figure(panels: Sequence[Mapping], *, ncols: int | None = None):
@@ -124,6 +186,9 @@ def histograms(
     xlabel: str = "activation",
 ) -> Path:
     """One panel per group, overlaid histograms of its samples (e.g. one per training step)."""
+    key = figure_key("histograms", groups, title, bins, xlabel)
+    if is_current(path, key):
+        return Path(path)
     n = len(groups)
     fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 3.3), squeeze=False, layout="constrained")
     for ax, (name, hists) in zip(axes.flat, groups.items()):
@@ -134,7 +199,7 @@ def histograms(
         ax.set_title(name, fontsize=10)
         ax.set_xlabel(readable(xlabel))
         _legend(ax, len(hists))
-    return _save(fig, path, title)
+    return _save(fig, path, title, key)
 
 
 def bars(
@@ -147,6 +212,9 @@ def bars(
 ) -> Path:
     """Grouped bar chart: groups on the x axis (e.g. activations), one bar per series (e.g.
     method)."""
+    key = figure_key("bars", groups, ylabel, title, errors)
+    if is_current(path, key):
+        return Path(path)
     names = list(groups)
     series = list(dict.fromkeys(s for g in groups.values() for s in g))  # first-seen order
     width = 0.8 / max(len(series), 1)
@@ -165,4 +233,4 @@ def bars(
         ax.set_title(title, fontsize=10)
     _legend(ax, len(series))
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, path)
+    return _save(fig, path, key=key)
