@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import importlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -70,6 +70,14 @@ class Experiment:
     analyze: Callable[["AnalysisContext"], Outcome]  # noqa: F821 (defined in runner)
     resolution: Resolution | None = None  # what the smoke can decide, stated in advance
 
+    def outcome(self, ctx) -> Outcome:
+        """``analyze(ctx)`` with the runs that crashed named at the end of its summary (whatever
+        the entry does with them: they were "—" in a table and nowhere else when a sweep's
+        data-parallel runs all failed, session 13)."""
+        outcome = self.analyze(ctx)
+        note = crashed_note(ctx.runs)
+        return replace(outcome, summary=outcome.summary + note) if note else outcome
+
     def describe(self) -> dict[str, Any]:
         resolution = None if self.resolution is None else asdict(self.resolution)
         return {"id": self.id, "paper": self.paper, "paper_title": PAPERS[self.paper],
@@ -81,6 +89,21 @@ class Experiment:
 # id -> Experiment: a bnlab.spec Registry like every catalogue (entries without parameters), so an
 # unknown id fails naming the valid ones; the order is ENTRY_MODULES', set by load_catalogue.
 CATALOGUE: Registry[Experiment] = Registry("experiment", names_label="ids", sort_names=True)
+
+
+CRASHED = ("failed", "interrupted", "damaged")  # a run without results (diverged runs have theirs)
+
+
+def crashed_note(runs) -> str:
+    """"; k of n runs crashed, not analysed: label (error), …" for the runs whose status is in
+    :data:`CRASHED` (the first three named, the first error's first line), else ""."""
+    crashed = [r for r in runs if r.status in CRASHED]
+    if not crashed:
+        return ""
+    named = ", ".join(r.label for r in crashed[:3]) + (", …" if len(crashed) > 3 else "")
+    errors = [str(r.record["error"]).strip() for r in crashed if r.record.get("error")]
+    error = errors[0].splitlines()[0][:200] if errors and errors[0] else crashed[0].status
+    return f"; {len(crashed)} of {len(runs)} runs crashed, not analysed: {named} ({error})"
 
 
 def register(experiment: Experiment) -> Experiment:

@@ -296,7 +296,11 @@ def run_parallel(
             left = _run_in_pool(configs, train_one, min(workers, len(configs)), bar, records)
         with one_thread():
             for key in left:
-                callbacks = [StepReporter(key, lambda m: bar.step(*m))]
+                # a data-parallel run sends its callbacks to its ranks' processes: this reporter
+                # (a closure over the bar) cannot go there, and sweeps' nproc > 1 runs all failed
+                # on it ("Can't pickle local object"); their bar moves when they end
+                callbacks = ([StepReporter(key, lambda m: bar.step(*m))]
+                             if int(configs[key].get("nproc") or 1) <= 1 else [])
                 records[key] = train_one(configs[key], callbacks=callbacks)
                 bar.finished(key, str(records[key].get("status")))  # type: ignore[union-attr]
         return records  # type: ignore[return-value]

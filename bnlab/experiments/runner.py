@@ -361,7 +361,7 @@ def analyze(experiment_id: str, preset: str, *, runs_dir: str | Path = "runs",
             store: Store | None = None) -> Outcome:
     """One stored entry analysed (``store``: as in :func:`analysis_context`)."""
     with analysis_context(experiment_id, preset, runs_dir=runs_dir, store=store) as ctx:
-        return ctx.experiment.analyze(ctx)
+        return ctx.experiment.outcome(ctx)
 
 
 def stored_entries(runs_dir: str | Path) -> list[tuple[str, str]]:
@@ -390,7 +390,7 @@ def iter_outcomes(runs_dir: str | Path, report_dir: str | Path | None = None
             except ValueError:
                 continue  # an entry that no longer exists in the catalogue
             try:
-                outcome: Outcome | Exception = ctx.experiment.analyze(ctx)
+                outcome: Outcome | Exception = ctx.experiment.outcome(ctx)
             except Exception as err:  # one broken entry must not hide the others
                 outcome = err
             try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import signal
 import uuid
 from typing import Any
@@ -45,7 +46,8 @@ def launch(cfg: TrainConfig, *, callbacks=(), progress: Any = None, force: bool 
            model_factory=None):
     """Run ``cfg`` on ``cfg.nproc`` local processes with torch.distributed's elastic launcher (the
     one ``torchrun --standalone`` uses: rendezvous on a free localhost port, no restarts); rank 0's
-    record."""
+    record. The callbacks go to every rank's process: they must pickle (checked first, by name)."""
+    check_picklable(callbacks)
     launch_config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=cfg.nproc, run_id=str(uuid.uuid4()),
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
@@ -61,6 +63,20 @@ def launch(cfg: TrainConfig, *, callbacks=(), progress: Any = None, force: bool 
             if handler is not None:
                 signal.signal(sig, handler)
     return results[0]
+
+
+def check_picklable(callbacks) -> None:
+    """A clear error, naming the callback, for one that cannot be sent to the ranks' processes (a
+    lambda, a local class, an open file or lock), instead of the pickler's from inside the
+    launcher."""
+    for callback in callbacks:
+        try:
+            pickle.dumps(callback)
+        except Exception as err:  # pickling raises many types (PicklingError, AttributeError, ...)
+            raise TypeError(
+                f"callback {callback!r} cannot be sent to the processes of a data-parallel run "
+                f"(nproc > 1), which each get a copy of every callback: {err}. Use a module-level "
+                "class whose attributes pickle, or run with nproc 1") from None
 
 
 _AGENT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
