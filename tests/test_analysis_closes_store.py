@@ -8,30 +8,19 @@ import pytest
 from bnlab.experiments import runner
 from bnlab.store import Store
 
+from .store_helpers import track_stores
+
 
 @pytest.fixture
 def opened(tmp_path, monkeypatch):
     """Every Store the runner opens, with whether it was closed; an entry with one stored run."""
-    stores: list[Store] = []
-
-    class Tracked(Store):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.closed = False
-            stores.append(self)
-
-        def close(self) -> None:
-            self.closed = True
-            super().close()
-
     with Store(tmp_path / "bnlab.db") as store:
         store.create_run("r1", {"model": "mlp"})
         store.log_rows("r1", [(1, "train_loss", 0.5)])
         store.set_status("r1", "finished", steps=1, summary={"metrics": {"test_accuracy": 0.9}})
         store.save_entry("peng-fig2", "smoke", [{"label": "bn", "id": "r1"}], {},
                          tiny=True, seconds=1.0)
-    monkeypatch.setattr(runner, "Store", Tracked)
-    return stores
+    return track_stores(monkeypatch, runner)
 
 
 def test_analysis_context_is_open_inside_its_block_and_closed_after(tmp_path, opened):

@@ -25,6 +25,8 @@ from bnlab.store import (ReadOnlyStoreError, Store, StoreCorruptError, StoreInte
 from bnlab.train.checkpoint import save_checkpoint
 from bnlab.store.run_files import checkpoint_path
 
+from .store_helpers import garble_an_index
+
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 CONFIG = dict(model="mlp", data="digits", steps=6, lr=0.05, batch_size=200, seed=3, log_every=1,
@@ -142,15 +144,7 @@ def test_a_damaged_page_or_index_is_refused_at_open_naming_the_file(tmp_path):
     with Store(db) as store:
         store.create_run("r1", {})
         store.log_rows("r1", [(s, "loss", float(s)) for s in range(3000)])  # several pages
-    conn = sqlite3.connect(db)
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    root = conn.execute(
-        "SELECT rootpage FROM sqlite_master WHERE name = 'metrics_by_run'").fetchone()[0]
-    page = conn.execute("PRAGMA page_size").fetchone()[0]
-    conn.close()
-    raw = bytearray(db.read_bytes())
-    raw[(root - 1) * page + 8:(root - 1) * page + 64] = bytes(56)  # garble the index's root page
-    db.write_bytes(bytes(raw))
+    garble_an_index(db)
     with pytest.raises(StoreCorruptError, match=f"run store {db} is damaged"):
         Store(db)
     result = runner.invoke(app, ["runs", "list", "--runs-dir", str(tmp_path)])

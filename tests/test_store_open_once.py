@@ -8,14 +8,14 @@ down. Every open still checks: a store damaged between two passes is refused by 
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 
 import bnlab.store.database as database
 from bnlab.experiments import runner
 from bnlab.report import write_report
 from bnlab.store import Store, StoreCorruptError
+
+from .store_helpers import garble_an_index, track_stores
 
 ENTRIES = [("peng-fig2", "smoke"), ("peng-fig2", "paper"), ("peng-table1", "smoke")]
 
@@ -50,20 +50,7 @@ def checks(monkeypatch):
 @pytest.fixture
 def opened(monkeypatch):
     """Every Store the runner opens, with whether it was closed."""
-    stores: list[Store] = []
-
-    class Tracked(Store):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.closed = False
-            stores.append(self)
-
-        def close(self) -> None:
-            self.closed = True
-            super().close()
-
-    monkeypatch.setattr(runner, "Store", Tracked)
-    return stores
+    return track_stores(monkeypatch, runner)
 
 
 def test_one_pass_over_every_entry_checks_the_store_once(store_dir, checks, opened):
@@ -110,18 +97,6 @@ def test_an_abandoned_pass_closes_the_store(store_dir, opened):
     assert opened[0].closed
 
 
-def _garble_an_index(db) -> None:
-    conn = sqlite3.connect(db)
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    root = conn.execute(
-        "SELECT rootpage FROM sqlite_master WHERE name = 'metrics_by_run'").fetchone()[0]
-    page = conn.execute("PRAGMA page_size").fetchone()[0]
-    conn.close()
-    raw = bytearray(db.read_bytes())
-    raw[(root - 1) * page + 8:(root - 1) * page + 64] = bytes(56)
-    db.write_bytes(bytes(raw))
-
-
 def test_every_pass_checks_again_and_a_store_damaged_between_passes_is_refused(store_dir, checks):
     db = store_dir / "bnlab.db"
     list(runner.iter_outcomes(store_dir, store_dir / "report"))
@@ -130,7 +105,7 @@ def test_every_pass_checks_again_and_a_store_damaged_between_passes_is_refused(s
         store.log_rows("r2", [(s, "train_loss", float(s)) for s in range(3000)])  # several pages
     list(runner.iter_outcomes(store_dir, store_dir / "report"))
     assert len(checks) == 3  # pass, writer, pass: nothing is remembered between opens
-    _garble_an_index(db)
+    garble_an_index(db)
     with pytest.raises(StoreCorruptError, match=f"run store {db} is damaged"):
         write_report(store_dir)
     with pytest.raises(StoreCorruptError, match=f"run store {db} is damaged"):
