@@ -618,6 +618,25 @@ def test_fig10_primary_pools_what_single_activations_cannot_resolve():
     assert held / trials > 0.6 and counts / trials < held / trials
 
 
+def test_fig10_variance_reads_the_usual_micro_batch_only():
+    """An epoch's short last batch (30 of 1,438 images) gives micro-batches of 3, not 16: ≈ 5× the
+    variance, a different quantity, left out of the mean (steps 60, 120 with probes every 5)."""
+    class Run:
+        def series(self, name):
+            steps = list(range(5, 125, 5))
+            if name == PA.MICRO_BATCH_METRIC:
+                return steps, [3.0 if s % 60 == 0 else 16.0 for s in steps]
+            return steps, [50.0 if s % 60 == 0 else 2.0 for s in steps]
+
+    assert PA._mean_variance(Run()) == pytest.approx(2.0)
+    # a run recorded without micro-batch sizes: every probe, as before
+    bare = Run()
+    bare.series = lambda name: ([], []) if name == PA.MICRO_BATCH_METRIC else Run().series(name)
+    steps, values = Run().series(PA.VARIANCE_METRIC)
+    kept = values[len(values) // 4:]
+    assert PA._mean_variance(bare) == pytest.approx(sum(kept) / len(kept))
+
+
 class _FakeRun:
     def __init__(self, status, losses, final):
         self.status, self._losses, self._final = status, losses, final

@@ -58,17 +58,25 @@ def _fig10_plan(preset: str) -> Plan:
 FIG10_COMPARED = ("CBN without AMAT", "CBN with AMAT")  # the arms the claim compares: 3 seeds each
 FIG10_SEEDS = (0, 1, 2)
 VARIANCE_METRIC = "probe/grad_stats/variance"  # the grad_stats probe's stochastic-gradient variance
+MICRO_BATCH_METRIC = "probe/grad_stats/micro_batch"  # the micro-batch size it was measured at
 
 
 def _mean_variance(run, skip_fraction: float = 0.25) -> float | None:
     """Mean of ``probe/grad_stats/variance`` after the first quarter of training (the start is
-    transient)."""
+    transient), at the run's usual micro-batch size only: the variance of a micro-batch gradient
+    scales as 1/size, and an epoch's short last batch (30 of digits' 1,438 training images) gives
+    micro-batches of 3 instead of 16, about 5× the variance, a different quantity (session 13;
+    before, those probes were averaged in)."""
     steps, values = run.series(VARIANCE_METRIC)
-    values = [v for v in (finite_or_none(v) for v in values) if v is not None]
-    if not values:
+    sizes = dict(zip(*run.series(MICRO_BATCH_METRIC)))
+    usual = max(set(sizes.values()), key=list(sizes.values()).count) if sizes else None
+    kept = [v for s, v in zip(steps, values)
+            if usual is None or sizes.get(s, usual) == usual]
+    kept = [v for v in (finite_or_none(v) for v in kept) if v is not None]
+    if not kept:
         return None
-    values = values[int(len(values) * skip_fraction):] or values
-    return sum(values) / len(values)
+    kept = kept[int(len(kept) * skip_fraction):] or kept
+    return sum(kept) / len(kept)
 
 
 # Design SD of one seed's log10 gradient variance: the root-mean-square over the five activations of
