@@ -448,10 +448,14 @@ def test_fig7_plan_and_verdict():
 
 
 class _SeriesRun:
+    """One series for every metric; no micro-batch sizes recorded (every probe reading kept)."""
+
     def __init__(self, values, status="finished"):
         self.values, self.status = values, status
 
     def series(self, name):
+        if name == PC.MICRO_BATCH_METRIC:
+            return [], []
         return list(range(1, len(self.values) + 1)), list(self.values)
 
 
@@ -467,6 +471,12 @@ def test_mean_train_loss_and_gradient_measure():
     assert PCo.mean_sq_grad_norm(_SeriesRun([1e6, 10.0, 10.0, 1000.0])) == pytest.approx(
         math.log10(340.0))
     assert PCo.mean_sq_grad_norm(_SeriesRun([])) is None
+    # the probes on an epoch's short last batch (micro-batches of 3, not 16) are left out
+    short = _SeriesRun([1e6, 10.0, 10.0, 1000.0, 50.0])
+    sizes = ([1, 2, 3, 4, 5], [16.0, 16.0, 16.0, 16.0, 3.0])
+    short.series = lambda name: (sizes if name == PC.MICRO_BATCH_METRIC
+                                 else _SeriesRun.series(short, name))
+    assert PCo.mean_sq_grad_norm(short) == pytest.approx(math.log10(340.0))
 
 
 def test_table6_verdict():
@@ -624,14 +634,14 @@ def test_fig10_variance_reads_the_usual_micro_batch_only():
     class Run:
         def series(self, name):
             steps = list(range(5, 125, 5))
-            if name == PA.MICRO_BATCH_METRIC:
+            if name == PC.MICRO_BATCH_METRIC:
                 return steps, [3.0 if s % 60 == 0 else 16.0 for s in steps]
             return steps, [50.0 if s % 60 == 0 else 2.0 for s in steps]
 
     assert PA._mean_variance(Run()) == pytest.approx(2.0)
     # a run recorded without micro-batch sizes: every probe, as before
     bare = Run()
-    bare.series = lambda name: ([], []) if name == PA.MICRO_BATCH_METRIC else Run().series(name)
+    bare.series = lambda name: ([], []) if name == PC.MICRO_BATCH_METRIC else Run().series(name)
     steps, values = Run().series(PA.VARIANCE_METRIC)
     kept = values[len(values) // 4:]
     assert PA._mean_variance(bare) == pytest.approx(sum(kept) / len(kept))

@@ -6,13 +6,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bnlab.formatting import finite_or_none
-
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..common import CATALOGUE_PILOT, RULE, DesignSD, compare_arms, mean_curve, safe_panels
 from ..resolution import design_resolution
 from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder
-from .common import ACT_TITLE, ACTIVATIONS, RHO_STAR, recipe_base, run_config, status_note, cbn_spec
+from .common import (ACT_TITLE, ACTIVATIONS, RHO_STAR, cbn_spec, recipe_base, run_config,
+                     status_note, usual_micro_batch_series)
 
 SMOKE_FIG10_LR = 0.05
 
@@ -58,25 +57,14 @@ def _fig10_plan(preset: str) -> Plan:
 FIG10_COMPARED = ("CBN without AMAT", "CBN with AMAT")  # the arms the claim compares: 3 seeds each
 FIG10_SEEDS = (0, 1, 2)
 VARIANCE_METRIC = "probe/grad_stats/variance"  # the grad_stats probe's stochastic-gradient variance
-MICRO_BATCH_METRIC = "probe/grad_stats/micro_batch"  # the micro-batch size it was measured at
 
 
 def _mean_variance(run, skip_fraction: float = 0.25) -> float | None:
     """Mean of ``probe/grad_stats/variance`` after the first quarter of training (the start is
-    transient), at the run's usual micro-batch size only: the variance of a micro-batch gradient
-    scales as 1/size, and an epoch's short last batch (30 of digits' 1,438 training images) gives
-    micro-batches of 3 instead of 16, about 5× the variance, a different quantity (session 13;
-    before, those probes were averaged in)."""
-    steps, values = run.series(VARIANCE_METRIC)
-    sizes = dict(zip(*run.series(MICRO_BATCH_METRIC)))
-    usual = max(set(sizes.values()), key=list(sizes.values()).count) if sizes else None
-    kept = [v for s, v in zip(steps, values)
-            if usual is None or sizes.get(s, usual) == usual]
-    kept = [v for v in (finite_or_none(v) for v in kept) if v is not None]
-    if not kept:
-        return None
-    kept = kept[int(len(kept) * skip_fraction):] or kept
-    return sum(kept) / len(kept)
+    transient), at the run's usual micro-batch size only (:func:`common.usual_micro_batch_series`:
+    an epoch's short last batch measures a different quantity)."""
+    kept = usual_micro_batch_series(run, VARIANCE_METRIC, skip_fraction)
+    return sum(kept) / len(kept) if kept else None
 
 
 # Design SD of one seed's log10 gradient variance: the root-mean-square over the five activations of

@@ -4,6 +4,8 @@ modules of this package)."""
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import torch
@@ -300,3 +302,24 @@ def padding_shares(model: str, options: dict[str, Any], sizes=(8, SMOKE_SIZE, 32
             with torch.random.fork_rng(devices=[]):
                 out[arm][f"{size}×{size}"] = models.padding_share_by_size(net, ds.x_train[:n])
     return out
+
+
+MICRO_BATCH_METRIC = "probe/grad_stats/micro_batch"  # the micro-batch size grad_stats measured at
+
+
+def usual_micro_batch_series(run, metric: str, skip_fraction: float = 0.25) -> list[float]:
+    """The finite values of a ``grad_stats`` probe ``metric`` after the first ``skip_fraction`` of
+    its readings (the start is transient), at the run's usual micro-batch size only.
+
+    The probe cuts each batch into k micro-batches; its numbers are those of a micro-batch
+    gradient, whose variance scales as 1/size. An epoch's short last batch (30 of digits' 1,438
+    training images) gives micro-batches of 3 instead of 16: about 5× the variance, a different
+    quantity (session 13; before, those readings were averaged in). A run recorded without
+    ``micro_batch`` keeps every reading."""
+    steps, values = run.series(metric)
+    sizes = dict(zip(*run.series(MICRO_BATCH_METRIC)))
+    usual = max(set(sizes.values()), key=list(sizes.values()).count) if sizes else None
+    kept = [v for s, v in zip(steps, values) if usual is None or sizes.get(s, usual) == usual]
+    kept = [v for v in kept if v is not None and math.isfinite(v)]
+    return kept[int(len(kept) * skip_fraction):] or kept
+

@@ -16,8 +16,8 @@ from bnlab.formatting import finite_or_none, fmt, mean_std
 from ..common import (CATALOGUE_PILOT, RULE, DesignSD, compare_arms, grouped_finals,
                       mean_curve, safe_panels, smooth)
 from .verdict import CHANCE
-from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, SMOKE_SEEDS, recipe_base, percent,
-                     run_config, status_note)
+from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, SMOKE_SEEDS, percent, recipe_base,
+                     run_config, status_note, usual_micro_batch_series)
 
 # ---- Table 6: maximal learning rate of CBN's components ------------------------------------------
 
@@ -244,14 +244,13 @@ def _f7_plan(preset: str) -> Plan:
 
 def mean_sq_grad_norm(run, skip_fraction: float = 0.25) -> float | None:
     """log10 of the mean of ``probe/grad_stats/sq_norm`` (E‖g‖², Peng's "stochastic gradient squared
-    expectation") after the first quarter of the probes; log because the approaches differ by orders
-    of magnitude and seeds spread multiplicatively. None without finite measurements."""
-    _, values = run.series("probe/grad_stats/sq_norm")
-    values = [v for v in (finite_or_none(v) for v in values) if v is not None and v > 0]
-    if not values:
-        return None
-    values = values[int(len(values) * skip_fraction):] or values
-    return math.log10(sum(values) / len(values))
+    expectation") after the first quarter of the probes, at the run's usual micro-batch size
+    (:func:`common.usual_micro_batch_series`: in the smoke every third probe fell on an epoch's
+    last batch of 30, micro-batches of 3 instead of 16); log because the approaches differ by
+    orders of magnitude and seeds spread multiplicatively. None without positive measurements."""
+    values = [v for v in usual_micro_batch_series(run, "probe/grad_stats/sq_norm", skip_fraction)
+              if v > 0]
+    return math.log10(sum(values) / len(values)) if values else None
 
 
 F7_CLAIMS = (("mean removal", "no normalization"), ("ℓ2 normalization", "no normalization"))
