@@ -7,7 +7,6 @@ import inspect
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -18,7 +17,9 @@ from bnlab.train import launcher
 from bnlab.store.run_files import RunLockedError
 
 from . import parallel
-from .base import Experiment, Outcome, Plan, RunSpec, check_preset, get, shrink
+from .base import Outcome, Plan, RunSpec, check_preset, get, shrink
+from .views import AnalysisContext, RunView
+
 
 class ResultStore:
     """Entry-level results beside the run store: the ``experiments`` table of the same SQLite file,
@@ -242,69 +243,6 @@ def _prepare_config(config: dict, runs_dir: Path, tiny: bool, nproc: int | None 
     if nproc is not None and nproc > 1 and not config.get("probes") and "nproc" not in config:
         config["nproc"] = nproc  # probes run in one process only
     return config
-
-
-@dataclass
-class RunView:
-    """A stored run as the analysis sees it: label, factors, record and metric series."""
-
-    label: str
-    factors: dict[str, Any]
-    id: str | None
-    status: str
-    record: dict[str, Any]
-    _store: Any
-
-    def series(self, name: str) -> tuple[list[int], list[float]]:
-        """(steps, values) of one metric, in step order."""
-        if self.id is None:
-            return [], []
-        rows = self._store.metrics(self.id, names=[name]).get(name, [])
-        return [s for s, _ in rows], [v for _, v in rows]
-
-    def final(self, name: str, default: float | None = None) -> float | None:
-        value = (self.record.get("metrics") or {}).get(name)
-        return default if value is None else value
-
-    def metric_names(self, prefix: str = "") -> list[str]:
-        if self.id is None:
-            return []
-        return sorted(n for n in self._store.metrics(self.id) if n.startswith(prefix))
-
-
-@dataclass
-class AnalysisContext:
-    """Everything ``Experiment.analyze`` may use; nothing here trains."""
-
-    experiment: Experiment
-    preset: str
-    runs: list[RunView]
-    data: dict[str, Any]
-    out_dir: Path
-    tiny: bool
-    store: Store | None = None  # the run store the views read from; open until close()
-    owns_store: bool = True  # False: the caller opened ``store`` and closes it (not close())
-
-    def close(self) -> None:
-        if self.store is not None and self.owns_store:
-            self.store.close()
-
-    def __enter__(self) -> AnalysisContext:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def run(self, label: str) -> RunView:
-        for r in self.runs:
-            if r.label == label:
-                return r
-        labels = ", ".join(r.label for r in self.runs)
-        raise KeyError(f"no run labelled {label!r}; labels: {labels}")
-
-    def figure_path(self, name: str) -> Path:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        return self.out_dir / f"{name}.png"
 
 
 def analysis_context(experiment_id: str, preset: str, *, runs_dir: str | Path = "runs",
