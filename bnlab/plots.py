@@ -109,9 +109,10 @@ def _save(fig, path: Path, title: str | None = None, key: str | None = None) -> 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    kind = path.suffix.lstrip(".").lower() or "png"  # the name's format (svg, pdf: no key kept)
     try:
-        fig.savefig(partial, dpi=110, format="png",
-                    metadata={FIGURE_KEY: key} if key is not None else None)
+        fig.savefig(partial, dpi=110, format=kind,
+                    metadata={FIGURE_KEY: key} if key is not None and kind == "png" else None)
         os.replace(partial, path)
     finally:
         plt.close(fig)

@@ -117,3 +117,10 @@ def test_report_over_an_unchanged_store_draws_nothing(tmp_path, drawn):
     write_report(tmp_path)
     assert len(drawn) == first
     assert sorted((tmp_path / "report").rglob("*.png")) == figures
+
+
+def test_other_formats_are_written_in_their_format_and_always_drawn(tmp_path, drawn):
+    svg = tmp_path / "a.svg"
+    for _ in range(2):
+        plots.panels(svg, spec())
+    assert svg.read_text().lstrip().startswith("<?xml") and len(drawn) == 2
