@@ -278,6 +278,16 @@ def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds:
     return Comparison(diff, se, float(df), p, mde, n_a, n_b, decision, basis)
 
 
+def seed_means(lists) -> list[float]:
+    """Per seed, the mean of the lists' i-th values (each list one panel's or activation's per-seed
+    values, in seed order), for the seeds every list has: the per-seed value of a primary averaged
+    over panels. Different panels' runs of one seed are separate runs, so the i-th means are one
+    draw each."""
+    lists = [list(v) for v in lists]
+    n = min((len(v) for v in lists), default=0)
+    return [sum(v[i] for v in lists) / len(lists) for i in range(n)]
+
+
 def mean_curve(runs, metric: str) -> tuple[list, list]:
     """(steps, mean over ``runs`` of ``metric`` at each step): :func:`mean_series` of the runs'
     series."""

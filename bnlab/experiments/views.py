@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from bnlab.data.batching import num_batches
 from bnlab.store import Store
 from bnlab.train.prepare import drops_last
 
@@ -33,7 +34,7 @@ def partial_batch_steps(config: dict) -> Callable[[int], bool] | None:
     n = digits_train_images((config.get("data_options") or {}).get("test_fraction", 0.2))
     if batch >= n or n % batch == 0 or drops_last(n, batch):
         return None
-    per_epoch = -(-n // batch)
+    per_epoch = num_batches(n, batch)
     return lambda step: step % per_epoch == 0
 
 

@@ -7,7 +7,8 @@ import math
 from typing import Any
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import CATALOGUE_PILOT, RULE, DesignSD, compare_arms, mean_curve, safe_panels
+from ..common import (CATALOGUE_PILOT, RULE, DesignSD, compare_arms, mean_curve, safe_panels,
+                      seed_means)
 from ..resolution import design_resolution
 from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder
 from .common import (ACT_TITLE, ACTIVATIONS, RHO_STAR, cbn_spec, recipe_base, run_config,
@@ -87,10 +88,8 @@ FIG10_DESIGN = Design(
 def _seed_means(variance: dict[str, dict[str, list[float]]], variant: str) -> list[float]:
     """Per seed, the mean over activations of log10 of ``variant``'s variance (seeds that every
     activation has; a non-positive or missing value drops that activation's seed)."""
-    logs = [[math.log10(v) for v in d.get(variant) or [] if v is not None and v > 0]
-            for d in variance.values()]
-    n = min((len(v) for v in logs), default=0)
-    return [sum(v[i] for v in logs) / len(logs) for i in range(n)]
+    return seed_means([math.log10(v) for v in d.get(variant) or [] if v is not None and v > 0]
+                      for d in variance.values())
 
 
 def fig10_verdict(variance: dict[str, dict[str, list[float]]], tiny: bool = False,

@@ -14,7 +14,7 @@ import math
 from bnlab.formatting import fmt
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..common import compare_arms, mean_over_run
+from ..common import compare_arms, mean_over_run, seed_means
 from ..rule_stats import arm_values, holm
 from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
 from ..resolution import design_resolution
@@ -73,12 +73,7 @@ def loss_curve_verdict(losses: dict[tuple[int, str], dict[str, list[float]]], ti
     adjusted = holm({key: c.p for key, c in comps.items()})
     trio = [d for (t, a), d in sorted(losses.items()) if a in (primary or {}).get(t, NON_RELU)]
 
-    def per_seed(row):
-        lists = [d.get(row, []) for d in trio]
-        n = min((len(v) for v in lists), default=0)
-        return [sum(v[i] for v in lists) / len(lists) for i in range(n)]
-
-    primary = judge(per_seed("①"), per_seed("②"), design)
+    primary = judge(*(seed_means(d.get(row, []) for d in trio) for row in COMPARED), design)
     summary = primary.text(design) + "; per panel, CBN − BN (reported): " + "; ".join(
         f"T{t} {ACT_TITLE.get(a, a)} {c.diff:+.3g}"
         + (f" (p_Holm={adjusted[(t, a)]:.2g})" if adjusted[(t, a)] is not None

@@ -30,7 +30,7 @@ from dataclasses import replace
 from bnlab.formatting import finite_or_none
 
 from ..base import PRESETS
-from ..common import compare_arms
+from ..common import compare_arms, seed_means
 from .common import (
     ACT_TITLE,
     ACTIVATIONS,
@@ -142,9 +142,7 @@ def restrict_design(design: Design, table: int, activations, among=NON_RELU) -> 
 def _per_seed_mean(cells, row: str, activations=NON_RELU) -> list[float]:
     """Seed i's mean over ``activations`` of one row (seeds of different activations are
     independent runs, so the i-th values form one draw of the activations' mean)."""
-    lists = [cells.get((row, a)) or [] for a in activations]
-    n = min(len(v) for v in lists)
-    return [sum(v[i] for v in lists) / len(lists) for i in range(n)]
+    return seed_means(cells.get((row, a)) or [] for a in activations)
 
 
 def table_verdict(
