@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import autocast_off, fused_enabled, stats_dtype
+from .base import autocast_off, fused_enabled, plain_requested, stats_dtype
 from .batchnorm import BatchNorm
+from .lp_compiled import linf_normalize
 from .lp_fused import L1_CONSTANT, hoffer_linf_constant, linf_top_entries, lp_normalize
 from .sync import channel_count, channel_mean, channel_topk, module_group
 from .registry import BN_OPTIONS, Param, norm
@@ -65,9 +66,9 @@ class LpBatchNorm(BatchNorm):
         if self.p == "1":
             return L1_CONSTANT * channel_mean(self, centred.abs())
         # p = inf: top-k of |x − μ| per channel. Unsynced, searched only in the k samples with the
-        # largest peaks (lp_fused.linf_top_entries: compiled lp_bn(p=inf) 1.83 → 1.39× native eager,
-        # no full transposed copy); synced, over all ranks from every entry, channels first so topk
-        # runs along one dim.
+        # largest peaks (lp_fused.linf_top_entries: no full transposed copy; this plain path runs
+        # for half inputs and in plain_autograd(), float inputs under compile take lp_compiled);
+        # synced, over all ranks from every entry, channels first so topk runs along one dim.
         constant = hoffer_linf_constant(channel_count(self, centred))
         if module_group(self) is None:
             return constant * linf_top_entries(centred, centred.new_zeros(self.num_features),
@@ -91,11 +92,17 @@ class LpBatchNorm(BatchNorm):
         """(y, μ_B, s_B) for p=1 and p=inf, in training: γ(x − μ_B)/(s_B + ε) + β.
 
         Eager float32/float64 and unsynced: one custom autograd function
-        (:mod:`bnlab.norms.lp_fused`, a few passes over x). Otherwise plain autograd: under
-        torch.compile (inductor fuses it), with synchronized statistics (the collectives of
-        bnlab.norms.sync), for half inputs, and inside ``plain_autograd()`` (double backward)."""
-        if fused_enabled(x) and module_group(self) is None:
+        (:mod:`bnlab.norms.lp_fused`, a few passes over x); p=inf under torch.compile: plain ops
+        with a written-out gradient (:mod:`bnlab.norms.lp_compiled`), which inductor fuses.
+        Otherwise plain autograd: p=1 under torch.compile (inductor fuses it), with synchronized
+        statistics (the collectives of bnlab.norms.sync), for half inputs, and inside
+        ``plain_autograd()`` (double backward)."""
+        unsynced = module_group(self) is None
+        if fused_enabled(x) and unsynced:
             return lp_normalize(x, self.p, gamma, beta, self.eps, self.topk)
+        if (self.p == "inf" and unsynced and torch.compiler.is_compiling()
+                and x.dtype in (torch.float32, torch.float64) and not plain_requested()):
+            return linf_normalize(x, gamma, beta, self.eps, self.topk)
         x = x.to(stats_dtype(x))  # half: one float32 copy, the input gradient rounds to half once
         mean, var, _ = self.batch_moments(x)
         centred = x - self.per_channel(mean, x)  # float32 or better, whatever x's dtype
