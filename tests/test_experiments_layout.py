@@ -20,12 +20,14 @@ from bnlab.formatting import fmt
 EXPERIMENTS = Path(base.__file__).parent
 
 # The catalogue as `bnlab experiments list` showed it before the packages (commit 1ed2165): the
-# order users, the report and the docs' tables know.
+# order users, the report and the docs' tables know (session 14: each of Peng's Figs 4–5 split into
+# its ResNet-20 and VGG-16 entries, next to each other).
 ORDER_BEFORE = [
     "santurkar-fig2", "santurkar-fig6", "santurkar-fig7", "santurkar-fig8", "santurkar-fig9",
     "santurkar-fig10", "santurkar-fig11", "santurkar-fig14", "luo-fig2", "luo-fig3", "luo-fig4",
     "luo-fig5", "luo-fig6", "luo-fig7", "luo-table2", "peng-table1", "peng-table2", "peng-table3",
-    "peng-table4", "peng-fig4", "peng-fig5", "peng-table6", "peng-fig7", "peng-fig2", "peng-fig8",
+    "peng-table4", "peng-fig4", "peng-fig4-vgg", "peng-fig5", "peng-fig5-vgg", "peng-table6",
+    "peng-fig7", "peng-fig2", "peng-fig8",
     "peng-fig10", "peng-table5", "peng-fig6", "arora-d1", "arora-d2", "arora-d3", "mbn-batch-size",
     "peng-eq14", "peng-thm1", "arora-rates", "mbn-theorems",
 ]

@@ -20,7 +20,8 @@ from bnlab.experiments.peng import verdict as PV
 from bnlab.train import TrainConfig
 
 IDS = ["peng-table1", "peng-table2", "peng-table3", "peng-table4", "peng-table6", "peng-fig2",
-       "peng-fig8", "peng-fig10", "peng-fig4", "peng-fig5", "peng-fig7"]
+       "peng-fig8", "peng-fig10", "peng-fig4", "peng-fig4-vgg", "peng-fig5", "peng-fig5-vgg",
+       "peng-fig7"]
 
 
 def _run_id(config: dict) -> str:
@@ -414,18 +415,32 @@ def test_loss_curve_verdict():
     assert P.loss_curve_verdict(one_seed)[0] == "inconclusive"
 
 
-def test_fig4_fig5_share_the_tables_runs():
-    for fig, tables in ((4, (1, 2)), (5, (3, 4))):
+def test_fig4_fig5_entries_share_their_tables_runs():
+    """One entry per network and figure (session 14), each planning exactly its table's compared
+    runs: nothing of its own to train beside the table."""
+    assert P.PANELS == {"peng-fig4": (4, 1), "peng-fig4-vgg": (4, 2), "peng-fig5": (5, 3),
+                        "peng-fig5-vgg": (5, 4)}
+    smoke = {1: 2 * (3 * 5 + 2 * 2), 2: 2 * (2 * 5 + 1), 3: 2 * (3 * 5 + 2 * 2), 4: 2 * (2 * 5 + 1)}
+    for entry, (_fig, table) in P.PANELS.items():
+        assert PC.TABLES[table]["model"] == ("vgg16" if entry.endswith("-vgg") else "resnet20")
         for preset in ("smoke", "paper"):
-            runs = {_run_id(r.config) for r in get(f"peng-fig{fig}").plan(preset).runs}
-            compared = {_run_id(r.config) for t in tables
-                        for r in get(f"peng-table{t}").plan(preset).runs
+            runs = {_run_id(r.config) for r in get(entry).plan(preset).runs}
+            compared = {_run_id(r.config) for r in get(f"peng-table{table}").plan(preset).runs
                         if r.factors["row"] in ("①", "②") and r.factors["residual"] != "he"
                         and r.factors.get("lr_reading") != "half"}
-            smoke = {1: 2 * (3 * 5 + 2 * 2), 2: 2 * (2 * 5 + 1), 3: 2 * (3 * 5 + 2 * 2),
-                     4: 2 * (2 * 5 + 1)}
-            per_table = [smoke[t] if preset == "smoke" else 2 * 5 * 10 for t in tables]
-            assert runs == compared and len(runs) == sum(per_table)
+            assert runs == compared
+            assert len(runs) == (smoke[table] if preset == "smoke" else 2 * 5 * 10)
+
+
+def test_a_vgg_entry_is_judged_on_its_tables_primary_panels():
+    """VGG-16's smoke primary is Tanh/SELU (Table 2's): its Sigmoid panel (one seed, the proxy's
+    eval collapse) neither enters the primary nor blocks it."""
+    seeds = range(5)
+    losses = {(2, a): {"①": [1.0 + 0.01 * s for s in seeds], "②": [0.5 + 0.01 * s for s in seeds]}
+              for a in ("tanh", "selu")}
+    losses[(2, "sigmoid")] = {"①": [2.3], "②": [0.1]}
+    verdict, summary = P.loss_curve_verdict(losses, primary={2: PV.primary_activations(2)})
+    assert verdict == "held" and summary.startswith(P.FIG_DESIGN.quantity) and "-0.5" in summary
 
 
 def test_fig7_plan_and_verdict():
@@ -735,8 +750,8 @@ def two_steps(monkeypatch):
 # Entries that read other entries' runs go in one test after them, so that they reuse those runs as
 # in a user's runs dir (parametrized apart, pytest-xdist could give them separate workers and runs
 # dirs, and Fig. 5 retrained Tables 3–4's 76 runs: 100 s of the suite).
-SHARING = (("peng-table1", "peng-table2", "peng-fig4", "peng-fig8"),
-           ("peng-table3", "peng-table4", "peng-fig5"))
+SHARING = (("peng-table1", "peng-table2", "peng-fig4", "peng-fig4-vgg", "peng-fig8"),
+           ("peng-table3", "peng-table4", "peng-fig5", "peng-fig5-vgg"))
 GROUPS = list(SHARING) + [(i,) for i in IDS if not any(i in group for group in SHARING)]
 
 
@@ -758,9 +773,9 @@ def test_tiny_reproduce(group, runs_dir, two_steps):
         assert outcome.verdict == "inconclusive"  # tiny runs never decide a claim
         assert "tiny" in outcome.summary
         stored.append(set(_stored_run_ids(runs_dir)))
-    # Fig. 5 reads Tables 3–4's runs and trains none of its own
-    if group[-1] == "peng-fig5":
-        assert stored[-1] == stored[-2]
+    # Fig. 5's two entries read Tables 3–4's runs and train none of their own
+    if group[-1] == "peng-fig5-vgg":
+        assert stored[-1] == stored[-2] == stored[-3]
 
 
 def _stored_run_ids(runs_dir) -> list[str]:

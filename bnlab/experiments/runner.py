@@ -4,6 +4,7 @@ results."""
 from __future__ import annotations
 
 import inspect
+import json
 import sys
 import time
 import traceback
@@ -103,8 +104,15 @@ def run_sweep(configs: list[dict], *, ray_address: str | None = None, progress: 
     (:mod:`bnlab.experiments.parallel`); data-parallel runs (``nproc`` > 1) start their own
     processes and go one at a time after the others. With ``ray_address`` each run is a Ray task
     (``"local"`` starts a local Ray instance) writing to the same store. A failed or diverged run
-    never stops the others. Returns the records in the order of ``configs``.
+    never stops the others. Returns the records in the order of ``configs``; a config given more
+    than once (entries that share runs: Peng's Figs 4–5 and its tables) is trained once, its record
+    repeated: two workers never train one run side by side.
     """
+    distinct, where = _distinct(configs)
+    if len(distinct) < len(configs):
+        records = run_sweep(distinct, ray_address=ray_address, progress=progress, workers=workers,
+                            desc=desc)
+        return [dict(records[i]) for i in where]
     if ray_address is not None:
         return _run_on_ray(configs, ray_address, progress)
     workers = parallel.free_cores() if workers is None else workers
@@ -118,6 +126,15 @@ def run_sweep(configs: list[dict], *, ray_address: str | None = None, progress: 
             for i, record in zip(indices, done):
                 records[i] = record
     return records  # type: ignore[return-value]
+
+
+def _distinct(configs: list[dict]) -> tuple[list[dict], list[int]]:
+    """The distinct configs in first-seen order, and for each config its index among them."""
+    index: dict[str, int] = {}
+    where = [index.setdefault(json.dumps(c, sort_keys=True, default=str), len(index))
+             for c in configs]
+    first = {i: c for c, i in reversed(list(zip(configs, where)))}
+    return [first[i] for i in range(len(index))], where
 
 
 def _run_on_ray(configs: list[dict], address: str, progress: bool | None) -> list[dict]:

@@ -1,10 +1,11 @@
 """Peng, Yu & Yu — Re-thinking the effectiveness of batch normalization and beyond (Complete BN):
 Figs 4–5, the training-loss curves of BN (①) and CBN (②) behind Tables 1–4.
 
-The entries ``peng-fig4`` (CIFAR-10: Tables 1, 2) and ``peng-fig5`` (CIFAR-100: Tables 3, 4) train
-nothing of their own: their runs are the tables' compared runs (:mod:`.tables`), shared in one runs
-dir. The claim is judged on each seed's mean training loss over the run (the area under the curve:
-lower is faster).
+Each figure has ResNet-20 and VGG-16 panels; each network's panels are one entry, sharing its runs
+with that network's table (:mod:`.tables`, one runs dir): ``peng-fig4`` (ResNet-20, Table 1's
+runs), ``peng-fig4-vgg`` (VGG-16, Table 2's), ``peng-fig5`` (ResNet-20, Table 3's),
+``peng-fig5-vgg`` (VGG-16, Table 4's). They train nothing of their own. The claim is judged on each
+seed's mean training loss over the run (the area under the curve: lower is faster).
 """
 
 from __future__ import annotations
@@ -22,21 +23,21 @@ from .common import ACT_TITLE, NON_RELU, ROW_NAMES, TABLE_SMOKE_SEEDS, TABLES, s
 from .tables import COMPARED, main_arm_runs, compared_runs, curve_panels, phase_reading, settling
 from .verdict import chance, primary_activations
 
-FIGURES = {4: (1, 2), 5: (3, 4)}  # Fig. 4: CIFAR-10 (Tables 1, 2); Fig. 5: CIFAR-100 (Tables 3, 4)
+# entry id -> (figure, table): each network's panels of Fig. 4 (CIFAR-10) and Fig. 5 (CIFAR-100)
+PANELS = {"peng-fig4": (4, 1), "peng-fig4-vgg": (4, 2),
+          "peng-fig5": (5, 3), "peng-fig5-vgg": (5, 4)}
 
 
-# The figures train both tables' compared runs: alone in an empty store 20–22 min on 2 cores (the
-# catalogue's 15-minute smoke budget is exceeded here only), nothing in a store with the tables.
-# Measured and not adopted (session 13): seeds 0–2 on the primary activations (30 runs, ≈ 12 min)
-# flip Fig. 5 from "not held" to "held" on the same stored runs, because Table 3's SELU panel
-# (CBN higher) loses significance (Holm p 0.0014 with 5 seeds, 0.1 with 3).
-def _fig_plan(fig: int):
+# One entry per network (session 14): both networks in one entry trained both tables' compared
+# runs, 20–22 min on 2 cores alone, over the catalogue's 15-minute smoke budget, and its single
+# verdict hid which network decided it. Per network an entry costs what its table's compared runs
+# cost (5 seeds kept on the primary arms; docs/readme/experiments-peng-arora.md).
+def _fig_plan(table: int):
     def plan(preset: str) -> Plan:
-        runs = []
-        for table in FIGURES[fig]:  # the tables' compared runs, shared with them in one runs dir
-            runs += [RunSpec(f"Table {table} · {r.label}", r.config, {**r.factors, "table": table})
-                     for r in compared_runs(table, preset)]
-        return Plan(runs=runs)
+        # the table's compared runs, shared with it in one runs dir
+        return Plan(runs=[RunSpec(f"Table {table} · {r.label}", r.config,
+                                  {**r.factors, "table": table})
+                          for r in compared_runs(table, preset)])
 
     return plan
 
@@ -45,8 +46,8 @@ def _fig_plan(fig: int):
 # one seed's mean training loss over the run, mean over the Sigmoid/Tanh/SELU panels of both tables:
 # 0.1 (the smoke's BN + Sigmoid runs sit near ln 10 ≈ 2.3 for a seed-dependent 5–9 of 15 epochs;
 # issue 19).
-FIG_DESIGN = Design("CBN − BN mean training loss over the run, mean over the panels of both "
-                    "tables' primary activations (ResNet-20: Sigmoid/Tanh/SELU; VGG-16 in smoke: "
+FIG_DESIGN = Design("CBN − BN mean training loss over the run, mean over the panels of the "
+                    "table's primary activations (ResNet-20: Sigmoid/Tanh/SELU; VGG-16 in smoke: "
                     "Tanh/SELU)",
                     -1.0, 0.1, len(TABLE_SMOKE_SEEDS),
                     "kept from the 15-epoch smoke (BN + Sigmoid at chance 5–9 of 15 epochs); "
@@ -57,7 +58,8 @@ FIG_DESIGN = Design("CBN − BN mean training loss over the run, mean over the p
 def loss_curve_verdict(losses: dict[tuple[int, str], dict[str, list[float]]], tiny: bool = False,
                        design: Design = FIG_DESIGN,
                        primary: dict[int, tuple[str, ...]] | None = None) -> tuple[str, str]:
-    """Figs 4–5: CBN's training loss lies below BN's for every activation, on both networks.
+    """Figs 4–5: CBN's training loss lies below BN's for every activation (one network's panels
+    per entry; the function takes any number of tables).
 
     ``losses[(table, activation)]["①" | "②"]`` = per-seed mean training loss over the run (a
     diverged run at its failure value). Primary (:data:`FIG_DESIGN`, judged by ``verdict.judge``):
@@ -104,20 +106,21 @@ def _mean_losses(runs, fraction: float,
     return losses
 
 
-def _fig_analyze(fig: int):
+def _fig_analyze(fig: int, table: int):
     def analyze(ctx) -> Outcome:
         reading = phase_reading(ctx)
         losses = _mean_losses(ctx.runs, 1.0, ctx.preset)
         early = _mean_losses(ctx.runs, reading, ctx.preset)
+        network = TABLES[table]["model"]
         fig_loss = curve_panels(ctx, ctx.figure_path("training_loss"), "train_loss",
-                                f"Peng Fig. {fig}: training loss, BN (①) vs CBN (②), mean over "
-                                f"seeds ({ctx.preset})")
+                                f"Peng Fig. {fig}, {NETWORK_TITLE[network]}: training loss, BN (①) "
+                                f"vs CBN (②), mean over seeds ({ctx.preset})")
         rows = [{"quantity": f"mean training loss over the run · Table {t} ({TABLES[t]['what']}) · "
                              f"{ACT_TITLE[a]} · {row} {ROW_NAMES[row]}",
                  "ours": fmt(d.get(row, []), decimals=3),
                  "paper": "CBN below BN in every panel (curves only)"}
                 for (t, a), d in sorted(losses.items()) for row in COMPARED]
-        primary = {t: primary_activations(t, ctx.preset) for t in FIGURES[fig]}
+        primary = {table: primary_activations(table, ctx.preset)}
         verdict, summary = settle(loss_curve_verdict(losses, ctx.tiny, primary=primary),
                                   loss_curve_verdict(early, ctx.tiny, primary=primary),
                                   f"{reading:.0%} of training (the mean loss up to there)")
@@ -127,23 +130,31 @@ def _fig_analyze(fig: int):
     return analyze
 
 
-for _fig, (_a, _b) in FIGURES.items():
-    register(Experiment(
-        id=f"peng-fig{_fig}", paper="peng", target=f"Fig. {_fig}",
-        title="Training loss of BN and CBN, ResNet-20 and VGG-16 on "
-              f"CIFAR-{10 if _fig == 4 else 100}, five activations",
-        claim="CBN's training loss falls faster and lower than BN's with every activation, on both "
-              "networks.",
-        smoke_changes=f"the compared runs of peng-table{_a} and peng-table{_b}'s smoke presets "
-                      "(rows ① and ②; ResNet-20: 5 seeds with Sigmoid/Tanh/SELU, 2 with ReLU/"
-                      "Swish; VGG-16: 5 with Tanh/SELU, 1 with Sigmoid; noisy 16×16 digits, width "
-                      "½, 40 epochs); the claim is judged on the mean "
-                      "training loss over the run (the area under the curve: lower = faster), by "
-                      "Welch's t-test.",
-        cost={"smoke": f"60 runs, shared with peng-table{_a}/{_b} (none retrained in the same runs "
-                       "dir; alone in an empty one ≈ 20–22 min on 2 cores: both tables' compared "
-                       "runs; 3 seeds would fit 15 min but lose the check that decides Fig. 5)",
-              "paper": f"200 runs, shared with peng-table{_a}/{_b}"},
-        plan=_fig_plan(_fig), analyze=_fig_analyze(_fig),
-        resolution=design_resolution(FIG_DESIGN)))
+NETWORK_TITLE = {"resnet20": "ResNet-20", "vgg16": "VGG-16"}
+# the table's compared runs alone in an empty runs dir, 2 workers × 1 thread, idle AVX512 cores
+# (session 14's `bnlab reproduce all`: 5:18 with 10 of 38 runs stored, 8:20, 5:26, 7:24)
+SMOKE_MINUTES = {1: "≈ 7", 2: "≈ 8.5", 3: "≈ 5.5", 4: "≈ 7.5"}
+SMOKE_ARMS = {"resnet20": "5 seeds with Sigmoid/Tanh/SELU, 2 with ReLU/Swish",
+              "vgg16": "5 seeds with Tanh/SELU, 1 with Sigmoid"}
 
+for _id, (_fig, _table) in PANELS.items():
+    _network = TABLES[_table]["model"]
+    _smoke_runs = len(compared_runs(_table, "smoke"))
+    register(Experiment(
+        id=_id, paper="peng", target=f"Fig. {_fig} ({NETWORK_TITLE[_network]})",
+        title=f"Training loss of BN and CBN, {NETWORK_TITLE[_network]} on "
+              f"CIFAR-{10 if _fig == 4 else 100}, five activations",
+        claim=f"CBN's training loss falls faster and lower than BN's with every activation "
+              f"({NETWORK_TITLE[_network]}'s panels of Fig. {_fig}; the other network's are "
+              f"{'peng-fig%d%s' % (_fig, '' if _network == 'vgg16' else '-vgg')}).",
+        smoke_changes=f"the compared runs of peng-table{_table}'s smoke preset (rows ① and ②; "
+                      f"{SMOKE_ARMS[_network]}; noisy 16×16 digits, width ½, 40 epochs); the "
+                      "claim is judged on the mean training loss over the run (the area under the "
+                      "curve: lower = faster), by Welch's t-test.",
+        cost={"smoke": f"{_smoke_runs} runs, shared with peng-table{_table} (none retrained in "
+                       f"the same runs dir; alone in an empty one {SMOKE_MINUTES[_table]} min on 2 "
+                       "cores)",
+              "paper": f"{len(compared_runs(_table, 'paper'))} runs, shared with "
+                       f"peng-table{_table}"},
+        plan=_fig_plan(_table), analyze=_fig_analyze(_fig, _table),
+        resolution=design_resolution(FIG_DESIGN)))
