@@ -177,8 +177,9 @@ register(Experiment(
                   "8 micro-batches every 5 steps; the compared arms (AMAT, no AMAT) 3 seeds each, "
                   "BN and fixed η one (shown, not judged). Fixed η = 0.9 is cbn with ω = 0.1/lr, "
                   "exact only while the lr is constant (in the paper preset: the first 60 epochs).",
-    cost={"smoke": "40 runs with a probe (AMAT and no AMAT × 3 seeds, BN and fixed η × 1), ≈12 min "
-                   "on 2 CPU cores",
+    cost={"smoke": "40 runs with a probe (AMAT and no AMAT × 3 seeds, BN and fixed η × 1): 3 min "
+                   "35 s on 2 idle cores (session 14; 11–15 min in sessions 4–6 on a slower, "
+                   "loaded machine)",
           "paper": "40 runs × 120 epochs of ResNet-20 on CIFAR-10 with a gradient-variance probe "
                    "per epoch (GPU)"},
     plan=_fig10_plan, analyze=_fig10_analyze,

@@ -140,13 +140,14 @@ SMOKE_ARMS = {"resnet20": "5 seeds with Sigmoid/Tanh/SELU, 2 with ReLU/Swish",
 for _id, (_fig, _table) in PANELS.items():
     _network = TABLES[_table]["model"]
     _smoke_runs = len(compared_runs(_table, "smoke"))
+    _other = next(i for i, (f, t) in PANELS.items() if f == _fig and t != _table)
     register(Experiment(
         id=_id, paper="peng", target=f"Fig. {_fig} ({NETWORK_TITLE[_network]})",
         title=f"Training loss of BN and CBN, {NETWORK_TITLE[_network]} on "
               f"CIFAR-{10 if _fig == 4 else 100}, five activations",
         claim=f"CBN's training loss falls faster and lower than BN's with every activation "
               f"({NETWORK_TITLE[_network]}'s panels of Fig. {_fig}; the other network's are "
-              f"{'peng-fig%d%s' % (_fig, '' if _network == 'vgg16' else '-vgg')}).",
+              f"{_other}).",
         smoke_changes=f"the compared runs of peng-table{_table}'s smoke preset (rows ① and ②; "
                       f"{SMOKE_ARMS[_network]}; noisy 16×16 digits, width ½, 40 epochs); the "
                       "claim is judged on the mean training loss over the run (the area under the "

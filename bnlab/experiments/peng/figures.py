@@ -353,7 +353,8 @@ register(Experiment(
                   "its text says ResNet-20), digits at 16×16, Eq. 7's block form, 15 epochs (180 "
                   "steps); Sigmoid and Tanh (the judged claim) 3 seeds per ρ and for BN, "
                   "ReLU/SELU/Swish one (shown).",
-    cost={"smoke": "63 runs; ≈ 16 min on 2 CPU cores (≈ 12 for 45 of them, measured earlier)",
+    cost={"smoke": "63 runs; 3 min 17 s alone on 2 idle cores (session 14; 14 min in session 6 on "
+                   "a slower, loaded machine)",
           "paper": "63 runs × 120 epochs of VGG-16 on CIFAR-100 (GPU)"},
     plan=_fig8_plan, analyze=_fig8_analyze,
     resolution=family_resolution(
