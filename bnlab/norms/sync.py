@@ -155,14 +155,17 @@ def topk_first(values: Tensor, k: int, dim: int = -1) -> tuple[Tensor, Tensor]:
         return sorted_values.narrow(dim, 0, k), order.narrow(dim, 0, k)
     plain = values.detach()  # the selection is not differentiated; the gather below is
     kth = torch.topk(plain, k, dim=dim).values.narrow(dim, k - 1, 1)
-    above, tied = plain > kth, plain == kth
-    chosen = above | (tied & (tied.cumsum(dim) <= k - above.sum(dim, keepdim=True)))
-    # exactly k chosen entries; the largest keys are the lowest positions
+    # Every entry above the k-th value, then the first entries equal to it: one key each, n + the
+    # reversed position above, the reversed position at the k-th value, 0 below; the k largest keys
+    # are exactly those entries (fewer than k lie above). A running count of the tied entries would
+    # do the same with a cumsum over the row: 2.3 of an ℓ∞ layer's 36 ms on (128, 64, 32, 32).
     key_shape = [1] * values.dim()
     key_shape[dim] = n
-    key = torch.arange(n, 0, -1, device=values.device).view(key_shape)
-    # in batch order (descending keys), as the stable sort below needs
-    index = torch.topk(torch.where(chosen, key, 0), k, dim=dim).indices
+    reversed_position = torch.arange(n, 0, -1, device=values.device).view(key_shape)
+    key = torch.where(plain > kth, reversed_position + n,
+                      torch.where(plain == kth, reversed_position, 0))
+    # in batch order, as the stable sort below needs
+    index = torch.topk(key, k, dim=dim).indices.sort(dim=dim).values
     picked = values.gather(dim, index)
     order = torch.sort(picked.detach(), dim=dim, descending=True, stable=True).indices
     return picked.gather(dim, order), index.gather(dim, order)
