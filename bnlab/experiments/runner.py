@@ -131,10 +131,15 @@ def run_sweep(configs: list[dict], *, ray_address: str | None = None, progress: 
 def _distinct(configs: list[dict]) -> tuple[list[dict], list[int]]:
     """The distinct configs in first-seen order, and for each config its index among them."""
     index: dict[str, int] = {}
-    where = [index.setdefault(json.dumps(c, sort_keys=True, default=str), len(index))
-             for c in configs]
-    first = {i: c for c, i in reversed(list(zip(configs, where)))}
-    return [first[i] for i in range(len(index))], where
+    distinct: list[dict] = []
+    where = []
+    for config in configs:
+        key = json.dumps(config, sort_keys=True, default=str)
+        if key not in index:
+            index[key] = len(distinct)
+            distinct.append(config)
+        where.append(index[key])
+    return distinct, where
 
 
 def _run_on_ray(configs: list[dict], address: str, progress: bool | None) -> list[dict]:

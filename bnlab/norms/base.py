@@ -53,6 +53,11 @@ def _fused_normalize(x: Tensor, moments_fn: MomentsFn, coef_fn: CoefFn, *tensors
 FUSED_MIN_NUMEL = 1 << 16
 
 
+def reduce_dims(x: Tensor) -> list[int]:
+    """The dims a per-channel statistic of x (N, C, *) reduces over: all but 1."""
+    return [0, *range(2, x.dim())]
+
+
 def fused_enabled(x: Tensor) -> bool:
     """Whether the eager fused function runs. Never under torch.compile (inductor fuses the plain
     ops, and the function cannot be traced) nor torch.func transforms (vmap, grad: a closure graph);
@@ -114,10 +119,7 @@ class ChannelNorm(BatchNormConventions):
                                  "own forward pass updated, and would read the updated ones",
                                  "Keep this layer outside checkpointed regions")
 
-    @staticmethod
-    def reduce_dims(x: Tensor) -> list[int]:
-        return [0, *range(2, x.dim())]
-
+    reduce_dims = staticmethod(reduce_dims)
     per_channel = staticmethod(per_channel)
 
     def batch_moments(self, x: Tensor) -> tuple[Tensor, Tensor, int]:

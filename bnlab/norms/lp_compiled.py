@@ -27,12 +27,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .base import reduce_dims
 from .fused import per_channel
-from .lp_fused import hoffer_linf_constant, linf_top_entries, scale_gradients
-
-
-def _reduced_dims(x: Tensor) -> list[int]:
-    return [0, *range(2, x.dim())]
+from .lp_fused import hoffer_linf_constant, linf_terms, linf_top_entries, scale_gradients
 
 
 class LinfNormalize(torch.autograd.Function):
@@ -64,14 +61,13 @@ class LinfNormalize(torch.autograd.Function):
         if g is None:
             return None, None, None, None, None
         x, gamma, mean, scale, signs, *index = ctx.saved_tensors
-        dims = _reduced_dims(x)
+        dims = reduce_dims(x)
         g_sum = g.sum(dim=dims)
         g_dot_c = (g * (x - per_channel(mean, x))).sum(dim=dims)
         inv, a, g_scale, const = scale_gradients(g_sum, g_dot_c, gamma, scale, ctx.eps, ctx.n)
-        q = g_scale * ctx.factor  # ∂L/∂s·C(n)/k'
-        const = const - q * signs.sum(dim=1) / ctx.n  # the top-k signs' share through μ_B
+        const, top = linf_terms(g_scale, const, ctx.factor, signs, ctx.n)
         gx = g * per_channel(a, g) + per_channel(const, g)
-        gx = gx.index_put(tuple(index), q[:, None] * signs, accumulate=True)
+        gx = gx.index_put(tuple(index), top, accumulate=True)
         return gx, g_dot_c * inv, g_sum, None, None
 
 

@@ -27,6 +27,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor
 
+from .base import reduce_dims
 from .fused import (centred_reductions, channel_affine, coef_dtype, define, lazily_disabled, park,
                     per_channel, refuse_double_backward, take)
 from .sync import topk_first
@@ -95,8 +96,7 @@ def _lp_forward(x: Tensor, gamma: Tensor, beta: Tensor, p: str, eps: float, topk
     """Kernel of ``bnlab::lp_normalize``: (y, μ_B, s); what backward needs goes on the parked
     state."""
     state = take(key)
-    dims = [0, *range(2, x.dim())]
-    mean = x.mean(dim=dims)  # the plain path's μ_B, the same call: the same float
+    mean = x.mean(dim=reduce_dims(x))  # the plain path's μ_B, the same call: the same float
     n, dt = x.numel() // x.shape[1], coef_dtype(x)
     if p == "1":
         state.sign, sign_sum, scale = l1_sign_and_scale(x, mean)
@@ -134,6 +134,15 @@ def scale_gradients(g_sum: Tensor, g_dot_c: Tensor, gamma: Tensor, scale: Tensor
     inv = 1.0 / (scale + eps)
     a = gamma * inv
     return inv, a, -a * inv * g_dot_c, -a * g_sum / n
+
+
+def linf_terms(g_scale: Tensor, const: Tensor, factor: float, signs: Tensor,
+               n: int) -> tuple[Tensor, Tensor]:
+    """The ℓ∞ scale's share of ∂L/∂x (module docstring), ``factor`` = C(n)/k': the per-channel
+    constant with the top-k signs' share through μ_B added, and the (C, k') values to add at the
+    top-k entries, ∂L/∂s·C(n)/k'·sign c_i."""
+    q = g_scale * factor
+    return const - q * signs.sum(1) / n, q[:, None] * signs
 
 
 define("lp_normalize(Tensor x, Tensor gamma, Tensor beta, str p, float eps, int topk, int key) "
@@ -186,11 +195,9 @@ def _l1_input_grad(state, x: Tensor, mean: Tensor, g: Tensor, a: Tensor, g_scale
 
 def _linf_input_grad(state, g: Tensor, a: Tensor, g_scale: Tensor, const: Tensor) -> Tensor:
     """a·g + const everywhere, plus ∂L/∂s·C(n)/k·sign c_i at each channel's top-k entries."""
-    q = g_scale * state.top_factor  # (C,)
-    const = const - q * state.top_signs.sum(1) / state.n
+    const, top = linf_terms(g_scale, const, state.top_factor, state.top_signs, state.n)
     gx = channel_affine(g, a.to(g.dtype), const.to(g.dtype))
-    top = (q[:, None] * state.top_signs).to(g.dtype)
-    return gx.index_put_(state.top_index, top, accumulate=True)
+    return gx.index_put_(state.top_index, top.to(g.dtype), accumulate=True)
 
 
 @lazily_disabled
