@@ -26,6 +26,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from .conventions import BatchNormConventions, check_dtype, check_eps_now
+from . import written_grad
 from .sync import module_group, synced_moments
 
 CoefFn = Callable[..., tuple[Tensor, Tensor]]
@@ -35,9 +36,9 @@ UpdateFn = Callable[[Tensor, Tensor, int], None]
 
 # The fused path's kernels and switches live in .fused; imported here under their old names.
 from .fused import (  # noqa: E402,F401
-    autocast_off, centred_reductions, channel_affine, channel_dot, channel_sum, coef_dtype,
+    autocast_off, centred_reductions, channel_affine, coef_dtype,
     fast_paths_allowed, fused_normalize, per_channel, plain_autograd, plain_requested,
-    refuse_double_backward, refuse_recomputation, stats_dtype,
+    reduce_dims, refuse_double_backward, refuse_recomputation, stats_dtype,
 )
 
 
@@ -51,11 +52,6 @@ def _fused_normalize(x: Tensor, moments_fn: MomentsFn, coef_fn: CoefFn, *tensors
 # faster at (1000, 10) and (32, 16, 8, 8) (thread CPU time, 2026-11-26). Not on other devices: there
 # each plain op is a kernel launch (43–125 per step), which is what the fused operators remove.
 FUSED_MIN_NUMEL = 1 << 16
-
-
-def reduce_dims(x: Tensor) -> list[int]:
-    """The dims a per-channel statistic of x (N, C, *) reduces over: all but 1."""
-    return [0, *range(2, x.dim())]
 
 
 def fused_enabled(x: Tensor) -> bool:
@@ -188,8 +184,11 @@ class ChannelNorm(BatchNormConventions):
         # half inputs: one float32 copy feeds μ_B, σ²_B and the centred x, so their three
         # input-gradient paths add up in float32 and round to half once (as torch's kernel)
         xs = x.to(stats_dtype(x))
-        mean, var, n = self.batch_moments(xs)
         dt = coef_dtype(x)
+        if written_grad.requested() and xs is x and module_group(self) is None:
+            y, mean, var = written_grad.normalize(x, coef_fn, dt, *tensors)  # a compiled step
+            return y, mean.detach(), var.detach(), x.numel() // x.shape[1]
+        mean, var, n = self.batch_moments(xs)
         scale, shift = coef_fn(mean.to(dt), var.to(dt), *tensors)
         # y = scale·(x − μ) + (shift + scale·μ): the centred form keeps a large mean out of autograd
         centred = xs - per_channel(mean, xs)

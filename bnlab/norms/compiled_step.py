@@ -69,6 +69,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .fused import fast_paths_allowed, refuse_double_backward
 from .sync import module_group
+from .written_grad import written_gradients
 
 # the catalogue entries whose layer classes take the compiled step (bn runs torch's kernel already)
 ROUTED_SPECS = ("mean_only_bn", "var_only_bn", "mbn", "cbn", "brn", "lp_bn", "si_bn")
@@ -200,6 +201,7 @@ class CompiledStep:
     backward: Callable[[list[Tensor]], list[Tensor]] | None
     needs: tuple[bool, ...]
     written: tuple[int, ...]  # the buffers (indices) the forward writes in place
+    graphs: tuple[torch.fx.GraphModule, ...] = ()  # what was compiled (forward, backward)
 
     def wrote(self, buffers: list[Tensor]) -> None:
         """Bump the version counters of the buffers written, as an eager in-place update does
@@ -264,7 +266,7 @@ def _graph(fn: Callable, inputs: list[Tensor]) -> torch.fx.GraphModule:
         return list(fn(*args))
     _STATE.tracing = True
     try:
-        with torch.autocast("cpu", enabled=False):
+        with torch.autocast("cpu", enabled=False), written_gradients():
             graph = make_fx(torch.func.functionalize(flat, remove="mutations_and_views"),
                             decomposition_table=select_decomp_table(),
                             tracing_mode="fake")(*inputs)
@@ -371,7 +373,8 @@ def _build(layer: nn.Module, inputs: tuple[Tensor, ...],
     try:
         if not needs:
             graph = _graph(forward, [*examples, *buffers])
-            return CompiledStep(_compile(graph), None, needs, _written_inputs(graph, n_diff))
+            return CompiledStep(_compile(graph), None, needs, _written_inputs(graph, n_diff),
+                                (graph,))
         from torch._functorch.partitioners import min_cut_rematerialization_partition
         # every layer's output has its first input's shape
         graph = _graph(joint, [*examples, *buffers, torch.empty_like(examples[0])])
@@ -381,7 +384,7 @@ def _build(layer: nn.Module, inputs: tuple[Tensor, ...],
         fw, bw = min_cut_rematerialization_partition(
             graph, None, num_fwd_outputs=1 + len(buffers))
         written = _write_back(fw, n_diff + len(buffers), len(buffers))
-        return CompiledStep(_compile(fw), _compile(bw), needs, written)
+        return CompiledStep(_compile(fw), _compile(bw), needs, written, (fw, bw))
     except Exception as error:  # any failure keeps the eager step
         warnings.warn(f"bnlab: {type(layer).__name__}'s training step could not be compiled for "
                       f"input {tuple(inputs[0].shape)} ({type(error).__name__}: {error}); it "

@@ -45,17 +45,9 @@ UpdateFn = Callable[[Tensor, Tensor, int], None]
 
 
 # ---- full-size kernels shared by the fused and plain paths ---------------------------------------
-def channel_sum(t: Tensor) -> Tensor:
-    """Σ over every dim but 1, without a strided multi-dim reduction (faster on CPU)."""
-    return t.sum(0) if t.dim() == 2 else t.flatten(2).sum(2).sum(0)
-
-
-def channel_dot(a: Tensor, b: Tensor) -> Tensor:
-    """Per-channel Σ a·b as a batched matrix product: no (N, C, *) temporary."""
-    if a.dim() == 2:
-        return (a * b).sum(0)
-    n, c = a.shape[:2]
-    return (a.reshape(n, c, 1, -1) @ b.reshape(n, c, -1, 1)).sum(0).flatten()
+def reduce_dims(x: Tensor) -> list[int]:
+    """The dims a per-channel statistic of x (N, C, *) reduces over: all but 1."""
+    return [0, *range(2, x.dim())]
 
 
 def per_channel(t: Tensor, x: Tensor) -> Tensor:
@@ -92,7 +84,8 @@ def centred_reductions(g: Tensor, x: Tensor, mean: Tensor) -> tuple[Tensor, Tens
         _, dot, total = torch.ops.aten.native_batch_norm_backward(
             g, x, one, None, None, mean, one, True, 0.0, [False, True, True])
         return total, dot
-    return channel_sum(g), channel_dot(g, x - per_channel(mean, x))
+    dims = reduce_dims(x)
+    return g.sum(dims), (g * (x - per_channel(mean, x))).sum(dims)
 
 
 def stats_dtype(x: Tensor) -> torch.dtype:

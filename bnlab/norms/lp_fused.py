@@ -74,13 +74,20 @@ def linf_top_entries(x: Tensor, mean: Tensor, k: int,
     # row b·C + j: sample b, channel j (a view for contiguous x)
     rows = x.reshape(batch * channels, -1)
     inner = rows.shape[1]
+    channel = torch.arange(channels, device=x.device)
+    if inner == 1:  # one value per (sample, channel): the entries themselves are the candidates
+        centred = rows.view(batch, channels) - mean
+        values, sample = topk_first(centred.abs(), min(k, batch), dim=0)
+        sample = sample.t()
+        zeros = (torch.zeros_like(sample),) * (x.dim() - 2)
+        return (values.t(), (sample, channel[:, None].expand_as(sample), *zeros),
+                centred.gather(0, sample.t()).t().sign())
     # two vectorized passes: 20× faster than aminmax on CPU
     low, high = (rows.amin(dim=1), rows.amax(dim=1)) if bounds is None else bounds
     peak = torch.maximum(high.view(batch, channels) - mean, mean - low.view(batch, channels))
     # (C, k_rows): the rows with the largest peaks, in sample order, so that candidate positions
     # follow the batch's order and ties below go to the lowest index
     top_rows = topk_first(peak, min(k, batch), dim=0)[1].t().sort(dim=1).values
-    channel = torch.arange(channels, device=x.device)
     # (C·k_rows, inner)
     candidates = rows.index_select(0, (top_rows * channels + channel[:, None]).flatten())
     flat = candidates.view(channels, -1).sub_(mean[:, None])
