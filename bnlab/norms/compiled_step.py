@@ -39,11 +39,15 @@ inside it, with the layer's weight as a second input, so ‖w‖² and its gradi
 ``noisy_bn`` does not: its noise comes from its own generator, which a compiled function cannot
 advance; nor ``bn``, which runs torch's kernel.
 
-Cost: the first call per key compiles, 1–5 s on a laptop CPU. Then, against native eager
-BatchNorm (``benchmarks/norms.py --modes eager,compiled_step``, 2026-11-27, 1 thread): the BN
-family 0.89–1.25× on (1000, 10) and (32, 16, 8, 8) where it is 2.5–5.0× eager, 0.58–0.90× on
-(128, 16, 8, 8) and (128, 32, 8, 8) where the fused path is 1.4–2.6×; ``lp_bn(p=inf)`` 1.3–2.5×
-(eager 1.9–6.5×: its deterministic top-k's ``sort``/``topk`` stay separate kernels). Numerics:
+The trace normalizes through :mod:`.written_grad` (μ_B detached where its gradient is zero), so the
+compiled backward is one reduction pass and one pointwise pass, as the fused path's formula.
+
+Cost: the first call per key compiles, 1–5 s on a laptop CPU (3.5–9 s in a fresh process). Then,
+against native eager BatchNorm (``benchmarks/norms.py --modes eager,compiled_step``, 2026-11-29, 1
+thread): the BN family and ``lp_bn(p=1)`` 0.86–1.19× on (1000, 10) and (32, 16, 8, 8) where they
+are 2.5–5.7× eager; 0.58–0.90× on (128, 16, 8, 8) and (128, 32, 8, 8) where the fused path is
+1.4–2.6× (2026-11-27); ``lp_bn(p=inf)`` 2.2–2.3× (eager 5.0–6.6×: its deterministic top-k's
+``sort``/``topk`` stay separate kernels). Numerics:
 inductor's reductions round differently from the eager kernels (float32 agrees to ~1e-6
 relative, float64 to ~1e-15), so runs with and without differ in the last bits; the stored
 catalogue runs are eager. Not twice differentiable (as the fused operators).

@@ -39,8 +39,10 @@ DIVERGENCE_FACTOR = 1e6
 OPTIMIZERS = ("sgd", "psgd")
 
 # Keys that do not change what a run computes or records, so they are left out of its identity:
-# where files live, integrity checking of input files, and how often a checkpoint is written.
-COSMETIC_KEYS = frozenset({"runs_dir", "data_dir", "verify", "download", "checkpoint_every"})
+# where files live, integrity checking of input files, how often a checkpoint is written, and
+# compiled_steps (speed and the last bits of float32, as the thread count: docs/readme/train.md).
+COSMETIC_KEYS = frozenset({"runs_dir", "data_dir", "verify", "download", "checkpoint_every",
+                           "compiled_steps"})
 
 
 
@@ -118,6 +120,10 @@ class TrainConfig:
         DIVERGENCE_FACTOR, kind=_OptFloat)
     compile: bool = _key("compile", "Compile the model's training step with torch.compile.", False,
                          kind=bool, to_config=_switch(True))
+    compiled_steps: bool = _key(
+        "compiled_steps", "Run the norm layers' steps on small CPU tensors as compiled functions "
+        "(bnlab.norms.compiled_steps: the first step of each shape compiles).", False, kind=bool,
+        to_config=_switch(True))
     # data parallel (bnlab.train.distributed): processes sharing each batch, norms' statistics
     nproc: int = _key("nproc", "Processes sharing each batch (DDP via torch.distributed's "
                       "launcher; gloo on CPU, nccl on CUDA).", 1, kind=_OptInt)
@@ -313,7 +319,7 @@ def _validate(c: TrainConfig) -> None:
         if c.divergence_factor <= 1:
             raise ValueError(f"divergence_factor must be > 1 (or null to disable), "
                              f"got {c.divergence_factor}")
-    for flag in ("augment", "verify", "download", "compile", "sync_norms"):
+    for flag in ("augment", "verify", "download", "compile", "compiled_steps", "sync_norms"):
         if getattr(c, flag) not in (True, False):
             raise ValueError(f"{flag} must be true or false, got {getattr(c, flag)!r}")
         _set(c, flag, bool(getattr(c, flag)))

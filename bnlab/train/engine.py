@@ -22,12 +22,13 @@ owns the step, the model, the optimizer and the random streams, and calls the ot
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 
 from bnlab.data import batches
-from bnlab.norms import regularization_loss
+from bnlab.norms import compiled_steps, regularization_loss
 from bnlab.store import Store
 from bnlab.callbacks import CallbackList
 from bnlab.train.callbacks import TrainLoop
@@ -263,7 +264,9 @@ class Trainer:
                             total_steps=self.total_steps, total_epochs=self.prep.total_epochs)
         divergence: Divergence | None = None
         self.model.train()
-        with self.interrupt as interrupt:  # bnlab.train.loop enters it first (covers the ending)
+        # on: the layers' compiled steps (off: whatever the process set, BNLAB_COMPILED_STEPS)
+        steps = compiled_steps() if self.config.compiled_steps else contextlib.nullcontext()
+        with self.interrupt as interrupt, steps:  # the loop enters interrupt first (the ending)
             try:
                 while self.step < self.total_steps and self.checkpoints.final is None:
                     epoch, skip = divmod(self.step, self.spe)  # 0-based epoch
