@@ -110,4 +110,8 @@ def test_one_value_per_row_takes_the_entries_as_candidates(shape, kind):
     want_v, want_i = _reference(centred.abs(), 10, 0)
     assert torch.equal(values, want_v.t()) and torch.equal(index[0], want_i.t())
     assert torch.equal(signs, centred.gather(0, want_i).sign().t())
+    # laid out as the other shapes' (C, k): the ℓ∞ scale's sum over k rounds as theirs (a
+    # transposed view summed in another order: 6 stored ℓ∞ runs changed in their first step)
+    assert values.is_contiguous() and signs.is_contiguous()
+    assert torch.equal(values.sum(1), want_v.t().contiguous().sum(1))
     assert torch.equal(x[index], x.flatten(1).gather(0, want_i).t())

@@ -185,10 +185,11 @@ def _ordered(values: Tensor, index: Tensor, dim: int) -> tuple[Tensor, Tensor]:
 
 
 def _concrete(t: Tensor) -> bool:
-    """Whether ``t`` holds values Python may branch on: not on the meta device, under
-    torch.compile, a torch.func transform or a dispatch mode (make_fx's fake tensors; an operation
-    counter sees the branch-free path)."""
-    return (t.device.type != "meta" and not torch.compiler.is_compiling()
+    """Whether Python may branch on ``t``'s values cheaply: a CPU tensor (on a GPU the branch would
+    wait for the device; there the key's passes are cheap), not under torch.compile, a torch.func
+    transform or a dispatch mode (make_fx's fake tensors; an operation counter sees the branch-free
+    path)."""
+    return (t.device.type == "cpu" and not torch.compiler.is_compiling()
             and not torch._C._are_functorch_transforms_active()
             and _get_current_dispatch_mode() is None)
 
