@@ -83,10 +83,17 @@ def test_compiled_step_is_the_eager_step_in_float64(spec):
     assert train_both(*pair(spec, 6), (64, 6)) < 1e-12
 
 
-@pytest.mark.parametrize("spec", ["mean_only_bn", "cbn", "brn"])
+@pytest.mark.parametrize("spec", ["mean_only_bn", "cbn", "brn", "lp_bn(p=inf)"])
 def test_compiled_step_in_float32_on_a_conv_shape(spec):
     eager, compiled = pair(spec, 4, torch.float32)
     assert train_both(eager, compiled, (8, 4, 3, 3), dtype=torch.float32) < 1e-5
+
+
+def test_linf_compiled_step_on_long_rows_picks_the_eager_entries():
+    """float32, 300 values per channel: the traced top-k takes sync.stable_sort_key (one key, one
+    topk; the IEEE bits viewed as int32), the eager step its untied shortcut — the same entries."""
+    eager, compiled = pair("lp_bn(p=inf)", 4, torch.float32)
+    assert train_both(eager, compiled, (300, 4), dtype=torch.float32) < 1e-5
 
 
 def test_frozen_weight_and_an_input_without_grad():

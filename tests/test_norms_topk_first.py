@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bnlab.norms import sync
 
@@ -115,3 +116,34 @@ def test_one_value_per_row_takes_the_entries_as_candidates(shape, kind):
     assert values.is_contiguous() and signs.is_contiguous()
     assert torch.equal(values.sum(1), want_v.t().contiguous().sum(1))
     assert torch.equal(x[index], x.flatten(1).gather(0, want_i).t())
+
+
+def test_the_stable_sort_key_orders_float32_as_a_stable_sort():
+    """One int64 key per entry (monotone IEEE bits, then the reversed position): its descending
+    order is the stable descending sort's, over negatives, ±0, ±inf and many ties."""
+    g = torch.Generator().manual_seed(11)
+    values = torch.cat([torch.randint(-3, 4, (5, 300), generator=g).float() * 0.5,
+                        torch.tensor([[-0.0, 0.0, float("inf"), -float("inf")] * 75])])
+    values[2, ::7] = -0.0
+    key = sync.stable_sort_key(values, dim=1)
+    assert torch.equal(key.argsort(dim=1, descending=True), _reference(values, 300, 1)[1])
+    assert torch.equal(sync.stable_sort_key(values.t(), dim=0).t(), key)
+
+
+@pytest.mark.parametrize("kind", ["ties", "relu"])
+def test_traced_rows_take_the_key_and_pick_the_same_entries(kind):
+    """Under a dispatch mode (as in make_fx, torch.compile: no branch on values) float32 rows take
+    the one-key path: the stable sort's entries, with one topk (no sort over the picked)."""
+    from bnlab.norms.opcount import count_ops
+
+    values = _rows(kind, (16, 2048), seed=13).float()
+    got = count_ops(lambda: sync.topk_first(values, 10, dim=1))
+    assert got.by_name().get("topk") == 1 and "sort" not in got.by_name(), got.by_name()
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with PassThrough():
+        got_v, got_i = sync.topk_first(values, 10, dim=1)
+    want_v, want_i = _reference(values, 10, 1)
+    assert torch.equal(got_v, want_v) and torch.equal(got_i, want_i)

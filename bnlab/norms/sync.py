@@ -156,24 +156,49 @@ def topk_first(values: Tensor, k: int, dim: int = -1) -> tuple[Tensor, Tensor]:
         sorted_values, order = torch.sort(values, dim=dim, descending=True, stable=True)
         return sorted_values.narrow(dim, 0, k), order.narrow(dim, 0, k)
     plain = values.detach()  # the selection is not differentiated; the gather below is
-    top = torch.topk(plain, min(k + 1, n), dim=dim)
-    kth = top.values.narrow(dim, k - 1, 1)
-    if k < n and _concrete(plain) and bool((top.values.narrow(dim, k, 1) < kth).all()):
-        # no row ties its k-th value to its (k+1)-th: topk's k are the one top-k set, and only
-        # their order needs fixing; no key pass (the wheres of a (64, 10 240) key cost an eager
-        # ℓ∞ layer 3–4 of its 32 ms on (128, 64, 32, 32))
-        return _ordered(values, top.indices.narrow(dim, 0, k).sort(dim=dim).values, dim)
+    if k < n and _concrete(plain):
+        top = torch.topk(plain, k + 1, dim=dim)
+        if bool((top.values.narrow(dim, k, 1) < top.values.narrow(dim, k - 1, 1)).all()):
+            # no row ties its k-th value to its (k+1)-th: topk's k are the one top-k set, and
+            # only their order needs fixing; no key pass (the wheres of a (64, 10 240) key cost
+            # an eager ℓ∞ layer 3–4 of its 32 ms on (128, 64, 32, 32))
+            return _ordered(values, top.indices.narrow(dim, 0, k).sort(dim=dim).values, dim)
+    if plain.dtype == torch.float32:
+        # one key orders entries as the stable sort does, so one topk picks and orders them (in
+        # compiled code: one fused pass and one topk instead of two topk, two sorts, four gathers)
+        index = torch.topk(stable_sort_key(plain, dim), k, dim=dim).indices
+        return values.gather(dim, index), index
     # Every entry above the k-th value, then the first entries equal to it: one key each, n + the
     # reversed position above, the reversed position at the k-th value, 0 below; the k largest keys
     # are exactly those entries (fewer than k lie above). A running count of the tied entries would
     # do the same with a cumsum over the row: 2.3 of an ℓ∞ layer's 36 ms on (128, 64, 32, 32).
-    key_shape = [1] * values.dim()
-    key_shape[dim] = n
-    reversed_position = torch.arange(n, 0, -1, device=values.device).view(key_shape)
+    kth = torch.topk(plain, k, dim=dim).values.narrow(dim, k - 1, 1)
+    reversed_position = _reversed_positions(plain, dim, 1)
     key = torch.where(plain > kth, reversed_position + n,
                       torch.where(plain == kth, reversed_position, 0))
     # in batch order, as the stable sort of _ordered needs
     return _ordered(values, torch.topk(key, k, dim=dim).indices.sort(dim=dim).values, dim)
+
+
+def _reversed_positions(values: Tensor, dim: int, last: int) -> Tensor:
+    """n − 1 + last, …, last along ``dim`` (shaped to broadcast against ``values``)."""
+    n = values.size(dim)
+    shape = [1] * values.dim()
+    shape[dim] = n
+    return torch.arange(n - 1 + last, last - 1, -1, device=values.device).view(shape)
+
+
+def stable_sort_key(values: Tensor, dim: int) -> Tensor:
+    """int64 keys that order float32 ``values`` along ``dim`` as a stable descending sort does:
+    larger values first, equal values lowest index first.
+
+    The high 32 bits are the value's IEEE bits made monotone (a negative value's bits all flipped
+    but the sign, a non-negative one's kept: then signed integers order as the floats; + 0.0 first
+    turns −0.0 into +0.0, which a sort ties with it), the low 32 bits the reversed position. NaN
+    with the sign bit set ranks last, not first as in a sort."""
+    bits = (values + 0.0).view(torch.int32)
+    monotone = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return monotone.to(torch.int64) * (1 << 32) + _reversed_positions(values, dim, 0)
 
 
 def _ordered(values: Tensor, index: Tensor, dim: int) -> tuple[Tensor, Tensor]:
