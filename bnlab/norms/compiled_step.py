@@ -45,8 +45,8 @@ compiled backward is one reduction pass and one pointwise pass, as the fused pat
 Cost: the first call per key compiles, 1–5 s on a laptop CPU (3.5–9 s in a fresh process). Then,
 against native eager BatchNorm (``benchmarks/norms.py --modes eager,compiled_step``, 2026-11-29, 1
 thread): the BN family and ``lp_bn(p=1)`` 0.86–1.19× on (1000, 10) and (32, 16, 8, 8) where they
-are 2.5–5.7× eager; 0.58–0.90× on (128, 16, 8, 8) and (128, 32, 8, 8) where the fused path is
-1.4–2.6× (2026-11-27); ``lp_bn(p=inf)`` 1.8× (eager 4.8–6.6×: its deterministic top-k's
+are 2.5–5.7× eager; 0.54–0.74× on (128, 16, 8, 8) and (128, 32, 8, 8) where the fused path is
+1.5–2.6×; ``lp_bn(p=inf)`` 1.8× (eager 4.8–6.6×: its deterministic top-k's
 ``topk`` stays an aten kernel). Numerics:
 inductor's reductions round differently from the eager kernels (float32 agrees to ~1e-6
 relative, float64 to ~1e-15), so runs with and without differ in the last bits; the stored
