@@ -368,3 +368,22 @@ def test_the_backward_is_factored_as_the_fused_formula(spec):
                 and k[2][0][0] == torch.Size((48, 6)) and k[5])
     forward, backward = step.graphs
     assert _full_size_sums(backward, 48 * 6) == 2
+
+
+@pytest.mark.parametrize("shape", [(400, 6), (40, 6, 5, 5)])
+def test_linf_compiled_step_breaks_ties_as_the_eager_step(shape):
+    """Integer inputs tie the k-th largest |x − μ| many times: the compiled ℓ∞ step (one stable
+    key) puts the scale's gradient on the entries the eager step picks (a different tied entry
+    would move the input gradient by ∂L/∂s·C(n)/k, far above rounding)."""
+    eager, compiled = pair("lp_bn(p=inf)", 6, torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        x = torch.randint(-2, 3, shape, generator=gen).float()
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        grad = torch.randn(shape, generator=gen)
+        eager(xe).backward(grad)
+        before = cs.CALLS["backward"]
+        with N.compiled_steps():
+            compiled(xc).backward(grad)
+        assert cs.CALLS["backward"] == before + 1
+        torch.testing.assert_close(xc.grad, xe.grad, atol=1e-5, rtol=1e-5)
