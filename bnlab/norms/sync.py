@@ -146,10 +146,11 @@ def topk_first(values: Tensor, k: int, dim: int = -1) -> tuple[Tensor, Tensor]:
     so where the k-th value is tied (integer-valued inputs, ReLU zeros) two layouts of one batch —
     2 ranks × 8 samples, 1 × 16 — could put the ℓ∞ scale's gradient on different entries. Here the
     choice is a function of the values and their order in the batch alone: what a stable sort of
-    the whole row gives (which short rows use), found on long rows without sorting them — every
-    entry above the k-th largest value, then the first entries equal to it (or, where no row ties
-    its k-th value to its (k+1)-th, topk's own k), then a stable sort of the k picked. (NaN
-    entries are not ordered as a sort orders them.)"""
+    the whole row gives (which short rows use), found on long rows without sorting them: where no
+    row ties its k-th value to its (k+1)-th, topk's own k, put in order; else, for float32, one
+    topk of :func:`stable_sort_key`; for other dtypes every entry above the k-th largest value,
+    then the first entries equal to it, put in order. (NaN entries are not ordered as a sort
+    orders them.)"""
     dim = dim % values.dim()
     n = values.size(dim)
     if n < TOPK_SORT_BELOW or k == 0:
