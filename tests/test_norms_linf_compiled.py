@@ -132,3 +132,21 @@ def test_statistics_match_the_layer_definition():
     centred = (x - mean[None, :, None]).abs().transpose(0, 1).reshape(3, -1)
     top = centred.sort(dim=1, descending=True).values[:, :4].mean(dim=1)
     torch.testing.assert_close(scale, N.lp.hoffer_linf_constant(63) * top)
+
+
+@pytest.mark.parametrize("shape", [(600, 8), (300, 4, 1, 1)])
+def test_inductor_puts_the_gradient_on_the_eager_entries(shape):
+    """Inductor itself (not aot_eager), two threads, one value per sample and channel, many ties:
+    the gradient lands on the top-k entries eager picks. The (N, C) search once saved its sample
+    indices as a transposed view; inductor's two-thread backward then put the scale's gradient on
+    other entries (3.9 off; right with one thread)."""
+    torch._dynamo.reset()
+    torch.set_num_threads(2)  # the suite's one thread hid it (the one_thread fixture restores)
+    eager = N.create("lp_bn(p=inf)", shape[1])
+    compiled = torch.compile(copy.deepcopy(eager), fullgraph=True)
+    x = torch.randint(-2, 3, shape, generator=gen(4)).float()
+    gy = torch.randn(shape, generator=gen(5))
+    want, got = step(eager, x, gy), step(compiled, x, gy)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()

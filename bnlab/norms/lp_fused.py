@@ -79,7 +79,7 @@ def linf_top_entries(x: Tensor, mean: Tensor, k: int,
         centred = rows.view(batch, channels) - mean
         values, sample = topk_first(centred.abs(), min(k, batch), dim=0)
         signs = centred.gather(0, sample).sign()
-        sample = sample.t()
+        sample = sample.t().contiguous()
         zeros = (torch.zeros_like(sample),) * (x.dim() - 2)
         # (C, k) laid out as the rows below: a sum over k then adds in the same order
         return (values.t().contiguous(), (sample, channel[:, None].expand_as(sample), *zeros),
