@@ -114,11 +114,14 @@ class _Side(nn.Module):
         return [norm(x) for norm, x in zip(self.norms, xs)]
 
 
-def test_inductor_matches_eager_and_float64_as_closely_as_native_bn():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_inductor_matches_eager_and_float64_as_closely_as_native_bn(threads):
     """Every layer but noisy_bn (its draws are not traced; its compiled run is checked above), in
     one inductor graph: the generated C++ kernels (Welford statistics under compile) against eager
-    and float64."""
+    and float64; with two threads too (inductor's parallel code: a transposed index view once went
+    wrong there and not with one thread, tests/test_norms_linf_compiled.py)."""
     specs = ["native_bn"] + [s for s in SPECS if s != "native_bn"]
+    torch.set_num_threads(threads)  # the one_thread fixture restores
     torch._dynamo.reset()
     eager, reference = _Side(specs), _Side(specs, torch.float64)
     compiled = torch.compile(copy.deepcopy(eager), fullgraph=True)
