@@ -387,3 +387,11 @@ def test_linf_compiled_step_breaks_ties_as_the_eager_step(shape):
             compiled(xc).backward(grad)
         assert cs.CALLS["backward"] == before + 1
         torch.testing.assert_close(xc.grad, xe.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["cbn", "lp_bn(p=inf)"])
+def test_compiled_step_with_two_threads(spec):
+    """Inductor's parallel code (two threads; the suite runs one) computes the eager step too."""
+    torch.set_num_threads(2)  # the one_thread fixture restores
+    eager, compiled = pair(spec, 4, torch.float32)
+    assert train_both(eager, compiled, (300, 4), dtype=torch.float32) < 1e-5
