@@ -184,15 +184,18 @@ class ChannelNorm(BatchNormConventions):
         # half inputs: one float32 copy feeds μ_B, σ²_B and the centred x, so their three
         # input-gradient paths add up in float32 and round to half once (as torch's kernel)
         xs = x.to(stats_dtype(x))
+        if written_grad.tracing() and xs is x and module_group(self) is None:
+            # a compiled step's trace: μ_B detached where its gradient is zero (.written_grad)
+            mean, var, n = written_grad.moments(x)
+            anchor = mean.detach()
+        else:
+            mean, var, n = self.batch_moments(xs)
+            anchor = mean
         dt = coef_dtype(x)
-        if written_grad.requested() and xs is x and module_group(self) is None:
-            y, mean, var = written_grad.normalize(x, coef_fn, dt, *tensors)  # a compiled step
-            return y, mean.detach(), var.detach(), x.numel() // x.shape[1]
-        mean, var, n = self.batch_moments(xs)
         scale, shift = coef_fn(mean.to(dt), var.to(dt), *tensors)
         # y = scale·(x − μ) + (shift + scale·μ): the centred form keeps a large mean out of autograd
-        centred = xs - per_channel(mean, xs)
-        y = torch.addcmul(per_channel((shift + scale * mean).to(centred.dtype), x), centred,
+        centred = xs - per_channel(anchor, xs)
+        y = torch.addcmul(per_channel((shift + scale * anchor).to(centred.dtype), x), centred,
                           per_channel(scale.to(centred.dtype), x))
         return y.to(x.dtype), mean.detach(), var.detach(), n
 

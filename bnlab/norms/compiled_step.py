@@ -73,7 +73,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .fused import fast_paths_allowed, refuse_double_backward
 from .sync import module_group
-from .written_grad import written_gradients
+from .written_grad import traced_step, tracing
 
 # the catalogue entries whose layer classes take the compiled step (bn runs torch's kernel already)
 ROUTED_SPECS = ("mean_only_bn", "var_only_bn", "mbn", "cbn", "brn", "lp_bn", "si_bn")
@@ -82,7 +82,6 @@ _BASE_ATTRIBUTES = ("num_features", "eps", "momentum", "affine", "track_running_
 _DTYPES = (torch.float32, torch.float64)
 
 _LOCK = threading.Lock()
-_STATE = threading.local()  # .tracing: inside a trace (the layer's own forward must run)
 _ENABLED = [os.environ.get("BNLAB_COMPILED_STEPS", "0") == "1"]
 _BUILT: dict[tuple, "CompiledStep | None"] = {}  # key -> compiled step, or None (stays eager)
 _WARNED: set[tuple] = set()  # (class, hyper-parameters) told that they reached SHAPES_PER_LAYER
@@ -128,7 +127,7 @@ def _eligible(layer: nn.Module, x: Tensor, extra: tuple, methods: frozenset[str]
             and x.shape[1] == layer.num_features and x.is_contiguous()
             and all(torch.is_tensor(t) and t.device.type == "cpu" and t.dtype in _DTYPES
                     and t.is_contiguous() for t in extra)
-            and not getattr(_STATE, "tracing", False) and fast_paths_allowed()
+            and not tracing() and fast_paths_allowed()
             and not torch.jit.is_tracing() and _get_current_dispatch_mode() is None
             and module_group(layer) is None
             and methods.isdisjoint(layer.__dict__))
@@ -268,14 +267,9 @@ def _graph(fn: Callable, inputs: list[Tensor]) -> torch.fx.GraphModule:
 
     def flat(*args: Tensor) -> list[Tensor]:
         return list(fn(*args))
-    _STATE.tracing = True
-    try:
-        with torch.autocast("cpu", enabled=False), written_gradients():
-            graph = make_fx(torch.func.functionalize(flat, remove="mutations_and_views"),
-                            decomposition_table=select_decomp_table(),
-                            tracing_mode="fake")(*inputs)
-    finally:
-        _STATE.tracing = False
+    with torch.autocast("cpu", enabled=False), traced_step():
+        graph = make_fx(torch.func.functionalize(flat, remove="mutations_and_views"),
+                        decomposition_table=select_decomp_table(), tracing_mode="fake")(*inputs)
     _drop_detaches(graph)
     return graph
 
