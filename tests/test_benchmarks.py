@@ -107,3 +107,18 @@ def test_eager_floor_check_catches_a_wrong_floor(monkeypatch):
 
     monkeypatch.setattr(floor._LeanMeanOnly, "backward", staticmethod(wrong))
     assert floor.agrees_with_bnlab((100, 10)) is False
+
+
+def test_a_later_process_loads_the_compiled_step_from_inductors_cache(tmp_path):
+    """bnlab/norms/compiled_step.py ``_compile``: a compiled step goes into inductor's on-disk FX
+    graph cache and a later process loads it instead of compiling again (without a tracing
+    context holding a shape environment inductor bypassed that cache: "No shape env").
+    ``compile_stall``'s child process, which times the same by hand."""
+    first, second = (load("compile_stall").first_calls("mean_only_bn", str(tmp_path))
+                     for _ in range(2))
+    # both processes ran the compiled forward and backward, not the eager step
+    assert first["compiled_calls"] == second["compiled_calls"] == {"forward": 1, "backward": 1}
+    assert first["fx_graph_cache"] == {"fxgraph_cache_miss": 2}  # compiled, then stored
+    assert second["fx_graph_cache"] == {"fxgraph_cache_hit": 2}  # loaded, not compiled
+    # the loaded code computes what the freshly compiled code did, bit for bit
+    assert first["digest"] == second["digest"]

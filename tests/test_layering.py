@@ -47,6 +47,7 @@ DEFERRED_COMPILER: set[tuple[str, str]] = {
     ("bnlab.norms.compiled_step", "torch._inductor.compile_fx"),
     ("bnlab.norms.compiled_step", "torch._inductor.decomposition"),
     ("bnlab.norms.compiled_step", "torch._functorch.partitioners"),
+    ("bnlab.norms.compiled_step", "torch.fx.experimental.symbolic_shapes"),
 }
 
 

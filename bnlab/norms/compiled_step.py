@@ -42,7 +42,9 @@ advance; nor ``bn``, which runs torch's kernel.
 The trace normalizes through :mod:`.written_grad` (μ_B detached where its gradient is zero), so the
 compiled backward is one reduction pass and one pointwise pass, as the fused path's formula.
 
-Cost: the first call per key compiles, 1–5 s on a laptop CPU (3.5–9 s in a fresh process). Then,
+Cost: the first call per key compiles, 1.3–1.5 s (the first in a process also imports inductor,
+~1.5 s more, and its first on a machine builds inductor's C++ prefix: 8 s in all); inductor's
+on-disk cache then serves later processes, 0.1 s a key (``benchmarks/compile_stall.py``). Then,
 against native eager BatchNorm (``benchmarks/norms.py --modes eager,compiled_step``, 2026-11-29, 1
 thread): the BN family and ``lp_bn(p=1)`` 0.86–1.19× on (1000, 10) and (32, 16, 8, 8) where they
 are 2.5–5.7× eager; 0.54–0.74× on (128, 16, 8, 8) and (128, 32, 8, 8) where the fused path is
@@ -67,6 +69,8 @@ from typing import Any, Callable, Iterable, Iterator, cast
 import torch
 import torch.nn as nn
 from torch import Tensor
+from torch._guards import TracingContext
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.autograd.graph import increment_version
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -275,14 +279,20 @@ def _graph(fn: Callable, inputs: list[Tensor]) -> torch.fx.GraphModule:
 
 
 def _compile(graph: torch.fx.GraphModule) -> Callable[[list[Tensor]], list[Tensor]]:
-    """Inductor's code for ``graph``, called as ``compiled(list_of_tensors)``."""
+    """Inductor's code for ``graph``, called as ``compiled(list_of_tensors)``. In a tracing
+    context with a shape environment and fake inputs, else inductor bypasses its on-disk FX graph
+    cache ("No shape env") or keys it on real inputs' values: so a later process loads a step
+    compiled before (``benchmarks/compile_stall.py``: 0.35–0.43 → 0.10–0.13 s a key)."""
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
-    inputs = [_example(n.meta["val"]) for n in graph.graph.find_nodes(op="placeholder")]
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv  # sympy: 0.24 s of import
+    fake = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    inputs = [fake.from_tensor(_example(n.meta["val"]), static_shapes=True)
+              for n in graph.graph.find_nodes(op="placeholder")]
     # per-channel values computed once into a (C,) buffer rather than inlined into every
     # full-size loop (inductor's default recomputes up to 30 ops per element): cbn, mbn, brn
     # 1.5–1.8 → 1.3–1.4× native eager on (1000, 10)
-    with config.patch(realize_opcount_threshold=4):
+    with torch._guards.tracing(TracingContext(fake)), config.patch(realize_opcount_threshold=4):
         return compile_fx_inner(graph, inputs)
 
 
