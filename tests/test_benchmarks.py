@@ -114,8 +114,8 @@ def test_a_later_process_loads_the_compiled_step_from_inductors_cache(tmp_path):
     graph cache and a later process loads it instead of compiling again (without a tracing
     context holding a shape environment inductor bypassed that cache: "No shape env"). Runs
     ``benchmarks/compile_stall.py``'s child process, which that benchmark times by hand."""
-    first, second = (load("compile_stall").first_calls("mean_only_bn", str(tmp_path))
-                     for _ in range(2))
+    first_calls = load("compile_stall").first_calls
+    first, second = (first_calls("mean_only_bn", str(tmp_path)) for _ in range(2))
     # both processes ran the compiled forward and backward, not the eager step
     assert first["compiled_calls"] == second["compiled_calls"] == {"forward": 1, "backward": 1}
     assert first["fx_graph_cache"] == {"fxgraph_cache_miss": 2}  # compiled, then stored

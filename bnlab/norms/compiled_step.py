@@ -286,7 +286,7 @@ def _compile(graph: torch.fx.GraphModule) -> Callable[[list[Tensor]], list[Tenso
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
     from torch.fx.experimental.symbolic_shapes import ShapeEnv  # sympy: 0.24 s of import
-    fake = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    fake = FakeTensorMode(shape_env=ShapeEnv())
     inputs = [fake.from_tensor(_example(n.meta["val"]), static_shapes=True)
               for n in graph.graph.find_nodes(op="placeholder")]
     # per-channel values computed once into a (C,) buffer rather than inlined into every

@@ -27,9 +27,8 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor
 
-from .base import reduce_dims
 from .fused import (centred_reductions, channel_affine, coef_dtype, define, lazily_disabled, park,
-                    per_channel, refuse_double_backward, take)
+                    per_channel, reduce_dims, refuse_double_backward, take)
 from .sync import topk_first
 
 L1_CONSTANT = math.sqrt(math.pi / 2)  # E|z| = σ·√(2/π) for Gaussian z: √(π/2)·mean|c| estimates σ
