@@ -181,9 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(result, indent=2))
 
     layers, resnet = result["layers"], result["resnet20_step"]
-    # issue 18: dispatched operations per fp32 training step on this device, and the aten ops run
-    # inside bnlab's operators (about the kernel launches): cheap, so first
+    # issue 18: dispatched operations per training step on this device (fp32, and half inputs as
+    # autocast hands them on), and the aten ops run inside bnlab's operators (about the kernel
+    # launches): cheap, so first
     result["op_counts"] = {spec: op_counts(spec, shape, device) for spec in specs}
+    result["op_counts_half"] = {precision: {spec: op_counts(spec, shape, device, precision)
+                                            for spec in specs} for precision in ("fp16", "bf16")}
     save()
     layers += layer_table(specs, shape, device, ["fp32", "fp16", "bf16"], ["eager"], **common)
     save()

@@ -3,10 +3,13 @@
 
     python benchmarks/norms.py [--pairs 15] [--threads 2] [--specs bn,cbn] [--quick] [--out PATH]
     python benchmarks/norms.py --threads 1 --clock cpu --modes eager   # on a loaded machine
+    python benchmarks/norms.py --precisions fp32,bf16,fp16 --modes eager  # half inputs too
 
 bnlab and native BN are timed alternately in one process (pairs, median of the per-pair ratios; see
 benchmarks/timing.py), float32, training mode, on (128, 64, 32, 32) and on two small shapes where
 dispatch dominates, (1000, 10) and (32, 16, 8, 8) (``--shapes``; compiled only on the first).
+``--precisions fp16,bf16``: the input in that dtype (as a convolution under autocast hands it on),
+the layer and native BN in float32 under autocast, the operation count of that step.
 Columns: eager and ``torch.compile`` (inductor), both against *eager* native BN, and the number of
 operations one training forward + backward dispatches (:mod:`bnlab.norms.opcount`, views excluded;
 "inside": counting the aten ops that bnlab's own operators run, about the kernel launches on a GPU).
@@ -34,8 +37,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import (BN_FAMILY, SPECS, Budget, NativeBNPlusNoise, fwd_bwd, layer_table,
-                    measure, op_counts, run_header)
+from timing import (AMP_DTYPES, BN_FAMILY, SPECS, Budget, NativeBNPlusNoise, fwd_bwd,
+                    layer_table, measure, op_counts, run_header)
 
 from bnlab.norms import compiled_step
 from bnlab.norms.base import FUSED_MIN_NUMEL
@@ -57,7 +60,7 @@ def parse_specs(text: str, parser: argparse.ArgumentParser) -> list[str]:
 def goals(rows: list[dict]) -> dict:
     """Each goal: the ratios it covers and whether every one meets it (False where a row has no
     ratio)."""
-    by = {(r["spec"], r["mode"]): r.get("ratio") for r in rows}
+    by = {(r["spec"], r["mode"]): r.get("ratio") for r in rows if r["precision"] == "fp32"}
 
     def check(specs, mode, limit):
         ratios = {s: by.get((s, mode)) for s in specs}
@@ -83,22 +86,24 @@ def noise_yardstick(shape, pairs: int, inner: int, clock) -> dict:
 def side_by_side(rows: list[dict]) -> str:
     """The README table: one line per (shape, layer), eager and compiled ratios against eager native
     BN."""
-    cells = {(tuple(r["shape"]), r["spec"], r["mode"],
+    cells = {(tuple(r["shape"]), r["spec"], r["precision"], r["mode"],
               r["reference"].endswith("noise eager")): r for r in rows}
 
     def ratio(row):
         return f"{row['ratio']:.2f}" if row and "ratio" in row \
             else (row or {}).get("error", "–")[:40]
 
-    lines = ["| shape | layer | reference | eager ms | reference ms | eager × | compiled × | "
-             "compiled step × | ops | ops inside |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for shape, spec, mode, noise in dict.fromkeys(k for k in cells if k[2] == "eager"):
-        eager = cells[(shape, spec, mode, noise)]
-        compiled, step = (cells.get((shape, spec, other, noise))
+    lines = ["| shape | input | layer | reference | eager ms | reference ms | eager × | "
+             "compiled × | compiled step × | ops | ops inside |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for shape, spec, precision, mode, noise in dict.fromkeys(k for k in cells
+                                                             if k[3] == "eager"):
+        eager = cells[(shape, spec, precision, mode, noise)]
+        compiled, step = (cells.get((shape, spec, precision, other, noise))
                           for other in ("compiled", "compiled_step"))
         ms = f"{eager['ms']:.3f} | {eager['ref_ms']:.3f}" if "ms" in eager else "– | –"
-        lines.append(f"| {'×'.join(map(str, shape))} | `{spec}` | {eager['reference']} | {ms} | "
+        lines.append(f"| {'×'.join(map(str, shape))} | {precision} | `{spec}` | "
+                     f"{eager['reference']} | {ms} | "
                      f"{ratio(eager)} | {ratio(compiled) if compiled else '–'} | "
                      f"{ratio(step) if step else '–'} | {eager.get('ops', '–')} | "
                      f"{eager.get('ops_inside', '–')} |")
@@ -108,7 +113,8 @@ def side_by_side(rows: list[dict]) -> str:
 def issue18_goals(rows: list[dict], shapes: list[tuple[int, ...]]) -> dict:
     """Issue 18's ratio and operation-count goals, each with the values it covers and whether all
     meet it. Small shapes: below ``FUSED_MIN_NUMEL`` elements (where dispatch dominates); the large
-    goal and the operation counts read the largest shape run."""
+    goal and the operation counts read the largest shape run. The ratio goals read float32 inputs;
+    the operation counts every precision run (half ones named ``spec@bf16``)."""
     largest = max(shapes, key=lambda s: torch.Size(s).numel())
 
     def name(r: dict) -> str:
@@ -117,19 +123,24 @@ def issue18_goals(rows: list[dict], shapes: list[tuple[int, ...]]) -> dict:
     def small(r: dict) -> bool:
         return torch.Size(r["shape"]).numel() < FUSED_MIN_NUMEL
 
-    eager = [r for r in rows if r["mode"] == "eager" and not r["reference"].endswith("noise eager")]
+    def counted(r: dict) -> str:
+        return r["spec"] if r["precision"] == "fp32" else f"{r['spec']}@{r['precision']}"
+
+    every = [r for r in rows if r["mode"] == "eager" and not r["reference"].endswith("noise eager")]
+    eager = [r for r in every if r["precision"] == "fp32"]
     at_largest = [r for r in eager if tuple(r["shape"]) == largest and not small(r)]
+    counts_at_largest = [r for r in every if tuple(r["shape"]) == largest and not small(r)]
     # noisy_bn's small-shape yardstick is native BN + the same noise (the noise goal below)
     small_eager = {name(r): r.get("ratio") for r in eager if small(r) and r["spec"] != "noisy_bn"}
     # opt-in bnlab.norms.compiled_steps(); bn, noisy_bn, si_bn, wn do not take it (their eager
     # ratio stands)
-    stepped = {name(r): r["ratio"] for r in rows
-               if r["mode"] == "compiled_step" and small(r) and "ratio" in r}
+    stepped = {name(r): r["ratio"] for r in rows if r["mode"] == "compiled_step" and small(r)
+               and "ratio" in r and r["precision"] == "fp32"}
     large = {r["spec"]: r.get("ratio") for r in at_largest if r["spec"] in BN_FAMILY}
     noise = {"x".join(map(str, r["shape"])): r.get("ratio") for r in rows
              if r["reference"].endswith("noise eager")}
-    ops16 = {r["spec"]: r.get("ops") for r in at_largest if r["spec"] in BN_FAMILY}
-    ops24 = {r["spec"]: r.get("ops") for r in at_largest
+    ops16 = {counted(r): r.get("ops") for r in counts_at_largest if r["spec"] in BN_FAMILY}
+    ops24 = {counted(r): r.get("ops") for r in counts_at_largest
              if r["spec"].startswith(("lp_bn", "noisy_bn", "si_bn"))}
 
     def check(values, limit):  # met: None where this run measured none of the values
@@ -169,9 +180,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--compiled-step-max-numel", type=int, default=None,
                         help="override bnlab.norms.compiled_step.MAX_NUMEL (to measure the "
                              "crossover with the fused path)")
+    parser.add_argument("--precisions", default="fp32",
+                        help="a subset of fp32,fp16,bf16 (half: the input in that dtype, under "
+                             "autocast)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "norms.json"))
     args = parser.parse_args(argv)
     specs = parse_specs(args.specs, parser)
+    precisions = [p for p in args.precisions.split(",") if p]
+    if not precisions or any(p not in AMP_DTYPES for p in precisions):
+        parser.error(f"--precisions {args.precisions!r}: valid values are {', '.join(AMP_DTYPES)}")
     if args.compiled_step_max_numel is not None:
         compiled_step.MAX_NUMEL = args.compiled_step_max_numel
     torch.set_num_threads(args.threads)
@@ -186,24 +203,28 @@ def main(argv: list[str] | None = None) -> dict:
         # small shapes: several calls per timing
         inner = max(1, 2_000_000 // (4 * torch.Size(shape).numel()))
         table = layer_table(
-            specs, shape, torch.device("cpu"), ["fp32"],
+            specs, shape, torch.device("cpu"), precisions,
             modes if i == 0 else [m for m in modes if m != "compiled"], pairs,
             budget, backend=backend, inner=inner, clock=clock,
             progress=lambda r: print(f"{r['spec']:<22}{r['mode']:<10}"
                                      f"{r.get('ratio', r.get('error') or r.get('skipped'))}",
                                      file=sys.stderr))
-        counts = {spec: op_counts(spec, shape) for spec in specs}
+        counts = {(spec, p): op_counts(spec, shape, precision=p) for spec in specs
+                  for p in precisions}
         for row in table:
-            row.update(shape=list(shape), **(counts[row["spec"]] if row["mode"] == "eager" else {}))
+            row.update(shape=list(shape), **(counts[row["spec"], row["precision"]]
+                                             if row["mode"] == "eager" else {}))
         rows += table
-        if "noisy_bn" in specs and "eager" in modes:
-            rows.append(dict(noise_yardstick(shape, pairs, inner, clock), **counts["noisy_bn"]))
+        if "noisy_bn" in specs and "eager" in modes and "fp32" in precisions:
+            rows.append(dict(noise_yardstick(shape, pairs, inner, clock),
+                             **counts["noisy_bn", "fp32"]))
     result = {
-        **run_header("norms forward+backward, training mode, float32, CPU; paired with native "
-                     "BN, median ratio", args.clock, load_before),
+        **run_header(f"norms forward+backward, training mode, {'/'.join(precisions)} inputs, "
+                     "CPU; paired with native BN, median ratio", args.clock, load_before),
         "shapes": [list(s) for s in shapes], "pairs": pairs, "compile_backend": backend,
         "compiled_step_max_numel": compiled_step.MAX_NUMEL,
         "quick": args.quick,
+        "precisions": precisions,
         "rows": rows, "goals": goals([r for r in rows if tuple(r["shape"]) == shapes[0]
                                       and not r["reference"].endswith("noise eager")]),
         "goals_issue18": issue18_goals(rows, shapes),

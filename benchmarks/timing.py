@@ -86,12 +86,15 @@ class NativeBNPlusNoise(nn.Module):
         return s * a + m
 
 
-def op_counts(spec: str, shape: tuple[int, ...], device: torch.device | str = "cpu") -> dict:
+def op_counts(spec: str, shape: tuple[int, ...], device: torch.device | str = "cpu",
+              precision: str = "fp32") -> dict:
     """Operations one training forward + backward dispatches (:mod:`bnlab.norms.opcount`, views
     excluded), and "inside": the aten ops that bnlab's own operators run in their kernels (about the
-    kernel launches on a GPU), on the path the layer takes for this shape."""
+    kernel launches on a GPU), on the path the layer takes for this shape; fp16/bf16: the input in
+    that dtype, as autocast hands it on, the layer in float32."""
     torch.manual_seed(0)
-    step = training_step(_layer(spec, shape), shape, device=device)
+    step = training_step(_layer(spec, shape), shape, device=device,
+                         dtype=AMP_DTYPES[precision] or torch.float32)
     step()
     return {"ops": count_ops(step).total, "ops_inside": count_ops(step, inside=True).total}
 

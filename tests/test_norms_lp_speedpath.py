@@ -10,6 +10,8 @@ counted at the dispatcher.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.func import functional_call
@@ -138,13 +140,26 @@ def test_fused_lp_backward_twice_and_refuses_double_backward(fused):
     assert gx.requires_grad
 
 
-def test_autocast_half_inputs_take_the_plain_path(fused):
-    layer = N.create("lp_bn(p=1)", 3)
-    x = torch.randn(8, 3, 2, 2, generator=gen(11))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = layer(x.bfloat16().requires_grad_())
-    assert y.dtype == torch.bfloat16 and not type(y.grad_fn).__name__.startswith("_LpNormalize")
-    assert type(layer(x.requires_grad_()).grad_fn).__name__.startswith("_LpNormalize")
+def test_autocast_half_inputs_take_the_fused_path_too(fused):
+    """Half inputs (as autocast hands them on) take the fused function, computed in float32 and
+    rounded once: what the plain path gives, to an ulp (tests/test_norms_half_fused.py: against a
+    float64 run, and the operation counts)."""
+    x = torch.randn(8, 3, 2, 2, generator=gen(11)).bfloat16()
+    g = torch.randn(8, 3, 2, 2, generator=gen(12)).bfloat16()
+    results = []
+    for plain in (False, True):
+        layer, xi = N.create("lp_bn(p=1)", 3), x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16), \
+                (N.plain_autograd() if plain else contextlib.nullcontext()):
+            y = layer(xi)
+        y.backward(g)
+        results.append((y, xi.grad, type(y.grad_fn).__name__))
+    (y, gx, node), (y_plain, gx_plain, node_plain) = results
+    assert y.dtype == torch.bfloat16 and node == "_LpNormalizeBackward" != node_plain
+    eps = torch.finfo(torch.bfloat16).eps
+    for got, want in [(y, y_plain), (gx, gx_plain)]:
+        torch.testing.assert_close(got.float(), want.float(), rtol=eps,
+                                   atol=eps * want.abs().max().item())
 
 
 class FullSizeOps(TorchDispatchMode):

@@ -142,7 +142,10 @@ def test_small_inputs_take_the_fused_path_off_the_cpu_only():
     assert not norms_base.fused_enabled(torch.empty(small))
     assert norms_base.fused_enabled(on("cuda"))
     assert norms_base.fused_enabled(on("cuda", torch.float64))
-    assert not norms_base.fused_enabled(on("cuda", torch.bfloat16))
+    # half inputs, as a convolution under autocast hands them on (tests/test_norms_half_fused.py)
+    assert norms_base.fused_enabled(on("cuda", torch.bfloat16))
+    assert norms_base.fused_enabled(on("cuda", torch.float16))
+    assert not norms_base.fused_enabled(on("cuda", torch.bfloat16), norms_base.FULL_DTYPES)
     assert norms_base.fused_enabled(torch.empty(64, 32, 8, 8))
     # meta tensors (shape inference) take the plain ops, which have meta kernels
     assert not norms_base.fused_enabled(torch.empty(64, 32, 8, 8, device="meta"))
@@ -151,9 +154,10 @@ def test_small_inputs_take_the_fused_path_off_the_cpu_only():
 @pytest.mark.parametrize("spec", ["mean_only_bn", "var_only_bn", "mbn", "brn", "lp_bn(p=1)"])
 def test_the_fused_kernels_constant_arguments_launch_nothing(spec):
     """The unit means, variances and weights that the fused path hands torch's BatchNorm kernels are
-    cached (:func:`bnlab.norms.fused.filled`), and so is the zero gradient of a statistic a variant
-    ignores: on a GPU each fresh ones/zeros was a launch, five or six a step. A counted step (after
-    a first one) of a variant whose own coefficients build no constant (``cbn``'s do) has none."""
+    cached (:func:`bnlab.norms.kernels.filled`), and so is the zero gradient of a statistic a
+    variant ignores: on a GPU each fresh ones/zeros was a launch, five or six a step. A counted step
+    (after a first one) of a variant whose own coefficients build no constant (``cbn``'s do) has
+    none."""
     torch.manual_seed(0)
     layer = _layer(spec, SHAPE)
     step = training_step(layer, SHAPE)
@@ -165,15 +169,15 @@ def test_the_fused_kernels_constant_arguments_launch_nothing(spec):
 def test_cached_constants_stay_constant_and_survive_inference_mode():
     """The cached (C,) constants are never written by the kernels that read them, and one made
     first under ``torch.inference_mode`` is an ordinary tensor that later training steps can use."""
-    from bnlab.norms import fused
+    from bnlab.norms import kernels
 
-    fused._FILLED.clear()
+    kernels._FILLED.clear()
     layer = N.create("mean_only_bn", SHAPE[1])
     x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         layer(x)  # the first fused call, which fills the cache
-    assert fused._FILLED and not any(t.is_inference() for t in fused._FILLED.values())
+    assert kernels._FILLED and not any(t.is_inference() for t in kernels._FILLED.values())
     for _ in range(2):
         layer(x.clone().requires_grad_()).square().sum().backward()
-    for (value, c, dtype, _), t in fused._FILLED.items():
+    for (value, c, dtype, _), t in kernels._FILLED.items():
         assert torch.equal(t, torch.full((c,), value, dtype=dtype))

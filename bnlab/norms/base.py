@@ -34,11 +34,15 @@ MomentsFn = Callable[[Tensor], tuple[Tensor, Tensor, int]]
 UpdateFn = Callable[[Tensor, Tensor, int], None]
 
 
-# The fused path's kernels and switches live in .fused; imported here under their old names.
+# The shared kernels live in .kernels, the fused path and its switches in .fused; imported here
+# under their old names.
 from .fused import (  # noqa: E402,F401
-    autocast_off, centred_reductions, channel_affine, coef_dtype,
-    fast_paths_allowed, fused_normalize, per_channel, plain_autograd, plain_requested,
-    reduce_dims, refuse_double_backward, refuse_recomputation, stats_dtype,
+    fast_paths_allowed, fused_normalize, plain_autograd, plain_requested, refuse_double_backward,
+    refuse_recomputation,
+)
+from .kernels import (  # noqa: E402,F401
+    autocast_off, centred_reductions, channel_affine, coef_dtype, per_channel, reduce_dims,
+    stats_dtype,
 )
 
 
@@ -54,16 +58,33 @@ def _fused_normalize(x: Tensor, moments_fn: MomentsFn, coef_fn: CoefFn, *tensors
 FUSED_MIN_NUMEL = 1 << 16
 
 
-def fused_enabled(x: Tensor) -> bool:
+FULL_DTYPES = (torch.float32, torch.float64)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def fused_enabled(x: Tensor, dtypes: tuple[torch.dtype, ...] = FULL_DTYPES + HALF_DTYPES) -> bool:
     """Whether the eager fused function runs. Never under torch.compile (inductor fuses the plain
     ops, and the function cannot be traced) nor torch.func transforms (vmap, grad: a closure graph);
-    only for float32/float64 inputs (half inputs take the plain path, which promotes them to
-    float32); on the CPU only from :data:`FUSED_MIN_NUMEL` elements; never on the meta device
-    (shape inference: the plain ops have meta kernels, torch's statistics kernel has none)."""
+    for inputs of ``dtypes`` (half inputs, as a convolution under autocast hands them on: the
+    statistics, coefficients and gradient factors in float32, each full-size result rounded to
+    half once, as torch's kernels do); on the CPU only from :data:`FUSED_MIN_NUMEL` elements; never
+    on the meta device (shape inference: the plain ops have meta kernels, torch's statistics kernel
+    has none)."""
     return ((x.numel() >= FUSED_MIN_NUMEL or x.device.type != "cpu")
             and x.device.type != "meta"
-            and x.dtype in (torch.float32, torch.float64)
+            and x.dtype in dtypes
             and fast_paths_allowed())
+
+
+def batch_statistics(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-channel (mean, biased variance) of x in :func:`stats_dtype` from torch's statistics
+    kernel, without grad. For half x the kernel accumulates in float and returns float32 where it
+    is handed float32 running buffers (CPU; CUDA always does): two scratch buffers, which
+    momentum 0 leaves as they were, serve as those (an allocation each, no kernel)."""
+    if x.dtype == stats_dtype(x):
+        return torch.batch_norm_update_stats(x, None, None, 0.0)
+    scratch = torch.empty((2, x.shape[1]), dtype=stats_dtype(x), device=x.device)
+    return torch.batch_norm_update_stats(x, scratch[0], scratch[1], 0.0)
 
 
 class ChannelNorm(BatchNormConventions):
@@ -130,12 +151,10 @@ class ChannelNorm(BatchNormConventions):
         if (group := module_group(self)) is not None:  # training with sync=True in a process group
             return synced_moments(x, group, stats_dtype(x))
         n = x.numel() // x.shape[1]
-        plain = (torch.is_grad_enabled() or x.dtype != stats_dtype(x)
-                 or x.device.type not in ("cpu", "cuda")
+        plain = (torch.is_grad_enabled() or x.device.type not in ("cpu", "cuda")
                  or torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active())
         if not plain:  # one call, double accumulation; eager and no-grad only
-            mean, var = torch.batch_norm_update_stats(x, None, None, 0.0)
-            return mean, var, n
+            return (*batch_statistics(x), n)
         dims = self.reduce_dims(x)
         if torch.compiler.is_compiling() and x.device.type == "cpu":
             # inductor's one Welford reduction (as stable to a large mean as two passes): one read

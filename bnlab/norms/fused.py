@@ -28,7 +28,6 @@ call parks them in a table under an integer ``key`` that the operator pops. Eage
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import threading
@@ -38,87 +37,12 @@ import torch
 from torch import Tensor
 
 from .coef_compile import assemble, backward_coefficients, forward_coefficients
+from .kernels import (centred_reductions, channel_affine, coef_dtype, filled, input_gradient,
+                      stats_dtype)
 
 CoefFn = Callable[..., tuple[Tensor, Tensor]]
 MomentsFn = Callable[[Tensor], tuple[Tensor, Tensor, int]]
 UpdateFn = Callable[[Tensor, Tensor, int], None]
-
-
-# ---- full-size kernels shared by the fused and plain paths ---------------------------------------
-def reduce_dims(x: Tensor) -> list[int]:
-    """The dims a per-channel statistic of x (N, C, *) reduces over: all but 1."""
-    return [0, *range(2, x.dim())]
-
-
-def per_channel(t: Tensor, x: Tensor) -> Tensor:
-    """View a (C,) tensor so that it broadcasts against x of shape (N, C, *)."""
-    return t.view(1, -1, *([1] * (x.dim() - 2)))
-
-
-# (value, C, dtype, device) -> a (C,) tensor of value that no kernel writes to
-_FILLED: dict[tuple, Tensor] = {}
-
-
-def filled(like: Tensor, value: float) -> Tensor:
-    """A cached (C,) tensor of ``value`` shaped like ``like``, for the kernels' constant arguments:
-    on a GPU each fresh ``ones_like``/``zeros_like`` is a kernel launch (up to 5 a step). Read-only
-    by contract: BatchNorm's inference kernel and its backward never write their weight, mean or
-    variance arguments. Built outside inference mode, so later autograd steps may use it."""
-    key = (value, like.shape[0], like.dtype, like.device)
-    if (t := _FILLED.get(key)) is None:
-        with torch.inference_mode(False):
-            t = _FILLED[key] = torch.full((like.shape[0],), value, dtype=like.dtype,
-                                          device=like.device)
-    return t
-
-
-def centred_reductions(g: Tensor, x: Tensor, mean: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-channel (Σ g, Σ g·(x − mean)) in one pass over g and x, accumulated in double on CPU.
-
-    torch's BatchNorm backward kernel computes exactly these two reductions for its weight and bias
-    gradients; with invstd = 1 its "x̂" is x − mean. Elsewhere: a centred temporary and two
-    reductions.
-    """
-    if x.device.type in ("cpu", "cuda"):
-        one = filled(mean, 1.0)  # invstd = 1, and weight = 1: CUDA's kernel refuses weight=None
-        _, dot, total = torch.ops.aten.native_batch_norm_backward(
-            g, x, one, None, None, mean, one, True, 0.0, [False, True, True])
-        return total, dot
-    dims = reduce_dims(x)
-    return g.sum(dims), (g * (x - per_channel(mean, x))).sum(dims)
-
-
-def stats_dtype(x: Tensor) -> torch.dtype:
-    """float32 for half-precision inputs (no overflow of Σx², no 8-bit mantissa sums), else x's
-    dtype."""
-    return torch.promote_types(x.dtype, torch.float32)
-
-
-def coef_dtype(x: Tensor) -> torch.dtype:
-    """The per-channel coefficient graph runs in float64 (C numbers), except where float64 is
-    missing."""
-    return torch.float32 if x.device.type == "mps" else torch.float64
-
-
-def channel_affine(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
-    """scale·x + shift per channel (scale, shift: (C,) in x's dtype), into a new tensor.
-
-    On CPU through torch's inference BatchNorm kernel with zero mean, unit variance and ε = 0 (its
-    per-channel factor is then scale·1/√1 = scale and its offset shift, exactly): a vectorized loop,
-    where ``addcmul`` with two broadcast operands takes a scalar one (on (128, 64, 32, 32), 1
-    thread: 25 against 33 ms with the allocation, 3.6 against 11 ms without)."""
-    if x.device.type == "cpu":
-        return torch.batch_norm(x, scale, shift, filled(scale, 0.0), filled(scale, 1.0), False, 0.0,
-                                0.0, False)
-    return torch.addcmul(per_channel(shift, x), x, per_channel(scale, x))
-
-
-def autocast_off(x: Tensor):
-    """Autocast off on x's device (the layers compute in x's dtype or better, as nn.BatchNorm), or
-    nothing where the device has no autocast (meta tensors: shape inference)."""
-    if torch.amp.is_autocast_available(x.device.type):
-        return torch.autocast(x.device.type, enabled=False)
-    return contextlib.nullcontext()
 
 
 def refuse_double_backward(what: str) -> None:
@@ -247,16 +171,17 @@ class _Partials:
 
 def _coefficients(call: _Call, x: Tensor, mean: Tensor, var: Tensor,
                   tensors) -> tuple[Tensor, Tensor]:
-    """(scale, shift) in x's dtype; keeps on ``call.graph`` what the backward pass needs: the
+    """(scale, shift) in :func:`stats_dtype` (x's dtype, float32 for half x); keeps on
+    ``call.graph`` what the backward pass needs: the
     compiled per-channel partials (:mod:`.coef_compile`) where allowed, else the eager autograd
     graph."""
     leaves = [t.detach() for t in tensors]
-    dt = coef_dtype(x)
+    dt, xdt = coef_dtype(x), stats_dtype(x)
     if not call.differentiable:  # no graph: under inference_mode one could not even be recorded
         with torch.no_grad():
             scale, shift = call.coef_fn(mean.detach().to(dt), var.detach().to(dt), *leaves)
-        return scale.to(x.dtype), shift.to(x.dtype)
-    out = forward_coefficients(call.coef_fn, tuple(call.needs), dt, x.dtype, mean, var, leaves)
+        return scale.to(xdt), shift.to(xdt)
+    out = forward_coefficients(call.coef_fn, tuple(call.needs), dt, xdt, mean, var, leaves)
     if out is not None:
         scale_x, shift_x, m_x, m, p = out
         dtypes = tuple(t.dtype for t, need in zip(leaves, call.needs) if need)
@@ -268,7 +193,7 @@ def _coefficients(call: _Call, x: Tensor, mean: Tensor, var: Tensor,
         leaves = [t.requires_grad_(need) for t, need in zip(leaves, call.needs)]
         scale, shift = call.coef_fn(m, v, *leaves)
     call.graph = (m, v, leaves, scale, shift)
-    return scale.detach().to(x.dtype), shift.detach().to(x.dtype)
+    return scale.detach().to(xdt), shift.detach().to(xdt)
 
 
 def _stats_affine(x: Tensor, tensors: list[Tensor], key: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -294,18 +219,19 @@ def _stats_affine_backward(g: Tensor, x: Tensor, key: int) -> list[Tensor]:
             s, const, *rest = backward_coefficients(*args) or assemble(*args)
         else:
             scale_x, s, const, rest = _eager_backward(call, g, x)
-        gx = channel_affine(x, s, const)  # ∂L/∂x = s·x + const + scale·g
-        gx.addcmul_(g, per_channel(scale_x, x))
+        gx = input_gradient(x, g, s, const, scale_x)
     return [gx, *rest]
 
 
 def _eager_backward(call: _Call, g: Tensor,
                     x: Tensor) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
     """(scale, s, const, tensors' gradients) from the eager coefficient graph; the first three in
-    x's dtype. What :func:`.coef_compile.assemble` computes from the compiled partials instead."""
+    :func:`stats_dtype`. What :func:`.coef_compile.assemble` computes from the compiled partials
+    instead."""
     assert call.graph is not None, "the eager coefficient graph is kept when nothing was compiled"
     m, v, leaves, scale, shift = call.graph
-    m_x = m.detach().to(x.dtype)  # the mean as x's dtype: every use below takes this same value
+    xdt = stats_dtype(x)
+    m_x = m.detach().to(xdt)  # the mean as the kernels take it: every use below takes this value
     g_sum, g_dot_centred = centred_reductions(g, x, m_x)
     g_sum = g_sum.to(m.dtype)
     g_dot = g_dot_centred.to(m.dtype) + m_x.to(m.dtype) * g_sum  # Σ g·x exactly: no cancellation
@@ -323,9 +249,9 @@ def _eager_backward(call: _Call, g: Tensor,
     s = (2.0 / call.n) * grads[1]
     # gx = s·(x − μ) + g_μ/n + scale·g = s·x + (g_μ/n − s·μ) + scale·g: the constant in float64, so
     # only s·x rounds at |x| (as nn.BatchNorm's own x·a + b does)
-    const = (grads[0] / call.n - s * m_x.to(m.dtype)).to(x.dtype)
+    const = (grads[0] / call.n - s * m_x.to(m.dtype)).to(xdt)
     rest = [gr.to(t.dtype) for gr, t in zip(grads[2:], (t for t in leaves if t.requires_grad))]
-    return scale.detach().to(x.dtype), s.to(x.dtype), const, rest
+    return scale.detach().to(xdt), s.to(xdt), const, rest
 
 
 _LIB = torch.library.Library("bnlab", "FRAGMENT")

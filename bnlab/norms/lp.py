@@ -67,7 +67,8 @@ class LpBatchNorm(BatchNorm):
             return L1_CONSTANT * channel_mean(self, centred.abs())
         # p = inf: top-k of |x − μ| per channel. Unsynced, searched only in the k samples with the
         # largest peaks (lp_fused.linf_top_entries: no full transposed copy; this plain path runs
-        # for half inputs and in plain_autograd(), float inputs under compile take lp_compiled);
+        # for small CPU inputs, half inputs under compile and in plain_autograd(), float inputs
+        # under compile take lp_compiled);
         # synced, over all ranks from every entry, channels first so topk runs along one dim.
         constant = hoffer_linf_constant(channel_count(self, centred))
         if module_group(self) is None:
@@ -91,12 +92,12 @@ class LpBatchNorm(BatchNorm):
                               beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(y, μ_B, s_B) for p=1 and p=inf, in training: γ(x − μ_B)/(s_B + ε) + β.
 
-        Eager float32/float64 and unsynced: one custom autograd function
-        (:mod:`bnlab.norms.lp_fused`, a few passes over x); p=inf under torch.compile: plain ops
-        with a written-out gradient (:mod:`bnlab.norms.lp_compiled`), which inductor fuses.
-        Otherwise plain autograd: p=1 under torch.compile (inductor fuses it), with synchronized
-        statistics (the collectives of bnlab.norms.sync), for half inputs, and inside
-        ``plain_autograd()`` (double backward)."""
+        Eager and unsynced (:func:`~bnlab.norms.base.fused_enabled`: half inputs too, computed in
+        float32 and rounded once): one custom autograd function (:mod:`bnlab.norms.lp_fused`, a
+        few passes over x); p=inf under torch.compile: plain ops with a written-out gradient
+        (:mod:`bnlab.norms.lp_compiled`), which inductor fuses. Otherwise plain autograd: small
+        CPU inputs, p=1 under torch.compile (inductor fuses it), with synchronized statistics (the
+        collectives of bnlab.norms.sync), and inside ``plain_autograd()`` (double backward)."""
         unsynced = module_group(self) is None
         if fused_enabled(x) and unsynced:
             return lp_normalize(x, self.p, gamma, beta, self.eps, self.topk)

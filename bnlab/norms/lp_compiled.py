@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .fused import per_channel, reduce_dims
+from .kernels import per_channel, reduce_dims
 from .lp_fused import hoffer_linf_constant, linf_terms, linf_top_entries, scale_gradients
 
 

@@ -14,7 +14,7 @@ backward pass assembles the input gradient from per-channel numbers:
     p = inf: ∂s/∂x_i = (C(n)/k)·(1[i ∈ top-k]·sign c_i − Σ_{j ∈ top-k} sign c_j / n),
 
 where the −mean terms come from μ_B (∂c_j/∂x_i = δ_ij − 1/n), ``(Σg, Σg·c)`` come from one pass of
-torch's BatchNorm backward kernel (:func:`~bnlab.norms.fused.centred_reductions`), and ∂L/∂γ =
+torch's BatchNorm backward kernel (:func:`~bnlab.norms.kernels.centred_reductions`), and ∂L/∂γ =
 Σ(g·c)/(s+ε), ∂L/∂β = Σg. Subgradients where c_i = 0 follow ``torch.abs`` (sign 0), as the plain
 path does.
 """
@@ -27,8 +27,9 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor
 
-from .fused import (centred_reductions, channel_affine, coef_dtype, define, lazily_disabled, park,
-                    per_channel, reduce_dims, refuse_double_backward, take)
+from .fused import define, lazily_disabled, park, refuse_double_backward, take
+from .kernels import (centred_reductions, channel_affine, coef_dtype, input_gradient, per_channel,
+                      reduce_dims, stats_dtype)
 from .sync import topk_first
 
 L1_CONSTANT = math.sqrt(math.pi / 2)  # E|z| = σ·√(2/π) for Gaussian z: √(π/2)·mean|c| estimates σ
@@ -41,8 +42,9 @@ def hoffer_linf_constant(n: int) -> float:
 
 
 def centred_sign(x: Tensor, mean: Tensor) -> Tensor:
-    """sign(x − μ) per channel, as x's dtype (0 where x = μ, as ``torch.abs``'s gradient)."""
-    return torch.sub(x, per_channel(mean, x)).sign_()
+    """sign(x − μ) per channel, as x's dtype (0 where x = μ, as ``torch.abs``'s gradient; a half x
+    is compared with the float32 μ exactly, the signs are exact in half)."""
+    return torch.sub(x, per_channel(mean, x)).sign_().to(x.dtype)
 
 
 def l1_sign_and_scale(x: Tensor, mean: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -91,7 +93,9 @@ def linf_top_entries(x: Tensor, mean: Tensor, k: int,
     top_rows = topk_first(peak, min(k, batch), dim=0)[1].t().sort(dim=1).values
     # (C·k_rows, inner)
     candidates = rows.index_select(0, (top_rows * channels + channel[:, None]).flatten())
-    flat = candidates.view(channels, -1).sub_(mean[:, None])
+    flat = candidates.view(channels, -1)
+    # in place where x has μ's dtype; a half x is centred in float32, as the plain path's copy
+    flat = flat.sub_(mean[:, None]) if flat.dtype == mean.dtype else flat - mean[:, None]
     values, position = topk_first(flat.abs(), min(k, batch * inner), dim=1)
     signs = flat.gather(1, position).sign()
     sample = top_rows.gather(1, torch.div(position, inner, rounding_mode="floor"))
@@ -104,7 +108,8 @@ def _lp_forward(x: Tensor, gamma: Tensor, beta: Tensor, p: str, eps: float, topk
     """Kernel of ``bnlab::lp_normalize``: (y, μ_B, s); what backward needs goes on the parked
     state."""
     state = take(key)
-    mean = x.mean(dim=reduce_dims(x))  # the plain path's μ_B, the same call: the same float
+    # the plain path's μ_B, the same call: the same float (float32 for half x)
+    mean = x.mean(dim=reduce_dims(x), dtype=stats_dtype(x))
     n, dt = x.numel() // x.shape[1], coef_dtype(x)
     if p == "1":
         state.sign, sign_sum, scale = l1_sign_and_scale(x, mean)
@@ -115,10 +120,10 @@ def _lp_forward(x: Tensor, gamma: Tensor, beta: Tensor, p: str, eps: float, topk
         scale = state.top_factor * values.to(dt).sum(1)
         state.top_signs = signs.to(dt)
     g64, b64, m64 = gamma.detach().to(dt), beta.detach().to(dt), mean.to(dt)
-    a = g64 / (scale + eps)
-    y = channel_affine(x, a.to(x.dtype), (b64 - a * m64).to(x.dtype))
+    a, xdt = g64 / (scale + eps), stats_dtype(x)
+    y = channel_affine(x, a.to(xdt), (b64 - a * m64).to(xdt))
     state.p, state.eps, state.n, state.scale = p, eps, n, scale
-    return y, mean, scale.to(x.dtype)
+    return y, mean, scale.to(xdt)
 
 
 def _lp_backward(g: Tensor, x: Tensor, gamma: Tensor, mean: Tensor, key: int) -> list[Tensor]:
@@ -196,6 +201,9 @@ def _l1_input_grad(state, x: Tensor, mean: Tensor, g: Tensor, a: Tensor, g_scale
     state.sign = None
     q = g_scale * (L1_CONSTANT / state.n)
     const = const - q * state.sign_mean
+    xdt = stats_dtype(x)
+    if xdt != x.dtype:  # half: in float32, rounded once
+        return input_gradient(sign, g, q.to(xdt), const.to(xdt), a.to(xdt))
     # one broadcast each: vectorized
     sign.mul_(per_channel(q.to(x.dtype), x)).add_(per_channel(const.to(x.dtype), x))
     return sign.addcmul_(g, per_channel(a.to(x.dtype), g))
@@ -204,8 +212,9 @@ def _l1_input_grad(state, x: Tensor, mean: Tensor, g: Tensor, a: Tensor, g_scale
 def _linf_input_grad(state, g: Tensor, a: Tensor, g_scale: Tensor, const: Tensor) -> Tensor:
     """a·g + const everywhere, plus ∂L/∂s·C(n)/k·sign c_i at each channel's top-k entries."""
     const, top = linf_terms(g_scale, const, state.top_factor, state.top_signs, state.n)
-    gx = channel_affine(g, a.to(g.dtype), const.to(g.dtype))
-    return gx.index_put_(state.top_index, top.to(g.dtype), accumulate=True)
+    xdt = stats_dtype(g)  # half g: in float32, rounded once
+    gx = channel_affine(g if xdt == g.dtype else g.to(xdt), a.to(xdt), const.to(xdt))
+    return gx.index_put_(state.top_index, top.to(xdt), accumulate=True).to(g.dtype)
 
 
 @lazily_disabled

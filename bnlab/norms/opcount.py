@@ -84,12 +84,14 @@ def count_ops(fn: Callable[[], object], inside: bool = False) -> OpCount:
 
 
 def training_step(module: torch.nn.Module, shape: tuple[int, ...], seed: int = 0,
-                  device: torch.device | str = "cpu") -> Callable[[], None]:
-    """One training-mode forward + backward of ``module`` on a fixed random input of ``shape``,
+                  device: torch.device | str = "cpu",
+                  dtype: torch.dtype = torch.float32) -> Callable[[], None]:
+    """One training-mode forward + backward of ``module`` on a fixed random input of ``shape``
+    and ``dtype`` (a half dtype: as a convolution under autocast hands it on to a float32 layer),
     the gradient of the output given (so the loss adds no operations): what the limits count."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=gen).to(device)
-    g = torch.randn(shape, generator=gen).to(device)
+    x = torch.randn(shape, generator=gen).to(device, dtype)
+    g = torch.randn(shape, generator=gen).to(device, dtype)
     module.to(device).train()
 
     def step() -> None:
@@ -99,10 +101,10 @@ def training_step(module: torch.nn.Module, shape: tuple[int, ...], seed: int = 0
 
 
 def count_training_step(module: torch.nn.Module, shape: tuple[int, ...],
-                        inside: bool = False) -> OpCount:
+                        inside: bool = False, dtype: torch.dtype = torch.float32) -> OpCount:
     """The operations of one :func:`training_step` of ``module`` after a first, uncounted one
     (which allocates the parameters' ``.grad``; the counted step accumulates into them, as training
     does)."""
-    step = training_step(module, shape)
+    step = training_step(module, shape, dtype=dtype)
     step()
     return count_ops(step, inside)

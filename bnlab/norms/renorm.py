@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch import Tensor
 
-from .base import ChannelNorm, fast_paths_allowed, fused_enabled
+from .base import HALF_DTYPES, ChannelNorm, fast_paths_allowed, fused_enabled
 from .registry import BN_OPTIONS, Param, norm
 from .sync import module_group
 
@@ -156,14 +156,18 @@ class BatchRenorm(ChannelNorm):
         return r.detach(), d.detach()
 
     def takes_torch_kernel(self, x: Tensor) -> bool:
-        """Eager inputs the fused operators do not take (small CPU batches, half precision), where
-        the shared path would run plain ops (about 100 a step, 5–7× native BN at (1000, 10)): r and
-        d are constants to autograd, so ``γ x̂ + β`` with ``x̂ = (x − μ_B)/σ_B · r + d`` is BN's
-        output with weight ``γ r`` and bias ``β + γ d`` — torch's kernel, its gradient exactly
-        Algorithm 1's. Elsewhere the fused operators (4 dispatched operations) or, compiled,
-        inductor's loops run the same math; synced layers and ``plain_autograd`` keep the shared
-        path."""
-        return module_group(self) is None and not fused_enabled(x) and fast_paths_allowed()
+        """Eager CPU inputs where the fused operators are not the faster route — small batches
+        (the shared path would run plain ops: about 100 a step, 5–7× native BN at (1000, 10)) and
+        half precision (the fused operators' fixed cost against torch's fast half kernel: 1.9–5.6×
+        native BN at (32, 64, 16, 16) in bfloat16/float16, this route 1.2–1.7×): r and d are
+        constants to autograd, so ``γ x̂ + β`` with ``x̂ = (x − μ_B)/σ_B · r + d`` is BN's output
+        with weight ``γ r`` and bias ``β + γ d`` — torch's kernel, its gradient exactly Algorithm
+        1's. Elsewhere (CUDA in every dtype: kernel launches count there) the fused operators (4
+        dispatched operations) or, compiled, inductor's loops run the same math; synced layers
+        and ``plain_autograd`` keep the shared path."""
+        cpu_half = x.device.type == "cpu" and x.dtype in HALF_DTYPES
+        return (module_group(self) is None and (cpu_half or not fused_enabled(x))
+                and fast_paths_allowed())
 
     def renorm_with_torch_kernel(self, x: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:
         """Algorithm 1 through ``F.batch_norm`` (see :meth:`takes_torch_kernel`): the batch moments

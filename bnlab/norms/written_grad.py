@@ -30,7 +30,7 @@ from typing import Iterator
 
 from torch import Tensor
 
-from .fused import per_channel, reduce_dims
+from .kernels import per_channel, reduce_dims
 
 _STATE = threading.local()
 
