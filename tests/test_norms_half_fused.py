@@ -19,6 +19,8 @@ import torch
 import torch.nn as nn
 
 import bnlab.norms as N
+import bnlab.norms.base as norms_base
+from bnlab.norms import coef_compile, kernels
 from bnlab.norms.base import batch_statistics
 from bnlab.norms.bench import _layer
 from bnlab.norms.opcount import count_training_step
@@ -222,3 +224,52 @@ def test_batch_statistics_of_half_inputs_are_float32(dtype):
     assert all(torch.equal(a, b) for a, b in zip(batch_statistics(full),
                                                  torch.batch_norm_update_stats(full, None, None,
                                                                                0.0)))
+
+
+@pytest.mark.parametrize("dtype", HALF + [torch.float32], ids=str)
+@pytest.mark.parametrize("spec", ["mbn", "lp_bn(p=1)", "lp_bn(p=inf)"])
+def test_other_devices_affine_formulas_agree_with_the_cpu_kernels(spec, dtype, monkeypatch):
+    """Off the CPU the affine passes are ``addcmul`` (promoting half x to float32, rounding once)
+    instead of torch's inference BatchNorm kernel: those formulas, run on the CPU, give the CPU's
+    values to an ulp and half-precision results within half an ulp of float64."""
+    x, g = _inputs(dtype)
+    cpu = _run(spec, x, g)
+    monkeypatch.setattr(kernels, "BATCH_NORM_AFFINE_DEVICES", ())
+    generic = _run(spec, x, g)
+    eps = torch.finfo(dtype).eps
+    for got, want in [(generic.y, cpu.y), (generic.gx, cpu.gx)]:
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double(), want.double(), rtol=eps,
+                                   atol=eps * want.abs().max().item())
+    if dtype != torch.float32:
+        truth = _run(spec, x, g, dtype=torch.float64)
+        _within_half_an_ulp(generic.y, truth.y)
+        _within_half_an_ulp(generic.gx, truth.gx)
+
+
+@pytest.mark.parametrize("spec", ["mbn", "cbn"])
+def test_half_inputs_with_compiled_coefficients(spec, monkeypatch):
+    """CUDA's default (``BNLAB_COMPILE_COEFFICIENTS=auto``): the per-channel math compiled, here
+    with dynamo's ``aot_eager`` backend on the CPU. Half inputs give what the eager per-channel
+    path gives, and the compiled functions ran."""
+    monkeypatch.setenv("BNLAB_COEF_BACKEND", "aot_eager")
+    monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0)
+    x, g = _inputs(torch.bfloat16, shape=(8, 16, 4, 4))
+    monkeypatch.setenv("BNLAB_COMPILE_COEFFICIENTS", "0")
+    eager = _run(spec, x, g)
+    monkeypatch.setenv("BNLAB_COMPILE_COEFFICIENTS", "1")
+    coef_compile.reset()
+    before = dict(coef_compile.CALLS)
+    compiled = _run(spec, x, g)
+    calls = {k: v - before.get(k, 0) for k, v in coef_compile.CALLS.items()}
+    coef_compile.reset()
+    assert calls == {"forward": 3, "backward": 3}, calls
+    eps = torch.finfo(torch.bfloat16).eps
+    for got, want in [(compiled.y, eager.y), (compiled.gx, eager.gx)]:
+        torch.testing.assert_close(got.double(), want.double(), rtol=eps,
+                                   atol=eps * want.abs().max().item())
+    for got, want in [(compiled.gw, eager.gw), (compiled.gb, eager.gb)]:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    truth = _run(spec, x, g, dtype=torch.float64)
+    _within_half_an_ulp(compiled.y, truth.y)
+    _within_half_an_ulp(compiled.gx, truth.gx)
