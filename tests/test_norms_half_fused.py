@@ -189,6 +189,9 @@ def test_brn_takes_torchs_kernel_for_half_on_the_cpu_and_the_fused_path_elsewher
     layer = N.create("brn", 64)
     half_cpu = torch.empty(SHAPE, dtype=torch.bfloat16)
     assert layer.takes_torch_kernel(half_cpu)
+    for dtype in HALF:  # r, d and the running update inside one operator
+        torch.manual_seed(0)
+        assert count_training_step(_layer("brn", SHAPE), SHAPE, dtype=dtype).total <= 16
     assert not layer.takes_torch_kernel(torch.empty(SHAPE))
     on_cuda = SimpleNamespace(numel=lambda: half_cpu.numel(), device=torch.device("cuda"),
                               dtype=torch.bfloat16)

@@ -10,6 +10,7 @@ from torch import nn
 from torch import Tensor
 
 from .base import HALF_DTYPES, ChannelNorm, fast_paths_allowed, fused_enabled
+from .fused import define, park, take
 from .registry import BN_OPTIONS, Param, norm
 from .sync import module_group
 
@@ -170,18 +171,16 @@ class BatchRenorm(ChannelNorm):
                 and fast_paths_allowed())
 
     def renorm_with_torch_kernel(self, x: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:
-        """Algorithm 1 through ``F.batch_norm`` (see :meth:`takes_torch_kernel`): the batch moments
-        once without grad for r, d and the running update, then torch's kernel with weight γ·r and
-        bias β + γ·d."""
+        """Algorithm 1 through ``F.batch_norm`` (see :meth:`takes_torch_kernel`): r, d and the
+        running update from the batch moments, without grad, in one operator
+        (``bnlab::renorm_corrections``: its 30-odd per-channel operations are one to the
+        dispatcher, as the fused operators' are), then torch's kernel with weight γ·r and bias
+        β + γ·d."""
         if not self.tracks_now():  # r = 1, d = 0: BN itself
             return F.batch_norm(x, None, None, gamma, beta, True, 0.0, self.eps)
-        with torch.no_grad():
-            mean_b, var_b, n = self.batch_moments(x)
-            r, d = self.corrections(mean_b, torch.sqrt(var_b + self.eps))
-        y = F.batch_norm(x, None, None, gamma * r.to(gamma.dtype), beta + gamma * d.to(gamma.dtype),
-                         True, 0.0, self.eps)
-        self._update_running(mean_b, var_b, n)
-        return y
+        r, d = torch.ops.bnlab.renorm_corrections(x.detach(), park(self))
+        return F.batch_norm(x, None, None, gamma * r.to(gamma.dtype),
+                            beta + gamma * d.to(gamma.dtype), True, 0.0, self.eps)
 
     def batch_norm_coefficients(self, mean_b, var_b, gamma, beta):
         scale = gamma * torch.rsqrt(var_b + self.eps)
@@ -202,3 +201,17 @@ class BatchRenorm(ChannelNorm):
 
     def inference_affine(self):
         return self.running_affine(self.weight_or_one(), self.bias_or_zero())
+
+
+def _renorm_corrections(x: Tensor, key: int) -> tuple[Tensor, Tensor]:
+    """Kernel of ``bnlab::renorm_corrections``: this step's (r, d) for the layer parked under
+    ``key``, after which its running statistics and step are updated."""
+    layer = take(key)
+    with torch.no_grad():
+        mean_b, var_b, n = layer.batch_moments(x)
+        r, d = layer.corrections(mean_b, torch.sqrt(var_b + layer.eps))
+        layer._update_running(mean_b, var_b, n)
+    return r, d
+
+
+define("renorm_corrections(Tensor x, int key) -> (Tensor, Tensor)", _renorm_corrections)
