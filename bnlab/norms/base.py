@@ -58,21 +58,21 @@ def _fused_normalize(x: Tensor, moments_fn: MomentsFn, coef_fn: CoefFn, *tensors
 FUSED_MIN_NUMEL = 1 << 16
 
 
-FULL_DTYPES = (torch.float32, torch.float64)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+FUSED_DTYPES = (torch.float32, torch.float64, *HALF_DTYPES)
 
 
-def fused_enabled(x: Tensor, dtypes: tuple[torch.dtype, ...] = FULL_DTYPES + HALF_DTYPES) -> bool:
+def fused_enabled(x: Tensor) -> bool:
     """Whether the eager fused function runs. Never under torch.compile (inductor fuses the plain
     ops, and the function cannot be traced) nor torch.func transforms (vmap, grad: a closure graph);
-    for inputs of ``dtypes`` (half inputs, as a convolution under autocast hands them on: the
-    statistics, coefficients and gradient factors in float32, each full-size result rounded to
-    half once, as torch's kernels do); on the CPU only from :data:`FUSED_MIN_NUMEL` elements; never
-    on the meta device (shape inference: the plain ops have meta kernels, torch's statistics kernel
-    has none)."""
+    for floating inputs of :data:`FUSED_DTYPES` (half ones, as a convolution under autocast hands
+    them on: statistics, coefficients and gradient factors in float32, each full-size result
+    rounded to half once, as torch's kernels do); on the CPU only from :data:`FUSED_MIN_NUMEL`
+    elements; never on the meta device (shape inference: the plain ops have meta kernels, torch's
+    statistics kernel has none)."""
     return ((x.numel() >= FUSED_MIN_NUMEL or x.device.type != "cpu")
             and x.device.type != "meta"
-            and x.dtype in dtypes
+            and x.dtype in FUSED_DTYPES
             and fast_paths_allowed())
 
 

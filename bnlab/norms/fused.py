@@ -172,9 +172,8 @@ class _Partials:
 def _coefficients(call: _Call, x: Tensor, mean: Tensor, var: Tensor,
                   tensors) -> tuple[Tensor, Tensor]:
     """(scale, shift) in :func:`stats_dtype` (x's dtype, float32 for half x); keeps on
-    ``call.graph`` what the backward pass needs: the
-    compiled per-channel partials (:mod:`.coef_compile`) where allowed, else the eager autograd
-    graph."""
+    ``call.graph`` what the backward pass needs: the compiled per-channel partials
+    (:mod:`.coef_compile`) where allowed, else the eager autograd graph."""
     leaves = [t.detach() for t in tensors]
     dt, xdt = coef_dtype(x), stats_dtype(x)
     if not call.differentiable:  # no graph: under inference_mode one could not even be recorded

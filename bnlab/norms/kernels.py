@@ -14,6 +14,7 @@ import contextlib
 import torch
 from torch import Tensor
 
+
 def reduce_dims(x: Tensor) -> list[int]:
     """The dims a per-channel statistic of x (N, C, *) reduces over: all but 1."""
     return [0, *range(2, x.dim())]
