@@ -299,3 +299,14 @@ def test_half_step_saves_only_its_half_input_for_backward(spec):
     per_channel_allowance = 8 * 8 * SHAPE[1]  # a few (C,) statistics and parameters
     assert x_bytes <= saved_bytes(plain=False) <= x_bytes + per_channel_allowance
     assert saved_bytes(plain=True) >= 4 * x_bytes
+
+
+@pytest.mark.parametrize("shape", [(8192, 8), (4, 16, 8, 16, 16)], ids=["2d", "5d"])
+@pytest.mark.parametrize("spec", ["cbn", "lp_bn(p=1)", "lp_bn(p=inf)"])
+def test_half_inputs_of_other_ranks(spec, shape):
+    """(N, C) and (N, C, D, H, W) half inputs (ℓ∞'s one-value-per-row search on the former)."""
+    x, g = _inputs(torch.float16, shape=shape)
+    fused, truth = _run(spec, x, g), _run(spec, x, g, dtype=torch.float64)
+    assert fused.node == FUSED_NODE.get(spec, "_StatsAffineBackward")
+    _within_half_an_ulp(fused.y, truth.y)
+    _within_half_an_ulp(fused.gx, truth.gx)
