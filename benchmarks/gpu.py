@@ -4,7 +4,10 @@ training step on CIFAR-shaped synthetic tensors, eager and ``torch.compile``, fo
     python benchmarks/gpu.py [--budget-s 300] [--out-dir benchmarks/results] [--specs bn,cbn]
     python benchmarks/gpu.py --device cpu --quick  # CPU dry run: tiny shapes, numbers mean nothing
 
-Writes ``<out-dir>/gpu-<device>.json`` (device from ``torch.cuda.get_device_name``). Without CUDA it
+Writes ``<out-dir>/gpu-<device>.json`` (device from ``torch.cuda.get_device_name``), which also
+records each layer's dispatched operations (fp32 and half inputs) and its step against a float64
+run on the device (``float64_agreement``: the device's own kernel branches, checked in seconds).
+Without CUDA it
 refuses (exit code 2) unless asked for the CPU dry run. Timing as in benchmarks/timing.py: layer and
 reference alternately, median of the per-pair ratios, ``torch.cuda.synchronize`` around each sample
 of ``inner`` steps. Sections, cheapest first: (1) layer table eager in fp32/fp16/bf16 on (128, 64,
@@ -30,8 +33,8 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import (AMP_DTYPES, SPECS, Budget, compile_and_warm, failure, format_rows, layer_table,
-                    measure, op_counts)
+from timing import (AMP_DTYPES, SPECS, Budget, compile_and_warm, failure, float64_agreement,
+                    format_rows, layer_table, measure, op_counts)
 
 import bnlab.models as M
 from bnlab.norms import set_progress
@@ -41,6 +44,8 @@ from bnlab.norms import set_progress
 PRIORITY = ["native_bn", "bn", "cbn", "mbn", "brn", "mean_only_bn", "var_only_bn",
             "cbn(decouple=false)", "noisy_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "si_bn", "wn"]
 FULL = dict(layer_shape=(128, 64, 32, 32), batch=128, image=32, pairs=15, inner=5)
+# random draws (noisy_bn) differ between the float32 and float64 runs; the wrappers hold a conv
+AGREEMENT_SKIPPED = ("native_bn", "noisy_bn", "si_bn", "wn")
 QUICK = dict(layer_shape=(8, 4, 4, 4), batch=4, image=8, pairs=1, inner=1)
 
 
@@ -187,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     result["op_counts"] = {spec: op_counts(spec, shape, device) for spec in specs}
     result["op_counts_half"] = {precision: {spec: op_counts(spec, shape, device, precision)
                                             for spec in specs} for precision in ("fp16", "bf16")}
+    # correctness on this device, in seconds: each layer's step against float64 (≤ 1: rounded once)
+    result["float64_agreement"] = [float64_agreement(spec, shape, device, precision)
+                                   for spec in specs if spec not in AGREEMENT_SKIPPED
+                                   for precision in ("fp32", "fp16", "bf16")]
     save()
     layers += layer_table(specs, shape, device, ["fp32", "fp16", "bf16"], ["eager"], **common)
     save()

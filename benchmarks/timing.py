@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from bnlab.norms import NativeBatchNorm, compiled_step, compiled_steps
+from bnlab.norms import NativeBatchNorm, compiled_step, compiled_steps, set_progress
 from bnlab.norms.bench import DEFAULT_SPECS, _layer
 from bnlab.norms.opcount import count_ops, training_step
 
@@ -97,6 +97,43 @@ def op_counts(spec: str, shape: tuple[int, ...], device: torch.device | str = "c
                          dtype=AMP_DTYPES[precision] or torch.float32)
     step()
     return {"ops": count_ops(step).total, "ops_inside": count_ops(step, inside=True).total}
+
+
+def float64_agreement(spec: str, shape: tuple[int, ...], device: torch.device | str,
+                      precision: str) -> dict:
+    """Three training steps of ``spec`` on ``device`` (input in ``precision``, as autocast hands
+    it on; the layer float32; mbn's λ and cbn's AMAT η > 0, so the buffers they read have moved)
+    against the same layer in float64 on the same input values. For the last step's
+    output and the input gradient: ``error``, the largest ``|got − truth|`` in units of the input
+    dtype's eps times ``max |truth|``; for half inputs also ``rounded_once``, whether every entry is
+    within ``½ eps·|truth| + 10⁻³ eps·max |truth|`` (a float32 result rounded to half once, as
+    tests/test_norms_half_fused.py asserts on the CPU). The correctness half of a device run: it
+    exercises that device's branches of the kernels (addcmul affine passes, its statistics and
+    reduction kernels, compiled coefficients on CUDA), which CPU tests reach only by imitation."""
+    dtype = AMP_DTYPES[precision] or torch.float32
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(shape, generator=gen) * 3 + 50).to(device, dtype)
+    g = torch.randn(shape, generator=gen).to(device, dtype)
+    results = []
+    for layer_dtype, input_dtype in ((torch.float32, dtype), (torch.float64, torch.float64)):
+        torch.manual_seed(0)
+        layer = _layer(spec, shape).to(device, layer_dtype).train()
+        set_progress(layer, lr=0.05, epoch=2, epochs=4)
+        for _ in range(3):
+            xi = x.detach().to(input_dtype).clone().requires_grad_()
+            y = layer(xi)
+            y.backward(g.to(y.dtype))
+        results.append((y.detach(), xi.grad, type(y.grad_fn).__name__))
+    (y, gx, node), (y_true, gx_true, _) = results
+    eps = torch.finfo(dtype).eps
+    row: dict = {"spec": spec, "precision": precision, "path": node}
+    for name, got, truth in (("y", y, y_true), ("input_grad", gx, gx_true)):
+        err, scale = (got.double() - truth).abs(), truth.abs()
+        row[name] = {"error": float(err.max() / (eps * scale.max()))}
+        if dtype != torch.float32:
+            row[name]["rounded_once"] = bool(
+                (err <= 0.5 * eps * scale + 1e-3 * eps * scale.max()).all())
+    return row
 
 
 def fwd_bwd(module: nn.Module, x: torch.Tensor, precision: str = "fp32") -> Callable[[], None]:

@@ -51,6 +51,23 @@ def test_gpu_benchmark_dry_run_writes_every_section(tmp_path):
     assert resnet == {("bn", "fp32", "eager"), ("bn", "bf16", "eager"), ("bn", "fp32", "compiled")}
     for row in result["layers"] + result["resnet20_step"]:
         assert {"ms", "ref_ms", "ratio", "reference"} <= set(row), row  # no error, nothing skipped
+    agreement = {(r["spec"], r["precision"]): r for r in result["float64_agreement"]}
+    assert set(agreement) == {("bn", p) for p in ("fp32", "fp16", "bf16")}
+    assert agreement["bn", "bf16"]["y"]["rounded_once"]
+
+
+@pytest.mark.parametrize("spec", ["cbn", "lp_bn(p=inf)"])
+def test_float64_agreement_reports_a_half_step_rounded_once(spec):
+    """The device check of benchmarks/gpu.py, on the CPU's fused path: half inputs within half an
+    ulp of float64, float32 within a few eps of it."""
+    timing = load("timing")
+    for precision in ("bf16", "fp16"):
+        row = timing.float64_agreement(spec, (32, 64, 16, 16), "cpu", precision)
+        assert row["path"] in ("_StatsAffineBackward", "_LpNormalizeBackward"), row
+        assert row["y"]["rounded_once"] and row["input_grad"]["rounded_once"], row
+        assert row["y"]["error"] < 1 and row["input_grad"]["error"] < 1, row
+    full = timing.float64_agreement(spec, (32, 64, 16, 16), "cpu", "fp32")
+    assert "rounded_once" not in full["y"] and full["y"]["error"] < 100, full
 
 
 def test_norms_benchmark_quick_writes_eager_and_compiled_columns(tmp_path):
