@@ -49,6 +49,16 @@ AGREEMENT_SKIPPED = ("native_bn", "noisy_bn", "si_bn", "wn")
 QUICK = dict(layer_shape=(8, 4, 4, 4), batch=4, image=8, pairs=1, inner=1)
 
 
+def agreement_or_failure(spec: str, shape: tuple[int, ...], device: torch.device,
+                         precision: str) -> dict:
+    """:func:`timing.float64_agreement`, or the error: a layer whose step fails on this device is
+    a result to report (and the timing sections still run)."""
+    try:
+        return float64_agreement(spec, shape, device, precision)
+    except Exception as err:
+        return {"spec": spec, "precision": precision, **failure(err)}
+
+
 def resnet_step(spec: str, device: torch.device, batch: int, image: int, precision: str):
     """(model, make_step): ``make_step(net)`` is one SGD step of ResNet-20 (``net`` = the model or
     its compiled form) with ``spec`` on a fixed synthetic CIFAR-shaped batch."""
@@ -193,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     result["op_counts_half"] = {precision: {spec: op_counts(spec, shape, device, precision)
                                             for spec in specs} for precision in ("fp16", "bf16")}
     # correctness on this device, in seconds: each layer's step against float64 (≤ 1: rounded once)
-    result["float64_agreement"] = [float64_agreement(spec, shape, device, precision)
+    result["float64_agreement"] = [agreement_or_failure(spec, shape, device, precision)
                                    for spec in specs if spec not in AGREEMENT_SKIPPED
                                    for precision in ("fp32", "fp16", "bf16")]
     save()

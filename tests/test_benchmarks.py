@@ -56,6 +56,17 @@ def test_gpu_benchmark_dry_run_writes_every_section(tmp_path):
     assert agreement["bn", "bf16"]["y"]["rounded_once"]
 
 
+def test_a_layer_failing_its_device_check_is_reported_not_fatal(monkeypatch):
+    gpu = load("gpu")
+
+    def broken(*args):
+        raise RuntimeError("no kernel for this dtype\nsecond line")
+    monkeypatch.setattr(gpu, "float64_agreement", broken)
+    row = gpu.agreement_or_failure("mbn", (8, 4, 4, 4), torch.device("cpu"), "bf16")
+    assert row == {"spec": "mbn", "precision": "bf16",
+                   "error": "RuntimeError: no kernel for this dtype"}
+
+
 @pytest.mark.parametrize("spec", ["cbn", "lp_bn(p=inf)"])
 def test_float64_agreement_reports_a_half_step_rounded_once(spec):
     """The device check of benchmarks/gpu.py, on the CPU's fused path: half inputs within half an
