@@ -173,7 +173,7 @@ class BatchRenorm(ChannelNorm):
     def renorm_with_torch_kernel(self, x: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:
         """Algorithm 1 through ``F.batch_norm`` (see :meth:`takes_torch_kernel`): r, d and the
         running update from the batch moments, without grad, in one operator
-        (``bnlab::renorm_corrections``: its 30-odd per-channel operations are one to the
+        (``bnlab::renorm_corrections``: its 48–50 per-channel operations are one to the
         dispatcher, as the fused operators' are), then torch's kernel with weight γ·r and bias
         β + γ·d."""
         if not self.tracks_now():  # r = 1, d = 0: BN itself
