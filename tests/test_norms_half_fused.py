@@ -22,7 +22,7 @@ import torch.nn as nn
 import bnlab.norms as N
 import bnlab.norms.base as norms_base
 from bnlab.norms import coef_compile, kernels
-from bnlab.norms.base import batch_statistics
+from bnlab.norms.kernels import batch_statistics
 from bnlab.norms.bench import _layer
 from bnlab.norms.opcount import count_training_step
 from bnlab.norms.renorm import BatchRenorm

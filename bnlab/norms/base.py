@@ -41,8 +41,8 @@ from .fused import (  # noqa: E402,F401
     refuse_recomputation,
 )
 from .kernels import (  # noqa: E402,F401
-    autocast_off, centred_reductions, channel_affine, coef_dtype, per_channel, reduce_dims,
-    stats_dtype,
+    autocast_off, batch_statistics, centred_reductions, channel_affine, coef_dtype, per_channel,
+    reduce_dims, stats_dtype,
 )
 
 
@@ -74,17 +74,6 @@ def fused_enabled(x: Tensor) -> bool:
             and x.device.type != "meta"
             and x.dtype in FUSED_DTYPES
             and fast_paths_allowed())
-
-
-def batch_statistics(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-channel (mean, biased variance) of x in :func:`stats_dtype` from torch's statistics
-    kernel, without grad. For half x the kernel accumulates in float and returns float32 where it
-    is handed float32 running buffers (CPU; CUDA always does): two scratch buffers, which
-    momentum 0 leaves as they were, serve as those (an allocation each, no kernel)."""
-    if x.dtype == stats_dtype(x):
-        return torch.batch_norm_update_stats(x, None, None, 0.0)
-    scratch = torch.empty((2, x.shape[1]), dtype=stats_dtype(x), device=x.device)
-    return torch.batch_norm_update_stats(x, scratch[0], scratch[1], 0.0)
 
 
 class ChannelNorm(BatchNormConventions):

@@ -64,6 +64,17 @@ def stats_dtype(x: Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
+def batch_statistics(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-channel (mean, biased variance) of x in :func:`stats_dtype` from torch's statistics
+    kernel, without grad. For half x the kernel accumulates in float and returns float32 where it
+    is handed float32 running buffers (CPU; CUDA always does): two scratch buffers, which
+    momentum 0 leaves as they were, serve as those (an allocation each, no kernel)."""
+    if x.dtype == stats_dtype(x):
+        return torch.batch_norm_update_stats(x, None, None, 0.0)
+    scratch = torch.empty((2, x.shape[1]), dtype=stats_dtype(x), device=x.device)
+    return torch.batch_norm_update_stats(x, scratch[0], scratch[1], 0.0)
+
+
 def coef_dtype(x: Tensor) -> torch.dtype:
     """The per-channel coefficient graph runs in float64 (C numbers), except where float64 is
     missing."""

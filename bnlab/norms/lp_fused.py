@@ -213,7 +213,7 @@ def _linf_input_grad(state, g: Tensor, a: Tensor, g_scale: Tensor, const: Tensor
     """a·g + const everywhere, plus ∂L/∂s·C(n)/k·sign c_i at each channel's top-k entries."""
     const, top = linf_terms(g_scale, const, state.top_factor, state.top_signs, state.n)
     xdt = stats_dtype(g)  # half g: in float32, rounded once
-    gx = channel_affine(g if xdt == g.dtype else g.to(xdt), a.to(xdt), const.to(xdt))
+    gx = channel_affine(g.to(xdt), a.to(xdt), const.to(xdt))
     return gx.index_put_(state.top_index, top.to(xdt), accumulate=True).to(g.dtype)
 
 
