@@ -1,4 +1,4 @@
-"""Benchmark: the fused path with compiled per-channel coefficients against eager ones (issue 18).
+"""Benchmark: the fused path with compiled per-channel coefficients against eager ones.
 
     python benchmarks/coef_compile.py [--specs bn,cbn] [--shapes 1000x10,32x16x8x8] [--pairs 11]
 

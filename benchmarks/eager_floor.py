@@ -2,7 +2,7 @@
 
     python benchmarks/eager_floor.py [--pairs 21] [--threads 1] [--clock cpu] [--quick] [--out PATH]
 
-Issue 18 asks for ≤ 1.3× native eager BatchNorm on small shapes ((1000, 10), (32, 16, 8, 8)), where
+The small-shape goal is ≤ 1.3× native eager BatchNorm on (1000, 10) and (32, 16, 8, 8), where
 the time is dispatch and Python, not arithmetic. This script measures the floor of the eager route,
 each row timed alternately with ``nn.BatchNorm`` in one process (benchmarks/timing.py: median of
 the per-pair ratios), one training forward + backward:

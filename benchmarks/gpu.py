@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(result, indent=2))
 
     layers, resnet = result["layers"], result["resnet20_step"]
-    # issue 18: dispatched operations per training step on this device (fp32, and half inputs as
+    # dispatched operations per training step on this device (fp32, and half inputs as
     # autocast hands them on), and the aten ops run inside bnlab's operators (about the kernel
     # launches): cheap, so first
     result["op_counts"] = {spec: op_counts(spec, shape, device) for spec in specs}

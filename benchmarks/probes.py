@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/probes.py          # DLN (batch 1000 and 128), vgg_santurkar (128)
     .venv/bin/python benchmarks/probes.py --quick  # fewer repeats, DLN only
 
-Settings (issue 4): Santurkar's deep linear network (25 layers of width 10, BN after each hidden
+Settings: Santurkar's deep linear network (25 layers of width 10, BN after each hidden
 layer, Gaussian regression x ~ N(0, I_10), y = A x with Gaussian A, n = 1000) at batch 1000 (full
 batch, as in the paper) and 128, and ``vgg_santurkar`` at batch 128 on CIFAR-shaped Gaussian inputs
 (no data is downloaded; timing does not depend on the pixel values). CPU,

@@ -23,7 +23,7 @@ Setting: an MLP (width 16) with BN on the bundled digits, 40 steps of batch 200,
   config with a Python object tag, a run-id prefix of SQL wildcards. *Refused* = a clear error (or
   no match) and no side effect.
 
-Issue 21's categories (benchmarks/reliability_cases.py), totals printed per category:
+The categories (benchmarks/reliability_cases.py), totals printed per category:
 
 * Kill points: the interruptions above, and SIGTERM at a step (exit 143, status ``interrupted``, a
   checkpoint at that step).
@@ -64,7 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import reliability_cases as cases  # noqa: E402  (issue 21's categories, beside this file)
+import reliability_cases as cases  # noqa: E402  (the categories, beside this file)
 from bnlab.store import Store  # noqa: E402
 from bnlab.train import load_model, run  # noqa: E402
 from bnlab.train.checkpoint import load_checkpoint  # noqa: E402

@@ -171,7 +171,7 @@ def numerics(work: Path, config: dict) -> dict:
 
 
 def hostile_inputs(work: Path, reference: Path, run_id: str) -> dict:
-    """Issue 21's hostile inputs beyond the earlier malicious ones."""
+    """Hostile inputs beyond the malicious ones above."""
     from typer.testing import CliRunner
 
     from bnlab.cli import app

@@ -66,7 +66,7 @@ def reference_for(spec: str, shape: tuple[int, ...]) -> tuple[nn.Module, str]:
 
 
 class NativeBNPlusNoise(nn.Module):
-    """``noisy_bn``'s honest floor (issue 18): torch's BatchNorm, then Santurkar Alg. 1's noise
+    """``noisy_bn``'s honest floor: torch's BatchNorm, then Santurkar Alg. 1's noise
     written in plain PyTorch (the same four draws from a ``torch.Generator``, then ``s·a + m``)."""
 
     def __init__(self, c: int, n_mu: float = 0.5, n_sigma: float = 1.25, r_mu: float = 0.1,

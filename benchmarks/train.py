@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/train.py --quick --norm mbn --compiled-steps --output PATH
     python3 benchmarks/train.py --device cuda        # on a GPU (results/train_cuda.json)
 
-Settings (issue 12): Santurkar's deep linear network (``dln``: 25 layers of width 10, BN after each
+Settings: Santurkar's deep linear network (``dln``: 25 layers of width 10, BN after each
 hidden layer, Gaussian regression, n = 1000) with full-batch gradient descent, and the digits MLP
 (``mlp`` + BN, batch 128). Probes off, one thread (``--threads``), evaluation only at the end.
 
@@ -134,7 +134,7 @@ def measure(name: str, config: dict, steps: int, pairs: int, compile_step: bool)
 
 
 def summary_rows(results: dict, norm: str = "bn", compiled_steps: bool = False) -> list[dict]:
-    """The table's rows: the engine's overhead alone, and issue 18's "bnlab `bn` in the engine vs
+    """The table's rows: the engine's overhead alone, and the "bnlab `bn` in the engine vs
     native BN in a plain loop" (layers and engine together, against what a PyTorch user would
     write)."""
     rows, how = [], " (compiled steps)" if compiled_steps else ""

@@ -1,4 +1,4 @@
-"""The catalogue's analysis closes the run store it opens (issue 20: ``analysis_context`` opened a
+"""The catalogue's analysis closes the run store it opens (``analysis_context`` once opened a
 ``Store`` and never closed it, one SQLite connection left per analysed entry)."""
 
 from __future__ import annotations

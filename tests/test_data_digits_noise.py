@@ -1,4 +1,4 @@
-"""digits(noise=σ): fixed Gaussian pixel noise of SD σ on the standardized images (issue 19's
+"""digits(noise=σ): fixed Gaussian pixel noise of SD σ on the standardized images (the
 Peng-table proxy with headroom), drawn from its own seeded generator."""
 
 import pytest

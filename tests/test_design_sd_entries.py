@@ -1,4 +1,4 @@
-"""Issue 19, item 1 beyond Peng's tables: every entry whose primary is one two-arm comparison states
+"""Beyond Peng's tables: every entry whose primary is one two-arm comparison states
 its resolvable effect from a design SD declared before the runs (a pilot named in the entry), not
 from the scatter of this run's seeds, and judges it by :func:`verdicts.judge`."""
 

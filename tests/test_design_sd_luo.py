@@ -1,5 +1,5 @@
-"""Issue 19, item 1 for Luo et al. 2019's conjunctive entries (Figs. 5, 6, 7): each judged
-comparison states its resolvable effect from a design SD declared before the runs (the session-4
+"""Luo et al. 2019's conjunctive entries (Figs. 5, 6, 7): each judged
+comparison states its resolvable effect from a design SD declared before the runs (the
 pilot named in the entry), not from the scatter of this run's seeds; the decisions are unchanged.
 Also: a diverged run left out of Fig. 5's γ² comparisons (or a diverged Fig. 6 seed) is counted in
 the summary."""

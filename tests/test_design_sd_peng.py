@@ -1,6 +1,6 @@
-"""Issue 19, item 1 for Peng's conjunction / family entries (peng-table5, -fig6, -table6, -fig7,
+"""Peng's conjunction / family entries (peng-table5, -fig6, -table6, -fig7,
 -fig8, -fig10, -thm1): each comparison's resolvable effect comes from a design SD declared in the
-entry (a pilot: the session-4 catalogue run), not from the scatter of this run's seeds; the
+entry (a pilot: the catalogue run of 2026-11-26), not from the scatter of this run's seeds; the
 decisions are unchanged. The outside reference for the number is ``common.design_mde``, checked
 itself against scipy's t quantiles in tests/test_design_sd_entries.py."""
 

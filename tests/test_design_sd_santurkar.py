@@ -1,6 +1,6 @@
-"""Issue 19, item 1 for Santurkar et al. 2018's conjunction entries (Figs 2, 6, 7, 9, 11–13, 14):
+"""Santurkar et al. 2018's conjunction entries (Figs 2, 6, 7, 9, 11–13, 14):
 each comparison of the conjunction states its resolvable effect from a design SD declared before the
-runs (the session-4 pilot, :class:`bnlab.experiments.common.DesignSD`), not from the scatter of this
+runs (the pilot, :class:`bnlab.experiments.common.DesignSD`), not from the scatter of this
 run's seeds; the decisions themselves are unchanged (Welch's t on the observed seeds)."""
 
 import re

@@ -1,4 +1,4 @@
-"""Issue 19, item 1: a diverged run is a failure of its arm, never missing data, in every analysis
+"""A diverged run is a failure of its arm, never missing data, in every analysis
 that groups runs into arms (``common.grouped_finals`` and the loss readers of Peng Table 5 / Fig. 6
 and Luo Fig. 7). The issue's case: peng-table5's CBN + SELU diverged in 2 of 3 seeds and was scored
 "too few seeds"."""

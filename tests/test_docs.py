@@ -169,8 +169,9 @@ def test_py_typed_is_shipped():
 
 
 def test_verdict_table_names_the_cpu_and_threads_the_runs_recorded():
-    """float32 results move between CPU models and SIMD levels (measured: session 11's store on
-    an AVX512 EPYC against session 9's): the note under the table says where the runs ran."""
+    """float32 results move between CPU models and SIMD levels (measured: a store trained
+    on an AVX512 EPYC against one trained on another CPU): the note under the table says where
+    the runs ran."""
     br = _build_readme_module()
     row = {"id": "e", "paper": "luo", "authors": "Luo et al. 2019", "target": "Fig. 2",
            "preset": "smoke", "tiny": False, "verdict": "held", "summary": "s",

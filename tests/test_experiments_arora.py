@@ -58,7 +58,6 @@ def test_smoke_plans_are_small():
             # Arora Eq. 2: BN on the logits too (every kernel scale-invariant) wherever there is BN
             assert r.config["model_options"]["logit_bn"] is True
     # the paper's 100 epochs: at 15, SGD at lr_si 0.01 sat at 0.31, above the "converged" line
-    # (issue 19)
     assert all(r.config["epochs"] == 100 for r in get("arora-d1").plan("smoke").runs)
 
 
@@ -87,7 +86,7 @@ def test_d1_verdict():
     assert AV.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 100.0: [0.02] * 3}})[0] == "not held"
     assert "PSGD fails at every larger lr: 1" in AV.d1_verdict({"SGD": sgd, "PSGD": psgd})[1]
     # PSGD training at lr_si = 1 and failing from 10 up: held, with the smallest failing lr reported
-    # (the paper gives no threshold; issue 19's 100-epoch re-run: "the claim holds from lr 10 up")
+    # (the paper gives no threshold; a 100-epoch re-run: "the claim holds from lr 10 up")
     verdict, summary = AV.d1_verdict({"SGD": sgd, "PSGD": {**psgd, 1.0: [0.05, 0.04, 0.06]}})
     assert verdict == "held" and "larger lr: 10" in summary
     # PSGD failing at lr_si 0.1 (where the projection should change nothing the paper reports): not

@@ -52,7 +52,7 @@ def test_identical_values_count_any_difference_as_detected():
 
 def test_the_quoted_rule_describes_what_compare_arms_does_with_a_design_sd_and_a_floor():
     """Entries quote ``RULE`` beside comparisons made with a design SD and an SE floor; the text
-    once described only the observed-SD resolution (issue 19)."""
+    once described only the observed-SD resolution."""
     a, b = [0.50, 0.52, 0.51], [0.53, 0.50, 0.52]
     planned = compare_arms(a, b, design_sd=0.1, se_floor=0.05)
     observed = compare_arms(a, b)

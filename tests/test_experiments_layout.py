@@ -1,4 +1,4 @@
-"""The catalogue's layout (issue 20 item 2): one package per paper, the catalogue order declared in
+"""The catalogue's layout: one package per paper, the catalogue order declared in
 ``base.ENTRY_MODULES`` (not taken from import order), no star imports or re-export shims, one
 verdict ladder (``experiments.verdicts``) and one number formatter (``bnlab.formatting.fmt``)."""
 
@@ -20,7 +20,7 @@ from bnlab.formatting import fmt
 EXPERIMENTS = Path(base.__file__).parent
 
 # The catalogue as `bnlab experiments list` showed it before the packages (commit 1ed2165): the
-# order users, the report and the docs' tables know (session 14: each of Peng's Figs 4–5 split into
+# order users, the report and the docs' tables know (each of Peng's Figs 4–5 split into
 # its ResNet-20 and VGG-16 entries, next to each other).
 ORDER_BEFORE = [
     "santurkar-fig2", "santurkar-fig6", "santurkar-fig7", "santurkar-fig8", "santurkar-fig9",

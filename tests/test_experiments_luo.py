@@ -200,7 +200,7 @@ def test_fig2_analysis_verdicts(tmp_path):
 
 
 def test_fig2_verdict_judges_the_batch_noise_share_not_zeta_bn():
-    """Issue 19: part of the fitted ζ_BN comes from finite training, which the no-batch-noise
+    """Part of the fitted ζ_BN comes from finite training, which the no-batch-noise
     control shares. The old rule judged ζ_BN alone and said "held" for all of these."""
     # the control fits the same ζ as BN: no share left for batch noise to explain → not shown
     # (inconclusive)

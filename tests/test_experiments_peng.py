@@ -131,7 +131,7 @@ def test_table_plans(table):
     # the ResNet tables' lr side arm: rows ① and ② with Sigmoid at lr 0.05, 5 seeds
     assert len(half) == (2 * 5 if spec["model"] == "resnet20" else 0)
     assert all(r.config["lr"] == 0.05 and r.config["activation"] == "sigmoid" for r in half)
-    # smoke (issue 19's resolving design): rows ① and ②, 5 seeds on the primary comparison's
+    # smoke (the resolving design): rows ① and ②, 5 seeds on the primary comparison's
     # activations (ResNet: Sigmoid/Tanh/SELU, 2 seeds on ReLU/Swish; VGG: Tanh/SELU, 1 seed on
     # Sigmoid, ReLU/Swish in the paper preset only), on noisy 16×16 digits, width ½, 40 epochs on
     # the two-step schedule
@@ -416,7 +416,7 @@ def test_loss_curve_verdict():
 
 
 def test_fig4_fig5_entries_share_their_tables_runs():
-    """One entry per network and figure (session 14), each planning exactly its table's compared
+    """One entry per network and figure, each planning exactly its table's compared
     runs: nothing of its own to train beside the table."""
     assert P.PANELS == {"peng-fig4": (4, 1), "peng-fig4-vgg": (4, 2), "peng-fig5": (5, 3),
                         "peng-fig5-vgg": (5, 4)}
@@ -623,7 +623,7 @@ def test_fig10_verdict():
 def test_fig10_primary_pools_what_single_activations_cannot_resolve():
     """The old count rule ("significantly lower for ≥ 4 of 5") missed a uniform effect that each
     activation alone resolves only sometimes; the mean over activations resolves it. Seeds drawn
-    with a seeded generator: per activation AMAT −0.24 dex (the session-11 store's mean), seed SD
+    with a seeded generator: per activation AMAT −0.24 dex (the mean of a stored run), seed SD
     0.1 dex, shared per seed across activations (one data order), 3 seeds."""
     gen = torch.Generator().manual_seed(0)
     held = counts = 0
@@ -713,7 +713,7 @@ def test_ratio_fractions_find_the_papers_layers():
 
 
 def test_ratio_fractions_skip_the_start_up_transient():
-    """The verdict reads the second half of training (issue 19: averaging in the start-up transient
+    """The verdict reads the second half of training (averaging in the start-up transient
     made the fraction in range differ run to run)."""
     layer = PF.FIG2_LAYERS["layer#2 (stage1.0.cbn1)"]
     series = {f"probe/cbn_ratios/eta_in_range/{layer}.0": [0.0, 0.0, 1.0, 1.0]}

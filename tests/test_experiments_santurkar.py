@@ -359,7 +359,7 @@ def test_fig2_verdict():
     losses = {SC.STANDARD: seeds(1.0), SC.BN: seeds(0.1), SC.NOISY: seeds(0.1)}
     assert V.fig2_verdict(losses)[0] == "held"
     assert V.fig2_verdict({**losses, SC.NOISY: seeds(2.0)})[0] == "not held"
-    # the claim's second half: faster than standard but 2× BN's loss (issue 19 measured ≈ 1.8×) is
+    # the claim's second half: faster than standard but 2× BN's loss (measured ≈ 1.8×) is
     # not "as well as BN" (the old verdict tested only the first half and said held)
     verdict, text = V.fig2_verdict({**losses, SC.NOISY: seeds(0.2)})
     assert verdict == "not held" and "(1) noisy BN − standard" in text and "→ held" in text
@@ -505,7 +505,7 @@ def test_fig11_verdict(tmp_path):
 
 
 def test_fig11_verdict_checks_every_arm_the_paper_names(tmp_path):
-    """Issue 10 item 6: the ℓ2 arm counts. An ℓ2 arm that contradicts the claim makes the verdict
+    """The ℓ2 arm counts. An ℓ2 arm that contradicts the claim makes the verdict
     "not held"; a missing ℓ2 arm leaves it undecided (the old verdict checked only the arms that
     were run)."""
     # ℓ2 trains worse than the standard VGG, with a rougher landscape

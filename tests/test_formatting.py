@@ -1,4 +1,4 @@
-"""The one number formatter (issue 20: four formatters, two conventions for a missing value, before
+"""The one number formatter (not four formatters with two conventions for a missing value, as
 this): :func:`bnlab.formatting.fmt` against Python's ``format`` and the ``statistics`` module, and
 its sites — no other formatter is defined in the package, and ``bnlab theory``'s table prints
 missing values the one way."""

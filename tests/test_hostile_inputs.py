@@ -1,4 +1,4 @@
-"""Hostile inputs (issue 21): ids that climb out of the runs dir, numbers that are not numbers,
+"""Hostile inputs: ids that climb out of the runs dir, numbers that are not numbers,
 nesting that exhausts the stack, databases and checkpoints that are not what they claim. Each is
 refused with one clear message, and nothing outside its root is read, written or deleted."""
 

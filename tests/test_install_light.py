@@ -73,7 +73,7 @@ print("OK")
 
 def test_cli_without_the_lab_extra_answers_help_and_version_and_names_the_extra():
     """The light install (torch and numpy): `bnlab --help` and `--version` work, a command is one
-    line naming the extra (was: a 13-line traceback, issue 22)."""
+    line naming the extra (not a 13-line traceback)."""
     code = """
 import sys
 from bnlab.cli import main

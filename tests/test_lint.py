@@ -1,4 +1,4 @@
-"""ruff is clean on the repository, with the rules of ``[tool.ruff]`` in pyproject.toml (issue 20):
+"""ruff is clean on the repository, with the rules of ``[tool.ruff]`` in pyproject.toml:
 pyflakes (unused imports and names, undefined names), pycodestyle's default errors, and no ``noqa``
 comment that silences nothing (RUF100)."""
 

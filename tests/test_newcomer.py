@@ -1,4 +1,4 @@
-"""A newcomer's first hour (issue 22): a demo that stays fast on shared cores, timm and torchvision
+"""A newcomer's first hour: a demo that stays fast on shared cores, timm and torchvision
 without test-only workarounds, probes on compiled models, defaults that train, a light front door.
 
 Each test states the outside reference it checks against: the numbers of a sequential run, torch's

@@ -1,4 +1,4 @@
-"""Mixed precision and sound statistics for every layer (issue 9, item 1).
+"""Mixed precision and sound statistics for every layer.
 
 Every layer trains under CPU autocast (bfloat16) and takes float16/bfloat16 inputs; statistics are
 two-pass and accumulated in float32 or better, checked against nn.BatchNorm2d and a float64

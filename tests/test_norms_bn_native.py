@@ -1,6 +1,6 @@
 """``bn`` trains through torch's BatchNorm kernel; the shared tensor-op path stays its equal.
 
-:meth:`bnlab.norms.BatchNorm.native_batch_norm` (issue 18: small tensors at native speed) must give
+:meth:`bnlab.norms.BatchNorm.native_batch_norm` (small tensors at native speed) must give
 the same outputs, gradients and buffers as the shared path the variants use
 (:meth:`~bnlab.norms.base.ChannelNorm.normalize_with_batch_stats`, reached here through a subclass),
 in every option combination, and support double backward without ``plain_autograd`` (checked against

@@ -1,4 +1,4 @@
-"""``brn`` on small eager inputs trains through torch's BatchNorm kernel (issue 18: small shapes).
+"""``brn`` on small eager inputs trains through torch's BatchNorm kernel (small shapes).
 
 Batch Renormalization's corrections r and d are stop-gradient (Ioffe 2017, Alg. 1), so
 ``γ((x − μ_B)/σ_B · r + d) + β`` is BN's output with weight ``γ r`` and bias ``β + γ d``, and its

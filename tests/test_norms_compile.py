@@ -1,4 +1,4 @@
-"""torch.compile for every layer (issue 9, item 2), small shapes, few compiles.
+"""torch.compile for every layer, small shapes, few compiles.
 
 A model holding every layer is compiled once with ``fullgraph=True`` (so bnlab causes no graph
 break) through dynamo and AOTAutograd (the ``aot_eager`` backend: the layers' graphs, their

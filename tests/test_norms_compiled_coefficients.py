@@ -1,4 +1,4 @@
-"""Issue 18: the fused operators' per-channel math traced once per variant and compiled.
+"""The fused operators' per-channel math traced once per variant and compiled.
 
 :mod:`bnlab.norms.coef_compile` replaces the eager coefficient graph inside ``bnlab::stats_affine``
 by one compiled function (coefficients + per-channel partials) and the backward's per-channel

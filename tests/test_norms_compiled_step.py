@@ -1,4 +1,4 @@
-"""Issue 18: the compiled training step (bnlab.norms.compiled_step) computes what the eager layer
+"""The compiled training step (bnlab.norms.compiled_step) computes what the eager layer
 computes, runs only where it should, and keeps torch's behaviour around it.
 
 The reference is the layer's own eager step on the same inputs (float64: agreement to rounding,

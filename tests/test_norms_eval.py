@@ -1,5 +1,4 @@
-"""Eval paths that match training (issue 10, items 2 and 7) and torch's BatchNorm options (issue 9,
-item 3).
+"""Eval paths that match training and torch's BatchNorm options.
 
 Every layer trains a small digits MLP briefly; its eval-mode accuracy on held-out digits must be
 close to its train-mode accuracy (batch statistics) on the same digits.

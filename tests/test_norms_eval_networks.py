@@ -1,4 +1,4 @@
-"""Eval paths that hold in real networks (issue 17, item 2).
+"""Eval paths that hold in real networks.
 
 Every registered layer trains resnet20 (sigmoid), Santurkar's VGG (configuration A; ReLU and tanh),
 Luo et al.'s VGG-style CNN (ReLU and tanh) and the MLP (sigmoid) — the project's own builders, tiny
@@ -176,7 +176,7 @@ def test_eval_accuracy_is_within_3_points_of_batch_statistics(spec, network, dig
     assert abs(eval_mode - batch_stats) <= 0.03, (spec, network, eval_mode, batch_stats)
 
 
-# Issue 17's CBN failure at the recipe that showed it: 48 steps, only 12 of them at lr/10. Before
+# CBN's eval failure at the recipe that showed it: 48 steps, only 12 of them at lr/10. Before
 # the fix: eval 0.097 against 0.574 (the running statistics' start values and lag; the settled
 # recipe above hides them: the old code passes there, 0.618 against 0.610).
 SHORT_SCHEDULE = (1.0, 1.0, 1.0, 0.1)

@@ -1,4 +1,4 @@
-"""Half-precision inputs on the fused path (issue 18: few operations per call, for every layer).
+"""Half-precision inputs on the fused path (few operations per call, for every layer).
 
 Under autocast a convolution hands a norm layer float16/bfloat16 activations while the layer keeps
 float32 parameters, as ``nn.BatchNorm`` does. The fused operators used to take float32/float64

@@ -1,4 +1,4 @@
-"""lp_bn(p=inf) under torch.compile: the written-out gradient of bnlab.norms.lp_compiled (issue 18).
+"""lp_bn(p=inf) under torch.compile: the written-out gradient of bnlab.norms.lp_compiled.
 
 Held against the eager plain-autograd path (the reference every other path is tested against), a
 float64 gradcheck of the function itself, and the backward graph AOTAutograd hands to the backend:

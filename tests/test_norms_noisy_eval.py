@@ -1,4 +1,4 @@
-"""noisy_bn's eval after noisy training is not silently wrong (issue 17 item 2).
+"""noisy_bn's eval after noisy training is not silently wrong.
 
 The layers after a noisy_bn collect their running statistics on noisy activations, which eval no
 longer produces (tests/test_norms_eval_networks.py measures eval 0.44 against 0.91 in a ReLU VGG).

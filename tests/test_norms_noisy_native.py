@@ -1,9 +1,9 @@
 """``noisy_bn`` is BN followed by Santurkar's Alg. 1 noise: its BN part runs torch's own kernel.
 
-Issue 18, item 4: ``noisy_bn`` within 1.2× of "native BN + the same noise in plain PyTorch". Its BN
+The goal: ``noisy_bn`` within 1.2× of "native BN + the same noise in plain PyTorch". Its BN
 part is BN's training step unchanged (the noise acts on BN's output), so it takes the branch
-``bn`` takes (:func:`bnlab.norms.batchnorm.trains_as_torch_bn`) — before, only exactly
-``BatchNorm`` did, and ``noisy_bn`` paid the shared path's 20–80 operations for plain BN. The
+``bn`` takes (:func:`bnlab.norms.batchnorm.trains_as_torch_bn`) — otherwise only exactly
+``BatchNorm`` would, and ``noisy_bn`` would pay the shared path's 20–80 operations for plain BN. The
 reference here is torch's own ``nn.BatchNorm1d/2d`` plus Alg. 1's draws replayed from the layer's
 generator.
 """

@@ -1,4 +1,4 @@
-"""Issue 18: few dispatched operations per training step, pinned so the count cannot creep back.
+"""Few dispatched operations per training step, pinned so the count cannot creep back.
 
 Counted with :func:`bnlab.norms.opcount.count_ops` (a ``TorchDispatchMode``, views excluded) on the
 CPU, one forward + backward on (32, 64, 16, 16) as in the issue. Before the fused operators: native
@@ -103,7 +103,7 @@ def test_inside_counts_what_the_operators_run():
 
 
 def test_plain_autograd_is_thread_local():
-    """Issue 20: one thread's plain_autograd() leaves another thread's layers on the fused path."""
+    """One thread's plain_autograd() leaves another thread's layers on the fused path."""
     layer, x = N.create("mbn", 64), torch.randn(SHAPE).requires_grad_()
     entered, release, seen = threading.Event(), threading.Event(), {}
 
@@ -125,7 +125,7 @@ def test_plain_autograd_is_thread_local():
 
 
 def test_importing_the_layers_does_not_import_dynamo():
-    """Issue 22: ``torch.compiler.disable`` is applied lazily (it imports torch._dynamo, 1.2 s)."""
+    """``torch.compiler.disable`` is applied lazily (it imports torch._dynamo, 1.2 s)."""
     code = "import sys, bnlab.norms; print('torch._dynamo' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr

@@ -1,8 +1,8 @@
 """``topk_first`` (the ℓ∞ scale's top-k, ties to the lowest index) equals a stable sort of the row.
 
 Long rows take a selection (``torch.topk`` for the k-th value, the first tied entries, a stable sort
-of the k picked) instead of sorting the whole row (issue 18: ``lp_bn(p=inf)`` spent most of its step
-in that sort). The reference is the definition: ``torch.sort(..., descending=True, stable=True)``
+of the k picked) instead of sorting the whole row (a full sort would take most of ``lp_bn(p=inf)``'s
+step). The reference is the definition: ``torch.sort(..., descending=True, stable=True)``
 truncated to k — values, indices and the gradient through the values.
 """
 

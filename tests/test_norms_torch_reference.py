@@ -1,4 +1,4 @@
-"""``bn`` against ``torch.nn.BatchNorm1d/2d/3d`` itself, on torch's own sample inputs (issue 17).
+"""``bn`` against ``torch.nn.BatchNorm1d/2d/3d`` itself, on torch's own sample inputs.
 
 The samples are torch 2.13's ``module_inputs_torch_nn_BatchNorm{1,2,3}d`` and its error inputs, read
 from torch's installed ``torch/testing/_internal/common_modules.py`` with ``ast`` and run with small

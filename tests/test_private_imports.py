@@ -1,4 +1,4 @@
-"""Issue 20 ("splits by responsibility, not by size"): a name another bnlab module imports is part
+"""Splits by responsibility, not by size: a name another bnlab module imports is part
 of that module's interface, so it is public. No bnlab module imports an underscore-private name
 (``_x``; dunders aside) from another bnlab module; privates of torch/numpy are outside this rule."""
 

@@ -1,4 +1,4 @@
-"""Each probe against a case computed by hand or by brute force (issue 4)."""
+"""Each probe against a case computed by hand or by brute force."""
 
 from __future__ import annotations
 

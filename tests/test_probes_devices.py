@@ -1,4 +1,4 @@
-"""Probes on any device and any learning-rate schedule (issue 17, item 3).
+"""Probes on any device and any learning-rate schedule.
 
 Device: every tensor a probe creates must be made on the parameters' device (or, for host-side
 bookkeeping, explicitly on the CPU), never on torch's *default* device. A CPU-only machine can still

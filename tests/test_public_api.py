@@ -1,4 +1,4 @@
-"""The public packages export what a user needs, in torch.nn's style (issue 20): the registry's
+"""The public packages export what a user needs, in torch.nn's style: the registry's
 internals stay in ``bnlab.norms.registry``, theory's estimators stay out of ``bnlab.probes``, the
 old callback protocol is gone from ``bnlab.train``, and the run store is one package."""
 

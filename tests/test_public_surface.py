@@ -1,4 +1,4 @@
-"""Issue 20 item 5 (leftovers): bnlab.probes' __all__ in torch.nn's style, no re-exports of the run
+"""bnlab.probes' __all__ in torch.nn's style, no re-exports of the run
 store's files from bnlab.train, and every probe's and layer's docstring names its paper and an
 equation or section."""
 

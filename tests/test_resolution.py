@@ -1,4 +1,4 @@
-"""Issue 19, item 2: every catalogue entry states, before its verdict, the effect the paper reports,
+"""Every catalogue entry states, before its verdict, the effect the paper reports,
 the effect its smoke preset can resolve, and the pilot (or computation) behind that number; the
 report prints it above the verdict and `bnlab experiments list` beside the claim."""
 

@@ -154,7 +154,7 @@ def test_a_store_of_a_newer_bnlab_is_a_clear_error(runs_dir):
 
 
 def test_list_shows_how_many_processes_shared_each_batch(runs_dir):
-    """Issue 22: a --nproc 2 run and a one-process run no longer look identical."""
+    """A --nproc 2 run and a one-process run no longer look identical."""
     with Store(runs_dir / "bnlab.db") as store:
         store.create_run(
             "eee555", {"model": "mlp", "norm": "bn", "seed": 0, "nproc": 2, "sync_norms": True})

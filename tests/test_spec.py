@@ -54,7 +54,7 @@ def test_bool_param_takes_yaml_booleans_and_rejects_the_rest():
 def test_typed_params_coerce_and_check_constraints():
     # where declared
     assert Param(1.0, float, finite=False).convert("p", "x", "inf", text=True) == math.inf
-    # numbers are finite by default (issue 21)
+    # numbers are finite by default
     for hostile in ("inf", "1e400", "1" * 100_000, "nan"):
         with pytest.raises(ValueError, match="finite"):
             Param(1.0, float).convert("p", "x", hostile, text=True)

@@ -1,4 +1,4 @@
-"""Issue 20 item 4: one registration mechanism (bnlab.spec.Registry with declared, typed parameters)
+"""One registration mechanism (bnlab.spec.Registry with declared, typed parameters)
 for norms, probes, models, data sources and experiments, and one parser per mini-grammar (schedules,
 --log-to, norm '+' joins, KEY=VALUE) with one "valid choices" error style."""
 

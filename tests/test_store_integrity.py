@@ -1,4 +1,4 @@
-"""Nothing silently wrong (issue 21): an ended run's seal catches a changed value, config or row on
+"""Nothing silently wrong: an ended run's seal catches a changed value, config or row on
 every read path and the final checkpoint rebuilds it; store damage SQLite itself does not report is
 refused at open; finished means healthy; SIGTERM, repeated Ctrl-C, disk full and read-only folders
 end cleanly."""

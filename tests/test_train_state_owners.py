@@ -1,4 +1,4 @@
-"""Issue 20 item 3: one owner per piece of state.
+"""One owner per piece of state.
 
 The run config is one frozen object validated once, when it is built, and ``bnlab train``'s options
 are generated from its fields; the trainer's metric window, metric rows, checkpoint state and
@@ -105,7 +105,7 @@ def test_help_lists_the_same_options_as_before():
     group.command("other")(lambda: None)  # two commands: typer keeps "train" a subcommand
     command = typer.main.get_group(group).commands["train"]
     flags = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} - {"--help"}
-    assert flags == OLD_FLAGS | {"--compiled-steps"}  # the one flag added since (issue 18)
+    assert flags == OLD_FLAGS | {"--compiled-steps"}  # the one flag added since
     result = CliRunner().invoke(app, ["train", "--help"], prog_name="bnlab",
                                 env={"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"})
     assert result.exit_code == 0 and "Skip checksum verification of data files." in result.output

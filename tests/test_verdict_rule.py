@@ -59,8 +59,7 @@ PAPER_GAINS = {a: PV.paper_gain(1, a) / 100 for a in ACTIVATIONS}
 NULL = {a: 0.0 for a in ACTIVATIONS}
 # (name, sd per activation, seeds): the earlier 15-epoch smoke design (15 points, 3 seeds), and
 # today's, which resolves the paper's effect (noisy digits, width ½, 40 epochs: 3 points per
-# activation, 5 seeds; the scenario in which the old rule said "held" only 20 % of the time,
-# issue 19)
+# activation, 5 seeds; the scenario in which the old rule said "held" only 20 % of the time)
 DESIGNS = {"earlier smoke": (0.15, 3), "smoke": (PV.SMOKE_SD, len(TABLE_SMOKE_SEEDS))}
 
 

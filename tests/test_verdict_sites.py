@@ -1,4 +1,4 @@
-"""One place turns evidence into a verdict (issue 20 item 2): ``bnlab.experiments.verdicts``.
+"""One place turns evidence into a verdict: ``bnlab.experiments.verdicts``.
 
 An AST scan of every module under bnlab/experiments/ other than verdicts.py fails on a verdict
 literal ("held", "not held", "inconclusive") outside a docstring, and on the names HELD / NOT_HELD /

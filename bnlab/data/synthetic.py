@@ -211,7 +211,7 @@ def digits(*, device="cpu", seed=0, data_dir=None, verify=True, download=False,
     ``noise`` (σ ≥ 0): Gaussian noise of SD σ added once to every standardized pixel, train and test
     images alike, drawn from its own generator (seeded by ``seed``, so the split does not change
     with σ). Why: a conv net reaches 98 % on the clean digits, a ceiling where effects of a few
-    points cannot show; at σ = 1.5 BN-ResNet-20 at width ½ reaches 85–87 % (issue 19's pilot), with
+    points cannot show; at σ = 1.5 BN-ResNet-20 at width ½ reaches 85–87 % (a pilot), with
     room above and below.
     """
     test_fraction = as_float("test_fraction", test_fraction)

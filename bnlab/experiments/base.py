@@ -73,7 +73,7 @@ class Experiment:
     def outcome(self, ctx) -> Outcome:
         """``analyze(ctx)`` with the runs that crashed named at the end of its summary (whatever
         the entry does with them: they were "—" in a table and nowhere else when a sweep's
-        data-parallel runs all failed, session 13)."""
+        data-parallel runs all failed)."""
         outcome = self.analyze(ctx)
         note = crashed_note(ctx.runs)
         return replace(outcome, summary=outcome.summary + note) if note else outcome

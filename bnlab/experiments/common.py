@@ -67,7 +67,7 @@ def grouped_finals(ctx, keys: tuple[str, ...], metric: str, *,
 
     A diverged run, or a finished one without a finite final value, enters its group as
     ``failure_value`` (chance accuracy, ...): a failure of that arm, never missing data
-    (:func:`rule_stats.arm_values`, issue 19). Crashed or interrupted runs are left out; a group
+    (:func:`rule_stats.arm_values`). Crashed or interrupted runs are left out; a group
     whose runs all crashed is present with an empty list, so callers can tell "no runs" from "no
     usable runs".
     """
@@ -132,7 +132,7 @@ class Comparison:
     n_b: int
     decision: str
     # where ``mde`` comes from: the observed spread of these seeds, or a design SD stated in
-    # advance (:class:`DesignSD`; issue 19: the observed one scatters 1.7–4.8× run to run)
+    # advance (:class:`DesignSD`; the observed one scatters 1.7–4.8× run to run)
     mde_basis: str = "observed SD"
 
     def text(self, scale: float = 1.0, unit: str = "") -> str:
@@ -150,9 +150,9 @@ class Comparison:
         return out + f", resolvable ≥ {scale * self.mde:.2g}{unit}{basis})"
 
 
-# The pilot of the conjunctive and family entries' design SDs: the catalogue run stored at the start
-# of session 5, re-analysed with each comparison's pooled per-arm SD recorded (docs: experiments).
-CATALOGUE_PILOT = "pilot: the session-4 catalogue run (smoke), 3 seeds/arm, 2026-11-26"
+# The pilot of the conjunctive and family entries' design SDs: the smoke catalogue run of
+# 2026-11-26, re-analysed with each comparison's pooled per-arm SD recorded (docs: experiments).
+CATALOGUE_PILOT = "pilot: the smoke catalogue run of 2026-11-26, 3 seeds/arm"
 
 
 @dataclass(frozen=True)
@@ -160,8 +160,8 @@ class DesignSD:
     """The design SD of the comparisons of a conjunctive or family claim: SD of one seed's value
     (in the compared quantity's units), one number for all comparisons or one per comparison key,
     from the pilot named in ``source``. Given to :func:`compare_arms`, it fixes each comparison's
-    resolvable effect in advance, as :class:`verdicts.Design` does for a single primary comparison
-    (issue 19); the decision itself is unchanged (Welch's t on the observed seeds)."""
+    resolvable effect in advance, as :class:`verdicts.Design` does for a single primary comparison;
+    the decision itself is unchanged (Welch's t on the observed seeds)."""
 
     sd: float | dict
     source: str

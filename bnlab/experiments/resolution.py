@@ -1,4 +1,4 @@
-"""What an entry's smoke preset can decide, stated in the entry before it runs (issue 19, item 2):
+"""What an entry's smoke preset can decide, stated in the entry before it runs:
 the paper's effect, the effect the smoke resolves, and the pilot or computation behind that number.
 Entries with a pre-declared :class:`verdicts.Design` or :class:`common.DesignSD` build it from that
 (:func:`design_resolution`, :func:`family_resolution`), so the number is written once."""
@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Resolution:
-    """What an entry's smoke preset can decide, stated in the entry before it runs (issue 19, item
-    2): the effect the paper reports, the effect the proxy resolves, and the pilot (or computation)
+    """What an entry's smoke preset can decide, stated in the entry before it runs:
+    the effect the paper reports, the effect the proxy resolves, and the pilot (or computation)
     that set that number. The report prints it above the verdict, ``bnlab experiments list`` beside
     the claim."""
 

@@ -1,7 +1,7 @@
 """The verdict rule of the catalogue: one pre-declared primary comparison per entry, judged against
 the paper's effect with a resolution fixed in advance.
 
-Why a rule of its own (issue 19): judging every comparison an entry prints, with the minimum
+Why a rule of its own: judging every comparison an entry prints, with the minimum
 detectable effect computed from the observed SD of 3 seeds, made verdicts that depended on chance
 (an exact null was called "not held" 8–14 % of the time; the paper's true effect "held" only 20 %),
 gave p ≈ 0 to arms that differed by one test image, and dropped diverged runs as missing data. The
@@ -219,8 +219,8 @@ def check(supports: bool | None) -> str:
 
 def ladder(primary: str | bool | None = None, *, unusable: bool = False,
            against: bool = False) -> str:
-    """The catalogue's verdict ladder, in its one order (issue 20: it was written out at ~100
-    sites):
+    """The catalogue's verdict ladder, in its one order (one place, not one per
+    site):
 
     1. ``unusable`` — tiny runs, no data, a missing arm, fewer than :data:`MIN_SEEDS` seeds:
        "inconclusive";

@@ -4,7 +4,7 @@
 Probe readings at an epoch's partial last batch are left out of a run's series
 (:func:`partial_batch_steps`). A probe measures the training batch: its numbers are those of a batch
 of the run's size, and an epoch that ends with 30 of 128 samples measures another quantity there.
-Found in session 13: with digits' 1,438 training images in batches of 128, every twelfth step is a
+Why: with digits' 1,438 training images in batches of 128, every twelfth step is a
 batch of 30. Half of Santurkar's landscape probes (every 30 steps) fell on one, and with BN their
 loss range along the gradient was 30–170× that of the full batches. Every third of Peng Fig. 7's
 gradient probes fell on one too.

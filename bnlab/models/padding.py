@@ -5,7 +5,7 @@ A 3×3 conv with zero padding adds, at each border position, a different constan
 contribution is zero instead of the data's): a pattern over (h, w) that is the same for every
 sample. On small maps every position is border (a 2×2 map: four corners), and that pattern can make
 up most of the input variance a batch norm divides by — normalizing a proxy network's deep stages by
-the padding instead of by the data (issue 10; Peng's Table 1 on 8×8 digits). :func:`padding_share`
+the padding instead of by the data (Peng's Table 1 on 8×8 digits). :func:`padding_share`
 measures, for each norm, the share of its per-channel input variance explained by the per-position
 mean over the batch. On the deep stages of a zero-padded network this is the padding pattern
 (compare with ``padding_mode="replicate"`` or larger inputs to see how much of it is); on the stem

@@ -68,7 +68,7 @@ class CBNRatiosProbe(Probe):
             out[f"eta_in_range/{name}"] = float(((eta >= 0) & (eta <= 2)).double().mean())
             out[f"tau_in_range/{name}"] = float(((tau > 0) & (tau < 1)).double().mean())
             # the batch variance's share of decoupled CBN's divisor var_B + β² (Eq. 5); near 0, β
-            # swamps the batch and the layer no longer normalizes it (issue 19's width-½ failure)
+            # swamps the batch and the layer no longer normalizes it (the width-½ failure)
             share = var_b / (var_b + beta**2).clamp_min(torch.finfo(var_b.dtype).tiny)
             out[f"var_share_q50/{name}"] = float(share.median())
         return out

@@ -1,6 +1,6 @@
 """The engine: the training loop of one prepared run, its checkpoints and its divergence checks.
 
-Speed (Issue 12): the step does no host synchronisation. The loss of every step and the epoch
+Speed: the step does no host synchronisation. The loss of every step and the epoch
 accumulators stay on the device; logged values are kept as device tensors and read (one
 ``tolist`` for all of them) every ``check_every`` steps, at checkpoints and at the end, where
 the losses of the window and every parameter and floating buffer are also checked for

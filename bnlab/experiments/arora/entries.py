@@ -171,7 +171,7 @@ def _d1_analyze(ctx) -> Outcome:
     return Outcome([fig], rows, verdict, summary)
 
 
-# What the smoke can decide (issue 19, item 2). D.1–D.3 give curves, no numbers: the claims are
+# What the smoke can decide. D.1–D.3 give curves, no numbers: the claims are
 # converged / stuck / above 75 %, judged on arm means against pre-declared lines whose gap is many
 # times the seeds' spread in the pilots below.
 D1_RESOLUTION = Resolution(
@@ -180,22 +180,22 @@ D1_RESOLUTION = Resolution(
     "converged (mean training loss of the last epochs ≤ 0.1·ln 10 = 0.23) from stuck (≥ 0.2·ln 10 "
     "= 0.46) per lr_si and arm, 3 seeds; the smallest lr_si from which PSGD fails on the grid "
     "0.01–100",
-    "issue 19's 100-epoch re-derivation (SGD 0.019–0.026 at every lr_si; PSGD 0.020 at lr_si 1, "
-    "0.60 ± 0.09 at 10, 2.19 at 100) and the session-4 catalogue run (seed SDs 0.001–0.13, "
+    "a 100-epoch re-derivation (SGD 0.019–0.026 at every lr_si; PSGD 0.020 at lr_si 1, "
+    "0.60 ± 0.09 at 10, 2.19 at 100) and the catalogue run of 2026-11-26 (seed SDs 0.001–0.13, "
     "≤ 1/2 of the gap between the lines)")
 D2_RESOLUTION = Resolution(
     "direction only: with one lr for all parameters SGD with BN converges at every lr from 0.01 "
     "to 100; PSGD and SGD without BN fail or diverge at large lr (App. D.2, Fig. 2)",
     "converged (≤ 0.23) from stuck (≥ 0.46 and settled: the last 5 epochs' mean within 10 % of "
     "the 5 before) per lr and arm, 3 seeds",
-    "the session-4 catalogue run: SGD 0.006–0.14, PSGD 1.34 ± 0.07 at lr 10 and 39.8 ± 1.4 at "
+    "the catalogue run of 2026-11-26: SGD 0.006–0.14, PSGD 1.34 ± 0.07 at lr 10 and 39.8 ± 1.4 at "
     "100, SGD without BN diverged from lr 1")
 D3_RESOLUTION = Resolution(
     "SGD's test accuracy > 75 % at every lr, PSGD's falls as the lr grows past 0.1 (App. D.3, "
     "Fig. 3; no numbers)",
     "the 75 % line and a PSGD fall of ≥ 5 points from lr 0.1 to the largest, on arm means of 3 "
     "seeds over 359 test images (binomial SE of one run ≤ 2.6 points)",
-    "the session-4 catalogue run: SGD 0.935–0.990 at every lr, PSGD 0.10–0.15 at lr 100")
+    "the catalogue run of 2026-11-26: SGD 0.935–0.990 at every lr, PSGD 0.10–0.15 at lr 100")
 
 
 register(Experiment(

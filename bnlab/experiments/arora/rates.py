@@ -147,8 +147,8 @@ register(
             "4.2); for every η_w > 0",
             f"a log-log slope within +{SLOPE_TOL} of the bound's over the last decade of T = 2000, "
             "for each η_w in 0.01–100 and each of 3 seeds",
-            "the pre-declared tolerance; in the session-4 run the contrast (projected GD, no "
-            "auto-tuning) misses the bound by +0.39 and +0.56 at η_w = 10 and 100, 4–6× the "
-            "tolerance"),
+            "the pre-declared tolerance; in the catalogue run of 2026-11-26 the contrast "
+            "(projected GD, no auto-tuning) misses the bound by +0.39 and +0.56 at η_w = 10 and "
+            "100, 4–6× the tolerance"),
     )
 )

@@ -64,9 +64,9 @@ def train_size(config: dict) -> int:
     return TRAIN_SIZES[config["data"]]
 
 
-# 10 seeds: issue 19's re-run found 3 seeds resolve none of the six comparisons and 10 seeds five of
-# six (BN's gap below all four others, p ≤ 0.006), at ≈ 4.5 min for the 50 runs on a quiet 2-core
-# machine.
+# 10 seeds: a 10-seed re-run (2026-11-25) found 3 seeds resolve none of the six comparisons and
+# 10 seeds five of six (BN's gap below all four others, p ≤ 0.006), at ≈ 4.5 min for the 50 runs
+# on a quiet 2-core machine.
 FIG4_SEEDS = tuple(range(10))
 FIG4_SMOKE_EPOCHS = 32  # the gaps are flat from ≈ epoch 25 on (measured at 40)
 # At lr 0.05 two of three WN + variance-only BN runs had not converged after 32 epochs (training
@@ -74,7 +74,7 @@ FIG4_SMOKE_EPOCHS = 32  # the gaps are flat from ≈ epoch 25 on (measured at 40
 # (measured, 3 seeds).
 FIG4_SMOKE_LR = 0.02
 # Fig. 4 plots curves, no number: the paper's effect is a direction. Design SD: the pooled SD of one
-# seed's gap in issue 19's 10-seed re-run (BN − WN −0.063, SE 0.010 at 10/10 seeds, so SD ≈
+# seed's gap in that 10-seed re-run (BN − WN −0.063, SE 0.010 at 10/10 seeds, so SD ≈
 # 0.010·√5).
 FIG4_DESIGN = Design("BN − WN generalization gap (validation − training loss)", paper_effect=-1.0,
                      design_sd=0.022, n_seeds=len(FIG4_SEEDS), source="10-seed pilot 2026-11-25",
@@ -199,6 +199,6 @@ register(Experiment(
                   "BN had not converged), 10 seeds per arm (the paper: one run); primary "
                   "comparison BN vs WN by Welch's t (α = 0.05), the other five Holm-corrected, "
                   "repeated at 2/3 of training to check that the gaps have settled.",
-    cost={"smoke": "≈4.5 min wall (50 runs, one thread, quiet 2-core machine; issue 19's re-run)",
+    cost={"smoke": "≈4.5 min wall (50 runs, one thread, quiet 2-core machine; the 10-seed re-run)",
           "paper": "15 runs × 100 epochs luo_cnn on CIFAR-10 (GPU, ~3 h)"},
     plan=_fig4_plan, analyze=_fig4_analyze, resolution=design_resolution(FIG4_DESIGN)))

@@ -56,7 +56,7 @@ def _fig7_plan(preset: str) -> Plan:
     return Plan(runs=runs)
 
 
-# Design SD of one seed's validation loss (issue 19): the RMS of the pilot's pooled SDs of the two
+# Design SD of one seed's validation loss: the RMS of the pilot's pooled SDs of the two
 # judged dropout comparisons at the end and at 2/3 of training; the premise is stated at it too.
 FIG7_DESIGN_SD = DesignSD(0.078, CATALOGUE_PILOT)
 

@@ -248,4 +248,4 @@ register(Experiment(
         "stay low and alike (Fig. 3, one run)",
         "ln(BN / WN) ≥ 0.24 (a factor 1.27, inside the 1.5× margin of ln 1.5 = 0.41) and SGD's "
         "rise beyond 1.5× its minimum (observed: 7.7×), 3 seeds",
-        "the session-4 catalogue run's observed SD: ln(BN / WN) SE 0.062")))
+        "the catalogue run of 2026-11-26, observed SD: ln(BN / WN) SE 0.062")))

@@ -65,7 +65,7 @@ def _last_per_layer(run, prefix: str, k: int = 1, fraction: float = 1.0) -> dict
     return out
 
 
-# Design SD of one seed's γ² (issue 19): the root-mean-square of the pooled per-arm SDs of every
+# Design SD of one seed's γ²: the root-mean-square of the pooled per-arm SDs of every
 # judged comparison (per layer: M = 16 vs 256 and each neighbouring pair, at the end and at 2/3 of
 # training; 50 comparisons, SDs 0.0006–0.089, the pairs with M = 256 the widest) in the pilot.
 FIG5_DESIGN_SD = DesignSD(0.031, f"{CATALOGUE_PILOT}; RMS over the per-layer batch-size "

@@ -125,7 +125,7 @@ def fig6_changes(seed_data: dict, fraction: float = 1.0) -> dict | None:
     return {"norms": norms, "train": train_end - first_train, "val": val_end - start_val}
 
 
-# Design SDs of one seed's change, per quantity (issue 19): the root-mean-square of the pilot's
+# Design SDs of one seed's change, per quantity: the root-mean-square of the pilot's
 # pooled SDs (against 0) at the end and at 2/3 of fine-tuning; the kernel norm pools its 6 layers.
 FIG6_DESIGN_SD = DesignSD({"kernel-norm growth": 0.0012, "training-loss change": 7.5e-05,
                            "validation-loss change": 0.0031},

@@ -353,7 +353,7 @@ register(Experiment(
           "diverges at α = 1.",
     smoke_changes=(
         "N = 256 inputs instead of 4096 (P = αN), 7 values of α, 150 epochs, 5 seeds: the finite-N "
-        "fluctuations are larger but the curves are the same functions of α. Added (issue 19): a "
+        "fluctuations are larger but the curves are the same functions of α. Added: a "
         "no-batch-noise control — the same student with BN's batch statistics replaced by the "
         "population ones (= WN with ζ = 0), same seeds, data, batch order and schedule — whose own "
         "fitted ζ is finite training's (early stopping's) share; the verdict judges BN's share "
@@ -370,4 +370,4 @@ register(Experiment(
         "BN's batch-noise share ζ_BN − ζ_control > 0 when ≥ ≈ 0.005 (one-sample t, 5 seeds, SE "
         "0.0016), and each α's BN point within 1.5× of the fitted curve where its ln-SE ≤ ≈ 0.1 "
         "(not at α = 0.25: a factor ≈ 1.9 there)",
-        "the session-4 catalogue run (150 epochs, 5 seeds): Δζ = 0.0108 ± 0.0016")))
+        "the catalogue run of 2026-11-26 (150 epochs, 5 seeds): Δζ = 0.0108 ± 0.0016")))

@@ -249,5 +249,5 @@ register(Experiment(
         f"|γ − γ₀|/γ₀ ≤ {GAMMA_TOL}, 1 − R < {R_TOL} (ODE and online SGD) and each stability "
         f"edge within {100 * ETA_TOL:g} % of the table's",
         "a computation: the ODE and the fixed-L bisection are exact to solver tolerance (≪ 1 %); "
-        "online SGD at N = 250 scatters ≈ 1 % (the session-4 run: edges −3.6 % to +2.2 % from the "
-        "table)")))
+        "online SGD at N = 250 scatters ≈ 1 % (the run of 2026-11-26: edges −3.6 % to +2.2 % "
+        "from the table)")))

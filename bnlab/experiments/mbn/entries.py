@@ -2,7 +2,7 @@
 batch size.
 
 Only the paper's supplementary material was available to us (Theorems 1–2); MBN itself is specified
-in issue 2 (item 7, ``bnlab.norms`` spec ``mbn(ideal_batch=32, tau0=0.9)``). Entry:
+in ``bnlab.norms`` (spec ``mbn(ideal_batch=32, tau0=0.9)``). Entry:
 
 * ``mbn-batch-size`` — BN against MBN at batch sizes 2…32: final test accuracy against the batch
   size, and the noise of the normalizer each uses at the last epoch
@@ -29,7 +29,7 @@ from ..verdicts import RULE, Design, explain, judge, ladder
 from ..resolution import design_resolution
 
 BATCH_SIZES = (2, 4, 8, 16, 32)
-IDEAL_BATCH = 32   # m0, issue 2's default for the `mbn` spec
+IDEAL_BATCH = 32   # m0, the `mbn` spec's default
 NORMS = {"BN": "bn", "MBN": "mbn"}
 PROCESSES = {"smoke": 2, "paper": 4}  # the data-parallel arms: P processes, PER_DEVICE samples each
 PER_DEVICE = 4

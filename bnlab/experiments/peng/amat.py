@@ -73,11 +73,11 @@ def _mean_variance(run, skip_fraction: float = 0.25) -> float | None:
 FIG10_DESIGN_SD = DesignSD(0.11, CATALOGUE_PILOT + ", RMS over the 5 activations")
 
 
-# The primary comparison (issue 19: one pre-declared primary per entry): per seed, the mean over the
+# The primary comparison (one pre-declared primary per entry): per seed, the mean over the
 # five activations of log10 gradient variance, AMAT against no AMAT. Its design SD is the
 # per-activation one, an upper bound whatever the correlation between a seed's five runs (the SD of
 # a mean is at most the mean of the SDs): they share the seed's data order, and the ÷√5 of
-# independent runs would understate it (the session-11 store: observed SD 0.10 dex, not 0.05).
+# independent runs would understate it (the store of 2026-11-27: observed SD 0.10 dex, not 0.05).
 FIG10_DESIGN = Design(
     "log10 gradient variance, CBN with AMAT − without, per seed the mean over the five activations",
     -1.0, FIG10_DESIGN_SD.of(), len(FIG10_SEEDS),
@@ -103,8 +103,8 @@ def fig10_verdict(variance: dict[str, dict[str, list[float]]], tiny: bool = Fals
     is significantly lower. Secondary (Holm over the activations, Welch's t per activation with the
     resolvable effect at ``design_sd``): AMAT's variance nowhere significantly higher ("not held"
     if it is). Fewer than 3 seeds for an activation: inconclusive. The fixed-η arm is reported, not
-    judged. (Before session 13 the primary was a count, "significantly lower for at least 4 of the
-    5 activations": five underpowered tests, each a chance to miss.)
+    judged. (A count as the primary, "significantly lower for at least 4 of the
+    5 activations", would be five underpowered tests, each a chance to miss.)
     """
     comps = {}
     for act, d in variance.items():
@@ -178,8 +178,7 @@ register(Experiment(
                   "BN and fixed η one (shown, not judged). Fixed η = 0.9 is cbn with ω = 0.1/lr, "
                   "exact only while the lr is constant (in the paper preset: the first 60 epochs).",
     cost={"smoke": "40 runs with a probe (AMAT and no AMAT × 3 seeds, BN and fixed η × 1): 3 min "
-                   "35 s on 2 idle cores (session 14; 11–15 min in sessions 4–6 on a slower, "
-                   "loaded machine)",
+                   "35 s on 2 idle cores (2026-11-28)",
           "paper": "40 runs × 120 epochs of ResNet-20 on CIFAR-10 with a gradient-variance probe "
                    "per epoch (GPU)"},
     plan=_fig10_plan, analyze=_fig10_analyze,

@@ -145,7 +145,7 @@ PAPER_RECIPE = dict(epochs=120, lr=0.1, momentum=0.9, weight_decay=5e-4, batch_s
 RESIDUAL = "peng"
 # Smoke: digits upsampled to 16×16 (digits(size=16)): on 8×8 inputs ResNet-20's stage 3 is 2×2
 # (every position is border) and the zero-padding pattern made up 93–100 % of the deep norms' input
-# variance of BN + Sigmoid (issue 10); 16×16 leaves 4×4 maps there at ≈ 2.2× the step cost (32×32: ≈
+# variance of BN + Sigmoid; 16×16 leaves 4×4 maps there at ≈ 2.2× the step cost (32×32: ≈
 # 4.2×). 15 epochs of 12 steps (180 steps; lr ÷10 for the last 3 epochs, so AMAT — η = max(1 −
 # 10·lr, 0) = 0 at lr 0.1 — acts for the last 36 steps as after epoch 60 in the paper).
 SMOKE_SIZE = 16
@@ -157,7 +157,7 @@ SMOKE_RECIPE = dict(data="digits", data_options={"size": SMOKE_SIZE}, epochs=15,
 SMOKE_SEEDS = (0, 1, 2)
 
 # Tables 1–4 (and Figs 4–5, drawn from the same runs) in smoke: a proxy that can resolve the
-# paper's +6 to +9.5 points (issue 19). On clean digits both arms sit at the 98 % ceiling; with
+# paper's +6 to +9.5 points. On clean digits both arms sit at the 98 % ceiling; with
 # Gaussian pixel noise of SD 1.5 (digits(noise=1.5)) BN-ResNet-20 at width ½ reaches 85–87 %, room
 # above and below. 40 epochs of 12 steps on the paper's two-step schedule (lr ÷10 at 50 % and 83 %
 # of training, as at epochs 60 and 100 of 120), width ½, 5 seeds on the primary arms (Sigmoid,
@@ -176,7 +176,7 @@ TABLE_SMOKE_SEEDS = (0, 1, 2, 3, 4)  # the primary arms (SMOKE_PRIMARY)
 TABLE_SIDE_SEEDS = (0, 1)  # ReLU and Swish: reported, and judged only by the "no worse" family
 # The activations of the smoke's primary comparison, declared before its runs, and the seeds of the
 # others. VGG-16 at a 16×16 input normalizes 1×1 maps in its fifth stage over the batch alone, and
-# BN + Sigmoid's inference statistics failed there in every store of sessions 8–11 (train-mode
+# BN + Sigmoid's inference statistics failed there in every store of 2026-11-27 (train-mode
 # accuracy 57–100 %, eval-mode 10 %: verdict.proxy_cells), so the VGG tables declare Tanh/SELU,
 # run Sigmoid with one seed to show that failure, and leave ReLU and Swish (a side comparison the
 # ResNet tables make in smoke) to the paper preset: 22 runs of ≈ 70 s, inside 15 minutes.
@@ -283,7 +283,7 @@ def status_note(ctx) -> str:
 def padding_shares(model: str, options: dict[str, Any], sizes=(8, SMOKE_SIZE, 32),
                    n: int = 128) -> dict:
     """Padding-pattern share of the norms' input variance (``bnlab.models.padding_share_by_size``)
-    at initialization, BN (①) and CBN (②) with Sigmoid (where issue 10 found the artifact), for
+    at initialization, BN (①) and CBN (②) with Sigmoid (where the artifact shows), for
     digits at each input size: ``{arm: {"16×16": {"8×8": share, ...}}}``. The first ``n`` training
     images, seed 0."""
     out: dict[str, dict] = {}
@@ -314,7 +314,7 @@ def usual_micro_batch_series(run, metric: str, skip_fraction: float = 0.25) -> l
     The probe cuts each batch into k micro-batches; its numbers are those of a micro-batch
     gradient, whose variance scales as 1/size. An epoch's short last batch (30 of digits' 1,438
     training images) gives micro-batches of 3 instead of 16: about 5× the variance, a different
-    quantity (session 13; before, those readings were averaged in). A run recorded without
+    quantity, so those readings are left out. A run recorded without
     ``micro_batch`` keeps every reading."""
     steps, values = run.series(metric)
     sizes = dict(zip(*run.series(MICRO_BATCH_METRIC)))

@@ -28,10 +28,11 @@ PANELS = {"peng-fig4": (4, 1), "peng-fig4-vgg": (4, 2),
           "peng-fig5": (5, 3), "peng-fig5-vgg": (5, 4)}
 
 
-# One entry per network (session 14): both networks in one entry trained both tables' compared
-# runs, 20–22 min on 2 cores alone, over the catalogue's 15-minute smoke budget, and its single
-# verdict hid which network decided it. Per network an entry costs what its table's compared runs
-# cost (5 seeds kept on the primary arms; docs/readme/experiments-peng-arora.md).
+# One entry per network: both networks in one entry would train both tables' compared
+# runs, 20–22 min on 2 cores alone, over the catalogue's 15-minute smoke budget, and a
+# single verdict would hide which network decided it. Per network an entry costs what its
+# table's compared runs cost (5 seeds kept on the primary arms;
+# docs/readme/experiments-peng-arora.md).
 def _fig_plan(table: int):
     def plan(preset: str) -> Plan:
         # the table's compared runs, shared with it in one runs dir
@@ -44,8 +45,7 @@ def _fig_plan(table: int):
 
 # Figs 4–5 print curves, not numbers: the paper's effect is a direction (CBN lower). Design SD of
 # one seed's mean training loss over the run, mean over the Sigmoid/Tanh/SELU panels of both tables:
-# 0.1 (the smoke's BN + Sigmoid runs sit near ln 10 ≈ 2.3 for a seed-dependent 5–9 of 15 epochs;
-# issue 19).
+# 0.1 (the smoke's BN + Sigmoid runs sit near ln 10 ≈ 2.3 for a seed-dependent 5–9 of 15 epochs).
 FIG_DESIGN = Design("CBN − BN mean training loss over the run, mean over the panels of the "
                     "table's primary activations (ResNet-20: Sigmoid/Tanh/SELU; VGG-16 in smoke: "
                     "Tanh/SELU)",
@@ -132,7 +132,7 @@ def _fig_analyze(fig: int, table: int):
 
 NETWORK_TITLE = {"resnet20": "ResNet-20", "vgg16": "VGG-16"}
 # the table's compared runs alone in an empty runs dir, 2 workers × 1 thread, idle AVX512 cores
-# (session 14's `bnlab reproduce all`: 5:18 with 10 of 38 runs stored, 8:20, 5:26, 7:24)
+# (`bnlab reproduce all` of 2026-11-28: 5:18 with 10 of 38 runs stored, 8:20, 5:26, 7:24)
 SMOKE_MINUTES = {1: "≈ 7", 2: "≈ 8.5", 3: "≈ 5.5", 4: "≈ 7.5"}
 SMOKE_ARMS = {"resnet20": "5 seeds with Sigmoid/Tanh/SELU, 2 with ReLU/Swish",
               "vgg16": "5 seeds with Tanh/SELU, 1 with Sigmoid"}

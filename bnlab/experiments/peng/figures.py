@@ -27,8 +27,8 @@ FIG2_LAYERS = {"layer#2 (stage1.0.cbn1)": "stage1.0.unit1",
 
 FIG2_SEEDS = (0, 1, 2)
 # Full width, as in the paper; half its learning rate. At lr 0.1 CBN (ρ = 1) diverged within 21–35
-# steps in 2 of 2 seeds on digits at full width (pilot 2026-11-27, session 7); at 0.05 it trains
-# (test 99.2–99.4 %). The session-4 smoke ran width ¼ at lr 0.1, where layer #2 has 4 channels.
+# steps in 2 of 2 seeds on digits at full width (pilot 2026-11-27); at 0.05 it trains
+# (test 99.2–99.4 %). At width ¼ and lr 0.1 (the smoke of 2026-11-26) layer #2 has 4 channels.
 FIG2_SMOKE_WIDTH = 1.0
 FIG2_SMOKE_LR = 0.05
 # the first half of training is the start-up transient; the verdict reads the second half
@@ -196,7 +196,7 @@ register(Experiment(
         "(against, Holm over the six shares) by a one-sample t with the SE floored at 0.01: "
         "shares of 1.00 in every seed clear 0.9; a mean of 0.30 with SD 0.05 falls significantly "
         "short of 0.75; layer #2 has 16 channels",
-        "the session-7 pilot at full width, lr 0.05, seeds 0–2 (layer #2 η 0.44–0.68, τ "
+        "the pilot of 2026-11-27 at full width, lr 0.05, seeds 0–2 (layer #2 η 0.44–0.68, τ "
         "0.06–0.13; layers #8/#14 0.99–1.00)")))
 
 
@@ -208,7 +208,7 @@ def _fig8_plan(preset: str) -> Plan:
         base = recipe_base("vgg16", "cifar100", "paper")
     else:
         # the earlier, cheaper smoke recipe (15 epochs, width ¼): Table 1's smoke moved to noisy
-        # digits at width ½ over 40 epochs (issue 19), so no runs are shared with it any more
+        # digits at width ½ over 40 epochs, so no runs are shared with it any more
         base = recipe_base("resnet20", "cifar10", "smoke")
     runs = []
     for act in ACTIVATIONS:
@@ -231,11 +231,12 @@ FIG8_SEEDS = (0, 1, 2)
 
 
 # Design SD of one seed's final test accuracy (fraction): the root-mean-square of the pooled per-arm
-# SD of worst-ρ CBN − BN for Sigmoid and Tanh in the pilot (0.033, 0.0050), the session-5 smoke run
-# (63 runs, finished 2026-11-27 00:18; no session-4 run of this entry was stored). Its worst-ρ arms
+# SD of worst-ρ CBN − BN for Sigmoid and Tanh in the pilot (0.033, 0.0050), the smoke run
+# of 2026-11-27 (63 runs; the catalogue run of 2026-11-26 stored none of this
+# entry). Its worst-ρ arms
 # sat at chance with SD ≈ 0, so this is about BN's seed SD / √2: two arms that both train may
 # scatter more.
-FIG8_DESIGN_SD = DesignSD(0.023, "pilot: the session-5 smoke run, 3 seeds/arm, 2026-11-27, RMS "
+FIG8_DESIGN_SD = DesignSD(0.023, "pilot: the smoke run of 2026-11-27, 3 seeds/arm, RMS "
                                  "over Sigmoid and Tanh")
 
 
@@ -353,8 +354,7 @@ register(Experiment(
                   "its text says ResNet-20), digits at 16×16, Eq. 7's block form, 15 epochs (180 "
                   "steps); Sigmoid and Tanh (the judged claim) 3 seeds per ρ and for BN, "
                   "ReLU/SELU/Swish one (shown).",
-    cost={"smoke": "63 runs; 3 min 17 s alone on 2 idle cores (session 14; 14 min in session 6 on "
-                   "a slower, loaded machine)",
+    cost={"smoke": "63 runs; 3 min 17 s alone on 2 idle cores (2026-11-28)",
           "paper": "63 runs × 120 epochs of VGG-16 on CIFAR-100 (GPU)"},
     plan=_fig8_plan, analyze=_fig8_analyze,
     resolution=family_resolution(

@@ -154,7 +154,7 @@ VAL_IMAGES = {"smoke": GENERATED["classes"] * GENERATED["val_per_class"], "paper
 
 # Design SD of one seed's top-1 (fraction): the root-mean-square over the five activations of the
 # pooled per-arm SD of CBN − BN in the pilot (0.20, 0.35, 0.18, 0.37, 0.029; diverged seeds count
-# as chance, 10 %), so the cells' resolvable effect is fixed before the runs (issue 19).
+# as chance, 10 %), so the cells' resolvable effect is fixed before the runs.
 TABLE5_DESIGN_SD = DesignSD(0.26, CATALOGUE_PILOT + ", RMS over the 5 activations")
 
 
@@ -177,7 +177,7 @@ def table5_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = 
     few seeds, or tiny runs — "inconclusive", naming the effect the design could resolve. Primary,
     pre-declared: CBN − BN top-1 in every Sigmoid/Tanh/SELU cell, higher (a conjunction).
 
-    Before issue 19's rule, a cell with no detectable difference counted against the claim when
+    Without a design SD, a cell with no detectable difference counted against the claim when
     the minimum detectable effect computed from *these seeds' own scatter* was below the paper's
     gain (a "precise null"): three seeds that happened to agree, with no floor on the SE, were
     enough.

@@ -342,7 +342,7 @@ def _smoke_data(table: int) -> str:
     return f"{n:,} training images ({batches} an epoch{_SPLIT_WHY.get(table, '')})"
 
 
-# session 11 (2026-11-27), empty store, 2 workers: ResNet-20 ≈ 30 s a run; session 12: VGG-16 at
+# 2026-11-27, empty store, 2 workers: ResNet-20 ≈ 30 s a run; VGG-16 at
 # 8 (Table 2) or 7 (Table 4) batches an epoch ≈ 70 s
 _TABLE_COST = {"resnet20": "50 runs, ≈ 26 CPU-minutes (12–14 min on 2 cores)",
                "vgg16": "22 runs, ≈ 26 CPU-minutes (12–14 min on 2 cores)"}

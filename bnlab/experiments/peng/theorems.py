@@ -1,5 +1,4 @@
-"""Catalogue entries for the papers' central theoretical claims (Peng's here), checked numerically
-(issue 19).
+"""Catalogue entries for the papers' central theoretical claims (Peng's here), checked numerically.
 
 * ``peng-eq14``: Peng et al. Eq. 14 — after mean removal, BN followed by ReLU equals ℓ2
   normalization of the ReLU output with magnitude ρ = √2, because ReLU keeps half the energy of a
@@ -169,7 +168,8 @@ register(
             "ρ = √2 exactly for a batch symmetric about 0 (Eq. 14; no measurement)",
             f"the median ρ_eff over ResNet-20's ReLU inputs within ±{RHO_TOL:.0%} of √2",
             "a computation: Gaussian batches of 16 / 128 / 1024 scatter 0.125 / 0.044 / 0.016 "
-            "around √2 per channel (session 4), so 5 % separates √2 from ρ = 1 or 2 at any batch"),
+            "around √2 per channel (measured 2026-11-26), so 5 % separates √2 from ρ = 1 or 2 "
+            "at any batch"),
     )
 )
 
@@ -227,7 +227,7 @@ THM1_EFFECTS = (
 # Design SD of one seed's T₁, T₂, T₃ (three quantities, one each): the pooled per-arm SD of each
 # effect's comparison in the pilot (2.1e-4, 0.0128, 0.00245 at 5 seeds per arm).
 THM1_DESIGN_SD = DesignSD({"T1": 0.00021, "T2": 0.013, "T3": 0.0025},
-                          "pilot: the session-4 catalogue run (smoke), 5 seeds/arm, 2026-11-26")
+                          "pilot: the smoke catalogue run of 2026-11-26, 5 seeds/arm")
 
 
 def thm1_verdict(data: dict, tiny: bool = False,

@@ -50,10 +50,10 @@ from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
 CHANCE = 0.1  # ten classes: digits (every smoke preset) and CIFAR-10
 # Design SD of one seed's test accuracy for one activation in the smoke preset (noisy digits, 40
 # epochs, width ½), stated before the runs: 3 points. Why: the binomial floor on 359 test images at
-# 85 % is 1.9 points, the split and the noise change with the seed, and issue 19's 40-epoch re-run
+# 85 % is 1.9 points, the split and the noise change with the seed, and a 40-epoch re-run
 # on clean digits found 0.2–1.6 points. The observed SD is reported beside it.
 SMOKE_SD = 0.03
-# The paper preset: the paper's own trial SDs are 0.04–0.56 points; we take 1 point (issue 19's
+# The paper preset: the paper's own trial SDs are 0.04–0.56 points; we take 1 point (a
 # 40-epoch, 5-seed re-run on digits: 0.2–1.6 points).
 PAPER_SD = 0.01
 
@@ -102,7 +102,7 @@ def table_design(table: int, preset: str = "smoke") -> Design:
             effect,
             PAPER_SD / root,
             PAPER_TRIALS,
-            "assumed 1 point per activation (issue 19 re-run: 0.2–1.6)",
+            "assumed 1 point per activation (a 40-epoch re-run: 0.2–1.6)",
             n_test=n_test,
         )
     return Design(

@@ -63,7 +63,7 @@ def fig11_verdict(losses: dict[str, list[float]], landscapes: dict[str, list[dic
     BatchNorm" — its ln mean training loss detectably below ln(COMPARABLE_FACTOR × BN's). Primary,
     pre-declared: the conjunction of these checks (:func:`verdicts.checks`): held when every check
     detects the claim, not held when one detects the opposite after Holm's correction over all of
-    them (issue 19: 22 uncorrected checks gave a spurious opposite result 43 % of the time), else
+    them (22 uncorrected checks gave a spurious opposite result 43 % of the time), else
     inconclusive (the parts give each check's resolvable effect, at ``design_sd``: keys
     "<net> loss" and "<net> <landscape quantity>")."""
     if tiny:
