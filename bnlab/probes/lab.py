@@ -14,6 +14,7 @@ from bnlab.callbacks import Batch, Callback, CallbackList, LossFn
 from . import activations, histograms  # noqa: F401 (register)
 from . import gamma, cbn_ratios, batch_noise, bn_regularization  # noqa: F401 (register)
 from . import effective_lr, gradients, hessian, ics, landscape  # noqa: F401 (register)
+from . import cost
 from .base import PROBES, Probe
 
 SEARCHES = ("max_stable_lr",)
@@ -75,11 +76,23 @@ class Lab:
     callable ``recorder(step, name, value)`` or an object with ``log_metrics(run_id, step, {name:
     value})`` (e.g. :class:`bnlab.store.Store`, with ``run_id``). ``lr`` is needed only without an
     optimizer. Probes given by name run every step (``every=1``).
+
+    Before the first call, the Lab says what the probes will cost (:mod:`bnlab.probes.cost`): it
+    times one forward+backward of the model on the first batch (state left as it was) and
+    multiplies by each probe's declared passes; a probe whose share of the training step would
+    exceed ``cost_budget`` (default 0.5) is reported in one
+    :class:`~bnlab.probes.cost.ProbeCostWarning` (``on_cost="warn"``), or its ``every`` is raised
+    to fit the budget (``on_cost="thin"``); ``on_cost="ignore"`` skips the estimate.
+    ``lab.costs`` holds the estimates.
     """
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, probes: Iterable[Callback | str] = (), *,
                  optimizer: torch.optim.Optimizer | None = None, recorder: Any = None,
-                 run_id: str | None = None, lr: float | None = None) -> None:
+                 run_id: str | None = None, lr: float | None = None,
+                 cost_budget: float = cost.BUDGET, on_cost: str = "warn") -> None:
+        cost.check_action(on_cost, cost_budget)
+        self.cost_budget, self.on_cost = float(cost_budget), on_cost
+        self.costs: list[cost.Cost] = []
         self.model = model
         self.loss_fn: LossFn | None = loss_fn
         self.optimizer = optimizer
@@ -124,6 +137,7 @@ class Lab:
         try:
             if not self._started:
                 self._started = True
+                self._estimate_costs()
                 self.callbacks.call("on_train_start", self)
             for hook in hooks:
                 self.callbacks.call(hook, self)
@@ -134,6 +148,17 @@ class Lab:
         if metrics:
             self.callbacks.call("on_log", self, self.step, metrics)
         return metrics
+
+    def _estimate_costs(self) -> None:
+        """:attr:`costs` on the first batch, then warn or thin (see the class docstring)."""
+        if self.on_cost == "ignore" or self.loss_fn is None or self.batch is None:
+            return
+        if not any(cost.passes(p, self.model) for p in self.probes):
+            self.costs = cost.estimate(self.probes, self.model, 0.0)
+            return
+        seconds = cost.time_pass(self.model, self.loss_fn, self.batch, self.optimizer)
+        self.costs = cost.estimate(self.probes, self.model, seconds)
+        cost.enforce(self.costs, self.probes, self.cost_budget, self.on_cost)
 
     def _record(self, step: int, metrics: dict[str, float]) -> None:
         if not metrics:
