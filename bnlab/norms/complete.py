@@ -34,6 +34,8 @@ def _forward_as(value: Tensor, carrier: Tensor) -> Tensor:
     "center": Param(True, bool, help="remove the mean (false: Eq. 5 alone)"),
     "eta": Param(None, float, minimum=0.0, nullable=True,
                  help="fixed moving weight instead of AMAT's rule"),
+    "order": Param("fold_first", str, choices=("fold_first", "literal"),
+                   help="fold this batch in before normalizing (bnlab) or after (Alg. 1)"),
     **BN_OPTIONS})
 class CompleteBatchNorm(ChannelNorm):
     """CBN, placed before the linear layer (``placement="pre_linear"``).
@@ -65,6 +67,14 @@ class CompleteBatchNorm(ChannelNorm):
     ``x'' = (γ/ρ)(x + β)/√(mean((x+β)²) + ε)`` — the "normalization with the ℓ2-norm" ablation of
     Table 6 (root mean square, not standard deviation).
 
+    ``order="literal"``: Algorithm 1's order read literally: normalize with the moving statistics of
+    the previous steps, μ_A,k and σ²_A,k, and fold this batch in afterwards (μ_A,k+1 = η μ_A,k + (1−η)
+    μ_B; σ²_A,k+1 = η σ²_A,k + (1−η) σ²_B, σ²_B the second moment of x' = x − μ_A,k + β). The default
+    ``"fold_first"`` folds the batch in first (the schematic above), so at η = 0 (AMAT at lr ≥ 1/ω)
+    it normalizes with the batch alone, where the literal order normalizes with the previous
+    batch's statistics. Both keep Eq. 9 and the additive mean correction; the first batch
+    initializes μ_A, σ²_A either way.
+
     Inference normalizes as training did: ``running_mean`` holds the centre that training removed
     and ``running_var`` the part of the divisor σ²_A that does not depend on β, ``σ²_A − (off +
     β)²`` (off = μ_B − centre, 0 when centring), so eval divides by ``√(running_var + (off + β)² +
@@ -95,10 +105,13 @@ class CompleteBatchNorm(ChannelNorm):
 
     def __init__(self, num_features: int, rho: float = 1.0, amat: bool = True, omega: float = 10.0,
                  decouple: bool = True, center: bool = True, eta: float | None = None,
-                 **kwargs) -> None:
+                 order: str = "fold_first", **kwargs) -> None:
         super().__init__(num_features, **kwargs)
         if eta is not None and not 0 <= eta < 1:
             raise ValueError(f"cbn: eta must be in [0, 1), got {eta!r}")
+        if order not in ("fold_first", "literal"):
+            raise ValueError(f"cbn: order must be 'fold_first' or 'literal', got {order!r}")
+        self.order = order
         self.rho, self.amat, self.omega = rho, amat, omega
         self.decouple, self.center = decouple, center
         self.eta = eta
@@ -129,7 +142,8 @@ class CompleteBatchNorm(ChannelNorm):
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", rho={self.rho}, amat={self.amat}, omega={self.omega}, "
-                f"decouple={self.decouple}, center={self.center}, eta={self.eta}")
+                f"decouple={self.decouple}, center={self.center}, eta={self.eta}"
+                + (f", order={self.order}" if self.order != "fold_first" else ""))
 
     def set_progress(self, *, lr=None, epoch=None, epochs=None) -> None:
         if lr is not None:
@@ -149,6 +163,13 @@ class CompleteBatchNorm(ChannelNorm):
 
     def eta_tensor(self) -> Tensor:
         return torch.where(self._steps() > 0, self._eta, torch.zeros_like(self._eta))
+
+    def _previous_eta(self) -> Tensor:
+        """η = 1 once μ_A, σ²_A hold a batch (so :meth:`moving_statistics` returns them as they
+        were before this batch: ``order="literal"``), 0 at the first batch (which initializes
+        them)."""
+        return torch.where(self._steps() > 0, torch.ones_like(self._eta),
+                           torch.zeros_like(self._eta))
 
     def _warn_without_progress(self) -> None:
         if self.amat and self.eta is None and self.lr is None and not self._warned_progress:
@@ -186,8 +207,12 @@ class CompleteBatchNorm(ChannelNorm):
         def eta() -> Tensor:
             return self.eta_tensor() if learning else torch.zeros_like(self._eta)
 
+        def forward_eta() -> Tensor:  # literal order: the moving statistics before this batch
+            return self._previous_eta() if learning and self.order == "literal" else eta()
+
         def coefficients(mean_b, var_b, gamma, beta):
-            centre, second_a, second_b, _ = self.moving_statistics(mean_b, var_b, beta, eta())
+            centre, second_a, second_b, _ = self.moving_statistics(mean_b, var_b, beta,
+                                                                   forward_eta())
             std_b = torch.sqrt(second_b + self.eps)
             std = std_b * (torch.sqrt(second_a + self.eps) / std_b).detach()
             scale = gamma / (self.rho * std)
@@ -202,6 +227,9 @@ class CompleteBatchNorm(ChannelNorm):
     @torch.no_grad()
     def _update_statistics(self, mean_b: Tensor, var_b: Tensor, beta: Tensor, eta: Tensor) -> None:
         centre, second_a, _, k = self.moving_statistics(mean_b, var_b, beta, eta)
+        if self.order == "literal":  # σ²_B of x' = x − μ_A,k + β, the x' this step normalized
+            _, _, second_b, k = self.moving_statistics(mean_b, var_b, beta, self._previous_eta())
+            second_a = eta * self.amat_var + (1 - eta) * second_b
         self.write_buffer("amat_mean", centre)  # (read by this step's graph: see write_buffer)
         self.write_buffer("amat_var", second_a)
         self.write_buffer("_amat_steps", self._amat_steps + 1)
