@@ -67,12 +67,12 @@ class CompleteBatchNorm(ChannelNorm):
     ``x'' = (γ/ρ)(x + β)/√(mean((x+β)²) + ε)`` — the "normalization with the ℓ2-norm" ablation of
     Table 6 (root mean square, not standard deviation).
 
-    ``order="literal"``: Algorithm 1's order read literally: normalize with the moving statistics of
-    the previous steps, μ_A,k and σ²_A,k, and fold this batch in afterwards (μ_A,k+1 = η μ_A,k + (1−η)
-    μ_B; σ²_A,k+1 = η σ²_A,k + (1−η) σ²_B, σ²_B the second moment of x' = x − μ_A,k + β). The default
-    ``"fold_first"`` folds the batch in first (the schematic above), so at η = 0 (AMAT at lr ≥ 1/ω)
-    it normalizes with the batch alone, where the literal order normalizes with the previous
-    batch's statistics. Both keep Eq. 9 and the additive mean correction; the first batch
+    ``order="literal"``: Algorithm 1's order read literally: normalize with the moving statistics
+    of the previous steps, μ_A,k and σ²_A,k, and fold this batch in afterwards (μ_A,k+1 = η μ_A,k +
+    (1−η) μ_B; σ²_A,k+1 = η σ²_A,k + (1−η) σ²_B, σ²_B the second moment of x' = x − μ_A,k + β).
+    The default ``"fold_first"`` folds the batch in first (the schematic above), so at η = 0 (AMAT
+    at lr ≥ 1/ω) it normalizes with the batch alone, where the literal order normalizes with the
+    previous batch's statistics. Both keep Eq. 9 and the additive mean correction; the first batch
     initializes μ_A, σ²_A either way.
 
     Inference normalizes as training did: ``running_mean`` holds the centre that training removed
