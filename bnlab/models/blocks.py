@@ -21,6 +21,8 @@ import torch
 import torch.nn as nn
 
 import bnlab.norms as norms
+from bnlab.norms.ops import spec_parts
+from bnlab.norms.registry import lookup
 from bnlab.spec import check_choice
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -98,8 +100,14 @@ class BlockFactory:
         return self.initialize(nn.Linear(in_features, out_features, bias=bias))
 
     def classifier(self, in_features: int, out_features: int, *, bias: bool = True,
-                   logit_norm: bool = False) -> nn.Module:
-        """The final layer: no activation; no norm unless ``logit_norm``.
+                   logit_norm: bool = False, head_norm: bool = False) -> nn.Module:
+        """The final layer: no activation; no norm unless ``logit_norm`` or ``head_norm``.
+
+        ``head_norm=True`` (Peng et al. Fig. 1(c), a CBN in front of the linear layer it feeds,
+        read as reaching the classifier too): ``[norm, linear]``, the model's norm on the
+        classifier's input features, whatever the placement of the hidden blocks. The linear layer
+        keeps its bias (nothing after it removes a mean). With ``norm="none"`` it is the plain
+        linear layer; a wrapper spec (``wn``, ``si_bn``) has no norm to place and is refused.
 
         ``logit_norm=True`` (Arora et al. 2019, Eq. 2 and App. D): the model's norm on the logits,
         ``norm(W x)``, so the classifier weight is scale-invariant like every other kernel and only
@@ -107,11 +115,24 @@ class BlockFactory:
         whatever the placement; the layer has no bias when the norm removes the mean. With
         ``norm="none"`` it is the plain linear layer.
         """
+        if logit_norm and head_norm:
+            raise ValueError("classifier: logit_norm and head_norm are exclusive")
+        if head_norm and self.norm != "none":
+            return self.head(self.initialize(nn.Linear(in_features, out_features, bias=bias)))
         if not logit_norm or self.norm == "none":
             return self.initialize(nn.Linear(in_features, out_features, bias=bias))
         layer = self.initialize(nn.Linear(in_features, out_features,
                                           bias=not norms.removes_mean(self.norm)))
         return norms.normalized(layer, self.norm, "pre_activation")
+
+    def head(self, layer: nn.Module) -> nn.Sequential:
+        """``[norm, layer]``: this factory's norm spec in front of ``layer`` (see
+        :meth:`classifier`'s ``head_norm``); a ``ValueError`` for a wrapper spec."""
+        if any(lookup(part)[0].kind == "wrapper" for part in spec_parts(self.norm)):
+            raise ValueError(f"head_norm needs a normalization layer; {self.norm!r} wraps the "
+                             "linear layer instead (use a norm such as bn or cbn, or "
+                             "head_norm=false)")
+        return norms.normalized(layer, self.norm, "pre_linear")
 
     # ---- blocks ------------------------------------------------------------------------------
     def unit(self, layer: nn.Module, *, with_activation: bool = True) -> nn.Sequential:

@@ -53,6 +53,7 @@ class ZeroPadShortcut(nn.Module):
 
 RESIDUAL_FORMS = ("he", "peng")
 RESIDUAL = Param("he", str, choices=RESIDUAL_FORMS, help="act after (he) or before (peng) the sum")
+HEAD_NORM = Param(False, bool, help="the model's norm on the pooled features, before the fc")
 
 
 class BasicBlock(nn.Module):
@@ -95,14 +96,17 @@ class ResNet(nn.Module):
 
 
 @model("resnet20", "He et al. 2016 §4.2; Peng et al. (CBN)", images_only=True,
-       params={"width": width(), "residual": RESIDUAL, "padding_mode": PADDING})
+       params={"width": width(), "residual": RESIDUAL, "padding_mode": PADDING,
+               "head_norm": HEAD_NORM})
 def resnet20(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0,
-             residual: str = "he", padding_mode: str = "zeros") -> ResNet:
+             residual: str = "he", padding_mode: str = "zeros", head_norm: bool = False) -> ResNet:
     """He et al. 2016 CIFAR ResNet-20 (3 stages × 3 basic blocks, 16/32/64 channels) as Peng et al.
     use.
 
     ``residual``: ``"he"`` (activation after the shortcut sum) or ``"peng"`` (Peng Eq. 7: before
     it). ``padding_mode``: the convs' padding, ``"zeros"`` (the paper's) or ``"replicate"``.
+    ``head_norm``: the model's norm on the pooled features in front of ``fc`` (``fc`` becomes
+    ``[norm, linear]``; Peng's Fig. 1(c) neither shows nor excludes it), off by default.
     """
     check_choice("residual", residual, RESIDUAL_FORMS)
     f = with_padding(f, padding_mode)
@@ -117,4 +121,4 @@ def resnet20(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: fl
             blocks.append(BasicBlock(f, in_ch, out_ch, stride, residual))
             in_ch = out_ch
         stages.append(nn.Sequential(*blocks))
-    return ResNet(stem, stages, f.classifier(in_ch, num_classes))
+    return ResNet(stem, stages, f.classifier(in_ch, num_classes, head_norm=head_norm))

@@ -93,20 +93,24 @@ def make_features(f: BlockFactory, cfg: list, input_shape: tuple,
 
 
 def make_classifier(f: BlockFactory, in_features: int, hidden: list[int], num_classes: int,
-                    width: float, logit_norm: bool = False) -> nn.Sequential:
+                    width: float, logit_norm: bool = False,
+                    head_norm: bool = False) -> nn.Sequential:
     layers: list[nn.Module] = []
     for units in hidden:
         out = scaled(units, width)
         layers.append(f.linear_unit(in_features, out))
         in_features = out
-    layers.append(f.classifier(in_features, num_classes, logit_norm=logit_norm))
+    layers.append(f.classifier(in_features, num_classes, logit_norm=logit_norm,
+                               head_norm=head_norm))
     return nn.Sequential(*layers)
 
 
 def vgg_net(f: BlockFactory, input_shape: tuple, num_classes: int, convs: list, fcs: list,
-            width: float, model: str, logit_norm: bool = False) -> ConvNet:
+            width: float, model: str, logit_norm: bool = False,
+            head_norm: bool = False) -> ConvNet:
     features, flat = make_features(f, convs, image_shape(input_shape, model), width)
-    return ConvNet(features, make_classifier(f, flat, fcs, num_classes, width, logit_norm))
+    return ConvNet(features, make_classifier(f, flat, fcs, num_classes, width, logit_norm,
+                                             head_norm))
 
 
 @model("vgg_santurkar", "Santurkar et al. 2018, App. A.1", images_only=True,
@@ -132,18 +136,21 @@ def vgg_arora(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: f
 
 
 @model("vgg16", "Simonyan & Zisserman 2015 (D); Peng et al. (CBN)", images_only=True,
-       params={"width": width(), "fc_widths": FC_WIDTHS, "padding_mode": PADDING})
+       params={"width": width(), "fc_widths": FC_WIDTHS, "padding_mode": PADDING,
+               "head_norm": flag(False, "the model's norm in front of the final linear layer")})
 def vgg16(f: BlockFactory, input_shape: tuple, num_classes: int, *, width: float = 1.0,
-          fc_widths: tuple = (), padding_mode: str = "zeros") -> ConvNet:
+          fc_widths: tuple = (), padding_mode: str = "zeros", head_norm: bool = False) -> ConvNet:
     """CIFAR VGG-16 as in Peng et al.: 13 conv (configuration D) + linear classifier on 512
     features.
 
     ``fc_widths=(512, 512)`` adds the two hidden fc blocks of the ImageNet-style 16-weight-layer
     variant. VGG has no shortcuts (𝕀(SC) = 0 in Peng's Eq. 7), so the residual forms coincide and
     there is no ``residual`` option. ``padding_mode``: ``"zeros"`` (the paper's) or ``"replicate"``.
+    ``head_norm``: the model's norm in front of the final linear layer (the last classifier item
+    becomes ``[norm, linear]``; Peng's Fig. 1(c) neither shows nor excludes it), off by default.
     """
     return vgg_net(with_padding(f, padding_mode), input_shape, num_classes, VGG16_CONVS,
-                   list(fc_widths), width, "vgg16")
+                   list(fc_widths), width, "vgg16", head_norm=head_norm)
 
 
 @model("luo_cnn", "Luo et al. 2019, §5", images_only=True, params={"width": width()})

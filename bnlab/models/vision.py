@@ -13,7 +13,9 @@ and with BN or CBN. ``tv_resnet18``, ``tv_resnet50`` and ``tv_efficientnet_b0`` 
    mean-removing norm follows it any more);
 3. ``residual="peng"`` (ResNets): Peng's Eq. 7 / Eq. 13 block ``x + δ(y)`` — the activation applied
    to the residual branch before the shortcut sum — instead of torchvision's (He's) ``δ(x + y)``;
-4. ``bnlab.norms.convert(model, norm)`` replaces every BatchNorm by the requested layer.
+4. ``bnlab.norms.convert(model, norm)`` replaces every BatchNorm by the requested layer;
+5. ``head_norm=true`` (ResNets): the requested norm on the pooled features, in front of ``fc``
+   (``fc`` becomes ``[norm, linear]``; Peng's Fig. 1(c) neither shows nor excludes it).
 
 torchvision is imported only when one of these models is built; without it (or where its compiled
 extension cannot load) the error says what to install.
@@ -31,7 +33,7 @@ from bnlab.spec import check_choice
 
 from .blocks import BlockFactory, activation
 from .catalog import model
-from .resnet import RESIDUAL, RESIDUAL_FORMS
+from .resnet import HEAD_NORM, RESIDUAL, RESIDUAL_FORMS
 from .vision_compat import VisionImportError, import_torchvision
 
 # the nonlinearities of torchvision's ResNets (ReLU) and EfficientNet (SiLU)
@@ -161,27 +163,30 @@ def _finish(model: nn.Module, f: BlockFactory, residual: str | None) -> nn.Modul
 
 
 @model("tv_resnet18", "He et al. 2016 (torchvision); Peng et al. Table 5", images_only=True,
-       params={"residual": RESIDUAL})
+       params={"residual": RESIDUAL, "head_norm": HEAD_NORM})
 def tv_resnet18(f: BlockFactory, input_shape: tuple, num_classes: int, *,
-                residual: str = "he") -> nn.Module:
+                residual: str = "he", head_norm: bool = False) -> nn.Module:
     """torchvision ResNet-18 (He et al. 2016) with bnlab norms; Peng et al. Table 5."""
-    return _tv_resnet("resnet18", f, input_shape, num_classes, residual)
+    return _tv_resnet("resnet18", f, input_shape, num_classes, residual, head_norm)
 
 
 @model("tv_resnet50", "He et al. 2016 (torchvision); Peng et al. Table 5", images_only=True,
-       params={"residual": RESIDUAL})
+       params={"residual": RESIDUAL, "head_norm": HEAD_NORM})
 def tv_resnet50(f: BlockFactory, input_shape: tuple, num_classes: int, *,
-                residual: str = "he") -> nn.Module:
+                residual: str = "he", head_norm: bool = False) -> nn.Module:
     """torchvision ResNet-50 (He et al. 2016) with bnlab norms; Peng et al. Table 5."""
-    return _tv_resnet("resnet50", f, input_shape, num_classes, residual)
+    return _tv_resnet("resnet50", f, input_shape, num_classes, residual, head_norm)
 
 
 def _tv_resnet(arch: str, f: BlockFactory, input_shape: tuple, num_classes: int,
-               residual: str) -> nn.Module:
+               residual: str, head_norm: bool = False) -> nn.Module:
     check_choice("residual", residual, RESIDUAL_FORMS)
     _check_input(f"tv_{arch}", input_shape, f)
     model = getattr(torchvision_models(), arch)(weights=None, num_classes=num_classes)
-    return _finish(model, f, residual)
+    model = _finish(model, f, residual)
+    if head_norm and f.norm != "none":
+        model.fc = f.head(model.fc)
+    return model
 
 
 @model("tv_efficientnet_b0", "Tan & Le 2019 (torchvision); Peng et al. Table 5", images_only=True,
