@@ -2,19 +2,24 @@
 
     python docs/build_readme.py --runs-dir runs          # after `make demo` or `bnlab reproduce`
     python docs/build_readme.py --runs-dir runs --check  # exit 1 if a table disagrees with the runs
+    python docs/build_readme.py --from-snapshot          # re-render docs/verdicts.json's rows
 
 Only the region between ``<!-- verdicts:start -->`` and ``<!-- verdicts:end -->`` changes in each
-file; the rest is hand-written. The README's region holds every stored entry with its full summary;
-each paper page (``PAGES``, found beside the README) holds its own entries, with the summary's first
-clause (the primary comparison, ``first_clause``). The verdicts are not copied from anywhere: every
-stored catalogue entry is analysed again from the store (``bnlab.experiments.runner.iter_outcomes``,
-the same path as ``bnlab report``; nothing is trained), so the tables say what the stored runs say
-today. The user guide itself is the docs site (``mkdocs.yml``, pages in ``docs/readme/``).
+file; the rest is hand-written. The README's region holds one short row per stored entry: its
+verdict, our number beside the paper's (``headline``), one short clause and a link to the entry's
+anchor on its paper page, with the decision rule stated once under the table. Each paper page
+(``PAGES``, found beside the README) holds a table of its own entries with the summary's first
+clause (the primary comparison, ``first_clause``), then every entry's full summary under its anchor:
+the full evidence lives there. The verdicts are not copied from anywhere: every stored catalogue
+entry is analysed again from the store (``bnlab.experiments.runner.iter_outcomes``, the same path as
+``bnlab report``; nothing is trained), so the tables say what the stored runs say today. The user
+guide itself is the docs site (``mkdocs.yml``, pages in ``docs/readme/``).
 
 Each rewrite also stores the rows it rendered in ``docs/verdicts.json`` (the store's verdicts, as
 analysed then): the suite checks that every table is exactly what those rows render and that every
 row names a catalogue entry, so neither a hand edit nor a renamed entry goes unnoticed where no
-store is at hand (CI). ``--check`` compares the README and the pages with a live store instead.
+store is at hand (CI). ``--check`` compares the README and the pages with a live store instead;
+``--from-snapshot`` renders the stored rows again (a change of layout needs no store).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -29,6 +35,7 @@ from pathlib import Path
 
 from bnlab.experiments.base import PAPERS
 from bnlab.experiments.runner import iter_outcomes
+from bnlab.experiments.verdicts import RULE
 from bnlab.store import Store
 
 START, END = "<!-- verdicts:start -->", "<!-- verdicts:end -->"
@@ -123,22 +130,108 @@ def first_clause(summary: str) -> str:
     return summary
 
 
-def _paper(row: dict) -> str:
-    cited = f"{row.get('authors', row['paper'])}, {row['target']}"
-    page = page_of(row)
-    return f"[{cited}]({page})" if page else cited
-
-
 def _preset(row: dict) -> str:
     return row["preset"] + (" (tiny: a wiring check)" if row["tiny"] else "")
+
+
+def anchor(row: dict) -> str:
+    """The entry's anchor on its page (its full evidence, ``page_table``): the entry id."""
+    return row["id"]
+
+
+def entry_link(row: dict) -> str:
+    """The README's link to the entry's full evidence (``page_of`` + ``#`` + ``anchor``)."""
+    page = page_of(row)
+    return f"[`{row['id']}`]({page}#{anchor(row)})" if page else f"`{row['id']}`"
+
+
+# ``headline``'s patterns, tried in order on the summary (numbers as the analyses print them).
+_NUM = r"[+\-−]?\d[\d.]*(?:e[+\-]?\d+)?"
+_PARENS = r"\((?:[^()]|\([^()]*\))*\)"  # one bracketed group, one level of nesting inside
+_HEADLINES = (
+    # a Design's primary: "<quantity> -23.5 pt ± 1.4 (SE; …, p=…, n=5/5) vs the paper's +6.08 pt"
+    re.compile(rf"(?P<ours>{_NUM}(?: \w+)? ± {_NUM}(?: (?:pt|dex|points))?) (?P<stats>{_PARENS}) "
+               r"vs the paper's (?P<paper>[^;]+)"),
+    # a per-panel comparison with the paper's number in brackets: "+12.4 ± 16 (SE; …) [paper +18]"
+    re.compile(rf"(?P<ours>{_NUM} ± {_NUM}) (?P<stats>{_PARENS}) \[paper (?P<paper>{_NUM})\]"),
+    # a fitted number beside the paper's: "ζ_BN = 0.0202 (paper: 0.014; …"
+    re.compile(rf"= (?P<ours>{_NUM}) \(paper: (?P<paper>{_NUM})"),
+    # a number against a stated value: "= 1.422 (10–90 %: …) vs √2 = 1.414, …"
+    re.compile(rf"= (?P<ours>{_NUM})(?: {_PARENS})? vs (?P<paper>[^,;]+)"),
+    # a bound: "= 0.247 (≤ 1 required)"
+    re.compile(rf"= (?P<ours>{_NUM}) \((?P<paper>[≤≥<>] ?{_NUM}) required\)"),
+)
+# The README's clause: at most this many characters (bracketed asides dropped first).
+CLAUSE_CHARS = 130
+
+
+def headline(summary: str) -> dict[str, str]:
+    """Our number, the paper's and one short clause for the README's row, read from an outcome's
+    summary: the first of ``_HEADLINES`` found (the primary's "vs the paper's" anywhere in the
+    summary, the others in ``first_clause(summary)``) gives ``ours`` and ``paper``, and the clause
+    is what the summary measures there (the clause before our number, with the test's p and n
+    when it states them). A summary that matches none (several numbers, none of them the paper's)
+    falls back to ``"—"`` for both and its first clause, shortened (``shorten``)."""
+    clause = first_clause(summary)
+    for i, pattern in enumerate(_HEADLINES):
+        text = summary if i == 0 else clause
+        match = pattern.search(text)
+        if match is None:
+            continue
+        what = _last_clause(text[:match.start()]).strip(" :=;,")
+        stats = re.findall(r"\b([pn]=[^,;)]+)", match.groupdict().get("stats") or "")
+        what = shorten(what or clause, CLAUSE_CHARS - 20)
+        return {"ours": match["ours"], "paper": match["paper"].strip(),
+                "clause": what + (f" ({', '.join(stats)})" if stats else "")}
+    return {"ours": "—", "paper": "—", "clause": shorten(clause, CLAUSE_CHARS)}
+
+
+def _last_clause(text: str) -> str:
+    """What follows the last ``"; "`` outside brackets in ``text`` (all of it when none)."""
+    depth, start = 0, 0
+    for i, char in enumerate(text):
+        depth += char in "([{"
+        depth -= char in ")]}" and depth > 0
+        if depth == 0 and text.startswith("; ", i):
+            start = i + 2
+    return text[start:]
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters: bracketed asides dropped from the last one back,
+    then cut at a word boundary (never inside brackets) with "…"."""
+    text = " ".join(text.split())
+    while len(text) > limit:
+        groups = list(re.finditer(rf" ?{_PARENS}", text))
+        if not groups:
+            break
+        text = text[:groups[-1].start()] + text[groups[-1].end():]
+    if len(text) <= limit:
+        return text
+    cut, depth = 0, 0
+    for i, char in enumerate(text[:limit]):
+        depth += char in "([{"
+        depth -= char in ")]}" and depth > 0
+        if char == " " and depth == 0:
+            cut = i
+    return text[:cut or limit - 1].rstrip(" ,;:") + " …"
+
+
+def _verdict(row: dict) -> str:
+    """The verdict, with the preset when it is not the plain smoke one."""
+    plain = row["preset"] == "smoke" and not row["tiny"]
+    return f"**{row['verdict']}**" + ("" if plain else f" ({_preset(row)})")
 
 
 Column = tuple[str, Callable[[dict], str]]
 _ENTRY: Column = ("entry", lambda r: f"`{r['id']}`")
 _VERDICT: Column = ("verdict", lambda r: f"**{r['verdict']}**")
 _STORED: Column = ("stored", lambda r: r["date"])
-README_COLUMNS: tuple[Column, ...] = (_ENTRY, ("paper", _paper), ("preset", _preset), _VERDICT,
-                                      ("what decided it", lambda r: r["summary"]), _STORED)
+README_COLUMNS: tuple[Column, ...] = (
+    ("entry", entry_link), ("paper", lambda r: f"{r.get('authors', r['paper'])}, {r['target']}"),
+    ("verdict", _verdict), ("ours", lambda r: headline(r["summary"])["ours"]),
+    ("paper's", lambda r: headline(r["summary"])["paper"]),
+    ("what decided it", lambda r: headline(r["summary"])["clause"]))
 PAGE_COLUMNS: tuple[Column, ...] = (_ENTRY, ("target", lambda r: r["target"]),
                                     ("preset", _preset), _VERDICT,
                                     ("primary comparison", lambda r: first_clause(r["summary"])),
@@ -160,28 +253,36 @@ def _run_facts(rows: list[dict]) -> tuple[list, list]:
 
 
 def verdict_table(rows: list[dict], runs_dir: str) -> str:
-    """The README's region: a one-line provenance note and every row with its full summary."""
+    """The README's region: a one-line provenance note, one short row per entry (``headline``,
+    linked to its full evidence) and the decision rule, stated once under the table."""
     if not rows:
         return (f"*No catalogue entry is stored in `{runs_dir}` yet: run `make demo`, "
                 "then this script.*")
     threads, cpus = _run_facts(rows)
-    per_run = (f" Every training run used {' or '.join(map(str, threads))} torch thread(s) (each "
-               "run's recorded `env`), so the numbers do not depend on the machine's cores."
-               if threads else "")
-    if cpus:  # float32 kernels round differently on another CPU model or SIMD level
-        per_run += (f" The runs that record their CPU ran on {' and '.join(cpus)}; on another CPU "
-                    "the same runs end within their seed-to-seed scatter, not digit for digit, "
-                    "and a verdict at the edge of its rule can move.")
-    note = (f"*Generated by `python docs/build_readme.py --runs-dir {runs_dir}` from "
-            f"{len(rows)} stored "
-            "entries (re-analysed from the store; smoke presets are small proxies of the papers' "
-            f"experiments: a verdict is about the proxy, see each entry's page).{per_run}*")
-    return render_table(rows, note, README_COLUMNS)
+    dates = sorted({r["date"] for r in rows})
+    stored = dates[0] + (f" to {dates[-1]}" if len(dates) > 1 else "")
+    per_run = (f" Each run used {' or '.join(map(str, threads))} torch thread(s)" if threads
+               else "")
+    per_run += (f", on {' and '.join(cpus)}" if cpus else "") + ("." if per_run else "")
+    note = (f"*Generated by `python docs/build_readme.py --runs-dir {runs_dir}` from {len(rows)} "
+            f"stored entries (smoke preset unless the verdict says otherwise; stored {stored})."
+            f"{per_run} Each entry links to its full evidence; — : several numbers decide it, "
+            "see there.*")
+    rule = (f"*The rule: {RULE}. Smoke presets are small proxies of the papers' experiments: a "
+            "verdict is about the proxy.*")
+    return render_table(rows, note, README_COLUMNS) + "\n\n" + rule
+
+
+def _evidence(row: dict) -> str:
+    """An entry's full summary under its anchor (the README's rows link here)."""
+    return (f'<a id="{anchor(row)}"></a>**`{row["id"]}`** ({_cell(row["target"])}, '
+            f"{_preset(row)}, stored {row['date']}): **{row['verdict']}**. "
+            f"{' '.join(str(row['summary']).split())}")
 
 
 def page_table(rows: list[dict], runs_dir: str, page: str) -> str:
-    """A paper page's region: a one-line provenance note and the page's rows (``page_of``), each
-    with its primary comparison (``first_clause``) instead of the full summary."""
+    """A paper page's region: a one-line provenance note, the page's rows (``page_of``) with their
+    primary comparison (``first_clause``), then each entry's full summary under its anchor."""
     mine = [r for r in rows if page_of(r) == page]
     command = f"`python docs/build_readme.py --runs-dir {runs_dir}`"
     if not mine:
@@ -192,10 +293,11 @@ def page_table(rows: list[dict], runs_dir: str, page: str) -> str:
     runs += f", on {' and '.join(cpus)}" if cpus else ""
     note = (f"*Generated by {command} from the store's {len(mine)} entries of this page "
             f"({len(rows)} in all), each re-analysed from its stored runs{runs}. Primary "
-            "comparison: the summary's "
-            "first clause (the README's table has the whole summary); smoke presets are small "
-            "proxies of the paper's experiments.*")
-    return render_table(mine, note, PAGE_COLUMNS)
+            "comparison: the summary's first clause (each entry's whole summary follows the "
+            "table); smoke presets are small proxies of the paper's experiments.*")
+    evidence = "\n\n".join(_evidence(r) for r in mine)
+    return (render_table(mine, note, PAGE_COLUMNS) + "\n\n#### Full evidence, entry by entry\n\n"
+            + evidence)
 
 
 def tables(rows: list[dict], runs_dir: str, readme: Path) -> dict[Path, str]:
@@ -271,10 +373,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the rendered rows are kept")
     parser.add_argument("--check", action="store_true",
                         help="compare only; exit 1 if the README or a page disagrees")
+    parser.add_argument("--from-snapshot", action="store_true",
+                        help="render the rows kept in --snapshot again (no store is read)")
     args = parser.parse_args(argv)
     try:
-        rows = collect_rows(args.runs_dir)
-        targets = tables(rows, str(args.runs_dir), args.readme)
+        if args.from_snapshot:
+            rows, runs_dir = load_snapshot(args.snapshot)
+        else:
+            rows, runs_dir = collect_rows(args.runs_dir), str(args.runs_dir)
+        targets = tables(rows, runs_dir, args.readme)
         if args.check:
             source = f"the store at {args.runs_dir}"
             return max([check(path, table, source) for path, table in targets.items()])
@@ -284,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for path, text in texts.items():
         path.write_text(text)
-    args.snapshot.write_text(json.dumps({"runs_dir": str(args.runs_dir), "rows": rows}, indent=1,
+    args.snapshot.write_text(json.dumps({"runs_dir": runs_dir, "rows": rows}, indent=1,
                                         ensure_ascii=False) + "\n")
     counts: dict[str, int] = {}
     for r in rows:
