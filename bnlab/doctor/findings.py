@@ -9,6 +9,7 @@ layer that applies it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 CODES = (
@@ -58,11 +59,13 @@ class Finding:
 
     @property
     def ratio(self) -> float:
-        """``value / threshold`` (``inf`` for a zero threshold and nonzero value); how far the
-        measurement is from the line, used to order findings."""
-        if self.threshold == 0.0:
-            return 0.0 if self.value == 0.0 else float("inf")
-        return abs(self.value / self.threshold)
+        """How far the measurement is from the line, max(value/threshold, threshold/value) (a
+        finding may warn above or below its threshold); 0 when either is zero or not finite.
+        Orders findings of the same severity."""
+        v, t = abs(self.value), abs(self.threshold)
+        if not (math.isfinite(v) and math.isfinite(t)) or v == 0.0 or t == 0.0:
+            return 0.0
+        return max(v / t, t / v)
 
     def to_dict(self) -> dict:
         """JSON-safe dict of the fields (``layers`` as a list; non-finite floats as strings)."""

@@ -1,0 +1,46 @@
+"""micro-batch-statistics: BN normalizes over micro-batches smaller than the optimizer's batch.
+
+With gradient accumulation over k micro-batches of b samples, the optimizer steps on k·b samples
+but every BN layer normalizes each micro-batch with its own statistics: the training function is
+BN at batch b (noise ~1/m per channel, Yong et al., Momentum Batch Normalization, Theorem 1, with m
+from b, not k·b), and the running statistics take k EMA steps per optimizer step. The value is the
+micro-batch size b, the threshold the optimizer's batch k·b; it warns whenever k > 1 and some BN
+layer normalizes with batch statistics in training.
+
+Cost: none (reads ``accumulation_steps`` and the layers).
+"""
+
+from __future__ import annotations
+
+import bnlab.norms
+
+from bnlab.probes.base import bn_layers
+
+from .context import Checkup
+from .findings import Finding
+
+PAPER = ("Yong, Huang, Meng, Hua & Zhang, Momentum Batch Normalization for Deep Learning with "
+         "Small Batch Size (ECCV 2020), Theorem 1: the noise is set by the normalized batch")
+WHY = ("BN's statistics come from the batch it sees; accumulation does not enlarge it, so any "
+       "k > 1 trains a different function from one step on k·b samples")
+
+
+def remedy(k: int) -> str:
+    if hasattr(bnlab.norms, "accumulate"):
+        return (f"bnlab.norms.accumulate (normalize over all {k} micro-batches of an optimizer "
+                "step), or a larger micro-batch")
+    return ("a larger micro-batch; or smooth the statistics across micro-batches with "
+            "bnlab.norms.create('mbn') or 'brn'; divide momentum by "
+            f"{k} to keep the running statistics' horizon")
+
+
+def check(checkup: Checkup, report) -> None:
+    k = int(checkup.accumulation_steps)
+    layers = [n for n, m in bn_layers(checkup.model) if not getattr(m, "frozen", False)]
+    if k <= 1 or not layers:
+        return
+    b = checkup.batch_size
+    report.add(Finding(
+        "micro-batch-statistics", "warn", tuple(layers), float(b), float(k * b), WHY, PAPER,
+        remedy(k), f"{len(layers)} BN layer(s) normalize over micro-batches of {b}, the optimizer "
+        f"steps on {k}×{b} = {k * b}"))
