@@ -24,6 +24,14 @@ probes ends with the same weights, bitwise, as the run without them
 (tests/test_lightning_adapter.py).
 An exception ends the bnlab callbacks with status ``interrupted`` (KeyboardInterrupt) or
 ``failed``; ``state_dict`` holds the wrapped callbacks' states, by name, in Lightning checkpoints.
+
+:class:`StochasticWeightAveraging` is Lightning's SWA callback for models with bnlab layers: its
+extra epoch recomputes every layer's statistics (:mod:`bnlab.norms.population`), where Lightning's
+own finds BatchNorm by ``isinstance(m, _BatchNorm)`` and leaves bnlab's with the last network's.
+
+Importing this module needs no manual step beside a CPU torch whose torchvision wheel does not
+match it (Lightning's torchmetrics imports torchvision): :func:`~bnlab.models.vision_compat.
+prepare_torchvision` runs first.
 """
 
 from __future__ import annotations
@@ -31,14 +39,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 from torch import nn
 
 from bnlab.callbacks import Batch, Callback, CallbackList, LossFn
+from bnlab.models.vision_compat import prepare_torchvision
+from bnlab.norms.ecosystem import is_batch_norm
+from bnlab.norms.population import StatisticsPass
 from bnlab.probes import create
 
-__all__ = ["BnlabCallback", "LightningLoop"]
+prepare_torchvision()  # before Lightning: torchmetrics imports torchvision at its top
+import lightning.pytorch as pl  # noqa: E402
+
+__all__ = ["BnlabCallback", "LightningLoop", "StochasticWeightAveraging"]
 
 
 class LightningLoop:
@@ -152,3 +165,32 @@ class BnlabCallback(pl.Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.callbacks.load_state_dict(state_dict)
+
+
+class StochasticWeightAveraging(pl.callbacks.StochasticWeightAveraging):
+    """``lightning.pytorch.callbacks.StochasticWeightAveraging`` that recomputes the statistics of
+    every normalization layer in its extra epoch, bnlab's included (same arguments).
+
+    Lightning's callback adds one epoch after the averaging in which the averaged weights run over
+    the training data without backward, and resets only torch's ``_BatchNorm`` layers for it.
+    Here that epoch is also a :class:`bnlab.norms.population.StatisticsPass` over bnlab's layers:
+    at its end their buffers hold the batch averages that :func:`bnlab.norms.update_bn` computes
+    from the same batches (mbn's and cbn's moving statistics too); torch's layers get Lightning's
+    own treatment, unchanged.
+    """
+
+    _statistics: StatisticsPass | None = None
+
+    @staticmethod
+    def pl_module_contains_batch_norm(pl_module: pl.LightningModule) -> bool:
+        return any(is_batch_norm(m) for m in pl_module.modules())
+
+    def reset_batch_norm_and_save_state(self, pl_module: pl.LightningModule) -> None:
+        super().reset_batch_norm_and_save_state(pl_module)
+        self._statistics = StatisticsPass(pl_module, torch_layers=False).start()
+
+    def reset_momenta(self) -> None:
+        if self._statistics is not None:
+            self._statistics.finish()
+            self._statistics = None
+        super().reset_momenta()

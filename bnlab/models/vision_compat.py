@@ -41,6 +41,7 @@ __all__ = [
     "VisionOpsUnavailable",
     "import_timm",
     "import_torchvision",
+    "prepare_torchvision",
     "INSTALL_HINT",
 ]
 
@@ -130,3 +131,23 @@ def import_timm() -> ModuleType:
         return importlib.import_module("timm")
     except (ImportError, RuntimeError) as err:
         raise VisionImportError(f"timm cannot be imported ({err}); {INSTALL_HINT}") from err
+
+
+def prepare_torchvision() -> bool:
+    """Make a later ``import torchvision`` work (also from inside other packages: Lightning's
+    torchmetrics, timm) where it is installed; True if torchvision is importable now.
+
+    Nothing happens where torchvision is not installed or already imported. Where it fails for
+    another reason than the missing operators, it stays failing (False): the package that imports
+    it reports that itself. For modules that import such packages at their top (bnlab's Lightning
+    adapter), so that no manual :func:`import_torchvision` is needed first.
+    """
+    if "torchvision" in sys.modules:
+        return True
+    if importlib.util.find_spec("torchvision") is None:
+        return False
+    try:
+        import_torchvision()
+    except VisionImportError:
+        return False
+    return True

@@ -27,7 +27,11 @@ from .ops import (
     validate,
 )
 from .progress import ProgressTracker, set_progress, track
-from .recollect import recollect_running_stats
+from .recollect import INPUT_KEY, recollect_running_stats, update_bn
+from .freeze import freeze, frozen_layers, unfreeze
+from .ecosystem import (
+    BATCH_NORMS, fuse_conv_bn_eval, fuse_linear_bn_eval, is_batch_norm, param_groups_no_decay,
+)
 from .registry import NormInfo
 from .renorm import BatchRenorm
 from .wrappers import ScaleInvariantBN, ScaleInvariantConvBN, ScaleInvariantLinearBN, WeightNorm
@@ -45,4 +49,7 @@ __all__ = [
     "hoffer_linf_constant", "mbn_lambda", "normalized", "plain_autograd", "recollect_running_stats",
     "regularization_loss", "removes_mean", "seed_layers", "set_compiled_steps", "set_progress",
     "stochastic_layers", "track", "validate",
+    # with other tools (docs/readme/tools.md)
+    "BATCH_NORMS", "INPUT_KEY", "freeze", "frozen_layers", "fuse_conv_bn_eval",
+    "fuse_linear_bn_eval", "is_batch_norm", "param_groups_no_decay", "unfreeze", "update_bn",
 ]
