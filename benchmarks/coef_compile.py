@@ -25,6 +25,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import provenance
+
 import bnlab.norms.base as norms_base
 from bnlab.norms.bench import _layer
 from bnlab.norms.opcount import count_ops, training_step
@@ -104,6 +107,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
         counts[spec] = inside_counts(spec)
     result = {
+        **provenance(),
         "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
         "threads": 1,

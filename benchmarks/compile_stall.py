@@ -24,6 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import provenance
+
 CHILD = r"""
 import hashlib, json, sys, time, warnings
 t0 = time.perf_counter()
@@ -80,7 +83,8 @@ def main(argv: list[str] | None = None) -> dict:
             calls = ", ".join(f"{s} {t:.2f} s" for s, t in run["first_call_s"].items())
             print(f"repeat {repeat} {state}: import {run['import_s']:.2f} s; first calls: {calls}; "
                   f"cache {run['fx_graph_cache']}", flush=True)
-    result = {"torch": torch.__version__, "shape": [1000, 10], "threads": 1, "clock": "wall",
+    result = {**provenance(), "torch": torch.__version__, "shape": [1000, 10], "threads": 1,
+              "clock": "wall",
               "specs": args.specs.split(";"), "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

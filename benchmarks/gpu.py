@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import provenance
 from timing import (AMP_DTYPES, SPECS, Budget, compile_and_warm, failure, float64_agreement,
                     format_rows, layer_table, measure, op_counts)
 
@@ -151,6 +152,7 @@ def metadata(args, device: torch.device, cfg: dict, backend: str) -> dict:
     return {
         "benchmark": "bnlab layers vs native (cuDNN) BatchNorm and a ResNet-20 SGD step; "
                      "paired, median ratio",
+        **provenance(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)",
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),

@@ -30,6 +30,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import provenance
+
 import bnlab.probes as probes
 
 ROOT = Path(__file__).resolve().parent
@@ -168,6 +171,7 @@ def main(argv=None) -> int:
     mse, ce = nn.MSELoss(), nn.CrossEntropyLoss()
     dln_repeats = 3 if args.quick else 10
     report = {
+        **provenance(),
         "settings": {
             "device": "cpu", "threads": args.threads, "torch": torch.__version__,
             "python": platform.python_version(), "machine": platform.machine(), "quick": args.quick,

@@ -65,6 +65,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import reliability_cases as cases  # noqa: E402  (the categories, beside this file)
+from provenance import provenance  # noqa: E402
 from bnlab.store import Store  # noqa: E402
 from bnlab.train import load_model, run  # noqa: E402
 from bnlab.train.checkpoint import load_checkpoint  # noqa: E402
@@ -351,7 +352,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     totals = categories(interruptions, sigterms, corruptions, damage, sweeps, numbers,
                         malicious, hostile)
-    result = {"config": CONFIG, "seed": args.seed,
+    result = {**provenance(), "config": CONFIG, "seed": args.seed,
               "seconds": round(time.perf_counter() - started, 1), "torch": torch.__version__,
               "python": sys.version.split()[0],
               "totals": {k: {"passed": p, "tried": t} for k, (p, t) in totals.items()},

@@ -19,6 +19,8 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
+from provenance import provenance
+
 from bnlab.norms import NativeBatchNorm, compiled_step, compiled_steps, set_progress
 from bnlab.norms.bench import DEFAULT_SPECS, _layer
 from bnlab.norms.opcount import count_ops, training_step
@@ -48,8 +50,9 @@ class Budget:
 
 def run_header(benchmark: str, clock: str, load_before: float) -> dict:
     """What a CPU benchmark's JSON records about its run: torch, threads, machine, clock ("cpu":
-    thread CPU time, else wall time) and the 1-minute load average at its start and end."""
-    return {"benchmark": benchmark, "torch": torch.__version__,
+    thread CPU time, else wall time), the 1-minute load average at its start and end, and the date
+    and commit (:func:`provenance.provenance`)."""
+    return {"benchmark": benchmark, **provenance(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "machine": platform.machine(),
             "clock": "thread CPU time" if clock == "cpu" else "wall time",
             "load_average_1min": {"start": load_before, "end": os.getloadavg()[0],

@@ -44,6 +44,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
+sys.path.insert(0, str(ROOT))
+
+from provenance import provenance  # noqa: E402
 
 from bnlab.data import batches  # noqa: E402
 from bnlab.norms import set_compiled_steps  # noqa: E402
@@ -174,7 +177,8 @@ def main() -> None:
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") \
         else platform.processor() or platform.machine()
     clock = "thread CPU time" if args.device == "cpu" else "wall time after cuda.synchronize"
-    payload = {"device": device, "threads": args.threads, "torch": torch.__version__,
+    payload = {**provenance(), "device": device, "threads": args.threads,
+               "torch": torch.__version__,
                "clock": clock, "compiled_steps": args.compiled_steps, "results": results,
                "rows": summary_rows(results, args.norm, args.compiled_steps)}
     default = ROOT / "results" / ("train.json" if args.device == "cpu"
