@@ -106,6 +106,14 @@ def check(checkup: Checkup, report) -> None:
     report.measurements["stat_modes"] = {**modes, "per_layer": per_layer}
     if excess < THRESHOLD:
         return
+    if all(int(getattr(m, "num_batches_tracked", 1) or 0) == 0
+           for _, m in tracking_layers(checkup.model)):
+        report.add(Finding(
+            "stale-running-stats", "info", tuple(ranked), excess, THRESHOLD, WHY, PAPER,
+            "train, or bnlab.norms.recollect_running_stats(model, batches), before evaluating",
+            "no layer has collected statistics yet (num_batches_tracked = 0): the running "
+            "statistics are their start values"))
+        return
     named = [n for n, v in switched.items() if run - v["loss"] >= 0.25 * (run - pop)]
     named += [n for n in ranked if distances[n]["distance_sd"] >= LAYER_DISTANCE
               and n not in named]
