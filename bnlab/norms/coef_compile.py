@@ -24,10 +24,11 @@ trace or compile raises, then or on a later call) keeps the eager per-channel pa
 warning.
 
 Policy (``BNLAB_COMPILE_COEFFICIENTS``, read on every call): ``auto`` (default) compiles on CUDA
-only, where kernel launches dominate (unmeasured: no GPU was available); ``1`` compiles on every
-device, ``0`` never. On the CPU it is measured no faster (each compiled call costs 0.10–0.16 ms in
-dynamo's guards and wrappers, more than the eager micro-ops it replaces) and the first step compiles
-for 2–28 s per variant (benchmarks/results/norms_coef_compile.json), hence off there by default.
+only, where kernel launches dominate (not yet measured on a GPU); ``1`` compiles on every
+device, ``0`` never. On the CPU it is no faster (each compiled call goes through dynamo's guards and
+wrappers, which cost more than the eager micro-ops it replaces) and the first step compiles for
+seconds per variant (``benchmarks/coef_compile.py`` → benchmarks/results/norms_coef_compile.json),
+hence off there by default.
 ``BNLAB_COEF_BACKEND`` picks the dynamo backend (default ``inductor``; ``aot_eager`` traces without
 generating code, which the tests use).
 """
@@ -63,7 +64,8 @@ class _DynamicBuffers:
     """Both flags False while any thread is inside (a count, not a stack of saved values:
     threads may leave in any order; the last one out restores what the first one in found).
     dynamo's config is process-wide, so a user's own compile running at that moment in another
-    thread sees it too. torch._dynamo is imported on first use: 1.2 s eager CPU users never need."""
+    thread sees it too. torch._dynamo is imported on first use: a slow import eager CPU users never
+    need."""
 
     def __init__(self) -> None:
         self.depth, self.lock = 0, threading.Lock()

@@ -1,10 +1,11 @@
-"""A layer's whole training step as two compiled functions, for small eager CPU tensors (issue 18).
+"""A layer's whole training step as two compiled functions, for small eager CPU tensors.
 
 On a small tensor ((1000, 10), (32, 16, 8, 8)) an eager training step of a BN variant costs what
-its ~40–100 dispatched operations cost in Python and the dispatcher, not arithmetic: 3–7× torch's
-BatchNorm, and even the least a hand-written eager ``autograd.Function`` can do is 1.5–1.7×
-(``benchmarks/eager_floor.py``). Only compiled code gets below that. ``torch.compile`` does not
-help there either: its guards and wrappers cost 0.06–0.11 ms a call, more than the step.
+its dozens of dispatched operations cost in Python and the dispatcher, not arithmetic: several
+times torch's BatchNorm, and even the least a hand-written eager ``autograd.Function`` can do stays
+above it (``benchmarks/eager_floor.py``, ``benchmarks/results/eager_floor.json``). Only compiled
+code gets below that. ``torch.compile`` does not help there either: its guards and wrappers cost
+more per call than the step itself.
 
 So, opt-in (:func:`compiled_steps`, or ``BNLAB_COMPILED_STEPS=1``), a layer's training step on a
 small CPU input runs as
@@ -31,8 +32,7 @@ key.
 
 Which steps take it: training mode (batch statistics), float32/float64, contiguous, on the CPU,
 below :data:`MAX_NUMEL` elements (above it inductor's one-thread loops lose to torch's kernels
-in the fused operators: at (128, 64, 32, 32) the step is 1.2–1.7× native, the fused path
-1.1×), not synchronized, not under ``torch.compile``, ``torch.func`` transforms, a
+in the fused operators), not synchronized, not under ``torch.compile``, ``torch.func`` transforms, a
 ``TorchDispatchMode`` or :func:`plain_autograd`, for the classes of :data:`ROUTED_SPECS` exactly
 (a user's subclass, or a layer with a method set on it, stays eager; ``si_bn``: the normalization
 inside it, with the layer's weight as a second input, so ‖w‖² and its gradient are compiled too).
@@ -42,14 +42,14 @@ advance; nor ``bn``, which runs torch's kernel.
 The trace normalizes through :mod:`.written_grad` (μ_B detached where its gradient is zero), so the
 compiled backward is one reduction pass and one pointwise pass, as the fused path's formula.
 
-Cost: the first call per key compiles, 1.3–1.5 s (the first in a process also imports inductor,
-~1.5 s more, and its first on a machine builds inductor's C++ prefix: 8 s in all); inductor's
-on-disk cache then serves later processes, 0.1 s a key (``benchmarks/compile_stall.py``). Then,
-against native eager BatchNorm (``benchmarks/norms.py --modes eager,compiled_step``, 2026-11-29, 1
-thread): the BN family and ``lp_bn(p=1)`` 0.86–1.19× on (1000, 10) and (32, 16, 8, 8) where they
-are 2.5–5.7× eager; 0.54–0.74× on (128, 16, 8, 8) and (128, 32, 8, 8) where the fused path is
-1.5–2.6×; ``lp_bn(p=inf)`` 1.8× (eager 4.8–6.6×: its deterministic top-k's
-``topk`` stays an aten kernel). Numerics:
+Cost: the first call per key compiles (the first in a process also imports inductor, and its
+first on a machine builds inductor's C++ prefix); inductor's on-disk cache then serves later
+processes (``benchmarks/compile_stall.py`` → ``benchmarks/results/compile_stall.json``). Then the
+BN family and ``lp_bn(p=1)`` train at about native BatchNorm's speed on small and mid-size shapes,
+where their eager steps are several times slower; ``lp_bn(p=inf)`` stays above it, because its
+deterministic top-k's ``topk`` stays an aten kernel (``benchmarks/norms.py --modes
+eager,compiled_step`` → ``benchmarks/results/norms_small_shapes.json``; the tables on the
+Benchmarks page). Numerics:
 inductor's reductions round differently from the eager kernels (float32 agrees to ~1e-6
 relative, float64 to ~1e-15), so runs with and without differ in the last bits; the stored
 catalogue runs are eager. Not twice differentiable (as the fused operators).
@@ -90,12 +90,10 @@ _ENABLED = [os.environ.get("BNLAB_COMPILED_STEPS", "0") == "1"]
 _BUILT: dict[tuple, "CompiledStep | None"] = {}  # key -> compiled step, or None (stays eager)
 _WARNED: set[tuple] = set()  # (class, hyper-parameters) told that they reached SHAPES_PER_LAYER
 SHAPES_PER_LAYER = 16  # keys (shapes, grad patterns) compiled per class and hyper-parameters
-# Inputs below this many elements take the compiled step. Measured 2026-11-27, 1 thread, against
-# native BN, the BN family and lp_bn(p=1), compiled step (fused path): (128, 16, 8, 8) 0.62–0.90
-# (1.5–2.6), (128, 32, 8, 8) 0.58–0.81 (1.1–1.8) (results/norms_s10_compiled_step.json);
-# (128, 16, 16, 16) 0.59–1.10 (0.70–1.37), (128, 64, 16, 16) 0.67–1.34 (0.83–1.14), (128, 64, 32,
-# 32) 1.13–1.57 (1.08–1.12) (results/norms_s10_crossover.json). The crossover lies between 2^19
-# and 2^21 elements; the bound is on the safe side of it.
+# Inputs below this many elements take the compiled step: below it the compiled step beats the
+# fused path on one thread; above it the two are mixed, and at (128, 64, 32, 32) inductor's loops
+# lose to torch's kernels. The bound is on the safe side of the crossover (benchmarks/norms.py
+# --compiled-step-max-numel → benchmarks/results/norms_crossover*.json, Benchmarks page).
 MAX_NUMEL = 1 << 19
 CALLS: dict[str, int] = {"forward": 0, "backward": 0}  # compiled calls made (tests, diagnostics)
 
@@ -282,16 +280,16 @@ def _compile(graph: torch.fx.GraphModule) -> Callable[[list[Tensor]], list[Tenso
     """Inductor's code for ``graph``, called as ``compiled(list_of_tensors)``. In a tracing
     context with a shape environment and fake inputs, else inductor bypasses its on-disk FX graph
     cache ("No shape env") or keys it on real inputs' values: so a later process loads a step
-    compiled before (``benchmarks/compile_stall.py``: 0.35–0.43 → 0.10–0.13 s a key)."""
+    compiled before (``benchmarks/compile_stall.py``)."""
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv  # sympy: 0.24 s of import
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv  # imports sympy: only here
     fake = FakeTensorMode(shape_env=ShapeEnv())
     inputs = [fake.from_tensor(_example(n.meta["val"]), static_shapes=True)
               for n in graph.graph.find_nodes(op="placeholder")]
     # per-channel values computed once into a (C,) buffer rather than inlined into every
-    # full-size loop (inductor's default recomputes up to 30 ops per element): cbn, mbn, brn
-    # 1.5–1.8 → 1.3–1.4× native eager on (1000, 10)
+    # full-size loop (inductor's default recomputes up to 30 ops per element, which slows cbn,
+    # mbn and brn, whose coefficient chains are long; benchmarks/norms.py --modes compiled_step)
     with torch._guards.tracing(TracingContext(fake)), config.patch(realize_opcount_threshold=4):
         return compile_fx_inner(graph, inputs)
 
@@ -302,9 +300,9 @@ def _example(val: Tensor) -> Tensor:
 
 def _drop_detaches(graph: torch.fx.GraphModule) -> None:
     """Functionalization turns the layer's ``.detach()`` calls into copies that inductor runs as
-    separate aten calls (cbn: 10 of them, 2.5× the step's time). In a traced graph a detach has
-    done its work (it shaped the traced gradient), and after functionalization nothing writes to
-    its result, so each is its input."""
+    separate aten calls (cbn: 10 of them, longer than the rest of the step). In a traced graph a
+    detach has done its work (it shaped the traced gradient), and after functionalization nothing
+    writes to its result, so each is its input."""
     detach = (torch.ops.aten.detach_copy.default, torch.ops.aten.detach.default)
     for node in list(graph.graph.nodes):
         if node.op == "call_function" and node.target in detach:

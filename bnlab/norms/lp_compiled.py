@@ -3,9 +3,9 @@
 Santurkar et al. 2018 §3.3 and Hoffer et al. 2018 ("Norm matters"): per channel, with c = x − μ_B
 over its n values, s = C(n)·mean of the k largest |c| and a = γ/(s + ε), y = a·c + β.
 
-Under ``torch.compile`` the layers take plain ops, which inductor fuses. For ℓ∞ that left two costs
-(read from inductor's generated code, (128, 64, 32, 32), 2 threads: compiled 1.46× native eager
-BatchNorm):
+Under ``torch.compile`` the layers take plain ops, which inductor fuses. For ℓ∞ that leaves two
+costs (read from inductor's generated code), which made compiled ℓ∞ slower than native eager
+BatchNorm:
 
 * autograd's backward of the top-k search gathers k values from x, so it scatters their gradient
   into a new full-size zero tensor, which the input gradient then reads: a full-size write and read
@@ -17,9 +17,10 @@ BatchNorm):
 :mod:`.lp_fused`): ``∂L/∂x = a·g + const`` densely, one pass over g, plus the top-k entries'
 ``∂L/∂s·C(n)/k·sign c_i`` added in place at their k·C indices; μ_B is taken from the row sums,
 which inductor reduces in the same loop as the rows' min and max. Plain ops only, so dynamo traces
-forward and backward and inductor compiles both (``fullgraph=True`` holds). Measured:
-docs/readme/benchmarks.md. Eager layers keep the fused operators of :mod:`.lp_fused`; the top-k
-entries (ties to the lowest index) are :func:`.lp_fused.linf_top_entries`' on every path.
+forward and backward and inductor compiles both (``fullgraph=True`` holds). Measured by
+``benchmarks/norms.py --modes compiled`` (benchmarks/results/norms_2threads*.json). Eager layers
+keep the fused operators of :mod:`.lp_fused`; the top-k entries (ties to the lowest index) are
+:func:`.lp_fused.linf_top_entries`' on every path.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Count the aten operations a piece of code dispatches: the measure behind issue 18's limits.
+"""Count the aten operations a piece of code dispatches: the measure behind the op-count limits.
 
 Each dispatched operation is a kernel launch on a GPU and a few microseconds of dispatch on a CPU,
 so for small tensors (and for every tensor on a GPU) their number, not the arithmetic, sets a

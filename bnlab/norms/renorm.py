@@ -21,8 +21,8 @@ def relaxed_limit(step: Tensor, start: float, final: float, relax_from: int,
     to ``final`` at step ``reach_at`` (the paper: r_max 1 → 3 between steps 5k and 40k, d_max 0 → 5
     between 5k and 25k). ``reach_at <= relax_from`` switches at ``relax_from``. During a warm-up a
     tensor (no recompiles as it moves); without one (both 0) the plain number ``final``, so inductor
-    has fewer ops to inline into the full-size loops (compiled brn 1.15 → 1.03× native eager on
-    (128, 64, 32, 32))."""
+    has fewer ops to inline into the full-size loops (``benchmarks/norms.py --modes compiled``
+    measures compiled brn)."""
     if relax_from == 0 and reach_at <= 0:
         return final
     step = step.to(torch.float32)
@@ -47,7 +47,7 @@ def ioffe_schedule(run_steps: int | None, momentum: float | None) -> tuple[int, 
     is reached at half the run (our choice: Ioffe's run went on well past 40k steps), and never
     relaxed before the running averages settle (3/momentum steps; 10 with cumulative averages) —
     corrections r, d against unsettled running statistics are what made a 20-step resnet18 run
-    diverge (issue 22).
+    diverge.
     """
     if run_steps is None:
         return IOFFE_RELAX_FROM, IOFFE_R_MAX_AT, IOFFE_D_MAX_AT
@@ -158,9 +158,9 @@ class BatchRenorm(ChannelNorm):
 
     def takes_torch_kernel(self, x: Tensor) -> bool:
         """Eager CPU inputs where the fused operators are not the faster route — small batches
-        (the shared path would run plain ops: about 100 a step, 5–7× native BN at (1000, 10)) and
-        half precision (the fused operators' fixed cost against torch's fast half kernel: 1.9–5.6×
-        native BN at (32, 64, 16, 16) in bfloat16/float16, this route 1.2–1.7×): r and d are
+        (the shared path would run about 100 plain ops a step) and half precision (the fused
+        operators' fixed cost is large against torch's fast half kernel; both measured by
+        ``benchmarks/norms.py``, benchmarks/results/norms_brn.json): r and d are
         constants to autograd, so ``γ x̂ + β`` with ``x̂ = (x − μ_B)/σ_B · r + d`` is BN's output
         with weight ``γ r`` and bias ``β + γ d`` — torch's kernel, its gradient exactly Algorithm
         1's. Elsewhere (CUDA in every dtype: kernel launches count there) the fused operators (4

@@ -135,8 +135,8 @@ def synced_moments(x: Tensor, group,
 
 
 # Below this many entries along ``dim`` a stable sort is cheaper than topk_first's selection passes
-# ((3, 50): 0.03 against 0.15 ms); from it the selection wins ((64, 256): 0.59 against 0.83 ms;
-# (64, 10240): 22 against 70 ms; CPU, 1 thread, 2026-11-27).
+# (a fixed cost per call); from it the selection wins, by more the longer the row (timed on the
+# CPU, one thread, with benchmarks/norms.py's lp_bn(p=inf) rows).
 TOPK_SORT_BELOW = 256
 
 
@@ -161,8 +161,8 @@ def topk_first(values: Tensor, k: int, dim: int = -1) -> tuple[Tensor, Tensor]:
         top = torch.topk(plain, k + 1, dim=dim)
         if bool((top.values.narrow(dim, k, 1) < top.values.narrow(dim, k - 1, 1)).all()):
             # no row ties its k-th value to its (k+1)-th: topk's k are the one top-k set, and
-            # only their order needs fixing; no key pass (the wheres of a (64, 10 240) key cost
-            # an eager ℓ∞ layer 3–4 of its 32 ms on (128, 64, 32, 32))
+            # only their order needs fixing; no key pass (the wheres of a (64, 10 240) key are a
+            # visible share of an eager ℓ∞ layer's step in torch's profiler)
             return _ordered(values, top.indices.narrow(dim, 0, k).sort(dim=dim).values, dim)
     if plain.dtype == torch.float32:
         # one key orders entries as the stable sort does, so one topk picks and orders them (in
@@ -172,7 +172,7 @@ def topk_first(values: Tensor, k: int, dim: int = -1) -> tuple[Tensor, Tensor]:
     # Every entry above the k-th value, then the first entries equal to it: one key each, n + the
     # reversed position above, the reversed position at the k-th value, 0 below; the k largest keys
     # are exactly those entries (fewer than k lie above). A running count of the tied entries would
-    # do the same with a cumsum over the row: 2.3 of an ℓ∞ layer's 36 ms on (128, 64, 32, 32).
+    # do the same with a cumsum over the row, a slow scan on the CPU.
     kth = torch.topk(plain, k, dim=dim).values.narrow(dim, k - 1, 1)
     reversed_position = _reversed_positions(plain, dim, 1)
     key = torch.where(plain > kth, reversed_position + n,

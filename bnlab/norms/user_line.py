@@ -2,7 +2,7 @@
 
 A fixed ``stacklevel`` is right for one call path only: a layer's ``forward`` is reached through
 ``nn.Module.__call__`` (two torch frames), and through every container above it (two more each), so
-``stacklevel=4`` named torch's ``container.py`` for a layer inside an ``nn.Sequential`` (issue 22).
+``stacklevel=4`` would name torch's ``container.py`` for a layer inside an ``nn.Sequential``.
 :func:`warn` walks up to the first frame outside the torch and bnlab packages instead (what
 Python 3.12's ``skip_file_prefixes`` does; bnlab supports 3.10).
 """

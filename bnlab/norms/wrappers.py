@@ -34,7 +34,7 @@ class _WeightScaledEpsBN(ChannelNorm):
 
     def forward(self, z: Tensor, weight: Tensor) -> Tensor:
         # ‖w‖² here, not in the wrapper: the compiled step (bnlab.norms.compiled_step) then fuses
-        # it and its gradient with the normalization (si_bn (1000, 10): 1.42 → 1.17× native)
+        # it and its gradient with the normalization (benchmarks/norms.py --modes compiled_step)
         weight_sq = row_sq_norms(weight)
         self.check_input(z)
         if (empty := self.empty_batch(z)) is not None:
