@@ -439,30 +439,57 @@ def test_fig9_verdict_and_analysis(tmp_path):
     assert out.verdict == "inconclusive" and all(p.stat().st_size > 1000 for p in out.figures)
 
 
-def _pred(std_scale, bn_scale, spread=JITTER):
-    sizes = PR.fig10_grid()
+def _replays(lr, std_scale, bn_scale, spread):
+    sizes = PR.fig10_grid(lr)
 
     def replay(scale):
         return {"status": "finished", "curves": [
             {"step": step, "grad_norm": 1.0, "loss_at_theta": 5.0,
              "grad_change": [scale * s for s in sizes],
              "loss": [5.0 + scale * s for s in sizes]} for step in (0, 200)]}
-    return {"predictiveness": {"at_steps": [0, 200], "lr": SC.DLN_LR, "step_sizes": sizes,
-                               "runs": {SC.STANDARD: [replay(std_scale * j) for j in spread],
-                                        SC.BN: [replay(bn_scale * j) for j in spread]}}}
+    return {"at_steps": [0, 200], "lr": lr, "step_sizes": sizes,
+            "runs": {SC.STANDARD: [replay(std_scale * j) for j in spread],
+                     SC.BN: [replay(bn_scale * j) for j in spread]}}
+
+
+def _pred(std_scale, bn_scale, spread=JITTER, literal=None):
+    """Fig. 10 replays at lr 1e-3 and, trained at 1e-2, with the scales ``literal`` (default the
+    same as at 1e-3; False: no replay at 1e-2)."""
+    out = _replays(SC.DLN_LR, std_scale, bn_scale, spread)
+    if literal is not False:
+        out[PR.LITERAL_KEY] = _replays(DL.LITERAL_LR, *(literal or (std_scale, bn_scale)), spread)
+    return {"predictiveness": out}
 
 
 def test_fig10_verdict(tmp_path):
     out = PR._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path, data=_pred(100.0, 10.0)))
     _check_outcome(out)
     assert out.verdict == "held" and "(30, 1000]" in out.summary
+    assert "trained at lr 0.01" in out.summary and "β·lr/2" in out.summary
+    assert any("β × lr / 2" in row["quantity"] and "0.01" in row["quantity"] for row in out.table)
     assert PR._fig10_analyze(
         _ctx("santurkar-fig10", [], tmp_path, data=_pred(10.0, 100.0))).verdict == "not held"
     noisy = _pred(10.0, 9.0, (0.3, 1.0, 3.0))
     assert PR._fig10_analyze(
         _ctx("santurkar-fig10", [], tmp_path, data=noisy)).verdict == "inconclusive"
+    # the readings disagree: decided by the rate, not by BN
+    split = _pred(10.0, 100.0, literal=(100.0, 10.0))
+    out = PR._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path, data=split))
+    assert out.verdict == "inconclusive" and "lr 0.001, [1/100, 30] × 0.001: not held" in \
+        out.summary and "lr 0.01, [1/100, 30] × 0.01: held" in out.summary
+    # the second reading never trained: not measured, so not decided
+    one = _pred(100.0, 10.0, literal=False)
+    assert PR._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path, data=one)).verdict == \
+        "inconclusive"
     # no replay
     assert PR._fig10_analyze(_ctx("santurkar-fig10", [], tmp_path)).verdict == "inconclusive"
+
+
+def test_fig10_beta_edge_is_beta_times_half_the_rate():
+    windows = {SC.STANDARD: {"ours": [{"beta_smoothness": 20.0}, {"beta_smoothness": None}]},
+               SC.BN: {"ours": [{"beta_smoothness": 2000.0}]}}
+    assert PR.beta_edge(windows, 1e-3) == {SC.STANDARD: [pytest.approx(0.01)],
+                                           SC.BN: [pytest.approx(1.0)]}
 
 
 def test_fig10_window_summary():

@@ -1,11 +1,14 @@
 """Santurkar et al. 2018, Fig. 10: gradient predictiveness against the distance moved along the
 gradient, from a plain full-batch SGD replay of the deep linear networks of
-:mod:`bnlab.experiments.santurkar.dln` (same configurations, rate and seeds).
+:mod:`bnlab.experiments.santurkar.dln` (same configurations and seeds).
 
-The replay keeps each whole curve ‖∇L(θ) − ∇L(θ − s g)‖, L(θ − s g) over step sizes s that reach
-past the paper's 30 × lr, so both readings of the paper's rate (module docstring of
-:mod:`bnlab.experiments.santurkar`) can be cut from one curve. The verdict is a pure function of
-per-seed numbers, tested on synthetic values.
+Both readings of the paper's rate (module docstring of :mod:`bnlab.experiments.santurkar`) are
+replayed, each trained at its own rate, as ``santurkar-fig9`` trains its two arm pairs: lr 1e-3
+(bnlab's conversion) judged over [1/100, 30] × 1e-3, and lr 1e-2 (the literal conversion) judged
+over [1/100, 30] × 1e-2. The entry holds (or fails) only where both readings agree; otherwise it
+is inconclusive, decided by the rate and not by BN. Each replay keeps the whole curve
+‖∇L(θ) − ∇L(θ − s g)‖, L(θ − s g) over step sizes s up to 1000 × its rate. The verdict is a pure
+function of per-seed numbers, tested on synthetic values.
 """
 
 from __future__ import annotations
@@ -61,23 +64,34 @@ def predictiveness_curves(preset: str = "smoke", tiny: bool = False) -> dict:
     seeds = SEEDS[:1] if tiny else SEEDS
     if tiny:
         at = (0, 2)
-    out: dict[str, Any] = {"at_steps": list(at), "lr": DLN_LR, "step_sizes": fig10_grid(),
-                           "runs": {}}
-    for label in FIG6_LABELS:
-        for seed in seeds:
-            config = dln_config(preset, NORMS[label], seed)
-            out["runs"].setdefault(label, []).append(_replay(config, at))
+    out: dict[str, Any] = {}
+    for lr in (DLN_LR, LITERAL_LR):
+        replay: dict[str, Any] = {"at_steps": list(at), "lr": lr, "step_sizes": fig10_grid(lr),
+                                  "runs": {}}
+        for label in FIG6_LABELS:
+            for seed in seeds:
+                config = dln_config(preset, NORMS[label], seed, lr)
+                replay["runs"].setdefault(label, []).append(_replay(config, at))
+        if lr == DLN_LR:
+            out.update(replay)
+        else:
+            out[LITERAL_KEY] = replay
     return out
 
 
+# where predictiveness_curves keeps the replay trained at LITERAL_LR (beside the lr 1e-3 one)
+LITERAL_KEY = "trained_at_literal_lr"
+
+
 def _replay(cfg: dict, at: tuple[int, ...]) -> dict:
-    """Train one DLN config with plain full-batch SGD, evaluating the landscape at the steps
-    ``at``."""
-    grid = torch.tensor(fig10_grid(), dtype=torch.float64)
+    """Train one DLN config with plain full-batch SGD at its ``lr``, evaluating the landscape at
+    the steps ``at`` on :func:`fig10_grid` of that rate."""
+    lr = cfg["lr"]
+    grid = torch.tensor(fig10_grid(lr), dtype=torch.float64)
     ds = D.load(cfg["data"], **cfg["data_options"], seed=cfg["seed"])
     model = M.create("dln", norm=cfg["norm"], input_shape=ds.input_shape,
                      num_classes=ds.num_outputs, seed=cfg["seed"], **cfg["model_options"])
-    opt = torch.optim.SGD(model.parameters(), lr=DLN_LR)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     x, y = ds.x_train, ds.y_train
     loss_fn = torch.nn.functional.mse_loss
     curves, status = [], "finished"
@@ -140,7 +154,7 @@ def _replay_windows(pred: dict) -> dict[str, dict[str, list[dict[str, float | No
     return out
 
 
-def _fig10_panels(pred: dict) -> list[dict]:
+def _fig10_panels(pred: dict, prefix: str = "") -> list[dict]:
     lr = pred.get("lr") or DLN_LR
     multiples = [v / lr for v in pred.get("step_sizes") or []]
     runs = pred.get("runs") or {}
@@ -153,8 +167,8 @@ def _fig10_panels(pred: dict) -> list[dict]:
                 if index < len(curves):
                     series[label] = (multiples, curves[index][quantity])
             specs.append({"series": series, "xlabel": "step size s / lr (paper's range ends at 30)",
-                          "ylabel": ylabel, "title": f"training step {step} (seed 0)", "logx": True,
-                          "logy": True, "markers": True})
+                          "ylabel": ylabel, "title": f"{prefix}training step {step} (seed 0)",
+                          "logx": True, "logy": True, "markers": True})
     return specs
 
 
@@ -164,32 +178,59 @@ def _fig10_panels(pred: dict) -> list[dict]:
 FIG10_DESIGN = Design("BN − standard ln max gradient change over [1/100, 30] × lr",
                       paper_effect=-1.0, design_sd=0.56, n_seeds=len(SEEDS),
                       source="smoke pilot 2026-11-26", magnitude_known=False)
+# The reading trained at the literal rate, judged by the same rule; no pilot of its own before the
+# runs, so the lr 1e-3 pilot's SD (its observed SD is printed beside it)
+FIG10_LITERAL_DESIGN = Design("BN − standard ln max gradient change over [1/100, 30] × 1e-2, "
+                              "trained at 1e-2", paper_effect=-1.0, design_sd=0.56,
+                              n_seeds=len(SEEDS), source="the lr 1e-3 reading's smoke pilot "
+                              "(2026-11-26), assumed", magnitude_known=False)
 
 
-def fig10_verdict(windows: dict[str, dict[str, list[dict]]],
-                  tiny: str | None = None) -> tuple[str, str]:
-    """Fig. 10: gradients are more predictive with BN. Per seed, the median over the evaluated
-    training steps (step 0 left out: both nets start from a random init) of max ‖∇L(θ) − ∇L(θ − s
-    g)‖ over the paper's range [1/100, 30] × lr; BN − standard on a ln scale. The literal-rate
-    window and the range beyond 30 × lr are reported beside it. Primary, pre-declared
-    (:data:`FIG10_DESIGN`): that BN − standard difference, lower (:func:`verdicts.judge`)."""
+def _grad_changes(windows: dict, name: str) -> tuple[list[float], list[float]]:
+    return tuple([s["grad_change_max"] for s in windows.get(label, {}).get(name, [])
+                  if s["grad_change_max"] is not None] for label in (STANDARD, BN))
+
+
+def beta_edge(windows: dict, lr: float) -> dict[str, list[float]]:
+    """Per arm, per seed: the effective β over [1/100, 30] × lr times lr/2 (1 = gradient descent's
+    stability edge 2/lr, where a net trained at lr sits when it trains at the edge of
+    stability)."""
+    return {label: [s["beta_smoothness"] * lr / 2 for s in windows.get(label, {}).get("ours", [])
+                    if s["beta_smoothness"] is not None] for label in FIG6_LABELS}
+
+
+def fig10_verdict(windows: dict[str, dict[str, list[dict]]], tiny: str | None = None,
+                  literal: dict[str, dict[str, list[dict]]] | None = None) -> tuple[str, str]:
+    """Fig. 10 at both readings of the paper's rate, each trained at its own rate: gradients are
+    more predictive with BN. Per seed, the median over the evaluated training steps (step 0 left
+    out: both nets start from a random init) of max ‖∇L(θ) − ∇L(θ − s g)‖ over the paper's range
+    [1/100, 30] × lr of the replay trained at lr; BN − standard on a ln scale, lower
+    (:func:`verdicts.judge`) at lr 1e-3 (:data:`FIG10_DESIGN`) and at lr 1e-2 (``literal``, the
+    windows of the replay trained at 1e-2; :data:`FIG10_LITERAL_DESIGN`). As in
+    ``santurkar-fig9``: held or not held only where the readings agree, else inconclusive. The
+    1e-2 window cut from the 1e-3 replay and the range beyond 30 × lr are reported beside it."""
     if tiny:
         return ladder(unusable=True), tiny
-    parts, verdict = [], ladder()
-    for name, text in (("ours", f"[1/100, 30] × {DLN_LR:g}"),
-                       ("literal", f"[1/100, 30] × {LITERAL_LR:g}"),
+    parts, verdicts = [], []
+    for trained, design, rate in ((windows, FIG10_DESIGN, DLN_LR),
+                                  (literal or {}, FIG10_LITERAL_DESIGN, LITERAL_LR)):
+        std, bn = _grad_changes(trained, "ours")
+        j = judge(log_values(std), log_values(bn), design)
+        verdicts.append(j.verdict)
+        edge = beta_edge(trained, rate)
+        parts.append(f"trained at lr {rate:g}, [1/100, 30] × {rate:g}: {j.verdict}: "
+                     f"{j.text(design)}; β·lr/2 per seed, standard "
+                     f"{fmt(edge[STANDARD]) if edge[STANDARD] else '—'}, BN "
+                     f"{fmt(edge[BN]) if edge[BN] else '—'}")
+    for name, text in (("literal", f"[1/100, 30] × {LITERAL_LR:g} cut from the lr {DLN_LR:g} "
+                                   "replay"),
                        ("beyond", f"(30, {FIG10_MULTIPLIERS[1]:g}] × {DLN_LR:g}")):
-        std, bn = ([s["grad_change_max"] for s in windows.get(label, {}).get(name, [])
-                    if s["grad_change_max"] is not None] for label in (STANDARD, BN))
-        if name == "ours":
-            j = judge(log_values(std), log_values(bn), FIG10_DESIGN)
-            verdict = ladder(j.verdict)
-            parts.append(f"{text}: {j.text(FIG10_DESIGN)}")
-            continue
-        c = compare_arms(log_values(std), log_values(bn))
+        c = compare_arms(*(log_values(v) for v in _grad_changes(windows, name)))
         parts.append(compare_text(c, f"{text}: BN − standard, max gradient change", log=True))
+    verdict = ladder(verdicts[0], unusable=verdicts[0] != verdicts[1])
     return verdict, ("per seed, median over training steps: " + "; ".join(parts)
-                     + f". Primary: {JUDGED_RULE}. Reported windows: {RULE}")
+                     + f". Primary at each reading: {JUDGED_RULE}; both readings must agree. "
+                     f"Reported windows: {RULE}")
 
 
 def _fig10_plan(preset: str) -> Plan:
@@ -198,22 +239,34 @@ def _fig10_plan(preset: str) -> Plan:
 
 def _fig10_analyze(ctx) -> Outcome:
     pred = (ctx.data or {}).get("predictiveness") or {}
-    fig = safe_panels(ctx.figure_path("predictiveness"),
-                      _fig10_panels(pred) or [{"title": "no replay data"}], ncols=3,
-                      title="Santurkar Fig. 10: gradient change and loss along the gradient, "
-                            "against the step size")
-    windows = _replay_windows(pred)
+    literal = pred.get(LITERAL_KEY) or {}
+    panels = _fig10_panels(pred) + _fig10_panels(literal, f"trained at lr {LITERAL_LR:g} · ")
+    fig = safe_panels(ctx.figure_path("predictiveness"), panels or [{"title": "no replay data"}],
+                      ncols=3, title="Santurkar Fig. 10: gradient change and loss along the "
+                                     "gradient, against the step size, at both rate readings")
+    windows, literal_windows = _replay_windows(pred), _replay_windows(literal)
     table = []
-    for name, text in (("ours", f"[1/100, 30] × {DLN_LR:g}"),
-                       ("literal", f"[1/100, 30] × {LITERAL_LR:g}"),
-                       ("beyond", f"(30, {FIG10_MULTIPLIERS[1]:g}] × {DLN_LR:g}")):
+    for trained, name, text in (
+            (windows, "ours", f"trained at {DLN_LR:g}, [1/100, 30] × {DLN_LR:g}"),
+            (literal_windows, "ours", f"trained at {LITERAL_LR:g}, [1/100, 30] × {LITERAL_LR:g}"),
+            (windows, "literal", f"trained at {DLN_LR:g}, [1/100, 30] × {LITERAL_LR:g}"),
+            (windows, "beyond", f"trained at {DLN_LR:g}, (30, {FIG10_MULTIPLIERS[1]:g}] × "
+                                f"{DLN_LR:g}")):
         for k in LANDSCAPE:
-            per_arm = [" ".join(fmt(s[k]) for s in windows.get(label, {}).get(name, [])) or "—"
+            per_arm = [" ".join(fmt(s[k]) for s in trained.get(label, {}).get(name, [])) or "—"
                        for label in FIG6_LABELS]
             table.append({"quantity": f"{text}: median {LANDSCAPE[k]} per seed, standard / BN",
                           "ours": " / ".join(per_arm),
                           "paper": "BN much smaller, also beyond 30 × lr (Figs 9, 10)"})
-    verdict, summary = fig10_verdict(windows, inconclusive_if_tiny(ctx))
+    for trained, rate in ((windows, DLN_LR), (literal_windows, LITERAL_LR)):
+        edge = beta_edge(trained, rate)
+        table.append({"quantity": f"trained at {rate:g}: effective β × lr / 2 per seed over "
+                                  f"[1/100, 30] × {rate:g}, standard / BN (1 = the stability "
+                                  "edge 2/lr)",
+                      "ours": " / ".join(" ".join(fmt(v) for v in edge[label]) or "—"
+                                         for label in FIG6_LABELS),
+                      "paper": "—"})
+    verdict, summary = fig10_verdict(windows, inconclusive_if_tiny(ctx), literal_windows)
     return Outcome([fig], table, verdict, summary)
 
 
@@ -224,11 +277,13 @@ register(Experiment(
     claim="At a given training step, the ℓ2 change between the gradient and the gradients seen "
           "while moving along it grows much more slowly with the distance moved in a DLN with BN: "
           "gradients are more predictive.",
-    smoke_changes="a plain full-batch SGD replay of the smoke DLNs (lr 1e-3, 600 steps, 3 seeds "
-                  "per arm) evaluated at steps 0, 200 and 600 on 27 log-spaced step sizes from "
-                  "1/100 to 1000 × lr (the paper's range ends at 30 × lr). Verdict: Welch's t-test "
-                  "over seeds of the median (steps 200, 600) of the largest gradient change over "
-                  "[1/100, 30] × lr, ln scale.",
-    cost={"smoke": "≈ 50 s CPU (6 DLN replays of 600 steps, 3 landscape evaluations each)",
-          "paper": "6 replays × 10 000 steps (≈ 20 min on a CPU)"},
+    smoke_changes="a plain full-batch SGD replay of the smoke DLNs at both readings of the "
+                  "paper's rate, each trained at its own rate (lr 1e-3, bnlab's conversion, and "
+                  "the literal 1e-2; 600 steps, 3 seeds per arm), evaluated at steps 0, 200 and "
+                  "600 on 27 log-spaced step sizes from 1/100 to 1000 × lr (the paper's range ends "
+                  "at 30 × lr). Verdict: Welch's t-test over seeds of the median (steps 200, 600) "
+                  "of the largest gradient change over [1/100, 30] × lr, ln scale, at each rate; "
+                  "inconclusive if the two rates disagree (as santurkar-fig9).",
+    cost={"smoke": "≈ 2 min CPU (12 DLN replays of 600 steps, 3 landscape evaluations each)",
+          "paper": "12 replays × 10 000 steps (≈ 40 min on a CPU)"},
     plan=_fig10_plan, analyze=_fig10_analyze, resolution=design_resolution(FIG10_DESIGN)))
