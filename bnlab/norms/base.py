@@ -147,9 +147,8 @@ class ChannelNorm(BatchNormConventions):
         dims = self.reduce_dims(x)
         if torch.compiler.is_compiling() and x.device.type == "cpu":
             # inductor's one Welford reduction (as stable to a large mean as two passes): one read
-            # of x instead of two, bn 1.01 → 0.91× native eager on (128, 64, 32, 32), brn 1.50 →
-            # 1.19×. Not on CUDA: with torch 2.11 Triton fails to compile cbn(decouple=false)'s
-            # var_mean kernel there.
+            # of x instead of two (benchmarks/norms.py --modes compiled). Not on CUDA: with torch
+            # 2.11 Triton fails to compile cbn(decouple=false)'s var_mean kernel there.
             var, mean = torch.var_mean(x.to(stats_dtype(x)), dim=dims, correction=0)
             return mean, var, n
         # eager: two passes, and a graph whose Σ(x − μ) term var_only_bn's gradient at large means

@@ -43,10 +43,10 @@ class BatchNorm(ChannelNorm):
         Plain BN's coefficients are exactly what torch's fused kernel computes, so ``bn`` and every
         subclass that keeps BN's training step (:func:`trains_as_torch_bn`: ``noisy_bn``, whose
         noise comes after BN's output) run that one kernel forward and one backward (double
-        backward included): on small tensors the shared path's per-channel ops cost 3–4× the
-        kernel. The shared path (:meth:`normalize_with_batch_stats`, which the variants use) still
-        runs for synced layers (its statistics are reduced across ranks); tests hold the two paths
-        equal.
+        backward included): on small tensors the shared path's per-channel ops cost several times
+        the kernel (``benchmarks/norms.py``, small shapes). The shared path
+        (:meth:`normalize_with_batch_stats`, which the variants use) still runs for synced layers
+        (its statistics are reduced across ranks); tests hold the two paths equal.
         """
         tracks = self.tracks_now()
         if tracks:

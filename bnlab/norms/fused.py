@@ -19,7 +19,8 @@ a kernel launch on a GPU), or, where :mod:`.coef_compile`'s policy allows (CUDA 
 ``BNLAB_COMPILE_COEFFICIENTS``), as one compiled function each way: the coefficients with their
 per-channel partials forward, the gradients' per-channel algebra backward. The full-size passes are
 single kernels: statistics (1), affine (1) forward; reductions (1), input gradient (2) backward.
-Measured: docs/readme/benchmarks.md (on the CPU the compiled path is no faster; GPU unmeasured).
+Measured by ``benchmarks/coef_compile.py`` (on the CPU the compiled path is no faster: its calls'
+guards cost more than the micro-ops they replace; not yet measured on a GPU).
 
 The Python callables (statistics, coefficients, buffer update) cannot be operator arguments: each
 call parks them in a table under an integer ``key`` that the operator pops. Eager only: under
@@ -98,12 +99,12 @@ class plain_autograd:
 
 def lazily_disabled(fn: Callable) -> Callable:
     """``torch.compiler.disable(fn)``, built on the first call: applying it at import time imports
-    ``torch._dynamo`` (1.2 s of ``import bnlab.norms``), which eager users never need."""
+    ``torch._dynamo`` (most of ``import bnlab.norms``'s time), which eager users never need."""
     disabled: list[Callable] = []
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        # eager: straight in (the disable wrapper costs ~5 µs a call)
+        # eager: straight in (the disable wrapper adds Python frames to every call)
         if not torch.compiler.is_compiling():
             return fn(*args, **kwargs)
         if not disabled:
