@@ -85,7 +85,7 @@ def linf_top_entries(x: Tensor, mean: Tensor, k: int,
         # (C, k) laid out as the rows below: a sum over k then adds in the same order
         return (values.t().contiguous(), (sample, channel[:, None].expand_as(sample), *zeros),
                 signs.t().contiguous())
-    # two vectorized passes: torch's CPU aminmax over a row is a scalar loop, far slower
+    # two vectorized passes: on the CPU torch's aminmax along this dim is much slower than both
     low, high = (rows.amin(dim=1), rows.amax(dim=1)) if bounds is None else bounds
     peak = torch.maximum(high.view(batch, channels) - mean, mean - low.view(batch, channels))
     # (C, k_rows): the rows with the largest peaks, in sample order, so that candidate positions
