@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -36,6 +35,8 @@ from pathlib import Path
 from bnlab.experiments.base import PAPERS
 from bnlab.experiments.runner import iter_outcomes
 from bnlab.experiments.verdicts import RULE
+from bnlab.report.headline import (  # noqa: F401 (the tests read them here too)
+    CLAUSE_CHARS, SHORT_SUMMARY, first_clause, headline, shorten)
 from bnlab.store import Store
 
 START, END = "<!-- verdicts:start -->", "<!-- verdicts:end -->"
@@ -57,8 +58,6 @@ ENTRY_PAGES = {
 }
 # The pages that hold a generated table of their entries (paths relative to the README's folder).
 PAGES = list(dict.fromkeys([*PAPER_PAGES.values(), *ENTRY_PAGES.values()]))
-# A summary this short is its own primary comparison (``first_clause``).
-SHORT_SUMMARY = 200
 
 
 def collect_rows(runs_dir: Path) -> list[dict]:
@@ -111,25 +110,6 @@ def page_of(row: dict) -> str | None:
     return ENTRY_PAGES.get(row["id"], PAPER_PAGES.get(row["paper"]))
 
 
-def first_clause(summary: str) -> str:
-    """The primary comparison of an outcome's summary: the summary up to its first ``"; "`` outside
-    brackets. A clause without a digit only names what is measured ("median drift …, per seed"),
-    so it runs on to the next clause; a summary of at most ``SHORT_SUMMARY`` characters is whole."""
-    if len(summary) <= SHORT_SUMMARY:
-        return summary
-    depth, start = 0, 0
-    for i, char in enumerate(summary):
-        if char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth = max(depth - 1, 0)
-        elif depth == 0 and summary.startswith("; ", i):
-            if any(c.isdigit() for c in summary[start:i]):
-                return summary[:i]
-            start = i + 2
-    return summary
-
-
 def _preset(row: dict) -> str:
     return row["preset"] + (" (tiny: a wiring check)" if row["tiny"] else "")
 
@@ -143,78 +123,6 @@ def entry_link(row: dict) -> str:
     """The README's link to the entry's full evidence (``page_of`` + ``#`` + ``anchor``)."""
     page = page_of(row)
     return f"[`{row['id']}`]({page}#{anchor(row)})" if page else f"`{row['id']}`"
-
-
-# ``headline``'s patterns, tried in order on the summary (numbers as the analyses print them).
-_NUM = r"[+\-−]?\d[\d.]*(?:e[+\-]?\d+)?"
-_PARENS = r"\((?:[^()]|\([^()]*\))*\)"  # one bracketed group, one level of nesting inside
-_HEADLINES = (
-    # a Design's primary: "<quantity> -23.5 pt ± 1.4 (SE; …, p=…, n=5/5) vs the paper's +6.08 pt"
-    re.compile(rf"(?P<ours>{_NUM}(?: \w+)? ± {_NUM}(?: (?:pt|dex|points))?) (?P<stats>{_PARENS}) "
-               r"vs the paper's (?P<paper>[^;]+)"),
-    # a per-panel comparison with the paper's number in brackets: "+12.4 ± 16 (SE; …) [paper +18]"
-    re.compile(rf"(?P<ours>{_NUM} ± {_NUM}) (?P<stats>{_PARENS}) \[paper (?P<paper>{_NUM})\]"),
-    # a fitted number beside the paper's: "ζ_BN = 0.0202 (paper: 0.014; …"
-    re.compile(rf"= (?P<ours>{_NUM}) \(paper: (?P<paper>{_NUM})"),
-    # a number against a stated value: "= 1.422 (10–90 %: …) vs √2 = 1.414, …"
-    re.compile(rf"= (?P<ours>{_NUM})(?: {_PARENS})? vs (?P<paper>[^,;]+)"),
-    # a bound: "= 0.247 (≤ 1 required)"
-    re.compile(rf"= (?P<ours>{_NUM}) \((?P<paper>[≤≥<>] ?{_NUM}) required\)"),
-)
-# The README's clause: at most this many characters (bracketed asides dropped first).
-CLAUSE_CHARS = 130
-
-
-def headline(summary: str) -> dict[str, str]:
-    """Our number, the paper's and one short clause for the README's row, read from an outcome's
-    summary: the first of ``_HEADLINES`` found (the primary's "vs the paper's" anywhere in the
-    summary, the others in ``first_clause(summary)``) gives ``ours`` and ``paper``, and the clause
-    is what the summary measures there (the clause before our number, with the test's p and n
-    when it states them). A summary that matches none (several numbers, none of them the paper's)
-    falls back to ``"—"`` for both and its first clause, shortened (``shorten``)."""
-    clause = first_clause(summary)
-    for i, pattern in enumerate(_HEADLINES):
-        text = summary if i == 0 else clause
-        match = pattern.search(text)
-        if match is None:
-            continue
-        what = _last_clause(text[:match.start()]).strip(" :=;,")
-        stats = re.findall(r"\b([pn]=[^,;)]+)", match.groupdict().get("stats") or "")
-        what = shorten(what or clause, CLAUSE_CHARS - 20)
-        return {"ours": match["ours"], "paper": match["paper"].strip(),
-                "clause": what + (f" ({', '.join(stats)})" if stats else "")}
-    return {"ours": "—", "paper": "—", "clause": shorten(clause, CLAUSE_CHARS)}
-
-
-def _last_clause(text: str) -> str:
-    """What follows the last ``"; "`` outside brackets in ``text`` (all of it when none)."""
-    depth, start = 0, 0
-    for i, char in enumerate(text):
-        depth += char in "([{"
-        depth -= char in ")]}" and depth > 0
-        if depth == 0 and text.startswith("; ", i):
-            start = i + 2
-    return text[start:]
-
-
-def shorten(text: str, limit: int) -> str:
-    """``text`` in at most ``limit`` characters: bracketed asides dropped from the last one back,
-    then cut at a word boundary (never inside brackets) with "…"."""
-    text = " ".join(text.split())
-    while len(text) > limit:
-        groups = list(re.finditer(rf" ?{_PARENS}", text))
-        if not groups:
-            break
-        text = text[:groups[-1].start()] + text[groups[-1].end():]
-    if len(text) <= limit:
-        return text
-    cut, depth = 0, 0
-    for i, char in enumerate(text[:limit]):
-        depth += char in "([{"
-        depth -= char in ")]}" and depth > 0
-        if char == " " and depth == 0:
-            cut = i
-    return text[:cut or limit - 1].rstrip(" ,;:") + " …"
 
 
 def _verdict(row: dict) -> str:

@@ -1,6 +1,6 @@
 """Every catalogue entry states, before its verdict, the effect the paper reports,
 the effect its smoke preset can resolve, and the pilot (or computation) behind that number; the
-report prints it above the verdict and `bnlab experiments list` beside the claim."""
+report prints it above the verdict and `bnlab experiments list --long` beside the claim."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_report_states_the_resolution_above_the_verdict(computed_entry, tmp_path
 def test_experiments_list_prints_the_resolution():
     from bnlab.cli import app
 
-    result = CliRunner().invoke(app, ["experiments", "list"])
+    result = CliRunner().invoke(app, ["experiments", "list", "--long"])
     assert result.exit_code == 0, result.output
     entry = load_catalogue().entry("peng-table2").target
     assert f"resolves: {entry.resolution.resolvable}" in result.output

@@ -22,6 +22,7 @@ from bnlab.experiments.parallel import free_cores
 from bnlab.experiments.runner import reproduce_many
 from bnlab.norms.bench import benchmark, format_table
 from bnlab.report import write_report
+from bnlab.report.headline import answer_lines
 
 DEMO_ENTRIES = [
     "santurkar-fig8",  # 25-layer DLN: standard vs BN (activation drift), 3 seeds
@@ -59,15 +60,15 @@ def demo(
         f"demo: {len(DEMO_ENTRIES)} entries, {count} worker process(es) × 1 thread", err=True
     )
     start = time.perf_counter()
-    outcomes = reproduce_many(
+    outcomes = list(reproduce_many(
         DEMO_ENTRIES, "smoke", runs_dir=runs_dir, tiny=tiny, progress=True, workers=count
-    )
-    for i, (experiment_id, outcome) in enumerate(outcomes, 1):
-        typer.echo(
-            f"[{i}/{len(DEMO_ENTRIES)}] {experiment_id}: {outcome.verdict} — {outcome.summary}"
-        )
-    typer.echo(f"report: {write_report(runs_dir)}")
+    ))
+    report = write_report(runs_dir)
     typer.echo(f"demo: {time.perf_counter() - start:.0f} s wall", err=True)
+    typer.echo(f"report: {report}")
+    # the answer last, one line per entry; the whole summaries are in the report
+    for line in answer_lines([(i, "smoke", outcome) for i, outcome in outcomes], report):
+        typer.echo(line)
 
 
 def register(app: typer.Typer) -> None:

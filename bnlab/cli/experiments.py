@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 from typing import List, Optional
@@ -10,7 +11,8 @@ import typer
 
 from bnlab.jsonsafe import dumps, jsonable
 from bnlab.report import write_report
-from bnlab.store import StoreCorruptError, StoreVersionError
+from bnlab.report.headline import answer_lines
+from bnlab.store import Store, StoreCorruptError, StoreVersionError
 
 from bnlab.experiments.base import check_preset, get, load_catalogue
 from bnlab.experiments.runner import reproduce
@@ -19,22 +21,80 @@ experiments_app = typer.Typer(help="The catalogue of the papers' figures and tab
                               no_args_is_help=True)
 
 
+TITLE_CHARS = 60  # the compact table's titles, cut at a word with "…" beyond this
+
+
 @experiments_app.command("list")
-def list_experiments(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-    """Every entry with its paper, figure/table, claim and preset costs."""
+def list_experiments(
+    as_json: bool = typer.Option(False, "--json",
+                                 help="every field of every entry, as JSON (with what is stored)"),
+    long: bool = typer.Option(False, "--long",
+                              help="every entry's claim, preset costs and what the smoke resolves"),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir",
+                                  help="the store whose entries are marked as stored"),
+) -> None:
+    """The catalogue: one line per entry (id, paper, figure/table, what is stored, title)."""
     entries = [e.describe() for e in load_catalogue().values()]
+    stored = _stored(runs_dir)
     if as_json:
-        typer.echo(json.dumps(entries, indent=2))
-        return
-    for e in entries:
-        cost = "; ".join(f"{k}: {v}" for k, v in e["cost"].items())
-        typer.echo(f"{e['id']:<24} {e['target']:<12} {e['title']}")
-        typer.echo(f"{'':<24} claim: {e['claim']}")
-        typer.echo(f"{'':<24} cost: {cost}")
-        if e["resolution"]:
-            r = e["resolution"]
-            typer.echo(f"{'':<24} resolves: {r['resolvable']} (paper: {r['paper']}; "
-                       f"from {r['pilot']})")
+        typer.echo(json.dumps([{**e, "stored": stored.get(e["id"], [])} for e in entries],
+                              indent=2, ensure_ascii=False))
+    elif long:
+        for e in entries:
+            typer.echo(_long_text(e))
+    else:
+        typer.echo(_compact_table(entries, stored))
+
+
+def _stored(runs_dir: Path) -> dict[str, list[dict]]:
+    """``{id: [{"preset", "tiny", "date"}, …]}`` for the entries stored in ``runs_dir`` (read
+    only; nothing when it holds no store)."""
+    path = runs_dir / "bnlab.db"
+    if not path.is_file():
+        return {}
+    out: dict[str, list[dict]] = {}
+    try:
+        with Store(path, readonly=True) as store:
+            for experiment_id, preset in store.entries():
+                entry = store.load_entry(experiment_id, preset) or {}
+                created = entry.get("created")
+                date = (datetime.datetime.fromtimestamp(created, datetime.timezone.utc)
+                        .strftime("%Y-%m-%d") if created else None)
+                out.setdefault(experiment_id, []).append(
+                    {"preset": preset, "tiny": bool(entry.get("tiny")), "date": date})
+    except (StoreCorruptError, StoreVersionError) as err:
+        typer.echo(f"warning: {path}: {err}", err=True)
+    return out
+
+
+def _compact_table(entries: list[dict], stored: dict[str, list[dict]]) -> str:
+    def status(e: dict) -> str:
+        return ", ".join(s["preset"] + (" (tiny)" if s["tiny"] else "") + f" {s['date'] or ''}"
+                         for s in stored.get(e["id"], [])).strip() or "—"
+
+    def title(text: str) -> str:
+        if len(text) <= TITLE_CHARS:
+            return text
+        return text[:text.rfind(" ", 0, TITLE_CHARS - 1)].rstrip(" ,:;") + " …"
+
+    rows = [("id", "paper", "target", "stored", "title")]
+    rows += [(e["id"], e["paper"], e["target"], status(e), title(e["title"])) for e in entries]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(f"{cell:<{w}}" for cell, w in zip(r[:4], widths)) + "  " + r[4]
+             for r in rows]
+    return "\n".join(lines + [f"{len(entries)} entries; --long: claims, costs and resolution; "
+                              "--json: every field"])
+
+
+def _long_text(e: dict) -> str:
+    cost = "; ".join(f"{k}: {v}" for k, v in e["cost"].items())
+    lines = [f"{e['id']:<24} {e['target']:<12} {e['title']}",
+             f"{'':<24} claim: {e['claim']}", f"{'':<24} cost: {cost}"]
+    if e["resolution"]:
+        r = e["resolution"]
+        lines.append(f"{'':<24} resolves: {r['resolvable']} (paper: {r['paper']}; "
+                     f"from {r['pilot']})")
+    return "\n".join(lines)
 
 
 def reproduce_cmd(
@@ -61,20 +121,23 @@ def reproduce_cmd(
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
-    results = {}
+    results, outcomes = {}, []
     for experiment_id in targets:
         outcome = reproduce(experiment_id, preset, runs_dir=runs_dir, ray_address=ray, tiny=tiny,
                             report=False, nproc=nproc)
+        outcomes.append((experiment_id, preset, outcome))
         results[experiment_id] = {"verdict": outcome.verdict, "summary": outcome.summary,
                                   "figures": [str(f) for f in outcome.figures],
                                   "table": outcome.table}
-        if not as_json:
-            typer.echo(f"{experiment_id}: {outcome.verdict} — {outcome.summary}")
+        if not as_json:  # progress on stderr; the answers come last, on stdout
+            typer.echo(f"{experiment_id}: {outcome.verdict}", err=True)
     path = write_report(runs_dir)
     if as_json:
         typer.echo(dumps(jsonable(results, objects=True), indent=2))  # strict JSON: NaN as null
     else:
         typer.echo(f"report: {path}")
+        for line in answer_lines(outcomes, path):
+            typer.echo(line)
 
 
 def report_cmd(runs_dir: Path = typer.Option(Path("runs"), "--runs-dir"),
