@@ -176,10 +176,17 @@ class StochasticWeightAveraging(pl.callbacks.StochasticWeightAveraging):
     Here that epoch is also a :class:`bnlab.norms.population.StatisticsPass` over bnlab's layers:
     at its end their buffers hold the batch averages that :func:`bnlab.norms.update_bn` computes
     from the same batches (mbn's and cbn's moving statistics too); torch's layers get Lightning's
-    own treatment, unchanged.
+    own treatment.
+
+    One difference from Lightning's own (2.6.6): the model ends with the averaged weights the
+    statistics were computed with. Lightning's extra epoch skips backward but still steps the
+    optimizer with gradients left from the last training step, so its final weights moved after
+    the statistics were taken (measured: up to 2e-3 on a small conv net,
+    tests/test_ecosystem_swa.py); here they are put back when the epoch ends.
     """
 
     _statistics: StatisticsPass | None = None
+    _averaged: list[torch.Tensor] | None = None
 
     @staticmethod
     def pl_module_contains_batch_norm(pl_module: pl.LightningModule) -> bool:
@@ -188,9 +195,16 @@ class StochasticWeightAveraging(pl.callbacks.StochasticWeightAveraging):
     def reset_batch_norm_and_save_state(self, pl_module: pl.LightningModule) -> None:
         super().reset_batch_norm_and_save_state(pl_module)
         self._statistics = StatisticsPass(pl_module, torch_layers=False).start()
+        self._averaged = [p.detach().clone() for p in pl_module.parameters()]
+        self._module = pl_module
 
     def reset_momenta(self) -> None:
         if self._statistics is not None:
             self._statistics.finish()
             self._statistics = None
+        if self._averaged is not None:
+            with torch.no_grad():
+                for p, averaged in zip(self._module.parameters(), self._averaged):
+                    p.copy_(averaged)
+            self._averaged = None
         super().reset_momenta()
