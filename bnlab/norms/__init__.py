@@ -15,6 +15,7 @@ from .momentum import MomentumBatchNorm, mbn_lambda
 from .noisy import NoisyBatchNorm, StochasticLayer
 from .convert import NormAct, convert, convert_sync
 from .fold import FoldReport, fold
+from .guard import nonfinite_batches, nonfinite_guard_enabled, set_nonfinite_guard
 from .ops import (
     PLACEMENTS,
     create,
@@ -46,8 +47,10 @@ __all__ = [
     "ScaleInvariantLinearBN", "StochasticLayer", "VarOnlyBatchNorm", "WeightNorm",
     "PLACEMENTS", "amat_eta", "compiled_steps", "convert", "convert_sync", "create", "describe",
     "fold",
-    "hoffer_linf_constant", "mbn_lambda", "normalized", "plain_autograd", "recollect_running_stats",
-    "regularization_loss", "removes_mean", "seed_layers", "set_compiled_steps", "set_progress",
+    "hoffer_linf_constant", "mbn_lambda", "nonfinite_batches", "nonfinite_guard_enabled",
+    "normalized", "plain_autograd", "recollect_running_stats",
+    "regularization_loss", "removes_mean", "seed_layers", "set_compiled_steps",
+    "set_nonfinite_guard", "set_progress",
     "stochastic_layers", "track", "validate",
     # with other tools (docs/readme/tools.md)
     "BATCH_NORMS", "INPUT_KEY", "freeze", "frozen_layers", "fuse_conv_bn_eval",

@@ -26,6 +26,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from .conventions import BatchNormConventions, check_dtype, check_eps_now
+from .guard import statistics_as_with_grad
 from . import written_grad
 from .sync import module_group, synced_moments
 
@@ -157,6 +158,17 @@ class ChannelNorm(BatchNormConventions):
         var = (x - per_channel(mean, x)).pow(2).mean(dim=dims)
         return mean, var, n
 
+    def plain_moments(self, x: Tensor) -> tuple[Tensor, Tensor, int]:
+        """:meth:`batch_moments` for the plain path. Without grad they come from torch's
+        statistics kernel, which rounds differently from the two passes taken with grad; in the
+        first pass of a reentrant checkpoint (no grad) the two passes run, so that the
+        recomputation (grad on) reproduces the step bit for bit (:mod:`.guard`)."""
+        if torch.is_grad_enabled() or not statistics_as_with_grad():
+            return self.batch_moments(x)
+        with torch.enable_grad():
+            mean, var, n = self.batch_moments(x)
+        return mean.detach(), var.detach(), n
+
     def normalize_with_batch_stats(self, x: Tensor, coef_fn: CoefFn, *tensors: Tensor,
                                    update: UpdateFn | None = None
                                    ) -> tuple[Tensor, Tensor, Tensor, int]:
@@ -196,7 +208,7 @@ class ChannelNorm(BatchNormConventions):
             mean, var, n = written_grad.moments(x)
             anchor = mean.detach()
         else:
-            mean, var, n = self.batch_moments(xs)
+            mean, var, n = self.plain_moments(xs)
             anchor = mean
         dt = coef_dtype(x)
         scale, shift = coef_fn(mean.to(dt), var.to(dt), *tensors)

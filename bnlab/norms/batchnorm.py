@@ -10,6 +10,7 @@ from torch import Tensor
 from .base import ChannelNorm
 from .sync import module_group
 from .conventions import checked_eps, checked_momentum, fx_leaf
+from .guard import training_step
 from .registry import BN_OPTIONS, norm
 
 
@@ -167,7 +168,10 @@ class NativeBatchNorm(nn.modules.batchnorm._BatchNorm):
             raise ValueError("NativeBatchNorm expects input of shape (N, C) or (N, C, *), got "
                              f"{tuple(x.shape)}")
 
+    nonfinite_batches = 0  # training batches the non-finite guard skipped (.guard)
+
     @fx_leaf
+    @training_step
     def forward(self, x: Tensor) -> Tensor:
         ChannelNorm.check_input(self, x)
         return super().forward(x)

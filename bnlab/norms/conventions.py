@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from .guard import training_step
 from .sync import module_group
 
 REDUCED_DTYPES = (torch.float16, torch.bfloat16)
@@ -95,11 +96,14 @@ class BatchNormConventions(nn.Module):
     """Parameters, buffers and module protocol of ``torch.nn.modules.batchnorm._NormBase``."""
 
     _version = 2  # torch's: version 2 added num_batches_tracked
+    nonfinite_batches = 0  # training batches the non-finite guard skipped (.guard)
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "forward" in cls.__dict__:  # every layer's forward is a torch.fx leaf (fx_leaf)
-            cls.forward = fx_leaf(cls.__dict__["forward"])
+        # every layer's forward is a torch.fx leaf (fx_leaf) and updates its statistics once per
+        # training forward (.guard: checkpoint recomputation, non-finite batches, accumulation)
+        if "forward" in cls.__dict__:
+            cls.forward = fx_leaf(training_step(cls.__dict__["forward"]))
     # Declared for the type checker (nn.Module.__getattr__ would type them ``Tensor | Module``).
     # None when affine=False (bias: or bias=False) / without running buffers; reads check that.
     weight: Tensor

@@ -37,6 +37,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .guard import replaying
 from .coef_compile import assemble, backward_coefficients, forward_coefficients
 from .kernels import (centred_reductions, channel_affine, coef_dtype, filled, input_gradient,
                       stats_dtype)
@@ -59,7 +60,7 @@ def refuse_recomputation(layer: str, reason: str, remedy: str) -> None:
     """Raise if this forward pass runs inside backward: torch.utils.checkpoint recomputing its
     region, which for a layer whose step is not a pure function of its inputs (``reason``) would
     give silently wrong gradients."""
-    if torch._C._current_graph_task_id() >= 0:
+    if torch._C._current_graph_task_id() >= 0 and not replaying():
         raise RuntimeError(f"{layer} is being run inside backward (torch.utils.checkpoint "
                            f"recomputing a checkpointed region): {reason}, so the recomputation "
                            f"would give silently wrong gradients. {remedy}")

@@ -105,7 +105,7 @@ class LpBatchNorm(BatchNorm):
                 and x.dtype in (torch.float32, torch.float64) and not plain_requested()):
             return linf_normalize(x, gamma, beta, self.eps, self.topk)
         x = x.to(stats_dtype(x))  # half: one float32 copy, the input gradient rounds to half once
-        mean, var, _ = self.batch_moments(x)
+        mean, var, _ = self.plain_moments(x)
         centred = x - self.per_channel(mean, x)  # float32 or better, whatever x's dtype
         scale = self.batch_scale(centred, var)
         a = gamma / (scale + self.eps)
