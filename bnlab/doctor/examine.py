@@ -104,6 +104,7 @@ def examine(model: nn.Module, loss_fn: Callable, batches: Iterable, *,
             finally:
                 snapshot.restore()
             seconds[code] = time.perf_counter() - t0
+    report._optimizer = optimizer  # for try_remedies' short runs; not part of to_dict()
     report.context.update({
         "model": type(model).__name__, "batch_size": checkup.batch_size, "batches": len(data),
         "optimizer": None if optimizer is None else type(optimizer).__name__,
