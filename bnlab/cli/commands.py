@@ -29,6 +29,8 @@ COMMANDS: dict[str, Command] = {
                       "re-trained)."),
     "train": Command("bnlab.cli.train",
                      "Train a model and record the run; re-running the same command resumes it."),
+    "doctor": Command("bnlab.cli.doctor",
+                      "Train with the doctor watching and print what it finds (bnlab.doctor)."),
     "norms": Command("bnlab.cli.norms",
                      "Normalization layers: the catalogue and how to build them."),
     "experiments": Command("bnlab.cli.experiments",

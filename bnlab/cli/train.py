@@ -9,6 +9,7 @@ stores the run ``interrupted``, says how to resume, and exits 130.
 from __future__ import annotations
 
 import inspect
+import json
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -19,6 +20,7 @@ from bnlab.store.run_files import RunDirError, RunLockedError
 from bnlab.jsonsafe import dumps
 from bnlab.store import Store
 from bnlab.cli.common import EXIT_FAILED, fail
+from bnlab.doctor import Doctor, Report
 from bnlab.formatting import fmt
 from bnlab.train.config import CliOption, TrainConfig, cli_options, load_config_file
 from bnlab.train.launcher import train  # one process, --nproc N local ones, or a torchrun rank
@@ -42,6 +44,9 @@ _AFTER: dict[str, tuple[Any, Any]] = {
         "(repeatable; pip install 'bnlab[track]')."))),
     "as_json": (bool, typer.Option(False, "--json",
                                    help="Print the final record as one JSON object.")),
+    "doctor": (bool, typer.Option(False, "--doctor", help=(
+        "Watch the run with bnlab.doctor.Doctor and print its report (bnlab doctor: the "
+        "report alone, --html)."))),
 }
 
 
@@ -59,13 +64,14 @@ TRAIN_OPTIONS: dict[str, tuple[Any, Any]] = {
 
 def train_command(**options: Any) -> None:
     """Train a model and record the run; re-running the same command resumes it."""
-    config = None
+    config = doctor = None
     try:
-        file = options["config_file"]
-        values = load_config_file(file) if file is not None else {}
-        config = TrainConfig.from_dict(_merge(values, options))  # the one validation
+        config = config_from_options(options)  # the one validation
         progress = "bar" if sys.stderr.isatty() else "lines"
         callbacks = [parse_log_to(s) for s in options["log_to"] or []]
+        if options["doctor"]:
+            doctor = watching(config)
+            callbacks.append(doctor)
         record = train(config, progress=progress, force=options["force"], callbacks=callbacks)
         if record is None:  # a rank > 0 of a torchrun launch: rank 0 reports
             return
@@ -88,10 +94,14 @@ def train_command(**options: Any) -> None:
         if options["as_json"]:
             typer.echo(_failed_record_json(config, err))
         raise typer.Exit(EXIT_FAILED) from None
+    report = None if doctor is None else doctor_report(doctor)
     if options["as_json"]:
-        typer.echo(record.to_json())
+        typer.echo(record.to_json() if report is None else
+                   dumps({**json.loads(record.to_json()), "doctor": report.to_dict()}))
     else:
         typer.echo(_summary_line(record))
+        if doctor is not None:
+            typer.echo(doctor_text(doctor, report))
     if record.status == "failed":
         raise typer.Exit(EXIT_FAILED)
 
@@ -100,6 +110,34 @@ def train_command(**options: Any) -> None:
 train_command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
      for name, (kind, option) in TRAIN_OPTIONS.items()])
+
+
+def config_from_options(options: dict[str, Any]) -> TrainConfig:
+    """The run's configuration from the command's options: the defaults, then ``--config``'s
+    file, then the flags given (``bnlab train`` and ``bnlab doctor``)."""
+    file = options["config_file"]
+    values = load_config_file(file) if file is not None else {}
+    return TrainConfig.from_dict(_merge(values, options))
+
+
+def watching(config: TrainConfig, **options: Any) -> Doctor:
+    """The doctor for a run of ``config`` (one process: it reads the model it watches);
+    ``options`` go to :class:`bnlab.doctor.Doctor`."""
+    if config.nproc > 1:
+        raise ValueError(f"the doctor watches one process; nproc is {config.nproc}: use nproc 1")
+    return Doctor(**options)
+
+
+def doctor_report(doctor: Doctor) -> Report | None:
+    """The doctor's report, ``None`` when no step was trained (nothing to report on)."""
+    return doctor.report() if doctor.steps else None
+
+
+def doctor_text(doctor: Doctor, report: Report | None) -> str:
+    if report is None:
+        return ("doctor: no step was trained (the run is already stored: --force trains it "
+                "again)")
+    return f"doctor ({doctor.steps} steps watched):\n{report}"
 
 
 def _merge(values: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
