@@ -2,19 +2,16 @@
 
 :func:`examine` checks a model as it stands (no training); :class:`Doctor` watches a training loop.
 Both return a :class:`Report` of :class:`Finding` objects, whose codes are exactly :data:`CODES`.
+User guide: docs/readme/doctor.md.
 """
 
 from .findings import CODES, Finding
 from .report import Report
+from .examine import examine  # isort: skip (binds the function over the submodule's name)
 
 
 def __getattr__(name):
-    # examine and Doctor are imported lazily so that the contract (findings, report) imports on
-    # its own while the checks are built.
-    if name == "examine":
-        from .examine import examine
-
-        return examine
+    # the watcher lives in its own module, imported on first use
     if name == "Doctor":
         from .watcher import Doctor
 

@@ -10,9 +10,10 @@ than assumes it).
 Measured: each BN layer's inputs in train mode for every given batch, against the population
 statistics recollected over all of them (:func:`bnlab.norms.recollect_running_stats` on a copy):
 the mean-noise power E[ξ_μ²] (over channels and batches; theory 1/m) and Var ξ_σ (theory
-2(m−1)/m² for Gaussian inputs). The value is the largest E[ξ_μ²] over layers; it warns above 1/16,
-the noise of 16 independent values per channel — MBN's experiments lose accuracy below batch 16
-and bnlab's ``mbn`` uses ``ideal_batch`` 32.
+2(m−1)/m² for Gaussian inputs). The value is the largest E[ξ_μ²] over layers; it warns above 0.1,
+the noise of fewer than 10 independent values per channel (the batch mean alone then moves every
+normalized value by √0.1 = 0.32 SD); at 16 values it is 1/16, a margin of 1.6 for sampling noise.
+Layers that already smooth their statistics (``mbn``, ``brn``) are not blamed.
 
 Remedy: ``mbn`` with ``ideal_batch`` chosen from the measured noise (a moving average with
 weight λ divides the noise variance by (1+λ)/(1−λ), so λ = (v − v₀)/(v + v₀) brings v to v₀, and
@@ -35,12 +36,12 @@ from bnlab.probes.base import capture_inputs, channels_first
 from .context import Checkup, tracking_layers
 from .findings import Finding
 
-THRESHOLD = 1.0 / 16.0
+THRESHOLD = 0.1
 SMOOTHED = (MomentumBatchNorm, BatchRenorm)
 PAPER = ("Yong, Huang, Meng, Hua & Zhang, Momentum Batch Normalization for Deep Learning with "
          "Small Batch Size (ECCV 2020), Theorem 1: ξ_μ ~ N(0, 1/m), ξ_σ ~ χ²(m−1)/m")
-WHY = ("E[ξ_μ²] = 1/16 is the mean noise of 16 independent values per channel, below which MBN's "
-       "experiments lose accuracy")
+WHY = ("E[ξ_μ²] = 0.1 is the noise of fewer than 10 independent values per channel: the batch "
+       "mean alone moves every normalized value by √0.1 = 0.32 SD from batch to batch")
 
 
 def noise_by_layer(checkup: Checkup) -> dict[str, dict[str, float]]:

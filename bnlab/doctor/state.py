@@ -41,6 +41,10 @@ def state_digest(model: nn.Module, optimizer: torch.optim.Optimizer | None = Non
                 if p.grad is not None})
     out.update({f"buffer/{n}": b.detach().cpu().clone() for n, b in model.named_buffers()})
     out["modes"] = torch.tensor([m.training for m in model.modules()])
+    for name, module in model.named_modules():
+        generator = getattr(module, "_generator", None)
+        if isinstance(generator, torch.Generator):  # stochastic layers' own streams
+            out[f"generator/{name}"] = generator.get_state()
     out["rng/cpu"] = torch.get_rng_state()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for i, state in enumerate(torch.cuda.get_rng_state_all()):

@@ -23,6 +23,7 @@ whether :func:`bnlab.doctor.examine` or the watcher found it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -58,7 +59,13 @@ def micro_batches(forwards: Sequence[int], batch_size: int | None,
 
 
 def double_updates(per_forward: Mapping[str, float], forwards: int) -> Finding | None:
-    return checks_double.finding(dict(per_forward), forwards) if forwards else None
+    found = checks_double.finding(dict(per_forward), forwards) if forwards else None
+    if found is None:
+        return None
+    worst = found.layers[0]
+    return dataclasses.replace(found, detail=(
+        f"{worst} updated its running statistics {found.value:g}× per training forward over the "
+        f"{forwards} forwards of the watched steps"))
 
 
 def _ratio(first: float, last: float) -> float:
