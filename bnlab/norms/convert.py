@@ -8,7 +8,9 @@ including ``None`` for the cumulative average, ``affine``, ``bias``, ``track_run
 device and dtype, and the parameters and running statistics are carried over — also buffers kept
 with ``track_running_stats=False``, with which torch's eval normalizes. A ``_BatchNorm`` subclass
 with behaviour of its own (another ``forward``, submodules) is refused with an error that names it:
-bnlab would silently drop what it adds.
+bnlab would silently drop what it adds. torchvision's and timm's ``FrozenBatchNorm2d`` (and timm's
+``FrozenBatchNormAct2d``) become the spec's layer with the same buffers, frozen
+(:func:`bnlab.norms.freeze` with ``stats=True, affine=True``): the same outputs, nothing trained.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import cast
 import inspect
 import warnings
 
+import torch
 import torch.nn as nn
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -25,6 +28,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 
 from .base import ChannelNorm
 from .batchnorm import NativeBatchNorm
+from .freeze import freeze
 from .noisy import StochasticLayer
 from .ops import spec_parts, create
 from .registry import lookup, parse_spec
@@ -43,6 +47,10 @@ _TORCH_FORWARDS = {cls.forward for cls in (_BatchNorm, *_PLAIN)}
 # timm's norm-act layers: forward = BatchNorm, then self.drop, then self.act
 # (timm/layers/norm_act.py).
 NORM_ACT_CLASSES = ("timm.layers.norm_act.BatchNormAct2d", "timm.layers.norm_act.SyncBatchNormAct")
+# fixed-statistics BatchNorm (detection backbones, fine-tuning): γ, β and statistics are buffers.
+# timm's FrozenBatchNorm2d is torchvision's class.
+FROZEN_CLASSES = ("torchvision.ops.misc.FrozenBatchNorm2d",)
+FROZEN_ACT_CLASSES = ("timm.layers.norm_act.FrozenBatchNormAct2d",)
 
 
 class NormAct(nn.Module):
@@ -92,29 +100,68 @@ def convert(model: nn.Module, spec: str) -> nn.Module:
         raise ValueError(f"convert replaces each norm by one layer; {spec!r} combines several "
                          "(use bnlab.norms.normalized(layer, spec) to build such blocks)")
     lookup(spec)  # unknown names and bad values fail before the model is touched
-    if isinstance(model, _BatchNorm):
+    if isinstance(model, _BatchNorm) or _frozen_kind(model):
         return _replacement(model, spec, type(model).__name__)
-    _warn_frozen(model)
     # every replacement is built (and may refuse) before the first one is set: never half-converted
     replacements = [(parent, name, _replacement(child, spec, f"{path}.{name}" if path else name))
                     for path, parent in model.named_modules()
                     for name, child in parent.named_children()
-                    if isinstance(child, _BatchNorm) and not isinstance(parent, _BatchNorm)]
+                    if (isinstance(child, _BatchNorm) or _frozen_kind(child))
+                    and not isinstance(parent, _BatchNorm)]
     for parent, name, new in replacements:
         setattr(parent, name, new)
     return model
 
 
-def _warn_frozen(model: nn.Module) -> None:
-    """torchvision's/timm's frozen BN keeps fixed statistics by design (detection backbones): not
-    converted."""
-    frozen = [name for name, m in model.named_modules()
-              if type(m).__name__.startswith("FrozenBatchNorm")]
-    if frozen:
-        warnings.warn(f"convert leaves {len(frozen)} frozen BatchNorm layer(s) in place (fixed "
-                      "statistics by design, not torch BatchNorm): "
-                      f"{', '.join(frozen[:5])}{' ...' if len(frozen) > 5 else ''}",
-                      stacklevel=3)
+def _frozen_kind(module: nn.Module) -> str | None:
+    """'frozen' (torchvision's/timm's FrozenBatchNorm2d), 'frozen_act' (timm's
+    FrozenBatchNormAct2d) or None."""
+    cls = type(module)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    return ("frozen" if name in FROZEN_CLASSES else "frozen_act" if name in FROZEN_ACT_CLASSES
+            else None)
+
+
+def _frozen_replacement(old: nn.Module, spec: str, path: str) -> nn.Module:
+    """The spec's layer with ``old``'s buffers (γ, β, statistics), statistics and affine frozen;
+    a frozen ``bn`` where the spec's eval map with those statistics is not BatchNorm's (cbn with
+    ``decouple=true``, lp_bn, mean_only_bn, var_only_bn), so the outputs stay the same."""
+    new = _frozen_layer(old, spec, path)
+    if not _keeps_outputs(old, new):
+        warnings.warn(f"convert: frozen {path!r} becomes a frozen 'bn' layer, not {spec!r}: with "
+                      f"its fixed statistics {spec!r} would compute other outputs", stacklevel=4)
+        new = _frozen_layer(old, "bn", path)
+    freeze(new, stats=True, affine=True)
+    if _frozen_kind(old) == "frozen_act":
+        new = NormAct(new, cast(nn.Module, old.drop), cast(nn.Module, old.act))
+    return new.train(old.training)
+
+
+def _frozen_layer(old: nn.Module, spec: str, path: str) -> nn.Module:
+    weight = cast(Tensor, old.weight)
+    try:
+        new = create(spec, weight.numel(), eps=float(cast(float, old.eps)), device=weight.device,
+                     dtype=weight.dtype)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"cannot convert {path!r} ({type(old).__name__}) to {spec!r}: {err}"
+                         ) from err
+    wanted = new.state_dict()
+    new.load_state_dict({k: v for k, v in old.state_dict().items() if k in wanted}, strict=False)
+    return new
+
+
+@torch.no_grad()
+def _keeps_outputs(old: nn.Module, new: nn.Module) -> bool:
+    """Whether ``new``'s eval map is the frozen layer's: ``x·s + b − mean·s``, s = w/√(var + ε)."""
+    affine = getattr(new, "inference_affine", lambda: None)()
+    if affine is None:
+        return False
+    w, b = cast(Tensor, old.weight).double(), cast(Tensor, old.bias).double()
+    scale = w * torch.rsqrt(cast(Tensor, old.running_var).double() + float(cast(float, old.eps)))
+    shift = b - cast(Tensor, old.running_mean).double() * scale
+    tol = 1e-6 if w.dtype == torch.float64 else 1e-5
+    return all(torch.allclose(got.double(), want, rtol=tol, atol=tol)
+               for got, want in zip(affine, (scale, shift)))
 
 
 def _kind(module: _BatchNorm, path: str) -> str:
@@ -135,7 +182,10 @@ def _kind(module: _BatchNorm, path: str) -> str:
         f"BatchNorm, subclasses that keep BatchNorm's forward, and {', '.join(NORM_ACT_CLASSES)}")
 
 
-def _replacement(old: _BatchNorm, spec: str, path: str) -> nn.Module:
+def _replacement(old: nn.Module, spec: str, path: str) -> nn.Module:
+    if _frozen_kind(old):
+        return _frozen_replacement(old, spec, path)
+    assert isinstance(old, _BatchNorm)
     kind = _kind(old, path)
     try:
         new = create_like(old, spec)
