@@ -18,8 +18,8 @@ from bnlab.norms.registry import NORMS
 ROOT = Path(__file__).resolve().parents[1]
 
 # the authors of the papers the probes and layers implement or build on (papers/README.md and the
-# layers' own sources: Ioffe & Szegedy, Hoffer's ℓ∞ BN, Salimans & Kingma's WN)
-AUTHORS = re.compile(r"\b(Santurkar|Luo|Peng|Arora|Yong|Ioffe|Hoffer|Salimans)\b")
+# layers' own sources: Ioffe & Szegedy, Hoffer's ℓ∞ BN, Salimans & Kingma's WN, Wu & He's GN)
+AUTHORS = re.compile(r"\b(Santurkar|Luo|Peng|Arora|Yong|Ioffe|Hoffer|Salimans|Wu)\b")
 REFERENCE = re.compile(r"(\bEqs?\.\s*\d|§\s*\d|\bSection \d|\bApp\. [A-Z]|\bAlg\. \d|"
                        r"\bAlgorithm \d|\b(Theorem|Lemma|Definition|Proposition)s? [A-Z]?\d)")
 

@@ -34,6 +34,8 @@ class NormInfo:
     params: dict[str, Param] = field(default_factory=dict)
     # "channel": built from num_features and applied to (N, C, *) activations.
     # "wrapper": needs the weight of the linear/conv layer it normalizes (si_bn, wn).
+    # "sample": built from num_features, but normalizes each sample on its own (gn): no batch
+    # statistics, so none of the BN family's batch/running-statistics contract applies.
     kind: str = "channel"
     removes_mean: bool = True  # whether a bias in the preceding layer is redundant
 
