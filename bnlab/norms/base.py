@@ -43,7 +43,7 @@ from .fused import (  # noqa: E402,F401
 )
 from .kernels import (  # noqa: E402,F401
     autocast_off, batch_statistics, centred_reductions, channel_affine, coef_dtype, per_channel,
-    reduce_dims, stats_dtype,
+    reduce_dims, saved_statistics, stats_dtype,
 )
 
 
@@ -118,7 +118,8 @@ class ChannelNorm(BatchNormConventions):
                 f"{tuple(x.shape)}"
             )
         check_eps_now(self)
-        check_dtype(self, x)
+        if x.numel() != 0:  # torch returns an empty output for an empty batch of any float dtype
+            check_dtype(self, x)
         if (self.training and getattr(self, "reads_own_updates", False)
                 and not torch.compiler.is_compiling()):
             refuse_recomputation(type(self).__name__,
@@ -158,6 +159,17 @@ class ChannelNorm(BatchNormConventions):
         var = (x - per_channel(mean, x)).pow(2).mean(dim=dims)
         return mean, var, n
 
+    def saves_half_statistics(self, x: Tensor) -> bool:
+        """Whether torch's CPU kernel would keep this step's statistics in half precision: a half
+        input into a layer whose parameters and buffers are that dtype too (or that has none).
+        With float32 state (autocast) they stay float32, and torch's CUDA kernels keep float32
+        statistics for every half input (:func:`.kernels.saved_statistics`)."""
+        if x.dtype not in HALF_DTYPES or x.device.type != "cpu":
+            return False
+        state = next((t for t in (self.weight, self.bias, self.running_mean, self.running_var)
+                      if t is not None), None)
+        return state is None or state.dtype == x.dtype
+
     def plain_moments(self, x: Tensor) -> tuple[Tensor, Tensor, int]:
         """:meth:`batch_moments` for the plain path. Without grad they come from torch's
         statistics kernel, which rounds differently from the two passes taken with grad; in the
@@ -184,9 +196,23 @@ class ChannelNorm(BatchNormConventions):
         with autocast_off(x):
             # synced: autograd through the collectives
             if fused_enabled(x) and module_group(self) is None:
-                y, mean, var = fused_normalize(x, self.batch_moments, coef_fn, *tensors,
-                                               update=update)
-                return y, mean, var, x.numel() // x.shape[1]
+                if not self.saves_half_statistics(x):
+                    y, mean, var = fused_normalize(x, self.batch_moments, coef_fn, *tensors,
+                                                   update=update)
+                    return y, mean, var, x.numel() // x.shape[1]
+                # the coefficients see torch's half statistics, the buffers the exact ones
+                exact: list[Tensor] = []
+
+                def moments(xs: Tensor) -> tuple[Tensor, Tensor, int]:
+                    mean, var, n = self.batch_moments(xs)
+                    exact[:] = [mean, var]
+                    return (*saved_statistics(x, mean, var, self.eps), n)
+
+                def exact_update(_mean: Tensor, _var: Tensor, n: int) -> None:
+                    if update is not None:
+                        update(exact[0], exact[1], n)
+                y, _, _ = fused_normalize(x, moments, coef_fn, *tensors, update=exact_update)
+                return y, exact[0], exact[1], x.numel() // x.shape[1]
             y, mean, var, n = self._plain_normalize(x, coef_fn, *tensors)
         if update is not None:
             # read by write_buffer (dynamo traces neither torch.is_inference_mode_enabled nor
@@ -210,13 +236,17 @@ class ChannelNorm(BatchNormConventions):
         else:
             mean, var, n = self.plain_moments(xs)
             anchor = mean
+        exact = mean.detach(), var.detach()
+        if self.saves_half_statistics(x):
+            mean, var = saved_statistics(x, mean, var, self.eps)
+            anchor = mean
         dt = coef_dtype(x)
         scale, shift = coef_fn(mean.to(dt), var.to(dt), *tensors)
         # y = scale·(x − μ) + (shift + scale·μ): the centred form keeps a large mean out of autograd
         centred = xs - per_channel(anchor, xs)
         y = torch.addcmul(per_channel((shift + scale * anchor).to(centred.dtype), x), centred,
                           per_channel(scale.to(centred.dtype), x))
-        return y.to(x.dtype), mean.detach(), var.detach(), n
+        return y.to(x.dtype), *exact, n
 
     def momentum_weight(self, momentum: float | None = None) -> float | Tensor:
         """This step's running-average weight: ``momentum``, or 1/t (cumulative average) when None.

@@ -14,7 +14,8 @@ What a user of ``torch.nn.BatchNorm1d/2d/3d`` relies on beyond the formula (torc
 * a zero-size batch gives an empty output, zero parameter gradients, and leaves the running
   statistics alone (in training ``num_batches_tracked`` still counts it, as torch's does);
 * dtypes: the input has the parameters' dtype, or is float16/bfloat16 with float32 parameters (AMP);
-  anything else raises torch's "mixed dtype" ``RuntimeError`` instead of computing silently.
+  anything else raises torch's "mixed dtype" ``RuntimeError`` instead of computing silently (a
+  zero-size batch of any floating dtype gives torch's empty output).
 """
 
 from __future__ import annotations

@@ -75,6 +75,27 @@ def batch_statistics(x: Tensor) -> tuple[Tensor, Tensor]:
     return torch.batch_norm_update_stats(x, scratch[0], scratch[1], 0.0)
 
 
+def saved_statistics(x: Tensor, mean: Tensor, var: Tensor,
+                     eps: float) -> tuple[Tensor, Tensor]:
+    """(μ_B, σ²_B) as torch's CPU BatchNorm kernel keeps them for a layer entirely in
+    float16/bfloat16: its saved mean and invstd have the parameters' dtype, and the output and
+    gradients are computed in float32 from those rounded values. They are taken from torch's own
+    kernel (one statistics pass over the half x, no grad), so the rounding is torch's, and
+    returned as forward values μ_h and σ²_h = invstd_h⁻² − ε (float64, so that 1/√(σ²_h + ε) is
+    invstd_h again) with the gradients of torch's backward, which centres x at μ_h
+    (∂σ²/∂x = 2(x − μ_h)/n: the last term below). A variant's coefficients take them as they take
+    the exact (μ_B, σ²_B), so its BN limit is torch's half BatchNorm."""
+    with torch.no_grad():
+        _, saved_mean, saved_invstd = torch.native_batch_norm(x.detach(), None, None, None, None,
+                                                              True, 0.0, eps)
+    mean_h = saved_mean.to(mean.dtype)
+    exact = var.detach().double()
+    var_h = saved_invstd.double().pow(-2) - eps
+    offset = (mean.detach() - mean_h).double()
+    var_out = var.double() + (var_h - exact) + 2 * offset * (mean - mean.detach()).double()
+    return mean + (mean_h - mean.detach()), var_out
+
+
 def coef_dtype(x: Tensor) -> torch.dtype:
     """The per-channel coefficient graph runs in float64 (C numbers), except where float64 is
     missing."""
