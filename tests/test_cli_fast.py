@@ -8,9 +8,11 @@ import sys
 
 import typer
 import typer.main
+from typer.core import TyperGroup
 from typer.testing import CliRunner
 
 from bnlab import cli
+from bnlab.cli.typer_app import plain_help
 
 HELP_PATH = '''
 import sys
@@ -54,9 +56,17 @@ def test_a_command_imports_only_its_own_module():
                 if m.startswith(("bnlab.experiments", "bnlab.norms", "bnlab.train"))]
 
 
+class _PlainGroup(TyperGroup):
+    """A group shown as bnlab shows its commands (``plain_help``: no typer type labels)."""
+
+    def __init__(self, **attrs) -> None:
+        super().__init__(**attrs)
+        plain_help(self)
+
+
 def _eager_app() -> typer.Typer:
     """Every command registered up front, as bnlab.cli did before the lazy group."""
-    eager = typer.Typer(add_completion=False, no_args_is_help=True)
+    eager = typer.Typer(cls=_PlainGroup, add_completion=False, no_args_is_help=True)
     for module in dict.fromkeys(command.module for command in cli.COMMANDS.values()):
         __import__(module, fromlist=["register"]).register(eager)
     return eager

@@ -159,7 +159,7 @@ def runs_list(
     status.
 
     A running run's steps follow its training (they rise at every flush of its metrics); a run
-    recorded as running whose process is gone (killed) shows as ``stopped``.
+    recorded as running whose process is gone (killed) shows as "stopped".
     """
 
     store = _open_store(runs_dir)

@@ -11,17 +11,66 @@ from typing import Any
 
 import typer
 import typer.main
-from typer.core import TyperCommand, TyperGroup
+from typer._click import Context
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from bnlab.cli.commands import COMMANDS, LAB_INSTALL, LAB_MODULES, version_line
 
+# What `--help` calls a value, as click names its types (typer writes ``<str>``, ``<list[str]>``).
+_TYPE_NAMES = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "path": "PATH", "bool": ""}
+
+
+class _PlainArgument(TyperArgument):
+    """An argument as click shows it: ``IDS...`` in the usage line (typer writes ``{ids}...``)
+    and no type column (typer writes ``<list[str]>``)."""
+
+    def display_type_rich(self, ctx: Any) -> str:
+        return ""
+
+    def _usage_display_name(self) -> str:
+        return self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+
+
+class _PlainOption(TyperOption):
+    """An option as click shows it: nothing after a flag (typer writes ``<bool>``), else its type
+    in capitals (``TEXT``, ``INTEGER``, ``PATH``) or its choices."""
+
+    def display_type_rich(self, ctx: Any) -> str:
+        if self.metavar is not None:
+            return self.metavar
+        if self.is_bool_flag:
+            return ""
+        label = self.display_type(ctx).strip("<>").split(" range")[0]
+        label = label.removeprefix("list[").removesuffix("]")
+        return _TYPE_NAMES.get(label, label) + ("..." if self.nargs != 1 else "")
+
+
+def plain_help(command: Any) -> Any:
+    """``command`` and its subcommands with their parameters shown in ``--help`` as click shows
+    them (:class:`_PlainArgument`, :class:`_PlainOption`: no ``<bool>``, ``{ids}...``); returns
+    ``command``."""
+    for param in command.params:
+        if isinstance(param, TyperArgument):
+            param.__class__ = _PlainArgument
+            if param.metavar is None:
+                param.metavar = param.name.upper() + ("..." if param.nargs != 1 else "")
+        elif isinstance(param, TyperOption):
+            param.__class__ = _PlainOption
+    help_option = command.get_help_option(Context(command, **(command.context_settings or {})))
+    if help_option is not None:
+        help_option.__class__ = _PlainOption
+    for sub in (getattr(command, "commands", None) or {}).values():
+        plain_help(sub)
+    return command
+
+
 def load_command(name: str) -> Any:
     """The click command ``name`` as its module's ``register(app)`` builds it (imports that
-    module)."""
+    module), its help plain (:func:`plain_help`)."""
     module = importlib.import_module(COMMANDS[name].module)
     sub_app = typer.Typer()
     module.register(sub_app)
-    return typer.main.get_group(sub_app).commands[name]
+    return plain_help(typer.main.get_group(sub_app).commands[name])
 
 
 class LazyGroup(TyperGroup):
@@ -31,6 +80,7 @@ class LazyGroup(TyperGroup):
         super().__init__(**attrs)
         for name, command in COMMANDS.items():
             self.commands[name] = TyperCommand(name, help=command.help, add_help_option=False)
+        plain_help(self)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         # Only the command being run is imported; an unknown name falls through to typer's
