@@ -52,7 +52,7 @@ from bnlab.probes.state import preserved
 
 from . import checks_effective_lr, checks_sharpness, cost, timeline
 from .context import Checkup, model_device, tracking_layers
-from .examine import examine as examine_model
+from .examine import MAX_BATCHES, MIN_SAMPLES, examine as examine_model
 from .findings import Finding
 from .report import Report
 from .window import WatchWindow
@@ -66,7 +66,8 @@ class Doctor(Callback):
 
     ``every``: watch one step in ``every``; ``sharpness_every``: the sharpness cadence (``None``:
     priced on the model to take at most ``sharpness_budget`` of the training time; ``0``: never);
-    ``keep_batches``: the last batches kept for :meth:`report`'s checkup; ``lr``: the learning
+    ``keep_samples``: the last batches kept for :meth:`report`'s checkup hold at least this many
+    samples (the checkup's own default, ``examine.MIN_SAMPLES``); ``lr``: the learning
     rate when no optimizer is given.
     """
 
@@ -75,10 +76,11 @@ class Doctor(Callback):
     def __init__(self, model: nn.Module | None = None, loss_fn: LossFn | None = None,
                  optimizer: torch.optim.Optimizer | None = None, *, every: int = EVERY,
                  sharpness_every: int | None = None, sharpness_iters: int = SHARPNESS_ITERS,
-                 sharpness_budget: float = cost.SHARPNESS_BUDGET, keep_batches: int = 4,
+                 sharpness_budget: float = cost.SHARPNESS_BUDGET,
+                 keep_samples: int = MIN_SAMPLES,
                  lr: float | None = None) -> None:
         for label, value, low in (("every", every, 1), ("sharpness_iters", sharpness_iters, 1),
-                                  ("keep_batches", keep_batches, 1)):
+                                  ("keep_samples", keep_samples, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{label} must be an integer >= {low}, got {value!r}")
         if sharpness_every is not None and (not isinstance(sharpness_every, int)
@@ -91,7 +93,8 @@ class Doctor(Callback):
         self.sharpness_every = sharpness_every
         self._auto_sharpness = sharpness_every is None
         self.sharpness_budget = float(sharpness_budget)
-        self.batches: collections.deque = collections.deque(maxlen=keep_batches)
+        self.batches: collections.deque = collections.deque()
+        self.keep_samples = keep_samples
         self.series: dict[str, Any] = {
             "effective_lr": {}, "weight_norm_sq": {}, "turn": {}, "running_lag": {},
             "running_lag_detail": {}, "lr": [], "sharpness": [], "forwards_per_step": []}
@@ -157,6 +160,10 @@ class Doctor(Callback):
     def _backward(self, batch: Batch) -> None:
         self._passes += 1
         self.batches.append((batch[0].detach(), batch[1].detach()))
+        kept = sum(int(x.shape[0]) for x, _ in self.batches)
+        while len(self.batches) > 1 and (kept - int(self.batches[0][0].shape[0])
+                                         >= self.keep_samples or len(self.batches) > MAX_BATCHES):
+            kept -= int(self.batches.popleft()[0].shape[0])
         if self._weights is None and self.model is not None:
             self._first_batch(batch)
 

@@ -25,6 +25,12 @@ probes ends with the same weights, bitwise, as the run without them
 An exception ends the bnlab callbacks with status ``interrupted`` (KeyboardInterrupt) or
 ``failed``; ``state_dict`` holds the wrapped callbacks' states, by name, in Lightning checkpoints.
 
+The doctor (:class:`bnlab.doctor.Doctor`) is a bnlab callback too, given alone or in the list:
+``doc = Doctor(); L.Trainer(callbacks=[BnlabCallback(doc, loss_fn=...)]).fit(...)``, then
+``doc.report()``. Under ``accumulate_grad_batches=k`` Lightning calls ``on_after_backward`` for
+each micro-batch and ``on_before_optimizer_step`` once per step: the doctor counts k passes per
+optimizer step from them (tests/test_doctor_watch_lightning.py).
+
 :class:`StochasticWeightAveraging` is Lightning's SWA callback for models with bnlab layers: its
 extra epoch recomputes every layer's statistics (:mod:`bnlab.norms.population`), where Lightning's
 own finds BatchNorm by ``isinstance(m, _BatchNorm)`` and leaves bnlab's with the last network's.
@@ -96,7 +102,10 @@ class LightningLoop:
 class BnlabCallback(pl.Callback):
     """Runs bnlab callbacks (probes among them: names or objects) inside a Lightning ``Trainer``."""
 
-    def __init__(self, callbacks: Iterable[Callback | str], loss_fn: LossFn | None = None) -> None:
+    def __init__(self, callbacks: Iterable[Callback | str] | Callback,
+                 loss_fn: LossFn | None = None) -> None:
+        if isinstance(callbacks, Callback):  # one callback (a Doctor) given alone
+            callbacks = [callbacks]
         self.callbacks = CallbackList([create(c) if isinstance(c, str) else c for c in callbacks])
         self.loss_fn = loss_fn
         self.records: list[tuple[int, str, float]] = []

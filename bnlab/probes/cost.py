@@ -161,9 +161,10 @@ def check_action(on_cost: str, budget: float) -> None:
 
 
 def enforce(costs: list[Cost], probes: Sequence[Any], budget: float, on_cost: str,
-            owner: str = "Lab") -> list[Cost]:
+            owner: str = "Lab", advice: str | None = None) -> list[Cost]:
     """Warn about (``on_cost="warn"``) or thin (``"thin"``: raise ``every``) each probe over
-    ``budget``; returns the costs over budget (as estimated before any thinning)."""
+    ``budget``; returns the costs over budget (as estimated before any thinning). ``advice``
+    replaces the warning's hint on what to pass ``owner``."""
     over = [c for c in costs if c.share is not None and c.share > budget]
     if not over or on_cost == "ignore":
         return over
@@ -176,8 +177,9 @@ def enforce(costs: list[Cost], probes: Sequence[Any], budget: float, on_cost: st
             lines.append(f"{cost.line()}; now every {every} steps")
         else:
             lines.append(f"{cost.line()}; every {every} steps keeps it within {budget:g}×")
-    advice = ("" if on_cost == "thin" else
-              f" (pass on_cost='thin' to {owner} to raise the cadence, or cost_budget=)")
+    if advice is None:
+        advice = "" if on_cost == "thin" else "on_cost='thin' to raise the cadence, or cost_budget="
+    advice = f" (pass {advice} to {owner})" if advice else ""
     warnings.warn(f"{owner}: probes over the budget of {budget:g}× the training step{advice}: "
                   + "; ".join(lines), ProbeCostWarning, stacklevel=3)
     return over
