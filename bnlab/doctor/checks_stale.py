@@ -12,7 +12,9 @@ Measured: the population statistics are recollected over the given batches on a 
 (:func:`bnlab.norms.recollect_running_stats`, momentum None), and the eval loss is compared under
 three choices — running statistics, population statistics, each batch's own statistics (train mode).
 The value is the relative eval-loss excess of the running statistics over the population ones,
-``(L_running − L_population) / max(L_population, 0.05)``. Layers are located by the distance of
+``(L_running − L_population) / max(L_population, 0.05)``, warning at 0.25; for class scores also the
+accuracy lost, warning at 0.05 (a network that has learned little has a high loss on either
+statistics, and its excess shows in the accuracy first). Layers are located by the distance of
 each layer's running statistics from its population statistics — mean shift in population SDs,
 mean_c |μ_run − μ_pop| / σ_pop, and half the mean absolute log variance ratio, mean_c |½ log(σ²_run
 / σ²_pop)| (both in SD units) — and, for the most distant layers, by switching that one layer to its
@@ -33,6 +35,8 @@ from .findings import Finding
 
 THRESHOLD = 0.25
 """Relative eval-loss excess of the running over the population statistics that warns."""
+ACCURACY_DROP = 0.05
+"""Eval accuracy lost to the running statistics that warns (when outputs are class scores)."""
 LAYER_DISTANCE = 0.5
 """A layer whose running statistics are this many SDs from the population's is named."""
 SWITCHED = 3
@@ -40,8 +44,8 @@ LOSS_FLOOR = 0.05
 
 PAPER = ("Ioffe & Szegedy, Batch Normalization (2015), Algorithm 2 (population statistics for "
          "inference)")
-WHY = ("the running statistics cost 25% more eval loss than the population statistics of the "
-       "same weights: well beyond the EMA's own sampling noise")
+WHY = ("the running statistics cost 25% more eval loss (or 5 points of accuracy) than the "
+       "population statistics of the same weights: beyond the EMA's own sampling noise")
 
 
 def layer_distances(model, population) -> dict[str, dict]:
@@ -99,17 +103,21 @@ def check(checkup: Checkup, report) -> None:
     report.measurements["running_vs_population"] = distances
     run, pop = modes["running"]["loss"], modes["population"]["loss"]
     excess = (run - pop) / max(pop, LOSS_FLOOR)
+    drop = (modes["population"].get("accuracy", 0.0) - modes["running"].get("accuracy", 0.0))
+    by_accuracy = excess < THRESHOLD and drop >= ACCURACY_DROP
     ranked = sorted(distances, key=lambda n: -distances[n]["distance_sd"])
-    switched = switch_layers(checkup, ranked[:SWITCHED]) if excess >= THRESHOLD else {}
+    stale = excess >= THRESHOLD or by_accuracy
+    switched = switch_layers(checkup, ranked[:SWITCHED]) if stale else {}
     per_layer = {n: {"loss_running": run, "loss_population_here": v["loss"]}
                  for n, v in switched.items()}
     report.measurements["stat_modes"] = {**modes, "per_layer": per_layer}
-    if excess < THRESHOLD:
+    if not stale:
         return
+    value, threshold = (drop, ACCURACY_DROP) if by_accuracy else (excess, THRESHOLD)
     if all(int(getattr(m, "num_batches_tracked", 1) or 0) == 0
            for _, m in tracking_layers(checkup.model)):
         report.add(Finding(
-            "stale-running-stats", "info", tuple(ranked), excess, THRESHOLD, WHY, PAPER,
+            "stale-running-stats", "info", tuple(ranked), value, threshold, WHY, PAPER,
             "train, or bnlab.norms.recollect_running_stats(model, batches), before evaluating",
             "no layer has collected statistics yet (num_batches_tracked = 0): the running "
             "statistics are their start values"))
@@ -125,6 +133,6 @@ def check(checkup: Checkup, report) -> None:
               f"of {len(checkup.batches)} batches{acc}; farthest layer "
               f"{ranked[0]} at {distances[ranked[0]]['distance_sd']:.2f} SD")
     report.add(Finding(
-        "stale-running-stats", "warn", tuple(named or ranked[:1]), excess, THRESHOLD, WHY, PAPER,
+        "stale-running-stats", "warn", tuple(named or ranked[:1]), value, threshold, WHY, PAPER,
         "bnlab.norms.recollect_running_stats(model, batches) before evaluating; "
         + momentum_advice(checkup), detail))
