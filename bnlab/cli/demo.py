@@ -36,7 +36,7 @@ DEMO_ENTRIES = [
     "mbn-theorems",  # the batch statistics' noise and MBN's moving statistics
 ]
 # Left out for cost (each alone with `bnlab reproduce ID`): luo-fig4 (10 seeds × 5 arms, ≈4.5 min)
-# and arora-d1 (30 runs × 100 epochs, ≈2 min): their smoke presets are sized to resolve their claims.
+# and arora-d1 (30 runs × 100 epochs, ≈2 min): smoke presets sized to resolve their claims.
 
 
 def demo(
