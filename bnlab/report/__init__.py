@@ -80,7 +80,7 @@ def _section(experiment_id: str, preset: str, ctx, outcome, out: Path) -> dict:
     if decidable:
         md += [f"**What the smoke can decide.** {decidable}", ""]
     md += [f"**Verdict: {verdict}.** {summary}", ""]
-    md += [f"![{Path(f).stem}]({f})" for f in rel] + [""]
+    md += [f"[![{Path(f).stem}]({f})]({f})" for f in rel] + [""]  # a click: full size
     if table:
         md += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         md += ["| " + " | ".join(fmt(row.get(c), 4) for c in cols) + " |" for row in table]
@@ -94,7 +94,7 @@ def _section(experiment_id: str, preset: str, ctx, outcome, out: Path) -> dict:
            if decidable else []),
          f'<p class="verdict {verdict.replace(" ", "-")}"><b>Verdict: {html.escape(verdict)}.</b> '
          f"{html.escape(summary)}</p>"]
-    h += [f'<img src="{html.escape(f)}" alt="{html.escape(Path(f).stem)}">' for f in rel]
+    h += [_figure(f, out / f) for f in rel]
     if table:
         h.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>")
         h += ["<tr>" + "".join(f"<td>{html.escape(fmt(row.get(c), 4))}</td>"
@@ -106,6 +106,42 @@ def _section(experiment_id: str, preset: str, ctx, outcome, out: Path) -> dict:
     h.append("</section>")
     return {"md": "\n".join(md), "html": "\n".join(h), "anchor": anchor, "title": title,
             "verdict": verdict}
+
+
+# The page's column (``body`` in _PAGE): a figure wider than this breaks out of it.
+COLUMN_PX = 1100
+# A wide figure is never shown below this share of its size (its own box scrolls instead): its
+# legends (7 pt at 110 dpi, 10.7 px) stay ≥ 8 px high.
+MIN_SCALE = 0.75
+
+
+def _figure(rel: str, path: Path) -> str:
+    """A figure as a link to its full-size image; one wider than the column (``COLUMN_PX``) spans
+    the window, at ``MIN_SCALE`` of its size at least."""
+    src, alt = html.escape(rel), html.escape(Path(rel).stem)
+    size = png_size(path)
+    if size is None:
+        return f'<figure class="fig"><a href="{src}"><img src="{src}" alt="{alt}"></a></figure>'
+    width, height = size
+    wide = width > COLUMN_PX
+    style = (f' style="--w: {width}px; --min: {round(width * MIN_SCALE)}px"' if wide else "")
+    return (f'<figure class="fig{" wide" if wide else ""}"{style}>'
+            f'<a href="{src}" title="full size: {width}×{height} px">'
+            f'<img src="{src}" alt="{alt}" width="{width}" height="{height}"></a>'
+            f'<figcaption><a href="{src}">full size</a> ({width}×{height} px)</figcaption>'
+            "</figure>")
+
+
+def png_size(path: Path) -> tuple[int, int] | None:
+    """(width, height) in pixels from a PNG's header; None for another or an unreadable file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(24)
+    except OSError:
+        return None
+    if len(head) < 24 or head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        return None
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 
 def _details(summary: str, value: Any) -> str:
@@ -131,7 +167,14 @@ _PAGE = """<!doctype html>
 <style>
 body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em;
        color: #222; }}
-img {{ max-width: 100%; border: 1px solid #ddd; margin: 0.3em 0; }}
+figure.fig {{ margin: 0.6em 0; }}
+figure.fig img {{ display: block; max-width: 100%; height: auto; border: 1px solid #ddd; }}
+figure.fig figcaption {{ font-size: 0.8em; color: #666; }}
+/* wider than the column: as wide as the window allows, centred on it, never below --min
+   (the figure's own box scrolls sideways instead) */
+figure.wide {{ width: min(var(--w), calc(100vw - 3em)); position: relative; left: 50%;
+              transform: translateX(-50%); overflow-x: auto; }}
+figure.wide img {{ width: 100%; min-width: var(--min); }}
 table {{ border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }}
 td, th {{ border: 1px solid #ccc; padding: 3px 8px; }}
 .verdict.held {{ color: #17632a; }} .verdict.not-held {{ color: #a11; }}
