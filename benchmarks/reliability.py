@@ -314,7 +314,7 @@ def concurrent_sweeps(work: Path) -> dict:
 
 def categories(interruptions: dict, sigterms: list, corruptions: dict, damage: dict, sweeps: dict,
                numbers: dict, malicious: dict, hostile: dict) -> dict:
-    """Totals per issue-21 category: (passed, tried)."""
+    """Totals per category: (passed, tried)."""
     return {
         "kill points": (interruptions["survived"] + sum(t["clean"] for t in sigterms),
                         interruptions["trials"] + len(sigterms)),

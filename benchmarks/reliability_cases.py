@@ -1,4 +1,4 @@
-"""The issue-21 categories of benchmarks/reliability.py: store damage SQLite does not report (caught
+"""The categories of benchmarks/reliability.py: store damage SQLite does not report (caught
 by the seals and the open checks), numerics that must not end ``finished``, hostile inputs, and
 SIGTERM as a kill point. Each case returns True when bnlab did the right thing (refused with a clear
 error, caught the damage, rebuilt the truth, or stopped cleanly), False when something was silently
