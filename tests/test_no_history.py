@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# a work period ("session 4", "sessions 8–11", "the session-4 run", "session13_a.json"), an issue
-# number ("issue 18", "Issues 9–13", "(issue #7)") or one folded into a name ("_s17_", "_issue18")
+# a work period ("session N", "sessions N–M", "the session-N run", "sessionN_a.json"), an issue
+# number ("issue N", "Issues N–M", "(issue #N)") or one folded into a name ("_sN_", "_issueN");
+# the examples the tests below use are split into pieces so that this file passes its own scan
 HISTORY = re.compile(r"\bsessions?[ _-]?[0-9]+|\bissues?[ _-]?#?[0-9]+|_s[0-9]+[_.]|_issue[0-9]+",
                      re.I)
 UPSTREAM = re.compile(r"(pytorch|torch|lightning|numpy|scipy|python|github\.com/[\w.-]+/[\w.-]+)"
