@@ -154,3 +154,9 @@ def test_every_stored_rows_readme_cells_fit(br):
     # the primary comparisons that state the paper's number give it beside ours
     assert {"peng-table1", "peng-table2", "peng-table3", "peng-table4", "luo-fig4",
             "mbn-batch-size", "santurkar-fig8"} <= set(numbered)
+
+
+def test_the_stored_rows_carry_no_work_period_or_issue_number(br):
+    rows, _ = br.load_snapshot(br.SNAPSHOT)
+    dated = re.compile(r"\b(?:session|issue)[- ]\d+", flags=re.I)
+    assert not [r["id"] for r in rows if dated.search(r["summary"])]
