@@ -1,7 +1,7 @@
 """The project speaks of itself as it is today: no numbered work period or issue number of bnlab's
 own in any tracked file (code, tests, docs, benchmarks, results, CHANGELOG.md) or file name. When
 something was measured is a date and a commit; what changed lives in CHANGELOG.md by version.
-Other projects' trackers (``pytorch#46516``, "Lightning issue #17446") are references, not history.
+Other projects' trackers (``pytorch#46516``, ``Lightning#17446``) are references, not history.
 """
 
 import re
