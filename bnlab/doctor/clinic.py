@@ -3,8 +3,9 @@ the doctor's test bench (tests/test_doctor_clinic*.py) and the false-alarm measu
 (benchmarks/doctor_false_alarms.py).
 
 A healthy network is a small MLP or CNN with BN (torch's ``nn.BatchNorm1d/2d`` or any bnlab layer by
-spec), trained a few epochs with SGD (lr 0.05, momentum 0.9, weight decay 5e-4) at batch 64 from a
-seed; :func:`planted` then breaks one thing the way users break it.
+spec), trained a few epochs with SGD (lr 0.05, momentum 0.9, weight decay 5e-4) or Adam at batch 64
+from a seed, the last epoch at a tenth of the rate (as schedules end); :func:`planted` then breaks
+one thing the way users break it.
 """
 
 from __future__ import annotations
@@ -72,7 +73,11 @@ def train(model: nn.Module, optimizer, x, y, batch: int, epochs: int, seed: int,
           accumulation_steps: int = 1) -> None:
     generator = torch.Generator().manual_seed(seed)
     model.train()
-    for _ in range(epochs):
+    base = [group["lr"] for group in optimizer.param_groups]
+    for epoch in range(epochs):
+        # the last epoch at a tenth of the rate, as a schedule ends
+        for group, lr in zip(optimizer.param_groups, base):
+            group["lr"] = lr * (0.1 if epoch == epochs - 1 and epochs > 1 else 1.0)
         for i, (xb, yb) in enumerate(data.batches(x, y, batch, generator=generator,
                                                   drop_last=True)):
             loss = nn.functional.cross_entropy(model(xb), yb) / accumulation_steps
@@ -80,10 +85,12 @@ def train(model: nn.Module, optimizer, x, y, batch: int, epochs: int, seed: int,
             if (i + 1) % accumulation_steps == 0:
                 optimizer.step()
                 optimizer.zero_grad()
+    for group, lr in zip(optimizer.param_groups, base):
+        group["lr"] = lr
 
 
 def healthy(kind: str = "mlp", norm: str = "torch", seed: int = 0, batch: int = 64,
-            epochs: int = 3, activation: type[nn.Module] = nn.ReLU, lr: float | None = None,
+            epochs: int = 4, activation: type[nn.Module] = nn.ReLU, lr: float | None = None,
             momentum: float | None = None, optimizer: str = "sgd") -> Case:
     """A healthy network trained ``epochs`` on digits; batches for the doctor at ``batch``.
     ``optimizer`` "sgd" (lr 0.05, momentum 0.9, weight decay 5e-4) or "adam" (lr 1e-3);
