@@ -25,7 +25,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 
 from .base import ChannelNorm
-from .fold import _eval_affine
+from .fold import eval_affine
 
 # Every BatchNorm-family layer: bnlab's (all derive from ChannelNorm, also si_bn's inner norm)
 # and torch's (BatchNorm1d/2d/3d, SyncBatchNorm, lazy ones, bnlab's native_bn).
@@ -64,7 +64,7 @@ def param_groups_no_decay(model: nn.Module, weight_decay: float, *,
 def _affine_of(norm: nn.Module, caller: str) -> tuple[Tensor, Tensor]:
     if norm.training:
         raise ValueError(f"{caller}: fusion only for eval: call .eval() on the norm and the layer")
-    affine, reason = _eval_affine(norm)
+    affine, reason = eval_affine(norm)
     if affine is None:
         raise ValueError(f"{caller}: {type(norm).__name__} cannot be fused: {reason}")
     return affine

@@ -121,7 +121,7 @@ def _plan(graph: fx.Graph, module: nn.Module, prefix: str, rep: FoldReport) -> l
         if node.op != "call_module" or not _is_norm(modules[node.target]):
             continue
         norm = modules[node.target]
-        affine, reason = _eval_affine(norm)
+        affine, reason = eval_affine(norm)
         if affine is None:
             rep.unfolded[prefix + node.target] = reason
         elif calls[node.target] > 1:
@@ -177,8 +177,9 @@ def _describe(node) -> str:
     return f"{node.op} {getattr(node.target, '__name__', node.target)}"
 
 
-def _eval_affine(norm: nn.Module) -> tuple[tuple[Tensor, Tensor] | None, str]:
-    """The eval-mode map as per-channel (scale, shift), or (None, why it is not one)."""
+def eval_affine(norm: nn.Module) -> tuple[tuple[Tensor, Tensor] | None, str]:
+    """The eval-mode map as per-channel (scale, shift), or (None, why it is not one): each layer's
+    own (``inference_affine``), plain BN's from the running statistics for torch's."""
     if _is_frozen(norm):
         return _running_affine(norm), ""
     # torch's rule: eval normalizes with the buffers whenever they exist, track_running_stats or not

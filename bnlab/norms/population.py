@@ -124,9 +124,11 @@ class StatisticsPass:
         with torch.no_grad():
             if isinstance(module, MomentumBatchNorm):
                 module._lambda_exponent.fill_(1.0)  # λ = r¹ − r = 0
-            else:
+            elif isinstance(module, CompleteBatchNorm):
                 module._eta.fill_(0.0)
-            mean, var, n = module.batch_moments(args[0])  # type: ignore[operator]
+            else:
+                return
+            mean, var, n = module.batch_moments(args[0])
         self.sums[module].add(mean, var, n)
 
     @torch.no_grad()
