@@ -40,7 +40,7 @@ table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;paddin
 text-align:left;vertical-align:top}th{background:#f4f4f4}
 .warn{color:#a40000;font-weight:bold}.info{color:#555}.ok{color:#2a7a2a;font-weight:bold}
 figure{margin:1em 0}figcaption{font-size:.9em;color:#444}img{max-width:100%}
-.missing{color:#777;font-style:italic}
+.missing{color:#777;font-style:italic}pre{white-space:pre-wrap;font-size:.85em}
 """
 
 
@@ -103,11 +103,12 @@ def _noise_vs_batch(data: Mapping[str, Any], curve: Mapping[str, Any] | None) ->
                 [_number(v) for v in curve.get("theory_xi_mu_var", [])], color="#444", lw=1,
                 label="theory 1/m (Yong et al., Thm 1)")
     for name, entry in data.items():
-        ax.scatter([_number(entry.get("m"))], [_number(entry.get("xi_mu_var"))], s=18, label=name)
+        power = entry.get("xi_mu_power", entry.get("xi_mu_var"))  # E[ξ_μ²] (mean 0: its variance)
+        ax.scatter([_number(entry.get("m"))], [_number(power)], s=18, label=name)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("m (values per channel in a batch)")
-    ax.set_ylabel("var ξ_μ")
+    ax.set_ylabel("E[ξ_μ²]")
     if len(data) <= 12:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     return _png(fig)
@@ -165,8 +166,8 @@ PLOTS: list[tuple[str, str, str, Callable[[Mapping[str, Any]], str]]] = [
      "statistics.", "running_vs_population",
      lambda m: _running_vs_population(m["running_vs_population"])),
     ("Batch-statistic noise against batch size",
-     "The measured variance of the batch mean's noise ξ_μ of each BN layer at its m, against "
-     "Yong et al.'s Theorem 1 (ξ_μ ~ N(0, 1/m)).", "noise_vs_batch",
+     "The measured power E[ξ_μ²] of the batch mean's noise ξ_μ = (μ − μ_B)/σ of each BN layer "
+     "at its m, against Yong et al.'s Theorem 1 (ξ_μ ~ N(0, 1/m)).", "noise_vs_batch",
      lambda m: _noise_vs_batch(m["noise_vs_batch"], m.get("noise_vs_batch/_curve"))),
     ("Effective learning rate over steps",
      "η/‖w‖² of each scale-invariant weight (Arora, Li & Lyu): the step its direction takes. "
@@ -200,10 +201,20 @@ def _findings_table(report: Report) -> str:
     return f"{verdict}<table>{head}{''.join(rows)}</table>"
 
 
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}: {_cell(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_cell(v) for v in value)
+    return str(value)
+
+
 def _context_table(context: Mapping[str, Any]) -> str:
     if not context:
         return ""
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_cell(v))}</td></tr>"
                    for k, v in context.items())
     return f"<table>{rows}</table>"
 
