@@ -39,6 +39,16 @@ def test_answer_lines_give_verdict_numbers_and_where_the_evidence_is():
     assert lines[2].endswith("#luo-fig2-paper")
 
 
+def test_answer_lines_fall_back_to_the_outcomes_table():
+    table = [{"quantity": "gd · η_w=0.01: log-log slope", "ours": "-0.47",
+              "paper": "−0.5 (Thm 3.1)"},
+             {"quantity": "gd · η_w=0.1: log-log slope", "ours": "-0.48", "paper": "−0.5"}]
+    outcome = Outcome([], table, "held", "primary: steepest-worst log-log slopes; tolerance +0.1")
+    line = answer_lines([("arora-rates", "smoke", outcome)], "r.html")[0]
+    assert line == ("arora-rates  held          gd · η_w=0.01: log-log slope: ours -0.47 vs the "
+                    "paper's −0.5 (Thm 3.1) (row 1 of 2)  → r.html#arora-rates-smoke")
+
+
 def _tail_answers(output: str, ids: list[str]) -> list[str]:
     lines = output.strip().splitlines()
     assert len(lines) > len(ids), output

@@ -103,11 +103,26 @@ def shorten(text: str, limit: int) -> str:
     return text[:cut or limit - 1].rstrip(" ,;:") + " …"
 
 
+def _numbers(outcome) -> str:
+    """Ours against the paper's: the summary's primary (``headline``), else the first row of the
+    outcome's table that has both (named as one of its rows), else the summary's short clause."""
+    head = headline(outcome.summary)
+    if head["ours"] != "—":
+        return f"ours {head['ours']} vs the paper's {head['paper']}"
+    rows = [r for r in outcome.table or [] if r.get("ours") not in (None, "", "—")
+            and r.get("paper") not in (None, "", "—", "-")]
+    if not rows:
+        return shorten(head["clause"], 70)
+    row = rows[0]
+    of = f" (row 1 of {len(outcome.table)})" if len(outcome.table) > 1 else ""
+    return shorten(f"{row.get('quantity', '')}: ours {row['ours']} vs the paper's "
+                   f"{row['paper']}", 90) + of
+
+
 def answer_lines(results: list[tuple[str, str, object]], report: Path | str) -> list[str]:
-    """One line per ``(id, preset, outcome)``: the verdict, our number against the paper's (or,
-    where several numbers decide it, the short clause) and the report section with the full
-    evidence (``report`` + ``#id-preset``, the report's anchors). An outcome that is an exception
-    is an ``error`` line naming it."""
+    """One line per ``(id, preset, outcome)``: the verdict, our number against the paper's
+    (``_numbers``) and the report section with the full evidence (``report`` + ``#id-preset``,
+    the report's anchors). An outcome that is an exception is an ``error`` line naming it."""
     width = max((len(i) for i, _, _ in results), default=0)
     lines = []
     for experiment_id, preset, outcome in results:
@@ -115,8 +130,6 @@ def answer_lines(results: list[tuple[str, str, object]], report: Path | str) -> 
         if isinstance(outcome, BaseException):
             verdict, said = "error", shorten(f"{type(outcome).__name__}: {outcome}", 70)
         else:
-            verdict, head = outcome.verdict, headline(outcome.summary)
-            said = (f"ours {head['ours']} vs the paper's {head['paper']}" if head["ours"] != "—"
-                    else shorten(head["clause"], 70))
+            verdict, said = outcome.verdict, _numbers(outcome)
         lines.append(f"{experiment_id:<{width}}  {verdict:<12}  {said}  → {where}")
     return lines
