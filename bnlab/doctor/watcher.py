@@ -209,7 +209,7 @@ class Doctor(Callback):
         sharpness = self.series["sharpness"]
         if (self.sharpness_every and step % self.sharpness_every == 0 and self.batches
                 and (not sharpness or sharpness[-1][0] != step)):
-            self._measure_sharpness(step, rate)
+            self.measure_sharpness(step, rate)
 
     def _after_update(self, step: int) -> None:
         if self._pending is None:  # Lightning: a micro-batch's end, before the optimizer step
@@ -266,7 +266,10 @@ class Doctor(Callback):
             if sq > 0:
                 self.series["turn"].setdefault(name, []).append((stash["step"], d / sq**0.5))
 
-    def _measure_sharpness(self, step: int, rate: float | None) -> None:
+    def measure_sharpness(self, step: int, rate: float | None) -> None:
+        """Append ``(step, λ_max, threshold)`` to the ``sharpness`` series: the top Hessian
+        eigenvalue of the train-mode loss on the last batch (``checks_sharpness``: preconditioned
+        for Adam-type optimizers) against the optimizer's stability threshold; state rewound."""
         if self.loss_fn is None:
             return
         batch = self.batches[-1]
