@@ -18,8 +18,8 @@ from bnlab.cli.demo import DEMO_ENTRIES
 from bnlab.experiments import CATALOGUE, PAPERS, load_catalogue
 
 REPO = Path(__file__).resolve().parent.parent
-PAGES = sorted((REPO / "docs" / "readme").glob("*.md")) + [REPO / "docs" / "index.md",
-                                                           REPO / "docs" / "examples.md"]
+PAGES = sorted((REPO / "docs" / "readme").glob("*.md")) + [
+    REPO / "docs" / "index.md", REPO / "docs" / "examples.md", REPO / "README.md"]
 WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven "
                                     "twelve thirteen fourteen fifteen sixteen seventeen eighteen "
                                     "nineteen twenty".split())}
