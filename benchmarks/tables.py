@@ -39,8 +39,10 @@ def load(path: Path) -> dict:
 
 
 def norm_files(results: Path = RESULTS) -> list[Path]:
-    """The layer runs of benchmarks/norms.py (``norms*.json``; the coefficient benchmark aside)."""
-    return sorted(p for p in results.glob("norms*.json") if p.name != "norms_coef_compile.json")
+    """The layer runs of benchmarks/norms.py (``norms*.json``; the coefficient benchmark and
+    ``--quick`` dry runs, whose numbers mean nothing, aside)."""
+    return sorted(p for p in results.glob("norms*.json")
+                  if p.name != "norms_coef_compile.json" and not load(p).get("quick"))
 
 
 def merged_cells(results: Path = RESULTS) -> dict:

@@ -57,6 +57,15 @@ def test_the_newest_run_of_a_setting_gives_the_cell_and_the_older_file_is_supers
     assert "`norms_new.json` (2026-02-01, abc1234, 9 pairs)" in rendered
 
 
+def test_a_quick_dry_run_gives_no_cell(tmp_path):
+    _run(tmp_path / "norms_a.json", "2026-01-01", 1.20)
+    _run(tmp_path / "norms.json", "2026-02-01", 9.99)
+    quick = tmp_path / "norms.json"
+    quick.write_text(quick.read_text().replace('"pairs"', '"quick": true, "pairs"'))
+    assert "| `bn` | 1.20 |" in T.render_layers(T.merged_cells(tmp_path))
+    assert T.superseded(tmp_path) == []
+
+
 def test_more_pairs_win_a_tie_of_date_and_time(tmp_path):
     _run(tmp_path / "norms_a.json", "2026-01-01", 1.20, pairs=21)
     _run(tmp_path / "norms_b.json", "2026-01-01", 1.30, pairs=11)
