@@ -1,5 +1,13 @@
-"""Adapters that attach bnlab's callbacks (and so its probes) to other training frameworks.
+"""Adapters for other training frameworks and model libraries (each imported only on use).
 
 * :mod:`bnlab.integrations.lightning`: :class:`~bnlab.integrations.lightning.BnlabCallback`, a
-  ``lightning.pytorch.Callback`` (needs ``pip install lightning``; imported only on use).
+  ``lightning.pytorch.Callback`` that runs bnlab's callbacks and probes, and
+  :class:`~bnlab.integrations.lightning.StochasticWeightAveraging`, Lightning's SWA callback
+  recomputing every bnlab layer's statistics (needs ``pip install lightning``);
+* :mod:`bnlab.integrations.timm`: ``create_model`` with a bnlab spec, ``freeze_batch_norm_2d``
+  for bnlab's layers too (needs ``pip install timm``).
+
+Both import beside a CPU torch whose torchvision wheel does not match it, with no manual step
+(:func:`bnlab.models.vision_compat.prepare_torchvision`). docs/readme/tools.md: every tool that
+finds BatchNorm by type, and what to use with bnlab's layers.
 """
