@@ -80,17 +80,24 @@ class Grid:
 
     def __init__(self, cells: dict, threads: int, clock: str) -> None:
         self.cells, self.setting, self.used = cells, (threads, clock), {}
+        self.row_dates: set[str] = set()  # dates of the cells read since the last ``dates()``
 
     def get(self, shape, layer, mode="eager", dtype="fp32", noise=False) -> dict | None:
         hit = self.cells.get((*self.setting, tuple(shape), layer, dtype, mode, noise))
         if hit is None:
             return None
         self.used[hit[1]["file"]] = hit[1]
+        self.row_dates.add(hit[1]["date"])
         return hit[0]
 
     def ratio(self, *args, **kwargs) -> str:
         row = self.get(*args, **kwargs)
         return fmt(row and row["ratio"])
+
+    def dates(self) -> str:
+        """The dates of the runs the current row's cells came from (and start the next row)."""
+        out, self.row_dates = ", ".join(sorted(self.row_dates)) or "–", set()
+        return out
 
     def sources(self) -> str:
         runs = sorted(self.used.values(), key=lambda r: (r["date"], r["file"]))
@@ -121,9 +128,9 @@ def render_layers(cells: dict) -> str:
         rows.append([label, g.ratio(LARGE, layer, noise=noise),
                      g.ratio(LARGE, layer, "compiled", noise=noise),
                      str(eager.get("ops", "–")) if eager else "–",
-                     str(eager.get("ops_inside", "–")) if eager else "–"])
-    return table(["layer", "eager ×", "compiled ×", "ops", "ops inside"], rows) + "\n\n" + \
-        g.sources()
+                     str(eager.get("ops_inside", "–")) if eager else "–", g.dates()])
+    return table(["layer", "eager ×", "compiled ×", "ops", "ops inside", "measured"], rows) + \
+        "\n\n" + g.sources()
 
 
 def render_small(cells: dict) -> str:
@@ -136,11 +143,12 @@ def render_small(cells: dict) -> str:
             row += [g.ratio(shape, layer, noise=noise),
                     g.ratio(shape, layer, "compiled_step", noise=noise)]
         small = g.get(SMALL[0], layer, noise=noise)
-        rows.append(row + [str(small.get("ops", "–")) if small else "–"])
+        rows.append(row + [str(small.get("ops", "–")) if small else "–", g.dates()])
     header = ["layer", f"{dims(LARGE)} eager", "compiled"]
     for shape in SMALL:
         header += [f"{dims(shape)} eager", "compiled step"]
-    return table(header + [f"ops at {dims(SMALL[0])}"], rows) + "\n\n" + g.sources()
+    return table(header + [f"ops at {dims(SMALL[0])}", "measured"], rows) + "\n\n" + \
+        g.sources()
 
 
 def render_crossover(cells: dict, setting=ONE_CPU, shapes=MID) -> str:
@@ -148,11 +156,12 @@ def render_crossover(cells: dict, setting=ONE_CPU, shapes=MID) -> str:
     shapes = [s for s in shapes if any(k[:3] == (*setting, s) and k[5] == "compiled_step"
                                        for k in cells)]
     rows = [[label] + [f"{g.ratio(s, layer, 'compiled_step')} / {g.ratio(s, layer)}"
-                       .replace("– / –", "–") for s in shapes]
+                       .replace("– / –", "–") for s in shapes] + [g.dates()]
             for label, layer, _ in layer_rows(noise=False)
             if any(g.cells.get((*setting, s, layer, "fp32", "compiled_step", False))
                    for s in shapes)]
-    return table(["layer"] + [dims(s) for s in shapes], rows) + "\n\n" + g.sources()
+    return table(["layer"] + [dims(s) for s in shapes] + ["measured"], rows) + "\n\n" + \
+        g.sources()
 
 
 def render_half(cells: dict) -> str:
@@ -163,9 +172,9 @@ def render_half(cells: dict) -> str:
         for dtype in ("bf16", "fp16"):
             row += [g.ratio(s, layer, dtype=dtype) for s in HALF_SHAPES]
         ops = {str((g.get(LARGE, layer, dtype=d) or {}).get("ops", "–")) for d in ("bf16", "fp16")}
-        rows.append(row + [" / ".join(sorted(ops))])
+        rows.append(row + [" / ".join(sorted(ops)), g.dates()])
     header = ["layer"] + [f"{d} {dims(s)}" for d in ("bf16", "fp16") for s in HALF_SHAPES]
-    return table(header + ["ops (half)"], rows) + "\n\n" + g.sources()
+    return table(header + ["ops (half)", "measured"], rows) + "\n\n" + g.sources()
 
 
 def render_train(results: Path) -> str:
