@@ -116,10 +116,23 @@ def test_a_declaration_that_drifts_from_the_signature_is_refused_at_import():
         def drift(f, input_shape, num_classes, *, width: int = 3):
             return torch.nn.Identity()
     with pytest.raises(TypeError, match="declared parameters"):
-        @source("test_drift", {"n": Param(1, int)})
+        @source("test_drift", {"n": Param(2, int)})
         def loader(*, device="cpu", seed=0, data_dir=None, verify=True, download=False, n=1, m=2):
             return None
+    with pytest.raises(TypeError, match="declared parameters k are not keyword parameters"):
+        @source("test_drift", {"k": Param(1, int)})
+        def loader_k(*, device="cpu", seed=0, data_dir=None, verify=True, download=False, n=1):
+            return None
     assert "test_drift" not in MODEL_INFO and "test_drift" not in data.SOURCES
+    # declaring some options is not drift: the others are read from the signature
+    @source("test_partial", {"n": Param(1, int, minimum=1)})
+    def partial(*, device="cpu", seed=0, data_dir=None, verify=True, download=False, n=1, m=2):
+        return None
+    try:
+        params = data.SOURCES.entry("test_partial").params
+        assert list(params) == ["n", "m"] and params["n"].minimum == 1 and params["m"].type is int
+    finally:
+        data.SOURCES.remove("test_partial")
     assert declared(lambda *, a=1: a, {"a": Param(1, int)}) == {"a": Param(1, int)}
 
 

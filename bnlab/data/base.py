@@ -188,9 +188,11 @@ SOURCES: Registry = Registry("data source", names_label="choices", key_label="op
 
 
 def source(name: str, params: dict[str, Param] | None = None):
-    """Decorator: register a loader as data source ``name`` with its typed options ``params``: its
-    keyword parameters beyond ``COMMON_ARGUMENTS``, same names and defaults (checked at import)."""
-    return SOURCES.register(name, params or {}, skip=COMMON_ARGUMENTS)
+    """Decorator: register a loader as data source ``name``. Its options are its keyword
+    parameters beyond ``COMMON_ARGUMENTS``, typed from their annotations or defaults; ``params``
+    declare some more precisely (same names and defaults, checked at import:
+    :func:`bnlab.spec.signature_params`)."""
+    return SOURCES.register(name, params, skip=COMMON_ARGUMENTS)
 
 
 def count(default: int | None, minimum: int, help: str) -> Param:

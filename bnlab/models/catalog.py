@@ -1,6 +1,7 @@
 """The model catalogue: ``MODEL_INFO``, a :class:`bnlab.spec.Registry` filled by the :func:`model`
-decorator that sits on each builder (``vgg.py``, ``resnet.py``, ``mlp.py``, ``vision.py``) and
-declares its options as typed :class:`bnlab.spec.Param` s (nothing is guessed from names)."""
+decorator that sits on each builder (``vgg.py``, ``resnet.py``, ``mlp.py``, ``vision.py``, or a
+user's module) with its options as typed :class:`bnlab.spec.Param` s: declared, or read from the
+builder's signature."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from bnlab.spec import Param, Registry, declared
+from bnlab.spec import Param, Registry, signature_params
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,13 @@ def flag(default: bool | None, help: str) -> Param:
 
 def model(name: str, paper: str, *, images_only: bool, params: Mapping[str, Param] | None = None,
           default_activation: str = "relu") -> Callable:
-    """Decorator: register ``build(factory, input_shape, num_classes, **options)`` as model ``name``
-    with its typed options ``params``; they must be the builder's keyword-only parameters, with the
-    same defaults (checked here, at import, so the declaration and the signature cannot drift)."""
+    """Decorator: register ``build(factory, input_shape, num_classes, **options)`` as model
+    ``name``. Its options are the builder's keyword parameters, typed from their annotations or
+    defaults; ``params`` declare some more precisely (same names and defaults, checked here, at
+    import, so the declaration and the signature cannot drift: :func:`bnlab.spec.
+    signature_params`)."""
     def decorate(build: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         info = ModelInfo(name, build, paper, images_only, default_activation)
-        MODEL_INFO.add(name, info, declared(build, params or {}))
+        MODEL_INFO.add(name, info, signature_params(build, params))
         return build
     return decorate

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
 import torch
@@ -76,6 +77,7 @@ def _make_builder(info: ModelInfo) -> Callable[..., nn.Module]:
         return model
 
     builder.__name__ = builder.__qualname__ = info.name
+    builder.info = info  # type: ignore[attr-defined]  (a name registered again is rebuilt)
     builder.__doc__ = (
         f"{inspect.getdoc(info.build)}\n\nBuilt with ``bnlab.models.create({info.name!r}, ...)``; "
         f"options: {', '.join(f'{k}={v!r}' for k, v in info.options.items()) or '(none)'}."
@@ -83,8 +85,31 @@ def _make_builder(info: ModelInfo) -> Callable[..., nn.Module]:
     return builder
 
 
-MODELS: dict[str, Callable[..., nn.Module]] = {name: _make_builder(info)
-                                               for name, info in MODEL_INFO.items()}
+class Builders(Mapping[str, Callable[..., nn.Module]]):
+    """Name → builder of every model in :data:`MODEL_INFO`, live: a model a user's module
+    registers after ``bnlab.models`` was imported (``@model``, :mod:`bnlab.spec.plugins`) is here
+    too. Looking up a name the catalogue lacks loads the plugins first."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, Callable[..., nn.Module]] = {}
+
+    def __getitem__(self, name: str) -> Callable[..., nn.Module]:
+        try:
+            info = MODEL_INFO.entry(name).target
+        except ValueError:
+            raise KeyError(name) from None
+        if self._built.get(info.name) is None or self._built[info.name].info is not info:
+            self._built[info.name] = _make_builder(info)
+        return self._built[info.name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(MODEL_INFO)
+
+    def __len__(self) -> int:
+        return len(MODEL_INFO)
+
+
+MODELS: Mapping[str, Callable[..., nn.Module]] = Builders()
 
 
 def create(name: str, *, norm: str = "bn", activation: str | None = None,

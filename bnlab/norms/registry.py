@@ -48,6 +48,10 @@ NORMS: Registry[NormInfo] = Registry("normalization", names_label="names", key_l
 REGISTRY = NORMS  # name -> NormInfo (the historical name)
 
 
+# constructor keywords that are not spec options: where the layer's tensors live
+FACTORY_ARGUMENTS = ("device", "dtype")
+
+
 def register(info: NormInfo) -> NormInfo:
     return NORMS.add(info.name, info, info.params)
 
@@ -55,15 +59,18 @@ def register(info: NormInfo) -> NormInfo:
 def norm(name: str, summary: str, paper: str, equation: str, params: dict[str, Param] | None = None,
          *, kind: str = "channel", removes_mean: bool = True) -> Callable:
     """Decorator next to a layer class: register it as spec ``name`` with its paper, equation and
-    typed parameters (``kind="wrapper"``: it wraps the linear/conv layer it normalizes). The class
+    typed parameters (``kind="wrapper"``: it wraps the linear/conv layer it normalizes). The
+    parameters are the constructor's keywords (minus :data:`FACTORY_ARGUMENTS`), typed from their
+    annotations or defaults; ``params`` declare some more precisely, or ones ``**kwargs`` passes
+    on (:func:`bnlab.spec.signature_params`, the rule of every bnlab registry). The class
     docstring gets a closing ``Paper: <paper>, <equation>.`` line from these same words, so
     ``help()`` and the API pages name the source of every layer."""
     def decorate(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        register(NormInfo(name, factory, summary, paper, equation, dict(params or {}), kind,
-                          removes_mean))
+        options = NORMS.options_of(factory, params, skip=FACTORY_ARGUMENTS)
+        register(NormInfo(name, factory, summary, paper, equation, options, kind, removes_mean))
         if name in ROUTED_SPECS:  # opt-in compiled training steps (a wrapper: its normalization)
             route(cast(type, getattr(factory, "normalization", factory)), list(params or {}))
-        if isinstance(factory, type):
+        if isinstance(factory, type) and paper.strip("- "):  # a user's layer may cite none
             reference = f"Paper: {paper}, {equation}."
             doc = inspect.cleandoc(factory.__doc__ or "")
             factory.__doc__ = doc if reference in doc else f"{doc}\n\n{reference}".lstrip()

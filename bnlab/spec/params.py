@@ -1,5 +1,6 @@
 """Typed spec parameters: :class:`Param` (type, default, constraints) and how a function's
-keyword parameters become Params (:func:`params_from_signature`, :func:`declared`)."""
+keyword parameters become Params (:func:`signature_params`, the rule every registry uses;
+:func:`params_from_signature`, :func:`declared`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import inspect
 import math
 import numbers
 import re
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -100,30 +103,101 @@ def _coerce(raw: Any, typ: type, where: str) -> Any:
 
 
 _ANNOTATION = re.compile(r"^\s*(bool|int|float|str)\s*(\|\s*None)?\s*$")
+_SCALARS = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def _signature(fn: Callable) -> inspect.Signature:
+    """``fn``'s signature with string annotations evaluated where they can be (``from __future__
+    import annotations`` makes every annotation a string); as written where they cannot."""
+    try:
+        return inspect.signature(fn, eval_str=True)
+    except Exception:  # a name the module imports only for type checking, a syntax it lacks
+        return inspect.signature(fn)
+
+
+def _from_annotation(annotation: Any) -> tuple[type | None, bool, tuple | None, type | None] | None:
+    """(type, nullable, choices, item type) an annotation states, None when it states none bnlab
+    reads: ``int``, ``float | None``, ``Optional[str]``, ``Literal["a", "b"]``, ``tuple[int,
+    ...]`` and the same written as strings."""
+    if isinstance(annotation, str):
+        match = _ANNOTATION.match(annotation)
+        return (_SCALARS[match[1]], bool(match[2]), None, None) if match else None
+    if annotation in (bool, int, float, str):
+        return annotation, False, None, None
+    if annotation is tuple:
+        return tuple, False, None, None
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        kinds = {type(a) for a in args}
+        return (kinds.pop() if len(kinds) == 1 else None), False, tuple(args), None
+    if origin is tuple:
+        items = {a for a in args if a is not Ellipsis}
+        item = items.pop() if len(items) == 1 and next(iter(items)) in _SCALARS.values() else None
+        return tuple, False, None, item
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        inner = _from_annotation(rest[0]) if len(rest) == 1 else None
+        if inner is None:
+            return (None, True, None, None) if len(rest) < len(args) else None
+        return inner[0], inner[1] or len(rest) < len(args), inner[2], inner[3]
+    return None
+
+
+def inferred_param(p: inspect.Parameter) -> Param:
+    """A keyword parameter as a :class:`Param`: its default; its type, ``None`` allowed and
+    choices from its annotation (:func:`_from_annotation`), else the type of its default (bool,
+    int, float, str), else any value (a list default stays a list: read as written)."""
+    stated = _from_annotation(p.annotation) if p.annotation is not inspect.Parameter.empty else None
+    if stated is None:
+        typ = type(p.default) if type(p.default) in (bool, int, float, str) else None
+        stated = (typ, False, None, None)
+    typ, nullable, choices, item = stated
+    return Param(p.default, typ, choices=choices, nullable=nullable or p.default is None,
+                 item=item)
+
+
+def _keywords(sig: inspect.Signature, skip: tuple[str, ...]) -> dict[str, inspect.Parameter]:
+    """The parameters a spec can set: those with a default, minus ``skip`` and ``self``."""
+    return {p.name: p for p in sig.parameters.values()
+            if p.name not in skip and p.name != "self" and p.default is not inspect.Parameter.empty
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
 def params_from_signature(fn: Callable, skip: tuple[str, ...] = (),
                           overrides: Mapping[str, Param] | None = None) -> dict[str, Param]:
-    """Params for the keyword parameters of ``fn``: the type from a plain annotation (``int``,
-    ``bool | None``, ...) or else from the default's type; ``overrides`` replace single entries."""
-    params: dict[str, Param] = {}
-    for p in inspect.signature(fn).parameters.values():
-        if p.name in skip or p.name == "self" or p.default is inspect.Parameter.empty:
-            continue
-        if overrides and p.name in overrides:
-            params[p.name] = overrides[p.name]
-            continue
-        match = _ANNOTATION.match(p.annotation) if isinstance(p.annotation, str) else None
-        if match:
-            typ = {"bool": bool, "int": int, "float": float, "str": str}[match[1]]
-            nullable = bool(match[2])
-        elif isinstance(p.annotation, type) and p.annotation in (bool, int, float, str):
-            typ, nullable = p.annotation, False
-        else:
-            typ = type(p.default) if type(p.default) in (bool, int, float, str) else None
-            nullable = p.default is None
-        params[p.name] = Param(p.default, typ, nullable=nullable or p.default is None)
-    return params
+    """Params for the keyword parameters of ``fn`` (:func:`inferred_param`); ``overrides``
+    replace single entries."""
+    return {name: (overrides[name] if overrides and name in overrides else inferred_param(p))
+            for name, p in _keywords(_signature(fn), skip).items()}
+
+
+def signature_params(fn: Callable, params: Mapping[str, Param] | None = None,
+                     skip: tuple[str, ...] = ()) -> dict[str, Param]:
+    """The typed options of a registered function or class — the one rule of every registry.
+
+    Every keyword parameter of ``fn`` (minus ``skip``) is an option: its name and default from the
+    signature, its type from the annotation or the default (:func:`inferred_param`). ``params``
+    declare options where more is needed (a range, choices, help): a declaration wins over the
+    inferred option, but must name a keyword parameter with the same default (or one ``**kwargs``
+    takes, which cannot be checked), so a declaration next to a function cannot drift from its
+    signature. Declared options come first, in their order; the others follow in the signature's.
+    """
+    sig = _signature(fn)
+    keywords = _keywords(sig, skip)
+    takes_more = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    declared_ = dict(params or {})
+    where = getattr(fn, "__qualname__", fn)
+    unknown = [k for k in declared_ if k in skip or (k not in keywords and not takes_more)]
+    if unknown:
+        raise TypeError(f"{where}: declared parameters {', '.join(unknown)} are not keyword "
+                        f"parameters of its signature; they are: {', '.join(keywords) or '(none)'}")
+    given = {k: p.default for k, p in declared_.items() if k in keywords}
+    expected = {k: keywords[k].default for k in given}
+    if given != expected:
+        raise TypeError(f"{where}: declared parameters {given} differ from its signature's "
+                        f"{expected}")
+    return {**declared_, **{name: inferred_param(p) for name, p in keywords.items()
+                            if name not in declared_}}
 
 
 def declared(fn: Callable, params: Mapping[str, Param],

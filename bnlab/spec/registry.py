@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from .grammar import format_value, parse
-from .params import Param, declared, params_from_signature
+from .params import Param, signature_params
+from .plugins import load_plugins
 
 T = TypeVar("T")
 
@@ -61,16 +62,23 @@ class Registry(Mapping[str, T]):
 
     def register(self, name: str | None = None, params: Mapping[str, Param] | None = None, *,
                  skip: tuple[str, ...] = ()) -> Callable[[T], T]:
-        """Decorator: ``@PROBES.register("grad_stats")`` next to a class or function. ``params``
-        declare its keyword parameters (minus ``skip``; checked against its signature by
-        :func:`declared`); without them they are read from the signature's annotations."""
+        """Decorator: ``@PROBES.register("grad_stats")`` next to a class or function (the name
+        defaults to its ``name`` attribute, else its ``__name__``). Its options are its keyword
+        parameters (minus ``skip``), typed from their annotations or defaults; ``params`` declare
+        some of them more precisely (:func:`bnlab.spec.signature_params`, the rule every registry
+        of bnlab follows)."""
         def decorate(target: T) -> T:
             key = name or getattr(target, "name", None) or target.__name__
-            fn = target.__init__ if inspect.isclass(target) else target
-            typed = (params_from_signature(fn, skip) if params is None
-                     else declared(fn, params, skip + ("self",)))
-            return self.add(key, target, typed)
+            return self.add(key, target, self.options_of(target, params, skip))
         return decorate
+
+    @staticmethod
+    def options_of(target: Any, params: Mapping[str, Param] | None = None,
+                   skip: tuple[str, ...] = ()) -> dict[str, Param]:
+        """The typed options of ``target`` (a class: its ``__init__``'s keywords) by
+        :func:`bnlab.spec.signature_params`."""
+        fn = target.__init__ if inspect.isclass(target) else target
+        return signature_params(fn, params, skip)
 
     # Mapping protocol: registry[name] is the registered object.
     def __getitem__(self, name: str) -> T:
@@ -88,6 +96,8 @@ class Registry(Mapping[str, T]):
     def entry(self, name: Any) -> Entry[T]:
         """The entry of ``name``; an unknown name raises ``ValueError`` listing the valid ones."""
         key = self._normalize(name) if self._normalize and isinstance(name, str) else name
+        if isinstance(key, str) and key not in self._entries and load_plugins():
+            return self.entry(name)  # a plugin module ($BNLAB_PLUGINS) may register it
         if not isinstance(key, str) or key not in self._entries:
             names = sorted(self._entries) if self._sort_names else self._entries
             raise ValueError(f"unknown {self.kind} {name!r}; valid {self.names_label}: "
@@ -115,5 +125,6 @@ class Registry(Mapping[str, T]):
         return self.resolve(name, raw, defaults=defaults, text=True)
 
     def describe(self) -> list[tuple[str, str]]:
-        """(name, default spec) of every entry, in registration order."""
+        """(name, default spec) of every entry, in registration order (plugins loaded first)."""
+        load_plugins()
         return [(e.name, e.signature()) for e in self._entries.values()]

@@ -140,9 +140,10 @@ BATCH_SIZE_DESIGN = Design("MBN's − BN's test-accuracy drop from M = 32 to M =
                            paper_effect=-1.0, design_sd=0.042, n_seeds=len(SEEDS),
                            source="smoke pilot 2026-11-26", magnitude_known=False)
 # The same quantity against Batch Renormalization, which the paper's comparison includes. Design
-# SD: the pooled SD of one seed's drop difference in the smoke pilot of 2026-12-06.
+# SD: the pooled SD of one seed's drop difference in the smoke pilot of 2026-12-06 (MBN's drop −
+# BRN's −0.194, Welch SE 0.0135 at 3/3 seeds, so SD ≈ 0.0135·√(3/2)).
 BRN_DESIGN = Design("MBN's − BRN's test-accuracy drop from M = 32 to M = 2",
-                    paper_effect=-1.0, design_sd=0.042, n_seeds=len(SEEDS),
+                    paper_effect=-1.0, design_sd=0.017, n_seeds=len(SEEDS),
                     source="smoke pilot 2026-12-06", magnitude_known=False)
 DESIGNS = {"BN": BATCH_SIZE_DESIGN, "BRN": BRN_DESIGN}
 
