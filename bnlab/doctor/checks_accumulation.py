@@ -22,7 +22,8 @@ from .findings import Finding
 PAPER = ("Yong, Huang, Meng, Hua & Zhang, Momentum Batch Normalization for Deep Learning with "
          "Small Batch Size (ECCV 2020), Theorem 1: the noise is set by the normalized batch")
 WHY = ("BN's statistics come from the batch it sees; accumulation does not enlarge it, so any "
-       "k > 1 trains a different function from one step on k·b samples")
+       "k > 1 trains a different function from one step on k·b samples (no false alarm: it "
+       "reads the accumulation you declare)")
 
 
 def remedy(k: int) -> str:

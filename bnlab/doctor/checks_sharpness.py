@@ -36,7 +36,9 @@ ADAM_TYPES = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax")
 PAPER = ("Santurkar, Tsipras, Ilyas & Madry, How Does Batch Normalization Help Optimization? §3; "
          "stability threshold 2/η of gradient descent (edge of stability, Cohen et al. 2021)")
 WHY = ("gradient descent with step η diverges along curvature above its threshold (2/η plain, "
-       "(2+2μ)/η heavy ball): at or past it the loss oscillates or blows up")
+       "(2+2μ)/η heavy ball): at or past it the loss oscillates or blows up"
+       "; false alarms: 0 of 160 healthy networks, closest 0.64× the line "
+       "(benchmarks/doctor_false_alarms.py)")
 
 
 def threshold_for(optimizer) -> tuple[float, str, bool]:

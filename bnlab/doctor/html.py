@@ -26,9 +26,10 @@ import io
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .report import Report
+if TYPE_CHECKING:  # report.py calls render: a runtime import would be a cycle
+    from .report import Report
 
 MAX_LAYERS = 8  # per-layer panels per plot (the most suspicious first)
 
