@@ -14,6 +14,7 @@ from .lp import LpBatchNorm, hoffer_linf_constant
 from .momentum import MomentumBatchNorm, mbn_lambda
 from .noisy import NoisyBatchNorm, StochasticLayer
 from .convert import NormAct, convert, convert_sync
+from .accumulate import accumulate
 from .fold import FoldReport, fold
 from .guard import nonfinite_batches, nonfinite_guard_enabled, set_nonfinite_guard
 from .ops import (
@@ -45,7 +46,7 @@ __all__ = [
     "MeanOnlyBatchNorm", "MomentumBatchNorm", "NativeBatchNorm", "NoisyBatchNorm", "NormAct",
     "NormInfo", "ProgressTracker", "ScaleInvariantBN", "ScaleInvariantConvBN",
     "ScaleInvariantLinearBN", "StochasticLayer", "VarOnlyBatchNorm", "WeightNorm",
-    "PLACEMENTS", "amat_eta", "compiled_steps", "convert", "convert_sync", "create", "describe",
+    "PLACEMENTS", "accumulate", "amat_eta", "compiled_steps", "convert", "convert_sync", "create", "describe",
     "fold",
     "hoffer_linf_constant", "mbn_lambda", "nonfinite_batches", "nonfinite_guard_enabled",
     "normalized", "plain_autograd", "recollect_running_stats",

@@ -290,6 +290,19 @@ class ChannelNorm(BatchNormConventions):
         unbiased = var.detach() * (n / max(n - 1, 1))
         self.running_var.lerp_(unbiased.to(self.running_var.dtype), m)
 
+    # ---- one step's update from given statistics (bnlab.norms.accumulate) -------------------
+    def accumulation_refusal(self) -> str | None:
+        """Why this layer's buffer update is not a function of its batch's per-channel mean and
+        variance (so micro-batches cannot be combined exactly), or None when it is."""
+        return None
+
+    @torch.no_grad()
+    def update_from_batch(self, mean: Tensor, var: Tensor, n: int, samples: int) -> None:
+        """The buffer update of one training step on a batch with per-channel mean and biased
+        variance (mean, var) over n values per channel, from ``samples`` samples: what the
+        forward does after normalizing that batch."""
+        self.update_running_stats(mean, var, n)
+
     def gamma_beta(self, x: Tensor) -> tuple[Tensor, Tensor]:
         # no constants built: 2 dispatched ops fewer
         if self.weight is not None and self.bias is not None:

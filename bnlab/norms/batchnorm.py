@@ -124,6 +124,10 @@ class MeanOnlyBatchNorm(BatchNorm):
     def coefficients(self, mean, var, gamma, beta):
         return gamma, beta - mean * gamma
 
+    @torch.no_grad()
+    def update_from_batch(self, mean: Tensor, var: Tensor, n: int, samples: int) -> None:
+        self.update_running_mean(mean, var, n)
+
     def running_normalize(self, x: Tensor) -> Tensor:
         """γ(x − μ) + β, centred: variance 1 and ε = 0 in the inference kernel (1/√1 is exactly
         1)."""
@@ -175,6 +179,17 @@ class NativeBatchNorm(nn.modules.batchnorm._BatchNorm):
     def forward(self, x: Tensor) -> Tensor:
         ChannelNorm.check_input(self, x)
         return super().forward(x)
+
+    @torch.no_grad()
+    def update_from_batch(self, mean: Tensor, var: Tensor, n: int, samples: int) -> None:
+        """torch's kernel's update: ``(1 − m)·running + m·batch``, the unbiased variance."""
+        if not (self.training and self.track_running_stats and self.running_mean is not None):
+            return
+        self.num_batches_tracked.add_(1)
+        m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        unbiased = var * (n / max(n - 1, 1))
+        for buffer, value in ((self.running_mean, mean), (self.running_var, unbiased)):
+            buffer.mul_(1 - m).add_(value.to(buffer.dtype), alpha=m)
 
     def inference_affine(self):
         w = self.weight if self.weight is not None else torch.ones_like(self.running_mean)

@@ -225,6 +225,12 @@ class CompleteBatchNorm(ChannelNorm):
         return self.normalize_with_batch_stats(x, coefficients, gamma, beta, update=update)[0]
 
     @torch.no_grad()
+    def update_from_batch(self, mean: Tensor, var: Tensor, n: int, samples: int) -> None:
+        """AMAT's moving statistics (Eqs. 8–9, with the current β) and the inference ones."""
+        beta = self.bias if self.bias is not None else torch.zeros_like(mean)
+        self._update_statistics(mean, var, beta.detach(), self.eta_tensor())
+
+    @torch.no_grad()
     def _update_statistics(self, mean_b: Tensor, var_b: Tensor, beta: Tensor, eta: Tensor) -> None:
         centre, second_a, _, k = self.moving_statistics(mean_b, var_b, beta, eta)
         if self.order == "literal":  # σ²_B of x' = x − μ_A,k + β, the x' this step normalized

@@ -150,16 +150,19 @@ def snapshot(layer: nn.Module) -> dict[str, Any]:
     return state
 
 
-def run_from(layer: nn.Module, state: dict[str, Any], call: Callable[[], Tensor]) -> Tensor:
-    """``call()`` with the layer's buffers and generator rebound to copies of ``state``, then put
-    back: its values are those of a step from ``state``, and whatever it updates is discarded (the
-    layer's own buffers are never written, so no saved tensor's version changes)."""
+def run_from(layer: nn.Module, state: dict[str, Any], call: Callable[[], Tensor],
+             rewind_generator: bool = True) -> Tensor:
+    """``call()`` with the layer's buffers (and, ``rewind_generator``, its generator) rebound to
+    copies of ``state``, then put back: its values are those of a step from ``state``, and whatever
+    it updates is discarded (the layer's own buffers are never written, so no saved tensor's
+    version changes)."""
     own = dict(layer._buffers)
     own_generator = getattr(layer, "_generator", None)
     for name, value in state.items():
         if name != "_generator":
             layer._buffers[name] = value.clone()
-    if "_generator" in state and hasattr(layer, "_generator"):
+    rewind_generator = rewind_generator and hasattr(layer, "_generator")
+    if "_generator" in state and rewind_generator:
         saved = state["_generator"]
         generator = None
         if saved is not None:
@@ -172,7 +175,7 @@ def run_from(layer: nn.Module, state: dict[str, Any], call: Callable[[], Tensor]
     finally:
         _LOCAL.replay -= 1
         layer._buffers.update(own)
-        if hasattr(layer, "_generator"):
+        if rewind_generator:
             layer._generator = own_generator
 
 

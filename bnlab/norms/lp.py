@@ -129,16 +129,30 @@ class LpBatchNorm(BatchNorm):
         else:
             with autocast_off(x):
                 y, mean, scale = self.normalize_by_lp_scale(x, gamma, beta)
-        if self.tracks_now():
-            with torch.no_grad():
-                self.num_batches_tracked.add_(1)
-                m = self.momentum_weight()
-                self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), m)
-                running_scale = self.running_var.sqrt().lerp_(
-                    scale.detach().to(self.running_var.dtype), m
-                )
-                self.running_var.copy_(running_scale**2)
+        self._update_running(mean, scale)
         return y.to(x.dtype)
+
+    @torch.no_grad()
+    def _update_running(self, mean: Tensor, scale: Tensor) -> None:
+        """EMAs of μ_B and of the ℓp scale s_B (stored squared in ``running_var``)."""
+        if not self.tracks_now():
+            return
+        self.num_batches_tracked.add_(1)
+        m = self.momentum_weight()
+        self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), m)
+        running_scale = self.running_var.sqrt().lerp_(scale.detach().to(self.running_var.dtype), m)
+        self.running_var.copy_(running_scale**2)
+
+    def accumulation_refusal(self) -> str | None:
+        if self.p == "2":
+            return None
+        scale = "mean |x − μ|" if self.p == "1" else "the top-k |x − μ|"
+        return (f"lp_bn(p={self.p}): its scale ({scale}) is not a function of the micro-batches' "
+                "means and variances")
+
+    @torch.no_grad()
+    def update_from_batch(self, mean: Tensor, var: Tensor, n: int, samples: int) -> None:
+        self._update_running(mean, var.sqrt())
 
     def inference_affine(self):
         return self.coefficients(self.running_mean, self.running_var.sqrt(), self.weight_or_one(),

@@ -137,13 +137,23 @@ class MomentumBatchNorm(ChannelNorm):
 
         def update(mean_b, var_b, n):  # without grad, after the coefficients were taken
             if learning:
-                mean, var = self.moving_statistics(mean_b, var_b, lam())
-                self.write_buffer("train_mean", mean)
-                self.write_buffer("train_var", var)
-                self.update_running_stats(mean_b, var_b, n,
-                                          momentum=1 - self.tau0 ** (m / self.ideal_batch))
+                self._update(mean_b, var_b, n, m, lam())
 
         return self.normalize_with_batch_stats(x, coefficients, gamma, beta, update=update)[0]
+
+    @torch.no_grad()
+    def _update(self, mean_b: Tensor, var_b: Tensor, n: int, m: int, lam: Tensor) -> None:
+        """The moving statistics (Eq. 3, with λ) and the inference EMA (τ = τ0^{m/m0})."""
+        mean, var = self.moving_statistics(mean_b, var_b, lam)
+        self.write_buffer("train_mean", mean)
+        self.write_buffer("train_var", var)
+        self.update_running_stats(mean_b, var_b, n,
+                                  momentum=1 - self.tau0 ** (m / self.ideal_batch))
+
+    @torch.no_grad()
+    def update_from_batch(self, mean: Tensor, var: Tensor, n: int, samples: int) -> None:
+        """λ and τ of a batch of ``samples`` samples (MBN's m)."""
+        self._update(mean, var, n, samples, self.lambda_tensor(samples))
 
     def moving_statistics(self, mean_b: Tensor, var_b: Tensor,
                           lam: Tensor) -> tuple[Tensor, Tensor]:

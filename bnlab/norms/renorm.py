@@ -187,6 +187,11 @@ class BatchRenorm(ChannelNorm):
         return scale, beta - mean_b * scale
 
     @torch.no_grad()
+    def update_from_batch(self, mean: Tensor, var: Tensor, n: int, samples: int) -> None:
+        if self.tracks_now():
+            self._update_running(mean, var, n)
+
+    @torch.no_grad()
     def _update_running(self, mean_b: Tensor, var_b: Tensor, n: int = 0) -> None:
         # running statistics and the step are read by this step's graph (r, d, warm-up): see
         # write_buffer
