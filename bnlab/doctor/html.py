@@ -26,10 +26,10 @@ import io
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # report.py calls render: a runtime import would be a cycle
-    from .report import Report
+# The report is a bnlab.doctor.Report, not imported: report.py imports this module to render.
+Report = Any
 
 MAX_LAYERS = 8  # per-layer panels per plot (the most suspicious first)
 
