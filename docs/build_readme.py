@@ -204,7 +204,7 @@ def page_table(rows: list[dict], runs_dir: str, page: str) -> str:
             "comparison: the summary's first clause (each entry's whole summary follows the "
             "table); smoke presets are small proxies of the paper's experiments.*")
     evidence = "\n\n".join(_evidence(r) for r in mine)
-    return (render_table(mine, note, PAGE_COLUMNS) + "\n\n#### Full evidence, entry by entry\n\n"
+    return (render_table(mine, note, PAGE_COLUMNS) + "\n\n### Full evidence, entry by entry\n\n"
             + evidence)
 
 
