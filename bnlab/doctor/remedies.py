@@ -8,9 +8,10 @@ on ``heldout`` when given, else on the batches):
 
 - stale-running-stats, double-update: eval before and after
   :func:`bnlab.norms.recollect_running_stats` over the batches.
-- small-batch: ``steps`` training steps at the user's batch size for the model as it is and for
-  the model with every BN replaced by ``mbn`` (the ideal batch the finding chose, at its final λ);
-  the train/eval gap (eval loss with running statistics − train-mode loss) of each.
+- small-batch: ``steps`` more training steps at the user's batch size for the model as it is and
+  for the model with every BN replaced by ``mbn`` (the ideal batch the finding chose, at its final
+  λ); for each, eval (running statistics) and train mode (batch statistics at the user's batch
+  size) on the same data, and their loss gap.
 - beta-swamping: ``steps`` steps as is, and with the swamped layers' |β| clipped to |γ| (running
   statistics recollected): the training loss reached.
 - sharpness: ``steps`` steps at the optimizer's learning rate and at one just inside the
@@ -128,6 +129,19 @@ def _fmt(result: dict) -> str:
     return text
 
 
+@torch.no_grad()
+def _batch_mode(checkup: Checkup, model: nn.Module, heldout) -> dict[str, float]:
+    """Loss/accuracy in train mode (each batch's statistics) on ``heldout`` cut into batches of the
+    user's size (or on the batches), on a copy: what the network computes while it trains."""
+    twin = copy.deepcopy(model)
+    if heldout is None:
+        return checkup.evaluate(twin, train=True)
+    b = checkup.batch_size
+    x, y = heldout
+    chunks = [(x[i:i + b], y[i:i + b]) for i in range(0, len(x) - b + 1, b)]
+    return Checkup(twin, checkup.loss_fn, chunks).evaluate(train=True)
+
+
 def _small_batch_effect(checkup, finding, heldout, steps) -> dict:
     spec = finding.remedy.split("create('")[1].split("')")[0] if "create('" in finding.remedy \
         else "mbn"
@@ -135,14 +149,14 @@ def _small_batch_effect(checkup, finding, heldout, steps) -> dict:
     for label, build in (("as is", lambda m: m), (spec, lambda m: _replace_norms(m, spec))):
         model = build(copy.deepcopy(checkup.model))
         N.set_progress(model, epoch=2, epochs=2)  # MBN at its final λ (no-op for other layers)
-        losses = _train(checkup, model, steps)
-        ev = _eval(checkup, model, heldout)
-        out[label] = {**ev, "train_loss": _tail(losses), "gap": ev["loss"] - _tail(losses)}
+        _train(checkup, model, steps)
+        ev, tr = _eval(checkup, model, heldout), _batch_mode(checkup, model, heldout)
+        out[label] = {**ev, "train_mode": tr, "gap": ev["loss"] - tr["loss"]}
     base, fixed = out["as is"], out[spec]
     return {"code": finding.code, "remedy": spec, "before": base, "after": fixed,
-            "effect": (f"after {steps} steps at batch {checkup.batch_size}: eval−train loss gap "
-                       f"{base['gap']:.4g} as is, {fixed['gap']:.4g} with {spec}; eval "
-                       f"{_fmt(base)} vs {_fmt(fixed)}")}
+            "effect": (f"after {steps} more steps at batch {checkup.batch_size}: eval "
+                       f"{_fmt(base)} (train mode {_fmt(base['train_mode'])}) as is; eval "
+                       f"{_fmt(fixed)} (train mode {_fmt(fixed['train_mode'])}) with {spec}")}
 
 
 def _compare_runs(checkup, finding, steps, remedy, fixed_model, fixed_opt=None) -> dict:
