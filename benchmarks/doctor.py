@@ -9,16 +9,19 @@ timing does not depend on pixel values), cross-entropy on random labels, SGD lr 
 CPU, ``torch.set_num_threads(--threads)`` (default 1).
 
 - ``examine``: :func:`bnlab.doctor.examine` with its defaults on batches of 128 (it reads 512
-  samples: 4 batches), the wall time of each of ``--examine-repeats`` calls (goal: under 60 s).
+  samples: 4 batches), the wall and CPU time of each of ``--examine-repeats`` calls (goal: under
+  60 s).
 - ``watcher``: the overhead of :class:`bnlab.doctor.Doctor` on the training loop, measured as
   Cockpit does (Schneider, Dangel & Hennig, "Cockpit: A Practical Debugging Tool for the Training
   of Deep Neural Networks", 2021: the same loop with and without the instrument, alternated in one
   process): two identical model/optimizer pairs, one watched, train ``--segment`` steps each in
   turn, ``--pairs`` times after one untimed warm-up segment each (the watcher's one-time setup
-  falls there); overhead = median over pairs of t_watched / t_plain. At ``every`` 1 (every step)
-  and 16 (the default), the sharpness off; the sharpness at its priced cadence is added as its
-  measured seconds per call over its cadence, per step (``amortized_sharpness``), and
-  ``total_at_default`` = the default cadence's ratio + that share (goal: at most 1.1).
+  falls there); overhead = median over pairs of t_watched / t_plain, in wall time and in CPU time
+  (``time.process_time``: with one thread, the work done, which other processes on a shared
+  machine do not inflate). At ``every`` 1 (every step) and 16 (the default), the sharpness off;
+  the sharpness at its priced cadence is added as its CPU seconds per call over its cadence, per
+  step (``amortized_sharpness``), and ``total_at_default`` = the default cadence's CPU ratio +
+  that share (goal: at most 1.1).
 - ``pricing``: a Lab with the ``hessian`` probe (defaults: 20 Lanczos steps, 10 Hutchinson samples)
   on ResNet-20 at batch 16 (the README's setting, 32×32): the estimate the Lab warns with before
   the first call against the call's measured seconds; and ``hvp_passes``: one Hessian-vector
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -76,15 +80,16 @@ def time_examine(name: str, batch: int, repeats: int, side: int) -> dict:
     model = network(name, 0)
     opt = optimizer(model)
     data = batches(batch, 4, 1, side)
-    seconds, report = [], None
+    seconds, cpu, report = [], [], None
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         report = examine(model, F.cross_entropy, data, optimizer=opt)
         seconds.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     assert report is not None
-    return {"model": name, "batch": batch, "seconds": seconds, "median_s": statistics.median(
-        seconds), "by_check_s": report.context.get("seconds_by_check"),
-        "findings": report.codes()}
+    return {"model": name, "batch": batch, "seconds": seconds, "cpu_seconds": cpu,
+            "median_s": statistics.median(seconds), "median_cpu_s": statistics.median(cpu),
+            "by_check_s": report.context.get("seconds_by_check"), "findings": report.codes()}
 
 
 class Segment:
@@ -98,8 +103,9 @@ class Segment:
         self.doctor = (None if doctor is None else
                        Doctor(self.model, F.cross_entropy, self.opt, **doctor))
 
-    def run(self, steps: int) -> float:
-        start = time.perf_counter()
+    def run(self, steps: int) -> tuple[float, float]:
+        """(wall seconds, CPU seconds) of ``steps`` training steps."""
+        start, start_cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
             self.step += 1
             x, y = self.data[self.step % len(self.data)]
@@ -110,7 +116,7 @@ class Segment:
             self.opt.step()
             if self.doctor is not None:
                 self.doctor.after_step((x, y), self.step)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - start_cpu
 
 
 def overhead(name: str, batch: int, every: int, segment: int, pairs: int, side: int) -> dict:
@@ -119,15 +125,20 @@ def overhead(name: str, batch: int, every: int, segment: int, pairs: int, side: 
     watched = Segment(name, data, {"every": every, "sharpness_every": 0})
     plain.run(segment)  # warm-up: allocator, the watcher's one-time setup
     watched.run(segment)
-    ratios, plain_s, watched_s = [], [], []
+    ratios, cpu_ratios, plain_s, watched_s, plain_cpu = [], [], [], [], []
     for _ in range(pairs):
-        a = plain.run(segment)
-        b = watched.run(segment)
+        a, a_cpu = plain.run(segment)
+        b, b_cpu = watched.run(segment)
         plain_s.append(a / segment)
+        plain_cpu.append(a_cpu / segment)
         watched_s.append(b / segment)
         ratios.append(b / a)
+        cpu_ratios.append(b_cpu / a_cpu)
     return {"every": every, "segment_steps": segment, "pairs": pairs, "ratios": ratios,
-            "median_ratio": statistics.median(ratios), "plain_step_s": statistics.median(plain_s),
+            "median_ratio": statistics.median(ratios), "cpu_ratios": cpu_ratios,
+            "median_cpu_ratio": statistics.median(cpu_ratios),
+            "plain_step_s": statistics.median(plain_s),
+            "plain_step_cpu_s": statistics.median(plain_cpu),
             "watched_step_s": statistics.median(watched_s)}
 
 
@@ -142,9 +153,9 @@ def sharpness_share(name: str, batch: int, step_seconds: float, side: int) -> di
     F.cross_entropy(model(x), y).backward()
     doc.after_backward((x, y), 1)  # prices the cadence
     cadence = doc.sharpness_every
-    start = time.perf_counter()
-    doc.measure_sharpness(cadence, 0.1)  # one call, as the watcher makes it
-    call = time.perf_counter() - start
+    start = time.process_time()
+    doc.measure_sharpness(cadence, 0.1)  # one call, as the watcher makes it (CPU seconds)
+    call = time.process_time() - start
     return {"sharpness_every": cadence, "call_s": call,
             "estimated_call_s": doc.costs["sharpness_cost"]["seconds"],
             "share": call / cadence / step_seconds}
@@ -185,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small MLP, 2 pairs: a dry run")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--pairs", type=int, default=5)
-    parser.add_argument("--segment", type=int, default=32)
+    parser.add_argument("--segment", type=int, default=16)
     parser.add_argument("--examine-repeats", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "doctor.json")
     args = parser.parse_args(argv)
@@ -195,15 +206,17 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     result = {**provenance(), "settings": {
         "model": name, "threads": args.threads, "pairs": pairs, "segment_steps": segment,
-        "torch": torch.__version__, "quick": args.quick}}
+        "torch": torch.__version__, "quick": args.quick,
+        # the machine is shared: the 1-minute load average at the start says how much
+        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}}
     result["examine"] = time_examine(name, 128, 1 if args.quick else args.examine_repeats, side)
     print("examine", json.dumps(result["examine"]["seconds"]), flush=True)
     result["watcher"] = [overhead(name, 128, every, segment, pairs, side) for every in (1, 16)]
     for row in result["watcher"]:
         print(f"watcher every {row['every']}: {row['median_ratio']:.3f}x", flush=True)
-    step_s = result["watcher"][1]["plain_step_s"]
+    step_s = result["watcher"][1]["plain_step_cpu_s"]
     result["amortized_sharpness"] = sharpness_share(name, 128, step_s, side)
-    result["total_at_default"] = (result["watcher"][1]["median_ratio"]
+    result["total_at_default"] = (result["watcher"][1]["median_cpu_ratio"]
                                   + result["amortized_sharpness"]["share"])
     print(f"total at the default cadence: {result['total_at_default']:.3f}x", flush=True)
     result["pricing"] = pricing(name, 16, side)
