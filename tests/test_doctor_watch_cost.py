@@ -5,7 +5,10 @@ known (it runs its declared passes), against the time it really took."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -129,3 +132,21 @@ def test_the_doctor_prices_its_sharpness_cadence_on_the_model():
     # one watched cadence less would be over it (the cadence is the smallest that fits)
     if every > doc.every:
         assert share * every / (every - doc.every) > doctor_cost.SHARPNESS_BUDGET
+
+
+def test_the_cost_benchmark_dry_run_writes_its_documented_keys(tmp_path):
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "doctor.py"
+    spec = importlib.util.spec_from_file_location("bench_doctor", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "doctor.json"
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--quick", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)  # the benchmark sets its own
+    result = json.loads(out.read_text())
+    assert {"date", "commit", "settings", "examine", "watcher", "amortized_sharpness",
+            "total_at_default", "pricing"} <= set(result)
+    assert [row["every"] for row in result["watcher"]] == [1, 16]
+    assert result["pricing"]["warned"]  # the hessian probe every step is warned about
