@@ -306,7 +306,9 @@ register(Experiment(
                   "data-parallel arms use 2 processes in the smoke preset, 4 in the paper preset.",
     cost={"smoke": "36 one-process runs (4 arms; M = 2 is 720 steps/epoch), 5 synced-BN runs "
                    "(2 processes) and 2 more data-parallel runs; the recollected arm reads the BN "
-                   "runs' checkpoints (one pass over the training set each, kept beside the store)",
+                   "runs' checkpoints (one pass over the training set each, kept beside the "
+                   "store); 5 min 2 s in all with one worker on a shared 2-core machine "
+                   "(2026-12-06)",
           "paper": "36 runs × 160 epochs ResNet-20 on CIFAR-10 (GPU; M = 2 runs are slow, ~25k "
                    "steps/epoch), 5 synced-BN runs on 2 GPUs (or processes), plus 3 runs on 4 "
                    "GPUs"},
