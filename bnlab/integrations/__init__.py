@@ -8,6 +8,6 @@
   for bnlab's layers too (needs ``pip install timm``).
 
 Both import beside a CPU torch whose torchvision wheel does not match it, with no manual step
-(:func:`bnlab.models.vision_compat.prepare_torchvision`). docs/readme/tools.md: every tool that
+(``prepare_torchvision`` runs first). docs/readme/tools.md: every tool that
 finds BatchNorm by type, and what to use with bnlab's layers.
 """
