@@ -50,7 +50,7 @@ class Checkup:
     batches: list[tuple[torch.Tensor, torch.Tensor]]
     optimizer: torch.optim.Optimizer | None = None
     accumulation_steps: int = 1
-    hessian_iters: int = 8
+    hessian_iters: int = 6
     cache: dict[str, Any] = field(default_factory=dict)
 
     @property

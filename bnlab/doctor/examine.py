@@ -62,7 +62,7 @@ def _collect(batches: Iterable, device: torch.device, max_batches: int | None,
 def examine(model: nn.Module, loss_fn: Callable, batches: Iterable, *,
             optimizer: torch.optim.Optimizer | None = None, accumulation_steps: int = 1,
             checks: Sequence[str] | None = None, max_batches: int | None = None,
-            min_samples: int = MIN_SAMPLES, hessian_iters: int = 8) -> Report:
+            min_samples: int = MIN_SAMPLES, hessian_iters: int = 6) -> Report:
     """Examine ``model`` as it stands and return a :class:`~bnlab.doctor.Report`.
 
     ``batches``: (inputs, targets) pairs at the batch size you train with (a list, a DataLoader,
