@@ -2,21 +2,29 @@
 
 ``measurements`` keys (JSON-safe; each present when its check ran):
 
-- ``"running_vs_population"``: ``{layer: {"running_mean": [...], "population_mean": [...],
-  "running_var": [...], "population_var": [...], "mean_shift_sd": float, "log_var_ratio": float}}``
-- ``"stat_modes"``: ``{"running": {"loss": float, "accuracy": float}, "population": {...},
-  "batch": {...}, "per_layer": {layer: {"loss_running": float, "loss_population": float}}}``
-- ``"noise_vs_batch"``: ``{layer: {"m": int, "xi_mu_var": float, "xi_mu_theory": float,
-  "xi_sigma_var": float, "xi_sigma_theory": float}}`` and ``"noise_vs_batch/_curve"``:
-  ``{"batch": [...], "theory_xi_mu_var": [...]}``
-- ``"beta_share"``: ``{layer: {"share": float, "activation": str}}``
-- ``"effective_lr"``: ``{layer: [(step, value), ...]}`` (examine: step 0 only)
-- ``"relative_update"``: ``{layer: float}`` (when an optimizer was given)
-- ``"sharpness"``: ``[(step, lambda_max, threshold)]``
-- ``"updates_per_forward"``: ``{layer: float}``
+- ``"running_vs_population"`` (stale-running-stats): ``{layer: {"running_mean": [...],
+  "population_mean": [...], "running_var": [...], "population_var": [...], "mean_shift_sd": float,
+  "log_var_ratio": float, "distance_sd": float}}``, per channel and summarized
+- ``"stat_modes"`` (stale-running-stats): ``{"running": {"loss": float, "accuracy": float},
+  "population": {...}, "batch": {...}, "per_layer": {layer: {"loss_running": float,
+  "loss_population_here": float}}}`` (accuracy only for class scores; per_layer only for the
+  layers switched one at a time when the check warned)
+- ``"noise_vs_batch"`` (small-batch): ``{layer: {"m": int, "xi_mu_power": float (E[ξ_μ²]),
+  "xi_mu_theory": 1/m, "xi_sigma_mean": float, "xi_sigma_var": float, "xi_sigma_theory":
+  2(m−1)/m²}}`` and ``"noise_vs_batch/_curve"``: ``{"batch": [...], "theory_xi_mu_var": [...]}``
+  (Theorem 1's 1/m against batch size, for a plot with the measured points)
+- ``"beta_share"`` (beta-swamping): ``{layer: {"share": float (median over channels),
+  "share_min": float, "activation": str}}``
+- ``"sharpness"``: ``[(step, lambda_max, threshold)]`` (threshold None without an optimizer)
+- ``"effective_lr"``: ``{weight: [(step, lr/‖w‖²), ...]}`` (with an optimizer; examine: step 0),
+  ``"effective_lr_factor"``: ``{weight: ‖w_ref‖²/‖w‖²}``, ``"relative_update"``: ``{weight:
+  ‖Δw‖/‖w‖ of one optimizer step}`` (empty without an optimizer)
+- ``"updates_per_forward"`` (double-update): ``{layer: float}``
+- ``"remedies"``: the list :meth:`Report.try_remedies` returned, once it ran
 
 ``context``: ``model`` (class name), ``batch_size``, ``batches``, ``optimizer`` (class name or
-None), ``lr``, ``momentum``, ``device``, ``steps``, ``accumulation_steps``, ``seconds``.
+None), ``lr``, ``momentum`` (SGD's momentum or Adam's betas), ``device``, ``steps`` (0 for
+examine), ``accumulation_steps``, ``checks``, ``seconds``, ``seconds_by_check``.
 """
 
 from __future__ import annotations
