@@ -151,3 +151,21 @@ def test_convert_sync_batchnorm_never_turns_a_variant_into_plain_bn(resnet18):
         layers = [m for m in synced.modules() if isinstance(m, N.ChannelNorm)]
         assert len(layers) == 20 and all(m.sync for m in layers)
         assert [type(m) for m in synced.modules() if N.is_batch_norm(m)] == kinds
+
+
+def test_fuse_conv_bn_eval_on_a_converted_resnet18_stem(resnet18):
+    """As a user fuses a backbone's stem by hand: torch's function is off for cbn, ours is not."""
+    model = N.convert(copy.deepcopy(resnet18), "cbn")
+    with torch.no_grad():  # β as training leaves it (0 at timm's initialization)
+        model.bn1.bias.uniform_(-0.5, 0.5, generator=torch.Generator().manual_seed(9))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        N.set_progress(model, lr=0.01)
+        for seed in range(3):
+            model.train()(torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(seed)))
+    model.eval()
+    x = torch.randn(2, 3, 32, 32)
+    expected = model.bn1(model.conv1(x))
+    torch.testing.assert_close(N.fuse_conv_bn_eval(model.conv1, model.bn1)(x), expected,
+                               rtol=1e-4, atol=1e-4)
+    assert (fusion.fuse_conv_bn_eval(model.conv1, model.bn1)(x) - expected).abs().max() > 1e-2
