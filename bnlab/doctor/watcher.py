@@ -338,8 +338,8 @@ class Doctor(Callback):
         for key, value in self.series.items():
             if value:
                 out[key] = value
-        if examined.get("sharpness") and self.series["sharpness"] and self.last_step is not None:
-            end = examined["sharpness"][-1]
+        if examined.get("sharpness") and self.last_step is not None:
+            end = examined["sharpness"][-1]  # the checkup's, of the model as training left it
             out["sharpness"] = [*self.series["sharpness"], (self.last_step, end[1], end[2])]
         counter = self.window.counter
         if counter is not None and counter.forwards:
