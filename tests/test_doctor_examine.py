@@ -254,3 +254,19 @@ def test_bad_arguments_name_the_choices():
         examine(model, CE, [])
     with pytest.raises(ValueError, match="pairs"):
         examine(model, CE, [torch.randn(4, 2, 5, 5)])
+
+
+def test_beta_swamping_seen_through_dropout_and_not_before_relu():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(32, 4, generator=g), torch.randint(0, 3, (32,), generator=g))
+               for _ in range(4)]
+    model = nn.Sequential(nn.Linear(4, 6, bias=False), nn.BatchNorm1d(6), nn.Dropout(0.1),
+                          nn.Sigmoid(), nn.Linear(6, 3))
+    with torch.no_grad():
+        model[1].bias.fill_(-6.0)
+    report = examine(model, CE, batches, checks=["beta-swamping"])
+    # share var/(var + β²) with var = γ² = 1 (train mode): 1/37
+    assert report.findings[0].value == pytest.approx(1 / 37, rel=0.05)
+    model[3] = nn.ReLU()  # not saturating: nothing to report
+    assert examine(model, CE, batches, checks=["beta-swamping"]).findings == []

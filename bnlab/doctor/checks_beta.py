@@ -7,11 +7,12 @@ dominates, δ sits on its flat part for the whole batch: the signal passes throu
 layer's gradient vanishes.
 
 Measured: one train-mode forward on a copy finds each BN layer whose output tensor goes straight
-into a saturating activation (``nn.Sigmoid``, ``nn.Tanh``, ``nn.Hardtanh``, ``nn.Hardsigmoid``,
-``nn.Softsign``, ``nn.LogSigmoid``; also a norm-act layer such as timm's ``BatchNormAct2d`` whose
-``act`` is one), and per channel share = var(y)/(var(y) + mean(y)²) of the BN output y (for a
-norm-act layer, γ²/(γ² + β²)). The value is the median over channels of the worst layer; it warns
-below 0.1, i.e. |β| ≥ 3|γ| for the median channel, where tanh'(3) = 0.01 and σ'(3)/σ'(0) = 0.18.
+(or through dropout or an identity) into a saturating activation (``nn.Sigmoid``, ``nn.Tanh``,
+``nn.Hardtanh``, ``nn.Hardsigmoid``, ``nn.Softsign``, ``nn.LogSigmoid``; also a norm-act layer
+such as timm's ``BatchNormAct2d`` whose ``act`` is one), and per channel the share
+var(y)/(var(y) + mean(y)²) of the BN output y (for a norm-act layer, γ²/(γ² + β²)). The value is
+the median over channels of the worst layer; it warns below 0.1, i.e. |β| ≥ 3|γ| for the median
+channel, where tanh'(3) = 0.01 and σ'(3)/σ'(0) = 0.18.
 
 Cost: one forward pass of the first batch (on a copy).
 """
@@ -29,6 +30,7 @@ from .context import Checkup, dataflow
 from .findings import Finding
 
 SATURATING = (nn.Sigmoid, nn.Tanh, nn.Hardtanh, nn.Hardsigmoid, nn.Softsign, nn.LogSigmoid)
+PASS_THROUGH = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.Identity)
 THRESHOLD = 0.1
 PAPER = ("Peng, Yu & Yu, Re-Thinking the Effectiveness of Batch Normalization and Beyond, Eq. 5 "
          "(var_B/(var_B + β²))")
@@ -36,9 +38,9 @@ WHY = ("a share of 0.1 means |β| = 3|γ| for the median channel, where tanh'(3)
        "activation is flat for the whole batch"
        "; false alarms: 0 of 160 healthy networks, closest 0.10× the line "
        "(benchmarks/doctor_false_alarms.py)")
-REMEDY = ("keep β from dominating: weight decay on β or β initialised at 0; place the norm after "
-          "the activation (bnlab.models placement='post_activation') or use Peng's CBN "
-          "(bnlab.norms.create('cbn'))")
+REMEDY = ("keep β from dominating: weight decay on β or β initialised at 0; or normalize after the "
+          "activation, before the next layer, as Peng's CBN does (bnlab.norms.create('cbn'), "
+          "bnlab.models placement='pre_linear')")
 
 
 def _share(y: torch.Tensor) -> torch.Tensor:
@@ -53,9 +55,22 @@ def shares(checkup: Checkup) -> dict[str, dict]:
     x = checkup.batches[0][0]
     feeding = {}
     norms = dict(bn_layers(twin))
-    for producer, consumer in dataflow(twin, x):
-        if producer in norms and isinstance(modules[consumer], SATURATING):
-            feeding[producer] = type(modules[consumer]).__name__
+    edges = dataflow(twin, x)
+    after: dict[str, list[str]] = {}
+    for producer, consumer in edges:
+        after.setdefault(producer, []).append(consumer)
+    for name in norms:
+        # follow the BN output through modules that do not change it in eval (dropout, identity)
+        frontier, seen = list(after.get(name, [])), set()
+        while frontier:
+            consumer = frontier.pop()
+            if consumer in seen:
+                continue
+            seen.add(consumer)
+            if isinstance(modules[consumer], SATURATING):
+                feeding[name] = type(modules[consumer]).__name__
+            elif isinstance(modules[consumer], PASS_THROUGH):
+                frontier.extend(after.get(consumer, []))
     for name, module in bn_layers(twin):
         act = getattr(module, "act", None)
         if isinstance(act, SATURATING) and name not in feeding:
