@@ -10,6 +10,7 @@ or lists its entries, so a plugin's names work in every spec string and CLI flag
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from importlib import metadata
@@ -20,14 +21,20 @@ ENTRY_POINT_GROUP = "bnlab.plugins"
 _loaded: set[str] = set()
 
 
-def plugin_modules() -> list[str]:
-    """The modules named in ``$BNLAB_PLUGINS`` and by installed ``bnlab.plugins`` entry points."""
-    names = [n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
+@functools.cache
+def _entry_point_modules() -> tuple[str, ...]:
+    # installed distributions do not change under a running process; scanning them costs ms
     try:
         points = metadata.entry_points(group=ENTRY_POINT_GROUP)
     except Exception:  # a broken installed distribution must not break every lookup
-        points = []
-    return names + [p.value.split(":")[0] for p in points]
+        return ()
+    return tuple(p.value.split(":")[0] for p in points)
+
+
+def plugin_modules() -> list[str]:
+    """The modules named in ``$BNLAB_PLUGINS`` and by installed ``bnlab.plugins`` entry points."""
+    names = [n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
+    return names + list(_entry_point_modules())
 
 
 def load_plugins() -> list[str]:
