@@ -24,7 +24,8 @@ import bnlab.norms as N
 from bnlab.models.vision_compat import import_timm
 
 SPECS = ["bn", "mean_only_bn", "var_only_bn", "noisy_bn", "lp_bn", "mbn", "cbn",
-         "cbn(decouple=false)", "cbn(center=false)", "cbn(amat=false)", "brn(relax_from=0)"]
+         "cbn(decouple=false)", "cbn(center=false)", "cbn(amat=false)", "cbn(order=literal)",
+         "brn(relax_from=0)"]
 
 
 def _batches(count: int = 4, shape=(8, 3, 6, 6), seed: int = 0) -> list[torch.Tensor]:

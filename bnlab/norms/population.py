@@ -21,9 +21,10 @@ steps 8-10), extended to the buffers torch's BN does not have:
   (``E_B[σ²_B + (μ_B − μ_A + β)²]`` with ``decouple=True``, ``E_B[σ²_B]`` without); the inference
   buffers then hold what eval needs to divide by exactly ``√(amat_var + ε)``, as training did.
 
-During the pass every layer normalizes with its batch statistics (mbn with λ = 0, cbn with η = 0,
-brn with r = 1, d = 0, noisy_bn without its noise unless asked), so each later layer sees the
-activations of the final network, as with torch's BN in ``update_bn``. Layers frozen with
+During the pass every layer normalizes with its batch statistics (mbn with λ = 0, cbn with η = 0
+and its batch folded in first, brn with r = 1, d = 0, noisy_bn without its noise unless asked),
+so each later layer sees the activations of the final network, as with torch's BN in
+``update_bn``. Layers frozen with
 :func:`bnlab.norms.freeze` are left alone. :class:`StatisticsPass` is the pass itself, driven by
 :func:`bnlab.norms.recollect_running_stats` or by a training loop that runs the batches (Lightning's
 SWA epoch, :mod:`bnlab.integrations.lightning`).
@@ -109,6 +110,8 @@ class StatisticsPass:
             if isinstance(m, BatchRenorm):  # r = 1, d = 0: BN with the batch statistics
                 self._set(m, "r_max", 1.0)
                 self._set(m, "d_max", 0.0)
+            if getattr(m, "order", "fold_first") != "fold_first":  # cbn(order=literal): the
+                self._set(m, "order", "fold_first")  # batch itself at η = 0, not the previous one
             if isinstance(m, _MOVING):
                 self.sums[m] = _Sums()
                 self._handles.append(m.register_forward_pre_hook(self._collect))
