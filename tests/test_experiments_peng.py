@@ -16,6 +16,7 @@ from bnlab.experiments.peng import components as PCo
 from bnlab.experiments.peng import amat as PA
 from bnlab.experiments.peng import figures as PF
 from bnlab.experiments.peng import curves as P
+from bnlab.experiments.peng import readings as PR
 from bnlab.experiments.peng import verdict as PV
 from bnlab.train import TrainConfig
 
@@ -108,7 +109,9 @@ def test_paper_average_gains_match_section_6_2():
 def test_table_plans(table):
     spec = PC.TABLES[table]
     paper = get(f"peng-table{table}").plan("paper")
-    assert len(paper.runs) == 7 * 5 * 10
+    resnet = spec["model"] == "resnet20"
+    # every row under the primary reading; the ResNet tables add rows ① and ② under Eq. 7's
+    assert len(paper.runs) == 7 * 5 * 10 + (2 * 5 * 10 if resnet else 0)
     for run in paper.runs:
         c = run.config
         assert (c["model"], c["data"]) == (spec["model"], spec["data"])
@@ -120,17 +123,17 @@ def test_table_plans(table):
     assert {r.factors["seed"] for r in paper.runs} == set(range(10))
     # tanh's ρ* = 1 merges ④/⑤ only
     assert len({_run_id(r.config) for r in paper.runs}) >= 5 * 10 * 6
-    resnet = spec["model"] == "resnet20"
-    # Peng Eq. 7 (and Eq. 13 for BN): the activation before the shortcut sum, for every row
-    assert all(r.config["model_options"].get("residual") == ("peng" if resnet else None)
-               for r in paper.runs)
+    # the primary reading (peng.readings): He's block form for every row of the ResNet tables
+    # (§6.1, "the original ResNet"), Eq. 7's form (activation before the sum) as the other
+    primary = [r for r in paper.runs if r.factors["reading"] == PR.primary_reading(table)]
+    assert len(primary) == 7 * 5 * 10
+    assert all(r.config["model_options"].get("residual") == ("he" if resnet else None)
+               for r in primary)
+    assert all(r.config["model_options"]["residual"] == "peng" and r.factors["row"] in ("①", "②")
+               for r in paper.runs if r not in primary)
     smoke = get(f"peng-table{table}").plan("smoke")
-    main = [r for r in smoke.runs
-            if r.factors["residual"] != "he" and r.factors["lr_reading"] == "paper"]
-    half = [r for r in smoke.runs if r.factors["lr_reading"] == "half"]
-    # the ResNet tables' lr side arm: rows ① and ② with Sigmoid at lr 0.05, 5 seeds
-    assert len(half) == (2 * 5 if spec["model"] == "resnet20" else 0)
-    assert all(r.config["lr"] == 0.05 and r.config["activation"] == "sigmoid" for r in half)
+    main = [r for r in smoke.runs if PR.is_main(r.factors, table)]
+    assert not [r for r in smoke.runs if r.factors["lr_reading"] == "half"]
     # smoke (the resolving design): rows ① and ②, 5 seeds on the primary comparison's
     # activations (ResNet: Sigmoid/Tanh/SELU, 2 seeds on ReLU/Swish; VGG: Tanh/SELU, 1 seed on
     # Sigmoid, ReLU/Swish in the paper preset only), on noisy 16×16 digits, width ½, 40 epochs on
@@ -149,9 +152,20 @@ def test_table_plans(table):
     assert all(r.config["model_options"]["width"] >= 0.5 and r.config["epochs"] >= 40
                and r.config["schedule"] == "step:20,33" for r in smoke.runs)
     assert all(r.config["probes"] == ["cbn_ratios"] for r in smoke.runs)
-    side = [r for r in smoke.runs if r.factors["residual"] == "he"]
-    assert len(side) == (2 if resnet else 0)
-    assert all(r.config["model_options"]["residual"] == "he" for r in side)
+    # the other readings, on Sigmoid/Tanh/SELU: Eq. 7's form 5 seeds, Eq. 7's form with the norm
+    # before the classifier 3, CBN in Algorithm 1's literal order (row ② only) 2
+    side = [r for r in smoke.runs if r not in main]
+    expected = {"eq7": (2, 5), "eq7_head": (2, 3), "he_literal": (1, 2)} if resnet else {}
+    assert {name: sum(r.factors["reading"] == name for r in side) for name in expected} == \
+        {name: rows * seeds * 3 for name, (rows, seeds) in expected.items()}
+    assert len(side) == sum(rows * seeds * 3 for rows, seeds in expected.values())
+    for r in side:
+        reading = PR.READINGS[r.factors["reading"]]
+        options = r.config["model_options"]
+        assert options["residual"] == reading.residual
+        assert options.get("head_norm", False) == reading.head_norm
+        assert ("order=literal" in r.config["norm"]) == (reading.order == "literal")
+        assert r.factors["activation"] in PC.NON_RELU
     assert set(smoke.compute) == {"padding_shares"}
 
 
@@ -426,8 +440,7 @@ def test_fig4_fig5_entries_share_their_tables_runs():
         for preset in ("smoke", "paper"):
             runs = {_run_id(r.config) for r in get(entry).plan(preset).runs}
             compared = {_run_id(r.config) for r in get(f"peng-table{table}").plan(preset).runs
-                        if r.factors["row"] in ("①", "②") and r.factors["residual"] != "he"
-                        and r.factors.get("lr_reading") != "half"}
+                        if r.factors["row"] in ("①", "②") and PR.is_main(r.factors, table)}
             assert runs == compared
             assert len(runs) == (smoke[table] if preset == "smoke" else 2 * 5 * 10)
 

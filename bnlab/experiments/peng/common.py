@@ -35,9 +35,10 @@ ROW_FEATURES = {"①": (False, False, False, False), "②": (True, True, True, T
 
 
 def cbn_spec(*, rho: float | None = None, amat: bool = True, decouple: bool = True,
-             omega: float | None = None, eta: float | None = None) -> str:
+             omega: float | None = None, eta: float | None = None,
+             order: str = "fold_first") -> str:
     """The canonical ``cbn(...)`` spec string (one spelling per layer, so equal layers share run
-    ids)."""
+    ids); ``order="literal"``: Algorithm 1's update order (``bnlab.norms.CompleteBatchNorm``)."""
     args = []
     if not decouple:
         args.append("decouple=false")
@@ -48,11 +49,14 @@ def cbn_spec(*, rho: float | None = None, amat: bool = True, decouple: bool = Tr
         args.append(f"omega={omega:g}")
     if eta is not None:
         args.append(f"eta={eta:g}")
+    if order != "fold_first":
+        args.append(f"order={order}")
     return f"cbn({','.join(args)})"
 
 
-def row_spec(row: str, activation: str) -> tuple[str, str]:
-    """(norm spec, placement) of one row of Tables 1–4, built from the row's four features."""
+def row_spec(row: str, activation: str, order: str = "fold_first") -> tuple[str, str]:
+    """(norm spec, placement) of one row of Tables 1–4, built from the row's four features;
+    ``order``: CBN's update order (the CBN rows only)."""
     if row not in ROW_FEATURES:
         raise ValueError(f"unknown row {row!r}; valid rows: {', '.join(ROWS)}")
     if activation not in RHO_STAR:
@@ -60,7 +64,8 @@ def row_spec(row: str, activation: str) -> tuple[str, str]:
     before, decouple, tune, amat = ROW_FEATURES[row]
     if row == "①":
         return "bn", "pre_activation"
-    norm = cbn_spec(rho=RHO_STAR[activation] if tune else None, amat=amat, decouple=decouple)
+    norm = cbn_spec(rho=RHO_STAR[activation] if tune else None, amat=amat, decouple=decouple,
+                    order=order)
     return norm, "pre_linear" if before else "pre_activation"
 
 
@@ -210,11 +215,18 @@ def model_options(model: str, preset: str, residual: str = RESIDUAL,
     return options
 
 
-def table_base(model: str, data: str, preset: str, residual: str = RESIDUAL) -> dict[str, Any]:
-    """The recipe of Tables 1–4's runs: the paper's, or the resolving smoke (TABLE_SMOKE_RECIPE)."""
+def table_base(model: str, data: str, preset: str, residual: str = RESIDUAL,
+               head_norm: bool = False) -> dict[str, Any]:
+    """The recipe of Tables 1–4's runs: the paper's, or the resolving smoke (TABLE_SMOKE_RECIPE);
+    ``head_norm``: the network's norm in front of the classifier (a reading of Fig. 1(c))."""
     if preset == "paper":
-        return recipe_base(model, data, preset, residual)
+        base = recipe_base(model, data, preset, residual)
+        if head_norm:
+            base["model_options"] = {**base["model_options"], "head_norm": True}
+        return base
     options = model_options(model, preset, residual, width=TABLE_SMOKE_WIDTH)
+    if head_norm:
+        options["head_norm"] = True
     base = dict(model=model, model_options=options, **TABLE_SMOKE_RECIPE)
     if (model, data) in TABLE_SMOKE_SPLIT:
         base["data_options"] = {**base["data_options"],

@@ -39,75 +39,76 @@ from bnlab.plots import bars
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from bnlab.formatting import fmt, mean_std
-from ..common import (compare_arms, grouped_finals, mean_curve, recipe_config, safe_panels,
+from ..common import (compare_arms, mean_curve, recipe_config, safe_panels,
                       SETTLE_FRACTION, smooth, value_at_fraction)
 from .verdict import (CHANCE, chance, primary_activations, proxy_cells, table_design,
                       table_verdict)
 from ..rule_stats import arm_values, settle_fraction
 from ..verdicts import settle
 from ..resolution import design_resolution
-from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TABLES, PAPER_TRIALS, ROW_FEATURES,
-                          ROW_NAMES, ROWS, TABLE_SMOKE_RECIPE, TABLE_SMOKE_SEEDS, TABLE_SMOKE_WIDTH,
+from .common import (ACT_TITLE, ACTIVATIONS, NON_RELU, PAPER_TABLES, PAPER_TRIALS, RESIDUAL,
+                          ROW_FEATURES, ROW_NAMES, ROWS, TABLE_SMOKE_RECIPE, TABLE_SMOKE_WIDTH,
                           TABLES, percent, run_config, status_note, padding_shares, row_spec,
                           smoke_seeds, smoke_steps_per_epoch, smoke_train_images,
                           table_base)
+from .readings import (READINGS, SIDE, cells_of, is_main, primary_reading, reading_of,
+                       reading_report, side_readings)
 
 COMPARED = ("①", "②")  # the rows the tables' claim compares (BN, CBN)
 
 # ---- Tables 1–4 ----------------------------------------------------------------------------------
 
 
-# He's block form as a smoke side arm for the bounded activations, where the two forms differ most
-# (He's squashes the running sum through the activation at every block).
+# the lr side arm's activation (_lr_rows: stores that hold Sigmoid at half the paper's lr)
 SIDE_ACTIVATIONS = ("sigmoid",)
 
 
-def _seeds(preset: str, model: str, activation: str, residual: str):
-    """Paper: the paper's 10 trials. Smoke: 5 seeds on the primary activations, the side seeds of
-    ``common.SMOKE_SIDE`` on the others (none: paper preset only), 1 on He's block form (a side
-    arm)."""
-    if preset == "paper":
-        return range(PAPER_TRIALS)
-    if residual != "peng":
-        return TABLE_SMOKE_SEEDS[:1]
-    return smoke_seeds(model, activation)
-
-
-def compared_runs(table: int, preset: str, rows=COMPARED, residual: str = "peng",
-                  activations=ACTIVATIONS, lr_reading: str = "paper") -> list[RunSpec]:
+def compared_runs(table: int, preset: str, rows=COMPARED, reading: str | None = None,
+                  activations=ACTIVATIONS, lr_reading: str = "paper",
+                  seeds=None) -> list[RunSpec]:
+    """Rows ``rows`` × ``activations`` of ``peng-table<table>`` under ``reading`` (default the
+    table's primary, :mod:`.readings`); ``seeds`` default: the paper's 10 trials, or in smoke 5 on
+    the primary activations and ``common.SMOKE_SIDE``'s on the others."""
     spec = TABLES[table]
-    base = table_base(spec["model"], spec["data"], preset, residual)
-    form = residual if spec["model"] == "resnet20" else None
-    tag = " · He's block" if residual != "peng" else ""
+    reading = reading or primary_reading(table)
+    form = READINGS[reading]
+    base = table_base(spec["model"], spec["data"], preset, form.residual or RESIDUAL,
+                      form.head_norm)
+    tag = "" if reading == primary_reading(table) else f" · {form.title}"
     if lr_reading == "half":  # the lr side arm: both rows at half the paper's learning rate
         base = {**base, "lr": base["lr"] / 2}
         tag += f" · lr {base['lr']:g}"
     runs = []
     for act in activations:
         for row in rows:
-            norm, placement = row_spec(row, act)
-            for seed in _seeds(preset, spec["model"], act, residual):
+            norm, placement = row_spec(row, act, form.order)
+            chosen = seeds if seeds is not None else (
+                range(PAPER_TRIALS) if preset == "paper" else smoke_seeds(spec["model"], act))
+            for seed in chosen:
                 runs.append(RunSpec(f"{row} {ROW_NAMES[row]} · {ACT_TITLE[act]}{tag} · seed {seed}",
                                     run_config(base, norm=norm, placement=placement, activation=act,
                                                seed=seed),
                                     {"row": row, "activation": act, "seed": seed, "norm": norm,
-                                     "placement": placement, "residual": form,
-                                     "lr_reading": lr_reading, "lr": base["lr"]}))
+                                     "placement": placement, "residual": form.residual,
+                                     "reading": reading, "lr_reading": lr_reading,
+                                     "lr": base["lr"]}))
     return runs
 
 
 def _table_plan(table: int):
     def plan(preset: str) -> Plan:
-        if preset == "paper":
-            return Plan(runs=compared_runs(table, preset, ROWS))
+        others = side_readings(table)
+        if preset == "paper":  # every row under the primary reading, ① and ② under Eq. 7's
+            return Plan(runs=compared_runs(table, preset, ROWS) + (
+                compared_runs(table, preset, reading="eq7") if others else []))
         # smoke spends its budget on the compared rows ① and ②; rows ③–⑦ run in the paper preset.
-        # The ResNet tables add two side arms: He's block form (activation after the shortcut
-        # sum), and Sigmoid at half the paper's lr (CBN + Sigmoid fails at lr 0.1 at width ½ in
-        # the pilot: is it the lr?)
+        # The ResNet tables train the other readings of the network beside the primary one
+        # (readings.SIDE: their rows and seeds) on the primary activations.
         runs = compared_runs(table, preset)
-        if TABLES[table]["model"] == "resnet20":
-            runs += compared_runs(table, preset, residual="he", activations=SIDE_ACTIVATIONS)
-            runs += compared_runs(table, preset, activations=SIDE_ACTIVATIONS, lr_reading="half")
+        for name in others:
+            rows, seeds = SIDE[name]
+            runs += compared_runs(table, preset, rows, reading=name, activations=NON_RELU,
+                                  seeds=seeds)
         model = TABLES[table]["model"]
 
         def shares(tiny: bool = False) -> dict:
@@ -140,35 +141,13 @@ def phase_reading(ctx) -> float:
     return settle_fraction(config) if config else SETTLE_FRACTION
 
 
-def _side_rows(cells: dict, main: dict) -> list[dict]:
-    """He's block form vs Eq. 7's (ResNet tables): one seed each, shown, not judged."""
-    rows = []
-    for (row, act, form), values in sorted(
-        cells.items(), key=lambda kv: (ACTIVATIONS.index(kv[0][1]), kv[0][0])
-    ):
-        if form != "he":
-            continue
-        mean, _ = mean_std(values)
-        peng_mean, _ = mean_std(main.get((row, act), []))
-        rows.append({"quantity": f"side arm · {row} {ROW_NAMES[row]} · {ACT_TITLE[act]} · He's "
-                                 "block (act after sum)",
-                     "ours": fmt(percent(mean), n=len(values), decimals=2),
-                     "paper": f"Eq. 7's form (main rows): {fmt(percent(peng_mean), decimals=2)}"})
-    return rows
-
-
 def _table_analyze(table: int):
     spec = TABLES[table]
 
     def analyze(ctx) -> Outcome:
         failed = chance(table, ctx.preset)  # what a diverged run scores
-        grouped = grouped_finals(ctx, ("row", "activation", "residual", "lr_reading"),
-                                 "test_accuracy", failure_value=failed)
-        by_form = {key[:3]: v for key, v in grouped.items() if key[3] != "half"}
-        cells: dict[tuple[str, str], list[float]] = {}
-        for (row, act, form), values in by_form.items():
-            if form != "he":
-                cells.setdefault((row, act), []).extend(values)
+        cells = cells_of([r for r in ctx.runs if is_main(r.factors, table)
+                          and r.factors.get("row") in ROWS], failed)
         paper = PAPER_TABLES[table]
         rows, ours_bars, ours_err, paper_bars = [], {}, {}, {}
         for i, act in enumerate(ACTIVATIONS):
@@ -187,7 +166,6 @@ def _table_analyze(table: int):
                 ours_bars[ACT_TITLE[act]][row] = percent(mean) if mean is not None else float("nan")
                 ours_err[ACT_TITLE[act]][row] = percent(std) or 0.0
                 paper_bars[ACT_TITLE[act]][row] = pm
-        rows += _side_rows(by_form, cells)
         rows += _lr_rows(ctx, table_design(table, ctx.preset).n_test)
         rows += _proxy_rows(ctx)
         fig_ours = bars(ctx.figure_path("test_accuracy_ours"), ours_bars, errors=ours_err,
@@ -199,8 +177,8 @@ def _table_analyze(table: int):
                          title=f"Peng {spec['target']} as printed ({spec['what']}, 10 trials)")
         fig_curves = curve_panels(ctx, ctx.figure_path("test_accuracy_curves"), "test_accuracy",
                                   "Test accuracy during training, BN (①) vs CBN (②), mean over "
-                                  f"seeds ({ctx.preset})")
-        arms = main_arm_runs(ctx)
+                                  f"seeds ({ctx.preset})", table)
+        arms = main_arm_runs(ctx, table)
         reading = phase_reading(ctx)
         design, proxy = table_design(table, ctx.preset), proxy_cells(arms, failed)
         primary = primary_activations(table, ctx.preset)
@@ -210,19 +188,19 @@ def _table_analyze(table: int):
                           primary),
             f"{reading:.0%} of training (inside the final lr phase)")
         summary += settling(arms, "test_accuracy", fraction=reading)
-        return Outcome([fig_ours, fig_paper, fig_curves], rows, verdict,
-                       summary + status_note(ctx))
+        side_rows, side_text = reading_report(ctx.runs, table, failed, ctx.tiny, design, verdict)
+        return Outcome([fig_ours, fig_paper, fig_curves], rows + side_rows, verdict,
+                       summary + side_text + status_note(ctx))
 
     return analyze
 
 
 def main_arm_runs(ctx, table: int | None = None) -> dict[tuple, list]:
-    """(table, row, activation) -> the runs of the compared rows in Eq. 7's form (the main arms)."""
+    """(table, row, activation) -> the runs of the compared rows under the table's primary reading
+    at the paper's lr (the main arms; :func:`.readings.is_main`)."""
     arms: dict[tuple, list] = {}
     for r in ctx.runs:
-        if r.factors.get("lr_reading") == "half":
-            continue
-        if r.factors.get("row") in COMPARED and r.factors.get("residual") != "he":
+        if r.factors.get("row") in COMPARED and is_main(r.factors, table):
             arms.setdefault((r.factors.get("table", table), r.factors["row"],
                              r.factors["activation"]), []).append(r)
     return arms
@@ -235,7 +213,7 @@ def _lr_rows(ctx, n_test: int | None) -> list[dict]:
     comparison is at the paper's lr."""
     arms: dict[tuple[str, str], list] = {}
     for r in ctx.runs:
-        if r.factors.get("row") in COMPARED and r.factors.get("residual") != "he":
+        if r.factors.get("row") in COMPARED and reading_of(r.factors) == "eq7":
             arms.setdefault((r.factors.get("lr_reading", "paper"), r.factors["row"]), []).append(r)
     if not any(k[0] == "half" for k in arms):
         return []
@@ -269,8 +247,8 @@ def _proxy_rows(ctx) -> list[dict]:
             for arm, by_size in shares.items() for size, by_map in by_size.items()]
 
 
-def curve_panels(ctx, path, metric: str, title: str):
-    arms = main_arm_runs(ctx)
+def curve_panels(ctx, path, metric: str, title: str, table: int | None = None):
+    arms = main_arm_runs(ctx, table)
     specs = []
     for key in sorted({k[0] for k in arms}, key=lambda t: (t is None, t)):
         for act in ACTIVATIONS:
@@ -344,7 +322,7 @@ def _smoke_data(table: int) -> str:
 
 # 2026-11-27, empty store, 2 workers: ResNet-20 ≈ 30 s a run; VGG-16 at
 # 8 (Table 2) or 7 (Table 4) batches an epoch ≈ 70 s
-_TABLE_COST = {"resnet20": "50 runs, ≈ 26 CPU-minutes (12–14 min on 2 cores)",
+_TABLE_COST = {"resnet20": "92 runs, ≈ 50–70 CPU-minutes (≈ 32–45 s a run, 2026-12-06)",
                "vgg16": "22 runs, ≈ 26 CPU-minutes (12–14 min on 2 cores)"}
 
 
@@ -365,14 +343,19 @@ def _register_table(table: int) -> None:
                                                                        spec["data"]),
             evals="; the test split every 2 epochs" if not resnet else "",
             arms=_TABLE_ARMS[spec["model"]],
-            form=" in Peng's block form (Eq. 7: activation before the shortcut sum) for BN and CBN "
-                 "alike"
+            form=" in He's block form (activation after the shortcut sum) for BN and CBN alike, "
+                 "the primary reading (§6.1: \"the same as ... the original paper proposing "
+                 "ResNet\")"
             if resnet else "",
-            side=("; side arms: rows ① and ② in He's block form with Sigmoid, 1 seed, and with "
-                  "Sigmoid at lr 0.05, 5 seeds") if resnet else "",
+            side=("; the other readings of the network (bnlab.experiments.peng.readings) on "
+                  "Sigmoid/Tanh/SELU: rows ① and ② in Eq. 7's block form (activation before the "
+                  "sum), 5 seeds; rows ① and ② in Eq. 7's form with the norm in front of the "
+                  "classifier, 3 seeds; row ② in He's form with CBN in Algorithm 1's literal "
+                  "order, 2 seeds") if resnet else "",
             extra=extra),
         cost={"smoke": _TABLE_COST[spec["model"]],
-              "paper": "350 runs (7 rows × 5 activations × 10 trials) × 120 epochs of "
+              "paper": f"{450 if resnet else 350} runs (7 rows × 5 activations × 10 trials"
+                       f"{', and rows ① and ② under Eq. 7' if resnet else ''}) × 120 epochs of "
                        f"{spec['what']} (GPU; ≈ {'0.5' if resnet else '1'} GPU-hour each)"},
         plan=_table_plan(table), analyze=_table_analyze(table),
         resolution=design_resolution(table_design(table), scale=100, unit=" points")))
