@@ -87,12 +87,31 @@ class Loop(Protocol):
     def log(self, name: str, value: float | torch.Tensor) -> None: ...
 
 
+def _user_defined(method: Any) -> bool:
+    """A callable not from bnlab itself (bnlab's Doctor and Lab keep plain-loop methods named
+    after_backward/after_step with other signatures)."""
+    module = str(getattr(method, "__module__", "") or "")
+    return callable(method) and not module.startswith("bnlab.")
+
+
 class Callback:
     """Base class: every hook is a no-op; override what you need (see the module docstring)."""
 
     #: True if the callback changes what the run computes (it edits weights, gradients or the
     #: learning rate): its class and ``state_dict()`` at construction then enter the run id.
     changes_training: bool = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Callback:
+        # a removed hook would never be called and the run would report `finished`: refuse the
+        # subclass at construction (in __new__, so a subclass's own __init__ cannot skip it)
+        old = [h for h in REMOVED_HOOKS if _user_defined(getattr(cls, h, None))]
+        if old:
+            renames = "; ".join(f"{h} -> {REMOVED_HOOKS[h]}" for h in old)
+            raise TypeError(
+                f"{cls.__name__} defines {', '.join(old)}, which bnlab no longer calls (the "
+                f"StepContext protocol is gone): rename {renames}; each hook now receives one "
+                "Loop (bnlab.callbacks.HOOKS lists them)")
+        return super().__new__(cls)
 
     @property
     def name(self) -> str:

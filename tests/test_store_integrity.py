@@ -239,7 +239,9 @@ def test_repeated_ctrl_c_cannot_cut_the_ending_short(tmp_path, monkeypatch):
     assert torch.load(checkpoint_path(tmp_path, row["id"]), weights_only=True)["step"] == 4
 
 
-def test_disk_full_at_a_checkpoint_is_one_line_and_the_previous_one_survives(tmp_path):
+def test_a_file_size_limit_at_a_checkpoint_is_named_as_such_and_the_previous_one_survives(
+        tmp_path):
+    """``ulimit -f`` is not a full disk (it was reported as "no space left" beside 69 GB free)."""
     import resource
 
     path = checkpoint_path(tmp_path, "r1")
@@ -253,8 +255,10 @@ def test_disk_full_at_a_checkpoint_is_one_line_and_the_previous_one_survives(tmp
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     message = str(caught.value)
-    assert message.startswith(f"no space left to write checkpoint {path}") \
-        and "unexpected pos" not in message
+    assert message.startswith("the file size limit of this process (ulimit -f: 20000 bytes) "
+                              f"stopped writing checkpoint {path}") \
+        and "unexpected pos" not in message and "no space left" not in message
+    assert "Raise the limit" in message
     assert "re-run the same command to resume" in message
     assert torch.load(path, weights_only=True)["w"].shape == (4,)  # the previous checkpoint intact
     assert not list(path.parent.glob(".*.tmp"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -79,6 +80,9 @@ def train_command(**options: Any) -> None:
     except RunInterrupted as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(128 + err.signum) from None
+    except KeyboardInterrupt as err:  # a second signal during set-up: nothing stored
+        typer.echo(f"error: {err or 'interrupted before the run was stored'}", err=True)
+        raise typer.Exit(128 + getattr(err, "signum", signal.SIGINT)) from None
     # disk full, read-only runs dir, a lock file we cannot open: one line
     except RunDirError as err:
         fail(str(err), EXIT_FAILED)

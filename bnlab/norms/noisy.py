@@ -110,12 +110,15 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         dtype = stats_dtype(a)
 
         def blank(size: tuple[int, ...]) -> Tensor:
-            if tuple(size) == tuple(a.shape):  # a's memory format: channels_last output stays so
-                return torch.empty_like(a, dtype=dtype)
+            # drawn in the logical (contiguous) order, whatever a's memory format: the same
+            # input gives the same noise on channels_last and contiguous tensors
             return torch.empty(size, dtype=dtype, device=a.device)
 
         def own_rows(t: Tensor) -> Tensor:
-            return t if rows == slice(None) else t[rows].clone()
+            t = t if rows == slice(None) else t[rows].clone()
+            if a.is_contiguous() or t.shape != a.shape:
+                return t
+            return torch.empty_like(a, dtype=dtype).copy_(t)  # a's layout: channels_last stays so
 
         mu = blank((self.num_features,)).uniform_(-self.n_mu, self.n_mu, generator=g)
         sigma = blank((self.num_features,)).uniform_(1.0, self.n_sigma, generator=g)

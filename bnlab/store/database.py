@@ -92,7 +92,10 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
         except sqlite3.DatabaseError as err:
             self.close()
             if isinstance(err, sqlite3.OperationalError) and "malformed" not in str(err):
-                raise  # locked, unable to open, disk full: as they are (the CLI words them)
+                full = disk_full(err, self.path, "the run store")
+                if full is not None:  # the file and the way out, as every write says
+                    raise full from None
+                raise  # locked, unable to open: as they are (the CLI words them)
             raise StoreCorruptError(
                 f"run store {self.path} is damaged ({err}). Its runs' checkpoints carry their "
                 "rows: move the file away and re-run each run's config (or `bnlab reproduce`) -- "

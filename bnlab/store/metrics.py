@@ -6,11 +6,13 @@ from __future__ import annotations
 import csv
 import io
 import math
+import sqlite3
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bnlab.jsonsafe import dumps
+from bnlab.store.run_files import disk_full
 
 EXPORT_FORMATS = ("csv", "json")
 
@@ -50,7 +52,13 @@ class MetricsMixin:
         run's rows up to ``step`` in insertion order (the checkpoint carries them, so a resume can
         re-create rows the store lost). ``value`` is None where it was not finite-or-inf (NaN)."""
         # PASSIVE never waits for other processes; whatever it cannot copy stays in the fsynced WAL
-        self._retry(lambda: self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone())
+        try:
+            self._retry(lambda: self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone())
+        except sqlite3.OperationalError as err:  # the rows' flush into the file: name it
+            full = disk_full(err, self.path, "the metric rows into the run store")
+            if full is not None:
+                raise full from None
+            raise
         return [
             (s, n, v)
             for s, n, v in self._conn.execute(

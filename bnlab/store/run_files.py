@@ -32,20 +32,44 @@ _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _FULL_WORDS = ("no space left", "disk is full", "file too large", "unexpected pos", "quota")
 
 
+def file_size_limit() -> int | None:
+    """This process's file size limit in bytes (``ulimit -f``), or None when unlimited or
+    unknown."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY or soft < 0 else int(soft)
+
+
 def disk_full(err: BaseException, path: str | os.PathLike[str], what: str) -> DiskFullError | None:
-    """A :class:`DiskFullError` for ``err`` if it says the disk (or a size limit) is full, else
-    None. torch's zip writer says so only as ``unexpected pos``; SQLite as ``database or disk is
-    full``."""
-    text = str(err).lower()
-    if getattr(err, "errno", None) not in _FULL and not any(w in text for w in _FULL_WORDS):
+    """A :class:`DiskFullError` for ``err`` if it says the disk or a file size limit stopped the
+    write, else None, worded for which of the two it was. torch's zip writer says either only as
+    ``unexpected pos``; SQLite says ``database or disk is full`` (no space) or ``disk I/O error``
+    (its write refused by the size limit, EFBIG); Python ``File too large`` (EFBIG)."""
+    text, code = str(err).lower(), getattr(err, "errno", None)
+    limit = file_size_limit()
+    ambiguous = "unexpected pos" in text or (limit is not None and "disk i/o error" in text)
+    if code not in _FULL and not any(w in text for w in _FULL_WORDS) and not ambiguous:
         return None
     folder = Path(path).parent
     try:
-        free = f"{shutil.disk_usage(folder).free / 2**20:.0f} MiB free there"
+        free_bytes: float | None = shutil.disk_usage(folder).free
+        free = f"{free_bytes / 2**20:.0f} MiB free there"
     except OSError:
-        free = "free space unknown"
+        free_bytes, free = None, "free space unknown"
+    explicit = code == errno.EFBIG or "file too large" in text
+    room = free_bytes is None or limit is None or free_bytes > limit
+    if limit is not None and (explicit or (code not in (errno.ENOSPC, errno.EDQUOT) and room
+                                           and "no space left" not in text)):
+        return DiskFullError(
+            f"the file size limit of this process (ulimit -f: {limit} bytes) stopped writing "
+            f"{what} {path} ({free}: the disk is not full). Nothing stored is lost: the previous "
+            "checkpoint and the store's committed rows are intact. Raise the limit (ulimit -f "
+            "unlimited, or one above the file's size) and re-run the same command to resume")
     return DiskFullError(
-        f"no space left to write {what} {path} ({free}; or a file size limit, ulimit -f). "
+        f"no space left to write {what} {path} ({free}). "
         "Nothing stored is lost: the previous checkpoint and the store's committed rows are "
         f"intact. Free space in {folder} (or use another --runs-dir with a copy of it) and re-run "
         "the same command to resume"

@@ -47,7 +47,21 @@ def key(name: str, help: str, default: Any = dataclasses.MISSING, *, flag: str |
 def pairs(flag: str) -> Callable[[Any, Any], Any]:
     """KEY=VALUE options (repeatable), added to the config file's mapping."""
     return lambda given, current: (
-        {**(current or {}), **read_pairs(given, flag)} if given else None)
+        {**(current or {}), **read_named_pairs(given, flag)} if given else None)
+
+
+def read_named_pairs(given: list[str], flag: str) -> dict[str, Any]:
+    """:func:`bnlab.spec.read_pairs`, an error naming the flag and the option it refused (a
+    50,000-deep ``width=[[[...`` said only "value nested more than 32 brackets deep")."""
+    out: dict[str, Any] = {}
+    for pair in given:
+        try:
+            out.update(read_pairs([pair], flag))
+        except ValueError as err:
+            if str(err).startswith(flag):  # already names it (no KEY=VALUE form)
+                raise
+            raise ValueError(f"{flag} {pair.partition('=')[0].strip()[:40]}: {err}") from None
+    return out
 
 
 def listed(given: Any, current: Any) -> Any:

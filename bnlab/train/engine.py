@@ -267,6 +267,7 @@ class Trainer:
         # on: the layers' compiled steps (off: whatever the process set, BNLAB_COMPILED_STEPS)
         steps = compiled_steps() if self.config.compiled_steps else contextlib.nullcontext()
         with self.interrupt as interrupt, steps:  # the loop enters interrupt first (the ending)
+            interrupt.raise_if_requested()  # a signal during set-up: stored, stopped at this step
             try:
                 while self.step < self.total_steps and self.checkpoints.final is None:
                     epoch, skip = divmod(self.step, self.spe)  # 0-based epoch

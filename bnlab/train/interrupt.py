@@ -22,6 +22,16 @@ from types import FrameType
 _DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
 
 
+class InterruptedBeforeTraining(KeyboardInterrupt):
+    """A second Ctrl-C or SIGTERM while the run was still being set up (before anything was
+    stored): nothing to resume. ``signum``: the first signal."""
+
+    def __init__(self, signum: int | None) -> None:
+        self.signum = int(signum or signal.SIGINT)
+        super().__init__(f"interrupted during set-up ({signal.Signals(self.signum).name}), "
+                         "before the run was stored: nothing to resume, re-run the command")
+
+
 class DeferredInterrupt:
     """Context manager: while active, the first SIGINT or SIGTERM sets :attr:`requested` instead of
     raising; the second raises ``KeyboardInterrupt``; later ones are ignored.
@@ -37,6 +47,9 @@ class DeferredInterrupt:
         self.signum: int | None = None  # the first signal received
         self.count = 0
         self.held = False
+        # set while the run is set up (bnlab.train.loop.run installs this before it builds data,
+        # model and optimizer): a second signal then says nothing was stored
+        self.setting_up = False
         self._previous: dict[int, object] = {}
         self._depth = 0  # re-entered by the engine inside the loop's own `with` (one installation)
 
@@ -69,6 +82,8 @@ class DeferredInterrupt:
         if not self.requested:
             self.requested, self.signum = True, signum
         elif self.count == 2 and not self.held:  # the second signal: stop now (a hung step)
+            if self.setting_up:
+                raise InterruptedBeforeTraining(self.signum)
             raise KeyboardInterrupt
 
     def hold(self) -> None:

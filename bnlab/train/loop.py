@@ -38,6 +38,7 @@ from bnlab.train.checkpoint import CheckpointCorruptError, load_checkpoint, repa
 from bnlab.train.config import TrainConfig
 from bnlab.train import distributed
 from bnlab.train.engine import Trainer
+from bnlab.train.interrupt import DeferredInterrupt
 from bnlab.train.prepare import (
     ModelFactory,
     Prepared,
@@ -113,8 +114,22 @@ def run(
     A diverged run is a result (status ``diverged``), not an error. Ctrl-C stores the run
     ``interrupted`` and raises :class:`RunInterrupted`; any other exception marks it ``failed`` and
     is re-raised. Running the same run again resumes it from its last checkpoint.
+
+    Ctrl-C and SIGTERM are deferred from the first line on (not only once training starts:
+    building data, model and optimizer takes seconds): one during set-up stops the run before its
+    first step, stored ``interrupted``; a second one during set-up raises
+    :class:`~bnlab.train.interrupt.InterruptedBeforeTraining` (nothing stored yet).
     """
-    callbacks = list(callbacks)
+    # data-parallel ranks don't defer (bnlab.train.interrupt): they must stop together
+    interrupt = DeferredInterrupt(enabled=distributed.current() is None)
+    interrupt.setting_up = True
+    with interrupt:
+        return _run(config, list(callbacks), progress, model_factory, force, interrupt)
+
+
+def _run(config: TrainConfig | dict, callbacks: list, progress: Any,
+         model_factory: ModelFactory | None, force: bool,
+         interrupt: DeferredInterrupt) -> RunRecord | None:
     prep = prepare(config, callbacks, model_factory)
     cfg = prep.config
     identity = run_identity(prep)
@@ -145,7 +160,7 @@ def run(
                 "--runs-dir (a writable copy of this one resumes from its checkpoints)")
         with RunLock(checkpoint_path(runs_dir, run_id).with_suffix(".lock")):
             distributed.announce(True, run_id)  # data parallel: the other ranks train with this one
-            return _train(prep, store, run_id, identity, progress)
+            return _train(prep, store, run_id, identity, progress, interrupt)
     finally:
         store.close()
 
@@ -176,11 +191,14 @@ def _delete(store: Store, runs_dir: Path, run_id: str, existing: dict | None) ->
     remove_checkpoint_files(runs_dir, run_id)
 
 
-def _train(prep: Prepared, store: Store, run_id: str, identity: dict, progress: Any) -> RunRecord:
+def _train(prep: Prepared, store: Store, run_id: str, identity: dict, progress: Any,
+           interrupt: DeferredInterrupt) -> RunRecord:
     cfg = prep.config
     # data parallel
     trainer = (distributed.DataParallelTrainer if distributed.current() else Trainer)(
         prep, store, run_id, progress, prep.callbacks)
+    if interrupt.installed:  # the one installed before set-up: a signal there is already counted
+        trainer.interrupt = interrupt
     trainer.setup()  # reads the checkpoint and detects scale invariance; stores nothing
     env = {**environment(prep.device), "identity": _brief_identity(identity)}
     store.create_run(run_id, cfg.to_dict(), config_hash=cfg.config_hash(), env=env)
@@ -196,6 +214,7 @@ def _train(prep: Prepared, store: Store, run_id: str, identity: dict, progress: 
                     "checkpoint": str(trainer.checkpoints.path)}
     store.set_status(run_id, "running", steps=trainer.step, env=env, summary=base_summary)
     # signals deferred to a step boundary; ignored while the end is recorded
+    interrupt.setting_up = False  # stored: from here a signal ends the run `interrupted`
     with trainer.interrupt:
         return _train_and_record(trainer, store, run_id, base_summary)
 
