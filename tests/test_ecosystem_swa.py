@@ -249,3 +249,23 @@ def test_lightning_swa_callback_on_torch_layers():
         if "running" in name or "num_batches" in name:
             assert torch.equal(ours.state_dict()[name], value), name
     _consistent(ours)
+
+
+@pytest.mark.parametrize("spec", ["mbn", "cbn", "bn"])
+def test_update_bn_under_the_nonfinite_guard_skips_a_nan_batch(spec):
+    """With ``N.set_nonfinite_guard(True)`` a batch with non-finite statistics leaves every buffer
+    untouched: the pass then equals one over the finite batches alone."""
+    good = _batches(3)
+    bad = good[1].clone()
+    bad[0, 0, 0, 0] = float("nan")
+    guarded, reference = _trained(spec), _trained(spec)
+    previous = N.set_nonfinite_guard(True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            N.update_bn([good[0], bad, good[2]], guarded)
+    finally:
+        N.set_nonfinite_guard(previous)
+    N.update_bn([good[0], good[2]], reference)
+    for (name, a), b in zip(guarded[1].state_dict().items(), reference[1].state_dict().values()):
+        assert torch.equal(a, b), name

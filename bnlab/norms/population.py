@@ -39,6 +39,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .complete import CompleteBatchNorm
 from .freeze import stats_frozen
+from .guard import nonfinite_guard_enabled, replaying
 from .momentum import MomentumBatchNorm
 from .noisy import NoisyBatchNorm
 from .renorm import BatchRenorm
@@ -132,6 +133,10 @@ class StatisticsPass:
             else:
                 return
             mean, var, n = module.batch_moments(args[0])
+        if replaying():  # a checkpoint's recomputation: this batch was counted in the first pass
+            return
+        if nonfinite_guard_enabled() and not bool(mean.isfinite().all() & var.isfinite().all()):
+            return  # the guard's rule: such a batch leaves every buffer untouched
         self.sums[module].add(mean, var, n)
 
     @torch.no_grad()
