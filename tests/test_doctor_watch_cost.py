@@ -71,7 +71,7 @@ def test_an_expensive_probe_is_warned_about_before_its_first_call_with_its_real_
     measured = min(v for _, v in lab.series("probe/expensive/seconds"))
     # priced from one timed pass: the same order as the time the probe really took
     assert measured / 4 < estimate.seconds < measured * 4, (estimate.seconds, measured)
-    assert "every 80 steps keeps it within 0.5×" in str(caught[0].message)
+    assert "every 40 steps keeps it within 1×" in str(caught[0].message)
 
 
 def test_thin_raises_the_cadence_to_the_budget_and_leaves_training_unchanged():

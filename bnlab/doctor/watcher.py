@@ -187,8 +187,9 @@ class Doctor(Callback):
         estimate = probe_cost.estimate([probe], self.model, seconds)
         self.costs = {"pass_seconds": seconds, "sharpness_cost": estimate[0].to_dict()}
         if not self._auto_sharpness:
-            probe_cost.enforce(estimate, [probe], self.sharpness_budget, "warn", owner="Doctor",
-                               advice="sharpness_every=None to price the cadence on the model")
+            probe_cost.enforce(
+                estimate, [probe], self.sharpness_budget, "warn", owner="Doctor",
+                advice="Doctor(sharpness_every=None) prices the cadence on the model")
 
     def _due(self, step: int) -> bool:
         return step % self.every == 0

@@ -38,8 +38,8 @@ FORWARD = 1.0 / 3.0
 #: A Hessian-vector product (double backward through plain-autograd BN), in forward+backward
 #: passes; about 4 on the CPU for ResNet-20 (benchmarks/doctor.py, ``hvp_passes``).
 HVP = 4.0
-#: Default budget: a probe may add at most this fraction of the training step's time.
-BUDGET = 0.5
+#: Default budget: a probe taking more than the training step itself dominates the run.
+BUDGET = 1.0
 ACTIONS = ("warn", "thin", "ignore")
 
 
@@ -178,8 +178,9 @@ def enforce(costs: list[Cost], probes: Sequence[Any], budget: float, on_cost: st
         else:
             lines.append(f"{cost.line()}; every {every} steps keeps it within {budget:g}×")
     if advice is None:
-        advice = "" if on_cost == "thin" else "on_cost='thin' to raise the cadence, or cost_budget="
-    advice = f" (pass {advice} to {owner})" if advice else ""
+        advice = ("" if on_cost == "thin" else
+                  f"{owner}(on_cost='thin') raises the cadence; cost_budget= sets the budget")
+    advice = f" ({advice})" if advice else ""
     warnings.warn(f"{owner}: probes over the budget of {budget:g}× the training step{advice}: "
                   + "; ".join(lines), ProbeCostWarning, stacklevel=3)
     return over

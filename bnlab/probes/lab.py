@@ -80,7 +80,7 @@ class Lab:
     Before the first call, the Lab says what the probes will cost (:mod:`bnlab.probes.cost`): it
     times one forward+backward of the model on the first batch (state left as it was) and
     multiplies by each probe's declared passes; a probe whose share of the training step would
-    exceed ``cost_budget`` (default 0.5) is reported in one
+    exceed ``cost_budget`` (default 1: the step itself) is reported in one
     :class:`~bnlab.probes.cost.ProbeCostWarning` (``on_cost="warn"``), or its ``every`` is raised
     to fit the budget (``on_cost="thin"``); ``on_cost="ignore"`` skips the estimate.
     ``lab.costs`` holds the estimates.
