@@ -8,15 +8,7 @@ User guide: docs/readme/doctor.md.
 from .findings import CODES, Finding
 from .report import Report
 from .examine import examine  # isort: skip (binds the function over the submodule's name)
-
-
-def __getattr__(name):
-    # the watcher lives in its own module, imported on first use
-    if name == "Doctor":
-        from .watcher import Doctor
-
-        return Doctor
-    raise AttributeError(f"module 'bnlab.doctor' has no attribute {name!r}")
+from .watcher import Doctor
 
 
 __all__ = ["CODES", "Doctor", "Finding", "Report", "examine"]

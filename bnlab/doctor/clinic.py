@@ -20,6 +20,9 @@ from torch.utils.checkpoint import checkpoint
 from bnlab import data
 from bnlab import norms as N
 
+from bnlab.probes.base import is_bn_layer
+
+from .examine import examine
 from .findings import CODES
 
 
@@ -62,8 +65,6 @@ class Case:
     extra: dict = field(default_factory=dict)
 
     def examine(self, **kwargs):
-        from .examine import examine
-
         return examine(self.model, nn.functional.cross_entropy, self.batches,
                        optimizer=self.optimizer, accumulation_steps=self.accumulation_steps,
                        **kwargs)
@@ -129,8 +130,6 @@ class Checkpointed(nn.Module):
 
 
 def _bn_positions(model: nn.Module) -> list[int]:
-    from bnlab.probes.base import is_bn_layer
-
     return [i for i, m in enumerate(model) if is_bn_layer(m)]
 
 

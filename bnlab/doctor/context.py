@@ -19,7 +19,11 @@ import torch
 from torch import nn
 
 from bnlab.norms import recollect_running_stats
-from bnlab.probes.base import bn_layers
+from bnlab.probes.base import bn_layers, is_bn_layer
+
+MIN_SAMPLES = 512
+"""Samples read from the user's batches by default (the population statistics' sample)."""
+MAX_BATCHES = 64
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -160,6 +164,27 @@ def dataflow(model: nn.Module, x: torch.Tensor) -> list[tuple[str, str]]:
 
 
 def is_bn_like(module: nn.Module) -> bool:
-    from bnlab.probes.base import is_bn_layer
-
     return is_bn_layer(module)
+
+
+def collect_batches(batches, device: torch.device, max_batches: int | None,
+                    min_samples: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The user's (inputs, targets) pairs on ``device``: until ``min_samples`` samples, or
+    ``max_batches`` batches when given. A single pair is one batch."""
+    if isinstance(batches, (tuple, list)) and len(batches) == 2 and torch.is_tensor(batches[0]):
+        batches = [batches]
+    out: list[tuple[torch.Tensor, torch.Tensor]] = []
+    samples = 0
+    limit = MAX_BATCHES if max_batches is None else max_batches
+    for batch in batches:
+        if not isinstance(batch, (tuple, list)) or len(batch) < 2 or not torch.is_tensor(batch[0]):
+            raise ValueError("examine: batches must yield (inputs, targets) pairs of tensors, got "
+                             f"{type(batch).__name__}")
+        x, y = batch[0], batch[1]
+        out.append((x.to(device), y.to(device) if torch.is_tensor(y) else y))
+        samples += int(x.shape[0])
+        if len(out) >= limit or (max_batches is None and samples >= min_samples):
+            break
+    if not out:
+        raise ValueError("examine: batches is empty; pass an iterable of (inputs, targets)")
+    return out

@@ -18,7 +18,8 @@ from torch import nn
 
 from . import (checks_accumulation, checks_beta, checks_double, checks_effective_lr,
                checks_sharpness, checks_small_batch, checks_stale)
-from .context import Checkup, model_device
+from .context import MAX_BATCHES as MAX_BATCHES  # re-exported: the watcher reads it here
+from .context import MIN_SAMPLES, Checkup, collect_batches, model_device
 from .findings import CODES
 from .report import Report
 from .state import kept
@@ -33,31 +34,6 @@ CHECKS = {
     "double-update": (checks_double.check, True),
 }
 """code -> (check function, whether it takes the snapshot)."""
-
-MIN_SAMPLES = 512
-MAX_BATCHES = 64
-
-
-def _collect(batches: Iterable, device: torch.device, max_batches: int | None,
-             min_samples: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    if isinstance(batches, (tuple, list)) and len(batches) == 2 and torch.is_tensor(batches[0]):
-        batches = [batches]  # one (inputs, targets) pair
-    out: list[tuple[torch.Tensor, torch.Tensor]] = []
-    samples = 0
-    limit = MAX_BATCHES if max_batches is None else max_batches
-    for batch in batches:
-        if not isinstance(batch, (tuple, list)) or len(batch) < 2 or not torch.is_tensor(batch[0]):
-            raise ValueError("examine: batches must yield (inputs, targets) pairs of tensors, got "
-                             f"{type(batch).__name__}")
-        x, y = batch[0], batch[1]
-        out.append((x.to(device), y.to(device) if torch.is_tensor(y) else y))
-        samples += int(x.shape[0])
-        if len(out) >= limit or (max_batches is None and samples >= min_samples):
-            break
-    if not out:
-        raise ValueError("examine: batches is empty; pass an iterable of (inputs, targets)")
-    return out
-
 
 def examine(model: nn.Module, loss_fn: Callable, batches: Iterable, *,
             optimizer: torch.optim.Optimizer | None = None, accumulation_steps: int = 1,
@@ -88,7 +64,7 @@ def examine(model: nn.Module, loss_fn: Callable, batches: Iterable, *,
     device = model_device(model)
     report = Report()
     with kept(model, optimizer) as snapshot:
-        data = _collect(batches, device, max_batches, min_samples)
+        data = collect_batches(batches, device, max_batches, min_samples)
         checkup = Checkup(model, loss_fn, data, optimizer, accumulation_steps, hessian_iters)
         seconds = {}
         for code in CODES:

@@ -36,7 +36,7 @@ from torch import nn
 from bnlab import norms as N
 from bnlab.probes.base import is_bn_layer
 
-from .context import Checkup, tracking_layers
+from .context import MIN_SAMPLES, Checkup, collect_batches, model_device, tracking_layers
 from .state import kept
 
 
@@ -232,9 +232,6 @@ def try_remedies(report, model: nn.Module, loss_fn, batches, *, steps: int = 30,
     ``optimizer``: the user's, copied by class and hyper-parameters for the short runs (default:
     the one :func:`~bnlab.doctor.examine` was given; without any, SGD lr 0.01). The results are
     also stored in ``report.measurements["remedies"]``."""
-    from .context import model_device
-    from .examine import MIN_SAMPLES, _collect
-
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
     if optimizer is None:
@@ -242,7 +239,7 @@ def try_remedies(report, model: nn.Module, loss_fn, batches, *, steps: int = 30,
     device = model_device(model)
     results = RemedyResults()
     with kept(model, optimizer):
-        data = _collect(batches, device, None, MIN_SAMPLES)
+        data = collect_batches(batches, device, None, MIN_SAMPLES)
         checkup = Checkup(model, loss_fn, data, optimizer,
                           int(report.context.get("accumulation_steps", 1)))
         held = None if heldout is None else (heldout[0].to(device), heldout[1].to(device))

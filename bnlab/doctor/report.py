@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import html
 from .findings import Finding
+from .remedies import RemedyResults, try_remedies
 
 
 def _json_safe(value: Any) -> Any:
@@ -108,13 +110,9 @@ class Report:
         return path
 
     def to_html(self, path: str | Path) -> Path:
-        from . import html
-
         return html.render(self, path)
 
-    def try_remedies(self, model, loss_fn, batches, **kwargs):
+    def try_remedies(self, model, loss_fn, batches, **kwargs) -> RemedyResults:
         """Apply each suggested remedy to a deep copy for a short run and report the measured
         effect (see :func:`bnlab.doctor.remedies.try_remedies`)."""
-        from .remedies import try_remedies
-
         return try_remedies(self, model, loss_fn, batches, **kwargs)
