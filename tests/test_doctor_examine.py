@@ -270,3 +270,19 @@ def test_beta_swamping_seen_through_dropout_and_not_before_relu():
     assert report.findings[0].value == pytest.approx(1 / 37, rel=0.05)
     model[3] = nn.ReLU()  # not saturating: nothing to report
     assert examine(model, CE, batches, checks=["beta-swamping"]).findings == []
+
+
+def test_a_frozen_bn_is_neither_double_updated_nor_a_micro_batch():
+    """A BN the user keeps in eval mode inside a training model (fine-tuning with frozen BN)
+    normalizes with its running statistics: checkpointing cannot update it twice and accumulation
+    does not change what it computes."""
+    torch.manual_seed(0)
+    model = Block(checkpointed=True).train()
+    model.bn1.eval()
+    report = examine(model, CE, images(2), accumulation_steps=4)
+    assert report.codes("warn") == []
+    assert report.measurements["updates_per_forward"] == {"bn1": 0.0}
+    assert model.training and not model.bn1.training  # the modes as found
+    model.bn1.train()
+    assert {"double-update", "micro-batch-statistics"} <= set(
+        examine(model, CE, images(2), accumulation_steps=4).codes("warn"))

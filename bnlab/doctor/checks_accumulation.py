@@ -5,7 +5,8 @@ but every BN layer normalizes each micro-batch with its own statistics: the trai
 BN at batch b (noise ~1/m per channel, Yong et al., Momentum Batch Normalization, Theorem 1, with m
 from b, not k·b), and the running statistics take k EMA steps per optimizer step. The value is the
 micro-batch size b, the threshold the optimizer's batch k·b; it warns whenever k > 1 and some BN
-layer normalizes with batch statistics in training.
+layer normalizes with batch statistics in training (a BN layer the user froze in eval mode inside a
+training model does not).
 
 Cost: none (reads ``accumulation_steps`` and the layers).
 """
@@ -16,7 +17,7 @@ import bnlab.norms
 
 from bnlab.probes.base import bn_layers
 
-from .context import Checkup
+from .context import Checkup, frozen_layers
 from .findings import Finding
 
 PAPER = ("Yong, Huang, Meng, Hua & Zhang, Momentum Batch Normalization for Deep Learning with "
@@ -37,7 +38,8 @@ def remedy(k: int) -> str:
 
 def check(checkup: Checkup, report) -> None:
     k = int(checkup.accumulation_steps)
-    layers = [n for n, m in bn_layers(checkup.model) if not getattr(m, "frozen", False)]
+    frozen = frozen_layers(checkup.model)
+    layers = [n for n, _ in bn_layers(checkup.model) if n not in frozen]
     if k <= 1 or not layers:
         return
     b = checkup.batch_size

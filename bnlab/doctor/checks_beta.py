@@ -26,7 +26,7 @@ from torch import nn
 
 from bnlab.probes.base import bn_layers, capture_inputs, channels_first
 
-from .context import Checkup, dataflow
+from .context import Checkup, as_trained, dataflow
 from .findings import Finding
 
 SATURATING = (nn.Sigmoid, nn.Tanh, nn.Hardtanh, nn.Hardsigmoid, nn.Softsign, nn.LogSigmoid)
@@ -79,7 +79,7 @@ def shares(checkup: Checkup) -> dict[str, dict]:
     inside = {n for n, a in feeding.items() if "inside" in a}
     captured = [(n, modules[n]) for n in feeding if n not in inside]
     with capture_inputs(captured, outputs=True) as cap, torch.no_grad():
-        twin.train()
+        as_trained(twin)
         twin(x)
     for name, activation in feeding.items():
         if name in inside:

@@ -23,7 +23,7 @@ from torch import nn
 
 from bnlab.probes.base import bn_layers
 
-from .context import Checkup
+from .context import Checkup, as_trained
 from .findings import Finding
 
 THRESHOLD = 1.0
@@ -121,7 +121,7 @@ def check(checkup: Checkup, report, snapshot) -> None:
     if not bn_layers(model):
         return
     snapshot.reset_forward_state()
-    model.train()
+    as_trained(model)
     x, y = checkup.batches[0]
     with UpdateCounter(model) as counter, torch.enable_grad():
         loss = checkup.loss_fn(model(x), y)

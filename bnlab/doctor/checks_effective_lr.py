@@ -30,7 +30,7 @@ from bnlab.probes.base import WEIGHT_LAYER_TYPES, bn_layers
 from bnlab.probes.effective_lr import scale_invariant_weights
 from bnlab.probes.state import simulated_step
 
-from .context import Checkup, dataflow
+from .context import Checkup, as_trained, dataflow
 from .findings import Finding
 
 COLLAPSED = 1e-3
@@ -65,7 +65,7 @@ def angles(checkup: Checkup, snapshot, names: list[str]) -> dict[str, float]:
     model = checkup.model
     params = dict(model.named_parameters())
     snapshot.reset_forward_state()
-    model.train()
+    as_trained(model)
     model.zero_grad(set_to_none=True)
     x, y = checkup.batches[0]
     with torch.enable_grad():

@@ -29,7 +29,7 @@ import torch
 from bnlab.probes.base import ProbeContext
 from bnlab.probes.hessian import hessian_vector_product, lanczos_extremes
 
-from .context import Checkup
+from .context import Checkup, as_trained
 from .findings import Finding
 
 ADAM_TYPES = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax")
@@ -78,8 +78,7 @@ def preconditioner(optimizer, params: list[torch.Tensor]) -> torch.Tensor | None
 
 
 def sharpness(checkup: Checkup, snapshot, precondition: bool) -> tuple[float, bool]:
-    model = checkup.model
-    model.train()
+    model = as_trained(checkup.model)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     ctx = ProbeContext(model=model, loss_fn=checkup.loss_fn, batch=checkup.batches[0], step=0,
                        optimizer=checkup.optimizer, snapshot=snapshot)

@@ -33,7 +33,7 @@ import torch
 from bnlab.norms import BatchRenorm, MomentumBatchNorm, mbn_lambda
 from bnlab.probes.base import capture_inputs, channels_first
 
-from .context import Checkup, tracking_layers
+from .context import Checkup, as_trained, frozen_layers, tracking_layers
 from .findings import Finding
 
 THRESHOLD = 0.1
@@ -49,8 +49,9 @@ WHY = ("E[ξ_μ²] = 0.1 is the noise of fewer than 10 independent values per ch
 def noise_by_layer(checkup: Checkup) -> dict[str, dict[str, float]]:
     """Per tracking layer: m, E[ξ_μ²], Var ξ_σ and their Theorem 1 values, over all batches."""
     population = checkup.population_stats()
-    twin = copy.deepcopy(checkup.model).train()
-    layers = [(n, m) for n, m in tracking_layers(twin) if n in population]
+    twin = as_trained(copy.deepcopy(checkup.model))
+    frozen = frozen_layers(twin)
+    layers = [(n, m) for n, m in tracking_layers(twin) if n in population and n not in frozen]
     sums: dict[str, list[float]] = {n: [0.0, 0.0, 0.0, 0.0] for n, _ in layers}
     counts: dict[str, int] = {n: 0 for n, _ in layers}
     with torch.no_grad():

@@ -39,6 +39,23 @@ def tracking_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
             and getattr(m, "running_var", None) is not None]
 
 
+def as_trained(model: nn.Module) -> nn.Module:
+    """Put ``model`` in the modes it trains in: a model in train mode keeps each module's flag (a
+    BN layer the user froze in eval mode stays frozen); a model in eval mode is switched to train
+    mode throughout. The caller restores the flags (examine's snapshot, or a discarded copy)."""
+    if not model.training:
+        model.train()
+    return model
+
+
+def frozen_layers(model: nn.Module) -> set[str]:
+    """BN layers kept in eval mode inside a model in train mode: they normalize with their running
+    statistics while the model trains, and neither compute nor update batch statistics."""
+    if not model.training:
+        return set()
+    return {name for name, module in bn_layers(model) if not module.training}
+
+
 def optimizer_lr(optimizer: torch.optim.Optimizer | None) -> float | None:
     if optimizer is None or not optimizer.param_groups:
         return None
@@ -77,7 +94,10 @@ class Checkup:
         owns the buffers this updates)."""
         model = self.model if model is None else model
         modes = {m: m.training for m in model.modules()}
-        model.train(train)
+        if train:
+            as_trained(model)
+        else:
+            model.eval()
         total, correct, count, scored = 0.0, 0, 0, True
         try:
             for x, y in self.batches:
@@ -155,7 +175,7 @@ def dataflow(model: nn.Module, x: torch.Tensor) -> list[tuple[str, str]]:
         handles.append(module.register_forward_pre_hook(pre))
         handles.append(module.register_forward_hook(post))
     try:
-        model.train()
+        as_trained(model)
         model(x)
     finally:
         for h in handles:
