@@ -31,9 +31,12 @@ class Run:
                         "reading": self.reading, "lr_reading": "paper"}
 
     def final(self, name, default=None):
-        if name == "test_accuracy":
-            return self.acc
-        return self.shares.get(name[len(SHARE):], default)
+        return self.acc if name == "test_accuracy" else default
+
+    def series(self, name, partial_batches=False):
+        """Probe readings: the share falls from 1 to its last value."""
+        last = self.shares.get(name[len(SHARE):])
+        return ([], []) if last is None else ([48, 96], [1.0, last])
 
     def metric_names(self, prefix=""):
         return sorted(SHARE + k for k in self.shares if (SHARE + k).startswith(prefix))

@@ -84,10 +84,15 @@ def is_main(factors: dict, table: int | None) -> bool:
 
 
 def var_share(run) -> float | None:
-    """The smallest over CBN's layers of var_B/(var_B + β²) (median over channels) at the run's last
-    cbn_ratios reading: near 0, β swamps the batch and the layer no longer normalizes it."""
-    values = [run.final(name) for name in run.metric_names("probe/cbn_ratios/var_share_q50/")]
-    values = [v for v in values if v is not None]
+    """The smallest over the norm layers of var_B/(var_B + β²) (median over channels) at the run's
+    last cbn_ratios reading: near 0, β swamps the batch and the layer no longer normalizes it."""
+    values = []
+    for name in run.metric_names("probe/cbn_ratios/var_share_q50/"):
+        # Table 1's smoke probes every 48 steps, the last (partial, 30-image) batch of every 4th
+        # epoch: kept, an order of magnitude is what this reads
+        ys = [y for y in run.series(name, partial_batches=True)[1] if y is not None]
+        if ys:
+            values.append(ys[-1])
     return min(values) if values else None
 
 
