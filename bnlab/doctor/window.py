@@ -59,7 +59,7 @@ class WatchWindow:
             with torch.no_grad():
                 dims = [0, *range(2, x.dim())]
                 values = x.detach().float()
-                mean, var = values.mean(dims), values.var(dims)
+                var, mean = torch.var_mean(values, dims)
                 eps = float(getattr(mod, "eps", 1e-5))
                 run_mean = mod.running_mean.detach().float()
                 run_var = mod.running_var.detach().float()

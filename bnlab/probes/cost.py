@@ -36,8 +36,9 @@ from .state import preserved
 #: A forward pass, in forward+backward passes: the backward pass costs about two forwards.
 FORWARD = 1.0 / 3.0
 #: A Hessian-vector product (double backward through plain-autograd BN), in forward+backward
-#: passes; about 4 on the CPU for ResNet-20 (benchmarks/doctor.py, ``hvp_passes``).
-HVP = 4.0
+#: passes: 2.96 on the CPU for ResNet-20 at batch 16 (benchmarks/results/doctor.json,
+#: ``pricing.hvp_passes``).
+HVP = 3.0
 #: Default budget: a probe taking more than the training step itself dominates the run.
 BUDGET = 1.0
 ACTIONS = ("warn", "thin", "ignore")
