@@ -94,3 +94,24 @@ def test_try_remedies_for_accumulation_and_sharpness():
     results = report.try_remedies(case.model, CE, case.batches, steps=20)
     entry = next(r for r in results.results if r["code"] == "sharpness")
     assert entry["after"]["train_loss"] < entry["before"]["train_loss"]
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+@pytest.mark.parametrize("cause", ["weights scaled after training", "statistics reset"])
+def test_stale_statistics_from_other_causes(kind, cause):
+    case = clinic.healthy(kind, "torch", seed=6)
+    first = case.model[1 if kind == "mlp" else 0]
+    bn = case.model[2 if kind == "mlp" else 1]
+    with torch.no_grad():
+        if cause == "statistics reset":  # e.g. weights loaded without the buffers
+            for m in case.model.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    m.reset_running_stats()
+        else:
+            first.weight.mul_(3.0)
+    report = case.examine()
+    assert report.codes("warn") == ["stale-running-stats"], str(report)
+    if cause != "statistics reset":
+        # the layer whose statistics the change invalidated is named first
+        name = next(n for n, m in case.model.named_modules() if m is bn)
+        assert report.findings[0].layers[0] == name

@@ -116,14 +116,6 @@ def check(checkup: Checkup, report) -> None:
     if not stale:
         return
     value, threshold = (drop, ACCURACY_DROP) if by_accuracy else (excess, THRESHOLD)
-    if all(int(getattr(m, "num_batches_tracked", 1) or 0) == 0
-           for _, m in tracking_layers(checkup.model)):
-        report.add(Finding(
-            "stale-running-stats", "info", tuple(ranked), value, threshold, WHY, PAPER,
-            "train, or bnlab.norms.recollect_running_stats(model, batches), before evaluating",
-            "no layer has collected statistics yet (num_batches_tracked = 0): the running "
-            "statistics are their start values"))
-        return
     named = [n for n, v in switched.items() if run - v["loss"] >= 0.25 * (run - pop)]
     named += [n for n in ranked if distances[n]["distance_sd"] >= LAYER_DISTANCE
               and n not in named]
@@ -134,6 +126,10 @@ def check(checkup: Checkup, report) -> None:
     detail = (f"eval loss {run:.4g} with running statistics, {pop:.4g} with population statistics "
               f"of {len(checkup.batches)} batches{acc}; farthest layer "
               f"{ranked[0]} at {distances[ranked[0]]['distance_sd']:.2f} SD")
+    if all(int(getattr(m, "num_batches_tracked", 1) or 0) == 0
+           for _, m in tracking_layers(checkup.model)):
+        detail += ("; num_batches_tracked = 0 everywhere: no statistics were ever collected (a "
+                   "fresh model, reset statistics, or weights loaded without the buffers)")
     report.add(Finding(
         "stale-running-stats", "warn", tuple(named or ranked[:1]), value, threshold, WHY, PAPER,
         "bnlab.norms.recollect_running_stats(model, batches) before evaluating; "
