@@ -75,7 +75,8 @@ def collect_rows(runs_dir: Path) -> list[dict]:
                        if env.get("cpu_model") and env.get("cpu_capability")})
         # analyses draw figures; the README needs none
         with tempfile.TemporaryDirectory() as figures:
-            for experiment_id, preset, ctx, outcome in iter_outcomes(runs_dir, figures):
+            for experiment_id, preset, ctx, outcome in iter_outcomes(runs_dir, figures,
+                                                                     figures=False):
                 failed = isinstance(outcome, Exception)
                 stored = store.load_entry(experiment_id, preset) or {}
                 rows.append({

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from bnlab.cli import app
 from bnlab.store.run_files import UnsafePathError, check_run_id, checkpoint_path, lock_path
-from bnlab.store import Store, StoreCorruptError, StoreVersionError
+from bnlab.store import SCHEMA_VERSION, Store, StoreCorruptError, StoreVersionError
 from bnlab.train.checkpoint import CheckpointCorruptError, load_checkpoint, save_checkpoint
 
 runner = CliRunner()
@@ -170,7 +170,7 @@ def test_an_empty_database_file_is_refused_not_taken_for_a_new_store(tmp_path):
     with Store(tmp_path / "new" / "bnlab.db") as store:  # a new store is created complete
         assert store.list_runs() == []
     assert sqlite3.connect(tmp_path / "new" / "bnlab.db").execute(
-        "PRAGMA user_version").fetchone()[0] == 1
+        "PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_a_checkpoint_downgraded_to_format_1_with_its_checksum_is_refused(tmp_path):

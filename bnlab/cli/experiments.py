@@ -97,6 +97,55 @@ def _long_text(e: dict) -> str:
     return "\n".join(lines)
 
 
+@experiments_app.command("show")
+def show_experiment(
+    experiment_id: str = typer.Argument(..., help="an entry id (see `bnlab experiments list`)"),
+    preset: str = typer.Option("smoke", help="the stored preset to show"),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="the store to read"),
+    as_json: bool = typer.Option(False, "--json", help="the entry and its verdict as JSON"),
+) -> None:
+    """One entry: what it claims and, when stored, its verdict as data (the primary comparison,
+    our effect, interval, p, seeds per arm, resolvable effect, the paper's number, the rule) and
+    its summary, read from the store (analysed only when the stored outcome is out of date)."""
+    try:
+        check_preset(preset)
+        entry = get(experiment_id).describe()
+        outcome = _stored_outcome(entry["id"], preset, runs_dir)
+    except (ValueError, StoreCorruptError, StoreVersionError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    shown = {**entry, "preset": preset, "stored": outcome is not None}
+    if outcome is not None:
+        shown.update(verdict=outcome.record.to_dict(), summary=outcome.summary,
+                     table=outcome.table)
+    if as_json:
+        typer.echo(dumps(jsonable(shown, objects=True), indent=2, ensure_ascii=False))
+        return
+    typer.echo(_long_text(entry))
+    if outcome is None:
+        typer.echo(f"{'':<24} not stored in {runs_dir} ({preset}): bnlab reproduce "
+                   f"{entry['id']} --preset {preset}")
+    else:
+        typer.echo(f"{'':<24} verdict: {outcome.verdict}. {outcome.summary}")
+
+
+def _stored_outcome(experiment_id: str, preset: str, runs_dir: Path):
+    """The entry's stored outcome (:func:`bnlab.experiments.outcomes.analysed`), None when the
+    store does not hold the entry."""
+    from bnlab.experiments import outcomes
+    from bnlab.experiments.runner import analysis_context
+
+    path = runs_dir / "bnlab.db"
+    if not path.is_file():
+        return None
+    with Store(path) as store:
+        if store.load_entry(experiment_id, preset) is None:
+            return None
+        with analysis_context(experiment_id, preset, runs_dir=runs_dir, store=store,
+                              report_dir=runs_dir / "report") as ctx:
+            return outcomes.analysed(ctx, store, figures=False)
+
+
 def reproduce_cmd(
     ids: List[str] = typer.Argument(..., help="entry ids (see `bnlab experiments list`), or 'all'"),
     preset: str = typer.Option("smoke",

@@ -17,6 +17,8 @@ from typing import Any, Callable
 from bnlab.spec import Registry, check_choice
 
 from .resolution import Resolution
+from .verdict_data import Verdict
+from .verdicts import RULE
 
 PRESETS = ("smoke", "paper")
 PAPERS = {
@@ -55,6 +57,9 @@ class Outcome:
     table: list[dict[str, Any]]  # rows with at least "quantity", "ours", "paper"
     verdict: str                 # "held", "not held" or "inconclusive"
     summary: str                 # one or two sentences: what was compared and what we saw
+    # the verdict as data (the primary comparison's numbers); an entry that gives none gets
+    # Verdict.text_only from Experiment.outcome
+    record: Verdict | None = None
 
 
 @dataclass
@@ -73,10 +78,17 @@ class Experiment:
     def outcome(self, ctx) -> Outcome:
         """``analyze(ctx)`` with the runs that crashed named at the end of its summary (whatever
         the entry does with them: they were "—" in a table and nowhere else when a sweep's
-        data-parallel runs all failed)."""
+        data-parallel runs all failed) and its verdict as data (:class:`Verdict`; the verdict
+        and the rule alone where the entry gives none)."""
         outcome = self.analyze(ctx)
+        record = outcome.record
+        if record is None:
+            record = Verdict.text_only(outcome.verdict, RULE)
+        elif record.verdict != outcome.verdict:
+            raise ValueError(f"{self.id}: its verdict record says {record.verdict!r}, its "
+                             f"outcome {outcome.verdict!r}; they must be the same")
         note = crashed_note(ctx.runs)
-        return replace(outcome, summary=outcome.summary + note) if note else outcome
+        return replace(outcome, summary=outcome.summary + note, record=record)
 
     def describe(self) -> dict[str, Any]:
         resolution = None if self.resolution is None else asdict(self.resolution)

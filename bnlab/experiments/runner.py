@@ -17,7 +17,7 @@ from bnlab.store import Store, StoreIntegrityError
 from bnlab.train import launcher
 from bnlab.store.run_files import RunLockedError
 
-from . import parallel
+from . import outcomes, parallel
 from .base import Outcome, Plan, RunSpec, check_preset, get, shrink
 from .views import AnalysisContext, RunView
 
@@ -319,9 +319,10 @@ def _record_dict(row: dict) -> dict:
 
 def analyze(experiment_id: str, preset: str, *, runs_dir: str | Path = "runs",
             store: Store | None = None) -> Outcome:
-    """One stored entry analysed (``store``: as in :func:`analysis_context`)."""
+    """One stored entry's outcome (``store``: as in :func:`analysis_context`): its stored one
+    while current, else analysed now and stored with its runs (:func:`outcomes.analysed`)."""
     with analysis_context(experiment_id, preset, runs_dir=runs_dir, store=store) as ctx:
-        return ctx.experiment.outcome(ctx)
+        return outcomes.analysed(ctx, ctx.store)
 
 
 def stored_entries(runs_dir: str | Path) -> list[tuple[str, str]]:
@@ -331,9 +332,12 @@ def stored_entries(runs_dir: str | Path) -> list[tuple[str, str]]:
         return store.entries()
 
 
-def iter_outcomes(runs_dir: str | Path, report_dir: str | Path | None = None
+def iter_outcomes(runs_dir: str | Path, report_dir: str | Path | None = None, *,
+                  figures: bool = True
                   ) -> Iterable[tuple[str, str, AnalysisContext, Outcome | Exception]]:
-    """Every stored entry analysed: ``(id, preset, context, outcome or the error it raised)``.
+    """Every stored entry's outcome: ``(id, preset, context, outcome or the error it raised)``,
+    the stored one while current (:func:`outcomes.analysed`; with ``figures``, only where its
+    figures are in ``report_dir``), else analysed now and stored.
 
     The store is opened once for the whole pass (its open runs ``PRAGMA quick_check`` over the
     whole file: seconds for a large store) and closed when the iteration ends or is abandoned."""
@@ -350,7 +354,7 @@ def iter_outcomes(runs_dir: str | Path, report_dir: str | Path | None = None
             except ValueError:
                 continue  # an entry that no longer exists in the catalogue
             try:
-                outcome: Outcome | Exception = ctx.experiment.outcome(ctx)
+                outcome: Outcome | Exception = outcomes.analysed(ctx, store, figures=figures)
             except Exception as err:  # one broken entry must not hide the others
                 outcome = err
             try:

@@ -43,19 +43,18 @@ from dataclasses import dataclass, replace
 
 from bnlab.formatting import finite_or_none, mean_std
 
-from .common import Comparison, design_mde, fewest_seeds
-from .rule_stats import binomial_floor, holm
+# the rule's constants, defined once in rule_stats (re-exported here: the rule's own module)
+from .rule_stats import (
+    ALPHA, MIN_SEEDS, POWER, Comparison, binomial_floor, design_mde, fewest_seeds, holm)
 
-ALPHA = 0.05
-POWER = 0.8
-MIN_SEEDS = 3
 RULE = (
-    "one pre-declared primary comparison per entry: Welch's two-sided t (α = 0.05, ≥ 3 seeds per "
-    "arm) with the standard error floored (binomial on the test-set size for accuracies); held = "
-    "significant in the paper's direction, not held = significant against it or the 95 % CI "
-    "excludes the paper's effect, else inconclusive; resolvable effect (t_0.975 + t_0.8)·design "
-    "SD·√(1/n_a + 1/n_b), from a design SD stated in advance; diverged runs count as failures of "
-    "their arm; other comparisons Holm-corrected"
+    f"one pre-declared primary comparison per entry: Welch's two-sided t (α = {ALPHA:g}, "
+    f"≥ {MIN_SEEDS} seeds per arm) with the standard error floored (binomial on the test-set size "
+    "for accuracies); held = significant in the paper's direction, not held = significant against "
+    f"it or the {100 * (1 - ALPHA):g} % CI excludes the paper's effect, else inconclusive; "
+    f"resolvable effect (t_{1 - ALPHA / 2:g} + t_{POWER:g})·design SD·√(1/n_a + 1/n_b), from a "
+    "design SD stated in advance; diverged runs count as failures of their arm; other comparisons "
+    "Holm-corrected"
 )
 
 
@@ -146,7 +145,7 @@ class Judgement:
         lo, hi = self.ci
         return (
             f"{design.quantity} {scale * self.diff:+.3g}{unit} ± {scale * self.se:.2g} "
-            f"(SE{', floored' if self.floored else ''}; 95 % CI "
+            f"(SE{', floored' if self.floored else ''}; {100 * (1 - design.alpha):g} % CI "
             f"[{scale * lo:+.3g}, {scale * hi:+.3g}], p={self.p:.2g}, n={self.n_a}/{self.n_b}) "
             "vs the paper's "
             + (

@@ -1,7 +1,9 @@
 """The catalogue's results in the run store: the ``experiments`` table, as methods of
 :class:`bnlab.store.Store` (one access path: its busy timeout, retries, version check, read-only
-opening). For each (entry, preset): the run ids by label with their factors, and the JSON data of
-the entry's computations.
+opening). For each (entry, preset): the run ids by label with their factors, the JSON data of
+the entry's computations and, once analysed, its outcome (verdict as data, summary, table, figures;
+:meth:`EntriesMixin.save_outcome`), which a new :meth:`EntriesMixin.save_entry` of the same entry
+clears.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import time
 from typing import Any
 
 from bnlab.store.integrity import StoreIntegrityError
-from bnlab.store.schema import tables
+from bnlab.store.schema import columns, tables
 
 
 class EntriesMixin:
@@ -29,11 +31,24 @@ class EntriesMixin:
             "INSERT OR REPLACE INTO experiments(id, preset, runs, data, tiny, created, seconds)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)", row))
 
+    def save_outcome(self, experiment_id: str, preset: str, outcome: dict) -> bool:
+        """Store the analysed outcome of a stored entry (JSON-able: its verdict as data, summary,
+        table, figures and what it was analysed from); False when the entry is not stored (a
+        new :meth:`save_entry` replaced it meanwhile, or it never was)."""
+        text = json.dumps(outcome)
+        return bool(self._write(lambda c: c.execute(
+            "UPDATE experiments SET outcome = ? WHERE id = ? AND preset = ?",
+            (text, experiment_id, preset)).rowcount))
+
     def load_entry(self, experiment_id: str, preset: str) -> dict[str, Any] | None:
+        """The stored entry: ``runs``, ``data``, ``tiny``, ``created``, ``seconds`` and
+        ``outcome`` (None until analysed, and in a read-only store of an earlier layout)."""
         if "experiments" not in self._tables():
             return None
+        has_outcome = "outcome" in columns(self._conn).get("experiments", [])
         row = self._conn.execute(
-            "SELECT runs, data, tiny, created, seconds FROM experiments "
+            "SELECT runs, data, tiny, created, seconds, "
+            f"{'outcome' if has_outcome else 'NULL'} FROM experiments "
             "WHERE id = ? AND preset = ?",
             (experiment_id, preset),
         ).fetchone()
@@ -48,7 +63,7 @@ class EntriesMixin:
                 "are not retrained)"
             ) from None
         return {"runs": runs, "data": data, "tiny": bool(row[2]), "created": row[3],
-                "seconds": row[4]}
+                "seconds": row[4], "outcome": _outcome(row[5])}
 
     def entries(self) -> list[tuple[str, str]]:
         """``(experiment id, preset)`` of every stored entry."""
@@ -72,3 +87,13 @@ class EntriesMixin:
 
     def _tables(self) -> set[str]:
         return tables(self._conn)
+
+
+def _outcome(text: str | None) -> dict | None:
+    """A stored outcome, or None: an unreadable one is not evidence (the entry is analysed again
+    from its runs, which the seals check), so it never makes the entry unreadable."""
+    try:
+        outcome = json.loads(text) if text is not None else None
+    except (ValueError, TypeError):
+        return None
+    return outcome if isinstance(outcome, dict) else None

@@ -1,7 +1,8 @@
 """The run store's layout, its version, and how a store file is opened (see :mod:`bnlab.store`).
 
 The layout's version is kept in SQLite's ``PRAGMA user_version``. Version 0 is an unversioned
-store of an earlier bnlab: read if it has the columns a store needs, migrated (missing optional
+store of an earlier bnlab, version 1 one without the entries' stored outcomes
+(``experiments.outcome``): read if it has the columns a store needs, migrated (missing optional
 columns added with their defaults, the version stamped) on the first writable open. A newer
 version, or a file whose tables lack those columns, is refused with :class:`StoreVersionError`
 naming what it found, never misread.
@@ -18,7 +19,7 @@ from pathlib import Path
 from bnlab.store.run_files import RunDirError, umask
 
 #: Version of the layout below, stored in ``PRAGMA user_version``.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 60_000
 
 TABLES = """
@@ -45,13 +46,13 @@ CREATE TABLE IF NOT EXISTS metrics (
 CREATE INDEX IF NOT EXISTS metrics_by_run ON metrics(run_id, name, step);
 CREATE TABLE IF NOT EXISTS experiments (
     id TEXT NOT NULL, preset TEXT NOT NULL, runs TEXT NOT NULL, data TEXT NOT NULL,
-    tiny INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL, seconds REAL,
+    tiny INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL, seconds REAL, outcome TEXT,
     PRIMARY KEY (id, preset)
 );
 """
 
 # Columns a store must have to be read at all, and those an older layout may lack (added with
-# their defaults by the migration from version 0).
+# their defaults by the migration from an earlier version).
 REQUIRED = {"runs": ("id", "config", "status", "created"),
             "metrics": ("run_id", "step", "name", "value")}
 ADDABLE = {
@@ -63,7 +64,9 @@ ADDABLE = {
         "steps": "INTEGER NOT NULL DEFAULT 0",
         "error": "TEXT",
         "summary": "TEXT",
-    }
+    },
+    # version 2: the entry's analysed outcome with its verdict as data (NULL until analysed)
+    "experiments": {"outcome": "TEXT"},
 }
 
 
@@ -219,8 +222,9 @@ def check_schema(conn: sqlite3.Connection, path: Path, *, readonly: bool) -> boo
 
 
 def migrate(conn: sqlite3.Connection) -> None:
-    """Inside the caller's write transaction: version 0 -> 1 (add missing optional columns, stamp
-    the version), and (re)create missing tables (a new store, or a table dropped by accident)."""
+    """Inside the caller's write transaction: an earlier version (0: unversioned, 1: without
+    ``experiments.outcome``) to this one (add the missing optional columns with their defaults,
+    stamp the version), and (re)create missing tables (a new store, or one dropped by accident)."""
     if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:  # not done meanwhile
         found = columns(conn)
         for table, added in ADDABLE.items():

@@ -11,6 +11,7 @@ from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..rule_stats import holm
 from ..verdicts import RULE as JUDGED_RULE
 from ..verdicts import Design, explain, judge, ladder, settle
+from ..verdict_data import Verdict
 from ..resolution import design_resolution
 from bnlab.formatting import finite_or_none, fmt
 from ..common import ALPHA, RULE, SETTLE_FRACTION, compare_arms, mean_curve, safe_panels
@@ -184,7 +185,15 @@ def _fig4_analyze(ctx) -> Outcome:
                       + " / ".join(fmt(a) for a in acc[arm]),
               "paper": _FIG4_PAPER.get(arm, "—")} for arm in by_arm]
     verdict, summary = settle(fig4_verdict(gaps, ctx.tiny), fig4_verdict(mid, ctx.tiny))
-    return Outcome([fig], table, verdict, summary)
+    return Outcome([fig], table, verdict, summary, fig4_record(verdict, gaps))
+
+
+def fig4_record(verdict: str, gaps: dict[str, list[float]]) -> Verdict:
+    """The verdict as data: the primary comparison (:data:`FIG4_PRIMARY`) judged as
+    :func:`fig4_verdict` judges it, at the end of training."""
+    lo, hi = FIG4_PRIMARY
+    judged = judge(gaps.get(hi) or [], gaps.get(lo) or [], FIG4_DESIGN)
+    return Verdict.from_judgement(verdict, judged, FIG4_DESIGN, rule=JUDGED_RULE)
 
 
 register(Experiment(
