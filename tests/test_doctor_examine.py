@@ -98,7 +98,7 @@ def test_timm_norm_act_layer_is_examined_and_kept():
     before = state_digest(model, optimizer)
     report = examine(model, CE, batches, optimizer=optimizer)
     assert same_state(before, state_digest(model, optimizer)) == []
-    assert report.measurements["beta_share"]["1"]["activation"].startswith("Tanh (inside")
+    assert report.measurements["beta_share"]["1"]["activation"].startswith("before Tanh (inside")
     assert "beta-swamping" in report.codes("warn")
 
 
@@ -286,3 +286,24 @@ def test_a_frozen_bn_is_neither_double_updated_nor_a_micro_batch():
     model.bn1.train()
     assert {"double-update", "micro-batch-statistics"} <= set(
         examine(model, CE, images(2), accumulation_steps=4).codes("warn"))
+
+
+def test_cbn_share_is_pengs_divisor_ratio():
+    """For CBN the output's share var(y)/(var(y) + mean(y)²) is Peng et al.'s var_B/(var_B + β²)
+    (Eq. 5), computed here in float64 from the layer's input."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(32, 4, generator=g) * 2, torch.randint(0, 3, (32,), generator=g))
+               for _ in range(4)]
+    cbn = N.create("cbn", 6)
+    model = nn.Sequential(nn.Linear(4, 6, bias=False), cbn, nn.ReLU(), nn.Linear(6, 3))
+    N.set_progress(model, lr=0.1, epoch=1, epochs=2)
+    with torch.no_grad():
+        cbn.bias.copy_(torch.linspace(3.0, 9.0, 6))
+        x = model[0](batches[0][0]).double()
+    var = x.var(0, unbiased=False)
+    peng = var / (var + cbn.bias.detach().double() ** 2)
+    report = examine(model, CE, batches, checks=["beta-swamping"])
+    assert report.measurements["beta_share"]["1"]["share"] == pytest.approx(
+        float(peng.median()), rel=1e-4)
+    assert report.codes("warn") == ["beta-swamping"]

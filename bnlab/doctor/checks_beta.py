@@ -12,7 +12,9 @@ Measured: one train-mode forward on a copy finds each BN layer whose output tens
 such as timm's ``BatchNormAct2d`` whose ``act`` is one), and per channel the share
 var(y)/(var(y) + mean(y)²) of the BN output y (for a norm-act layer, γ²/(γ² + β²)). The value is
 the median over channels of the worst layer; it warns below 0.1, i.e. |β| ≥ 3|γ| for the median
-channel, where tanh'(3) = 0.01 and σ'(3)/σ'(0) = 0.18.
+channel, where tanh'(3) = 0.01 and σ'(3)/σ'(0) = 0.18. Every CBN layer is examined whatever follows
+it: its output's share is exactly Peng's var_B/(var_B + β²) (y = γ/ρ·(x − μ_B + β)/√(var_B + β²)
+has mean ∝ β and variance ∝ var_B), and a small share means β shrinks the signal itself.
 
 Cost: one forward pass of the first batch (on a copy).
 """
@@ -24,6 +26,7 @@ import copy
 import torch
 from torch import nn
 
+from bnlab.norms import CompleteBatchNorm
 from bnlab.probes.base import bn_layers, capture_inputs, channels_first
 
 from .context import Checkup, as_trained, dataflow
@@ -38,9 +41,9 @@ WHY = ("a share of 0.1 means |β| = 3|γ| for the median channel, where tanh'(3)
        "activation is flat for the whole batch"
        "; false alarms: 0 of 160 healthy networks, closest 0.10× the line "
        "(benchmarks/doctor_false_alarms.py)")
-REMEDY = ("keep β from dominating: weight decay on β or β initialised at 0; or normalize after the "
-          "activation, before the next layer, as Peng's CBN does (bnlab.norms.create('cbn'), "
-          "bnlab.models placement='pre_linear')")
+REMEDY = ("keep β from dominating: weight decay on β, β initialised at 0; before a saturating "
+          "activation, normalize after it instead, before the next layer, as Peng's CBN does "
+          "(bnlab.norms.create('cbn'), bnlab.models placement='pre_linear')")
 
 
 def _share(y: torch.Tensor) -> torch.Tensor:
@@ -68,15 +71,19 @@ def shares(checkup: Checkup) -> dict[str, dict]:
                 continue
             seen.add(consumer)
             if isinstance(modules[consumer], SATURATING):
-                feeding[name] = type(modules[consumer]).__name__
+                feeding[name] = f"before {type(modules[consumer]).__name__}"
             elif isinstance(modules[consumer], PASS_THROUGH):
                 frontier.extend(after.get(consumer, []))
     for name, module in bn_layers(twin):
         act = getattr(module, "act", None)
         if isinstance(act, SATURATING) and name not in feeding:
-            feeding[name] = f"{type(act).__name__} (inside {type(module).__name__})"
+            feeding[name] = f"before {type(act).__name__} (inside {type(module).__name__})"
+        elif isinstance(module, CompleteBatchNorm) and name not in feeding:
+            # CBN divides x − μ_B + β by √(var_B + β²) (Eq. 5): β in the divisor shrinks the
+            # signal whatever follows the layer
+            feeding[name] = "in its own divisor (CBN, Eq. 5)"
     out = {}
-    inside = {n for n, a in feeding.items() if "inside" in a}
+    inside = {n for n, a in feeding.items() if "(inside" in a}
     captured = [(n, modules[n]) for n in feeding if n not in inside]
     with capture_inputs(captured, outputs=True) as cap, torch.no_grad():
         as_trained(twin)
@@ -102,7 +109,7 @@ def check(checkup: Checkup, report) -> None:
     if not low:
         return
     worst = min(low, key=lambda n: low[n]["share"])
-    detail = (f"median channel share var/(var + β²) = {low[worst]['share']:.3g} at {worst} "
-              f"before {low[worst]['activation']}")
+    detail = (f"median channel share var/(var + β²) = {low[worst]['share']:.3g} at {worst}, "
+              f"{low[worst]['activation']}")
     report.add(Finding("beta-swamping", "warn", tuple(sorted(low, key=lambda n: low[n]["share"])),
                        low[worst]["share"], THRESHOLD, WHY, PAPER, REMEDY, detail))
