@@ -23,14 +23,16 @@ every bnlab layer of ``model``:
   micro-batches equal those after one step on the full batch (to rounding: the combination and
   the update's arithmetic are not torch's kernel's).
 
-``normalize="full"`` — each micro-batch normalized with the full batch's statistics — is refused
-with a ``ValueError``: the full batch's statistics of layer l depend on the outputs of layer l − 1
-normalized with ITS full-batch statistics, so they exist only after a pre-pass over all k
-micro-batches per normalization layer (depth × k forward passes), and the exact gradient needs the
-sums Σ ∂L/∂μ, Σ ∂L/∂σ² over all micro-batches at every layer, which each depend on the later layers'
-(depth × k backward passes more); with graphs kept across micro-batches instead, the memory is the
-full batch's, which is what accumulation avoids. The exact full-batch step is then the full
-batch itself.
+``normalize="full"`` — each micro-batch normalized with the full batch's statistics, outputs and
+gradients those of one full-batch step — cannot run in the user's loop: the full batch's statistics
+of layer l exist only once every micro-batch has passed layers 1..l, normalized with the full
+batch's statistics there, and the exact gradient of micro-batch i carries Σ ∂L/∂μ, Σ ∂L/∂σ² over ALL
+micro-batches. So a ``"full"`` block takes the micro-batches at once, ``acc.step(inputs, loss_fn)``,
+which runs a statistics pre-pass and as many gradient rounds as it needs
+(:mod:`bnlab.norms.accumulate_full`: exact, one micro-batch's graph in memory, (layers + rounds) × k
+passes). Layers that allow it: those normalizing with a function of the batch moments whose step is
+deterministic (``noisy_bn`` draws the full batch's noise in one draw, ``native_bn`` is torch's
+kernel; both are refused, as are synchronized layers).
 
 A layer whose update is not a function of the batch's means and variances (``lp_bn`` with p=1 or
 inf: its scale is a mean of |x − μ| or a top-k) is refused by name, as is torch's own BatchNorm
@@ -39,7 +41,7 @@ inf: its scale is a mean of |x − μ| or a top-k) is refused by name, as is tor
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -47,6 +49,8 @@ from torch import Tensor
 
 from .base import ChannelNorm
 from .batchnorm import NativeBatchNorm
+from .noisy import NoisyBatchNorm
+from .accumulate_full import FullStatistics, full_step
 from .guard import ACCUMULATORS, restore_if_nonfinite, run_from, snapshot
 from .guard import nonfinite_guard_enabled
 from .kernels import batch_statistics
@@ -55,6 +59,9 @@ from .sync import batch_samples
 __all__ = ["NORMALIZE", "accumulate", "combine_moments"]
 
 NORMALIZE = ("micro", "full")
+MICRO_KINDS = ("bn, mean_only_bn, var_only_bn, native_bn, noisy_bn, mbn, cbn, brn, lp_bn(p=2), "
+               "si_bn")
+FULL_KINDS = "bn, mean_only_bn, var_only_bn, mbn, cbn, brn, lp_bn(p=2), si_bn"
 
 
 def combine_moments(parts: list[tuple[int, Tensor, Tensor]]) -> tuple[int, Tensor, Tensor]:
@@ -86,10 +93,18 @@ class _LayerAccumulator:
         self.start: dict[str, Any] | None = None
         self.parts: list[tuple[int, Tensor, Tensor]] = []
         self.samples = 0
+        self.full: FullStatistics | None = None  # normalize="full": the full batch's statistics
+        self.stepping = False  # normalize="full": inside accumulate.step
 
     def micro_step(self, layer: nn.Module, call, x: Tensor) -> Tensor:
         if self.start is None:
             self.start = snapshot(layer)
+        if self.full is not None:  # the passes of accumulate.step: no update until its end
+            if not self.stepping:
+                raise RuntimeError(
+                    "inside accumulate(normalize='full') the step needs every micro-batch at once: "
+                    "call acc.step(inputs, loss_fn) instead of the model")
+            return run_from(layer, self.start, call, rewind_generator=False)
         # from the step's starting state; the buffer updates of this pass are discarded
         y = run_from(layer, self.start, call, rewind_generator=False)
         if x.numel():
@@ -116,15 +131,25 @@ class _LayerAccumulator:
             restore_if_nonfinite(layer, before)
 
 
-def _refusals(model: nn.Module) -> tuple[list[str], list[str]]:
+def _full_refusal(module: nn.Module) -> str | None:
+    if isinstance(module, NoisyBatchNorm):
+        return ("noisy_bn: the full batch draws its noise in one draw, which no split into "
+                "micro-batches reproduces")
+    if isinstance(module, NativeBatchNorm):
+        return "native_bn: torch's kernel takes no given statistics (bn does)"
+    if getattr(module, "sync", False):
+        return "synchronized statistics (sync=True): the rounds' sums are not reduced over ranks"
+    return None
+
+
+def _refusals(model: nn.Module, full: bool) -> tuple[list[str], list[str]]:
     refused, allowed = [], []
     for name, module in model.named_modules():
         label = name or type(module).__name__
-        if isinstance(module, ChannelNorm):
-            reason = module.accumulation_refusal()
+        if isinstance(module, (ChannelNorm, NativeBatchNorm)):
+            reason = (module.accumulation_refusal() if isinstance(module, ChannelNorm) else None)
+            reason = reason or (_full_refusal(module) if full else None)
             (refused.append(f"{label}: {reason}") if reason else allowed.append(label))
-        elif isinstance(module, NativeBatchNorm):
-            allowed.append(label)
         elif isinstance(module, nn.modules.batchnorm._NormBase):
             refused.append(f"{label}: torch's {type(module).__name__} updates per micro-batch "
                            "(bnlab.norms.convert(model) turns it into bnlab's bn)")
@@ -135,9 +160,10 @@ class accumulate:
     """Context manager: over every ``steps`` training forwards of each bnlab layer of ``model`` (the
     micro-batches of one optimizer step), one statistics update equal to the full batch's (module
     docstring). Leaving the block applies the update of a last, incomplete group (as a short last
-    batch would). ``normalize``: ``"micro"`` (each micro-batch normalized with its own statistics);
-    ``"full"`` is refused (module docstring says why). ``ValueError`` names every layer whose
-    method does not allow it, and those that do."""
+    batch would). ``normalize``: ``"micro"`` (each micro-batch normalized with its own statistics,
+    the user's loop) or ``"full"`` (the full batch's statistics, outputs and gradients:
+    :meth:`step` takes the micro-batches at once). ``ValueError`` names every layer whose method
+    does not allow the choice, and those that do."""
 
     def __init__(self, model: nn.Module, steps: int, normalize: str = "micro") -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -146,23 +172,15 @@ class accumulate:
         if normalize not in NORMALIZE:
             raise ValueError(f"accumulate: normalize must be one of {', '.join(NORMALIZE)}, got "
                              f"{normalize!r}")
-        refused, allowed = _refusals(model)
-        if normalize == "full":
-            raise ValueError(
-                "accumulate(normalize='full') is refused for every layer: normalizing a "
-                "micro-batch with the full batch's statistics needs, at each normalization layer, "
-                "the statistics of the layer before it already normalized with the full batch's "
-                "(a pre-pass over all micro-batches per layer) and an exact gradient needs every "
-                "micro-batch's ∂L/∂μ, ∂L/∂σ² first; that is the full batch's compute or memory. "
-                "Use normalize='micro' (exact running statistics) or the full batch. Layers with "
-                f"exact running statistics under 'micro': {', '.join(allowed) or 'none'}")
+        refused, allowed = _refusals(model, normalize == "full")
         if refused:
+            kinds = FULL_KINDS if normalize == "full" else MICRO_KINDS
             raise ValueError(
-                "accumulate: these layers' statistics cannot be combined exactly over "
-                f"micro-batches: {'; '.join(refused)}. Layers that allow it: "
-                f"{', '.join(allowed) or 'none'} (bn, mean_only_bn, var_only_bn, native_bn, "
-                "noisy_bn, mbn, cbn, brn, lp_bn(p=2), si_bn)")
+                f"accumulate(normalize={normalize!r}): these layers' statistics cannot be "
+                f"combined exactly over micro-batches: {'; '.join(refused)}. Layers that allow "
+                f"it: {', '.join(allowed) or 'none'} ({kinds})")
         self.model, self.steps, self.normalize = model, steps, normalize
+        self.rounds = 0  # normalize="full": gradient rounds the last step ran
         self._layers: list[nn.Module] = []
 
     def __enter__(self) -> accumulate:
@@ -171,10 +189,37 @@ class accumulate:
                 if id(module) in ACCUMULATORS:
                     raise RuntimeError(f"accumulate: {type(module).__name__} is already inside "
                                        "another accumulate block")
-                ACCUMULATORS[id(module)] = _LayerAccumulator(module, self.steps)
+                accumulator = ACCUMULATORS[id(module)] = _LayerAccumulator(module, self.steps)
+                if self.normalize == "full":
+                    accumulator.full = FullStatistics(module,
+                                                      lambda x, m=module: _moments(m, x))
                 self._layers.append(module)
         return self
 
+    def step(self, inputs: list[Tensor], loss_fn: Callable[[Tensor, int], Tensor]) -> list[Tensor]:
+        """``normalize="full"``: one exact full-batch step on the micro-batches ``inputs`` (the
+        ``steps`` of them): the gradients of Σ_i ``loss_fn(model(inputs[i]), i)`` added to the
+        parameters' ``.grad`` (return each micro-batch's share of the full batch's loss, e.g. its
+        summed loss divided by the full batch's size), one statistics update per layer; returns the
+        outputs (detached). :mod:`bnlab.norms.accumulate_full` says what it runs."""
+        if self.normalize != "full":
+            raise RuntimeError("accumulate.step is the normalize='full' step; with "
+                               "normalize='micro' run the micro-batches through the model")
+        if len(inputs) != self.steps:
+            raise ValueError(f"accumulate.step: expected {self.steps} micro-batches (steps), got "
+                             f"{len(inputs)}")
+        accumulators = [ACCUMULATORS[id(layer)] for layer in self._layers]
+        states = {id(a.layer): a.full for a in accumulators if a.full is not None}
+        for a in accumulators:
+            a.stepping, a.start = True, None
+        try:
+            outputs, self.rounds = full_step(self.model, states, list(inputs), loss_fn,
+                                             combine_moments)
+            return outputs
+        finally:
+            for a in accumulators:
+                a.stepping, a.start = False, None
+                a.full = FullStatistics(a.layer, lambda x, m=a.layer: _moments(m, x))
     def flush(self) -> None:
         """Apply the pending update of every layer now (an optimizer step ended early)."""
         for layer in self._layers:

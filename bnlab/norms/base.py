@@ -26,9 +26,9 @@ import torch.nn as nn
 from torch import Tensor
 
 from .conventions import BatchNormConventions, check_dtype, check_eps_now
-from .guard import statistics_as_with_grad
+from .guard import full_statistics, statistics_as_with_grad
 from . import written_grad
-from .sync import module_group, synced_moments
+from .sync import batch_samples, module_group, synced_moments
 
 CoefFn = Callable[..., tuple[Tensor, Tensor]]
 MomentsFn = Callable[[Tensor], tuple[Tensor, Tensor, int]]
@@ -164,17 +164,25 @@ class ChannelNorm(BatchNormConventions):
         input into a layer whose parameters and buffers are that dtype too (or that has none).
         With float32 state (autocast) they stay float32, and torch's CUDA kernels keep float32
         statistics for every half input (:func:`.kernels.saved_statistics`)."""
-        if x.dtype not in HALF_DTYPES or x.device.type != "cpu":
+        if x.dtype not in HALF_DTYPES or x.device.type != "cpu" or full_statistics(self):
             return False
         state = next((t for t in (self.weight, self.bias, self.running_mean, self.running_var)
                       if t is not None), None)
         return state is None or state.dtype == x.dtype
+
+    def step_samples(self, x: Tensor) -> int:
+        """The samples of the batch this step normalizes over: x's (over all ranks when synced),
+        or the full batch's inside ``accumulate(normalize="full")``."""
+        full = full_statistics(self)
+        return full.samples if full is not None else batch_samples(self, x)
 
     def plain_moments(self, x: Tensor) -> tuple[Tensor, Tensor, int]:
         """:meth:`batch_moments` for the plain path. Without grad they come from torch's
         statistics kernel, which rounds differently from the two passes taken with grad; in the
         first pass of a reentrant checkpoint (no grad) the two passes run, so that the
         recomputation (grad on) reproduces the step bit for bit (:mod:`.guard`)."""
+        if (full := full_statistics(self)) is not None:  # bnlab.norms.accumulate_full
+            return full(x)
         if torch.is_grad_enabled() or not statistics_as_with_grad():
             return self.batch_moments(x)
         with torch.enable_grad():
@@ -195,7 +203,7 @@ class ChannelNorm(BatchNormConventions):
         """
         with autocast_off(x):
             # synced: autograd through the collectives
-            if fused_enabled(x) and module_group(self) is None:
+            if fused_enabled(x) and module_group(self) is None and full_statistics(self) is None:
                 if not self.saves_half_statistics(x):
                     y, mean, var = fused_normalize(x, self.batch_moments, coef_fn, *tensors,
                                                    update=update)

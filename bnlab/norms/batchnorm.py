@@ -10,7 +10,7 @@ from torch import Tensor
 from .base import ChannelNorm
 from .sync import module_group
 from .conventions import checked_eps, checked_momentum, fx_leaf
-from .guard import training_step
+from .guard import full_statistics, training_step
 from .registry import BN_OPTIONS, norm
 
 
@@ -32,7 +32,7 @@ class BatchNorm(ChannelNorm):
         if not self.use_batch_stats():
             return self.running_normalize(x)
         if (module_group(self) is None and not self.compiled_cumulative()
-                and trains_as_torch_bn(self)):
+                and trains_as_torch_bn(self) and full_statistics(self) is None):
             return self.native_batch_norm(x)
         gamma, beta = self.gamma_beta(x)
         return self.normalize_with_batch_stats(x, self.coefficients, gamma, beta,

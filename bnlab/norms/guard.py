@@ -49,6 +49,15 @@ _GUARD = [False]  # process-wide, like torch.backends flags
 ACCUMULATORS: dict[int, Any] = {}
 
 
+def full_statistics(layer: nn.Module) -> Any:
+    """The full-batch statistics a layer normalizes with inside ``accumulate(normalize="full")``
+    (a callable giving (mean, var, n) for its input), or None. Never under torch.compile (the
+    block runs eagerly: its training steps are the wrapper's, which compile does not trace)."""
+    if torch.compiler.is_compiling() or not ACCUMULATORS:
+        return None
+    return getattr(ACCUMULATORS.get(id(layer)), "full", None)
+
+
 def set_nonfinite_guard(enabled: bool) -> bool:
     """Switch the non-finite-batch guard on or off for every bnlab layer (process-wide); returns the
     previous setting. On: a training step whose statistics are not finite leaves the layer's

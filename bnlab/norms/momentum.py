@@ -7,7 +7,6 @@ from torch import Tensor
 
 from .base import ChannelNorm
 from .conventions import factory_kwargs
-from .sync import batch_samples
 from .registry import BN_OPTIONS, Param, norm
 from .user_line import warn as warn_at_user_line
 
@@ -116,7 +115,7 @@ class MomentumBatchNorm(ChannelNorm):
             return self.running_normalize(x)
         gamma, beta = self.gamma_beta(x)
         # MBN's m (over all ranks when synced) is the number of samples, not samples × positions
-        m = batch_samples(self, x)
+        m = self.step_samples(x)
         learning = self.training
         if (learning and not torch.compiler.is_compiling()
                 and (self.epoch is None or self.epochs is None) and not self._warned_progress):

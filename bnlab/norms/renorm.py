@@ -11,6 +11,7 @@ from torch import Tensor
 
 from .base import HALF_DTYPES, ChannelNorm, fast_paths_allowed, fused_enabled
 from .fused import define, park, take
+from .guard import full_statistics
 from .registry import BN_OPTIONS, Param, norm
 from .sync import module_group
 
@@ -168,7 +169,7 @@ class BatchRenorm(ChannelNorm):
         and ``plain_autograd`` keep the shared path."""
         cpu_half = x.device.type == "cpu" and x.dtype in HALF_DTYPES
         return (module_group(self) is None and (cpu_half or not fused_enabled(x))
-                and fast_paths_allowed())
+                and fast_paths_allowed() and full_statistics(self) is None)
 
     def renorm_with_torch_kernel(self, x: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:
         """Algorithm 1 through ``F.batch_norm`` (see :meth:`takes_torch_kernel`): r, d and the
