@@ -1,12 +1,12 @@
 """False-alarm rate of the doctor's thresholds on healthy networks.
 
 Healthy networks (bnlab.doctor.clinic.healthy): an MLP and a CNN on bnlab's digits data, with
-torch's nn.BatchNorm1d/2d and with bnlab's ``bn``, ReLU and Tanh, trained 4 epochs at batch 64 by
-SGD (lr 0.05, momentum 0.9, weight decay 5e-4) or Adam (lr 1e-3), the last epoch at a tenth of the
-rate, from 10 seeds; each is examined
-(``bnlab.doctor.examine`` with its optimizer, accumulation_steps=1) on fresh batches of 64. For
-every finding code the script records how many healthy networks it warned on, and the closest
-approach to the threshold: the largest ``value/threshold`` in the warning direction (≥ 1 warns).
+torch's nn.BatchNorm1d/2d and with bnlab's ``bn``, ``cbn`` and ``mbn``, ReLU and Tanh, trained 4
+epochs at batch 64 by SGD (lr 0.05, momentum 0.9, weight decay 5e-4) or Adam (lr 1e-3), the last
+epoch at a tenth of the rate, from 10 seeds; each is examined (``bnlab.doctor.examine`` with its
+optimizer, accumulation_steps=1) on fresh batches of 64. For every finding code the script records
+how many healthy networks it warned on, and the closest approach to the threshold: the largest
+``value/threshold`` in the warning direction (≥ 1 warns).
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/doctor_false_alarms.py [--seeds 10]
 
@@ -33,6 +33,7 @@ from bnlab.doctor import (checks_beta, checks_double, checks_effective_lr,
                           checks_small_batch, checks_stale)
 
 OUT = Path(__file__).resolve().parent / "results" / "doctor_false_alarms.json"
+NORMS = ("torch", "bn", "cbn", "mbn")
 
 
 def approaches(report) -> dict[str, float]:
@@ -74,7 +75,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    grid = list(itertools.product(("mlp", "cnn"), ("torch", "bn"), (nn.ReLU, nn.Tanh),
+    grid = list(itertools.product(("mlp", "cnn"), NORMS, (nn.ReLU, nn.Tanh),
                                   ("sgd", "adam"), range(args.seeds)))
     warned = {code: [] for code in CODES}
     closest = {code: 0.0 for code in CODES}
@@ -94,7 +95,8 @@ def main() -> None:
     result = {
         **provenance(),
         "what": ("warnings of bnlab.doctor.examine on healthy networks (clinic.healthy): "
-                 "mlp/cnn x torch BN/bnlab bn x ReLU/Tanh x SGD/Adam x seeds, digits, batch 64, "
+                 "mlp/cnn x torch BN/bnlab bn/cbn/mbn x ReLU/Tanh x SGD/Adam x seeds, digits, "
+                 "batch 64, "
                  "4 epochs, the last at a tenth of the rate"),
         "torch": torch.__version__, "threads": 1, "networks": n,
         "false_alarms": {code: {"count": len(warned[code]), "rate": len(warned[code]) / n,

@@ -12,7 +12,8 @@ Measured: the population statistics are recollected over the given batches on a 
 (:func:`bnlab.norms.recollect_running_stats`, momentum None), and the eval loss is compared under
 three choices — running statistics, population statistics, each batch's own statistics (train mode).
 The value is the relative eval-loss excess of the running statistics over the population ones,
-``(L_running − L_population) / max(L_population, 0.05)``, warning at 0.25; for class scores also the
+``(L_running − L_population) / max(L_population, 0.2)``, warning at 0.25 (so a gap under 0.05
+nats, a few borderline examples of a well-trained network, never warns); for class scores also the
 accuracy lost, warning at 0.05 (a network that has learned little has a high loss on either
 statistics, and its excess shows in the accuracy first). Layers are located by the distance of
 each layer's running statistics from its population statistics — mean shift in population SDs,
@@ -40,7 +41,8 @@ ACCURACY_DROP = 0.05
 LAYER_DISTANCE = 0.5
 """A layer whose running statistics are this many SDs from the population's is named."""
 SWITCHED = 3
-LOSS_FLOOR = 0.05
+LOSS_FLOOR = 0.2
+"""Below this eval loss the excess is measured in units of it: a gap under 0.05 nats never warns."""
 
 PAPER = ("Ioffe & Szegedy, Batch Normalization (2015), Algorithm 2 (population statistics for "
          "inference)")

@@ -79,6 +79,8 @@ def train(model: nn.Module, optimizer, x, y, batch: int, epochs: int, seed: int,
         # the last epoch at a tenth of the rate, as a schedule ends
         for group, lr in zip(optimizer.param_groups, base):
             group["lr"] = lr * (0.1 if epoch == epochs - 1 and epochs > 1 else 1.0)
+        # bnlab's layers that follow training's progress (CBN's AMAT, MBN's λ schedule)
+        N.set_progress(model, lr=optimizer.param_groups[0]["lr"], epoch=epoch + 1, epochs=epochs)
         for i, (xb, yb) in enumerate(data.batches(x, y, batch, generator=generator,
                                                   drop_last=True)):
             loss = nn.functional.cross_entropy(model(xb), yb) / accumulation_steps
