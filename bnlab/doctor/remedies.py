@@ -26,6 +26,7 @@ on ``heldout`` when given, else on the batches):
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -36,7 +37,8 @@ from torch import nn
 from bnlab import norms as N
 from bnlab.probes.base import is_bn_layer
 
-from .context import MIN_SAMPLES, Checkup, collect_batches, model_device, tracking_layers
+from .context import (MIN_SAMPLES, Checkup, as_trained, collect_batches, model_device,
+                      tracking_layers)
 from .state import kept
 
 
@@ -55,20 +57,21 @@ class RemedyResults:
         return {"results": self.results}
 
 
-def _optimizer_like(optimizer, params, lr_scale: float = 1.0, names=None, model=None):
+def _optimizer_like(optimizer, params, lr_scale: float = 1.0):
+    """A fresh optimizer of ``optimizer``'s class with its first group's hyper-parameters (those
+    its constructor takes: a scheduler's ``initial_lr`` is not one), the rate scaled."""
     if optimizer is None:
         return torch.optim.SGD(params, lr=0.01 * lr_scale)
-    group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
-    group["lr"] = group["lr"] * lr_scale
-    try:
-        return type(optimizer)(params, **group)
-    except TypeError:  # an optimizer whose group keys are not constructor arguments
-        return torch.optim.SGD(params, lr=group["lr"])
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    group = {k: v for k, v in optimizer.param_groups[0].items()
+             if k != "params" and k in accepted}
+    group["lr"] = float(optimizer.param_groups[0]["lr"]) * lr_scale
+    return type(optimizer)(params, **group)
 
 
 def _train(checkup: Checkup, model: nn.Module, steps: int, optimizer=None) -> list[float]:
     optimizer = optimizer or _optimizer_like(checkup.optimizer, model.parameters())
-    model.train()
+    as_trained(model)
     losses = []
     for x, y in itertools.islice(itertools.cycle(checkup.batches), steps):
         optimizer.zero_grad()
