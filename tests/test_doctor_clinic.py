@@ -115,3 +115,16 @@ def test_stale_statistics_from_other_causes(kind, cause):
         # the layer whose statistics the change invalidated is named first
         name = next(n for n, m in case.model.named_modules() if m is bn)
         assert report.findings[0].layers[0] == name
+
+
+def test_remedy_runs_copy_the_users_optimizer_under_a_scheduler():
+    from bnlab.doctor.remedies import _optimizer_like
+
+    params = [nn.Parameter(torch.zeros(2))]
+    user = torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    torch.optim.lr_scheduler.StepLR(user, 1)  # adds initial_lr to the group
+    copy = _optimizer_like(user, [nn.Parameter(torch.zeros(2))], lr_scale=0.5)
+    assert type(copy) is torch.optim.SGD
+    group = copy.param_groups[0]
+    assert (group["lr"], group["momentum"], group["nesterov"], group["weight_decay"]) == (
+        0.05, 0.9, True, 1e-4)
