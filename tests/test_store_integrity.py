@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from bnlab.cli import app
 from bnlab.store.run_files import DiskFullError
-from bnlab.store import (ReadOnlyStoreError, Store, StoreCorruptError, StoreIntegrityError,
-                         StoreVersionError)
+from bnlab.store import (SCHEMA_VERSION, ReadOnlyStoreError, Store, StoreCorruptError,
+                         StoreIntegrityError, StoreVersionError)
 from bnlab.train.checkpoint import save_checkpoint
 from bnlab.store.run_files import checkpoint_path
 
@@ -135,7 +135,8 @@ def test_a_store_that_swallows_inserts_cannot_seal_its_loss(tmp_path):
 def test_a_schema_altered_under_the_same_user_version_is_refused(tmp_path, alteration):
     Store(tmp_path / "bnlab.db").close()
     _sql(tmp_path / "bnlab.db", alteration)
-    with pytest.raises(StoreVersionError, match="schema version 1 but not its layout"):
+    with pytest.raises(StoreVersionError,
+                       match=f"schema version {SCHEMA_VERSION} but not its layout"):
         Store(tmp_path / "bnlab.db")
 
 
