@@ -97,7 +97,8 @@ def training_step(forward: Callable) -> Callable:
 
     @functools.wraps(forward)
     def step(self, x, *args, **kwargs):
-        if not self.training or torch.compiler.is_compiling() or id(self) in _inside():
+        if (not self.training or torch.compiler.is_compiling() or id(self) in _inside()
+                or not (_GUARD[0] or ACCUMULATORS or _maybe_checkpointed())):
             return forward(self, x, *args, **kwargs)
         inside = _inside()
         inside.add(id(self))
@@ -254,7 +255,21 @@ def _records(owner: Any) -> _Records:
     return records
 
 
-_CHECKPOINT_FILE = "checkpoint.py"
+def _maybe_checkpointed() -> bool:
+    """Cheap test before :func:`checkpoint_site`: saved-tensor hooks on, grad off (a reentrant
+    checkpoint's first pass) or inside backward (its recomputation)."""
+    return (torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+            or not torch.is_grad_enabled() or torch._C._current_graph_task_id() >= 0)
+
+
+_CODES: list = []  # the code objects of CheckpointFunction.forward and .backward
+
+
+def _reentrant_codes() -> tuple:
+    if not _CODES:
+        from torch.utils.checkpoint import CheckpointFunction
+        _CODES.extend((CheckpointFunction.forward.__code__, CheckpointFunction.backward.__code__))
+    return _CODES[0], _CODES[1]
 
 
 def checkpoint_site() -> tuple[Any, bool] | None:
@@ -277,13 +292,11 @@ def checkpoint_site() -> tuple[Any, bool] | None:
     # recomputation inside its backward (a graph task)
     if torch.is_grad_enabled() and torch._C._current_graph_task_id() < 0:
         return None
+    forward, backward = _reentrant_codes()
     frame = sys._getframe(2)
     while frame is not None:
         code = frame.f_code
-        if (code.co_name in ("forward", "backward") and code.co_filename.endswith(_CHECKPOINT_FILE)
-                and "ctx" in frame.f_locals and "torch" in code.co_filename):
-            ctx = frame.f_locals["ctx"]
-            if type(ctx).__name__.startswith("CheckpointFunction"):
-                return ctx, code.co_name == "backward"
+        if code is forward or code is backward:
+            return frame.f_locals["ctx"], code is backward
         frame = frame.f_back
     return None
