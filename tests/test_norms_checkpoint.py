@@ -25,8 +25,15 @@ SPECS = ["bn", "mean_only_bn", "var_only_bn", "native_bn", "noisy_bn", "mbn", "c
 SHAPES = {"plain": (8, 4, 5, 5), "fused": (64, 4, 16, 16)}
 
 
+WRAPPERS = ["si_bn", "wn", "wn+mean_only_bn"]  # they replace the convolution they normalize
+
+
 def _net(spec: str) -> nn.Module:
     torch.manual_seed(0)
+    if spec in WRAPPERS:
+        return nn.Sequential(*N.normalized(nn.Conv2d(4, 4, 3, padding=1, bias=False), spec),
+                             nn.ReLU(),
+                             *N.normalized(nn.Conv2d(4, 4, 3, padding=1, bias=False), spec))
     net = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), N.create(spec, 4), nn.ReLU(),
                         nn.Conv2d(4, 4, 3, padding=1), N.create(spec, 4))
     with warnings.catch_warnings():
@@ -37,7 +44,7 @@ def _net(spec: str) -> nn.Module:
 
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("spec", SPECS + WRAPPERS)
 def test_checkpointed_training_equals_the_plain_one_bit_for_bit(spec, reentrant, shape):
     plain = _net(spec)
     checkpointed = copy.deepcopy(plain)  # noisy_bn: the same generator seed
@@ -131,6 +138,20 @@ def test_the_guard_leaves_every_buffer_of_a_nonfinite_batch_untouched(spec, bad,
         warnings.simplefilter("error", RuntimeWarning)
         layer(_batch())  # the next finite batch trains as usual
     assert layer.nonfinite_batches == 1
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_the_guard_covers_the_wrapper_layers(bad, guard):
+    model = N.normalized(nn.Conv2d(3, 3, 1, bias=False), "si_bn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model(_batch())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.warns(RuntimeWarning, match="not finite"):
+        model(_batch(bad))
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    assert N.nonfinite_batches(model) == {"0.norm": 1}
 
 
 @pytest.mark.parametrize("spec", ["bn", "mbn", "cbn", "brn"])
