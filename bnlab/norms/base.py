@@ -164,7 +164,8 @@ class ChannelNorm(BatchNormConventions):
         input into a layer whose parameters and buffers are that dtype too (or that has none).
         With float32 state (autocast) they stay float32, and torch's CUDA kernels keep float32
         statistics for every half input (:func:`.kernels.saved_statistics`)."""
-        if x.dtype not in HALF_DTYPES or x.device.type != "cpu" or full_statistics(self):
+        if (x.dtype not in HALF_DTYPES or x.device.type != "cpu" or full_statistics(self)
+                or module_group(self) is not None):  # synced: global statistics, kept in float32
             return False
         state = next((t for t in (self.weight, self.bias, self.running_mean, self.running_var)
                       if t is not None), None)
