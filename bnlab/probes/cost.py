@@ -36,8 +36,9 @@ from .state import preserved
 #: A forward pass, in forward+backward passes: the backward pass costs about two forwards.
 FORWARD = 1.0 / 3.0
 #: A Hessian-vector product (double backward through plain-autograd BN), in forward+backward
-#: passes: 2.96 on the CPU for ResNet-20 at batch 16 (benchmarks/results/doctor.json,
-#: ``pricing.hvp_passes``).
+#: passes: 2.96 and 4.15 in two runs on the CPU for ResNet-20 at batch 16 (a shared machine;
+#: benchmarks/results/doctor.json, ``pricing.hvp_passes``, holds the latest). With 3, the hessian
+#: probe's estimate was 0.94 of its measured call there.
 HVP = 3.0
 #: Default budget: a probe taking more than the training step itself dominates the run.
 BUDGET = 1.0
