@@ -43,10 +43,8 @@ def approaches(report) -> dict[str, float]:
     modes = m.get("stat_modes")
     if modes:
         run, pop = modes["running"]["loss"], modes["population"]["loss"]
-        drop = modes["population"].get("accuracy", 0.0) - modes["running"].get("accuracy", 0.0)
-        out["stale-running-stats"] = max((run - pop) / max(pop, checks_stale.LOSS_FLOOR)
-                                         / checks_stale.THRESHOLD,
-                                         drop / checks_stale.ACCURACY_DROP)
+        out["stale-running-stats"] = ((run - pop) / max(pop, checks_stale.LOSS_FLOOR)
+                                      / checks_stale.THRESHOLD)
     if m.get("noise_vs_batch"):
         out["small-batch"] = (max(v["xi_mu_power"] for v in m["noise_vs_batch"].values())
                               / checks_small_batch.THRESHOLD)

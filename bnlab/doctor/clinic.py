@@ -146,7 +146,7 @@ def planted(code: str, kind: str = "mlp", norm: str = "torch", seed: int = 0) ->
     if code == "stale-running-stats":
         # Keras's momentum=0.99 read as torch's: in torch 0.001-ish weights make the EMA lag;
         # here the statistics keep their start values after a short run
-        return healthy(kind, norm, seed, momentum=0.001, epochs=2)
+        return healthy(kind, norm, seed, momentum=0.001)
     if code == "small-batch":
         return healthy(kind, norm, seed, batch=2, epochs=1, lr=0.01)
     if code == "beta-swamping":
