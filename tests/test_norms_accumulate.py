@@ -19,7 +19,8 @@ import torch.nn as nn
 import bnlab.norms as N
 
 ALLOWED = ["bn", "mean_only_bn", "var_only_bn", "native_bn", "noisy_bn", "mbn", "cbn",
-           "cbn(amat=false)", "cbn(decouple=false)", "brn(relax_from=0)", "lp_bn"]
+           "cbn(order=literal)", "cbn(amat=false)", "cbn(decouple=false)", "brn(relax_from=0)",
+           "lp_bn"]
 
 
 def _layer(spec: str) -> nn.Module:
@@ -110,7 +111,7 @@ def test_layers_that_do_not_allow_it_are_refused_by_name():
 
 # ---- normalize="full" -------------------------------------------------------------------------
 FULL = ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn", "cbn(decouple=false)",
-        "brn(relax_from=0)", "lp_bn"]
+        "cbn(order=literal)", "brn(relax_from=0)", "lp_bn"]
 
 
 def _deep(norm) -> nn.Module:

@@ -20,8 +20,8 @@ from torch.utils.checkpoint import checkpoint
 import bnlab.norms as N
 
 SPECS = ["bn", "mean_only_bn", "var_only_bn", "native_bn", "noisy_bn", "mbn", "cbn",
-         "cbn(amat=false,decouple=false)", "brn(relax_from=0)", "lp_bn", "lp_bn(p=1)",
-         "lp_bn(p=inf)"]
+         "cbn(order=literal)", "cbn(amat=false,decouple=false)", "brn(relax_from=0)", "lp_bn",
+         "lp_bn(p=1)", "lp_bn(p=inf)"]
 SHAPES = {"plain": (8, 4, 5, 5), "fused": (64, 4, 16, 16)}
 
 
