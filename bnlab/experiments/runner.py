@@ -231,7 +231,7 @@ def reproduce_many(experiment_ids: list[str], preset: str = "smoke", *,
         for plan in plans:
             start = time.perf_counter()
             with parallel.one_thread():  # their numbers, like the runs', do not depend on the cores
-                data = {name: fn(tiny=tiny) if _accepts_tiny(fn) else fn()
+                data = {name: fn(**_compute_kwargs(fn, tiny=tiny, runs_dir=str(runs_dir)))
                         for name, fn in plan.compute.items()}
             out.append((data, time.perf_counter() - start))
         return out
@@ -252,11 +252,14 @@ def reproduce_many(experiment_ids: list[str], preset: str = "smoke", *,
         yield exp.id, outcome
 
 
-def _accepts_tiny(fn) -> bool:
+def _compute_kwargs(fn, **offered) -> dict:
+    """The keywords of ``offered`` a computation takes: ``tiny``, and ``runs_dir`` for one that
+    trains (through the run store, so its runs resume and are not trained twice)."""
     try:
-        return "tiny" in inspect.signature(fn).parameters
+        params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return False
+        return {}
+    return {k: v for k, v in offered.items() if k in params}
 
 
 def _prepare_config(config: dict, runs_dir: Path, tiny: bool, nproc: int | None = None) -> dict:

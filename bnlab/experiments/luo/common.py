@@ -35,29 +35,37 @@ def plot_points(xs: Sequence[float],
 
 
 def train_collecting(config: dict, *, callbacks: Sequence[Any] = (),
-                     model_factory: Callable | None = None, tiny: bool = False) -> dict:
-    """Train one config in a throw-away store and return its final record and every metric series.
+                     model_factory: Callable | None = None, tiny: bool = False,
+                     runs_dir: str | None = None) -> dict:
+    """Train one config and return its final record and every metric series.
 
     For the entries whose runs need Python objects a config cannot hold (a model folded from another
-    run, a callback measuring something no probe does). ``tiny`` cuts the run as the runner does.
-    Returns ``{"status", "metrics", "series": {name: [[step, value], ...]}}``; never raises for a
-    run that diverged or failed (the error is in ``"error"``).
+    run, a callback measuring something no probe does). ``runs_dir``: the entry's run store, where
+    the run is trained, resumed after an interruption and, once ended, read back without training
+    (the runner passes it; give such a run a ``model`` label of its own with ``model_factory``, so
+    it is not the plain config's run); None trains in a throw-away store. ``tiny`` cuts the run as
+    the runner does. Returns ``{"status", "metrics", "series": {name: [[step, value], ...]}}``;
+    never raises for a run that diverged or failed (the error is in ``"error"``).
     """
     config = shrink(config, TINY_STEPS) if tiny else dict(config)
+    if runs_dir is not None:
+        return _train_in(runs_dir, config, callbacks, model_factory)
     with tempfile.TemporaryDirectory(prefix="bnlab-entry-") as tmp:
-        config["runs_dir"] = tmp
-        try:
-            record = bnlab_train.run(config, callbacks=list(callbacks), progress=False,
-                                     model_factory=model_factory)
-        except Exception as err:  # a failed computation is reported, not fatal
-            return {"status": "failed", "metrics": {}, "series": {},
-                    "error": f"{type(err).__name__}: {err}"}
-        store = Store(f"{tmp}/bnlab.db")
-        try:
-            series = {name: [[s, v] for s, v in rows]
-                      for name, rows in store.metrics(record.id).items()}
-        finally:
-            store.close()
+        return _train_in(tmp, config, callbacks, model_factory)
+
+
+def _train_in(runs_dir: str, config: dict, callbacks: Sequence[Any],
+              model_factory: Callable | None) -> dict:
+    config = {**config, "runs_dir": str(runs_dir)}
+    try:
+        record = bnlab_train.run(config, callbacks=list(callbacks), progress=False,
+                                 model_factory=model_factory)
+    except Exception as err:  # a failed computation is reported, not fatal
+        return {"status": "failed", "metrics": {}, "series": {},
+                "error": f"{type(err).__name__}: {err}"}
+    with Store(f"{runs_dir}/bnlab.db") as store:
+        series = {name: [[s, v] for s, v in rows]
+                  for name, rows in store.metrics(record.id).items()}
     return {"status": record.status, "metrics": jsonable_copy(record.metrics),
             "series": jsonable_copy(series), "error": record.error}
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Callable
 
 import numpy as np
 import torch
 
 from bnlab.callbacks import Callback, Loop
+from bnlab.models import create as create_model
 from bnlab.theory import luo as theory
+from bnlab.train import TrainConfig
 from bnlab.train.callbacks import trainer_of
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
@@ -83,17 +86,36 @@ def fig3_runs(preset: str) -> list[RunSpec]:
 def _fig3_plan(preset: str) -> Plan:
     bns = [r for r in fig3_runs(preset) if r.factors["norm"] == "bn"]
 
-    def bn_population(tiny: bool = False) -> dict:
+    def bn_population(tiny: bool = False, runs_dir: str | None = None) -> dict:
         """The BN runs again (same configs, same trajectories) with test losses at population
-        statistics."""
+        statistics, trained in ``runs_dir``'s store as runs of their own
+        (:func:`population_run`)."""
         out = {"steps_per_epoch": bns[0].factors["steps_per_epoch"], "seeds": {}}
         for bn in bns:
             every = bn.config["eval_every"]
+            config, factory = population_run(bn.config)
             out["seeds"][str(bn.factors["seed"])] = train_collecting(
-                bn.config, callbacks=[PopulationStatisticsEval(every)], tiny=tiny)
+                config, callbacks=[PopulationStatisticsEval(every)], model_factory=factory,
+                tiny=tiny, runs_dir=runs_dir)
         return out
 
     return Plan(runs=fig3_runs(preset), compute={"bn_population": bn_population})
+
+
+def population_run(config: dict) -> tuple[dict, Callable]:
+    """``config`` as a run of its own in the store: the same model (built by
+    ``bnlab.models.create`` from the config, after the same seeding: the same initial weights and
+    trajectory) under the label ``"<model>[population-statistics evaluation]"``, so its run id is
+    not the plain run's (the plain BN run has no population losses) and a second reproduce reads
+    it back instead of training it."""
+    cfg = TrainConfig.coerce(config)
+
+    def factory(input_shape, num_outputs):
+        return create_model(cfg.model, norm=cfg.norm, activation=cfg.activation,
+                            placement=cfg.placement, input_shape=tuple(input_shape),
+                            num_classes=int(num_outputs), **cfg.model_options)
+
+    return {**config, "model": f"{cfg.model}[population-statistics evaluation]"}, factory
 
 
 # "diverges": ≥ 1.5× its own minimum and ≥ 1.5× BN's and WN's; "similar": within 1.5×

@@ -61,40 +61,49 @@ _FIG6 = {
 FIG6_SEEDS = (0, 1, 2)
 
 
-def fig6_data(preset: str, tiny: bool = False, seed: int = 0) -> dict:
+def fig6_data(preset: str, tiny: bool = False, seed: int = 0, runs_dir: str | None = None) -> dict:
     """Train BN; then fine-tune (a) the same BN model and (b) ``fold(model)`` (BN frozen into the
     kernels, w_sgd = γ w_bn/σ, §5.1) with plain SGD at a small lr; kernel norms and losses of both.
-    One seed."""
+    One seed. With ``runs_dir`` every run is trained in that run store (resumed there, read back
+    once ended): the pretraining as the plain run of its config, each fine-tuning under a model
+    label naming its branch and the pretrained run it starts from; without, in a throw-away one."""
+    if runs_dir is not None:
+        return _fig6_seed(preset, tiny, seed, str(runs_dir))
+    with tempfile.TemporaryDirectory(prefix="bnlab-fig6-") as tmp:
+        return _fig6_seed(preset, tiny, seed, tmp)
+
+
+def _fig6_seed(preset: str, tiny: bool, seed: int, runs_dir: str) -> dict:
     s = _FIG6[preset]
     base = {**s["base"], "seed": seed}
     pre_cfg = {**base, **s["pretrain"], "norm": "bn"}
     pre_cfg = shrink(pre_cfg, TINY_STEPS) if tiny else pre_cfg
     spe = -(-train_size(s["base"]) // s["base"]["batch_size"])
-    with tempfile.TemporaryDirectory(prefix="bnlab-fig6-") as tmp:
-        try:
-            record = bnlab_train.run({**pre_cfg, "runs_dir": tmp}, progress=False)
-        except Exception as err:  # reported in the entry, never fatal to the sweep
-            return {"pretrain": {"status": "failed", "metrics": {},
-                                 "error": f"{type(err).__name__}: {err}"},
-                    "branches": {}}
-        if record.status != "finished":
-            return {"pretrain": {"status": record.status, "metrics": jsonable_copy(record.metrics)},
-                    "branches": {}}
-        bn_model = bnlab_train.load_model(record.id, tmp)
+    try:
+        record = bnlab_train.run({**pre_cfg, "runs_dir": runs_dir}, progress=False)
+    except Exception as err:  # reported in the entry, never fatal to the sweep
+        return {"pretrain": {"status": "failed", "metrics": {},
+                             "error": f"{type(err).__name__}: {err}"},
+                "branches": {}}
+    if record.status != "finished":
+        return {"pretrain": {"status": record.status, "metrics": jsonable_copy(record.metrics)},
+                "branches": {}}
+    bn_model = bnlab_train.load_model(record.id, runs_dir)
     folded = fold(bn_model)
     branches = {}
     for key, model, norm in (("bn", bn_model, "bn"), ("frozen", folded, "none")):
-        config = {**base, **s["finetune"], "model": f"luo_cnn[{key}, fine-tune]", "norm": norm,
-                  "eval_every": spe}
+        config = {**base, **s["finetune"], "model": f"luo_cnn[{key}, fine-tune of {record.id}]",
+                  "norm": norm, "eval_every": spe}
         branches[key] = train_collecting(config, callbacks=[KernelNorms(spe)], tiny=tiny,
-                                         model_factory=lambda shape, n, m=model: copy.deepcopy(m))
+                                         model_factory=lambda shape, n, m=model: copy.deepcopy(m),
+                                         runs_dir=runs_dir)
     return {"pretrain": {"status": record.status, "metrics": jsonable_copy(record.metrics)},
             "branches": branches, "steps_per_epoch": spe}
 
 
 def _fig6_plan(preset: str) -> Plan:
-    def compute(tiny: bool = False) -> dict:
-        per_seed = {str(seed): fig6_data(preset, tiny, seed) for seed in FIG6_SEEDS}
+    def compute(tiny: bool = False, runs_dir: str | None = None) -> dict:
+        per_seed = {str(seed): fig6_data(preset, tiny, seed, runs_dir) for seed in FIG6_SEEDS}
         return {"seeds": per_seed,
                 "steps_per_epoch": next(iter(per_seed.values())).get("steps_per_epoch", 1)}
 
@@ -258,8 +267,9 @@ register(Experiment(
                   "luo_cnn at 1/4 width, 20 epochs of BN training, then 20 fine-tuning epochs at "
                   "lr 0.03 (paper 1e-3 on CIFAR-10), 3 seeds (the paper: one run); each change "
                   "tested against 0 by Welch's t (α = 0.05), repeated at 2/3 of fine-tuning to "
-                  "check it has settled. Computed in one step (bnlab.train configs cannot start "
-                  "from another run's folded weights).",
+                  "check it has settled. The fine-tuning runs are computed beside the sweep (a "
+                  "bnlab.train config cannot start from another run's folded weights), trained "
+                  "in the run store like every run.",
     cost={"smoke": "≈25 s wall (3 × 3 runs)",
           "paper": "3 × (100 + 2 × 20) epochs luo_cnn on CIFAR-10 (GPU)"},
     plan=_fig6_plan, analyze=_fig6_analyze,
