@@ -39,7 +39,7 @@ PAPER = ("Peng, Yu & Yu, Re-Thinking the Effectiveness of Batch Normalization an
          "(var_B/(var_B + β²))")
 WHY = ("a share of 0.1 means |β| = 3|γ| for the median channel, where tanh'(3) = 0.01: the "
        "activation is flat for the whole batch"
-       "; false alarms: 0 of 160 healthy networks, closest 0.10× the line "
+       "; false alarms: 0 of 320 healthy networks, closest 0.14× the line "
        "(benchmarks/doctor_false_alarms.py)")
 REMEDY = ("keep β from dominating: weight decay on β, β initialised at 0; before a saturating "
           "activation, normalize after it instead, before the next layer, as Peng's CBN does "

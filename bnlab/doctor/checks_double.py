@@ -30,7 +30,7 @@ THRESHOLD = 1.0
 PAPER = ("Ioffe & Szegedy, Batch Normalization (2015), §3.1 and Algorithm 2: one "
          "running-statistics update per training mini-batch")
 WHY = ("a BN layer updates its running statistics once per training forward; more is a bug "
-       "(exactly 1 in all 160 healthy networks of benchmarks/doctor_false_alarms.py)")
+       "(exactly 1 in all 320 healthy networks of benchmarks/doctor_false_alarms.py)")
 
 
 def _marker(module: nn.Module) -> tuple:

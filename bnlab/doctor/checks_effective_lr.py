@@ -40,10 +40,10 @@ PAPER = ("Arora, Li & Lyu, Theoretical Analysis of Auto Rate-Tuning by Batch Nor
          "2019), Lemma 2.4 and Theorem 2.5: effective rate η/‖w‖²")
 WHY_FACTOR = ("η/‖w‖² 1000× away from its value at a standard init is beyond what auto rate-tuning "
               "(‖w‖ growth) produces in a healthy run"
-       "; false alarms: 0 of 160 healthy networks, closest 0.09× the line "
+       "; false alarms: 0 of 320 healthy networks, closest 0.12× the line "
        "(benchmarks/doctor_false_alarms.py)")
 WHY_ANGLE = ("a step turning the weight by 0.3 rad decorrelates its direction within a few steps; "
-             "false alarms: 0 of 160 healthy networks, closest 0.09× the line "
+             "false alarms: 0 of 320 healthy networks, closest 0.12× the line "
              "(benchmarks/doctor_false_alarms.py)")
 
 

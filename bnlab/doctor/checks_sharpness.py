@@ -37,7 +37,7 @@ PAPER = ("Santurkar, Tsipras, Ilyas & Madry, How Does Batch Normalization Help O
          "stability threshold 2/η of gradient descent (edge of stability, Cohen et al. 2021)")
 WHY = ("gradient descent with step η diverges along curvature above its threshold (2/η plain, "
        "(2+2μ)/η heavy ball): at or past it the loss oscillates or blows up"
-       "; false alarms: 0 of 160 healthy networks, closest 0.64× the line "
+       "; false alarms: 0 of 320 healthy networks, closest 0.64× the line "
        "(benchmarks/doctor_false_alarms.py)")
 
 

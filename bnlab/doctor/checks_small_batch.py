@@ -42,7 +42,7 @@ PAPER = ("Yong, Huang, Meng, Hua & Zhang, Momentum Batch Normalization for Deep 
          "Small Batch Size (ECCV 2020), Theorem 1: ξ_μ ~ N(0, 1/m), ξ_σ ~ χ²(m−1)/m")
 WHY = ("E[ξ_μ²] = 0.1 is the noise of fewer than 10 independent values per channel: the batch "
        "mean alone moves every normalized value by √0.1 = 0.32 SD from batch to batch"
-       "; false alarms: 0 of 160 healthy networks, closest 0.18× the line "
+       "; false alarms: 0 of 320 healthy networks, closest 0.20× the line "
        "(benchmarks/doctor_false_alarms.py)")
 
 
