@@ -10,10 +10,12 @@ verdict, our number beside the paper's (``headline``), one short clause and a li
 anchor on its paper page, with the decision rule stated once under the table. Each paper page
 (``PAGES``, found beside the README) holds a table of its own entries with the summary's first
 clause (the primary comparison, ``first_clause``), then every entry's full summary under its anchor:
-the full evidence lives there. The verdicts are not copied from anywhere: every stored catalogue
-entry is analysed again from the store (``bnlab.experiments.runner.iter_outcomes``, the same path as
-``bnlab report``; nothing is trained), so the tables say what the stored runs say today. The user
-guide itself is the docs site (``mkdocs.yml``, pages in ``docs/readme/``).
+the full evidence lives there. The verdicts are not copied from anywhere: each stored catalogue
+entry's outcome is read from the store where it is the analysis of the runs stored now by today's
+code (``bnlab.experiments.outcomes``: its fingerprint matches), and analysed again from the store
+where it is not (``bnlab.experiments.runner.iter_outcomes``, the same path as ``bnlab report``;
+nothing is trained), so the tables say what the stored runs say today. The user guide itself is the
+docs site (``mkdocs.yml``, pages in ``docs/readme/``).
 
 Each rewrite also stores the rows it rendered in ``docs/verdicts.json`` (the store's verdicts, as
 analysed then): the suite checks that every table is exactly what those rows render and that every
@@ -73,7 +75,8 @@ def collect_rows(runs_dir: Path) -> list[dict]:
         threads = sorted({env.get("threads") for env in envs} - {None})
         cpus = sorted({f"{env['cpu_model']} ({env['cpu_capability']})" for env in envs
                        if env.get("cpu_model") and env.get("cpu_capability")})
-        # analyses draw figures; the README needs none
+        # the README needs no figures: a stored outcome is read without them, and an entry
+        # analysed again draws its figures here
         with tempfile.TemporaryDirectory() as figures:
             for experiment_id, preset, ctx, outcome in iter_outcomes(runs_dir, figures,
                                                                      figures=False):
