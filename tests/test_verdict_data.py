@@ -5,8 +5,10 @@ entry again, and analysed again once its stored results change."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +31,14 @@ def _arms(seed: int):
     a = (torch.randn(5, generator=g, dtype=torch.float64)).tolist()
     b = (torch.randn(6, generator=g, dtype=torch.float64) + 1.5).tolist()
     return a, b
+
+
+def _build_readme():
+    path = Path(__file__).resolve().parents[1] / "docs" / "build_readme.py"
+    spec = importlib.util.spec_from_file_location("build_readme", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_a_comparisons_interval_is_welchs():
@@ -94,6 +104,9 @@ def test_an_entry_is_analysed_once_and_read_back(tmp_path, monkeypatch):
     shown = json.loads(result.output)
     assert shown["verdict"] == json.loads(json.dumps(outcome.record.to_dict()))
     assert shown["summary"] == outcome.summary and shown["stored"] is True
+    rows = _build_readme().collect_rows(tmp_path)  # the README's rows, from the stored outcome
+    assert [(r["id"], r["verdict"], r["summary"]) for r in rows] == \
+        [(ENTRY, outcome.verdict, outcome.summary)]
     # new results for the entry: its stored outcome is no longer theirs
     with Store(tmp_path / "bnlab.db") as store:
         saved = store.load_entry(ENTRY, "smoke")
