@@ -179,3 +179,41 @@ def test_the_guard_changes_nothing_on_finite_batches(guard):
         results.append((x.grad, *layer.state_dict().values()))
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+@pytest.mark.parametrize("spec", ["bn", "mbn", "cbn", "brn(relax_from=0)"])
+def test_checkpointing_inside_accumulate_changes_nothing(spec, reentrant):
+    """The reentrant first pass runs without grad; it still goes through the accumulator (one
+    update per optimizer step) and the recomputation replays it."""
+    net = _net(spec)
+    ref = copy.deepcopy(net)
+    x = torch.randn(16, 4, 5, 5, generator=torch.Generator().manual_seed(6)) + 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with N.accumulate(ref, steps=4):
+            for micro in x.chunk(4):
+                ref(micro.clone().requires_grad_()).square().sum().backward()
+        with N.accumulate(net, steps=4):
+            for micro in x.chunk(4):
+                out = checkpoint(net, micro.clone().requires_grad_(), use_reentrant=reentrant)
+                out.square().sum().backward()
+    for (name, a), b in zip(net.state_dict().items(), ref.state_dict().values()):
+        assert torch.equal(a, b), name
+    for a, b in zip(net.parameters(), ref.parameters()):
+        assert torch.equal(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_the_guard_works_inside_a_checkpointed_region(reentrant, guard):
+    layer = _layer("mbn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        layer(_batch())
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    with pytest.warns(RuntimeWarning, match="not finite"):
+        out = checkpoint(layer, _batch(float("nan")).requires_grad_(), use_reentrant=reentrant)
+        out.sum().backward()
+    for name, value in layer.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    assert layer.nonfinite_batches == 1  # counted once: the recomputation replays, not counts

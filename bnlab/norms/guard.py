@@ -122,7 +122,7 @@ def _guarded_step(layer: nn.Module, call: Callable[[], Tensor], x: Tensor) -> Te
         else:
             records.record(layer)
             if not torch.is_grad_enabled():  # reentrant: the recomputation will have grad on
-                return _as_with_grad(call)
+                call = functools.partial(_as_with_grad, call)
     accumulator = ACCUMULATORS.get(id(layer))
     if accumulator is not None:
         return accumulator.micro_step(layer, call, x)
