@@ -13,6 +13,7 @@ import torch
 from bnlab.experiments import runner
 from bnlab.experiments.luo.fig3 import population_run
 from bnlab.models import create
+from bnlab.store import Store
 from bnlab.train import TrainConfig
 from bnlab.train.prepare import build_model
 
@@ -51,3 +52,20 @@ def test_the_population_run_starts_from_the_plain_runs_weights():
     assert type(ours) is type(plain) is type(reference)
     for (name, a), (_, b) in zip(plain.state_dict().items(), ours.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def test_the_population_runs_follow_the_plain_bn_runs(tmp_path):
+    """Fig. 3's population-statistics runs are the plan's BN runs again, step for step: the same
+    training losses as the plain runs of their seeds (the evaluation works on a copy)."""
+    runner.reproduce("luo-fig3", runs_dir=tmp_path, tiny=True, workers=1)
+    with Store(tmp_path / "bnlab.db") as store:
+        runs = store.list_runs()
+        plain = {r["config"]["seed"]: r["id"] for r in runs
+                 if r["config"]["model"] == "perceptron" and r["config"]["norm"] == "bn"}
+        population = {r["config"]["seed"]: r["id"] for r in runs
+                      if r["config"]["model"].endswith("[population-statistics evaluation]")}
+        assert set(plain) == set(population) == {0, 1, 2}
+        for seed, run_id in population.items():
+            ours, theirs = store.metrics(run_id), store.metrics(plain[seed])
+            assert ours["train_loss"] == theirs["train_loss"], seed
+            assert "test_loss_population" in ours and "test_loss_population" not in theirs
