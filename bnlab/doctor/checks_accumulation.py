@@ -28,9 +28,13 @@ WHY = ("BN's statistics come from the batch it sees; accumulation does not enlar
 
 
 def remedy(k: int) -> str:
+    """Name bnlab's accumulation switch where it exists (``bnlab.norms.accumulate``), else what
+    smooths statistics across micro-batches."""
     if hasattr(bnlab.norms, "accumulate"):
-        return (f"bnlab.norms.accumulate (normalize over all {k} micro-batches of an optimizer "
-                "step), or a larger micro-batch")
+        return (f"with bnlab.norms.accumulate(model, steps={k}): one statistics update per "
+                "optimizer step from the union of the micro-batches (normalize='full' and "
+                "acc.step(inputs, loss_fn) for the full batch's outputs and gradients); it acts on "
+                "bnlab's layers: bnlab.norms.convert(model, 'bn') replaces torch's first")
     return ("a larger micro-batch; or smooth the statistics across micro-batches with "
             "bnlab.norms.create('mbn') or 'brn'; divide momentum by "
             f"{k} to keep the running statistics' horizon")

@@ -20,7 +20,8 @@ on ``heldout`` when given, else on the batches):
   are scale-invariant; running statistics recollected) or, exploded, the learning rate of those
   weights lowered to bring the step angle to the threshold; ``steps`` steps each, loss reached.
 - micro-batch-statistics: the cosine between the gradient accumulated over k micro-batches and
-  the gradient of the same samples as one batch (1 = accumulation changes nothing).
+  the gradient of the same samples as one batch (1 = accumulation changes nothing), before and
+  with :func:`bnlab.norms.accumulate`'s full-batch step (where it exists and the layers allow it).
 """
 
 from __future__ import annotations
@@ -209,22 +210,51 @@ def _effective_lr_effect(checkup, finding, steps) -> dict:
     return _compare_runs(checkup, finding, steps, f"their learning rate ×{scale:.3g}", model, base)
 
 
+def _flat_grad(model: nn.Module) -> torch.Tensor:
+    grads = [p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]
+    return torch.cat(grads).double()
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(a @ b / (a.norm() * b.norm()).clamp_min(1e-30))
+
+
 def _accumulation_effect(checkup, finding) -> dict:
+    """Cosine of the accumulated gradient (each micro-batch normalized by itself) with the gradient
+    of the same samples as one batch; then the same with bnlab.norms.accumulate's full-batch step
+    (torch's BN layers converted to bnlab's ``bn`` first), when it exists and the layers allow it.
+    Losses are weighted by micro-batch size, so a mean loss gives the full batch's mean."""
     k = checkup.accumulation_steps
-    model = copy.deepcopy(checkup.model).train()
     micro = checkup.batches[:k]
-    grads = []
-    for batches in (micro, [(torch.cat([x for x, _ in micro]), torch.cat([y for _, y in micro]))]):
+    loss_fn = checkup.loss_fn
+    whole = (torch.cat([x for x, _ in micro]), torch.cat([y for _, y in micro]))
+    model = as_trained(copy.deepcopy(checkup.model))
+    model.zero_grad()
+    (loss_fn(model(whole[0]), whole[1]) * len(whole[0])).backward()
+    reference = _flat_grad(model)
+    model.zero_grad()
+    for x, y in micro:
+        (loss_fn(model(x), y) * x.shape[0]).backward()
+    before = _cosine(_flat_grad(model), reference)
+    after, how = None, "bnlab.norms.accumulate is not available"
+    if hasattr(N, "accumulate") and len(micro) == k:
+        model = as_trained(N.convert(copy.deepcopy(checkup.model), "bn"))
         model.zero_grad()
-        for x, y in batches:
-            (checkup.loss_fn(model(x), y) * x.shape[0]).backward()
-        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()
-                                if p.grad is not None]).double())
-    cos = float(grads[0] @ grads[1] / (grads[0].norm() * grads[1].norm()).clamp_min(1e-30))
-    return {"code": finding.code, "remedy": "normalize over the optimizer's batch",
-            "before": {"gradient_cosine": cos}, "after": {"gradient_cosine": 1.0},
-            "effect": (f"cos(accumulated gradient, one-batch gradient) = {cos:.4f} over "
-                       f"{len(micro)} micro-batches of {checkup.batch_size}")}
+        (loss_fn(model(whole[0]), whole[1]) * len(whole[0])).backward()
+        reference = _flat_grad(model)
+        model.zero_grad()
+        try:
+            with N.accumulate(model, steps=k, normalize="full") as acc:
+                acc.step([x for x, _ in micro],
+                         lambda out, i: loss_fn(out, micro[i][1]) * micro[i][0].shape[0])
+            after, how = _cosine(_flat_grad(model), reference), "bnlab.norms.accumulate (full)"
+        except (ValueError, RuntimeError) as err:  # a layer that refuses the full-batch step
+            how = f"bnlab.norms.accumulate refused: {err}"
+    effect = (f"cos(accumulated gradient, one-batch gradient) = {before:.4f} over {len(micro)} "
+              f"micro-batches of {checkup.batch_size}")
+    effect += f"; {after:.6f} with {how}" if after is not None else f"; {how}"
+    return {"code": finding.code, "remedy": how, "before": {"gradient_cosine": before},
+            "after": {"gradient_cosine": after}, "effect": effect}
 
 
 def try_remedies(report, model: nn.Module, loss_fn, batches, *, steps: int = 30,
