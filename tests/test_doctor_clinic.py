@@ -131,3 +131,11 @@ def test_remedy_runs_copy_the_users_optimizer_under_a_scheduler():
     group = copy.param_groups[0]
     assert (group["lr"], group["momentum"], group["nesterov"], group["weight_decay"]) == (
         0.05, 0.9, True, 1e-4)
+
+
+def test_try_remedies_for_double_update_counts_once_after_conversion():
+    case = clinic.planted("double-update", "mlp", "torch")
+    results = case.examine().try_remedies(case.model, CE, case.batches, steps=2)
+    (entry,) = results.results
+    assert entry["before"]["updates_per_forward"] == 2.0
+    assert entry["after"]["updates_per_forward"] == 1.0

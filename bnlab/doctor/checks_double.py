@@ -109,9 +109,11 @@ def finding(per_forward: dict[str, float], forwards: int) -> Finding | None:
     return Finding(
         "double-update", "warn", tuple(sorted(doubled, key=lambda n: -doubled[n])),
         doubled[worst], THRESHOLD, WHY, PAPER,
-        "activation checkpointing re-runs BN in backward: keep BN layers outside checkpointed "
-        "segments, or save and restore their running statistics around the recomputation; then "
-        "bnlab.norms.recollect_running_stats(model, batches) to repair the statistics",
+        "activation checkpointing re-runs BN in backward: bnlab.norms.convert(model, 'bn') "
+        "(bnlab's layers replay the recomputation from a record and update once), or keep BN "
+        "outside "
+        "checkpointed segments; then bnlab.norms.recollect_running_stats(model, batches) to "
+        "repair the statistics",
         f"{worst} updated {doubled[worst]:g}× per training forward ({forwards} forward(s), one "
         "backward)")
 

@@ -6,8 +6,11 @@ is restored afterwards).
 What is measured, per warned code (``before``/``after`` are ``{"loss", "accuracy"}`` in eval mode
 on ``heldout`` when given, else on the batches):
 
-- stale-running-stats, double-update: eval before and after
-  :func:`bnlab.norms.recollect_running_stats` over the batches.
+- stale-running-stats: eval before and after :func:`bnlab.norms.recollect_running_stats` over
+  the batches.
+- double-update: the named layers' updates per training forward as is and after
+  ``bnlab.norms.convert(model, "bn")`` (bnlab's layers update once under checkpointing), and the
+  recollection's eval effect.
 - small-batch: ``steps`` more training steps at the user's batch size for the model as it is and
   for the model with every BN replaced by ``mbn`` (the ideal batch the finding chose, at its final
   λ); for each, eval (running statistics) and train mode (batch statistics at the user's batch
@@ -40,6 +43,7 @@ from bnlab.probes.base import is_bn_layer
 
 from .context import (MIN_SAMPLES, Checkup, as_trained, collect_batches, model_device,
                       tracking_layers)
+from .checks_double import UpdateCounter
 from .state import kept
 
 
@@ -124,6 +128,28 @@ def _recollect_effect(checkup, finding, heldout) -> dict:
     return {"code": finding.code, "remedy": "bnlab.norms.recollect_running_stats",
             "before": before, "after": after,
             "effect": f"eval {_fmt(before)} -> {_fmt(after)} after recollect_running_stats"}
+
+
+def _double_update_effect(checkup, finding, heldout) -> dict:
+    """Updates per training forward of the named layers, as is and after
+    ``bnlab.norms.convert(model, 'bn')``, over one forward and backward of the first batch; and
+    the eval effect of recollecting the statistics."""
+    counts = {}
+    x, y = checkup.batches[0]
+    for label, model in (("as is", copy.deepcopy(checkup.model)),
+                         ("bn", N.convert(copy.deepcopy(checkup.model), "bn"))):
+        as_trained(model)
+        with UpdateCounter(model) as counter:
+            checkup.loss_fn(model(x), y).backward()
+        per = counter.per_forward()
+        counts[label] = max((per.get(n, 0.0) for n in finding.layers), default=0.0)
+    entry = _recollect_effect(checkup, finding, heldout)
+    entry["before"]["updates_per_forward"] = counts["as is"]
+    entry["after"]["updates_per_forward"] = counts["bn"]
+    entry["remedy"] = "bnlab.norms.convert(model, 'bn'), then recollect_running_stats"
+    entry["effect"] = (f"updates per forward {counts['as is']:g} as is, {counts['bn']:g} after "
+                       f"convert(model, 'bn'); {entry['effect']}")
+    return entry
 
 
 def _fmt(result: dict) -> str:
@@ -278,8 +304,10 @@ def try_remedies(report, model: nn.Module, loss_fn, batches, *, steps: int = 30,
         held = None if heldout is None else (heldout[0].to(device), heldout[1].to(device))
         for finding in report.warnings:
             code = finding.code
-            if code in ("stale-running-stats", "double-update"):
+            if code == "stale-running-stats":
                 entry = _recollect_effect(checkup, finding, held)
+            elif code == "double-update":
+                entry = _double_update_effect(checkup, finding, held)
             elif code == "small-batch":
                 entry = _small_batch_effect(checkup, finding, held, steps)
             elif code == "beta-swamping":
