@@ -307,3 +307,13 @@ def test_cbn_share_is_pengs_divisor_ratio():
     assert report.measurements["beta_share"]["1"]["share"] == pytest.approx(
         float(peng.median()), rel=1e-4)
     assert report.codes("warn") == ["beta-swamping"]
+
+
+def test_a_data_loaders_ragged_last_batch_is_skipped():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(41, 4, generator=g), torch.randint(0, 3, (41,), generator=g)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    model = nn.Sequential(nn.Linear(4, 6, bias=False), nn.BatchNorm1d(6), nn.ReLU(),
+                          nn.Linear(6, 3))
+    report = examine(model, CE, loader)  # the last batch holds 1 sample
+    assert report.context["batches"] == 5 and report.context["batch_size"] == 8

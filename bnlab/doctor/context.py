@@ -190,7 +190,9 @@ def is_bn_like(module: nn.Module) -> bool:
 def collect_batches(batches, device: torch.device, max_batches: int | None,
                     min_samples: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The user's (inputs, targets) pairs on ``device``: until ``min_samples`` samples, or
-    ``max_batches`` batches when given. A single pair is one batch."""
+    ``max_batches`` batches when given. A single pair is one batch. A batch smaller than the first
+    (a loader's ragged last batch) is skipped: the checks measure statistics at one batch size,
+    and a last batch of one sample cannot be normalized in train mode."""
     if isinstance(batches, (tuple, list)) and len(batches) == 2 and torch.is_tensor(batches[0]):
         batches = [batches]
     out: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -201,6 +203,8 @@ def collect_batches(batches, device: torch.device, max_batches: int | None,
             raise ValueError("examine: batches must yield (inputs, targets) pairs of tensors, got "
                              f"{type(batch).__name__}")
         x, y = batch[0], batch[1]
+        if out and x.shape[0] < out[0][0].shape[0]:
+            continue
         out.append((x.to(device), y.to(device) if torch.is_tensor(y) else y))
         samples += int(x.shape[0])
         if len(out) >= limit or (max_batches is None and samples >= min_samples):
