@@ -88,14 +88,14 @@ def effective_lr_drift(norms: Mapping[str, Sequence[tuple[int, float]]],
              f"; weight decay {weight_decay:g}" + (" (none: ‖w‖ only grows)" if not weight_decay
                                                    else ""))
     if spinning and not drifting:
-        worst = max(spinning, key=turned.get)
+        worst = max(spinning, key=lambda n: turned[n])
         return Finding(
             "effective-lr", "warn", tuple(spinning), turned[worst], checks_effective_lr.ANGLE,
             checks_effective_lr.WHY_ANGLE, checks_effective_lr.PAPER,
             "exploded: lower the learning rate of these weights (a parameter group) or let ‖w‖ "
             "grow (less weight decay); bnlab.probes.max_stable_lr measures the stable range",
             f"each of the last steps turned {worst} by {turned[worst]:.3g} rad (median){decay}")
-    worst = max(drifting, key=drift.get)
+    worst = max(drifting, key=lambda n: drift[n])
     series = norms[worst]
     grew = series[-1][1] > series[0][1]
     remedy = ("collapsed: ‖w‖ grew; train with weight decay (it holds ‖w‖ in equilibrium) or "
@@ -139,7 +139,7 @@ def lagging_statistics(lag: Mapping[str, Sequence[tuple[int, float, float, float
     stale = [n for n, v in late.items() if v > checks_stale.LAYER_DISTANCE]
     if not stale:
         return None
-    worst = max(stale, key=late.get)
+    worst = max(stale, key=lambda n: late[n])
     alpha = momentum.get(worst)
     horizon = ("momentum None: a cumulative average over all of training" if alpha is None else
                f"momentum {alpha:g} forgets in ~{3 / alpha:.0f} steps" if alpha > 0 else

@@ -169,22 +169,25 @@ class Doctor(Callback):
 
     def _first_batch(self, batch: Batch) -> None:
         """Once: the scale-invariant weights, and the price of a pass (the sharpness cadence)."""
+        model = self.model
+        assert model is not None
         first = (batch[0].detach(), batch[1].detach())
-        checkup = Checkup(self.model, self.loss_fn or _no_loss, [first], self.optimizer)
+        checkup = Checkup(model, self.loss_fn or _no_loss, [first], self.optimizer)
         with self._quiet():
             names = checks_effective_lr.invariant_weights(checkup)
-        params = dict(self.model.named_parameters())
+        params = dict(model.named_parameters())
         self._weights = [(n, params[n]) for n in names]
         if self.sharpness_every == 0 or self.loss_fn is None:
             self.sharpness_every = 0
             return
         with self._quiet():
-            seconds = probe_cost.time_pass(self.model, self.loss_fn, first, self.optimizer)
-        if self._auto_sharpness:
-            self.sharpness_every = cost.sharpness_every(seconds, self.sharpness_iters, self.every,
-                                                        self.sharpness_budget)
-        probe = cost.SharpnessCost(self.sharpness_iters, self.sharpness_every)
-        estimate = probe_cost.estimate([probe], self.model, seconds)
+            seconds = probe_cost.time_pass(model, self.loss_fn, first, self.optimizer)
+        every = (cost.sharpness_every(seconds, self.sharpness_iters, self.every,
+                                      self.sharpness_budget)
+                 if self._auto_sharpness or self.sharpness_every is None else self.sharpness_every)
+        self.sharpness_every = every
+        probe = cost.SharpnessCost(self.sharpness_iters, every)
+        estimate = probe_cost.estimate([probe], model, seconds)
         self.costs = {"pass_seconds": seconds, "sharpness_cost": estimate[0].to_dict()}
         if not self._auto_sharpness:
             probe_cost.enforce(
@@ -271,12 +274,13 @@ class Doctor(Callback):
         """Append ``(step, λ_max, threshold)`` to the ``sharpness`` series: the top Hessian
         eigenvalue of the train-mode loss on the last batch (``checks_sharpness``: preconditioned
         for Adam-type optimizers) against the optimizer's stability threshold; state rewound."""
-        if self.loss_fn is None:
+        model = self.model
+        if self.loss_fn is None or model is None:
             return
         batch = self.batches[-1]
-        checkup = Checkup(self.model, self.loss_fn, [batch], self.optimizer,
+        checkup = Checkup(model, self.loss_fn, [batch], self.optimizer,
                           hessian_iters=self.sharpness_iters)
-        with self._quiet(), preserved(self.model, self.optimizer) as snap:
+        with self._quiet(), preserved(model, self.optimizer) as snap:
             if self.optimizer is not None:
                 threshold, _, pre = checks_sharpness.threshold_for(self.optimizer)
                 top, used = checks_sharpness.sharpness(checkup, snap, pre)

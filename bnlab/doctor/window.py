@@ -53,16 +53,18 @@ class WatchWindow:
             if name in self._captured or not mod.training or not inputs:
                 return
             x = inputs[0]
-            if (not torch.is_tensor(x) or x.dim() < 2
-                    or x.shape[1] != mod.running_mean.numel()):
+            running_mean, running_var = mod.running_mean, mod.running_var
+            if (not torch.is_tensor(x) or not isinstance(running_mean, torch.Tensor)
+                    or not isinstance(running_var, torch.Tensor) or x.dim() < 2
+                    or x.shape[1] != running_mean.numel()):
                 return
             with torch.no_grad():
                 dims = [0, *range(2, x.dim())]
                 values = x.detach().float()
                 var, mean = torch.var_mean(values, dims)
                 eps = float(getattr(mod, "eps", 1e-5))
-                run_mean = mod.running_mean.detach().float()
-                run_var = mod.running_var.detach().float()
+                run_mean = running_mean.detach().float()
+                run_var = running_var.detach().float()
                 shift = ((run_mean - mean).abs() / (var + eps).sqrt()).mean()
                 log_ratio = (0.5 * torch.log((run_var + eps) / (var + eps))).abs().mean()
             self._captured[name] = (shift, log_ratio, x.numel() // x.shape[1])
