@@ -37,11 +37,13 @@ STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2em auto;
 max-width:70em;color:#222;line-height:1.4;padding:0 1em}
 h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;padding:.3em .6em;
-text-align:left;vertical-align:top}th{background:#f4f4f4}
+table{border-collapse:collapse;font-size:.9em;width:100%}td,th{border:1px solid #ddd;
+padding:.3em .6em;text-align:left;vertical-align:top;overflow-wrap:break-word}th{background:#f4f4f4}
 .warn{color:#a40000;font-weight:bold}.info{color:#555}.ok{color:#2a7a2a;font-weight:bold}
 figure{margin:1em 0}figcaption{font-size:.9em;color:#444}img{max-width:100%}
-.missing{color:#777;font-style:italic}pre{white-space:pre-wrap;font-size:.85em}
+.missing{color:#777;font-style:italic}
+table.findings{table-layout:fixed}table.findings td{overflow-wrap:anywhere}
+pre{white-space:pre-wrap;font-size:.85em}
 """
 
 
@@ -70,7 +72,8 @@ def _grid(count: int, width: float = 3.2, height: float = 2.6) -> tuple[Any, lis
 
     cols = min(count, 4)
     rows = -(-count // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
+                             constrained_layout=True)
     flat = [ax for row in axes for ax in row]
     for ax in flat[count:]:
         ax.set_visible(False)
@@ -133,8 +136,8 @@ def _sharpness(points: Sequence[Sequence[Any]]) -> str:
     fig, (ax,) = _grid(1, 5.5, 3.6)
     steps = [_number(p[0]) for p in points]
     ax.plot(steps, [_number(p[1]) for p in points], marker="o", label="top eigenvalue λ_max")
-    ax.plot(steps, [_number(p[2]) for p in points], ls="--", color="tab:red",
-            label="stability threshold (2/η, or (2+2μ)/η)")
+    ax.plot(steps, [_number(p[2]) for p in points], ls="--", marker="_", markersize=14,
+            color="tab:red", label="stability threshold (2/η, or (2+2μ)/η)")
     ax.set_xlabel("step")
     ax.set_ylabel("curvature")
     ax.set_yscale("log")
@@ -199,7 +202,9 @@ def _findings_table(report: Report) -> str:
     head = ("<tr><th>severity</th><th>code</th><th>layers</th><th>value</th><th>threshold</th>"
             "<th>measured</th><th>remedy</th><th>why this threshold</th><th>paper</th></tr>")
     verdict = ("" if report.warnings else '<p class="ok">No warnings.</p>')
-    return f"{verdict}<table>{head}{''.join(rows)}</table>"
+    widths = "".join(f'<col style="width:{w}%">' for w in (6, 9, 9, 6, 6, 17, 17, 16, 14))
+    return (f'{verdict}<table class="findings"><colgroup>{widths}</colgroup>{head}'
+            f"{''.join(rows)}</table>")
 
 
 def _cell(value: Any) -> str:
