@@ -14,8 +14,9 @@ from bnlab.report import write_report
 from bnlab.report.headline import answer_lines
 from bnlab.store import Store, StoreCorruptError, StoreVersionError
 
+from bnlab.experiments import outcomes
 from bnlab.experiments.base import check_preset, get, load_catalogue
-from bnlab.experiments.runner import reproduce
+from bnlab.experiments.runner import analysis_context, reproduce
 
 experiments_app = typer.Typer(help="The catalogue of the papers' figures and tables.",
                               no_args_is_help=True)
@@ -132,9 +133,6 @@ def show_experiment(
 def _stored_outcome(experiment_id: str, preset: str, runs_dir: Path):
     """The entry's stored outcome (:func:`bnlab.experiments.outcomes.analysed`), None when the
     store does not hold the entry."""
-    from bnlab.experiments import outcomes
-    from bnlab.experiments.runner import analysis_context
-
     path = runs_dir / "bnlab.db"
     if not path.is_file():
         return None
