@@ -215,8 +215,9 @@ def reproduce_many(experiment_ids: list[str], preset: str = "smoke", *,
                    tiny: bool = False, progress: bool | None = None, nproc: int | None = None,
                    workers: int | None = None) -> Iterator[tuple[str, Outcome]]:
     """:func:`reproduce` for several entries with one sweep over all their runs (no core idles
-    while one entry's last run finishes) and their computations beside it, on a thread; yields
-    ``(id, outcome)`` in the given order once the runs are done and the entry's results stored."""
+    while one entry's last run finishes) and their computations beside it, on a thread (those that
+    train: after it); yields ``(id, outcome)`` in the given order once the runs are done and the
+    entry's results stored."""
     exps = [get(i) for i in experiment_ids]
     check_preset(preset)
     runs_dir = Path(runs_dir)
@@ -226,22 +227,18 @@ def reproduce_many(experiment_ids: list[str], preset: str = "smoke", *,
     configs = [s.config for entry in specs for s in entry]
     desc = experiment_ids[0] if len(experiment_ids) == 1 else f"{len(experiment_ids)} entries"
 
-    def computations() -> list[tuple[dict, float]]:
-        out = []
-        for plan in plans:
-            start = time.perf_counter()
-            with parallel.one_thread():  # their numbers, like the runs', do not depend on the cores
-                data = {name: fn(**_compute_kwargs(fn, tiny=tiny, runs_dir=str(runs_dir)))
-                        for name, fn in plan.compute.items()}
-            out.append((data, time.perf_counter() - start))
-        return out
-
-    # the computations (closed forms, simulations: a minute for luo-fig2) go beside the training
-    # runs
-    computed = parallel.in_background(computations)
+    # the computations that train nothing (closed forms, simulations: a minute for luo-fig2) go
+    # beside the training runs; those that train (they take ``runs_dir``) after them, here: training
+    # seeds torch's global generator, which two runs in one process must not share at once
+    computed = parallel.in_background(lambda: _computations(plans, tiny, runs_dir, trains=False))
     records = iter(run_sweep(configs, ray_address=ray_address, progress=progress, workers=workers,
                              desc=desc))
-    for exp, entry, (data, compute_seconds) in zip(exps, specs, computed()):
+    beside = computed()
+    after = _computations(plans, tiny, runs_dir, trains=True)
+    for exp, plan, entry, (data, compute_seconds), (trained, train_seconds) in zip(
+            exps, plans, specs, beside, after):
+        data = {name: {**data, **trained}[name] for name in plan.compute}  # the plan's order
+        compute_seconds += train_seconds
         done = [next(records) for _ in entry]
         runs = [{"label": s.label, "factors": s.factors, "id": r.get("id"),
                  "status": r.get("status"), "error": r.get("error")} for s, r in zip(entry, done)]
@@ -250,6 +247,25 @@ def reproduce_many(experiment_ids: list[str], preset: str = "smoke", *,
             ResultStore(runs_dir, store=store).save(exp.id, preset, runs, data, tiny, seconds)
             outcome = analyze(exp.id, preset, runs_dir=runs_dir, store=store)
         yield exp.id, outcome
+
+
+def _computations(plans: list[Plan], tiny: bool, runs_dir: Path,
+                  trains: bool) -> list[tuple[dict, float]]:
+    """Per plan, (its computations' data by name, seconds): those that train (they take
+    ``runs_dir``: :func:`_trains`) when ``trains``, else the others."""
+    out = []
+    for plan in plans:
+        start = time.perf_counter()
+        with parallel.one_thread():  # their numbers, like the runs', do not depend on the cores
+            data = {name: fn(**_compute_kwargs(fn, tiny=tiny, runs_dir=str(runs_dir)))
+                    for name, fn in plan.compute.items() if _trains(fn) == trains}
+        out.append((data, time.perf_counter() - start))
+    return out
+
+
+def _trains(fn) -> bool:
+    """Whether a computation trains runs: it takes the run store's ``runs_dir``."""
+    return "runs_dir" in _compute_kwargs(fn, runs_dir=None)
 
 
 def _compute_kwargs(fn, **offered) -> dict:
