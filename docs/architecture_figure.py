@@ -34,14 +34,17 @@ LAYERS: list[tuple[str, list[tuple[str, str]]]] = [
                                    ("bnlab.probes", "a quantity per callback"),
                                    ("bnlab.theory", "the papers' formulas"),
                                    ("bnlab.store", "run store (SQLite)"),
-                                   ("bnlab.integrations", "Lightning adapter")]),
+                                   ("bnlab.integrations", "Lightning, timm adapters"),
+                                   ("bnlab.plugins", "register your own")]),
+    ("doctor", [("bnlab.doctor", "a BN network's checkup and watcher: seven findings")]),
     ("experiments", [
         ("bnlab.experiments", "catalogue: one package per paper, verdicts.py decides")]),
     ("report", [("bnlab.report", "HTML report and figures from the store")]),
     ("cli", [("bnlab.cli", "every command (bnlab train, reproduce, demo, runs, ...)")]),
 ]
 
-COLOURS = ["#e8eef7", "#dcebdc", "#f6eadb", "#f3e0e6", "#e6e1f3", "#fbf5d6", "#e0f0f0", "#eeeeee"]
+COLOURS = ["#e8eef7", "#dcebdc", "#f6eadb", "#f3e0e6", "#e6e1f3", "#f7e3d3", "#fbf5d6", "#e0f0f0",
+           "#eeeeee"]
 
 
 def draw(path: Path = OUT) -> Path:

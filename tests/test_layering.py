@@ -22,7 +22,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("models", ("bnlab.models",)),
     ("data", ("bnlab.data",)),
     ("train/probes/theory/store", ("bnlab.train", "bnlab.probes", "bnlab.theory", "bnlab.store",
-                                    "bnlab.integrations")),
+                                    "bnlab.integrations", "bnlab.plugins")),
+    ("doctor", ("bnlab.doctor",)),
     ("experiments", ("bnlab.experiments",)),
     ("report", ("bnlab.report",)),
     ("cli", ("bnlab.cli",)),  # every command; nothing below imports it
@@ -31,10 +32,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 # In-function imports of other packages are allowed only for optional or lab-only dependencies,
 # imported on first use: ray, tensorboard, mlflow, timm, torchvision (optional extras); the lab
 # extra's scipy, matplotlib, tqdm, yaml, PIL, typer and sklearn, which must stay out of the light
-# install (bnlab.norms, bnlab.probes; tests/test_install_light.py); fcntl (POSIX only). A name
-# covers its submodules.
+# install (bnlab.norms, bnlab.probes; tests/test_install_light.py); fcntl and resource (POSIX
+# only). A name covers its submodules.
 OPTIONAL = ("ray", "torch.utils.tensorboard", "mlflow", "timm", "torchvision", "PIL", "scipy",
-            "matplotlib", "tqdm", "yaml", "typer", "sklearn", "fcntl")
+            "matplotlib", "tqdm", "yaml", "typer", "sklearn", "fcntl", "resource")
 
 # Other in-function imports still present in files owned by other work streams: (module, import).
 # May only shrink.

@@ -93,7 +93,8 @@ def test_the_cli_path_validates_the_config_exactly_once(tmp_path, monkeypatch):
 
 def test_cli_options_are_the_config_fields_plus_the_run_options():
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    assert set(train_cli.TRAIN_OPTIONS) == fields | {"config_file", "force", "log_to", "as_json"}
+    assert set(train_cli.TRAIN_OPTIONS) == fields | {"config_file", "force", "log_to", "as_json",
+                                                     "doctor"}
     for f in dataclasses.fields(TrainConfig):
         _, option = train_cli.TRAIN_OPTIONS[f.name]
         assert option.help == f.metadata["cli"]["help"]
@@ -105,7 +106,7 @@ def test_help_lists_the_same_options_as_before():
     group.command("other")(lambda: None)  # two commands: typer keeps "train" a subcommand
     command = typer.main.get_group(group).commands["train"]
     flags = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} - {"--help"}
-    assert flags == OLD_FLAGS | {"--compiled-steps"}  # the one flag added since
+    assert flags == OLD_FLAGS | {"--compiled-steps", "--doctor"}  # the flags added since
     result = CliRunner().invoke(app, ["train", "--help"], prog_name="bnlab",
                                 env={"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"})
     assert result.exit_code == 0 and "Skip checksum verification of data files." in result.output

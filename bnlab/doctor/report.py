@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from . import html
 from .findings import Finding
 from .remedies import RemedyResults, try_remedies
@@ -51,13 +53,8 @@ def _json_safe(value: Any) -> Any:
         return value if math.isfinite(value) else str(value)
     if isinstance(value, (int, str, bool)) or value is None:
         return value
-    try:  # tensors, numpy scalars
-        import torch
-
-        if torch.is_tensor(value):
-            return _json_safe(value.detach().cpu().tolist())
-    except ImportError:  # pragma: no cover
-        pass
+    if torch.is_tensor(value):
+        return _json_safe(value.detach().cpu().tolist())
     if hasattr(value, "item"):
         return _json_safe(value.item())
     return str(value)

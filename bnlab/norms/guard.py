@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import CheckpointFunction
 from torch import Tensor
 
 from .user_line import warn as warn_at_user_line
@@ -267,7 +268,6 @@ _CODES: list = []  # the code objects of CheckpointFunction.forward and .backwar
 
 def _reentrant_codes() -> tuple:
     if not _CODES:
-        from torch.utils.checkpoint import CheckpointFunction
         _CODES.extend((CheckpointFunction.forward.__code__, CheckpointFunction.backward.__code__))
     return _CODES[0], _CODES[1]
 

@@ -21,6 +21,12 @@ from typing import Any, Sequence
 
 import torch
 
+from bnlab.data import batches
+from bnlab.norms import recollect_running_stats
+from bnlab.train import load_model, prepare
+from bnlab.train.prepare import derive_seed
+from bnlab.train.record import evaluate
+
 from ..base import RunSpec
 
 ONE_PROCESS = {"BN": "bn", "MBN": "mbn", "BRN": "brn", "GN": "gn"}  # arm → norm spec
@@ -100,12 +106,6 @@ def recollected_metrics(run, runs_dir: Path | None) -> dict[str, float] | None:
 
 
 def _recollect(run_id: str, config: dict[str, Any], runs_dir: Path) -> dict[str, float] | None:
-    from bnlab.data import batches
-    from bnlab.norms import recollect_running_stats
-    from bnlab.train import load_model, prepare
-    from bnlab.train.prepare import derive_seed
-    from bnlab.train.record import evaluate
-
     try:
         model = load_model(run_id, runs_dir)
     except (FileNotFoundError, ValueError):

@@ -17,10 +17,13 @@ import re
 import sys
 from pathlib import Path
 
+from bnlab.experiments.common import recipe_config
+from bnlab.experiments.rule_stats import config_test_images
+from bnlab.experiments.runner import analysis_context
 from bnlab.formatting import fmt, mean_std
 
 from .arms import ARM_TEXT, ARMS, GN_SPEC, RECOLLECTED, SYNC_PROCESSES, SYNCED
-from .entries import BATCH_SIZES, batch_size_verdict
+from .entries import BATCH_SIZES, batch_size_verdict, measure
 
 KEEPS = 0.05  # an arm "keeps" its accuracy when it loses less than this from M = 32 to M = 2
 DATA_MARK = "<!-- small-batches data: "
@@ -28,12 +31,6 @@ DATA_MARK = "<!-- small-batches data: "
 
 def page_data(runs_dir: str | Path, commit: str, preset: str = "smoke") -> dict:
     """The numbers the page shows: per arm, batch size and seed, the final test accuracy."""
-    from bnlab.experiments.common import recipe_config
-    from bnlab.experiments.rule_stats import config_test_images
-    from bnlab.experiments.runner import analysis_context
-
-    from .entries import measure
-
     with analysis_context("mbn-batch-size", preset, runs_dir=runs_dir) as ctx:
         acc, _ = measure(ctx)
         n_test = config_test_images(recipe_config(ctx))
@@ -55,14 +52,11 @@ def _label(arm: str) -> str:
     return ARM_TEXT.get(arm, arm)
 
 
-def render(data: dict) -> str:
-    """The page's markdown for :func:`page_data`'s numbers."""
-    acc = _acc(data)
-    mean = {a: {M: mean_std(v.values())[0] for M, v in acc.get(a, {}).items()} for a in ARMS}
+def _table(acc: dict, mean: dict) -> tuple[list[str], dict[str, float]]:
+    """The per-arm table (mean accuracy per M, then the drop) and each arm's drop."""
     small, large = min(BATCH_SIZES), max(BATCH_SIZES)
-    verdict, summary = batch_size_verdict(acc, tiny=False, n_test=data["n_test"])
-    header = "| M | " + " | ".join(_label(a) for a in ARMS) + " |"
-    rows = [header, "|" + "---|" * (len(ARMS) + 1)]
+    rows = ["| M | " + " | ".join(_label(a) for a in ARMS) + " |",
+            "|" + "---|" * (len(ARMS) + 1)]
     for M in BATCH_SIZES:
         cells = [f"{fmt(mean[a].get(M))} (n={len(acc.get(a, {}).get(M) or {})})" for a in ARMS]
         rows.append(f"| {M} | " + " | ".join(cells) + " |")
@@ -70,8 +64,15 @@ def render(data: dict) -> str:
              if mean[a].get(large) is not None and mean[a].get(small) is not None}
     rows.append(f"| drop {large} → {small} | "
                 + " | ".join(fmt(drops.get(a)) for a in ARMS) + " |")
+    return rows, drops
+
+
+def _advice(acc: dict, mean: dict, drops: dict[str, float]) -> list[str]:
+    """Which arms keep their accuracy at the smallest batch, which lose it, and recollection."""
+    small, large = min(BATCH_SIZES), max(BATCH_SIZES)
     keep = sorted((a for a in drops if drops[a] < KEEPS), key=lambda a: -mean[a][small])
     lose = sorted((a for a in drops if drops[a] >= KEEPS), key=lambda a: -mean[a][small])
+
     def listed(arms: list[str]) -> str:
         return "; ".join(f"{_label(a)} ({fmt(mean[a][small])}, "
                          f"n={len(acc[a][small])})" for a in arms) or "none"
@@ -87,6 +88,20 @@ def render(data: dict) -> str:
             f"from {fmt(mean['BN'][small])} to {fmt(mean[RECOLLECTED][small])}: it repairs "
             "running statistics that lag the final network, not a network trained with the "
             f"noise of {small}-sample batch statistics.")
+    return advice
+
+
+def render(data: dict) -> str:
+    """The page's markdown for :func:`page_data`'s numbers."""
+    acc = _acc(data)
+    mean = {a: {M: mean_std(v.values())[0] for M, v in acc.get(a, {}).items()} for a in ARMS}
+    verdict, summary = batch_size_verdict(acc, tiny=False, n_test=data["n_test"])
+    rows, drops = _table(acc, mean)
+    return _page(data, rows, _advice(acc, mean, drops), verdict, summary)
+
+
+def _page(data: dict, rows: list[str], advice: list[str], verdict: str, summary: str) -> str:
+    small, large = min(BATCH_SIZES), max(BATCH_SIZES)
     return "\n".join([
         "# Small batches: what to use",
         "",
