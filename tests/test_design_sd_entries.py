@@ -54,13 +54,16 @@ def test_resolvable_effect_comes_from_the_design_not_the_seeds(entry):
 def test_fig10_primary_is_judged_with_its_design():
     w = {label: {"ours": [{"grad_change_max": v} for v in values]}
          for label, values in ((STANDARD, [10.0, 12.0, 11.0]), (BN, [1.0, 1.2, 1.1]))}
-    verdict, text = SPRED.fig10_verdict(w)
+    # both rate readings trained and agreeing (the second reading's windows are its own replay's)
+    verdict, text = SPRED.fig10_verdict(w, literal=w)
     assert verdict == "held"
     design = SPRED.FIG10_DESIGN
     assert f"resolvable ≥ {design.mde():.2g}" in text and design.source in text
     # BN's gradient change larger: significant against the claimed direction
     w[BN], w[STANDARD] = w[STANDARD], w[BN]
-    assert SPRED.fig10_verdict(w)[0] == "not held"
+    assert SPRED.fig10_verdict(w, literal=w)[0] == "not held"
+    # the second reading missing: the readings cannot be shown to agree
+    assert SPRED.fig10_verdict(w)[0] == "inconclusive"
 
 
 def test_direction_only_designs_need_a_significant_contrary_effect_for_not_held():

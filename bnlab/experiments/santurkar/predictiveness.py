@@ -194,9 +194,10 @@ def _grad_changes(windows: dict, name: str) -> tuple[list[float], list[float]]:
 def beta_edge(windows: dict, lr: float) -> dict[str, list[float]]:
     """Per arm, per seed: the effective β over [1/100, 30] × lr times lr/2 (1 = gradient descent's
     stability edge 2/lr, where a net trained at lr sits when it trains at the edge of
-    stability)."""
+    stability). A window measured without β (a replay that stored only the gradient change)
+    gives no value rather than failing the verdict."""
     return {label: [s["beta_smoothness"] * lr / 2 for s in windows.get(label, {}).get("ours", [])
-                    if s["beta_smoothness"] is not None] for label in FIG6_LABELS}
+                    if s.get("beta_smoothness") is not None] for label in FIG6_LABELS}
 
 
 def fig10_verdict(windows: dict[str, dict[str, list[dict]]], tiny: str | None = None,
