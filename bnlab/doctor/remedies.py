@@ -127,7 +127,7 @@ def _recollect_effect(checkup, finding, heldout) -> dict:
     after = _eval(checkup, _recollect(checkup, model), heldout)
     return {"code": finding.code, "remedy": "bnlab.norms.recollect_running_stats",
             "before": before, "after": after,
-            "effect": f"eval {_fmt(before)} -> {_fmt(after)} after recollect_running_stats"}
+            "effect": f"eval {_loss(before)} -> {_loss(after)} after recollect_running_stats"}
 
 
 def _double_update_effect(checkup, finding, heldout) -> dict:
@@ -152,7 +152,7 @@ def _double_update_effect(checkup, finding, heldout) -> dict:
     return entry
 
 
-def _fmt(result: dict) -> str:
+def _loss(result: dict) -> str:
     text = f"loss {result['loss']:.4g}"
     if "accuracy" in result:
         text += f", accuracy {result['accuracy']:.3f}"
@@ -185,8 +185,8 @@ def _small_batch_effect(checkup, finding, heldout, steps) -> dict:
     base, fixed = out["as is"], out[spec]
     return {"code": finding.code, "remedy": spec, "before": base, "after": fixed,
             "effect": (f"after {steps} more steps at batch {checkup.batch_size}: eval "
-                       f"{_fmt(base)} (train mode {_fmt(base['train_mode'])}) as is; eval "
-                       f"{_fmt(fixed)} (train mode {_fmt(fixed['train_mode'])}) with {spec}")}
+                       f"{_loss(base)} (train mode {_loss(base['train_mode'])}) as is; eval "
+                       f"{_loss(fixed)} (train mode {_loss(fixed['train_mode'])}) with {spec}")}
 
 
 def _compare_runs(checkup, finding, steps, remedy, fixed_model, fixed_opt=None) -> dict:

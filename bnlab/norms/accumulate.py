@@ -74,7 +74,7 @@ def combine_moments(parts: list[tuple[int, Tensor, Tensor]]) -> tuple[int, Tenso
         raise ValueError("combine_moments: no values to combine")
     mean = sum(n * m.double() for n, m, _ in parts if n) / total
     m2 = sum(n * (v.double() + (m.double() - mean) ** 2) for n, m, v in parts if n)
-    return total, mean, m2 / total
+    return total, torch.as_tensor(mean), torch.as_tensor(m2 / total)
 
 
 def _moments(layer: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, int]:
@@ -122,7 +122,7 @@ class _LayerAccumulator:
         self.start, self.parts, self.samples = None, [], 0
         if not parts:
             return
-        layer = self.layer
+        layer: Any = self.layer  # a bnlab layer or NativeBatchNorm: both have update_from_batch
         n, mean, var = combine_moments(parts)
         dtype = parts[0][1].dtype
         before = snapshot(layer) if nonfinite_guard_enabled() else None

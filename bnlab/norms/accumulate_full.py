@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from .base import ChannelNorm
 from .guard import restore_if_nonfinite, snapshot
 from .guard import nonfinite_guard_enabled
 from .kernels import per_channel
@@ -83,6 +84,7 @@ class FullStatistics:
 
     def settled(self) -> bool:
         """Whether this round's sums are the ones its gradients used (then they were exact)."""
+        assert self.mean is not None, "settled() before the statistics pre-pass"
         now = self.summed or [torch.zeros_like(self.mean, dtype=torch.float64)] * 2
         used = self.used or (torch.zeros_like(now[0]), torch.zeros_like(now[1]))
         return all(torch.equal(a, b) for a, b in zip(now, used))
@@ -100,6 +102,7 @@ class _Fixed(torch.autograd.Function):
     def forward(ctx, x: Tensor, state: FullStatistics):
         ctx.state = state
         ctx.save_for_backward(x)
+        assert state.mean is not None and state.var is not None, "no statistics pre-pass"
         return state.mean.clone(), state.var.clone()
 
     @staticmethod
@@ -175,6 +178,7 @@ def _pre_pass(model: nn.Module, layers: list[FullStatistics], inputs: list[Tenso
 def _update(state: FullStatistics) -> None:
     layer = state.layer
     before = snapshot(layer) if nonfinite_guard_enabled() else None
+    assert isinstance(layer, ChannelNorm) and state.mean is not None and state.var is not None
     layer.update_from_batch(state.mean, state.var, state.n, state.samples)
     if before is not None:
         restore_if_nonfinite(layer, before)

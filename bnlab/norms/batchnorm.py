@@ -183,7 +183,8 @@ class NativeBatchNorm(nn.modules.batchnorm._BatchNorm):
     @torch.no_grad()
     def update_from_batch(self, mean: Tensor, var: Tensor, n: int, samples: int) -> None:
         """torch's kernel's update: ``(1 − m)·running + m·batch``, the unbiased variance."""
-        if not (self.training and self.track_running_stats and self.running_mean is not None):
+        if not (self.training and self.track_running_stats and self.running_mean is not None
+                and self.running_var is not None and self.num_batches_tracked is not None):
             return
         self.num_batches_tracked.add_(1)
         m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum

@@ -179,7 +179,7 @@ def run_from(layer: nn.Module, state: dict[str, Any], call: Callable[[], Tensor]
         if saved is not None:
             generator = torch.Generator(device=saved[0])
             generator.set_state(saved[1])
-        layer._generator = generator
+        setattr(layer, "_generator", generator)
     _LOCAL.replay = getattr(_LOCAL, "replay", 0) + 1
     try:
         return call()
@@ -187,7 +187,7 @@ def run_from(layer: nn.Module, state: dict[str, Any], call: Callable[[], Tensor]
         _LOCAL.replay -= 1
         layer._buffers.update(own)
         if rewind_generator:
-            layer._generator = own_generator
+            setattr(layer, "_generator", own_generator)
 
 
 def _newly_nonfinite(layer: nn.Module, before: dict[str, Any]) -> list[str]:
@@ -213,7 +213,7 @@ def restore_if_nonfinite(layer: nn.Module, before: dict[str, Any]) -> bool:
         new = layer._buffers.get(name)
         if name != "_generator" and new is not None:
             new.data.copy_(old)
-    layer.nonfinite_batches = getattr(layer, "nonfinite_batches", 0) + 1
+    setattr(layer, "nonfinite_batches", getattr(layer, "nonfinite_batches", 0) + 1)
     warn_at_user_line(
         f"{type(layer).__name__}: a training batch whose statistics are not finite (NaN or inf) "
         f"would have written them into {', '.join(bad)}; its running and moving buffers were left "
@@ -281,8 +281,9 @@ def checkpoint_site() -> tuple[Any, bool] | None:
     if hooks is not None:  # non-reentrant: checkpoint's saved-tensor hooks are on top
         pack = inspect.unwrap(hooks[0])
         qualname = getattr(pack, "__qualname__", "")
-        free = dict(zip(getattr(pack, "__code__", None).co_freevars if hasattr(pack, "__code__")
-                        else (), (c.cell_contents for c in (pack.__closure__ or ()))))
+        code = getattr(pack, "__code__", None)
+        free = dict(zip(code.co_freevars if code is not None else (),
+                        (c.cell_contents for c in (getattr(pack, "__closure__", None) or ()))))
         if qualname.startswith("_checkpoint_hook.") and "frame" in free:
             return free["frame"], False
         if qualname.startswith("_recomputation_hook.") and "target_frame_ref" in free:
