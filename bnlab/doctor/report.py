@@ -30,12 +30,11 @@ examine), ``accumulation_steps``, ``checks``, ``seconds``, ``seconds_by_check``.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
+from bnlab.jsonsafe import jsonable
 
 from . import html
 from .findings import Finding
@@ -43,21 +42,9 @@ from .remedies import RemedyResults, try_remedies
 
 
 def _json_safe(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, Finding):
-        return value.to_dict()
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, (int, str, bool)) or value is None:
-        return value
-    if torch.is_tensor(value):
-        return _json_safe(value.detach().cpu().tolist())
-    if hasattr(value, "item"):
-        return _json_safe(value.item())
-    return str(value)
+    """The measurements and context as JSON: bnlab's one sanitizer, non-finite floats named (a
+    reader sees ``"inf"``, not a silent null), a finding as its fields (:meth:`Finding.to_dict`)."""
+    return jsonable(value, nonfinite="string", objects=True)
 
 
 def _order(finding: Finding) -> tuple:
