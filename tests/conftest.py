@@ -1,7 +1,12 @@
 """Suite-wide fixtures."""
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
@@ -15,3 +20,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def br():
+    """docs/build_readme.py as a module (a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("build_readme",
+                                                  REPO / "docs" / "build_readme.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

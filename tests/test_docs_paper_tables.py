@@ -2,22 +2,12 @@
 one region between the verdict markers, rendered from the same rows as the README's table
 (docs/verdicts.json) with each summary cut to its first clause, and a hand edit there is caught."""
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def br():
-    spec = importlib.util.spec_from_file_location("build_readme",
-                                                  REPO / "docs" / "build_readme.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ characters, and one verdict row per stored entry, each with our number beside th
 (``headline``, read from the summary) and a link to an anchor on the entry's page, where its full
 summary is (``build_readme.page_table``)."""
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -11,15 +10,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
-
-
-@pytest.fixture(scope="module")
-def br():
-    spec = importlib.util.spec_from_file_location("build_readme",
-                                                  REPO / "docs" / "build_readme.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _cells(text: str) -> list[str]:
