@@ -16,10 +16,13 @@ def test_paper_table_against_its_printed_improvements():
 
 
 def test_smoke_plan_arms_seeds_and_recipe():
-    runs = get("peng-table5").plan("smoke").runs
-    assert len(runs) == 5 * 2 * P.SEEDS == 30
-    # one shared sweep
-    assert [r.config for r in runs] == [r.config for r in get("peng-fig6").plan("smoke").runs]
+    both = get("peng-table5").plan("smoke").runs
+    # one shared sweep, in both block forms (peng.blocks): He's (primary) and Eq. 7's
+    assert [r.config for r in both] == [r.config for r in get("peng-fig6").plan("smoke").runs]
+    assert {r.config["model_options"]["residual"]: r.factors["reading"] for r in both} == \
+        {"he": "he", "peng": "eq7"}
+    runs = [r for r in both if r.factors["reading"] == "he"]
+    assert len(runs) == 5 * 2 * P.SEEDS == 30 == len(both) // 2
     for r in runs:
         c, f = r.config, r.factors
         if f["arm"] == "BN":
@@ -28,7 +31,7 @@ def test_smoke_plan_arms_seeds_and_recipe():
             assert c["placement"] == "pre_linear" and "amat=true" in c["norm"]
             assert (f"rho={RHO_STAR[f['activation']]:g}" in c["norm"]) == (
                 RHO_STAR[f["activation"]] != 1.0)
-        assert c["model_options"]["residual"] == "peng" and c["data"] == "imagefolder"
+        assert c["model_options"]["residual"] == "he" and c["data"] == "imagefolder"
         # no padding-pattern artifact in the 4×4 stage
         assert c["model_options"]["padding_mode"] == "replicate"
         assert c["data_options"]["generate"] is True
@@ -39,8 +42,14 @@ def test_smoke_plan_arms_seeds_and_recipe():
 
 
 def test_paper_plan_follows_section_6_1():
-    runs = get("peng-table5").plan("paper").runs
-    assert len(runs) == 3 * 5 * 2 * P.SEEDS
+    both = get("peng-table5").plan("paper").runs
+    runs = [r for r in both if r.factors["reading"] == "he"]
+    assert len(runs) == 3 * 5 * 2 * P.SEEDS == len(both) // 2
+    # the ResNets in He's block form (the primary reading), EfficientNet without the option
+    for r in both:
+        form = {"he": "he", "eq7": "peng"}[r.factors["reading"]]
+        assert r.config["model_options"].get("residual") == (
+            None if r.config["model"] == "tv_efficientnet_b0" else form)
     assert {r.config["model"] for r in runs} == {"tv_resnet18", "tv_resnet50", "tv_efficientnet_b0"}
     for r in runs:
         c = r.config
@@ -128,23 +137,31 @@ def test_fig6_verdict_rule():
 
 def test_tiny_reproduce_end_to_end_on_a_generated_image_folder(tmp_path, monkeypatch):
     """Both entries, every run cut to a few steps, on the generated image folder written into
-    $BNLAB_DATA. One seed per arm instead of 3 keeps the test within its time budget (10 runs
-    instead of 30)."""
+    $BNLAB_DATA. One seed per arm and Sigmoid alone keep the test within its time budget (4 runs,
+    both block forms, instead of 60)."""
     monkeypatch.setenv("BNLAB_DATA", str(tmp_path / "data"))
     monkeypatch.setattr(P, "SEEDS", 1)
+    monkeypatch.setattr(P, "ACTIVATIONS", ("sigmoid",))
     runs_dir = tmp_path / "runs"
     table = reproduce("peng-table5", "smoke", runs_dir=runs_dir, tiny=True,
                       progress=False, report=False)
     assert (tmp_path / "data" / "bnlab-gratings" / "train").is_dir()
     assert len(list((tmp_path / "data" / "bnlab-gratings" / "val").rglob("*.JPEG"))) == 300
     assert table.verdict == "inconclusive" and "tiny" in table.summary
-    assert len(table.table) == 5 * 3 and all(f.exists() for f in table.figures)
+    # 3 rows per reading (BN, CBN, CBN − BN), the other reading's named; its figures beside
+    assert len(table.table) == 2 * 3 and all(f.exists() for f in table.figures)
+    other = [r["quantity"].startswith("Eq. 7's block") for r in table.table]
+    assert other == [False] * 3 + [True] * 3
+    assert len(table.figures) == 4
     assert all("(n=1)" in row["ours"] for row in table.table
                if row["quantity"].endswith("top-1 (%)"))
     assert "too few seeds" in table.table[2]["ours"]  # the CBN − BN row of ResNet-18/Sigmoid
+    assert table.record.verdict == "inconclusive" and table.record.seeds == (1, 1)
+    assert table.record.paper == pytest.approx(P.paper_gain("resnet18", "sigmoid"))
     fig = reproduce("peng-fig6", "smoke", runs_dir=runs_dir, tiny=True,
                     progress=False, report=False)
-    assert fig.verdict == "inconclusive" and len(fig.table) == 10 and fig.figures[0].exists()
+    assert fig.verdict == "inconclusive" and len(fig.table) == 4 and fig.figures[0].exists()
+    assert fig.record.primary == "CBN − BN mean training loss, ResNet-18/Sigmoid"
 
 
 def test_smoke_network_norms_see_the_data_not_the_padding(tmp_path):
