@@ -176,7 +176,7 @@ def test_table_smoke_splits_train_on_whole_batches(table, n_train, steps):
     whose batch statistics decided cells of Table 4 (BN + ReLU 17 %, CBN + Tanh at chance); the
     splits now leave whole batches of 128 (Table 1: 11 and one of 30), checked on the real split."""
     from bnlab import data
-    from bnlab.experiments.rule_stats import settle_fraction
+    from bnlab.experiments.run_facts import settle_fraction
     from bnlab.train.prepare import prepare
 
     config = get(f"peng-table{table}").plan("smoke").runs[0].config

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Hashable, Mapping, Sequence
 
-from .rule_stats import COMPARE_RULE, Comparison
+from .verdicts import COMPARE_RULE, Comparison
 from .verdict_data import Verdict
 from .verdicts import HELD, INCONCLUSIVE, NOT_HELD, ladder
 

@@ -11,7 +11,7 @@ from bnlab.probes import max_stable_lr
 
 from ..base import Experiment, Outcome, RunSpec, register
 from ..resolution import family_resolution
-from ..rule_stats import COMPARE_RULE
+from ..verdicts import COMPARE_RULE
 from ..verdict_data import Verdict
 from ..verdicts import NOT_HELD, conjunction, explain, family, is_held, ladder
 from bnlab.formatting import finite_or_none, fmt, mean_std

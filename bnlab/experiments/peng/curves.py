@@ -18,7 +18,8 @@ from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..readings import combine_readings
 from ..verdict_data import Verdict
 from ..common import compare_arms, mean_over_run, seed_means
-from ..rule_stats import arm_values, holm
+from ..verdicts import holm
+from ..run_facts import arm_values
 from ..verdicts import RULE as JUDGED_RULE
 from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
 from ..resolution import design_resolution

@@ -13,8 +13,9 @@ from ..base import Experiment, Outcome, RunSpec, register
 from ..resolution import Resolution, family_resolution
 from ..common import (RULE, DesignSD, compare_arms, mean_curve, recipe_config,
                       safe_panels, smooth)
-from ..rule_stats import arm_values, config_test_images, holm
-from ..rule_stats import COMPARE_RULE
+from ..verdicts import holm
+from ..run_facts import arm_values, config_test_images
+from ..verdicts import COMPARE_RULE
 from ..verdict_data import Verdict
 from ..verdicts import ALPHA, HELD, MIN_SEEDS, against_bound, conjunction, explain, ladder
 from .blocks import block_plan, judged_by_block

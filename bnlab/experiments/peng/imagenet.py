@@ -42,7 +42,7 @@ from bnlab.formatting import fmt, mean_std
 from ..common import grouped_finals, mean_curve, mean_over_run, safe_panels, smooth
 from .blocks import block_plan, judged_by_block
 from .common import ACT_TITLE, ACTIVATIONS, status_note, row_spec
-from ..rule_stats import arm_values
+from ..run_facts import arm_values
 from ..resolution import family_resolution
 from .imagenet_rule import (ARCH_TITLE, ARCHS, FIG6_DESIGN_SD, PAPER_TABLE5,  # noqa: F401
                             PRINTED_IMPROVEMENTS, TABLE5_DESIGN_SD, VAL_IMAGES, _cell_comparisons,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from bnlab.data.image_writer import GENERATED
 
 from ..common import CATALOGUE_PILOT, RULE, DesignSD, compare_arms
-from ..rule_stats import COMPARE_RULE
+from ..verdicts import COMPARE_RULE
 from ..verdict_data import Verdict
 from ..verdicts import RULE as JUDGED_RULE
 from ..verdicts import (NOT_HELD, conjunction, explain, family, ladder,

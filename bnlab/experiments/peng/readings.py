@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from bnlab.formatting import finite_or_none, fmt
 
-from ..rule_stats import arm_values
+from ..run_facts import arm_values
 from ..verdicts import Design
 from .common import ACT_TITLE, NON_RELU, TABLES, percent
 from .verdict import table_verdict

@@ -46,7 +46,7 @@ from ..common import (compare_arms, mean_curve, recipe_config, safe_panels,
                       SETTLE_FRACTION, smooth, value_at_fraction)
 from .verdict import (CHANCE, chance, primary_activations, proxy_cells, table_design,
                       table_record, table_verdict)
-from ..rule_stats import arm_values, settle_fraction
+from ..run_facts import arm_values, settle_fraction
 from ..verdicts import settle
 from ..resolution import design_resolution
 from . import common

@@ -37,7 +37,7 @@ from bnlab.theory.peng import simulate_quadratic_sgd, theorem1_terms
 from ..base import Experiment, Outcome, Plan, register
 from ..resolution import Resolution, family_resolution
 from ..common import DesignSD, compare_arms, safe_panels
-from ..rule_stats import holm
+from ..verdicts import holm
 from ..verdict_data import Verdict
 from ..verdicts import NOT_HELD, explain, family, ladder
 

@@ -44,9 +44,10 @@ from .common import (
     percent,
     table_base,
 )
-from ..rule_stats import config_test_images, holm
+from ..verdicts import holm
+from ..run_facts import config_test_images
 from ..readings import deciding
-from ..rule_stats import COMPARE_RULE
+from ..verdicts import COMPARE_RULE
 from ..verdict_data import Verdict
 from ..verdicts import RULE as JUDGED_RULE
 from ..verdicts import NOT_HELD, Design, checks, explain, family, judge, ladder, settle
