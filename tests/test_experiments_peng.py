@@ -15,6 +15,7 @@ from bnlab.experiments.peng import common as PC
 from bnlab.experiments.peng import components as PCo
 from bnlab.experiments.peng import amat as PA
 from bnlab.experiments.peng import figures as PF
+from bnlab.experiments.peng import eta_tau as ET
 from bnlab.experiments.peng import curves as P
 from bnlab.experiments.peng import readings as PR
 from bnlab.experiments.peng import verdict as PV
@@ -267,7 +268,7 @@ def test_fig2_plan_probes_the_papers_layers():
         model = M.create("resnet20", norm=c["norm"], placement="pre_linear",
                          input_shape=(1, 8, 8), width=0.25)
         modules = dict(model.named_modules())
-        for layer in PF.FIG2_LAYERS.values():
+        for layer in ET.FIG2_LAYERS.values():
             assert isinstance(modules[layer + ".0"], CompleteBatchNorm) \
                 and modules[layer + ".0"].rho == 1.0
     paper = _one_block(get("peng-fig2").plan("paper").runs)[0].config
@@ -562,7 +563,7 @@ def test_table6_verdict():
 def _shares(**changes):
     """Per (layer, ratio) per-seed shares: 0.97–0.99 everywhere unless ``changes`` say otherwise
     (keys like ``l1_tau``: layer index, ratio)."""
-    layers = list(PF.FIG2_LAYERS)
+    layers = list(ET.FIG2_LAYERS)
     out = {(layer, ratio): [0.97, 0.98, 0.99] for layer in layers for ratio in ("eta", "tau")}
     for key, values in changes.items():
         i, ratio = key[1:].split("_")
@@ -590,7 +591,7 @@ def test_fig2_verdict():
 
 
 def test_fig2_seed_shares_count_a_diverged_run_as_failure():
-    layer = PF.FIG2_LAYERS["layer#2 (stage1.0.cbn1)"]
+    layer = ET.FIG2_LAYERS["layer#2 (stage1.0.cbn1)"]
 
     class Diverged(_FakeProbedRun):
         status = "diverged"
@@ -599,7 +600,7 @@ def test_fig2_seed_shares_count_a_diverged_run_as_failure():
         status = "failed"
 
     series = {f"probe/cbn_ratios/{q}_in_range/{layer}.0": [1.0, 1.0] for q in ("eta", "tau")}
-    shares = PF.seed_shares([_FakeProbedRun(series), Diverged(series), Crashed(series)])
+    shares = ET.seed_shares([_FakeProbedRun(series), Diverged(series), Crashed(series)])
     assert shares[("layer#2 (stage1.0.cbn1)", "eta")] == [1.0, 0.0]
     assert shares[("layer#8 (stage2.0.cbn1)", "tau")] == [None, 0.0]
 
@@ -741,26 +742,26 @@ class _FakeProbedRun:
 
 def test_ratio_fractions_find_the_papers_layers():
     series = {}
-    for i, layer in enumerate(PF.FIG2_LAYERS.values()):
+    for i, layer in enumerate(ET.FIG2_LAYERS.values()):
         series[f"probe/cbn_ratios/eta_in_range/{layer}.0"] = [1.0, 0.5 + 0.1 * i]
         series[f"probe/cbn_ratios/tau_in_range/{layer}.0"] = [0.25, float("nan"), 0.75]
     # a similarly named layer of another block must not be picked up
     series["probe/cbn_ratios/eta_in_range/stage1.0.unit10.0"] = [0.0]
-    fractions = PF.ratio_fractions(_FakeProbedRun(series), skip=0.0)
+    fractions = ET.ratio_fractions(_FakeProbedRun(series), skip=0.0)
     assert [d["eta"] for d in fractions.values()] == pytest.approx([0.75, 0.8, 0.85])
     assert all(d["tau"] == pytest.approx(0.5) for d in fractions.values())
-    assert PF.ratio_fractions(_FakeProbedRun({}))["layer#2 (stage1.0.cbn1)"] == {
+    assert ET.ratio_fractions(_FakeProbedRun({}))["layer#2 (stage1.0.cbn1)"] == {
         "eta": None, "tau": None}
 
 
 def test_ratio_fractions_skip_the_start_up_transient():
     """The verdict reads the second half of training (averaging in the start-up transient
     made the fraction in range differ run to run)."""
-    layer = PF.FIG2_LAYERS["layer#2 (stage1.0.cbn1)"]
+    layer = ET.FIG2_LAYERS["layer#2 (stage1.0.cbn1)"]
     series = {f"probe/cbn_ratios/eta_in_range/{layer}.0": [0.0, 0.0, 1.0, 1.0]}
-    assert PF.ratio_fractions(
+    assert ET.ratio_fractions(
         _FakeProbedRun(series))["layer#2 (stage1.0.cbn1)"]["eta"] == pytest.approx(1.0)
-    assert PF.ratio_fractions(_FakeProbedRun(series),
+    assert ET.ratio_fractions(_FakeProbedRun(series),
                               skip=0.0)["layer#2 (stage1.0.cbn1)"]["eta"] == 0.5
 
 
@@ -929,7 +930,7 @@ def test_fig2_eta_panels_clip_the_axis_around_the_bounds():
     from bnlab.plots import panel_figure
 
     series = {}
-    for layer in PF.FIG2_LAYERS.values():
+    for layer in ET.FIG2_LAYERS.values():
         for ratio in ("eta", "tau"):
             for q, v in (("q05", 0.5), ("q50", 1.0), ("q95", 8e4)):
                 series[f"probe/cbn_ratios/{ratio}_{q}/{layer}.0"] = [v, v]

@@ -5,13 +5,14 @@ import torch
 
 from bnlab.experiments import get, reproduce
 from bnlab.experiments.peng import imagenet as P
+from bnlab.experiments.peng import imagenet_rule as R
 from bnlab.experiments.peng.common import ACTIVATIONS, RHO_STAR
 
 
 def test_paper_table_against_its_printed_improvements():
-    for arch in P.ARCHS:
+    for arch in R.ARCHS:
         for i, act in enumerate(ACTIVATIONS):
-            assert P.paper_gain(arch, act) == pytest.approx(P.PRINTED_IMPROVEMENTS[arch][i],
+            assert R.paper_gain(arch, act) == pytest.approx(R.PRINTED_IMPROVEMENTS[arch][i],
                                                             abs=0.005), (arch, act)
 
 
@@ -92,47 +93,47 @@ def _cells(values, arch="resnet18"):
 
 
 def test_table5_verdict_rule():
-    verdict, text = P.table5_verdict(_cells({}))
+    verdict, text = R.table5_verdict(_cells({}))
     assert verdict == "held" and "Welch" in text
     noisy = [0.3, 0.6, 0.9]  # a spread too wide to resolve Tanh's +5.67 points
-    verdict, text = P.table5_verdict(_cells({("BN", "tanh"): noisy, ("CBN", "tanh"): noisy[::-1]}))
+    verdict, text = R.table5_verdict(_cells({("BN", "tanh"): noisy, ("CBN", "tanh"): noisy[::-1]}))
     assert verdict == "inconclusive" and "ResNet-18/Tanh (resolvable ≥" in text
-    verdict, text = P.table5_verdict(_cells({("CBN", "relu"): [0.40, 0.41, 0.39]}))
+    verdict, text = R.table5_verdict(_cells({("CBN", "relu"): [0.40, 0.41, 0.39]}))
     assert verdict == "not held" and "ResNet-18/ReLU" in text
     # a "precise null" where the paper reports +5.64 (SELU): three seeds that agree to a point are
     # no evidence against +5.64 once the SE is floored at the binomial SE on 300 validation images
     # (2.3 points; 95 % CI [−6.4, +6.4]); the old rule (mde from the seeds' own scatter) said
     # "not held"
     null = {("BN", "selu"): [0.60, 0.61, 0.59], ("CBN", "selu"): [0.61, 0.59, 0.60]}
-    verdict, text = P.table5_verdict(_cells(null))
+    verdict, text = R.table5_verdict(_cells(null))
     assert verdict == "inconclusive" and "ResNet-18/SELU (resolvable ≥" in text
     assert "floored on 300 validation images" in text
     # without the floor (no test-set size), the same seeds' CI [−2.3, +2.3] lies short of +5.64,
     # also after Holm's correction over the five cells
-    verdict, text = P.table5_verdict(_cells(null), n_test=None)
+    verdict, text = R.table5_verdict(_cells(null), n_test=None)
     assert verdict == "not held" and "ResNet-18/SELU (95 % CI short of +5.64)" in text
     # many validation images (the paper preset's 50,000): the floor is 0.3 points, the null is
     # precise enough to reject +5.64
-    assert P.table5_verdict(_cells(null), n_test=50_000)[0] == "not held"
+    assert R.table5_verdict(_cells(null), n_test=50_000)[0] == "not held"
     # ReLU below resolution (paper +0.41, spread of several points) does not block "held"
-    verdict, text = P.table5_verdict(
+    verdict, text = R.table5_verdict(
         _cells({("BN", "relu"): [0.5, 0.6, 0.7], ("CBN", "relu"): [0.7, 0.5, 0.6]}))
     assert verdict == "held"
     # 2 seeds
-    assert P.table5_verdict(_cells({("CBN", "sigmoid"): [0.9, 0.9]}))[0] == "inconclusive"
-    assert P.table5_verdict(_cells({}), tiny=True)[0] == "inconclusive"
-    assert P.table5_verdict({})[0] == "inconclusive"
+    assert R.table5_verdict(_cells({("CBN", "sigmoid"): [0.9, 0.9]}))[0] == "inconclusive"
+    assert R.table5_verdict(_cells({}), tiny=True)[0] == "inconclusive"
+    assert R.table5_verdict({})[0] == "inconclusive"
 
 
 def test_fig6_verdict_rule():
     # default BN 0.5 < CBN 0.7: CBN's loss higher everywhere
-    assert P.fig6_verdict(_cells({}))[0] == "not held"
+    assert R.fig6_verdict(_cells({}))[0] == "not held"
     lower = {("CBN", act): [0.20, 0.21, 0.19] for act in ACTIVATIONS}
     base = {("BN", act): [0.50, 0.51, 0.49] for act in ACTIVATIONS}
-    assert P.fig6_verdict(_cells({**base, **lower}))[0] == "held"
-    verdict, text = P.fig6_verdict(_cells({**base, **lower, ("CBN", "relu"): [0.3, 0.5, 0.7]}))
+    assert R.fig6_verdict(_cells({**base, **lower}))[0] == "held"
+    verdict, text = R.fig6_verdict(_cells({**base, **lower, ("CBN", "relu"): [0.3, 0.5, 0.7]}))
     assert verdict == "inconclusive" and "ResNet-18/ReLU (resolvable ≥" in text
-    assert P.fig6_verdict(_cells({**base, **lower}), tiny=True)[0] == "inconclusive"
+    assert R.fig6_verdict(_cells({**base, **lower}), tiny=True)[0] == "inconclusive"
 
 
 def test_tiny_reproduce_end_to_end_on_a_generated_image_folder(tmp_path, monkeypatch):
@@ -157,7 +158,7 @@ def test_tiny_reproduce_end_to_end_on_a_generated_image_folder(tmp_path, monkeyp
                if row["quantity"].endswith("top-1 (%)"))
     assert "too few seeds" in table.table[2]["ours"]  # the CBN − BN row of ResNet-18/Sigmoid
     assert table.record.verdict == "inconclusive" and table.record.seeds == (1, 1)
-    assert table.record.paper == pytest.approx(P.paper_gain("resnet18", "sigmoid"))
+    assert table.record.paper == pytest.approx(R.paper_gain("resnet18", "sigmoid"))
     fig = reproduce("peng-fig6", "smoke", runs_dir=runs_dir, tiny=True,
                     progress=False, report=False)
     assert fig.verdict == "inconclusive" and len(fig.table) == 4 and fig.figures[0].exists()

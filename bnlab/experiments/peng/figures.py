@@ -20,7 +20,7 @@ from ..verdict_data import Verdict
 from ..verdicts import ALPHA, HELD, MIN_SEEDS, against_bound, conjunction, explain, ladder
 from .blocks import block_plan, judged_by_block
 from .common import ACT_TITLE, ACTIVATIONS, RHO_GRID, recipe_base, run_config, status_note, cbn_spec
-from .eta_tau import FIG2_LAYERS, FIG2_SKIP, ratio_fractions, seed_shares  # noqa: F401
+from .eta_tau import FIG2_SKIP, seed_shares
 from .eta_tau import band_specs as _band_specs
 from .verdict import CHANCE, conjunction_record
 

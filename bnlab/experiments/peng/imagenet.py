@@ -44,8 +44,8 @@ from .blocks import block_plan, judged_by_block
 from .common import ACT_TITLE, ACTIVATIONS, status_note, row_spec
 from ..run_facts import arm_values
 from ..resolution import family_resolution
-from .imagenet_rule import (ARCH_TITLE, ARCHS, FIG6_DESIGN_SD, PAPER_TABLE5,  # noqa: F401
-                            PRINTED_IMPROVEMENTS, TABLE5_DESIGN_SD, VAL_IMAGES, _cell_comparisons,
+from .imagenet_rule import (ARCH_TITLE, ARCHS, FIG6_DESIGN_SD, PAPER_TABLE5,
+                            TABLE5_DESIGN_SD, VAL_IMAGES, cell_comparisons,
                             fig6_record, fig6_verdict, paper_gain, table5_record,
                             table5_verdict)
 
@@ -157,7 +157,7 @@ def _table5_analyze(ctx) -> Outcome:
                            failure_value=1 / _classes(ctx))
     archs = sorted({a for a, _, _ in cells}, key=ARCHS.index)
     # the cells' comparisons exactly as table5_verdict makes them
-    comps = _cell_comparisons(cells, archs, TABLE5_DESIGN_SD.of(), _val_images(ctx))
+    comps = cell_comparisons(cells, archs, TABLE5_DESIGN_SD.of(), _val_images(ctx))
     rows, ours, errs, paper = [], {}, {}, {}
     for arch in archs:
         for i, act in enumerate(ACTIVATIONS):

@@ -45,8 +45,8 @@ def _cell_text(arch: str, act: str) -> str:
     return f"{ARCH_TITLE[arch]}/{ACT_TITLE[act]}"
 
 
-def _cell_comparisons(cells: dict, archs: list[str], design_sd: float | None = None,
-                      n_test: int | None = None) -> dict:
+def cell_comparisons(cells: dict, archs: list[str], design_sd: float | None = None,
+                     n_test: int | None = None) -> dict:
     """CBN − BN per (network, activation) cell by ``compare_arms`` (Welch, α = 0.05, ≥ 3 seeds),
     its resolvable effect from ``design_sd`` when given, its SE floored at the binomial SE on
     ``n_test`` validation images when given (accuracies)."""
@@ -95,7 +95,7 @@ def table5_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = 
     if not archs:
         return ladder(unusable=True), "no finished runs" + (" (tiny runs)" if tiny else "")
     lines, against, unresolved = [], [], []
-    comps = _cell_comparisons(cells, archs, design_sd.of(), n_test)
+    comps = cell_comparisons(cells, archs, design_sd.of(), n_test)
     lower = family(comps, "higher")
     short = short_of_effect(comps, {key: paper_gain(*key) / 100 for key in comps})
     for arch in archs:
@@ -147,7 +147,7 @@ def fig6_verdict(cells: dict[tuple[str, str, str], list[float]], tiny: bool = Fa
     if not archs:
         return ladder(unusable=True), "no finished runs" + (" (tiny runs)" if tiny else "")
     lines, higher, unresolved = [], [], []
-    comps = _cell_comparisons(cells, archs, design_sd.of())
+    comps = cell_comparisons(cells, archs, design_sd.of())
     holm_outcome = family(comps, "lower")
     for arch in archs:
         for act in ACTIVATIONS:
@@ -176,7 +176,7 @@ def table5_record(verdict: str, cells: dict[tuple[str, str, str], list[float]],
     (:func:`table5_verdict`'s checks: against where lower or short of the paper's gain, Holm;
     held where a Sigmoid/Tanh/SELU cell is significantly higher), the paper's gain beside it."""
     archs = sorted({a for a, _, _ in cells}, key=ARCHS.index)
-    comps = _cell_comparisons(cells, archs, design_sd.of(), n_test)
+    comps = cell_comparisons(cells, archs, design_sd.of(), n_test)
     lower = family(comps, "higher")
     short = short_of_effect(comps, {key: paper_gain(*key) / 100 for key in comps})
     against = {k for k in comps if lower[k] == NOT_HELD or short[k]}
@@ -195,6 +195,6 @@ def fig6_record(verdict: str, cells: dict[tuple[str, str, str], list[float]],
     archs = sorted({a for a, _, _ in cells if a in ARCHS}, key=ARCHS.index)
     if not archs:
         return Verdict(verdict, COMPARE_RULE)
-    return conjunction_record(verdict, _cell_comparisons(cells, archs, design_sd.of()), "lower",
+    return conjunction_record(verdict, cell_comparisons(cells, archs, design_sd.of()), "lower",
                               lambda k: f"CBN − BN mean training loss, {_cell_text(*k)}",
                               paper="lower (direction only)")
