@@ -15,7 +15,7 @@ from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 
 import bnlab.norms as N
-from bnlab.norms.lp_compiled import LinfNormalize
+from bnlab.norms.engine.lp_compiled import LinfNormalize
 
 
 def gen(seed: int) -> torch.Generator:

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 import bnlab.norms as N
-import bnlab.norms.base as norms_base
+import bnlab.norms.variants.base as norms_base
 from bnlab.norms.registry import REGISTRY
 
 TORCH_CLASSES = {cls.__name__: cls for cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)}

@@ -10,7 +10,7 @@ from torch import Tensor
 from torch.nn.utils.parametrizations import weight_norm
 
 from .base import ChannelNorm
-from .registry import BN_OPTIONS, Param, norm
+from ..registry import BN_OPTIONS, Param, norm
 
 LINEAR_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -33,8 +33,9 @@ class _WeightScaledEpsBN(ChannelNorm):
     weight of the layer it follows."""
 
     def forward(self, z: Tensor, weight: Tensor) -> Tensor:
-        # ‖w‖² here, not in the wrapper: the compiled step (bnlab.norms.compiled_step) then fuses
-        # it and its gradient with the normalization (benchmarks/norms.py --modes compiled_step)
+        # ‖w‖² here, not in the wrapper: the compiled step (bnlab.norms.engine.compiled_step) then
+        # fuses it and its gradient with the normalization (benchmarks/norms.py --modes
+        # compiled_step)
         weight_sq = row_sq_norms(weight)
         self.check_input(z)
         if (empty := self.empty_batch(z)) is not None:
@@ -68,7 +69,8 @@ class ScaleInvariantBN(nn.Module):
     running_var,num_batches_tracked}`` — the BN names. Build the layer with ``bias=False``.
     """
 
-    normalization = _WeightScaledEpsBN  # the class of .norm (bnlab.norms.compiled_step keys on it)
+    # the class of .norm (bnlab.norms.engine.compiled_step keys on it)
+    normalization = _WeightScaledEpsBN
 
     def __init__(self, layer: nn.Module, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True, device=None, dtype=None, *,

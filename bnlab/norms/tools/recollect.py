@@ -78,15 +78,15 @@ def recollect_running_stats(model: nn.Module, batches: Iterable[Any], *, noise: 
 
     Every layer with running statistics (torch's BatchNorm and bnlab's) and mbn's/cbn's moving
     statistics are reset and recomputed from one pass in train mode, as the batch averages of
-    :mod:`bnlab.norms.population` (for torch's BN and ``bn``: what ``swa_utils.update_bn`` gives);
-    momentum and each module's train/eval mode are restored afterwards, parameters do not change,
-    layers frozen with :func:`bnlab.norms.freeze` keep theirs. ``batches``: tensors, ``(x, y)``
-    tuples or lists, dicts with an ``"input"`` entry; ``input=`` picks another entry (key), position
-    (int) or computes the input from the batch (function). ``device``: each input is moved there.
-    ``noise=False`` switches noisy_bn's noise off for the pass (no random draws: its generator state
-    is kept), so later layers see the activations eval will give them. Call it after training (or
-    weight averaging), before evaluating. Raises ``ValueError`` for a model without such layers or
-    an empty ``batches``.
+    :mod:`bnlab.norms.tools.population` (for torch's BN and ``bn``: what ``swa_utils.update_bn``
+    gives); momentum and each module's train/eval mode are restored afterwards, parameters do not
+    change, layers frozen with :func:`bnlab.norms.freeze` keep theirs. ``batches``: tensors, ``(x,
+    y)`` tuples or lists, dicts with an ``"input"`` entry; ``input=`` picks another entry (key),
+    position (int) or computes the input from the batch (function). ``device``: each input is moved
+    there. ``noise=False`` switches noisy_bn's noise off for the pass (no random draws: its
+    generator state is kept), so later layers see the activations eval will give them. Call it after
+    training (or weight averaging), before evaluating. Raises ``ValueError`` for a model without
+    such layers or an empty ``batches``.
     """
     if not StatisticsPass(model).layers:
         raise ValueError("recollect_running_stats: the model has no layer with running statistics "

@@ -1,9 +1,9 @@
 """One statistics update per training forward: checkpoint recomputation and non-finite batches.
 
 Every bnlab layer's ``forward`` runs through :func:`training_step` (installed by
-:class:`~bnlab.norms.conventions.BatchNormConventions` on each class that defines a forward). In
-eval mode, under ``torch.compile`` and inside a layer's own forward (``noisy_bn`` calls ``bn``'s) it
-is a direct call. In training it adds what torch's BatchNorm lacks:
+:class:`~bnlab.norms.variants.conventions.BatchNormConventions` on each class that defines a
+forward). In eval mode, under ``torch.compile`` and inside a layer's own forward (``noisy_bn`` calls
+``bn``'s) it is a direct call. In training it adds what torch's BatchNorm lacks:
 
 * **Activation checkpointing** (``torch.utils.checkpoint``, ``use_reentrant=True`` and ``False``):
   the region's forward pass runs a second time inside backward. A layer whose training step reads
@@ -38,7 +38,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import CheckpointFunction
 from torch import Tensor
 
-from .user_line import warn as warn_at_user_line
+from ..user_line import warn as warn_at_user_line
 
 __all__ = ["nonfinite_batches", "nonfinite_guard_enabled", "replaying", "set_nonfinite_guard",
            "statistics_as_with_grad", "training_step"]

@@ -30,9 +30,9 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 
-from .base import ChannelNorm
+from ..variants.base import ChannelNorm
 from .convert import NORM_ACT_CLASSES
-from .wrappers import LINEAR_TYPES, ScaleInvariantBN, WeightNorm
+from ..variants.wrappers import LINEAR_TYPES, ScaleInvariantBN, WeightNorm
 
 # torch's BatchNorm classes whose eval forward is the running-statistics affine map. timm's norm-act
 # layers apply that map and then an activation: they fold into the layer before them only, and leave

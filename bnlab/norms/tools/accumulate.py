@@ -29,10 +29,10 @@ of layer l exist only once every micro-batch has passed layers 1..l, normalized 
 batch's statistics there, and the exact gradient of micro-batch i carries Σ ∂L/∂μ, Σ ∂L/∂σ² over ALL
 micro-batches. So a ``"full"`` block takes the micro-batches at once, ``acc.step(inputs, loss_fn)``,
 which runs a statistics pre-pass and as many gradient rounds as it needs
-(:mod:`bnlab.norms.accumulate_full`: exact, one micro-batch's graph in memory, (layers + rounds) × k
-passes). Layers that allow it: those normalizing with a function of the batch moments whose step is
-deterministic (``noisy_bn`` draws the full batch's noise in one draw, ``native_bn`` is torch's
-kernel; both are refused, as are synchronized layers).
+(:mod:`bnlab.norms.tools.accumulate_full`: exact, one micro-batch's graph in memory, (layers +
+rounds) × k passes). Layers that allow it: those normalizing with a function of the batch moments
+whose step is deterministic (``noisy_bn`` draws the full batch's noise in one draw, ``native_bn`` is
+torch's kernel; both are refused, as are synchronized layers).
 
 A layer whose update is not a function of the batch's means and variances (``lp_bn`` with p=1 or
 inf: its scale is a mean of |x − μ| or a top-k) is refused by name, as is torch's own BatchNorm
@@ -47,14 +47,14 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from .base import ChannelNorm
-from .batchnorm import NativeBatchNorm
-from .noisy import NoisyBatchNorm
+from ..variants.base import ChannelNorm
+from ..variants.batchnorm import NativeBatchNorm
+from ..variants.noisy import NoisyBatchNorm
 from .accumulate_full import FullStatistics, full_step
-from .guard import ACCUMULATORS, restore_if_nonfinite, run_from, snapshot
-from .guard import nonfinite_guard_enabled
-from .kernels import batch_statistics
-from .sync import batch_samples
+from ..engine.guard import ACCUMULATORS, restore_if_nonfinite, run_from, snapshot
+from ..engine.guard import nonfinite_guard_enabled
+from ..engine.kernels import batch_statistics
+from ..engine.sync import batch_samples
 
 __all__ = ["NORMALIZE", "accumulate", "combine_moments"]
 
@@ -67,8 +67,8 @@ FULL_KINDS = "bn, mean_only_bn, var_only_bn, mbn, cbn, brn, lp_bn(p=2), si_bn"
 def combine_moments(parts: list[tuple[int, Tensor, Tensor]]) -> tuple[int, Tensor, Tensor]:
     """``(n, mean, biased variance)`` of the union of batches given as such triples (per channel):
     ``μ = Σ nᵢμᵢ / N``, ``M2 = Σ nᵢσᵢ² + Σ nᵢ(μᵢ − μ)²``, ``σ² = M2 / N`` — exact, and stable at a
-    large mean (no Σx² − (Σx)²/N); the parallel update of :func:`bnlab.norms.sync.synced_moments`.
-    Computed in float64."""
+    large mean (no Σx² − (Σx)²/N); the parallel update of
+    :func:`bnlab.norms.engine.sync.synced_moments`. Computed in float64."""
     total = sum(n for n, _, _ in parts)
     if total == 0:
         raise ValueError("combine_moments: no values to combine")
@@ -201,7 +201,7 @@ class accumulate:
         ``steps`` of them): the gradients of Σ_i ``loss_fn(model(inputs[i]), i)`` added to the
         parameters' ``.grad`` (return each micro-batch's share of the full batch's loss, e.g. its
         summed loss divided by the full batch's size), one statistics update per layer; returns the
-        outputs (detached). :mod:`bnlab.norms.accumulate_full` says what it runs."""
+        outputs (detached). :mod:`bnlab.norms.tools.accumulate_full` says what it runs."""
         if self.normalize != "full":
             raise RuntimeError("accumulate.step is the normalize='full' step; with "
                                "normalize='micro' run the micro-batches through the model")

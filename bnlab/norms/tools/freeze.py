@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .base import ChannelNorm
+from ..variants.base import ChannelNorm
 
 FLAG = "bnlab_frozen"  # {"stats": bool, "affine": bool, "requires_grad": {name: bool}}
 

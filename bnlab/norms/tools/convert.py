@@ -26,13 +26,13 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from .base import ChannelNorm
-from .batchnorm import NativeBatchNorm
+from ..variants.base import ChannelNorm
+from ..variants.batchnorm import NativeBatchNorm
 from .freeze import freeze
-from .noisy import StochasticLayer
-from .ops import spec_parts, create
-from .registry import lookup, parse_spec
-from .sync import active_group, broadcast_seed
+from ..variants.noisy import StochasticLayer
+from ..ops import spec_parts, create
+from ..registry import lookup, parse_spec
+from ..engine.sync import active_group, broadcast_seed
 
 # torch's option names, passed to the new layer's constructor with torch's semantics, and their
 # defaults (an option a layer does not take is refused by name unless the old layer has the

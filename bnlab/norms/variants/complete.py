@@ -7,8 +7,8 @@ from torch import Tensor
 
 from .base import ChannelNorm
 from .conventions import factory_kwargs
-from .registry import BN_OPTIONS, Param, norm
-from .user_line import warn as warn_at_user_line
+from ..registry import BN_OPTIONS, Param, norm
+from ..user_line import warn as warn_at_user_line
 
 
 def amat_eta(lr: float | None, omega: float) -> float:

@@ -26,9 +26,9 @@ import torch.nn as nn
 from torch import Tensor
 
 from .conventions import BatchNormConventions, check_dtype, check_eps_now
-from .guard import full_statistics, statistics_as_with_grad
-from . import written_grad
-from .sync import batch_samples, module_group, synced_moments
+from ..engine.guard import full_statistics, statistics_as_with_grad
+from ..engine import written_grad
+from ..engine.sync import batch_samples, module_group, synced_moments
 
 CoefFn = Callable[..., tuple[Tensor, Tensor]]
 MomentsFn = Callable[[Tensor], tuple[Tensor, Tensor, int]]
@@ -37,18 +37,19 @@ UpdateFn = Callable[[Tensor, Tensor, int], None]
 
 # The shared kernels live in .kernels, the fused path and its switches in .fused; imported here
 # under their old names.
-from .fused import (  # noqa: E402,F401
+from ..engine.fused import (  # noqa: E402,F401
     fast_paths_allowed, fused_normalize, plain_autograd, plain_requested, refuse_double_backward,
     refuse_recomputation,
 )
-from .kernels import (  # noqa: E402,F401
+from ..engine.kernels import (  # noqa: E402,F401
     autocast_off, batch_statistics, centred_reductions, channel_affine, coef_dtype, per_channel,
     reduce_dims, saved_statistics, stats_dtype,
 )
 
 
 def _fused_normalize(x: Tensor, moments_fn: MomentsFn, coef_fn: CoefFn, *tensors: Tensor):
-    """(y, μ_B, σ²_B) through the fused operators (:func:`bnlab.norms.fused.fused_normalize`)."""
+    """(y, μ_B, σ²_B) through the fused operators
+    (:func:`bnlab.norms.engine.fused.fused_normalize`)."""
     return fused_normalize(x, moments_fn, coef_fn, *tensors)
 
 
@@ -182,7 +183,7 @@ class ChannelNorm(BatchNormConventions):
         statistics kernel, which rounds differently from the two passes taken with grad; in the
         first pass of a reentrant checkpoint (no grad) the two passes run, so that the
         recomputation (grad on) reproduces the step bit for bit (:mod:`.guard`)."""
-        if (full := full_statistics(self)) is not None:  # bnlab.norms.accumulate_full
+        if (full := full_statistics(self)) is not None:  # bnlab.norms.tools.accumulate_full
             return full(x)
         if torch.is_grad_enabled() or not statistics_as_with_grad():
             return self.batch_moments(x)

@@ -14,8 +14,8 @@ from typing import Protocol, cast
 import torch.nn as nn
 from torch.optim import Optimizer
 
-from .base import ChannelNorm
-from .fused import lazily_disabled
+from ..variants.base import ChannelNorm
+from ..engine.fused import lazily_disabled
 
 
 def set_progress(model: nn.Module, *, lr: float | None = None, epoch: int | None = None,

@@ -238,7 +238,8 @@ def run(
             # a mode's handler re-dispatched the operator (its mode popped): torch.func is off
             return None
         return _call(key, name, fn, args, check)
-    with _disable_current_modes():  # bnlab.norms.opcount's counter: one call, counted as one kernel
+    # bnlab.norms.tools.opcount's counter: one call, counted as one kernel
+    with _disable_current_modes():
         out = _call(key, name, fn, args, check)
     if out is not None:
         mode.record_compiled_call()

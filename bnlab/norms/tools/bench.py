@@ -9,9 +9,9 @@ import time
 import torch
 import torch.nn as nn
 
-from .ops import create
+from ..ops import create
 from .progress import set_progress
-from .wrappers import ScaleInvariantBN, WeightNorm
+from ..variants.wrappers import ScaleInvariantBN, WeightNorm
 
 DEFAULT_SPECS = ["native_bn", "bn", "mean_only_bn", "var_only_bn", "mbn", "cbn",
                  "cbn(decouple=false)", "brn", "noisy_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "si_bn",

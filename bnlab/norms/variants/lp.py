@@ -7,10 +7,10 @@ from torch import Tensor
 
 from .base import autocast_off, fused_enabled, plain_requested, stats_dtype
 from .batchnorm import BatchNorm
-from .lp_compiled import linf_normalize
-from .lp_fused import L1_CONSTANT, hoffer_linf_constant, linf_top_entries, lp_normalize
-from .sync import channel_count, channel_mean, channel_topk, module_group
-from .registry import BN_OPTIONS, Param, norm
+from ..engine.lp_compiled import linf_normalize
+from ..engine.lp_fused import L1_CONSTANT, hoffer_linf_constant, linf_top_entries, lp_normalize
+from ..engine.sync import channel_count, channel_mean, channel_topk, module_group
+from ..registry import BN_OPTIONS, Param, norm
 
 __all__ = ["LpBatchNorm", "hoffer_linf_constant"]
 
@@ -60,7 +60,7 @@ class LpBatchNorm(BatchNorm):
         """The calibrated ℓp scale of the centred batch (var: its biased variance if known, p=2's
         scale²)."""
         # channel_mean/_count/_topk reduce over all ranks when the layer is synced
-        # (bnlab.norms.sync)
+        # (bnlab.norms.engine.sync)
         if self.p == "2":
             return rms_scale(channel_mean(self, centred.pow(2)) if var is None else var)
         if self.p == "1":
@@ -92,12 +92,13 @@ class LpBatchNorm(BatchNorm):
                               beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(y, μ_B, s_B) for p=1 and p=inf, in training: γ(x − μ_B)/(s_B + ε) + β.
 
-        Eager and unsynced (:func:`~bnlab.norms.base.fused_enabled`: half inputs too, computed in
-        float32 and rounded once): one custom autograd function (:mod:`bnlab.norms.lp_fused`, a
-        few passes over x); p=inf under torch.compile: plain ops with a written-out gradient
-        (:mod:`bnlab.norms.lp_compiled`), which inductor fuses. Otherwise plain autograd: small
-        CPU inputs, p=1 under torch.compile (inductor fuses it), with synchronized statistics (the
-        collectives of bnlab.norms.sync), and inside ``plain_autograd()`` (double backward)."""
+        Eager and unsynced (:func:`~bnlab.norms.variants.base.fused_enabled`: half inputs too,
+        computed in float32 and rounded once): one custom autograd function
+        (:mod:`bnlab.norms.engine.lp_fused`, a few passes over x); p=inf under torch.compile: plain
+        ops with a written-out gradient (:mod:`bnlab.norms.engine.lp_compiled`), which inductor
+        fuses. Otherwise plain autograd: small CPU inputs, p=1 under torch.compile (inductor fuses
+        it), with synchronized statistics (the collectives of bnlab.norms.engine.sync), and inside
+        ``plain_autograd()`` (double backward)."""
         unsynced = module_group(self) is None
         if fused_enabled(x) and unsynced:
             return lp_normalize(x, self.p, gamma, beta, self.eps, self.topk)

@@ -7,8 +7,8 @@ What "exact" costs here (:mod:`bnlab.norms.accumulate` says why the user's own l
   input when every earlier layer normalized with the full batch's. So the pre-pass runs the k
   micro-batches without grad once per normalization layer, in the order the forward reaches them:
   pass d stops each micro-batch at the d-th layer, which collects its (count, mean, variance); the
-  union's statistics are combined exactly (:func:`~bnlab.norms.accumulate.combine_moments`) and
-  fixed for the later passes.
+  union's statistics are combined exactly (:func:`~bnlab.norms.tools.accumulate.combine_moments`)
+  and fixed for the later passes.
 * **Exact gradients.** With the statistics fixed, a micro-batch's own graph gives every term of the
   full-batch gradient but those through the statistics: ∂L/∂x_i gets ``Gμ/N + Gσ²·2(x_i − μ)/N``,
   where Gμ = Σ_j ∂L_j/∂μ and Gσ² = Σ_j ∂L_j/∂σ² sum over ALL micro-batches j. Each micro-batch's
@@ -30,11 +30,11 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from .base import ChannelNorm
-from .guard import restore_if_nonfinite, snapshot
-from .guard import nonfinite_guard_enabled
-from .kernels import per_channel
-from .sync import batch_samples
+from ..variants.base import ChannelNorm
+from ..engine.guard import restore_if_nonfinite, snapshot
+from ..engine.guard import nonfinite_guard_enabled
+from ..engine.kernels import per_channel
+from ..engine.sync import batch_samples
 
 __all__ = ["FullStatistics", "StopPass", "full_step"]
 

@@ -1,13 +1,13 @@
 """The statistics of a compiled training step, written so that its traced backward is factored.
 
-A compiled training step (:mod:`bnlab.norms.compiled_step`) is traced from the layer's plain
+A compiled training step (:mod:`bnlab.norms.engine.compiled_step`) is traced from the layer's plain
 autograd ops, ``μ_B = mean x``, ``σ²_B = mean (x − μ_B)²``, ``(a, b) = coefficients(μ_B, σ²_B, …)``,
 ``y = a·(x − μ_B) + (b + a·μ_B)``. Autograd's backward of those ops is correct but not factored:
 read from inductor's code for ``cbn`` on (1000, 10), its backward made seven passes over full-size
 tensors, two of them reductions of full-size temporaries that are per-channel numbers in closed
 form: ``Σ(g·a)`` (the output's dependence on μ_B through x − μ_B, which the shift's ``+ a·μ_B``
 cancels exactly) and ``Σ 2(x − μ_B)·∂L/∂σ²/n`` (the variance's dependence on μ_B, which is
-``Σ(x − μ_B) = 0``). The fused path's algebra (:mod:`bnlab.norms.fused`) has neither:
+``Σ(x − μ_B) = 0``). The fused path's algebra (:mod:`bnlab.norms.engine.fused`) has neither:
 
     ∂L/∂x = a·g + ∂L/∂μ_B/n + (2/n)·∂L/∂σ²_B·(x − μ_B).
 

@@ -37,12 +37,12 @@ import torch.nn as nn
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .complete import CompleteBatchNorm
+from ..variants.complete import CompleteBatchNorm
 from .freeze import stats_frozen
-from .guard import nonfinite_guard_enabled, replaying
-from .momentum import MomentumBatchNorm
-from .noisy import NoisyBatchNorm
-from .renorm import BatchRenorm
+from ..engine.guard import nonfinite_guard_enabled, replaying
+from ..variants.momentum import MomentumBatchNorm
+from ..variants.noisy import NoisyBatchNorm
+from ..variants.renorm import BatchRenorm
 
 # layers whose training buffers go beyond torch's running statistics: collected by hooks
 _MOVING = (MomentumBatchNorm, CompleteBatchNorm)

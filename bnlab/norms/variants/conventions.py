@@ -28,8 +28,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from .guard import training_step
-from .sync import module_group
+from ..engine.guard import training_step
+from ..engine.sync import module_group
 
 REDUCED_DTYPES = (torch.float16, torch.bfloat16)
 

@@ -24,7 +24,7 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 
-from .base import ChannelNorm
+from ..variants.base import ChannelNorm
 from .fold import eval_affine
 
 # Every BatchNorm-family layer: bnlab's (all derive from ChannelNorm, also si_bn's inner norm)

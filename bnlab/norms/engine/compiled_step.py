@@ -190,7 +190,8 @@ def _may_build(key: tuple) -> bool:
         _WARNED.add(family)
         warnings.warn(f"bnlab: {key[0].__name__}'s training step was compiled for "
                       f"{SHAPES_PER_LAYER} input shapes already; new shapes run eagerly "
-                      "(bnlab.norms.compiled_step.SHAPES_PER_LAYER)", RuntimeWarning, stacklevel=5)
+                      "(bnlab.norms.engine.compiled_step.SHAPES_PER_LAYER)", RuntimeWarning,
+                      stacklevel=5)
     return False
 
 

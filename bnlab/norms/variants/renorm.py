@@ -10,10 +10,10 @@ from torch import nn
 from torch import Tensor
 
 from .base import HALF_DTYPES, ChannelNorm, fast_paths_allowed, fused_enabled
-from .fused import define, park, take
-from .guard import full_statistics
-from .registry import BN_OPTIONS, Param, norm
-from .sync import module_group
+from ..engine.fused import define, park, take
+from ..engine.guard import full_statistics
+from ..registry import BN_OPTIONS, Param, norm
+from ..engine.sync import module_group
 
 
 def relaxed_limit(step: Tensor, start: float, final: float, relax_from: int,

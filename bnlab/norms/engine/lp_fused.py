@@ -14,9 +14,9 @@ backward pass assembles the input gradient from per-channel numbers:
     p = inf: ∂s/∂x_i = (C(n)/k)·(1[i ∈ top-k]·sign c_i − Σ_{j ∈ top-k} sign c_j / n),
 
 where the −mean terms come from μ_B (∂c_j/∂x_i = δ_ij − 1/n), ``(Σg, Σg·c)`` come from one pass of
-torch's BatchNorm backward kernel (:func:`~bnlab.norms.kernels.centred_reductions`), and ∂L/∂γ =
-Σ(g·c)/(s+ε), ∂L/∂β = Σg. Subgradients where c_i = 0 follow ``torch.abs`` (sign 0), as the plain
-path does.
+torch's BatchNorm backward kernel (:func:`~bnlab.norms.engine.kernels.centred_reductions`), and
+∂L/∂γ = Σ(g·c)/(s+ε), ∂L/∂β = Σg. Subgradients where c_i = 0 follow ``torch.abs`` (sign 0), as the
+plain path does.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def linf_top_entries(x: Tensor, mean: Tensor, k: int,
     k rows (samples) whose largest |x − μ| is biggest (any entry outside them is beaten by the peaks
     of k other rows), and a row's largest |x − μ| is max(row max − μ, μ − row min).
     The values are the plain path's |x − μ| bit for bit; equal values are taken lowest index
-    (sample, then position) first, as :func:`bnlab.norms.sync.topk_first` does on every path: an
-    unpicked row's peak ties a picked row's only with a higher sample index."""
+    (sample, then position) first, as :func:`bnlab.norms.engine.sync.topk_first` does on every path:
+    an unpicked row's peak ties a picked row's only with a higher sample index."""
     batch, channels = x.shape[:2]
     # row b·C + j: sample b, channel j (a view for contiguous x)
     rows = x.reshape(batch * channels, -1)
@@ -166,8 +166,9 @@ define("lp_normalize_backward(Tensor g, Tensor x, Tensor gamma, Tensor mean, int
 
 class _LpNormalize(torch.autograd.Function):
     """y = γ·(x − μ_B)/(s + ε) + β with the ℓ1 or top-k ℓ∞ scale s; see the module docstring. One
-    ``torch.library`` operator each way (:mod:`bnlab.norms.fused` says what that does and does not
-    fuse); the state the backward pass needs (sign buffer, top-k entries) stays on ``ctx.state``."""
+    ``torch.library`` operator each way (:mod:`bnlab.norms.engine.fused` says what that does and
+    does not fuse); the state the backward pass needs (sign buffer, top-k entries) stays on
+    ``ctx.state``."""
 
     @staticmethod
     def forward(ctx, x: Tensor, gamma: Tensor, beta: Tensor, p: str, eps: float, topk: int):
@@ -221,6 +222,6 @@ def _linf_input_grad(state, g: Tensor, a: Tensor, g_scale: Tensor, const: Tensor
 def lp_normalize(x: Tensor, p: str, gamma: Tensor, beta: Tensor, eps: float,
                  topk: int) -> tuple[Tensor, Tensor, Tensor]:
     """(y, μ_B, s) of ℓ1 (p="1") or top-k ℓ∞ (p="inf") batch normalization, eagerly and never traced
-    (like :func:`bnlab.norms.fused.fused_normalize`: dynamo would inline forward and drop
+    (like :func:`bnlab.norms.engine.fused.fused_normalize`: dynamo would inline forward and drop
     backward)."""
     return _LpNormalize.apply(x, gamma, beta, p, eps, topk)

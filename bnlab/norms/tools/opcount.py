@@ -10,7 +10,7 @@ run. With ``inside=True`` a call of the compiled per-channel coefficients (:mod:
 counts as one, ``compiled::coefficients`` (its generated code is a kernel or two, not aten
 operations).
 
-    >>> from bnlab.norms.opcount import count_ops, training_step
+    >>> from bnlab.norms.tools.opcount import count_ops, training_step
     >>> count_ops(training_step(bnlab.norms.create("bn", 64), (32, 64, 16, 16))).total
 """
 
@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .fused import KERNELS
+from ..engine.fused import KERNELS
 
 # Ops that neither compute nor allocate a result of their own (views, metadata).
 FREE = frozenset({"detach", "alias", "lift_fresh", "_unsafe_view"})  # views not marked as such

@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .base import ChannelNorm
-from .sync import module_group
+from ..engine.sync import module_group
 from .conventions import checked_eps, checked_momentum, fx_leaf
-from .guard import full_statistics, training_step
-from .registry import BN_OPTIONS, norm
+from ..engine.guard import full_statistics, training_step
+from ..registry import BN_OPTIONS, norm
 
 
 @norm("bn", "BatchNorm (torch's kernel in training); equals nn.BatchNorm2d", "Ioffe & Szegedy 2015",

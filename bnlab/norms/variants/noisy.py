@@ -6,11 +6,11 @@ import torch
 from torch import Tensor
 
 from .base import stats_dtype
-from .fused import lazily_disabled, refuse_recomputation
+from ..engine.fused import lazily_disabled, refuse_recomputation
 from .batchnorm import BatchNorm
-from .sync import global_batch_rows, module_group
-from .registry import BN_OPTIONS, Param, norm
-from .user_line import warn as warn_at_user_line
+from ..engine.sync import global_batch_rows, module_group
+from ..registry import BN_OPTIONS, Param, norm
+from ..user_line import warn as warn_at_user_line
 
 NOISY_STATISTICS = (
     "noisy_bn in eval mode after training with its noise: the running statistics of every layer "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from .registry import Param, norm
+from ..registry import Param, norm
 
 DEFAULT_GROUPS = 32  # Wu & He's default G
 
