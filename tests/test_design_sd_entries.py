@@ -134,7 +134,7 @@ def test_mbn_batch_size_floors_the_se_at_the_binomial_se_of_the_drops():
 @pytest.mark.parametrize("fraction", [0.2, 0.43, 0.5, 0.501])
 def test_test_images_is_the_size_of_the_digits_split(fraction):
     from bnlab import data
-    from bnlab.experiments.rule_stats import DIGITS_CLASS_SIZES, n_test_images
+    from bnlab.experiments.run_facts import DIGITS_CLASS_SIZES, n_test_images
 
     split = data.load("digits", test_fraction=fraction)
     assert n_test_images("digits", fraction) == split.y_test.numel()

@@ -12,7 +12,7 @@ from bnlab.experiments.common import DesignSD, design_mde
 from bnlab.experiments.peng import amat as PA
 from bnlab.experiments.peng import components as PCo
 from bnlab.experiments.peng import figures as PF
-from bnlab.experiments.peng import imagenet as PI
+from bnlab.experiments.peng import imagenet_rule as PI
 from bnlab.experiments.peng import theorems as PT
 from bnlab.experiments.peng.common import ACTIVATIONS, RHO_GRID
 

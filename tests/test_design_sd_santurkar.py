@@ -10,6 +10,7 @@ import pytest
 from bnlab.experiments.common import DesignSD, design_mde
 from bnlab.experiments.santurkar import dln as DL
 from bnlab.experiments.santurkar import lp as LP
+from bnlab.experiments.santurkar import moments as SM
 from bnlab.experiments.santurkar import vgg as V
 from bnlab.experiments.santurkar.common import BN, L1, L2, LINF, NOISY, STANDARD
 
@@ -37,7 +38,7 @@ def _fig6(spread):
 def _fig7(spread):
     changes = {STANDARD: {q: seeds(0.05, spread) for q in ("mean_change", "var_change")},
                NOISY: {q: seeds(0.3, spread) for q in ("mean_change", "var_change")}}
-    return V.fig7_verdict(changes, {STANDARD: seeds(1.0, spread), NOISY: seeds(0.2, spread)})
+    return SM.fig7_verdict(changes, {STANDARD: seeds(1.0, spread), NOISY: seeds(0.2, spread)})
 
 
 def _landscape(value, spread):
@@ -78,7 +79,7 @@ LANDSCAPE_KEYS = list(DL.LANDSCAPE)
 CASES = {
     "santurkar-fig2": (V.FIG2_DESIGN_SD, _fig2, ["vs standard", "vs BN"]),
     "santurkar-fig6": (V.FIG6_DESIGN_SD, _fig6, ["VGG", "DLN"]),
-    "santurkar-fig7": (V.FIG7_DESIGN_SD, _fig7, ["mean_change", "var_change", "loss"]),
+    "santurkar-fig7": (SM.FIG7_DESIGN_SD, _fig7, ["mean_change", "var_change", "loss"]),
     "santurkar-fig9": (DL.FIG9_DESIGN_SD, _fig9, [f"lr {lr} {k}" for lr in ("1e-3", "1e-2")
                                                   for k in LANDSCAPE_KEYS]),
     # Fig. 13's six checks print their resolution; Figs 11–12's print decisions only (below)
@@ -134,7 +135,7 @@ def test_verdicts_on_clear_cases_are_unchanged():
     assert V.fig6_verdict({(net, label): seeds(value, s) for net in ("VGG", "DLN")
                            for label, value in ((STANDARD, 0.5), (BN, 0.9))})[0] == "not held"
     assert _fig7(s)[0] == "held"
-    assert V.fig7_verdict({STANDARD: {q: seeds(0.05, s) for q in ("mean_change", "var_change")},
+    assert SM.fig7_verdict({STANDARD: {q: seeds(0.05, s) for q in ("mean_change", "var_change")},
                            NOISY: {q: seeds(0.06, s) for q in ("mean_change", "var_change")}},
                           {STANDARD: seeds(1.0, s), NOISY: seeds(0.2, s)})[0] == "not held"
     assert _fig9(s)[0] == "held"

@@ -270,3 +270,11 @@ def test_update_bn_under_the_nonfinite_guard_skips_a_nan_batch(spec):
     N.update_bn([good[0], good[2]], reference)
     for (name, a), b in zip(guarded[1].state_dict().items(), reference[1].state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_lightning_swa_callback_writes_cbn_statistics_with_the_averaged_beta():
+    """cbn's second moment (Peng et al., Eq. 9) holds β. Lightning's statistics epoch ends with an
+    optimizer step on stale gradients, so β must be the averaged one again before it is read."""
+    from bnlab.integrations.lightning import StochasticWeightAveraging
+    module, _ = _lightning_run(("cbn(center=false)", "cbn"), StochasticWeightAveraging)
+    _consistent(module)

@@ -15,6 +15,7 @@ from bnlab.experiments.peng import common as PC
 from bnlab.experiments.peng import components as PCo
 from bnlab.experiments.peng import amat as PA
 from bnlab.experiments.peng import figures as PF
+from bnlab.experiments.peng import eta_tau as ET
 from bnlab.experiments.peng import curves as P
 from bnlab.experiments.peng import readings as PR
 from bnlab.experiments.peng import verdict as PV
@@ -152,10 +153,10 @@ def test_table_plans(table):
     assert all(r.config["model_options"]["width"] >= 0.5 and r.config["epochs"] >= 40
                and r.config["schedule"] == "step:20,33" for r in smoke.runs)
     assert all(r.config["probes"] == ["cbn_ratios"] for r in smoke.runs)
-    # the other readings, on Sigmoid/Tanh/SELU: Eq. 7's form 5 seeds, Eq. 7's form with the norm
-    # before the classifier 3, CBN in Algorithm 1's literal order (row ② only) 2
+    # the other readings, on Sigmoid/Tanh/SELU with the primary arms' 5 seeds: Eq. 7's form, Eq.
+    # 7's form with the norm before the classifier, CBN in Algorithm 1's literal order (row ②)
     side = [r for r in smoke.runs if r not in main]
-    expected = {"eq7": (2, 5), "eq7_head": (2, 3), "he_literal": (1, 2)} if resnet else {}
+    expected = {"eq7": (2, 5), "eq7_head": (2, 5), "he_literal": (1, 5)} if resnet else {}
     assert {name: sum(r.factors["reading"] == name for r in side) for name in expected} == \
         {name: rows * seeds * 3 for name, (rows, seeds) in expected.items()}
     assert len(side) == sum(rows * seeds * 3 for rows, seeds in expected.values())
@@ -176,7 +177,7 @@ def test_table_smoke_splits_train_on_whole_batches(table, n_train, steps):
     whose batch statistics decided cells of Table 4 (BN + ReLU 17 %, CBN + Tanh at chance); the
     splits now leave whole batches of 128 (Table 1: 11 and one of 30), checked on the real split."""
     from bnlab import data
-    from bnlab.experiments.rule_stats import settle_fraction
+    from bnlab.experiments.run_facts import settle_fraction
     from bnlab.train.prepare import prepare
 
     config = get(f"peng-table{table}").plan("smoke").runs[0].config
@@ -216,16 +217,39 @@ def test_cifar100_smoke_tables_differ_from_cifar10_ones():
     assert not t1 & t3
 
 
+def _one_block(runs, reading="he"):
+    """The runs of one block reading (peng.blocks), after checking that each reading's runs are
+    the other's in its residual form."""
+    form = {"he": "he", "eq7": "peng"}
+    for r in runs:
+        options = r.config["model_options"]
+        assert options.get("residual", form[r.factors["reading"]]) == form[r.factors["reading"]]
+    he, eq7 = ([r for r in runs if r.factors["reading"] == name] for name in ("he", "eq7"))
+    strip = [{k: v for k, v in r.config.items() if k != "model_options"} for r in he]
+    assert strip == [{k: v for k, v in r.config.items() if k != "model_options"} for r in eq7]
+    return he if reading == "he" else eq7
+
+
+@pytest.mark.parametrize("entry", ["peng-fig2", "peng-fig7", "peng-fig8", "peng-fig10",
+                                   "peng-table6", "peng-table5", "peng-fig6"])
+def test_the_figure_entries_train_both_block_forms(entry):
+    """He's block (the primary reading) and Eq. 7's, the same runs otherwise."""
+    for preset in ("smoke", "paper"):
+        runs = get(entry).plan(preset).runs
+        assert {r.factors["reading"] for r in runs} == {"he", "eq7"}
+        assert len(_one_block(runs)) == len(runs) // 2
+
+
 def test_table6_plan():
-    paper = get("peng-table6").plan("paper")
-    assert len(paper.runs) == 4 * 5 * (5 * 3 + 7)  # the lr grid × 3 seeds, 10 trials at lr 0.1
-    assert {r.config["norm"] for r in paper.runs} == set(PCo.T6_APPROACHES.values())
+    paper = _one_block(get("peng-table6").plan("paper").runs)
+    assert len(paper) == 4 * 5 * (5 * 3 + 7)  # the lr grid × 3 seeds, 10 trials at lr 0.1
+    assert {r.config["norm"] for r in paper} == set(PCo.T6_APPROACHES.values())
     assert all(r.config["placement"] == "pre_linear" and r.config["model"] == "resnet20"
-               for r in paper.runs)
-    seed0 = [r for r in paper.runs if r.factors["seed"] == 0]
+               for r in paper)
+    seed0 = [r for r in paper if r.factors["seed"] == 0]
     assert sorted({r.config["lr"] for r in seed0}) == [1e-4, 1e-3, 1e-2, 1e-1, 1.0]
-    assert {r.config["lr"] for r in paper.runs if r.factors["seed"] > 2} == {0.1}
-    smoke = get("peng-table6").plan("smoke").runs
+    assert {r.config["lr"] for r in paper if r.factors["seed"] > 2} == {0.1}
+    smoke = _one_block(get("peng-table6").plan("smoke").runs)
     assert len(smoke) == 4 * 3 * 4 * 3 and 1e-4 not in {r.config["lr"] for r in smoke}
     assert {r.factors["seed"] for r in smoke} == {0, 1, 2}
 
@@ -235,7 +259,7 @@ def test_fig2_plan_probes_the_papers_layers():
     from bnlab.norms import CompleteBatchNorm
 
     for preset in ("paper", "smoke"):
-        runs = get("peng-fig2").plan(preset).runs
+        runs = _one_block(get("peng-fig2").plan(preset).runs)
         assert [r.factors["seed"] for r in runs] == list(PF.FIG2_SEEDS)
         c = runs[0].config
         assert preset == "paper" or (c["model_options"]["width"] == 1.0 and c["lr"] == 0.05)
@@ -244,19 +268,19 @@ def test_fig2_plan_probes_the_papers_layers():
         model = M.create("resnet20", norm=c["norm"], placement="pre_linear",
                          input_shape=(1, 8, 8), width=0.25)
         modules = dict(model.named_modules())
-        for layer in PF.FIG2_LAYERS.values():
+        for layer in ET.FIG2_LAYERS.values():
             assert isinstance(modules[layer + ".0"], CompleteBatchNorm) \
                 and modules[layer + ".0"].rho == 1.0
-    paper = get("peng-fig2").plan("paper").runs[0].config
+    paper = _one_block(get("peng-fig2").plan("paper").runs)[0].config
     assert paper["data"] == "cifar10" and paper["lr"] == 0.1 and "width" not in paper[
         "model_options"]
 
 
 def test_fig8_plan_and_sharing_with_table1():
-    paper = get("peng-fig8").plan("paper").runs
+    paper = _one_block(get("peng-fig8").plan("paper").runs)
     assert len(paper) == (2 * 3 + 3) * 7 and {r.config["model"] for r in paper} == {"vgg16"}
     assert {r.factors["rho"] for r in paper} == {None, *PC.RHO_GRID}
-    plan = get("peng-fig8").plan("smoke").runs
+    plan = _one_block(get("peng-fig8").plan("smoke").runs)
     # the judged claim (Sigmoid, Tanh: worst ρ vs BN) 3 seeds per arm, the others one
     for act, seeds in (("sigmoid", {0, 1, 2}), ("tanh", {0, 1, 2}), ("relu", {0})):
         for rho in (None, *PC.RHO_GRID):
@@ -274,7 +298,7 @@ def test_fig10_plan_fixes_eta():
     from bnlab.norms import CompleteBatchNorm
 
     for preset in ("paper", "smoke"):
-        runs = get("peng-fig10").plan(preset).runs
+        runs = _one_block(get("peng-fig10").plan(preset).runs)
         # the compared arms (AMAT, no AMAT) 3 seeds × 5 activations, BN and fixed η one seed each
         assert len(runs) == 40 and all(r.config["probes"] == ["grad_stats"] for r in runs)
         for variant, seeds in (("CBN with AMAT", {0, 1, 2}),
@@ -430,19 +454,24 @@ def test_loss_curve_verdict():
 
 
 def test_fig4_fig5_entries_share_their_tables_runs():
-    """One entry per network and figure, each planning exactly its table's compared
-    runs: nothing of its own to train beside the table."""
+    """One entry per network and figure, each planning exactly its table's compared runs under
+    every reading: nothing of its own to train beside the table."""
     assert P.PANELS == {"peng-fig4": (4, 1), "peng-fig4-vgg": (4, 2), "peng-fig5": (5, 3),
                         "peng-fig5-vgg": (5, 4)}
-    smoke = {1: 2 * (3 * 5 + 2 * 2), 2: 2 * (2 * 5 + 1), 3: 2 * (3 * 5 + 2 * 2), 4: 2 * (2 * 5 + 1)}
+    # ResNet: the primary reading's 38, and 5 seeds × Sigmoid/Tanh/SELU of rows ① and ② under
+    # Eq. 7, Eq. 7 + the norm before the classifier, and of row ② in the literal order
+    smoke = {1: 2 * (3 * 5 + 2 * 2) + 5 * 3 * 5, 2: 2 * (2 * 5 + 1),
+             3: 2 * (3 * 5 + 2 * 2) + 5 * 3 * 5, 4: 2 * (2 * 5 + 1)}
     for entry, (_fig, table) in P.PANELS.items():
-        assert PC.TABLES[table]["model"] == ("vgg16" if entry.endswith("-vgg") else "resnet20")
+        resnet = PC.TABLES[table]["model"] == "resnet20"
+        assert resnet == (not entry.endswith("-vgg"))
         for preset in ("smoke", "paper"):
             runs = {_run_id(r.config) for r in get(entry).plan(preset).runs}
             compared = {_run_id(r.config) for r in get(f"peng-table{table}").plan(preset).runs
-                        if r.factors["row"] in ("①", "②") and PR.is_main(r.factors, table)}
+                        if r.factors["row"] in ("①", "②")}
             assert runs == compared
-            assert len(runs) == (smoke[table] if preset == "smoke" else 2 * 5 * 10)
+            assert len(runs) == (smoke[table] if preset == "smoke"
+                                 else 2 * 5 * 10 * (2 if resnet else 1))
 
 
 def test_a_vgg_entry_is_judged_on_its_tables_primary_panels():
@@ -457,11 +486,11 @@ def test_a_vgg_entry_is_judged_on_its_tables_primary_panels():
 
 
 def test_fig7_plan_and_verdict():
-    smoke = get("peng-fig7").plan("smoke").runs
+    smoke = _one_block(get("peng-fig7").plan("smoke").runs)
     assert len(smoke) == 4 * 3 * 3 and all(r.config["probes"] == ["grad_stats"] for r in smoke)
     assert {r.config["norm"] for r in smoke} == set(PCo.T6_APPROACHES.values())
     assert all(r.config["placement"] == "pre_linear" for r in smoke)
-    assert len(get("peng-fig7").plan("paper").runs) == 4 * 5 * 10
+    assert len(_one_block(get("peng-fig7").plan("paper").runs)) == 4 * 5 * 10
 
     def sq(mr, l2):
         return {act: {"no normalization": [2.0, 2.1, 1.9],
@@ -534,7 +563,7 @@ def test_table6_verdict():
 def _shares(**changes):
     """Per (layer, ratio) per-seed shares: 0.97–0.99 everywhere unless ``changes`` say otherwise
     (keys like ``l1_tau``: layer index, ratio)."""
-    layers = list(PF.FIG2_LAYERS)
+    layers = list(ET.FIG2_LAYERS)
     out = {(layer, ratio): [0.97, 0.98, 0.99] for layer in layers for ratio in ("eta", "tau")}
     for key, values in changes.items():
         i, ratio = key[1:].split("_")
@@ -562,7 +591,7 @@ def test_fig2_verdict():
 
 
 def test_fig2_seed_shares_count_a_diverged_run_as_failure():
-    layer = PF.FIG2_LAYERS["layer#2 (stage1.0.cbn1)"]
+    layer = ET.FIG2_LAYERS["layer#2 (stage1.0.cbn1)"]
 
     class Diverged(_FakeProbedRun):
         status = "diverged"
@@ -571,7 +600,7 @@ def test_fig2_seed_shares_count_a_diverged_run_as_failure():
         status = "failed"
 
     series = {f"probe/cbn_ratios/{q}_in_range/{layer}.0": [1.0, 1.0] for q in ("eta", "tau")}
-    shares = PF.seed_shares([_FakeProbedRun(series), Diverged(series), Crashed(series)])
+    shares = ET.seed_shares([_FakeProbedRun(series), Diverged(series), Crashed(series)])
     assert shares[("layer#2 (stage1.0.cbn1)", "eta")] == [1.0, 0.0]
     assert shares[("layer#8 (stage2.0.cbn1)", "tau")] == [None, 0.0]
 
@@ -713,26 +742,26 @@ class _FakeProbedRun:
 
 def test_ratio_fractions_find_the_papers_layers():
     series = {}
-    for i, layer in enumerate(PF.FIG2_LAYERS.values()):
+    for i, layer in enumerate(ET.FIG2_LAYERS.values()):
         series[f"probe/cbn_ratios/eta_in_range/{layer}.0"] = [1.0, 0.5 + 0.1 * i]
         series[f"probe/cbn_ratios/tau_in_range/{layer}.0"] = [0.25, float("nan"), 0.75]
     # a similarly named layer of another block must not be picked up
     series["probe/cbn_ratios/eta_in_range/stage1.0.unit10.0"] = [0.0]
-    fractions = PF.ratio_fractions(_FakeProbedRun(series), skip=0.0)
+    fractions = ET.ratio_fractions(_FakeProbedRun(series), skip=0.0)
     assert [d["eta"] for d in fractions.values()] == pytest.approx([0.75, 0.8, 0.85])
     assert all(d["tau"] == pytest.approx(0.5) for d in fractions.values())
-    assert PF.ratio_fractions(_FakeProbedRun({}))["layer#2 (stage1.0.cbn1)"] == {
+    assert ET.ratio_fractions(_FakeProbedRun({}))["layer#2 (stage1.0.cbn1)"] == {
         "eta": None, "tau": None}
 
 
 def test_ratio_fractions_skip_the_start_up_transient():
     """The verdict reads the second half of training (averaging in the start-up transient
     made the fraction in range differ run to run)."""
-    layer = PF.FIG2_LAYERS["layer#2 (stage1.0.cbn1)"]
+    layer = ET.FIG2_LAYERS["layer#2 (stage1.0.cbn1)"]
     series = {f"probe/cbn_ratios/eta_in_range/{layer}.0": [0.0, 0.0, 1.0, 1.0]}
-    assert PF.ratio_fractions(
+    assert ET.ratio_fractions(
         _FakeProbedRun(series))["layer#2 (stage1.0.cbn1)"]["eta"] == pytest.approx(1.0)
-    assert PF.ratio_fractions(_FakeProbedRun(series),
+    assert ET.ratio_fractions(_FakeProbedRun(series),
                               skip=0.0)["layer#2 (stage1.0.cbn1)"]["eta"] == 0.5
 
 
@@ -772,8 +801,27 @@ def test_the_tiny_groups_cover_every_entry_once():
     assert sorted(i for group in GROUPS for i in group) == sorted(IDS)
 
 
+@pytest.fixture
+def few_arms(monkeypatch):
+    """The fewest arms that still run every reading and every analysis path: one seed, one
+    primary activation per table (Sigmoid in ResNet-20, Tanh in VGG-16) under each of its
+    readings, no side activations; the figure entries with Sigmoid (and Tanh, Fig. 8's judged
+    pair), two ρ and two candidate rates — in both block forms."""
+    tables = {"resnet20": ("sigmoid",), "vgg16": ("tanh",)}
+    for module, name, value in (
+            (PC, "TABLE_SMOKE_SEEDS", (0,)), (PC, "SMOKE_PRIMARY", tables),
+            (PV, "SMOKE_PRIMARY", tables), (PC, "SMOKE_SIDE", {"resnet20": {}, "vgg16": {}}),
+            (PF, "FIG2_SEEDS", (0,)), (PF, "FIG8_SEEDS", (0,)), (PF, "RHO_GRID", (0.5, 8.0)),
+            (PF, "ACTIVATIONS", ("sigmoid", "tanh")), (PCo, "T6_SEEDS", (0,)),
+            (PCo, "T6_SMOKE_ACTIVATIONS", ("sigmoid",)),
+            (PCo, "SMOKE_LR_CANDIDATES", (0.01, 0.1)), (PCo, "SMOKE_SEEDS", (0,)),
+            (PCo, "F7_SMOKE_ACTIVATIONS", ("sigmoid",)), (PA, "FIG10_SEEDS", (0,)),
+            (PA, "ACTIVATIONS", ("sigmoid",))):
+        monkeypatch.setattr(module, name, value)
+
+
 @pytest.mark.parametrize("group", GROUPS, ids="+".join)
-def test_tiny_reproduce(group, runs_dir, two_steps):
+def test_tiny_reproduce(group, runs_dir, two_steps, few_arms):
     stored = []
     for experiment_id in group:
         outcome = reproduce(experiment_id, "smoke", runs_dir=runs_dir, tiny=True,
@@ -785,6 +833,10 @@ def test_tiny_reproduce(group, runs_dir, two_steps):
         assert all({"quantity", "ours", "paper"} <= set(row) for row in outcome.table)
         assert outcome.verdict == "inconclusive"  # tiny runs never decide a claim
         assert "tiny" in outcome.summary
+        # the verdict as data: the entry's verdict, with the numbers of its summary
+        assert outcome.record.verdict == outcome.verdict and outcome.record.structured
+        if "block" in outcome.summary:  # every reading judged, the primary first
+            assert outcome.summary.index("He's block") < outcome.summary.index("Eq. 7's block")
         stored.append(set(_stored_run_ids(runs_dir)))
     # Fig. 5's two entries read Tables 3–4's runs and train none of their own
     if group[-1] == "peng-fig5-vgg":
@@ -878,7 +930,7 @@ def test_fig2_eta_panels_clip_the_axis_around_the_bounds():
     from bnlab.plots import panel_figure
 
     series = {}
-    for layer in PF.FIG2_LAYERS.values():
+    for layer in ET.FIG2_LAYERS.values():
         for ratio in ("eta", "tau"):
             for q, v in (("q05", 0.5), ("q50", 1.0), ("q95", 8e4)):
                 series[f"probe/cbn_ratios/{ratio}_{q}/{layer}.0"] = [v, v]

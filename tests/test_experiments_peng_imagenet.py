@@ -5,21 +5,25 @@ import torch
 
 from bnlab.experiments import get, reproduce
 from bnlab.experiments.peng import imagenet as P
+from bnlab.experiments.peng import imagenet_rule as R
 from bnlab.experiments.peng.common import ACTIVATIONS, RHO_STAR
 
 
 def test_paper_table_against_its_printed_improvements():
-    for arch in P.ARCHS:
+    for arch in R.ARCHS:
         for i, act in enumerate(ACTIVATIONS):
-            assert P.paper_gain(arch, act) == pytest.approx(P.PRINTED_IMPROVEMENTS[arch][i],
+            assert R.paper_gain(arch, act) == pytest.approx(R.PRINTED_IMPROVEMENTS[arch][i],
                                                             abs=0.005), (arch, act)
 
 
 def test_smoke_plan_arms_seeds_and_recipe():
-    runs = get("peng-table5").plan("smoke").runs
-    assert len(runs) == 5 * 2 * P.SEEDS == 30
-    # one shared sweep
-    assert [r.config for r in runs] == [r.config for r in get("peng-fig6").plan("smoke").runs]
+    both = get("peng-table5").plan("smoke").runs
+    # one shared sweep, in both block forms (peng.blocks): He's (primary) and Eq. 7's
+    assert [r.config for r in both] == [r.config for r in get("peng-fig6").plan("smoke").runs]
+    assert {r.config["model_options"]["residual"]: r.factors["reading"] for r in both} == \
+        {"he": "he", "peng": "eq7"}
+    runs = [r for r in both if r.factors["reading"] == "he"]
+    assert len(runs) == 5 * 2 * P.SEEDS == 30 == len(both) // 2
     for r in runs:
         c, f = r.config, r.factors
         if f["arm"] == "BN":
@@ -28,7 +32,7 @@ def test_smoke_plan_arms_seeds_and_recipe():
             assert c["placement"] == "pre_linear" and "amat=true" in c["norm"]
             assert (f"rho={RHO_STAR[f['activation']]:g}" in c["norm"]) == (
                 RHO_STAR[f["activation"]] != 1.0)
-        assert c["model_options"]["residual"] == "peng" and c["data"] == "imagefolder"
+        assert c["model_options"]["residual"] == "he" and c["data"] == "imagefolder"
         # no padding-pattern artifact in the 4×4 stage
         assert c["model_options"]["padding_mode"] == "replicate"
         assert c["data_options"]["generate"] is True
@@ -39,8 +43,14 @@ def test_smoke_plan_arms_seeds_and_recipe():
 
 
 def test_paper_plan_follows_section_6_1():
-    runs = get("peng-table5").plan("paper").runs
-    assert len(runs) == 3 * 5 * 2 * P.SEEDS
+    both = get("peng-table5").plan("paper").runs
+    runs = [r for r in both if r.factors["reading"] == "he"]
+    assert len(runs) == 3 * 5 * 2 * P.SEEDS == len(both) // 2
+    # the ResNets in He's block form (the primary reading), EfficientNet without the option
+    for r in both:
+        form = {"he": "he", "eq7": "peng"}[r.factors["reading"]]
+        assert r.config["model_options"].get("residual") == (
+            None if r.config["model"] == "tv_efficientnet_b0" else form)
     assert {r.config["model"] for r in runs} == {"tv_resnet18", "tv_resnet50", "tv_efficientnet_b0"}
     for r in runs:
         c = r.config
@@ -83,68 +93,76 @@ def _cells(values, arch="resnet18"):
 
 
 def test_table5_verdict_rule():
-    verdict, text = P.table5_verdict(_cells({}))
+    verdict, text = R.table5_verdict(_cells({}))
     assert verdict == "held" and "Welch" in text
     noisy = [0.3, 0.6, 0.9]  # a spread too wide to resolve Tanh's +5.67 points
-    verdict, text = P.table5_verdict(_cells({("BN", "tanh"): noisy, ("CBN", "tanh"): noisy[::-1]}))
+    verdict, text = R.table5_verdict(_cells({("BN", "tanh"): noisy, ("CBN", "tanh"): noisy[::-1]}))
     assert verdict == "inconclusive" and "ResNet-18/Tanh (resolvable ≥" in text
-    verdict, text = P.table5_verdict(_cells({("CBN", "relu"): [0.40, 0.41, 0.39]}))
+    verdict, text = R.table5_verdict(_cells({("CBN", "relu"): [0.40, 0.41, 0.39]}))
     assert verdict == "not held" and "ResNet-18/ReLU" in text
     # a "precise null" where the paper reports +5.64 (SELU): three seeds that agree to a point are
     # no evidence against +5.64 once the SE is floored at the binomial SE on 300 validation images
     # (2.3 points; 95 % CI [−6.4, +6.4]); the old rule (mde from the seeds' own scatter) said
     # "not held"
     null = {("BN", "selu"): [0.60, 0.61, 0.59], ("CBN", "selu"): [0.61, 0.59, 0.60]}
-    verdict, text = P.table5_verdict(_cells(null))
+    verdict, text = R.table5_verdict(_cells(null))
     assert verdict == "inconclusive" and "ResNet-18/SELU (resolvable ≥" in text
     assert "floored on 300 validation images" in text
     # without the floor (no test-set size), the same seeds' CI [−2.3, +2.3] lies short of +5.64,
     # also after Holm's correction over the five cells
-    verdict, text = P.table5_verdict(_cells(null), n_test=None)
+    verdict, text = R.table5_verdict(_cells(null), n_test=None)
     assert verdict == "not held" and "ResNet-18/SELU (95 % CI short of +5.64)" in text
     # many validation images (the paper preset's 50,000): the floor is 0.3 points, the null is
     # precise enough to reject +5.64
-    assert P.table5_verdict(_cells(null), n_test=50_000)[0] == "not held"
+    assert R.table5_verdict(_cells(null), n_test=50_000)[0] == "not held"
     # ReLU below resolution (paper +0.41, spread of several points) does not block "held"
-    verdict, text = P.table5_verdict(
+    verdict, text = R.table5_verdict(
         _cells({("BN", "relu"): [0.5, 0.6, 0.7], ("CBN", "relu"): [0.7, 0.5, 0.6]}))
     assert verdict == "held"
     # 2 seeds
-    assert P.table5_verdict(_cells({("CBN", "sigmoid"): [0.9, 0.9]}))[0] == "inconclusive"
-    assert P.table5_verdict(_cells({}), tiny=True)[0] == "inconclusive"
-    assert P.table5_verdict({})[0] == "inconclusive"
+    assert R.table5_verdict(_cells({("CBN", "sigmoid"): [0.9, 0.9]}))[0] == "inconclusive"
+    assert R.table5_verdict(_cells({}), tiny=True)[0] == "inconclusive"
+    assert R.table5_verdict({})[0] == "inconclusive"
 
 
 def test_fig6_verdict_rule():
     # default BN 0.5 < CBN 0.7: CBN's loss higher everywhere
-    assert P.fig6_verdict(_cells({}))[0] == "not held"
+    assert R.fig6_verdict(_cells({}))[0] == "not held"
     lower = {("CBN", act): [0.20, 0.21, 0.19] for act in ACTIVATIONS}
     base = {("BN", act): [0.50, 0.51, 0.49] for act in ACTIVATIONS}
-    assert P.fig6_verdict(_cells({**base, **lower}))[0] == "held"
-    verdict, text = P.fig6_verdict(_cells({**base, **lower, ("CBN", "relu"): [0.3, 0.5, 0.7]}))
+    assert R.fig6_verdict(_cells({**base, **lower}))[0] == "held"
+    verdict, text = R.fig6_verdict(_cells({**base, **lower, ("CBN", "relu"): [0.3, 0.5, 0.7]}))
     assert verdict == "inconclusive" and "ResNet-18/ReLU (resolvable ≥" in text
-    assert P.fig6_verdict(_cells({**base, **lower}), tiny=True)[0] == "inconclusive"
+    assert R.fig6_verdict(_cells({**base, **lower}), tiny=True)[0] == "inconclusive"
 
 
 def test_tiny_reproduce_end_to_end_on_a_generated_image_folder(tmp_path, monkeypatch):
     """Both entries, every run cut to a few steps, on the generated image folder written into
-    $BNLAB_DATA. One seed per arm instead of 3 keeps the test within its time budget (10 runs
-    instead of 30)."""
+    $BNLAB_DATA. One seed per arm and Sigmoid alone keep the test within its time budget (4 runs,
+    both block forms, instead of 60)."""
     monkeypatch.setenv("BNLAB_DATA", str(tmp_path / "data"))
     monkeypatch.setattr(P, "SEEDS", 1)
+    monkeypatch.setattr(P, "ACTIVATIONS", ("sigmoid",))
     runs_dir = tmp_path / "runs"
     table = reproduce("peng-table5", "smoke", runs_dir=runs_dir, tiny=True,
                       progress=False, report=False)
     assert (tmp_path / "data" / "bnlab-gratings" / "train").is_dir()
     assert len(list((tmp_path / "data" / "bnlab-gratings" / "val").rglob("*.JPEG"))) == 300
     assert table.verdict == "inconclusive" and "tiny" in table.summary
-    assert len(table.table) == 5 * 3 and all(f.exists() for f in table.figures)
+    # 3 rows per reading (BN, CBN, CBN − BN), the other reading's named; its figures beside
+    assert len(table.table) == 2 * 3 and all(f.exists() for f in table.figures)
+    other = [r["quantity"].startswith("Eq. 7's block") for r in table.table]
+    assert other == [False] * 3 + [True] * 3
+    assert len(table.figures) == 4
     assert all("(n=1)" in row["ours"] for row in table.table
                if row["quantity"].endswith("top-1 (%)"))
     assert "too few seeds" in table.table[2]["ours"]  # the CBN − BN row of ResNet-18/Sigmoid
+    assert table.record.verdict == "inconclusive" and table.record.seeds == (1, 1)
+    assert table.record.paper == pytest.approx(R.paper_gain("resnet18", "sigmoid"))
     fig = reproduce("peng-fig6", "smoke", runs_dir=runs_dir, tiny=True,
                     progress=False, report=False)
-    assert fig.verdict == "inconclusive" and len(fig.table) == 10 and fig.figures[0].exists()
+    assert fig.verdict == "inconclusive" and len(fig.table) == 4 and fig.figures[0].exists()
+    assert fig.record.primary == "CBN − BN mean training loss, ResNet-18/Sigmoid"
 
 
 def test_smoke_network_norms_see_the_data_not_the_padding(tmp_path):

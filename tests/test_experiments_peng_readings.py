@@ -73,32 +73,44 @@ def test_reading_of_and_the_main_arms():
 
 
 def test_other_readings_are_judged_and_a_flip_is_reported():
+    from bnlab.experiments.readings import combine_readings
+
     design = table_design(1)
-    # the primary reading: CBN level with BN, short of the paper's +6.1 points: not held
-    rows, text = PR.reading_report(_runs(head_cbn=0.95), 1, 0.1, False, design, "not held")
-    assert PR.ARGUMENT in text
-    # Eq. 7: CBN + Sigmoid collapses (10 % against 87 %): not held under that reading too
-    assert "Eq. 7's block (activation before the sum): not held" in text
-    # with a norm before the classifier CBN gains 9 points: held, so the verdict flips
-    assert "Eq. 7's block + the norm in front of the classifier: held" in text
-    assert "reading-dependent: the verdict differs under Eq. 7's block + the norm in front of " \
-           "the classifier (both numbers above)" in text
-    # the literal order runs CBN alone: reported against the primary reading's CBN
-    assert "Algorithm 1's literal order: CBN Sigmoid 60.0 (primary reading 88.5)" in text
+    rows, judged = PR.reading_report(_runs(head_cbn=0.95), 1, 0.1, False, design)
+    verdicts = {title: v for title, v, _ in judged}
+    # Eq. 7: CBN + Sigmoid collapses (10 % against 87 %): not held under that reading
+    assert verdicts["Eq. 7's block (activation before the sum)"] == "not held"
+    # with a norm before the classifier CBN gains 9 points: held
+    assert verdicts["Eq. 7's block + the norm in front of the classifier"] == "held"
+    # the literal order (CBN alone) is judged against the primary reading's BN: 60 % vs 88 %
+    literal = "He's block, CBN in Algorithm 1's literal order (BN: the primary reading's)"
+    assert verdicts[literal] == "not held"
+    # the catalogue's rule: the readings disagree, so the entry is reading-dependent
+    verdict, text = combine_readings([("He's block", "not held", "primary"), *judged])
+    assert verdict == "inconclusive" and "reading-dependent" in text
     # the mechanism: the smallest layer's share, median over seeds (4e-4 of 2e-4, 4e-4, 6e-4)
-    assert "Eq. 7's block (activation before the sum): Sigmoid 0.0004" in text
-    assert "He's block (activation after the sum): Sigmoid 0.3" in text
+    by = PR.runs_by_reading(_runs(), 1)
+    mech = PR.mechanism(by)
+    assert "Eq. 7's block (activation before the sum): Sigmoid share 0.0004" in mech
+    assert f"|β|/SD {PR.fmt(PR.beta_over_sd(4e-4))}" in mech
+    assert "He's block (activation after the sum): Sigmoid share 0.3" in mech
     quantities = [r["quantity"] for r in rows]
     assert "reading · Eq. 7's block (activation before the sum) · Sigmoid · ① BN / ② CBN (%)" \
         in quantities
-    literal = next(r for r in rows if "literal" in r["quantity"] and "Sigmoid" in r["quantity"])
-    assert "(BN: the primary reading's)" in literal["ours"]
+    row = next(r for r in rows if "literal" in r["quantity"] and "Sigmoid" in r["quantity"])
+    assert "(BN: the primary reading's)" in row["ours"]
+
+
+def test_beta_over_sd_inverts_the_share():
+    # share = var/(var + β²): β = 3·SD gives 0.1
+    assert PR.beta_over_sd(0.1) == pytest.approx(3.0)
+    assert PR.beta_over_sd(1.0) == 0.0 and PR.beta_over_sd(0.0) is None
 
 
 def test_no_flip_no_reading_dependence():
-    _, text = PR.reading_report(_runs(), 1, 0.1, False, table_design(1), "not held")
-    assert "reading-dependent" not in text
-    assert PR.reading_report([], 1, 0.1, False, table_design(1), "held") == ([], "")
+    _, judged = PR.reading_report(_runs(), 1, 0.1, False, table_design(1))
+    assert {v for _, v, _ in judged} == {"not held"}
+    assert PR.reading_report([], 1, 0.1, False, table_design(1)) == ([], [])
 
 
 def test_the_table_entry_judges_the_primary_reading_only():

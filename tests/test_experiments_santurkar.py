@@ -28,6 +28,7 @@ from bnlab.experiments.santurkar import common as SC
 from bnlab.experiments.santurkar import dln as DL
 from bnlab.experiments.santurkar import lp as LP
 from bnlab.experiments.santurkar import predictiveness as PR
+from bnlab.experiments.santurkar import moments as SM
 from bnlab.experiments.santurkar import vgg as V
 from bnlab.experiments.runner import AnalysisContext
 
@@ -385,10 +386,10 @@ def test_fig7_verdict():
         return {SC.STANDARD: {"mean_change": seeds(0.05), "var_change": seeds(0.05)},
                 SC.NOISY: {"mean_change": seeds(noisy), "var_change": seeds(noisy)}}
     losses = {SC.STANDARD: seeds(1.0), SC.NOISY: seeds(0.2)}
-    assert V.fig7_verdict(changes(0.3), losses)[0] == "held"
-    assert V.fig7_verdict(changes(0.06), losses)[0] == "not held"  # < 2× standard
+    assert SM.fig7_verdict(changes(0.3), losses)[0] == "held"
+    assert SM.fig7_verdict(changes(0.06), losses)[0] == "not held"  # < 2× standard
     # trains worse
-    assert V.fig7_verdict(changes(0.3), {**losses, SC.NOISY: seeds(3.0)})[0] == "not held"
+    assert SM.fig7_verdict(changes(0.3), {**losses, SC.NOISY: seeds(3.0)})[0] == "not held"
 
 
 def test_fig8_verdict_and_drift():

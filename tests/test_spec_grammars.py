@@ -177,7 +177,7 @@ def test_registry_sort_and_remove():
 def test_verdict_settling_reads_schedules_with_the_one_parser():
     # before: experiments/verdicts.py split "step:..." by hand and missed "Step:60", which
     # training accepts (parse_schedule is case-insensitive), so the run settled at 2/3 instead
-    from bnlab.experiments.rule_stats import settle_fraction
+    from bnlab.experiments.run_facts import settle_fraction
 
     for text in ("step:60", "Step:60", " STEP:60:0.2"):
         assert settle_fraction({"schedule": text, "epochs": 120}) == pytest.approx((60 + 30) / 120)

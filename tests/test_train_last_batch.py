@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from bnlab.experiments.base import load_catalogue
-from bnlab.experiments.rule_stats import digits_train_images
+from bnlab.experiments.run_facts import digits_train_images
 from bnlab.train.prepare import prepare, small_last_batch
 
 BASE = dict(model="mlp", model_options={"depth": 2, "width": 16}, data="digits", steps=2,

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from bnlab.cli import app
 from bnlab.experiments import base, runner
-from bnlab.experiments.rule_stats import compare_arms
+from bnlab.experiments.verdicts import compare_arms
 from bnlab.experiments.verdict_data import VERDICT_SCHEMA, Verdict
 from bnlab.experiments.verdicts import Design, judge
 from bnlab.report import write_report

@@ -15,7 +15,8 @@ from scipy import stats
 from bnlab.experiments.peng import verdict as PV
 from bnlab.experiments.common import compare_arms
 from bnlab.experiments.peng.common import ACTIVATIONS, TABLE_SMOKE_SEEDS
-from bnlab.experiments.rule_stats import binomial_floor, holm, settle_fraction
+from bnlab.experiments.verdicts import binomial_floor, holm
+from bnlab.experiments.run_facts import settle_fraction
 from bnlab.experiments.verdicts import Design, judge
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "readme" / "experiments.md"

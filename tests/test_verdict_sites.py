@@ -34,7 +34,7 @@ from bnlab.experiments.verdicts import (
     settle,
     tally,
 )
-from bnlab.experiments.rule_stats import holm
+from bnlab.experiments.verdicts import holm
 from bnlab.formatting import fmt
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "bnlab" / "experiments"

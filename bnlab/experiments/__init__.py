@@ -7,9 +7,11 @@
 Entries live in one package per paper (``santurkar/``, ``luo/``, ``peng/``, ``arora/``, ``mbn/``);
 each entry module registers its entries in :data:`CATALOGUE` when imported, and
 :func:`load_catalogue` imports them in the order :data:`ENTRY_MODULES` declares. Shared helpers:
-``common`` (analysis and plots), ``rule_stats`` (the verdict rule's constants and statistics),
-``verdicts`` (the rule and its ladder), ``verdict_data`` (a verdict as data), ``outcomes`` (an
-entry's outcome stored with its runs), ``runner`` and ``parallel`` (execution).
+``common`` (analysis and plots), ``run_facts`` (what the verdict rule reads from the runs),
+``verdicts`` (the verdict rule: its constants, texts and ladder), ``significance`` (the level-free
+statistics it is made of), ``verdict_text`` (how its numbers are written), ``verdict_data`` (a
+verdict as data), ``outcomes`` (an entry's outcome stored with its runs), ``runner`` and
+``parallel`` (execution).
 """
 
 from __future__ import annotations

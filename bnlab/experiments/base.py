@@ -129,7 +129,8 @@ def register(experiment: Experiment) -> Experiment:
 # the catalogue by this list, so the order does not depend on which module some caller happened to
 # import first.
 ENTRY_MODULES = (
-    "santurkar.vgg", "santurkar.dln", "santurkar.predictiveness", "santurkar.lp",
+    "santurkar.vgg", "santurkar.moments", "santurkar.dln", "santurkar.predictiveness",
+    "santurkar.lp",
     "luo.student", "luo.fig3", "luo.cnn", "luo.fig5", "luo.fold", "luo.dropout", "luo.table2",
     "peng.tables", "peng.curves", "peng.components", "peng.figures", "peng.amat", "peng.imagenet",
     "arora.entries", "mbn.entries",

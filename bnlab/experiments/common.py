@@ -1,5 +1,5 @@
 """Analysis helpers shared by the catalogue entries (plots and tables from stored runs); the
-statistics of the verdict rule are :mod:`rule_stats`', re-exported here."""
+verdict rule's comparisons (:mod:`verdicts`) re-exported here."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import numpy as np
 
 from bnlab.formatting import finite_or_none
 from bnlab.plots import panels
-from .rule_stats import (
-    ALPHA, COMPARE_RULE as RULE, MIN_SEEDS, POWER, Comparison, DesignSD, arm_values, compare_arms,
-    design_mde, fewest_seeds)
+from .run_facts import arm_values
+from .significance import fewest_seeds
+from .verdicts import (
+    ALPHA, COMPARE_RULE as RULE, MIN_SEEDS, POWER, Comparison, DesignSD, compare_arms, design_mde)
 
-# The rule's statistics are defined in :mod:`rule_stats` (with its constants, once); the entries
-# that import them from here get the same objects, and ``RULE`` here is the text of
-# :func:`compare_arms`' rule.
+# The rule is defined in :mod:`verdicts` (with its constants, once); the entries that import these
+# names from here get the same objects, and ``RULE`` here is the text of :func:`compare_arms`' rule.
 __all__ = [
     "ALPHA", "CATALOGUE_PILOT", "MIN_SEEDS", "POWER", "RULE", "SETTLE_FRACTION", "Comparison",
     "DesignSD", "compare_arms", "design_mde", "fewest_seeds", "final_table", "grouped_finals",
@@ -78,7 +78,7 @@ def grouped_finals(ctx, keys: tuple[str, ...], metric: str, *,
 
     A diverged run, or a finished one without a finite final value, enters its group as
     ``failure_value`` (chance accuracy, ...): a failure of that arm, never missing data
-    (:func:`rule_stats.arm_values`). Crashed or interrupted runs are left out; a group
+    (:func:`run_facts.arm_values`). Crashed or interrupted runs are left out; a group
     whose runs all crashed is present with an empty list, so callers can tell "no runs" from "no
     usable runs".
     """

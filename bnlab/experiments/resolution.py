@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .rule_stats import DesignSD, design_mde, fewest_seeds
+from .verdicts import DesignSD, design_mde, fewest_seeds
 
 if TYPE_CHECKING:
     from .verdicts import Design

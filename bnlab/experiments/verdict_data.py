@@ -3,8 +3,8 @@
 :class:`Verdict` holds the primary comparison the verdict rests on (its name, our effect with its
 interval and p, the seeds per arm, the effect the design resolves, the paper's number), the verdict
 and the rule that turned those numbers into it (:data:`bnlab.experiments.verdicts.RULE` for a
-:class:`~bnlab.experiments.verdicts.Design`, :data:`~bnlab.experiments.rule_stats.COMPARE_RULE` for
-a comparison of :func:`~bnlab.experiments.rule_stats.compare_arms`). It is stored with the entry's
+:class:`~bnlab.experiments.verdicts.Design`, :data:`~bnlab.experiments.verdicts.COMPARE_RULE` for
+a comparison of :func:`~bnlab.experiments.verdicts.compare_arms`). It is stored with the entry's
 runs when the entry is analysed (:meth:`bnlab.store.Store.save_outcome`), so the report, the README
 builder and ``bnlab experiments show ID --json`` read it instead of analysing the entry again or
 parsing its summary. An entry that does not return one yet gets :meth:`Verdict.text_only`: the
@@ -17,7 +17,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .rule_stats import ALPHA, COMPARE_RULE
+from .verdicts import ALPHA, COMPARE_RULE
 
 #: Version of :class:`Verdict`'s stored fields (:meth:`Verdict.to_dict`); a newer one is refused.
 VERDICT_SCHEMA = 1
@@ -70,7 +70,7 @@ class Verdict:
     def from_comparison(cls, verdict: str, name: str, comparison, *, paper: float | str | None,
                         rule: str = COMPARE_RULE, scale: float = 1.0, unit: str = "",
                         alpha: float = ALPHA) -> "Verdict":
-        """From a :class:`~bnlab.experiments.rule_stats.Comparison` (b − a): its interval is
+        """From a :class:`~bnlab.experiments.verdicts.Comparison` (b − a): its interval is
         diff ± t_{1−α/2, df}·SE (none without a test)."""
         c = comparison
         interval = None

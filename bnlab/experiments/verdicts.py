@@ -1,39 +1,20 @@
-"""The verdict rule of the catalogue: one pre-declared primary comparison per entry, judged against
-the paper's effect with a resolution fixed in advance.
+"""The verdict rule of the catalogue, in one module: its constants (:data:`ALPHA`, :data:`POWER`,
+:data:`MIN_SEEDS`), its two texts (:data:`RULE` for a pre-declared primary comparison,
+:data:`COMPARE_RULE` for the comparisons an entry reports) and every function that decides. The
+maths it is made of (Welch's SE and df, t quantiles, the binomial floor, Holm's step-down) is
+:mod:`~bnlab.experiments.significance`, level-free; how its numbers are written is
+:mod:`~bnlab.experiments.verdict_text`. No plotting is imported here.
 
-Why a rule of its own: judging every comparison an entry prints, with the minimum
-detectable effect computed from the observed SD of 3 seeds, made verdicts that depended on chance
-(an exact null was called "not held" 8–14 % of the time; the paper's true effect "held" only 20 %),
-gave p ≈ 0 to arms that differed by one test image, and dropped diverged runs as missing data. The
-rule, stated once (:data:`RULE`):
-
-1. **Primary comparison.** Each entry declares one :class:`Design` before it runs: the quantity b −
-   a it compares, the paper's effect on that quantity (signed: the direction the paper claims), the
-   number of seeds per arm and a *design SD* of one seed's value, measured in a pilot and written
-   into the entry. Every other comparison is reported; where one is judged as well, its p-values are
-   Holm-corrected (:func:`rule_stats.holm`, Holm 1979) as a family.
-2. **Resolution fixed in advance.** The minimum detectable effect is ``(t_{1−α/2} +
-   t_{power})·SE_design`` with ``SE_design = max(design_sd·√(1/n_a + 1/n_b), floor)``, at df = n_a +
-   n_b − 2: a property of the design, not of the scatter of this run's seeds.
-3. **A floor on the standard error.** The test uses ``SE = max(Welch SE, floor)``. For accuracies
-   the floor is the binomial SE of the two arm means on a test set of ``n_test`` images
-   (``√(p_a(1−p_a)/(n_test·n_a) + p_b(1−p_b)/(n_test·n_b))``): accuracies measured by counting
-   images cannot resolve a difference below it, so arms that differ by one image are not
-   "significant" because their seeds happened to agree. Other quantities pass ``se_floor`` (their
-   measurement resolution).
-4. **Divergence is failure.** A diverged run enters its arm with the entry's failure value (chance
-   accuracy, the loss at initialization, ...; :func:`rule_stats.arm_values`), never as missing
-   data. Runs that crashed (status "failed"/"interrupted") are missing, and named in the summary.
-5. **Decision.** Welch's two-sided t at α = 0.05 on the primary comparison: "held" if significant in
-   the paper's direction; "not held" if significant against it, or if the (1−α) confidence interval
-   lies entirely short of the paper's effect (the data reject an effect of the paper's size);
-   otherwise "inconclusive", stating the design's resolvable effect. Hence P(false "held" | no
-   effect) ≤ α/2 and P(false "not held" | the paper's effect) ≤ α/2 + the family's Holm-controlled
-   share; ``tests/test_verdict_rule.py`` measures both by simulation and the docs print them.
-6. **Settling.** Where the verdict is read at the end of training, it is read again inside the final
-   learning-rate phase (:func:`rule_stats.settle_fraction`): halfway through the last constant-lr
-   stretch of a step schedule, never before the last drop. A verdict that changed within that phase
-   is "inconclusive".
+Why a rule of its own: judging every comparison an entry prints at the resolution of 3 seeds'
+observed SD called an exact null "not held" 8–14 % of the time and the paper's true effect "held"
+only 20 %, gave p ≈ 0 to arms one test image apart and dropped diverged runs. The rule's items:
+(1) one pre-declared primary comparison (:class:`Design`), other judged comparisons Holm-corrected
+as a family (Holm 1979, "A simple sequentially rejective multiple test procedure"); (2) its
+resolution fixed in advance (:func:`design_mde`); (3) a floor on the SE (binomial for accuracies);
+(4) divergence is failure (:func:`arm_values`); (5) the decision, Welch's two-sided t at α (Welch
+1947; :func:`judge`): P(false "held" | no effect) ≤ α/2, P(false "not held" | the paper's effect)
+≤ α/2 + the family's Holm share (``tests/test_verdict_rule.py`` simulates both); (6) settling
+(:func:`settle_fraction`, :func:`settle`). ``docs/readme/experiments.md`` states them in full.
 """
 
 from __future__ import annotations
@@ -41,11 +22,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from bnlab.formatting import finite_or_none, mean_std
+from bnlab.formatting import mean_std
 
-# the rule's constants, defined once in rule_stats (re-exported here: the rule's own module)
-from .rule_stats import (
-    ALPHA, MIN_SEEDS, POWER, Comparison, binomial_floor, design_mde, fewest_seeds, holm)
+from . import verdict_text
+from .significance import (
+    binomial_floor, design_se, fewest_seeds, finite_values, holm, resolvable, short_p, t_quantile,
+    two_sided_p, welch)
+
+MIN_SEEDS = 3   # per arm, below which no test is made
+ALPHA = 0.05    # two-sided significance level of every test of the rule
+POWER = 0.8     # the power at which a design's resolvable effect is stated
 
 RULE = (
     f"one pre-declared primary comparison per entry: Welch's two-sided t (α = {ALPHA:g}, "
@@ -56,17 +42,118 @@ RULE = (
     "design SD stated in advance; diverged runs count as failures of their arm; other comparisons "
     "Holm-corrected"
 )
+# What :func:`compare_arms` does, quoted by the entries that report its comparisons.
+COMPARE_RULE = (
+    f"Welch's two-sided t-test on the per-seed values, α = {ALPHA:g}, at least {MIN_SEEDS} "
+    "seeds per arm, the standard error floored at the measurement's resolution (binomial on "
+    "the test-set size for accuracies); a non-significant difference is reported with the "
+    f"effect it resolves at power {POWER:g}, (t_(1−α/2) + t_({POWER:g}))·SE, the SE from the "
+    "design SD stated in advance where the entry gives one (\"at the design SD\"), else from "
+    "the observed SDs")
+HELD, NOT_HELD, INCONCLUSIVE = "held", "not held", "inconclusive"
+VERDICTS = (HELD, NOT_HELD, INCONCLUSIVE)
+
+
+def design_mde(design_sd: float, n_a: int, n_b: int, floor: float = 0.0, *, alpha: float = ALPHA,
+               power: float = POWER) -> float:
+    """Item 2: the effect ``n_a``/``n_b`` seeds detect with probability ``power`` (two-sided
+    ``alpha``) when one seed's value has SD ``design_sd``: ``(t_{1−α/2} + t_power)·max(design_sd·
+    √(1/n_a + 1/n_b), floor)`` at df = n_a + n_b − 2 (pooled-variance approximation of Welch's)."""
+    return resolvable(design_se(design_sd, n_a, n_b, floor), n_a + n_b - 2, alpha=alpha,
+                      power=power)
+
+
+# ---- comparing two arms over seeds (the comparisons an entry reports: COMPARE_RULE) ------------
+
+@dataclass(frozen=True)
+class Comparison:
+    """Outcome of :func:`compare_arms` (b − a). ``decision``: "higher" (b > a), "lower" (b < a),
+    "no detectable difference" (with ``mde`` the smallest |b − a| the seeds could have resolved) or
+    "too few seeds". ``mde_basis``: the observed SD of these seeds, or a design SD stated in advance
+    (:class:`DesignSD`; the observed one scatters 1.7–4.8× run to run)."""
+
+    diff: float | None
+    se: float | None
+    df: float | None
+    p: float | None
+    mde: float | None
+    n_a: int
+    n_b: int
+    decision: str
+    mde_basis: str = "observed SD"
+
+    def text(self, scale: float = 1.0, unit: str = "") -> str:
+        """``+3.1 ± 0.8 (SE; Welch p=0.01, n=3/3, resolvable ≥ 2.9)`` (:mod:`verdict_text`)."""
+        return verdict_text.comparison(self, scale, unit)
 
 
 @dataclass(frozen=True)
-class Design:
-    """The pre-declared primary comparison of an entry (b − a).
+class DesignSD:
+    """The design SD of the comparisons of a conjunctive or family claim: SD of one seed's value,
+    one number for all comparisons or one per comparison key, from the pilot named in ``source``.
+    Given to :func:`compare_arms`, it fixes each comparison's resolvable effect in advance, as
+    :class:`Design` does for one primary comparison; the decision is unchanged."""
 
-    ``paper_effect``: the paper's b − a in the same units (its sign is the claimed direction).
-    ``design_sd``: SD of one seed's value, from the pilot named in ``source``. ``n_test``: test-set
-    size when the values are accuracies in [0, 1] (binomial floor); ``se_floor``: an absolute floor
-    otherwise.
-    """
+    sd: float | dict
+    source: str
+
+    def __post_init__(self):
+        values = self.sd.values() if isinstance(self.sd, dict) else (self.sd,)
+        if not values or not all(isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)
+                                 for v in values):
+            raise ValueError(f"design SDs must be finite numbers ≥ 0, got {self.sd!r}")
+
+    def of(self, key=None) -> float:
+        """The design SD of comparison ``key`` (the one number when not given per key)."""
+        if not isinstance(self.sd, dict):
+            return float(self.sd)
+        if key not in self.sd:
+            raise KeyError(f"no design SD for comparison {key!r}; declared for: "
+                           f"{', '.join(map(str, self.sd))}")
+        return float(self.sd[key])
+
+    def text(self, scale: float = 1.0, unit: str = "") -> str:
+        return verdict_text.design_sd(self, scale, unit)
+
+
+def compare_arms(a, b, *, alpha: float = ALPHA, power: float = POWER, min_seeds: int = MIN_SEEDS,
+                 se_floor: float = 0.0, n_test: int | None = None,
+                 design_sd: float | None = None) -> Comparison:
+    """Compare arm ``b`` with arm ``a`` (per-seed values, non-finite ones dropped) by
+    :data:`COMPARE_RULE`: Welch's t-test (Welch 1947), SE = √(s_a²/n_a + s_b²/n_b) floored at
+    ``se_floor`` and at the binomial SE of the arm means on ``n_test`` test images, two-sided p;
+    "higher"/"lower" when p < ``alpha``, else "no detectable difference" with ``mde = (t_{1−α/2,df}
+    + t_{power,df})·SE``, or :func:`design_mde` of ``design_sd`` where the entry states one in
+    advance. Fewer than ``min_seeds`` values in an arm: "too few seeds" (diff still given). Without
+    a floor, identical values (SE = 0) count any nonzero difference as detected (p = 0)."""
+    xa, xb = finite_values(a), finite_values(b)
+    n_a, n_b = len(xa), len(xb)
+    if not xa or not xb:
+        return Comparison(None, None, None, None, None, n_a, n_b, "too few seeds")
+    if n_a < max(min_seeds, 2) or n_b < max(min_seeds, 2):
+        return Comparison(mean_std(xb)[0] - mean_std(xa)[0], None, None, None, None, n_a, n_b,
+                          "too few seeds")
+    diff, welch_se, df, (ma, mb) = welch(xa, xb)
+    floor = max(se_floor, binomial_floor(ma, mb, n_test, n_a, n_b))
+    se = max(welch_se, floor)
+    p = two_sided_p(diff, se, df)
+    basis = "observed SD" if design_sd is None else "design SD"
+    if design_sd is not None:
+        mde = design_mde(design_sd, n_a, n_b, floor, alpha=alpha, power=power)
+    else:
+        mde = resolvable(se, df, alpha=alpha, power=power) if se else 0.0
+    decision = ("higher" if diff > 0 else "lower") if p < alpha and diff else \
+        "no detectable difference"
+    return Comparison(diff, se, None if se == 0 else df, p, mde, n_a, n_b, decision, basis)
+
+
+# ---- the primary comparison (RULE) --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Design:
+    """The pre-declared primary comparison of an entry (b − a): ``paper_effect`` the paper's b − a
+    (its sign the claimed direction), ``design_sd`` one seed's SD from the pilot named in
+    ``source``, ``n_test`` the test-set size of accuracies (binomial floor), else ``se_floor``."""
 
     quantity: str
     paper_effect: float
@@ -83,26 +170,21 @@ class Design:
 
     def __post_init__(self):
         if self.paper_effect == 0 or not math.isfinite(self.paper_effect):
-            raise ValueError(
-                f"paper_effect must be a nonzero finite number (its sign is the claim), "
-                f"got {self.paper_effect!r}"
-            )
+            raise ValueError("paper_effect must be a nonzero finite number (its sign is the "
+                             f"claim), got {self.paper_effect!r}")
         if not self.design_sd >= 0 or self.n_seeds < 2:
-            raise ValueError(
-                f"design_sd must be ≥ 0 and n_seeds ≥ 2, got {self.design_sd!r}, {self.n_seeds!r}"
-            )
+            raise ValueError(f"design_sd must be ≥ 0 and n_seeds ≥ 2, got {self.design_sd!r}, "
+                             f"{self.n_seeds!r}")
 
     def mde(self, p_a: float = 0.5, p_b: float = 0.5) -> float:
-        """The effect this design detects with probability ``power`` (two-sided α), from the design
-        SD and the floor; ``p_a``/``p_b`` (accuracies) set the binomial floor, 0.5 its largest
-        value."""
+        """:func:`design_mde` of this design; ``p_a``/``p_b`` (accuracies) set the binomial floor,
+        0.5 its largest value."""
         n = self.n_seeds
         floor = max(self.se_floor, binomial_floor(p_a, p_b, self.n_test, n, n))
         return design_mde(self.design_sd, n, n, floor, alpha=self.alpha, power=self.power)
 
     def seeds_to_resolve(self, effect: float | None = None, limit: int = 1000) -> int | None:
-        """The fewest seeds per arm whose resolvable effect is ≤ |``effect``| (the paper's by
-        default): what "the budget truly cannot do better" costs. None when no number of seeds
+        """The fewest seeds per arm resolving |``effect``| (the paper's by default); None when none
         up to ``limit`` does (the floor on the SE is above the effect)."""
         return fewest_seeds(lambda n: replace(self, n_seeds=n).mde(),
                             self.paper_effect if effect is None else effect, limit)
@@ -112,16 +194,7 @@ class Design:
         return abs(self.paper_effect) >= self.mde()
 
     def text(self, scale: float = 1.0, unit: str = "") -> str:
-        paper = (
-            f"{scale * self.paper_effect:+.3g}{unit}"
-            if self.magnitude_known
-            else ("lower" if self.paper_effect < 0 else "higher") + " (direction only)"
-        )
-        return (
-            f"primary: {self.quantity}; paper {paper}; design "
-            f"SD {scale * self.design_sd:.2g}{unit} ({self.source}), {self.n_seeds} seeds/arm → "
-            f"resolvable ≥ {scale * self.mde():.2g}{unit}"
-        )
+        return verdict_text.design(self, scale, unit)
 
 
 @dataclass(frozen=True)
@@ -139,52 +212,22 @@ class Judgement:
     floored: bool
 
     def text(self, design: Design, scale: float = 1.0, unit: str = "") -> str:
-        if self.diff is None or self.se is None:
-            return (f"{design.quantity}: n={self.n_a}/{self.n_b}, too few seeds "
-                    f"({design.text(scale, unit)})")
-        lo, hi = self.ci
-        return (
-            f"{design.quantity} {scale * self.diff:+.3g}{unit} ± {scale * self.se:.2g} "
-            f"(SE{', floored' if self.floored else ''}; {100 * (1 - design.alpha):g} % CI "
-            f"[{scale * lo:+.3g}, {scale * hi:+.3g}], p={self.p:.2g}, n={self.n_a}/{self.n_b}) "
-            "vs the paper's "
-            + (
-                f"{scale * design.paper_effect:+.3g}{unit}"
-                if design.magnitude_known
-                else ("negative" if design.paper_effect < 0 else "positive") + " (direction only)"
-            )
-            + f"; resolvable ≥ {scale * self.mde:.2g}{unit} "
-            f"(design SD {scale * design.design_sd:.2g}, {design.source})"
-        )
+        return verdict_text.judgement(self, design, scale, unit)
 
 
 def judge(a, b, design: Design) -> Judgement:
     """Judge the primary comparison b − a by :data:`RULE` (values per seed; diverged runs already
-    replaced by the failure value, see :func:`rule_stats.arm_values`; non-finite values dropped)."""
-    from scipy import stats
-
-    xa = [v for v in (finite_or_none(v) for v in a) if v is not None]
-    xb = [v for v in (finite_or_none(v) for v in b) if v is not None]
+    replaced by the failure value, :func:`arm_values`; non-finite values dropped): items 3 and 5."""
+    xa, xb = finite_values(a), finite_values(b)
     n_a, n_b = len(xa), len(xb)
     if n_a < MIN_SEEDS or n_b < MIN_SEEDS:
         return Judgement(INCONCLUSIVE, None, None, None, None, design.mde(), n_a, n_b, False)
-    (ma, sa), (mb, sb) = mean_std(xa), mean_std(xb)
-    diff = mb - ma
-    va, vb = sa**2 / n_a, sb**2 / n_b
-    welch = math.sqrt(va + vb)
+    diff, welch_se, df, (ma, mb) = welch(xa, xb)
     floor = max(design.se_floor, binomial_floor(ma, mb, design.n_test, n_a, n_b))
-    if va + vb > 0:
-        df = (va + vb) ** 2 / ((va**2 / (n_a - 1)) + (vb**2 / (n_b - 1)))
-    else:
-        df = float(n_a + n_b - 2)
-    se = max(welch, floor)
-    if se == 0:  # deterministic values without a stated resolution: any difference is exact
-        p = 0.0 if diff else 1.0
-        ci = (diff, diff)
-    else:
-        p = float(2 * stats.t.sf(abs(diff) / se, df))
-        half = float(stats.t.ppf(1 - design.alpha / 2, df)) * se
-        ci = (diff - half, diff + half)
+    se = max(welch_se, floor)
+    p = two_sided_p(diff, se, df)
+    half = t_quantile(1 - design.alpha / 2, df) * se if se else 0.0
+    ci = (diff - half, diff + half)
     sign = 1.0 if design.paper_effect > 0 else -1.0
     if p < design.alpha and diff * sign > 0:
         verdict = HELD
@@ -194,19 +237,12 @@ def judge(a, b, design: Design) -> Judgement:
         verdict = NOT_HELD
     else:
         verdict = INCONCLUSIVE
-    return Judgement(verdict, diff, se, p, ci, design.mde(ma, mb), n_a, n_b, floor > welch)
+    return Judgement(verdict, diff, se, p, ci, design.mde(ma, mb), n_a, n_b, floor > welch_se)
 
 
-# ---- The ladder: the one place that turns evidence into a verdict -------------------------------
+# ---- the ladder: the one place that turns evidence into a verdict ------------------------------
 # Entry modules never write a verdict string (tests/test_verdict_sites.py scans them): they compute
-# their evidence — the primary comparison (:func:`judge`, :func:`decide`, :func:`against_bound`,
-# :func:`conjunction`, a bool from a check), the Holm-corrected secondary comparisons that
-# contradict the claim, whether the runs can decide anything — and :func:`ladder` turns it into the
-# verdict, always in the same order.
-
-HELD, NOT_HELD, INCONCLUSIVE = "held", "not held", "inconclusive"
-VERDICTS = (HELD, NOT_HELD, INCONCLUSIVE)
-
+# their evidence and :func:`ladder` turns it into the verdict, always in the same order.
 
 def check(supports: bool | None) -> str:
     """The outcome of a deterministic check (a bound, a tolerance on a fitted or computed number, an
@@ -218,16 +254,11 @@ def check(supports: bool | None) -> str:
 
 def ladder(primary: str | bool | None = None, *, unusable: bool = False,
            against: bool = False) -> str:
-    """The catalogue's verdict ladder, in its one order (one place, not one per
-    site):
-
-    1. ``unusable`` — tiny runs, no data, a missing arm, fewer than :data:`MIN_SEEDS` seeds:
-       "inconclusive";
-    2. ``against`` — a secondary comparison (Holm-corrected where it is one of a family) or a
-       pre-declared failure condition contradicts the claim: "not held";
-    3. otherwise the primary comparison's outcome: a verdict from :func:`judge` / :func:`decide` /
-       :func:`against_bound` / :func:`conjunction`, or a bool (:func:`check`); None →
-       "inconclusive".
+    """The verdict ladder, in its one order: (1) ``unusable`` (tiny runs, no data, a missing arm,
+    fewer than :data:`MIN_SEEDS` seeds) → "inconclusive"; (2) ``against`` (a Holm-corrected
+    secondary comparison or a pre-declared failure condition contradicts the claim) → "not held";
+    (3) else the primary's outcome: a verdict of :func:`judge` / :func:`decide` /
+    :func:`against_bound` / :func:`conjunction`, or a bool (:func:`check`); None → "inconclusive".
     """
     if unusable:
         return INCONCLUSIVE
@@ -242,8 +273,8 @@ def ladder(primary: str | bool | None = None, *, unusable: bool = False,
 
 
 def explain(verdict: str, *, held: str = "", not_held: str = "", inconclusive: str = "") -> str:
-    """The text an entry appends to its summary for ``verdict`` (so that entries need not branch on
-    the verdict strings themselves)."""
+    """The text an entry appends to its summary for ``verdict`` (entries need not branch on the
+    verdict strings themselves)."""
     texts = {HELD: held, NOT_HELD: not_held, INCONCLUSIVE: inconclusive}
     if verdict not in texts:
         raise ValueError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
@@ -257,12 +288,9 @@ def is_held(verdict: str) -> bool:
 
 def decide(comparison: Comparison, wanted: str, p: float | None = None,
            alpha: float = ALPHA) -> str:
-    """The outcome of one comparison of :func:`bnlab.experiments.common.compare_arms` (b − a):
-    "held" when the rule detects the difference the paper claims (``wanted`` "lower"/"higher"),
-    "not held" when it detects the opposite, else "inconclusive" (no detectable difference, too few
-    seeds).
-    ``p``: a Holm-adjusted p-value (:func:`rule_stats.holm`) to judge it by instead of its own, as
-    one of a family."""
+    """The outcome of one :func:`compare_arms` comparison (b − a): "held" when it detects the
+    difference the paper claims (``wanted`` "lower"/"higher"), "not held" the opposite, else
+    "inconclusive". ``p``: a Holm-adjusted p-value to judge it by instead, as one of a family."""
     if wanted not in ("lower", "higher"):
         raise ValueError(f"wanted must be 'lower' or 'higher', got {wanted!r}")
     decision = comparison.decision
@@ -277,40 +305,24 @@ def decide(comparison: Comparison, wanted: str, p: float | None = None,
 
 def family(comparisons: dict, wanted, alpha: float = ALPHA) -> dict:
     """Each comparison of a family (key → :class:`Comparison`) judged by :func:`decide` on its
-    Holm-adjusted p-value (:func:`rule_stats.holm`): the secondary comparisons of an entry, whose
-    "not held" may overrule a primary. ``wanted``: "lower"/"higher" for all, or a dict key →
-    direction."""
+    Holm-adjusted p: an entry's secondary comparisons, whose "not held" may overrule a primary.
+    ``wanted``: "lower"/"higher" for all, or a dict key → direction."""
     adjusted = holm({k: c.p for k, c in comparisons.items()})
     want = wanted if isinstance(wanted, dict) else {k: wanted for k in comparisons}
     return {k: decide(c, want[k], adjusted[k], alpha) for k, c in comparisons.items()}
 
 
 def short_of_effect(comparisons: dict, effects: dict, alpha: float = ALPHA) -> dict:
-    """Rule 5's "the confidence interval lies entirely short of the paper's effect", for a family:
-    per key, whether the data reject a difference as large as ``effects[key]`` (the paper's, signed
-    in the claimed direction), Holm-corrected over the family (:func:`rule_stats.holm`).
-
-    Per comparison the test is one-sided, H0: the true difference reaches the effect, with p₁ =
-    P(T_df ≤ sign·(diff − effect)/SE) on the comparison's floored SE and Welch df (sign: the
-    effect's). 2·p₁ < α alone is exactly "the two-sided (1 − α) CI excludes the effect", as
-    :func:`judge` reads it for one primary comparison. Over m comparisons the 2·p₁ are
-    Holm-adjusted, so the chance of calling some comparison short of an effect it truly has stays
-    ≤ α/2 (without the correction it grows with m; measured in ``tests/test_verdict_rule.py``).
-    Comparisons without an SE (too few seeds) are never short."""
-    from scipy import stats
-
-    two_sided = {}
-    for key, c in comparisons.items():
-        if c.diff is None or c.se is None or c.df is None:
-            two_sided[key] = None
-            continue
-        sign = 1.0 if effects[key] > 0 else -1.0
-        if c.se == 0:  # deterministic: short exactly when the difference falls short
-            two_sided[key] = 0.0 if sign * (c.diff - effects[key]) < 0 else 1.0
-            continue
-        t = sign * (c.diff - effects[key]) / c.se
-        two_sided[key] = min(1.0, 2 * float(stats.t.cdf(t, c.df)))
-    adjusted = holm(two_sided)
+    """Item 5's "the CI lies entirely short of the paper's effect", for a family: per key, whether
+    the data reject a difference as large as ``effects[key]`` (signed as claimed), Holm-corrected.
+    Per comparison 2·p₁ of the one-sided test H0: the true difference reaches the effect
+    (:func:`significance.short_p`; 2·p₁ < α alone is "the (1 − α) CI excludes it", as
+    :func:`judge` reads one primary); Holm over the family keeps the chance of calling some
+    comparison short of an effect it truly has ≤ α/2 (``tests/test_verdict_rule.py``). Comparisons
+    without an SE (too few seeds) are never short."""
+    adjusted = holm({k: None if c.diff is None or c.se is None or c.df is None
+                     else short_p(c.diff, effects[k], c.se, c.df)
+                     for k, c in comparisons.items()})
     return {k: adjusted[k] is not None and adjusted[k] < alpha for k in comparisons}
 
 
@@ -347,22 +359,17 @@ def against_bound(values, bound: float, wanted: str, *, se_floor: float = 0.0,
     (two-sided at ``alpha``, the SE floored at ``se_floor``): significant on the claimed side →
     "held", on the other side → "not held", else "inconclusive". Returns the verdict and the
     comparison (mean − bound, as :func:`compare_arms` reports b − a)."""
-    from scipy import stats
-
     if wanted not in ("lower", "higher"):
         raise ValueError(f"wanted must be 'lower' or 'higher', got {wanted!r}")
-    xs = [v for v in (finite_or_none(v) for v in values) if v is not None]
+    xs = finite_values(values)
     n = len(xs)
     if n < MIN_SEEDS:
         diff = (sum(xs) / n - bound) if xs else None
         return INCONCLUSIVE, Comparison(diff, None, None, None, None, 1, n, "too few seeds")
     mean, sd = mean_std(xs)
     diff, se, df = mean - bound, max(sd / math.sqrt(n), se_floor), n - 1
-    if se == 0:
-        p, mde = (0.0 if diff else 1.0), 0.0
-    else:
-        p = float(2 * stats.t.sf(abs(diff) / se, df))
-        mde = float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(POWER, df)) * se)
+    p = two_sided_p(diff, se, df)
+    mde = resolvable(se, df, alpha=alpha, power=POWER) if se else 0.0
     significant = p < alpha and diff
     decision = ("higher" if diff > 0 else "lower") if significant else "no detectable difference"
     comparison = Comparison(diff, se, float(df), p, mde, 1, n, decision)
@@ -379,11 +386,9 @@ def combine(verdicts: list[str]) -> str:
 
 def settle(end: tuple[str, str], mid: tuple[str, str],
            where: str = "2/3 of training") -> tuple[str, str]:
-    """The settling rule (item 6 of :data:`RULE`): ``end`` / ``mid`` are (verdict, summary) of the
-    same verdict function on the values at the end and at ``where``
-    (:func:`rule_stats.settle_fraction`: halfway through the final learning-rate phase for step
-    schedules). A verdict that changed in between is "inconclusive": the compared quantity has not
-    settled, and a longer run could change it again."""
+    """Item 6: ``end`` / ``mid`` are (verdict, summary) of one verdict function on the values at
+    the end and at ``where`` (:func:`settle_fraction`). A verdict that changed in between is
+    "inconclusive": the quantity has not settled, and a longer run could change it again."""
     verdict, summary = end
     if mid[0] == verdict:
         return verdict, f"{summary}; settled: the verdict at {where} is also '{mid[0]}'"

@@ -21,7 +21,7 @@ from bnlab.store import Store
 from bnlab.train.prepare import drops_last
 
 from .base import Experiment
-from .rule_stats import digits_train_images
+from .run_facts import digits_train_images
 
 
 def partial_batch_steps(config: dict) -> Callable[[int], bool] | None:

@@ -209,12 +209,13 @@ class StochasticWeightAveraging(pl.callbacks.StochasticWeightAveraging):
         self._module = pl_module
 
     def reset_momenta(self) -> None:
-        if self._statistics is not None:
-            self._statistics.finish()
-            self._statistics = None
+        # the averaged weights first: cbn's written statistics read β (Eq. 9's second moment)
         if self._averaged is not None:
             with torch.no_grad():
                 for p, averaged in zip(self._module.parameters(), self._averaged):
                     p.copy_(averaged)
             self._averaged = None
+        if self._statistics is not None:
+            self._statistics.finish()
+            self._statistics = None
         super().reset_momenta()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
-from ..rule_stats import holm
+from ..verdicts import holm
 from ..verdicts import RULE as JUDGED_RULE
 from ..verdicts import Design, explain, judge, ladder, settle
 from ..verdict_data import Verdict

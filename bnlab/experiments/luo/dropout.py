@@ -11,7 +11,7 @@ from bnlab.formatting import fmt
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from ..common import (CATALOGUE_PILOT, RULE, SETTLE_FRACTION, DesignSD, compare_arms,
                       mean_curve, safe_panels)
-from ..rule_stats import arm_values
+from ..run_facts import arm_values
 from ..verdicts import conjunction, explain, ladder, settle
 from ..resolution import family_resolution
 from .cnn import cnn_base

@@ -27,7 +27,8 @@ from bnlab.theory.mbn import moving_average_noise
 from ..base import Experiment, Outcome, Plan, RunSpec, register
 from bnlab.formatting import finite_or_none, fmt, mean_std
 from ..common import recipe_config, safe_panels
-from ..rule_stats import binomial_floor, config_test_images
+from ..verdicts import binomial_floor
+from ..run_facts import config_test_images
 from ..verdicts import RULE, Design, combine, explain, judge, ladder
 from ..resolution import design_resolution
 from .arms import (ARM_TEXT, ARMS, RECOLLECTED, one_process_runs, recollected_metrics,

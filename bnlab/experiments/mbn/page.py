@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from bnlab.experiments.common import recipe_config
-from bnlab.experiments.rule_stats import config_test_images
+from bnlab.experiments.run_facts import config_test_images
 from bnlab.experiments.runner import analysis_context
 from bnlab.formatting import fmt, mean_std
 

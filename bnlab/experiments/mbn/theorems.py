@@ -13,7 +13,7 @@ from bnlab.theory.mbn import moving_average_noise, theorem1_report, theorem2_cos
 from ..base import Experiment, Outcome, Plan, register
 from ..resolution import Resolution
 from ..common import safe_panels
-from ..rule_stats import holm
+from ..verdicts import holm
 from ..verdicts import explain, ladder
 
 # ---- Momentum BN, supplementary Theorems 1–2 and the moving statistics ---------------------------

@@ -6,11 +6,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..base import Experiment, Outcome, RunSpec, register
 from ..common import (CATALOGUE_PILOT, RULE, DesignSD, compare_arms, mean_curve, safe_panels,
                       seed_means)
 from ..resolution import design_resolution
+from ..verdict_data import Verdict
+from ..verdicts import RULE as JUDGED_RULE
 from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder
+from .blocks import block_plan, judged_by_block
 from .common import (ACT_TITLE, ACTIVATIONS, RHO_STAR, cbn_spec, recipe_base, run_config,
                      status_note, usual_micro_batch_series)
 
@@ -31,17 +34,19 @@ def _fig10_variants(lr: float) -> dict[str, tuple[str, str, Any]]:
             "CBN with AMAT": ("pre_linear", lambda act: cbn_spec(rho=RHO_STAR[act]))}
 
 
-def _fig10_plan(preset: str) -> Plan:
+def _fig10_runs(preset: str, residual: str) -> list[RunSpec]:
     if preset == "paper":
         # ResNet-18 on ImageNet is not in bnlab: ResNet-20 with the CIFAR-10 recipe stands in.
-        # see _fig2_plan
-        base, lr = {**recipe_base("resnet20", "cifar10", "paper"), "probe_every": 390}, 0.1
+        # see _fig2_runs
+        base = {**recipe_base("resnet20", "cifar10", "paper", residual), "probe_every": 390}
+        lr = 0.1
     else:
         lr = SMOKE_FIG10_LR
         # probe every 5 of the 48 steps: grad_stats costs 8 small forward/backward passes per call,
         # and steps 12, 24, … are the epochs' last batches (30 of digits' 1438 images: micro-batches
         # of 3)
-        base = {**recipe_base("resnet20", "cifar10", "smoke"), "lr": lr, "schedule": "constant",
+        base = {**recipe_base("resnet20", "cifar10", "smoke", residual), "lr": lr,
+                "schedule": "constant",
                 "probe_every": 5}
     runs = []
     for act in ACTIVATIONS:
@@ -52,7 +57,7 @@ def _fig10_plan(preset: str) -> Plan:
                                     run_config(base, norm=norm(act), placement=placement,
                                                activation=act, seed=seed, probes=["grad_stats"]),
                                     {"activation": act, "variant": name, "seed": seed}))
-    return Plan(runs=runs)
+    return runs
 
 
 FIG10_COMPARED = ("CBN without AMAT", "CBN with AMAT")  # the arms the claim compares: 3 seeds each
@@ -161,7 +166,10 @@ def _fig10_analyze(ctx) -> Outcome:
              "paper": "AMAT lowest; fixed η not necessarily lower (curves only)"}
             for act, d in variance.items() for name, v in d.items()]
     verdict, summary = fig10_verdict(variance, ctx.tiny)
-    return Outcome([fig], rows, verdict, summary + status_note(ctx))
+    judged = judge(*(_seed_means(variance, k) for k in FIG10_COMPARED), FIG10_DESIGN)
+    return Outcome([fig], rows, verdict, summary + status_note(ctx),
+                   Verdict.from_judgement(verdict, judged, FIG10_DESIGN, rule=JUDGED_RULE,
+                                          unit=" dex"))
 
 
 register(Experiment(
@@ -181,6 +189,7 @@ register(Experiment(
                    "35 s on 2 idle cores (2026-11-28)",
           "paper": "40 runs × 120 epochs of ResNet-20 on CIFAR-10 with a gradient-variance probe "
                    "per epoch (GPU)"},
-    plan=_fig10_plan, analyze=_fig10_analyze,
+    plan=block_plan(_fig10_runs),
+    analyze=judged_by_block(_fig10_analyze, lambda factors: factors.get("variant") != "BN"),
     resolution=design_resolution(FIG10_DESIGN, unit=" dex")))
 

@@ -14,7 +14,7 @@ from bnlab import data as data_sources
 from bnlab import models
 from bnlab.norms import set_progress
 
-from ..rule_stats import digits_train_images
+from ..run_facts import digits_train_images
 
 ACTIVATIONS = ("sigmoid", "tanh", "relu", "selu", "swish")
 ACT_TITLE = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "ReLU", "selu": "SELU", "swish": "Swish"}

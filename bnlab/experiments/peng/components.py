@@ -9,13 +9,16 @@ import math
 from bnlab.plots import bars
 from bnlab.probes import max_stable_lr
 
-from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..base import Experiment, Outcome, RunSpec, register
 from ..resolution import family_resolution
+from ..verdicts import COMPARE_RULE
+from ..verdict_data import Verdict
 from ..verdicts import NOT_HELD, conjunction, explain, family, is_held, ladder
 from bnlab.formatting import finite_or_none, fmt, mean_std
 from ..common import (CATALOGUE_PILOT, RULE, DesignSD, compare_arms, grouped_finals,
                       mean_curve, safe_panels, smooth)
-from .verdict import CHANCE
+from .blocks import block_plan, judged_by_block
+from .verdict import CHANCE, conjunction_record
 from .common import (ACT_TITLE, ACTIVATIONS, PAPER_TRIALS, SMOKE_SEEDS, percent, recipe_base,
                      run_config, status_note, usual_micro_batch_series)
 
@@ -35,14 +38,15 @@ T6_SEEDS = (0, 1, 2)
 NONE_TRAINS = 1e-5  # the maximal stable lr of a seed where no candidate trains: below the grid
 
 
-def _t6_plan(preset: str) -> Plan:
+def _t6_runs(preset: str, residual: str) -> list[RunSpec]:
     if preset == "paper":
         # Table 6's caption says CIFAR-10 (as does Fig. 7's, the same ablation); §6.3's text says
         # CIFAR-100.
-        base, acts = recipe_base("resnet20", "cifar10", "paper"), ACTIVATIONS
+        base, acts = recipe_base("resnet20", "cifar10", "paper", residual), ACTIVATIONS
         extra_seeds, candidates = range(len(T6_SEEDS), PAPER_TRIALS), LR_CANDIDATES
     else:
-        base = {**recipe_base("resnet20", "digits", "smoke"), "epochs": 3, "schedule": "constant"}
+        base = {**recipe_base("resnet20", "digits", "smoke", residual), "epochs": 3,
+                "schedule": "constant"}
         acts, extra_seeds = T6_SMOKE_ACTIVATIONS, range(0)
         candidates = SMOKE_LR_CANDIDATES
     runs = []
@@ -63,7 +67,11 @@ def _t6_plan(preset: str) -> Plan:
                                     run_config(base, norm=norm, placement="pre_linear",
                                                activation=act, seed=seed, lr=0.1),
                                     {"approach": name, "activation": act, "lr": 0.1, "seed": seed}))
-    return Plan(runs=runs)
+    return runs
+
+
+def _is_cbn(factors: dict) -> bool:
+    return factors.get("approach") == "CBN"
 
 
 def run_trains(run, num_classes: int = 10) -> bool:
@@ -186,7 +194,36 @@ def _t6_analyze(ctx) -> Outcome:
                    ylabel="test accuracy at lr 0.1 (%)",
                    title=f"Peng Table 6: test accuracy of CBN's components ({ctx.preset})")
     verdict, summary = table6_verdict(lr_max, ctx.tiny)
-    return Outcome([fig_lr, fig_acc], rows, verdict, summary + status_note(ctx))
+    return Outcome([fig_lr, fig_acc], rows, verdict, summary + status_note(ctx),
+                   table6_record(verdict, lr_max))
+
+
+def table6_record(verdict: str, lr_max: dict[tuple[str, str], list[float | None]],
+                  design_sd: DesignSD = TABLE6_DESIGN_SD) -> Verdict:
+    """The structured verdict of Table 6: ℓ2 − none in log10 maximal lr for the activation the
+    verdict rests on — the first step of the order significantly reversed where it is not held,
+    else the primary (:func:`table6_verdict`) with the smallest p."""
+    acts = [a for a in ACTIVATIONS if any(k[1] == a for k in lr_max)]
+    logs = {(name, a): [math.log10(v or NONE_TRAINS) for v in lr_max.get((name, a)) or []]
+            for name in T6_ORDER for a in acts}
+    raised = {a: compare_arms(logs[(T6_ORDER[0], a)], logs[(T6_ORDER[2], a)],
+                              design_sd=design_sd.of()) for a in acts}
+    steps = {(a, i): compare_arms(logs[(T6_ORDER[i], a)], logs[(T6_ORDER[i + 1], a)],
+                                  design_sd=design_sd.of())
+             for a in acts for i in range(len(T6_ORDER) - 1)}
+    reversed_ = [k for k, v in family(steps, "higher").items() if v == NOT_HELD]
+    if reversed_:
+        a, i = reversed_[0]
+        return Verdict.from_comparison(
+            verdict, f"{T6_ORDER[i + 1]} − {T6_ORDER[i]}, log10 maximal stable lr, "
+                     f"{ACT_TITLE[a]}", steps[(a, i)], paper="higher (direction only)",
+            unit=" dex")
+    if not raised:
+        return Verdict(verdict, COMPARE_RULE)
+    best = min(raised, key=lambda a: 1.0 if raised[a].p is None else raised[a].p)
+    return Verdict.from_comparison(
+        verdict, f"ℓ2 normalization − no normalization, log10 maximal stable lr, {ACT_TITLE[best]}",
+        raised[best], paper="higher (direction only)", unit=" dex")
 
 
 def _mean_log10(rates: list[float | None] | None) -> float:
@@ -210,7 +247,7 @@ register(Experiment(
     cost={"smoke": "144 short runs, ≈6 min on 2 CPU cores",
           "paper": "440 runs (4 approaches × 5 activations × (5 candidate lrs × 3 seeds + 7 more "
                    "trials at 0.1)) × 120 epochs of ResNet-20 on CIFAR-10 (GPU)"},
-    plan=_t6_plan, analyze=_t6_analyze,
+    plan=block_plan(_t6_runs), analyze=judged_by_block(_t6_analyze, _is_cbn),
     resolution=family_resolution(
         "the maximal stable lr per activation, in the order none < mean removal < ℓ2 < CBN "
         "(Table 6)", TABLE6_DESIGN_SD, 3, unit=" dex (log10 lr)")))
@@ -226,20 +263,20 @@ F7_SMOKE_EPOCHS = 8
 F7_PROBE_EVERY = 4
 
 
-def _f7_plan(preset: str) -> Plan:
+def _f7_runs(preset: str, residual: str) -> list[RunSpec]:
     if preset == "paper":
         # Fig. 7's caption: ResNet-20 on CIFAR-10, the Table 6 approaches, the standard recipe.
-        base = {**recipe_base("resnet20", "cifar10", "paper"), "probe_every": 390}
+        base = {**recipe_base("resnet20", "cifar10", "paper", residual), "probe_every": 390}
         acts, seeds = ACTIVATIONS, range(PAPER_TRIALS)
     else:
-        base = {**recipe_base("resnet20", "digits", "smoke"), "epochs": F7_SMOKE_EPOCHS,
+        base = {**recipe_base("resnet20", "digits", "smoke", residual), "epochs": F7_SMOKE_EPOCHS,
                 "schedule": "constant", "probe_every": F7_PROBE_EVERY}
         acts, seeds = F7_SMOKE_ACTIVATIONS, SMOKE_SEEDS
-    return Plan(runs=[RunSpec(f"{name} · {ACT_TITLE[act]} · seed {seed}",
-                              run_config(base, norm=norm, placement="pre_linear", activation=act,
-                                         seed=seed, probes=["grad_stats"]),
-                              {"approach": name, "activation": act, "seed": seed})
-                      for act in acts for name, norm in T6_APPROACHES.items() for seed in seeds])
+    return [RunSpec(f"{name} · {ACT_TITLE[act]} · seed {seed}",
+                    run_config(base, norm=norm, placement="pre_linear", activation=act,
+                               seed=seed, probes=["grad_stats"]),
+                    {"approach": name, "activation": act, "seed": seed})
+            for act in acts for name, norm in T6_APPROACHES.items() for seed in seeds]
 
 
 def mean_sq_grad_norm(run, skip_fraction: float = 0.25) -> float | None:
@@ -317,7 +354,13 @@ def _f7_analyze(ctx) -> Outcome:
              "paper": "mean removal and ℓ2 normalization below no normalization (curves only)"}
             for act, d in sq.items() for name, values in d.items()]
     verdict, summary = fig7_verdict(sq, ctx.tiny)
-    return Outcome([fig], rows, verdict, summary + status_note(ctx))
+    claims = {(act, a): compare_arms(d.get(b, []), d.get(a, []), design_sd=FIG7_DESIGN_SD.of())
+              for act, d in sq.items() for a, b in F7_CLAIMS}
+    record = conjunction_record(
+        verdict, claims, "lower",
+        lambda k: f"{k[1]} − no normalization, log10 E‖g‖², {ACT_TITLE.get(k[0], k[0])}",
+        paper="lower (direction only)", unit=" dex")
+    return Outcome([fig], rows, verdict, summary + status_note(ctx), record)
 
 
 register(Experiment(
@@ -336,7 +379,7 @@ register(Experiment(
                    "uncontended)",
           "paper": "200 runs × 120 epochs of ResNet-20 on CIFAR-10 with a gradient probe per epoch "
                    "(GPU)"},
-    plan=_f7_plan, analyze=_f7_analyze,
+    plan=block_plan(_f7_runs), analyze=judged_by_block(_f7_analyze, _is_cbn),
     resolution=family_resolution(
         "direction only: mean removal and ℓ2 normalization each lower E‖g‖² against no "
         "normalization (Fig. 7)", FIG7_DESIGN_SD, 3, unit=" dex (log10 E‖g‖²)")))

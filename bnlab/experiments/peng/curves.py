@@ -15,12 +15,18 @@ import math
 from bnlab.formatting import fmt
 
 from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..readings import combine_readings
+from ..verdict_data import Verdict
 from ..common import compare_arms, mean_over_run, seed_means
-from ..rule_stats import arm_values, holm
+from ..verdicts import holm
+from ..run_facts import arm_values
+from ..verdicts import RULE as JUDGED_RULE
 from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
 from ..resolution import design_resolution
 from .common import ACT_TITLE, NON_RELU, ROW_NAMES, TABLE_SMOKE_SEEDS, TABLES, status_note
-from .tables import COMPARED, main_arm_runs, compared_runs, curve_panels, phase_reading, settling
+from .readings import ARGUMENT, READINGS, primary_reading, runs_by_reading
+from .tables import (COMPARED, curve_panels, main_arm_runs, phase_reading,
+                     reading_runs, settling)
 from .verdict import chance, primary_activations
 
 # entry id -> (figure, table): each network's panels of Fig. 4 (CIFAR-10) and Fig. 5 (CIFAR-100)
@@ -38,7 +44,7 @@ def _fig_plan(table: int):
         # the table's compared runs, shared with it in one runs dir
         return Plan(runs=[RunSpec(f"Table {table} · {r.label}", r.config,
                                   {**r.factors, "table": table})
-                          for r in compared_runs(table, preset)])
+                          for r in reading_runs(table, preset)])
 
     return plan
 
@@ -106,26 +112,64 @@ def _mean_losses(runs, fraction: float,
     return losses
 
 
+def reading_losses(runs, fraction: float, preset: str,
+                   table: int) -> dict[str, dict[tuple[int, str], dict[str, list[float]]]]:
+    """:func:`_mean_losses` per reading (the primary first); a reading that changes CBN alone
+    (Algorithm 1's order) gets the primary reading's BN (①) values, the same networks and seeds."""
+    by_reading = runs_by_reading(runs, table)
+    main = primary_reading(table)
+    ref = _mean_losses(by_reading[main], fraction, preset)
+    out = {}
+    for name, members in by_reading.items():
+        losses = _mean_losses(members, fraction, preset)
+        for key, d in losses.items():
+            if "①" not in d and key in ref and name != main:
+                d["①"] = ref[key].get("①", [])
+        out[name] = losses
+    return out
+
+
+def loss_curve_record(verdict: str, losses, primary: dict[int, tuple[str, ...]],
+                      design: Design = FIG_DESIGN) -> Verdict:
+    """The structured verdict of Figs 4–5: ``verdict`` with :func:`loss_curve_verdict`'s primary
+    comparison on ``losses`` (end of training)."""
+    trio = [d for (t, a), d in sorted(losses.items()) if a in primary.get(t, NON_RELU)]
+    if not trio:
+        return Verdict(verdict, JUDGED_RULE)
+    judged = judge(*(seed_means(d.get(row, []) for d in trio) for row in COMPARED), design)
+    return Verdict.from_judgement(verdict, judged, design, rule=JUDGED_RULE)
+
+
 def _fig_analyze(fig: int, table: int):
     def analyze(ctx) -> Outcome:
         reading = phase_reading(ctx)
-        losses = _mean_losses(ctx.runs, 1.0, ctx.preset)
-        early = _mean_losses(ctx.runs, reading, ctx.preset)
+        losses = reading_losses(ctx.runs, 1.0, ctx.preset, table)
+        early = reading_losses(ctx.runs, reading, ctx.preset, table)
+        main = primary_reading(table)
         network = TABLES[table]["model"]
         fig_loss = curve_panels(ctx, ctx.figure_path("training_loss"), "train_loss",
                                 f"Peng Fig. {fig}, {NETWORK_TITLE[network]}: training loss, BN (①) "
-                                f"vs CBN (②), mean over seeds ({ctx.preset})")
-        rows = [{"quantity": f"mean training loss over the run · Table {t} ({TABLES[t]['what']}) · "
-                             f"{ACT_TITLE[a]} · {row} {ROW_NAMES[row]}",
+                                f"vs CBN (②), mean over seeds ({ctx.preset})", table)
+        rows = [{"quantity": ("" if name == main else f"reading · {READINGS[name].title} · ")
+                 + f"mean training loss over the run · Table {t} ({TABLES[t]['what']}) · "
+                   f"{ACT_TITLE[a]} · {row} {ROW_NAMES[row]}",
                  "ours": fmt(d.get(row, []), decimals=3),
                  "paper": "CBN below BN in every panel (curves only)"}
-                for (t, a), d in sorted(losses.items()) for row in COMPARED]
+                for name, by_panel in losses.items()
+                for (t, a), d in sorted(by_panel.items()) for row in COMPARED]
         primary = {table: primary_activations(table, ctx.preset)}
-        verdict, summary = settle(loss_curve_verdict(losses, ctx.tiny, primary=primary),
-                                  loss_curve_verdict(early, ctx.tiny, primary=primary),
-                                  f"{reading:.0%} of training (the mean loss up to there)")
-        summary += settling(main_arm_runs(ctx), "train_loss", scale=1.0, fraction=reading)
-        return Outcome([fig_loss], rows, verdict, summary + status_note(ctx))
+        judged = [(READINGS[name].title, *settle(
+            loss_curve_verdict(losses[name], ctx.tiny, primary=primary),
+            loss_curve_verdict(early.get(name, {}), ctx.tiny, primary=primary),
+            f"{reading:.0%} of training (the mean loss up to there)")) for name in losses]
+        verdict, summary = judged[0][1:]
+        if len(judged) > 1:  # every reading must agree (the catalogue's rule for readings)
+            verdict, summary = combine_readings(judged)
+            summary = f"{ARGUMENT}; {summary}"
+        summary += settling(main_arm_runs(ctx, table), "train_loss", scale=1.0,
+                            fraction=reading)
+        return Outcome([fig_loss], rows, verdict, summary + status_note(ctx),
+                       loss_curve_record(verdict, losses[main], primary))
 
     return analyze
 
@@ -133,13 +177,17 @@ def _fig_analyze(fig: int, table: int):
 NETWORK_TITLE = {"resnet20": "ResNet-20", "vgg16": "VGG-16"}
 # the table's compared runs alone in an empty runs dir, 2 workers × 1 thread, idle AVX512 cores
 # (`bnlab reproduce all` of 2026-11-28: 5:18 with 10 of 38 runs stored, 8:20, 5:26, 7:24)
-SMOKE_MINUTES = {1: "≈ 7", 2: "≈ 8.5", 3: "≈ 5.5", 4: "≈ 7.5"}
-SMOKE_ARMS = {"resnet20": "5 seeds with Sigmoid/Tanh/SELU, 2 with ReLU/Swish",
+# (ResNet-20: the 113 runs of every reading at ≈ 35 s each with one thread, 2026-12-06)
+SMOKE_MINUTES = {1: "≈ 33", 2: "≈ 8.5", 3: "≈ 33", 4: "≈ 7.5"}
+SMOKE_ARMS = {"resnet20": "5 seeds with Sigmoid/Tanh/SELU, 2 with ReLU/Swish, in He's block (the "
+                          "primary reading); the table's other readings (Eq. 7's block, with and "
+                          "without a norm before the classifier; Algorithm 1's literal order, CBN "
+                          "only) with 5 seeds on Sigmoid/Tanh/SELU, judged by the same rule",
               "vgg16": "5 seeds with Tanh/SELU, 1 with Sigmoid"}
 
 for _id, (_fig, _table) in PANELS.items():
     _network = TABLES[_table]["model"]
-    _smoke_runs = len(compared_runs(_table, "smoke"))
+    _smoke_runs = len(reading_runs(_table, "smoke"))
     _other = next(i for i, (f, t) in PANELS.items() if f == _fig and t != _table)
     register(Experiment(
         id=_id, paper="peng", target=f"Fig. {_fig} ({NETWORK_TITLE[_network]})",
@@ -155,7 +203,7 @@ for _id, (_fig, _table) in PANELS.items():
         cost={"smoke": f"{_smoke_runs} runs, shared with peng-table{_table} (none retrained in "
                        f"the same runs dir; alone in an empty one {SMOKE_MINUTES[_table]} min on 2 "
                        "cores)",
-              "paper": f"{len(compared_runs(_table, 'paper'))} runs, shared with "
+              "paper": f"{len(reading_runs(_table, 'paper'))} runs, shared with "
                        f"peng-table{_table}"},
         plan=_fig_plan(_table), analyze=_fig_analyze(_fig, _table),
         resolution=design_resolution(FIG_DESIGN)))

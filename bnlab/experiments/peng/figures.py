@@ -6,24 +6,25 @@ from __future__ import annotations
 
 import math
 
-from bnlab.formatting import finite_or_none, fmt
+from bnlab.formatting import fmt
 from bnlab.plots import panels
 
-from ..base import Experiment, Outcome, Plan, RunSpec, register
+from ..base import Experiment, Outcome, RunSpec, register
 from ..resolution import Resolution, family_resolution
-from ..common import (RULE, DesignSD, compare_arms, mean_curve, mean_series, recipe_config,
+from ..common import (RULE, DesignSD, compare_arms, mean_curve, recipe_config,
                       safe_panels, smooth)
-from ..rule_stats import arm_values, config_test_images, holm
+from ..verdicts import holm
+from ..run_facts import arm_values, config_test_images
+from ..verdicts import COMPARE_RULE
+from ..verdict_data import Verdict
 from ..verdicts import ALPHA, HELD, MIN_SEEDS, against_bound, conjunction, explain, ladder
+from .blocks import block_plan, judged_by_block
 from .common import ACT_TITLE, ACTIVATIONS, RHO_GRID, recipe_base, run_config, status_note, cbn_spec
-from .verdict import CHANCE
+from .eta_tau import FIG2_SKIP, seed_shares
+from .eta_tau import band_specs as _band_specs
+from .verdict import CHANCE, conjunction_record
 
 # ---- Figs 2–3: η_k and τ_k -----------------------------------------------------------------------
-
-FIG2_LAYERS = {"layer#2 (stage1.0.cbn1)": "stage1.0.unit1",
-               "layer#8 (stage2.0.cbn1)": "stage2.0.unit1",
-               "layer#14 (stage3.0.cbn1)": "stage3.0.unit1"}
-
 
 FIG2_SEEDS = (0, 1, 2)
 # Full width, as in the paper; half its learning rate. At lr 0.1 CBN (ρ = 1) diverged within 21–35
@@ -31,68 +32,27 @@ FIG2_SEEDS = (0, 1, 2)
 # (test 99.2–99.4 %). At width ¼ and lr 0.1 (the smoke of 2026-11-26) layer #2 has 4 channels.
 FIG2_SMOKE_WIDTH = 1.0
 FIG2_SMOKE_LR = 0.05
-# the first half of training is the start-up transient; the verdict reads the second half
-FIG2_SKIP = 0.5
 # Thresholds of the share of channels in range, and the SE floor of a seeds' mean share (a share is
 # a mean over ≈ 15 probes of fractions in steps of 1/C; seeds that agree exactly have SD 0)
 FIG2_HELD, FIG2_AGAINST, FIG2_SE_FLOOR = 0.9, 0.75, 0.01
 
 
-def _fig2_plan(preset: str) -> Plan:
+def _fig2_runs(preset: str, residual: str) -> list[RunSpec]:
     if preset == "paper":
         # about once an epoch; 390, not 391 (= steps per epoch), so the probes do not all land on
         # the epoch's last, 80-sample batch
-        base = {**recipe_base("resnet20", "cifar10", "paper"), "probe_every": 390}
+        base = {**recipe_base("resnet20", "cifar10", "paper", residual), "probe_every": 390}
     else:
-        base = recipe_base("resnet20", "digits", "smoke")
+        base = recipe_base("resnet20", "digits", "smoke", residual)
         base = {**base, "probe_every": 6, "lr": FIG2_SMOKE_LR,
                 "model_options": {**base["model_options"], "width": FIG2_SMOKE_WIDTH}}
     # Fig. 3's caption: "we set ρ = 1 in the experiment"; ResNet-20's own activation, ReLU.
-    return Plan(runs=[
+    return [
         RunSpec(f"CBN (ρ = 1) ResNet-20 · seed {seed}",
                 run_config(base, norm=cbn_spec(), placement="pre_linear", activation="relu",
                            seed=seed, probes=["cbn_ratios"]),
                 {"norm": cbn_spec(), "seed": seed})
-        for seed in FIG2_SEEDS])
-
-
-def _find_layer_metric(run, quantity: str, layer: str) -> str | None:
-    """The stored name of ``probe/cbn_ratios/<quantity>/<layer>[.k]`` (the norm's index inside the
-    block varies)."""
-    prefix = f"probe/cbn_ratios/{quantity}/{layer}"
-    names = [n for n in run.metric_names(prefix) if n == prefix or n.startswith(prefix + ".")]
-    return names[0] if names else None
-
-
-def ratio_fractions(run, skip: float = FIG2_SKIP) -> dict[str, dict[str, float | None]]:
-    """Mean over the probe steps after the first ``skip`` of training (the start-up transient, where
-    the moving averages are still filling) of the fraction of channels with 0 ≤ η ≤ 2 and 0 < τ < 1,
-    per Fig. 2 layer."""
-    out = {}
-    for title, layer in FIG2_LAYERS.items():
-        out[title] = {}
-        for ratio in ("eta", "tau"):
-            name = _find_layer_metric(run, f"{ratio}_in_range", layer)
-            steps, raw = run.series(name) if name else ([], [])
-            start = steps[-1] * skip if steps else 0
-            values = [v for st, v in zip(steps, (finite_or_none(v) for v in raw)) if v is not None
-                      and st > start]
-            out[title][ratio] = sum(values) / len(values) if values else None
-    return out
-
-
-def seed_shares(runs) -> dict[tuple[str, str], list[float | None]]:
-    """Per (layer, ratio), each run's :func:`ratio_fractions` share; a diverged run counts as 0
-    (rule 4: a CBN that diverged did not satisfy the assumptions in practice; no missing data)."""
-    shares: dict[tuple[str, str], list[float | None]] = {
-        (layer, ratio): [] for layer in FIG2_LAYERS for ratio in ("eta", "tau")}
-    for run in runs:
-        if run.status not in ("finished", "diverged"):
-            continue
-        fractions = ratio_fractions(run) if run.status == "finished" else None
-        for layer, ratio in shares:
-            shares[(layer, ratio)].append(0.0 if fractions is None else fractions[layer][ratio])
-    return shares
+        for seed in FIG2_SEEDS]
 
 
 def fig2_verdict(shares: dict[tuple[str, str], list[float | None]],
@@ -109,13 +69,8 @@ def fig2_verdict(shares: dict[tuple[str, str], list[float | None]],
     if not shares or any(v is None for vs in shares.values() for v in vs):
         return ladder(unusable=True), ("no cbn_ratios measurements for some layer"
                                        + (" (tiny runs)" if tiny else ""))
-    high = {k: against_bound(v, FIG2_HELD, "higher", se_floor=FIG2_SE_FLOOR) for k, v in
-            shares.items()}
-    low = {k: against_bound(v, FIG2_AGAINST, "lower", se_floor=FIG2_SE_FLOOR)[1] for k, v in
-           shares.items()}
-    adjusted = holm({k: c.p for k, c in low.items()})  # two-sided, all six: as verdicts.family
-    below = [f"{layer.split(' ')[0]} {ratio}" for (layer, ratio), p in adjusted.items()
-             if p is not None and p < ALPHA and low[(layer, ratio)].diff < 0]
+    high, below_keys = _fig2_checks(shares)
+    below = [f"{layer.split(' ')[0]} {ratio}" for layer, ratio in below_keys]
     n = min(len(v) for v in shares.values())
     summary = (f"share of channels in range (η ∈ [0, 2], τ ∈ (0, 1)), mean over the last "
                f"{1 - FIG2_SKIP:.0%} of training (after the start-up transient), per seed: "
@@ -134,31 +89,6 @@ def fig2_verdict(shares: dict[tuple[str, str], list[float | None]],
         not_held="; significantly below 75 % of channels: " + ", ".join(below))
 
 
-def _band_specs(runs) -> list[dict]:
-    """Figs 2–3's panels: median over channels and its 5–95 % band, each the mean over seeds."""
-    specs = []
-    for ratio, symbol, bounds in (("eta", "η_k", (0.0, 2.0)), ("tau", "τ_k", (0.0, 1.0))):
-        for title, layer in FIG2_LAYERS.items():
-            series, band = {}, {}
-            # the layer's metric names per run (the norm's index inside the block varies)
-            names = [{q: _find_layer_metric(r, f"{ratio}_{q}", layer) for q in ("q05", "q50",
-                                                                                "q95")}
-                     for r in runs]
-            if runs and all(all(n.values()) for n in names):
-                curves = {q: mean_series([r.series(n[q]) for r, n in zip(runs, names)])
-                          for q in ("q05", "q50", "q95")}
-                series[f"median over channels (mean of {len(runs)} seeds)"] = curves["q50"]
-                band["5–95 % of channels"] = (curves["q05"][0], curves["q05"][1],
-                                              curves["q95"][1])
-            # η = (μ_B − β)/μ_A explodes where the moving mean μ_A is near 0: the axis shows the
-            # bounds' neighbourhood, where the median and the bulk of the channels are
-            clip = ratio == "eta"
-            specs.append({"series": series, "band": band, "xlabel": "step", "ylabel": symbol,
-                          "title": f"{symbol}, {title}" + (" (axis clipped)" if clip else ""),
-                          "hline": bounds[1], "ylim": (-1.0, 4.0) if clip else None})
-    return specs
-
-
 def _fig2_analyze(ctx) -> Outcome:
     finished = [r for r in ctx.runs if r.status == "finished"]
     fig = panels(ctx.figure_path("eta_tau"), _band_specs(finished), ncols=3,
@@ -173,7 +103,32 @@ def _fig2_analyze(ctx) -> Outcome:
                      "paper": f"“commonly satisfied” (Fig. {2 if ratio == 'eta' else 3}, no "
                               "number)"})
     verdict, summary = fig2_verdict(shares, ctx.tiny)
-    return Outcome([fig], rows, verdict, summary + status_note(ctx))
+    return Outcome([fig], rows, verdict, summary + status_note(ctx), fig2_record(verdict, shares))
+
+
+def _fig2_checks(shares) -> tuple[dict, list]:
+    """Per (layer, ratio): (verdict, comparison) of the seed mean against 0.9, and the keys whose
+    mean is significantly below 0.75 (Holm over the six, two-sided: as verdicts.family)."""
+    high = {k: against_bound(v, FIG2_HELD, "higher", se_floor=FIG2_SE_FLOOR)
+            for k, v in shares.items()}
+    low = {k: against_bound(v, FIG2_AGAINST, "lower", se_floor=FIG2_SE_FLOOR)[1]
+           for k, v in shares.items()}
+    adjusted = holm({k: c.p for k, c in low.items()})
+    return high, [k for k, p in adjusted.items() if p is not None and p < ALPHA
+                  and low[k].diff < 0]
+
+
+def fig2_record(verdict: str, shares: dict[tuple[str, str], list[float | None]]) -> Verdict:
+    """The structured verdict of Figs 2–3: the (layer, ratio) share the verdict rests on, its seed
+    mean − 0.9 (:func:`fig2_verdict`'s checks)."""
+    if not shares or any(v is None for vs in shares.values() for v in vs):
+        return Verdict(verdict, COMPARE_RULE)
+    high, below = _fig2_checks(shares)
+    outcome = {k: ladder(high[k][0], against=k in below) for k in shares}
+    return conjunction_record(
+        verdict, {k: c for k, (_, c) in high.items()}, "higher",
+        lambda k: f"share of channels in range − {FIG2_HELD}, {k[0].split(' ')[0]} {k[1]}",
+        paper=f"≥ {FIG2_HELD} (\"commonly satisfied\")", outcome=outcome)
 
 
 register(Experiment(
@@ -189,7 +144,7 @@ register(Experiment(
     cost={"smoke": "3 runs, ≈ 55 s each with one thread (≈ 1.5 min on 2 cores), measured",
           "paper": "3 runs, 120 epochs of ResNet-20 on CIFAR-10 with a probe per epoch (GPU, "
                    "~30 min each)"},
-    plan=_fig2_plan, analyze=_fig2_analyze,
+    plan=block_plan(_fig2_runs), analyze=judged_by_block(_fig2_analyze, lambda factors: True),
     resolution=Resolution(
         "direction only: 0 ≤ η ≤ 2 and 0 < τ < 1 hold for most channels in practice (Figs 2–3)",
         "each layer's share of channels in range, mean of 3 seeds, against 0.9 (held) and 0.75 "
@@ -202,14 +157,15 @@ register(Experiment(
 
 # ---- Figs 8–9: sensitivity to ρ -----------------------------------------------------------------
 
-def _fig8_plan(preset: str) -> Plan:
+def _fig8_runs(preset: str, residual: str) -> list[RunSpec]:
     if preset == "paper":
-        # Figs 8–9's captions: VGG-16 on CIFAR-100 (§6.4's text says ResNet-20).
+        # Figs 8–9's captions: VGG-16 on CIFAR-100 (§6.4's text says ResNet-20); VGG has no
+        # shortcut, so both block readings are the same runs (the sweep trains them once)
         base = recipe_base("vgg16", "cifar100", "paper")
     else:
         # the earlier, cheaper smoke recipe (15 epochs, width ¼): Table 1's smoke moved to noisy
         # digits at width ½ over 40 epochs, so no runs are shared with it any more
-        base = recipe_base("resnet20", "cifar10", "smoke")
+        base = recipe_base("resnet20", "cifar10", "smoke", residual)
     runs = []
     for act in ACTIVATIONS:
         # the judged claim: 3 seeds; the rest shown
@@ -223,7 +179,11 @@ def _fig8_plan(preset: str) -> Plan:
                                     run_config(base, norm=cbn_spec(rho=rho), placement="pre_linear",
                                                activation=act, seed=seed),
                                     {"activation": act, "rho": rho, "seed": seed}))
-    return Plan(runs=runs)
+    return runs
+
+
+def _is_cbn(factors: dict) -> bool:
+    return factors.get("rho") is not None
 
 
 FIG8_JUDGED = ("sigmoid", "tanh")  # "even the worst ρ beats vanilla BN with Sigmoid or Tanh"
@@ -256,13 +216,11 @@ def fig8_verdict(acc: dict[str, dict[float | None, list[float]]], tiny: bool = F
     images.
     """
     mean = {a: {rho: sum(v) / len(v) for rho, v in d.items() if v} for a, d in acc.items()}
-    if any(a not in mean or None not in mean[a] or len(mean[a]) < 3 for a in FIG8_JUDGED):
+    found = _fig8_comparisons(acc, design_sd, n_test)
+    if found is None:
         return ladder(unusable=True), ("too few finished runs for Sigmoid or Tanh"
                                        + (" (tiny runs)" if tiny else ""))
-    worst = {a: min((rho for rho in mean[a] if rho is not None), key=lambda rho: mean[a][rho])
-             for a in FIG8_JUDGED}
-    comps = {a: compare_arms(acc[a][None], acc[a][worst[a]], design_sd=design_sd.of(),
-                             n_test=n_test) for a in FIG8_JUDGED}
+    worst, comps = found
     cbn = {a: [v for rho, v in d.items() if rho is not None] for a, d in mean.items() if len(d) > 2}
     spans = {a: max(v) - min(v) for a, v in cbn.items()}
     robust = [spans[a] for a in ("relu", "selu", "swish") if a in spans]
@@ -280,6 +238,18 @@ def fig8_verdict(acc: dict[str, dict[float | None, list[float]]], tiny: bool = F
         held="; even the worst ρ beats BN with Sigmoid and Tanh",
         inconclusive=" (tiny runs)" if tiny else f"; fewer than 3 seeds ({RULE})" if few else
         f"; resolvable ≥ {100 * mde:.2g} points ({RULE})")
+
+
+def _fig8_comparisons(acc, design_sd: DesignSD, n_test: int | None):
+    """Per judged activation, the worst ρ (lowest mean accuracy) and worst-ρ CBN − BN; None
+    without BN and two ρ for each."""
+    mean = {a: {rho: sum(v) / len(v) for rho, v in d.items() if v} for a, d in acc.items()}
+    if any(a not in mean or None not in mean[a] or len(mean[a]) < 3 for a in FIG8_JUDGED):
+        return None
+    worst = {a: min((rho for rho in mean[a] if rho is not None), key=lambda rho: mean[a][rho])
+             for a in FIG8_JUDGED}
+    return worst, {a: compare_arms(acc[a][None], acc[a][worst[a]], design_sd=design_sd.of(),
+                                   n_test=n_test) for a in FIG8_JUDGED}
 
 
 def fig8_accuracies(by_rho: dict[float | None, list]) -> dict[float | None, list[float]]:
@@ -341,7 +311,22 @@ def _fig8_analyze(ctx) -> Outcome:
     config = recipe_config(ctx)
     n_test = config_test_images(config) if config else None
     verdict, summary = fig8_verdict(acc, ctx.tiny, n_test=n_test)
-    return Outcome([fig_loss, fig_acc], rows, verdict, summary + status_note(ctx))
+    return Outcome([fig_loss, fig_acc], rows, verdict, summary + status_note(ctx),
+                   fig8_record(verdict, acc, n_test=n_test))
+
+
+def fig8_record(verdict: str, acc: dict[str, dict[float | None, list[float]]],
+                design_sd: DesignSD = FIG8_DESIGN_SD, n_test: int | None = None) -> Verdict:
+    """The structured verdict of Figs 8–9: worst-ρ CBN − BN test accuracy (points) for the judged
+    activation the verdict rests on (:func:`fig8_verdict`'s conjunction)."""
+    found = _fig8_comparisons(acc, design_sd, n_test)
+    if found is None:
+        return Verdict(verdict, COMPARE_RULE)
+    worst, comps = found
+    return conjunction_record(
+        verdict, comps, "higher",
+        lambda a: f"worst-ρ CBN − BN test accuracy, {ACT_TITLE[a]} (ρ = {worst[a]:g})",
+        paper="higher (direction only)", scale=100, unit=" pt")
 
 
 register(Experiment(
@@ -356,7 +341,7 @@ register(Experiment(
                   "ReLU/SELU/Swish one (shown).",
     cost={"smoke": "63 runs; 3 min 17 s alone on 2 idle cores (2026-11-28)",
           "paper": "63 runs × 120 epochs of VGG-16 on CIFAR-100 (GPU)"},
-    plan=_fig8_plan, analyze=_fig8_analyze,
+    plan=block_plan(_fig8_runs), analyze=judged_by_block(_fig8_analyze, _is_cbn),
     resolution=family_resolution(
         "direction only: even the worst ρ beats vanilla BN with Sigmoid and with Tanh (§6.4, "
         "Figs 8–9)", FIG8_DESIGN_SD, 3, scale=100, unit=" points of test accuracy")))

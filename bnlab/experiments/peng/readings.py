@@ -25,13 +25,14 @@ share of Eq. 5's divisor the batch still contributes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
-from bnlab.formatting import fmt
+from bnlab.formatting import finite_or_none, fmt
 
-from ..rule_stats import arm_values
+from ..run_facts import arm_values
 from ..verdicts import Design
-from .common import ACT_TITLE, NON_RELU, TABLES, TABLE_SMOKE_SEEDS, percent
+from .common import ACT_TITLE, NON_RELU, TABLES, percent
 from .verdict import table_verdict
 
 
@@ -58,10 +59,9 @@ ARGUMENT = ("primary reading He's block (§6.1: the CIFAR settings are \"the sam
             "original paper proposing ResNet\"; Eq. 7 is Fig. 1's generic block, written the same "
             "way for vanilla BN in Eq. 13) with no norm before the classifier (the paper inserts "
             "\"a CBN in each block\"; the classifier is no block) and bnlab's update order")
-# the smoke's other readings: their rows and seeds (the CPU budget: 5 seeds where a verdict flips)
-SIDE = {"eq7": (("①", "②"), TABLE_SMOKE_SEEDS),
-        "eq7_head": (("①", "②"), TABLE_SMOKE_SEEDS[:3]),
-        "he_literal": (("②",), TABLE_SMOKE_SEEDS[:2])}
+# the smoke's other readings and their rows, on the primary activations with their seeds
+# (common.smoke_seeds); Algorithm 1's order changes CBN only: its BN row is the primary reading's
+SIDE = {"eq7": ("①", "②"), "eq7_head": ("①", "②"), "he_literal": ("②",)}
 
 
 def reading_of(factors: dict) -> str:
@@ -96,23 +96,54 @@ def var_share(run) -> float | None:
     return min(values) if values else None
 
 
+FIRST_STEPS = 5  # the first losses: a large one throws β far past its input's SD
+
+
+def first_loss(run) -> float | None:
+    """The mean of a run's first :data:`FIRST_STEPS` training losses (None if one is not
+    finite): the steps whose large gradients on β start the swamping."""
+    ys = [finite_or_none(y) for y in run.series("train_loss")[1][:FIRST_STEPS]]
+    kept = [y for y in ys if y is not None]
+    return sum(kept) / len(kept) if kept and len(kept) == len(ys) else None
+
+
+def _median(values) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    return values[len(values) // 2] if values else None
+
+
+def beta_over_sd(share: float | None) -> float | None:
+    """|β|/SD of a layer's input from its share var_B/(var_B + β²) (the same median channel)."""
+    if share is None or share <= 0:
+        return None
+    return math.sqrt(max(1 / share - 1, 0.0))
+
+
 def mechanism(runs_by_reading: dict[str, list]) -> str:
-    """Per reading, per activation: the CBN (②) runs' smallest var/(var + β²), median over seeds."""
+    """Per reading, per activation, medians over seeds: CBN's (②) smallest var/(var + β²) over its
+    layers at the end, |β|/SD there, and the first losses of CBN and BN (:func:`first_loss`)."""
     parts = []
     for name, runs in runs_by_reading.items():
         cells = []
         for act in NON_RELU:
-            shares = sorted(v for r in runs if r.factors.get("row") == "②"
-                            and r.factors.get("activation") == act
-                            and (v := var_share(r)) is not None)
-            if shares:
-                cells.append(f"{ACT_TITLE[act]} {fmt(shares[len(shares) // 2])}")
+            of = {row: [r for r in runs if r.factors.get("row") == row
+                        and r.factors.get("activation") == act] for row in ("①", "②")}
+            share = _median(map(var_share, of["②"]))
+            firsts = {row: _median(map(first_loss, rs)) for row, rs in of.items()}
+            if share is None and firsts["②"] is None:
+                continue
+            diverged = sum(r.status == "diverged" for r in of["②"])
+            cells.append(f"{ACT_TITLE[act]} share {fmt(share)} (|β|/SD {fmt(beta_over_sd(share))}"
+                         f"), first losses CBN {fmt(firsts['②'])} / BN {fmt(firsts['①'])}"
+                         + (f", CBN diverged {diverged} of {len(of['②'])}" if diverged else ""))
         if cells:
             parts.append(f"{READINGS[name].title}: {', '.join(cells)}")
     if not parts:
         return ""
-    return ("; mechanism, CBN's smallest var_B/(var_B + β²) over its layers at the end (median "
-            "over seeds; near 0 = β-swamped): " + "; ".join(parts))
+    return ("; mechanism as measured (medians over seeds): CBN's smallest var_B/(var_B + β²) over "
+            "its layers at the end (near 0: β swamps the batch, Eq. 5's divisor is β²'s) with "
+            "|β|/SD of that layer's input, and the mean training loss over the first "
+            f"{FIRST_STEPS} steps (ln 10 ≈ 2.3 at chance): " + "; ".join(parts))
 
 
 def side_readings(table: int) -> tuple[str, ...]:
@@ -139,54 +170,38 @@ def cells_of(runs, failed: float) -> dict[tuple[str, str], list[float]]:
     return cells
 
 
-def reading_report(runs, table: int, failed: float, tiny: bool, design: Design,
-                   primary_verdict: str) -> tuple[list[dict], str]:
+def reading_report(runs, table: int, failed: float, tiny: bool,
+                   design: Design) -> tuple[list[dict], list[tuple[str, str, str]]]:
     """The other readings beside the primary one: per reading and activation, BN and CBN test
-    accuracy (rows), each reading's verdict by the primary's rule (:func:`verdict.table_verdict`
-    over the Sigmoid/Tanh/SELU it ran, the design's seeds set to its own), "reading-dependent"
-    where a verdict differs from the primary's, and the mechanism (:func:`mechanism`)."""
+    accuracy (rows), and each reading judged by the primary's rule (:func:`verdict.table_verdict`
+    over the Sigmoid/Tanh/SELU it ran, the design's seeds set to its own) as ``(title, verdict,
+    text)`` for :func:`bnlab.experiments.readings.combine_readings`. A reading that changes CBN
+    alone (Algorithm 1's order: BN has no such order) is judged against the primary reading's BN
+    runs, the same networks and seeds."""
     by_reading = runs_by_reading(runs, table)
     main = primary_reading(table)
-    rows, texts, flips = [], [], []
+    ref = cells_of(by_reading[main], failed)
+    rows: list[dict] = []
+    judged = []
     for name, members in by_reading.items():
         if name == main or not members:
             continue
-        cells = cells_of(members, failed)
-        acts = tuple(a for a in NON_RELU if cells.get(("②", a)))
+        own = cells_of(members, failed)
+        acts = tuple(a for a in NON_RELU if own.get(("②", a)))
+        cells = {**own, **{("①", a): ref.get(("①", a), []) for a in acts
+                           if not own.get(("①", a))}}
         for act in acts:
-            bn, cbn = cells.get(("①", act), []), cells[("②", act)]
-            ref = cells_of([r for r in by_reading[main] if r.factors["activation"] == act],
-                           failed)
-            other = bn or ref.get(("①", act), [])
             rows.append({"quantity": f"reading · {READINGS[name].title} · {ACT_TITLE[act]} · "
                                      "① BN / ② CBN (%)",
-                         "ours": f"{fmt([percent(v) for v in other], decimals=1)} / "
-                                 f"{fmt([percent(v) for v in cbn], decimals=1)}"
-                                 + ("" if bn else " (BN: the primary reading's)"),
+                         "ours": f"{fmt([percent(v) for v in cells[('①', act)]], decimals=1)} / "
+                                 f"{fmt([percent(v) for v in cells[('②', act)]], decimals=1)}"
+                                 + ("" if own.get(("①", act)) else " (BN: the primary reading's)"),
                          "paper": "ResNet-20 of the paper (reading not stated)"})
-        if not acts:
+        if not acts or not all(cells.get(("①", a)) for a in acts):
             continue
-        if all(cells.get(("①", a)) for a in acts):
-            seeds = min(len(cells[(row, a)]) for row in ("①", "②") for a in acts)
-            verdict, text = table_verdict(cells, tiny, replace(design, n_seeds=max(seeds, 2)),
-                                          table, None, acts)
-            texts.append(f"{READINGS[name].title}: {verdict} ({text})")
-            if verdict != primary_verdict:
-                flips.append(READINGS[name].title)
-        else:  # a CBN-only reading: against the primary reading's CBN on the same seeds
-            ref = cells_of([r for r in by_reading[main] if r.factors["row"] == "②"], failed)
-            texts.append(f"{READINGS[name].title}: CBN " + ", ".join(
-                f"{ACT_TITLE[a]} {fmt(percent(_mean(cells[('②', a)])), decimals=1)} "
-                f"(primary reading {fmt(percent(_mean(ref.get(('②', a), []))), decimals=1)})"
-                for a in acts) + " %, reported")
-    if not texts:
-        return rows, ""
-    summary = f"; {ARGUMENT}; other readings, same rule: " + "; ".join(texts)
-    if flips:
-        summary += (f"; reading-dependent: the verdict differs under {', '.join(flips)} (both "
-                    "numbers above)")
-    return rows, summary + mechanism(by_reading)
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+        seeds = min(len(cells[(row, a)]) for row in ("①", "②") for a in acts)
+        verdict, text = table_verdict(cells, tiny, replace(design, n_seeds=max(seeds, 2)),
+                                      table, None, acts)
+        shared = "" if all(own.get(("①", a)) for a in acts) else " (BN: the primary reading's)"
+        judged.append((READINGS[name].title + shared, verdict, text))
+    return rows, judged

@@ -37,7 +37,8 @@ from bnlab.theory.peng import simulate_quadratic_sgd, theorem1_terms
 from ..base import Experiment, Outcome, Plan, register
 from ..resolution import Resolution, family_resolution
 from ..common import DesignSD, compare_arms, safe_panels
-from ..rule_stats import holm
+from ..verdicts import holm
+from ..verdict_data import Verdict
 from ..verdicts import NOT_HELD, explain, family, ladder
 
 RHO_TOL = 0.05  # peng-eq14: |ρ_eff/√2 − 1| allowed for the median channel (pre-declared)
@@ -144,7 +145,12 @@ def _eq14_analyze(ctx) -> Outcome:
             }
         )
     verdict, summary = eq14_verdict(data, ctx.tiny)
-    return Outcome([fig], rows, verdict, summary)
+    rhos = data.get("network_rho") or []
+    record = Verdict(verdict, f"check: the median within ±{RHO_TOL:.0%} of √2",
+                     "median ρ_eff over the ReLU inputs − √2",
+                     float(np.median(rhos)) - math.sqrt(2) if rhos else None,
+                     resolvable=RHO_TOL * math.sqrt(2), paper=0.0)
+    return Outcome([fig], rows, verdict, summary, record)
 
 
 register(
@@ -294,7 +300,12 @@ def _thm1_analyze(ctx) -> Outcome:
         for n in names
     ]
     verdict, summary = thm1_verdict(data, ctx.tiny)
-    return Outcome([fig], rows, verdict, summary)
+    ratios = [r["lhs"] / r["bound"] for rows in data.values() for r in rows]
+    record = Verdict(verdict, "check: the bound on every run (one violation refutes it); the "
+                              "effects Holm-corrected (Welch)",
+                     "max over runs of mean‖∇F‖² / (T₁ + T₂ + T₃)",
+                     max(ratios) if ratios else None, paper="≤ 1 (Theorem 1)")
+    return Outcome([fig], rows, verdict, summary, record)
 
 
 register(

@@ -44,8 +44,13 @@ from .common import (
     percent,
     table_base,
 )
-from ..rule_stats import config_test_images, holm
-from ..verdicts import NOT_HELD, Design, explain, family, judge, ladder, settle
+from ..verdicts import holm
+from ..run_facts import config_test_images
+from ..readings import deciding
+from ..verdicts import COMPARE_RULE
+from ..verdict_data import Verdict
+from ..verdicts import RULE as JUDGED_RULE
+from ..verdicts import NOT_HELD, Design, checks, explain, family, judge, ladder, settle
 
 CHANCE = 0.1  # ten classes: digits (every smoke preset) and CIFAR-10
 # Design SD of one seed's test accuracy for one activation in the smoke preset (noisy digits, 40
@@ -237,6 +242,40 @@ def _without_proxy_cells(cells, tiny: bool, design: Design, table: int,
     narrowed = restrict_design(design, table, primary_acts, among=primary)
     verdict, summary, _ = _judge_table(cells, tiny, narrowed, judged, primary)
     return verdict, f"{summary}; {note}"
+
+
+def table_record(verdict: str, cells, design: Design, table: int = 1,
+                 proxy: dict[tuple[str, str], str] | None = None, primary=NON_RELU) -> Verdict:
+    """The structured verdict of Tables 1–4: ``verdict`` (the entry's final one) with the primary
+    comparison :func:`table_verdict` judges on ``cells`` — the mean over ``primary``, narrowed as
+    it narrows it where the proxy decides a primary cell (:func:`restrict_design`), in points."""
+    ran = [a for a in ACTIVATIONS if cells.get(("①", a)) and cells.get(("②", a))]
+    left_out = {a for a in ran if any((row, a) in (proxy or {}) for row in ("①", "②"))}
+    acts = [a for a in primary if a in ran and a not in left_out]
+    if not acts or any(a not in ran for a in primary):
+        return Verdict(verdict, JUDGED_RULE)  # nothing compared: the verdict and its rule
+    if left_out & set(primary):
+        design = restrict_design(design, table, acts, among=primary)
+    judged = judge(_per_seed_mean(cells, "①", acts), _per_seed_mean(cells, "②", acts), design)
+    return Verdict.from_judgement(verdict, judged, design, rule=JUDGED_RULE, scale=100,
+                                  unit=" pt")
+
+
+def conjunction_record(verdict: str, comparisons: dict, wanted, name, *,
+                       paper: float | str | None | dict = None, scale: float = 1.0,
+                       unit: str = "", outcome: dict | None = None) -> Verdict:
+    """The structured verdict of an entry whose primary is a conjunction of comparisons
+    (:func:`verdicts.checks` with ``wanted``; ``outcome`` overrides it where the entry's own
+    checks differ): ``verdict`` with the comparison it rests on
+    (:func:`bnlab.experiments.readings.deciding`), named ``name(key)``, the paper's number
+    ``paper`` (or ``paper[key]``) times ``scale``."""
+    outcome = outcome if outcome is not None else checks(comparisons, wanted)
+    key = deciding(outcome, comparisons)
+    if key is None:
+        return Verdict(verdict, COMPARE_RULE)
+    paper_value = paper.get(key) if isinstance(paper, dict) else paper
+    return Verdict.from_comparison(verdict, name(key), comparisons[key], paper=paper_value,
+                                   scale=scale, unit=unit)
 
 
 def settled_table_verdict(

@@ -21,6 +21,9 @@ NORMS = {STANDARD: "none", BN: "bn", NOISY: "noisy_bn", L1: "lp_bn(p=1)", L2: "l
 
 # see the module docstring: 30 × lr sits at the standard DLN's divergence rate
 DLN_LR = 1e-3
+# the other reading: the paper's 1e-6 converted as if its loss summed over all 1000 samples and
+# 10 outputs
+LITERAL_LR = 1e-2
 DLN_RANGE = (0.01, 30.0)  # App. A.2.2, DLN
 VGG_RANGE = (0.5, 4.0)    # App. A.2.2, VGG
 SMOKE_VGG_STEPS = 600

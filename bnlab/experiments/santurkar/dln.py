@@ -16,7 +16,8 @@ from ..resolution import design_resolution, family_resolution
 from bnlab.formatting import fmt
 from ..common import CATALOGUE_PILOT, RULE, DesignSD, compare_arms, safe_panels
 from .common import (
-    BN, DLN_LR, STANDARD, band_panel, curve_panel, distribution_panel, dln_runs, hist_layers,
+    BN, DLN_LR, LITERAL_LR, STANDARD,
+    band_panel, curve_panel, distribution_panel, dln_runs, hist_layers,
     SEEDS, hist_units, inconclusive_if_tiny, finite_median, runs_by_label, finite_values,
     arm_runs,
     compare_text, distribution_drift, log_values, per_seed, pick, sharpness_line, sharpness_panel,
@@ -100,8 +101,6 @@ def landscape_summary(run) -> dict[str, float | None]:
     return {k: finite_median(finite_values(run, f"probe/landscape/{k}")) for k in LANDSCAPE}
 
 
-# the paper's 1e-6 converted as if its loss summed over all 1000 samples and 10 outputs
-LITERAL_LR = 1e-2
 
 
 def landscape_panels(runs: dict, prefix: str, lr: float) -> list[dict]:

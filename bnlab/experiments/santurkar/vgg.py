@@ -1,5 +1,5 @@
-"""Santurkar et al. 2018, the VGG entries: Fig. 2 (standard / BN / noisy BN), Fig. 6 (ICS), Fig. 7
-(moments).
+"""Santurkar et al. 2018, the VGG entries: Fig. 2 (standard / BN / noisy BN) and Fig. 6 (ICS);
+Fig. 7 (moments) is in :mod:`bnlab.experiments.santurkar.moments`.
 
 Shared configurations, helpers and the statistical rule are in
 :mod:`bnlab.experiments.santurkar.common`. Each verdict is a pure function of per-seed numbers
@@ -14,11 +14,14 @@ from ..base import Experiment, Outcome, Plan, register
 from ..verdicts import checks, combine, conjunction, ladder
 from ..resolution import family_resolution
 from bnlab.formatting import fmt
-from ..common import CATALOGUE_PILOT as PILOT, RULE, DesignSD, compare_arms, safe_panels
+from ..common import CATALOGUE_PILOT as PILOT, RULE, Comparison, DesignSD, compare_arms, safe_panels
+from ..readings import combine_readings, deciding, deciding_record
+from ..verdict_data import Verdict
 from .common import (
-    BN, COS_TOLERANCE, NOISY, SHIFT_FACTOR, STANDARD, curve_panel, distribution_panel, dln_runs,
+    BN, COS_TOLERANCE, DLN_LR, LITERAL_LR,
+    NOISY, STANDARD, curve_panel, distribution_panel, dln_runs,
     first_layer_zero, hist_layers, hist_units, inconclusive_if_tiny, layer_medians, finite_median,
-    runs_by_label, finite_values, vgg_runs, arm_runs, compare_text, layer_key, log_values,
+    runs_by_label, finite_values, vgg_runs, arm_runs, compare_text, log_values,
     mean_train_loss, per_seed, pick, probe_layers, sharpness_line, sharpness_panel, vgg_config,
 )
 
@@ -62,7 +65,8 @@ def _fig2_analyze(ctx) -> Outcome:
                       ncols=3, title="Santurkar Fig. 2: VGG with standard, BN and noisy BN layers "
                                      "(seed 0)")
     verdict, summary = fig2_verdict(losses, inconclusive_if_tiny(ctx))
-    return Outcome([fig], table, verdict, f"{summary}; {sharpness_line(arms, lr)}")
+    return Outcome([fig], table, verdict, f"{summary}; {sharpness_line(arms, lr)}",
+                   fig2_record(verdict, losses))
 
 
 # "trains as well as BN": noisy BN's mean training loss within a factor 1.25 of BN's
@@ -96,6 +100,25 @@ def fig2_verdict(losses: dict[str, list[float]], tiny: str | None = None, *,
         f"ln 1.25: {margin.decision} → {second}. Resolution: {design_sd.text()}. {RULE}")
 
 
+def fig2_record(verdict: str, losses: dict[str, list[float]], *,
+                design_sd: DesignSD = FIG2_DESIGN_SD) -> Verdict:
+    """The verdict as data: the check of :func:`fig2_verdict` it rests on
+    (:func:`readings.deciding`). Check (2) is judged against the margin; its record is noisy BN −
+    BN itself (the number the summary prints), the paper's side the margin ln 1.25."""
+    std, bn, noisy = (log_values(losses.get(k, [])) for k in (STANDARD, BN, NOISY))
+    c = compare_arms(std, noisy, design_sd=design_sd.of("vs standard"))
+    margin = compare_arms([v + NOISY_MARGIN for v in bn], noisy, design_sd=design_sd.of("vs BN"))
+    plain = compare_arms(bn, noisy, design_sd=design_sd.of("vs BN"))
+    names = {1: "noisy BN − standard, ln mean training loss",
+             2: "noisy BN − BN, ln mean training loss"}
+    outcome = checks({1: c, 2: margin}, "lower")
+    comparisons = {1: c, 2: plain}
+    paper = {1: "lower (direction only)", 2: f"≤ {NOISY_MARGIN:.3g} (within a factor 1.25 of BN's)"}
+    key = deciding(outcome, {1: c, 2: margin})
+    return Verdict.from_comparison(verdict, names[key], comparisons[key], paper=paper[key],
+                                   unit=" (ln)")
+
+
 register(Experiment(
     id="santurkar-fig2", paper="santurkar", target="Fig. 2",
     title="Training with standard, BN and noisy BN VGG",
@@ -123,9 +146,15 @@ register(Experiment(
 FIG6_LABELS = (STANDARD, BN)
 
 
+# The DLN half's second reading of the paper's rate (module docstring of
+# :mod:`bnlab.experiments.santurkar`): fig9's runs trained at the literal 1e-2 (same configs).
+LITERAL_DLN = "DLN lr 1e-2: "
+
+
 def _fig6_plan(preset: str) -> Plan:
     return Plan(runs=vgg_runs(preset, FIG6_LABELS, "VGG: ")
-                + dln_runs(preset, FIG6_LABELS, "DLN: "))
+                + dln_runs(preset, FIG6_LABELS, "DLN: ")
+                + dln_runs(preset, FIG6_LABELS, LITERAL_DLN, LITERAL_LR))
 
 
 def ics_summary(run) -> tuple[float | None, float | None]:
@@ -139,30 +168,42 @@ def ics_summary(run) -> tuple[float | None, float | None]:
     return finite_median(cos), layer_medians(run, "ics", "l2", skip_zero=True)
 
 
+# The networks of fig6's figure and table: (name, arm prefix); the DLN also at the literal rate.
+FIG6_NETS = (("VGG", "VGG: "), ("DLN", "DLN: "), (f"DLN at lr {LITERAL_LR:g}", LITERAL_DLN))
+
+
+def _fig6_panels(runs: dict, net: str) -> list[dict]:
+    reference = runs[STANDARD] or runs[BN]
+    layers = [name for name in probe_layers(reference, "ics", "l2")
+              if name not in first_layer_zero(reference)] if reference is not None else []
+    specs = []
+    for layer in pick(layers, (0.3, 0.9)):
+        for quantity, ylabel in (("l2", "‖G − G′‖₂"), ("cos", "cos(G, G′)")):
+            series = {}
+            for label, r in runs.items():
+                if r is not None:
+                    xs, ys = r.series(f"probe/ics/{quantity}/{layer}")
+                    if xs:
+                        series[label] = (xs, ys)
+            specs.append({"series": series, "xlabel": "step", "ylabel": ylabel, "markers": True,
+                          "title": f"{net} layer {layer}: {ylabel}", "logy": quantity == "l2"})
+    return specs
+
+
 def _fig6_analyze(ctx) -> Outcome:
     by_label = runs_by_label(ctx)
     arms = arm_runs(ctx)
     specs, table = [], []
     cos: dict[tuple[str, str], list[float]] = {}
-    for net in ("VGG", "DLN"):
-        runs = {label: by_label.get(f"{net}: {label}") for label in FIG6_LABELS}
-        reference = runs[STANDARD] or runs[BN]
-        layers = [name for name in probe_layers(reference, "ics", "l2")
-                  if name not in first_layer_zero(reference)] \
-            if reference is not None else []
-        for layer in pick(layers, (0.3, 0.9)):
-            for quantity, ylabel in (("l2", "‖G − G′‖₂"), ("cos", "cos(G, G′)")):
-                series = {}
-                for label, r in runs.items():
-                    if r is not None:
-                        xs, ys = r.series(f"probe/ics/{quantity}/{layer}")
-                        if xs:
-                            series[label] = (xs, ys)
-                specs.append({"series": series, "xlabel": "step", "ylabel": ylabel, "markers": True,
-                              "title": f"{net} layer {layer}: {ylabel}", "logy": quantity == "l2"})
+    for net, prefix in FIG6_NETS:
+        if not any(f"{prefix}{label}" in arms for label in FIG6_LABELS) and net not in (
+                "VGG", "DLN"):
+            continue  # a store from before the second reading: its rows are left out
+        specs += _fig6_panels({label: by_label.get(f"{prefix}{label}") for label in FIG6_LABELS},
+                              net)
         l2 = {}
         for label in FIG6_LABELS:
-            seeds = arms.get(f"{net}: {label}")
+            seeds = arms.get(f"{prefix}{label}")
             cos[(net, label)] = per_seed(seeds, lambda r: ics_summary(r)[0])
             l2[label] = per_seed(seeds, lambda r: ics_summary(r)[1])
         table.append({"quantity": f"{net}: median cos(G, G′) per seed, standard / BN",
@@ -175,13 +216,21 @@ def _fig6_analyze(ctx) -> Outcome:
                       "paper": "BN similar or larger (worse) than standard (Fig. 6)"})
     fig = safe_panels(ctx.figure_path("ics"), specs or [{"title": "no ICS measurements"}], ncols=4,
                       title="Santurkar Fig. 6: ICS (Definition 2.1) with and without BN (seed 0)")
-    verdict, summary = fig6_verdict(cos, inconclusive_if_tiny(ctx))
-    return Outcome([fig], table, verdict, summary)
+    verdict, summary = fig6_readings(cos, inconclusive_if_tiny(ctx))
+    return Outcome([fig], table, verdict, summary, fig6_record(verdict, cos))
 
 
 # One design SD per network (the two nets' cos scatter differs five-fold in the pilot), each the
 # pooled per-arm SD of that network's comparison in the pilot (/work/notes/s5/pilot_sds.log).
 FIG6_DESIGN_SD = DesignSD({"VGG": 0.063, "DLN": 0.32}, f"{PILOT}; median cos(G, G′), per network")
+
+
+def fig6_comparisons(cos: dict[tuple[str, str], list[float]],
+                     design_sd: DesignSD = FIG6_DESIGN_SD) -> dict[str, Comparison]:
+    """Per network (VGG, DLN): BN's per-seed median cos(G, G′) against standard's + tolerance."""
+    return {net: compare_arms([v + COS_TOLERANCE for v in cos.get((net, STANDARD), [])],
+                              cos.get((net, BN), []), design_sd=design_sd.of(net))
+            for net in ("VGG", "DLN")}
 
 
 def fig6_verdict(cos: dict[tuple[str, str], list[float]], tiny: str | None = None, *,
@@ -193,15 +242,50 @@ def fig6_verdict(cos: dict[tuple[str, str], list[float]], tiny: str | None = Non
     and DLN (:func:`verdicts.conjunction`); resolvable effects at ``design_sd``."""
     if tiny:
         return ladder(unusable=True), tiny
-    comps, parts = {}, []
-    for net in ("VGG", "DLN"):
-        c = comps[net] = compare_arms([v + COS_TOLERANCE for v in cos.get((net, STANDARD), [])],
-                                      cos.get((net, BN), []), design_sd=design_sd.of(net))
-        parts.append(f"{net} " + compare_text(c, f"BN − (standard + {COS_TOLERANCE})"))
+    comps = fig6_comparisons(cos, design_sd)
+    parts = [f"{net} " + compare_text(c, f"BN − (standard + {COS_TOLERANCE})")
+             for net, c in comps.items()]
     return conjunction(comps, "lower"), ("median cos(G, G′) over probed steps and layers (first "
                                          "layer excluded), per seed; "
                                          + "; ".join(parts)
                                          + f". Resolution: {design_sd.text()}. {RULE}")
+
+
+# The DLN trained at the literal rate: no pilot of its own before its runs, so the lr 1e-3 pilot's
+# SD (the observed spread is in the summary's SE).
+FIG6_LITERAL_DESIGN_SD = DesignSD(
+    {"VGG": 0.063, "DLN": 0.32}, f"{PILOT}; median cos(G, G′), per network; the DLN at lr 1e-2: "
+    "the lr 1e-3 pilot's SD, assumed")
+
+
+def _literal_cos(cos: dict[tuple[str, str], list[float]]) -> dict[tuple[str, str], list[float]]:
+    """fig6's values with the DLN trained at the literal rate in the DLN's place."""
+    literal = f"DLN at lr {LITERAL_LR:g}"
+    return {**cos, **{("DLN", label): cos.get((literal, label), []) for label in FIG6_LABELS}}
+
+
+def fig6_readings(cos: dict[tuple[str, str], list[float]],
+                  tiny: str | None = None) -> tuple[str, str]:
+    """Fig. 6 at both readings of the paper's DLN rate (bnlab's 1e-3, the primary, and the literal
+    1e-2; module docstring of :mod:`bnlab.experiments.santurkar`), each :func:`fig6_verdict`
+    (the VGG half is the same runs in both); combined by :func:`readings.combine_readings`: the
+    entry holds or fails only where both agree."""
+    if tiny:
+        return ladder(unusable=True), tiny
+    readings = [(f"DLN trained at lr {DLN_LR:g}", *fig6_verdict(cos)),
+                (f"DLN trained at lr {LITERAL_LR:g}",
+                 *fig6_verdict(_literal_cos(cos), design_sd=FIG6_LITERAL_DESIGN_SD))]
+    return combine_readings(readings)
+
+
+def fig6_record(verdict: str, cos: dict[tuple[str, str], list[float]]) -> Verdict:
+    """The verdict as data: the check of the primary reading (DLN at lr 1e-3) it rests on
+    (:func:`readings.deciding`)."""
+    comps = fig6_comparisons(cos)
+    return deciding_record(verdict, checks(comps, "lower"), comps,
+                           lambda net: f"{net}: BN − (standard + {COS_TOLERANCE}), median "
+                                       f"cos(G, G′), DLN at lr {DLN_LR:g}",
+                           paper="lower or similar (direction only)")
 
 
 register(Experiment(
@@ -221,101 +305,3 @@ register(Experiment(
     resolution=family_resolution(
         "direction only: BN's cos(G, G′) similar to or below the standard network's (Fig. 6)",
         FIG6_DESIGN_SD, 3, unit=" in median cos(G, G′)")))
-
-
-# ---- Fig. 7: moments drift --------------------------------------------------------------------
-
-def _fig7_plan(preset: str) -> Plan:
-    return Plan(runs=vgg_runs(preset, FIG2_LABELS))
-
-
-def _fig7_analyze(ctx) -> Outcome:
-    runs = {label: runs_by_label(ctx).get(label) for label in FIG2_LABELS}
-    specs = []
-    # Layers differ in name (the conv output "features.4.0" without BN, the BN output "features.4.1"
-    # with it): pair them by their block "features.4", at depths picked among the blocks every run
-    # has.
-    block_maps = {label: {layer.rsplit(".", 1)[0]: layer
-                          for layer in probe_layers(r, "moments", "mean_change")}
-                  if r is not None else {} for label, r in runs.items()}
-    present = [m for m in block_maps.values() if m]
-    common = sorted(set.intersection(*(set(m) for m in present)), key=layer_key) if present else []
-    for block in pick(common, (0.25, 0.75)):
-        for quantity, ylabel in (("mean_change", "|Δ mean|"), ("var_change", "|Δ variance|")):
-            series = {}
-            for label, blocks in block_maps.items():
-                if block in blocks:
-                    xs, ys = runs[label].series(f"probe/moments/{quantity}/{blocks[block]}")
-                    if xs:
-                        series[label] = (xs, ys)
-            specs.append({"series": series, "xlabel": "step", "ylabel": ylabel, "logy": True,
-                          "title": f"block {block} output: {ylabel} per step"})
-    specs.append(curve_panel(runs, "train_loss", "training loss (block means)", "loss", logy=True))
-    fig = safe_panels(ctx.figure_path("moments"), specs, ncols=3,
-                 title="Santurkar Fig. 7: change of activation moments between successive steps")
-    arms = arm_runs(ctx)
-    changes = {label: {q: per_seed(arms.get(label), lambda r, q=q: layer_medians(r, "moments", q))
-                       for q in ("mean_change", "var_change")} for label in FIG2_LABELS}
-    losses = {label: per_seed(arms.get(label), mean_train_loss) for label in FIG2_LABELS}
-    paper = {STANDARD: "small change of mean and variance", BN: "small change",
-             NOISY: "much larger change of both moments than Standard, yet trains faster "
-                    "(Figs 2, 7)"}
-    table = [{"quantity": f"{label}: median |Δ mean| / |Δ var| per step; mean training loss "
-                          "(per seed)",
-              "ours": f"{' '.join(fmt(v) for v in changes[label]['mean_change']) or '—'} / "
-                      f"{' '.join(fmt(v) for v in changes[label]['var_change']) or '—'}; "
-                      f"{' '.join(fmt(v) for v in losses[label]) or '—'}",
-              "paper": paper[label]} for label in FIG2_LABELS]
-    verdict, summary = fig7_verdict(changes, losses, inconclusive_if_tiny(ctx))
-    return Outcome([fig], table, verdict, summary)
-
-
-# Three different quantities (ln |Δ mean|, ln |Δ variance|, ln mean training loss): one design SD
-# each, the pooled per-arm SD of that comparison in the pilot (/work/notes/s5/pilot_sds.log).
-FIG7_DESIGN_SD = DesignSD({"mean_change": 0.62, "var_change": 0.43, "loss": 0.24},
-                          f"{PILOT}; ln scale")
-
-
-def fig7_verdict(changes: dict[str, dict[str, list[float]]], losses: dict[str, list[float]],
-                 tiny: str | None = None, *,
-                 design_sd: DesignSD = FIG7_DESIGN_SD) -> tuple[str, str]:
-    """Fig. 7: noisy BN changes both moments per step far more than the standard network (≥
-    SHIFT_FACTOR ×, tested on ln values against ln(SHIFT_FACTOR × standard)) and still trains faster
-    (ln mean training loss). Primary, pre-declared: the conjunction of the three
-    (:func:`verdicts.conjunction`, Holm for "against"); resolvable effects at ``design_sd``."""
-    if tiny:
-        return ladder(unusable=True), tiny
-    comps, parts = {}, []
-    for q in ("mean_change", "var_change"):
-        std = [v + math.log(SHIFT_FACTOR) for v in log_values(changes.get(STANDARD, {}).get(q, []))]
-        c = comps[q] = compare_arms(std, log_values(changes.get(NOISY, {}).get(q, [])),
-                                    design_sd=design_sd.of(q))
-        parts.append(compare_text(c, f"noisy BN − {SHIFT_FACTOR:g}× standard, median |Δ "
-                                     f"{q.split('_')[0]}|", log=True))
-    c = comps["loss"] = compare_arms(log_values(losses.get(STANDARD, [])),
-                                     log_values(losses.get(NOISY, [])),
-                                     design_sd=design_sd.of("loss"))
-    parts.append(compare_text(c, "noisy BN − standard, mean training loss", log=True))
-    wanted = {"mean_change": "higher", "var_change": "higher", "loss": "lower"}
-    return conjunction(comps, wanted), ("per seed: " + "; ".join(parts)
-                                        + f". Resolution: {design_sd.text()}. {RULE}")
-
-
-register(Experiment(
-    id="santurkar-fig7", paper="santurkar", target="Fig. 7",
-    title="Change of activation moments per step: standard, BN, noisy BN",
-    claim="'Noisy' BN layers change the mean and variance of a layer's activations between "
-          "successive steps far more than a standard network does, yet the network trains better "
-          "(cf. Fig. 2).",
-    smoke_changes="the shared smoke VGG runs of fig2 (digits at 16×16, 1/8 width, 600 steps, He "
-                  "init, 3 seeds), moments probe every 15 steps; layers are the BN outputs (conv "
-                  "outputs without BN), paired across networks by depth. 'Significantly higher': "
-                  "Welch's t-test over seeds of ln(noisy BN's median change) against ln(2 × "
-                  "standard's).",
-    cost={"smoke": "≈ 5 min CPU (the 9 runs of fig2; free after fig2)",
-          "paper": "the 3 runs of fig2 (GPU)"},
-    plan=_fig7_plan, analyze=_fig7_analyze,
-    resolution=family_resolution(
-        "direction only: noisy BN's moments change far more per step than the standard "
-        "network's, yet it trains faster (Figs 2, 7)", FIG7_DESIGN_SD, 3, unit=" (ln)")))
-
