@@ -28,9 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import provenance
 
-import bnlab.norms.base as norms_base
-from bnlab.norms.bench import _layer
-from bnlab.norms.opcount import count_ops, training_step
+import bnlab.norms.variants.base as norms_base
+from bnlab.norms.tools.bench import _layer
+from bnlab.norms.tools.opcount import count_ops, training_step
 
 ARMS = {"plain": ("0", 1 << 62), "fused": ("0", 0), "fused+compiled": ("1", 0)}
 

@@ -4,11 +4,11 @@
                                        [--out benchmarks/results/compile_stall.json]
 
 ``bnlab.norms.compiled_steps()`` compiles each layer's step on its first call with a new key
-(bnlab/norms/compiled_step.py). This times that first call, one forward + backward on (1000, 10),
-for each spec in turn in a **fresh process** (imports counted apart), once with an empty inductor
-cache directory (``cold``: a first run on a machine) and once more with the directory that run
-filled (``warm``: every later run), ``--repeats`` times each. It records inductor's FX graph cache
-counters (hit, miss or bypass) so a reader sees which route each process took, and a digest of
+(bnlab/norms/engine/compiled_step.py). This times that first call, one forward + backward on (1000,
+10), for each spec in turn in a **fresh process** (imports counted apart), once with an empty
+inductor cache directory (``cold``: a first run on a machine) and once more with the directory that
+run filled (``warm``: every later run), ``--repeats`` times each. It records inductor's FX graph
+cache counters (hit, miss or bypass) so a reader sees which route each process took, and a digest of
 what each step computed (output, gradients, buffers), equal in both states where the cached code
 is the compiled code. Wall clock, one thread. Writes JSON: per repeat and per state, the seconds
 of the import and of each spec's first call.
@@ -32,7 +32,7 @@ import hashlib, json, sys, time, warnings
 t0 = time.perf_counter()
 import torch
 import bnlab.norms as N
-from bnlab.norms import compiled_step as cs
+from bnlab.norms.engine import compiled_step as cs
 from torch._dynamo.utils import counters
 warnings.simplefilter("ignore")
 torch.set_num_threads(1)

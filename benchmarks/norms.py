@@ -11,12 +11,12 @@ dispatch dominates, (1000, 10) and (32, 16, 8, 8) (``--shapes``; compiled only o
 ``--precisions fp16,bf16``: the input in that dtype (as a convolution under autocast hands it on),
 the layer and native BN in float32 under autocast, the operation count of that step.
 Columns: eager and ``torch.compile`` (inductor), both against *eager* native BN, and the number of
-operations one training forward + backward dispatches (:mod:`bnlab.norms.opcount`, views excluded;
-"inside": counting the aten ops that bnlab's own operators run, about the kernel launches on a GPU).
-``noisy_bn`` is also compared with native BN plus the same noise in plain PyTorch (its honest
-floor). Writes benchmarks/results/norms.json and prints Markdown tables. ``--quick``: tiny shape,
-few pairs, dynamo's "eager" backend instead of inductor — seconds, for the test that checks the
-script runs.
+operations one training forward + backward dispatches (:mod:`bnlab.norms.tools.opcount`, views
+excluded; "inside": counting the aten ops that bnlab's own operators run, about the kernel launches
+on a GPU). ``noisy_bn`` is also compared with native BN plus the same noise in plain PyTorch (its
+honest floor). Writes benchmarks/results/norms.json and prints Markdown tables. ``--quick``: tiny
+shape, few pairs, dynamo's "eager" backend instead of inductor — seconds, for the test that checks
+the script runs.
 
 Goals (``goals``): eager BN family ≤ 1.3× native; every layer compiled ≤ 1.0× native eager;
 ``noisy_bn``, ``lp_bn``, ``si_bn``, ``wn`` eager ≤ 1.5× (the wrappers against their 1×1 conv +
@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import (AMP_DTYPES, BN_FAMILY, SPECS, Budget, NativeBNPlusNoise, fwd_bwd,
                     layer_table, measure, op_counts, run_header)
 
-from bnlab.norms import compiled_step
-from bnlab.norms.base import FUSED_MIN_NUMEL
-from bnlab.norms.bench import _layer
+from bnlab.norms.engine import compiled_step
+from bnlab.norms.variants.base import FUSED_MIN_NUMEL
+from bnlab.norms.tools.bench import _layer
 
 FULL_SHAPES, QUICK_SHAPE = [(128, 64, 32, 32), (1000, 10), (32, 16, 8, 8)], (8, 4, 4, 4)
 EAGER_1_5 = ["noisy_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "si_bn", "wn"]
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--budget-s", type=float, default=1800,
                         help="compiles stop when this is spent")
     parser.add_argument("--compiled-step-max-numel", type=int, default=None,
-                        help="override bnlab.norms.compiled_step.MAX_NUMEL (to measure the "
+                        help="override bnlab.norms.engine.compiled_step.MAX_NUMEL (to measure the "
                              "crossover with the fused path)")
     parser.add_argument("--precisions", default="fp32",
                         help="a subset of fp32,fp16,bf16 (half: the input in that dtype, under "

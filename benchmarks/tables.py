@@ -38,11 +38,14 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+NOT_TIMINGS = ("norms_coef_compile.json", "norms_digest.json", "norms_reading.json")
+
+
 def norm_files(results: Path = RESULTS) -> list[Path]:
-    """The layer runs of benchmarks/norms.py (``norms*.json``; the coefficient benchmark and
-    ``--quick`` dry runs, whose numbers mean nothing, aside)."""
+    """The layer runs of benchmarks/norms.py (``norms*.json``; the coefficient benchmark, the
+    bit-identity digest and ``--quick`` dry runs, whose numbers mean nothing, aside)."""
     return sorted(p for p in results.glob("norms*.json")
-                  if p.name != "norms_coef_compile.json" and not load(p).get("quick"))
+                  if p.name not in NOT_TIMINGS and not load(p).get("quick"))
 
 
 def merged_cells(results: Path = RESULTS) -> dict:

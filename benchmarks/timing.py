@@ -21,9 +21,10 @@ import torch.nn as nn
 
 from provenance import provenance
 
-from bnlab.norms import NativeBatchNorm, compiled_step, compiled_steps, set_progress
-from bnlab.norms.bench import DEFAULT_SPECS, _layer
-from bnlab.norms.opcount import count_ops, training_step
+from bnlab.norms import NativeBatchNorm, compiled_steps, set_progress
+from bnlab.norms.engine import compiled_step
+from bnlab.norms.tools.bench import DEFAULT_SPECS, _layer
+from bnlab.norms.tools.opcount import count_ops, training_step
 
 SPECS = DEFAULT_SPECS
 BN_FAMILY = ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn", "cbn(decouple=false)", "brn"]
@@ -91,10 +92,10 @@ class NativeBNPlusNoise(nn.Module):
 
 def op_counts(spec: str, shape: tuple[int, ...], device: torch.device | str = "cpu",
               precision: str = "fp32") -> dict:
-    """Operations one training forward + backward dispatches (:mod:`bnlab.norms.opcount`, views
-    excluded), and "inside": the aten ops that bnlab's own operators run in their kernels (about the
-    kernel launches on a GPU), on the path the layer takes for this shape; fp16/bf16: the input in
-    that dtype, as autocast hands it on, the layer in float32."""
+    """Operations one training forward + backward dispatches (:mod:`bnlab.norms.tools.opcount`,
+    views excluded), and "inside": the aten ops that bnlab's own operators run in their kernels
+    (about the kernel launches on a GPU), on the path the layer takes for this shape; fp16/bf16: the
+    input in that dtype, as autocast hands it on, the layer in float32."""
     torch.manual_seed(0)
     step = training_step(_layer(spec, shape), shape, device=device,
                          dtype=AMP_DTYPES[precision] or torch.float32)
@@ -220,7 +221,7 @@ def compile_and_warm(module: nn.Module,
 def compiled_step_and_warm(module: nn.Module, make_step: Callable[[nn.Module], Callable[[], None]]
                            ) -> tuple[Callable[[], None] | None, dict]:
     """``make_step(module)`` run inside ``bnlab.norms.compiled_steps()`` after its first call (the
-    compile of the layer's step: bnlab.norms.compiled_step), or None and why not."""
+    compile of the layer's step: bnlab.norms.engine.compiled_step), or None and why not."""
     inner = make_step(module)
 
     def step() -> None:

@@ -138,9 +138,9 @@ def test_eager_floor_check_catches_a_wrong_floor(monkeypatch):
 
 
 def test_a_later_process_loads_the_compiled_step_from_inductors_cache(tmp_path):
-    """bnlab/norms/compiled_step.py ``_compile``: a compiled step goes into inductor's on-disk FX
-    graph cache and a later process loads it instead of compiling again (without a tracing
-    context holding a shape environment inductor bypassed that cache: "No shape env"). Runs
+    """bnlab/norms/engine/compiled_step.py ``_compile``: a compiled step goes into inductor's
+    on-disk FX graph cache and a later process loads it instead of compiling again (without a
+    tracing context holding a shape environment inductor bypassed that cache: "No shape env"). Runs
     ``benchmarks/compile_stall.py``'s child process, which that benchmark times by hand."""
     first_calls = load("compile_stall").first_calls
     first, second = (first_calls("mean_only_bn", str(tmp_path)) for _ in range(2))

@@ -5,8 +5,9 @@ torch's ``update_bn`` and Lightning's ``StochasticWeightAveraging`` find BatchNo
 ``isinstance(m, _BatchNorm)``, which bnlab's layers are not (docs/readme/tools.md), so they leave
 them with the last network's statistics. The equivalents are checked against torch's tool on
 torch's own BN (equal), and on every bnlab layer against a float64 recomputation from the inputs
-each layer saw (the batch averages of bnlab.norms.population), mbn's and cbn's moving statistics
-included; on a converted timm resnet18 as a user runs it; inside a real Lightning ``Trainer``.
+each layer saw (the batch averages of bnlab.norms.tools.population), mbn's and cbn's moving
+statistics included; on a converted timm resnet18 as a user runs it; inside a real Lightning
+``Trainer``.
 """
 
 from __future__ import annotations

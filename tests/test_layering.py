@@ -44,11 +44,11 @@ OTHER_IN_FUNCTION_ALLOWED: set[tuple[str, str]] = set()  # now empty
 # torch's compiler, imported where it is first used: 1.9 s at import that the eager layers never
 # need (the compiled steps are opt-in). (module, import).
 DEFERRED_COMPILER: set[tuple[str, str]] = {
-    ("bnlab.norms.compiled_step", "torch._inductor"),
-    ("bnlab.norms.compiled_step", "torch._inductor.compile_fx"),
-    ("bnlab.norms.compiled_step", "torch._inductor.decomposition"),
-    ("bnlab.norms.compiled_step", "torch._functorch.partitioners"),
-    ("bnlab.norms.compiled_step", "torch.fx.experimental.symbolic_shapes"),
+    ("bnlab.norms.engine.compiled_step", "torch._inductor"),
+    ("bnlab.norms.engine.compiled_step", "torch._inductor.compile_fx"),
+    ("bnlab.norms.engine.compiled_step", "torch._inductor.decomposition"),
+    ("bnlab.norms.engine.compiled_step", "torch._functorch.partitioners"),
+    ("bnlab.norms.engine.compiled_step", "torch.fx.experimental.symbolic_shapes"),
 }
 
 

@@ -218,7 +218,7 @@ def test_bnlab_train_compile_runs_the_hessian_probe(tmp_path, monkeypatch):
 
 def test_brn_default_warm_up_is_ioffes_schedule_scaled_to_the_run():
     import bnlab.norms as N
-    from bnlab.norms.renorm import ioffe_schedule
+    from bnlab.norms.variants.renorm import ioffe_schedule
 
     # Ioffe 2017 §4 as printed: relax from 5k steps, r_max = 3 at 40k, d_max = 5 at 25k
     assert N.create("brn", 4).schedule() == (5000, 40000, 25000)
@@ -260,7 +260,7 @@ def _lp_inf_ranks(rank: int, world: int) -> dict[str, float]:
     """Synced lp_bn(p=inf) on this rank's 8 of 16 integer-valued samples (exact ties everywhere)
     against the unsynced layer on all 16, fused and plain (the reference: one process)."""
     import bnlab.norms as N
-    import bnlab.norms.base as norms_base
+    import bnlab.norms.variants.base as norms_base
 
     gen = torch.Generator().manual_seed(3)
     x = torch.randint(0, 4, (16, 3, 4, 4), generator=gen).float()
@@ -384,8 +384,8 @@ def test_api_pages_lead_with_what_users_call_and_sphinx_roles_render_as_code():
     docs = Path(__file__).resolve().parents[1] / "docs"
     order = [line[4:].strip() for line in (docs / "api" / "norms.md").read_text().splitlines()
              if line.startswith("::: ")]
-    assert order[:4] == ["bnlab.norms.create", "bnlab.norms.convert.convert",
-                         "bnlab.norms.fold.fold", "bnlab.norms.track"]
+    assert order[:4] == ["bnlab.norms.create", "bnlab.norms.tools.convert.convert",
+                         "bnlab.norms.tools.fold.fold", "bnlab.norms.track"]
     assert order.index("bnlab.norms.ChannelNorm") > order.index("bnlab.norms.BatchRenorm")
     probes = [line[4:].strip() for line in (docs / "api" / "probes.md").read_text().splitlines()
               if line.startswith("::: ")]

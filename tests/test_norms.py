@@ -11,7 +11,7 @@ import torch.nn as nn
 from torch.func import functional_call
 
 import bnlab.norms as N
-import bnlab.norms.base as norms_base
+import bnlab.norms.variants.base as norms_base
 from bnlab.norms.registry import REGISTRY
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 import bnlab.norms as N
-import bnlab.norms.base as norms_base
+import bnlab.norms.variants.base as norms_base
 
 SPECS = ["bn", "native_bn", "mean_only_bn", "var_only_bn", "noisy_bn", "lp_bn(p=1)", "lp_bn(p=2)",
          "lp_bn(p=inf)", "mbn", "cbn", "cbn(amat=false)", "cbn(decouple=false, rho=2)",

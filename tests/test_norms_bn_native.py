@@ -2,9 +2,9 @@
 
 :meth:`bnlab.norms.BatchNorm.native_batch_norm` (small tensors at native speed) must give
 the same outputs, gradients and buffers as the shared path the variants use
-(:meth:`~bnlab.norms.base.ChannelNorm.normalize_with_batch_stats`, reached here through a subclass),
-in every option combination, and support double backward without ``plain_autograd`` (checked against
-finite differences in float64).
+(:meth:`~bnlab.norms.variants.base.ChannelNorm.normalize_with_batch_stats`, reached here through a
+subclass), in every option combination, and support double backward without ``plain_autograd``
+(checked against finite differences in float64).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import bnlab.norms as N
-from bnlab.norms.opcount import count_ops
+from bnlab.norms.tools.opcount import count_ops
 
 
 class SharedPathBatchNorm(N.BatchNorm):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import bnlab.norms as N
-from bnlab.norms.opcount import count_training_step
+from bnlab.norms.tools.opcount import count_training_step
 
 SPEC = "brn(relax_from=1, r_max_at=3, d_max_at=3, r_max=1.5, d_max=0.5)"
 OPTIONS = [{}, {"momentum": None}, {"affine": False}, {"track_running_stats": False},

@@ -1,4 +1,4 @@
-"""Activation checkpointing and non-finite batches (bnlab.norms.guard).
+"""Activation checkpointing and non-finite batches (bnlab.norms.engine.guard).
 
 Reference for checkpointing: the same network trained without ``torch.utils.checkpoint`` — outputs,
 parameter and input gradients and every buffer after three steps must be bitwise equal, for both

@@ -1,12 +1,13 @@
 """The fused operators' per-channel math traced once per variant and compiled.
 
-:mod:`bnlab.norms.coef_compile` replaces the eager coefficient graph inside ``bnlab::stats_affine``
-by one compiled function (coefficients + per-channel partials) and the backward's per-channel
-algebra by another. Checked here against the eager per-channel path in float64 for every BN-family
-variant (values, input and parameter gradients, buffers after three steps, so an in-place buffer
-update between forward and backward would show), against ``torch.nn.BatchNorm2d``, and for the
-fallbacks. Compile time: dynamo's ``aot_eager`` backend (traces, generates no code: ~1 s a variant)
-for the variants; inductor (C++ code generation, 5–25 s) for ``bn`` only.
+:mod:`bnlab.norms.engine.coef_compile` replaces the eager coefficient graph inside
+``bnlab::stats_affine`` by one compiled function (coefficients + per-channel partials) and the
+backward's per-channel algebra by another. Checked here against the eager per-channel path in
+float64 for every BN-family variant (values, input and parameter gradients, buffers after three
+steps, so an in-place buffer update between forward and backward would show), against
+``torch.nn.BatchNorm2d``, and for the fallbacks. Compile time: dynamo's ``aot_eager`` backend
+(traces, generates no code: ~1 s a variant) for the variants; inductor (C++ code generation, 5–25
+s) for ``bn`` only.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import bnlab.norms.base as norms_base
-from bnlab.norms import coef_compile
-from bnlab.norms.bench import _layer as _bench_layer
-from bnlab.norms.fused import fused_normalize
-from bnlab.norms.opcount import count_ops, training_step
-from bnlab.norms.batchnorm import BatchNorm
+import bnlab.norms.variants.base as norms_base
+from bnlab.norms.engine import coef_compile
+from bnlab.norms.tools.bench import _layer as _bench_layer
+from bnlab.norms.engine.fused import fused_normalize
+from bnlab.norms.tools.opcount import count_ops, training_step
+from bnlab.norms.variants.batchnorm import BatchNorm
 
 
 class SharedPathBatchNorm(BatchNorm):

@@ -1,4 +1,4 @@
-"""The compiled training step (bnlab.norms.compiled_step) computes what the eager layer
+"""The compiled training step (bnlab.norms.engine.compiled_step) computes what the eager layer
 computes, runs only where it should, and keeps torch's behaviour around it.
 
 The reference is the layer's own eager step on the same inputs (float64: agreement to rounding,
@@ -18,9 +18,9 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 import bnlab.norms as N
-import bnlab.norms.base as norms_base
-from bnlab.norms import compiled_step as cs
-from bnlab.norms.opcount import count_ops
+import bnlab.norms.variants.base as norms_base
+from bnlab.norms.engine import compiled_step as cs
+from bnlab.norms.tools.opcount import count_ops
 
 pytestmark = pytest.mark.filterwarnings("ignore:(mbn|cbn).*:UserWarning")
 
@@ -271,7 +271,7 @@ def test_switches():
         assert cs.enabled()
     finally:
         N.set_compiled_steps(False)
-    code = "import bnlab.norms.compiled_step as c; print(c.enabled())"
+    code = "import bnlab.norms.engine.compiled_step as c; print(c.enabled())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**__import__("os").environ, "BNLAB_COMPILED_STEPS": "1"})
     assert out.stdout.strip() == "True"

@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from bnlab.norms.bench import _layer
+from bnlab.norms.tools.bench import _layer
 from bnlab.norms.registry import REGISTRY
 
 SPECS = sorted(name for name, info in REGISTRY.items() if info.kind == "channel"
@@ -42,7 +42,7 @@ def test_a_constant_channel_leaves_every_value_finite(spec, shape):
 def test_rms_scale_is_sqrt_with_the_subgradient_zero_at_zero():
     """Against the reference it replaces (``var.sqrt()``) where that is differentiable, bit for bit,
     and against torch's own norm at 0 (gradient 0)."""
-    from bnlab.norms.lp import rms_scale
+    from bnlab.norms.variants.lp import rms_scale
 
     var = torch.tensor([0.0, 1e-12, 0.25, 4.0, 1e6], dtype=torch.float64, requires_grad=True)
     ref = var.detach().clone().requires_grad_()

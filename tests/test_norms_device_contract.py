@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 import bnlab.norms as N
-import bnlab.norms.base as norms_base
+import bnlab.norms.variants.base as norms_base
 
 
 def test_fused_backward_passes_a_weight_tensor_as_cuda_requires(monkeypatch):

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from bnlab.norms import plain_autograd
-from bnlab.norms.bench import _layer
+from bnlab.norms.tools.bench import _layer
 from bnlab.norms.registry import REGISTRY
 
 SPECS = sorted(name for name, info in REGISTRY.items()

@@ -20,12 +20,12 @@ import torch
 import torch.nn as nn
 
 import bnlab.norms as N
-import bnlab.norms.base as norms_base
-from bnlab.norms import coef_compile, kernels
-from bnlab.norms.kernels import batch_statistics
-from bnlab.norms.bench import _layer
-from bnlab.norms.opcount import count_training_step
-from bnlab.norms.renorm import BatchRenorm
+import bnlab.norms.variants.base as norms_base
+from bnlab.norms.engine import coef_compile, kernels
+from bnlab.norms.engine.kernels import batch_statistics
+from bnlab.norms.tools.bench import _layer
+from bnlab.norms.tools.opcount import count_training_step
+from bnlab.norms.variants.renorm import BatchRenorm
 
 SHAPE = (32, 64, 16, 16)  # the issue's shape, above the CPU's FUSED_MIN_NUMEL
 HALF = [torch.bfloat16, torch.float16]
@@ -126,7 +126,7 @@ def test_half_channels_last_keeps_its_layout_and_values(spec):
 
 def test_ties_put_the_linf_gradient_where_the_plain_path_does():
     """Integer-valued half activations tie everywhere: the top-k entries (and so the scale's
-    gradient) are chosen lowest index first on both paths (bnlab.norms.sync.topk_first)."""
+    gradient) are chosen lowest index first on both paths (bnlab.norms.engine.sync.topk_first)."""
     gen = torch.Generator().manual_seed(3)
     x = torch.randint(-3, 4, SHAPE, generator=gen).to(torch.bfloat16)
     g = torch.randn(SHAPE, generator=gen).to(torch.bfloat16)

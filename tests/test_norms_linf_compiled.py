@@ -15,7 +15,7 @@ from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 
 import bnlab.norms as N
-from bnlab.norms.lp_compiled import LinfNormalize
+from bnlab.norms.engine.lp_compiled import LinfNormalize
 
 
 def gen(seed: int) -> torch.Generator:
@@ -131,7 +131,7 @@ def test_statistics_match_the_layer_definition():
     torch.testing.assert_close(mean, x.mean(dim=(0, 2)))
     centred = (x - mean[None, :, None]).abs().transpose(0, 1).reshape(3, -1)
     top = centred.sort(dim=1, descending=True).values[:, :4].mean(dim=1)
-    torch.testing.assert_close(scale, N.lp.hoffer_linf_constant(63) * top)
+    torch.testing.assert_close(scale, N.hoffer_linf_constant(63) * top)
 
 
 @pytest.mark.parametrize("shape", [(600, 8), (300, 4, 1, 1)])

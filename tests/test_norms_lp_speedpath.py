@@ -1,4 +1,4 @@
-"""The eager fast paths of ``lp_bn(p=1)``, ``lp_bn(p=inf)`` (bnlab.norms.lp_fused) and
+"""The eager fast paths of ``lp_bn(p=1)``, ``lp_bn(p=inf)`` (bnlab.norms.engine.lp_fused) and
 ``noisy_bn``'s draws.
 
 The fused ℓp function is checked against finite differences (gradcheck, float64) and against the
@@ -19,8 +19,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import bnlab.norms as N
-import bnlab.norms.base as norms_base
-from bnlab.norms.lp_fused import linf_top_entries
+import bnlab.norms.variants.base as norms_base
+from bnlab.norms.engine.lp_fused import linf_top_entries
 
 LP_SPECS = ["lp_bn(p=1)", "lp_bn(p=inf)", "lp_bn(p=inf, topk=3)", "lp_bn(p=inf, topk=50)"]
 

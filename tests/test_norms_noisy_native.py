@@ -2,7 +2,7 @@
 
 The goal: ``noisy_bn`` within 1.2× of "native BN + the same noise in plain PyTorch". Its BN
 part is BN's training step unchanged (the noise acts on BN's output), so it takes the branch
-``bn`` takes (:func:`bnlab.norms.batchnorm.trains_as_torch_bn`) — otherwise only exactly
+``bn`` takes (:func:`bnlab.norms.variants.batchnorm.trains_as_torch_bn`) — otherwise only exactly
 ``BatchNorm`` would, and ``noisy_bn`` would pay the shared path's 20–80 operations for plain BN. The
 reference here is torch's own ``nn.BatchNorm1d/2d`` plus Alg. 1's draws replayed from the layer's
 generator.
@@ -15,8 +15,8 @@ import torch
 import torch.nn as nn
 
 import bnlab.norms as N
-from bnlab.norms.batchnorm import trains_as_torch_bn
-from bnlab.norms.opcount import count_ops
+from bnlab.norms.variants.batchnorm import trains_as_torch_bn
+from bnlab.norms.tools.opcount import count_ops
 
 
 @pytest.mark.parametrize("shape", [(64, 5), (8, 5, 4, 3)])

@@ -1,8 +1,9 @@
 """Few dispatched operations per training step, pinned so the count cannot creep back.
 
-Counted with :func:`bnlab.norms.opcount.count_ops` (a ``TorchDispatchMode``, views excluded) on the
-CPU, one forward + backward on (32, 64, 16, 16) as in the issue. Before the fused operators: native
-BatchNorm 6, ``bn`` 55, ``mbn`` 77, ``brn`` 80, ``cbn`` 113, ``lp_bn(p=inf)`` 83, ``noisy_bn`` 71.
+Counted with :func:`bnlab.norms.tools.opcount.count_ops` (a ``TorchDispatchMode``, views excluded)
+on the CPU, one forward + backward on (32, 64, 16, 16) as in the issue. Before the fused operators:
+native BatchNorm 6, ``bn`` 55, ``mbn`` 77, ``brn`` 80, ``cbn`` 113, ``lp_bn(p=inf)`` 83,
+``noisy_bn`` 71.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import pytest
 import torch
 
 import bnlab.norms as N
-import bnlab.norms.base as norms_base
-from bnlab.norms.bench import _layer
-from bnlab.norms.opcount import count_ops, count_training_step, training_step
+import bnlab.norms.variants.base as norms_base
+from bnlab.norms.tools.bench import _layer
+from bnlab.norms.tools.opcount import count_ops, count_training_step, training_step
 
 SHAPE = (32, 64, 16, 16)
 BN_FAMILY = ["bn", "mean_only_bn", "var_only_bn", "mbn", "cbn", "cbn(decouple=false)",
@@ -154,7 +155,7 @@ def test_small_inputs_take_the_fused_path_off_the_cpu_only():
 @pytest.mark.parametrize("spec", ["mean_only_bn", "var_only_bn", "mbn", "brn", "lp_bn(p=1)"])
 def test_the_fused_kernels_constant_arguments_launch_nothing(spec):
     """The unit means, variances and weights that the fused path hands torch's BatchNorm kernels are
-    cached (:func:`bnlab.norms.kernels.filled`), and so is the zero gradient of a statistic a
+    cached (:func:`bnlab.norms.engine.kernels.filled`), and so is the zero gradient of a statistic a
     variant ignores: on a GPU each fresh ones/zeros was a launch, five or six a step. A counted step
     (after a first one) of a variant whose own coefficients build no constant (``cbn``'s do) has
     none."""
@@ -169,7 +170,7 @@ def test_the_fused_kernels_constant_arguments_launch_nothing(spec):
 def test_cached_constants_stay_constant_and_survive_inference_mode():
     """The cached (C,) constants are never written by the kernels that read them, and one made
     first under ``torch.inference_mode`` is an ordinary tensor that later training steps can use."""
-    from bnlab.norms import kernels
+    from bnlab.norms.engine import kernels
 
     kernels._FILLED.clear()
     layer = N.create("mean_only_bn", SHAPE[1])

@@ -1,5 +1,6 @@
-"""Synchronized batch statistics (bnlab.norms.sync): N gloo ranks with slices of one batch equal one
-process given the whole batch — outputs, input and parameter gradients, every buffer, eval outputs.
+"""Synchronized batch statistics (bnlab.norms.engine.sync): N gloo ranks with slices of one batch
+equal one process given the whole batch — outputs, input and parameter gradients, every buffer,
+eval outputs.
 
 All layer checks of one world size run in a single launch of processes
 (tests/distributed_harness.py): every rank builds the reference layer too and runs it, unsynced, on
@@ -19,8 +20,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import bnlab.norms as N
-import bnlab.norms.base as norms_base
-from bnlab.norms import amat_eta, mbn_lambda, sync
+import bnlab.norms.variants.base as norms_base
+from bnlab.norms import amat_eta, mbn_lambda
+from bnlab.norms.engine import sync
 from tests.distributed_harness import run_ranks
 
 TOL = 1e-5

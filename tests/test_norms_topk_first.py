@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bnlab.norms import sync
+from bnlab.norms.engine import sync
 
 
 def _reference(values: torch.Tensor, k: int, dim: int):
@@ -65,7 +65,7 @@ def test_long_rows_take_no_running_count():
     """The tie-break is one key and one topk: no cumsum over the row (2.3 of lp_bn(p=inf)'s 36 ms a
     step on (128, 64, 32, 32)); two topk (the k-th value, the picked entries) and two k-long sorts
     (the picked indices into batch order, then by value)."""
-    from bnlab.norms.opcount import count_ops
+    from bnlab.norms.tools.opcount import count_ops
 
     values = _rows("ties", (64, 4096), seed=3)
     names = count_ops(lambda: sync.topk_first(values, 10, dim=1)).by_name()
@@ -100,7 +100,7 @@ def test_one_value_per_row_takes_the_entries_as_candidates(shape, kind):
     """(N, C) inputs (one value per sample and channel) pick the top-k of |x − μ| directly: no row
     bounds, no candidate copy; the same values, indices (ties to the lowest sample) and signs as a
     stable sort of each channel."""
-    from bnlab.norms.lp_fused import linf_top_entries
+    from bnlab.norms.engine.lp_fused import linf_top_entries
 
     x = _rows(kind, shape, seed=7) - 0.5
     mean = x.mean(dim=[0, *range(2, x.dim())])
@@ -134,7 +134,7 @@ def test_the_stable_sort_key_orders_float32_as_a_stable_sort():
 def test_traced_rows_take_the_key_and_pick_the_same_entries(kind):
     """Under a dispatch mode (as in make_fx, torch.compile: no branch on values) float32 rows take
     the one-key path: the stable sort's entries, with one topk (no sort over the picked)."""
-    from bnlab.norms.opcount import count_ops
+    from bnlab.norms.tools.opcount import count_ops
 
     values = _rows(kind, (16, 2048), seed=13).float()
     got = count_ops(lambda: sync.topk_first(values, 10, dim=1))

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 import bnlab.norms as N
-import bnlab.norms.base as norms_base
+import bnlab.norms.variants.base as norms_base
 from bnlab.norms.registry import REGISTRY
 
 TORCH_CLASSES = {cls.__name__: cls for cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)}
@@ -597,7 +597,8 @@ def test_convert_carries_bias_false_device_and_dtype_to_every_layer(name):
 
 def test_convert_refuses_an_option_the_new_layer_cannot_take(monkeypatch):
     """A layer without a ``bias`` option must not silently gain a bias: refused, naming it."""
-    convert_module = importlib.import_module("bnlab.norms.convert")  # N.convert is the function
+    # the module, not N.convert (the function)
+    convert_module = importlib.import_module("bnlab.norms.tools.convert")
 
     def no_bias_layer(num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True):
         return N.BatchNorm(num_features, eps, momentum, affine, track_running_stats)

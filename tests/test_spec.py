@@ -171,7 +171,7 @@ def test_mbn_tau0_is_a_decay_in_zero_one():
     update's momentum 1 − τ negative and the running statistics run away. Refused by the spec (the
     parameter's maximum) and by the constructor, with the valid range named."""
     import bnlab.norms as N
-    from bnlab.norms.momentum import MomentumBatchNorm
+    from bnlab.norms.variants.momentum import MomentumBatchNorm
 
     with pytest.raises(ValueError, match="tau0 must be <= 1"):
         N.create("mbn(tau0=2)", 4)

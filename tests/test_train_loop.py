@@ -448,7 +448,7 @@ def test_compiled_steps_key_runs_the_layers_compiled_steps(tmp_path):
     """``compiled_steps: true`` (``bnlab train --compiled-steps``) runs the norm layers' training
     steps as compiled functions for the run, and only for it; the run is the eager one up to
     float32 rounding, under the same id (a process setting's key, as the thread count)."""
-    from bnlab.norms import compiled_step
+    from bnlab.norms.engine import compiled_step
 
     base = dict(model="mlp", norm="mean_only_bn", data="digits", steps=3, lr=0.05, batch_size=64,
                 runs_dir=str(tmp_path / "eager"))

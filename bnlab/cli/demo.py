@@ -20,7 +20,7 @@ import typer
 
 from bnlab.experiments.parallel import free_cores
 from bnlab.experiments.runner import reproduce_many
-from bnlab.norms.bench import benchmark, format_table
+from bnlab.norms.tools.bench import benchmark, format_table
 from bnlab.report import write_report
 from bnlab.report.headline import answer_lines
 

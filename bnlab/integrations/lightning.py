@@ -32,8 +32,9 @@ each micro-batch and ``on_before_optimizer_step`` once per step: the doctor coun
 optimizer step from them (tests/test_doctor_watch_lightning.py).
 
 :class:`StochasticWeightAveraging` is Lightning's SWA callback for models with bnlab layers: its
-extra epoch recomputes every layer's statistics (:mod:`bnlab.norms.population`), where Lightning's
-own finds BatchNorm by ``isinstance(m, _BatchNorm)`` and leaves bnlab's with the last network's.
+extra epoch recomputes every layer's statistics (:mod:`bnlab.norms.tools.population`), where
+Lightning's own finds BatchNorm by ``isinstance(m, _BatchNorm)`` and leaves bnlab's with the last
+network's.
 
 Importing this module needs no manual step beside a CPU torch whose torchvision wheel does not
 match it (Lightning's torchmetrics imports torchvision): :func:`~bnlab.models.vision_compat.
@@ -50,8 +51,8 @@ from torch import nn
 
 from bnlab.callbacks import Batch, Callback, CallbackList, LossFn
 from bnlab.models.vision_compat import prepare_torchvision
-from bnlab.norms.ecosystem import is_batch_norm
-from bnlab.norms.population import StatisticsPass
+from bnlab.norms.tools.ecosystem import is_batch_norm
+from bnlab.norms.tools.population import StatisticsPass
 from bnlab.probes import create
 
 prepare_torchvision()  # before Lightning: torchmetrics imports torchvision at its top
@@ -182,10 +183,10 @@ class StochasticWeightAveraging(pl.callbacks.StochasticWeightAveraging):
 
     Lightning's callback adds one epoch after the averaging in which the averaged weights run over
     the training data without backward, and resets only torch's ``_BatchNorm`` layers for it.
-    Here that epoch is also a :class:`bnlab.norms.population.StatisticsPass` over bnlab's layers:
-    at its end their buffers hold the batch averages that :func:`bnlab.norms.update_bn` computes
-    from the same batches (mbn's and cbn's moving statistics too); torch's layers get Lightning's
-    own treatment.
+    Here that epoch is also a :class:`bnlab.norms.tools.population.StatisticsPass` over bnlab's
+    layers: at its end their buffers hold the batch averages that :func:`bnlab.norms.update_bn`
+    computes from the same batches (mbn's and cbn's moving statistics too); torch's layers get
+    Lightning's own treatment.
 
     One difference from Lightning's own (2.6.6): the model ends with the averaged weights the
     statistics were computed with. Lightning's extra epoch skips backward but still steps the

@@ -21,8 +21,8 @@ from typing import Any
 import torch.nn as nn
 
 from bnlab.models.vision_compat import import_timm
-from bnlab.norms.convert import convert
-from bnlab.norms.freeze import freezable, freeze
+from bnlab.norms.tools.convert import convert
+from bnlab.norms.tools.freeze import freezable, freeze
 
 timm = import_timm()
 param_groups_weight_decay = importlib.import_module("timm.optim").param_groups_weight_decay

@@ -6,17 +6,17 @@ on the docs site).
 """
 
 from . import catalog as _catalog  # noqa: F401  (registers the layers)
-from .base import ChannelNorm, plain_autograd
-from .batchnorm import BatchNorm, MeanOnlyBatchNorm, NativeBatchNorm, VarOnlyBatchNorm
-from .compiled_step import compiled_steps, set_compiled_steps
-from .complete import CompleteBatchNorm, amat_eta
-from .lp import LpBatchNorm, hoffer_linf_constant
-from .momentum import MomentumBatchNorm, mbn_lambda
-from .noisy import NoisyBatchNorm, StochasticLayer
-from .convert import NormAct, convert, convert_sync
-from .accumulate import accumulate
-from .fold import FoldReport, fold
-from .guard import nonfinite_batches, nonfinite_guard_enabled, set_nonfinite_guard
+from .variants.base import ChannelNorm, plain_autograd
+from .variants.batchnorm import BatchNorm, MeanOnlyBatchNorm, NativeBatchNorm, VarOnlyBatchNorm
+from .engine.compiled_step import compiled_steps, set_compiled_steps
+from .variants.complete import CompleteBatchNorm, amat_eta
+from .variants.lp import LpBatchNorm, hoffer_linf_constant
+from .variants.momentum import MomentumBatchNorm, mbn_lambda
+from .variants.noisy import NoisyBatchNorm, StochasticLayer
+from .tools.convert import NormAct, convert, convert_sync
+from .tools.accumulate import accumulate
+from .tools.fold import FoldReport, fold
+from .engine.guard import nonfinite_batches, nonfinite_guard_enabled, set_nonfinite_guard
 from .ops import (
     PLACEMENTS,
     create,
@@ -28,15 +28,17 @@ from .ops import (
     stochastic_layers,
     validate,
 )
-from .progress import ProgressTracker, set_progress, track
-from .recollect import INPUT_KEY, recollect_running_stats, update_bn
-from .freeze import freeze, frozen_layers, unfreeze
-from .ecosystem import (
+from .tools.progress import ProgressTracker, set_progress, track
+from .tools.recollect import INPUT_KEY, recollect_running_stats, update_bn
+from .tools.freeze import freeze, frozen_layers, unfreeze
+from .tools.ecosystem import (
     BATCH_NORMS, fuse_conv_bn_eval, fuse_linear_bn_eval, is_batch_norm, param_groups_no_decay,
 )
 from .registry import NormInfo
-from .renorm import BatchRenorm
-from .wrappers import ScaleInvariantBN, ScaleInvariantConvBN, ScaleInvariantLinearBN, WeightNorm
+from .variants.renorm import BatchRenorm
+from .variants.wrappers import (
+    ScaleInvariantBN, ScaleInvariantConvBN, ScaleInvariantLinearBN, WeightNorm,
+)
 
 # What a user needs (torch.nn's style): the layers, building and converting models, and the
 # training-progress hooks. The registry itself (REGISTRY, Param, lookup, parse_spec) is in

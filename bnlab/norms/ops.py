@@ -14,9 +14,9 @@ import torch.nn as nn
 
 from bnlab.spec import check_choice, split_joined
 
-from .noisy import StochasticLayer
+from .variants.noisy import StochasticLayer
 from .registry import REGISTRY, NormInfo, lookup
-from .wrappers import ScaleInvariantBN, WeightNorm, out_features_of
+from .variants.wrappers import ScaleInvariantBN, WeightNorm, out_features_of
 
 
 def spec_parts(spec: str) -> list[str]:

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from bnlab.spec import Param, Registry, parse
 
-from .compiled_step import ROUTED_SPECS, route
+from .engine.compiled_step import ROUTED_SPECS, route
 
 __all__ = ["BN_OPTIONS", "NORMS", "REGISTRY", "NormInfo", "Param", "lookup", "norm", "parse_spec",
            "register"]
@@ -87,7 +87,7 @@ BN_OPTIONS = {  # torch.nn.BatchNorm2d's options, with torch's names and semanti
     "track_running_stats": Param(True, bool, help="false: no running statistics, batch statistics "
                                                   "in eval"),
     "sync": Param(False, bool, help="batch statistics over all ranks of torch.distributed "
-                                    "(bnlab.norms.sync)"),
+                                    "(bnlab.norms.engine.sync)"),
 }
 
 

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bnlab.norms import convert_sync
-from bnlab.norms.sync import all_gather
+from bnlab.norms.engine.sync import all_gather
 from bnlab.store import Store
 from bnlab.train.engine import Trainer
 

@@ -26,7 +26,7 @@ from bnlab import data as data_mod
 from bnlab import models
 from bnlab.callbacks import Callback, check_callbacks
 from bnlab.norms import seed_layers
-from bnlab.norms.renorm import set_run_length
+from bnlab.norms.variants.renorm import set_run_length
 from bnlab.probes import PROBES
 from bnlab.probes import create as create_probe
 from bnlab.train.callbacks import identity_of

@@ -1,0 +1,282 @@
+"""torch.nn.BatchNorm's module conventions, shared by every bnlab channel-normalization layer.
+
+What a user of ``torch.nn.BatchNorm1d/2d/3d`` relies on beyond the formula (torch 2.13's
+``_NormBase`` and ``_BatchNorm``), so that a bnlab layer drops in:
+
+* the constructor ``(num_features, eps, momentum, affine, track_running_stats, device, dtype, *,
+  bias)`` (``bias=False``: γ only); ``eps`` and ``momentum`` checked where they enter (finite);
+* ``reset_running_stats()`` and ``reset_parameters()``;
+* state_dict version 2: a checkpoint without ``num_batches_tracked`` (version 1) loads (the counter
+  kept, or 0), also into a module on the ``meta`` device with ``assign=True``;
+* the forward rule: batch statistics in training, or in eval when there are no running buffers
+  (buffers present but ``track_running_stats=False``: eval normalizes with the buffers); running
+  statistics updated only in training with ``track_running_stats``;
+* a zero-size batch gives an empty output, zero parameter gradients, and leaves the running
+  statistics alone (in training ``num_batches_tracked`` still counts it, as torch's does);
+* dtypes: the input has the parameters' dtype, or is float16/bfloat16 with float32 parameters (AMP);
+  anything else raises torch's "mixed dtype" ``RuntimeError`` instead of computing silently (a
+  zero-size batch of any floating dtype gives torch's empty output).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from ..engine.guard import training_step
+from ..engine.sync import module_group
+
+REDUCED_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def checked_eps(eps: float) -> float:
+    """ε as a float; ``ValueError`` unless finite and > 0 (torch: "eps must be positive")."""
+    try:
+        value = float(eps)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"eps must be positive and finite, got {eps!r}") from None
+    if isinstance(eps, bool) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"eps must be positive and finite (added to the variance), got {eps!r}")
+    return value
+
+
+def checked_momentum(momentum: float | None) -> float | None:
+    """momentum in [0, 1], or None (cumulative moving average); else ``ValueError`` (NaN, ∞ too)."""
+    if momentum is None:
+        return None
+    try:
+        value = float(momentum)
+    except (TypeError, ValueError, OverflowError):
+        value = math.nan
+    if isinstance(momentum, bool) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"momentum must be in [0, 1] or None (cumulative average), "
+                         f"got {momentum!r}")
+    return value
+
+
+def factory_kwargs(options: dict) -> dict:
+    """The ``device``/``dtype`` keywords a subclass received, for the buffers it adds itself."""
+    return {"device": options.get("device"), "dtype": options.get("dtype")}
+
+
+# What torch's BatchNorm puts in a state_dict
+TORCH_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+
+
+def fx_leaf(forward: Callable) -> Callable:
+    """``forward`` that records the layer as ONE ``call_module`` node under ``torch.fx`` tracing.
+
+    torch.fx traces into every module outside ``torch.nn`` (its leaf rule), and a layer's Python
+    checks and path choices cannot run on a ``Proxy``; torch's own BatchNorm is a leaf. So is every
+    bnlab layer: ``torch.fx.symbolic_trace``, torchvision's ``create_feature_extractor`` and FX
+    quantization see it as torch's, and the traced module calls it."""
+
+    @functools.wraps(forward)
+    def call(self, x, *args, **kwargs):
+        if isinstance(x, torch.fx.Proxy):
+            tracer = x.tracer
+            try:
+                path = tracer.path_of_module(self)
+            except NameError:
+                path = ""
+            if not path:  # the layer is the root: there is no parent to hold it
+                raise TypeError(f"{type(self).__name__} is a leaf module for torch.fx: trace a "
+                                "model that contains it, not the layer alone")
+            return tracer.create_proxy("call_module", path, (x, *args), kwargs)
+        return forward(self, x, *args, **kwargs)
+
+    return call
+
+
+class BatchNormConventions(nn.Module):
+    """Parameters, buffers and module protocol of ``torch.nn.modules.batchnorm._NormBase``."""
+
+    _version = 2  # torch's: version 2 added num_batches_tracked
+    nonfinite_batches = 0  # training batches the non-finite guard skipped (.guard)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        # every layer's forward is a torch.fx leaf (fx_leaf) and updates its statistics once per
+        # training forward (.guard: checkpoint recomputation, non-finite batches, accumulation)
+        if "forward" in cls.__dict__:
+            cls.forward = fx_leaf(training_step(cls.__dict__["forward"]))
+    # Declared for the type checker (nn.Module.__getattr__ would type them ``Tensor | Module``).
+    # None when affine=False (bias: or bias=False) / without running buffers; reads check that.
+    weight: Tensor
+    bias: Tensor
+    running_mean: Tensor
+    running_var: Tensor
+    num_batches_tracked: Tensor
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
+                 affine: bool = True, track_running_stats: bool = True, device=None, dtype=None, *,
+                 bias: bool = True) -> None:
+        super().__init__()
+        if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
+            raise ValueError(f"num_features must be a positive integer, got {num_features!r}")
+        factory = {"device": device, "dtype": dtype}
+        self.num_features = num_features
+        self.eps = checked_eps(eps)
+        self.momentum = checked_momentum(momentum)
+        self.affine = bool(affine)
+        self.track_running_stats = bool(track_running_stats)
+        weight = nn.Parameter(torch.ones(num_features, **factory)) if affine else None
+        self.register_parameter("weight", weight)
+        shift = nn.Parameter(torch.zeros(num_features, **factory)) if affine and bias else None
+        self.register_parameter("bias", shift)
+        tracked = self.track_running_stats
+        mean = torch.zeros(num_features, **factory) if tracked else None
+        self.register_buffer("running_mean", mean)
+        var = torch.ones(num_features, **factory) if tracked else None
+        self.register_buffer("running_var", var)
+        counter = torch.tensor(0, dtype=torch.long, device=device) if tracked else None
+        self.register_buffer("num_batches_tracked", counter)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.affine}, bias={self.bias is not None}, "
+                f"track_running_stats={self.track_running_stats}")
+
+    @torch.no_grad()
+    def reset_running_stats(self) -> None:
+        """Running mean 0, variance 1, counter 0 (torch's ``_NormBase.reset_running_stats``)."""
+        if self.track_running_stats and self.running_mean is not None:
+            self.running_mean.zero_()
+            self.running_var.fill_(1)
+            self.num_batches_tracked.zero_()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Running statistics reset, γ = 1, β = 0 (torch's ``_NormBase.reset_parameters``)."""
+        self.reset_running_stats()
+        if self.weight is not None:
+            self.weight.fill_(1)
+        if self.bias is not None:
+            self.bias.zero_()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs) -> None:
+        # torch's _NormBase: a version-1 checkpoint (no num_batches_tracked) loads; the counter is
+        # kept, or 0 on the meta device (assign=True then gives a real tensor)
+        version = local_metadata.get("version", None)
+        key = prefix + "num_batches_tracked"
+        if (version is None or version < 2) and self.track_running_stats and key not in state_dict:
+            current = self.num_batches_tracked
+            state_dict[key] = (current if current is not None and current.device.type != "meta"
+                               else torch.tensor(0, dtype=torch.long))
+        self._keep_moving_buffers(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        if local_metadata.get("assign_to_params_buffers", False):
+            self._materialize_transient_buffers()
+
+    def moving_buffers(self, **factory) -> dict[str, Tensor]:
+        """Persistent buffers beyond torch's BatchNorm (mbn's and cbn's moving statistics), with
+        their initial values (``factory``: device, dtype); empty for the layers that have none.
+        The one place those values are written: registration, reset and loading read them."""
+        return {}
+
+    def register_moving_buffers(self, factory: dict) -> None:
+        for name, initial in self.moving_buffers(**factory).items():
+            self.register_buffer(name, initial)
+
+    @torch.no_grad()
+    def reset_moving_buffers(self) -> None:
+        with torch.device("cpu"):  # real values also inside a `torch.device("meta")` block
+            initial = self.moving_buffers()
+        for name, value in initial.items():
+            getattr(self, name).copy_(value)
+
+    def _keep_moving_buffers(self, state_dict, prefix: str) -> None:
+        """A checkpoint of a layer without moving statistics (torch's BatchNorm: a pretrained
+        torchvision or timm model) loads strictly into one that has them: they keep their values,
+        as torch keeps ``num_batches_tracked`` for a version-1 checkpoint (their initial values on
+        the meta device). A checkpoint holding some of them but not all still fails as missing."""
+        with torch.device("cpu"):  # real values also inside a `torch.device("meta")` block
+            own = self.moving_buffers()
+        theirs = [state_dict[prefix + k] for k in TORCH_KEYS if prefix + k in state_dict]
+        if not own or not theirs or any(prefix + name in state_dict for name in own):
+            return
+        ref = next((t for t in theirs if t.is_floating_point()), theirs[0])
+        for name, initial in own.items():
+            current = getattr(self, name)
+            state_dict[prefix + name] = (current if current.device.type != "meta"
+                                         else initial.to(ref.device, current.dtype))
+
+    def transient_buffers(self) -> dict[str, Tensor]:
+        """Initial values of the non-persistent buffers (η, step counters: not in a state_dict),
+        which a ``load_state_dict(..., assign=True)`` into a ``meta``-device module cannot fill."""
+        return {}
+
+    def _materialize_transient_buffers(self) -> None:
+        """After ``assign=True``: non-persistent buffers still on ``meta`` get their initial values
+        on the loaded tensors' device and float dtype (else the first forward mixes devices)."""
+        loaded = [t for t in (*self._parameters.values(), *self._buffers.values())
+                  if t is not None and t.device.type != "meta"]
+        if not loaded:
+            return
+        ref = next((t for t in loaded if t.is_floating_point()), loaded[0])
+        with torch.device("cpu"):  # real values also inside a `torch.device("meta")` block
+            transient = self.transient_buffers()
+        for name, value in transient.items():
+            current = self._buffers.get(name)
+            if current is not None and current.device.type == "meta":
+                dtype = ref.dtype if value.is_floating_point() else value.dtype
+                self._buffers[name] = value.to(device=ref.device, dtype=dtype)
+
+    # ---- the forward protocol ----------------------------------------------------------------
+    def use_batch_stats(self) -> bool:
+        """torch's ``bn_training``: training, or eval without running buffers."""
+        return self.training or (self.running_mean is None and self.running_var is None)
+
+    def tracks_now(self) -> bool:
+        """Whether this forward updates the running statistics (training, track_running_stats)."""
+        return self.training and self.track_running_stats and self.running_mean is not None
+
+    # cbn sets False: its counter also says whether its moving statistics hold a batch yet
+    counts_empty_batches = True
+
+    def empty_batch(self, x: Tensor) -> Tensor | None:
+        """For a zero-size input, torch's result (else None): an empty output whose graph reaches γ
+        and β, so their gradients are zeros; running statistics untouched, ``num_batches_tracked``
+        counted in training. Synced layers go on (every rank must join the collectives)."""
+        if x.numel() != 0 or module_group(self) is not None:
+            return None
+        if self.tracks_now() and self.counts_empty_batches and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+        shape = (1, -1, *([1] * (x.dim() - 2)))
+        y = x.clone()
+        if self.weight is not None:
+            y = y * self.weight.view(shape)
+        if self.bias is not None:
+            y = y + self.bias.view(shape)
+        return y.to(x.dtype)
+
+
+def check_eps_now(module: nn.Module) -> None:
+    """ε may have been changed after construction: torch checks it at every forward."""
+    eps = getattr(module, "eps", 1e-5)
+    if module.training and not eps > 0:
+        raise ValueError(f"batch_norm eps must be positive during training, but got {eps}")
+    if not eps >= 0:
+        raise ValueError(f"batch_norm eps must be non-negative, but got {eps}")
+
+
+def check_dtype(module: nn.Module, x: Tensor) -> None:
+    """torch's rule: the state's dtype, or float16/bfloat16 input with float32 state (AMP)."""
+    names = ("weight", "bias", "running_mean", "running_var")
+    state = next((t for t in (getattr(module, n, None) for n in names) if t is not None), None)
+    if state is None or x.dtype == state.dtype:
+        return
+    if state.dtype == torch.float32 and x.dtype in REDUCED_DTYPES:
+        return
+    raise RuntimeError(
+        f"mixed dtype: {type(module).__name__} has {state.dtype} parameters and buffers but the "
+        f"input is {x.dtype} (torch.nn.BatchNorm accepts the same dtype, or float16/bfloat16 input "
+        f"with float32 parameters); convert one of them, e.g. layer.to({x.dtype}) or "
+        f"x.to({state.dtype})")
