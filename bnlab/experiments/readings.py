@@ -36,16 +36,18 @@ def combine_readings(readings: Sequence[tuple[str, str, str]]) -> tuple[str, str
     """(verdict, summary) of an entry judged under several readings, each ``(name, verdict,
     text)``, the entry's primary reading first: the common verdict where all agree, else
     inconclusive (:func:`verdicts.ladder` with ``unusable``: the paper's text cannot decide
-    between them). The summary gives every reading's verdict and text."""
+    between them). The summary gives every reading's verdict and text, led by the disagreement
+    where there is one."""
     if not readings:
         return ladder(unusable=True), "no reading judged"
     verdicts = [v for _, v, _ in readings]
     verdict = ladder(verdicts[0], unusable=not agree(verdicts))
     parts = "; ".join(f"{name}: {v}: {text}" for name, v, text in readings)
-    tail = ("the readings agree" if agree(verdicts) else
-            "reading-dependent: the readings disagree (" + ", ".join(
-                f"{name} {v}" for name, v, _ in readings) + ")")
-    return verdict, f"{parts} — {tail} ({READINGS_RULE})"
+    if agree(verdicts):
+        return verdict, f"{parts} — the readings agree ({READINGS_RULE})"
+    # what decided an inconclusive entry comes first: its first clause is the README's row
+    split = ", ".join(f"{name} {v}" for name, v, _ in readings)
+    return verdict, f"reading-dependent: the readings disagree ({split}); {parts} ({READINGS_RULE})"
 
 
 def deciding(outcome: Mapping[Hashable, str], comparisons: Mapping[Hashable, Comparison]

@@ -112,7 +112,8 @@ def judged_by_block(analyze: Callable, cbn: Callable[[dict], bool] | None = None
                          for row in o.table]
                 figures += o.figures
         record = replace(main.record, verdict=verdict) if main and main.record else None
-        summary = f"{BLOCK_ARGUMENT}; {text}" + (first_losses(groups, cbn) if cbn else "")
+        # the judgement first (the README's row is the summary's first clause), then why He's
+        summary = f"{text}; {BLOCK_ARGUMENT}" + (first_losses(groups, cbn) if cbn else "")
         return Outcome(figures, rows, verdict, summary, record)
 
     return wrapped
