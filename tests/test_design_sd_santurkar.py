@@ -9,7 +9,7 @@ import pytest
 
 from bnlab.experiments.common import DesignSD, design_mde
 from bnlab.experiments.santurkar import dln as DL
-from bnlab.experiments.santurkar import lp as LP
+from bnlab.experiments.santurkar import lp_verdicts as LP
 from bnlab.experiments.santurkar import moments as SM
 from bnlab.experiments.santurkar import vgg as V
 from bnlab.experiments.santurkar.common import BN, L1, L2, LINF, NOISY, STANDARD

@@ -27,6 +27,7 @@ from bnlab.experiments import verdicts as VD
 from bnlab.experiments.santurkar import common as SC
 from bnlab.experiments.santurkar import dln as DL
 from bnlab.experiments.santurkar import lp as LP
+from bnlab.experiments.santurkar import lp_verdicts as LV
 from bnlab.experiments.santurkar import predictiveness as PR
 from bnlab.experiments.santurkar import moments as SM
 from bnlab.experiments.santurkar import vgg as V
@@ -503,15 +504,16 @@ def test_fig10_window_summary():
 
 
 def _lp_runs(bad=None, factor=2.0, without=None):
-    """Per-seed fake VGG and DLN runs of every ℓp arm: normalized arms 5× better than standard in
-    loss and landscape; the ``bad`` (net, label) ``factor`` × standard instead; the ``without``
-    label left out."""
+    """Per-seed fake VGG and DLN runs (the DLN at both rates) of every ℓp arm: normalized arms 5×
+    better than standard in loss and landscape; the ``bad`` (net, label) ``factor`` × standard
+    instead (net "DLN": at both rates); the ``without`` label left out."""
     out = []
-    for net in ("VGG", "DLN"):
-        for label in LP.LP_LABELS:
+    for net in ("VGG", "DLN", LV.LITERAL_NET):
+        for label in LV.LP_LABELS:
             if label == without:
                 continue
-            f = 1.0 if label == SC.STANDARD else (factor if (net, label) == bad else 0.2)
+            hit = bad is not None and label == bad[1] and net.startswith(bad[0])
+            f = 1.0 if label == SC.STANDARD else (factor if hit else 0.2)
             for i, j in enumerate(JITTER):
                 out.append(FakeRun(f"{net}: {label}", {
                     "train_loss": _loss(f * j),
@@ -523,13 +525,17 @@ def _lp_runs(bad=None, factor=2.0, without=None):
 def test_fig11_verdict(tmp_path):
     out = LP._fig11_analyze(_ctx("santurkar-fig11", _lp_runs(), tmp_path))
     _check_outcome(out)
-    assert out.verdict == "held" and len(out.figures) == 2
+    assert out.verdict == "held" and len(out.figures) == 3  # VGG, DLN at 1e-3 and at 1e-2
     assert ("against the standard network (training loss; landscape = all three medians): "
             "16 of 16 checks held" in out.summary)
     assert "Fig. 13, ℓp comparable to BN (loss below 1.25× BN's): 6 of 6 checks held" in out.summary
+    assert "the readings agree" in out.summary and out.record.verdict == "held"
     out = LP._fig11_analyze(_ctx("santurkar-fig11", _lp_runs(("DLN", SC.LINF)), tmp_path))
     assert out.verdict == "not held" and "14 of 16 checks held, 2 against" in out.summary \
         and "5 of 6 checks held, 1 against" in out.summary
+    # the record: the primary reading's first check against the claim, ℓ∞'s DLN loss
+    assert out.record.verdict == "not held" and out.record.primary.startswith(
+        f"DLN: {SC.LINF} − standard, ln mean training loss") and out.record.effect > 0
 
 
 def test_fig11_verdict_checks_every_arm_the_paper_names(tmp_path):
@@ -544,32 +550,32 @@ def test_fig11_verdict_checks_every_arm_the_paper_names(tmp_path):
     assert out.verdict == "inconclusive" and f"VGG: {SC.L2}: loss too few seeds" in out.summary
     # Fig. 13: an ℓp network better than standard but at 2.5× BN's loss is not "comparable to BN"
     losses = {f"{net}: {label}": seeds(1.0 if label == SC.STANDARD else 0.1)
-              for net in ("VGG", "DLN") for label in LP.LP_LABELS}
+              for net in ("VGG", "DLN") for label in LV.LP_LABELS}
     landscapes = {key: [
         {"loss_range": v, "grad_change_max": v, "beta_smoothness": v} for v in values]
                   for key, values in losses.items()}
-    assert LP.fig11_verdict(losses, landscapes)[0] == "held"
-    verdict, summary = LP.fig11_verdict({**losses, f"DLN: {SC.L1}": seeds(0.25)}, landscapes)
+    assert LV.fig11_verdict(losses, landscapes)[0] == "held"
+    verdict, summary = LV.fig11_verdict({**losses, f"DLN: {SC.L1}": seeds(0.25)}, landscapes)
     assert verdict == "not held" and "5 of 6 checks held, 1 against" in summary
-    assert LP.fig11_verdict({**losses, f"DLN: {SC.L1}": [0.05, 0.3, 0.12]},
+    assert LV.fig11_verdict({**losses, f"DLN: {SC.L1}": [0.05, 0.3, 0.12]},
                             landscapes)[0] == "inconclusive"
 
 
 def test_fig14_verdict(tmp_path):
     drift = {SC.STANDARD: seeds(0.2), SC.BN: seeds(0.1), SC.L1: seeds(0.6), SC.L2: seeds(0.4),
              SC.LINF: seeds(0.5)}
-    losses = {SC.STANDARD: seeds(1.0), SC.BN: seeds(0.1), SC.L1: seeds(0.2), SC.L2: seeds(0.1),
+    losses = {SC.STANDARD: seeds(1.0), SC.BN: seeds(0.3), SC.L1: seeds(0.2), SC.L2: seeds(0.1),
               SC.LINF: seeds(0.3)}
-    assert LP.fig14_verdict(drift, losses)[0] == "held"
-    assert LP.fig14_verdict({**drift, SC.LINF: seeds(0.05)}, losses)[0] == "not held"
-    assert LP.fig14_verdict(drift, {**losses, SC.L1: [0.2, 1.5, 3.0]})[0] == "inconclusive"
+    assert LV.fig14_verdict(drift, losses)[0] == "held"
+    assert LV.fig14_verdict({**drift, SC.LINF: seeds(0.05)}, losses)[0] == "not held"
+    assert LV.fig14_verdict(drift, {**losses, SC.L1: [0.2, 1.5, 3.0]})[0] == "inconclusive"
     # every ℓp arm the paper names counts: ℓ2 drifting less than standard contradicts the caption,
     # a missing ℓ2 arm leaves the claim undecided
-    verdict, summary = LP.fig14_verdict({**drift, SC.L2: seeds(0.05)}, losses)
+    verdict, summary = LV.fig14_verdict({**drift, SC.L2: seeds(0.05)}, losses)
     assert verdict == "not held" and f"{SC.L2}: drift − standard" in summary
     assert "5 of 6 checks held, 1 against" in summary
     missing = {k: v for k, v in drift.items() if k != SC.L2}
-    assert LP.fig14_verdict(missing, losses)[0] == "inconclusive"
+    assert LV.fig14_verdict(missing, losses)[0] == "inconclusive"
 
     def runs(labels):
         return [FakeRun(f"VGG: {label}", {"train_loss": _loss(losses[label][i]),
@@ -577,7 +583,7 @@ def test_fig14_verdict(tmp_path):
                                               drift[label][i] * 2 * 1.645 / (STEPS[-1] - STEPS[0]),
                                               0.0, ("features.2.1", "features.4.1"))}, seed=i)
                 for label in labels for i in range(3)]
-    out = LP._fig14_analyze(_ctx("santurkar-fig14", runs(LP.LP_LABELS), tmp_path))
+    out = LP._fig14_analyze(_ctx("santurkar-fig14", runs(LV.LP_LABELS), tmp_path))
     _check_outcome(out)
     assert out.verdict == "held"
     assert LP._fig14_analyze(
@@ -589,12 +595,17 @@ def test_smoke_plans_run_every_lp_arm_the_paper_names():
     """Figs 11–14 compare ℓ1, ℓ2 and ℓ∞ (Santurkar §3.3): the smoke preset runs the ℓ2 arm too, for
     the VGG and the DLN, with the seeds of the other arms and the configs the paper preset scales
     up."""
-    for entry, nets in (("santurkar-fig11", ("vgg", "dln")), ("santurkar-fig14", ("vgg",))):
+    vgg_lr = SC.vgg_config("smoke", "none")["lr"]
+    dln = (("dln", SC.DLN_LR), ("dln", SC.LITERAL_LR))  # fig11's DLN at both readings of its rate
+    for entry, nets in (("santurkar-fig11", (("vgg", vgg_lr),) + dln),
+                        ("santurkar-fig14", (("vgg", vgg_lr),))):
         runs = E.get(entry).plan("smoke").runs
-        for net in nets:
-            l2 = [r for r in runs if r.factors["net"] == net and r.config["norm"] == "lp_bn(p=2)"]
+        for net, lr in nets:
+            l2 = [r for r in runs if r.factors["net"] == net and r.config["norm"] == "lp_bn(p=2)"
+                  and r.config["lr"] == lr]
             assert [r.config["seed"] for r in l2] == list(SC.SEEDS) == [0, 1, 2], (entry, net)
-            config = (SC.vgg_config if net == "vgg" else SC.dln_config)("smoke", "lp_bn(p=2)", 1)
+            config = (SC.vgg_config("smoke", "lp_bn(p=2)", 1) if net == "vgg" else
+                      SC.dln_config("smoke", "lp_bn(p=2)", 1, lr))
             assert l2[1].config == config
         assert {r.config["norm"] for r in runs} == {"none", "bn", "lp_bn(p=1)",
                                                     "lp_bn(p=2)", "lp_bn(p=inf)"}

@@ -10,8 +10,10 @@ one module per kind of run (each registers its entries when the catalogue import
   landscape and effective β-smoothness over [1/100, 30] × lr, App. A.2.2).
 * ``predictiveness``: ``santurkar-fig10`` (gradient predictiveness against the distance moved,
   from a replay of the DLNs).
-* ``lp``: ``santurkar-fig11`` (ℓp normalizations: training and landscapes, Figs 11–13) and
-  ``santurkar-fig14`` (VGG activation distributions under the ℓp normalizations).
+* ``lp``: ``santurkar-fig11`` (ℓp normalizations: training and landscapes, Figs 11–13, the DLN
+  at both readings of its rate) and ``santurkar-fig14`` (VGG activation distributions under the ℓp
+  normalizations, against both readings of the caption's "normal networks"); their verdicts in
+  ``lp_verdicts``.
 
 Every compared arm runs with seeds :data:`SEEDS`; verdicts apply the rule of
 :func:`bnlab.experiments.common.compare_arms` (Welch's t-test over the per-seed values, α = 0.05)
@@ -34,7 +36,10 @@ Two settings differ from a literal reading of App. A.1 (both stated in the entri
   rate at which the standard network diverges"): the standard 25-layer DLN on our data diverges from
   lr ≈ 2.5e-2 (13 steps at 2.5e-2 and 3e-2; still finite at 2e-2), so lr = 1e-3 (30 × lr = 3e-2).
   That is 1e-6 × 1000, i.e. the paper's loss summed over the 1000 samples.
-  ``tests/test_experiments_santurkar.py`` checks both sides of the rule on the smoke data.
+  ``tests/test_experiments_santurkar.py`` checks both sides of the rule on the smoke data. The
+  literal conversion (the loss summed over samples and outputs: 1e-2, ``LITERAL_LR``) is the other
+  reading: the DLN entries whose verdicts it can move (figs 6, 9, 10, 11) also train the DLN at
+  1e-2 and hold or fail only where both readings agree (else reading-dependent, inconclusive).
 * Smoke VGG inputs: digits upsampled to 16 × 16 (``digits(size=16)``), so that the VGG's stages run
   at 16, 8, 4, 2 and 1 pixels (at 8 × 8 the last two conv stages were both 1 × 1, every position a
   border); the paper's CIFAR-10 net runs its last stage at 2 × 2.
