@@ -82,9 +82,11 @@ CASES = {
     "santurkar-fig7": (SM.FIG7_DESIGN_SD, _fig7, ["mean_change", "var_change", "loss"]),
     "santurkar-fig9": (DL.FIG9_DESIGN_SD, _fig9, [f"lr {lr} {k}" for lr in ("1e-3", "1e-2")
                                                   for k in LANDSCAPE_KEYS]),
-    # Fig. 13's six checks print their resolution; Figs 11–12's print decisions only (below)
+    # the DLN's four BN checks and Fig. 13's six print their resolution; the other checks of Figs
+    # 11–12 print decisions only (below)
     "santurkar-fig11": (LP.FIG11_DESIGN_SD, _fig11,
-                        ["VGG loss vs BN"] * 3 + ["DLN loss vs BN"] * 3),
+                        ["DLN loss"] + [f"DLN {k}" for k in LANDSCAPE_KEYS]
+                        + ["VGG loss vs BN"] * 3 + ["DLN loss vs BN"] * 3),
     "santurkar-fig14": (LP.FIG14_DESIGN_SD, _fig14, ["drift", "loss"] * 3),
 }
 

@@ -70,6 +70,9 @@ def test_fig11_readings_agree_and_disagree():
         summary.index(f"DLN trained at lr {LITERAL_LR:g}: held: ")
     assert first < second and primary[1] in summary
     assert "16 of 16 checks held" in summary[second:] and "4 against" in summary[first:second]
+    # the DLN's BN − standard numbers of each reading: ln 3 rougher at 1e-3, ln 0.1 at 1e-2
+    shown = re.findall(r"median loss range along the gradient \(ln\): ([+-]?[0-9.]+) ±", summary)
+    assert [float(v) for v in shown] == pytest.approx([math.log(3.0), math.log(0.1)], rel=0.01)
     # rough at both rates: the readings agree on "not held"
     losses, landscapes = _lp_values({"DLN": 3.0, LV.LITERAL_NET: 3.0})
     assert LV.fig11_readings(losses, landscapes)[0] == "not held"

@@ -117,8 +117,14 @@ def fig11_verdict(losses: dict[str, list[float]], landscapes: dict[str, list[dic
     # per arm, as in the figures: the loss check and the landscape check (all three medians)
     per_arm = [v for key in arms
                for v in (outcome[(key, "loss")], combine([outcome[(key, k)] for k in LANDSCAPE]))]
+    # the DLN's BN checks with their numbers: the part the rate's readings change
+    dln_bn = f"DLN: {BN}"
+    numbers = "; ".join(compare_text(comps[(dln_bn, k)], "mean training loss" if k == "loss"
+                                     else f"median {LANDSCAPE[k]}", log=True)
+                        for k in ("loss", *LANDSCAPE))
     summary = ("Figs 11–12, against the standard network (training loss; landscape = all three "
                f"medians): {tally(per_arm)} — " + "; ".join(parts)
+               + f". DLN, {BN} − standard: {numbers}"
                + f". Fig. 13, ℓp comparable to BN (loss below {COMPARABLE_FACTOR:g}× BN's): "
                f"{tally(outcome[k] for k in fig13)} — " + "; ".join(parts13)
                + f". Holm over all {len(outcome)} checks for 'against'. Resolution: "
