@@ -14,7 +14,7 @@ from ..verdicts import RULE as JUDGED_RULE
 from ..verdicts import Design, conjunction, judge, ladder
 from ..resolution import design_resolution, family_resolution
 from bnlab.formatting import fmt
-from ..common import CATALOGUE_PILOT, RULE, DesignSD, compare_arms, safe_panels
+from ..common import CATALOGUE_PILOT, RULE, Comparison, DesignSD, compare_arms, safe_panels
 from .common import (
     BN, DLN_LR, LITERAL_LR, STANDARD,
     band_panel, curve_panel, distribution_panel, dln_runs, hist_layers,
@@ -133,7 +133,7 @@ FIG9_KEY_PREFIX = "lr 1e-3 "  # the declared rate's keys (DLN_LR)
 
 def landscape_verdict(summaries: dict[str, list[dict]], normalized: str, tiny: str | None = None,
                       *, design_sd: DesignSD = FIG9_DESIGN_SD,
-                      key_prefix: str = FIG9_KEY_PREFIX) -> tuple[str, dict[str, object], str]:
+                      key_prefix: str = FIG9_KEY_PREFIX) -> tuple[str, dict[str, Comparison], str]:
     """Is ``normalized``'s landscape smoother than the standard network's? Per seed, the three
     medians of :func:`landscape_summary`, compared on a ln scale: held when all three are detectably
     smaller, not held when one is detectably larger after Holm's correction over the three

@@ -18,6 +18,7 @@ The plans and analyses that feed them are in :mod:`bnlab.experiments.santurkar.l
 from __future__ import annotations
 
 import math
+from typing import Hashable
 
 from ..verdicts import checks, combine, ladder, tally
 from ..common import CATALOGUE_PILOT as PILOT, RULE, Comparison, DesignSD, compare_arms
@@ -48,18 +49,17 @@ FIG11_READINGS = ((f"DLN trained at lr {DLN_LR:g}", "DLN"),
 # comparisons in the pilot: "loss" pools Figs 11–12's four normalizations against standard, "loss
 # vs BN" Fig. 13's three against 1.25× BN (in VGG the standard arm scatters four times as much as
 # BN's); the landscape medians pool the four normalizations.
-FIG11_DESIGN_SD = DesignSD(
-    {"VGG loss": 0.24, "VGG loss vs BN": 0.049, "VGG loss_range": 2.2,
-     "VGG grad_change_max": 1.1, "VGG beta_smoothness": 0.20, "DLN loss": 0.25,
-     "DLN loss vs BN": 0.26, "DLN loss_range": 0.64, "DLN grad_change_max": 0.54,
-     "DLN beta_smoothness": 0.26},
-    f"{PILOT}; ln scale")
+_FIG11_SDS = {"VGG loss": 0.24, "VGG loss vs BN": 0.049, "VGG loss_range": 2.2,
+              "VGG grad_change_max": 1.1, "VGG beta_smoothness": 0.20, "DLN loss": 0.25,
+              "DLN loss vs BN": 0.26, "DLN loss_range": 0.64, "DLN grad_change_max": 0.54,
+              "DLN beta_smoothness": 0.26}
+FIG11_DESIGN_SD = DesignSD(_FIG11_SDS, f"{PILOT}; ln scale")
 # The DLN at the literal rate: the landscape medians at fig9's lr 1e-2 SDs (the same pilot's
 # standard and BN arms at that rate, whose standard arm scatters eight to twenty times as much as
 # at 1e-3); the losses, without a pilot at that rate, at the 1e-3 SDs (assumed; the observed
 # spread is in each comparison's SE).
 FIG11_LITERAL_DESIGN_SD = DesignSD(
-    {**FIG11_DESIGN_SD.sd, "DLN loss_range": 5.2, "DLN grad_change_max": 5.0,
+    {**_FIG11_SDS, "DLN loss_range": 5.2, "DLN grad_change_max": 5.0,
      "DLN beta_smoothness": 4.7},
     f"{PILOT}; ln scale; the DLN at lr 1e-2: its landscape at fig9's lr 1e-2 pilot SDs, its "
     "losses at the lr 1e-3 pilot's, assumed")
@@ -70,7 +70,7 @@ def fig11_comparisons(losses: dict[str, list[float]], landscapes: dict[str, list
     """Every check of Figs 11–13 (keys ``"<net>: <label>"`` in ``losses``/``landscapes``, VGG and
     DLN): ``(arm, "loss")`` and ``(arm, quantity)`` of each normalized arm against the standard
     network, ``(net, label)`` for each ℓp arm's ln loss against ln(1.25 × BN's). All "lower"."""
-    comps = {}
+    comps: dict[Hashable, Comparison] = {}
     for net, _, _ in NETS:
         std = f"{net}: {STANDARD}"
         for label in NORMALIZED:
@@ -244,10 +244,11 @@ def fig14_record(verdict: str, drift: dict[str, list[float]],
                  losses: dict[str, list[float]]) -> Verdict:
     """The verdict as data: the check of the primary reading (against the standard network) it
     rests on (:func:`readings.deciding`)."""
-    comps = fig14_comparisons(drift, losses)
-    outcome = checks(comps, {key: FIG14_WANTED[key[1]] for key in comps})
+    typed = fig14_comparisons(drift, losses)
+    comps: dict[Hashable, Comparison] = {k: v for k, v in typed.items()}
+    outcome = checks(comps, {key: FIG14_WANTED[key[1]] for key in typed})
     key = deciding(outcome, comps)
-    what = key[1] if key is not None else "drift"
+    what = key[1] if isinstance(key, tuple) else "drift"
     return deciding_record(
         verdict, outcome, comps,
         lambda k: f"{k[0]} − standard, " + ("median drift" if k[1] == "drift" else
