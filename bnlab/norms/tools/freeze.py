@@ -15,9 +15,18 @@ How: a frozen-statistics layer carries a forward pre-hook that runs its forward 
 ``model.train()`` still reports training and switches every other module as usual. The hooks are
 module-level functions: a frozen model deep-copies, pickles and ``fold``s. The frozen state is not
 part of a ``state_dict``: after loading a checkpoint into a fresh model, call :func:`freeze` again.
+
+timm's ``unfreeze_batch_norm_2d`` (also reached through ``timm.utils.unfreeze``) finds frozen
+layers by type (its ``FrozenBatchNorm2d``) and would leave a layer frozen here frozen: once timm
+is imported, :func:`freeze` (and ``import bnlab.integrations.timm``) extend it to undo this
+module's freezing too, layer by layer as its walk reaches them; for every other module timm's
+function runs unchanged.
 """
 
 from __future__ import annotations
+
+import sys
+from typing import Callable
 
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -83,6 +92,8 @@ def freeze(model: nn.Module, *, stats: bool = True, affine: bool = False) -> nn.
                 p.requires_grad_(False)
             state["affine"] = True
         setattr(m, FLAG, state)
+    if "timm.layers.norm_act" in sys.modules:
+        extend_timm_unfreeze()
     return model
 
 
@@ -90,19 +101,49 @@ def unfreeze(model: nn.Module) -> nn.Module:
     """Undo :func:`freeze` in place (statistics and affine); returns ``model``. Layers never frozen
     are left as they are; γ and β get back the ``requires_grad`` they had when frozen."""
     for m in model.modules():
-        state = getattr(m, FLAG, None)
-        if state is None:
-            continue
-        for hooks, fn in ((m._forward_pre_hooks, _run_as_eval),
-                          (m._forward_hooks, _give_training_back)):
-            for key in [k for k, hook in hooks.items() if hook is fn]:
-                del hooks[key]
-                m._forward_hooks_always_called.pop(key, None)
-        for name, p in m.named_parameters(recurse=False):
-            if name in state["requires_grad"]:
-                p.requires_grad_(state["requires_grad"][name])
-        delattr(m, FLAG)
+        _unfreeze_layer(m)
     return model
+
+
+def _unfreeze_layer(m: nn.Module) -> None:
+    state = getattr(m, FLAG, None)
+    if state is None:
+        return
+    for hooks, fn in ((m._forward_pre_hooks, _run_as_eval),
+                      (m._forward_hooks, _give_training_back)):
+        for key in [k for k, hook in hooks.items() if hook is fn]:
+            del hooks[key]
+            m._forward_hooks_always_called.pop(key, None)
+    for name, p in m.named_parameters(recurse=False):
+        if name in state["requires_grad"]:
+            p.requires_grad_(state["requires_grad"][name])
+    delattr(m, FLAG)
+
+
+def _with_bnlab_layers(timm_unfreeze: Callable[[nn.Module], nn.Module]):
+    def unfreeze_batch_norm_2d(module: nn.Module) -> nn.Module:
+        _unfreeze_layer(module)  # this module only: timm's walk calls us again for each child
+        return timm_unfreeze(module)
+
+    unfreeze_batch_norm_2d.__doc__ = timm_unfreeze.__doc__
+    unfreeze_batch_norm_2d.__wrapped__ = timm_unfreeze  # type: ignore[attr-defined]
+    unfreeze_batch_norm_2d.bnlab_layers = True  # type: ignore[attr-defined]
+    return unfreeze_batch_norm_2d
+
+
+def extend_timm_unfreeze() -> None:
+    """Make timm's ``unfreeze_batch_norm_2d`` undo :func:`freeze` on the layers its walk reaches
+    (idempotent; timm must be imported). Its recursion looks the function up in
+    ``timm.layers.norm_act`` at each call, so replacing it there reaches every child; the names
+    ``timm.layers`` and ``timm.utils.model`` re-export are replaced as well."""
+    norm_act = sys.modules["timm.layers.norm_act"]
+    if getattr(norm_act.unfreeze_batch_norm_2d, "bnlab_layers", False):
+        return
+    extended = _with_bnlab_layers(norm_act.unfreeze_batch_norm_2d)
+    for name in ("timm.layers.norm_act", "timm.layers", "timm.utils.model", "timm.utils"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "unfreeze_batch_norm_2d"):
+            module.unfreeze_batch_norm_2d = extended
 
 
 def frozen_layers(model: nn.Module) -> dict[str, dict[str, bool]]:
