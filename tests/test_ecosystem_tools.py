@@ -96,7 +96,9 @@ def test_fuse_conv_bn_eval_for_every_layer(spec, transpose):
     assert type(fused) is type(conv) and conv.weight is not fused.weight
 
 
-def test_fuse_conv_bn_eval_equals_torchs_on_torch_bn_and_torchs_is_wrong_on_cbn():
+def test_fuse_conv_bn_eval_equals_torchs_on_torch_bn_and_torchs_formula_is_wrong_on_cbn():
+    """torch's own formula (``__wrapped__``: the function before bnlab extends it) is wrong on cbn:
+    the reason torch's ``fuse_conv_bn_eval`` passes bnlab's layers to bnlab's."""
     torch.manual_seed(0)
     conv = nn.Conv2d(3, 4, 3).eval()
     bn = _trained(nn.BatchNorm2d(4))
@@ -105,8 +107,10 @@ def test_fuse_conv_bn_eval_equals_torchs_on_torch_bn_and_torchs_is_wrong_on_cbn(
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
     cbn = _trained(N.create("cbn", 4))
     x = torch.randn(2, 3, 5, 5)
-    off = (fusion.fuse_conv_bn_eval(conv, cbn)(x) - cbn(conv(x))).abs().max()
-    assert off > 0.1  # torch's reads running_mean/running_var as plain BN's
+    off = (fusion.fuse_conv_bn_eval.__wrapped__(conv, cbn)(x) - cbn(conv(x))).abs().max()
+    assert off > 0.1  # torch's formula reads running_mean/running_var as plain BN's
+    torch.testing.assert_close(fusion.fuse_conv_bn_eval(conv, cbn)(x), cbn(conv(x)), rtol=1e-5,
+                               atol=1e-5)
     torch.testing.assert_close(N.fuse_conv_bn_eval(conv, cbn)(x), cbn(conv(x)), rtol=1e-5,
                                atol=1e-5)
 
@@ -125,14 +129,16 @@ def test_fuse_linear_bn_eval_and_refusals():
 
 
 def test_torch_ao_and_fx_fusion_never_apply_bn_to_a_variant():
-    """torch.ao's ``fuse_modules`` refuses a bnlab layer loudly; fx's ``fuse`` and torch.ao's
-    ``fuse_fx`` leave it unfused (correct outputs, no fusion): ``N.fold`` is the fusion."""
+    """torch.ao's ``fuse_modules`` folds a bnlab layer with its own eval map
+    (tests/test_ecosystem_fusion.py has every spec); fx's ``fuse`` and torch.ao's ``fuse_fx`` leave
+    it unfused (correct outputs, no fusion): ``N.fold`` is the whole-model fusion."""
     from torch.ao.quantization.quantize_fx import fuse_fx
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), _trained(N.create("cbn", 4)), nn.ReLU()).eval()
     x = torch.randn(2, 3, 6, 6)
-    with pytest.raises(AssertionError, match="CompleteBatchNorm"):
-        torch.ao.quantization.fuse_modules(copy.deepcopy(model), [["0", "1"]])
+    fused = torch.ao.quantization.fuse_modules(copy.deepcopy(model), [["0", "1", "2"]])
+    assert not any(isinstance(m, N.CompleteBatchNorm) for m in fused.modules())
+    torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
     for fused in (fx_optimization.fuse(copy.deepcopy(model)), fuse_fx(copy.deepcopy(model))):
         assert any(isinstance(m, N.CompleteBatchNorm) for m in fused.modules())
         torch.testing.assert_close(fused(x), model(x))
@@ -154,7 +160,8 @@ def test_convert_sync_batchnorm_never_turns_a_variant_into_plain_bn(resnet18):
 
 
 def test_fuse_conv_bn_eval_on_a_converted_resnet18_stem(resnet18):
-    """As a user fuses a backbone's stem by hand: torch's function is off for cbn, ours is not."""
+    """As a user fuses a backbone's stem by hand: torch's formula is off for cbn; torch's function
+    (extended to bnlab's layers) and ours are not."""
     model = N.convert(copy.deepcopy(resnet18), "cbn")
     with torch.no_grad():  # β as training leaves it (0 at timm's initialization)
         model.bn1.bias.uniform_(-0.5, 0.5, generator=torch.Generator().manual_seed(9))
@@ -168,4 +175,7 @@ def test_fuse_conv_bn_eval_on_a_converted_resnet18_stem(resnet18):
     expected = model.bn1(model.conv1(x))
     torch.testing.assert_close(N.fuse_conv_bn_eval(model.conv1, model.bn1)(x), expected,
                                rtol=1e-4, atol=1e-4)
-    assert (fusion.fuse_conv_bn_eval(model.conv1, model.bn1)(x) - expected).abs().max() > 1e-2
+    torch.testing.assert_close(fusion.fuse_conv_bn_eval(model.conv1, model.bn1)(x), expected,
+                               rtol=1e-4, atol=1e-4)
+    formula = fusion.fuse_conv_bn_eval.__wrapped__(model.conv1, model.bn1)
+    assert (formula(x) - expected).abs().max() > 1e-2

@@ -10,12 +10,15 @@ skips them; :data:`BATCH_NORMS` and :func:`is_batch_norm` are the ones to write 
 layer's eval map (each layer's own ``inference_affine``; Ioffe & Szegedy 2015, "Batch
 Normalization: Accelerating Deep Network Training by Reducing Internal Covariate Shift", §3.2: in
 eval mode the normalization is a linear transform); :func:`bnlab.norms.fold` does the same for a
-whole model.
+whole model. On import, torch's own ``torch.nn.utils.fusion.fuse_conv_bn_eval`` /
+``fuse_linear_bn_eval`` and torch.ao's ``fuse_modules`` are extended to do the same for bnlab's
+layers (:func:`extend_torch_fusion`); torch's layers still reach torch's code unchanged.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib
 from typing import Callable, TypeVar
 
 import torch
@@ -104,3 +107,106 @@ def fuse_linear_bn_eval(linear: nn.Linear, norm: nn.Module) -> nn.Linear:
         raise ValueError("fuse_linear_bn_eval: fusion only for eval: call .eval() on both modules")
     scale, shift = _affine_of(norm, "fuse_linear_bn_eval")
     return _scaled(linear, scale, shift, 0)
+
+
+# torch's own fusion functions, made right for bnlab's layers. torch.ao's ``fuse_modules`` looks a
+# fuser up by the exact module types (none for bnlab's: "did not find fuser method"), and
+# ``torch.nn.utils.fusion.fuse_conv_bn_eval`` applies plain BN's eval formula to whatever
+# ``running_mean``/``running_var`` a layer holds (wrong for cbn, var_only_bn, lp_bn). Both are
+# extended on import, for bnlab's layers only: everything else reaches torch's code unchanged.
+
+
+def _conv_relu(linear_or_conv: nn.Module, relu: nn.Module) -> nn.Module:
+    import torch.ao.nn.intrinsic as nni
+    fused = {nn.Conv1d: nni.ConvReLU1d, nn.Conv2d: nni.ConvReLU2d, nn.Conv3d: nni.ConvReLU3d,
+             nn.Linear: nni.LinearReLU}.get(type(linear_or_conv))
+    if fused is None:
+        raise ValueError(f"fuse_modules: no fused {type(linear_or_conv).__name__} + ReLU module "
+                         "in torch.ao; fuse the first two modules only, or use bnlab.norms.fold")
+    return fused(linear_or_conv, relu)
+
+
+def fuse_bnlab_modules(is_qat: bool, first: nn.Module, norm: nn.Module,
+                       relu: nn.Module | None = None) -> nn.Module:
+    """torch.ao's fuser method (``fuser_method(is_qat, *modules)``) for a conv or linear followed
+    by any BatchNorm-family layer (and a ReLU): the eval-mode fusion of :func:`fuse_conv_bn_eval`.
+    Quantization-aware training (``is_qat``, ``fuse_modules_qat``) would train torch's fused
+    conv-bn, plain BN's method, in place of the layer's: ``ValueError`` naming the alternatives."""
+    name = type(norm).__name__
+    if is_qat:
+        raise ValueError(f"fuse_modules_qat: {name} cannot be fused for quantization-aware "
+                         "training (torch.ao's fused modules train plain BatchNorm, not "
+                         f"{name}); train unfused, then fuse in eval mode (fuse_modules or "
+                         "bnlab.norms.fold)")
+    if first.training or norm.training:
+        raise ValueError("fuse_modules: fusion only for eval: call .eval() on the model "
+                         "(or use fuse_modules_qat for torch's own layers)")
+    if isinstance(first, nn.Linear):
+        fused: nn.Module = fuse_linear_bn_eval(first, norm)
+    elif isinstance(first, _ConvNd):
+        fused = fuse_conv_bn_eval(first, norm, transpose=first.transposed)
+    else:
+        raise ValueError(f"fuse_modules: cannot fuse {type(first).__name__} with {name}: "
+                         "the first module must be a convolution or nn.Linear")
+    return fused if relu is None else _conv_relu(fused, relu)
+
+
+def _bnlab_pattern(op_list: tuple) -> bool:
+    return (len(op_list) in (2, 3) and isinstance(op_list[1], type)
+            and issubclass(op_list[1], BATCH_NORMS)
+            and (len(op_list) == 2 or issubclass(op_list[2], nn.ReLU)))
+
+
+def _extend_torch_ao() -> None:
+    # the submodule (the package's attribute of that name is the function)
+    module = importlib.import_module("torch.ao.quantization.fuse_modules")
+    torch_lookup = module.get_fuser_method
+    if getattr(torch_lookup, "bnlab_layers", False):
+        return
+
+    def get_fuser_method(op_list, additional_fuser_method_mapping=None):
+        known = torch.ao.quantization.fuser_method_mappings._DEFAULT_OP_LIST_TO_FUSER_METHOD
+        if (_bnlab_pattern(op_list) and op_list not in known
+                and op_list not in (additional_fuser_method_mapping or {})):
+            return fuse_bnlab_modules
+        return torch_lookup(op_list, additional_fuser_method_mapping)
+
+    get_fuser_method.bnlab_layers = True  # type: ignore[attr-defined]
+    get_fuser_method.__wrapped__ = torch_lookup  # type: ignore[attr-defined]
+    module.get_fuser_method = get_fuser_method
+
+
+def _extend_torch_fusion() -> None:
+    """``torch.nn.utils.fusion.fuse_{conv,linear}_bn_eval`` (and their ``torch.nn.utils`` names)
+    fold a bnlab layer with the layer's own eval map; torch's layers are passed to torch's."""
+    import torch.nn.utils as utils
+    from torch.nn.utils import fusion
+    torch_conv, torch_linear = fusion.fuse_conv_bn_eval, fusion.fuse_linear_bn_eval
+    if getattr(torch_conv, "bnlab_layers", False):
+        return
+
+    def conv_fn(conv, bn, transpose=False):
+        if isinstance(bn, ChannelNorm):
+            return fuse_conv_bn_eval(conv, bn, transpose)
+        return torch_conv(conv, bn, transpose)
+
+    def linear_fn(linear, bn):
+        return (fuse_linear_bn_eval(linear, bn) if isinstance(bn, ChannelNorm)
+                else torch_linear(linear, bn))
+
+    for fn, original in ((conv_fn, torch_conv), (linear_fn, torch_linear)):
+        fn.__doc__, fn.__name__ = original.__doc__, original.__name__
+        fn.__wrapped__ = original  # type: ignore[attr-defined]
+        fn.bnlab_layers = True  # type: ignore[attr-defined]
+    for owner in (fusion, utils):
+        owner.fuse_conv_bn_eval, owner.fuse_linear_bn_eval = conv_fn, linear_fn
+
+
+def extend_torch_fusion() -> None:
+    """Extend torch's ``fuse_conv_bn_eval``/``fuse_linear_bn_eval`` and torch.ao's
+    ``fuse_modules`` to bnlab's layers (run on ``import bnlab.norms``; idempotent)."""
+    _extend_torch_fusion()
+    _extend_torch_ao()
+
+
+extend_torch_fusion()
