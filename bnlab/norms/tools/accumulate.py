@@ -11,14 +11,15 @@ statistics once per micro-batch, from the micro-batch's statistics: k updates wi
 
 every bnlab layer of ``model``:
 
-* normalizes each micro-batch with its own statistics (``normalize="micro"``, the default), against
-  the layer's state at the start of the optimizer step (``mbn``'s and ``cbn``'s moving statistics,
-  ``brn``'s running ones are not advanced between micro-batches), so outputs and gradients are
-  those of k independent forward passes from that state;
-* updates its buffers ONCE per k micro-batches, from the exact statistics of their union: the
-  micro-batches' per-channel (count, mean, biased variance) combined as the synchronized layers
-  combine ranks (Chan, Golub & LeVeque's parallel update, :func:`combine_moments`), then the
-  layer's own update rule (:meth:`~bnlab.norms.ChannelNorm.update_from_batch`, with the full batch's
+* normalizes each micro-batch with its own statistics (``normalize="micro"``, the default),
+  against the layer's state at the start of the optimizer step (``mbn``'s and ``cbn``'s moving
+  statistics, ``brn``'s running ones are not advanced between micro-batches), so outputs and
+  gradients are those of k independent forward passes from that state — not the full batch's;
+* updates its buffers ONCE per k micro-batches, from the exact statistics of their union (this is
+  what equals the full batch, in both modes): the micro-batches' per-channel (count, mean, biased
+  variance) combined as the synchronized layers combine ranks (Chan, Golub & LeVeque's parallel
+  update, :func:`combine_moments`), then the layer's own update rule
+  (:meth:`~bnlab.norms.ChannelNorm.update_from_batch`, with the full batch's
   sample count where the rule reads it: ``mbn``'s λ and τ). The running statistics after the k
   micro-batches equal those after one step on the full batch (to rounding: the combination and
   the update's arithmetic are not torch's kernel's).
@@ -156,14 +157,32 @@ def _refusals(model: nn.Module, full: bool) -> tuple[list[str], list[str]]:
     return refused, allowed
 
 
+def _refusal_message(normalize: str, refused: list[str], allowed: list[str],
+                     micro_ok: bool) -> str:
+    if normalize == "micro":
+        return (f"accumulate(normalize='micro'): the running statistics of these layers cannot be "
+                f"made equal to the full batch's (their update is not a function of the "
+                f"micro-batches' means and variances): {'; '.join(refused)}. Layers that allow it: "
+                f"{', '.join(allowed) or 'none'} (of {MICRO_KINDS}). Only the running "
+                f"statistics are made equal; each micro-batch is normalized with its own.")
+    hint = (" normalize='micro' accepts this model: running statistics equal to the full "
+            "batch's, each micro-batch normalized with its own statistics." if micro_ok else "")
+    return (f"accumulate(normalize='full'): these layers cannot normalize the micro-batches with "
+            f"the full batch's statistics (outputs and gradients of one full-batch step): "
+            f"{'; '.join(refused)}. Layers that allow it: {', '.join(allowed) or 'none'} (of "
+            f"{FULL_KINDS}).{hint}")
+
+
 class accumulate:
-    """Context manager: over every ``steps`` training forwards of each bnlab layer of ``model`` (the
-    micro-batches of one optimizer step), one statistics update equal to the full batch's (module
-    docstring). Leaving the block applies the update of a last, incomplete group (as a short last
-    batch would). ``normalize``: ``"micro"`` (each micro-batch normalized with its own statistics,
-    the user's loop) or ``"full"`` (the full batch's statistics, outputs and gradients:
-    :meth:`step` takes the micro-batches at once). ``ValueError`` names every layer whose method
-    does not allow the choice, and those that do."""
+    """Context manager for the k micro-batches of each optimizer step (``steps=k``). What equals
+    one step on the full batch: every layer's running (and moving) statistics, always — one update
+    per ``steps`` training forwards of each bnlab layer, from the exact statistics of their union;
+    the normalization itself (outputs and gradients) only with ``normalize="full"``, whose
+    :meth:`step` takes the micro-batches at once. With ``"micro"`` (the default, the user's loop)
+    each micro-batch is normalized with its own statistics from the step's starting state: its
+    outputs and gradients are not the full batch's. Leaving the block applies the update of a last,
+    incomplete group (as a short last batch would). ``ValueError`` names every layer whose method
+    does not allow the chosen mode, with the reason, and the layers that do."""
 
     def __init__(self, model: nn.Module, steps: int, normalize: str = "micro") -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -174,11 +193,8 @@ class accumulate:
                              f"{normalize!r}")
         refused, allowed = _refusals(model, normalize == "full")
         if refused:
-            kinds = FULL_KINDS if normalize == "full" else MICRO_KINDS
-            raise ValueError(
-                f"accumulate(normalize={normalize!r}): these layers' statistics cannot be "
-                f"combined exactly over micro-batches: {'; '.join(refused)}. Layers that allow "
-                f"it: {', '.join(allowed) or 'none'} ({kinds})")
+            raise ValueError(_refusal_message(normalize, refused, allowed,
+                                              micro_ok=not _refusals(model, False)[0]))
         self.model, self.steps, self.normalize = model, steps, normalize
         self.rounds = 0  # normalize="full": gradient rounds the last step ran
         self._layers: list[nn.Module] = []
@@ -220,6 +236,7 @@ class accumulate:
             for a in accumulators:
                 a.stepping, a.start = False, None
                 a.full = FullStatistics(a.layer, lambda x, m=a.layer: _moments(m, x))
+
     def flush(self) -> None:
         """Apply the pending update of every layer now (an optimizer step ended early)."""
         for layer in self._layers:
