@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import provenance
 
-import bnlab.norms.variants.base as norms_base
+import bnlab.norms.engine.route as norms_route
 from bnlab.norms.tools.bench import _layer
 from bnlab.norms.tools.opcount import count_ops, training_step
 
@@ -40,7 +40,7 @@ def arm(spec: str, shape, policy: str, min_numel: int):
     step = training_step(_layer(spec, shape), shape)
 
     def run() -> None:
-        os.environ["BNLAB_COMPILE_COEFFICIENTS"], norms_base.FUSED_MIN_NUMEL = policy, min_numel
+        os.environ["BNLAB_COMPILE_COEFFICIENTS"], norms_route.FUSED_MIN_NUMEL = policy, min_numel
         step()
 
     start = time.perf_counter()
@@ -79,7 +79,7 @@ def compare(spec: str, shape, pairs: int, inner: int) -> dict:
 def inside_counts(spec: str, shape=(32, 64, 16, 16)) -> dict:
     out = {}
     for policy in "01":
-        os.environ["BNLAB_COMPILE_COEFFICIENTS"], norms_base.FUSED_MIN_NUMEL = policy, 0
+        os.environ["BNLAB_COMPILE_COEFFICIENTS"], norms_route.FUSED_MIN_NUMEL = policy, 0
         torch.manual_seed(0)
         step = training_step(_layer(spec, shape), shape)
         step()

@@ -41,7 +41,7 @@ from timing import (AMP_DTYPES, BN_FAMILY, SPECS, Budget, NativeBNPlusNoise, fwd
                     layer_table, measure, op_counts, run_header)
 
 from bnlab.norms.engine import compiled_step
-from bnlab.norms.variants.base import FUSED_MIN_NUMEL
+from bnlab.norms.engine.route import FUSED_MIN_NUMEL
 from bnlab.norms.tools.bench import _layer
 
 FULL_SHAPES, QUICK_SHAPE = [(128, 64, 32, 32), (1000, 10), (32, 16, 8, 8)], (8, 4, 4, 4)

@@ -260,7 +260,7 @@ def _lp_inf_ranks(rank: int, world: int) -> dict[str, float]:
     """Synced lp_bn(p=inf) on this rank's 8 of 16 integer-valued samples (exact ties everywhere)
     against the unsynced layer on all 16, fused and plain (the reference: one process)."""
     import bnlab.norms as N
-    import bnlab.norms.variants.base as norms_base
+    import bnlab.norms.engine.route as norms_route
 
     gen = torch.Generator().manual_seed(3)
     x = torch.randint(0, 4, (16, 3, 4, 4), generator=gen).float()
@@ -268,7 +268,7 @@ def _lp_inf_ranks(rank: int, world: int) -> dict[str, float]:
     lo, hi = rank * 8, rank * 8 + 8
     out = {}
     for path, threshold in (("fused", 0), ("plain", 1 << 60)):
-        norms_base.FUSED_MIN_NUMEL = threshold
+        norms_route.FUSED_MIN_NUMEL = threshold
         torch.manual_seed(0)
         ref = N.create("lp_bn(p=inf, topk=10)", 3)
         synced = N.convert_sync(N.create("lp_bn(p=inf, topk=10)", 3))

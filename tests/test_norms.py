@@ -11,7 +11,7 @@ import torch.nn as nn
 from torch.func import functional_call
 
 import bnlab.norms as N
-import bnlab.norms.variants.base as norms_base
+import bnlab.norms.engine.route as norms_route
 from bnlab.norms.registry import REGISTRY
 
 
@@ -19,13 +19,13 @@ from bnlab.norms.registry import REGISTRY
 def path(request, monkeypatch):
     """Run a test through the fused kernel (forced even on tiny tensors) and through plain
     autograd."""
-    monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0 if request.param == "fused" else 1 << 62)
+    monkeypatch.setattr(norms_route, "FUSED_MIN_NUMEL", 0 if request.param == "fused" else 1 << 62)
     return request.param
 
 
 @pytest.fixture
 def fused(monkeypatch):
-    monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0)
+    monkeypatch.setattr(norms_route, "FUSED_MIN_NUMEL", 0)
 
 # every registered per-channel layer (a new one is tested without editing this list), plus variants
 CHANNEL_SPECS = [name for name, info in REGISTRY.items()

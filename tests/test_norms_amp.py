@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 import bnlab.norms as N
-import bnlab.norms.variants.base as norms_base
+import bnlab.norms.engine.route as norms_route
 
 SPECS = ["bn", "native_bn", "mean_only_bn", "var_only_bn", "noisy_bn", "lp_bn(p=1)", "lp_bn(p=2)",
          "lp_bn(p=inf)", "mbn", "cbn", "cbn(amat=false)", "cbn(decouple=false, rho=2)",
@@ -25,7 +25,7 @@ def gen(seed=0):
 
 @pytest.fixture(params=["fused", "plain"])
 def path(request, monkeypatch):
-    monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0 if request.param == "fused" else 1 << 62)
+    monkeypatch.setattr(norms_route, "FUSED_MIN_NUMEL", 0 if request.param == "fused" else 1 << 62)
     return request.param
 
 

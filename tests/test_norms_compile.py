@@ -19,7 +19,8 @@ import torch
 import torch.nn as nn
 
 import bnlab.norms as N
-import bnlab.norms.variants.base as norms_base
+import bnlab.norms.engine.route as norms_route
+from bnlab.norms.engine.fused import fused_normalize
 
 SPECS = ["bn", "native_bn", "mean_only_bn", "var_only_bn", "lp_bn(p=1)", "lp_bn(p=inf)", "mbn",
          "cbn", "cbn(decouple=false, rho=2)", "cbn(center=false, eta=0.9)",
@@ -62,7 +63,7 @@ def train_steps(model, inputs):
 @pytest.fixture(scope="module")
 def compiled_zoo():
     torch._dynamo.reset()
-    saved, norms_base.FUSED_MIN_NUMEL = norms_base.FUSED_MIN_NUMEL, 0
+    saved, norms_route.FUSED_MIN_NUMEL = norms_route.FUSED_MIN_NUMEL, 0
     torch.set_num_threads(1)
     try:
         eager = zoo(SPECS)
@@ -73,7 +74,7 @@ def compiled_zoo():
         yield eager, compiled_model, compiled, train_steps(eager, inputs), \
             train_steps(compiled, inputs)
     finally:
-        norms_base.FUSED_MIN_NUMEL = saved
+        norms_route.FUSED_MIN_NUMEL = saved
         torch._dynamo.reset()
 
 
@@ -153,8 +154,8 @@ def test_the_fused_function_is_never_traced():
     x = torch.randn(8, 3, 4, 4, generator=gen(1), dtype=torch.float64)
 
     def through_fused(x):
-        return norms_base._fused_normalize(x, layer.batch_moments, layer.coefficients,
-                                           layer.weight, layer.bias)[0]
+        return fused_normalize(x, layer.batch_moments, layer.coefficients, layer.weight,
+                               layer.bias)[0]
 
     grads = []
     for fn in (through_fused, torch.compile(through_fused, backend="aot_eager")):

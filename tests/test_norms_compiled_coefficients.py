@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import bnlab.norms.variants.base as norms_base
+import bnlab.norms.engine.route as norms_route
 from bnlab.norms.engine import coef_compile
 from bnlab.norms.tools.bench import _layer as _bench_layer
 from bnlab.norms.engine.fused import fused_normalize
@@ -68,7 +68,7 @@ def clean_cache():
 @pytest.fixture
 def policy(monkeypatch):
     """Small inputs on the fused path, the aot_eager backend; returns a setter of the policy."""
-    monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0)
+    monkeypatch.setattr(norms_route, "FUSED_MIN_NUMEL", 0)
     monkeypatch.setenv("BNLAB_COEF_BACKEND", "aot_eager")
     return lambda value: monkeypatch.setenv("BNLAB_COMPILE_COEFFICIENTS", value)
 

@@ -18,8 +18,9 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 import bnlab.norms as N
-import bnlab.norms.variants.base as norms_base
+import bnlab.norms.engine.route as norms_route
 from bnlab.norms.engine import compiled_step as cs
+from bnlab.norms.engine import switches
 from bnlab.norms.tools.opcount import count_ops
 
 pytestmark = pytest.mark.filterwarnings("ignore:(mbn|cbn).*:UserWarning")
@@ -259,19 +260,19 @@ def test_a_buffer_the_backward_reads_is_saved_before_its_update():
 
 
 def test_switches():
-    assert not cs.enabled()
+    assert not switches.compiled_steps_enabled()
     with N.compiled_steps():
-        assert cs.enabled()
+        assert switches.compiled_steps_enabled()
         with N.compiled_steps(False):
-            assert not cs.enabled()
-        assert cs.enabled()
-    assert not cs.enabled()
+            assert not switches.compiled_steps_enabled()
+        assert switches.compiled_steps_enabled()
+    assert not switches.compiled_steps_enabled()
     N.set_compiled_steps(True)
     try:
-        assert cs.enabled()
+        assert switches.compiled_steps_enabled()
     finally:
         N.set_compiled_steps(False)
-    code = "import bnlab.norms.engine.compiled_step as c; print(c.enabled())"
+    code = "import bnlab.norms.engine.switches as s; print(s.compiled_steps_enabled())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**__import__("os").environ, "BNLAB_COMPILED_STEPS": "1"})
     assert out.stdout.strip() == "True"
@@ -343,7 +344,7 @@ def test_a_mid_size_input_takes_the_step_instead_of_the_fused_operators():
     """Between FUSED_MIN_NUMEL and MAX_NUMEL the eager layer runs the fused operators; the compiled
     step agrees with them (float32, over 16 384 values per channel)."""
     shape = (64, 4, 16, 16)
-    assert norms_base.FUSED_MIN_NUMEL <= torch.Size(shape).numel() < cs.MAX_NUMEL
+    assert norms_route.FUSED_MIN_NUMEL <= torch.Size(shape).numel() < cs.MAX_NUMEL
     eager, compiled = pair("cbn", 4, torch.float32)
     assert train_both(eager, compiled, shape, steps=2, dtype=torch.float32) < 1e-5
 

@@ -4,7 +4,7 @@ torch.fx traces into every module outside ``torch.nn``; a bnlab layer's input ch
 choices cannot run on a ``Proxy``, so ``torch.fx.symbolic_trace`` — and torchvision's
 ``create_feature_extractor``, FX quantization, anything built on it — failed on any model holding
 one ("expects a floating-point tensor, got Proxy"). Each layer is now one ``call_module`` node
-(:func:`bnlab.norms.variants.conventions.fx_leaf`), and the traced module computes what the model
+(:func:`bnlab.norms.engine.route.fx_node`), and the traced module computes what the model
 does.
 """
 

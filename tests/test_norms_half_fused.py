@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 import bnlab.norms as N
-import bnlab.norms.variants.base as norms_base
+import bnlab.norms.engine.route as norms_route
 from bnlab.norms.engine import coef_compile, kernels
 from bnlab.norms.engine.kernels import batch_statistics
 from bnlab.norms.tools.bench import _layer
@@ -257,7 +257,7 @@ def test_half_inputs_with_compiled_coefficients(spec, monkeypatch):
     with dynamo's ``aot_eager`` backend on the CPU. Half inputs give what the eager per-channel
     path gives, and the compiled functions ran."""
     monkeypatch.setenv("BNLAB_COEF_BACKEND", "aot_eager")
-    monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0)
+    monkeypatch.setattr(norms_route, "FUSED_MIN_NUMEL", 0)
     x, g = _inputs(torch.bfloat16, shape=(8, 16, 4, 4))
     monkeypatch.setenv("BNLAB_COMPILE_COEFFICIENTS", "0")
     eager = _run(spec, x, g)

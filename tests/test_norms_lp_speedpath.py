@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import bnlab.norms as N
-import bnlab.norms.variants.base as norms_base
+import bnlab.norms.engine.route as norms_route
 from bnlab.norms.engine.lp_fused import linf_top_entries
 
 LP_SPECS = ["lp_bn(p=1)", "lp_bn(p=inf)", "lp_bn(p=inf, topk=3)", "lp_bn(p=inf, topk=50)"]
@@ -31,7 +31,7 @@ def gen(seed=0):
 
 @pytest.fixture
 def fused(monkeypatch):
-    monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0)
+    monkeypatch.setattr(norms_route, "FUSED_MIN_NUMEL", 0)
 
 
 def plain_and_fused(monkeypatch, spec, x, seed=0, steps=2, layer_kwargs=None):
@@ -39,7 +39,7 @@ def plain_and_fused(monkeypatch, spec, x, seed=0, steps=2, layer_kwargs=None):
     path."""
     results = []
     for min_numel in (1 << 62, 0):
-        monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", min_numel)
+        monkeypatch.setattr(norms_route, "FUSED_MIN_NUMEL", min_numel)
         layer = N.create(spec, x.shape[1]).to(x.dtype)
         if layer.affine:
             with torch.no_grad():

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import bnlab.norms as N
-import bnlab.norms.variants.base as norms_base
+import bnlab.norms.engine.route as norms_route
 from bnlab.norms.tools.bench import _layer
 from bnlab.norms.tools.opcount import count_ops, count_training_step, training_step
 
@@ -78,7 +78,7 @@ def test_small_inputs_of_noisy_bn_and_brn_run_torch_kernel(spec, shape):
 def test_small_inputs_on_the_fused_path_dispatch_as_few(spec, monkeypatch):
     """The count does not depend on the size: a (1000, 10) batch on the fused path counts the
     same."""
-    monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0)
+    monkeypatch.setattr(norms_route, "FUSED_MIN_NUMEL", 0)
     assert counted(spec, (1000, 10)).total == counted(spec).total
 
 
@@ -141,15 +141,15 @@ def test_small_inputs_take_the_fused_path_off_the_cpu_only():
     def on(device: str, dtype=torch.float32):  # what fused_enabled reads of a (1000, 10) input
         return SimpleNamespace(numel=lambda: 10_000, device=torch.device(device), dtype=dtype)
 
-    assert not norms_base.fused_enabled(torch.empty(small))
-    assert norms_base.fused_enabled(on("cuda"))
-    assert norms_base.fused_enabled(on("cuda", torch.float64))
+    assert not norms_route.fused_enabled(torch.empty(small))
+    assert norms_route.fused_enabled(on("cuda"))
+    assert norms_route.fused_enabled(on("cuda", torch.float64))
     # half inputs, as a convolution under autocast hands them on (tests/test_norms_half_fused.py)
-    assert norms_base.fused_enabled(on("cuda", torch.bfloat16))
-    assert norms_base.fused_enabled(on("cuda", torch.float16))
-    assert norms_base.fused_enabled(torch.empty(64, 32, 8, 8))
+    assert norms_route.fused_enabled(on("cuda", torch.bfloat16))
+    assert norms_route.fused_enabled(on("cuda", torch.float16))
+    assert norms_route.fused_enabled(torch.empty(64, 32, 8, 8))
     # meta tensors (shape inference) take the plain ops, which have meta kernels
-    assert not norms_base.fused_enabled(torch.empty(64, 32, 8, 8, device="meta"))
+    assert not norms_route.fused_enabled(torch.empty(64, 32, 8, 8, device="meta"))
 
 
 @pytest.mark.parametrize("spec", ["mean_only_bn", "var_only_bn", "mbn", "brn", "lp_bn(p=1)"])

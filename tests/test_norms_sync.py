@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import bnlab.norms as N
-import bnlab.norms.variants.base as norms_base
+import bnlab.norms.engine.route as norms_route
 from bnlab.norms import amat_eta, mbn_lambda
 from bnlab.norms.engine import sync
 from tests.distributed_harness import run_ranks
@@ -134,7 +134,7 @@ def _worker(rank: int, world: int) -> dict:
 
     The fused kernel is forced on (any size): the unsynced references take it, and a synced layer
     must not (its backward knows nothing of the other ranks)."""
-    norms_base.FUSED_MIN_NUMEL = 0
+    norms_route.FUSED_MIN_NUMEL = 0
     split = SPLITS[world]
     layers = {spec: _check_layer(spec, rank, split, (2, 2, 2) if spec == "si_bn" else (3, 2, 2))
               for spec in SPECS}
@@ -180,7 +180,7 @@ def test_sync_primitives_against_float64_on_the_whole_batch(world):
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("spec", SPECS)
 def test_synced_layer_outside_a_process_group_is_the_unsynced_layer(spec, fused, monkeypatch):
-    monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0 if fused else 1 << 62)
+    monkeypatch.setattr(norms_route, "FUSED_MIN_NUMEL", 0 if fused else 1 << 62)
     shape = (2, 2, 2) if spec == "si_bn" else (3, 2, 2)
     plain = _build(spec, seed=0)
     synced = N.convert_sync(copy.deepcopy(plain))

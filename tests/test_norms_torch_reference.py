@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 import bnlab.norms as N
-import bnlab.norms.variants.base as norms_base
+import bnlab.norms.engine.route as norms_route
 from bnlab.norms.registry import REGISTRY
 
 TORCH_CLASSES = {cls.__name__: cls for cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)}
@@ -154,7 +154,7 @@ def assert_same(ours, ref, what: str) -> None:
 @pytest.fixture(params=["plain", "fused"])
 def path(request, monkeypatch):
     """Small inputs take the plain autograd path; FUSED_MIN_NUMEL = 0 sends them to the fused."""
-    monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0 if request.param == "fused" else 1 << 62)
+    monkeypatch.setattr(norms_route, "FUSED_MIN_NUMEL", 0 if request.param == "fused" else 1 << 62)
     return request.param
 
 
@@ -166,7 +166,7 @@ DTYPE_PATHS = [(d, p) for d in DTYPES for p in ("plain", "fused") if p == "plain
 @pytest.mark.parametrize("dtype,path", DTYPE_PATHS, ids=[f"{d}-{p}" for d, p in DTYPE_PATHS])
 @pytest.mark.parametrize("sample", SAMPLES, ids=[f"{c}-{d}" for c, d, *_ in SAMPLES])
 def test_bn_equals_torch_on_its_samples(sample, dtype, path, training, monkeypatch):
-    monkeypatch.setattr(norms_base, "FUSED_MIN_NUMEL", 0 if path == "fused" else 1 << 62)
+    monkeypatch.setattr(norms_route, "FUSED_MIN_NUMEL", 0 if path == "fused" else 1 << 62)
     cls_name, _, args, kwargs, shape = sample
     x_dtype, param_dtype = DTYPES[dtype]
     ref, ours = pair(cls_name, args, kwargs, param_dtype)

@@ -6,9 +6,12 @@ on the docs site).
 """
 
 from . import catalog as _catalog  # noqa: F401  (registers the layers)
-from .variants.base import ChannelNorm, plain_autograd
+from .variants.base import ChannelNorm
 from .variants.batchnorm import BatchNorm, MeanOnlyBatchNorm, NativeBatchNorm, VarOnlyBatchNorm
-from .engine.compiled_step import compiled_steps, set_compiled_steps
+from .engine.switches import (
+    compiled_steps, nonfinite_guard_enabled, plain_autograd, set_compiled_steps,
+    set_nonfinite_guard,
+)
 from .variants.complete import CompleteBatchNorm, amat_eta
 from .variants.lp import LpBatchNorm, hoffer_linf_constant
 from .variants.momentum import MomentumBatchNorm, mbn_lambda
@@ -16,7 +19,7 @@ from .variants.noisy import NoisyBatchNorm, StochasticLayer
 from .tools.convert import NormAct, convert, convert_sync
 from .tools.accumulate import accumulate
 from .tools.fold import FoldReport, fold
-from .engine.guard import nonfinite_batches, nonfinite_guard_enabled, set_nonfinite_guard
+from .engine.guard import nonfinite_batches
 from .ops import (
     PLACEMENTS,
     create,

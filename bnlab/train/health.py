@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from bnlab.norms import ChannelNorm
 from bnlab.train.divergence import LOSS_FLOOR, Divergence
 
 # buffers holding a variance or a standard deviation (BN's running_var, CBN's amat_var, ...)
@@ -30,7 +31,7 @@ def variance_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     moving second moment σ²_A still remembers the smaller one; its eval divisor stays positive)."""
     found = []
     for prefix, module in model.named_modules():
-        signed = getattr(module, "signed_buffers", ())
+        signed = module.signed_buffers if isinstance(module, ChannelNorm) else ()
         for name, b in module.named_buffers(recurse=False):
             if name in signed or not (b.is_floating_point() and b.numel()):
                 continue

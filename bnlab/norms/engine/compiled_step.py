@@ -7,8 +7,8 @@ above it (``benchmarks/eager_floor.py``, ``benchmarks/results/eager_floor.json``
 code gets below that. ``torch.compile`` does not help there either: its guards and wrappers cost
 more per call than the step itself.
 
-So, opt-in (:func:`compiled_steps`, or ``BNLAB_COMPILED_STEPS=1``), a layer's training step on a
-small CPU input runs as
+So, opt-in (:func:`.switches.compiled_steps`, or ``BNLAB_COMPILED_STEPS=1``), a layer's training
+step on a small CPU input runs as
 
 * **forward**: one inductor-compiled function of ``(x, parameters, buffers)`` that returns ``y``
   and what the backward needs, and writes the buffer updates in place (running statistics, mbn's
@@ -57,14 +57,11 @@ catalogue runs are eager. Not twice differentiable (as the fused operators).
 
 from __future__ import annotations
 
-import functools
 import operator
-import os
 import threading
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, cast
+from typing import Any, Callable, Iterable, cast
 
 import torch
 import torch.nn as nn
@@ -75,7 +72,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.autograd.graph import increment_version
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .fused import fast_paths_allowed, refuse_double_backward
+from .fused import refuse_double_backward
+from .switches import fast_paths_allowed
 from .sync import module_group
 from .written_grad import traced_step, tracing
 
@@ -86,7 +84,6 @@ _BASE_ATTRIBUTES = ("num_features", "eps", "momentum", "affine", "track_running_
 _DTYPES = (torch.float32, torch.float64)
 
 _LOCK = threading.Lock()
-_ENABLED = [os.environ.get("BNLAB_COMPILED_STEPS", "0") == "1"]
 _BUILT: dict[tuple, "CompiledStep | None"] = {}  # key -> compiled step, or None (stays eager)
 _WARNED: set[tuple] = set()  # (class, hyper-parameters) told that they reached SHAPES_PER_LAYER
 SHAPES_PER_LAYER = 16  # keys (shapes, grad patterns) compiled per class and hyper-parameters
@@ -96,29 +93,6 @@ SHAPES_PER_LAYER = 16  # keys (shapes, grad patterns) compiled per class and hyp
 # --compiled-step-max-numel → benchmarks/results/norms_crossover*.json, Benchmarks page).
 MAX_NUMEL = 1 << 19
 CALLS: dict[str, int] = {"forward": 0, "backward": 0}  # compiled calls made (tests, diagnostics)
-
-
-def enabled() -> bool:
-    """Whether layers take their compiled step where they can (process-wide)."""
-    return _ENABLED[0]
-
-
-@contextmanager
-def compiled_steps(enabled: bool = True) -> Iterator[None]:
-    """Within the block, eligible training steps run as compiled functions (see the module's
-    docstring); process-wide, like ``torch.backends`` flags. ``set_compiled_steps`` switches it
-    for good."""
-    previous = _ENABLED[0]
-    _ENABLED[0] = bool(enabled)
-    try:
-        yield
-    finally:
-        _ENABLED[0] = previous
-
-
-def set_compiled_steps(enabled: bool) -> None:
-    """Switch the compiled steps on or off for the rest of the process."""
-    _ENABLED[0] = bool(enabled)
 
 
 def _eligible(layer: nn.Module, x: Tensor, extra: tuple, methods: frozenset[str]) -> bool:
@@ -143,20 +117,26 @@ def route(cls: type[nn.Module], options: Iterable[str]) -> None:
         *_BASE_ATTRIBUTES, *(o for o in options if o not in ("bias", "sync", "affine")))
     methods = frozenset(name for name in dir(cls) if callable(getattr(cls, name, None))
                         and not name.startswith("__"))
-    forward = cls.forward
+    ROUTED[cls] = (attributes, methods)
 
-    @functools.wraps(forward)
-    def forward_or_compiled_step(self, x, *args, **kwargs):
-        if _ENABLED[0] and not kwargs and type(self) is cls and _eligible(self, x, args, methods):
-            self.check_input(x)
-            inputs = (x, *args)
-            params = [p for p in self._parameters.values() if p is not None]
-            step = _step_for(self, inputs, params, attributes)
-            if step is not None:
-                return step(inputs, params, [b for b in self._buffers.values() if b is not None])
-        return forward(self, x, *args, **kwargs)
 
-    cls.forward = forward_or_compiled_step
+# class -> (the Python numbers its step reads, its methods): filled by route()
+ROUTED: dict[type, tuple[Callable[[nn.Module], tuple], frozenset[str]]] = {}
+
+
+def compiled_call(layer: Any, x: Tensor, args: tuple) -> Tensor | None:
+    """The layer's training step through its compiled functions, or None where it does not take
+    them (called by :func:`bnlab.norms.engine.route.run` while the compiled steps are on)."""
+    routed = ROUTED.get(type(layer))
+    if routed is None or not _eligible(layer, x, args, routed[1]):
+        return None
+    layer.check_input(x)
+    inputs = (x, *args)
+    params: list[Tensor] = [p for p in layer._parameters.values() if p is not None]
+    step = _step_for(layer, inputs, params, routed[0])
+    if step is None:
+        return None
+    return step(inputs, params, [b for b in layer._buffers.values() if b is not None])
 
 
 def _step_for(layer: nn.Module, inputs: tuple[Tensor, ...], params: list[Tensor],

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import threading
 from typing import Callable
 
 import torch
@@ -65,38 +64,6 @@ def refuse_recomputation(layer: str, reason: str, remedy: str) -> None:
         raise RuntimeError(f"{layer} is being run inside backward (torch.utils.checkpoint "
                            f"recomputing a checkpointed region): {reason}, so the recomputation "
                            f"would give silently wrong gradients. {remedy}")
-
-
-# ---- switches ------------------------------------------------------------------------------------
-# per thread: one thread's plain_autograd() must not change another's layers
-_STATE = threading.local()
-
-
-def plain_requested() -> bool:
-    """Whether this thread is inside :class:`plain_autograd`."""
-    return getattr(_STATE, "plain", False)
-
-
-def fast_paths_allowed() -> bool:
-    """Whether an eager fast path (fused operators, brn's torch kernel, a compiled step) may stand
-    in for the plain ops: not in :class:`plain_autograd` (double backward), ``torch.compile``
-    (it fuses the plain ops) or a ``torch.func`` transform (vmap, grad: a closure graph)."""
-    return (not plain_requested() and not torch.compiler.is_compiling()
-            and not torch._C._are_functorch_transforms_active())
-
-
-class plain_autograd:
-    """Context manager: build normalization layers' graphs from plain autograd ops (slower, but
-    twice differentiable), e.g. for Hessian-vector products. Thread-local."""
-
-    def __enter__(self):
-        self._previous = plain_requested()
-        _STATE.plain = True
-        return self
-
-    def __exit__(self, *exc):
-        _STATE.plain = self._previous
-        return False
 
 
 def lazily_disabled(fn: Callable) -> Callable:

@@ -1,9 +1,8 @@
 """One statistics update per training forward: checkpoint recomputation and non-finite batches.
 
-Every bnlab layer's ``forward`` runs through :func:`training_step` (installed by
-:class:`~bnlab.norms.variants.conventions.BatchNormConventions` on each class that defines a
-forward). In eval mode, under ``torch.compile`` and inside a layer's own forward (``noisy_bn`` calls
-``bn``'s) it is a direct call. In training it adds what torch's BatchNorm lacks:
+Every bnlab layer's ``forward`` runs its step through :func:`guarded_step` where :func:`needs_guard`
+says so (:func:`bnlab.norms.engine.route.run` decides). In eval mode and under ``torch.compile``
+the step is a direct call. In training it adds what torch's BatchNorm lacks:
 
 * **Activation checkpointing** (``torch.utils.checkpoint``, ``use_reentrant=True`` and ``False``):
   the region's forward pass runs a second time inside backward. A layer whose training step reads
@@ -15,11 +14,11 @@ forward). In eval mode, under ``torch.compile`` and inside a layer's own forward
   function's ``ctx``: the record lives exactly as long as the graph that may recompute it); the
   recomputation runs from that record on copies, so its values, and hence the gradients, are the
   first pass's, and the layer's buffers are updated once.
-* **Non-finite batches** (:func:`set_nonfinite_guard`, off by default: torch's behaviour): a
-  training step that would turn a finite running or moving buffer into NaN or ±inf (a batch whose
-  statistics are not finite, e.g. the overflowed step an AMP grad scaler later skips) leaves every
-  buffer of the layer as it was, counts the batch on the layer (:func:`nonfinite_batches`) and
-  warns.
+* **Non-finite batches** (:func:`.switches.set_nonfinite_guard`, off by default: torch's
+  behaviour): a training step that would turn a finite running or moving buffer into NaN or ±inf
+  (a batch whose statistics are not finite, e.g. the overflowed step an AMP grad scaler later
+  skips) leaves every buffer of the layer as it was, counts the batch on the layer
+  (:func:`nonfinite_batches`) and warns.
 * **Gradient accumulation** (:func:`bnlab.norms.accumulate`): the step is handed to the layer's
   accumulator, which normalizes each micro-batch against the state at the start of the optimizer
   step and updates the statistics once, from the micro-batches' combined statistics.
@@ -30,8 +29,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-import threading
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 import torch.nn as nn
@@ -39,15 +37,12 @@ from torch.utils.checkpoint import CheckpointFunction
 from torch import Tensor
 
 from ..user_line import warn as warn_at_user_line
+from .switches import (  # ACCUMULATORS, nonfinite_guard_enabled: read here by the tools too
+    ACCUMULATORS, NONFINITE_GUARD, THREAD, nonfinite_guard_enabled, thread_flag,
+)
 
-__all__ = ["nonfinite_batches", "nonfinite_guard_enabled", "replaying", "set_nonfinite_guard",
-           "statistics_as_with_grad", "training_step"]
-
-_LOCAL = threading.local()  # .inside: ids of layers whose step is running; .replay: depth
-_GUARD = [False]  # process-wide, like torch.backends flags
-
-# layer -> the accumulator of a running bnlab.norms.accumulate block (set and cleared there)
-ACCUMULATORS: dict[int, Any] = {}
+__all__ = ["ACCUMULATORS", "guarded_step", "needs_guard", "nonfinite_batches",
+           "nonfinite_guard_enabled", "replaying", "statistics_as_with_grad"]
 
 
 def full_statistics(layer: nn.Module) -> Any:
@@ -59,56 +54,44 @@ def full_statistics(layer: nn.Module) -> Any:
     return getattr(ACCUMULATORS.get(id(layer)), "full", None)
 
 
-def set_nonfinite_guard(enabled: bool) -> bool:
-    """Switch the non-finite-batch guard on or off for every bnlab layer (process-wide); returns the
-    previous setting. On: a training step whose statistics are not finite leaves the layer's
-    running and moving buffers (and its step counter) untouched, is counted on the layer
-    (:func:`nonfinite_batches`) and warns. Off (the default): torch's behaviour, the non-finite
-    statistics enter the buffers."""
-    previous = _GUARD[0]
-    _GUARD[0] = bool(enabled)
-    return previous
-
-
-def nonfinite_guard_enabled() -> bool:
-    return _GUARD[0]
-
-
 def nonfinite_batches(model: nn.Module) -> dict[str, int]:
     """``{layer name: batches skipped}`` for every layer of ``model`` whose guard skipped a batch
-    (:func:`set_nonfinite_guard`); empty when none did. The count is ``layer.nonfinite_batches``."""
+    (:func:`.switches.set_nonfinite_guard`); empty when none did. The count is
+    ``layer.nonfinite_batches``."""
+    # every bnlab layer declares the count (ChannelNorm's contract); torch's modules have none
     return {name: int(m.nonfinite_batches) for name, m in model.named_modules()
-            if getattr(m, "nonfinite_batches", 0)}
+            if hasattr(m, "nonfinite_batches") and m.nonfinite_batches}
 
 
 def replaying() -> bool:
     """Whether a layer's step is being recomputed from its checkpoint record (no refusal then)."""
-    return getattr(_LOCAL, "replay", 0) > 0
+    return thread_flag("replay", 0) > 0
 
 
 def _inside() -> set[int]:
-    inside = getattr(_LOCAL, "inside", None)
+    inside = thread_flag("inside", None)
     if inside is None:
-        inside = _LOCAL.inside = set()
+        inside = THREAD.inside = set()
     return inside
 
 
-def training_step(forward: Callable) -> Callable:
-    """``forward`` with the training-step guarantees of this module (see its docstring)."""
+def needs_guard(layer: nn.Module) -> bool:
+    """Whether this call of the layer is a training step that needs this module's guarantees
+    (see its docstring): training, eager, not already inside the layer's own guarded step, and
+    the guard on, an accumulation running, or possibly a checkpointed region."""
+    return (layer.training and not torch.compiler.is_compiling() and id(layer) not in _inside()
+            and bool(NONFINITE_GUARD[0] or ACCUMULATORS or _maybe_checkpointed()))
 
-    @functools.wraps(forward)
-    def step(self, x, *args, **kwargs):
-        if (not self.training or torch.compiler.is_compiling() or id(self) in _inside()
-                or not (_GUARD[0] or ACCUMULATORS or _maybe_checkpointed())):
-            return forward(self, x, *args, **kwargs)
-        inside = _inside()
-        inside.add(id(self))
-        try:
-            return _guarded_step(self, functools.partial(forward, self, x, *args, **kwargs), x)
-        finally:
-            inside.discard(id(self))
 
-    return step
+def guarded_step(layer: nn.Module, call: Callable[[], Tensor], x: Tensor) -> Tensor:
+    """``call()``, the layer's step on x, with this module's guarantees (where
+    :func:`needs_guard`)."""
+    inside = _inside()
+    inside.add(id(layer))
+    try:
+        return _guarded_step(layer, call, x)
+    finally:
+        inside.discard(id(layer))
 
 
 def _guarded_step(layer: nn.Module, call: Callable[[], Tensor], x: Tensor) -> Tensor:
@@ -127,7 +110,7 @@ def _guarded_step(layer: nn.Module, call: Callable[[], Tensor], x: Tensor) -> Te
     accumulator = ACCUMULATORS.get(id(layer))
     if accumulator is not None:
         return accumulator.micro_step(layer, call, x)
-    if not _GUARD[0]:
+    if not NONFINITE_GUARD[0]:
         return call()
     before = snapshot(layer)
     y = call()
@@ -136,18 +119,18 @@ def _guarded_step(layer: nn.Module, call: Callable[[], Tensor], x: Tensor) -> Te
 
 
 def _as_with_grad(call: Callable[[], Tensor]) -> Tensor:
-    _LOCAL.as_with_grad = getattr(_LOCAL, "as_with_grad", 0) + 1
+    THREAD.as_with_grad = thread_flag("as_with_grad", 0) + 1
     try:
         return call()
     finally:
-        _LOCAL.as_with_grad -= 1
+        THREAD.as_with_grad -= 1
 
 
 def statistics_as_with_grad() -> bool:
     """Whether a no-grad forward must compute its batch statistics as a forward with grad does:
     the first pass of a reentrant checkpoint, which its recomputation (grad on) must reproduce
     bit for bit (the no-grad statistics kernel rounds differently)."""
-    return getattr(_LOCAL, "as_with_grad", 0) > 0
+    return thread_flag("as_with_grad", 0) > 0
 
 
 # ---- layer state ---------------------------------------------------------------------------------
@@ -180,11 +163,11 @@ def run_from(layer: nn.Module, state: dict[str, Any], call: Callable[[], Tensor]
             generator = torch.Generator(device=saved[0])
             generator.set_state(saved[1])
         setattr(layer, "_generator", generator)
-    _LOCAL.replay = getattr(_LOCAL, "replay", 0) + 1
+    THREAD.replay = thread_flag("replay", 0) + 1
     try:
         return call()
     finally:
-        _LOCAL.replay -= 1
+        THREAD.replay -= 1
         layer._buffers.update(own)
         if rewind_generator:
             setattr(layer, "_generator", own_generator)
@@ -213,7 +196,7 @@ def restore_if_nonfinite(layer: nn.Module, before: dict[str, Any]) -> bool:
         new = layer._buffers.get(name)
         if name != "_generator" and new is not None:
             new.data.copy_(old)
-    setattr(layer, "nonfinite_batches", getattr(layer, "nonfinite_batches", 0) + 1)
+    cast(Any, layer).nonfinite_batches += 1  # declared 0 on the class; per layer from here
     warn_at_user_line(
         f"{type(layer).__name__}: a training batch whose statistics are not finite (NaN or inf) "
         f"would have written them into {', '.join(bad)}; its running and moving buffers were left "

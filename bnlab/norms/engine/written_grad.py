@@ -25,20 +25,18 @@ twice.
 
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 from typing import Iterator
 
 from torch import Tensor
 
 from .kernels import per_channel, reduce_dims
-
-_STATE = threading.local()
+from .switches import THREAD, thread_flag
 
 
 def tracing() -> bool:
     """Whether this thread is tracing a compiled training step (:func:`traced_step`)."""
-    return getattr(_STATE, "on", False)
+    return thread_flag("tracing", False)
 
 
 @contextmanager
@@ -46,11 +44,11 @@ def traced_step() -> Iterator[None]:
     """The block traces a compiled step (this thread): the layers' own forward runs (no nested
     compiled step) and their plain path detaches μ_B where its gradient is zero."""
     previous = tracing()
-    _STATE.on = True
+    THREAD.tracing = True
     try:
         yield
     finally:
-        _STATE.on = previous
+        THREAD.tracing = previous
 
 
 def moments(x: Tensor) -> tuple[Tensor, Tensor, int]:

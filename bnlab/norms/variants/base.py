@@ -26,56 +26,18 @@ import torch.nn as nn
 from torch import Tensor
 
 from .conventions import BatchNormConventions, check_dtype, check_eps_now
+from ..engine import route, written_grad
+from ..engine.fused import fused_normalize, refuse_recomputation
 from ..engine.guard import full_statistics, statistics_as_with_grad
-from ..engine import written_grad
+from ..engine.kernels import (
+    autocast_off, batch_statistics, coef_dtype, per_channel, reduce_dims, saved_statistics,
+    stats_dtype,
+)
 from ..engine.sync import batch_samples, module_group, synced_moments
 
 CoefFn = Callable[..., tuple[Tensor, Tensor]]
 MomentsFn = Callable[[Tensor], tuple[Tensor, Tensor, int]]
 UpdateFn = Callable[[Tensor, Tensor, int], None]
-
-
-# The shared kernels live in .kernels, the fused path and its switches in .fused; imported here
-# under their old names.
-from ..engine.fused import (  # noqa: E402,F401
-    fast_paths_allowed, fused_normalize, plain_autograd, plain_requested, refuse_double_backward,
-    refuse_recomputation,
-)
-from ..engine.kernels import (  # noqa: E402,F401
-    autocast_off, batch_statistics, centred_reductions, channel_affine, coef_dtype, per_channel,
-    reduce_dims, saved_statistics, stats_dtype,
-)
-
-
-def _fused_normalize(x: Tensor, moments_fn: MomentsFn, coef_fn: CoefFn, *tensors: Tensor):
-    """(y, μ_B, σ²_B) through the fused operators
-    (:func:`bnlab.norms.engine.fused.fused_normalize`)."""
-    return fused_normalize(x, moments_fn, coef_fn, *tensors)
-
-
-# On the CPU, below this many elements the fused function's fixed Python cost (an autograd.Function,
-# two Python operator kernels, a nested engine call) exceeds what it saves: the plain ops are 0–20 %
-# faster at (1000, 10) and (32, 16, 8, 8) (thread CPU time, 2026-11-26). Not on other devices: there
-# each plain op is a kernel launch (43–125 per step), which is what the fused operators remove.
-FUSED_MIN_NUMEL = 1 << 16
-
-
-HALF_DTYPES = (torch.float16, torch.bfloat16)
-FUSED_DTYPES = (torch.float32, torch.float64, *HALF_DTYPES)
-
-
-def fused_enabled(x: Tensor) -> bool:
-    """Whether the eager fused function runs. Never under torch.compile (inductor fuses the plain
-    ops, and the function cannot be traced) nor torch.func transforms (vmap, grad: a closure graph);
-    for floating inputs of :data:`FUSED_DTYPES` (half ones, as a convolution under autocast hands
-    them on: statistics, coefficients and gradient factors in float32, each full-size result
-    rounded to half once, as torch's kernels do); on the CPU only from :data:`FUSED_MIN_NUMEL`
-    elements; never on the meta device (shape inference: the plain ops have meta kernels, torch's
-    statistics kernel has none)."""
-    return ((x.numel() >= FUSED_MIN_NUMEL or x.device.type != "cpu")
-            and x.device.type != "meta"
-            and x.dtype in FUSED_DTYPES
-            and fast_paths_allowed())
 
 
 class ChannelNorm(BatchNormConventions):
@@ -95,6 +57,54 @@ class ChannelNorm(BatchNormConventions):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype,
                          bias=bias)
         self.sync, self.process_group = bool(sync), None
+
+    # ---- the contract: what a variant may declare (read by the engine and the tools) ---------
+    reads_own_updates: bool = False
+    """True when the training step reads buffers that the step itself updates (mbn's and cbn's
+    moving statistics, brn's running ones): ``torch.utils.checkpoint`` cannot recompute such a
+    step outside bnlab's record and replay, so :meth:`check_input` refuses it there."""
+
+    signed_buffers: tuple[str, ...] = ()
+    """Buffers named like a variance that may hold negative values (cbn's ``running_var``, a
+    signed part of its divisor): ``bnlab.train.health`` does not hold them to be ≥ 0."""
+
+    counts_empty_batches: bool = True
+    """Whether a zero-size training batch counts in ``num_batches_tracked`` (torch's rule). cbn
+    says False: its counter also says whether its moving statistics hold a batch yet."""
+
+    nonfinite_batches: int = 0
+    """Training batches the non-finite guard skipped on this layer
+    (:func:`bnlab.norms.set_nonfinite_guard`); the engine counts them here."""
+
+    _step_has_backward: bool = True  # this step's grad mode, set by normalize_with_batch_stats
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The layer on x: :func:`bnlab.norms.engine.route.run` picks how the step runs (a
+        ``torch.fx`` node, a compiled step, a guarded step) and calls :meth:`normalize`."""
+        return route.run(self, x)
+
+    def normalize(self, x: Tensor) -> Tensor:
+        """The variant's step on x, what a variant writes: batch statistics where
+        :meth:`use_batch_stats` (its buffers updated where :meth:`tracks_now`), its inference
+        rule otherwise. ``docs/readme/writing-a-variant.md`` shows one."""
+        raise NotImplementedError(f"{type(self).__name__} defines no normalize(x)")
+
+    def empty_batch(self, x: Tensor) -> Tensor | None:
+        """For a zero-size input, torch's result (else None): an empty output whose graph reaches γ
+        and β, so their gradients are zeros; running statistics untouched, ``num_batches_tracked``
+        counted in training (:attr:`counts_empty_batches`). Synced layers go on (every rank must
+        join the collectives)."""
+        if x.numel() != 0 or module_group(self) is not None:
+            return None
+        if self.tracks_now() and self.counts_empty_batches and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+        shape = (1, -1, *([1] * (x.dim() - 2)))
+        y = x.clone()
+        if self.weight is not None:
+            y = y * self.weight.view(shape)
+        if self.bias is not None:
+            y = y + self.bias.view(shape)
+        return y.to(x.dtype)
 
     # ---- helpers -------------------------------------------------------------------------------
     # self: nn.Module, NativeBatchNorm calls it too
@@ -121,8 +131,7 @@ class ChannelNorm(BatchNormConventions):
         check_eps_now(self)
         if x.numel() != 0:  # torch returns an empty output for an empty batch of any float dtype
             check_dtype(self, x)
-        if (self.training and getattr(self, "reads_own_updates", False)
-                and not torch.compiler.is_compiling()):
+        if self.training and self.reads_own_updates and not torch.compiler.is_compiling():
             refuse_recomputation(type(self).__name__,
                                  "its training step reads statistics (moving or running) that its "
                                  "own forward pass updated, and would read the updated ones",
@@ -165,7 +174,7 @@ class ChannelNorm(BatchNormConventions):
         input into a layer whose parameters and buffers are that dtype too (or that has none).
         With float32 state (autocast) they stay float32, and torch's CUDA kernels keep float32
         statistics for every half input (:func:`.kernels.saved_statistics`)."""
-        if (x.dtype not in HALF_DTYPES or x.device.type != "cpu" or full_statistics(self)
+        if (x.dtype not in route.HALF_DTYPES or x.device.type != "cpu" or full_statistics(self)
                 or module_group(self) is not None):  # synced: global statistics, kept in float32
             return False
         state = next((t for t in (self.weight, self.bias, self.running_mean, self.running_var)
@@ -204,8 +213,7 @@ class ChannelNorm(BatchNormConventions):
         operations).
         """
         with autocast_off(x):
-            # synced: autograd through the collectives
-            if fused_enabled(x) and module_group(self) is None and full_statistics(self) is None:
+            if route.takes_fused(self, x):
                 if not self.saves_half_statistics(x):
                     y, mean, var = fused_normalize(x, self.batch_moments, coef_fn, *tensors,
                                                    update=update)
@@ -282,7 +290,7 @@ class ChannelNorm(BatchNormConventions):
         """
         old = getattr(self, name)
         value = value.detach().to(old.dtype)
-        if torch.compiler.is_compiling() and getattr(self, "_step_has_backward", True):
+        if torch.compiler.is_compiling() and self._step_has_backward:
             setattr(self, name, value)
         else:
             old.copy_(value)

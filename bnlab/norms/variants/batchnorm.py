@@ -9,8 +9,9 @@ from torch import Tensor
 
 from .base import ChannelNorm
 from ..engine.sync import module_group
-from .conventions import checked_eps, checked_momentum, fx_leaf
-from ..engine.guard import full_statistics, training_step
+from .conventions import checked_eps, checked_momentum
+from ..engine import route
+from ..engine.guard import full_statistics
 from ..registry import BN_OPTIONS, norm
 
 
@@ -25,7 +26,7 @@ class BatchNorm(ChannelNorm):
     running statistics replace the batch ones (batch statistics if ``track_running_stats=False``).
     """
 
-    def forward(self, x: Tensor) -> Tensor:
+    def normalize(self, x: Tensor) -> Tensor:
         self.check_input(x)
         if (empty := self.empty_batch(x)) is not None:
             return empty
@@ -105,7 +106,7 @@ class MeanOnlyBatchNorm(BatchNorm):
     regularization that comes from the noise of μ_B.
     """
 
-    def forward(self, x: Tensor) -> Tensor:
+    def normalize(self, x: Tensor) -> Tensor:
         self.check_input(x)
         if (empty := self.empty_batch(x)) is not None:
             return empty
@@ -172,11 +173,15 @@ class NativeBatchNorm(nn.modules.batchnorm._BatchNorm):
             raise ValueError("NativeBatchNorm expects input of shape (N, C) or (N, C, *), got "
                              f"{tuple(x.shape)}")
 
-    nonfinite_batches = 0  # training batches the non-finite guard skipped (.guard)
+    # ChannelNorm's contract (its check_input runs here too)
+    nonfinite_batches = 0
+    reads_own_updates = False
 
-    @fx_leaf
-    @training_step
     def forward(self, x: Tensor) -> Tensor:
+        """torch's BatchNorm on x, routed as every bnlab layer (:func:`.route.run`)."""
+        return route.run(self, x)
+
+    def normalize(self, x: Tensor) -> Tensor:
         ChannelNorm.check_input(self, x)
         return super().forward(x)
 

@@ -192,7 +192,7 @@ class CompleteBatchNorm(ChannelNorm):
         second_a = eta * self.amat_var + (1 - eta) * second_b.detach()
         return centre, second_a, second_b, (off + beta) if self.decouple else off
 
-    def forward(self, x: Tensor) -> Tensor:
+    def normalize(self, x: Tensor) -> Tensor:
         self.check_input(x)
         if (empty := self.empty_batch(x)) is not None:
             return empty

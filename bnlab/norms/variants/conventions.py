@@ -20,16 +20,12 @@ What a user of ``torch.nn.BatchNorm1d/2d/3d`` relies on beyond the formula (torc
 
 from __future__ import annotations
 
-import functools
 import math
-from typing import Callable
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 
-from ..engine.guard import training_step
-from ..engine.sync import module_group
 
 REDUCED_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -68,43 +64,10 @@ def factory_kwargs(options: dict) -> dict:
 TORCH_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 
 
-def fx_leaf(forward: Callable) -> Callable:
-    """``forward`` that records the layer as ONE ``call_module`` node under ``torch.fx`` tracing.
-
-    torch.fx traces into every module outside ``torch.nn`` (its leaf rule), and a layer's Python
-    checks and path choices cannot run on a ``Proxy``; torch's own BatchNorm is a leaf. So is every
-    bnlab layer: ``torch.fx.symbolic_trace``, torchvision's ``create_feature_extractor`` and FX
-    quantization see it as torch's, and the traced module calls it."""
-
-    @functools.wraps(forward)
-    def call(self, x, *args, **kwargs):
-        if isinstance(x, torch.fx.Proxy):
-            tracer = x.tracer
-            try:
-                path = tracer.path_of_module(self)
-            except NameError:
-                path = ""
-            if not path:  # the layer is the root: there is no parent to hold it
-                raise TypeError(f"{type(self).__name__} is a leaf module for torch.fx: trace a "
-                                "model that contains it, not the layer alone")
-            return tracer.create_proxy("call_module", path, (x, *args), kwargs)
-        return forward(self, x, *args, **kwargs)
-
-    return call
-
-
 class BatchNormConventions(nn.Module):
     """Parameters, buffers and module protocol of ``torch.nn.modules.batchnorm._NormBase``."""
 
     _version = 2  # torch's: version 2 added num_batches_tracked
-    nonfinite_batches = 0  # training batches the non-finite guard skipped (.guard)
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        # every layer's forward is a torch.fx leaf (fx_leaf) and updates its statistics once per
-        # training forward (.guard: checkpoint recomputation, non-finite batches, accumulation)
-        if "forward" in cls.__dict__:
-            cls.forward = fx_leaf(training_step(cls.__dict__["forward"]))
     # Declared for the type checker (nn.Module.__getattr__ would type them ``Tensor | Module``).
     # None when affine=False (bias: or bias=False) / without running buffers; reads check that.
     weight: Tensor
@@ -237,25 +200,6 @@ class BatchNormConventions(nn.Module):
     def tracks_now(self) -> bool:
         """Whether this forward updates the running statistics (training, track_running_stats)."""
         return self.training and self.track_running_stats and self.running_mean is not None
-
-    # cbn sets False: its counter also says whether its moving statistics hold a batch yet
-    counts_empty_batches = True
-
-    def empty_batch(self, x: Tensor) -> Tensor | None:
-        """For a zero-size input, torch's result (else None): an empty output whose graph reaches γ
-        and β, so their gradients are zeros; running statistics untouched, ``num_batches_tracked``
-        counted in training. Synced layers go on (every rank must join the collectives)."""
-        if x.numel() != 0 or module_group(self) is not None:
-            return None
-        if self.tracks_now() and self.counts_empty_batches and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-        shape = (1, -1, *([1] * (x.dim() - 2)))
-        y = x.clone()
-        if self.weight is not None:
-            y = y * self.weight.view(shape)
-        if self.bias is not None:
-            y = y + self.bias.view(shape)
-        return y.to(x.dtype)
 
 
 def check_eps_now(module: nn.Module) -> None:

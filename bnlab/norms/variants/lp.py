@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import autocast_off, fused_enabled, plain_requested, stats_dtype
+from ..engine.kernels import autocast_off, stats_dtype
+from ..engine.route import fused_enabled
+from ..engine.switches import plain_requested
 from .batchnorm import BatchNorm
 from ..engine.lp_compiled import linf_normalize
 from ..engine.lp_fused import L1_CONSTANT, hoffer_linf_constant, linf_top_entries, lp_normalize
@@ -92,7 +94,7 @@ class LpBatchNorm(BatchNorm):
                               beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(y, μ_B, s_B) for p=1 and p=inf, in training: γ(x − μ_B)/(s_B + ε) + β.
 
-        Eager and unsynced (:func:`~bnlab.norms.variants.base.fused_enabled`: half inputs too,
+        Eager and unsynced (:func:`~bnlab.norms.engine.route.fused_enabled`: half inputs too,
         computed in float32 and rounded once): one custom autograd function
         (:mod:`bnlab.norms.engine.lp_fused`, a few passes over x); p=inf under torch.compile: plain
         ops with a written-out gradient (:mod:`bnlab.norms.engine.lp_compiled`), which inductor
@@ -114,7 +116,7 @@ class LpBatchNorm(BatchNorm):
                           self.per_channel(a.to(centred.dtype), x))
         return y, mean, scale
 
-    def forward(self, x: Tensor) -> Tensor:
+    def normalize(self, x: Tensor) -> Tensor:
         self.check_input(x)
         if (empty := self.empty_batch(x)) is not None:
             return empty

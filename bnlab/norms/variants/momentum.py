@@ -107,7 +107,7 @@ class MomentumBatchNorm(ChannelNorm):
         ratio = min(batch_size / self.ideal_batch, 1.0)
         return ratio ** self._lambda_exponent - ratio
 
-    def forward(self, x: Tensor) -> Tensor:
+    def normalize(self, x: Tensor) -> Tensor:
         self.check_input(x)
         if (empty := self.empty_batch(x)) is not None:
             return empty

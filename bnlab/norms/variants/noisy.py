@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import stats_dtype
+from ..engine.kernels import stats_dtype
 from ..engine.fused import lazily_disabled, refuse_recomputation
 from .batchnorm import BatchNorm
 from ..engine.sync import global_batch_rows, module_group
@@ -76,8 +76,8 @@ class NoisyBatchNorm(BatchNorm, StochasticLayer):
         self.noisy_statistics = False  # trained with the noise since the last recollection
         self.init_generator()
 
-    def forward(self, x: Tensor) -> Tensor:
-        a = super().forward(x)
+    def normalize(self, x: Tensor) -> Tensor:
+        a = super().normalize(x)
         if not self.training and getattr(self, "noisy_statistics", False):
             self.noisy_statistics = False  # once per layer (and per training spell)
             warn_at_user_line(NOISY_STATISTICS)

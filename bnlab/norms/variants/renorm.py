@@ -9,7 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch import Tensor
 
-from .base import HALF_DTYPES, ChannelNorm, fast_paths_allowed, fused_enabled
+from .base import ChannelNorm
+from ..engine.route import HALF_DTYPES, fused_enabled
+from ..engine.switches import fast_paths_allowed
 from ..engine.fused import define, park, take
 from ..engine.guard import full_statistics
 from ..registry import BN_OPTIONS, Param, norm
@@ -127,7 +129,7 @@ class BatchRenorm(ChannelNorm):
         return (relaxed_limit(t, 1.0, self.r_max, relax, r_at),
                 relaxed_limit(t, 0.0, self.d_max, relax, d_at))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def normalize(self, x: Tensor) -> Tensor:
         self.check_input(x)
         if (empty := self.empty_batch(x)) is not None:
             return empty

@@ -10,6 +10,7 @@ from torch import Tensor
 from torch.nn.utils.parametrizations import weight_norm
 
 from .base import ChannelNorm
+from ..engine import route
 from ..registry import BN_OPTIONS, Param, norm
 
 LINEAR_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -32,7 +33,12 @@ class _WeightScaledEpsBN(ChannelNorm):
     """BN whose ε of channel k is ε·‖w_k‖² (the SI-BN of Arora et al. 2019, Eq. 8), ``w`` the
     weight of the layer it follows."""
 
-    def forward(self, z: Tensor, weight: Tensor) -> Tensor:
+    def forward(self, z: Tensor, weight: Tensor) -> Tensor:  # type: ignore[override]
+        """The layer on z, the output of the layer whose ``weight`` is given (routed as
+        :meth:`ChannelNorm.forward`)."""
+        return route.run(self, z, weight)
+
+    def normalize(self, z: Tensor, weight: Tensor) -> Tensor:  # type: ignore[override]
         # ‖w‖² here, not in the wrapper: the compiled step (bnlab.norms.engine.compiled_step) then
         # fuses it and its gradient with the normalization (benchmarks/norms.py --modes
         # compiled_step)
