@@ -22,10 +22,13 @@ import importlib
 from typing import Callable, TypeVar
 
 import torch
+import torch.ao.nn.intrinsic as nni
 import torch.nn as nn
+import torch.nn.utils as utils
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
+from torch.nn.utils import fusion
 
 from ..variants.base import ChannelNorm
 from .fold import eval_affine
@@ -117,7 +120,6 @@ def fuse_linear_bn_eval(linear: nn.Linear, norm: nn.Module) -> nn.Linear:
 
 
 def _conv_relu(linear_or_conv: nn.Module, relu: nn.Module) -> nn.Module:
-    import torch.ao.nn.intrinsic as nni
     fused = {nn.Conv1d: nni.ConvReLU1d, nn.Conv2d: nni.ConvReLU2d, nn.Conv3d: nni.ConvReLU3d,
              nn.Linear: nni.LinearReLU}.get(type(linear_or_conv))
     if fused is None:
@@ -173,14 +175,12 @@ def _extend_torch_ao() -> None:
 
     get_fuser_method.bnlab_layers = True  # type: ignore[attr-defined]
     get_fuser_method.__wrapped__ = torch_lookup  # type: ignore[attr-defined]
-    module.get_fuser_method = get_fuser_method
+    setattr(module, "get_fuser_method", get_fuser_method)
 
 
 def _extend_torch_fusion() -> None:
     """``torch.nn.utils.fusion.fuse_{conv,linear}_bn_eval`` (and their ``torch.nn.utils`` names)
     fold a bnlab layer with the layer's own eval map; torch's layers are passed to torch's."""
-    import torch.nn.utils as utils
-    from torch.nn.utils import fusion
     torch_conv, torch_linear = fusion.fuse_conv_bn_eval, fusion.fuse_linear_bn_eval
     if getattr(torch_conv, "bnlab_layers", False):
         return
@@ -199,7 +199,8 @@ def _extend_torch_fusion() -> None:
         fn.__wrapped__ = original  # type: ignore[attr-defined]
         fn.bnlab_layers = True  # type: ignore[attr-defined]
     for owner in (fusion, utils):
-        owner.fuse_conv_bn_eval, owner.fuse_linear_bn_eval = conv_fn, linear_fn
+        setattr(owner, "fuse_conv_bn_eval", conv_fn)
+        setattr(owner, "fuse_linear_bn_eval", linear_fn)
 
 
 def extend_torch_fusion() -> None:

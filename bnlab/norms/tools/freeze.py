@@ -143,7 +143,7 @@ def extend_timm_unfreeze() -> None:
     for name in ("timm.layers.norm_act", "timm.layers", "timm.utils.model", "timm.utils"):
         module = sys.modules.get(name)
         if module is not None and hasattr(module, "unfreeze_batch_norm_2d"):
-            module.unfreeze_batch_norm_2d = extended
+            setattr(module, "unfreeze_batch_norm_2d", extended)
 
 
 def frozen_layers(model: nn.Module) -> dict[str, dict[str, bool]]:
