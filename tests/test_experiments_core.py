@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
 
 import pytest
 from typer.testing import CliRunner
@@ -123,17 +124,22 @@ def test_catalogue_lists_every_paper_with_claims():
 def test_ray_sweep_on_a_local_instance(tmp_path):
     import ray
 
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:  # a sandbox without shared memory or sockets cannot host Ray at all: that is not our bug
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.shutdown()
     except Exception as err:
         pytest.skip(f"a local Ray instance could not start here: {err}")
+    finally:  # Ray leaves its SIGTERM handler (sys.exit) behind: later tests would inherit it
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
     configs = [{**BASE, "norm": "bn", "lr": 0.1, "runs_dir": str(tmp_path)},
                {**WILD, "runs_dir": str(tmp_path)}]
-    try:
-        records = runner.run_sweep(configs, ray_address="local", progress=False)
-    finally:
-        ray.shutdown()
+    records = runner.run_sweep(configs, ray_address="local", progress=False)
     assert [r["status"] for r in records] == ["finished", "diverged"]
+    # the sweep started Ray and gave back the signal handlers it found (a run trained in this
+    # process afterwards defers SIGTERM again)
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
     from bnlab.store import Store
 
     with Store(tmp_path / "bnlab.db") as store:  # both Ray tasks wrote into the same store

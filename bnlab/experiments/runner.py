@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -148,6 +150,9 @@ def _run_on_ray(configs: list[dict], address: str, progress: bool | None) -> lis
     except ImportError:
         raise ValueError("--ray needs the 'ray' package: pip install 'bnlab[ray]'") from None
     started = False
+    # ray.init installs its own SIGTERM handler (sys.exit) in this process and ray.shutdown leaves
+    # it there: a run trained here afterwards could no longer defer SIGTERM (bnlab.train.interrupt)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     if not ray.is_initialized():
         kwargs = {"include_dashboard": False, "log_to_driver": False}
         ray.init(address=None if address == "local" else address, **kwargs)
@@ -172,6 +177,9 @@ def _run_on_ray(configs: list[dict], address: str, progress: bool | None) -> lis
     finally:
         if started:
             ray.shutdown()
+            if threading.current_thread() is threading.main_thread():
+                for signum, handler in handlers.items():
+                    signal.signal(signum, handler)
 
 
 def _bar(total: int, progress: bool | None):
