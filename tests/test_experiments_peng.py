@@ -278,11 +278,11 @@ def test_fig2_plan_probes_the_papers_layers():
 
 def test_fig8_plan_and_sharing_with_table1():
     paper = _one_block(get("peng-fig8").plan("paper").runs)
-    assert len(paper) == (2 * 3 + 3) * 7 and {r.config["model"] for r in paper} == {"vgg16"}
+    assert len(paper) == (2 * 5 + 3) * 7 and {r.config["model"] for r in paper} == {"vgg16"}
     assert {r.factors["rho"] for r in paper} == {None, *PC.RHO_GRID}
     plan = _one_block(get("peng-fig8").plan("smoke").runs)
-    # the judged claim (Sigmoid, Tanh: worst ρ vs BN) 3 seeds per arm, the others one
-    for act, seeds in (("sigmoid", {0, 1, 2}), ("tanh", {0, 1, 2}), ("relu", {0})):
+    # the judged claim (Sigmoid, Tanh: worst ρ vs BN) 5 seeds per arm, the others one
+    for act, seeds in (("sigmoid", set(range(5))), ("tanh", set(range(5))), ("relu", {0})):
         for rho in (None, *PC.RHO_GRID):
             assert {r.factors["seed"] for r in plan if r.factors["activation"] == act
                     and r.factors["rho"] == rho} == seeds
@@ -299,10 +299,10 @@ def test_fig10_plan_fixes_eta():
 
     for preset in ("paper", "smoke"):
         runs = _one_block(get("peng-fig10").plan(preset).runs)
-        # the compared arms (AMAT, no AMAT) 3 seeds × 5 activations, BN and fixed η one seed each
-        assert len(runs) == 40 and all(r.config["probes"] == ["grad_stats"] for r in runs)
-        for variant, seeds in (("CBN with AMAT", {0, 1, 2}),
-                               ("CBN without AMAT", {0, 1, 2}), ("BN", {0})):
+        # the compared arms (AMAT, no AMAT) 5 seeds × 5 activations, BN and fixed η one seed each
+        assert len(runs) == 60 and all(r.config["probes"] == ["grad_stats"] for r in runs)
+        for variant, seeds in (("CBN with AMAT", set(range(5))),
+                               ("CBN without AMAT", set(range(5))), ("BN", {0})):
             assert {r.factors["seed"] for r in runs if r.factors["variant"] == variant} == seeds
         lr = runs[0].config["lr"]
         for r in runs:
@@ -655,7 +655,8 @@ def test_fig10_verdict():
     assert PA.fig10_verdict({**lower, "relu": variance(1.5)})[0] == "not held"
     # within the seeds' spread: nothing decided, the resolvable effect is stated
     verdict, summary = PA.fig10_verdict({a: variance(0.9, spread=0.3) for a in PC.ACTIVATIONS})
-    assert verdict == "inconclusive" and "resolvable ≥ 0.33 dex (design SD" in summary
+    # at the design's 5 seeds: (t_0.975 + t_0.8 at 8 df) · 0.11 · √(2/5)
+    assert verdict == "inconclusive" and "resolvable ≥ 0.22 dex (design SD" in summary
     # one seed per arm (the old smoke preset) cannot decide
     verdict, summary = PA.fig10_verdict({a: variance(0.5, seeds=1) for a in PC.ACTIVATIONS})
     assert verdict == "inconclusive" and "fewer than 3 seeds" in summary

@@ -23,7 +23,7 @@ def test_smoke_plan_arms_seeds_and_recipe():
     assert {r.config["model_options"]["residual"]: r.factors["reading"] for r in both} == \
         {"he": "he", "peng": "eq7"}
     runs = [r for r in both if r.factors["reading"] == "he"]
-    assert len(runs) == 5 * 2 * P.SEEDS == 30 == len(both) // 2
+    assert len(runs) == 5 * 2 * P.SEEDS["smoke"] == 50 == len(both) // 2
     for r in runs:
         c, f = r.config, r.factors
         if f["arm"] == "BN":
@@ -39,13 +39,13 @@ def test_smoke_plan_arms_seeds_and_recipe():
     seeds = {(r.factors["arm"], r.factors["activation"]): set() for r in runs}
     for r in runs:
         seeds[(r.factors["arm"], r.factors["activation"])].add(r.config["seed"])
-    assert all(s == {0, 1, 2} for s in seeds.values()) and len(seeds) == 10
+    assert all(s == {0, 1, 2, 3, 4} for s in seeds.values()) and len(seeds) == 10
 
 
 def test_paper_plan_follows_section_6_1():
     both = get("peng-table5").plan("paper").runs
     runs = [r for r in both if r.factors["reading"] == "he"]
-    assert len(runs) == 3 * 5 * 2 * P.SEEDS == len(both) // 2
+    assert len(runs) == 3 * 5 * 2 * P.SEEDS["paper"] == len(both) // 2
     # the ResNets in He's block form (the primary reading), EfficientNet without the option
     for r in both:
         form = {"he": "he", "eq7": "peng"}[r.factors["reading"]]
@@ -139,9 +139,9 @@ def test_fig6_verdict_rule():
 def test_tiny_reproduce_end_to_end_on_a_generated_image_folder(tmp_path, monkeypatch):
     """Both entries, every run cut to a few steps, on the generated image folder written into
     $BNLAB_DATA. One seed per arm and Sigmoid alone keep the test within its time budget (4 runs,
-    both block forms, instead of 60)."""
+    both block forms, instead of 100)."""
     monkeypatch.setenv("BNLAB_DATA", str(tmp_path / "data"))
-    monkeypatch.setattr(P, "SEEDS", 1)
+    monkeypatch.setattr(P, "SEEDS", {"smoke": 1, "paper": 1})
     monkeypatch.setattr(P, "ACTIVATIONS", ("sigmoid",))
     runs_dir = tmp_path / "runs"
     table = reproduce("peng-table5", "smoke", runs_dir=runs_dir, tiny=True,

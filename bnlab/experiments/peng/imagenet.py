@@ -18,12 +18,12 @@ same run ids: running one entry runs the other's training too):
   (224 crops, 256 resize), SGD momentum 0.9, weight decay 1e-4, batch 256, lr 0.1 ÷10 after epochs
   30, 60, 90, 120 epochs (§6.1). The paper prints one number per cell; we run 3 seeds so that the
   comparison has a stated rule.
-* smoke preset: bnlab's own ResNet-20 (width ¼, Eq. 7 residual form, replicate padding) stands in
-  for ResNet-18 — torchvision cannot be imported in every environment bnlab's smoke runs must work
-  in (a CUDA torchvision beside a CPU torch fails at import) — on a generated 10-class image folder
-  (`bnlab.data.image_writer`: oriented colour gratings written as real JPEG files, read back through
-  the same ``imagefolder`` path with random resized crops of at least 35 % of the area) at 16×16, 16
-  epochs of 10 steps with the lr ÷10 after epochs 8 and 12, 3 seeds per arm.
+* smoke preset: bnlab's own ResNet-20 (width ¼, He's and Eq. 7's block forms, replicate padding)
+  stands in for ResNet-18 — torchvision cannot be imported in every environment bnlab's smoke runs
+  must work in (a CUDA torchvision beside a CPU torch fails at import) — on a generated 10-class
+  image folder (`bnlab.data.image_writer`: oriented colour gratings written as real JPEG files, read
+  back through the same ``imagefolder`` path with random resized crops of at least 35 % of the
+  area) at 16×16, 16 epochs of 10 steps with the lr ÷10 after epochs 8 and 12, 5 seeds per arm.
 
 Verdicts use :func:`bnlab.experiments.common.compare_arms` (Welch's t-test over seeds, α = 0.05,
 minimum detectable effect at power 0.8) per (network, activation) cell; see `table5_verdict` and
@@ -55,7 +55,7 @@ ARM_ROW = {"BN": "①", "CBN": "②"}  # rows of Tables 1–4 (peng.row_spec)
 # the block reading's ``residual=`` option goes to the ResNets (:func:`_bases`)
 PAPER_MODELS = {"resnet18": "tv_resnet18", "resnet50": "tv_resnet50",
                 "efficientnet_b0": "tv_efficientnet_b0"}
-SEEDS = 3
+SEEDS = {"smoke": 5, "paper": 3}  # per arm and cell
 PAPER_RECIPE = dict(data="imagefolder", data_options={"folder": "imagenet", "image_size": 224,
                                                       "resize_size": 256,
                                                       "cache": "none", "workers": 8},
@@ -97,14 +97,14 @@ def _bases(preset: str, residual: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _runs(preset: str, residual: str) -> list[RunSpec]:
-    """BN and CBN × five activations × the preset's networks × 3 seeds in one block form (shared
+    """BN and CBN × five activations × the preset's networks × its seeds in one block form (shared
     by Table 5 and Fig. 6; EfficientNet's runs are the same in both forms, trained once)."""
     runs = []
     for arch, base in _bases(preset, residual):
         for act in ACTIVATIONS:
             for arm in ARMS:
                 norm, placement = row_spec(ARM_ROW[arm], act)
-                for seed in range(SEEDS):
+                for seed in range(SEEDS["paper" if preset == "paper" else "smoke"]):
                     config = {**base, "norm": norm, "placement": placement, "activation": act,
                               "seed": seed}
                     runs.append(RunSpec(f"{arm} · {ARCH_TITLE[arch]} · {ACT_TITLE[act]} · "
@@ -217,10 +217,10 @@ _SMOKE = ("bnlab's ResNet-20 at width ¼ (replicate padding) stands in for ResNe
           "are not run); a generated 10-class folder of oriented colour gratings (600 training, "
           "300 validation JPEGs) at 16×16 instead of ImageNet, read through the same image-folder "
           "source with random resized crops of at least 35 % of the area; 16 epochs of 10 steps "
-          "(batch 60), lr 0.1 ÷10 after epochs 8 and 12; 3 seeds per arm. The proxy can resolve "
+          "(batch 60), lr 0.1 ÷10 after epochs 8 and 12; 5 seeds per arm. The proxy can resolve "
           "gains of a few points, not ReLU's or Swish's +0.3–0.6.")
-_COST = {"smoke": "60 runs × 160 steps (shared by the pair; 30 per block form): 313 s of CPU "
-                  "with one thread per form, measured",
+_COST = {"smoke": "100 runs × 160 steps (shared by the pair; 50 per block form); 30 per form took "
+                  "313 s of CPU with one thread, measured",
          "paper": "150 runs (3 networks × 5 activations × 2 arms × 3 seeds; the ResNets' in both "
                   "block forms) × 120 ImageNet epochs "
                   "(GPU; the paper used 8 per run; not run here)"}
