@@ -55,8 +55,9 @@ CALLS: Counter = (
     Counter()
 )  # successful compiled calls by kind ("forward", "backward"): tests, diagnostics
 _FUNCTORCH_FRONT = torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode
-# The variants read their layer's (C,) buffers (mbn's moving moments, brn's running statistics):
-# dynamo makes module buffers static by default, which pins C and recompiles per channel count.
+# Coefficient functions read their layer's (C,) buffers (mbn's moving moments, brn's running
+# statistics): dynamo makes module buffers static by default, which pins C and recompiles per
+# channel count.
 _FLAGS = ("force_nn_module_property_static_shapes", "force_parameter_static_shapes")
 
 

@@ -1,7 +1,7 @@
 """The eager fused training path of the per-channel layers: few dispatched operations per call.
 
 One training step of a layer ``y = a(μ_B, σ²_B)·x + b(μ_B, σ²_B)``
-(:mod:`bnlab.norms.variants.base`) is two operators registered with ``torch.library`` (namespace
+(:mod:`bnlab.norms.engine.step`) is two operators registered with ``torch.library`` (namespace
 ``bnlab``), one each way:
 
 * ``bnlab::stats_affine(x, tensors, key) -> (y, μ_B, σ²_B)``: the batch statistics (torch's two-pass

@@ -13,7 +13,7 @@ cancels exactly) and ``Σ 2(x − μ_B)·∂L/∂σ²/n`` (the variance's depend
 
 While a step is traced (:func:`traced_step`), the plain path takes μ_B *detached* wherever its
 gradient is analytically zero — inside the variance's square (:func:`moments`) and in the affine
-map's ``x − μ_B`` and ``b + a·μ_B`` (``ChannelNorm._plain_normalize``) — so autograd's backward is
+map's ``x − μ_B`` and ``b + a·μ_B`` (:func:`.step.plain_normalize`) — so autograd's backward is
 that formula: ``Σg`` and ``Σg·(x − μ_B)`` in one reduction pass, the variant's per-channel chain on
 C numbers, and ``∂L/∂x`` in one pointwise pass (autograd's own backward of the plain ops would
 reduce two more full-size temporaries).

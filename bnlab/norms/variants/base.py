@@ -1,4 +1,5 @@
-"""Shared machinery of the per-channel normalization layers.
+"""The contract of the per-channel normalization layers: what a variant declares and writes, and
+what the base gives it to call.
 
 Every layer here keeps ``torch.nn.BatchNorm``'s names (``weight``, ``bias``, ``running_mean``,
 ``running_var``, ``num_batches_tracked``) and options (``eps``, ``momentum`` with ``None`` for a
@@ -6,10 +7,13 @@ cumulative average, ``affine``, ``track_running_stats``) so that state_dicts and
 interchange where the semantics match.
 
 Most layers are, for a fixed batch, an affine map per channel whose coefficients depend on the batch
-statistics: ``y = a(μ_B, σ²_B) · x + b(μ_B, σ²_B)``. The statistics come from ONE overridable
-method, :meth:`ChannelNorm.batch_moments` (the hook for synchronized statistics across processes);
-the per-channel ``a, b`` are built with ordinary autograd on C numbers (a variant is one
-``coefficients`` function), and applied in one pass (:func:`channel_affine`).
+statistics: ``y = a(μ_B, σ²_B) · x + b(μ_B, σ²_B)``. A variant writes ``normalize`` and its
+``coefficients`` (the per-channel ``a, b``, ordinary autograd on C numbers), its buffer update and
+its inference rule; how the step runs is the engine's (:mod:`bnlab.norms.engine`): ``forward`` is
+:func:`~bnlab.norms.engine.route.run`, and the statistics, the fused or plain application of the
+map and the buffer writes are :mod:`bnlab.norms.engine.step`, reached through the methods of the
+same names here. The statistics come from ONE overridable method, :meth:`ChannelNorm.batch_moments`
+(the hook for synchronized statistics across processes).
 
 Numerics: statistics are two-pass or Welford (never Σx² − (Σx)²/n), accumulated in float32 or better
 whatever the input dtype, so a large mean does not destroy the variance and half-precision inputs
@@ -19,30 +23,20 @@ switched off inside the layer (like ``nn.BatchNorm``, the output has the input's
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 import torch.nn as nn
 from torch import Tensor
 
 from .conventions import BatchNormConventions, check_dtype, check_eps_now
-from ..engine import route, written_grad
-from ..engine.fused import fused_normalize, refuse_recomputation
-from ..engine.guard import full_statistics, statistics_as_with_grad
-from ..engine.kernels import (
-    autocast_off, batch_statistics, coef_dtype, per_channel, reduce_dims, saved_statistics,
-    stats_dtype,
-)
-from ..engine.sync import batch_samples, module_group, synced_moments
-
-CoefFn = Callable[..., tuple[Tensor, Tensor]]
-MomentsFn = Callable[[Tensor], tuple[Tensor, Tensor, int]]
-UpdateFn = Callable[[Tensor, Tensor, int], None]
+from ..engine import route, step
+from ..engine.fused import CoefFn, UpdateFn, refuse_recomputation
+from ..engine.kernels import autocast_off, per_channel, reduce_dims, stats_dtype
+from ..engine.sync import module_group
 
 
 class ChannelNorm(BatchNormConventions):
-    """Base class: parameters, buffers, input checks, batch moments and running-statistics
-    bookkeeping.
+    """Base class: parameters, buffers, flags, input checks, the step's hooks and the update and
+    inference rules.
 
     Options, defaults and module protocol follow ``torch.nn.BatchNorm2d`` (:mod:`.conventions`):
     ``momentum=None`` is a cumulative moving average, ``track_running_stats=False`` keeps no buffers
@@ -58,7 +52,7 @@ class ChannelNorm(BatchNormConventions):
                          bias=bias)
         self.sync, self.process_group = bool(sync), None
 
-    # ---- the contract: what a variant may declare (read by the engine and the tools) ---------
+    # ---- the flags a variant may declare (read by the engine and the tools) ------------------
     reads_own_updates: bool = False
     """True when the training step reads buffers that the step itself updates (mbn's and cbn's
     moving statistics, brn's running ones): ``torch.utils.checkpoint`` cannot recompute such a
@@ -75,8 +69,6 @@ class ChannelNorm(BatchNormConventions):
     nonfinite_batches: int = 0
     """Training batches the non-finite guard skipped on this layer
     (:func:`bnlab.norms.set_nonfinite_guard`); the engine counts them here."""
-
-    _step_has_backward: bool = True  # this step's grad mode, set by normalize_with_batch_stats
 
     def forward(self, x: Tensor) -> Tensor:
         """The layer on x: :func:`bnlab.norms.engine.route.run` picks how the step runs (a
@@ -106,7 +98,18 @@ class ChannelNorm(BatchNormConventions):
             y = y + self.bias.view(shape)
         return y.to(x.dtype)
 
-    # ---- helpers -------------------------------------------------------------------------------
+    def without_batch_stats(self, x: Tensor) -> Tensor | None:
+        """After :meth:`check_input`, the step's output where it takes no batch statistics:
+        :meth:`empty_batch`'s for a zero-size batch, the inference rule (:meth:`running_normalize`)
+        where not :meth:`use_batch_stats`; None where ``normalize`` goes on with them."""
+        self.check_input(x)
+        if (empty := self.empty_batch(x)) is not None:
+            return empty
+        if not self.use_batch_stats():
+            return self.running_normalize(x)
+        return None
+
+    # ---- input checks and per-channel shapes -----------------------------------------------------
     # self: nn.Module, NativeBatchNorm calls it too
     def check_input(self: nn.Module, x: Tensor) -> None:
         """Clear errors for the mistakes people make when dropping a layer into a model."""
@@ -140,132 +143,35 @@ class ChannelNorm(BatchNormConventions):
     reduce_dims = staticmethod(reduce_dims)
     per_channel = staticmethod(per_channel)
 
+    # ---- the step with batch statistics: one-line calls of bnlab.norms.engine.step -----------
     def batch_moments(self, x: Tensor) -> tuple[Tensor, Tensor, int]:
-        """Per-channel mean, biased variance and count of x over the batch and all trailing dims.
-
-        THE single place batch statistics come from (both the fused and the plain path): override it
-        to synchronize statistics across processes. Results are in :func:`stats_dtype` (float32 or
-        better), two-pass or Welford, so a mean of 1e4 costs no variance digits. Differentiable when
-        grad is on; without grad (inside the fused function) torch's two-pass statistics kernel runs
-        instead.
-        """
-        if (group := module_group(self)) is not None:  # training with sync=True in a process group
-            return synced_moments(x, group, stats_dtype(x))
-        n = x.numel() // x.shape[1]
-        plain = (torch.is_grad_enabled() or x.device.type not in ("cpu", "cuda")
-                 or torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active())
-        if not plain:  # one call, double accumulation; eager and no-grad only
-            return (*batch_statistics(x), n)
-        dims = self.reduce_dims(x)
-        if torch.compiler.is_compiling() and x.device.type == "cpu":
-            # inductor's one Welford reduction (as stable to a large mean as two passes): one read
-            # of x instead of two (benchmarks/norms.py --modes compiled). Not on CUDA: with torch
-            # 2.11 Triton fails to compile cbn(decouple=false)'s var_mean kernel there.
-            var, mean = torch.var_mean(x.to(stats_dtype(x)), dim=dims, correction=0)
-            return mean, var, n
-        # eager: two passes, and a graph whose Σ(x − μ) term var_only_bn's gradient at large means
-        # needs
-        mean = x.mean(dim=dims, dtype=stats_dtype(x))
-        var = (x - per_channel(mean, x)).pow(2).mean(dim=dims)
-        return mean, var, n
-
-    def saves_half_statistics(self, x: Tensor) -> bool:
-        """Whether torch's CPU kernel would keep this step's statistics in half precision: a half
-        input into a layer whose parameters and buffers are that dtype too (or that has none).
-        With float32 state (autocast) they stay float32, and torch's CUDA kernels keep float32
-        statistics for every half input (:func:`.kernels.saved_statistics`)."""
-        if (x.dtype not in route.HALF_DTYPES or x.device.type != "cpu" or full_statistics(self)
-                or module_group(self) is not None):  # synced: global statistics, kept in float32
-            return False
-        state = next((t for t in (self.weight, self.bias, self.running_mean, self.running_var)
-                      if t is not None), None)
-        return state is None or state.dtype == x.dtype
-
-    def step_samples(self, x: Tensor) -> int:
-        """The samples of the batch this step normalizes over: x's (over all ranks when synced),
-        or the full batch's inside ``accumulate(normalize="full")``."""
-        full = full_statistics(self)
-        return full.samples if full is not None else batch_samples(self, x)
+        """Per-channel (mean, biased variance, count) of x: THE hook for synchronized statistics
+        (both routes call it), by default :func:`.step.batch_moments`."""
+        return step.batch_moments(self, x)
 
     def plain_moments(self, x: Tensor) -> tuple[Tensor, Tensor, int]:
-        """:meth:`batch_moments` for the plain path. Without grad they come from torch's
-        statistics kernel, which rounds differently from the two passes taken with grad; in the
-        first pass of a reentrant checkpoint (no grad) the two passes run, so that the
-        recomputation (grad on) reproduces the step bit for bit (:mod:`.guard`)."""
-        if (full := full_statistics(self)) is not None:  # bnlab.norms.tools.accumulate_full
-            return full(x)
-        if torch.is_grad_enabled() or not statistics_as_with_grad():
-            return self.batch_moments(x)
-        with torch.enable_grad():
-            mean, var, n = self.batch_moments(x)
-        return mean.detach(), var.detach(), n
+        """:meth:`batch_moments` on the plain route: :func:`.step.plain_moments`."""
+        return step.plain_moments(self, x)
+
+    def saves_half_statistics(self, x: Tensor) -> bool:
+        """Whether torch keeps half statistics: :func:`.step.saves_half_statistics`."""
+        return step.saves_half_statistics(self, x)
+
+    def step_samples(self, x: Tensor) -> int:
+        """The samples this step normalizes over: :func:`.step.step_samples`."""
+        return step.step_samples(self, x)
 
     def normalize_with_batch_stats(self, x: Tensor, coef_fn: CoefFn, *tensors: Tensor,
                                    update: UpdateFn | None = None
                                    ) -> tuple[Tensor, Tensor, Tensor, int]:
-        """Apply the per-channel affine map ``coef_fn(μ_B, σ²_B, *tensors) -> (scale, shift)`` to x.
+        """(y, μ_B, σ²_B, n): coef_fn's map on x, :func:`.step.normalize_with_batch_stats`."""
+        return step.normalize_with_batch_stats(self, x, coef_fn, *tensors, update=update)
 
-        Returns ``(y, μ_B, σ²_B, n)`` (statistics detached, for running-statistics updates).
-        Gradients flow through μ_B, σ²_B and ``tensors`` exactly as autograd on the plain expression
-        would give. ``y`` has x's dtype; everything per-channel is computed in float32 or better,
-        autocast off. ``update(μ_B, σ²_B, n)``, if given, updates the layer's buffers without grad,
-        after the coefficients were taken (inside the fused operator: no extra dispatched
-        operations).
-        """
-        with autocast_off(x):
-            if route.takes_fused(self, x):
-                if not self.saves_half_statistics(x):
-                    y, mean, var = fused_normalize(x, self.batch_moments, coef_fn, *tensors,
-                                                   update=update)
-                    return y, mean, var, x.numel() // x.shape[1]
-                # the coefficients see torch's half statistics, the buffers the exact ones
-                exact: list[Tensor] = []
+    def write_buffer(self, name: str, value: Tensor) -> None:
+        """Set a buffer this step's graph read: :func:`.step.write_buffer`."""
+        step.write_buffer(self, name, value)
 
-                def moments(xs: Tensor) -> tuple[Tensor, Tensor, int]:
-                    mean, var, n = self.batch_moments(xs)
-                    exact[:] = [mean, var]
-                    return (*saved_statistics(x, mean, var, self.eps), n)
-
-                def exact_update(_mean: Tensor, _var: Tensor, n: int) -> None:
-                    if update is not None:
-                        update(exact[0], exact[1], n)
-                y, _, _ = fused_normalize(x, moments, coef_fn, *tensors, update=exact_update)
-                return y, exact[0], exact[1], x.numel() // x.shape[1]
-            y, mean, var, n = self._plain_normalize(x, coef_fn, *tensors)
-        if update is not None:
-            # read by write_buffer (dynamo traces neither torch.is_inference_mode_enabled nor
-            # Tensor.is_inference, so the grad mode of the call is the test)
-            self._step_has_backward = torch.is_grad_enabled()
-            with torch.no_grad():
-                update(mean, var, n)
-        return y, mean, var, n
-
-    def _plain_normalize(self, x: Tensor, coef_fn: CoefFn,
-                         *tensors: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
-        """:meth:`normalize_with_batch_stats` from plain autograd ops (compile, half inputs, sync,
-        vmap)."""
-        # half inputs: one float32 copy feeds μ_B, σ²_B and the centred x, so their three
-        # input-gradient paths add up in float32 and round to half once (as torch's kernel)
-        xs = x.to(stats_dtype(x))
-        if written_grad.tracing() and xs is x and module_group(self) is None:
-            # a compiled step's trace: μ_B detached where its gradient is zero (.written_grad)
-            mean, var, n = written_grad.moments(x)
-            anchor = mean.detach()
-        else:
-            mean, var, n = self.plain_moments(xs)
-            anchor = mean
-        exact = mean.detach(), var.detach()
-        if self.saves_half_statistics(x):
-            mean, var = saved_statistics(x, mean, var, self.eps)
-            anchor = mean
-        dt = coef_dtype(x)
-        scale, shift = coef_fn(mean.to(dt), var.to(dt), *tensors)
-        # y = scale·(x − μ) + (shift + scale·μ): the centred form keeps a large mean out of autograd
-        centred = xs - per_channel(anchor, xs)
-        y = torch.addcmul(per_channel((shift + scale * anchor).to(centred.dtype), x), centred,
-                          per_channel(scale.to(centred.dtype), x))
-        return y.to(x.dtype), *exact, n
-
+    # ---- update rules: the buffers after a training step ---------------------------------------
     def momentum_weight(self, momentum: float | None = None) -> float | Tensor:
         """This step's running-average weight: ``momentum``, or 1/t (cumulative average) when None.
         Call after ``num_batches_tracked`` was incremented. A tensor for None, so compile never
@@ -274,26 +180,6 @@ class ChannelNorm(BatchNormConventions):
         if m is None:
             return 1.0 / self.num_batches_tracked.to(self.running_mean.dtype)
         return m
-
-    @torch.no_grad()
-    def write_buffer(self, name: str, value: Tensor) -> None:
-        """Set a buffer that this step's differentiable graph READ (moving statistics, step
-        counters).
-
-        Eager: in place. Under torch.compile the buffer is rebound to a new tensor instead:
-        AOTAutograd may recompute forward values in backward from the buffer, and after an in-place
-        update it reads the new value (wrong gradients, measured with torch 2.13 on mbn: 1e-3 off;
-        cbn, brn likewise). Buffers only read outside the graph (BN's running statistics) are
-        updated in place. So are all where the step has no backward (grad off when the layer was
-        called, :meth:`normalize_with_batch_stats`): under ``torch.inference_mode`` a rebound
-        buffer would be an inference tensor that no later training step could save.
-        """
-        old = getattr(self, name)
-        value = value.detach().to(old.dtype)
-        if torch.compiler.is_compiling() and self._step_has_backward:
-            setattr(self, name, value)
-        else:
-            old.copy_(value)
 
     @torch.no_grad()
     def update_running_stats(self, mean: Tensor, var: Tensor, n: int,
@@ -321,6 +207,7 @@ class ChannelNorm(BatchNormConventions):
         forward does after normalizing that batch."""
         self.update_running_stats(mean, var, n)
 
+    # ---- affine helpers ------------------------------------------------------------------------
     def gamma_beta(self, x: Tensor) -> tuple[Tensor, Tensor]:
         # no constants built: 2 dispatched ops fewer
         if self.weight is not None and self.bias is not None:

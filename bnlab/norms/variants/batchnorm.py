@@ -27,11 +27,8 @@ class BatchNorm(ChannelNorm):
     """
 
     def normalize(self, x: Tensor) -> Tensor:
-        self.check_input(x)
-        if (empty := self.empty_batch(x)) is not None:
-            return empty
-        if not self.use_batch_stats():
-            return self.running_normalize(x)
+        if (y := self.without_batch_stats(x)) is not None:
+            return y
         if (module_group(self) is None and not self.compiled_cumulative()
                 and trains_as_torch_bn(self) and full_statistics(self) is None):
             return self.native_batch_norm(x)
@@ -107,11 +104,8 @@ class MeanOnlyBatchNorm(BatchNorm):
     """
 
     def normalize(self, x: Tensor) -> Tensor:
-        self.check_input(x)
-        if (empty := self.empty_batch(x)) is not None:
-            return empty
-        if not self.use_batch_stats():
-            return self.running_normalize(x)
+        if (y := self.without_batch_stats(x)) is not None:
+            return y
         gamma, beta = self.gamma_beta(x)
         return self.normalize_with_batch_stats(x, self.coefficients, gamma, beta,
                                                update=self.update_running_mean)[0]

@@ -108,11 +108,8 @@ class MomentumBatchNorm(ChannelNorm):
         return ratio ** self._lambda_exponent - ratio
 
     def normalize(self, x: Tensor) -> Tensor:
-        self.check_input(x)
-        if (empty := self.empty_batch(x)) is not None:
-            return empty
-        if not self.use_batch_stats():
-            return self.running_normalize(x)
+        if (y := self.without_batch_stats(x)) is not None:
+            return y
         gamma, beta = self.gamma_beta(x)
         # MBN's m (over all ranks when synced) is the number of samples, not samples × positions
         m = self.step_samples(x)

@@ -130,11 +130,8 @@ class BatchRenorm(ChannelNorm):
                 relaxed_limit(t, 0.0, self.d_max, relax, d_at))
 
     def normalize(self, x: Tensor) -> Tensor:
-        self.check_input(x)
-        if (empty := self.empty_batch(x)) is not None:
-            return empty
-        if not self.use_batch_stats():
-            return self.running_normalize(x)
+        if (y := self.without_batch_stats(x)) is not None:
+            return y
         gamma, beta = self.gamma_beta(x)
         if self.takes_torch_kernel(x):
             return self.renorm_with_torch_kernel(x, gamma, beta)
