@@ -50,8 +50,9 @@ def _fig8(spread: float, bn: float = 0.70, worst: float = 0.80) -> dict:
 
 
 def _fig10(spread: float, ratio: float = 0.7) -> dict:
-    return {act: {"CBN without AMAT": [10 ** j for j in _jitter(spread)],
-                  "CBN with AMAT": [ratio * 10 ** -j for j in _jitter(spread)]}
+    n = len(PA.FIG10_SEEDS)  # the entry's seeds: its design states its resolvable effect at them
+    return {act: {"CBN without AMAT": [10 ** j for j in _jitter(spread, n)],
+                  "CBN with AMAT": [ratio * 10 ** -j for j in _jitter(spread, n)]}
             for act in ACTIVATIONS}
 
 
@@ -78,7 +79,7 @@ CASES = {
                     lambda s: PCo.table6_verdict(_table6(s, rates=(0.1,) * 4)), 3, None, 1),
     "peng-fig7": (PCo.FIG7_DESIGN_SD, lambda s: PCo.fig7_verdict(_fig7(s)), 3, None, 1),
     "peng-fig8": (PF.FIG8_DESIGN_SD, lambda s: PF.fig8_verdict(_fig8(s)), 3, None, 100),
-    "peng-fig10": (PA.FIG10_DESIGN_SD, lambda s: PA.fig10_verdict(_fig10(s)), 3, None, 1),
+    "peng-fig10": (PA.FIG10_DESIGN_SD, lambda s: PA.fig10_verdict(_fig10(s)), 5, None, 1),
     "peng-thm1": (PT.THM1_DESIGN_SD, lambda s: PT.thm1_verdict(_thm1(s)), 5, ("T1", "T2", "T3"),
                   1),
 }
@@ -147,7 +148,7 @@ def test_fig8_fig10_thm1_decisions_are_unchanged():
     assert PA.fig10_verdict(_fig10(0.01))[0] == "held"
     assert PA.fig10_verdict(_fig10(0.01, ratio=1.5))[0] == "not held"
     verdict, text = PA.fig10_verdict(_fig10(0.3, ratio=0.9))
-    mde = design_mde(PA.FIG10_DESIGN_SD.of(), 3, 3)
+    mde = design_mde(PA.FIG10_DESIGN_SD.of(), 5, 5)
     assert verdict == "inconclusive"
     assert f"resolvable ≥ {mde:.2g} dex (design SD" in text  # the primary's
     assert PT.thm1_verdict(_thm1(1.0))[0] == "held"
