@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import bnlab.norms.engine.route as norms_route
-from bnlab.norms.engine import coef_compile
+from bnlab.norms.engine import coef_compile, switches
 from bnlab.norms.tools.bench import _layer as _bench_layer
 from bnlab.norms.engine.fused import fused_normalize
 from bnlab.norms.tools.opcount import count_ops, training_step
@@ -217,11 +217,11 @@ def test_inside_op_count_drops_where_compiled(policy):
 
 def test_policy_default_is_cuda_only_and_bad_values_are_named(policy, monkeypatch):
     monkeypatch.delenv("BNLAB_COMPILE_COEFFICIENTS", raising=False)
-    assert not coef_compile.policy_allows(torch.device("cpu"))
-    assert coef_compile.policy_allows(torch.device("cuda"))
+    assert not switches.coefficients_compiled(torch.device("cpu"))
+    assert switches.coefficients_compiled(torch.device("cuda"))
     policy("sometimes")
     with pytest.raises(ValueError, match="auto, 1 and 0"):
-        coef_compile.policy_allows(torch.device("cpu"))
+        switches.coefficients_compiled(torch.device("cpu"))
 
 
 def test_a_foreign_dispatch_mode_gets_the_eager_path(fresh):

@@ -22,7 +22,7 @@ import torch.nn as nn
 import bnlab.norms as N
 import bnlab.norms.engine.route as norms_route
 from bnlab.norms import amat_eta, mbn_lambda
-from bnlab.norms.engine import sync
+from bnlab.norms.engine import switches, sync
 from tests.distributed_harness import run_ranks
 
 TOL = 1e-5
@@ -112,7 +112,7 @@ def _primitives(rank: int, split: list[int]) -> dict:
     """synced_moments at a large offset and global_topk against float64 references on the whole
     batch."""
     lo, hi = sum(split[:rank]), sum(split[: rank + 1])
-    group = sync.active_group()
+    group = switches.active_group()
     x = torch.randn(BATCH, 3, 4, generator=torch.Generator().manual_seed(2)) + 1e4
     x_loc = x[lo:hi].clone().requires_grad_()
     mean, var, n = sync.synced_moments(x_loc, group)

@@ -23,12 +23,13 @@ against the full Jacobian (``torch.func.jacrev``), and a variant that fails the 
 trace or compile raises, then or on a later call) keeps the eager per-channel path, with one
 warning.
 
-Policy (``BNLAB_COMPILE_COEFFICIENTS``, read on every call): ``auto`` (default) compiles on CUDA
-only, where kernel launches dominate (not yet measured on a GPU); ``1`` compiles on every
-device, ``0`` never. On the CPU it is no faster (each compiled call goes through dynamo's guards and
-wrappers, which cost more than the eager micro-ops it replaces) and the first step compiles for
-seconds per variant (``benchmarks/coef_compile.py`` → benchmarks/results/norms_coef_compile.json),
-hence off there by default.
+Policy (``BNLAB_COMPILE_COEFFICIENTS``, read on every call by
+:func:`.switches.coefficients_compiled`): ``auto`` (default) compiles on CUDA only, where kernel
+launches dominate (not yet measured on a GPU); ``1`` compiles on every device, ``0`` never. On the
+CPU it is no faster (each compiled call goes through dynamo's guards and wrappers, which cost more
+than the eager micro-ops it replaces) and the first step compiles for seconds per variant
+(``benchmarks/coef_compile.py`` → benchmarks/results/norms_coef_compile.json), hence off there by
+default.
 ``BNLAB_COEF_BACKEND`` picks the dynamo backend (default ``inductor``; ``aot_eager`` traces without
 generating code, which the tests use).
 """
@@ -45,6 +46,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode
+
+from .switches import coefficients_compiled
 
 _LOCK = threading.Lock()
 _BUILT: dict[
@@ -97,18 +100,6 @@ def _dynamic_buffers() -> _DynamicBuffers:
 
 
 MAX_CHECKED_C = 1024  # the one-time Jacobian check is (2C)×C per input: above this, stay eager
-
-
-def policy_allows(device: torch.device) -> bool:
-    """Whether the environment asks for compiled coefficients on ``device`` (module docstring)."""
-    mode = os.environ.get("BNLAB_COMPILE_COEFFICIENTS", "auto").strip().lower()
-    if mode in ("0", "false", "off", "no"):
-        return False
-    if mode in ("1", "true", "on", "yes"):
-        return True
-    if mode != "auto":
-        raise ValueError(f"BNLAB_COMPILE_COEFFICIENTS={mode!r}: valid values are auto, 1 and 0")
-    return device.type == "cuda"
 
 
 def partials(
@@ -229,7 +220,7 @@ def run(
 ):
     """``fn(*args)`` compiled once per ``key``, or None where the eager path must run instead
     (policy off, under compile or a foreign dispatch mode, compile failed, not channel-wise)."""
-    if not policy_allows(device) or torch.compiler.is_compiling():
+    if not coefficients_compiled(device) or torch.compiler.is_compiling():
         return None
     mode = _get_current_dispatch_mode()  # dynamo refuses to run under a user's dispatch mode
     if mode is not None and not hasattr(mode, "record_compiled_call"):
@@ -280,9 +271,8 @@ def forward_coefficients(
     var: Tensor,
     tensors,
 ) -> tuple[Tensor, ...] | None:
-    """:func:`partials` compiled for this variant, or None (eager path)."""
-    if not policy_allows(mean.device):  # the usual CPU case: build no key, no name
-        return None
+    """:func:`partials` compiled for this variant, or None (eager path). The caller asks
+    :func:`.switches.coefficients_compiled` first (the usual CPU case: no key, no name built)."""
     code = getattr(coef_fn, "__func__", coef_fn).__code__
     key = ("forward", code, cdt, xdt, mean.device.type, needs, tuple(t.dtype for t in tensors))
     # not getattr's default: that would build the layer's repr on every step

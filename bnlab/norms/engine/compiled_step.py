@@ -73,9 +73,8 @@ from torch.autograd.graph import increment_version
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .fused import refuse_double_backward
-from .switches import fast_paths_allowed
-from .sync import module_group
-from .written_grad import traced_step, tracing
+from .switches import fast_paths_allowed, module_group, tracing
+from .written_grad import traced_step
 
 # the catalogue entries whose layer classes take the compiled step (bn runs torch's kernel already)
 ROUTED_SPECS = ("mean_only_bn", "var_only_bn", "mbn", "cbn", "brn", "lp_bn", "si_bn")

@@ -37,8 +37,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .guard import replaying
 from .coef_compile import assemble, backward_coefficients, forward_coefficients
+from .switches import coefficients_compiled
 from .kernels import (centred_reductions, channel_affine, coef_dtype, filled, input_gradient,
                       stats_dtype)
 
@@ -54,16 +54,6 @@ def refuse_double_backward(what: str) -> None:
         raise RuntimeError(f"bnlab's fused {what} does not support double backward "
                            "(create_graph=True); run the forward pass inside `with "
                            "bnlab.norms.plain_autograd():`")
-
-
-def refuse_recomputation(layer: str, reason: str, remedy: str) -> None:
-    """Raise if this forward pass runs inside backward: torch.utils.checkpoint recomputing its
-    region, which for a layer whose step is not a pure function of its inputs (``reason``) would
-    give silently wrong gradients."""
-    if torch._C._current_graph_task_id() >= 0 and not replaying():
-        raise RuntimeError(f"{layer} is being run inside backward (torch.utils.checkpoint "
-                           f"recomputing a checkpointed region): {reason}, so the recomputation "
-                           f"would give silently wrong gradients. {remedy}")
 
 
 def lazily_disabled(fn: Callable) -> Callable:
@@ -150,7 +140,8 @@ def _coefficients(call: _Call, x: Tensor, mean: Tensor, var: Tensor,
         with torch.no_grad():
             scale, shift = call.coef_fn(mean.detach().to(dt), var.detach().to(dt), *leaves)
         return scale.to(xdt), shift.to(xdt)
-    out = forward_coefficients(call.coef_fn, tuple(call.needs), dt, xdt, mean, var, leaves)
+    out = (forward_coefficients(call.coef_fn, tuple(call.needs), dt, xdt, mean, var, leaves)
+           if coefficients_compiled(mean.device) else None)
     if out is not None:
         scale_x, shift_x, m_x, m, p = out
         dtypes = tuple(t.dtype for t, need in zip(leaves, call.needs) if need)

@@ -1,8 +1,9 @@
 """One statistics update per training forward: checkpoint recomputation and non-finite batches.
 
-Every bnlab layer's ``forward`` runs its step through :func:`guarded_step` where :func:`needs_guard`
-says so (:func:`bnlab.norms.engine.route.run` decides). In eval mode and under ``torch.compile``
-the step is a direct call. In training it adds what torch's BatchNorm lacks:
+Every bnlab layer's ``forward`` runs its step through :func:`guarded_step` where
+:func:`.switches.needs_guard` says so (:func:`bnlab.norms.engine.route.run` decides). In eval mode
+and under ``torch.compile`` the step is a direct call. In training it adds what torch's BatchNorm
+lacks:
 
 * **Activation checkpointing** (``torch.utils.checkpoint``, ``use_reentrant=True`` and ``False``):
   the region's forward pass runs a second time inside backward. A layer whose training step reads
@@ -38,20 +39,13 @@ from torch import Tensor
 
 from ..user_line import warn as warn_at_user_line
 from .switches import (  # ACCUMULATORS, nonfinite_guard_enabled: read here by the tools too
-    ACCUMULATORS, NONFINITE_GUARD, THREAD, nonfinite_guard_enabled, thread_flag,
+    ACCUMULATORS, NONFINITE_GUARD, THREAD, guarded_layers, inside_backward,
+    nonfinite_guard_enabled, thread_flag,
 )
 
-__all__ = ["ACCUMULATORS", "guarded_step", "needs_guard", "nonfinite_batches",
-           "nonfinite_guard_enabled", "replaying", "statistics_as_with_grad"]
-
-
-def full_statistics(layer: nn.Module) -> Any:
-    """The full-batch statistics a layer normalizes with inside ``accumulate(normalize="full")``
-    (a callable giving (mean, var, n) for its input), or None. Never under torch.compile (the
-    block runs eagerly: its training steps are the wrapper's, which compile does not trace)."""
-    if torch.compiler.is_compiling() or not ACCUMULATORS:
-        return None
-    return getattr(ACCUMULATORS.get(id(layer)), "full", None)
+__all__ = ["ACCUMULATORS", "guarded_step", "nonfinite_batches",
+           "nonfinite_guard_enabled", "refuse_recomputation", "replaying",
+           "statistics_as_with_grad"]
 
 
 def nonfinite_batches(model: nn.Module) -> dict[str, int]:
@@ -68,25 +62,20 @@ def replaying() -> bool:
     return thread_flag("replay", 0) > 0
 
 
-def _inside() -> set[int]:
-    inside = thread_flag("inside", None)
-    if inside is None:
-        inside = THREAD.inside = set()
-    return inside
-
-
-def needs_guard(layer: nn.Module) -> bool:
-    """Whether this call of the layer is a training step that needs this module's guarantees
-    (see its docstring): training, eager, not already inside the layer's own guarded step, and
-    the guard on, an accumulation running, or possibly a checkpointed region."""
-    return (layer.training and not torch.compiler.is_compiling() and id(layer) not in _inside()
-            and bool(NONFINITE_GUARD[0] or ACCUMULATORS or _maybe_checkpointed()))
+def refuse_recomputation(layer: str, reason: str, remedy: str) -> None:
+    """Raise if this forward pass runs inside backward: torch.utils.checkpoint recomputing its
+    region, which for a layer whose step is not a pure function of its inputs (``reason``) would
+    give silently wrong gradients."""
+    if inside_backward() and not replaying():
+        raise RuntimeError(f"{layer} is being run inside backward (torch.utils.checkpoint "
+                           f"recomputing a checkpointed region): {reason}, so the recomputation "
+                           f"would give silently wrong gradients. {remedy}")
 
 
 def guarded_step(layer: nn.Module, call: Callable[[], Tensor], x: Tensor) -> Tensor:
     """``call()``, the layer's step on x, with this module's guarantees (where
-    :func:`needs_guard`)."""
-    inside = _inside()
+    :func:`.switches.needs_guard`)."""
+    inside = guarded_layers()
     inside.add(id(layer))
     try:
         return _guarded_step(layer, call, x)
@@ -237,13 +226,6 @@ def _records(owner: Any) -> _Records:
         records = _Records()
         owner._bnlab_records = records
     return records
-
-
-def _maybe_checkpointed() -> bool:
-    """Cheap test before :func:`checkpoint_site`: saved-tensor hooks on, grad off (a reentrant
-    checkpoint's first pass) or inside backward (its recomputation)."""
-    return (torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
-            or not torch.is_grad_enabled() or torch._C._current_graph_task_id() >= 0)
 
 
 _CODES: list = []  # the code objects of CheckpointFunction.forward and .backward

@@ -26,8 +26,9 @@ import torch.nn as nn
 from torch import Tensor
 
 from . import compiled_step, guard
-from .switches import COMPILED_STEPS, fast_paths_allowed
-from .sync import module_group
+from .switches import (
+    COMPILED_STEPS, fast_paths_allowed, full_statistics, module_group, needs_guard,
+)
 
 # On the CPU, below this many elements the fused function's fixed Python cost (an autograd.Function,
 # two Python operator kernels, a nested engine call) exceeds what it saves: the plain ops are 0–20 %
@@ -47,7 +48,7 @@ def run(layer: Any, x: Tensor, *args: Tensor) -> Tensor:
         return y
     if isinstance(x, torch.fx.Proxy):
         return fx_node(layer, x, args)
-    if guard.needs_guard(layer):
+    if needs_guard(layer):
         return guard.guarded_step(layer, functools.partial(layer.normalize, x, *args), x)
     return layer.normalize(x, *args)
 
@@ -89,4 +90,4 @@ def takes_fused(layer: nn.Module, x: Tensor) -> bool:
     the layer neither synced (autograd through the collectives) nor inside
     ``accumulate(normalize="full")`` (the full batch's statistics)."""
     return (fused_enabled(x) and module_group(layer) is None
-            and guard.full_statistics(layer) is None)
+            and full_statistics(layer) is None)

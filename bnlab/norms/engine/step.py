@@ -40,11 +40,12 @@ from torch import Tensor
 
 from . import route, written_grad
 from .fused import CoefFn, UpdateFn, fused_normalize
-from .guard import full_statistics, statistics_as_with_grad
+from .guard import statistics_as_with_grad
 from .kernels import (
     autocast_off, batch_statistics, coef_dtype, per_channel, saved_statistics, stats_dtype,
 )
-from .sync import batch_samples, module_group, synced_moments
+from .switches import full_statistics, module_group, tracing
+from .sync import batch_samples, synced_moments
 
 
 def batch_moments(layer: Any, x: Tensor) -> tuple[Tensor, Tensor, int]:
@@ -93,8 +94,9 @@ def saves_half_statistics(layer: Any, x: Tensor) -> bool:
 def step_samples(layer: Any, x: Tensor) -> int:
     """The samples of the batch this step normalizes over: x's (over all ranks when synced),
     or the full batch's inside ``accumulate(normalize="full")``."""
-    full = full_statistics(layer)
-    return full.samples if full is not None else batch_samples(layer, x)
+    if (full := full_statistics(layer)) is not None:
+        return full.samples
+    return x.shape[0] if module_group(layer) is None else batch_samples(layer, x)
 
 
 def plain_moments(layer: Any, x: Tensor) -> tuple[Tensor, Tensor, int]:
@@ -159,7 +161,7 @@ def plain_normalize(layer: Any, x: Tensor, coef_fn: CoefFn,
     # half inputs: one float32 copy feeds μ_B, σ²_B and the centred x, so their three
     # input-gradient paths add up in float32 and round to half once (as torch's kernel)
     xs = x.to(stats_dtype(x))
-    if written_grad.tracing() and xs is x and module_group(layer) is None:
+    if tracing() and xs is x and module_group(layer) is None:
         # a compiled step's trace: μ_B detached where its gradient is zero (.written_grad)
         mean, var, n = written_grad.moments(x)
         anchor = mean.detach()

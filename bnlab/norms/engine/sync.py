@@ -25,31 +25,13 @@ import torch.nn as nn
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from .switches import module_group  # whether a layer is synced now, and over which group
+
 __all__ = [
-    "active_group", "all_gather", "all_reduce_sum", "batch_samples", "broadcast_seed",
+    "all_gather", "all_reduce_sum", "batch_samples", "broadcast_seed",
     "channel_count", "channel_mean", "channel_topk", "global_batch_rows", "global_topk",
-    "module_group", "sample_offset", "synced_moments",
+    "sample_offset", "synced_moments",
 ]
-
-
-def active_group(process_group=None):
-    """The process group to synchronize over, or ``None`` when there is nothing to synchronize.
-
-    ``None`` outside an initialized default group or when the group has a single rank;
-    ``process_group`` ``None`` means the default (world) group.
-    """
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    group = process_group if process_group is not None else dist.group.WORLD
-    return group if dist.get_world_size(group) > 1 else None
-
-
-def module_group(module: nn.Module):
-    """The group a layer synchronizes its batch statistics over now (training, ``sync`` on), or
-    None."""
-    if not (getattr(module, "sync", False) and module.training):
-        return None
-    return active_group(getattr(module, "process_group", None))
 
 
 class _AllGather(torch.autograd.Function):

@@ -31,12 +31,7 @@ from typing import Iterator
 from torch import Tensor
 
 from .kernels import per_channel, reduce_dims
-from .switches import THREAD, thread_flag
-
-
-def tracing() -> bool:
-    """Whether this thread is tracing a compiled training step (:func:`traced_step`)."""
-    return thread_flag("tracing", False)
+from .switches import THREAD, tracing
 
 
 @contextmanager

@@ -32,7 +32,8 @@ from .freeze import freeze
 from ..variants.noisy import StochasticLayer
 from ..ops import spec_parts, create
 from ..registry import lookup, parse_spec
-from ..engine.sync import active_group, broadcast_seed
+from ..engine.switches import active_group
+from ..engine.sync import broadcast_seed
 
 # torch's option names, passed to the new layer's constructor with torch's semantics, and their
 # defaults (an option a layer does not take is refused by name unless the old layer has the

@@ -27,11 +27,12 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from .conventions import BatchNormConventions, check_dtype, check_eps_now
+from .conventions import BatchNormConventions
 from ..engine import route, step
-from ..engine.fused import CoefFn, UpdateFn, refuse_recomputation
+from ..engine.fused import CoefFn, UpdateFn
+from ..engine.guard import refuse_recomputation
 from ..engine.kernels import autocast_off, per_channel, reduce_dims, stats_dtype
-from ..engine.sync import module_group
+from ..engine.switches import inside_backward, module_group
 
 
 class ChannelNorm(BatchNormConventions):
@@ -109,6 +110,17 @@ class ChannelNorm(BatchNormConventions):
             return self.running_normalize(x)
         return None
 
+    # ---- torch's forward rule --------------------------------------------------------------------
+    def use_batch_stats(self) -> bool:
+        """torch's ``bn_training``: training, or eval without running buffers."""
+        return self.training or (self.running_mean is None and self.running_var is None)
+
+    def tracks_now(self) -> bool:
+        """Whether this forward updates the running statistics (training, track_running_stats)."""
+        return self.training and self.track_running_stats and self.running_mean is not None
+
+
+
     # ---- input checks and per-channel shapes -----------------------------------------------------
     # self: nn.Module, NativeBatchNorm calls it too
     def check_input(self: nn.Module, x: Tensor) -> None:
@@ -134,7 +146,8 @@ class ChannelNorm(BatchNormConventions):
         check_eps_now(self)
         if x.numel() != 0:  # torch returns an empty output for an empty batch of any float dtype
             check_dtype(self, x)
-        if self.training and self.reads_own_updates and not torch.compiler.is_compiling():
+        if (self.training and self.reads_own_updates and not torch.compiler.is_compiling()
+                and inside_backward()):  # a checkpoint recomputing its region, or a misuse
             refuse_recomputation(type(self).__name__,
                                  "its training step reads statistics (moving or running) that its "
                                  "own forward pass updated, and would read the updated ones",
@@ -264,3 +277,30 @@ class ChannelNorm(BatchNormConventions):
         Used by :func:`bnlab.norms.fold`. Subclasses that are affine at inference override it.
         """
         return None
+
+
+REDUCED_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def check_eps_now(module: nn.Module) -> None:
+    """ε may have been changed after construction: torch checks it at every forward."""
+    eps = getattr(module, "eps", 1e-5)
+    if module.training and not eps > 0:
+        raise ValueError(f"batch_norm eps must be positive during training, but got {eps}")
+    if not eps >= 0:
+        raise ValueError(f"batch_norm eps must be non-negative, but got {eps}")
+
+
+def check_dtype(module: nn.Module, x: Tensor) -> None:
+    """torch's rule: the state's dtype, or float16/bfloat16 input with float32 state (AMP)."""
+    names = ("weight", "bias", "running_mean", "running_var")
+    state = next((t for t in (getattr(module, n, None) for n in names) if t is not None), None)
+    if state is None or x.dtype == state.dtype:
+        return
+    if state.dtype == torch.float32 and x.dtype in REDUCED_DTYPES:
+        return
+    raise RuntimeError(
+        f"mixed dtype: {type(module).__name__} has {state.dtype} parameters and buffers but the "
+        f"input is {x.dtype} (torch.nn.BatchNorm accepts the same dtype, or float16/bfloat16 input "
+        f"with float32 parameters); convert one of them, e.g. layer.to({x.dtype}) or "
+        f"x.to({state.dtype})")

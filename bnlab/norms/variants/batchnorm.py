@@ -8,10 +8,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .base import ChannelNorm
-from ..engine.sync import module_group
 from .conventions import checked_eps, checked_momentum
 from ..engine import route
-from ..engine.guard import full_statistics
+from ..engine.switches import full_statistics, module_group
 from ..registry import BN_OPTIONS, norm
 
 

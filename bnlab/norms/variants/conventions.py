@@ -8,14 +8,11 @@ What a user of ``torch.nn.BatchNorm1d/2d/3d`` relies on beyond the formula (torc
 * ``reset_running_stats()`` and ``reset_parameters()``;
 * state_dict version 2: a checkpoint without ``num_batches_tracked`` (version 1) loads (the counter
   kept, or 0), also into a module on the ``meta`` device with ``assign=True``;
-* the forward rule: batch statistics in training, or in eval when there are no running buffers
-  (buffers present but ``track_running_stats=False``: eval normalizes with the buffers); running
-  statistics updated only in training with ``track_running_stats``;
-* a zero-size batch gives an empty output, zero parameter gradients, and leaves the running
-  statistics alone (in training ``num_batches_tracked`` still counts it, as torch's does);
-* dtypes: the input has the parameters' dtype, or is float16/bfloat16 with float32 parameters (AMP);
-  anything else raises torch's "mixed dtype" ``RuntimeError`` instead of computing silently (a
-  zero-size batch of any floating dtype gives torch's empty output).
+* moving buffers beyond torch's (mbn's, cbn's) registered, reset and loaded from one
+  declaration, and a torch BatchNorm checkpoint loading strictly into a layer that has them.
+
+The forward conventions (the batch-statistics rule, zero-size batches, dtypes) are part of the
+step and live with it in :mod:`.base`.
 """
 
 from __future__ import annotations
@@ -26,8 +23,6 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-
-REDUCED_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def checked_eps(eps: float) -> float:
@@ -191,36 +186,3 @@ class BatchNormConventions(nn.Module):
             if current is not None and current.device.type == "meta":
                 dtype = ref.dtype if value.is_floating_point() else value.dtype
                 self._buffers[name] = value.to(device=ref.device, dtype=dtype)
-
-    # ---- the forward protocol ----------------------------------------------------------------
-    def use_batch_stats(self) -> bool:
-        """torch's ``bn_training``: training, or eval without running buffers."""
-        return self.training or (self.running_mean is None and self.running_var is None)
-
-    def tracks_now(self) -> bool:
-        """Whether this forward updates the running statistics (training, track_running_stats)."""
-        return self.training and self.track_running_stats and self.running_mean is not None
-
-
-def check_eps_now(module: nn.Module) -> None:
-    """ε may have been changed after construction: torch checks it at every forward."""
-    eps = getattr(module, "eps", 1e-5)
-    if module.training and not eps > 0:
-        raise ValueError(f"batch_norm eps must be positive during training, but got {eps}")
-    if not eps >= 0:
-        raise ValueError(f"batch_norm eps must be non-negative, but got {eps}")
-
-
-def check_dtype(module: nn.Module, x: Tensor) -> None:
-    """torch's rule: the state's dtype, or float16/bfloat16 input with float32 state (AMP)."""
-    names = ("weight", "bias", "running_mean", "running_var")
-    state = next((t for t in (getattr(module, n, None) for n in names) if t is not None), None)
-    if state is None or x.dtype == state.dtype:
-        return
-    if state.dtype == torch.float32 and x.dtype in REDUCED_DTYPES:
-        return
-    raise RuntimeError(
-        f"mixed dtype: {type(module).__name__} has {state.dtype} parameters and buffers but the "
-        f"input is {x.dtype} (torch.nn.BatchNorm accepts the same dtype, or float16/bfloat16 input "
-        f"with float32 parameters); convert one of them, e.g. layer.to({x.dtype}) or "
-        f"x.to({state.dtype})")

@@ -7,11 +7,11 @@ from torch import Tensor
 
 from ..engine.kernels import autocast_off, stats_dtype
 from ..engine.route import fused_enabled
-from ..engine.switches import plain_requested
+from ..engine.switches import module_group, plain_requested
 from .batchnorm import BatchNorm
 from ..engine.lp_compiled import linf_normalize
 from ..engine.lp_fused import L1_CONSTANT, hoffer_linf_constant, linf_top_entries, lp_normalize
-from ..engine.sync import channel_count, channel_mean, channel_topk, module_group
+from ..engine.sync import channel_count, channel_mean, channel_topk
 from ..registry import BN_OPTIONS, Param, norm
 
 __all__ = ["LpBatchNorm", "hoffer_linf_constant"]

@@ -6,9 +6,11 @@ import torch
 from torch import Tensor
 
 from ..engine.kernels import stats_dtype
-from ..engine.fused import lazily_disabled, refuse_recomputation
+from ..engine.fused import lazily_disabled
+from ..engine.guard import refuse_recomputation
 from .batchnorm import BatchNorm
-from ..engine.sync import global_batch_rows, module_group
+from ..engine.switches import module_group
+from ..engine.sync import global_batch_rows
 from ..registry import BN_OPTIONS, Param, norm
 from ..user_line import warn as warn_at_user_line
 

@@ -11,11 +11,9 @@ from torch import Tensor
 
 from .base import ChannelNorm
 from ..engine.route import HALF_DTYPES, fused_enabled
-from ..engine.switches import fast_paths_allowed
+from ..engine.switches import fast_paths_allowed, full_statistics, module_group
 from ..engine.fused import define, park, take
-from ..engine.guard import full_statistics
 from ..registry import BN_OPTIONS, Param, norm
-from ..engine.sync import module_group
 
 
 def relaxed_limit(step: Tensor, start: float, final: float, relax_from: int,
