@@ -13,6 +13,7 @@ the lines of the functions that ran are given beside. The catalogue machinery th
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 from collections import defaultdict
@@ -57,11 +58,47 @@ def trace_step(spec: str, shape: tuple[int, ...]) -> dict[str, set]:
     return ran
 
 
+STEPS = (("cbn", (32, 16, 16, 16), "fused"), ("cbn", (8, 16, 4, 4), "plain"),
+         ("mbn", (32, 16, 16, 16), "fused"))
+RESULT = Path(__file__).resolve().parent / "results" / "norms_reading.json"
+
+
+def measure(spec: str, shape: tuple[int, ...]) -> dict:
+    """{"files": [...], "lines": total} of one training step (:func:`trace_step`)."""
+    ran = trace_step(spec, shape)
+    lines = {name: len((PACKAGE.parent / name).read_text().splitlines()) for name in ran}
+    return {"files": sorted(ran), "lines": sum(lines.values())}
+
+
+def record() -> dict:
+    """The :data:`STEPS` measured now, written into :data:`RESULT` beside its earlier records."""
+    import subprocess
+    import time
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PACKAGE.parent, text=True,
+                            capture_output=True).stdout.strip()
+    old = json.loads(RESULT.read_text()) if RESULT.exists() else {}
+    now = {f"{spec} {route} {'x'.join(map(str, shape))}": measure(spec, shape)
+           for spec, shape, route in STEPS}
+    out = {"what": old.get("what", "bnlab files and lines that run in one training forward + "
+                           "backward of a layer (benchmarks/norms_reading.py)"),
+           "date": time.strftime("%Y-%m-%d", time.gmtime()),
+           "time_utc": time.strftime("%H:%M", time.gmtime()), "commit": commit,
+           "machine": "2-core CPU, OMP_NUM_THREADS=1",
+           "earlier": old.get("earlier", []), "now": now}
+    RESULT.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", default="cbn")
     parser.add_argument("--shape", default="32x16x16x16")
+    parser.add_argument("--record", action="store_true",
+                        help=f"measure the standard steps and write {RESULT.name}")
     args = parser.parse_args()
+    if args.record:
+        print(json.dumps(record()["now"], indent=1))
+        return
     shape = tuple(int(s) for s in args.shape.split("x"))
     ran = trace_step(args.spec, shape)
     total = 0

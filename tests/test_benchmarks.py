@@ -150,3 +150,25 @@ def test_a_later_process_loads_the_compiled_step_from_inductors_cache(tmp_path):
     assert second["fx_graph_cache"] == {"fxgraph_cache_hit": 2}  # loaded, not compiled
     # the loaded code computes what the freshly compiled code did, bit for bit
     assert first["digest"] == second["digest"]
+
+
+def test_the_reading_path_on_writing_a_variant_is_the_one_that_runs_today():
+    """The files-and-lines table of docs/readme/writing-a-variant.md and norms_reading.json's
+    "now" are what `benchmarks/norms_reading.py` measures on the code as it is: a module moved or
+    grown changes them, and this fails until both are regenerated."""
+    import re
+
+    reading = load("norms_reading")
+    page = (BENCHMARKS.parent / "docs" / "readme" / "writing-a-variant.md").read_text()
+    recorded = json.loads((BENCHMARKS / "results" / "norms_reading.json").read_text())["now"]
+    for spec, shape, route in reading.STEPS:
+        now = reading.measure(spec, shape)
+        size = "×".join(map(str, shape))
+        row = re.search(rf"^\| `{spec}`, {route} \({size}\) \| (\d+)[:|].*\| ([\d,]+) \|$", page,
+                        re.M)
+        assert row, f"no row for {spec} {route} {size}"
+        redo = ("run `python benchmarks/norms_reading.py --record` and copy its numbers into "
+                "the page's table")
+        on_page = int(row[1]), int(row[2].replace(",", ""))
+        assert on_page == (len(now["files"]), now["lines"]), redo
+        assert recorded[f"{spec} {route} {'x'.join(map(str, shape))}"] == now, redo
