@@ -15,6 +15,15 @@ map and the buffer writes are :mod:`bnlab.norms.engine.step`, reached through th
 same names here. The statistics come from ONE overridable method, :meth:`ChannelNorm.batch_moments`
 (the hook for synchronized statistics across processes).
 
+torch's forward rule, here because it is part of every step (the module lifecycle is
+:mod:`.conventions`): batch statistics in training, or in eval when there are no running buffers
+(buffers present but ``track_running_stats=False``: eval normalizes with the buffers); running
+statistics updated only in training with ``track_running_stats``; a zero-size batch gives an empty
+output and zero parameter gradients and leaves the running statistics alone (in training
+``num_batches_tracked`` still counts it, as torch's does); the input has the parameters' dtype, or
+is float16/bfloat16 with float32 parameters (AMP), anything else is torch's "mixed dtype"
+``RuntimeError``.
+
 Numerics: statistics are two-pass or Welford (never Σx² − (Σx)²/n), accumulated in float32 or better
 whatever the input dtype, so a large mean does not destroy the variance and half-precision inputs
 cannot overflow; the per-channel coefficient graph runs in float64 (C numbers: free). Autocast is
