@@ -112,3 +112,13 @@ def test_theorem_entries_run_tiny(tmp_path, entry):
     outcome = reproduce(entry, "smoke", runs_dir=tmp_path, tiny=True, report=False, progress=False)
     assert outcome.verdict == "inconclusive" and outcome.table and outcome.figures
     assert get(entry).describe()["paper_title"]
+
+
+def test_thm1_verdict_with_one_seed_per_arm_says_what_it_cannot_resolve():
+    """One seed per arm (a tiny reproduction, a user's quick run): no Welch test, so no p; the
+    verdict is still given and the summary shows the missing p as "—" instead of failing."""
+    one = {n: [{"T1": 1.0, "T2": 1.0, "T3": 1.0, "bound": 3.0, "lhs": 0.5}]
+           for n in ("base", "lr 0.25", "lr 1", "noise 0.1", "noise 1", "batch 64")}
+    verdict, summary = T.thm1_verdict(one, tiny=True)
+    assert verdict == "inconclusive" and "p_Holm=—" in summary
+    assert T.thm1_verdict(one)[0] in ("held", "inconclusive")

@@ -322,3 +322,31 @@ def test_a_damaged_catalogue_entry_is_named_and_never_hides_the_runs(tmp_path):
         assert store.entry_of_runs() == {}
     listed = runner.invoke(app, ["runs", "list", "--runs-dir", str(tmp_path)])
     assert listed.exit_code == 0 and "good1" in listed.stdout
+
+
+@pytest.mark.parametrize("via", ["another connection", "the store's own connection"])
+@pytest.mark.parametrize("damage", ["flipped_value", "rows_deleted"])
+def test_rows_verified_once_are_verified_again_after_any_change(trained, tmp_path, via, damage):
+    """An open store hashes a run's metric rows once while nothing changes (a report reads runs
+    shared by entries more than once), and again after any write: damage done between two reads
+    of one open store is caught on the second."""
+    source, run_id, _ = trained
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(source, runs_dir)
+    with Store(runs_dir / "bnlab.db") as store:
+        hashed: list[str] = []
+        store._conn.set_trace_callback(
+            lambda sql: hashed.append(sql) if sql.startswith("SELECT step, name, value") else None)
+        store.get_run(run_id)
+        store.get_run(run_id)
+        store.list_runs()
+        assert len(hashed) == 1, hashed
+        if via == "another connection":
+            _sql(runs_dir / "bnlab.db", DAMAGES[damage])
+        else:
+            store._conn.execute(DAMAGES[damage])
+        with pytest.raises(StoreIntegrityError, match="metric rows"):
+            store.get_run(run_id)
+        assert len(hashed) == 2
+        with pytest.raises(StoreIntegrityError, match="metric rows"):  # not remembered as good
+            store.get_run(run_id)

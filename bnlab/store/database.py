@@ -73,6 +73,7 @@ class Store(IntegrityMixin, MetricsMixin, EntriesMixin):
 
     def __init__(self, path: str | os.PathLike[str], *, readonly: bool | None = None):
         self.path = Path(path)
+        self._rows_verified = {}
         if readonly is None:
             readonly = self.path.exists() and not writable(self.path)
         self.readonly = bool(readonly)

@@ -7,6 +7,8 @@ digests of the config text as stored, of the summary (final metrics) and of its 
 the row count. Every read of an ended run (``runs show/list/export``, ``bnlab report``, the
 catalogue's analysis, ``train``'s "already finished" answer) recomputes them and, on a mismatch,
 raises :class:`StoreIntegrityError` naming the run, the store file, what differs and the way out.
+The metric rows, most of a read's cost, are hashed once per open store while the store is
+unchanged (:meth:`IntegrityMixin._seal_problems`).
 
 The trainer seals with the rows it kept in memory (never read back from the store), so a store
 that silently drops inserts (a trigger, a lost write-ahead log) cannot bless its own loss. A run of
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping
@@ -83,16 +86,19 @@ def seal_problems(
     seal: dict[str, Any],
     config_text: str,
     summary: dict[str, Any] | None,
-    rows: Iterable[tuple[int, str, float | None]],
+    rows: Iterable[tuple[int, str, float | None]] | None,
     *,
     ordered: bool = False,
 ) -> list[str]:
-    """What no longer matches ``seal`` (empty when everything does)."""
+    """What no longer matches ``seal`` (empty when everything does); ``rows`` None: the rows are
+    known to match (verified on this connection since the store last changed)."""
     problems = []
     if seal.get("config") != text_digest(config_text):
         problems.append("its config was changed")
     if seal.get("summary") != summary_digest(summary):
         problems.append("its final metrics (summary) were changed")
+    if rows is None:
+        return problems
     digest, count = rows_digest(rows, ordered=ordered)
     if seal.get("rows") != digest:
         expected = seal.get("rows_count")
@@ -122,6 +128,9 @@ def recovery(run_id: str, status: str, runs_dir: str) -> str:
 class IntegrityMixin:
     """Sealing and verifying runs, as methods of :class:`bnlab.store.Store` (needs ``_conn``,
     ``_write`` and ``path``)."""
+
+    # (run id, seal) -> the store's state when its rows last matched the seal (:meth:`_state`)
+    _rows_verified: dict[tuple[str, str], tuple]
 
     def _set_summary(
         self,
@@ -232,8 +241,7 @@ class IntegrityMixin:
         seal = out["summary"].pop(SEAL_KEY, None) if isinstance(out["summary"], dict) else None
         out["seal"] = seal
         if isinstance(seal, dict) and not problems:
-            held = self._conn.execute(ROWS_QUERY, (out["id"],))
-            problems += seal_problems(seal, raw["config"], out["summary"], held, ordered=True)
+            problems += self._seal_problems(out["id"], seal, raw["config"], out["summary"])
         out["problem"] = None
         if problems:
             out["problem"] = (
@@ -241,3 +249,34 @@ class IntegrityMixin:
                 + recovery(str(out["id"]), out["status"], str(self.path.parent))
             )
         return out
+
+    def _seal_problems(self, run_id: str, seal: dict[str, Any], config_text: str | None,
+                       summary: dict[str, Any] | None) -> list[str]:
+        """:func:`seal_problems` for a stored run. Re-hashing the metric rows is most of a read's
+        cost (a report reads each run of every entry, a run shared by entries more than once),
+        so rows that matched this seal are not hashed again while :meth:`_state` is unchanged:
+        any commit since (this connection's, another process's) or any change of the file
+        re-hashes them."""
+        key, state = (run_id, json.dumps(seal, sort_keys=True)), self._state()
+        verified = self._rows_verified
+        if verified.get(key) == state:
+            return seal_problems(seal, config_text or "", summary, None)
+        held = self._conn.execute(ROWS_QUERY, (run_id,))
+        problems = seal_problems(seal, config_text or "", summary, held, ordered=True)
+        if not problems:
+            verified[key] = state
+        return problems
+
+    def _state(self) -> tuple:
+        """What changes whenever the store's content may have: SQLite's count of commits by
+        other connections (``PRAGMA data_version``), this connection's changed rows, and the
+        size and modification time of the file and its write-ahead log."""
+        version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+        files = []
+        for path in (self.path, self.path.with_name(self.path.name + "-wal")):
+            try:
+                st = os.stat(path)
+                files.append((st.st_size, st.st_mtime_ns, st.st_ino))
+            except OSError:
+                files.append(None)
+        return version, self._conn.total_changes, tuple(files)

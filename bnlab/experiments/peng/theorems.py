@@ -38,6 +38,7 @@ from ..base import Experiment, Outcome, Plan, register
 from ..resolution import Resolution, family_resolution
 from ..common import DesignSD, compare_arms, safe_panels
 from ..verdicts import holm
+from bnlab.formatting import fmt
 from ..verdict_data import Verdict
 from ..verdicts import NOT_HELD, explain, family, ladder
 
@@ -254,8 +255,9 @@ def thm1_verdict(data: dict, tiny: bool = False,
     }
     adj = holm({k: c.p for k, c in comps.items()})
     effects = "; ".join(
-        f"{k}: {c.diff:+.3g} (p_Holm={adj[k]:.2g}, resolvable ≥ "
-        + ("—" if c.mde is None else f"{c.mde:.2g}") + ")" for k, c in comps.items())
+        f"{k}: {'—' if c.diff is None else format(c.diff, '+.3g')} (p_Holm={fmt(adj[k], 2)}, "
+        f"resolvable ≥ {fmt(c.mde, 2)})"
+        for k, c in comps.items())
     summary = (
         f"primary: max over {len(runs)} runs of mean‖∇F‖² / (T₁+T₂+T₃) = {worst:.3f} (≤ 1 "
         f"required); effects (difference, lower arm − higher arm; negative = as claimed): {effects}"

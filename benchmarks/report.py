@@ -1,0 +1,126 @@
+"""How long ``bnlab report`` takes on a store holding every catalogue entry.
+
+    python benchmarks/report.py [--runs-dir DIR] [--passes 5] [--out benchmarks/results/report.json]
+
+The store: ``--runs-dir`` as it is, or (without it, or with ``--build``) every catalogue entry it
+does not hold yet reproduced there with ``tiny=True`` (the test suite's reduced form: the smoke
+preset's runs, each cut to a few steps).
+Then the report is written ``--passes`` times in this process (imports excluded), each time with
+the store's once-per-open row verification (``Store._rows_verified``) and without it (every read
+re-hashes the run's metric rows, as before that cache), alternating which goes first; the result
+is each side's median and the median of the per-pass ratios. The first report pass, which
+analyses entries whose stored outcome is stale and stores it, is timed on its own.
+
+Row counts and reads are counted beside (``runs``, ``reads``: ``Store.get_run`` calls per pass,
+``rows``: metric rows in the store), so a store with longer runs can be judged from these.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+import bnlab
+from bnlab.experiments.base import load_catalogue
+from bnlab.experiments.runner import reproduce
+from bnlab.report import write_report
+from bnlab.store import Store
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build(runs_dir: Path) -> float:
+    """Every catalogue entry not yet stored in ``runs_dir`` reproduced there tiny (an interrupted
+    build goes on where it stopped); seconds taken."""
+    start = time.perf_counter()
+    stored = set()
+    if (runs_dir / "bnlab.db").is_file():
+        with Store(runs_dir / "bnlab.db") as store:
+            stored = {entry for entry, _ in store.entries()}
+    ids = [i for i in load_catalogue() if i not in stored]
+    for i, experiment_id in enumerate(ids, 1):
+        t0 = time.perf_counter()
+        reproduce(experiment_id, "smoke", runs_dir=runs_dir, tiny=True, progress=False)
+        print(f"[{i}/{len(ids)}] {experiment_id}: {time.perf_counter() - t0:.1f} s", flush=True)
+    return time.perf_counter() - start
+
+
+def timed_report(runs_dir: Path, out: Path, *, cache: bool) -> tuple[float, int]:
+    """Seconds for one ``write_report`` and the number of ``get_run`` calls it made."""
+    reads = [0]
+    get_run = Store.get_run
+
+    def counted(self, *args, **kwargs):
+        reads[0] += 1
+        return get_run(self, *args, **kwargs)
+
+    patches = [mock.patch.object(Store, "get_run", counted)]
+    if not cache:  # a state that never repeats: every read re-hashes the rows
+        patches.append(mock.patch.object(Store, "_state", lambda self: object()))
+    for p in patches:
+        p.start()
+    try:
+        start = time.perf_counter()
+        write_report(runs_dir, out)
+        return time.perf_counter() - start, reads[0]
+    finally:
+        for p in patches:
+            p.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs-dir", type=Path, default=None)
+    parser.add_argument("--build", action="store_true",
+                        help="reproduce (tiny) the entries --runs-dir does not hold yet")
+    parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/report.json")
+    args = parser.parse_args()
+    runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="bnlab-report-"))
+    built = build(runs_dir) if args.runs_dir is None or args.build else None
+    with Store(runs_dir / "bnlab.db", readonly=True) as store:
+        entries = store.entries()
+        runs = len(store.list_runs())
+        rows = store._conn.execute("SELECT count(*) FROM metrics").fetchone()[0]
+    out = runs_dir / "report"
+    first, reads = timed_report(runs_dir, out, cache=True)
+    with_cache, without, ratios = [], [], []
+    for i in range(args.passes):
+        order = (True, False) if i % 2 == 0 else (False, True)
+        got = {cache: timed_report(runs_dir, out, cache=cache)[0] for cache in order}
+        with_cache.append(got[True])
+        without.append(got[False])
+        ratios.append(got[False] / got[True])
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
+                            capture_output=True).stdout.strip()
+    result = {
+        "what": "bnlab report, in process (imports excluded), on a store holding every catalogue "
+                "entry (benchmarks/report.py)",
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "time_utc": time.strftime("%H:%M", time.gmtime()),
+        "commit": commit, "bnlab": bnlab.__version__,
+        "machine": f"{os.cpu_count()}-core CPU, OMP_NUM_THREADS="
+                   f"{os.environ.get('OMP_NUM_THREADS', 'unset')}",
+        "store": {"entries": len(entries), "runs": runs, "metric_rows": rows,
+                  "built_now_s": None if built is None else round(built, 1)},
+        "reads_per_pass": reads,
+        "first_pass_s": round(first, 3),
+        "passes": args.passes,
+        "median_s": {"rows verified once per open": round(statistics.median(with_cache), 3),
+                     "rows re-hashed on every read": round(statistics.median(without), 3)},
+        "median_ratio_rehash_over_once": round(statistics.median(ratios), 3),
+    }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
