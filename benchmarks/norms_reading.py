@@ -24,6 +24,9 @@ import torch
 import bnlab
 import bnlab.norms as N
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import provenance
+
 PACKAGE = Path(bnlab.__file__).resolve().parent
 
 
@@ -72,17 +75,12 @@ def measure(spec: str, shape: tuple[int, ...]) -> dict:
 
 def record() -> dict:
     """The :data:`STEPS` measured now, written into :data:`RESULT` beside its earlier records."""
-    import subprocess
-    import time
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PACKAGE.parent, text=True,
-                            capture_output=True).stdout.strip()
     old = json.loads(RESULT.read_text()) if RESULT.exists() else {}
     now = {f"{spec} {route} {'x'.join(map(str, shape))}": measure(spec, shape)
            for spec, shape, route in STEPS}
     out = {"what": old.get("what", "bnlab files and lines that run in one training forward + "
                            "backward of a layer (benchmarks/norms_reading.py)"),
-           "date": time.strftime("%Y-%m-%d", time.gmtime()),
-           "time_utc": time.strftime("%H:%M", time.gmtime()), "commit": commit,
+           **provenance(),
            "machine": "2-core CPU, OMP_NUM_THREADS=1",
            "earlier": old.get("earlier", []), "now": now}
     RESULT.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")

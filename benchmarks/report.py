@@ -5,11 +5,12 @@
 The store: ``--runs-dir`` as it is, or (without it, or with ``--build``) every catalogue entry it
 does not hold yet reproduced there with ``tiny=True`` (the test suite's reduced form: the smoke
 preset's runs, each cut to a few steps).
-Then the report is written ``--passes`` times in this process (imports excluded), each time with
-the store's once-per-open row verification (``Store._rows_verified``) and without it (every read
-re-hashes the run's metric rows, as before that cache), alternating which goes first; the result
-is each side's median and the median of the per-pass ratios. The first report pass, which
-analyses entries whose stored outcome is stale and stores it, is timed on its own.
+Then the report is written ``--passes`` times in this process (imports excluded), each pass in
+three variants in a rotated order: today's code; without the store's once-per-open row
+verification (every read re-hashes the run's metric rows); and with each run's record deep-copied
+on its way into the entry's view (``RunRecord.to_dict()``'s default). The result is each variant's
+median and the median of its per-pass ratio to today's. The first pass, which analyses entries
+whose stored outcome is stale and stores it, is timed on its own.
 
 Row counts and reads are counted beside (``runs``, ``reads``: ``Store.get_run`` calls per pass,
 ``rows``: metric rows in the store), so a store with longer runs can be judged from these.
@@ -18,10 +19,10 @@ Row counts and reads are counted beside (``runs``, ``reads``: ``Store.get_run`` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +34,10 @@ from bnlab.experiments.base import load_catalogue
 from bnlab.experiments.runner import reproduce
 from bnlab.report import write_report
 from bnlab.store import Store
+from bnlab.train import RunRecord
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,8 +58,18 @@ def build(runs_dir: Path) -> float:
     return time.perf_counter() - start
 
 
-def timed_report(runs_dir: Path, out: Path, *, cache: bool) -> tuple[float, int]:
-    """Seconds for one ``write_report`` and the number of ``get_run`` calls it made."""
+# What each variant changes for the duration of a pass: today's code, and today's without one of
+# its two savings (so the cost of each is measured beside it, in the same process)
+VARIANTS = {
+    "today": {},
+    "rows re-hashed on every read": {"_state": lambda self: object()},  # a state never repeated
+    "run records deep-copied": {"to_dict": lambda self, copy=True: dataclasses.asdict(self)},
+}
+
+
+def timed_report(runs_dir: Path, out: Path, variant: str = "today") -> tuple[float, int]:
+    """Seconds for one ``write_report`` under ``variant`` (:data:`VARIANTS`) and the number of
+    ``Store.get_run`` calls it made."""
     reads = [0]
     get_run = Store.get_run
 
@@ -63,8 +78,9 @@ def timed_report(runs_dir: Path, out: Path, *, cache: bool) -> tuple[float, int]
         return get_run(self, *args, **kwargs)
 
     patches = [mock.patch.object(Store, "get_run", counted)]
-    if not cache:  # a state that never repeats: every read re-hashes the rows
-        patches.append(mock.patch.object(Store, "_state", lambda self: object()))
+    for name, fn in VARIANTS[variant].items():
+        owner = Store if name == "_state" else RunRecord
+        patches.append(mock.patch.object(owner, name, fn))
     for p in patches:
         p.start()
     try:
@@ -91,22 +107,16 @@ def main() -> None:
         runs = len(store.list_runs())
         rows = store._conn.execute("SELECT count(*) FROM metrics").fetchone()[0]
     out = runs_dir / "report"
-    first, reads = timed_report(runs_dir, out, cache=True)
-    with_cache, without, ratios = [], [], []
-    for i in range(args.passes):
-        order = (True, False) if i % 2 == 0 else (False, True)
-        got = {cache: timed_report(runs_dir, out, cache=cache)[0] for cache in order}
-        with_cache.append(got[True])
-        without.append(got[False])
-        ratios.append(got[False] / got[True])
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
-                            capture_output=True).stdout.strip()
+    first, reads = timed_report(runs_dir, out)
+    names = list(VARIANTS)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(args.passes):  # each pass runs every variant, in a rotated order
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            times[name].append(timed_report(runs_dir, out, name)[0])
     result = {
         "what": "bnlab report, in process (imports excluded), on a store holding every catalogue "
                 "entry (benchmarks/report.py)",
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "time_utc": time.strftime("%H:%M", time.gmtime()),
-        "commit": commit, "bnlab": bnlab.__version__,
+        **provenance(), "bnlab": bnlab.__version__,
         "machine": f"{os.cpu_count()}-core CPU, OMP_NUM_THREADS="
                    f"{os.environ.get('OMP_NUM_THREADS', 'unset')}",
         "store": {"entries": len(entries), "runs": runs, "metric_rows": rows,
@@ -114,9 +124,10 @@ def main() -> None:
         "reads_per_pass": reads,
         "first_pass_s": round(first, 3),
         "passes": args.passes,
-        "median_s": {"rows verified once per open": round(statistics.median(with_cache), 3),
-                     "rows re-hashed on every read": round(statistics.median(without), 3)},
-        "median_ratio_rehash_over_once": round(statistics.median(ratios), 3),
+        "median_s": {name: round(statistics.median(t), 3) for name, t in times.items()},
+        "median_ratio_to_today": {
+            name: round(statistics.median(x / y for x, y in zip(t, times["today"])), 3)
+            for name, t in times.items() if name != "today"},
     }
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))

@@ -245,6 +245,18 @@ def render_eager_floor(results: Path) -> str:
         f"\n\n`eager_floor.json`: {run['date']}, {run['commit']}, {run['pairs']} pairs."
 
 
+def render_report(results: Path) -> str:
+    run = load(results / "report.json")
+    store = run["store"]
+    rows = [[name, fmt(seconds), "1" if name == "today" else fmt(run["median_ratio_to_today"][name])]
+            for name, seconds in run["median_s"].items()]
+    return table(["bnlab report, one pass", "median (s)", "× today's"], rows, numeric_from=1) + (
+        f"\n\n`report.json`: {run['date']}, {run['commit']}, {run['machine']}; a store of "
+        f"{store['entries']} entries, {store['runs']:,} runs, {store['metric_rows']:,} metric rows; "
+        f"{run['reads_per_pass']:,} run reads a pass, {run['passes']} passes; first pass "
+        f"{fmt(run['first_pass_s'])} s.")
+
+
 def render_all(results: Path = RESULTS) -> dict[str, str]:
     """``{table name: Markdown}`` for every marked region of the page."""
     cells = merged_cells(results)
@@ -254,7 +266,7 @@ def render_all(results: Path = RESULTS) -> dict[str, str]:
             "half": render_half(cells), "train": render_train(results),
             "gpu": render_gpu(results), "coef-compile": render_coef_compile(results),
             "compile-stall": render_compile_stall(results),
-            "eager-floor": render_eager_floor(results)}
+            "eager-floor": render_eager_floor(results), "report": render_report(results)}
 
 
 def region(name: str) -> re.Pattern:

@@ -341,7 +341,7 @@ def _run_views(runs: list[dict[str, Any]], store: Store) -> list[RunView]:
 
 
 def _record_dict(row: dict) -> dict:
-    return train.RunRecord.from_store(row).to_dict()
+    return train.RunRecord.from_store(row).to_dict(copy=False)  # row: decoded for this view
 
 
 def analyze(experiment_id: str, preset: str, *, runs_dir: str | Path = "runs",

@@ -45,8 +45,13 @@ class RunRecord:
     origin: str = "stored"
     message: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def to_dict(self, *, copy: bool = True) -> dict[str, Any]:
+        """The record's fields as a dict; ``copy=False`` shares the nested config, metrics and env
+        with the record instead of deep-copying them (a record just decoded from the store, read
+        for every run of every entry by a report)."""
+        if copy:
+            return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def to_json(self, **kwargs: Any) -> str:
         """Strict JSON (a non-finite loss becomes ``null``)."""
