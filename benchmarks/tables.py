@@ -248,7 +248,7 @@ def render_eager_floor(results: Path) -> str:
 def render_report(results: Path) -> str:
     run = load(results / "report.json")
     store, ratio = run["store"], run["median_ratio_to_today"]
-    rows = [[name, fmt(seconds), "1" if name == "today" else fmt(ratio[name])]
+    rows = [[name, fmt(seconds), "1.00" if name == "today" else fmt(ratio[name])]
             for name, seconds in run["median_s"].items()]
     return table(["bnlab report, one pass", "median (s)", "× today's"], rows) + (
         f"\n\n`report.json`: {run['date']}, {run['commit']}, {run['machine']}; a store of "
