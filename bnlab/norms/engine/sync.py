@@ -25,12 +25,14 @@ import torch.nn as nn
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .switches import module_group  # whether a layer is synced now, and over which group
+# whether a layer is synced now, and over which group: questions the route asks before any step,
+# so they are answered in .switches; part of this module's API all the same
+from .switches import active_group, module_group
 
 __all__ = [
-    "all_gather", "all_reduce_sum", "batch_samples", "broadcast_seed",
+    "active_group", "all_gather", "all_reduce_sum", "batch_samples", "broadcast_seed",
     "channel_count", "channel_mean", "channel_topk", "global_batch_rows", "global_topk",
-    "sample_offset", "synced_moments",
+    "module_group", "sample_offset", "synced_moments",
 ]
 
 
