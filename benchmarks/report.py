@@ -14,7 +14,8 @@ whose stored outcome is stale and stores it, is timed on its own.
 
 Row counts and reads are counted beside (``runs``, ``reads``: ``Store.get_run`` calls per pass,
 ``rows``: metric rows in the store), and one read of a sealed run of 4,000 rows is timed with its
-rows hashed (``verify_4000_rows_ms``), so a store with longer runs can be judged from these.
+rows hashed (``verify_4000_rows_ms``), so a store with longer runs can be judged from these. Last,
+``bnlab report`` is timed as a user runs it, a new process with its imports (``cli_s``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -113,6 +115,18 @@ def verify_cost(rows: int = 4000, repeats: int = 21) -> float:
     return statistics.median(seconds)
 
 
+def cli_seconds(runs_dir: Path, repeats: int = 3) -> float:
+    """Median wall seconds of ``bnlab report --runs-dir DIR`` as a user runs it (a new process:
+    its imports, torch's among them, included)."""
+    command = [sys.executable, "-m", "bnlab.cli", "report", "--runs-dir", str(runs_dir)]
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs-dir", type=Path, default=None)
@@ -150,6 +164,7 @@ def main() -> None:
             name: round(statistics.median(x / y for x, y in zip(t, times["today"])), 3)
             for name, t in times.items() if name != "today"},
         "verify_4000_rows_ms": round(1e3 * verify_cost(4000), 2),
+        "cli_s": round(cli_seconds(runs_dir), 2),
     }
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
