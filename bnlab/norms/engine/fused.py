@@ -16,10 +16,11 @@ What this buys, honestly: the dispatcher (profilers, ``TorchDispatchMode``\\ s, 
 operation each way instead of 25–60, and the Python-level autograd bookkeeping is one
 ``autograd.Function`` node. Inside each operator the per-channel coefficient math runs either as
 ordinary eager ops on C-element tensors (about 10–25 each way, microseconds each on a CPU, but each
-a kernel launch on a GPU), or, where :mod:`.coef_compile`'s policy allows (CUDA by default;
-``BNLAB_COMPILE_COEFFICIENTS``), as one compiled function each way: the coefficients with their
-per-channel partials forward, the gradients' per-channel algebra backward. The full-size passes are
-single kernels: statistics (1), affine (1) forward; reductions (1), input gradient (2) backward.
+a kernel launch on a GPU), or, where :func:`.switches.coefficients_compiled` says so (CUDA by
+default; ``BNLAB_COMPILE_COEFFICIENTS``), as one compiled function each way (:mod:`.coef_compile`):
+the coefficients with their per-channel partials forward, the gradients' per-channel algebra
+backward. The full-size passes are single kernels: statistics (1), affine (1) forward; reductions
+(1), input gradient (2) backward.
 Measured by ``benchmarks/coef_compile.py`` (on the CPU the compiled path is no faster: its calls'
 guards cost more than the micro-ops they replace; not yet measured on a GPU).
 
