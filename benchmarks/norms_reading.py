@@ -66,6 +66,11 @@ STEPS = (("cbn", (32, 16, 16, 16), "fused"), ("cbn", (8, 16, 4, 4), "plain"),
 RESULT = Path(__file__).resolve().parent / "results" / "norms_reading.json"
 
 
+def step_name(spec: str, shape: tuple[int, ...], route: str) -> str:
+    """A step's key in :data:`RESULT`, e.g. ``"cbn fused 32x16x16x16"``."""
+    return f"{spec} {route} {'x'.join(map(str, shape))}"
+
+
 def measure(spec: str, shape: tuple[int, ...]) -> dict:
     """{"files": [...], "lines": total} of one training step (:func:`trace_step`)."""
     ran = trace_step(spec, shape)
@@ -76,8 +81,7 @@ def measure(spec: str, shape: tuple[int, ...]) -> dict:
 def record() -> dict:
     """The :data:`STEPS` measured now, written into :data:`RESULT` beside its earlier records."""
     old = json.loads(RESULT.read_text()) if RESULT.exists() else {}
-    now = {f"{spec} {route} {'x'.join(map(str, shape))}": measure(spec, shape)
-           for spec, shape, route in STEPS}
+    now = {step_name(spec, shape, route): measure(spec, shape) for spec, shape, route in STEPS}
     out = {"what": old.get("what", "bnlab files and lines that run in one training forward + "
                            "backward of a layer (benchmarks/norms_reading.py)"),
            **provenance(),

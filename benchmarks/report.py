@@ -21,6 +21,7 @@ rows hashed (``verify_4000_rows_ms``), so a store with longer runs can be judged
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -62,12 +63,18 @@ def build(runs_dir: Path) -> float:
     return time.perf_counter() - start
 
 
-# What each variant changes for the duration of a pass: today's code, and today's without one of
+def _never_verified(self) -> object:
+    """A store state that never repeats: each read re-hashes the run's metric rows."""
+    return object()
+
+
+# What each variant patches for the duration of a pass: today's code, and today's without one of
 # its two savings (so the cost of each is measured beside it, in the same process)
 VARIANTS = {
-    "today": {},
-    "rows re-hashed on every read": {"_state": lambda self: object()},  # a state never repeated
-    "run records deep-copied": {"to_dict": lambda self, copy=True: dataclasses.asdict(self)},
+    "today": [],
+    "rows re-hashed on every read": [(Store, "_state", _never_verified)],
+    "run records deep-copied": [
+        (RunRecord, "to_dict", lambda self, copy=True: dataclasses.asdict(self))],
 }
 
 
@@ -81,19 +88,13 @@ def timed_report(runs_dir: Path, out: Path, variant: str = "today") -> tuple[flo
         reads[0] += 1
         return get_run(self, *args, **kwargs)
 
-    patches = [mock.patch.object(Store, "get_run", counted)]
-    for name, fn in VARIANTS[variant].items():
-        owner = Store if name == "_state" else RunRecord
-        patches.append(mock.patch.object(owner, name, fn))
-    for p in patches:
-        p.start()
-    try:
+    with contextlib.ExitStack() as patches:
+        patches.enter_context(mock.patch.object(Store, "get_run", counted))
+        for owner, name, fn in VARIANTS[variant]:
+            patches.enter_context(mock.patch.object(owner, name, fn))
         start = time.perf_counter()
         write_report(runs_dir, out)
         return time.perf_counter() - start, reads[0]
-    finally:
-        for p in patches:
-            p.stop()
 
 
 def verify_cost(rows: int = 4000, repeats: int = 21) -> float:
@@ -104,7 +105,7 @@ def verify_cost(rows: int = 4000, repeats: int = 21) -> float:
     kept = [(step, name, gen.random()) for step in range(rows // 4)
             for name in ("train_loss", "train_accuracy", "lr", "grad_norm")]
     with tempfile.TemporaryDirectory() as folder, Store(Path(folder) / "bnlab.db") as store, \
-            mock.patch.object(Store, "_state", lambda self: object()):
+            mock.patch.object(Store, "_state", _never_verified):
         store.create_run("long", {"model": "mlp"})
         store.set_status("long", "finished", steps=rows // 4, rows=kept)
         seconds = []

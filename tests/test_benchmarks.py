@@ -171,4 +171,4 @@ def test_the_reading_path_on_writing_a_variant_is_the_one_that_runs_today():
                 "the page's table")
         on_page = int(row[1]), int(row[2].replace(",", ""))
         assert on_page == (len(now["files"]), now["lines"]), redo
-        assert recorded[f"{spec} {route} {'x'.join(map(str, shape))}"] == now, redo
+        assert recorded[reading.step_name(spec, shape, route)] == now, redo

@@ -55,7 +55,7 @@ class RunRecord:
 
     def to_json(self, **kwargs: Any) -> str:
         """Strict JSON (a non-finite loss becomes ``null``)."""
-        return dumps(self.to_dict(), **kwargs)
+        return dumps(self.to_dict(copy=False), **kwargs)  # serialized, never mutated: no copy
 
     @classmethod
     def from_store(cls, row: dict[str, Any]) -> RunRecord:
